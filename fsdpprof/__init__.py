@@ -1,0 +1,22 @@
+"""fsdpprof: profiler and trace analyzer for PyTorch FSDP training.
+
+Data flows one way: collect -> run_dir -> analyze -> report.
+"""
+__version__ = "0.1.0"
+
+
+def record(*args, **kwargs):
+    """In-code recording: ``with fsdpprof.record(out=...):`` around a training loop.
+
+    See :func:`fsdpprof.collect.api.record`.
+    """
+    from fsdpprof.collect.api import record as _record
+
+    return _record(*args, **kwargs)
+
+
+def load_run(path, **kwargs):
+    """Load a run directory, a folder of traces or a snapshot; see :func:`fsdpprof.analyze.run.load_run`."""
+    from fsdpprof.analyze.run import load_run as _load_run
+
+    return _load_run(path, **kwargs)

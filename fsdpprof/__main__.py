@@ -1,0 +1,5 @@
+import sys
+
+from fsdpprof.cli import main
+
+sys.exit(main())

@@ -1,0 +1,56 @@
+"""The ``fsdpprof`` command: maps sub-commands to functions; no business logic here.
+
+Each sub-command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+A :class:`fsdpprof.errors.UserError` becomes one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from fsdpprof import __version__
+from fsdpprof.errors import UserError
+
+# sub-command -> (module, one-line help)
+COMMANDS = {
+    "record": ("fsdpprof.collect.launcher", "run a training command and record a run directory"),
+    "report": ("fsdpprof.report.commands.report", "analyse a run directory (or traces/snapshots) into report.html"),
+    "compare": ("fsdpprof.report.commands.compare", "put several runs side by side in compare.html"),
+    "plan": ("fsdpprof.report.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
+    "demo": ("fsdpprof.report.commands.demo", "record the built-in CPU example under several strategies and report"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fsdpprof", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fsdpprof {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    # `record` passes everything after `--` to the user's command untouched.
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except UserError as exc:
+        print(f"fsdpprof {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"fsdpprof {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
