@@ -1,0 +1,356 @@
+"""Classify decoded trace events: kind (compute, comm, memcpy, memset, sync, cpu_op, annotation),
+collective type and message size (bytes), on GPU (NCCL/RCCL kernels) and CPU (gloo) traces.
+
+GPU: kernels named ``nccl*``/``rccl*`` (``ncclKernel_*``, ``ncclDevKernel_*``, RCCL
+``ncclDevKernel_Generic``) are comm; Memcpy/Memset are memcpy/memset; ``*Sync*`` GPU events are
+sync; other kernels are compute.  Sizes come from the kernel's args (``In msg nelems``,
+``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Name``, ``Seq``) or, when the
+kernel has none, from its launching ``record_param_comms``/``c10d::*`` op (same External id).
+
+CPU (gloo): the collective runs as a ``gloo:<op>`` annotation on a gloo worker thread; the
+``c10d::<op>`` call on the issuing thread carries the shapes.  Nothing links the two, so they are
+paired by order per gloo op type (``c10d::_reduce_scatter_base_`` runs as ``gloo:all_reduce``)
+and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that run no gloo work.
+
+``classify(raw_trace)`` returns the events frame plus link columns (``tid``, ``stream``,
+``correlation``, ``ext_id``, ``cat``, ``launch_tid``, ``launch_ts_us``) used by phases.py.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze import schema
+
+# dtype spellings in traces -> (torch-style name, element bytes)
+_DTYPES = {
+    "float": ("float32", 4), "float32": ("float32", 4), "floatfloat": ("float32", 4),
+    "double": ("float64", 8), "float64": ("float64", 8),
+    "half": ("float16", 2), "c10::half": ("float16", 2), "float16": ("float16", 2),
+    "bfloat16": ("bfloat16", 2), "c10::bfloat16": ("bfloat16", 2),
+    "int": ("int32", 4), "int32": ("int32", 4),
+    "long": ("int64", 8), "long int": ("int64", 8), "int64": ("int64", 8),
+    "short": ("int16", 2), "short int": ("int16", 2), "int16": ("int16", 2),
+    "byte": ("uint8", 1), "unsigned char": ("uint8", 1), "uint8": ("uint8", 1),
+    "char": ("int8", 1), "signed char": ("int8", 1), "int8": ("int8", 1),
+    "bool": ("bool", 1),
+    "float8_e4m3fn": ("float8_e4m3fn", 1), "c10::float8_e4m3fn": ("float8_e4m3fn", 1),
+    "float8_e5m2": ("float8_e5m2", 1), "c10::float8_e5m2": ("float8_e5m2", 1),
+}
+
+_COLL_PATTERNS = [  # order matters: "reducescatter" before "allreduce"/"reduce"
+    ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"), ("allreduce", "all_reduce"),
+    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("sendrecv", "send_recv"),
+    ("send", "send_recv"), ("recv", "send_recv"), ("barrier", "barrier"),
+]
+_NON_ALNUM = re.compile(r"[^a-z]")
+
+# gloo op each c10d op runs as (for pairing)
+_GLOO_AS = {"reduce_scatter": "all_reduce"}
+
+_COMM_CPU_NAMES = ("record_param_comms",)
+_WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
+
+
+def collective_of(name) -> str | None:
+    """Collective type of a kernel / op / annotation / 'Collective name' string, or None."""
+    if not isinstance(name, str) or not name:
+        return None
+    s = name.split("(", 1)[0].lower()
+    for prefix in ("nccldevkernel_", "ncclkernel_", "rccl", "nccl:", "gloo:", "c10d::", "c10d_functional::",
+                   "_c10d_functional::"):
+        if s.startswith(prefix):
+            s = s[len(prefix):]
+            break
+    s = _NON_ALNUM.sub("", s.replace("_base", ""))
+    for key, coll in _COLL_PATTERNS:
+        if key in s:
+            return coll
+    return None
+
+
+def dtype_of(value) -> tuple[str | None, float]:
+    """(torch-style dtype name, element size in bytes) of a trace dtype string; (None, nan) unknown."""
+    if not isinstance(value, str):
+        return None, float("nan")
+    return _DTYPES.get(value.strip().lower(), (value, float("nan")))
+
+
+def _is_comm_kernel(names: pd.Series) -> np.ndarray:
+    low = names.str.lower()
+    return (low.str.startswith("nccl") | low.str.startswith("rccl")).to_numpy(dtype=bool)
+
+
+def _numel(dims) -> float:
+    if not isinstance(dims, list) or not dims:
+        return float("nan")
+    if all(isinstance(d, int) for d in dims):
+        return float(np.prod(dims)) if dims else 1.0
+    # list of tensors (TensorList): sum of their numels
+    vals = [_numel(d) for d in dims if isinstance(d, list)]
+    vals = [v for v in vals if v == v]
+    return float(sum(vals)) if vals else float("nan")
+
+
+def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[float, str | None, float]:
+    """(bytes of the whole array, dtype, elem size) from a c10d op's Input Dims / Input type."""
+    import msgspec
+
+    try:
+        dims = msgspec.json.decode(dims_raw) if dims_raw else None
+        types = msgspec.json.decode(types_raw) if types_raw else None
+    except msgspec.DecodeError:
+        return float("nan"), None, float("nan")
+    if not isinstance(dims, list) or not dims:
+        return float("nan"), None, float("nan")
+    dtype, size = (None, float("nan"))
+    if isinstance(types, list):
+        for t in types:
+            dtype, size = dtype_of(t)
+            if size == size:
+                break
+    n0 = _numel(dims[0])
+    n1 = _numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
+    if coll in ("all_gather", "reduce_scatter"):
+        numel = np.nanmax([n0, n1]) if (n0 == n0 or n1 == n1) else float("nan")
+    else:
+        numel = n0
+    return numel * size, dtype, size
+
+
+def _comm_info(rt, n: int, dist: dict) -> pd.DataFrame:
+    """Per raw row with comm args: collective, bytes, dtype, group_size, pg, seq (NaN elsewhere)."""
+    ca = rt.comm_args
+    if len(ca) == 0:
+        return pd.DataFrame(columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq"])
+    names = rt.raw["name"].to_numpy()[ca["idx"].to_numpy()]
+    rows = []
+    for idx, name, cname, inn, outn, gs, dt, pg, seq, dims, types in zip(
+            ca["idx"], names, ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
+            ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
+        coll = collective_of(cname) or collective_of(str(name))
+        dtype, size = dtype_of(dt)
+        nbytes = float("nan")
+        if isinstance(inn, (int, float)) or isinstance(outn, (int, float)):
+            inn_f = float(inn) if isinstance(inn, (int, float)) else float("nan")
+            out_f = float(outn) if isinstance(outn, (int, float)) else float("nan")
+            if coll == "all_gather":
+                numel = out_f if out_f == out_f else inn_f
+            elif coll == "reduce_scatter":
+                numel = inn_f if inn_f == inn_f else out_f
+            else:
+                numel = inn_f if inn_f == inn_f else out_f
+            nbytes = numel * size
+        elif str(name).startswith("c10d::"):
+            nbytes, dtype2, _ = _c10d_sizes(coll, dims, types)
+            dtype = dtype or dtype2
+        rows.append((idx, coll, nbytes, dtype,
+                     float(gs) if isinstance(gs, (int, float)) else float("nan"),
+                     None if pg is None else str(pg),
+                     float(seq) if isinstance(seq, (int, float)) else float("nan")))
+    return pd.DataFrame(rows, columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq"])
+
+
+def _default_group_size(dist: dict) -> float:
+    if not isinstance(dist, dict):
+        return float("nan")
+    cfg = dist.get("pg_config")
+    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and isinstance(cfg[0].get("pg_size"), int):
+        return float(cfg[0]["pg_size"])
+    ws = dist.get("world_size")
+    return float(ws) if isinstance(ws, int) else float("nan")
+
+
+def classify(rt) -> pd.DataFrame:
+    """Events frame (schema columns except rank/step/phase/unit) + link columns, from a RawTrace."""
+    raw = rt.raw
+    n = len(raw)
+    dist = rt.meta.get("distributedInfo") or {}
+    names = raw["name"]
+    name_str = names.astype(str)
+    cat = raw["cat"].astype(str).to_numpy()
+    stream = raw["stream"].to_numpy()
+    on_gpu = (stream >= 0) & np.isin(cat, ["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel",
+                                           "Memcpy", "Memset"])
+    is_runtime = np.isin(cat, ["cuda_runtime", "cuda_driver", "Runtime", "Driver"])
+    is_cpu_op = cat == "cpu_op"
+    is_annot = np.isin(cat, ["user_annotation", "gpu_user_annotation"])
+
+    # --- kind -------------------------------------------------------------------------------
+    # name-level tests on the (few) categories, broadcast to rows
+    cats = names.cat.categories
+    cs = pd.Series(cats, dtype=object)
+    low = cs.str.lower()
+    c_comm = (low.str.startswith("nccl") | low.str.startswith("rccl")).to_numpy()
+    c_memcpy = (low.str.startswith("memcpy") | low.str.startswith("dma")).to_numpy()
+    c_memset = low.str.startswith("memset").to_numpy()
+    c_sync = low.str.contains("sync").to_numpy()
+    c_gloo = cs.str.startswith("gloo:").to_numpy()
+    c_c10d = (cs.str.startswith("c10d::") | cs.isin(_COMM_CPU_NAMES) | cs.isin(list(_WAIT_NAMES))).to_numpy()
+    codes = names.cat.codes.to_numpy()
+    r_comm, r_memcpy, r_memset, r_sync = c_comm[codes], c_memcpy[codes], c_memset[codes], c_sync[codes]
+    r_gloo, r_c10d = c_gloo[codes], c_c10d[codes]
+
+    kind = np.full(n, schema.KIND_CPU_OP, dtype=object)
+    kind[is_annot] = schema.KIND_ANNOTATION
+    gpu_kind = np.where(r_comm, schema.KIND_COMM,
+                        np.where(r_memcpy | (cat == "gpu_memcpy"), schema.KIND_MEMCPY,
+                                 np.where(r_memset | (cat == "gpu_memset"), schema.KIND_MEMSET,
+                                          np.where(r_sync | (cat == "cuda_sync"), schema.KIND_SYNC,
+                                                   schema.KIND_COMPUTE))))
+    kind[on_gpu] = gpu_kind[on_gpu]
+    gloo_comm = is_annot & r_gloo
+    kind[gloo_comm] = schema.KIND_COMM
+
+    tid = raw["tid"].to_numpy()
+    lane = np.where(on_gpu, "stream:" + pd.Series(stream).astype(str).to_numpy(),
+                    "thread:" + pd.Series(tid).astype(str).to_numpy())
+
+    device_type = rt.meta.get("device_type", "cpu")
+    if device_type == "cpu":
+        # CPU compute: leaf cpu_ops on threads that run no gloo work, not comm calls themselves
+        comm_threads = set(pd.unique(tid[gloo_comm]))
+        cand = is_cpu_op & ~r_c10d & ~np.isin(tid, list(comm_threads)) if comm_threads else is_cpu_op & ~r_c10d
+        leaf = _leaf_mask(raw, is_cpu_op)
+        kind[cand & leaf] = schema.KIND_COMPUTE
+
+    # --- collective type + sizes ---------------------------------------------------------------
+    coll_by_cat = np.array([collective_of(c) for c in cats], dtype=object) if len(cats) else np.empty(0, dtype=object)
+    collective = coll_by_cat[codes] if n else np.empty(0, dtype=object)
+    relevant = (kind == schema.KIND_COMM) | r_c10d | (is_annot & (low.str.startswith("nccl:").to_numpy()[codes]))
+    collective = np.where(relevant, collective, None)
+    out = pd.DataFrame({
+        "lane": lane, "kind": kind, "name": names, "ts_us": raw["ts_us"].to_numpy(),
+        "dur_us": raw["dur_us"].fillna(0.0).to_numpy(), "collective": collective,
+        "bytes": np.nan, "dtype": None, "group_size": np.nan, "pg": None, "seq": np.nan,
+        "tid": tid, "stream": stream, "correlation": raw["correlation"].to_numpy(),
+        "ext_id": raw["ext_id"].to_numpy(), "cat": cat,
+    })
+    info = _comm_info(rt, n, dist)
+    if len(info):
+        idx = info["idx"].to_numpy()
+        coll_info = info["collective"].to_numpy(dtype=object)
+        cur = out["collective"].to_numpy(dtype=object)
+        cur[idx] = np.where(pd.isna(coll_info), cur[idx], coll_info)
+        out["collective"] = cur
+        for c in ("bytes", "group_size", "seq"):
+            arr = out[c].to_numpy(dtype=float).copy()
+            arr[idx] = info[c].to_numpy(dtype=float)
+            out[c] = arr
+        for c in ("dtype", "pg"):
+            arr = out[c].to_numpy(dtype=object).copy()
+            arr[idx] = info[c].to_numpy(dtype=object)
+            out[c] = arr
+
+    # --- launch point of every event (for phases/steps): runtime call for kernels -------------------
+    launch_tid = tid.astype(object).copy()
+    launch_ts = out["ts_us"].to_numpy().copy()
+    if on_gpu.any():
+        launch_tid[on_gpu] = None
+        rt_rows = out.loc[is_runtime & (out["correlation"].to_numpy() >= 0), ["correlation", "tid", "ts_us"]]
+        rt_rows = rt_rows.drop_duplicates("correlation")
+        gk = out.loc[on_gpu, ["correlation"]]
+        m = gk.merge(rt_rows, on="correlation", how="left")
+        ok = m["ts_us"].notna().to_numpy()
+        gidx = np.flatnonzero(on_gpu)
+        launch_tid[gidx[ok]] = m["tid"].to_numpy(dtype=object)[ok]
+        launch_ts[gidx[ok]] = m["ts_us"].to_numpy()[ok]
+        # comm kernels without size info: take it from the CPU op with the same External id
+        _fill_from_cpu_side(out, on_gpu)
+    out["launch_tid"] = launch_tid
+    out["launch_ts_us"] = launch_ts
+
+    # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
+    if gloo_comm.any():
+        _pair_gloo(out, gloo_comm, r_c10d & is_cpu_op, dist)
+
+    # default group size for comm rows that lack one
+    gs = out["group_size"].to_numpy(dtype=float).copy()
+    comm_rows = (out["kind"].to_numpy() == schema.KIND_COMM) | r_c10d
+    miss = comm_rows & np.isnan(gs)
+    if miss.any():
+        gs[miss] = _default_group_size(dist)
+        out["group_size"] = gs
+    out = out[~is_runtime].reset_index(drop=True)
+    return out
+
+
+def _fill_from_cpu_side(out: pd.DataFrame, on_gpu: np.ndarray) -> None:
+    kind = out["kind"].to_numpy()
+    ck = on_gpu & (kind == schema.KIND_COMM) & (out["ext_id"].to_numpy() >= 0)
+    if not ck.any():
+        return
+    cpu = out.loc[~on_gpu & out["collective"].notna() & (out["ext_id"].to_numpy() >= 0),
+                  ["ext_id", "collective", "bytes", "dtype", "group_size", "pg", "seq"]]
+    if len(cpu) == 0:
+        return
+    cpu = cpu.drop_duplicates("ext_id", keep="last")
+    k = out.loc[ck, ["ext_id"]].merge(cpu, on="ext_id", how="left")
+    idx = np.flatnonzero(ck)
+    for c in ("bytes", "group_size", "seq"):
+        cur = out[c].to_numpy(dtype=float).copy()
+        sub = cur[idx]
+        cur[idx] = np.where(np.isnan(sub), k[c].to_numpy(dtype=float), sub)
+        out[c] = cur
+    for c in ("dtype", "pg", "collective"):
+        cur = out[c].to_numpy(dtype=object).copy()
+        sub = cur[idx]
+        cur[idx] = np.where(pd.isna(sub), k[c].to_numpy(dtype=object), sub)
+        out[c] = cur
+
+
+def _leaf_mask(raw: pd.DataFrame, is_cpu_op: np.ndarray) -> np.ndarray:
+    """True for cpu_op rows that contain no other cpu_op of the same thread."""
+    n = len(raw)
+    leaf = np.zeros(n, dtype=bool)
+    if not is_cpu_op.any():
+        return leaf
+    sub = pd.DataFrame({"tid": raw["tid"].to_numpy()[is_cpu_op].astype(str),
+                        "ts": raw["ts_us"].to_numpy()[is_cpu_op],
+                        "end": (raw["ts_us"] + raw["dur_us"].fillna(0)).to_numpy()[is_cpu_op],
+                        "i": np.flatnonzero(is_cpu_op)})
+    # parents start no later and end no earlier: sort by (tid, ts, -end); an op is a leaf when the
+    # next op on its thread starts at or after its end
+    sub = sub.sort_values(["tid", "ts", "end"], ascending=[True, True, False], kind="mergesort")
+    nxt_ts = sub["ts"].shift(-1).to_numpy()
+    nxt_tid = sub["tid"].shift(-1).to_numpy()
+    end = sub["end"].to_numpy()
+    is_leaf = (nxt_tid != sub["tid"].to_numpy()) | (nxt_ts >= end) | pd.isna(nxt_ts)
+    leaf[sub["i"].to_numpy()[is_leaf]] = True
+    return leaf
+
+
+def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, dist: dict) -> None:
+    """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work."""
+    coll = out["collective"].to_numpy(dtype=object)
+    calls = out.loc[c10d_call & pd.notna(coll)].copy()
+    calls["gloo_as"] = calls["collective"].map(lambda c: _GLOO_AS.get(c, c))
+    calls = calls.sort_values("ts_us", kind="mergesort")
+    calls["ord"] = calls.groupby("gloo_as", sort=False).cumcount()
+    work = out.loc[gloo_comm, ["ts_us", "name"]].copy()
+    work["gloo_as"] = [collective_of(str(x)) for x in work["name"]]
+    work["row"] = np.flatnonzero(gloo_comm)
+    work = work.sort_values("ts_us", kind="mergesort")
+    work["ord"] = work.groupby("gloo_as", sort=False).cumcount()
+    m = work.merge(calls[["gloo_as", "ord", "ts_us", "tid", "collective", "bytes", "dtype", "group_size", "pg",
+                          "seq"]].rename(columns={"ts_us": "call_ts"}),
+                   on=["gloo_as", "ord"], how="left")
+    ok = m["call_ts"].notna() & (m["call_ts"] <= m["ts_us"] + 1.0)
+    m = m[ok]
+    rows = m["row"].to_numpy()
+    for c in ("collective", "dtype", "pg"):
+        arr = out[c].to_numpy(dtype=object).copy()
+        arr[rows] = m[c].to_numpy(dtype=object)
+        out[c] = arr
+    for c in ("bytes", "group_size", "seq"):
+        arr = out[c].to_numpy(dtype=float).copy()
+        arr[rows] = m[c].to_numpy(dtype=float)
+        out[c] = arr
+    lt = out["launch_tid"].to_numpy(dtype=object).copy()
+    lts = out["launch_ts_us"].to_numpy(dtype=float).copy()
+    lt[rows] = m["tid"].to_numpy(dtype=object)
+    lts[rows] = m["call_ts"].to_numpy(dtype=float)
+    out["launch_tid"] = lt
+    out["launch_ts_us"] = lts

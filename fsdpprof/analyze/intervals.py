@@ -1,0 +1,104 @@
+"""Vectorised interval arithmetic (sort + cumsum, no Python loop over intervals). Times in us.
+
+Intervals are half-open ``[start, end)`` given as two float arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge intervals into disjoint sorted ones; returns (start, end) arrays."""
+    start = np.asarray(start, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
+    ok = end > start
+    start, end = start[ok], end[ok]
+    if start.size == 0:
+        return start, end
+    order = np.argsort(start, kind="mergesort")
+    s, e = start[order], end[order]
+    run_end = np.maximum.accumulate(e)
+    # a new group starts where the interval begins after everything before it ended
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    gid = np.cumsum(new) - 1
+    out_s = s[new]
+    out_e = np.zeros(out_s.size)
+    np.maximum.at(out_e, gid, run_end)
+    return out_s, out_e
+
+
+def total(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of the intervals."""
+    s, e = union(start, end)
+    return float((e - s).sum())
+
+
+def intersect(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+    """Intersection of two interval sets (each merged first); returns disjoint sorted (start, end)."""
+    as_, ae = union(a_start, a_end)
+    bs, be = union(b_start, b_end)
+    if as_.size == 0 or bs.size == 0:
+        return np.empty(0), np.empty(0)
+    # sweep: +1/-1 for A, +2/-2 for B; the covered-by-both segments are where the level is 3
+    t = np.concatenate([as_, ae, bs, be])
+    d = np.concatenate([np.ones(as_.size), -np.ones(ae.size), 2 * np.ones(bs.size), -2 * np.ones(be.size)])
+    order = np.lexsort((d, t))        # at equal times apply ends (negative) before starts
+    t, d = t[order], d[order]
+    level = np.cumsum(d)
+    both = level[:-1] == 3
+    seg_s, seg_e = t[:-1][both], t[1:][both]
+    keep = seg_e > seg_s
+    return seg_s[keep], seg_e[keep]
+
+
+def overlap_with(start, end, other_start, other_end) -> np.ndarray:
+    """Per interval i of (start, end): how long it overlaps the union of ``other`` (us)."""
+    start = np.asarray(start, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
+    os_, oe = union(other_start, other_end)
+    if start.size == 0:
+        return np.zeros(0)
+    if os_.size == 0:
+        return np.zeros(start.size)
+    cum = np.concatenate([[0.0], np.cumsum(oe - os_)])
+
+    def covered_before(t):
+        # length of union(other) inside (-inf, t)
+        k = np.searchsorted(os_, t, side="right")       # intervals starting at or before t
+        full = cum[k]                                   # total length of those intervals
+        last = np.clip(k - 1, 0, None)
+        excess = np.where(k > 0, np.clip(oe[last] - t, 0, None), 0.0)
+        return full - excess
+
+    return np.clip(covered_before(end) - covered_before(start), 0, None)
+
+
+def innermost(iv_start: np.ndarray, iv_end: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Index of the innermost interval containing each query time (properly nested intervals), -1 if none.
+
+    Intervals are grouped by nesting depth (non-overlapping within a depth), then each depth is
+    searched with ``searchsorted``: a loop over depths only, not over intervals.
+    """
+    iv_start = np.asarray(iv_start, dtype=np.float64)
+    iv_end = np.asarray(iv_end, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    res = np.full(q.size, -1, dtype=np.int64)
+    if iv_start.size == 0 or q.size == 0:
+        return res
+    order = np.lexsort((-iv_end, iv_start))
+    s, e = iv_start[order], iv_end[order]
+    ends_sorted = np.sort(e)
+    # depth = intervals started before (or at) me, minus those already ended at my start
+    depth = np.arange(s.size) - np.searchsorted(ends_sorted, s, side="right")
+    depth = np.maximum(depth, 0)
+    for d in np.unique(depth):
+        sel = np.flatnonzero(depth == d)
+        ds, de = s[sel], e[sel]
+        k = np.searchsorted(ds, q, side="right") - 1
+        valid = k >= 0
+        kk = np.where(valid, k, 0)
+        inside = valid & (q < de[kk]) & (q >= ds[kk])
+        res = np.where(inside, order[sel[kk]], res)   # deeper levels overwrite shallower ones
+    return res

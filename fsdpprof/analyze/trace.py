@@ -1,0 +1,447 @@
+"""Typed, streaming decoder for PyTorch profiler (kineto) chrome traces.
+
+``decode_trace(path)`` reads one trace file (gzip or plain, detected by its magic bytes) in
+blocks, cuts the ``traceEvents`` array at event boundaries and decodes each chunk with a typed
+msgspec decoder that skips every field we do not use.  Each chunk is turned into column arrays at
+once and its Python objects dropped, so memory stays bounded on multi-GB traces (about one chunk
+of text plus the kept columns).  ``load_trace(path)`` adds classification and FSDP phases and
+returns the events frame of :mod:`fsdpprof.analyze.schema`.
+
+Times are microseconds on the profiler clock (``ts_us``, ``dur_us``).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import sys
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze import schema
+from fsdpprof.errors import UserError
+
+CHUNK_BYTES = 32 << 20          # decode the event array in chunks of about this many bytes
+READ_BYTES = 8 << 20
+PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
+
+# Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
+KEEP_CATS = frozenset({
+    "kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation", "gpu_user_annotation",
+    "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime", "Driver",
+})
+
+
+class Args(msgspec.Struct):
+    stream: Any = None
+    correlation: Any = None
+    ext_id: Any = msgspec.field(default=None, name="External id")
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg: Any = msgspec.field(default=None, name="Process Group Name")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    addr: Any = msgspec.field(default=None, name="Addr")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    total_alloc: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    name: Any = None
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
+
+
+class Event(msgspec.Struct):
+    ph: Any = None
+    name: Any = ""
+    cat: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Args | None = None
+
+
+class TailDoc(msgspec.Struct):
+    traceEvents: list[Event]
+    schemaVersion: Any = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    traceName: Any = None
+
+
+_CHUNK_DEC = msgspec.json.Decoder(list[Event])
+_TAIL_DEC = msgspec.json.Decoder(TailDoc)
+_SEP_RE = re.compile(rb"\}\s*,\s*\{")
+_KEY = b'"traceEvents"'
+
+# Extra columns of the raw frame (beyond EVENT_COLUMNS' basics), used to link events.
+RAW_COLUMNS = ["cat", "name", "pid", "tid", "ts_us", "dur_us", "stream", "correlation", "ext_id"]
+
+
+@dataclass
+class RawTrace:
+    """Decoded, unclassified trace: ``raw`` has one row per kept duration event."""
+
+    path: str
+    raw: pd.DataFrame
+    comm_args: pd.DataFrame          # idx (row of raw), coll_name, in_nelems, out_nelems, group_size, dtype, pg, seq, input_dims, input_type
+    memory_events: pd.DataFrame
+    meta: dict
+    thread_names: dict = field(default_factory=dict)
+
+
+class _Columns:
+    """Accumulates chunk columns; names/cats/tids interned into integer codes."""
+
+    def __init__(self) -> None:
+        self.names: dict = {}
+        self.cats: dict = {}
+        self.threads: dict = {}
+        self.pids: dict = {}
+        self.parts: list[dict] = []
+        self.comm_rows: list[tuple] = []
+        self.mem_rows: list[tuple] = []
+        self.thread_names: dict = {}
+        self.n = 0
+
+    def add(self, events: list[Event]) -> None:
+        keep = []
+        for e in events:
+            ph = e.ph
+            if ph == "X":
+                if e.cat in KEEP_CATS:
+                    keep.append(e)
+            elif ph == "i" or ph == "I":
+                if e.name == "[memory]" and e.args is not None:
+                    a = e.args
+                    self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
+                                          a.device_type, a.device_id))
+            elif ph == "M":
+                if e.name == "thread_name" and e.args is not None and e.args.name is not None:
+                    self.thread_names[(e.pid, e.tid)] = str(e.args.name)
+        if not keep:
+            return
+        names, cats, threads, pids = self.names, self.cats, self.threads, self.pids
+        name_codes = [names.setdefault(e.name, len(names)) for e in keep]
+        cat_codes = [cats.setdefault(e.cat, len(cats)) for e in keep]
+        tid_codes = [threads.setdefault(e.tid, len(threads)) for e in keep]
+        pid_codes = [pids.setdefault(e.pid, len(pids)) for e in keep]
+        ts = [e.ts for e in keep]
+        dur = [e.dur for e in keep]
+        stream, corr, ext = [], [], []
+        base = self.n
+        for i, e in enumerate(keep):
+            a = e.args
+            if a is None:
+                stream.append(-1)
+                corr.append(-1)
+                ext.append(-1)
+                continue
+            s = a.stream
+            stream.append(s if type(s) is int else -1)
+            c = a.correlation
+            corr.append(c if type(c) is int else -1)
+            x = a.ext_id
+            ext.append(x if type(x) is int else -1)
+            if a.coll_name is not None or a.in_nelems is not None or (
+                    e.name.startswith("c10d::") and e.cat == "cpu_op"):
+                self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
+                                       a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
+        self.parts.append({
+            "name": np.asarray(name_codes, dtype=np.int32),
+            "cat": np.asarray(cat_codes, dtype=np.int16),
+            "tid": np.asarray(tid_codes, dtype=np.int32),
+            "pid": np.asarray(pid_codes, dtype=np.int32),
+            "ts_us": _floats(ts),
+            "dur_us": _floats(dur),
+            "stream": np.asarray(stream, dtype=np.int64),
+            "correlation": np.asarray(corr, dtype=np.int64),
+            "ext_id": np.asarray(ext, dtype=np.int64),
+        })
+        self.n += len(keep)
+
+    def frame(self) -> pd.DataFrame:
+        cols = {}
+        for key, dtype in (("name", np.int32), ("cat", np.int16), ("tid", np.int32), ("pid", np.int32),
+                           ("ts_us", np.float64), ("dur_us", np.float64), ("stream", np.int64),
+                           ("correlation", np.int64), ("ext_id", np.int64)):
+            arrs = [p[key] for p in self.parts]
+            cols[key] = np.concatenate(arrs) if arrs else np.empty(0, dtype=dtype)
+        self.parts = []
+        df = pd.DataFrame(cols)
+        for key, table in (("name", self.names), ("cat", self.cats)):
+            cats = [str(k) for k in table]
+            df[key] = pd.Categorical.from_codes(df[key].to_numpy(), categories=_unique_cats(cats))
+        # tid/pid: keep the original values (int or str) through a lookup table
+        tids = np.array([_as_key(k) for k in self.threads], dtype=object)
+        pids = np.array([_as_key(k) for k in self.pids], dtype=object)
+        df["tid"] = tids[df["tid"].to_numpy()] if len(df) else np.empty(0, dtype=object)
+        df["pid"] = pids[df["pid"].to_numpy()] if len(df) else np.empty(0, dtype=object)
+        return df
+
+
+def _unique_cats(cats: list[str]) -> list[str]:
+    # categories must be unique; two distinct raw keys (e.g. 1 and "1") could stringify alike
+    seen: dict = {}
+    out = []
+    for c in cats:
+        if c in seen:
+            seen[c] += 1
+            c = f"{c}#{seen[c]}"
+        else:
+            seen[c] = 0
+        out.append(c)
+    return out
+
+
+def _as_key(v):
+    return v if isinstance(v, (int, str)) else str(v)
+
+
+def _floats(values: list) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return np.asarray([_to_float(v) for v in values], dtype=np.float64)
+
+
+def _to_float(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class _Reader:
+    """Binary block reader over a gzip or plain file, with an optional progress bar."""
+
+    def __init__(self, path: str, progress: bool | None) -> None:
+        self.path = path
+        try:
+            self.raw = open(path, "rb")
+        except OSError as exc:
+            raise UserError(f"cannot read trace {path}: {exc.strerror or exc}; check the path and permissions") from None
+        magic = self.raw.read(2)
+        self.raw.seek(0)
+        self.gz = magic == b"\x1f\x8b"
+        self.fh = gzip.GzipFile(fileobj=self.raw, mode="rb") if self.gz else self.raw
+        size = os.fstat(self.raw.fileno()).st_size
+        self.size = size
+        if progress is None:
+            progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+            self.bar = tqdm(total=size, unit="B", unit_scale=True, desc=os.path.basename(path), leave=False)
+        self._pos = 0
+
+    def read(self) -> bytes:
+        try:
+            data = self.fh.read(READ_BYTES)
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            if self.gz:
+                raise UserError(f"trace {self.path} is not a valid gzip file ({exc}); re-export or re-copy it") from None
+            raise UserError(f"cannot read trace {self.path}: {exc}") from None
+        except EOFError:
+            raise UserError(f"trace {self.path} is a truncated gzip file (the writer probably died); "
+                            f"re-record or re-copy it") from None
+        if self.bar is not None:
+            pos = self.raw.tell()
+            self.bar.update(pos - self._pos)
+            self._pos = pos
+        return data
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        try:
+            self.fh.close()
+        finally:
+            self.raw.close()
+
+
+def _decode_chunk(buf: bytes, cols: _Columns) -> int:
+    """Decode the longest prefix of ``buf`` that ends at an event boundary; return bytes consumed (0 if none)."""
+    tail_start = max(0, len(buf) - (4 << 20))
+    cands = [m for m in _SEP_RE.finditer(buf, tail_start)]
+    tried = 0
+    for m in reversed(cands):
+        end = m.start() + 1              # just after the closing brace
+        try:
+            events = _CHUNK_DEC.decode(b"[" + buf[:end] + b"]")
+        except msgspec.DecodeError:
+            tried += 1
+            if tried > 16:
+                break
+            continue
+        cols.add(events)
+        return m.end() - 1               # the next event starts at the '{'
+    return 0
+
+
+def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
+    """Decode one chrome-trace file into a raw frame (no classification). Raises UserError on bad input."""
+    path = os.fspath(path)
+    reader = _Reader(path, progress)
+    cols = _Columns()
+    try:
+        buf = b""
+        eof = False
+        # 1. header: everything before the "traceEvents" key
+        while True:
+            idx = buf.find(_KEY)
+            if idx >= 0:
+                break
+            if eof:
+                _raise_no_events_key(path, buf)
+            data = reader.read()
+            if not data:
+                eof = True
+                if not buf.strip():
+                    raise UserError(f"trace {path} is empty; re-export it (torch.profiler export_chrome_trace)")
+            if buf == b"" and data.lstrip()[:1] == b"[":
+                raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
+                                f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
+            buf += data
+            if len(buf) > (256 << 20) and buf.find(_KEY) < 0:
+                raise UserError(f"trace {path} has no 'traceEvents' key in its first 256 MB; is it a profiler trace?")
+        header_bytes = buf[:idx].rstrip()
+        rest = buf[idx + len(_KEY):]
+        header = _decode_header(path, header_bytes)
+        # 2. skip ':' and '['
+        while True:
+            m = re.match(rb"\s*:\s*\[", rest)
+            if m:
+                rest = rest[m.end():]
+                break
+            if eof or len(rest) > 64:
+                if re.match(rb"\s*:\s*\[", rest) is None:
+                    raise UserError(f"trace {path}: 'traceEvents' is not an array; is it a profiler trace?")
+            data = reader.read()
+            if not data:
+                eof = True
+            rest += data
+        buf = rest
+        # 3. body in chunks
+        while not eof:
+            data = reader.read()
+            if not data:
+                eof = True
+                break
+            buf += data
+            if len(buf) >= CHUNK_BYTES:
+                used = _decode_chunk(buf, cols)
+                if used:
+                    buf = buf[used:]
+        # 4. the remainder: rest of the array, then the trailing keys of the document
+        try:
+            tail = _TAIL_DEC.decode(b'{"traceEvents":[' + buf)
+        except msgspec.DecodeError as exc:
+            stripped = buf.rstrip()
+            if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
+                raise UserError(f"trace {path} is truncated or not valid JSON ({exc}); re-export or re-copy it") from None
+            raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
+        del buf
+        cols.add(tail.traceEvents)
+        meta = dict(header) if isinstance(header, dict) else {}
+        for key in ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds",
+                    "displayTimeUnit", "traceName"):
+            val = getattr(tail, key)
+            if val is not None:
+                meta[key] = val
+    finally:
+        reader.close()
+    raw = cols.frame()
+    if len(raw) == 0 and not cols.mem_rows:
+        raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events); "
+                        f"was the profiler window active? re-record with a longer window")
+    comm = pd.DataFrame(cols.comm_rows, columns=["idx", "coll_name", "in_nelems", "out_nelems", "group_size",
+                                                 "dtype", "pg", "seq", "input_dims", "input_type"])
+    mem = _memory_frame(cols.mem_rows)
+    meta["device_type"] = "cuda" if (raw["stream"].to_numpy() >= 0).any() else "cpu"
+    return RawTrace(path=path, raw=raw, comm_args=comm, memory_events=mem, meta=meta,
+                    thread_names=cols.thread_names)
+
+
+def _decode_header(path: str, header_bytes: bytes) -> dict:
+    text = header_bytes.rstrip()
+    if text.endswith(b","):
+        text = text[:-1]
+    if not text.lstrip().startswith(b"{"):
+        raise UserError(f"trace {path} is not a JSON object with 'traceEvents'; is it a profiler trace?")
+    try:
+        out = msgspec.json.decode(text + b"}")
+    except msgspec.DecodeError as exc:
+        raise UserError(f"trace {path} is not valid JSON before 'traceEvents' ({exc}); re-export or re-copy it") from None
+    return out if isinstance(out, dict) else {}
+
+
+def _raise_no_events_key(path: str, buf: bytes) -> None:
+    text = buf.strip()
+    try:
+        doc = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
+    if isinstance(doc, list):
+        raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
+                        f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
+    raise UserError(f"trace {path} has no 'traceEvents' key; is it a PyTorch profiler chrome trace?")
+
+
+def _memory_frame(rows: list[tuple]) -> pd.DataFrame:
+    cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
+    if not rows:
+        df = pd.DataFrame({c: np.empty(0, dtype=np.int64) for c in cols})
+    else:
+        df = pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame({
+        "rank": np.zeros(len(df), dtype=np.int32),
+        "ts_us": pd.to_numeric(df["ts_us"], errors="coerce").astype(np.float64),
+    })
+    for c, dt in (("addr", np.int64), ("bytes", np.int64), ("total_allocated_bytes", np.int64),
+                  ("total_reserved_bytes", np.int64), ("device_type", np.int8), ("device_id", np.int16)):
+        out[c] = pd.to_numeric(df[c], errors="coerce").fillna(0).astype(dt)
+    return out[schema.MEMORY_EVENT_COLUMNS]
+
+
+@dataclass
+class TraceData:
+    """One rank's trace: classified events, memory events and trace metadata."""
+
+    path: str
+    events: pd.DataFrame
+    memory_events: pd.DataFrame
+    meta: dict
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None) -> TraceData:
+    """Decode, classify and phase-tag one trace file. ``rank`` overrides distributedInfo's rank."""
+    from fsdpprof.analyze import classify, phases
+
+    rt = decode_trace(path, progress=progress)
+    warnings: list[str] = []
+    dist = rt.meta.get("distributedInfo") or {}
+    if rank is None:
+        rank = dist.get("rank") if isinstance(dist, dict) else None
+        if not isinstance(rank, int):
+            rank = 0
+    events = classify.classify(rt)
+    events, w = phases.assign_phases(events, rt)
+    warnings += w
+    events["rank"] = np.int32(rank)
+    events = events[schema.EVENT_COLUMNS].reset_index(drop=True)
+    mem = rt.memory_events
+    mem["rank"] = np.int32(rank)
+    return TraceData(path=rt.path, events=events, memory_events=mem, meta=rt.meta, warnings=warnings)
