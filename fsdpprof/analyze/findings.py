@@ -1,0 +1,186 @@
+"""Findings: what to try next, each pointing at the number that triggered it.
+
+``findings(...)`` takes the small per-run result tables (never the raw events) and returns a
+list of :class:`Finding`. Thresholds are module constants so a reader can see and change them.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
+EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
+OPTIMIZER_DOMINATES_PCT = 40.0  # optimizer state, % of memory at the peak
+ACTIVATIONS_DOMINATE_PCT = 50.0
+UNSHARDED_PARAM_PCT = 30.0
+REPLICATED_STATES_PCT = 50.0    # DDP / NO_SHARD: model states, % of the peak
+FRAGMENTATION_PCT = 30.0
+COVERAGE_LOW_PCT = 70.0
+STRAGGLER_SHARE = 0.5           # last to arrive in at least this share of matched collectives
+
+
+@dataclass
+class Finding:
+    """One thing to try. ``metric``/``value``/``unit`` name the number that triggered it;
+    ``section`` is the report section that shows it."""
+
+    id: str
+    severity: str          # high | medium | info
+    title: str
+    metric: str
+    value: float
+    unit: str
+    threshold: float
+    suggestion: str
+    section: str
+    rank: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _num(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def comm_findings(overlap_phase: pd.DataFrame | None, steps: pd.DataFrame | None) -> list[Finding]:
+    """From comm_overlap(by rank, collective, phase) and step_breakdown: exposed collectives."""
+    out: list[Finding] = []
+    if steps is None or steps.empty or "step_us" not in steps:
+        return out
+    n_steps = steps.groupby("rank")["step"].nunique() if "step" in steps else steps.groupby("rank").size()
+    step_us = steps.groupby("rank")["step_us"].mean()
+    if overlap_phase is not None and not overlap_phase.empty and "exposed_comm_us" in overlap_phase:
+        op = overlap_phase.copy()
+        for col in ("collective", "phase"):
+            if col not in op:
+                op[col] = "all"
+        op["collective"] = op["collective"].astype(object).fillna("?")
+        op["phase"] = op["phase"].astype(object).fillna("?")
+        g = op.groupby(["rank", "collective", "phase"], observed=True)["exposed_comm_us"].sum().reset_index()
+        g["per_step_us"] = g["exposed_comm_us"] / g["rank"].map(n_steps).clip(lower=1)
+        g["pct"] = 100.0 * g["per_step_us"] / g["rank"].map(step_us)
+        worst = g.sort_values("pct", ascending=False).drop_duplicates(["collective", "phase"])
+        for r in worst.itertuples():
+            if not r.pct >= EXPOSED_PHASE_PCT:
+                continue
+            c, ph = str(r.collective), str(r.phase)
+            if c == "all_gather" and ph.startswith("forward") or c == "all_gather" and ph in ("pre_forward",):
+                sug = ("prefetch the next unit's all-gather (FSDP2: module.set_modules_to_forward_prefetch; FSDP1: "
+                       "forward_prefetch=True), or keep parameters after forward (reshard_after_forward=False / "
+                       "SHARD_GRAD_OP) if memory allows")
+            elif c == "all_gather":
+                sug = ("backward prefetch (FSDP1 backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_backward_prefetch) "
+                       "or reshard_after_forward=False so backward does not all-gather again")
+            elif c == "reduce_scatter":
+                sug = ("reduce-scatter is not hidden behind backward compute: use fewer, larger FSDP units, a lower "
+                       "reduce dtype (MixedPrecision reduce_dtype=bf16) or gradient accumulation without sync")
+            elif c == "all_reduce":
+                sug = ("all-reduce is exposed: bucket gradients (DDP bucket_cap_mb), overlap with backward, or shard "
+                       "(FULL_SHARD / HYBRID_SHARD) to cut the volume per rank")
+            else:
+                sug = "overlap this collective with compute or reduce how often it runs"
+            out.append(Finding(f"exposed_{c}_{ph}", "high" if r.pct >= 4 * EXPOSED_PHASE_PCT else "medium",
+                               f"Exposed {c} in {ph}: {r.per_step_us / 1e3:.3g} ms per step "
+                               f"({r.pct:.1f}% of step time, rank {int(r.rank)})",
+                               f"exposed_comm_us[{c}, {ph}] / step_us", float(r.pct), "%", EXPOSED_PHASE_PCT, sug,
+                               "communication", int(r.rank)))
+    if "exposed_comm_us" in steps:
+        tot = steps.groupby("rank")[["exposed_comm_us", "step_us"]].sum()
+        tot["pct"] = 100.0 * tot["exposed_comm_us"] / tot["step_us"]
+        r = tot["pct"].idxmax() if len(tot) and tot["pct"].notna().any() else None
+        if r is not None and tot.loc[r, "pct"] >= EXPOSED_TOTAL_PCT:
+            out.append(Finding("exposed_comm_total", "high",
+                               f"{tot.loc[r, 'pct']:.1f}% of step time is communication not hidden behind compute (rank {r})",
+                               "sum(exposed_comm_us) / sum(step_us)", float(tot.loc[r, "pct"]), "%", EXPOSED_TOTAL_PCT,
+                               "more compute per collective (larger batch / sequence, gradient accumulation), "
+                               "prefetching, or a strategy that moves fewer bytes (see the traffic table)",
+                               "steps", int(r)))
+    return out
+
+
+def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
+                    fragmentation_pct: float | None = None, coverage_pct: float | None = None,
+                    rank: int | None = None) -> list[Finding]:
+    """From one rank's breakdown at the peak (category, bytes, pct)."""
+    out: list[Finding] = []
+    if breakdown is None or breakdown.empty:
+        return out
+    pct = breakdown.groupby("category", observed=True)["pct"].sum()
+    get = lambda c: float(pct.get(c, 0.0))  # noqa: E731
+    opt = get("optimizer_state")
+    if opt >= OPTIMIZER_DOMINATES_PCT:
+        out.append(Finding("optimizer_state_dominates", "high" if opt >= 60 else "medium",
+                           f"Optimizer state is {opt:.1f}% of memory at the peak",
+                           "breakdown_at_peak[optimizer_state].pct", opt, "%", OPTIMIZER_DOMINATES_PCT,
+                           "shard it further (FULL_SHARD, or a larger shard group), offload it to CPU "
+                           "(CPUOffload / ZeRO-Offload), or use an optimizer with less state (8-bit Adam, Adafactor)",
+                           "memory", rank))
+    act = get("activation")
+    if act >= ACTIVATIONS_DOMINATE_PCT:
+        out.append(Finding("activations_dominate", "medium", f"Activations are {act:.1f}% of memory at the peak",
+                           "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT,
+                           "activation checkpointing of the transformer blocks, a smaller micro-batch, or "
+                           "sequence parallelism; sharding does not reduce activations", "memory", rank))
+    unsh = get("unsharded_param")
+    if unsh >= UNSHARDED_PARAM_PCT:
+        out.append(Finding("unsharded_params_large", "medium",
+                           f"All-gathered (unsharded) parameters are {unsh:.1f}% of memory at the peak",
+                           "breakdown_at_peak[unsharded_param].pct", unsh, "%", UNSHARDED_PARAM_PCT,
+                           "wrap smaller FSDP units so fewer parameters are unsharded at once, and reshard after "
+                           "forward (reshard_after_forward=True / FULL_SHARD); limit prefetch depth", "memory", rank))
+    states = get("sharded_param") + get("sharded_grad") + get("optimizer_state")
+    if strategy in ("DDP", "NO_SHARD") and states >= REPLICATED_STATES_PCT:
+        out.append(Finding("replicated_model_states", "high",
+                           f"Model states, replicated on every rank by {strategy}, are {states:.1f}% of the peak",
+                           "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,
+                           "shard them: FULL_SHARD divides them by N, SHARD_GRAD_OP shards grads and optimizer "
+                           "state (see the plan table for the numbers)", "memory", rank))
+    if fragmentation_pct is not None and fragmentation_pct == fragmentation_pct and fragmentation_pct >= FRAGMENTATION_PCT:
+        out.append(Finding("fragmentation", "medium", f"{fragmentation_pct:.1f}% of reserved memory is not allocated",
+                           "fragmentation_pct", float(fragmentation_pct), "%", FRAGMENTATION_PCT,
+                           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "memory", rank))
+    if coverage_pct is not None and coverage_pct == coverage_pct and coverage_pct < COVERAGE_LOW_PCT:
+        out.append(Finding("low_attribution", "info", f"Only {coverage_pct:.1f}% of the peak has a named category",
+                           "coverage_pct", float(coverage_pct), "%", COVERAGE_LOW_PCT,
+                           "the rest is 'other': record with the inventory (fsdpprof record) so parameters, "
+                           "gradients and optimizer state are matched by address", "memory", rank))
+    return out
+
+
+def topology_findings(strategy: str | None, hosts: int, world: int) -> list[Finding]:
+    """Cross-node traffic of a flat FULL_SHARD over several hosts -> HYBRID_SHARD."""
+    if hosts > 1 and strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return [Finding("cross_node_shard", "medium",
+                        f"{strategy} shards over {world} ranks on {hosts} hosts: every all-gather and "
+                        f"reduce-scatter crosses the slower inter-node network", "hosts", float(hosts), "hosts", 1.0,
+                        "HYBRID_SHARD (shard within a node, replicate across nodes) keeps the per-step "
+                        "all-gathers on NVLink", "overview")]
+    return []
+
+
+def rank_findings(stragglers: pd.DataFrame | None, matched: int, step_us: float | None) -> list[Finding]:
+    """A rank that arrives last at most collectives, with a start lag worth looking at."""
+    out: list[Finding] = []
+    if stragglers is None or stragglers.empty or not matched or "times_last" not in stragglers:
+        return out
+    s = stragglers.sort_values("times_last", ascending=False).iloc[0]
+    share = float(s["times_last"]) / matched
+    lag = _num(s.get("mean_start_lag_us"))
+    if share >= STRAGGLER_SHARE and len(stragglers) > 1 and (step_us is None or lag >= 0.01 * step_us):
+        rank = int(s["rank"]) if "rank" in s else int(s.name)
+        out.append(Finding("straggler", "medium",
+                           f"Rank {rank} is last into {share * 100:.0f}% of collectives (mean start lag {lag / 1e3:.3g} ms)",
+                           "stragglers.times_last / matched collectives", share * 100, "%", STRAGGLER_SHARE * 100,
+                           "look for load imbalance on that rank: data loading, uneven sequence lengths, "
+                           "a slower host or GPU, or extra work (logging, checkpointing) on that rank", "ranks", rank))
+    return out
+
+
+def sort_findings(items: list[Finding]) -> list[Finding]:
+    order = {"high": 0, "medium": 1, "info": 2}
+    return sorted(items, key=lambda f: (order.get(f.severity, 3), -abs(f.value if f.value == f.value else 0)))
