@@ -47,6 +47,7 @@ class Analysis:
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
     lanes: pd.DataFrame | None = None                         # one step of one rank, for the lanes chart
     lanes_step: float | None = None
+    top_ops: pd.DataFrame | None = None                       # name, kind, count, total_us, max_us in that step
     hta: dict = field(default_factory=dict)                   # name -> DataFrame (GPU traces only)
     findings: list = field(default_factory=list)
 
@@ -76,6 +77,7 @@ class Analysis:
             "overlap_phase": tab(self.overlap_phase), "overlap_overall": tab(self.overlap_overall),
             "steps": tab(self.steps), "skew": tab(self.skew.head(200) if self.skew is not None else None),
             "stragglers": tab(self.stragglers), "traffic": tab(self.traffic),
+            "lanes_step": _j(self.lanes_step), "top_ops": tab(self.top_ops),
             "hta": {k: tab(v) for k, v in self.hta.items()},
             "findings": [f.to_dict() for f in self.findings],
         }
@@ -316,7 +318,7 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
     a.traffic = _try(a, "communication", "measured traffic", _traffic, a, events)
     lanes = _try(a, "communication", "lanes of one step", _lanes, events)
     if lanes is not None:
-        a.lanes, a.lanes_step = lanes
+        a.lanes, a.lanes_step, a.top_ops = lanes
 
 
 def _traffic(a: Analysis, events: pd.DataFrame) -> pd.DataFrame | None:
@@ -334,8 +336,11 @@ def _traffic(a: Analysis, events: pd.DataFrame) -> pd.DataFrame | None:
                       "bytes": c["bytes"].astype(float).to_numpy(), "wire_bytes": c["bytes"].astype(float).to_numpy() * f,
                       "step": c["step"].to_numpy()})
     n_steps = d.groupby("rank")["step"].nunique().clip(lower=1)
-    g = d.groupby(["rank", "collective"]).agg(count=("bytes", "size"), payload_bytes=("bytes", "sum"),
-                                              wire_bytes=("wire_bytes", "sum")).reset_index()
+    if d["bytes"].isna().all():
+        _note(a, "communication", "the trace gives no message sizes, so the volume cannot be measured.")
+        return None
+    g = d.groupby(["rank", "collective"]).agg(count=("bytes", "size"), payload_bytes=("bytes", lambda x: x.sum(min_count=1)),
+                                              wire_bytes=("wire_bytes", lambda x: x.sum(min_count=1))).reset_index()
     ns = g["rank"].map(n_steps)
     g["steps"] = ns
     g["payload_bytes_per_step"] = g["payload_bytes"] / ns
@@ -369,19 +374,33 @@ def _lanes(events: pd.DataFrame):
     if sel.empty:
         return None
     t0 = float(e["ts_us"].min())
+    ops = e[e["kind"] != "annotation"]
+    top = (ops.groupby(["name", "kind"], observed=True)["dur_us"].agg(count="size", total_us="sum", max_us="max")
+           .reset_index().sort_values("total_us", ascending=False).head(25).reset_index(drop=True))
+    top["name"] = top["name"].astype(str)
+    top["kind"] = top["kind"].astype(str)
     out = pd.DataFrame({"lane": sel["lane"].astype(str).to_numpy(), "kind": sel["kind"].astype(str).to_numpy(),
                         "name": sel["name"].astype(str).to_numpy(), "start_us": sel["ts_us"].to_numpy() - t0,
                         "dur_us": sel["dur_us"].to_numpy(),
                         "collective": sel["collective"].astype(object).to_numpy(),
                         "phase": sel["phase"].astype(object).to_numpy()})
-    return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step)
+    return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step), top
 
 
 def hta_breakdowns(run) -> dict:
     """HTA's kernel, temporal and idle-time breakdowns (GPU traces only): name -> DataFrame."""
+    import contextlib
+    import io
+    import logging
+
     from hta.trace_analysis import TraceAnalysis  # noqa: PLC0415  (heavy import, only for GPU traces)
 
-    with tempfile.TemporaryDirectory(prefix="fsdpprof-hta-") as tmp:
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("hta"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    sink = io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="fsdpprof-hta-") as tmp, contextlib.redirect_stdout(sink), \
+            contextlib.redirect_stderr(sink):
         for r, d in sorted(run.ranks.items()):
             if d.trace_path:
                 name = os.path.basename(d.trace_path)

@@ -34,7 +34,7 @@ main{padding:8px 24px 40px;max-width:1400px}
 section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:10px 18px;margin:14px 0}
 h2{font-size:17px;margin:6px 0 10px}h3{font-size:14px;margin:14px 0 6px}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
-td,th{border:1px solid #e5e7eb;padding:3px 8px;text-align:right;vertical-align:top}
+td,th{border:1px solid #e5e7eb;padding:3px 8px;text-align:right;vertical-align:top;max-width:640px;overflow-wrap:anywhere}
 th{background:#f3f4f6}td.l,th.l{text-align:left}
 .banner{background:#fef3c7;border:1px solid #f59e0b;padding:10px 14px;border-radius:6px;margin:12px 0}
 .note{color:#6b7280;font-size:13px;font-style:italic}
@@ -336,6 +336,9 @@ def _comm(a, page: Page) -> str:
         fig.update_layout(barmode="overlay", title=f"Lanes of compute and communication, step {fmt_num(a.lanes_step)} "
                                                    f"of the first rank", xaxis_title="ms from step start")
         out.append(page.fig(fig, 160 + 40 * ln["lane"].nunique()))
+    if a.top_ops is not None and not a.top_ops.empty:
+        out.append(f"<h3>Operations with the most time in step {esc(fmt_num(a.lanes_step))} of the first rank</h3>")
+        out.append(table(a.top_ops, left=("name", "kind")))
     out.append("</section>")
     return "".join(out)
 
@@ -376,8 +379,18 @@ def _ranks(a, page: Page) -> str:
     return "".join(out)
 
 
-def _hta(a) -> str:
+def _hta(a, page: Page) -> str:
     out = ['<section id="hta"><h2>HTA: kernel, temporal and idle-time breakdowns</h2>', notes_html(a, "hta")]
+    tb = a.hta.get("temporal")
+    if tb is not None and not tb.empty and "rank" in tb:
+        fig = go.Figure()
+        for col, name, color in (("compute_time(us)", "compute", "#1f77b4"),
+                                 ("non_compute_time(us)", "non-compute (comm, memory)", "#d62728"),
+                                 ("idle_time(us)", "idle", "#d1d5db")):
+            if col in tb:
+                fig.add_trace(go.Bar(x=[f"rank {r}" for r in tb["rank"]], y=tb[col] / 1e3, name=name, marker_color=color))
+        fig.update_layout(barmode="stack", title="HTA temporal breakdown of GPU time", yaxis_title="ms")
+        out.append(page.fig(fig, 320))
     for name, df in a.hta.items():
         out.append(f"<h3>{esc(name)}</h3>" + table(df, max_rows=40))
     out.append("</section>")
@@ -389,7 +402,7 @@ def render_report(a) -> str:
     page = Page()
     o = a.overview
     body = (_banner(a) + _overview(a) + _findings(a) + _memory(a, page) + _comm(a, page) + _steps(a, page)
-            + _ranks(a, page) + _hta(a))
+            + _ranks(a, page) + _hta(a, page))
     title = f"fsdpprof report: {o.get('strategy') or a.source}, {o.get('world_size') or '?'} ranks"
     nav = [("overview", "Overview"), ("findings", "Findings"), ("memory", "Memory"), ("communication", "Communication"),
            ("steps", "Steps"), ("ranks", "Ranks"), ("hta", "HTA")]

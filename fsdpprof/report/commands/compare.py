@@ -23,6 +23,8 @@ def write_compare(comparison, out_html: str, out_json: str | None = None) -> tup
     try:
         atomic_write_bytes(out_html, render_compare(comparison).encode("utf-8"))
         atomic_write_bytes(out_json, json.dumps(comparison.to_summary(), indent=1, default=str).encode())
+        for path in (out_html, locals().get("out_summary") or locals().get("out_json")):
+            os.chmod(path, 0o644)
     except OSError as exc:
         raise UserError(f"cannot write {out_html}: {exc.strerror}; pass -o to a writable path") from None
     return out_html, out_json

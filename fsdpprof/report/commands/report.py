@@ -33,6 +33,8 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
     try:
         atomic_write_bytes(out_html, render_report(analysis).encode("utf-8"))
         atomic_write_bytes(out_summary, json.dumps(analysis.to_summary(), indent=1, allow_nan=False).encode())
+        for path in (out_html, locals().get("out_summary") or locals().get("out_json")):
+            os.chmod(path, 0o644)
     except OSError as exc:
         raise UserError(f"cannot write the report to {out_html}: {exc.strerror}; pass -o to a writable path") from None
     return out_html, out_summary
