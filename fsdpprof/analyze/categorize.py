@@ -1,0 +1,343 @@
+"""Memory attribution: label every allocation with a :class:`MemoryCategory`, phase and unit.
+
+Ordered, named passes over the allocations frame (like torch/profiler/_memory_profiler.py), each
+filling only what is still unknown, and recording which pass decided in ``category_source``:
+
+1. ``inventory``   exact labels from inventory.json storage addresses (param / grad / optimizer state)
+2. ``tags``        FSDP phase tags: the all-gather output is the unsharded param, the
+                   reduce-scatter input (grads freed in post-backward) is the unsharded grad
+3. ``frames``      stack frames, for snapshots with nothing better (AccumulateGrad, torch/optim, data loader,
+                   module ``_apply``/``to``)
+4. ``lifetime``    allocated in forward and alive into backward -> activation; allocated before the
+                   forward of its step and alive into it -> input; allocated in the optimizer step and alive
+                   after it -> optimizer state; freed in the phase it was allocated in -> temporary
+5. ``other``       what is left
+
+Phases: ``phase`` is the coarse phase (data, forward, backward, optimizer, zero_grad, post_step),
+``fsdp_phase`` the innermost FSDP annotation/tag (all_gather, all_gather_copy_out, pre_forward,
+post_backward_reduce, ...), ``unit`` the FSDP unit fqn. All times in microseconds.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze.schema import MemoryCategory as MC
+
+CATEGORIES = [c.value for c in MC]
+NEVER = np.iinfo(np.int64).max
+
+ROLE_TO_CATEGORY = {"param": MC.SHARDED_PARAM.value, "grad": MC.SHARDED_GRAD.value,
+                    "optimizer_state": MC.OPTIMIZER_STATE.value}
+
+# fine FSDP phases whose allocations are unsharded parameters / unsharded gradients
+UNSHARDED_PARAM_PHASES = {"all_gather", "all_gather_copy_out", "unshard", "foreach_all_gather",
+                          "foreach_all_gather_copy_out", "_unshard"}
+UNSHARDED_GRAD_PHASES = {"post_backward_reduce", "reduce_scatter", "foreach_reduce", "_post_backward_hook",
+                         "post_backward"}
+COARSE_ORDER = ["data", "forward", "backward", "optimizer", "zero_grad", "post_step"]
+
+_FSDP2_RE = re.compile(r"^FSDP::([A-Za-z_]+)(?: for (\S+)| \((.*)\))?$")
+_FSDP1_RE = re.compile(r"^FullyShardedDataParallel\.(_?[A-Za-z_]+)$")
+
+
+# --------------------------------------------------------------------------- phase windows (CPU traces)
+def fsdp_annotations(events: pd.DataFrame) -> pd.DataFrame:
+    """FSDP annotations of a trace's events: ts_us, end_us, fsdp_phase, unit (None when unnamed)."""
+    if events is None or not len(events):
+        return pd.DataFrame(columns=["ts_us", "end_us", "fsdp_phase", "unit"])
+    names = events["name"].astype(str)
+    fsdp = names.str.startswith("FSDP::") | names.str.startswith("FullyShardedDataParallel.")
+    sub = events.loc[fsdp, ["name", "ts_us", "dur_us"]]
+    m2 = sub["name"].astype(str).str.extract(_FSDP2_RE)
+    m1 = sub["name"].astype(str).str.extract(_FSDP1_RE)
+    phase = m2[0].fillna(m1[0]).str.lstrip("_")
+    unit = m2[2].where(m2[2].notna(), None)
+    out = pd.DataFrame({"ts_us": sub["ts_us"].to_numpy(float), "end_us": (sub["ts_us"] + sub["dur_us"]).to_numpy(float),
+                        "fsdp_phase": phase.to_numpy(object), "unit": unit.to_numpy(object)})
+    return out[out["fsdp_phase"].notna()].sort_values("ts_us", kind="stable").reset_index(drop=True)
+
+
+def step_marks(events: pd.DataFrame) -> pd.DataFrame:
+    """Per ProfilerStep: step, start_us, fwd_us, bwd_us, opt_us, opt_end_us, zero_us, end_us (NaN when absent)."""
+    cols = ["step", "start_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us", "zero_us", "end_us"]
+    if events is None or not len(events):
+        return pd.DataFrame(columns=cols)
+    names = events["name"].astype(str)
+    ps = events[names.str.startswith("ProfilerStep#")]
+    if not len(ps):
+        return pd.DataFrame(columns=cols)
+    steps = pd.DataFrame({"step": ps["name"].astype(str).str.slice(13).astype(float).to_numpy(),
+                          "start_us": ps["ts_us"].to_numpy(float),
+                          "end_us": (ps["ts_us"] + ps["dur_us"]).to_numpy(float)}).sort_values("start_us")
+    steps = steps.drop_duplicates("start_us").reset_index(drop=True)
+    starts, ends = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
+
+    def first_in_step(mask, col="ts_us", last=False):
+        e = events[mask]
+        t = (e["ts_us"] + e["dur_us"]).to_numpy(float) if col == "end" else e["ts_us"].to_numpy(float)
+        idx = np.searchsorted(starts, t, side="right") - 1
+        ok = (idx >= 0) & (t <= ends[np.maximum(idx, 0)])
+        s = pd.Series(t[ok]).groupby(idx[ok])
+        r = (s.max() if last else s.min()).reindex(range(len(steps)))
+        return r.to_numpy(float)
+
+    fwd_mask = (names.str.startswith("FSDP::root_pre_forward") | names.str.startswith("FSDP::pre_forward")
+                | names.str.startswith("FullyShardedDataParallel.forward")
+                | names.str.startswith("FullyShardedDataParallel._pre_forward")
+                | names.str.startswith("DistributedDataParallel.forward"))
+    steps["fwd_us"] = first_in_step(fwd_mask)
+    steps["bwd_us"] = first_in_step(names.str.startswith("autograd::engine::evaluate_function"))
+    opt = names.str.startswith("Optimizer.step#")
+    steps["opt_us"] = first_in_step(opt)
+    steps["opt_end_us"] = first_in_step(opt, col="end", last=True)
+    steps["zero_us"] = first_in_step(names.str.startswith("Optimizer.zero_grad#"))
+    return steps[cols]
+
+
+def coarse_phase(ts: np.ndarray, marks: pd.DataFrame) -> np.ndarray:
+    """Coarse phase of each time (µs): data, forward, backward, optimizer, zero_grad, post_step; None outside steps."""
+    out = np.full(len(ts), None, dtype=object)
+    if not len(marks) or not len(ts):
+        return out
+    starts = marks["start_us"].to_numpy(float)
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    ok = idx >= 0
+    ii = np.maximum(idx, 0)
+    m = {c: marks[c].to_numpy(float)[ii] for c in marks.columns}
+    ok &= ts <= m["end_us"]
+    fwd = np.where(np.isnan(m["fwd_us"]), m["start_us"], m["fwd_us"])
+    inf = np.inf
+    bwd = np.where(np.isnan(m["bwd_us"]), inf, m["bwd_us"])
+    opt = np.where(np.isnan(m["opt_us"]), inf, m["opt_us"])
+    opt_end = np.where(np.isnan(m["opt_end_us"]), inf, m["opt_end_us"])
+    zero = np.where(np.isnan(m["zero_us"]), inf, m["zero_us"])
+    zero = np.where(zero < opt, inf, zero)  # zero_grad before the optimizer belongs to the data phase
+    ph = np.select([ts < fwd, ts < bwd, ts < opt, ts <= opt_end, ts >= zero],
+                   ["data", "forward", "backward", "optimizer", "zero_grad"], "post_step").astype(object)
+    out[ok] = ph[ok]
+    return out
+
+
+def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
+    """Unit scopes: [pre_forward(u).start, post_forward(u).end] and [pre_backward(u).start, last
+    post_backward*(u).end] per occurrence, so compute between FSDP hooks gets its unit."""
+    named = ann[ann["unit"].notna()]
+    rows = []
+    for pre, posts in (("pre_forward", ("post_forward",)),
+                       ("pre_backward", ("post_backward_reshard", "post_backward_reduce", "post_backward_accumulate",
+                                         "post_backward"))):
+        a = named[named["fsdp_phase"] == pre]
+        b = named[named["fsdp_phase"].isin(posts)]
+        if not len(a) or not len(b):
+            continue
+        for unit, ga in a.groupby("unit", sort=False):
+            gb = b[b["unit"] == unit]
+            if not len(gb):
+                continue
+            ends = gb["end_us"].to_numpy()
+            for s in ga["ts_us"].to_numpy():
+                later = ends[ends >= s]
+                nxt_pre = ga["ts_us"].to_numpy()
+                nxt_pre = nxt_pre[nxt_pre > s]
+                lim = nxt_pre.min() if len(nxt_pre) else np.inf
+                later = later[later < lim]
+                if len(later):
+                    rows.append((s, later.max(), unit))
+    return pd.DataFrame(rows, columns=["ts_us", "end_us", "unit"])
+
+
+def paint(ts: np.ndarray, intervals: pd.DataFrame, col: str) -> np.ndarray:
+    """Label of the innermost (latest-starting) interval containing each time; None elsewhere.
+
+    Intervals are painted outer-first onto the elementary segments between all boundaries, so an
+    inner interval overwrites its parent (annotations on one thread nest properly).
+    """
+    out = np.full(len(ts), None, dtype=object)
+    if intervals is None or not len(intervals) or not len(ts):
+        return out
+    iv = intervals.sort_values("ts_us", kind="stable")
+    bounds = np.unique(np.concatenate([iv["ts_us"].to_numpy(float), iv["end_us"].to_numpy(float)]))
+    labels = np.full(len(bounds), None, dtype=object)
+    lo = np.searchsorted(bounds, iv["ts_us"].to_numpy(float))
+    hi = np.searchsorted(bounds, iv["end_us"].to_numpy(float))
+    for a, b, lab in zip(lo, hi, iv[col].to_numpy(object)):
+        labels[a:b] = lab
+    pos = np.searchsorted(bounds, ts, side="right") - 1
+    ok = pos >= 0
+    out[ok] = labels[pos[ok]]
+    return out
+
+
+# --------------------------------------------------------------------------- tags and frames (snapshots)
+_KV_RE = re.compile(r"(phase|unit|fsdp_phase|module|fqn)\s*[=:]\s*([^;,|]*)")
+
+
+def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
+    """Our ``_set_memory_metadata`` tags -> fsdp_phase, unit. Accepts JSON ``{"phase":..,"unit":..}``
+    or ``phase=..;unit=..`` (optionally prefixed ``fsdpprof:``). Unique strings are parsed once."""
+    uniq = pd.unique(meta.fillna("").astype(str))
+    parsed = {}
+    for s in uniq:
+        phase = unit = None
+        t = s.strip()
+        if t.startswith("fsdpprof:"):
+            t = t[9:]
+        if t.startswith("{"):
+            try:
+                d = json.loads(t)
+                phase = d.get("phase") or d.get("fsdp_phase")
+                unit = d.get("unit", d.get("module", d.get("fqn")))
+            except (ValueError, AttributeError):
+                pass
+        elif t:
+            for k, v in _KV_RE.findall(t):
+                if k in ("phase", "fsdp_phase"):
+                    phase = v.strip() or None
+                else:
+                    unit = v.strip()
+        parsed[s] = (phase, unit)
+    keys = meta.fillna("").astype(str)
+    return pd.DataFrame({"fsdp_phase": keys.map(lambda k: parsed[k][0]).to_numpy(object),
+                         "unit": keys.map(lambda k: parsed[k][1]).to_numpy(object)}, index=meta.index)
+
+
+_CPP_KEYS = ("autograd::engine", "evaluate_function", "python_engine", "backward", "accumulategrad", "optim", "adam",
+             "foreach")
+
+
+def frame_signatures(frames: pd.Series) -> pd.Series:
+    """One short lower-case string per allocation, innermost first: ``name@file`` of Python frames
+    and only the telling C++ frames (autograd, backward, AccumulateGrad, optimizer), so the
+    rules below scan short strings. Each distinct frame name is judged once."""
+    keep_cpp: dict[str, str] = {}
+    out = []
+    for fr in frames:
+        if not fr:
+            out.append("")
+            continue
+        parts = []
+        for f in fr:
+            fn = f.get("filename") or ""
+            name = f.get("name") or ""
+            if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc")):
+                parts.append(f"{name}@{fn}".lower())
+            else:
+                k = keep_cpp.get(name)
+                if k is None:
+                    low = name.lower()
+                    k = low[:120] + "@" if any(w in low for w in _CPP_KEYS) else ""
+                    keep_cpp[name] = k
+                if k:
+                    parts.append(k)
+        out.append("|".join(parts).replace("\\", "/"))
+    return pd.Series(out, index=frames.index, dtype=object)
+
+
+def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
+    """``str.contains`` evaluated once per distinct signature (many allocations share one)."""
+    cat = pd.Categorical(sig.fillna(""))
+    hit = pd.Series(cat.categories).str.contains(pat, regex=regex).to_numpy(bool)
+    return hit[cat.codes] if len(hit) else np.zeros(len(sig), bool)
+
+
+def frame_phase(sig: pd.Series) -> np.ndarray:
+    """Coarse phase from stack frames (snapshots without tags)."""
+    s = sig
+    opt = _contains(s, r"torch/optim/|optimizer\.step|_multi_tensor_adam|_single_tensor_adam")
+    bwd = _contains(s, r"autograd::engine|evaluate_function|accumulategrad|python_engine|_engine_run_backward"
+                       r"|(?:^|\|)backward@|::backward\b|backward0")
+    data = _contains(s, r"torch/utils/data|collate|pin_memory")
+    fwd = _contains(s, r"(?:^|\|)forward@|_call_impl")
+    return np.select([opt, bwd, data, fwd],
+                     ["optimizer", "backward", "data", "forward"], None).astype(object)
+
+
+# --------------------------------------------------------------------------- the passes
+def _fill(df: pd.DataFrame, mask, category: str, source: str) -> None:
+    m = np.asarray(mask, dtype=bool) & df["category"].isna().to_numpy()
+    if m.any():
+        df.loc[m, "category"] = category
+        df.loc[m, "category_source"] = source
+
+
+def pass_inventory(df: pd.DataFrame, inv_tensors: pd.DataFrame | None) -> None:
+    """Exact labels: ``inv_tensors`` (addr, category, ref_us, unit, name) matched to the allocation at
+    that address alive at the reference time (capture time)."""
+    if inv_tensors is None or not len(inv_tensors):
+        return
+    a = df[["addr", "alloc_us", "free_us"]].reset_index()
+    m = a.merge(inv_tensors, on="addr", how="inner")
+    free = m["free_us"].fillna(np.inf)
+    m = m[(m["alloc_us"] <= m["ref_us"]) & (m["ref_us"] < free)]
+    m = m.drop_duplicates("index")
+    if not len(m):
+        return
+    idx = m["index"].to_numpy()
+    open_ = df.loc[idx, "category"].isna().to_numpy()
+    idx, m = idx[open_], m[open_]
+    df.loc[idx, "category"] = m["category"].to_numpy()
+    df.loc[idx, "category_source"] = "inventory"
+    has_unit = m["unit"].notna().to_numpy()
+    df.loc[idx[has_unit], "unit"] = m["unit"].to_numpy()[has_unit]
+
+
+def pass_tags(df: pd.DataFrame) -> None:
+    fp = df["fsdp_phase"].astype(object)
+    _fill(df, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    # grads produced in backward and released by the unit's post-backward reduce-scatter/all-reduce
+    free_fp = df["free_fsdp_phase"].astype(object) if "free_fsdp_phase" in df else pd.Series(None, index=df.index)
+    rs_in = (fp.isin(UNSHARDED_GRAD_PHASES) & df["free_us"].notna()) | (
+        (df["phase"] == "backward") & free_fp.isin(UNSHARDED_GRAD_PHASES) & ~fp.isin(UNSHARDED_GRAD_PHASES))
+    _fill(df, rs_in, MC.UNSHARDED_GRAD.value, "tags")
+
+
+def pass_frames(df: pd.DataFrame) -> None:
+    sig = df["frame_sig"]
+    if not sig.astype(bool).any():
+        return
+    never_freed = df["free_us"].isna().to_numpy()
+    _fill(df, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")
+    _fill(df, (df["phase"] == "optimizer").to_numpy() & never_freed, MC.OPTIMIZER_STATE.value, "frames")
+    _fill(df, _contains(sig, r"torch/utils/data|collate|pin_memory"), MC.INPUT.value, "frames")
+    param_init = _contains(sig, r"(?:^|\|)(?:convert|_apply|reset_parameters|load_state_dict|_load_from_state_dict)@"
+                                r"[^|]*module")
+    _fill(df, param_init & never_freed, MC.SHARDED_PARAM.value, "frames")
+
+
+def pass_lifetime(df: pd.DataFrame) -> None:
+    ph, fph = df["phase"].astype(object), df["free_phase"].astype(object)
+    same_step = df["free_step_idx"].to_numpy() == df["step_idx"].to_numpy()
+    freed = df["free_us"].notna().to_numpy()
+    never = ~freed
+    later = (~same_step) | never
+    _fill(df, (ph == "forward") & ((fph.isin(["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
+                                   | later), MC.ACTIVATION.value, "lifetime")
+    _fill(df, (ph == "data") & ((fph != "data") | later), MC.INPUT.value, "lifetime")
+    _fill(df, (ph == "optimizer") & ((fph != "optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
+    _fill(df, (ph == "backward") & ((fph.isin(["optimizer", "zero_grad"]) & same_step) | later),
+          MC.SHARDED_GRAD.value, "lifetime")
+    _fill(df, freed & (ph == fph) & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
+    # anything else freed within the same step: short-lived working memory
+    _fill(df, freed & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
+
+
+def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Run the passes; returns a copy of ``allocs`` with ``category`` and ``category_source``.
+
+    ``allocs`` must already carry ``phase``, ``fsdp_phase``, ``unit``, ``free_phase``,
+    ``free_fsdp_phase``, ``step_idx``, ``free_step_idx`` and ``frame_sig`` (see :func:`annotate`).
+    """
+    df = allocs.copy()
+    df["category"] = pd.Series(None, index=df.index, dtype=object)
+    df["category_source"] = pd.Series(None, index=df.index, dtype=object)
+    pass_inventory(df, inv_tensors)
+    pass_tags(df)
+    pass_frames(df)
+    pass_lifetime(df)
+    _fill(df, np.ones(len(df), bool), MC.OTHER.value, "other")
+    df["category"] = pd.Categorical(df["category"], categories=CATEGORIES)
+    return df
