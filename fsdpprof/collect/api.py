@@ -1,0 +1,71 @@
+"""In-code recording: ``with fsdpprof.record(out="runs/x"):`` around a training loop.
+
+Steps are counted exactly as under ``fsdpprof record``: optimizer steps completed inside the
+``with`` block (the first optimizer that steps), window ``skip_steps``, ``warmup_steps``,
+``active_steps``. Every process (rank) that enters the block records its own ``rank-<R>``
+folder; each writes ``launchers/<host>-<pid>.json`` and ``run.json`` is created by the first and
+updated by each as it leaves, so the last one to finish leaves the final status.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import socket
+import sys
+
+from fsdpprof import runfmt
+from fsdpprof.collect import launcher, recorder
+from fsdpprof.errors import UserError
+
+
+@contextlib.contextmanager
+def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1, active_steps: int = 3,
+           ranks=None, memory: bool = True, with_stack: bool = False, max_memory_entries: int = 100_000):
+    """Record the optimizer-step window of the code inside the block into run directory ``out``."""
+    for name, value in (("skip_steps", skip_steps), ("warmup_steps", warmup_steps), ("active_steps", active_steps),
+                        ("max_memory_entries", max_memory_entries)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"fsdpprof.record: {name} must be a positive integer (got {value!r})")
+    if recorder.active_recorder() is not None:  # already under `fsdpprof record`
+        sys.stderr.write("fsdpprof: record() inside `fsdpprof record`: the launcher's recording is used\n")
+        yield None
+        return
+    out = os.path.abspath(out or os.path.join(os.getcwd(), "fsdpprof-runs",
+                                              _dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
+    os.makedirs(out, exist_ok=True)
+    options = {"skip_steps": skip_steps, "warmup_steps": warmup_steps, "active_steps": active_steps,
+               "ranks": list(ranks) if ranks is not None else None, "memory": bool(memory),
+               "with_stack": bool(with_stack), "max_memory_entries": max_memory_entries}
+    cmd = [sys.executable, *sys.argv]
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat()
+    meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
+            "ended_at": None, "exit_code": None, "status": runfmt.STATUS_RUNNING, "versions": launcher._versions(),
+            "host": socket.gethostname(), "options": dict(options, api=True), "ranks_expected": None,
+            "ranks_seen": []}
+    run_json = os.path.join(out, runfmt.RUN_JSON)
+    launcher._exclusive_create_json(run_json, meta)
+    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, f"{socket.gethostname()}-{os.getpid()}.json")
+    entry = {"host": socket.gethostname(), "pid": os.getpid(), "command": cmd, "started_at": started,
+             "ended_at": None, "exit_code": None, "api": True}
+    runfmt.atomic_write_json(launcher_path, entry)
+    rec = recorder.Recorder(out, options)
+    rec.install()
+    recorder._API_RECORDERS.append(rec)
+    exit_code = 0
+    try:
+        yield rec
+    except BaseException:
+        exit_code = 1
+        raise
+    finally:
+        try:
+            rec._save_on_exit("left the fsdpprof.record block" if exit_code == 0 else "exception in the block")
+            rec.uninstall()
+            if rec in recorder._API_RECORDERS:
+                recorder._API_RECORDERS.remove(rec)
+            entry.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat())
+            runfmt.atomic_write_json(launcher_path, entry)
+            launcher._finalize(out, run_json)
+        except Exception as exc:  # never harm the job
+            sys.stderr.write(f"fsdpprof: could not finish the run directory {out}: {exc}\n")

@@ -1,0 +1,80 @@
+"""CUDA memory history for the window (only used behind ``torch.cuda.is_available()``).
+
+Starts ``torch.cuda.memory._record_memory_history`` at the start of the window (bounded entries,
+python stacks), tags every allocation with the FSDP phase and unit through
+``torch.cuda.memory._set_memory_metadata`` (string ``"fsdpprof phase=<phase> unit=<fqn>"``, the
+``user_metadata`` of each trace entry in the snapshot) and writes ``memory_snapshot.pickle``
+at the end of the window.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+
+import torch
+
+from fsdpprof import runfmt
+
+
+def metadata(phase: str, unit: str | None) -> str:
+    return f"fsdpprof phase={phase} unit={unit if unit is not None else ''}"
+
+
+class CudaMemoryRecorder:
+    def __init__(self, info, max_entries: int = 100_000, stacks: str = "python"):
+        self.info = info
+        self.max_entries = max_entries
+        self.stacks = stacks
+        self.handles = []
+        self.unit_stack: list[str] = []
+
+    def set_phase(self, phase: str, unit: str | None) -> None:
+        try:
+            torch.cuda.memory._set_memory_metadata(metadata(phase, unit))
+        except Exception:
+            pass
+
+    def start(self) -> None:
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=self.stacks,
+                                                 max_entries=self.max_entries)
+        units = dict(self.info.unit_modules) if self.info is not None else {}
+        if not units:
+            return
+        from torch.nn.modules import module as module_mod
+
+        def pre(module, args):
+            unit = units.get(id(module))
+            if unit is not None:
+                self.unit_stack.append(unit)
+                self.set_phase("forward", unit)
+
+        def post(module, args, output):
+            unit = units.get(id(module))
+            if unit is None:
+                return None
+            if self.unit_stack:
+                self.unit_stack.pop()
+            self.set_phase("forward", self.unit_stack[-1] if self.unit_stack else None)
+            # the gradient w.r.t. this unit's output arrives when its backward starts
+            tensors = output if isinstance(output, (tuple, list)) else (output,)
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda g, _u=unit: (self.set_phase("backward", _u), None)[1])
+                    break
+            return None
+
+        self.handles.append(module_mod.register_module_forward_pre_hook(pre))
+        self.handles.append(module_mod.register_module_forward_hook(post))
+
+    def finish(self, rank_dir: str) -> str | None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        try:
+            snapshot = torch.cuda.memory._snapshot()
+            path = os.path.join(rank_dir, runfmt.SNAPSHOT_FILE)
+            runfmt.atomic_write_bytes(path, pickle.dumps(snapshot))
+            return path
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.set_phase("", None)

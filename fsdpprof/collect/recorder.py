@@ -1,0 +1,624 @@
+"""The in-process recorder: a profiling window driven by optimizer steps (stdlib + torch only).
+
+Installed in every Python process of the job by the bootstrap (or by :mod:`fsdpprof.collect.api`)
+through torch's global optimizer step hooks. Steps are numbered from 0 by the completed steps of
+the first optimizer that steps; ``ProfilerStep#N`` in the trace is optimizer step N. With
+``skip, warmup, active`` the profiler starts after step ``skip-1``, warms up for ``warmup``
+steps and records ``active`` steps. Inventory: grads before every active optimizer step, params
+before the last one, optimizer state after it. Every error is caught, logged to collector.log and
+recorded in rank.json's status; the training job goes on as without us.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+
+import torch
+
+from fsdpprof import __version__
+from fsdpprof import runfmt
+from fsdpprof.collect import inventory as inv
+
+DEFAULT_OPTIONS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "ranks": None, "memory": True,
+                   "with_stack": False, "max_memory_entries": 100_000}
+
+_RECORDER = None
+_OURS = threading.local()  # set while fsdpprof itself starts a profiler
+
+
+def install_from_env(optimizer_module=None) -> None:
+    """Called by the bootstrap once torch.optim.optimizer is loaded."""
+    global _RECORDER
+    run_dir = os.environ.get(runfmt.ENV_RUN_DIR)
+    if not run_dir or _RECORDER is not None:
+        return
+    try:
+        options = json.loads(os.environ.get(runfmt.ENV_OPTIONS) or "{}")
+    except ValueError:
+        options = {}
+    _RECORDER = Recorder(run_dir, options)
+    _RECORDER.install(optimizer_module)
+
+
+def active_recorder():
+    return _RECORDER
+
+
+def _is_child_process() -> bool:
+    try:
+        import multiprocessing
+
+        return multiprocessing.parent_process() is not None
+    except Exception:
+        return False
+
+
+class Recorder:
+    """State machine: idle -> window -> done (or aside / skipped / failed)."""
+
+    def __init__(self, run_dir: str, options: dict | None = None, *, announce: bool = True):
+        self.run_dir = os.path.abspath(run_dir)
+        self.options = dict(DEFAULT_OPTIONS)
+        self.options.update({k: v for k, v in (options or {}).items() if v is not None or k == "ranks"})
+        self.skip = int(self.options["skip_steps"])
+        self.warmup = int(self.options["warmup_steps"])
+        self.active = int(self.options["active_steps"])
+        self.first_active = self.skip + self.warmup
+        self.last_active = self.skip + self.warmup + self.active - 1
+        self.announce = announce
+        self.pid = os.getpid()
+        self.state = "idle"
+        self.steps_done = 0
+        self.primary = None
+        self.optimizers: list = []        # weakrefs, in order of first step
+        self.handles: list = []
+        self.fallback_prof = None
+        self.prof = None
+        self.info = None
+        self.rank = None
+        self.world_size = 1
+        self.local_rank = 0
+        self.rdir = None
+        self.log_lines: list[str] = []
+        self.tensors_grads: list[dict] = []
+        self.tensors_params: list[dict] = []
+        self.tensors_opt: list[dict] = []
+        self.opt_captured: set = set()
+        self.files: list[str] = []
+        self.error = None
+        self.exception_text = None
+        self.clock_anchor = None
+        self.trace_written = False
+        self.cuda = None
+        self.prev_sigterm = None
+        self.prev_excepthook = None
+        self.lock = threading.RLock()
+        self.finished = False
+
+    # -- installation ---------------------------------------------------------------------
+    def install(self, optimizer_module=None) -> None:
+        try:
+            if optimizer_module is None:
+                import torch.optim.optimizer as optimizer_module
+            self.handles.append(optimizer_module.register_optimizer_step_pre_hook(self._pre_hook))
+            self.handles.append(optimizer_module.register_optimizer_step_post_hook(self._post_hook))
+            mod = sys.modules.get("torch.nn.modules.module")
+            if mod is not None and hasattr(mod, "register_module_forward_pre_hook"):
+                self.fwd_handle = mod.register_module_forward_pre_hook(self._first_forward)
+            atexit.register(self._atexit)
+        except Exception as exc:  # never harm the job
+            self._log(f"install failed: {exc!r}")
+
+    def uninstall(self) -> None:
+        for h in self.handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self.handles = []
+        self._remove_forward_hook()
+
+    def _remove_forward_hook(self) -> None:
+        handle = getattr(self, "fwd_handle", None)
+        if handle is not None:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+            self.fwd_handle = None
+
+    # -- logging and files ----------------------------------------------------------------
+    def _log(self, message: str) -> None:
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {message}"
+        self.log_lines.append(line)
+        if self.rdir:
+            try:
+                with open(os.path.join(self.rdir, runfmt.COLLECTOR_LOG), "a") as fh:
+                    fh.write("\n".join(self.log_lines) + "\n")
+                self.log_lines = []
+            except Exception:
+                pass
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.error = f"{where}: {type(exc).__name__}: {exc}"
+        self._log(f"ERROR {self.error}\n{traceback.format_exc()}")
+
+    def _identify(self) -> None:
+        """Rank, world size and local rank of this process."""
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        except Exception:
+            pass
+
+    def _selected(self) -> bool:
+        ranks = self.options.get("ranks")
+        return ranks is None or self.rank in set(int(r) for r in ranks)
+
+    def _open_rank_dir(self) -> None:
+        self.rdir = runfmt.rank_dir(self.run_dir, self.rank)
+        os.makedirs(self.rdir, exist_ok=True)
+        self._log(f"rank {self.rank}/{self.world_size} recording into {self.rdir} with options {self.options}")
+
+    # -- hooks ----------------------------------------------------------------------------
+    def _first_forward(self, module, args):
+        """First module call of the process: start a fallback trace in case no optimizer ever steps."""
+        self._remove_forward_hook()
+        try:
+            if os.getpid() != self.pid or self.primary is not None or self.state != "idle" or _is_child_process():
+                return None
+            if _user_profiler_running():
+                return None
+            self._identify()
+            if not self._selected():
+                return None
+            self.fallback_prof = self._make_profiler(schedule=None)
+            self._start_profiler(self.fallback_prof)
+        except Exception as exc:
+            self.fallback_prof = None
+            self._log(f"fallback trace not started: {exc!r}")
+        return None
+
+    def _pre_hook(self, opt, args, kwargs):
+        if os.getpid() != self.pid or self.state in ("done", "failed"):
+            return None
+        with self.lock:
+            try:
+                if self.primary is None:
+                    self.primary = weakref.ref(opt)
+                    self._remove_forward_hook()
+                    self._drop_fallback()
+                if not any(r() is opt for r in self.optimizers):
+                    self.optimizers.append(weakref.ref(opt))
+                n = self.steps_done
+                if self.state == "window" and self.first_active <= n <= self.last_active:
+                    params = inv.optimizer_params([opt])
+                    self.tensors_grads.extend(self.info.grad_entries(params, n))
+                    if n == self.last_active and opt is self.primary():
+                        self.tensors_params = self.info.param_entries(n)
+                if self.cuda is not None:
+                    self.cuda.set_phase("optimizer", None)
+            except Exception as exc:
+                self._fail(f"optimizer pre-step hook (step {self.steps_done})", exc)
+                self._abort()
+        return None
+
+    def _post_hook(self, opt, args, kwargs):
+        if os.getpid() != self.pid or self.state in ("done", "failed"):
+            return None
+        with self.lock:
+            try:
+                n = self.steps_done
+                if self.state == "window" and n == self.last_active and id(opt) not in self.opt_captured:
+                    if not self.opt_captured:  # replace the window-start capture
+                        self.tensors_opt = []
+                    self.opt_captured.add(id(opt))
+                    self.tensors_opt.extend(self.info.optimizer_entries([opt], n))
+                if self.primary is None or opt is not self.primary():
+                    return None
+                self.steps_done = n + 1
+                if self.cuda is not None:
+                    self.cuda.set_phase("forward", None)
+                if self.state == "idle" and self.steps_done == self.skip:
+                    self._start_window()
+                elif self.state in ("window", "aside"):
+                    if self.prof is not None:
+                        self.prof.step()
+                    if n == self.last_active:
+                        self._finish("complete" if self.state == "window" else "skipped")
+            except Exception as exc:
+                self._fail(f"optimizer post-step hook (step {self.steps_done})", exc)
+                self._abort()
+        return None
+
+    # -- the window -----------------------------------------------------------------------
+    def _optimizers(self) -> list:
+        return [o for o in (r() for r in self.optimizers) if o is not None]
+
+    def _start_window(self) -> None:
+        if _is_child_process():
+            self.state = "done"
+            self.uninstall()
+            return
+        self._identify()
+        if not self._selected():
+            self.state = "done"
+            self.uninstall()
+            return
+        self._open_rank_dir()
+        self.state = "window"
+        model = inv.find_model(self._optimizers())
+        self.info = inv.ModelInfo(model, self.world_size)
+        self._log(f"model: {type(model).__name__ if model is not None else None}, framework {self.info.framework}, "
+                  f"strategy {self.info.strategy}, {len(self.info.units)} units")
+        # what exists now, in case the window does not end normally
+        self.tensors_params = [dict(t, captured_at="after_step") for t in self.info.param_entries(self.skip - 1)]
+        self.tensors_opt = self.info.optimizer_entries(self._optimizers(), self.skip - 1)
+        self._install_signal_handlers()
+        self._write_rank_json("partial", f"recording window steps {self.skip}-{self.last_active} not finished "
+                                         "(the process ended or was killed inside it)")
+        if _user_profiler_running():
+            self.state = "aside"
+            self.error = "torch.profiler was already running in this process: fsdpprof stepped aside (no trace)"
+            self._log("WARNING " + self.error)
+            return
+        if self.options.get("memory", True) and torch.cuda.is_available():
+            try:
+                from fsdpprof.collect.cuda_memory import CudaMemoryRecorder
+
+                self.cuda = CudaMemoryRecorder(self.info, int(self.options.get("max_memory_entries") or 100_000),
+                                               self.options.get("memory_stacks", "python"))
+                self.cuda.start()
+            except Exception as exc:
+                self.cuda = None
+                self._fail("CUDA memory history", exc)
+        self.prof = self._make_profiler(schedule=self._schedule)
+        self.prof.step_num = self.skip
+        self.prof.current_action = self._schedule(self.skip)
+        if hasattr(self.prof, "_prev_schedule_action"):
+            self.prof._prev_schedule_action = self.prof.current_action
+        self._start_profiler(self.prof)
+
+    def _schedule(self, n: int):
+        from torch.profiler import ProfilerAction
+
+        if n < self.skip or n > self.last_active:
+            return ProfilerAction.NONE
+        if n < self.first_active:
+            return ProfilerAction.WARMUP
+        return ProfilerAction.RECORD_AND_SAVE if n == self.last_active else ProfilerAction.RECORD
+
+    def _make_profiler(self, schedule):
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        kwargs = dict(activities=activities, record_shapes=True, profile_memory=bool(self.options.get("memory", True)),
+                      with_stack=bool(self.options.get("with_stack", False)), on_trace_ready=self._trace_ready)
+        if schedule is not None:
+            kwargs["schedule"] = schedule
+        return profile(**kwargs)
+
+    def _start_profiler(self, prof) -> None:
+        _patch_user_profiler_guard()
+        _OURS.active = True
+        try:
+            prof.start()
+        finally:
+            _OURS.active = False
+        self.clock_anchor = {"wall_ns": time.time_ns(), "profiler_us": None}
+
+    def _trace_ready(self, prof) -> None:
+        try:
+            if self.rdir is None:
+                self._open_rank_dir()
+            final = os.path.join(self.rdir, runfmt.TRACE_FILE)
+            tmp = os.path.join(self.rdir, f".trace.{os.getpid()}.tmp.json.gz")
+            prof.export_chrome_trace(tmp)
+            os.replace(tmp, final)
+            self.trace_written = True
+            self._complete_clock_anchor(final)
+            if runfmt.TRACE_FILE not in self.files:
+                self.files.append(runfmt.TRACE_FILE)
+            self._log(f"trace written: {final} ({os.path.getsize(final)} bytes)")
+        except Exception as exc:
+            self._fail("exporting the trace", exc)
+
+    def _complete_clock_anchor(self, trace_path: str) -> None:
+        """Trace ts (us) + baseTimeNanoseconds/1000 is the Unix time in kineto traces: anchor with it."""
+        if not self.clock_anchor:
+            return
+        base = _trace_base_time_ns(trace_path)
+        if base is not None:
+            self.clock_anchor["base_time_ns"] = base
+            self.clock_anchor["profiler_us"] = (self.clock_anchor["wall_ns"] - base) / 1000.0
+
+    def _drop_fallback(self) -> None:
+        prof, self.fallback_prof = self.fallback_prof, None
+        if prof is not None:
+            try:
+                prof.on_trace_ready = None
+                prof.stop()
+            except Exception as exc:
+                self._log(f"stopping the fallback trace: {exc!r}")
+
+    def _stop_profiler_saving(self) -> None:
+        """Stop a running window profiler, exporting what it recorded (if it was recording)."""
+        prof, self.prof = self.prof, None
+        if prof is None:
+            return
+        try:
+            prof.stop()
+        except Exception as exc:
+            self._fail("stopping the profiler", exc)
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        """Write inventory, snapshot and rank.json; remove every hook."""
+        if self.finished:
+            return
+        self.finished = True
+        self.state = "done"
+        self.uninstall()
+        self._restore_signal_handlers()
+        error = error or self.error
+        if self.cuda is not None:
+            try:
+                path = self.cuda.finish(self.rdir)
+                if path:
+                    self.files.append(os.path.basename(path))
+            except Exception as exc:
+                self._fail("writing the CUDA memory snapshot", exc)
+                error = error or self.error
+            self.cuda = None
+        if self.info is not None:
+            try:
+                tensors = self.tensors_params + self.tensors_grads + self.tensors_opt
+                doc = inv.build_inventory(self.info, rank=self.rank, world_size=self.world_size,
+                                          optimizers=self._optimizers(), tensors=tensors,
+                                          status="complete" if status == "complete" else "partial", error=error)
+                runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.INVENTORY_JSON), doc)
+                self.files.append(runfmt.INVENTORY_JSON)
+            except Exception as exc:
+                self._fail("writing the inventory", exc)
+                error = error or self.error
+                if status == "complete":
+                    status = "partial"
+        if status == "complete" and not self.trace_written:
+            status, error = "partial", error or "no trace was written"
+        self._write_rank_json(status, error)
+        if self.announce:
+            try:
+                steps = f"steps {self.first_active}-{self.last_active}" if self.trace_written else "no trace"
+                sys.stderr.write(f"fsdpprof: rank {self.rank} {status} ({steps}) -> {self.rdir}\n")
+                sys.stderr.flush()
+            except Exception:
+                pass
+
+    def _abort(self) -> None:
+        """An error of ours: stop everything, keep what was written."""
+        try:
+            self._stop_profiler_saving()
+            self._drop_fallback()
+            if self.rdir is not None:
+                self._finish("failed" if not self.trace_written else "partial")
+            else:
+                self.state = "failed"
+                self.uninstall()
+        except Exception:
+            self.state = "failed"
+
+    def _write_rank_json(self, status: str, error) -> None:
+        if self.rdir is None:
+            return
+        try:
+            device, device_name, backend = "cpu", socket.gethostname(), None
+            if torch.cuda.is_available():
+                idx = torch.cuda.current_device()
+                device, device_name = f"cuda:{idx}", torch.cuda.get_device_name(idx)
+            else:
+                import platform
+
+                device_name = platform.processor() or platform.machine() or "cpu"
+            doc = {"schema": runfmt.RANK_SCHEMA, "rank": self.rank, "local_rank": self.local_rank,
+                   "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
+                   "device": device, "device_name": device_name, "backend": _backend(),
+                   "process_groups": _process_groups(),
+                   "steps_recorded": list(range(self.first_active, self.last_active + 1)) if self.trace_written else [],
+                   "profiler_steps": list(range(self.first_active, self.last_active + 1)) if self.trace_written else [],
+                   "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
+                   "optimizer_steps_seen": self.steps_done,
+                   "clock_anchor": self.clock_anchor, "status": status, "error": error,
+                   "files": sorted(set(self.files + [runfmt.COLLECTOR_LOG])), "fsdpprof_version": __version__}
+            runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.RANK_JSON), doc)
+            self._log(f"rank.json: status {status}" + (f" ({error})" if error else ""))
+        except Exception as exc:
+            self._log(f"writing rank.json failed: {exc!r}")
+
+    # -- endings --------------------------------------------------------------------------
+    def _save_on_exit(self, reason: str) -> None:
+        with self.lock:
+            if os.getpid() != self.pid or self.finished:
+                return
+            try:
+                if self.state in ("window", "aside"):
+                    self._log(f"{reason} during the recording window (step {self.steps_done})")
+                    self._stop_profiler_saving()
+                    why = f"{reason} at step {self.steps_done}, inside the window {self.skip}-{self.last_active}"
+                    if self.exception_text:
+                        why += f": {self.exception_text}"
+                    self.steps_recorded_partial = True
+                    self._finish("partial" if self.trace_written else "failed", why)
+                elif self.state == "idle" and self.primary is None and self.fallback_prof is not None:
+                    self._open_rank_dir()
+                    prof, self.fallback_prof = self.fallback_prof, None
+                    prof.stop()  # exports through on_trace_ready
+                    self.info = inv.ModelInfo(inv.find_model([]), self.world_size)
+                    self._finish("no_optimizer", "no optimizer step was seen: the trace covers the process from its "
+                                                 "first module call to its exit; no step window, no inventory")
+                elif self.state == "idle" and self.primary is not None and not _is_child_process():
+                    self._identify()
+                    if self._selected():
+                        self._open_rank_dir()
+                        self._finish("failed", f"{reason} after {self.steps_done} optimizer steps, before the window "
+                                               f"(steps {self.skip}-{self.last_active}) began; lower --skip-steps")
+            except Exception as exc:
+                self._fail("saving at exit", exc)
+
+    def _atexit(self) -> None:
+        self._save_on_exit("process exited")
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            self.prev_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        except Exception as exc:
+            self.prev_sigterm = None
+            self._log(f"no SIGTERM handler: {exc!r}")
+        self.prev_excepthook = sys.excepthook
+
+        def excepthook(etype, value, tb, _prev=sys.excepthook):
+            self.exception_text = f"{etype.__name__}: {value}"[:500]
+            _prev(etype, value, tb)
+
+        sys.excepthook = excepthook
+
+    def _restore_signal_handlers(self) -> None:
+        try:
+            if self.prev_sigterm is not None and threading.current_thread() is threading.main_thread() \
+                    and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self.prev_sigterm)
+        except Exception:
+            pass
+
+    def _on_sigterm(self, signum, frame):
+        prev = self.prev_sigterm
+        self._save_on_exit("SIGTERM received")
+        try:
+            signal.signal(signal.SIGTERM, prev if prev is not None else signal.SIG_DFL)
+        except Exception:
+            pass
+        if callable(prev):
+            prev(signum, frame)
+        elif prev == signal.SIG_IGN:
+            return
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _user_profiler_running() -> bool:
+    try:
+        from torch.autograd import profiler as autograd_profiler
+
+        return bool(autograd_profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
+    except Exception:
+        return False
+
+
+_GUARD_INSTALLED = False
+
+
+def _patch_user_profiler_guard() -> None:
+    """When the user's code starts a profiler while ours runs, ours steps aside first (no clash)."""
+    global _GUARD_INSTALLED
+    if _GUARD_INSTALLED:
+        return
+    _GUARD_INSTALLED = True
+    from torch.autograd import profiler as autograd_profiler
+
+    original = autograd_profiler.profile._prepare_trace
+
+    def _prepare_trace(self_, *a, **kw):
+        if not getattr(_OURS, "active", False):
+            rec = _RECORDER_FOR_GUARD()
+            if rec is not None:
+                rec.step_aside_for_user()
+        return original(self_, *a, **kw)
+
+    autograd_profiler.profile._prepare_trace = _prepare_trace
+
+
+def _RECORDER_FOR_GUARD():  # noqa: N802
+    return _RECORDER if _RECORDER is not None else _API_RECORDERS[-1] if _API_RECORDERS else None
+
+
+_API_RECORDERS: list = []
+
+
+def _step_aside_for_user(self) -> None:
+    with self.lock:
+        try:
+            if self.fallback_prof is not None:
+                self._log("WARNING the job started its own torch.profiler: fsdpprof dropped its fallback trace")
+                self._drop_fallback()
+            if self.prof is not None and self.state == "window":
+                self._log("WARNING the job started its own torch.profiler inside fsdpprof's window: "
+                          "fsdpprof stepped aside (saved what it had)")
+                self._stop_profiler_saving()
+                self.state = "aside"
+                self.error = "the job started its own torch.profiler during the window: fsdpprof stepped aside"
+        except Exception as exc:
+            self._fail("stepping aside", exc)
+
+
+Recorder.step_aside_for_user = _step_aside_for_user
+
+
+def _trace_base_time_ns(path: str):
+    """``baseTimeNanoseconds`` from the head of an exported chrome trace (None when absent)."""
+    import gzip
+    import re
+
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as fh:
+            head = fh.read(1 << 16)
+        match = re.search(rb'"baseTimeNanoseconds"\s*:\s*(\d+)', head)
+        return int(match.group(1)) if match else None
+    except Exception:
+        return None
+
+
+def _backend():
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return str(dist.get_backend())
+    except Exception:
+        pass
+    return None
+
+
+def _process_groups() -> list[dict]:
+    groups = []
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return groups
+        world = c10d._world
+        for pg, ranks_map in list(world.pg_group_ranks.items()):
+            name = world.pg_names.get(pg) if hasattr(world, "pg_names") else None
+            ranks = sorted(int(r) for r in ranks_map.keys())
+            groups.append({"name": str(name or getattr(pg, "group_name", "")), "size": len(ranks), "ranks": ranks})
+    except Exception:
+        pass
+    return groups
