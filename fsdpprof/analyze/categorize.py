@@ -56,6 +56,9 @@ def fsdp_annotations(events: pd.DataFrame) -> pd.DataFrame:
     m1 = sub["name"].astype(str).str.extract(_FSDP1_RE)
     phase = m2[0].fillna(m1[0]).str.lstrip("_")
     unit = m2[2].where(m2[2].notna(), None)
+    # FSDP2 names the root unit (fqn "") without parentheses
+    root = m2[0].notna() & m2[2].isna() & m2[1].isna() & ~m2[0].str.startswith("root_", na=False)
+    unit = unit.astype(object).where(~root, "")
     out = pd.DataFrame({"ts_us": sub["ts_us"].to_numpy(float), "end_us": (sub["ts_us"] + sub["dur_us"]).to_numpy(float),
                         "fsdp_phase": phase.to_numpy(object), "unit": unit.to_numpy(object)})
     return out[out["fsdp_phase"].notna()].sort_values("ts_us", kind="stable").reset_index(drop=True)
@@ -173,7 +176,7 @@ def paint(ts: np.ndarray, intervals: pd.DataFrame, col: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- tags and frames (snapshots)
-_KV_RE = re.compile(r"(phase|unit|fsdp_phase|module|fqn)\s*[=:]\s*([^;,|]*)")
+_KV_RE = re.compile(r"(phase|unit|fsdp_phase|module|fqn)[=:]([^;,|\s]*)")
 
 
 def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
@@ -184,8 +187,8 @@ def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
     for s in uniq:
         phase = unit = None
         t = s.strip()
-        if t.startswith("fsdpprof:"):
-            t = t[9:]
+        if t.startswith("fsdpprof"):
+            t = t[8:].lstrip(": ")
         if t.startswith("{"):
             try:
                 d = json.loads(t)
@@ -198,7 +201,7 @@ def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
                 if k in ("phase", "fsdp_phase"):
                     phase = v.strip() or None
                 else:
-                    unit = v.strip()
+                    unit = v.strip() or None
         parsed[s] = (phase, unit)
     keys = meta.fillna("").astype(str)
     return pd.DataFrame({"fsdp_phase": keys.map(lambda k: parsed[k][0]).to_numpy(object),
@@ -244,6 +247,16 @@ def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
     return hit[cat.codes] if len(hit) else np.zeros(len(sig), bool)
 
 
+def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
+    """FSDP phase from stack frames (FSDP2 ``_fsdp_collectives.py``, FSDP1 ``flat_param.py``)."""
+    rules = [("all_gather_copy_out", r"foreach_all_gather_copy_out"),
+             ("all_gather", r"foreach_all_gather|_all_gather_flat_param|_alloc_padded_unsharded"),
+             ("unshard", r"(?:^|\|)_?unshard@"),
+             ("post_backward_reduce", r"foreach_reduce|_reduce_grad|_post_backward_hook@")]
+    conds = [_contains(sig, pat) for _, pat in rules]
+    return np.select(conds, [r[0] for r in rules], None).astype(object)
+
+
 def frame_phase(sig: pd.Series) -> np.ndarray:
     """Coarse phase from stack frames (snapshots without tags)."""
     s = sig
@@ -285,13 +298,26 @@ def pass_inventory(df: pd.DataFrame, inv_tensors: pd.DataFrame | None) -> None:
     df.loc[idx[has_unit], "unit"] = m["unit"].to_numpy()[has_unit]
 
 
-def pass_tags(df: pd.DataFrame) -> None:
+def pass_tags(df: pd.DataFrame, have_inventory_grads: bool = False) -> None:
+    """All-gather output -> unsharded param; reduce-scatter input -> unsharded grad.
+
+    In the reduce phase FSDP allocates the reduce-scatter input (unsharded, freed in backward or
+    held until the next reduce) and output (the new sharded grad, alive into the optimizer). With
+    the inventory's grads the output is already labelled exactly, so the rest is input; without
+    it, whatever lives into the optimizer step of its step is left to the lifetime pass."""
     fp = df["fsdp_phase"].astype(object)
-    _fill(df, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
-    # grads produced in backward and released by the unit's post-backward reduce-scatter/all-reduce
     free_fp = df["free_fsdp_phase"].astype(object) if "free_fsdp_phase" in df else pd.Series(None, index=df.index)
-    rs_in = (fp.isin(UNSHARDED_GRAD_PHASES) & df["free_us"].notna()) | (
-        (df["phase"] == "backward") & free_fp.isin(UNSHARDED_GRAD_PHASES) & ~fp.isin(UNSHARDED_GRAD_PHASES))
+    same_step = df["free_step_idx"].to_numpy() == df["step_idx"].to_numpy()
+    # scratch of the collective itself (e.g. gloo's list-based all-gather): freed before the
+    # all-gather annotation ends, so it is not the output
+    scratch = (fp.isin(["all_gather", "foreach_all_gather"]) & (free_fp == fp)).to_numpy() & same_step
+    _fill(df, scratch, MC.TEMPORARY.value, "tags")
+    _fill(df, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    in_reduce = fp.isin(UNSHARDED_GRAD_PHASES).to_numpy()
+    freed_in_bwd = df["free_us"].notna().to_numpy() & same_step & (df["free_phase"] == "backward").to_numpy()
+    rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
+    # grads produced in backward and released by the unit's post-backward reduce
+    rs_in |= ((df["phase"] == "backward") & free_fp.isin(UNSHARDED_GRAD_PHASES)).to_numpy() & ~in_reduce
     _fill(df, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
@@ -335,7 +361,8 @@ def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None)
     df["category"] = pd.Series(None, index=df.index, dtype=object)
     df["category_source"] = pd.Series(None, index=df.index, dtype=object)
     pass_inventory(df, inv_tensors)
-    pass_tags(df)
+    have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
+    pass_tags(df, bool(have_grads))
     pass_frames(df)
     pass_lifetime(df)
     _fill(df, np.ones(len(df), bool), MC.OTHER.value, "other")

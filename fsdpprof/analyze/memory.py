@@ -97,7 +97,12 @@ def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
     df["unit"] = tags["unit"].to_numpy(object)
     df["frame_sig"] = cz.frame_signatures(df["frames"])
     ph = cz.frame_phase(df["frame_sig"])
-    tag_coarse = df["fsdp_phase"].where(df["fsdp_phase"].isin(cz.COARSE_ORDER)).to_numpy(object)
+    # tags give the coarse phase; FSDP's own collectives show in the frames
+    fsdp_ff = cz.frame_fsdp_phase(df["frame_sig"])
+    tag_fine = df["fsdp_phase"].where(~df["fsdp_phase"].isin(cz.COARSE_ORDER))
+    df["fsdp_phase"] = np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine.to_numpy(object))
+    tag_coarse = pd.Series(tags["fsdp_phase"].to_numpy(object))
+    tag_coarse = tag_coarse.where(tag_coarse.isin(cz.COARSE_ORDER)).to_numpy(object)
     ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
     fp = df["fsdp_phase"].astype(object)
     ph = np.where(pd.isna(ph) & fp.str.contains("backward|reduce", na=False).to_numpy(), "backward", ph)
@@ -199,7 +204,7 @@ def _levels(df: pd.DataFrame):
     b = df["bytes"].to_numpy(np.int64)
     delta = np.concatenate([b[ai], -b[fi]])
     row = np.concatenate([ai, fi])
-    o = np.argsort(seq, kind="stable")
+    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))  # frees first at a tie
     if not len(o):
         return np.array([base], dtype=np.int64), np.array([-1]), np.array([-1])
     return base + np.cumsum(delta[o]), seq[o], row[o]
@@ -272,7 +277,7 @@ def _timeline(df: pd.DataFrame, points: int) -> pd.DataFrame:
     ts = np.concatenate([df["alloc_us"].to_numpy(float)[ai], df["free_us"].to_numpy(float)[fi]])
     cat = np.concatenate([codes[ai], codes[fi]])
     delta = np.concatenate([b[ai], -b[fi]]).astype(np.float64)
-    o = np.argsort(seq, kind="stable")
+    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))
     n = len(o)
     mat = np.zeros((n, len(CATEGORIES)))
     mat[np.arange(n), cat[o]] = delta[o]

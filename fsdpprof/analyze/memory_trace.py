@@ -95,6 +95,9 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     seq = np.arange(len(me), dtype=np.int64)
     pr = pair_alloc_free(seq, addr, b > 0, ts)
     ar, of = pr["alloc_rows"], pr["orphan_free_rows"]
+    if pr["n_realloc"]:
+        warnings.append(f"{label}: {pr['n_realloc']} address(es) allocated again without a free event between; "
+                        f"the earlier allocation is taken as freed at the second")
     t0 = float(ts[0]) if len(ts) else 0.0
     dev = me["device_id"].to_numpy(np.int16)
     allocs = pd.DataFrame({

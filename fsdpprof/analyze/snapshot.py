@@ -160,16 +160,19 @@ def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
     nxt_free = np.zeros(n, dtype=bool)
     nxt_free[:-1] = ~alloc_s[1:]
     paired = alloc_s & same_next & nxt_free
+    # an address cannot be allocated twice: a second alloc ends the first (its free event was lost
+    # or reordered); the free then happens at the second alloc
+    realloc = alloc_s & same_next & ~nxt_free
     prev_paired = np.zeros(n, dtype=bool)
     prev_paired[1:] = paired[:-1]
     orphan = (~alloc_s) & ~prev_paired
     alloc_pos = np.flatnonzero(alloc_s)
-    has_free = paired[alloc_pos]
+    has_free = paired[alloc_pos] | realloc[alloc_pos]
     free_idx = np.where(has_free, order[np.minimum(alloc_pos + 1, n - 1)], 0)
     return {"alloc_rows": order[alloc_pos],
             "free_seq": np.where(has_free, seq[free_idx], NEVER).astype(np.int64),
             "free_us": np.where(has_free, t[free_idx], np.nan),
-            "orphan_free_rows": order[np.flatnonzero(orphan)]}
+            "orphan_free_rows": order[np.flatnonzero(orphan)], "n_realloc": int(realloc.sum())}
 
 
 _ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3}
