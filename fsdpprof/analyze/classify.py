@@ -232,7 +232,7 @@ def classify(rt) -> pd.DataFrame:
     if len(info):
         idx = info["idx"].to_numpy()
         coll_info = info["collective"].to_numpy(dtype=object)
-        cur = out["collective"].to_numpy(dtype=object)
+        cur = out["collective"].to_numpy(dtype=object).copy()
         cur[idx] = np.where(pd.isna(coll_info), cur[idx], coll_info)
         out["collective"] = cur
         for c in ("bytes", "group_size", "seq"):

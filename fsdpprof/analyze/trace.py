@@ -347,6 +347,9 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
         # 4. the remainder: rest of the array, then the trailing keys of the document
         try:
             tail = _TAIL_DEC.decode(b'{"traceEvents":[' + buf)
+        except msgspec.ValidationError as exc:
+            raise UserError(f"trace {path} does not have the chrome-trace event layout ({exc}); "
+                            f"is it a PyTorch profiler trace?") from None
         except msgspec.DecodeError as exc:
             stripped = buf.rstrip()
             if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):

@@ -1,0 +1,250 @@
+"""Trace decoding and load_run: chunked decoding equals a whole-document parse, bad input gives one-line
+UserErrors naming the file, one bad rank does not hide the others."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+
+from conftest import shared_data
+from fsdpprof.analyze import schema, trace
+from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.trace import decode_trace, load_trace
+from fsdpprof.errors import UserError
+
+
+def _doc(rank=0, world=2, steps=True, dist=True, extra=()):
+    ev = []
+    if steps:
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0})
+    ev += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 20.0, "args": {"External id": 5}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 40.0, "dur": 5.0},
+        {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 11.0,
+         "args": {"Total Reserved": 0, "Total Allocated": 400, "Bytes": 400, "Device Id": -1, "Device Type": 0, "Addr": 1234}},
+        *extra,
+    ]
+    doc = {"schemaVersion": 1, "traceEvents": ev}
+    if dist:
+        doc["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": world}
+    return doc
+
+
+def _write(path, doc, gz=True):
+    data = orjson.dumps(doc)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def _same_frames(a: pd.DataFrame, b: pd.DataFrame):
+    assert len(a) == len(b)
+    for c in a.columns:
+        x, y = a[c].astype(object).to_numpy(), b[c].astype(object).to_numpy()
+        assert ((x == y) | (pd.isna(x) & pd.isna(y))).all(), c
+
+
+@pytest.mark.parametrize("rel", ["hta-nccl-2rank-a100/rank-0.json.gz", "tracelens-b200-8rank/rank-0.json.gz"])
+def test_chunked_decode_equals_whole_parse(rel, tmp_path, monkeypatch):
+    src = shared_data("gpu-traces", rel)
+    whole = load_trace(str(src))
+    raw = gzip.decompress(src.read_bytes())
+    doc = orjson.loads(raw)
+    # reference counts from a generic parse
+    ref = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in trace.KEEP_CATS
+              and e.get("cat") not in ("cuda_runtime", "cuda_driver"))
+    assert len(whole.events) == ref
+    n_mem = sum(1 for e in doc["traceEvents"] if e.get("name") == "[memory]")
+    assert len(whole.memory_events) == n_mem
+    # small chunks and reads, on the original layout and on a compact one-line re-serialisation
+    monkeypatch.setattr(trace, "CHUNK_BYTES", 50_000)
+    monkeypatch.setattr(trace, "READ_BYTES", 7_777)
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(raw)
+    compact = _write(tmp_path / "compact.json.gz", doc)
+    for p in (plain, compact):
+        small = load_trace(str(p))
+        _same_frames(whole.events, small.events)
+        assert small.meta.get("distributedInfo") == doc.get("distributedInfo")
+
+
+def test_separator_inside_strings_is_not_a_boundary(tmp_path, monkeypatch):
+    tricky = [{"ph": "X", "cat": "cpu_op", "name": 'weird"},{"name', "pid": 1, "tid": 1, "ts": 50.0 + i, "dur": 0.5,
+               "args": {"Input Dims": [[1, 2]], "s": "}, {"}} for i in range(400)]
+    doc = _doc(extra=tricky)
+    monkeypatch.setattr(trace, "CHUNK_BYTES", 2_000)
+    monkeypatch.setattr(trace, "READ_BYTES", 999)
+    td = load_trace(str(_write(tmp_path / "t.json", doc, gz=False)))
+    assert (td.events["name"].astype(str) == 'weird"},{"name').sum() == 400
+    assert list(td.events.columns) == schema.EVENT_COLUMNS
+    assert list(td.memory_events.columns) == schema.MEMORY_EVENT_COLUMNS
+    assert td.memory_events["bytes"].tolist() == [400] and td.memory_events["addr"].tolist() == [1234]
+
+
+def _err(path) -> str:
+    with pytest.raises(UserError) as ei:
+        load_trace(str(path))
+    msg = str(ei.value)
+    assert "\n" not in msg and str(path) in msg
+    return msg
+
+
+def test_bad_files_give_one_line_errors(tmp_path):
+    good = orjson.dumps(_doc())
+    (tmp_path / "notgz.json.gz").write_bytes(b"\x1f\x8bthis is not gzip data at all")
+    assert "gzip" in _err(tmp_path / "notgz.json.gz")
+    (tmp_path / "trunc.json.gz").write_bytes(gzip.compress(good)[:-30])
+    assert "truncated" in _err(tmp_path / "trunc.json.gz")
+    (tmp_path / "invalid.json").write_bytes(good[:-40] + b"}, {oops]")
+    assert "JSON" in _err(tmp_path / "invalid.json")
+    (tmp_path / "cut.json").write_bytes(good[: len(good) // 2])
+    assert "truncated" in _err(tmp_path / "cut.json") or "JSON" in _err(tmp_path / "cut.json")
+    (tmp_path / "noevents.json").write_bytes(b'{"schemaVersion": 1, "deviceProperties": []}')
+    assert "traceEvents" in _err(tmp_path / "noevents.json")
+    (tmp_path / "zero.json").write_bytes(b'{"schemaVersion": 1, "traceEvents": []}')
+    assert "no events" in _err(tmp_path / "zero.json")
+    (tmp_path / "old.json").write_bytes(orjson.dumps(_doc()["traceEvents"]))
+    assert "old list format" in _err(tmp_path / "old.json")
+    (tmp_path / "empty.json").write_bytes(b"")
+    assert "empty" in _err(tmp_path / "empty.json")
+    (tmp_path / "badtype.json").write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 1, "args": 5}]}')
+    assert "layout" in _err(tmp_path / "badtype.json")
+
+
+def test_no_distributed_info_and_no_profiler_step_warn(tmp_path):
+    d = tmp_path / "traces"
+    d.mkdir()
+    _write(d / "worker3_trace.json.gz", _doc(dist=False, steps=False))
+    run = load_run(d, workers=1)
+    assert list(run.ranks) == [3]
+    assert any("distributedInfo" in w and "rank 3" in w for w in run.warnings)
+    assert any("ProfilerStep" in w for w in run.warnings)
+    ev = run.ranks[3].events
+    assert (ev["step"] == 0).all() and (ev["rank"] == 3).all()
+    assert (run.ranks[3].memory_events["rank"] == 3).all()
+
+
+def test_folder_mixing_runs_and_duplicate_ranks(tmp_path):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _write(mixed / "rank-0.json.gz", _doc(rank=0, world=2))
+    _write(mixed / "rank-1.json.gz", _doc(rank=1, world=4))
+    with pytest.raises(UserError, match="different runs"):
+        load_run(mixed, workers=1)
+    dup = tmp_path / "dup"
+    dup.mkdir()
+    _write(dup / "a.pt.trace.json.gz", _doc(rank=1))
+    _write(dup / "b.pt.trace.json.gz", _doc(rank=1))
+    with pytest.raises(UserError, match="two traces for rank 1"):
+        load_run(dup, workers=1)
+
+
+def test_one_bad_rank_does_not_hide_others(tmp_path):
+    src = shared_data("gpu-traces", "param-dlrm-8rank-v100")
+    d = tmp_path / "dlrm"
+    shutil.copytree(src, d)
+    (d / "rank-5.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", '))
+    run = load_run(d, workers=2)
+    assert sorted(run.ranks) == [0, 1, 2, 3, 4, 6, 7]
+    assert list(run.missing) == ["rank-5.json.gz"] and "rank-5.json.gz" in run.missing["rank-5.json.gz"]
+    assert run.world_size == 8 and run.source == "trace_folder"
+    ev = run.events()
+    assert sorted(ev["rank"].unique()) == [0, 1, 2, 3, 4, 6, 7]
+    # every rank alone gives the same events as in the parallel load
+    alone = load_trace(str(d / "rank-2.json.gz"))
+    _same_frames(alone.events, run.ranks[2].events)
+
+
+def test_nothing_usable(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(UserError, match="no run directory"):
+        load_run(tmp_path)
+    with pytest.raises(UserError, match="does not exist"):
+        load_run(tmp_path / "nope")
+    bad = tmp_path / "only"
+    bad.mkdir()
+    (bad / "rank-0.json.gz").write_bytes(b"garbage")
+    with pytest.raises(UserError, match="rank-0.json.gz"):
+        load_run(bad)
+
+
+def test_sources(tmp_path):
+    snap = shared_data("cuda-snapshots", "lm-step-user-metadata.pickle")
+    r = load_run(snap)
+    assert r.source == "snapshot_file" and r.ranks[0].snapshot_path == str(snap) and r.ranks[0].events is None
+    d = tmp_path / "snaps"
+    d.mkdir()
+    for k in (0, 1):
+        shutil.copy(snap, d / f"rank{k}_memory_snapshot.pickle")
+    r = load_run(d)
+    assert r.source == "snapshot_folder" and sorted(r.ranks) == [0, 1]
+    t = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
+    r = load_run(t)
+    assert r.source == "trace_file" and r.world_size == 2 and r.ranks[0].trace_meta["device_type"] == "cuda"
+    assert r.ranks[0].info["backend"] == "nccl"
+    ev = r.events()
+    assert list(ev.columns) == schema.EVENT_COLUMNS
+    assert set(ev["kind"].astype(str)) <= set(schema.KINDS)
+    assert set(ev["collective"].dropna().astype(str)) <= set(schema.COLLECTIVES)
+
+
+def test_gpu_classification_and_sizes():
+    ev = load_trace(str(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz"))).events
+    comm = ev[ev["kind"] == "comm"]
+    assert len(comm) == 21 and comm["lane"].astype(str).str.startswith("stream:").all()
+    assert comm["collective"].astype(str).value_counts().to_dict() == {"all_reduce": 15, "broadcast": 6}
+    # all_reduce float32 sizes: 4 bytes * In msg nelems, from the kernel args
+    doc = orjson.loads(gzip.decompress(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz").read_bytes()))
+    k = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "AllReduce" in e["name"]]
+    want = sorted(4.0 * e["args"]["In msg nelems"] for e in k)
+    got = sorted(comm.loc[comm["collective"] == "all_reduce", "bytes"])
+    assert got == want
+    assert (comm["group_size"] == 2).all() and (comm["pg"].astype(str) == "0").all()
+    # memcpy/memset are neither compute nor comm
+    names = ev["name"].astype(str)
+    assert (ev.loc[names.str.startswith("Memcpy"), "kind"] == "memcpy").all()
+    assert (ev.loc[names.str.startswith("Memset"), "kind"] == "memset").all()
+    # new-style ncclDevKernel names, sizes from the kernel: all_gather S = the whole output
+    b = load_trace(str(shared_data("gpu-traces", "tracelens-b200-8rank", "rank-0.json.gz"))).events
+    c = b[b["kind"] == "comm"]
+    assert c["collective"].astype(str).tolist() == ["all_gather"]
+    assert c["bytes"].tolist() == [201088 * 2] and c["dtype"].astype(str).tolist() == ["bfloat16"]
+
+
+def test_collective_names():
+    from fsdpprof.analyze.classify import collective_of
+    cases = {
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)": "all_reduce",
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_gather",
+        "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": "reduce_scatter",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t": "send_recv",
+        "ncclDevKernel_Generic": None,
+        "nccl:_all_gather_base": "all_gather", "nccl:_reduce_scatter_base": "reduce_scatter",
+        "nccl:all_to_all": "all_to_all", "nccl:broadcast": "broadcast",
+        "gloo:all_reduce": "all_reduce", "c10d::_reduce_scatter_base_": "reduce_scatter",
+        "c10d::allgather_into_tensor_coalesced_": "all_gather", "c10d::alltoall_base_": "all_to_all",
+        "c10d::barrier": "barrier", "_allgather_base": "all_gather", "allreduce": "all_reduce",
+        "aten::mm": None,
+    }
+    for name, want in cases.items():
+        assert collective_of(name) == want, name
+
+
+def test_rccl_generic_kernel_uses_args(tmp_path):
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0,
+         "args": {"correlation": 7}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "pid": 0, "tid": 3,
+         "ts": 10.0, "dur": 10.0, "args": {"stream": 3, "correlation": 7, "Collective name": "reduce_scatter_tensor_coalesced",
+                                           "In msg nelems": 1000, "Out msg nelems": 250, "Group size": 4, "dtype": "BFloat16",
+                                           "Process Group Name": "1", "Seq": 12}},
+    ]
+    td = load_trace(str(_write(tmp_path / "r.json", {"traceEvents": ev, "distributedInfo": {"rank": 0, "world_size": 4}})))
+    c = td.events[td.events["kind"] == "comm"].iloc[0]
+    assert c["collective"] == "reduce_scatter" and c["bytes"] == 2000 and c["group_size"] == 4
+    assert c["pg"] == "1" and c["seq"] == 12 and c["step"] == 1 and c["lane"] == "stream:3"
