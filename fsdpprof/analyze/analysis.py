@@ -204,6 +204,25 @@ def _unsharded_dtype(inv: dict) -> str:
     return str(units[0].get("dtype") if units else "float32").replace("torch.", "")
 
 
+def measured_model_states(inv: dict) -> dict:
+    """Bytes per role (param, grad, optimizer_state) this rank holds, from the inventory's tensors;
+    a role captured at several steps counts only its last capture. Falls back to ``totals``."""
+    t = pd.DataFrame(inv.get("tensors") or [])
+    totals = inv.get("totals") or {}
+    out = {"param": totals.get("param_bytes"), "grad": totals.get("grad_bytes"),
+           "optimizer_state": totals.get("optimizer_state_bytes")}
+    if not t.empty and {"role", "bytes"} <= set(t.columns):
+        if "step" not in t:
+            t["step"] = 0
+        t["step"] = pd.to_numeric(t["step"], errors="coerce").fillna(-1)
+        last = t.groupby("role")["step"].transform("max")
+        s = t[t["step"] == last].groupby("role")["bytes"].sum()
+        for role in out:
+            if role in s.index:
+                out[role] = float(s[role])
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
 def _theory(a: Analysis, run) -> None:
     """Formulas with the run's numbers, measured model states beside them, peak estimate."""
     invs = {r: d.inventory for r, d in run.ranks.items() if d.inventory}
@@ -244,13 +263,11 @@ def _theory(a: Analysis, run) -> None:
     # measured model states per rank from each inventory
     rows = []
     for r, iv in sorted(invs.items()):
-        t = iv.get("totals") or {}
-        steps = {x.get("step") for x in iv.get("tensors") or [] if x.get("role") == "grad"}
-        for role, key, th in (("param", "param_bytes", ms.param_bytes), ("grad", "grad_bytes", ms.grad_bytes),
-                              ("optimizer_state", "optimizer_state_bytes", ms.optimizer_state_bytes)):
-            meas = t.get(key)
-            rows.append({"rank": r, "role": role, "measured_bytes": float(meas) if meas is not None else np.nan,
-                         "theory_bytes": th})
+        meas = measured_model_states(iv)
+        for role, th in (("param", ms.param_bytes), ("grad", ms.grad_bytes),
+                         ("optimizer_state", ms.optimizer_state_bytes)):
+            rows.append({"rank": r, "role": role, "measured_bytes": meas.get(role, np.nan), "theory_bytes": th})
+    steps = set()
     df = pd.DataFrame(rows)
     df["diff_bytes"] = df["measured_bytes"] - df["theory_bytes"]
     df["diff_pct"] = 100.0 * df["diff_bytes"] / df["theory_bytes"].where(df["theory_bytes"] > 0)
@@ -259,7 +276,19 @@ def _theory(a: Analysis, run) -> None:
     expl = []
     if len(steps) > 1:
         expl.append("grads are captured every step; the total counts one step's grads.")
-    if abs(meas_total - ms.total_bytes) > 0.001 * ms.total_bytes:
+    fw = str(inv.get("framework") or "")
+    if s == "ZERO2" and fw.startswith("fsdp"):
+        m0 = a.memory.get(r0)
+        un = None
+        if m0 is not None and m0.breakdown_at_peak is not None and not m0.breakdown_at_peak.empty:
+            un = float(m0.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum().get("unsharded_param", 0.0))
+        expl.append("FSDP's SHARD_GRAD_OP keeps parameters unsharded only from forward to the end of backward: "
+                    "the inventory, taken at the optimizer step, sees the sharded parameters (k_p Psi / N = "
+                    f"{theory.fmt_bytes(ms.param_bytes / n_for)}) where ZeRO-2's formula counts k_p Psi = "
+                    f"{theory.fmt_bytes(ms.param_bytes)}"
+                    + (f"; at the peak the unsharded parameters are there ({theory.fmt_bytes(un)} unsharded_param)."
+                       if un is not None else "."))
+    elif abs(meas_total - ms.total_bytes) > 0.001 * ms.total_bytes:
         expl.append("shards are padded so every rank holds ceil(numel / N) elements of each parameter; "
                     "scalar optimizer state (Adam's `step`) and non-parameter buffers are outside the formula.")
     a.theory["measured_model_states_bytes"] = float(meas_total)
@@ -302,8 +331,10 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
         return
     vol = _try(a, "communication", "collective volume", lambda: _trace_fn("volume", "collective_volume")(events))
     a.volume = vol
-    a.overlap_phase = _try(a, "communication", "overlap per collective and phase",
-                           lambda: _trace_fn("overlap", "comm_overlap")(events, by=("rank", "collective", "phase")))
+    staged = _try(a, "communication", "forward/backward stages", with_stage, events)
+    if staged is not None:
+        a.overlap_phase = _try(a, "communication", "overlap per collective and phase",
+                               lambda: _trace_fn("overlap", "comm_overlap")(staged, by=("rank", "collective", "stage", "phase")))
     a.overlap_overall = _try(a, "communication", "overall overlap", lambda: _trace_fn("overlap", "overall_overlap")(events))
     a.steps = _try(a, "steps", "step breakdown", lambda: _trace_fn("steps", "step_breakdown")(events))
     if run.world_size and len(run.ranks) > 1:
@@ -319,6 +350,25 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
     lanes = _try(a, "communication", "lanes of one step", _lanes, events)
     if lanes is not None:
         a.lanes, a.lanes_step, a.top_ops = lanes
+
+
+BACKWARD_PHASES = ("backward", "pre_backward", "post_backward", "post_backward_reduce", "post_backward_reshard",
+                   "post_backward_accumulate", "post_backward_rs_wait", "backward_prefetch",
+                   "root_post_backward_callback")
+
+
+def with_stage(events: pd.DataFrame) -> pd.DataFrame:
+    """Events plus ``stage`` (forward | backward | optimizer): per rank and step, events from the
+    first backward-phase event on are backward, from the first optimizer event after that on optimizer."""
+    ph = events["phase"].astype(object)
+    key = [events["rank"], events["step"]]
+    ts = events["ts_us"]
+    bwd = ts.where(ph.isin(BACKWARD_PHASES)).groupby(key, dropna=False).transform("min")
+    # the optimizer step after backward (zero_grad at the start of a step is also 'optimizer')
+    opt = ts.where((ph == "optimizer") & (ts > bwd.fillna(np.inf))).groupby(key, dropna=False).transform("min")
+    stage = np.where(ts >= opt.fillna(np.inf), "optimizer", np.where(ts >= bwd.fillna(np.inf), "backward", "forward"))
+    stage = np.where(events["step"].isna(), None, stage)
+    return events.assign(stage=pd.Categorical(stage, categories=["forward", "backward", "optimizer"]))
 
 
 def _traffic(a: Analysis, events: pd.DataFrame) -> pd.DataFrame | None:
@@ -343,15 +393,15 @@ def _traffic(a: Analysis, events: pd.DataFrame) -> pd.DataFrame | None:
                                               wire_bytes=("wire_bytes", lambda x: x.sum(min_count=1))).reset_index()
     ns = g["rank"].map(n_steps)
     g["steps"] = ns
-    g["payload_bytes_per_step"] = g["payload_bytes"] / ns
-    g["wire_bytes_per_step"] = g["wire_bytes"] / ns
+    g["payload_per_step_bytes"] = g["payload_bytes"] / ns
+    g["wire_per_step_bytes"] = g["wire_bytes"] / ns
     tr = a.theory.get("traffic")
     if tr:
         th = {"all_gather": tr["all_gather_bytes"], "reduce_scatter": tr["reduce_scatter_bytes"],
               "all_reduce": tr["all_reduce_bytes"]}
-        g["theory_wire_bytes_per_step"] = g["collective"].map(th).astype(float)
-        g["diff_pct"] = 100.0 * (g["wire_bytes_per_step"] - g["theory_wire_bytes_per_step"]) / \
-            g["theory_wire_bytes_per_step"].where(g["theory_wire_bytes_per_step"] > 0)
+        g["theory_wire_per_step_bytes"] = g["collective"].map(th).astype(float)
+        g["diff_pct"] = 100.0 * (g["wire_per_step_bytes"] - g["theory_wire_per_step_bytes"]) / \
+            g["theory_wire_per_step_bytes"].where(g["theory_wire_per_step_bytes"] > 0)
     return g
 
 
@@ -490,7 +540,7 @@ def _run_numbers(a: Analysis) -> dict:
     tr = t.get("traffic") or {}
     if a.traffic is not None and not a.traffic.empty:
         r0 = a.traffic["rank"].min()
-        d["traffic_measured_bytes"] = float(a.traffic.loc[a.traffic["rank"] == r0, "wire_bytes_per_step"].sum())
+        d["traffic_measured_bytes"] = float(a.traffic.loc[a.traffic["rank"] == r0, "wire_per_step_bytes"].sum())
     else:
         d["traffic_measured_bytes"] = np.nan
     d["traffic_theory_bytes"] = tr.get("total_bytes", np.nan)

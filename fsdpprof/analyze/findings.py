@@ -56,11 +56,13 @@ def comm_findings(overlap_phase: pd.DataFrame | None, steps: pd.DataFrame | None
     step_us = steps.groupby("rank")["step_us"].mean()
     if overlap_phase is not None and not overlap_phase.empty and "exposed_comm_us" in overlap_phase:
         op = overlap_phase.copy()
-        for col in ("collective", "phase"):
+        for col in ("collective", "phase", "stage"):
             if col not in op:
                 op[col] = "all"
         op["collective"] = op["collective"].astype(object).fillna("?")
-        op["phase"] = op["phase"].astype(object).fillna("?")
+        # forward/backward stage when known, else the FSDP phase
+        op["phase"] = op["stage"].astype(object).where(op["stage"].notna() & (op["stage"].astype(object) != "all"),
+                                                        op["phase"].astype(object)).fillna("?")
         g = op.groupby(["rank", "collective", "phase"], observed=True)["exposed_comm_us"].sum().reset_index()
         g["per_step_us"] = g["exposed_comm_us"] / g["rank"].map(n_steps).clip(lower=1)
         g["pct"] = 100.0 * g["per_step_us"] / g["rank"].map(step_us)

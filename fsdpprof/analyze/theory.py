@@ -439,6 +439,14 @@ def parse_count(text: str, what: str = "count") -> float:
     return value
 
 
+def fmt_bytes(x: float) -> str:
+    """Bytes as MiB/GiB text for explanations (2**20, 2**30)."""
+    x = float(x)
+    if abs(x) >= GIB:
+        return f"{x / GIB:.3f} GiB"
+    return f"{x / MIB:.2f} MiB"
+
+
 def _check_positive(**values) -> None:
     for name, v in values.items():
         try:

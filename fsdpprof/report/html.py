@@ -102,6 +102,11 @@ def fmt_num(x, digits: int = 4) -> str:
 def fmt_cell(col: str, v) -> str:
     if isinstance(v, (list, tuple, dict)):
         return str(v)
+    if col == "addr" and not _isnan(v):
+        try:
+            return hex(int(v))
+        except (TypeError, ValueError):
+            return str(v)
     if col.endswith("_bytes") or col == "bytes":
         return fmt_bytes(v)
     if col.endswith("_us"):
@@ -251,12 +256,15 @@ def _memory(a, page: Page) -> str:
                                marker_color="#1f77b4"))
         fig.update_layout(title="Peak allocated memory per rank", yaxis_title="MiB")
         out.append(page.fig(fig, 300))
-        out.append(table(mp))
+        out.append(table(mp.drop(columns=["peak_ts_us"], errors="ignore")))
         r0 = int(mp["rank"].min())
         m = a.memory[r0]
+        t_origin = float(m.timeline["ts_us"].min()) if m.timeline is not None and len(m.timeline) else None
         bd = m.breakdown_at_peak
         if bd is not None and not bd.empty:
             bd = bd.groupby("category", observed=True, as_index=False)[["bytes", "pct"]].sum()
+            order = {c: i for i, c in enumerate(CATEGORY_COLORS)}
+            bd = bd.sort_values("category", key=lambda s: s.astype(str).map(order).fillna(99))
             fig = go.Figure(go.Bar(x=[label(c) for c in bd["category"]], y=bd["bytes"] / MIB,
                                    marker_color=[CATEGORY_COLORS.get(str(c), "#7f7f7f") for c in bd["category"]],
                                    text=[f"{p:.1f}%" for p in bd["pct"]]))
@@ -289,7 +297,12 @@ def _memory(a, page: Page) -> str:
             out.append(f'<div class="banner">Out of memory: {esc(m.oom)}</div>')
         if m.top_allocations is not None and not m.top_allocations.empty:
             out.append(f"<h3>Largest allocations alive at the peak, rank {r0}</h3>")
-            out.append(table(m.top_allocations.head(15), left=("frames", "unit", "phase", "category")))
+            top = m.top_allocations.head(15).copy()
+            if t_origin is not None:  # display times from the window start, like the timeline
+                for col in ("alloc_us", "free_us"):
+                    if col in top:
+                        top[col] = top[col] - t_origin
+            out.append(table(top, left=("frames", "unit", "phase", "category")))
         if m.warnings:
             out.append("".join(f'<p class="note">{esc(w)}</p>' for w in m.warnings))
     out.append(_theory_block(a))
