@@ -146,6 +146,13 @@ def _comm_info(rt, n: int, dist: dict) -> pd.DataFrame:
         elif str(name).startswith("c10d::"):
             nbytes, dtype2, _ = _c10d_sizes(coll, dims, types)
             dtype = dtype or dtype2
+        elif str(name).startswith("gloo:"):
+            # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
+            # all_reduce (also what reduce_scatter runs as) the whole array
+            nbytes, dtype2, _ = _c10d_sizes(None, dims, types)
+            dtype = dtype or dtype2
+            if coll == "all_gather":
+                nbytes = nbytes * (float(gs) if isinstance(gs, (int, float)) else _default_group_size(dist))
         rows.append((idx, coll, nbytes, dtype,
                      float(gs) if isinstance(gs, (int, float)) else float("nan"),
                      None if pg is None else str(pg),
@@ -340,13 +347,16 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
     ok = m["call_ts"].notna() & (m["call_ts"] <= m["ts_us"] + 1.0)
     m = m[ok]
     rows = m["row"].to_numpy()
+    # the c10d call's values win; the gloo work's own (from its Input Dims) stay where the call has none
     for c in ("collective", "dtype", "pg"):
         arr = out[c].to_numpy(dtype=object).copy()
-        arr[rows] = m[c].to_numpy(dtype=object)
+        new = m[c].to_numpy(dtype=object)
+        arr[rows] = np.where(pd.isna(new), arr[rows], new)
         out[c] = arr
     for c in ("bytes", "group_size", "seq"):
         arr = out[c].to_numpy(dtype=float).copy()
-        arr[rows] = m[c].to_numpy(dtype=float)
+        new = m[c].to_numpy(dtype=float)
+        arr[rows] = np.where(np.isnan(new), arr[rows], new)
         out[c] = arr
     lt = out["launch_tid"].to_numpy(dtype=object).copy()
     lts = out["launch_ts_us"].to_numpy(dtype=float).copy()

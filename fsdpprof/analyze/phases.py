@@ -31,6 +31,8 @@ def parse_fsdp(name: str) -> tuple[str | None, str | None]:
     m = _FSDP2.match(name)
     if m:
         unit = m.group(2) if m.group(2) is not None else m.group(3)
+        if unit is None and not m.group(1).startswith("root_"):
+            unit = ""            # FSDP2 names the root unit (fqn "") without a suffix
         return m.group(1), unit
     m = _FSDP1.match(name)
     if m:

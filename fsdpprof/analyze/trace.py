@@ -155,7 +155,7 @@ class _Columns:
             x = a.ext_id
             ext.append(x if type(x) is int else -1)
             if a.coll_name is not None or a.in_nelems is not None or (
-                    e.name.startswith("c10d::") and e.cat == "cpu_op"):
+                    e.cat in ("cpu_op", "user_annotation") and e.name.startswith(("c10d::", "gloo:"))):
                 self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         self.parts.append({

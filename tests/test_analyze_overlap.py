@@ -1,0 +1,167 @@
+"""Interval arithmetic, overlap, volume, steps and rank skew on hand-built data with known answers."""
+from __future__ import annotations
+
+import orjson
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import shared_data
+from fsdpprof.analyze import intervals, overlap, ranks, steps, volume
+from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.trace import load_trace
+
+
+# ---------------------------------------------------------------- intervals vs brute force on a grid
+def _grid(starts, ends, n=2000):
+    cov = np.zeros(n, dtype=bool)
+    for s, e in zip(starts, ends):
+        cov[int(s):int(e)] = True
+    return cov
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_intervals_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    a_s = rng.integers(0, 1900, 60).astype(float)
+    a_e = a_s + rng.integers(0, 100, 60)
+    b_s = rng.integers(0, 1900, 40).astype(float)
+    b_e = b_s + rng.integers(0, 100, 40)
+    ga, gb = _grid(a_s, a_e), _grid(b_s, b_e)
+    assert intervals.total(a_s, a_e) == ga.sum()
+    s, e = intervals.intersect(a_s, a_e, b_s, b_e)
+    assert (e - s).sum() == (ga & gb).sum()
+    assert (np.diff(s) > 0).all() and (s[1:] >= e[:-1]).all()          # disjoint and sorted
+    per = intervals.overlap_with(a_s, a_e, b_s, b_e)
+    want = [gb[int(x):int(y)].sum() for x, y in zip(a_s, a_e)]
+    assert np.allclose(per, want)
+
+
+def test_innermost_nested():
+    # [0,100) contains [10,50) which contains [20,30); [60,90) sibling
+    s = np.array([0, 10, 20, 60.0])
+    e = np.array([100, 50, 30, 90.0])
+    q = np.array([5, 15, 25, 55, 70, 100, 150.0])
+    assert intervals.innermost(s, e, q).tolist() == [0, 1, 2, 0, 3, -1, -1]
+
+
+# ---------------------------------------------------------------- a hand-built GPU trace with known intervals
+def _gpu_trace(tmp_path, rank=0, offset=0.0):
+    """Step 1 = [0, 100) CPU; kernels (launch at t -> runs later on the GPU):
+    compute stream 7: [10,40) and [60,80); comm stream 20: [30,70) all_gather 4000 B (n=4)
+    and [90,95) reduce_scatter 1000 B; memcpy [40,50) on stream 7."""
+    o = offset
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": o, "dur": 100.0},
+          {"ph": "X", "cat": "user_annotation", "name": "FSDP::pre_forward (layers.0)", "pid": 1, "tid": 1, "ts": o + 1, "dur": 4.0},
+          {"ph": "X", "cat": "user_annotation", "name": "FSDP::all_gather (layers.0)", "pid": 1, "tid": 1, "ts": o + 2, "dur": 2.0},
+          {"ph": "X", "cat": "user_annotation", "name": "FSDP::post_backward_reduce (layers.1)", "pid": 1, "tid": 1, "ts": o + 8, "dur": 2.0}]
+    kernels = [  # name, stream, start, dur, launch ts, extra args
+        ("void gemm_kernel", 7, 10, 30, 6, {}),
+        ("Memcpy DtoD (Device -> Device)", 7, 40, 10, 6.5, {}),
+        ("void elementwise_kernel", 7, 60, 20, 7, {}),
+        ("ncclDevKernel_AllGather_RING_LL", 20, 30, 40, 3, {"Collective name": "_allgather_base", "In msg nelems": 250,
+                                                           "Out msg nelems": 1000, "dtype": "Float", "Group size": 4,
+                                                           "Process Group Name": "0", "Seq": 1}),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 20, 90, 5, 9, {"Collective name": "_reduce_scatter_base",
+                                                                       "In msg nelems": 250, "Out msg nelems": 62,
+                                                                       "dtype": "Float", "Group size": 4,
+                                                                       "Process Group Name": "0", "Seq": 2}),
+    ]
+    for i, (name, stream, start, dur, launch, extra) in enumerate(kernels):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": o + launch,
+                   "dur": 0.5, "args": {"correlation": 100 + i}})
+        cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": o + start, "dur": float(dur),
+                   "args": {"stream": stream, "correlation": 100 + i, "device": 0, **extra}})
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 4}, "traceEvents": ev}
+    p = tmp_path / f"rank-{rank}.json"
+    p.write_bytes(orjson.dumps(doc))
+    return p
+
+
+def test_known_overlap_gpu(tmp_path):
+    ev = load_trace(str(_gpu_trace(tmp_path))).events
+    kinds = ev.groupby("kind", observed=True).size().to_dict()
+    assert kinds["compute"] == 2 and kinds["comm"] == 2 and kinds["memcpy"] == 1
+    o = overlap.overall_overlap(ev).iloc[0]
+    # compute [10,40) u [60,80) = 50; comm [30,70) u [90,95) = 45; overlap [30,40) + [60,70) = 20
+    assert o["compute_us"] == 50 and o["comm_us"] == 45 and o["overlapped_comm_us"] == 20
+    assert o["exposed_comm_us"] == 25 and o["comp_comm_overlap_pct"] == pytest.approx(100 * 20 / 45)
+    by = overlap.comm_overlap(ev, by=("rank", "collective", "phase", "unit")).set_index("collective")
+    assert by.loc["all_gather", "comm_us"] == 40 and by.loc["all_gather", "overlapped_comm_us"] == 20
+    assert by.loc["all_gather", "phase"] == "all_gather" and by.loc["all_gather", "unit"] == "layers.0"
+    assert by.loc["reduce_scatter", "exposed_comm_us"] == 5 and by.loc["reduce_scatter", "unit"] == "layers.1"
+    assert by.loc["reduce_scatter", "phase"] == "post_backward_reduce"
+
+    v = volume.collective_volume(ev).set_index("collective")
+    # all_gather S = 1000 floats = 4000 B in 40 us -> 0.1 GB/s; busbw * 3/4
+    assert v.loc["all_gather", "bytes"] == 4000 and v.loc["all_gather", "algbw_gbps"] == pytest.approx(0.1)
+    assert v.loc["all_gather", "busbw_gbps"] == pytest.approx(0.075)
+    assert v.loc["reduce_scatter", "bytes"] == 1000 and v.loc["reduce_scatter", "algbw_gbps"] == pytest.approx(0.2)
+
+    s = steps.step_breakdown(ev).iloc[0]
+    # GPU step window: first to last device event of step 1 = [10, 95)
+    assert s["step"] == 1 and s["step_us"] == 85
+    assert s["compute_us"] == 50 and s["comm_us"] == 45 and s["overlapped_comm_us"] == 20
+    # idle: [80,90) only; memcpy [40,50) is under comm [30,70) so residual 0
+    assert s["idle_us"] == 10 and s["residual_us"] == 0
+
+
+def test_busbw_factors():
+    f = volume.busbw_factor(["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", None],
+                            [8, 8, 8, 8, 8, 2, 8])
+    assert np.allclose(f[:6], [7 / 8, 7 / 8, 14 / 8, 1, 7 / 8, 1]) and np.isnan(f[6])
+
+
+def test_skew_recovers_known_offsets_and_straggler(tmp_path):
+    # three ranks, same collectives; clocks shifted by 0, +1000, -500 us; rank 2 arrives 7 us late
+    rows = []
+    offsets = {0: 0.0, 1: 1000.0, 2: -500.0}
+    for r, off in offsets.items():
+        for k in range(5):
+            start = 100.0 * k + (7.0 if r == 2 else 0.0)
+            end = 100.0 * k + 50.0
+            rows.append({"rank": r, "lane": "stream:1", "kind": "comm", "name": "nccl", "ts_us": start + off,
+                         "dur_us": end - start, "collective": "all_reduce", "bytes": 8.0, "dtype": "float32",
+                         "group_size": 3.0, "pg": "0", "seq": float(k), "step": 1.0, "phase": None, "unit": None})
+    ev = pd.DataFrame(rows)
+    off = ranks.clock_offsets(ev)
+    assert (off - off.loc[0]).round(6).to_dict() == {0: 0.0, 1: 1000.0, 2: -500.0}
+    sk = ranks.collective_skew(ev)
+    assert len(sk) == 5 and (sk["n_ranks"] == 3).all()
+    assert np.allclose(sk["start_skew_us"], 7.0) and np.allclose(sk["end_skew_us"], 0.0)
+    assert (sk["last_rank"] == 2).all()
+    st = ranks.stragglers(sk, ev).set_index("rank")
+    assert st.loc[2, "times_last"] == 5 and st.loc[0, "times_last"] == 0
+    assert st.loc[2, "mean_start_lag_us"] == pytest.approx(7.0) and st.loc[1, "mean_start_lag_us"] == pytest.approx(0.0)
+
+
+def test_dlrm_8_ranks_alignment():
+    run = load_run(shared_data("gpu-traces", "param-dlrm-8rank-v100"), workers=2)
+    ev = run.events()
+    sk = ranks.collective_skew(ev)
+    n_comm = ev[ev["kind"] == "comm"].groupby("rank").size()
+    assert (n_comm == n_comm.iloc[0]).all()                       # every rank ran the same collectives
+    assert len(sk) == n_comm.iloc[0] and (sk["n_ranks"] == 8).all()
+    # aligning on ends makes the ends tight and leaves the starts spread
+    assert sk["end_skew_us"].median() < sk["start_skew_us"].median()
+    assert (sk["start_skew_us"] >= 0).all() and (sk["end_skew_us"] >= 0).all()
+    st = ranks.stragglers(sk, ev)
+    assert st["times_last"].sum() == len(sk) and sorted(st["rank"]) == list(range(8))
+    assert st.loc[st["times_last"].idxmax(), "rank"] == sk["last_rank"].mode().iloc[0]
+
+
+def test_overlap_groups_add_up_on_real_traces():
+    ev = load_run(shared_data("gpu-traces", "hta-nccl-2rank-a100"), workers=1).events()
+    tot = overlap.overall_overlap(ev).iloc[0]
+    by_step = overlap.comm_overlap(ev, by=("rank", "step"))
+    assert by_step["comm_us"].sum() == pytest.approx(tot["comm_us"])           # one comm stream: no cross-step overlap
+    assert by_step["overlapped_comm_us"].sum() == pytest.approx(tot["overlapped_comm_us"])
+    assert np.allclose(by_step["exposed_comm_us"] + by_step["overlapped_comm_us"], by_step["comm_us"])
+    sb = steps.step_breakdown(ev)
+    assert len(sb) == 3 and (sb["residual_us"] >= -1e-6).all() and (sb["idle_us"] >= 0).all()
+    assert np.allclose(sb["step_us"], sb["compute_us"] + sb["comm_us"] - sb["overlapped_comm_us"] + sb["idle_us"]
+                       + sb["residual_us"])
+    # residual is memcpy/memset time not under compute or comm: at most their total duration
+    mem = ev[ev["kind"].isin(["memcpy", "memset"])].groupby("step")["dur_us"].sum()
+    assert (sb.set_index("step")["residual_us"] <= mem.reindex(sb["step"]).to_numpy() + 1e-6).all()
