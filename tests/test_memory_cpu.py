@@ -1,0 +1,172 @@
+"""Memory attribution on real 2-rank gloo runs of the example (FSDP2 FULL_SHARD / SHARD_GRAD_OP,
+FSDP1 NO_SHARD, DDP), recorded once per session by the shared ``recorded_run`` fixture."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fsdpprof.analyze.memory import memory_analysis
+from fsdpprof.analyze.run import load_run
+from fsdpprof.errors import UserError
+
+STRATEGIES = ["fsdp2", "fsdp2-no-reshard", "fsdp1-no-shard", "ddp"]
+_cache: dict = {}
+
+
+def analysed(recorded_run, strategy):
+    if strategy not in _cache:
+        run = load_run(str(recorded_run(strategy)))
+        assert sorted(run.ranks) == [0, 1]
+        _cache[strategy] = (run, {r: memory_analysis(rd) for r, rd in run.ranks.items()})
+    return _cache[strategy]
+
+
+def _unique(inv, role):
+    """Inventory tensors of a role, one per (name, step) (a tensor listed twice counts once)."""
+    t = pd.DataFrame([x for x in inv["tensors"] if x["role"] == role])
+    return t.drop_duplicates(["name", "step"] if role == "grad" else ["name"])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_model_states_exact(recorded_run, strategy):
+    """Bytes attributed to sharded params, sharded grads and optimizer state equal the inventory's
+    local bytes exactly. Attribution is per storage: tensors sharing one (FSDP2's per-unit grad
+    buffer, FSDP1's flat parameter) count once with the storage's size; no padding arises in this
+    model (every numel divides by 2), so storage bytes == tensor bytes."""
+    run, res = analysed(recorded_run, strategy)
+    for r, m in res.items():
+        inv = run.ranks[r].inventory
+        a = m.allocations
+        exact = a[a["category_source"] == "inventory"]
+        got = exact.groupby(exact["category"].astype(str))["bytes"].sum()
+        params, grads, opt = _unique(inv, "param"), _unique(inv, "grad"), _unique(inv, "optimizer_state")
+        n_steps = grads["step"].nunique()
+        assert n_steps == len(run.ranks[r].info["steps_recorded"]) == 2
+        assert got["sharded_param"] == params["bytes"].sum() == inv["totals"]["param_bytes"]
+        # grads are captured every step of the window (they are reallocated each step)
+        assert got["sharded_grad"] == grads["bytes"].sum() == n_steps * inv["totals"]["grad_bytes"]
+        assert got["optimizer_state"] == opt["bytes"].sum()
+        # params and optimizer state exist before the window and all through it: all of them at the peak
+        bd = m.breakdown_at_peak.set_index("category")["bytes"]
+        assert bd["sharded_param"] == params["bytes"].sum()
+        assert bd["optimizer_state"] == opt["bytes"].sum()
+        assert m.baseline_bytes >= params["bytes"].sum() + opt["bytes"].sum()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_coverage_peak_and_window_accounting(recorded_run, strategy):
+    run, res = analysed(recorded_run, strategy)
+    for r, m in res.items():
+        print(f"{strategy} rank {r}: peak {m.peak_allocated_bytes / 2**20:.2f} MiB in {m.peak_phase}/"
+              f"{m.peak_fsdp_phase}, coverage {m.coverage_pct:.2f} %\n{m.breakdown_at_peak.to_string()}")
+        assert m.source == "cpu_trace"
+        assert m.coverage_pct >= 95.0
+        assert m.peak_phase in ("forward", "backward", "optimizer", "zero_grad", "post_step", "data")
+        # absolute level = baseline + window: the window part is the trace's own running total
+        # (Total Allocated, offset by what it had counted before the first event)
+        me = run.ranks[r].memory_events.sort_values("ts_us", kind="stable")
+        window = np.cumsum(me["bytes"].to_numpy())
+        offset = me["total_allocated_bytes"].iloc[0] - me["bytes"].iloc[0]
+        assert np.array_equal(me["total_allocated_bytes"].to_numpy() - offset, window)
+        realloc = sum(int(w.split(" address")[0].split()[-1]) for w in m.warnings if "allocated again" in w)
+        slack = realloc * int(me["bytes"].abs().max())
+        assert abs(m.peak_allocated_bytes - (m.baseline_bytes + window.max())) <= slack
+        tl = m.timeline
+        assert int(tl.drop(columns="ts_us").sum(axis=1).max()) == m.peak_allocated_bytes
+        assert int(m.breakdown_at_peak["bytes"].sum()) == m.peak_allocated_bytes
+
+
+def test_full_shard_unsharded_params(recorded_run):
+    """FULL_SHARD: unsharded params at the peak > 0 and at most the largest unit plus the prefetched
+    one. Ours adds the root unit: FSDP2 does not reshard the root after forward (its params are
+    needed first in backward), so the root stays gathered from forward into backward, where the peak is."""
+    run, res = analysed(recorded_run, "fsdp2")
+    for r, m in res.items():
+        units = {u["fqn"]: u["unsharded_bytes"] for u in run.ranks[r].inventory["units"]}
+        largest = max(v for k, v in units.items() if k)
+        bd = m.breakdown_at_peak.set_index("category")["bytes"]
+        assert bd["unsharded_param"] > 0
+        assert bd["unsharded_param"] <= 2 * largest + units[""]
+        # per unit at the peak: no unit has more than its own unsharded size gathered
+        bu = m.by_unit_at_peak
+        per_unit = bu[bu["category"] == "unsharded_param"].groupby(bu["unit"].astype(str))["bytes"].sum()
+        for unit, b in per_unit.items():
+            assert b <= units[unit], (unit, b, units[unit])
+        # sharded params per unit equal the inventory's local bytes per unit
+        sp = bu[bu["category"] == "sharded_param"].set_index("unit")["bytes"]
+        for u in run.ranks[r].inventory["units"]:
+            assert sp[u["fqn"]] == u["local_bytes"]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp1-no-shard", "ddp"])
+def test_no_unsharded_params_without_sharding(recorded_run, strategy):
+    run, res = analysed(recorded_run, strategy)
+    for m in res.values():
+        a = m.allocations
+        assert int(a.loc[a["category"] == "unsharded_param", "bytes"].sum()) == 0
+        assert m.breakdown_at_peak.set_index("category")["bytes"]["unsharded_param"] == 0
+
+
+def test_shard_grad_op_keeps_params_gathered(recorded_run):
+    """SHARD_GRAD_OP (no reshard after forward): all units stay gathered from forward to backward,
+    so unsharded params at the peak exceed FULL_SHARD's and reach the whole model."""
+    run, res = analysed(recorded_run, "fsdp2-no-reshard")
+    _, full = analysed(recorded_run, "fsdp2")
+    for r, m in res.items():
+        bd = m.breakdown_at_peak.set_index("category")["bytes"]
+        total_unsharded = run.ranks[r].inventory["totals"]["unsharded_param_bytes"]
+        assert bd["unsharded_param"] >= total_unsharded
+        assert bd["unsharded_param"] > full[r].breakdown_at_peak.set_index("category")["bytes"]["unsharded_param"]
+
+
+# --------------------------------------------------------------------------- bad input
+def _copy_rank(recorded_run, tmp_path):
+    src = recorded_run("fsdp2")
+    dst = tmp_path / "run"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("field,value,words", [("rank", 1, "rank 1"), ("world_size", 8, "world size 8")])
+def test_inventory_from_another_run(recorded_run, tmp_path, field, value, words):
+    dst = _copy_rank(recorded_run, tmp_path)
+    p = dst / "rank-0" / "inventory.json"
+    inv = json.loads(p.read_text())
+    inv[field] = value
+    p.write_text(json.dumps(inv))
+    run = load_run(str(dst))
+    with pytest.raises(UserError) as ei:
+        memory_analysis(run.ranks[0])
+    msg = str(ei.value)
+    assert words in msg and ("another run" in msg or "different runs" in msg)
+    assert "\n" not in msg
+    # the other rank is unaffected
+    assert memory_analysis(run.ranks[1]).coverage_pct >= 95.0
+
+
+def test_trace_without_memory_events(recorded_run, tmp_path):
+    src = recorded_run("fsdp2") / "rank-0" / "trace.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "[memory]"]
+    p = tmp_path / "rank-0.json.gz"
+    p.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    run = load_run(str(p))
+    rd = next(iter(run.ranks.values()))
+    with pytest.raises(UserError, match="profile_memory was off"):
+        memory_analysis(rd)
+
+
+def test_bare_trace_without_inventory(recorded_run):
+    """A bare trace (no inventory): window memory is still attributed by FSDP annotations and
+    lifetimes; what was alive before the window and never freed in it is unknown (warned)."""
+    run = load_run(str(recorded_run("fsdp2") / "rank-0" / "trace.json.gz"))
+    m = memory_analysis(next(iter(run.ranks.values())))
+    assert any("no inventory.json" in w for w in m.warnings)
+    bd = m.breakdown_at_peak.set_index("category")["bytes"]
+    assert bd["unsharded_param"] > 0 and bd["activation"] > 0
+    assert m.coverage_pct >= 95.0
