@@ -41,7 +41,9 @@ def test_plan_text_says_units():
     ("--params", "lots", "--world", "8"),
     ("--params", "7.5e9", "--world", "0"),
     ("--params", "7.5e9", "--world", "eight"),
-    ("--params", "7.5e9", "--world", "8", "--gpu-mem", "-40GB"),
+    ("--params", "7.5e9", "--world", "8", "--gpu-mem=-40GB"),
+    ("--params", "7.5e9", "--world", "8", "--gpu-mem", "0GB"),
+    ("--params", "7.5e9", "--world", "8", "--gpu-mem", "forty"),
     ("--params", "7.5e9", "--world", "8", "--shard-group", "3"),
     ("--params", "7.5e9", "--world", "8", "--param-dtype", "int3"),
 ])

@@ -19,6 +19,7 @@ import pandas as pd
 
 from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import theory
+from fsdpprof.errors import UserError
 
 SUMMARY_SCHEMA = "fsdpprof.summary/1"
 LANE_EVENTS_MAX = 4000
@@ -129,6 +130,8 @@ def _try(a: Analysis, section: str, what: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except ImportError as exc:
         _note(a, section, f"{what} not available ({exc}).")
+    except UserError as exc:
+        _note(a, section, f"{what}: {exc}")
     except Exception as exc:  # an analysis failing must not lose the rest of the report
         last = traceback.extract_tb(exc.__traceback__)[-1]
         _note(a, section, f"{what} failed: {type(exc).__name__}: {exc} "
@@ -481,6 +484,8 @@ def analyze_run(run, *, hta: bool = True) -> Analysis:
         res = _try(a, "hta", "HTA breakdowns", hta_breakdowns, run)
         if res:
             a.hta = res
+    elif hta and not any(d.trace_path for d in run.ranks.values()):
+        _note(a, "hta", "no profiler trace in this input, so HTA's breakdowns are left out.")
     elif hta:
         _note(a, "hta", "HTA's kernel, temporal and idle-time breakdowns need GPU kernels: this is a "
                         f"{a.overview.get('device_type') or 'non-GPU'} trace, so they are left out.")

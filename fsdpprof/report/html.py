@@ -294,7 +294,9 @@ def _memory(a, page: Page) -> str:
             fig.update_layout(barmode="stack", title=f"Per FSDP unit at the peak, rank {r0}", yaxis_title="MiB")
             out.append(page.fig(fig, 340))
         if m.oom:
-            out.append(f'<div class="banner">Out of memory: {esc(m.oom)}</div>')
+            o = m.oom
+            out.append(f'<div class="banner"><b>Out of memory</b> on device {esc(o.get("device"))}: requested '
+                       f'{esc(fmt_bytes(o.get("requested_bytes")))} with {esc(fmt_bytes(o.get("free_bytes")))} free.</div>')
         if m.top_allocations is not None and not m.top_allocations.empty:
             out.append(f"<h3>Largest allocations alive at the peak, rank {r0}</h3>")
             top = m.top_allocations.head(15).copy()

@@ -1,0 +1,139 @@
+"""`fsdpprof report` on real recordings, real GPU traces and CUDA snapshots: numbers beside theory,
+self-contained HTML, partial runs, bad input."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import run_fsdpprof, shared_data
+
+
+def _report(path, out_dir, *extra):
+    out = out_dir / "report.html"
+    p = run_fsdpprof("report", str(path), "-o", str(out), *extra, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    return out.read_text(), summary, p.stdout
+
+
+def _rows(summary, key, **match):
+    return [r for r in summary[key] or [] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _assert_self_contained(html: str):
+    assert len(re.findall(r"\* plotly\.js v\d", html)) == 1  # the bundle's banner: embedded once, not linked
+    assert not re.search(r"<script[^>]+src=", html), "a script is loaded from elsewhere"
+    assert not re.search(r"<link[^>]+href=[\"']?https?:", html)
+    for section in ("overview", "findings", "memory", "communication", "steps", "ranks", "hta"):
+        assert f'id="{section}"' in html
+
+
+def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
+    run = recorded_run("fsdp2")
+    html, s, stdout = _report(run, tmp_path)
+    _assert_self_contained(html)
+    inv = json.loads((run / "rank-0" / "inventory.json").read_text())
+    t = s["theory"]
+    assert s["overview"]["strategy"] == "FULL_SHARD" and t["canonical_strategy"] == "ZERO3"
+    assert t["psi"] == inv["totals"]["psi"]
+    n = t["N"]
+    assert n == 2
+    # FULL_SHARD model states per rank = (k_p + k_g + k_o) Psi / N, measured from the inventory
+    assert t["model_states"]["total_bytes"] == pytest.approx((t["k_param"] + t["k_grad"] + t["k_opt"]) * t["psi"] / n)
+    for row in _rows(s, "model_states", rank=0):
+        assert row["measured_bytes"] == pytest.approx(row["theory_bytes"], rel=0.01), row
+    # measured volume vs 2(N-1)/N S all-gather + (N-1)/N S reduce-scatter
+    traffic = {r["collective"]: r for r in _rows(s, "traffic", rank=0)}
+    assert set(traffic) >= {"all_gather", "reduce_scatter"}
+    for c in ("all_gather", "reduce_scatter"):
+        assert traffic[c]["wire_per_step_bytes"] == pytest.approx(traffic[c]["theory_wire_per_step_bytes"], rel=0.05)
+    total = sum(traffic[c]["wire_per_step_bytes"] for c in ("all_gather", "reduce_scatter"))
+    assert total == pytest.approx(3 * (n - 1) / n * t["psi"] * 4, rel=0.05)  # fp32 run: S = 4 Psi
+    # formulas written out, then with the numbers put in
+    assert "(k_p + k_g + k_o) * Psi / N" in html and t["model_states"]["substituted"] in html
+    assert "3(N-1)/N * S" in html
+    # memory and the peak estimate beside it
+    peak = s["memory"]["0"]["peak_allocated_bytes"]
+    assert peak > t["model_states"]["total_bytes"]
+    pe = t["peak_estimate"]
+    assert pe["measured_peak_bytes"] == peak and pe["diff_bytes"] == pytest.approx(peak - pe["estimate_bytes"])
+    # steps: T_step ~ T_comp + T_comm - T_overlap + idle
+    for st in s["steps"]:
+        assert st["step_us"] > 0 and st["exposed_comm_us"] <= st["comm_us"] + 1e-6
+    assert s["overview"]["step_time_us"] > 0
+    # findings point at numbers; CPU trace: HTA left out with a note
+    for f in s["findings"]:
+        assert f["metric"] and f["value"] == f["value"] and f["section"]
+    assert "HTA" in s["notes"]["hta"] and "cpu" in s["notes"]["hta"]
+    assert "fsdpprof report" in stdout and "report:" in stdout
+
+
+def test_ddp_and_shard_grad_op_theory(recorded_run, tmp_path):
+    d = tmp_path / "ddp"
+    d.mkdir()
+    _, s, _ = _report(recorded_run("ddp"), d)
+    t = s["theory"]
+    assert t["canonical_strategy"] == "DDP"
+    assert t["model_states"]["total_bytes"] == pytest.approx((t["k_param"] + t["k_grad"] + t["k_opt"]) * t["psi"])
+    for row in _rows(s, "model_states", rank=0):
+        assert row["measured_bytes"] == pytest.approx(row["theory_bytes"], rel=0.01), row
+    g = tmp_path / "sgo"
+    g.mkdir()
+    html, s2, _ = _report(recorded_run("fsdp2-no-reshard"), g)
+    t2 = s2["theory"]
+    assert s2["overview"]["strategy"] == "SHARD_GRAD_OP" and t2["canonical_strategy"] == "ZERO2"
+    # one all-gather per step (params kept from forward to backward)
+    ag = _rows(s2, "traffic", rank=0, collective="all_gather")[0]
+    assert ag["wire_per_step_bytes"] == pytest.approx(t2["traffic"]["all_gather_bytes"], rel=0.05)
+    assert t2["traffic"]["all_gather_bytes"] == pytest.approx(0.5 * t2["psi"] * 4)
+    assert "SHARD_GRAD_OP keeps parameters unsharded" in t2["model_states_explanation"]
+
+
+def test_partial_run_gets_a_banner(recorded_run, tmp_path):
+    src = recorded_run("fsdp2")
+    run = tmp_path / "partial"
+    shutil.copytree(src, run, ignore=shutil.ignore_patterns("report.html", "summary.json"))
+    shutil.rmtree(run / "rank-1")
+    html, s, stdout = _report(run, tmp_path)
+    assert "1" in " ".join(s["missing"]) or any("1" in k for k in s["missing"]), s["missing"]
+    assert "Partial run" in html and "PARTIAL" in stdout
+    assert s["overview"]["ranks_present"] == [0]
+
+
+def test_cuda_snapshot_report(tmp_path):
+    snap = shared_data("cuda-snapshots", "multi-device-expandable-oom.pickle")
+    html, s, _ = _report(snap, tmp_path)
+    m = s["memory"]["0"]
+    assert m["source"] == "cuda_snapshot" and m["peak_allocated_bytes"] > 0 and m["oom"]
+    assert "Out of memory" in html
+    assert "inventory" in s["notes"]["theory"] and "no trace events" in s["notes"]["communication"]
+
+
+def test_gpu_traces_get_hta_breakdowns(tmp_path):
+    folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
+    html, s, _ = _report(folder, tmp_path)
+    assert s["overview"]["device_type"] == "cuda" and s["overview"]["world_size"] == 8
+    assert {"kernel_type", "temporal", "idle"} <= set(s["hta"])
+    assert len(s["hta"]["temporal"]) == 8
+    assert s["skew"] and s["stragglers"]
+    assert sum(r["times_last"] for r in s["stragglers"]) == len(s["skew"])  # every matched collective has a last rank
+    assert "HTA temporal breakdown" in html
+
+
+@pytest.mark.parametrize("make", ["empty_dir", "random_files", "missing"])
+def test_report_bad_input_one_line(tmp_path, make):
+    target = tmp_path / "notarun"
+    if make == "empty_dir":
+        target.mkdir()
+    elif make == "random_files":
+        target.mkdir()
+        (target / "notes.txt").write_text("hello")
+        (target / "data.json").write_text('{"a": 1}')
+    p = run_fsdpprof("report", str(target), "-o", str(tmp_path / "r.html"), timeout=120)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fsdpprof report: error:"), p.stderr
+    assert not (tmp_path / "r.html").exists()
