@@ -66,10 +66,11 @@ def optimizer_params(optimizers) -> list:
 
 
 def find_model(optimizers) -> nn.Module | None:
-    """The outermost nn.Module holding most of the optimizers' parameters (found once, via gc)."""
+    """The outermost nn.Module holding most of the optimizers' parameters (found once, via gc).
+
+    Without optimizers: the outermost module with the most parameters.
+    """
     param_ids = {id(p) for p in optimizer_params(optimizers)}
-    if not param_ids:
-        return None
     module_type = nn.Module
     modules = [o for o in gc.get_objects() if issubclass(type(o), module_type)]
     children = {id(c) for m in modules for c in m._modules.values() if c is not None}
@@ -78,7 +79,7 @@ def find_model(optimizers) -> nn.Module | None:
         if id(m) in children:
             continue
         try:
-            hits = sum(1 for p in m.parameters() if id(p) in param_ids)
+            hits = sum(1 for p in m.parameters() if not param_ids or id(p) in param_ids)
         except Exception:
             continue
         if hits == 0:

@@ -97,6 +97,7 @@ class Recorder:
         self.exception_text = None
         self.clock_anchor = None
         self.trace_written = False
+        self.window_trace = True   # False when the trace is the no-optimizer fallback
         self.cuda = None
         self.prev_sigterm = None
         self.prev_excepthook = None
@@ -433,12 +434,15 @@ class Recorder:
                 import platform
 
                 device_name = platform.processor() or platform.machine() or "cpu"
+            steps = []
+            if self.trace_written and self.window_trace:
+                # steps whose ProfilerStep the trace holds in full (a crash cuts the window short)
+                steps = list(range(self.first_active, min(self.last_active, self.steps_done - 1) + 1))
             doc = {"schema": runfmt.RANK_SCHEMA, "rank": self.rank, "local_rank": self.local_rank,
                    "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
                    "device": device, "device_name": device_name, "backend": _backend(),
                    "process_groups": _process_groups(),
-                   "steps_recorded": list(range(self.first_active, self.last_active + 1)) if self.trace_written else [],
-                   "profiler_steps": list(range(self.first_active, self.last_active + 1)) if self.trace_written else [],
+                   "steps_recorded": steps, "profiler_steps": steps,
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
                    "clock_anchor": self.clock_anchor, "status": status, "error": error,
@@ -449,32 +453,50 @@ class Recorder:
             self._log(f"writing rank.json failed: {exc!r}")
 
     # -- endings --------------------------------------------------------------------------
+    def _exit_exception(self):
+        """Text of the exception that is ending the process, if any (sys.last_value is set by then)."""
+        if self.exception_text:
+            return self.exception_text
+        value = getattr(sys, "last_value", None)
+        if isinstance(value, BaseException) and not (isinstance(value, SystemExit) and value.code in (0, None)):
+            return f"{type(value).__name__}: {value}"[:500]
+        return None
+
     def _save_on_exit(self, reason: str) -> None:
         with self.lock:
             if os.getpid() != self.pid or self.finished:
                 return
             try:
+                exc_text = self._exit_exception()
                 if self.state in ("window", "aside"):
                     self._log(f"{reason} during the recording window (step {self.steps_done})")
                     self._stop_profiler_saving()
                     why = f"{reason} at step {self.steps_done}, inside the window {self.skip}-{self.last_active}"
-                    if self.exception_text:
-                        why += f": {self.exception_text}"
-                    self.steps_recorded_partial = True
+                    if exc_text:
+                        why += f": {exc_text}"
                     self._finish("partial" if self.trace_written else "failed", why)
                 elif self.state == "idle" and self.primary is None and self.fallback_prof is not None:
                     self._open_rank_dir()
                     prof, self.fallback_prof = self.fallback_prof, None
                     prof.stop()  # exports through on_trace_ready
+                    self.window_trace = False
                     self.info = inv.ModelInfo(inv.find_model([]), self.world_size)
-                    self._finish("no_optimizer", "no optimizer step was seen: the trace covers the process from its "
-                                                 "first module call to its exit; no step window, no inventory")
+                    self.tensors_params = [dict(t, captured_at="at_exit") for t in self.info.param_entries(-1)]
+                    if exc_text:
+                        self._finish("failed", f"{reason} with {exc_text} before any optimizer step; the trace "
+                                               "covers the process from its first module call to its exit")
+                    else:
+                        self._finish("no_optimizer", "no optimizer step was seen: the trace covers the process from "
+                                                     "its first module call to its exit (no step window); the "
+                                                     "inventory lists parameters only, captured at exit")
                 elif self.state == "idle" and self.primary is not None and not _is_child_process():
                     self._identify()
                     if self._selected():
                         self._open_rank_dir()
-                        self._finish("failed", f"{reason} after {self.steps_done} optimizer steps, before the window "
-                                               f"(steps {self.skip}-{self.last_active}) began; lower --skip-steps")
+                        why = (f"{reason} after {self.steps_done} optimizer steps, before the window "
+                               f"(steps {self.skip}-{self.last_active}) began")
+                        why += f": {exc_text}" if exc_text else "; lower --skip-steps or run more steps"
+                        self._finish("failed", why)
             except Exception as exc:
                 self._fail("saving at exit", exc)
 

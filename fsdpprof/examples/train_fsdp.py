@@ -160,6 +160,9 @@ def wrap(model: nn.Module, args, device: torch.device, world: int) -> nn.Module:
             kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
                                                    buffer_dtype=torch.bfloat16)
         if args.cpu_offload:
+            if on_cpu:
+                raise SystemExit("train_fsdp: FSDP1 CPU offload pins memory and needs an accelerator; "
+                                 "on CPU use --strategy fsdp2 --cpu-offload")
             kw["cpu_offload"] = CPUOffload(offload_params=True)
         return FSDP(model, **kw)
     if s == "ddp":

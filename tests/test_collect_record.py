@@ -1,0 +1,170 @@
+"""`fsdpprof record` on the real example under every strategy (torchrun + gloo, shared recordings).
+
+The expected numbers come from the model itself (the example's TinyTransformer built here with
+the same sizes), not from earlier recordings: Psi, parameter names, and per-unit shard sizes.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import pytest
+
+from fsdpprof.examples.train_fsdp import Block, TinyTransformer
+
+# (strategy, nproc, train_args, framework, strategy name, shard group, replicate group)
+CASES = [
+    ("fsdp2", 2, (), "fsdp2", "FULL_SHARD", 2, 1),
+    ("fsdp2-no-reshard", 2, (), "fsdp2", "SHARD_GRAD_OP", 2, 1),
+    ("fsdp1-full", 2, (), "fsdp1", "FULL_SHARD", 2, 1),
+    ("fsdp1-grad-op", 2, (), "fsdp1", "SHARD_GRAD_OP", 2, 1),
+    ("fsdp1-no-shard", 2, (), "fsdp1", "NO_SHARD", 1, 2),
+    ("ddp", 2, (), "ddp", "DDP", 1, 2),
+    ("none", 2, (), "none", "NONE", 1, 1),
+    ("hsdp", 4, (), "fsdp2", "HYBRID_SHARD", 2, 2),
+    ("fsdp1-hybrid", 4, (), "fsdp1", "HYBRID_SHARD", 2, 2),
+]
+# window passed by conftest: skip 1, warmup 1, active 2 -> optimizer steps 2 and 3 recorded
+ACTIVE_STEPS = [2, 3]
+
+
+def model_params(**sizes) -> dict[str, int]:
+    kw = dict(vocab=1024, dim=256, layers=4, heads=4, seq=64)
+    kw.update(sizes)
+    return {name: p.numel() for name, p in TinyTransformer(**kw).named_parameters()}
+
+
+def unit_of(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "layers" else ""
+
+
+def load_trace(path) -> dict:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def check_run_dir(run, nproc: int) -> dict[int, dict]:
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["schema"] == "fsdpprof.run/1"
+    assert meta["status"] == "complete", meta
+    assert meta["exit_code"] == 0 and meta["ranks_expected"] == nproc and meta["ranks_seen"] == list(range(nproc))
+    assert len(list((run / "launchers").glob("*.json"))) == 1
+    invs = {}
+    for r in range(nproc):
+        rd = run / f"rank-{r}"
+        info = json.loads((rd / "rank.json").read_text())
+        assert info["status"] == "complete" and info["error"] is None, info
+        assert info["rank"] == r and info["world_size"] == nproc
+        assert info["steps_recorded"] == ACTIVE_STEPS and info["profiler_steps"] == ACTIVE_STEPS
+        assert set(info["files"]) >= {"trace.json.gz", "inventory.json", "collector.log"}
+        assert (rd / "collector.log").stat().st_size > 0
+        trace = load_trace(rd / "trace.json.gz")
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert {f"ProfilerStep#{s}" for s in ACTIVE_STEPS} <= names
+        assert "ProfilerStep#1" not in names  # warm-up step not recorded
+        assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])  # profile_memory on
+        assert any(e.get("args", {}).get("Input Dims") is not None for e in trace["traceEvents"])  # record_shapes
+        # clock anchor: trace ts + baseTimeNanoseconds/1000 is wall-clock microseconds
+        anchor = info["clock_anchor"]
+        assert anchor["profiler_us"] * 1000 + trace["baseTimeNanoseconds"] == pytest.approx(anchor["wall_ns"], abs=1e4)
+        assert not [p for p in rd.iterdir() if p.name.startswith(".")]  # no temporary files left
+        invs[r] = json.loads((rd / "inventory.json").read_text())
+    return invs
+
+
+def check_adam_and_grads(inv: dict) -> None:
+    t = inv["tensors"]
+    params = [x for x in t if x["role"] == "param"]
+    local_param_bytes = sum(x["bytes"] for x in params)
+    assert inv["totals"]["param_bytes"] == local_param_bytes > 0
+    for step in ACTIVE_STEPS:  # grads captured before every active optimizer step, fp32 like the params
+        grads = [x for x in t if x["role"] == "grad" and x["step"] == step]
+        assert {x["name"] for x in grads} == {x["name"] for x in params}
+        assert sum(x["bytes"] for x in grads) == local_param_bytes
+    state = [x for x in t if x["role"] == "optimizer_state"]
+    assert {x["step"] for x in state} == {ACTIVE_STEPS[-1]} and {x["captured_at"] for x in state} == {"after_step"}
+    moments = [x for x in state if x["name"].split("/")[-1] in ("exp_avg", "exp_avg_sq")]
+    steps = [x for x in state if x["name"].endswith("/step")]
+    assert sum(x["bytes"] for x in moments) == 2 * local_param_bytes  # Adam: 2 x local fp32 params
+    assert len(steps) == len(params) and all(x["numel"] == 1 for x in steps)
+    assert inv["totals"]["optimizer_state_bytes"] == sum(x["bytes"] for x in state)
+    assert inv["optimizer"]["class"] == "AdamW" and {"exp_avg", "exp_avg_sq"} <= set(inv["optimizer"]["state_keys"])
+    for x in t:
+        assert x["device"] == "cpu" and x["storage_ptr"] > 0 and x["storage_nbytes"] >= x["bytes"]
+        assert x["storage_ptr"] <= x["data_ptr"] < x["storage_ptr"] + max(x["storage_nbytes"], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,nproc,train_args,framework,name,shard,replicate", CASES,
+                         ids=[c[0] for c in CASES])
+def test_strategy_inventory_matches_model(recorded_run, strategy, nproc, train_args, framework, name, shard,
+                                          replicate):
+    run = recorded_run(strategy, nproc=nproc, train_args=train_args)
+    invs = check_run_dir(run, nproc)
+    expected = model_params()
+    psi = sum(expected.values())
+    for r, inv in invs.items():
+        assert inv["schema"] == "fsdpprof.inventory/1" and inv["status"] == "complete"
+        assert (inv["rank"], inv["world_size"]) == (r, nproc)
+        assert (inv["framework"], inv["strategy"]) == (framework, name)
+        assert (inv["shard_group_size"], inv["replicate_group_size"]) == (shard, replicate)
+        assert inv["mixed_precision"] is None and inv["cpu_offload"] is False
+        assert inv["totals"]["psi"] == psi
+        assert inv["totals"]["unsharded_param_bytes"] == 4 * psi
+        check_adam_and_grads(inv)
+        params = [x for x in inv["tensors"] if x["role"] == "param"]
+        if framework == "fsdp1":
+            # one FlatParameter per unit: the root and each block
+            assert sorted(u["fqn"] for u in inv["units"]) == sorted([""] + [f"layers.{i}" for i in range(4)])
+            assert sorted(x["name"] for x in params) == sorted(
+                ["_flat_param"] + [f"layers.{i}._flat_param" for i in range(4)])
+            assert sorted(f for u in inv["units"] for f in u["param_fqns"]) == sorted(expected)
+        else:
+            assert {x["name"]: None for x in params}.keys() == expected.keys()
+        if framework in ("fsdp1", "fsdp2"):
+            for u in inv["units"]:
+                want = sum(n for p, n in expected.items() if unit_of(p) == u["fqn"])
+                assert u["unsharded_numel"] == want
+                assert u["unsharded_bytes"] == 4 * want and u["local_bytes"] == 4 * u["local_numel"]
+                if shard == 1:
+                    assert u["local_numel"] == want
+                elif framework == "fsdp1":  # flat shard padded to a multiple of the shard group size
+                    assert 0 <= shard * u["local_numel"] - want < shard
+                else:  # FSDP2 shards every parameter on dim 0: at most one row of padding per parameter
+                    assert abs(shard * u["local_numel"] - want) <= shard * 1024 * len(u["param_fqns"])
+            assert {x["unit"] for x in params} == {u["fqn"] for u in inv["units"]}
+        if shard == 1:  # NO_SHARD, DDP, none: every rank holds everything
+            assert inv["totals"]["param_bytes"] == 4 * psi
+        else:
+            assert inv["totals"]["param_bytes"] == pytest.approx(4 * psi / shard, rel=0.01)
+    if framework == "fsdp2" and shard > 1:  # FSDP2 local shards of a shard group add up exactly
+        for group in [list(range(i, i + shard)) for i in range(0, nproc, shard)]:
+            for k, u in enumerate(invs[group[0]]["units"]):
+                assert sum(invs[r]["units"][k]["local_numel"] for r in group) == u["unsharded_numel"]
+    if replicate > 1 and shard > 1:  # replicas hold the same shard sizes
+        assert [u["local_numel"] for u in invs[0]["units"]] == [u["local_numel"] for u in invs[shard]["units"]]
+
+
+@pytest.mark.slow
+def test_bf16_mixed_precision_and_cpu_offload(recorded_run):
+    """The one small bf16 case: FSDP2 with a bf16 param dtype and CPU offload (pin_memory=False)."""
+    sizes = dict(layers=1, dim=64)
+    run = recorded_run("fsdp2", train_args=("--mixed-precision", "bf16", "--cpu-offload", "--layers", "1",
+                                            "--dim", "64"))
+    invs = check_run_dir(run, 2)
+    expected = model_params(**sizes)
+    for inv in invs.values():
+        assert inv["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+        assert inv["cpu_offload"] is True
+        assert inv["totals"]["psi"] == sum(expected.values())
+        # sharded parameters stay fp32 under mixed precision
+        assert {x["dtype"] for x in inv["tensors"] if x["role"] == "param"} == {"float32"}
+        check_adam_and_grads(inv)
+
+
+def test_example_blocks_are_units():
+    model = TinyTransformer(1024, 256, 4, 4, 64)
+    assert sum(isinstance(m, Block) for m in model.modules()) == 4
+    assert 3_000_000 < sum(p.numel() for p in model.parameters()) < 5_000_000  # "a few M params"
