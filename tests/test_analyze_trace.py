@@ -111,8 +111,13 @@ def test_bad_files_give_one_line_errors(tmp_path):
     assert "old list format" in _err(tmp_path / "old.json")
     (tmp_path / "empty.json").write_bytes(b"")
     assert "empty" in _err(tmp_path / "empty.json")
-    (tmp_path / "badtype.json").write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 1, "args": 5}]}')
+    (tmp_path / "badtype.json").write_bytes(b'{"traceEvents": [1, 2, 3]}')
     assert "layout" in _err(tmp_path / "badtype.json")
+    # args that are not an object are ignored, not fatal
+    (tmp_path / "oddargs.json").write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, '
+                                            b'"dur": 1, "args": 5}, {"ph": "X", "cat": "cpu_op", "name": "c10d::x", '
+                                            b'"ts": 1, "dur": 1, "args": [1]}]}')
+    assert len(load_trace(str(tmp_path / "oddargs.json")).events) == 2
 
 
 def test_no_distributed_info_and_no_profiler_step_warn(tmp_path):

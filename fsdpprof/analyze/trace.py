@@ -38,6 +38,8 @@ KEEP_CATS = frozenset({
 
 
 class Args(msgspec.Struct):
+    """The args fields we use; decoded lazily, only for the events that need them."""
+
     stream: Any = None
     correlation: Any = None
     ext_id: Any = msgspec.field(default=None, name="External id")
@@ -59,6 +61,12 @@ class Args(msgspec.Struct):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
 
 
+class LinkArgs(msgspec.Struct):
+    """What a runtime call needs (its correlation id)."""
+
+    correlation: Any = None
+
+
 class Event(msgspec.Struct):
     ph: Any = None
     name: Any = ""
@@ -67,7 +75,7 @@ class Event(msgspec.Struct):
     tid: Any = None
     ts: Any = None
     dur: Any = None
-    args: Args | None = None
+    args: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class TailDoc(msgspec.Struct):
@@ -81,6 +89,12 @@ class TailDoc(msgspec.Struct):
 
 
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
+_ARGS_DEC = msgspec.json.Decoder(Args | None)
+_LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
+_NO_ARGS = Args()
+_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset"})
+_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver"})
+_COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 _TAIL_DEC = msgspec.json.Decoder(TailDoc)
 _SEP_RE = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
@@ -101,6 +115,14 @@ class RawTrace:
     thread_names: dict = field(default_factory=dict)
 
 
+def _decode_args(dec, raw):
+    """Typed args, or None when they are absent or not an object (such args are ignored)."""
+    try:
+        return dec.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
 class _Columns:
     """Accumulates chunk columns; names/cats/tids interned into integer codes."""
 
@@ -116,20 +138,9 @@ class _Columns:
         self.n = 0
 
     def add(self, events: list[Event]) -> None:
-        keep = []
-        for e in events:
-            ph = e.ph
-            if ph == "X":
-                if e.cat in KEEP_CATS:
-                    keep.append(e)
-            elif ph == "i" or ph == "I":
-                if e.name == "[memory]" and e.args is not None:
-                    a = e.args
-                    self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
-                                          a.device_type, a.device_id))
-            elif ph == "M":
-                if e.name == "thread_name" and e.args is not None and e.args.name is not None:
-                    self.thread_names[(e.pid, e.tid)] = str(e.args.name)
+        keep = [e for e in events if e.ph == "X" and e.cat in KEEP_CATS]
+        if len(keep) != len(events):
+            self._add_other(e for e in events if e.ph != "X")
         if not keep:
             return
         names, cats, threads, pids = self.names, self.cats, self.threads, self.pids
@@ -137,25 +148,30 @@ class _Columns:
         cat_codes = [cats.setdefault(e.cat, len(cats)) for e in keep]
         tid_codes = [threads.setdefault(e.tid, len(threads)) for e in keep]
         pid_codes = [pids.setdefault(e.pid, len(pids)) for e in keep]
-        ts = [e.ts for e in keep]
-        dur = [e.dur for e in keep]
-        stream, corr, ext = [], [], []
+        n = len(keep)
+        stream = np.full(n, -1, dtype=np.int64)
+        corr = np.full(n, -1, dtype=np.int64)
+        ext = np.full(n, -1, dtype=np.int64)
         base = self.n
+        # args are decoded only where used: device events, runtime calls, communication ops
         for i, e in enumerate(keep):
-            a = e.args
-            if a is None:
-                stream.append(-1)
-                corr.append(-1)
-                ext.append(-1)
+            cat = e.cat
+            if cat in _RUNTIME_CATS:
+                a = _decode_args(_LINK_DEC, e.args)
+                if a is not None and type(a.correlation) is int:
+                    corr[i] = a.correlation
                 continue
-            s = a.stream
-            stream.append(s if type(s) is int else -1)
-            c = a.correlation
-            corr.append(c if type(c) is int else -1)
-            x = a.ext_id
-            ext.append(x if type(x) is int else -1)
-            if a.coll_name is not None or a.in_nelems is not None or (
-                    e.cat in ("cpu_op", "user_annotation") and e.name.startswith(("c10d::", "gloo:"))):
+            gpu = cat in _GPU_CATS
+            if not gpu and not (type(e.name) is str and e.name.startswith(_COMM_PREFIXES)):
+                continue
+            a = _decode_args(_ARGS_DEC, e.args) or _NO_ARGS
+            if type(a.stream) is int:
+                stream[i] = a.stream
+            if type(a.correlation) is int:
+                corr[i] = a.correlation
+            if type(a.ext_id) is int:
+                ext[i] = a.ext_id
+            if a.coll_name is not None or a.in_nelems is not None or not gpu:
                 self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         self.parts.append({
@@ -163,13 +179,25 @@ class _Columns:
             "cat": np.asarray(cat_codes, dtype=np.int16),
             "tid": np.asarray(tid_codes, dtype=np.int32),
             "pid": np.asarray(pid_codes, dtype=np.int32),
-            "ts_us": _floats(ts),
-            "dur_us": _floats(dur),
-            "stream": np.asarray(stream, dtype=np.int64),
-            "correlation": np.asarray(corr, dtype=np.int64),
-            "ext_id": np.asarray(ext, dtype=np.int64),
+            "ts_us": _floats([e.ts for e in keep]),
+            "dur_us": _floats([e.dur for e in keep]),
+            "stream": stream, "correlation": corr, "ext_id": ext,
         })
-        self.n += len(keep)
+        self.n += n
+
+    def _add_other(self, events) -> None:
+        for e in events:
+            ph = e.ph
+            if ph == "i" or ph == "I":
+                if e.name == "[memory]":
+                    a = _decode_args(_ARGS_DEC, e.args)
+                    if a is not None:
+                        self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
+                                              a.device_type, a.device_id))
+            elif ph == "M" and e.name == "thread_name":
+                a = _decode_args(_ARGS_DEC, e.args)
+                if a is not None and a.name is not None:
+                    self.thread_names[(e.pid, e.tid)] = str(a.name)
 
     def frame(self) -> pd.DataFrame:
         cols = {}
