@@ -213,37 +213,52 @@ _CPP_KEYS = ("autograd::engine", "evaluate_function", "python_engine", "backward
 
 
 def frame_signatures(frames: pd.Series) -> pd.Series:
-    """One short lower-case string per allocation, innermost first: ``name@file`` of Python frames
-    and only the telling C++ frames (autograd, backward, AccumulateGrad, optimizer), so the
-    rules below scan short strings. Each distinct frame name is judged once."""
-    keep_cpp: dict[str, str] = {}
-    out = []
-    for fr in frames:
+    """One short lower-case string per allocation (a categorical Series), innermost first:
+    ``name@file`` of Python frames and only the telling C++ frames (autograd, backward,
+    AccumulateGrad, optimizer), so the rules below scan short strings. Snapshots share frame
+    objects between entries (pickle memo), so each distinct frame and stack is judged once."""
+    part_cache: dict[int, str] = {}
+    stack_cache: dict[tuple, int] = {}
+    sigs: list[str] = [""]
+    codes = np.zeros(len(frames), dtype=np.int32)
+    for i, fr in enumerate(frames):
         if not fr:
-            out.append("")
             continue
-        parts = []
-        for f in fr:
-            fn = f.get("filename") or ""
-            name = f.get("name") or ""
-            if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc")):
-                parts.append(f"{name}@{fn}".lower())
-            else:
-                k = keep_cpp.get(name)
+        key = tuple(map(id, fr))
+        c = stack_cache.get(key)
+        if c is None:
+            parts = []
+            for f in fr:
+                k = part_cache.get(id(f))
                 if k is None:
-                    low = name.lower()
-                    k = low[:120] + "@" if any(w in low for w in _CPP_KEYS) else ""
-                    keep_cpp[name] = k
+                    k = _frame_part(f)
+                    part_cache[id(f)] = k
                 if k:
                     parts.append(k)
-        out.append("|".join(parts).replace("\\", "/"))
-    return pd.Series(out, index=frames.index, dtype=object)
+            sig = "|".join(parts).replace("\\", "/")
+            c = len(sigs)
+            sigs.append(sig)
+            stack_cache[key] = c
+        codes[i] = c
+    # equal signatures from different stacks share a category
+    uniq, inv = np.unique(np.array(sigs, dtype=object), return_inverse=True)
+    cat = pd.Categorical.from_codes(inv[codes].astype(np.int32), categories=pd.Index(uniq, dtype=object))
+    return pd.Series(cat, index=frames.index)
+
+
+def _frame_part(f) -> str:
+    fn = f.get("filename") or ""
+    name = f.get("name") or ""
+    if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc")):
+        return f"{name}@{fn}".lower()
+    low = name.lower()
+    return low[:120] + "@" if any(w in low for w in _CPP_KEYS) else ""
 
 
 def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
     """``str.contains`` evaluated once per distinct signature (many allocations share one)."""
-    cat = pd.Categorical(sig.fillna(""))
-    hit = pd.Series(cat.categories).str.contains(pat, regex=regex).to_numpy(bool)
+    cat = sig.cat if isinstance(sig.dtype, pd.CategoricalDtype) else pd.Categorical(sig.fillna("").astype(object))
+    hit = pd.Series(cat.categories, dtype=object).str.contains(pat, regex=regex).to_numpy(bool)
     return hit[cat.codes] if len(hit) else np.zeros(len(sig), bool)
 
 
@@ -323,7 +338,7 @@ def pass_tags(df: pd.DataFrame, have_inventory_grads: bool = False) -> None:
 
 def pass_frames(df: pd.DataFrame) -> None:
     sig = df["frame_sig"]
-    if not sig.astype(bool).any():
+    if not _contains(sig, ".").any():
         return
     never_freed = df["free_us"].isna().to_numpy()
     _fill(df, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")

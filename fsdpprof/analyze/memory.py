@@ -109,12 +109,13 @@ def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
     ph = np.where(pd.isna(ph) & fp.str.contains("forward|all_gather|unshard", na=False).to_numpy(), "forward", ph)
     # allocations with no frames while others have Python frames come from the autograd engine's
     # threads (no Python stack): backward
-    has_py = df["frame_sig"].str.contains(".py", regex=False).any()
-    nof = (df["frame_sig"] == "").to_numpy() & ~df["before_trace"].to_numpy() & pd.isna(ph)
+    py = cz._contains(df["frame_sig"], ".py", regex=False)
+    has_py = bool(py.any())
+    nof = (df["frame_sig"].astype(object) == "").to_numpy() & ~df["before_trace"].to_numpy() & pd.isna(ph)
     if has_py:
         ph = np.where(nof, "backward", ph)
         # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
-        py_other = pd.isna(ph) & df["frame_sig"].str.contains(".py", regex=False).to_numpy()
+        py_other = pd.isna(ph) & py
         ph = np.where(py_other, "forward", ph)
     ph = np.where(df["before_trace"].to_numpy(), None, ph)
     df["phase"] = ph

@@ -1,0 +1,88 @@
+"""Benchmark: memory attribution speed against torch.cuda._memory_viz on the same snapshot.
+
+    python benchmarks/bench_memory.py [--snapshot FILE] [--run RUN_DIR] [--repeat N]
+
+Times (best of N) on the largest public snapshot in ../shared/data/cuda-snapshots:
+  ours:        safe load + allocations frame + categorisation + peak/breakdown/timeline, every device
+  _memory_viz: pickle.load + segsum + trace (text) + trace_plot (the HTML it builds), i.e. what
+               torch's tool does in Python with the same file
+and on a CPU run directory (load_run + memory_analysis of every rank; _memory_viz has no CPU-trace
+path). Prints the times and the ratio; no assertion (speed targets live here, not in tests).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fsdpprof.analyze.memory import memory_analysis, snapshot_memory  # noqa: E402
+from fsdpprof.analyze.run import load_run  # noqa: E402
+from fsdpprof.analyze.snapshot import load_snapshot  # noqa: E402
+
+SNAP_DIR = ROOT.parent / "shared" / "data" / "cuda-snapshots"
+
+
+def best(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def ours(path):
+    snap = load_snapshot(path)
+    for d in sorted(set(snap.allocations["device"].unique().tolist())):
+        snapshot_memory(snap, device=int(d))
+
+
+def memory_viz(path):
+    from torch.cuda import _memory_viz as mv
+
+    with open(path, "rb") as fh:
+        data = pickle.load(fh)  # noqa: S301 - benchmark of torch's own tool on a public file we ship
+    with contextlib.redirect_stdout(io.StringIO()):
+        mv.segsum(data)
+        mv.trace(data)
+        mv.trace_plot(data)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--snapshot", help="snapshot file (default: the largest public one)")
+    ap.add_argument("--run", help="CPU run directory (default: /tmp/fsdpprof-sample/fsdp2 when present)")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args(argv)
+    snaps = [Path(a.snapshot)] if a.snapshot else sorted(SNAP_DIR.glob("*.pickle"), key=lambda p: p.stat().st_size)
+    if not snaps:
+        print(f"no snapshot found (looked in {SNAP_DIR})")
+        return 1
+    for path in snaps if not a.snapshot else snaps:
+        t_ours = best(lambda: ours(path), a.repeat)
+        t_viz = best(lambda: memory_viz(path), a.repeat)
+        print(f"snapshot {path.name} ({path.stat().st_size / 2**20:.1f} MiB): ours {t_ours * 1e3:.0f} ms, "
+              f"_memory_viz {t_viz * 1e3:.0f} ms, ratio _memory_viz/ours = {t_viz / t_ours:.2f}x")
+    run = a.run or ("/tmp/fsdpprof-sample/fsdp2" if os.path.isdir("/tmp/fsdpprof-sample/fsdp2") else None)
+    if run:
+        t_load = best(lambda: load_run(run, progress=False), a.repeat)
+        r = load_run(run, progress=False)
+        t_mem = best(lambda: [memory_analysis(rd) for rd in r.ranks.values()], a.repeat)
+        n = sum(len(rd.memory_events) for rd in r.ranks.values())
+        print(f"CPU run {run}: load_run {t_load * 1e3:.0f} ms, memory_analysis of {len(r.ranks)} ranks "
+              f"({n} memory events) {t_mem * 1e3:.0f} ms")
+    else:
+        print("CPU run: none given (--run DIR)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
