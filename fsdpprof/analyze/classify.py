@@ -54,6 +54,19 @@ _COMM_CPU_NAMES = ("record_param_comms",)
 _WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
 
 
+def category_mask(series: pd.Series, test) -> np.ndarray:
+    """Vectorised string test evaluated once per distinct value: ``test(pd.Series of values) -> bool array``."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        cats = pd.Series(series.cat.categories.astype(object), dtype=object)
+        res = np.asarray(test(cats.astype(str)), dtype=bool) if len(cats) else np.zeros(0, dtype=bool)
+        codes = series.cat.codes.to_numpy()
+        return np.where(codes >= 0, res[np.clip(codes, 0, None)] if len(res) else False, False)
+    codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
+    u = pd.Series(np.asarray(uniques, dtype=object), dtype=object)
+    res = np.asarray(test(u.astype(str)), dtype=bool) if len(u) else np.zeros(0, dtype=bool)
+    return np.where(codes >= 0, res[np.clip(codes, 0, None)] if len(res) else False, False)
+
+
 def collective_of(name) -> str | None:
     """Collective type of a kernel / op / annotation / 'Collective name' string, or None."""
     if not isinstance(name, str) or not name:
@@ -176,8 +189,8 @@ def classify(rt) -> pd.DataFrame:
     n = len(raw)
     dist = rt.meta.get("distributedInfo") or {}
     names = raw["name"]
-    name_str = names.astype(str)
-    cat = raw["cat"].astype(str).to_numpy()
+    cat = np.asarray(raw["cat"].cat.categories.astype(object), dtype=object)[raw["cat"].cat.codes.to_numpy()] \
+        if n else np.empty(0, dtype=object)
     stream = raw["stream"].to_numpy()
     on_gpu = (stream >= 0) & np.isin(cat, ["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel",
                                            "Memcpy", "Memset"])
@@ -212,8 +225,11 @@ def classify(rt) -> pd.DataFrame:
     kind[gloo_comm] = schema.KIND_COMM
 
     tid = raw["tid"].to_numpy()
-    lane = np.where(on_gpu, "stream:" + pd.Series(stream).astype(str).to_numpy(),
-                    "thread:" + pd.Series(tid).astype(str).to_numpy())
+    # lane labels built once per distinct stream / thread, then broadcast (no per-row strings)
+    tcodes, tuniq = pd.factorize(pd.Series(tid, dtype=object))
+    scodes, suniq = pd.factorize(stream)
+    lane_labels = np.array([f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq], dtype=object)
+    lane = lane_labels[np.where(on_gpu, len(tuniq) + scodes, tcodes)] if n else np.empty(0, dtype=object)
 
     device_type = rt.meta.get("device_type", "cpu")
     if device_type == "cpu":

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import intervals, schema
+from fsdpprof.analyze.classify import category_mask
 
 _FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
@@ -53,7 +54,7 @@ def assign_phases(ev: pd.DataFrame, rt) -> tuple[pd.DataFrame, list[str]]:
         pd.Categorical(names, categories=cats).codes
     ts = ev["ts_us"].to_numpy()
     end = ts + ev["dur_us"].to_numpy()
-    cpu_side = ~ev["lane"].astype(str).str.startswith("stream:").to_numpy()
+    cpu_side = ~category_mask(ev["lane"], lambda s: s.str.startswith("stream:"))
     lt = ev["launch_tid"].to_numpy(dtype=object)
     lts = ev["launch_ts_us"].to_numpy(dtype=float)
     q_ts = np.where(np.isnan(lts), ts, lts)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import intervals, schema
+from fsdpprof.analyze.classify import category_mask
 
 STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us",
                 "idle_us", "residual_us"]
@@ -27,15 +28,13 @@ _DEVICE_KINDS = [schema.KIND_COMPUTE, schema.KIND_COMM, schema.KIND_MEMCPY, sche
 
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """rank, step, start_us, end_us of every step window (see module docstring)."""
-    names = events["name"].astype(str)
-    lane = events["lane"].astype(str)
-    is_ps = names.str.startswith("ProfilerStep#").to_numpy() & ~lane.str.startswith("stream:").to_numpy()
+    on_stream = category_mask(events["lane"], lambda s: s.str.startswith("stream:"))
+    is_ps = category_mask(events["name"], lambda s: s.str.startswith("ProfilerStep#")) & ~on_stream
     kind = events["kind"].astype(object).to_numpy()
     rows = []
     for r, ev in events.groupby("rank", sort=True):
         idx = events.index.get_indexer(ev.index)
-        on_gpu = lane.to_numpy()[idx].astype(str)
-        gpu = np.char.startswith(on_gpu.astype(str), "stream:").any()
+        gpu = on_stream[idx].any()
         dev = ev[np.isin(kind[idx], _DEVICE_KINDS)]
         ps = ev[is_ps[idx]]
         if len(ps) and not gpu:
