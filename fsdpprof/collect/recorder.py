@@ -471,6 +471,10 @@ class Recorder:
                 if self.state in ("window", "aside"):
                     self._log(f"{reason} during the recording window (step {self.steps_done})")
                     self._stop_profiler_saving()
+                    if self.info is not None and not any(t["step"] == self.steps_done for t in self.tensors_grads):
+                        # what the gradients held when the process ended (e.g. crash between backward and step)
+                        grads = self.info.grad_entries(inv.optimizer_params(self._optimizers()), self.steps_done)
+                        self.tensors_grads.extend(dict(t, captured_at="at_exit") for t in grads)
                     why = f"{reason} at step {self.steps_done}, inside the window {self.skip}-{self.last_active}"
                     if exc_text:
                         why += f": {exc_text}"

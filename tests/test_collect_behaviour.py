@@ -1,0 +1,282 @@
+"""`fsdpprof record` never harms the job and loses nothing: pass-through, crashes, SIGTERM, the
+user's own sitecustomize and profiler, scripts without torch.distributed or without an optimizer,
+bad command lines, and the Python API. Real processes throughout (torchrun + gloo where distributed).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import EXAMPLE, run_fsdpprof
+
+WINDOW = ("--skip-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
+
+# A single-process training script without torch.distributed; behaviour switched by argv.
+SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    import torch
+    import torch.nn as nn
+
+    mode = sys.argv[1] if len(sys.argv) > 1 else "train"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if mode != "no-optimizer" else None
+    prof = None
+    if mode == "own-profiler":
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.__enter__()
+    for step in range(6):
+        loss = model(torch.randn(16, 32)).square().mean()
+        loss.backward()
+        if mode == "sleep-in-window" and step == 3:
+            open(os.environ["READY_FILE"], "w").close()
+            time.sleep(120)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        prof.export_chrome_trace(os.environ["OWN_TRACE"])
+    print("script done", mode)
+''')
+
+
+@pytest.fixture()
+def script(tmp_path):
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def rank_json(run, rank=0) -> dict:
+    return json.loads((run / f"rank-{rank}" / "rank.json").read_text())
+
+
+def trace_names(run, rank=0) -> set:
+    with gzip.open(run / f"rank-{rank}" / "trace.json.gz", "rt") as fh:
+        return {e.get("name") for e in json.load(fh)["traceEvents"]}
+
+
+def no_temp_files(run) -> bool:
+    return not [p for p in run.rglob(".*") if p.is_file()]
+
+
+def test_passthrough_and_cheap_bootstrap(tmp_path):
+    """stdout, stdin and exit code pass through; a process that never imports torch stays torch-free."""
+    out = tmp_path / "run"
+    code = ("import sys; data = sys.stdin.read(); "
+            "print('torch' in sys.modules, 'fsdpprof' in sys.modules, data.upper()); sys.exit(7)")
+    proc = run_fsdpprof("record", "--out", str(out), "--", sys.executable, "-c", code, input="hello")
+    assert proc.returncode == 7
+    assert proc.stdout == "False False HELLO\n"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["exit_code"] == 7 and meta["status"] == "failed"
+    launcher = json.loads(next((out / "launchers").glob("*.json")).read_text())
+    assert launcher["exit_code"] == 7 and launcher["command"][0] == sys.executable
+
+
+def test_single_process_with_own_sitecustomize(tmp_path, script):
+    """No torch.distributed, user's sitecustomize on PYTHONPATH: it still runs, and we record rank 0."""
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "marker.txt"
+    (site / "sitecustomize.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write('job\\n' if 'FSDPPROF_RUN_DIR' in os.environ else 'launcher\\n')\n")
+    out = tmp_path / "run"
+    proc = run_fsdpprof("record", "--out", str(out), *WINDOW, "--", sys.executable, str(script),
+                        env={"PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "script done train\n"
+    # the user's sitecustomize ran once in the launcher's own process and exactly once in the job
+    assert sorted(marker.read_text().split()) == ["job", "launcher"]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["ranks_seen"] == [0]
+    info = rank_json(out)
+    assert info["status"] == "complete" and info["world_size"] == 1 and info["backend"] is None
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= trace_names(out)
+    inv = json.loads((out / "rank-0" / "inventory.json").read_text())
+    assert inv["framework"] == "none" and inv["totals"]["psi"] == 32 * 64 + 64 + 64 * 8 + 8
+    momentum = [t for t in inv["tensors"] if t["role"] == "optimizer_state"]
+    assert sum(t["bytes"] for t in momentum) == inv["totals"]["param_bytes"]  # SGD momentum = 1 x params
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("fsdpprof:")]
+    assert len(ours) == 2  # one line for the rank, one for the run
+
+
+def test_no_optimizer_script(tmp_path, script):
+    out = tmp_path / "run"
+    proc = run_fsdpprof("record", "--out", str(out), *WINDOW, "--", sys.executable, str(script), "no-optimizer")
+    assert proc.returncode == 0 and proc.stdout == "script done no-optimizer\n"
+    info = rank_json(out)
+    assert info["status"] == "no_optimizer" and "no optimizer step" in info["error"]
+    assert info["steps_recorded"] == []
+    names = trace_names(out)
+    assert "aten::addmm" in names  # the trace still covers the model's work
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "partial" and meta["exit_code"] == 0
+
+
+def test_own_profiler_steps_aside(tmp_path, script):
+    out = tmp_path / "run"
+    own = tmp_path / "own.json"
+    proc = run_fsdpprof("record", "--out", str(out), *WINDOW, "--", sys.executable, str(script), "own-profiler",
+                        env={"OWN_TRACE": str(own)})
+    assert proc.returncode == 0, proc.stderr
+    assert "aten::addmm" in {e.get("name") for e in json.loads(own.read_text())["traceEvents"]}
+    info = rank_json(out)
+    assert info["status"] == "skipped" and "stepped aside" in info["error"]
+    assert "stepped aside" in (out / "rank-0" / "collector.log").read_text()
+    assert (out / "rank-0" / "inventory.json").exists()  # the inventory costs nothing: still written
+
+
+@pytest.mark.slow
+def test_crash_at_step_2_keeps_partial_data(tmp_path):
+    """torchrun job whose ranks raise in step 2 (inside the window 2-3): exit code passes through, traces
+    and inventories of what was recorded are kept, run.json says partial."""
+    out = tmp_path / "run"
+    proc = run_fsdpprof("record", "--out", str(out), *WINDOW, "--", sys.executable, "-m", "torch.distributed.run",
+                        "--standalone", "--nproc-per-node=2", str(EXAMPLE), "--strategy", "fsdp2", "--steps", "5",
+                        "--crash-at-step", "2")
+    assert proc.returncode != 0
+    assert "deliberate crash at step 2" in proc.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["exit_code"] == proc.returncode
+    assert meta["status"] in ("partial", "failed")
+    statuses = set()
+    for r in (0, 1):
+        info = rank_json(out, r)
+        statuses.add(info["status"])
+        assert info["status"] in ("partial", "failed")
+        if info["status"] == "partial":
+            assert "deliberate crash" in info["error"] and info["steps_recorded"] == []
+            assert "ProfilerStep#2" in trace_names(out, r)
+            inv = json.loads((out / f"rank-{r}" / "inventory.json").read_text())
+            assert inv["status"] == "partial" and inv["totals"]["psi"] > 0
+            assert {t["role"] for t in inv["tensors"]} >= {"param", "grad", "optimizer_state"}
+            # the crash came between backward and optimizer.step: grads as they were at exit
+            assert {(t["step"], t["captured_at"]) for t in inv["tensors"] if t["role"] == "grad"} == {(2, "at_exit")}
+    assert "partial" in statuses
+    assert meta["status"] == "partial"
+    assert no_temp_files(out)
+
+
+def test_sigterm_in_window_saves_and_passes_through(tmp_path, script):
+    out = tmp_path / "run"
+    ready = tmp_path / "ready"
+    env = dict(os.environ, READY_FILE=str(ready), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "fsdpprof", "record", "--out", str(out), *WINDOW, "--",
+                             sys.executable, str(script), "sleep-in-window"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ready.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert ready.exists(), proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["exit_code"] == 128 + signal.SIGTERM and meta["status"] == "partial"
+    info = rank_json(out)
+    assert info["status"] == "partial" and "SIGTERM" in info["error"]
+    assert "ProfilerStep#2" in trace_names(out)  # step 2 finished, step 3 was cut
+    assert info["steps_recorded"] == [2]
+    assert no_temp_files(out)
+
+
+def test_python_api(tmp_path):
+    out = tmp_path / "api-run"
+    code = textwrap.dedent(f'''
+        import torch, torch.nn as nn, fsdpprof
+        model = nn.Linear(16, 16)
+        opt = torch.optim.Adam(model.parameters())
+        with fsdpprof.record(out={str(out)!r}, skip_steps=1, warmup_steps=1, active_steps=2):
+            for _ in range(5):
+                model(torch.randn(4, 16)).sum().backward()
+                opt.step(); opt.zero_grad()
+        print("ok")
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok\n"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["exit_code"] == 0
+    assert rank_json(out)["steps_recorded"] == [2, 3]
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= trace_names(out)
+    inv = json.loads((out / "rank-0" / "inventory.json").read_text())
+    adam = sum(t["bytes"] for t in inv["tensors"] if t["role"] == "optimizer_state" and not t["name"].endswith("/step"))
+    assert adam == 2 * inv["totals"]["param_bytes"] == 2 * 4 * (16 * 16 + 16)
+
+
+def test_python_api_rejects_bad_window():
+    import fsdpprof
+    from fsdpprof.errors import UserError
+
+    with pytest.raises(UserError, match="active_steps must be a positive integer"):
+        with fsdpprof.record(out="unused", active_steps=0):
+            pass
+
+
+BAD_USES = [
+    ([], "no command"),
+    (["--"], "no command after --"),
+    (["--skip-steps", "0"], "--skip-steps must be a positive integer"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be a positive integer"),
+    (["--active-steps", "two"], "--active-steps must be a positive integer"),
+    (["--ranks", "a,b"], "--ranks must be"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_USES, ids=[m for _, m in BAD_USES])
+def test_bad_use_one_line_exit_2_nothing_runs(tmp_path, args, message):
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    if args and args[0] == "--":
+        cmd = []
+    elif not args:
+        cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]  # command without --
+    proc = run_fsdpprof("record", "--out", str(tmp_path / "run"), *args, *cmd)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_out_not_writable_or_a_file(tmp_path):
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for out, message in ((a_file, "is not a directory"), (a_file / "sub", "not writable")):
+        proc = run_fsdpprof("record", "--out", str(out), *cmd)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+    assert not marker.exists()
+
+
+def test_existing_run_refused_without_force(tmp_path):
+    out = tmp_path / "run"
+    ok = run_fsdpprof("record", "--out", str(out), "--", sys.executable, "-c", "print(1)")
+    assert ok.returncode == 0
+    before = (out / "run.json").read_bytes()
+    proc = run_fsdpprof("record", "--out", str(out), "--", sys.executable, "-c", "print(2)")
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr and "--force" in proc.stderr
+    assert proc.stdout == "" and (out / "run.json").read_bytes() == before
+    forced = run_fsdpprof("record", "--out", str(out), "--force", "--", sys.executable, "-c", "print(3)")
+    assert forced.returncode == 0 and forced.stdout == "3\n"
+    assert json.loads((out / "run.json").read_text())["command"][-1] == "print(3)"
+    assert len(list((out / "launchers").glob("*.json"))) == 1
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    proc = run_fsdpprof("record", "--out", str(other), "--", sys.executable, "-c", "print(4)")
+    assert proc.returncode == 2 and "not empty" in proc.stderr
