@@ -35,14 +35,16 @@ class MemoryResult:
     timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value (bytes)
     top_allocations: pd.DataFrame        # addr, bytes, category, phase, unit, alloc_us, free_us, frames (str)
     coverage_pct: float                  # % of bytes alive at the peak in a named category (not other)
-    reserved_bytes: int | None
-    fragmentation_pct: float | None
+    reserved_bytes: int | None           # snapshot: reserved (cudaMalloc'd) at the peak; None on CPU
+    fragmentation_pct: float | None      # reserved but not allocated at the peak, % of reserved
     oom: dict | None                     # requested_bytes, free_bytes, device, ts_us
     allocations: pd.DataFrame            # the unified, categorised allocations frame
     warnings: list[str] = field(default_factory=list)
     device: int | None = None            # CUDA device of a snapshot
     timeline_unit: str = "us"            # "us", or "event_index" for legacy snapshots
     peak_fsdp_phase: str | None = None   # innermost FSDP annotation / tag at the peak
+    peak_seq: int | None = None          # order key of the event at the peak (see allocations' alloc_seq)
+    reserved_end_bytes: int | None = None  # snapshot: reserved at snapshot time (segments)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -177,10 +179,16 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     res.timeline_unit = "us" if snap.has_time else "event_index"
     seg = snap.segments[snap.segments["device"] == device]
     if len(seg):
-        reserved = int(seg["total_bytes"].sum())
-        alloc_now = int(seg["allocated_bytes"].sum())
+        # reserved at the peak = reserved at snapshot time minus the segments mapped after the peak
+        reserved_end = int(seg["total_bytes"].sum())
+        se = snap.segment_events[snap.segment_events["device"] == device]
+        after = int(se.loc[se["seq"] > res.peak_seq, "delta_bytes"].sum()) if res.peak_seq is not None else 0
+        reserved = reserved_end - after
+        res.reserved_end_bytes = reserved_end
+        if reserved < res.peak_allocated_bytes:  # segment history incomplete (ring buffer): bound it
+            reserved = max(res.peak_allocated_bytes, reserved)
         res.reserved_bytes = reserved
-        res.fragmentation_pct = 100.0 * (reserved - alloc_now) / reserved if reserved else None
+        res.fragmentation_pct = 100.0 * (reserved - res.peak_allocated_bytes) / reserved if reserved else None
     ooms = [o for o in snap.ooms if o["device"] == device]
     if ooms:
         o = ooms[0]
@@ -262,7 +270,7 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
                         peak_phase=peak_phase, baseline_bytes=base, breakdown_at_peak=breakdown,
                         by_unit_at_peak=by_unit, timeline=timeline, top_allocations=top_allocs,
                         coverage_pct=coverage, reserved_bytes=None, fragmentation_pct=None, oom=None,
-                        allocations=df, warnings=warnings, peak_fsdp_phase=peak_fsdp)
+                        allocations=df, warnings=warnings, peak_fsdp_phase=peak_fsdp, peak_seq=peak_seq)
 
 
 def _timeline(df: pd.DataFrame, points: int) -> pd.DataFrame:

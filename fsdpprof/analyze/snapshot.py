@@ -42,6 +42,7 @@ class SnapshotData:
     segments: pd.DataFrame             # SEGMENT_COLUMNS, state at snapshot time
     ooms: list[dict]                   # device, requested_bytes, free_bytes, ts_us, frames
     annotations: pd.DataFrame          # device, name, start_us, end_us (external_annotations)
+    segment_events: pd.DataFrame       # device, seq, delta_bytes: cudaMalloc/free and map/unmap in the trace
     has_history: dict[int, bool]       # device -> trace had alloc/free entries
     has_time: bool                     # trace entries carry time_us
     devices: list[int]                 # devices with segments or trace entries
@@ -98,6 +99,7 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
     has_time = False
     has_history: dict[int, bool] = {}
     ooms: list[dict] = []
+    seg_ev: list[tuple] = []
     frames_out = []
     for dev, trace in enumerate(traces):
         trace = trace or []
@@ -110,7 +112,10 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
                 break
         has_history[dev] = n_alloc > 0 or any(e.get("action") in ("free_requested", "free_completed") for e in trace[:1000])
         for i, e in enumerate(trace):
-            if e.get("action") == "oom":
+            act = e.get("action")
+            if act in _SEG_SIGN:
+                seg_ev.append((dev, i, _SEG_SIGN[act] * int(e.get("size", 0))))
+            if act == "oom":
                 ooms.append({"device": dev, "requested_bytes": int(e.get("size", 0)),
                              "free_bytes": int(e.get("device_free", 0)) if e.get("device_free") is not None else None,
                              "ts_us": float(e.get("time_us", i)), "seq": i, "frames": e.get("frames") or []})
@@ -140,7 +145,9 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
                         f"timeline unavailable")
     elif not has_time:
         warnings.append(f"{label}: legacy snapshot without time_us: times are trace entry indices")
-    return SnapshotData(path=label, allocations=allocs, segments=segments, ooms=ooms, annotations=annotations,
+    segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes"])
+    return SnapshotData(path=label, allocations=allocs, segments=segments, segment_events=segment_events,
+                        ooms=ooms, annotations=annotations,
                         has_history=has_history, has_time=has_time, devices=devices,
                         allocator_settings=dict(snap.get("allocator_settings") or {}), warnings=warnings)
 
@@ -175,6 +182,7 @@ def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
             "orphan_free_rows": order[np.flatnonzero(orphan)], "n_realloc": int(realloc.sum())}
 
 
+_SEG_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 _ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3}
 
 
