@@ -336,8 +336,7 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
     a.volume = vol
     staged = _try(a, "communication", "forward/backward stages", with_stage, events)
     if staged is not None:
-        a.overlap_phase = _try(a, "communication", "overlap per collective and phase",
-                               lambda: _trace_fn("overlap", "comm_overlap")(staged, by=("rank", "collective", "stage", "phase")))
+        a.overlap_phase = _try(a, "communication", "overlap per collective and phase", _per_phase, staged)
     a.overlap_overall = _try(a, "communication", "overall overlap", lambda: _trace_fn("overlap", "overall_overlap")(events))
     a.steps = _try(a, "steps", "step breakdown", lambda: _trace_fn("steps", "step_breakdown")(events))
     if run.world_size and len(run.ranks) > 1:
@@ -353,6 +352,19 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
     lanes = _try(a, "communication", "lanes of one step", _lanes, events)
     if lanes is not None:
         a.lanes, a.lanes_step, a.top_ops = lanes
+
+
+def _per_phase(staged: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, collective, stage and FSDP phase: count, bytes, time_us, busbw_gbps (volume) beside
+    comm_us, overlapped_comm_us, exposed_comm_us, overlap_pct (overlap)."""
+    keys = ["rank", "collective", "stage", "phase"]
+    ov = _trace_fn("overlap", "comm_overlap")(staged, by=keys)
+    vol = _trace_fn("volume", "collective_volume")(staged, by=keys)
+    for df in (ov, vol):
+        for k in keys[1:]:
+            df[k] = df[k].astype(object)
+    vol = vol[keys + [c for c in ("count", "bytes", "time_us", "busbw_gbps") if c in vol]]
+    return vol.merge(ov, on=keys, how="outer")
 
 
 BACKWARD_PHASES = ("backward", "pre_backward", "post_backward", "post_backward_reduce", "post_backward_reshard",
@@ -603,13 +615,13 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
             saved = (nums[hi]["peak_allocated_bytes"] - nums[lo]["peak_allocated_bytes"]) / theory.MIB
             de = nums[lo]["exposed_comm_us"] - nums[hi]["exposed_comm_us"]
             cost = ("(exposed communication unknown)" if de != de else
-                    f"at the cost of {de / 1e3:.3g} ms exposed communication per step" if de >= 0 else
+                    f"at the cost of {de / 1e3:.3g} ms more exposed communication per step" if de >= 0 else
                     f"and exposes {-de / 1e3:.3g} ms less communication per step")
-            verdict = (f"{nums[lo]['strategy']} saves {saved:.3g} MiB per rank (peak) compared with "
-                       f"{nums[hi]['strategy']}, {cost}.")
-            ds = nums[lo]["step_us"] - nums[hi]["step_us"]
-            if ds == ds:
-                verdict += f" Step time {'+' if ds >= 0 else '-'}{abs(ds) / 1e3:.3g} ms."
+            verdict = (f"{nums[lo]['strategy']} saves {saved:.3g} MiB per rank at the peak compared with "
+                       f"{nums[hi]['strategy']}, {cost}")
+            if nums[lo]["step_us"] == nums[lo]["step_us"] and nums[hi]["step_us"] == nums[hi]["step_us"]:
+                verdict += f" (step time {nums[lo]['step_us'] / 1e3:.3g} ms vs {nums[hi]['step_us'] / 1e3:.3g} ms)"
+            verdict += "."
     else:
         verdict = "Not enough memory data to compare peaks."
     return Comparison([a.path for a in analyses], labels, t, cats, tm, verdict, warnings, comparable)

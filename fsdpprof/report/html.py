@@ -117,6 +117,8 @@ def fmt_cell(col: str, v) -> str:
         return "-" if _isnan(v) else f"{float(v):.3g} GB/s"
     if isinstance(v, float):
         return fmt_num(v)
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10000:
+        return f"{v:,}"
     return "-" if _isnan(v) else str(v)
 
 
@@ -315,11 +317,12 @@ def _memory(a, page: Page) -> str:
 def _comm(a, page: Page) -> str:
     out = ['<section id="communication"><h2>Communication</h2>', notes_html(a, "communication")]
     if a.volume is not None and not a.volume.empty:
-        out.append("<h3>Per collective (count, bytes, time, bandwidth)</h3>")
+        out.append("<h3>Per collective: count, bytes, time, bandwidth (algbw; busbw with nccl-tests' factors)</h3>")
         out.append(table(a.volume))
     if a.overlap_phase is not None and not a.overlap_phase.empty:
         op = a.overlap_phase
-        out.append("<h3>Overlap with compute per collective and FSDP phase</h3>")
+        out.append("<h3>Per collective, stage (forward / backward / optimizer) and FSDP phase: volume, "
+                   "bandwidth, overlap with compute, exposed time</h3>")
         out.append(table(op))
         g = op.copy()
         g["key"] = g["collective"].astype(str) + " / " + g["phase"].astype(str)
