@@ -36,8 +36,12 @@ ROLE_TO_CATEGORY = {"param": MC.SHARDED_PARAM.value, "grad": MC.SHARDED_GRAD.val
 # fine FSDP phases whose allocations are unsharded parameters / unsharded gradients
 UNSHARDED_PARAM_PHASES = {"all_gather", "all_gather_copy_out", "unshard", "foreach_all_gather",
                           "foreach_all_gather_copy_out", "_unshard"}
-UNSHARDED_GRAD_PHASES = {"post_backward_reduce", "reduce_scatter", "foreach_reduce", "_post_backward_hook",
+UNSHARDED_GRAD_PHASES = {"post_backward_reduce", "reduce_scatter", "foreach_reduce", "post_backward_hook",
                          "post_backward"}
+# FSDP1 unshards inside these hooks (the padded unsharded flat parameter) and frees it in a reshard
+FSDP1_UNSHARD_PHASES = {"pre_forward", "pre_forward_prefetch", "pre_backward_hook", "pre_backward",
+                        "pre_backward_prefetch", "post_backward_prefetch"}
+FSDP1_RESHARD_PHASES = {"post_forward", "post_backward_hook", "post_backward", "reshard"}
 COARSE_ORDER = ["data", "forward", "backward", "optimizer", "zero_grad", "post_step"]
 
 _FSDP2_RE = re.compile(r"^FSDP::([A-Za-z_]+)(?: for (\S+)| \((.*)\))?$")
@@ -328,6 +332,11 @@ def pass_tags(df: pd.DataFrame, have_inventory_grads: bool = False) -> None:
     scratch = (fp.isin(["all_gather", "foreach_all_gather"]) & (free_fp == fp)).to_numpy() & same_step
     _fill(df, scratch, MC.TEMPORARY.value, "tags")
     _fill(df, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
+    fsdp1_unshard = fp.isin(FSDP1_UNSHARD_PHASES).to_numpy() & (
+        free_fp.isin(FSDP1_RESHARD_PHASES).to_numpy() | ~same_step)
+    is_fsdp1 = (df["fsdp_family"] == "fsdp1").to_numpy() if "fsdp_family" in df else np.zeros(len(df), bool)
+    _fill(df, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
     in_reduce = fp.isin(UNSHARDED_GRAD_PHASES).to_numpy()
     freed_in_bwd = df["free_us"].notna().to_numpy() & same_step & (df["free_phase"] == "backward").to_numpy()
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)

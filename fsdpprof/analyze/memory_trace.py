@@ -174,3 +174,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     allocs["step_idx"] = sidx
     allocs["free_step_idx"] = np.where(np.isnan(ft), 1 << 30, np.searchsorted(starts, ftf, side="right") - 1)
     allocs["frame_sig"] = ""
+    names = events["name"].astype(str) if events is not None and len(events) else pd.Series([], dtype=str)
+    fam = "fsdp1" if names.str.startswith("FullyShardedDataParallel.").any() else (
+        "fsdp2" if names.str.startswith("FSDP::").any() else None)
+    allocs["fsdp_family"] = fam
