@@ -270,15 +270,12 @@ def _theory(a: Analysis, run) -> None:
         for role, th in (("param", ms.param_bytes), ("grad", ms.grad_bytes),
                          ("optimizer_state", ms.optimizer_state_bytes)):
             rows.append({"rank": r, "role": role, "measured_bytes": meas.get(role, np.nan), "theory_bytes": th})
-    steps = set()
     df = pd.DataFrame(rows)
     df["diff_bytes"] = df["measured_bytes"] - df["theory_bytes"]
     df["diff_pct"] = 100.0 * df["diff_bytes"] / df["theory_bytes"].where(df["theory_bytes"] > 0)
     a.model_states = df
     meas_total = df[df["rank"] == r0]["measured_bytes"].sum()
     expl = []
-    if len(steps) > 1:
-        expl.append("grads are captured every step; the total counts one step's grads.")
     fw = str(inv.get("framework") or "")
     if s == "ZERO2" and fw.startswith("fsdp"):
         m0 = a.memory.get(r0)
@@ -490,8 +487,6 @@ def analyze_run(run, *, hta: bool = True) -> Analysis:
     _memory(a, run)
     _try(a, "theory", "theory", _theory, a, run)
     _comm(a, run, events)
-    if a.steps is not None and a.overview.get("step_time_us") and a.overlap_overall is not None:
-        pass
     if a.overview.get("device_type") == "cuda" and hta and any(d.trace_path for d in run.ranks.values()):
         res = _try(a, "hta", "HTA breakdowns", hta_breakdowns, run)
         if res:
@@ -576,8 +571,6 @@ def _run_numbers(a: Analysis) -> dict:
 def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False) -> Comparison:
     """Put runs side by side; raises UserError for fewer than two runs or runs of different models
     (unless allow_different_models, which turns that into a warning)."""
-    from fsdpprof.errors import UserError
-
     if len(analyses) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     nums = [_run_numbers(a) for a in analyses]
