@@ -208,8 +208,8 @@ def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
                     unit = v.strip() or None
         parsed[s] = (phase, unit)
     keys = meta.fillna("").astype(str)
-    return pd.DataFrame({"fsdp_phase": keys.map(lambda k: parsed[k][0]).to_numpy(object),
-                         "unit": keys.map(lambda k: parsed[k][1]).to_numpy(object)}, index=meta.index)
+    return pd.DataFrame({"fsdp_phase": keys.map({k: v[0] for k, v in parsed.items()}).to_numpy(object),
+                         "unit": keys.map({k: v[1] for k, v in parsed.items()}).to_numpy(object)}, index=meta.index)
 
 
 _CPP_KEYS = ("autograd::engine", "evaluate_function", "python_engine", "backward", "accumulategrad", "optim", "adam",

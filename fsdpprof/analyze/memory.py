@@ -62,6 +62,8 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
         return snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
                                inventory=inventory, top_n=top_n, timeline_points=timeline_points)
     me = getattr(rank, "memory_events", None)
+    if me is None and getattr(rank, "events", None) is None:
+        raise UserError(f"rank {r}: no profiler trace and no CUDA snapshot: no memory data to analyse")
     if me is None or not len(me):
         raise UserError(f"{label}: the trace has no [memory] events (profile_memory was off); record with "
                         f"fsdpprof record (memory on) or torch.profiler.profile(profile_memory=True)")
@@ -245,8 +247,6 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
     else:
         peak_seq, peak_ts, peak_phase, peak_fsdp = None, None, None, None
         alive = df["free_seq"].to_numpy() == NEVER
-        if not has_history:
-            warnings.append("no allocation history: peak is the memory allocated at snapshot time, timeline unavailable")
     at = df[alive]
     peak = int(at["bytes"].sum())
     bd = at.groupby("category", observed=False)["bytes"].sum().reindex(CATEGORIES, fill_value=0)

@@ -139,7 +139,10 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
 
     devices = sorted(set(segments["device"].tolist()) | {d for d, h in has_history.items()
                                                           if h or (d < len(traces) and traces[d])})
-    if not any(has_history.values()):
+    if not segments_raw and not any(traces):
+        warnings.append(f"{label}: snapshot holds no CUDA memory at all (no segments, no trace): was it taken "
+                        f"on the process that used the GPU?")
+    elif not any(has_history.values()):
         warnings.append(f"{label}: snapshot was recorded without allocation history "
                         f"(torch.cuda.memory._record_memory_history was off): peak taken from segments, "
                         f"timeline unavailable")
