@@ -123,10 +123,13 @@ def test_gpu_traces_get_hta_breakdowns(tmp_path):
     assert "HTA temporal breakdown" in html
 
 
-@pytest.mark.parametrize("make", ["empty_dir", "random_files", "missing"])
+@pytest.mark.parametrize("make", ["empty_dir", "random_files", "missing", "evil_snapshot"])
 def test_report_bad_input_one_line(tmp_path, make):
     target = tmp_path / "notarun"
-    if make == "empty_dir":
+    if make == "evil_snapshot":  # a pickle that would run a command if loaded with pickle.load
+        target = tmp_path / "memory_snapshot.pickle"
+        target.write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
+    elif make == "empty_dir":
         target.mkdir()
     elif make == "random_files":
         target.mkdir()
@@ -136,4 +139,4 @@ def test_report_bad_input_one_line(tmp_path, make):
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("fsdpprof report: error:"), p.stderr
-    assert not (tmp_path / "r.html").exists()
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "pwned").exists()

@@ -185,8 +185,17 @@ def _memory(a: Analysis, run) -> None:
         return
     rows = []
     for r in sorted(run.ranks):
-        m = _try(a, "memory", f"memory analysis of rank {r}", memory_analysis, run.ranks[r])
-        if m is None:
+        try:
+            m = memory_analysis(run.ranks[r])
+        except UserError as exc:
+            # a snapshot is all there is, and an inventory from another run means mixed-up files:
+            # both are bad input (one line, exit 2); otherwise the rest of the report still stands
+            if run.source in ("snapshot_file", "snapshot_folder") or "inventory.json" in str(exc):
+                raise
+            _note(a, "memory", f"rank {r}: {exc}")
+            continue
+        except Exception as exc:
+            _note(a, "memory", f"memory analysis of rank {r} failed: {type(exc).__name__}: {exc}.")
             continue
         a.memory[r] = m
         rows.append({"rank": r, "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
