@@ -13,9 +13,11 @@ the root (embedding, final norm and head). Default size: about 3.7 M parameters,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -94,6 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="print nothing")
+    p.add_argument("--time-steps", action="store_true",
+                   help="rank 0 prints every step's wall time (ms) as JSON: train_fsdp: step_ms=[...]")
     return p.parse_args(argv)
 
 
@@ -187,7 +191,9 @@ def main(argv=None) -> int:
 
     gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
     loss = None
+    step_ms = []
     for step in range(args.steps):
+        t0 = time.perf_counter()
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen).to(device)
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(tokens[:, :-1])
@@ -197,6 +203,14 @@ def main(argv=None) -> int:
             raise RuntimeError(f"train_fsdp: deliberate crash at step {step} (--crash-at-step)")
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if args.time_steps:
+            if distributed:
+                import torch.distributed as dist
+
+                dist.barrier()
+            step_ms.append((time.perf_counter() - t0) * 1000.0)
+    if args.time_steps and rank == 0:
+        print("train_fsdp: step_ms=" + json.dumps([round(x, 3) for x in step_ms]), flush=True)
     if rank == 0 and not args.quiet:
         print(f"train_fsdp: strategy={args.strategy} world={world} steps={args.steps} "
               f"final_loss={loss.item() if loss is not None else float('nan'):.4f}", flush=True)

@@ -1,0 +1,127 @@
+"""Overhead of ``fsdpprof record`` outside its window: step time of the example with and without it.
+
+Two measurements, each giving a ratio within this one run:
+
+1. in-process (precise): the example's model trained in one process, alternating blocks of steps
+   with fsdpprof's recorder hooks installed (window not reached) and without them, so slow drift
+   of a shared machine cancels out;
+2. end to end (noisy on a shared machine): runs the example (torchrun, 2 ranks, gloo, FSDP2 by default) alternately without fsdpprof and
+under ``fsdpprof record`` whose window lies after the measured steps, several times, and prints
+the median step time of each and their ratio (goal: <= 1.01). The first steps (warm-up, the
+fallback trace of step 0) are left out of both. Usage::
+
+    python benchmarks/bench_collect.py [--blocks 40] [--pairs 2] [--steps 40] [--strategy fsdp2] [--nproc 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "fsdpprof" / "examples" / "train_fsdp.py"
+
+
+def step_times(cmd: list[str], env: dict) -> list[float]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("train_fsdp: step_ms="):
+            return json.loads(line.split("=", 1)[1])
+    raise SystemExit(f"no step times in the output of {' '.join(cmd)}")
+
+
+def in_process(blocks: int, block_steps: int) -> tuple[list[float], list[float]]:
+    """Step times (ms) with and without the recorder's hooks, alternating blocks in one process."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    import torch.optim.optimizer as optim_mod
+
+    from fsdpprof.collect.recorder import Recorder
+    from fsdpprof.examples.train_fsdp import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(1024, 256, 4, 4, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+
+    def step():
+        tokens = torch.randint(0, 1024, (4, 65), generator=gen)
+        t0 = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 1024), tokens[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return (time.perf_counter() - t0) * 1000.0
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = Recorder(tmp, {"skip_steps": 10**9, "warmup_steps": 1, "active_steps": 1}, announce=False)
+        rec.install()  # as the bootstrap does: hooks + first-forward fallback trace
+        for _ in range(3):
+            step()  # step 0 (fallback trace, dropped at the first optimizer step) and warm-up
+        rec.uninstall()
+        with_rec, without = [], []
+        for b in range(blocks):
+            hooked = b % 2 == 0
+            if hooked:
+                rec.handles = [optim_mod.register_optimizer_step_pre_hook(rec._pre_hook),
+                               optim_mod.register_optimizer_step_post_hook(rec._post_hook)]
+            times = [step() for _ in range(block_steps)]
+            if hooked:
+                rec.uninstall()
+            (with_rec if hooked else without).extend(times)
+    return with_rec, without
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=40, help="in-process: alternating blocks of steps")
+    ap.add_argument("--block-steps", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=2, help="end to end: baseline/recorded pairs, interleaved (0: skip)")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--measure-from", type=int, default=5, help="first measured step (earlier ones: warm-up)")
+    ap.add_argument("--strategy", default="fsdp2")
+    ap.add_argument("--nproc", type=int, default=2)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with_rec, without = in_process(args.blocks, args.block_steps)
+    b, r = statistics.median(without), statistics.median(with_rec)
+    print(f"in-process, {len(without)} + {len(with_rec)} steps: median step without fsdpprof {b:.2f} ms, "
+          f"with fsdpprof's hooks (outside the window) {r:.2f} ms, ratio {r / b:.4f} (goal <= 1.01)")
+    if args.pairs <= 0:
+        return 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           str(EXAMPLE), "--strategy", args.strategy, "--steps", str(args.steps), "--time-steps", "--quiet"]
+    # the window starts after the last measured step
+    skip = args.steps - 3
+    base_all, rec_all = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.pairs):
+            base = step_times(job, env)[args.measure_from:skip]
+            out = os.path.join(tmp, f"run{i}")
+            rec = step_times([sys.executable, "-m", "fsdpprof", "record", "--out", out, "--skip-steps", str(skip),
+                              "--warmup-steps", "1", "--active-steps", "1", "--", *job], env)[args.measure_from:skip]
+            base_all += base
+            rec_all += rec
+            print(f"pair {i}: median step without fsdpprof {statistics.median(base):.2f} ms, "
+                  f"with fsdpprof record (outside the window) {statistics.median(rec):.2f} ms")
+    b, r = statistics.median(base_all), statistics.median(rec_all)
+    print("end to end (torchrun, separate processes; noisy on a shared machine):")
+    print(f"steps measured: {len(base_all)} + {len(rec_all)} (steps {args.measure_from}-{skip - 1} of each run)")
+    print(f"median step time: without {b:.2f} ms, with fsdpprof record {r:.2f} ms, ratio {r / b:.4f} (goal <= 1.01)")
+    print(f"mean step time:   without {statistics.mean(base_all):.2f} ms, with {statistics.mean(rec_all):.2f} ms, "
+          f"ratio {statistics.mean(rec_all) / statistics.mean(base_all):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
