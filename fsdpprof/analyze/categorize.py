@@ -212,16 +212,13 @@ def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
                          "unit": keys.map({k: v[1] for k, v in parsed.items()}).to_numpy(object)}, index=meta.index)
 
 
-_CPP_KEYS = ("autograd::engine", "evaluate_function", "python_engine", "backward", "accumulategrad", "optim", "adam",
-             "foreach")
-
-
 def frame_signatures(frames: pd.Series) -> pd.Series:
     """One short lower-case string per allocation (a categorical Series), innermost first:
-    ``name@file`` of Python frames and only the telling C++ frames (autograd, backward,
-    AccumulateGrad, optimizer), so the rules below scan short strings. Snapshots share frame
-    objects between entries (pickle memo), so each distinct frame and stack is judged once."""
-    part_cache: dict[int, str] = {}
+    ``name@file`` of Python frames and a token for the telling C++ frames (autograd engine,
+    AccumulateGrad, backward kernels), each once, so the rules below scan short strings.
+    Snapshots share frame objects between entries (pickle memo), so each distinct frame and each
+    distinct stack is judged once."""
+    part_by_id: dict[int, str] = {}
     stack_cache: dict[tuple, int] = {}
     sigs: list[str] = [""]
     codes = np.zeros(len(frames), dtype=np.int32)
@@ -231,17 +228,15 @@ def frame_signatures(frames: pd.Series) -> pd.Series:
         key = tuple(map(id, fr))
         c = stack_cache.get(key)
         if c is None:
-            parts = []
+            parts = {}
             for f in fr:
-                k = part_cache.get(id(f))
+                k = part_by_id.get(id(f))
                 if k is None:
-                    k = _frame_part(f)
-                    part_cache[id(f)] = k
+                    k = part_by_id[id(f)] = _frame_part(f)
                 if k:
-                    parts.append(k)
-            sig = "|".join(parts).replace("\\", "/")
+                    parts[k] = None
             c = len(sigs)
-            sigs.append(sig)
+            sigs.append("|".join(parts))
             stack_cache[key] = c
         codes[i] = c
     # equal signatures from different stacks share a category
@@ -251,12 +246,18 @@ def frame_signatures(frames: pd.Series) -> pd.Series:
 
 
 def _frame_part(f) -> str:
-    fn = f.get("filename") or ""
-    name = f.get("name") or ""
-    if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc")):
-        return f"{name}@{fn}".lower()
+    fn = str(f.get("filename") or "")
+    name = str(f.get("name") or "")
+    if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc", ".hpp", ".cuh")):
+        return f"{name}@{fn}".lower().replace("\\", "/")
     low = name.lower()
-    return low[:120] + "@" if any(w in low for w in _CPP_KEYS) else ""
+    if "accumulategrad" in low:
+        return "accumulategrad@"
+    if "autograd::engine" in low or "evaluate_function" in low or "python_engine" in low:
+        return "autograd::engine@"
+    if "backward" in low and "autograd" in low:
+        return "backward0@"
+    return ""
 
 
 def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
