@@ -199,7 +199,8 @@ def _memory(a: Analysis, run) -> None:
             continue
         a.memory[r] = m
         rows.append({"rank": r, "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
-                     "peak_ts_us": m.peak_ts_us, "peak_phase": m.peak_phase, "baseline_bytes": m.baseline_bytes,
+                     "peak_ts_us": m.peak_ts_us, "peak_phase": m.peak_phase,
+                     "peak_fsdp_phase": getattr(m, "peak_fsdp_phase", None), "baseline_bytes": m.baseline_bytes,
                      "coverage_pct": m.coverage_pct, "reserved_bytes": m.reserved_bytes,
                      "fragmentation_pct": m.fragmentation_pct})
     if rows:

@@ -261,7 +261,8 @@ def _memory(a, page: Page) -> str:
         out.append(table(mp.drop(columns=["peak_ts_us"], errors="ignore")))
         r0 = int(mp["rank"].min())
         m = a.memory[r0]
-        t_origin = float(m.timeline["ts_us"].min()) if m.timeline is not None and len(m.timeline) else None
+        t_origin = (float(m.timeline["ts_us"].min()) if m.timeline is not None and len(m.timeline)
+                    and getattr(m, "timeline_unit", "us") != "event_index" else None)
         bd = m.breakdown_at_peak
         if bd is not None and not bd.empty:
             bd = bd.groupby("category", observed=True, as_index=False)[["bytes", "pct"]].sum()
@@ -276,17 +277,20 @@ def _memory(a, page: Page) -> str:
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
             fig = go.Figure()
-            t0 = float(tl["ts_us"].min())
+            by_index = getattr(m, "timeline_unit", "us") == "event_index"  # legacy snapshots: no times
+            t0 = 0.0 if by_index else float(tl["ts_us"].min())
+            xs = tl["ts_us"] if by_index else (tl["ts_us"] - t0) / 1e3
             for c in [c for c in tl.columns if c != "ts_us"]:
-                if float(tl[c].max() or 0) <= 0:
+                if not pd.api.types.is_numeric_dtype(tl[c]) or float(tl[c].max() or 0) <= 0:
                     continue
-                fig.add_trace(go.Scatter(x=(tl["ts_us"] - t0) / 1e3, y=tl[c] / MIB, name=label(c), mode="lines",
+                fig.add_trace(go.Scatter(x=xs, y=tl[c] / MIB, name=label(c), mode="lines",
                                          stackgroup="one", line=dict(width=0.5, color=CATEGORY_COLORS.get(c))))
-            fig.update_layout(title=f"Memory timeline by category, rank {r0}", xaxis_title="ms from window start",
-                              yaxis_title="MiB")
+            fig.update_layout(title=f"Memory timeline by category, rank {r0}",
+                              xaxis_title="allocation event number (the snapshot has no times)" if by_index
+                              else "ms from window start", yaxis_title="MiB")
             out.append(page.fig(fig, 380))
         bu = m.by_unit_at_peak
-        if bu is not None and not bu.empty:
+        if bu is not None and not bu.empty and bu["unit"].notna().any():
             fig = go.Figure()
             bu = bu.copy()
             bu["unit"] = bu["unit"].astype(object).fillna("(none)").replace("", "(root)")
@@ -421,7 +425,10 @@ def render_report(a) -> str:
     o = a.overview
     body = (_banner(a) + _overview(a) + _findings(a) + _memory(a, page) + _comm(a, page) + _steps(a, page)
             + _ranks(a, page) + _hta(a, page))
-    title = f"fsdpprof report: {o.get('strategy') or a.source}, {o.get('world_size') or '?'} ranks"
+    what = {"snapshot_file": "CUDA memory snapshot", "snapshot_folder": "CUDA memory snapshots",
+            "trace_file": "profiler trace", "trace_folder": "profiler traces"}.get(a.source, "run")
+    title = (f"fsdpprof report: {o.get('strategy') or what}"
+             + (f", {o['world_size']} ranks" if o.get("world_size") else ""))
     nav = [("overview", "Overview"), ("findings", "Findings"), ("memory", "Memory"), ("communication", "Communication"),
            ("steps", "Steps"), ("ranks", "Ranks"), ("hta", "HTA")]
     return document(title, a.path, nav, body)
