@@ -34,6 +34,9 @@ SCRIPT = textwrap.dedent('''
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         prof.__enter__()
     for step in range(6):
+        if mode == "late-profiler" and step == 2:  # inside fsdpprof's window (steps 2-3)
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         loss = model(torch.randn(16, 32)).square().mean()
         loss.backward()
         if mode == "sleep-in-window" and step == 3:
@@ -134,6 +137,19 @@ def test_own_profiler_steps_aside(tmp_path, script):
     assert info["status"] == "skipped" and "stepped aside" in info["error"]
     assert "stepped aside" in (out / "rank-0" / "collector.log").read_text()
     assert (out / "rank-0" / "inventory.json").exists()  # the inventory costs nothing: still written
+
+
+def test_profiler_started_inside_window_wins(tmp_path, script):
+    """The job starts its own profiler while fsdpprof's runs: ours stops first (saving), theirs works."""
+    out = tmp_path / "run"
+    own = tmp_path / "own.json"
+    proc = run_fsdpprof("record", "--out", str(out), *WINDOW, "--", sys.executable, str(script), "late-profiler",
+                        env={"OWN_TRACE": str(own)})
+    assert proc.returncode == 0, proc.stderr
+    assert "aten::addmm" in {e.get("name") for e in json.loads(own.read_text())["traceEvents"]}
+    info = rank_json(out)
+    assert info["status"] in ("partial", "skipped") and "stepped aside" in info["error"]
+    assert "stepped aside" in (out / "rank-0" / "collector.log").read_text()
 
 
 @pytest.mark.slow
@@ -280,3 +296,63 @@ def test_existing_run_refused_without_force(tmp_path):
     (other / "notes.txt").write_text("mine")
     proc = run_fsdpprof("record", "--out", str(other), "--", sys.executable, "-c", "print(4)")
     assert proc.returncode == 2 and "not empty" in proc.stderr
+
+
+def test_cuda_phase_tags_follow_units():
+    """The CUDA path's allocation tags (forward/backward x unit), checked on CPU: the hooks are the same."""
+    import torch
+    import torch.nn as nn
+
+    from fsdpprof.collect import inventory
+    from fsdpprof.collect.cuda_memory import CudaMemoryRecorder, metadata
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    info = inventory.ModelInfo(model, 1)
+    info.unit_modules = {id(model): "", id(model[0]): "0", id(model[1]): "1"}
+    tags = []
+
+    class Recording(CudaMemoryRecorder):
+        def set_phase(self, phase, unit):
+            tags.append(metadata(phase, unit))
+
+    rec = Recording(info)
+    rec.install_phase_hooks()
+    try:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    finally:
+        for h in rec.handles:
+            h.remove()
+    want = ["fsdpprof phase=forward unit=", "fsdpprof phase=forward unit=0", "fsdpprof phase=forward unit=",
+            "fsdpprof phase=forward unit=1", "fsdpprof phase=forward unit=", "fsdpprof phase=forward unit=",
+            "fsdpprof phase=backward unit=1", "fsdpprof phase=backward unit=0"]
+    assert tags == want
+
+
+def test_two_launchers_share_one_run(tmp_path):
+    """Multi-node style: a second launcher of the same command joins the running run (no refusal);
+    each writes its own launcher file and run.json is created once and derived from both."""
+    out = tmp_path / "run"
+    go = tmp_path / "go"
+    cmd = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.Popen([sys.executable, "-m", "fsdpprof", "record", "--out", str(out), "--", *cmd], env=env)
+    try:
+        deadline = time.time() + 60
+        while not (out / "run.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        started_at = json.loads((out / "run.json").read_text())["started_at"]
+        second = subprocess.Popen([sys.executable, "-m", "fsdpprof", "record", "--out", str(out), "--", *cmd],
+                                  env=env)
+        while len(list((out / "launchers").glob("*.json"))) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        go.write_text("")
+        assert second.wait(timeout=60) == 0 and first.wait(timeout=60) == 0
+    finally:
+        for p in (first,):
+            if p.poll() is None:
+                p.kill()
+    launchers = [json.loads(p.read_text()) for p in (out / "launchers").glob("*.json")]
+    assert len(launchers) == 2 and all(x["exit_code"] == 0 and x["ended_at"] for x in launchers)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["started_at"] == started_at and meta["exit_code"] == 0 and meta["ended_at"]
+    assert meta["status"] == "failed"  # no rank ever made an optimizer step: nothing recorded

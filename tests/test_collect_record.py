@@ -168,3 +168,19 @@ def test_example_blocks_are_units():
     model = TinyTransformer(1024, 256, 4, 4, 64)
     assert sum(isinstance(m, Block) for m in model.modules()) == 4
     assert 3_000_000 < sum(p.numel() for p in model.parameters()) < 5_000_000  # "a few M params"
+
+
+@pytest.mark.slow
+def test_ranks_no_memory_with_stack(recorded_run):
+    """--ranks 1: only rank 1 records; --no-memory: no memory events; --with-stack: Python frames in the trace."""
+    run = recorded_run("fsdp2", record_args=("--ranks", "1", "--no-memory", "--with-stack"))
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["ranks_seen"] == [1] and meta["options"]["ranks"] == [1]
+    assert not (run / "rank-0").exists()
+    info = json.loads((run / "rank-1" / "rank.json").read_text())
+    assert info["status"] == "complete"
+    trace = load_trace(run / "rank-1" / "trace.json.gz")
+    events = trace["traceEvents"]
+    assert not any(e.get("name") == "[memory]" for e in events)
+    assert any(e.get("cat") == "python_function" for e in events)
+    assert json.loads((run / "rank-1" / "inventory.json").read_text())["totals"]["psi"] == sum(model_params().values())

@@ -37,6 +37,10 @@ class CudaMemoryRecorder:
     def start(self) -> None:
         torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=self.stacks,
                                                  max_entries=self.max_entries)
+        self.install_phase_hooks()
+
+    def install_phase_hooks(self) -> None:
+        """Global module hooks that tag allocations with (forward|backward, unit) while the window runs."""
         units = dict(self.info.unit_modules) if self.info is not None else {}
         if not units:
             return
@@ -59,7 +63,9 @@ class CudaMemoryRecorder:
             tensors = output if isinstance(output, (tuple, list)) else (output,)
             for t in tensors:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(lambda g, _u=unit: (self.set_phase("backward", _u), None)[1])
+                    if not getattr(t, "_fsdpprof_tagged", False):  # an outer unit returning the same tensor
+                        t._fsdpprof_tagged = True                     # keeps the innermost unit's tag
+                        t.register_hook(lambda g, _u=unit: (self.set_phase("backward", _u), None)[1])
                     break
             return None
 

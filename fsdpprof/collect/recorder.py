@@ -239,7 +239,10 @@ class Recorder:
                     if self.prof is not None:
                         self.prof.step()
                     if n == self.last_active:
-                        self._finish("complete" if self.state == "window" else "skipped")
+                        if self.state == "window":
+                            self._finish("complete")
+                        else:
+                            self._finish("partial" if self.trace_written else "skipped")
             except Exception as exc:
                 self._fail(f"optimizer post-step hook (step {self.steps_done})", exc)
                 self._abort()
