@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import run_fsdpprof
 from fsdpprof.analyze.memory import memory_analysis
 from fsdpprof.analyze.run import load_run
 from fsdpprof.errors import UserError
@@ -150,6 +151,11 @@ def test_inventory_from_another_run(recorded_run, tmp_path, field, value, words)
     assert "\n" not in msg
     # the other rank is unaffected
     assert memory_analysis(run.ranks[1]).coverage_pct >= 95.0
+    if field == "world_size":  # the CLI: one line, exit 2
+        proc = run_fsdpprof("report", str(dst), "-o", str(tmp_path / "r.html"), timeout=300)
+        assert proc.returncode == 2, (proc.stdout[-1500:], proc.stderr[-1500:])
+        err = proc.stderr.strip()
+        assert len(err.splitlines()) == 1 and words in err and "Traceback" not in proc.stderr
 
 
 def test_trace_without_memory_events(recorded_run, tmp_path):
@@ -162,6 +168,14 @@ def test_trace_without_memory_events(recorded_run, tmp_path):
     rd = next(iter(run.ranks.values()))
     with pytest.raises(UserError, match="profile_memory was off"):
         memory_analysis(rd)
+    # the CLI still reports the rest (communication, steps) and says why memory is missing
+    out = tmp_path / "r"
+    out.mkdir()
+    proc = run_fsdpprof("report", str(p), "-o", str(out / "r.html"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "profile_memory was off" in json.dumps(summary.get("notes"))
+    assert summary.get("steps")
 
 
 def test_bare_trace_without_inventory(recorded_run):
