@@ -145,12 +145,25 @@ def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFrame | None:
-    """Inventory tensors matched at snapshot end (params, optimizer state) or at their latest
-    allocation at that address (grads of earlier steps)."""
+    """Inventory tensors with capture times on the snapshot's clock.
+
+    With phase tags (our recorder) the optimizer steps show as runs of ``optimizer``-phase
+    allocations: params are matched before the last run, optimizer state after it, grads of step
+    ``s`` before their run (aligned from the last). Without them: at the latest allocation at each
+    address (params and optimizer state alive at snapshot time)."""
     if not inventory:
         return None
-    t_end = float(np.nanmax(df["alloc_us"].to_numpy())) if len(df) else 0.0
-    inv_t = memory_trace.inventory_tensors(inventory, pd.DataFrame(), np.array([]), np.array([]), t_end + 1)
+    t_end = float(np.nanmax(df["alloc_us"].to_numpy())) + 1 if len(df) else 0.0
+    order = df[df["alloc_seq"] >= 0].sort_values("alloc_seq")
+    is_opt = (order["phase"] == "optimizer").to_numpy()
+    if is_opt.any():
+        t = order["alloc_us"].to_numpy(float)
+        prev = np.concatenate([[False], is_opt[:-1]])
+        nxt = np.concatenate([is_opt[1:], [False]])
+        starts = t[is_opt & ~prev] - 1e-3          # just before the run's first allocation
+        ends = t[is_opt & ~nxt] + 1e-3
+        return memory_trace.inventory_tensors(inventory, pd.DataFrame(), starts, ends, t_end)
+    inv_t = memory_trace.inventory_tensors(inventory, pd.DataFrame(), np.array([]), np.array([]), t_end)
     if not len(inv_t):
         return None
     last = df.sort_values("alloc_seq").drop_duplicates("addr", keep="last")[["addr", "alloc_us"]]
