@@ -352,6 +352,11 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
             a.stragglers = _try(a, "ranks", "stragglers", lambda: _trace_fn("ranks", "stragglers")(a.skew))
     else:
         _note(a, "ranks", "one rank in this input: skew and stragglers need several ranks.")
+    if a.steps is not None and not a.steps.empty and {"compute_us", "comm_us", "overlapped_comm_us"} <= set(a.steps):
+        st = a.steps.copy()  # T_step ~ T_comp + T_comm - T_overlap, beside the measured step time
+        st["model_step_us"] = st["compute_us"] + st["comm_us"] - st["overlapped_comm_us"]
+        st["unexplained_us"] = st["step_us"] - st["model_step_us"]
+        a.steps = st
     if a.steps is not None and not a.steps.empty and "step_us" in a.steps:
         a.overview["step_time_us"] = float(a.steps["step_us"].median())
         a.overview["steps_analysed"] = int(a.steps["step"].nunique()) if "step" in a.steps else None
@@ -511,8 +516,9 @@ def analyze_run(run, *, hta: bool = True) -> Analysis:
     items += fnd.comm_findings(a.overlap_phase, a.steps)
     strat = a.overview.get("strategy")
     for r, m in sorted(a.memory.items()):
+        alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
-                                     m.coverage_pct, r)
+                                     m.coverage_pct, r, alts)
         break  # one rank is representative; ranks differ little in FSDP
     items += fnd.topology_findings(strat, len(a.overview.get("hosts") or []), int(a.overview.get("world_size") or 1))
     if a.stragglers is not None and a.skew is not None:

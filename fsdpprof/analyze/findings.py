@@ -107,8 +107,9 @@ def comm_findings(overlap_phase: pd.DataFrame | None, steps: pd.DataFrame | None
 
 def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
-                    rank: int | None = None) -> list[Finding]:
-    """From one rank's breakdown at the peak (category, bytes, pct)."""
+                    rank: int | None = None, alternatives: dict | None = None) -> list[Finding]:
+    """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
+    model-state bytes per rank from theory, quoted in the suggestion."""
     out: list[Finding] = []
     if breakdown is None or breakdown.empty:
         return out
@@ -141,7 +142,9 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            f"Model states, replicated on every rank by {strategy}, are {states:.1f}% of the peak",
                            "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,
                            "shard them: FULL_SHARD divides them by N, SHARD_GRAD_OP shards grads and optimizer "
-                           "state (see the plan table for the numbers)", "memory", rank))
+                           "state" + (" (model states per rank by theory: " + ", ".join(
+                               f"{k} {v / 2**20:.3g} MiB" for k, v in alternatives.items()) + ")"
+                                      if alternatives else ""), "memory", rank))
     if fragmentation_pct is not None and fragmentation_pct == fragmentation_pct and fragmentation_pct >= FRAGMENTATION_PCT:
         out.append(Finding("fragmentation", "medium", f"{fragmentation_pct:.1f}% of reserved memory is not allocated",
                            "fragmentation_pct", float(fragmentation_pct), "%", FRAGMENTATION_PCT,

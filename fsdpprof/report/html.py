@@ -370,7 +370,9 @@ def _steps(a, page: Page) -> str:
     s = a.steps
     if s is not None and not s.empty:
         out.append('<p>T_step ~ T_comp + T_comm - T_overlap: compute, communication hidden behind compute, '
-                   'communication exposed, idle.</p>')
+                   'communication exposed, idle. <code>model_step_us</code> is the formula with each step\'s '
+                   'numbers; <code>unexplained_us</code> = measured step - formula (time with neither compute nor '
+                   'communication: data loading, Python, synchronisation).</p>')
         x = [f"r{int(r)} s{fmt_num(st)}" for r, st in zip(s["rank"], s["step"])]
         fig = go.Figure()
         for col, name, color in (("compute_us", "compute", "#1f77b4"), ("exposed_comm_us", "exposed comm", "#dc2626"),
