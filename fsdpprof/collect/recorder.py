@@ -103,6 +103,8 @@ class Recorder:
         self.prev_excepthook = None
         self.lock = threading.RLock()
         self.finished = False
+        self.saving = False
+        self.pending_signal = None
 
     # -- installation ---------------------------------------------------------------------
     def install(self, optimizer_module=None) -> None:
@@ -467,8 +469,9 @@ class Recorder:
 
     def _save_on_exit(self, reason: str) -> None:
         with self.lock:
-            if os.getpid() != self.pid or self.finished:
+            if os.getpid() != self.pid or self.finished or self.saving:
                 return
+            self.saving = True
             try:
                 exc_text = self._exit_exception()
                 if self.state in ("window", "aside"):
@@ -506,6 +509,11 @@ class Recorder:
                         self._finish("failed", why)
             except Exception as exc:
                 self._fail("saving at exit", exc)
+            finally:
+                self.saving = False
+            if self.pending_signal is not None:  # a SIGTERM came while we were saving: die by it now
+                signum, self.pending_signal = self.pending_signal, None
+                self._resend(signum, None)
 
     def _atexit(self) -> None:
         self._save_on_exit("process exited")
@@ -536,8 +544,16 @@ class Recorder:
             pass
 
     def _on_sigterm(self, signum, frame):
-        prev = self.prev_sigterm
+        if self.saving:  # interrupting our own save (e.g. the exit after an exception): let it finish
+            self._log("SIGTERM received while saving: finishing the save first")
+            self.pending_signal = signum
+            return
         self._save_on_exit("SIGTERM received")
+        self._resend(signum, frame)
+
+    def _resend(self, signum, frame):
+        """Behave as the job would have without us: the previous handler, or the default action."""
+        prev = self.prev_sigterm
         try:
             signal.signal(signal.SIGTERM, prev if prev is not None else signal.SIG_DFL)
         except Exception:

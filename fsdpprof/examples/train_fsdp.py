@@ -87,6 +87,7 @@ def parse_args(argv=None):
     p.add_argument("--mixed-precision", choices=("none", "bf16"), default="none")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP only: keep sharded params on the CPU")
     p.add_argument("--crash-at-step", type=int, default=None, help="raise an error in this step (0-based)")
+    p.add_argument("--crash-rank", type=int, default=None, help="only this rank crashes (default: every rank)")
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
             logits = model(tokens[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         loss.backward()
-        if args.crash_at_step is not None and step == args.crash_at_step:
+        if args.crash_at_step is not None and step == args.crash_at_step and args.crash_rank in (None, rank):
             raise RuntimeError(f"train_fsdp: deliberate crash at step {step} (--crash-at-step)")
         opt.step()
         opt.zero_grad(set_to_none=True)
