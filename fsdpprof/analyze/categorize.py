@@ -380,7 +380,8 @@ def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None)
     """Run the passes; returns a copy of ``allocs`` with ``category`` and ``category_source``.
 
     ``allocs`` must already carry ``phase``, ``fsdp_phase``, ``unit``, ``free_phase``,
-    ``free_fsdp_phase``, ``step_idx``, ``free_step_idx`` and ``frame_sig`` (see :func:`annotate`).
+    ``free_fsdp_phase``, ``step_idx``, ``free_step_idx`` and ``frame_sig`` (added by
+    ``memory_trace.annotate_from_events`` for traces, ``memory.annotate_snapshot`` for snapshots).
     """
     df = allocs.copy()
     df["category"] = pd.Series(None, index=df.index, dtype=object)

@@ -162,8 +162,8 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
         nxt = np.concatenate([is_opt[1:], [False]])
         starts = t[is_opt & ~prev] - 1e-3          # just before the run's first allocation
         ends = t[is_opt & ~nxt] + 1e-3
-        return memory_trace.inventory_tensors(inventory, pd.DataFrame(), starts, ends, t_end)
-    inv_t = memory_trace.inventory_tensors(inventory, pd.DataFrame(), np.array([]), np.array([]), t_end)
+        return memory_trace.inventory_tensors(inventory, starts, ends, t_end)
+    inv_t = memory_trace.inventory_tensors(inventory, np.array([]), np.array([]), t_end)
     if not len(inv_t):
         return None
     last = df.sort_values("alloc_seq").drop_duplicates("addr", keep="last")[["addr", "alloc_us"]]

@@ -35,8 +35,8 @@ def check_inventory(inventory: dict | None, rank: int, world_size: int | None, l
                         f"comes from another run, copy the rank folder from one run")
 
 
-def inventory_tensors(inventory: dict | None, marks: pd.DataFrame, opt_starts: np.ndarray,
-                      opt_ends: np.ndarray, t_end: float) -> pd.DataFrame:
+def inventory_tensors(inventory: dict | None, opt_starts: np.ndarray, opt_ends: np.ndarray,
+                      t_end: float) -> pd.DataFrame:
     """Inventory tensors with the reference time (µs) at which each was captured.
 
     params: before the last optimizer step; optimizer state: after it; grads of optimizer step ``s``:
@@ -111,14 +111,14 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
         "stream": np.int64(0),
         "before_trace": np.concatenate([np.zeros(len(ar), bool), np.ones(len(of), bool)]),
     })
-    # total_allocated_bytes check: the trace's own running total must equal our window level
+    # reference times for the inventory: the optimizer steps in the window
     marks = cz.step_marks(events)
     names = events["name"].astype(str) if events is not None and len(events) else pd.Series([], dtype=str)
     opt = events[names.str.startswith("Optimizer.step#").to_numpy()] if len(names) else None
     opt_starts = np.sort(opt["ts_us"].to_numpy(float)) if opt is not None and len(opt) else np.array([])
     opt_ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float)) if opt is not None and len(opt) else np.array([])
     t_end = float(ts[-1]) if len(ts) else 0.0
-    inv_t = inventory_tensors(inventory, marks, opt_starts, opt_ends, t_end)
+    inv_t = inventory_tensors(inventory, opt_starts, opt_ends, t_end)
     if inventory is not None and not len(opt_starts):
         warnings.append(f"{label}: no Optimizer.step in the trace: inventory tensors matched at the end of the window")
 
