@@ -105,3 +105,14 @@ def test_recorded_reports_and_compare_render(tmp_path, recorded_run):
         dom, console = open_page(page, tmp_path, tmp_path / f"{page.stem}.png")
         assert console == [], (page, console)
         assert assert_plots_rendered(dom, page.read_text()) >= 2, page
+
+
+COMMITTED = sorted((Path(__file__).resolve().parents[1] / "reports").glob("*.html"))
+
+
+@pytest.mark.parametrize("page", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_committed_demo_reports_render(page, tmp_path):
+    """What a visitor opens without running anything: reports/*.html."""
+    dom, console = open_page(page, tmp_path)
+    assert console == [], console
+    assert assert_plots_rendered(dom, page.read_text()) >= 2

@@ -264,6 +264,9 @@ def _theory(a: Analysis, run) -> None:
     tr = theory.fsdp_traffic(psi, strategy_name if strategy_name in theory.STRATEGY_ALIASES else s, max(n_for, 1),
                              pdt, rdt, ns if s == "HYBRID_SHARD" else None) if n_for > 1 else None
     all_ms = [m.to_dict() for m in theory.all_model_states(psi, k, max(n_for, 1))]
+    for d in all_ms:  # the traffic each strategy would move per step, beside its memory
+        d["traffic_bytes"] = (theory.fsdp_traffic(psi, d["strategy"], n_for, pdt, rdt).total_bytes
+                              if n_for > 1 else 0.0)
     a.theory = {
         "psi": psi, "strategy": strategy_name, "canonical_strategy": s, "N": n_for, "world_size": world,
         "shard_group_size": ns, "k_param": k.k_param, "k_grad": k.k_grad, "k_opt": k.k_opt,
@@ -351,7 +354,8 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
         if a.skew is not None:
             a.stragglers = _try(a, "ranks", "stragglers", lambda: _trace_fn("ranks", "stragglers")(a.skew))
     else:
-        _note(a, "ranks", "one rank in this input: skew and stragglers need several ranks.")
+        _note(a, "ranks", f"only rank {', '.join(map(str, sorted(run.ranks)))} of "
+                          f"{run.world_size or '?'} in this input: skew and stragglers need several ranks.")
     if a.steps is not None and not a.steps.empty and {"compute_us", "comm_us", "overlapped_comm_us"} <= set(a.steps):
         st = a.steps.copy()  # T_step ~ T_comp + T_comm - T_overlap, beside the measured step time
         st["model_step_us"] = st["compute_us"] + st["comm_us"] - st["overlapped_comm_us"]

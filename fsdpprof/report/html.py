@@ -238,7 +238,10 @@ def _theory_block(a) -> str:
         out.append(table(a.model_states))
     out.append("<p>The same model under every strategy (same Psi, dtypes, optimizer and N):</p>")
     out.append(table(pd.DataFrame(t["all_strategies"]), ["label", "formula", "param_bytes", "grad_bytes",
-                                                         "optimizer_state_bytes", "total_bytes"], left=("label", "formula")))
+                                                         "optimizer_state_bytes", "total_bytes", "traffic_bytes"],
+                     left=("label", "formula")))
+    out.append('<p class="note">traffic_bytes: bytes each rank sends per step (ring), all-gather in '
+               f'{esc(t.get("unsharded_param_dtype"))}, reduce in {esc(t.get("reduce_dtype"))}.</p>')
     pe = t.get("peak_estimate")
     if pe:
         out.append("<h3>Theory vs measured: peak memory</h3>")
