@@ -4,8 +4,9 @@
 
 Times (best of N) on the largest public snapshot in ../shared/data/cuda-snapshots:
   ours:        safe load + allocations frame + categorisation + peak/breakdown/timeline, every device
-  _memory_viz: pickle.load + segsum + trace (text) + trace_plot (the HTML it builds), i.e. what
-               torch's tool does in Python with the same file
+  _memory_viz: load + segsum + trace (text) + trace_plot (the HTML it builds), i.e. what
+               torch's tool does in Python with the same file (its timeline is then drawn by
+               JavaScript in the browser, which is not timed)
 and on a CPU run directory (load_run + memory_analysis of every rank; _memory_viz has no CPU-trace
 path). Prints the times and the ratio; no assertion (speed targets live here, not in tests).
 """
@@ -15,7 +16,6 @@ import argparse
 import contextlib
 import io
 import os
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fsdpprof.analyze import safe_pickle  # noqa: E402
 from fsdpprof.analyze.memory import memory_analysis, snapshot_memory  # noqa: E402
 from fsdpprof.analyze.run import load_run  # noqa: E402
 from fsdpprof.analyze.snapshot import load_snapshot  # noqa: E402
@@ -31,6 +32,7 @@ SNAP_DIR = ROOT.parent / "shared" / "data" / "cuda-snapshots"
 
 
 def best(fn, repeat):
+    """Best wall time of ``repeat`` runs (the machine may be shared; the best run is the least disturbed)."""
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -48,8 +50,9 @@ def ours(path):
 def memory_viz(path):
     from torch.cuda import _memory_viz as mv
 
-    with open(path, "rb") as fh:
-        data = pickle.load(fh)  # noqa: S301 - benchmark of torch's own tool on a public file we ship
+    # torch's tool would pickle.load the file; we never do that on a user file, and the restricted
+    # loader runs the same C unpickler, so the load costs the same
+    data = safe_pickle.load(path)
     with contextlib.redirect_stdout(io.StringIO()):
         mv.segsum(data)
         mv.trace(data)
