@@ -15,6 +15,8 @@ from fsdpprof.analyze.memory import memory_analysis
 from fsdpprof.analyze.run import load_run
 from fsdpprof.errors import UserError
 
+pytestmark = pytest.mark.slow  # real torchrun/gloo recordings
+
 STRATEGIES = ["fsdp2", "fsdp2-no-reshard", "fsdp1-full", "fsdp1-no-shard", "ddp"]
 _cache: dict = {}
 

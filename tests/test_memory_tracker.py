@@ -18,6 +18,8 @@ from conftest import ROOT
 from fsdpprof.analyze.memory import memory_analysis
 from fsdpprof.analyze.run import load_run
 
+pytestmark = pytest.mark.slow  # a real 2-process torchrun job
+
 SCRIPT = r'''
 import json, os, sys
 import torch
