@@ -140,3 +140,14 @@ def test_report_bad_input_one_line(tmp_path, make):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("fsdpprof report: error:"), p.stderr
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_run, tmp_path):
+    _, s, _ = _report(recorded_run("fsdp1-no-shard"), tmp_path)
+    t = s["theory"]
+    assert s["overview"]["strategy"] == "NO_SHARD" and t["canonical_strategy"] == "DDP"
+    n = t["N"]
+    ar = _rows(s, "traffic", rank=0, collective="all_reduce")[0]
+    assert t["traffic"]["all_reduce_bytes"] == pytest.approx(2 * (n - 1) / n * t["psi"] * 4)  # fp32 grads
+    assert ar["wire_per_step_bytes"] == pytest.approx(t["traffic"]["all_reduce_bytes"], rel=0.05)
+    assert any(f["id"] == "replicated_model_states" for f in s["findings"])
