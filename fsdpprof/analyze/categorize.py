@@ -249,7 +249,11 @@ def _frame_part(f) -> str:
     fn = str(f.get("filename") or "")
     name = str(f.get("name") or "")
     if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc", ".hpp", ".cuh")):
-        return f"{name}@{fn}".lower().replace("\\", "/")
+        path = fn.lower().replace("\\", "/")
+        # keep the package-relative part (torch/optim/adam.py), enough for the rules and short to scan
+        cut = path.rfind("-packages/")
+        path = path[cut + 10:] if cut >= 0 else "/".join(path.rsplit("/", 3)[-3:])
+        return f"{name.lower()}@{path}"
     low = name.lower()
     if "accumulategrad" in low:
         return "accumulategrad@"
