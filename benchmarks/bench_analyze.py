@@ -42,6 +42,11 @@ def child(mode: str, path: str) -> None:
         import logging
         logging.disable(logging.WARNING)
         from hta.trace_analysis import TraceAnalysis
+    def cpu() -> float:
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+    c0 = cpu()
     t0 = time.perf_counter()
     if mode == "ours":
         td = load_trace(path, progress=False)
@@ -64,6 +69,7 @@ def child(mode: str, path: str) -> None:
     else:
         raise SystemExit(f"unknown mode {mode}")
     result["seconds"] = time.perf_counter() - t0
+    result["cpu_seconds"] = cpu() - c0
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -167,10 +173,11 @@ def build_big_trace(src: str, target_bytes: int, out_dir: str) -> tuple[str, int
 
 
 # ----------------------------------------------------------------------------------------- main
-def fmt(res: dict, key: str = "seconds") -> str:
+def fmt(res: dict) -> str:
     if "error" in res:
         return res["error"]
-    return f"{res[key]:7.2f} s, peak RSS {res['peak_rss_bytes'] / 2**20:7.0f} MiB"
+    return (f"{res['seconds']:7.2f} s wall, {res['cpu_seconds']:7.2f} s CPU, "
+            f"peak RSS {res['peak_rss_bytes'] / 2**20:7.0f} MiB")
 
 
 def main() -> None:
@@ -197,20 +204,25 @@ def main() -> None:
             raw_size = big_size if path == big else len(gzip.decompress(Path(path).read_bytes()))
             print(f"\n== {label}: {path}\n   decompressed {raw_size / 2**20:.1f} MiB")
             ours = measure_rss("ours", path, args.timeout)
+            print(f"   ours  (load+overlap+volume):        {fmt(ours)}"
+                  + (f"  overlap {ours['overlap_pct']:.2f} %, {ours['events']} events" if "error" not in ours else ""),
+                  flush=True)
             orj = measure_rss("orjson", path, args.timeout)
+            print(f"   orjson.loads (read+gunzip+loads):   {fmt(orj)}", flush=True)
             hta = ({"error": "skipped (--skip-hta-big)"} if (path == big and args.skip_hta_big)
                    else measure_rss("hta", path, args.timeout))
-            print(f"   ours  (load+overlap+volume): {fmt(ours)}"
-                  + (f"  overlap {ours['overlap_pct']:.2f} %, {ours['events']} events" if "error" not in ours else ""))
-            print(f"   orjson.loads (read+gunzip+loads): {fmt(orj)}")
             print(f"   HTA   (load+get_comm_comp_overlap): {fmt(hta)}"
-                  + (f"  overlap {hta['overlap_pct']:.2f} %" if "error" not in hta else ""))
+                  + (f"  overlap {hta['overlap_pct']:.2f} %" if "error" not in hta else ""), flush=True)
             if "error" not in ours:
+                # ratios on CPU seconds: the box is shared, wall time varies with the others' load
                 if "error" not in hta:
-                    print(f"   ratio HTA/ours: {hta['seconds'] / ours['seconds']:.1f}x   (goal >= 8x)")
+                    print(f"   ratio HTA/ours: {hta['cpu_seconds'] / ours['cpu_seconds']:.1f}x CPU "
+                          f"({hta['seconds'] / ours['seconds']:.1f}x wall)   (goal >= 8x)")
                 if "error" not in orj:
-                    print(f"   ratio orjson/ours: {orj['seconds'] / ours['seconds']:.2f}x   (goal >= 1)")
-                print(f"   ours peak RSS / decompressed trace: {ours['peak_rss_bytes'] / raw_size:.2f}   (goal <= 2)")
+                    print(f"   ratio orjson/ours: {orj['cpu_seconds'] / ours['cpu_seconds']:.2f}x CPU "
+                          f"({orj['seconds'] / ours['seconds']:.2f}x wall)   (goal >= 1)")
+                print(f"   ours peak RSS / decompressed trace: {ours['peak_rss_bytes'] / raw_size:.2f}   (goal <= 2)",
+                      flush=True)
     finally:
         if not args.out:
             try:

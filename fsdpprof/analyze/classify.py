@@ -189,14 +189,21 @@ def classify(rt) -> pd.DataFrame:
     n = len(raw)
     dist = rt.meta.get("distributedInfo") or {}
     names = raw["name"]
-    cat = np.asarray(raw["cat"].cat.categories.astype(object), dtype=object)[raw["cat"].cat.codes.to_numpy()] \
-        if n else np.empty(0, dtype=object)
+    cat_codes = raw["cat"].cat.codes.to_numpy()
+    cat_names = np.asarray(raw["cat"].cat.categories.astype(object), dtype=object)
+
+    def cat_is(*wanted) -> np.ndarray:
+        hit = np.isin(cat_names, list(wanted))
+        return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
+
     stream = raw["stream"].to_numpy()
-    on_gpu = (stream >= 0) & np.isin(cat, ["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel",
-                                           "Memcpy", "Memset"])
-    is_runtime = np.isin(cat, ["cuda_runtime", "cuda_driver", "Runtime", "Driver"])
-    is_cpu_op = cat == "cpu_op"
-    is_annot = np.isin(cat, ["user_annotation", "gpu_user_annotation"])
+    gpu_cat = cat_is("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset")
+    on_gpu = (stream >= 0) & gpu_cat
+    is_runtime = cat_is("cuda_runtime", "cuda_driver", "Runtime", "Driver")
+    is_cpu_op = cat_is("cpu_op")
+    is_annot = cat_is("user_annotation", "gpu_user_annotation")
+    is_memcpy_cat, is_memset_cat, is_sync_cat = cat_is("gpu_memcpy", "Memcpy"), cat_is("gpu_memset", "Memset"), \
+        cat_is("cuda_sync")
 
     # --- kind -------------------------------------------------------------------------------
     # name-level tests on the (few) categories, broadcast to rows
@@ -216,9 +223,9 @@ def classify(rt) -> pd.DataFrame:
     kind = np.full(n, schema.KIND_CPU_OP, dtype=object)
     kind[is_annot] = schema.KIND_ANNOTATION
     gpu_kind = np.where(r_comm, schema.KIND_COMM,
-                        np.where(r_memcpy | (cat == "gpu_memcpy"), schema.KIND_MEMCPY,
-                                 np.where(r_memset | (cat == "gpu_memset"), schema.KIND_MEMSET,
-                                          np.where(r_sync | (cat == "cuda_sync"), schema.KIND_SYNC,
+                        np.where(r_memcpy | is_memcpy_cat, schema.KIND_MEMCPY,
+                                 np.where(r_memset | is_memset_cat, schema.KIND_MEMSET,
+                                          np.where(r_sync | is_sync_cat, schema.KIND_SYNC,
                                                    schema.KIND_COMPUTE))))
     kind[on_gpu] = gpu_kind[on_gpu]
     gloo_comm = is_annot & r_gloo
@@ -249,7 +256,7 @@ def classify(rt) -> pd.DataFrame:
         "dur_us": raw["dur_us"].fillna(0.0).to_numpy(), "collective": collective,
         "bytes": np.nan, "dtype": None, "group_size": np.nan, "pg": None, "seq": np.nan,
         "tid": tid, "stream": stream, "correlation": raw["correlation"].to_numpy(),
-        "ext_id": raw["ext_id"].to_numpy(), "cat": cat,
+        "ext_id": raw["ext_id"].to_numpy(), "cat": raw["cat"].to_numpy(),
     })
     info = _comm_info(rt, n, dist)
     if len(info):

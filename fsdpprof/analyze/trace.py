@@ -299,23 +299,43 @@ class _Reader:
             self.raw.close()
 
 
-def _decode_chunk(buf: bytes, cols: _Columns) -> int:
-    """Decode the longest prefix of ``buf`` that ends at an event boundary; return bytes consumed (0 if none)."""
-    tail_start = max(0, len(buf) - (4 << 20))
-    cands = [m for m in _SEP_RE.finditer(buf, tail_start)]
+def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
+    """Decode the longest prefix of ``body`` (which starts with '[') that ends at an event boundary,
+    in place: the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['.
+    Returns what is left (``body`` unchanged when no boundary decodes)."""
+    tail_start = max(1, len(body) - (4 << 20))
+    cands = list(_SEP_RE.finditer(body, tail_start))
     tried = 0
     for m in reversed(cands):
-        end = m.start() + 1              # just after the closing brace
+        end = m.start() + 1                          # just after the closing brace
+        comma = body.index(b",", end, m.end())
+        saved = body[end]
+        body[end] = 0x5D                             # ']'
+        mv = memoryview(body)
+        sub = mv[: end + 1]
         try:
-            events = _CHUNK_DEC.decode(b"[" + buf[:end] + b"]")
+            events = _CHUNK_DEC.decode(sub)
         except msgspec.DecodeError:
+            sub.release()
+            mv.release()
+            body[end] = saved
             tried += 1
             if tried > 16:
                 break
             continue
-        cols.add(events)
-        return m.end() - 1               # the next event starts at the '{'
-    return 0
+        try:
+            cols.add(events)
+        finally:
+            del events
+            sub.release()
+            mv.release()
+        body[comma] = 0x5B                           # '['
+        try:
+            del body[:comma]
+        except BufferError:                          # something still views the buffer: copy instead
+            body = bytearray(body[comma:])
+        return body
+    return body
 
 
 def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
@@ -360,21 +380,24 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
             if not data:
                 eof = True
             rest += data
-        buf = rest
-        # 3. body in chunks
+        body = bytearray(b"[")
+        body += rest
+        del buf, rest
+        # 3. body in chunks, decoded in place
         while not eof:
             data = reader.read()
             if not data:
                 eof = True
                 break
-            buf += data
-            if len(buf) >= CHUNK_BYTES:
-                used = _decode_chunk(buf, cols)
-                if used:
-                    buf = buf[used:]
+            body += data
+            del data
+            if len(body) >= CHUNK_BYTES:
+                body = _decode_chunk(body, cols)
         # 4. the remainder: rest of the array, then the trailing keys of the document
+        buf = b'{"traceEvents":' + body
+        del body
         try:
-            tail = _TAIL_DEC.decode(b'{"traceEvents":[' + buf)
+            tail = _TAIL_DEC.decode(buf)
         except msgspec.ValidationError as exc:
             raise UserError(f"trace {path} does not have the chrome-trace event layout ({exc}); "
                             f"is it a PyTorch profiler trace?") from None
