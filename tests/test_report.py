@@ -151,3 +151,21 @@ def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_ru
     assert t["traffic"]["all_reduce_bytes"] == pytest.approx(2 * (n - 1) / n * t["psi"] * 4)  # fp32 grads
     assert ar["wire_per_step_bytes"] == pytest.approx(t["traffic"]["all_reduce_bytes"], rel=0.05)
     assert any(f["id"] == "replicated_model_states" for f in s["findings"])
+
+
+def test_mixed_precision_all_gather_in_param_dtype_reduce_scatter_in_reduce_dtype(recorded_run, tmp_path):
+    """FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): all-gathers move 2 bytes per
+    parameter, reduce-scatters 4, and the theory says so before the measurement confirms it."""
+    run = recorded_run("fsdp2", train_args=("--mixed-precision", "bf16"))
+    _, s, _ = _report(run, tmp_path)
+    t = s["theory"]
+    assert (t["unsharded_param_dtype"], t["reduce_dtype"]) == ("bfloat16", "float32")
+    n, psi = t["N"], t["psi"]
+    assert t["traffic"]["all_gather_bytes"] == pytest.approx(2 * (n - 1) / n * psi * 2)
+    assert t["traffic"]["reduce_scatter_bytes"] == pytest.approx((n - 1) / n * psi * 4)
+    traffic = {r["collective"]: r for r in _rows(s, "traffic", rank=0)}
+    for c in ("all_gather", "reduce_scatter"):
+        assert traffic[c]["wire_per_step_bytes"] == pytest.approx(traffic[c]["theory_wire_per_step_bytes"], rel=0.05)
+    # sharded states stay fp32: model states as in the fp32 run
+    for row in _rows(s, "model_states", rank=0):
+        assert row["measured_bytes"] == pytest.approx(row["theory_bytes"], rel=0.01)
