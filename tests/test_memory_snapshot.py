@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 
@@ -176,6 +177,28 @@ def test_pickle_global_refused_from_cli(tmp_path):
     assert not marker.exists()
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "refusing" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated"])
+def test_broken_pickle_from_cli(tmp_path, kind):
+    p = tmp_path / "rank0_memory_snapshot.pickle"
+    data = shared_data(SNAP, "lm-step-user-metadata.pickle").read_bytes()
+    p.write_bytes(b"" if kind == "empty" else data[: len(data) // 3])
+    proc = run_fsdpprof("report", str(p), "-o", str(tmp_path / "r.html"), timeout=300)
+    assert proc.returncode == 2, (proc.stdout[-1500:], proc.stderr[-1500:])
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and kind in err and str(p) in err
+
+
+def test_report_on_public_snapshot_from_cli(tmp_path):
+    src = shared_data(SNAP, "multi-device-expandable-oom.pickle")
+    proc = run_fsdpprof("report", str(src), "-o", str(tmp_path / "r.html"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    mem = summary["memory"]
+    m = mem[next(iter(mem))]
+    assert m["peak_allocated_bytes"] == EXPECTED[(src.name, 1)][0]
+    assert m["oom"]["requested_bytes"] == 5308694528
 
 
 @pytest.mark.parametrize("content,what", [(b"", "empty"), (None, "truncated"), (b"\x1f\x8b\x08\x00garbage", "gzip"),
