@@ -220,10 +220,19 @@ class ModelInfo:
                                "local_numel": local_numel, "dtype": _dtype_name(flat.dtype),
                                "unsharded_bytes": unsharded_numel * el, "local_bytes": local_numel * el})
             self._add_param(pname, flat, unit)
-        # parameters not managed by any FSDP unit (unusual)
+        # use_orig_params=True: the original parameters are views into the FlatParameters; name them
+        # (their grads and optimizer state are the optimizer's) without listing their bytes twice
+        orig = bool(getattr(first, "_use_orig_params", False)) if first is not None else False
+        unit_names = [u["fqn"] for u in self.units]
         for name, p in model.named_parameters():
-            if id(p) not in self.param_names:
-                self._add_param(clean_fqn(name), p, None)
+            if id(p) in self.param_names:
+                continue
+            name = clean_fqn(name)
+            if orig:
+                self.param_names[id(p)] = name
+                self.param_unit[id(p)] = _owning_unit(name, unit_names)
+            else:  # not managed by any FSDP unit (unusual)
+                self._add_param(name, p, None)
         if first is None:
             return
         strategy = getattr(getattr(first, "sharding_strategy", None), "name", "FULL_SHARD")

@@ -183,8 +183,8 @@ class Recorder:
         try:
             if os.getpid() != self.pid or self.primary is not None or self.state != "idle" or _is_child_process():
                 return None
-            if _user_profiler_running():
-                return None
+            if _user_profiler_running() or _optimizer_exists():
+                return None  # an optimizer will step (the usual case): no fallback trace needed
             self._identify()
             if not self._selected():
                 return None
@@ -567,6 +567,13 @@ class Recorder:
 
 
 # -- helpers ------------------------------------------------------------------------------
+def _optimizer_exists() -> bool:
+    import gc
+
+    optimizer_type = torch.optim.Optimizer
+    return any(issubclass(type(o), optimizer_type) for o in gc.get_objects())
+
+
 def _user_profiler_running() -> bool:
     try:
         from torch.autograd import profiler as autograd_profiler
