@@ -356,7 +356,7 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
     """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work."""
     coll = out["collective"].to_numpy(dtype=object)
     calls = out.loc[c10d_call & pd.notna(coll)].copy()
-    calls["gloo_as"] = calls["collective"].map(lambda c: _GLOO_AS.get(c, c))
+    calls["gloo_as"] = calls["collective"].replace(_GLOO_AS)
     calls = calls.sort_values("ts_us", kind="mergesort")
     calls["ord"] = calls.groupby("gloo_as", sort=False).cumcount()
     work = out.loc[gloo_comm, ["ts_us", "name"]].copy()

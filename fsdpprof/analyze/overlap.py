@@ -43,6 +43,8 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     by = list(by)
     if "rank" not in by:
         by = ["rank"] + by
+    if by == ["rank"]:
+        return _per_rank(events)
     kind = events["kind"].astype(object).to_numpy()
     comm = events.loc[kind == schema.KIND_COMM, by + ["ts_us", "dur_us"]]
     comm = comm.assign(start=comm["ts_us"], end=comm["ts_us"] + comm["dur_us"]).drop(columns=["ts_us", "dur_us"])
@@ -64,6 +66,27 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     merged["comm_us"] = merged["end"] - merged["start"]
     merged["overlapped_comm_us"] = ov
     out = merged.groupby(by, sort=True, dropna=False)[["comm_us", "overlapped_comm_us"]].sum().reset_index()
+    out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
+    return out
+
+
+def _per_rank(events: pd.DataFrame) -> pd.DataFrame:
+    """comm_overlap(by=("rank",)) straight on numpy arrays (the common, hot case)."""
+    kind = events["kind"].to_numpy(dtype=object)
+    rank = events["rank"].to_numpy()
+    ts = events["ts_us"].to_numpy(dtype=np.float64)
+    end = ts + events["dur_us"].to_numpy(dtype=np.float64)
+    is_comm, is_comp = kind == schema.KIND_COMM, kind == schema.KIND_COMPUTE
+    rows = []
+    for r in np.unique(rank[is_comm]):
+        on = rank == r
+        cm, pm = on & is_comm, on & is_comp
+        comm_us = intervals.total(ts[cm], end[cm])
+        s, e = intervals.intersect(ts[cm], end[cm], ts[pm], end[pm])
+        rows.append((r, comm_us, float((e - s).sum())))
+    out = pd.DataFrame(rows, columns=["rank", "comm_us", "overlapped_comm_us"])
     out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
     with np.errstate(invalid="ignore", divide="ignore"):
         out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)

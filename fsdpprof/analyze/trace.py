@@ -455,18 +455,14 @@ def _raise_no_events_key(path: str, buf: bytes) -> None:
 
 def _memory_frame(rows: list[tuple]) -> pd.DataFrame:
     cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
-    if not rows:
-        df = pd.DataFrame({c: np.empty(0, dtype=np.int64) for c in cols})
-    else:
-        df = pd.DataFrame(rows, columns=cols)
-    out = pd.DataFrame({
-        "rank": np.zeros(len(df), dtype=np.int32),
-        "ts_us": pd.to_numeric(df["ts_us"], errors="coerce").astype(np.float64),
-    })
-    for c, dt in (("addr", np.int64), ("bytes", np.int64), ("total_allocated_bytes", np.int64),
-                  ("total_reserved_bytes", np.int64), ("device_type", np.int8), ("device_id", np.int16)):
-        out[c] = pd.to_numeric(df[c], errors="coerce").fillna(0).astype(dt)
-    return out[schema.MEMORY_EVENT_COLUMNS]
+    columns = list(zip(*rows)) if rows else [() for _ in cols]
+    out = {"rank": np.zeros(len(rows), dtype=np.int32), "ts_us": _floats(list(columns[0]))}
+    for c, vals, dt in zip(cols[1:], columns[1:], (np.int64, np.int64, np.int64, np.int64, np.int8, np.int16)):
+        try:
+            out[c] = np.asarray(vals, dtype=dt)
+        except (TypeError, ValueError, OverflowError):
+            out[c] = pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce").fillna(0).astype(dt).to_numpy()
+    return pd.DataFrame(out)[schema.MEMORY_EVENT_COLUMNS]
 
 
 @dataclass
