@@ -288,33 +288,32 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
 
 def _timeline(df: pd.DataFrame, points: int) -> pd.DataFrame:
     """Stacked-by-category allocated bytes after every event, downsampled to at most ``points``
-    rows by keeping each bin's highest total (so the peak survives)."""
+    (+2) rows by keeping each bin's highest total, so the peak survives. Memory O(events): one
+    category's running sum at a time."""
     codes = df["category"].cat.codes.to_numpy()
     b = df["bytes"].to_numpy(np.int64)
     pre = df["alloc_seq"].to_numpy() < 0
-    base = np.bincount(codes[pre], weights=b[pre], minlength=len(CATEGORIES))
+    base = np.bincount(codes[pre], weights=b[pre], minlength=len(CATEGORIES)).astype(np.int64)
     ai = np.flatnonzero(~pre)
     fi = np.flatnonzero(df["free_seq"].to_numpy() != NEVER)
     seq = np.concatenate([df["alloc_seq"].to_numpy()[ai], df["free_seq"].to_numpy()[fi]])
     ts = np.concatenate([df["alloc_us"].to_numpy(float)[ai], df["free_us"].to_numpy(float)[fi]])
     cat = np.concatenate([codes[ai], codes[fi]])
-    delta = np.concatenate([b[ai], -b[fi]]).astype(np.float64)
-    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))
+    delta = np.concatenate([b[ai], -b[fi]])
+    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))  # frees first at a tie
+    cat, delta, t = cat[o], delta[o], ts[o]
     n = len(o)
-    mat = np.zeros((n, len(CATEGORIES)))
-    mat[np.arange(n), cat[o]] = delta[o]
-    mat = np.cumsum(mat, axis=0) + base
-    t = ts[o]
+    total = np.cumsum(delta) + base.sum()
     if n > points:
-        total = mat.sum(axis=1)
         edges = np.linspace(0, n, points + 1).astype(int)
-        # index of the max total within each bin (reduceat on argmax via a sort trick)
         bins = np.repeat(np.arange(points), np.diff(edges))
-        order = np.lexsort((-total, bins))
+        order = np.lexsort((-total, bins))                 # within each bin, highest total first
         first = np.searchsorted(bins[order], np.arange(points))
-        keep = np.sort(order[first[(first < n)]])
-        keep = np.unique(np.concatenate([[0, n - 1], keep]))
-        mat, t = mat[keep], t[keep]
-    out = pd.DataFrame(mat.astype(np.int64), columns=CATEGORIES)
-    out.insert(0, "ts_us", t)
+        keep = np.unique(np.concatenate([[0, n - 1], order[first[first < n]]]))
+    else:
+        keep = np.arange(n)
+    out = pd.DataFrame({"ts_us": t[keep]})
+    for k, name in enumerate(CATEGORIES):
+        d = np.where(cat == k, delta, 0)
+        out[name] = (np.cumsum(d)[keep] + base[k]).astype(np.int64)
     return out
