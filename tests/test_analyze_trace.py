@@ -253,3 +253,48 @@ def test_rccl_generic_kernel_uses_args(tmp_path):
     c = td.events[td.events["kind"] == "comm"].iloc[0]
     assert c["collective"] == "reduce_scatter" and c["bytes"] == 2000 and c["group_size"] == 4
     assert c["pg"] == "1" and c["seq"] == 12 and c["step"] == 1 and c["lane"] == "stream:3"
+
+
+def _gloo_doc(drop_first_call: bool):
+    """Main thread issues 3 c10d all-gathers; gloo threads run them; optionally the first call happened
+    before the window (only its work is in the trace)."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1000.0}]
+    for k in range(3):
+        if not (drop_first_call and k == 0):
+            ev.append({"ph": "X", "cat": "user_annotation", "name": f"FSDP::all_gather (layers.{k})", "pid": 1, "tid": 1,
+                       "ts": 100.0 * k + 1, "dur": 10.0})
+            ev.append({"ph": "X", "cat": "cpu_op", "name": "c10d::_allgather_base_", "pid": 1, "tid": 1,
+                       "ts": 100.0 * k + 2, "dur": 5.0,
+                       "args": {"Input Dims": [[8 * (k + 1)], [4 * (k + 1)], [], [], []],
+                                "Input type": ["float", "float", "", "Scalar", "Scalar"]}})
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_gather", "pid": 1, "tid": 7 + k % 2,
+                   "ts": 100.0 * k + 3, "dur": 50.0,
+                   "args": {"Input Dims": [[4 * (k + 1)]], "Input type": ["float"]}})
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100.0 * k + 20, "dur": 10.0})
+    return {"traceEvents": ev, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2,
+                                                   "pg_config": [{"pg_name": "0", "pg_size": 2, "ranks": [0, 1]}]}}
+
+
+@pytest.mark.parametrize("drop_first_call", [False, True])
+def test_gloo_pairing(tmp_path, drop_first_call):
+    ev = load_trace(str(_write(tmp_path / "g.json", _gloo_doc(drop_first_call)))).events
+    comm = ev[ev["kind"] == "comm"].sort_values("ts_us")
+    assert len(comm) == 3 and (comm["collective"] == "all_gather").all()
+    assert comm["lane"].astype(str).tolist() == ["thread:7", "thread:8", "thread:7"]
+    # whole gathered array: from the c10d call (output dims), or shard * group size from the work itself
+    assert comm["bytes"].tolist() == [32.0, 64.0, 96.0]
+    units = comm["unit"].astype(object).tolist()
+    assert units[1:] == ["layers.1", "layers.2"]
+    assert pd.isna(units[0]) if drop_first_call else units[0] == "layers.0"
+    comp = ev[ev["kind"] == "compute"]
+    assert comp["name"].astype(str).tolist() == ["aten::mm"] * 3          # c10d calls are not compute
+    from fsdpprof.analyze import overlap
+    o = overlap.overall_overlap(ev).iloc[0]
+    assert o["comm_us"] == 150 and o["overlapped_comm_us"] == 30
+
+
+def test_progress_bar_does_not_change_results(tmp_path, capsys):
+    p = shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz")
+    a = load_trace(str(p), progress=True)
+    b = load_trace(str(p), progress=False)
+    _same_frames(a.events, b.events)

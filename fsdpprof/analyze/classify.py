@@ -364,11 +364,20 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
     work["row"] = np.flatnonzero(gloo_comm)
     work = work.sort_values("ts_us", kind="mergesort")
     work["ord"] = work.groupby("gloo_as", sort=False).cumcount()
-    m = work.merge(calls[["gloo_as", "ord", "ts_us", "tid", "collective", "bytes", "dtype", "group_size", "pg",
-                          "seq"]].rename(columns={"ts_us": "call_ts"}),
-                   on=["gloo_as", "ord"], how="left")
-    ok = m["call_ts"].notna() & (m["call_ts"] <= m["ts_us"] + 1.0)
-    m = m[ok]
+    right = calls[["gloo_as", "ord", "ts_us", "tid", "collective", "bytes", "dtype", "group_size", "pg",
+                   "seq"]].rename(columns={"ts_us": "call_ts"})
+    # gloo work already running when the window opened has no call in the trace: then the k-th work
+    # belongs to the (k - shift)-th call; per op type, keep the shift that pairs the most work in time
+    best = []
+    for _, w in work.groupby("gloo_as", sort=False):
+        cand = None
+        for shift in (0, 1, 2):
+            m = w.assign(ord=w["ord"] - shift).merge(right, on=["gloo_as", "ord"], how="left")
+            m = m[m["call_ts"].notna() & (m["call_ts"] <= m["ts_us"] + 1.0)]
+            if cand is None or len(m) > len(cand):
+                cand = m
+        best.append(cand)
+    m = pd.concat(best, ignore_index=True) if best else right.iloc[:0].assign(row=[])
     rows = m["row"].to_numpy()
     # the c10d call's values win; the gloo work's own (from its Input Dims) stay where the call has none
     for c in ("collective", "dtype", "pg"):
