@@ -92,3 +92,22 @@ def test_ranks_align_on_gloo(fsdp2_run):
     # both ranks ran on one host and one clock: the alignment offsets are small next to a step
     step_us = steps.step_breakdown(ev)["step_us"].min()
     assert (st["clock_offset_us"].abs() < step_us).all()
+
+
+def test_bad_or_absent_rank_in_run_dir(recorded_run, tmp_path):
+    import shutil
+    src = recorded_run("fsdp2")
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    (bad / "rank-1" / "trace.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    run = load_run(bad, workers=1)
+    assert run.ranks[0].events is not None and len(run.ranks[0].events) > 0
+    # rank 1 is listed as missing, but its inventory is still there for memory attribution
+    assert "rank-1" in run.missing and "trace.json.gz" in run.missing["rank-1"]
+    assert run.ranks[1].events is None and run.ranks[1].inventory is not None
+    assert sorted(run.events()["rank"].unique()) == [0]
+    gone = tmp_path / "gone"
+    shutil.copytree(src, gone)
+    shutil.rmtree(gone / "rank-1")
+    run = load_run(gone, workers=1)
+    assert sorted(run.ranks) == [0] and "rank-1" in run.missing and run.world_size == 2
