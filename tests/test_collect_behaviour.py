@@ -355,3 +355,19 @@ def test_two_launchers_share_one_run(tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert meta["started_at"] == started_at and meta["exit_code"] == 0 and meta["ended_at"]
     assert meta["status"] == "failed"  # no rank ever made an optimizer step: nothing recorded
+
+
+def test_stale_running_run_is_not_joined(tmp_path):
+    """run.json says running but its launcher is gone (killed hard): a new launcher refuses, it does not join."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", "print(1)"]
+    assert run_fsdpprof("record", "--out", str(out), "--", *cmd).returncode == 0
+    meta = json.loads((out / "run.json").read_text())
+    meta["status"] = "running"
+    (out / "run.json").write_text(json.dumps(meta))
+    launcher = next((out / "launchers").glob("*.json"))
+    doc = json.loads(launcher.read_text())
+    doc.update(exit_code=None, pid=2 ** 22 + 12345)  # a pid that does not exist
+    launcher.write_text(json.dumps(doc))
+    proc = run_fsdpprof("record", "--out", str(out), "--", *cmd)
+    assert proc.returncode == 2 and "already holds a run (status running)" in proc.stderr

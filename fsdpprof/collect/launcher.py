@@ -106,6 +106,26 @@ def _is_run_dir(path: str) -> bool:
             or bool(glob.glob(os.path.join(path, runfmt.RANK_DIR_PREFIX + "*"))))
 
 
+def _live_launcher(out: str) -> bool:
+    """Is a launcher of this run still going? (another host's unfinished one, or a live pid here)"""
+    host = socket.gethostname()
+    for path in glob.glob(os.path.join(out, runfmt.LAUNCHERS_DIR, "*.json")):
+        try:
+            launch = runfmt.read_json(path)
+        except Exception:
+            continue
+        if launch.get("exit_code") is not None:
+            continue
+        if launch.get("host") != host:
+            return True
+        try:
+            os.kill(int(launch.get("pid")), 0)
+            return True
+        except (OSError, TypeError, ValueError):
+            continue
+    return False
+
+
 def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
     """Make ``out`` ready; returns True when joining a running multi-launcher run."""
     out = os.path.abspath(out)
@@ -126,8 +146,8 @@ def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
                         shutil.rmtree(path, ignore_errors=True)
                     elif os.path.exists(path):
                         os.unlink(path)
-            elif meta.get("status") == runfmt.STATUS_RUNNING and meta.get("command") == cmd:
-                joining = True  # another node's launcher of the same job
+            elif meta.get("status") == runfmt.STATUS_RUNNING and meta.get("command") == cmd and _live_launcher(out):
+                joining = True  # another node's launcher of the same job, still running
             else:
                 raise UserError(f"--out {out} already holds a run (status {meta.get('status', 'unknown')}): "
                                 "choose a new folder or pass --force to replace it")
