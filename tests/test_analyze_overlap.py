@@ -131,7 +131,9 @@ def test_skew_recovers_known_offsets_and_straggler(tmp_path):
     assert len(sk) == 5 and (sk["n_ranks"] == 3).all()
     assert np.allclose(sk["start_skew_us"], 7.0) and np.allclose(sk["end_skew_us"], 0.0)
     assert (sk["last_rank"] == 2).all()
-    st = ranks.stragglers(sk, ev).set_index("rank")
+    st = ranks.stragglers(sk).set_index("rank")                         # the skew frame alone is enough
+    st2 = ranks.stragglers(pd.DataFrame(sk.to_dict("list")), ev).set_index("rank")   # attrs lost: recomputed
+    assert np.allclose(st2["mean_start_lag_us"], st["mean_start_lag_us"])
     assert st.loc[2, "times_last"] == 5 and st.loc[0, "times_last"] == 0
     assert st.loc[2, "mean_start_lag_us"] == pytest.approx(7.0) and st.loc[1, "mean_start_lag_us"] == pytest.approx(0.0)
 

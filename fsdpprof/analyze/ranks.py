@@ -69,28 +69,34 @@ def collective_skew(events: pd.DataFrame) -> pd.DataFrame:
         "first_start_us": g["ts_us"].min(),
     }).reset_index().merge(last, on=keys)
     out = out.sort_values("first_start_us", kind="mergesort").rename(columns={"key": "seq"})
-    return out[SKEW_COLUMNS].reset_index(drop=True)
+    out = out[SKEW_COLUMNS].reset_index(drop=True)
+    # per-rank lateness travels with the frame so that stragglers(skew) needs nothing else
+    c["lag"] = c["ts_us"] - c.groupby(keys)["ts_us"].transform("min")
+    per_rank = c.groupby("rank")["lag"].mean().rename("mean_start_lag_us").reset_index()
+    per_rank["clock_offset_us"] = per_rank["rank"].map(off).fillna(0.0).to_numpy()
+    out.attrs["per_rank"] = per_rank.to_dict("list")
+    return out
 
 
 def stragglers(skew: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per rank: times_last (collectives it started last), share_last_pct; with ``events`` also
-    mean_start_lag_us (mean lateness of its start after the earliest rank, aligned clocks) and clock_offset_us."""
+    """Per rank: times_last (collectives it started last), share_last_pct, mean_start_lag_us (mean lateness of
+    its start after the earliest rank, aligned clocks) and clock_offset_us.  ``events`` is only needed when
+    ``skew`` lost its attrs (then they are recomputed)."""
+    cols = ["rank", "times_last", "share_last_pct", "mean_start_lag_us", "clock_offset_us"]
     if len(skew) == 0:
-        return pd.DataFrame(columns=["rank", "times_last", "share_last_pct", "mean_start_lag_us"])
+        return pd.DataFrame(columns=cols)
+    per_rank = skew.attrs.get("per_rank")
+    if per_rank is None and events is not None:
+        per_rank = collective_skew(events).attrs.get("per_rank")
     counts = skew["last_rank"].value_counts()
     out = pd.DataFrame({"rank": counts.index.astype(int), "times_last": counts.to_numpy()})
-    if events is not None:
-        c = _matched(events)
-        off = clock_offsets(events)
-        c["ts_us"] = c["ts_us"] - c["rank"].map(off).fillna(0.0)
-        keys = ["pg", "collective", "key"]
-        c["n"] = c.groupby(keys)["rank"].transform("size")
-        c = c[c["n"] > 1]
-        c["lag"] = c["ts_us"] - c.groupby(keys)["ts_us"].transform("min")
-        lag = c.groupby("rank")["lag"].mean()
-        allr = pd.DataFrame({"rank": lag.index.astype(int), "mean_start_lag_us": lag.to_numpy()})
-        allr["clock_offset_us"] = allr["rank"].map(off).to_numpy()
+    if per_rank is not None:
+        allr = pd.DataFrame(per_rank)
+        allr["rank"] = allr["rank"].astype(int)
         out = allr.merge(out, on="rank", how="left")
-        out["times_last"] = out["times_last"].fillna(0).astype(np.int64)
+    else:
+        out["mean_start_lag_us"] = np.nan
+        out["clock_offset_us"] = np.nan
+    out["times_last"] = out["times_last"].fillna(0).astype(np.int64)
     out["share_last_pct"] = 100.0 * out["times_last"] / len(skew)
-    return out.sort_values("rank").reset_index(drop=True)
+    return out[cols].sort_values("rank").reset_index(drop=True)
