@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from fsdpprof import __version__
@@ -23,7 +24,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fsdpprof", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fsdpprof",
+        description="Profiler and trace analyzer for PyTorch FSDP training: where memory went, "
+                    "how much communication is exposed.",
+    )
     parser.add_argument("--version", action="version", version=f"fsdpprof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
@@ -50,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fsdpprof {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `fsdpprof report ... | head`: the reader went away; nothing more to say.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
