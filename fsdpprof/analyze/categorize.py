@@ -49,22 +49,35 @@ _FSDP1_RE = re.compile(r"^FullyShardedDataParallel\.(_?[A-Za-z_]+)$")
 
 
 # --------------------------------------------------------------------------- phase windows (CPU traces)
+def name_startswith(events: pd.DataFrame | None, prefixes) -> np.ndarray:
+    """Boolean mask of events whose name starts with any of ``prefixes``, judged once per distinct
+    (interned, categorical) name."""
+    if events is None or not len(events):
+        return np.zeros(0, bool)
+    names = events["name"]
+    cat = names.cat if isinstance(names.dtype, pd.CategoricalDtype) else pd.Categorical(names.astype(str))
+    hit = pd.Series(cat.categories.astype(str)).str.startswith(tuple(prefixes)).to_numpy(bool)
+    codes = cat.codes if not hasattr(cat.codes, "to_numpy") else cat.codes.to_numpy()
+    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(events), bool)
+
+
 def fsdp_annotations(events: pd.DataFrame) -> pd.DataFrame:
     """FSDP annotations of a trace's events: ts_us, end_us, fsdp_phase, unit (None when unnamed)."""
     if events is None or not len(events):
         return pd.DataFrame(columns=["ts_us", "end_us", "fsdp_phase", "unit"])
-    names = events["name"].astype(str)
-    fsdp = names.str.startswith("FSDP::") | names.str.startswith("FullyShardedDataParallel.")
+    fsdp = name_startswith(events, ("FSDP::", "FullyShardedDataParallel."))
     sub = events.loc[fsdp, ["name", "ts_us", "dur_us"]]
-    m2 = sub["name"].astype(str).str.extract(_FSDP2_RE)
-    m1 = sub["name"].astype(str).str.extract(_FSDP1_RE)
+    codes, uniq = pd.factorize(sub["name"].astype(object))   # parse each distinct name once
+    names = pd.Series(np.asarray(uniq, dtype=object)).astype(str)
+    m2 = names.str.extract(_FSDP2_RE)
+    m1 = names.str.extract(_FSDP1_RE)
     phase = m2[0].fillna(m1[0]).str.lstrip("_")
     unit = m2[2].where(m2[2].notna(), None)
     # FSDP2 names the root unit (fqn "") without parentheses
     root = m2[0].notna() & m2[2].isna() & m2[1].isna() & ~m2[0].str.startswith("root_", na=False)
     unit = unit.astype(object).where(~root, "")
     out = pd.DataFrame({"ts_us": sub["ts_us"].to_numpy(float), "end_us": (sub["ts_us"] + sub["dur_us"]).to_numpy(float),
-                        "fsdp_phase": phase.to_numpy(object), "unit": unit.to_numpy(object)})
+                        "fsdp_phase": phase.to_numpy(object)[codes], "unit": unit.to_numpy(object)[codes]})
     return out[out["fsdp_phase"].notna()].sort_values("ts_us", kind="stable").reset_index(drop=True)
 
 
@@ -73,8 +86,7 @@ def step_marks(events: pd.DataFrame) -> pd.DataFrame:
     cols = ["step", "start_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us", "zero_us", "end_us"]
     if events is None or not len(events):
         return pd.DataFrame(columns=cols)
-    names = events["name"].astype(str)
-    ps = events[names.str.startswith("ProfilerStep#")]
+    ps = events[name_startswith(events, ("ProfilerStep#",))]
     if not len(ps):
         return pd.DataFrame(columns=cols)
     steps = pd.DataFrame({"step": ps["name"].astype(str).str.slice(13).astype(float).to_numpy(),
@@ -92,16 +104,15 @@ def step_marks(events: pd.DataFrame) -> pd.DataFrame:
         r = (s.max() if last else s.min()).reindex(range(len(steps)))
         return r.to_numpy(float)
 
-    fwd_mask = (names.str.startswith("FSDP::root_pre_forward") | names.str.startswith("FSDP::pre_forward")
-                | names.str.startswith("FullyShardedDataParallel.forward")
-                | names.str.startswith("FullyShardedDataParallel._pre_forward")
-                | names.str.startswith("DistributedDataParallel.forward"))
+    fwd_mask = name_startswith(events, ("FSDP::root_pre_forward", "FSDP::pre_forward",
+                                        "FullyShardedDataParallel.forward", "FullyShardedDataParallel._pre_forward",
+                                        "DistributedDataParallel.forward"))
     steps["fwd_us"] = first_in_step(fwd_mask)
-    steps["bwd_us"] = first_in_step(names.str.startswith("autograd::engine::evaluate_function"))
-    opt = names.str.startswith("Optimizer.step#")
+    steps["bwd_us"] = first_in_step(name_startswith(events, ("autograd::engine::evaluate_function",)))
+    opt = name_startswith(events, ("Optimizer.step#",))
     steps["opt_us"] = first_in_step(opt)
     steps["opt_end_us"] = first_in_step(opt, col="end", last=True)
-    steps["zero_us"] = first_in_step(names.str.startswith("Optimizer.zero_grad#"))
+    steps["zero_us"] = first_in_step(name_startswith(events, ("Optimizer.zero_grad#",)))
     return steps[cols]
 
 

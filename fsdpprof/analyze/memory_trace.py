@@ -113,8 +113,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     })
     # reference times for the inventory: the optimizer steps in the window
     marks = cz.step_marks(events)
-    names = events["name"].astype(str) if events is not None and len(events) else pd.Series([], dtype=str)
-    opt = events[names.str.startswith("Optimizer.step#").to_numpy()] if len(names) else None
+    opt = events[cz.name_startswith(events, ("Optimizer.step#",))] if events is not None and len(events) else None
     opt_starts = np.sort(opt["ts_us"].to_numpy(float)) if opt is not None and len(opt) else np.array([])
     opt_ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float)) if opt is not None and len(opt) else np.array([])
     t_end = float(ts[-1]) if len(ts) else 0.0
@@ -174,7 +173,6 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     allocs["step_idx"] = sidx
     allocs["free_step_idx"] = np.where(np.isnan(ft), 1 << 30, np.searchsorted(starts, ftf, side="right") - 1)
     allocs["frame_sig"] = ""
-    names = events["name"].astype(str) if events is not None and len(events) else pd.Series([], dtype=str)
-    fam = "fsdp1" if names.str.startswith("FullyShardedDataParallel.").any() else (
-        "fsdp2" if names.str.startswith("FSDP::").any() else None)
+    fam = "fsdp1" if cz.name_startswith(events, ("FullyShardedDataParallel.",)).any() else (
+        "fsdp2" if cz.name_startswith(events, ("FSDP::",)).any() else None)
     allocs["fsdp_family"] = fam
