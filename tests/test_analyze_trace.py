@@ -298,3 +298,31 @@ def test_progress_bar_does_not_change_results(tmp_path, capsys):
     a = load_trace(str(p), progress=True)
     b = load_trace(str(p), progress=False)
     _same_frames(a.events, b.events)
+
+
+def test_gloo_group_sizes_hsdp_and_list_allgather(tmp_path):
+    """HSDP-like rank 0 of 4: shard-group threads run all-gathers (size from the shapes: 2), replicate-group
+    threads run all-reduces (no shapes tell the group): the one non-default size left, 2, not the world's 4.
+    FSDP1-style c10d::allgather_ (list output, no dtype) takes the whole array from the work's shard."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1000.0},
+          {"ph": "X", "cat": "cpu_op", "name": "c10d::_allgather_base_", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0,
+           "args": {"Input Dims": [[200], [100], [], [], []], "Input type": ["float", "float", "", "Scalar", "Scalar"]}},
+          {"ph": "X", "cat": "user_annotation", "name": "gloo:all_gather", "pid": 1, "tid": 50, "ts": 12.0, "dur": 20.0,
+           "args": {"Input Dims": [[100]], "Input type": ["float"]}},
+          {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 100.0, "dur": 5.0,
+           "args": {"Input Dims": [[[50]], [], [], [], [], []], "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"]}},
+          {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 60, "ts": 102.0, "dur": 20.0,
+           "args": {"Input Dims": [[50]], "Input type": ["float"]}},
+          {"ph": "X", "cat": "cpu_op", "name": "c10d::allgather_", "pid": 1, "tid": 1, "ts": 200.0, "dur": 5.0,
+           "args": {"Input Dims": [[], [[30]], [], [], []], "Input type": ["", "TensorList", "", "Scalar", "Scalar"]}},
+          {"ph": "X", "cat": "user_annotation", "name": "gloo:all_gather", "pid": 1, "tid": 50, "ts": 202.0, "dur": 20.0,
+           "args": {"Input Dims": [[30]], "Input type": ["float"]}}]
+    cfg = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+           {"pg_name": "1", "pg_desc": "mesh_replicate", "pg_size": 2, "ranks": [0, 2]},
+           {"pg_name": "3", "pg_desc": "mesh_shard", "pg_size": 2, "ranks": [0, 1]}]
+    doc = {"traceEvents": ev, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 4, "pg_config": cfg}}
+    out = load_trace(str(_write(tmp_path / "hsdp.json", doc))).events
+    comm = out[out["kind"] == "comm"].sort_values("ts_us")
+    assert comm["collective"].astype(str).tolist() == ["all_gather", "all_reduce", "all_gather"]
+    assert comm["group_size"].tolist() == [2.0, 2.0, 2.0]
+    assert comm["bytes"].tolist() == [800.0, 200.0, 240.0]

@@ -108,7 +108,8 @@ def _numel(dims) -> float:
 
 
 def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[float, str | None, float]:
-    """(bytes of the whole array, dtype, elem size) from a c10d op's Input Dims / Input type."""
+    """(bytes of the whole array, dtype, group size implied by the shapes or NaN) from a c10d op's
+    Input Dims / Input type (all_gather: output/input numel; reduce_scatter: input/output numel)."""
     import msgspec
 
     try:
@@ -126,25 +127,30 @@ def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[fl
                 break
     n0 = _numel(dims[0])
     n1 = _numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
+    group = float("nan")
     if coll in ("all_gather", "reduce_scatter"):
         numel = np.nanmax([n0, n1]) if (n0 == n0 or n1 == n1) else float("nan")
+        if n0 == n0 and n1 == n1 and min(n0, n1) > 0 and max(n0, n1) % min(n0, n1) == 0:
+            group = max(n0, n1) / min(n0, n1)
     else:
         numel = n0
-    return numel * size, dtype, size
+    return numel * size, dtype, group
 
 
 def _comm_info(rt, n: int, dist: dict) -> pd.DataFrame:
     """Per raw row with comm args: collective, bytes, dtype, group_size, pg, seq (NaN elsewhere)."""
     ca = rt.comm_args
     if len(ca) == 0:
-        return pd.DataFrame(columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq"])
+        return pd.DataFrame(columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq", "shard"])
     names = rt.raw["name"].to_numpy()[ca["idx"].to_numpy()]
     rows = []
+    shards = []
     for idx, name, cname, inn, outn, gs, dt, pg, seq, dims, types in zip(
             ca["idx"], names, ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
             ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
         coll = collective_of(cname) or collective_of(str(name))
         dtype, size = dtype_of(dt)
+        shard = False
         nbytes = float("nan")
         if isinstance(inn, (int, float)) or isinstance(outn, (int, float)):
             inn_f = float(inn) if isinstance(inn, (int, float)) else float("nan")
@@ -157,20 +163,24 @@ def _comm_info(rt, n: int, dist: dict) -> pd.DataFrame:
                 numel = inn_f if inn_f == inn_f else out_f
             nbytes = numel * size
         elif str(name).startswith("c10d::"):
-            nbytes, dtype2, _ = _c10d_sizes(coll, dims, types)
+            nbytes, dtype2, group = _c10d_sizes(coll, dims, types)
             dtype = dtype or dtype2
+            if not isinstance(gs, (int, float)) and group == group:
+                gs = group
         elif str(name).startswith("gloo:"):
             # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
             # all_reduce (also what reduce_scatter runs as) the whole array
             nbytes, dtype2, _ = _c10d_sizes(None, dims, types)
             dtype = dtype or dtype2
-            if coll == "all_gather":
-                nbytes = nbytes * (float(gs) if isinstance(gs, (int, float)) else _default_group_size(dist))
+            shard = coll == "all_gather"  # only a shard here: times the group size once that is known
+        shards.append(shard)
         rows.append((idx, coll, nbytes, dtype,
                      float(gs) if isinstance(gs, (int, float)) else float("nan"),
                      None if pg is None else str(pg),
                      float(seq) if isinstance(seq, (int, float)) else float("nan")))
-    return pd.DataFrame(rows, columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq"])
+    out = pd.DataFrame(rows, columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq"])
+    out["shard"] = np.asarray(shards, dtype=bool)
+    return out
 
 
 def _default_group_size(dist: dict) -> float:
@@ -259,8 +269,12 @@ def classify(rt) -> pd.DataFrame:
         "ext_id": raw["ext_id"].to_numpy(), "cat": raw["cat"].to_numpy(),
     })
     info = _comm_info(rt, n, dist)
+    out["_shard"] = False
     if len(info):
         idx = info["idx"].to_numpy()
+        sh = out["_shard"].to_numpy().copy()
+        sh[idx] = info["shard"].to_numpy(dtype=bool)
+        out["_shard"] = sh
         coll_info = info["collective"].to_numpy(dtype=object)
         cur = out["collective"].to_numpy(dtype=object).copy()
         cur[idx] = np.where(pd.isna(coll_info), cur[idx], coll_info)
@@ -296,6 +310,8 @@ def classify(rt) -> pd.DataFrame:
     if gloo_comm.any():
         _pair_gloo(out, gloo_comm, r_c10d & is_cpu_op, dist)
 
+    if gloo_comm.any():
+        _gloo_group_sizes(out, gloo_comm, rt.meta)
     # default group size for comm rows that lack one
     gs = out["group_size"].to_numpy(dtype=float).copy()
     comm_rows = (out["kind"].to_numpy() == schema.KIND_COMM) | r_c10d
@@ -303,7 +319,13 @@ def classify(rt) -> pd.DataFrame:
     if miss.any():
         gs[miss] = _default_group_size(dist)
         out["group_size"] = gs
-    out = out[~is_runtime].reset_index(drop=True)
+    # gloo all_gather work that kept its own (shard) size: the whole array is shard * group size
+    sh = out["_shard"].to_numpy(dtype=bool)
+    if sh.any():
+        b = out["bytes"].to_numpy(dtype=float).copy()
+        b[sh] = b[sh] * gs[sh]
+        out["bytes"] = b
+    out = out[~is_runtime].drop(columns="_shard").reset_index(drop=True)
     return out
 
 
@@ -390,9 +412,43 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
         new = m[c].to_numpy(dtype=float)
         arr[rows] = np.where(np.isnan(new), arr[rows], new)
         out[c] = arr
+        if c == "bytes":   # the call gave the whole array: the work's shard size is no longer used
+            sh = out["_shard"].to_numpy(dtype=bool).copy()
+            sh[rows] = sh[rows] & np.isnan(new)
+            out["_shard"] = sh
     lt = out["launch_tid"].to_numpy(dtype=object).copy()
     lts = out["launch_ts_us"].to_numpy(dtype=float).copy()
     lt[rows] = m["tid"].to_numpy(dtype=object)
     lts[rows] = m["call_ts"].to_numpy(dtype=float)
     out["launch_tid"] = lt
     out["launch_ts_us"] = lts
+
+
+def _gloo_group_sizes(out: pd.DataFrame, gloo_comm: np.ndarray, meta: dict) -> None:
+    """Group size of gloo work whose call did not tell it (e.g. all_reduce), per gloo thread.
+
+    gloo runs each process group on its own worker threads, so work on a thread where another
+    collective's size is known (from its shapes) gets that size.  On threads with none known: the one
+    size of the non-default process groups of this rank that no other thread claimed (HSDP's replicate
+    group when the shard group is known), or the only non-default size there is."""
+    gs = out["group_size"].to_numpy(dtype=float).copy()
+    lanes = out["lane"].to_numpy(dtype=object)
+    sub = pd.DataFrame({"lane": lanes[gloo_comm], "gs": gs[gloo_comm]})
+    known = sub.dropna().groupby("lane")["gs"].agg(lambda x: x.mode().iloc[0])
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank, cfg = dist.get("rank"), dist.get("pg_config")
+    other_sizes: list[float] = []
+    if isinstance(cfg, list) and len(cfg) > 1:
+        for g in cfg:
+            if not isinstance(g, dict) or g.get("pg_desc") == "default_pg" or not isinstance(g.get("pg_size"), int):
+                continue
+            if isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"]:
+                continue
+            other_sizes.append(float(g["pg_size"]))
+    left = set(other_sizes) - set(known.to_numpy().tolist())
+    fallback = (left.pop() if len(left) == 1 else
+                (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
+    lane_size = pd.Series(lanes).map(known).to_numpy(dtype=float)
+    fill = gloo_comm & np.isnan(gs)
+    gs[fill] = np.where(np.isnan(lane_size[fill]), fallback, lane_size[fill])
+    out["group_size"] = gs

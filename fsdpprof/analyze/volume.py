@@ -31,8 +31,8 @@ def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.Dat
     """Per group: count, bytes, time_us, algbw_gbps, busbw_gbps (over events whose size is known)."""
     by = list(by)
     kind = events["kind"].astype(object).to_numpy()
-    c = events.loc[kind == schema.KIND_COMM, by + ["bytes", "dur_us", "group_size", "collective"]
-                   if "collective" not in by else by + ["bytes", "dur_us", "group_size"]].copy()
+    cols = list(dict.fromkeys(by + ["bytes", "dur_us", "group_size", "collective"]))
+    c = events.loc[kind == schema.KIND_COMM, cols].copy()
     for k in by:
         if isinstance(c[k].dtype, pd.CategoricalDtype):
             c[k] = c[k].astype(object)
