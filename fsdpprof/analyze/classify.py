@@ -452,3 +452,8 @@ def _gloo_group_sizes(out: pd.DataFrame, gloo_comm: np.ndarray, meta: dict) -> N
     fill = gloo_comm & np.isnan(gs)
     gs[fill] = np.where(np.isnan(lane_size[fill]), fallback, lane_size[fill])
     out["group_size"] = gs
+    # with a single process group, that is the group of every collective
+    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
+        pg = out["pg"].to_numpy(dtype=object).copy()
+        pg[gloo_comm & pd.isna(pg)] = str(cfg[0]["pg_name"])
+        out["pg"] = pg
