@@ -135,7 +135,52 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     allocs["user_metadata"] = ""
     allocs["frames"] = pd.Series([None] * len(allocs), dtype=object)
     annotate_from_events(allocs, events, marks)
+    n_lost, lost_bytes = _infer_lost_frees(allocs, ts, events, marks)
+    if n_lost:
+        warnings.append(f"{label}: {n_lost} FSDP all-gather buffer(s) ({lost_bytes / 2**20:.2f} MiB) have no free "
+                        f"event in the window although the same unit's buffers are freed in every other step (a free "
+                        f"probably on a communication thread the profiler did not record); taken as freed after "
+                        f"their usual lifetime")
     return allocs, inv_t, warnings
+
+
+TRANSIENT_PHASES = ("all_gather", "foreach_all_gather")
+
+
+def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tuple[int, int]:
+    """FSDP frees every all-gather output at the next unshard. One that is still alive at the end of
+    the window while its peers (same FSDP phase, unit and coarse phase, other steps) were all freed
+    lost its free event: give it the peers' median lifetime. Returns (count, bytes) fixed (in place)."""
+    fp = allocs["fsdp_phase"].astype(object)
+    cand = (allocs["free_seq"].to_numpy() == NEVER) & ~allocs["before_trace"].to_numpy() & fp.isin(TRANSIENT_PHASES).to_numpy()
+    if not cand.any():
+        return 0, 0
+    key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + allocs["phase"].astype(object).fillna("")
+    freed = (allocs["free_seq"].to_numpy() != NEVER) & fp.isin(TRANSIENT_PHASES).to_numpy() & ~allocs["before_trace"].to_numpy()
+    life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
+    med = life.groupby(key).median()
+    n_peers = life.groupby(key).count()
+    idx = np.flatnonzero(cand)
+    k = key.iloc[idx]
+    ok = (n_peers.reindex(k).fillna(0).to_numpy() >= 1)
+    idx, k = idx[ok], k[ok]
+    if not len(idx):
+        return 0, 0
+    free_us = allocs["alloc_us"].to_numpy(float)[idx] + med.reindex(k).to_numpy(float)
+    pos = np.searchsorted(ts, free_us, side="left")
+    inside = pos < len(ts)
+    idx, free_us, pos = idx[inside], free_us[inside], pos[inside]
+    if not len(idx):
+        return 0, 0
+    rows = allocs.index[idx]
+    allocs.loc[rows, "free_us"] = free_us
+    allocs.loc[rows, "free_seq"] = pos.astype(np.int64)  # just before the event at that time
+    allocs.loc[rows, "free_phase"] = cz.coarse_phase(free_us, marks)
+    ann = cz.fsdp_annotations(events)
+    allocs.loc[rows, "free_fsdp_phase"] = cz.paint(free_us, ann, "fsdp_phase")
+    starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
+    allocs.loc[rows, "free_step_idx"] = np.searchsorted(starts, free_us, side="right") - 1
+    return len(idx), int(allocs.loc[rows, "bytes"].sum())
 
 
 def _matched_inventory(allocs: pd.DataFrame, inv_t: pd.DataFrame) -> np.ndarray:
