@@ -54,6 +54,11 @@ _COMM_CPU_NAMES = ("record_param_comms",)
 _WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
 
 
+def _obj(values) -> pd.Series:
+    """An object column that pandas will not convert to its string dtype (that conversion is slow)."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object)
+
+
 def category_mask(series: pd.Series, test) -> np.ndarray:
     """Vectorised string test evaluated once per distinct value: ``test(pd.Series of values) -> bool array``."""
     if isinstance(series.dtype, pd.CategoricalDtype):
@@ -246,7 +251,11 @@ def classify(rt) -> pd.DataFrame:
     tcodes, tuniq = pd.factorize(pd.Series(tid, dtype=object))
     scodes, suniq = pd.factorize(stream)
     lane_labels = np.array([f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq], dtype=object)
-    lane = lane_labels[np.where(on_gpu, len(tuniq) + scodes, tcodes)] if n else np.empty(0, dtype=object)
+    lane_codes = np.where(on_gpu, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
+    if pd.Index(lane_labels).is_unique:
+        lane = pd.Categorical.from_codes(lane_codes, categories=pd.Index(lane_labels, dtype=object))
+    else:
+        lane = pd.Categorical(lane_labels[lane_codes])
 
     device_type = rt.meta.get("device_type", "cpu")
     if device_type == "cpu":
@@ -262,10 +271,11 @@ def classify(rt) -> pd.DataFrame:
     relevant = (kind == schema.KIND_COMM) | r_c10d | (is_annot & (low.str.startswith("nccl:").to_numpy()[codes]))
     collective = np.where(relevant, collective, None)
     out = pd.DataFrame({
-        "lane": lane, "kind": kind, "name": names, "ts_us": raw["ts_us"].to_numpy(),
-        "dur_us": raw["dur_us"].fillna(0.0).to_numpy(), "collective": collective,
-        "bytes": np.nan, "dtype": None, "group_size": np.nan, "pg": None, "seq": np.nan,
-        "tid": tid, "stream": stream, "correlation": raw["correlation"].to_numpy(),
+        "lane": lane, "kind": _obj(kind), "name": names, "ts_us": raw["ts_us"].to_numpy(),
+        "dur_us": raw["dur_us"].fillna(0.0).to_numpy(), "collective": _obj(collective),
+        "bytes": np.nan, "dtype": _obj(np.full(n, None, dtype=object)), "group_size": np.nan,
+        "pg": _obj(np.full(n, None, dtype=object)), "seq": np.nan,
+        "tid": _obj(tid), "stream": stream, "correlation": raw["correlation"].to_numpy(),
         "ext_id": raw["ext_id"].to_numpy(), "cat": raw["cat"].to_numpy(),
     })
     info = _comm_info(rt, n, dist)
@@ -278,7 +288,7 @@ def classify(rt) -> pd.DataFrame:
         coll_info = info["collective"].to_numpy(dtype=object)
         cur = out["collective"].to_numpy(dtype=object).copy()
         cur[idx] = np.where(pd.isna(coll_info), cur[idx], coll_info)
-        out["collective"] = cur
+        out["collective"] = _obj(cur)
         for c in ("bytes", "group_size", "seq"):
             arr = out[c].to_numpy(dtype=float).copy()
             arr[idx] = info[c].to_numpy(dtype=float)
@@ -286,7 +296,7 @@ def classify(rt) -> pd.DataFrame:
         for c in ("dtype", "pg"):
             arr = out[c].to_numpy(dtype=object).copy()
             arr[idx] = info[c].to_numpy(dtype=object)
-            out[c] = arr
+            out[c] = _obj(arr)
 
     # --- launch point of every event (for phases/steps): runtime call for kernels -------------------
     launch_tid = tid.astype(object).copy()
@@ -303,7 +313,7 @@ def classify(rt) -> pd.DataFrame:
         launch_ts[gidx[ok]] = m["ts_us"].to_numpy()[ok]
         # comm kernels without size info: take it from the CPU op with the same External id
         _fill_from_cpu_side(out, on_gpu)
-    out["launch_tid"] = launch_tid
+    out["launch_tid"] = _obj(launch_tid)
     out["launch_ts_us"] = launch_ts
 
     # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
@@ -350,7 +360,7 @@ def _fill_from_cpu_side(out: pd.DataFrame, on_gpu: np.ndarray) -> None:
         cur = out[c].to_numpy(dtype=object).copy()
         sub = cur[idx]
         cur[idx] = np.where(pd.isna(sub), k[c].to_numpy(dtype=object), sub)
-        out[c] = cur
+        out[c] = _obj(cur)
 
 
 def _leaf_mask(raw: pd.DataFrame, is_cpu_op: np.ndarray) -> np.ndarray:
@@ -406,7 +416,7 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
         arr = out[c].to_numpy(dtype=object).copy()
         new = m[c].to_numpy(dtype=object)
         arr[rows] = np.where(pd.isna(new), arr[rows], new)
-        out[c] = arr
+        out[c] = _obj(arr)
     for c in ("bytes", "group_size", "seq"):
         arr = out[c].to_numpy(dtype=float).copy()
         new = m[c].to_numpy(dtype=float)
@@ -420,7 +430,7 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
     lts = out["launch_ts_us"].to_numpy(dtype=float).copy()
     lt[rows] = m["tid"].to_numpy(dtype=object)
     lts[rows] = m["call_ts"].to_numpy(dtype=float)
-    out["launch_tid"] = lt
+    out["launch_tid"] = _obj(lt)
     out["launch_ts_us"] = lts
 
 
@@ -456,4 +466,4 @@ def _gloo_group_sizes(out: pd.DataFrame, gloo_comm: np.ndarray, meta: dict) -> N
     if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
         pg = out["pg"].to_numpy(dtype=object).copy()
         pg[gloo_comm & pd.isna(pg)] = str(cfg[0]["pg_name"])
-        out["pg"] = pg
+        out["pg"] = _obj(pg)

@@ -120,7 +120,8 @@ def assign_phases(ev: pd.DataFrame, rt) -> tuple[pd.DataFrame, list[str]]:
     ev["phase"] = pd.Categorical(phase)
     ev["unit"] = pd.Categorical(unit)
     for c in ("lane", "kind", "collective", "dtype", "pg"):
-        ev[c] = pd.Categorical(ev[c].to_numpy(dtype=object))
+        if not isinstance(ev[c].dtype, pd.CategoricalDtype):
+            ev[c] = pd.Categorical(ev[c].to_numpy(dtype=object))
     ev["group_size"] = ev["group_size"].astype(np.float64)
     ev["seq"] = ev["seq"].astype(np.float64)
     ev["bytes"] = ev["bytes"].astype(np.float64)
