@@ -184,3 +184,26 @@ def test_ranks_no_memory_with_stack(recorded_run):
     assert not any(e.get("name") == "[memory]" for e in events)
     assert any(e.get("cat") == "python_function" for e in events)
     assert json.loads((run / "rank-1" / "inventory.json").read_text())["totals"]["psi"] == sum(model_params().values())
+
+
+@pytest.mark.slow
+def test_traces_open_in_hta(recorded_run, tmp_path):
+    """The recorded traces are torch's own chrome-trace export: HTA parses them as they are."""
+    import logging
+    import shutil
+
+    hta = pytest.importorskip("hta.trace_analysis")
+    run = recorded_run("fsdp2")
+    for r in (0, 1):
+        shutil.copy(run / f"rank-{r}" / "trace.json.gz", tmp_path / f"rank-{r}.json.gz")
+    logging.disable(logging.WARNING)
+    try:
+        analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    finally:
+        logging.disable(logging.NOTSET)
+    assert sorted(analysis.t.traces) == [0, 1]
+    for r in (0, 1):
+        df = analysis.t.get_trace(r)
+        names = set(analysis.t.symbol_table.sym_table[i] for i in df["name"].unique())
+        assert "ProfilerStep#2" in names and "aten::mm" in names  # (HTA leaves out the last ProfilerStep)
+        assert len(df) > 1000
