@@ -270,21 +270,49 @@ def classify(rt) -> pd.DataFrame:
     collective = coll_by_cat[codes] if n else np.empty(0, dtype=object)
     relevant = (kind == schema.KIND_COMM) | r_c10d | (is_annot & (low.str.startswith("nccl:").to_numpy()[codes]))
     collective = np.where(relevant, collective, None)
+
+    # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
+    ts = raw["ts_us"].to_numpy()
+    corr = raw["correlation"].to_numpy()
+    launch_tid = tid.astype(object)             # a new array
+    launch_ts = ts.copy()
+    if on_gpu.any():
+        launch_tid[on_gpu] = None
+        rsel = is_runtime & (corr >= 0)
+        rt_rows = pd.DataFrame({"correlation": corr[rsel], "tid": _obj(tid[rsel]), "ts_us": ts[rsel]})
+        rt_rows = rt_rows.drop_duplicates("correlation")
+        gidx = np.flatnonzero(on_gpu)
+        m = pd.DataFrame({"correlation": corr[gidx]}).merge(rt_rows, on="correlation", how="left")
+        ok = m["ts_us"].notna().to_numpy()
+        launch_tid[gidx[ok]] = m["tid"].to_numpy(dtype=object)[ok]
+        launch_ts[gidx[ok]] = m["ts_us"].to_numpy()[ok]
+
+    # --- the frame: every event but the runtime calls ------------------------------------------------
+    kidx = np.flatnonzero(~is_runtime)
+    pos = np.full(n, -1, dtype=np.int64)
+    pos[kidx] = np.arange(len(kidx))
+    k = len(kidx)
     out = pd.DataFrame({
-        "lane": lane, "kind": _obj(kind), "name": names, "ts_us": raw["ts_us"].to_numpy(),
-        "dur_us": raw["dur_us"].fillna(0.0).to_numpy(), "collective": _obj(collective),
-        "bytes": np.nan, "dtype": _obj(np.full(n, None, dtype=object)), "group_size": np.nan,
-        "pg": _obj(np.full(n, None, dtype=object)), "seq": np.nan,
-        "tid": _obj(tid), "stream": stream, "correlation": raw["correlation"].to_numpy(),
-        "ext_id": raw["ext_id"].to_numpy(), "cat": raw["cat"].to_numpy(),
+        "lane": pd.Categorical.from_codes(np.asarray(lane.codes)[kidx], categories=lane.categories),
+        "kind": _obj(kind[kidx]),
+        "name": pd.Categorical.from_codes(codes[kidx], categories=names.cat.categories),
+        "ts_us": ts[kidx], "dur_us": raw["dur_us"].fillna(0.0).to_numpy()[kidx], "collective": _obj(collective[kidx]),
+        "bytes": np.full(k, np.nan), "dtype": _obj(np.full(k, None, dtype=object)), "group_size": np.full(k, np.nan),
+        "pg": _obj(np.full(k, None, dtype=object)), "seq": np.full(k, np.nan),
+        "tid": _obj(tid[kidx]), "stream": stream[kidx], "correlation": corr[kidx],
+        "ext_id": raw["ext_id"].to_numpy()[kidx],
+        "cat": pd.Categorical.from_codes(cat_codes[kidx], categories=raw["cat"].cat.categories),
+        "launch_tid": _obj(launch_tid[kidx]), "launch_ts_us": launch_ts[kidx],
     })
+    k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
+    del launch_tid, launch_ts, collective, kind
     info = _comm_info(rt, n, dist)
-    out["_shard"] = False
+    shard = np.zeros(k, dtype=bool)
     if len(info):
-        idx = info["idx"].to_numpy()
-        sh = out["_shard"].to_numpy().copy()
-        sh[idx] = info["shard"].to_numpy(dtype=bool)
-        out["_shard"] = sh
+        ipos = pos[info["idx"].to_numpy()]
+        info = info[ipos >= 0]
+        idx = ipos[ipos >= 0]
+        shard[idx] = info["shard"].to_numpy(dtype=bool)
         coll_info = info["collective"].to_numpy(dtype=object)
         cur = out["collective"].to_numpy(dtype=object).copy()
         cur[idx] = np.where(pd.isna(coll_info), cur[idx], coll_info)
@@ -297,45 +325,27 @@ def classify(rt) -> pd.DataFrame:
             arr = out[c].to_numpy(dtype=object).copy()
             arr[idx] = info[c].to_numpy(dtype=object)
             out[c] = _obj(arr)
-
-    # --- launch point of every event (for phases/steps): runtime call for kernels -------------------
-    launch_tid = tid.astype(object).copy()
-    launch_ts = out["ts_us"].to_numpy().copy()
-    if on_gpu.any():
-        launch_tid[on_gpu] = None
-        rt_rows = out.loc[is_runtime & (out["correlation"].to_numpy() >= 0), ["correlation", "tid", "ts_us"]]
-        rt_rows = rt_rows.drop_duplicates("correlation")
-        gk = out.loc[on_gpu, ["correlation"]]
-        m = gk.merge(rt_rows, on="correlation", how="left")
-        ok = m["ts_us"].notna().to_numpy()
-        gidx = np.flatnonzero(on_gpu)
-        launch_tid[gidx[ok]] = m["tid"].to_numpy(dtype=object)[ok]
-        launch_ts[gidx[ok]] = m["ts_us"].to_numpy()[ok]
+    if k_on_gpu.any():
         # comm kernels without size info: take it from the CPU op with the same External id
-        _fill_from_cpu_side(out, on_gpu)
-    out["launch_tid"] = _obj(launch_tid)
-    out["launch_ts_us"] = launch_ts
+        _fill_from_cpu_side(out, k_on_gpu)
 
     # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
-    if gloo_comm.any():
-        _pair_gloo(out, gloo_comm, r_c10d & is_cpu_op, dist)
-
-    if gloo_comm.any():
-        _gloo_group_sizes(out, gloo_comm, rt.meta)
+    if k_gloo.any():
+        _pair_gloo(out, k_gloo, k_c10d & k_cpu_op, dist, shard)
+        _gloo_group_sizes(out, k_gloo, rt.meta)
     # default group size for comm rows that lack one
     gs = out["group_size"].to_numpy(dtype=float).copy()
-    comm_rows = (out["kind"].to_numpy() == schema.KIND_COMM) | r_c10d
+    comm_rows = (out["kind"].to_numpy() == schema.KIND_COMM) | k_c10d
     miss = comm_rows & np.isnan(gs)
     if miss.any():
         gs[miss] = _default_group_size(dist)
         out["group_size"] = gs
     # gloo all_gather work that kept its own (shard) size: the whole array is shard * group size
-    sh = out["_shard"].to_numpy(dtype=bool)
+    sh = shard
     if sh.any():
         b = out["bytes"].to_numpy(dtype=float).copy()
         b[sh] = b[sh] * gs[sh]
         out["bytes"] = b
-    out = out[~is_runtime].drop(columns="_shard").reset_index(drop=True)
     return out
 
 
@@ -384,7 +394,8 @@ def _leaf_mask(raw: pd.DataFrame, is_cpu_op: np.ndarray) -> np.ndarray:
     return leaf
 
 
-def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, dist: dict) -> None:
+def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, dist: dict,
+               shard: np.ndarray) -> None:
     """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work."""
     coll = out["collective"].to_numpy(dtype=object)
     calls = out.loc[c10d_call & pd.notna(coll)].copy()
@@ -423,9 +434,7 @@ def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, 
         arr[rows] = np.where(np.isnan(new), arr[rows], new)
         out[c] = arr
         if c == "bytes":   # the call gave the whole array: the work's shard size is no longer used
-            sh = out["_shard"].to_numpy(dtype=bool).copy()
-            sh[rows] = sh[rows] & np.isnan(new)
-            out["_shard"] = sh
+            shard[rows] = shard[rows] & np.isnan(new)
     lt = out["launch_tid"].to_numpy(dtype=object).copy()
     lts = out["launch_ts_us"].to_numpy(dtype=float).copy()
     lt[rows] = m["tid"].to_numpy(dtype=object)

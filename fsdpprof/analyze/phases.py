@@ -115,7 +115,7 @@ def assign_phases(ev: pd.DataFrame, rt) -> tuple[pd.DataFrame, list[str]]:
     # annotations that are not inside any step keep forward/backward only when inside a step
     phase = np.where(np.isnan(step) & pd.isna(unit) & ~is_fsdp, None, phase) if is_step.any() else phase
 
-    ev = ev.copy()
+    # ev is our own frame (from classify): columns are set in place, no copy of the whole frame
     ev["step"] = step
     ev["phase"] = pd.Categorical(phase)
     ev["unit"] = pd.Categorical(unit)

@@ -488,6 +488,8 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
         if not isinstance(rank, int):
             rank = 0
     events = classify.classify(rt)
+    rt.raw = None                      # classify copied what it needs: free the raw columns early
+    rt.comm_args = None
     events, w = phases.assign_phases(events, rt)
     warnings += w
     events["rank"] = np.int32(rank)
