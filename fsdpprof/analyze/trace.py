@@ -299,11 +299,15 @@ class _Reader:
             self.raw.close()
 
 
+_PREFIX = b'{"traceEvents":'
+_P = len(_PREFIX)
+
+
 def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
-    """Decode the longest prefix of ``body`` (which starts with '[') that ends at an event boundary,
-    in place: the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['.
-    Returns what is left (``body`` unchanged when no boundary decodes)."""
-    tail_start = max(1, len(body) - (4 << 20))
+    """``body`` is ``{"traceEvents":[`` + events...: decode the longest run of whole events, in place
+    (the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['), then
+    drop it from ``body``.  Returns ``body`` (unchanged when no boundary decodes)."""
+    tail_start = max(_P + 1, len(body) - (4 << 20))
     cands = list(_SEP_RE.finditer(body, tail_start))
     tried = 0
     for m in reversed(cands):
@@ -312,7 +316,7 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
         saved = body[end]
         body[end] = 0x5D                             # ']'
         mv = memoryview(body)
-        sub = mv[: end + 1]
+        sub = mv[_P: end + 1]
         try:
             events = _CHUNK_DEC.decode(sub)
         except msgspec.DecodeError:
@@ -331,9 +335,9 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
             mv.release()
         body[comma] = 0x5B                           # '['
         try:
-            del body[:comma]
+            del body[_P:comma]
         except BufferError:                          # something still views the buffer: copy instead
-            body = bytearray(body[comma:])
+            body = bytearray(_PREFIX) + body[comma:]
         return body
     return body
 
@@ -358,31 +362,29 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
                 eof = True
                 if not buf.strip():
                     raise UserError(f"trace {path} is empty; re-export it (torch.profiler export_chrome_trace)")
-            if buf == b"" and data.lstrip()[:1] == b"[":
+            if buf == b"" and re.match(rb"\s*\[", data):
                 raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
                                 f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
             buf += data
             if len(buf) > (256 << 20) and buf.find(_KEY) < 0:
                 raise UserError(f"trace {path} has no 'traceEvents' key in its first 256 MB; is it a profiler trace?")
-        header_bytes = buf[:idx].rstrip()
-        rest = buf[idx + len(_KEY):]
-        header = _decode_header(path, header_bytes)
+        header = _decode_header(path, buf[:idx].rstrip())
         # 2. skip ':' and '['
+        pat = re.compile(rb"\s*:\s*\[")
         while True:
-            m = re.match(rb"\s*:\s*\[", rest)
+            m = pat.match(buf, idx + len(_KEY))
             if m:
-                rest = rest[m.end():]
                 break
-            if eof or len(rest) > 64:
-                if re.match(rb"\s*:\s*\[", rest) is None:
-                    raise UserError(f"trace {path}: 'traceEvents' is not an array; is it a profiler trace?")
+            if eof or len(buf) - idx > 64:
+                raise UserError(f"trace {path}: 'traceEvents' is not an array; is it a profiler trace?")
             data = reader.read()
             if not data:
                 eof = True
-            rest += data
-        body = bytearray(b"[")
-        body += rest
-        del buf, rest
+            buf += data
+        body = bytearray(_PREFIX)
+        body += b"["
+        body += memoryview(buf)[m.end():]
+        del buf
         # 3. body in chunks, decoded in place
         while not eof:
             data = reader.read()
@@ -394,7 +396,7 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
             if len(body) >= CHUNK_BYTES:
                 body = _decode_chunk(body, cols)
         # 4. the remainder: rest of the array, then the trailing keys of the document
-        buf = b'{"traceEvents":' + body
+        buf = body
         del body
         try:
             tail = _TAIL_DEC.decode(buf)
