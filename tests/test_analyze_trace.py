@@ -326,3 +326,11 @@ def test_gloo_group_sizes_hsdp_and_list_allgather(tmp_path):
     assert comm["collective"].astype(str).tolist() == ["all_gather", "all_reduce", "all_gather"]
     assert comm["group_size"].tolist() == [2.0, 2.0, 2.0]
     assert comm["bytes"].tolist() == [800.0, 200.0, 240.0]
+
+
+def test_multi_member_gzip_and_padding(tmp_path):
+    src = shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz")
+    raw = gzip.decompress(src.read_bytes())
+    p = tmp_path / "mm.json.gz"
+    p.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]) + b"\0" * 16)
+    _same_frames(load_trace(str(src)).events, load_trace(str(p)).events)

@@ -252,7 +252,12 @@ def _to_float(v) -> float:
 
 
 class _Reader:
-    """Binary block reader over a gzip or plain file, with an optional progress bar."""
+    """Binary block reader over a gzip or plain file, with an optional progress bar.
+
+    gzip is inflated by zlib in a background thread (zlib releases the GIL), a few blocks ahead of
+    the decoder, so decompression overlaps decoding; memory stays bounded by the queue."""
+
+    GZ_IN = 1 << 20        # compressed bytes per zlib call
 
     def __init__(self, path: str, progress: bool | None) -> None:
         self.path = path
@@ -263,7 +268,6 @@ class _Reader:
         magic = self.raw.read(2)
         self.raw.seek(0)
         self.gz = magic == b"\x1f\x8b"
-        self.fh = gzip.GzipFile(fileobj=self.raw, mode="rb") if self.gz else self.raw
         size = os.fstat(self.raw.fileno()).st_size
         self.size = size
         if progress is None:
@@ -273,30 +277,84 @@ class _Reader:
             from tqdm import tqdm
             self.bar = tqdm(total=size, unit="B", unit_scale=True, desc=os.path.basename(path), leave=False)
         self._pos = 0
+        self._queue = None
+        self._stop = False
+        if self.gz:
+            import queue
+            import threading
+            self._queue = queue.Queue(maxsize=4)
+            self._thread = threading.Thread(target=self._inflate, name="fsdpprof-gunzip", daemon=True)
+            self._thread.start()
+
+    def _put(self, item) -> bool:
+        import queue
+        while not self._stop:
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _inflate(self) -> None:
+        """Thread: inflate the (possibly multi-member) gzip stream into blocks of <= READ_BYTES."""
+        try:
+            d = zlib.decompressobj(wbits=31)
+            pending = b""
+            while not self._stop:
+                if not pending:
+                    pending = self.raw.read(self.GZ_IN)
+                    if not pending:                      # end of file
+                        self._put(("eof",) if d.eof else ("error", "truncated"))
+                        return
+                if d.eof:                                # a member ended and more bytes follow
+                    if not pending.strip(b"\x00"):      # zero padding
+                        pending = b""
+                        continue
+                    d = zlib.decompressobj(wbits=31)     # the next gzip member
+                out = d.decompress(pending, READ_BYTES)
+                pending = d.unused_data if d.eof else d.unconsumed_tail
+                if out and not self._put(("data", out, self.raw.tell())):
+                    return
+        except zlib.error as exc:
+            self._put(("error", f"bad: {exc}"))
+        except Exception as exc:  # I/O error
+            self._put(("error", f"io: {exc}"))
 
     def read(self) -> bytes:
-        try:
-            data = self.fh.read(READ_BYTES)
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            if self.gz:
-                raise UserError(f"trace {self.path} is not a valid gzip file ({exc}); re-export or re-copy it") from None
-            raise UserError(f"cannot read trace {self.path}: {exc}") from None
-        except EOFError:
-            raise UserError(f"trace {self.path} is a truncated gzip file (the writer probably died); "
-                            f"re-record or re-copy it") from None
+        if self._queue is None:
+            try:
+                data = self.raw.read(READ_BYTES)
+            except OSError as exc:
+                raise UserError(f"cannot read trace {self.path}: {exc}") from None
+            pos = self.raw.tell() if self.bar is not None else 0
+        else:
+            item = self._queue.get()
+            if item[0] == "eof":
+                self._queue.put(item)            # stay at EOF for further reads
+                return b""
+            if item[0] == "error":
+                self._queue.put(item)
+                msg = item[1]
+                if msg == "truncated":
+                    raise UserError(f"trace {self.path} is a truncated gzip file (the writer probably died); "
+                                    f"re-record or re-copy it")
+                if msg.startswith("bad: "):
+                    raise UserError(f"trace {self.path} is not a valid gzip file ({msg[5:]}); re-export or re-copy it")
+                raise UserError(f"cannot read trace {self.path}: {msg[4:]}")
+            _, data, pos = item
         if self.bar is not None:
-            pos = self.raw.tell()
             self.bar.update(pos - self._pos)
             self._pos = pos
         return data
 
     def close(self) -> None:
+        self._stop = True
+        if self._queue is not None:
+            self._thread.join(timeout=5)
         if self.bar is not None:
             self.bar.close()
-        try:
-            self.fh.close()
-        finally:
-            self.raw.close()
+        self.raw.close()
 
 
 _PREFIX = b'{"traceEvents":'
