@@ -91,6 +91,8 @@ class TailDoc(msgspec.Struct):
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
 _ARGS_DEC = msgspec.json.Decoder(Args | None)
 _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
+_ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
+_LINK_LIST_DEC = msgspec.json.Decoder(list[LinkArgs | None])
 _NO_ARGS = Args()
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset"})
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver"})
@@ -113,6 +115,14 @@ class RawTrace:
     memory_events: pd.DataFrame
     meta: dict
     thread_names: dict = field(default_factory=dict)
+
+
+def _decode_many(list_dec, one_dec, raws: list) -> list:
+    """Decode many args objects in one call; per object (bad ones -> None) if the batch fails."""
+    try:
+        return list_dec.decode(b"[" + b",".join(raws) + b"]")
+    except msgspec.DecodeError:
+        return [_decode_args(one_dec, r) for r in raws]
 
 
 def _decode_args(dec, raw):
@@ -153,27 +163,28 @@ class _Columns:
         corr = np.full(n, -1, dtype=np.int64)
         ext = np.full(n, -1, dtype=np.int64)
         base = self.n
-        # args are decoded only where used: device events, runtime calls, communication ops
-        for i, e in enumerate(keep):
-            cat = e.cat
-            if cat in _RUNTIME_CATS:
-                a = _decode_args(_LINK_DEC, e.args)
+        # args are decoded only where used (device events, runtime calls, communication ops), in one
+        # msgspec call per kind of event rather than one per event
+        rt_idx = [i for i, e in enumerate(keep) if e.cat in _RUNTIME_CATS]
+        if rt_idx:
+            for i, a in zip(rt_idx, _decode_many(_LINK_LIST_DEC, _LINK_DEC, [keep[i].args for i in rt_idx])):
                 if a is not None and type(a.correlation) is int:
                     corr[i] = a.correlation
-                continue
-            gpu = cat in _GPU_CATS
-            if not gpu and not (type(e.name) is str and e.name.startswith(_COMM_PREFIXES)):
-                continue
-            a = _decode_args(_ARGS_DEC, e.args) or _NO_ARGS
-            if type(a.stream) is int:
-                stream[i] = a.stream
-            if type(a.correlation) is int:
-                corr[i] = a.correlation
-            if type(a.ext_id) is int:
-                ext[i] = a.ext_id
-            if a.coll_name is not None or a.in_nelems is not None or not gpu:
-                self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
-                                       a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
+        full_idx = [i for i, e in enumerate(keep) if e.cat in _GPU_CATS or (
+            type(e.name) is str and e.name.startswith(_COMM_PREFIXES))]
+        if full_idx:
+            for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
+                if a is None:
+                    a = _NO_ARGS
+                if type(a.stream) is int:
+                    stream[i] = a.stream
+                if type(a.correlation) is int:
+                    corr[i] = a.correlation
+                if type(a.ext_id) is int:
+                    ext[i] = a.ext_id
+                if a.coll_name is not None or a.in_nelems is not None or keep[i].cat not in _GPU_CATS:
+                    self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
+                                           a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         self.parts.append({
             "name": np.asarray(name_codes, dtype=np.int32),
             "cat": np.asarray(cat_codes, dtype=np.int16),
