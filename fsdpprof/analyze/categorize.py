@@ -278,8 +278,14 @@ def _frame_part(f) -> str:
 def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
     """``str.contains`` evaluated once per distinct signature (many allocations share one)."""
     cat = sig.cat if isinstance(sig.dtype, pd.CategoricalDtype) else pd.Categorical(sig.fillna("").astype(object))
-    hit = pd.Series(cat.categories, dtype=object).str.contains(pat, regex=regex).to_numpy(bool)
-    return hit[cat.codes] if len(hit) else np.zeros(len(sig), bool)
+    cats = cat.categories
+    if regex:
+        rx = re.compile(pat)
+        hit = np.fromiter((rx.search(c) is not None for c in cats), dtype=bool, count=len(cats))
+    else:
+        hit = np.fromiter((pat in c for c in cats), dtype=bool, count=len(cats))
+    codes = np.asarray(cat.codes)
+    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(sig), bool)
 
 
 def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
@@ -305,14 +311,25 @@ def frame_phase(sig: pd.Series) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- the passes
-def _fill(df: pd.DataFrame, mask, category: str, source: str) -> None:
-    m = np.asarray(mask, dtype=bool) & df["category"].isna().to_numpy()
+class _Labels:
+    """The category being decided for each allocation (numpy, so passes stay cheap)."""
+
+    def __init__(self, n: int):
+        self.cat = np.full(n, None, dtype=object)
+        self.src = np.full(n, None, dtype=object)
+
+    def open(self) -> np.ndarray:
+        return pd.isna(self.cat)
+
+
+def _fill(lab: _Labels, mask, category: str, source: str) -> None:
+    m = np.asarray(mask, dtype=bool) & lab.open()
     if m.any():
-        df.loc[m, "category"] = category
-        df.loc[m, "category_source"] = source
+        lab.cat[m] = category
+        lab.src[m] = source
 
 
-def pass_inventory(df: pd.DataFrame, inv_tensors: pd.DataFrame | None) -> None:
+def pass_inventory(df: pd.DataFrame, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
     """Exact labels: ``inv_tensors`` (addr, category, ref_us, unit, name) matched to the allocation at
     that address alive at the reference time (capture time)."""
     if inv_tensors is None or not len(inv_tensors):
@@ -324,16 +341,19 @@ def pass_inventory(df: pd.DataFrame, inv_tensors: pd.DataFrame | None) -> None:
     m = m.drop_duplicates("index")
     if not len(m):
         return
-    idx = m["index"].to_numpy()
-    open_ = df.loc[idx, "category"].isna().to_numpy()
-    idx, m = idx[open_], m[open_]
-    df.loc[idx, "category"] = m["category"].to_numpy()
-    df.loc[idx, "category_source"] = "inventory"
+    pos = df.index.get_indexer(m["index"].to_numpy())
+    open_ = lab.open()[pos]
+    pos, m = pos[open_], m[open_]
+    lab.cat[pos] = m["category"].to_numpy(object)
+    lab.src[pos] = "inventory"
     has_unit = m["unit"].notna().to_numpy()
-    df.loc[idx[has_unit], "unit"] = m["unit"].to_numpy()[has_unit]
+    if has_unit.any():
+        unit = df["unit"].to_numpy(object).copy()
+        unit[pos[has_unit]] = m["unit"].to_numpy(object)[has_unit]
+        df["unit"] = unit
 
 
-def pass_tags(df: pd.DataFrame, have_inventory_grads: bool = False) -> None:
+def pass_tags(df: pd.DataFrame, lab: _Labels, have_inventory_grads: bool = False) -> None:
     """All-gather output -> unsharded param; reduce-scatter input -> unsharded grad.
 
     In the reduce phase FSDP allocates the reduce-scatter input (unsharded, freed in backward or
@@ -346,49 +366,49 @@ def pass_tags(df: pd.DataFrame, have_inventory_grads: bool = False) -> None:
     # scratch of the collective itself (e.g. gloo's list-based all-gather): freed before the
     # all-gather annotation ends, so it is not the output
     scratch = (fp.isin(["all_gather", "foreach_all_gather"]) & (free_fp == fp)).to_numpy() & same_step
-    _fill(df, scratch, MC.TEMPORARY.value, "tags")
-    _fill(df, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, scratch, MC.TEMPORARY.value, "tags")
+    _fill(lab, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
     fsdp1_unshard = fp.isin(FSDP1_UNSHARD_PHASES).to_numpy() & (
         free_fp.isin(FSDP1_RESHARD_PHASES).to_numpy() | ~same_step)
     is_fsdp1 = (df["fsdp_family"] == "fsdp1").to_numpy() if "fsdp_family" in df else np.zeros(len(df), bool)
-    _fill(df, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
     in_reduce = fp.isin(UNSHARDED_GRAD_PHASES).to_numpy()
     freed_in_bwd = df["free_us"].notna().to_numpy() & same_step & (df["free_phase"] == "backward").to_numpy()
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
     # grads produced in backward and released by the unit's post-backward reduce
     rs_in |= ((df["phase"] == "backward") & free_fp.isin(UNSHARDED_GRAD_PHASES)).to_numpy() & ~in_reduce
-    _fill(df, rs_in, MC.UNSHARDED_GRAD.value, "tags")
+    _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
-def pass_frames(df: pd.DataFrame) -> None:
+def pass_frames(df: pd.DataFrame, lab: _Labels) -> None:
     sig = df["frame_sig"]
     if not _contains(sig, ".").any():
         return
     never_freed = df["free_us"].isna().to_numpy()
-    _fill(df, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")
-    _fill(df, (df["phase"] == "optimizer").to_numpy() & never_freed, MC.OPTIMIZER_STATE.value, "frames")
-    _fill(df, _contains(sig, r"torch/utils/data|collate|pin_memory"), MC.INPUT.value, "frames")
+    _fill(lab, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")
+    _fill(lab, (df["phase"] == "optimizer").to_numpy() & never_freed, MC.OPTIMIZER_STATE.value, "frames")
+    _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory"), MC.INPUT.value, "frames")
     param_init = _contains(sig, r"(?:^|\|)(?:convert|_apply|reset_parameters|load_state_dict|_load_from_state_dict)@"
                                 r"[^|]*module")
-    _fill(df, param_init & never_freed, MC.SHARDED_PARAM.value, "frames")
+    _fill(lab, param_init & never_freed, MC.SHARDED_PARAM.value, "frames")
 
 
-def pass_lifetime(df: pd.DataFrame) -> None:
+def pass_lifetime(df: pd.DataFrame, lab: _Labels) -> None:
     ph, fph = df["phase"].astype(object), df["free_phase"].astype(object)
     same_step = df["free_step_idx"].to_numpy() == df["step_idx"].to_numpy()
     freed = df["free_us"].notna().to_numpy()
     never = ~freed
     later = (~same_step) | never
-    _fill(df, (ph == "forward") & ((fph.isin(["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
+    _fill(lab, (ph == "forward") & ((fph.isin(["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
                                    | later), MC.ACTIVATION.value, "lifetime")
-    _fill(df, (ph == "data") & ((fph != "data") | later), MC.INPUT.value, "lifetime")
-    _fill(df, (ph == "optimizer") & ((fph != "optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
-    _fill(df, (ph == "backward") & ((fph.isin(["optimizer", "zero_grad"]) & same_step) | later),
+    _fill(lab, (ph == "data") & ((fph != "data") | later), MC.INPUT.value, "lifetime")
+    _fill(lab, (ph == "optimizer") & ((fph != "optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
+    _fill(lab, (ph == "backward") & ((fph.isin(["optimizer", "zero_grad"]) & same_step) | later),
           MC.SHARDED_GRAD.value, "lifetime")
-    _fill(df, freed & (ph == fph) & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
+    _fill(lab, freed & (ph == fph) & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
     # anything else freed within the same step: short-lived working memory
-    _fill(df, freed & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
+    _fill(lab, freed & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
 
 
 def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -399,13 +419,13 @@ def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None)
     ``memory_trace.annotate_from_events`` for traces, ``memory.annotate_snapshot`` for snapshots).
     """
     df = allocs.copy()
-    df["category"] = pd.Series(None, index=df.index, dtype=object)
-    df["category_source"] = pd.Series(None, index=df.index, dtype=object)
-    pass_inventory(df, inv_tensors)
+    lab = _Labels(len(df))
+    pass_inventory(df, lab, inv_tensors)
     have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
-    pass_tags(df, bool(have_grads))
-    pass_frames(df)
-    pass_lifetime(df)
-    _fill(df, np.ones(len(df), bool), MC.OTHER.value, "other")
-    df["category"] = pd.Categorical(df["category"], categories=CATEGORIES)
+    pass_tags(df, lab, bool(have_grads))
+    pass_frames(df, lab)
+    pass_lifetime(df, lab)
+    _fill(lab, np.ones(len(df), bool), MC.OTHER.value, "other")
+    df["category"] = pd.Categorical(lab.cat, categories=CATEGORIES)
+    df["category_source"] = lab.src
     return df
