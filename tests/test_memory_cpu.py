@@ -76,8 +76,9 @@ def test_coverage_peak_and_window_accounting(recorded_run, strategy):
         window = np.cumsum(me["bytes"].to_numpy())
         offset = me["total_allocated_bytes"].iloc[0] - me["bytes"].iloc[0]
         assert np.array_equal(me["total_allocated_bytes"].to_numpy() - offset, window)
-        realloc = sum(int(w.split(" address")[0].split()[-1]) for w in m.warnings if "allocated again" in w)
-        slack = realloc * int(me["bytes"].abs().max())
+        # frees we inferred (no free event in the trace) lower our curve below the trace's running total
+        a = m.allocations
+        slack = int(a.loc[a["free_inferred"], "bytes"].sum())
         assert abs(m.peak_allocated_bytes - (m.baseline_bytes + window.max())) <= slack
         tl = m.timeline
         assert int(tl.drop(columns="ts_us").sum(axis=1).max()) == m.peak_allocated_bytes
@@ -212,7 +213,7 @@ def test_lost_free_of_all_gather_buffer_is_inferred(recorded_run):
     assert any("no free event" in w for w in m1.warnings)
     b = m1.allocations
     fixed = b[(b["addr"] == victim["addr"]) & (b["alloc_us"] == victim["alloc_us"])].iloc[0]
-    assert np.isfinite(fixed["free_us"]) and fixed["free_us"] > fixed["alloc_us"]
+    assert np.isfinite(fixed["free_us"]) and fixed["free_us"] > fixed["alloc_us"] and fixed["free_inferred"]
     assert abs(m1.peak_allocated_bytes - m0.peak_allocated_bytes) <= victim["bytes"]
     units = {u["fqn"]: u["unsharded_bytes"] for u in rd.inventory["units"]}
     bd = m1.breakdown_at_peak.set_index("category")["bytes"]

@@ -110,6 +110,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
         "device": np.concatenate([dev[ar], dev[of]]).astype(np.int16),
         "stream": np.int64(0),
         "before_trace": np.concatenate([np.zeros(len(ar), bool), np.ones(len(of), bool)]),
+        "free_inferred": np.concatenate([pr["free_inferred"], np.zeros(len(of), bool)]),
     })
     # reference times for the inventory: the optimizer steps in the window
     marks = cz.step_marks(events)
@@ -131,7 +132,8 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
             allocs = pd.concat([allocs, pd.DataFrame({
                 "addr": extra["addr"].to_numpy(np.int64), "bytes": extra["bytes"].to_numpy(np.int64),
                 "alloc_us": t0, "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER,
-                "device": np.int16(0), "stream": np.int64(0), "before_trace": True})], ignore_index=True)
+                "device": np.int16(0), "stream": np.int64(0), "before_trace": True, "free_inferred": False})],
+                ignore_index=True)
     allocs["user_metadata"] = ""
     allocs["frames"] = pd.Series([None] * len(allocs), dtype=object)
     annotate_from_events(allocs, events, marks)
@@ -175,6 +177,7 @@ def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tu
     rows = allocs.index[idx]
     allocs.loc[rows, "free_us"] = free_us
     allocs.loc[rows, "free_seq"] = pos.astype(np.int64)  # just before the event at that time
+    allocs.loc[rows, "free_inferred"] = True
     allocs.loc[rows, "free_phase"] = cz.coarse_phase(free_us, marks)
     ann = cz.fsdp_annotations(events)
     allocs.loc[rows, "free_fsdp_phase"] = cz.paint(free_us, ann, "fsdp_phase")

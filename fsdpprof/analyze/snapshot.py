@@ -9,7 +9,7 @@ Allocations frame columns (one row per allocation; bytes are the allocator block
   addr int64, bytes int64, alloc_us float64, free_us float64 (NaN = alive at snapshot end),
   alloc_seq int64 / free_seq int64 (order keys within the device's trace; -1 = before history,
   INT64_MAX = never freed), device int16, stream int64, before_trace bool (allocated before the
-  trace's first entry), user_metadata str, frames object (list of {name, filename, line} dicts),
+  trace's first entry), free_inferred bool (no free event; the free time is inferred), user_metadata str, frames object (list of {name, filename, line} dicts),
   phase / unit (filled later by categorize).
 When a snapshot has no ``time_us`` (legacy), ``alloc_us``/``free_us`` hold the trace entry index
 and ``SnapshotData.has_time`` is False.
@@ -28,7 +28,7 @@ from fsdpprof.errors import UserError
 NEVER = np.iinfo(np.int64).max
 
 ALLOC_COLUMNS = ["addr", "bytes", "alloc_us", "free_us", "alloc_seq", "free_seq", "device", "stream",
-                 "before_trace", "user_metadata", "frames"]
+                 "before_trace", "free_inferred", "user_metadata", "frames"]
 SEGMENT_COLUMNS = ["device", "address", "total_bytes", "allocated_bytes", "active_bytes", "stream",
                    "is_expandable", "n_blocks"]
 
@@ -62,7 +62,8 @@ def _empty_allocs() -> pd.DataFrame:
         "alloc_us": pd.Series(dtype="float64"), "free_us": pd.Series(dtype="float64"),
         "alloc_seq": pd.Series(dtype="int64"), "free_seq": pd.Series(dtype="int64"),
         "device": pd.Series(dtype="int16"), "stream": pd.Series(dtype="int64"),
-        "before_trace": pd.Series(dtype="bool"), "user_metadata": pd.Series(dtype="object"),
+        "before_trace": pd.Series(dtype="bool"), "free_inferred": pd.Series(dtype="bool"),
+        "user_metadata": pd.Series(dtype="object"),
         "frames": pd.Series(dtype="object")})
 
 
@@ -159,8 +160,9 @@ def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
     """Pair allocation and free events by address, vectorised.
 
     ``seq`` is each event's position in time order (ascending within an address), ``t`` its time.
-    Returns ``alloc_rows`` (indices of alloc events), their ``free_seq`` (``NEVER`` when not freed)
-    and ``free_us`` (NaN), and ``orphan_free_rows``: frees of memory allocated before the events began.
+    Returns ``alloc_rows`` (indices of alloc events), their ``free_seq`` (``NEVER`` when not freed),
+    ``free_us`` (NaN) and ``free_inferred`` (no free event: ended by a second alloc at the address),
+    and ``orphan_free_rows``: frees of memory allocated before the events began.
     """
     order = np.lexsort((seq, addr))        # by address, then time order
     a_s, alloc_s = addr[order], is_alloc[order]
@@ -182,7 +184,8 @@ def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
     return {"alloc_rows": order[alloc_pos],
             "free_seq": np.where(has_free, seq[free_idx], NEVER).astype(np.int64),
             "free_us": np.where(has_free, t[free_idx], np.nan),
-            "orphan_free_rows": order[np.flatnonzero(orphan)], "n_realloc": int(realloc.sum())}
+            "orphan_free_rows": order[np.flatnonzero(orphan)], "n_realloc": int(realloc.sum()),
+            "free_inferred": realloc[alloc_pos]}
 
 
 _SEG_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
@@ -214,7 +217,7 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
     parts = [pd.DataFrame({
         "addr": addr[o_alloc], "bytes": size[o_alloc], "alloc_us": t[o_alloc], "free_us": free_us,
         "alloc_seq": rows_idx.astype(np.int64), "free_seq": free_seq.astype(np.int64),
-        "device": np.int16(dev), "stream": streams, "before_trace": False,
+        "device": np.int16(dev), "stream": streams, "before_trace": False, "free_inferred": pr["free_inferred"],
         "user_metadata": pd.Series(meta, dtype="object"), "frames": pd.Series(frames, dtype="object")})]
 
     # allocations made before the history began: freed in the trace without an alloc entry ...
@@ -222,7 +225,8 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
         parts.append(pd.DataFrame({
             "addr": addr[of], "bytes": size[of], "alloc_us": t0, "free_us": t[of], "alloc_seq": np.int64(-1),
             "free_seq": keep[of].astype(np.int64), "device": np.int16(dev),
-            "stream": [trace[i].get("stream", 0) for i in keep[of]], "before_trace": True, "user_metadata": "",
+            "stream": [trace[i].get("stream", 0) for i in keep[of]], "before_trace": True, "free_inferred": False,
+            "user_metadata": "",
             "frames": pd.Series([None] * len(of), dtype="object")}))
     # ... or still alive at snapshot time (a live block with no open alloc entry)
     open_addrs = set(addr[o_alloc][free_seq == NEVER].tolist())
@@ -233,8 +237,9 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
             "bytes": np.array([int(b.get("size", 0)) for _, b in pre], dtype=np.int64),
             "alloc_us": t0, "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER,
             "device": np.int16(dev), "stream": [b["_stream"] for _, b in pre], "before_trace": True,
-            "user_metadata": "", "frames": pd.Series([b.get("frames") or None for _, b in pre], dtype="object")}))
+            "free_inferred": False, "user_metadata": "", "frames": pd.Series([b.get("frames") or None for _, b in pre], dtype="object")}))
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     out["device"] = out["device"].astype("int16")
     out["before_trace"] = out["before_trace"].astype(bool)
+    out["free_inferred"] = out["free_inferred"].astype(bool)
     return out
