@@ -88,8 +88,9 @@ def test_coverage_peak_and_window_accounting(recorded_run, strategy):
 @pytest.mark.parametrize("strategy", ["fsdp2", "fsdp1-full"])
 def test_full_shard_unsharded_params(recorded_run, strategy):
     """FULL_SHARD: unsharded params at the peak > 0 and at most the largest unit plus the prefetched
-    one. Ours adds the root unit: FSDP does not reshard the root after forward (its params are
-    needed first in backward), so the root stays gathered from forward into backward, where the peak is."""
+    one. Ours adds the root unit: the root is all-gathered again at the start of backward (the
+    recorded trace shows it), so it is gathered in backward, where the peak is, beside the unit
+    being computed and the one prefetched."""
     run, res = analysed(recorded_run, strategy)
     for r, m in res.items():
         units = {u["fqn"]: u["unsharded_bytes"] for u in run.ranks[r].inventory["units"]}
