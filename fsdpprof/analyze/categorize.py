@@ -197,11 +197,20 @@ _KV_RE = re.compile(r"(phase|unit|fsdp_phase|module|fqn)[=:]([^;,|\s]*)")
 def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
     """Our ``_set_memory_metadata`` tags -> fsdp_phase, unit. Accepts JSON ``{"phase":..,"unit":..}``
     or ``phase=..;unit=..`` (optionally prefixed ``fsdpprof:``). Unique strings are parsed once."""
-    uniq = pd.unique(meta.fillna("").astype(str))
-    parsed = {}
-    for s in uniq:
+    phase, unit = parse_tags(meta.to_numpy(object))
+    return pd.DataFrame({"fsdp_phase": phase, "unit": unit}, index=meta.index)
+
+
+def parse_tags(meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`parse_user_metadata` on an object array: (fsdp_phase, unit) object arrays, None where
+    untagged. Each distinct string is parsed once."""
+    codes, uniq = pd.factorize(meta)       # missing -> -1, read as ""
+    n_u = len(uniq)
+    phases = np.full(n_u + 1, None, dtype=object)   # slot n_u: missing (parsed as "")
+    units = np.full(n_u + 1, None, dtype=object)
+    for j, s in enumerate(list(uniq) + [""]):
         phase = unit = None
-        t = s.strip()
+        t = str(s).strip()
         if t.startswith("fsdpprof"):
             t = t[8:].lstrip(": ")
         if t.startswith("{"):
@@ -217,28 +226,45 @@ def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
                     phase = v.strip() or None
                 else:
                     unit = v.strip() or None
-        parsed[s] = (phase, unit)
-    keys = meta.fillna("").astype(str)
-    return pd.DataFrame({"fsdp_phase": keys.map({k: v[0] for k, v in parsed.items()}).to_numpy(object),
-                         "unit": keys.map({k: v[1] for k, v in parsed.items()}).to_numpy(object)}, index=meta.index)
+        phases[j], units[j] = phase, unit
+    codes = np.where(codes < 0, n_u, codes)
+    return phases[codes], units[codes]
 
 
 def frame_signatures(frames: pd.Series) -> pd.Series:
     """One short lower-case string per allocation (a categorical Series), innermost first:
     ``name@file`` of Python frames and a token for the telling C++ frames (autograd engine,
-    AccumulateGrad, backward kernels), each once, so the rules below scan short strings.
-    Snapshots share frame objects between entries (pickle memo), so each distinct frame and each
-    distinct stack is judged once."""
+    AccumulateGrad, backward kernels), each once, so the rules below scan short strings."""
+    codes, cats = signature_codes(frames.to_numpy(object) if hasattr(frames, "to_numpy") else frames)
+    cat = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
+    return pd.Series(cat, index=getattr(frames, "index", None))
+
+
+def signature_codes(frames) -> tuple[np.ndarray, np.ndarray]:
+    """Signature of each stack in ``frames`` (a sequence of frame lists or None) as (codes int32,
+    sorted distinct signatures), see :func:`frame_signatures`.
+
+    Snapshots share frame objects between entries (pickle memo) but give every entry its own list,
+    so a stack is looked up by a cheap key (length and a few frame ids) and confirmed with ``==``
+    (element identity first, so in C); each distinct stack and each distinct frame is judged once.
+    Cost: O(allocations) lookups plus O(frames) C-level compares, not a Python step per frame."""
     part_by_id: dict[int, str] = {}
-    stack_cache: dict[tuple, int] = {}
+    buckets: dict[tuple, list] = {}      # cheap key -> [(stack, code), ...]
     sigs: list[str] = [""]
     codes = np.zeros(len(frames), dtype=np.int32)
     for i, fr in enumerate(frames):
         if not fr:
             continue
-        key = tuple(map(id, fr))
-        c = stack_cache.get(key)
-        if c is None:
+        n = len(fr)
+        key = (n, id(fr[0]), id(fr[n >> 2]), id(fr[n >> 1]), id(fr[(3 * n) >> 2]), id(fr[-1]))
+        cands = buckets.get(key)
+        c = 0
+        if cands is not None:
+            for stack, sc in cands:
+                if stack == fr:
+                    c = sc
+                    break
+        if not c:
             parts = {}
             for f in fr:
                 k = part_by_id.get(id(f))
@@ -248,12 +274,11 @@ def frame_signatures(frames: pd.Series) -> pd.Series:
                     parts[k] = None
             c = len(sigs)
             sigs.append("|".join(parts))
-            stack_cache[key] = c
+            buckets.setdefault(key, []).append((fr, c))
         codes[i] = c
     # equal signatures from different stacks share a category
     uniq, inv = np.unique(np.array(sigs, dtype=object), return_inverse=True)
-    cat = pd.Categorical.from_codes(inv[codes].astype(np.int32), categories=pd.Index(uniq, dtype=object))
-    return pd.Series(cat, index=frames.index)
+    return inv[codes].astype(np.int32), uniq
 
 
 def _frame_part(f) -> str:
@@ -275,9 +300,18 @@ def _frame_part(f) -> str:
     return ""
 
 
-def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
+def _as_categorical(sig) -> pd.Categorical:
+    """``sig`` (categorical Series, Categorical, or strings) as a Categorical; missing -> ""."""
+    if isinstance(sig, pd.Categorical):
+        return sig
+    if isinstance(getattr(sig, "dtype", None), pd.CategoricalDtype):
+        return sig.array if isinstance(sig, pd.Series) else pd.Categorical(sig)
+    return pd.Categorical(pd.Series(np.asarray(sig, dtype=object)).fillna("").astype(object))
+
+
+def _contains(sig, pat: str, regex: bool = True) -> np.ndarray:
     """``str.contains`` evaluated once per distinct signature (many allocations share one)."""
-    cat = sig.cat if isinstance(sig.dtype, pd.CategoricalDtype) else pd.Categorical(sig.fillna("").astype(object))
+    cat = _as_categorical(sig)
     cats = cat.categories
     if regex:
         rx = re.compile(pat)
@@ -285,7 +319,7 @@ def _contains(sig: pd.Series, pat: str, regex: bool = True) -> np.ndarray:
     else:
         hit = np.fromiter((pat in c for c in cats), dtype=bool, count=len(cats))
     codes = np.asarray(cat.codes)
-    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(sig), bool)
+    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(cat), bool)
 
 
 def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
@@ -311,6 +345,28 @@ def frame_phase(sig: pd.Series) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- the passes
+# Passes read columns through _col, so they take the allocations DataFrame or a dict of numpy arrays
+# (the snapshot path builds its DataFrame once, at the end). Missing labels may be None or NaN: every
+# comparison below treats both as "no label", as pandas' own comparisons do.
+def _col(df, name: str) -> np.ndarray:
+    """Column ``name`` of a DataFrame or a dict of arrays, as a numpy array."""
+    c = df[name]
+    return c.to_numpy() if hasattr(c, "to_numpy") else np.asarray(c)
+
+
+def _isin(values: np.ndarray, labels) -> np.ndarray:
+    """``Series.isin`` for an object array (missing never matches)."""
+    out = np.zeros(len(values), dtype=bool)
+    for lab in labels:
+        out |= values == lab
+    return out
+
+
+def _eq(a: np.ndarray, b) -> np.ndarray:
+    """Elementwise ``==`` of object arrays (or with a scalar) as pandas does it: missing is never equal."""
+    return np.asarray(a == b, dtype=bool) & ~pd.isna(a)
+
+
 class _Labels:
     """The category being decided for each allocation (numpy, so passes stay cheap)."""
 
@@ -329,86 +385,109 @@ def _fill(lab: _Labels, mask, category: str, source: str) -> None:
         lab.src[m] = source
 
 
-def pass_inventory(df: pd.DataFrame, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
+def pass_inventory(df, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
     """Exact labels: ``inv_tensors`` (addr, category, ref_us, unit, name) matched to the allocation at
     that address alive at the reference time (capture time)."""
     if inv_tensors is None or not len(inv_tensors):
         return
-    a = df[["addr", "alloc_us", "free_us"]].reset_index()
+    n = len(lab.cat)
+    a = pd.DataFrame({"index": np.arange(n), "addr": _col(df, "addr"), "alloc_us": _col(df, "alloc_us"),
+                      "free_us": _col(df, "free_us")})
     m = a.merge(inv_tensors, on="addr", how="inner")
     free = m["free_us"].fillna(np.inf)
     m = m[(m["alloc_us"] <= m["ref_us"]) & (m["ref_us"] < free)]
     m = m.drop_duplicates("index")
     if not len(m):
         return
-    pos = df.index.get_indexer(m["index"].to_numpy())
+    pos = m["index"].to_numpy()
     open_ = lab.open()[pos]
     pos, m = pos[open_], m[open_]
     lab.cat[pos] = m["category"].to_numpy(object)
     lab.src[pos] = "inventory"
     has_unit = m["unit"].notna().to_numpy()
     if has_unit.any():
-        unit = df["unit"].to_numpy(object).copy()
+        unit = np.array(_col(df, "unit"), dtype=object)
         unit[pos[has_unit]] = m["unit"].to_numpy(object)[has_unit]
         df["unit"] = unit
 
 
-def pass_tags(df: pd.DataFrame, lab: _Labels, have_inventory_grads: bool = False) -> None:
+def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     """All-gather output -> unsharded param; reduce-scatter input -> unsharded grad.
 
     In the reduce phase FSDP allocates the reduce-scatter input (unsharded, freed in backward or
     held until the next reduce) and output (the new sharded grad, alive into the optimizer). With
     the inventory's grads the output is already labelled exactly, so the rest is input; without
     it, whatever lives into the optimizer step of its step is left to the lifetime pass."""
-    fp = df["fsdp_phase"].astype(object)
-    free_fp = df["free_fsdp_phase"].astype(object) if "free_fsdp_phase" in df else pd.Series(None, index=df.index)
-    same_step = df["free_step_idx"].to_numpy() == df["step_idx"].to_numpy()
+    n = len(lab.cat)
+    fp = np.asarray(_col(df, "fsdp_phase"), dtype=object)
+    free_fp = np.asarray(_col(df, "free_fsdp_phase"), dtype=object) if "free_fsdp_phase" in df \
+        else np.full(n, None, dtype=object)
+    same_step = _col(df, "free_step_idx") == _col(df, "step_idx")
     # scratch of the collective itself (e.g. gloo's list-based all-gather): freed before the
     # all-gather annotation ends, so it is not the output
-    scratch = (fp.isin(["all_gather", "foreach_all_gather"]) & (free_fp == fp)).to_numpy() & same_step
+    scratch = _isin(fp, ["all_gather", "foreach_all_gather"]) & _eq(free_fp, fp) & same_step
     _fill(lab, scratch, MC.TEMPORARY.value, "tags")
-    _fill(lab, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, _isin(fp, UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
-    fsdp1_unshard = fp.isin(FSDP1_UNSHARD_PHASES).to_numpy() & (
-        free_fp.isin(FSDP1_RESHARD_PHASES).to_numpy() | ~same_step)
-    is_fsdp1 = (df["fsdp_family"] == "fsdp1").to_numpy() if "fsdp_family" in df else np.zeros(len(df), bool)
+    fsdp1_unshard = _isin(fp, FSDP1_UNSHARD_PHASES) & (_isin(free_fp, FSDP1_RESHARD_PHASES) | ~same_step)
+    is_fsdp1 = _eq(np.asarray(_col(df, "fsdp_family"), dtype=object), "fsdp1") if "fsdp_family" in df \
+        else np.zeros(n, bool)
     _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
-    in_reduce = fp.isin(UNSHARDED_GRAD_PHASES).to_numpy()
-    freed_in_bwd = df["free_us"].notna().to_numpy() & same_step & (df["free_phase"] == "backward").to_numpy()
+    in_reduce = _isin(fp, UNSHARDED_GRAD_PHASES)
+    free_phase = np.asarray(_col(df, "free_phase"), dtype=object)
+    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _eq(free_phase, "backward")
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
     # grads produced in backward and released by the unit's post-backward reduce
-    rs_in |= ((df["phase"] == "backward") & free_fp.isin(UNSHARDED_GRAD_PHASES)).to_numpy() & ~in_reduce
+    phase = np.asarray(_col(df, "phase"), dtype=object)
+    rs_in |= _eq(phase, "backward") & _isin(free_fp, UNSHARDED_GRAD_PHASES) & ~in_reduce
     _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
-def pass_frames(df: pd.DataFrame, lab: _Labels) -> None:
+def pass_frames(df, lab: _Labels) -> None:
     sig = df["frame_sig"]
     if not _contains(sig, ".").any():
         return
-    never_freed = df["free_us"].isna().to_numpy()
+    never_freed = pd.isna(_col(df, "free_us"))
     _fill(lab, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")
-    _fill(lab, (df["phase"] == "optimizer").to_numpy() & never_freed, MC.OPTIMIZER_STATE.value, "frames")
+    _fill(lab, _eq(np.asarray(_col(df, "phase"), dtype=object), "optimizer") & never_freed,
+          MC.OPTIMIZER_STATE.value, "frames")
     _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory"), MC.INPUT.value, "frames")
     param_init = _contains(sig, r"(?:^|\|)(?:convert|_apply|reset_parameters|load_state_dict|_load_from_state_dict)@"
                                 r"[^|]*module")
     _fill(lab, param_init & never_freed, MC.SHARDED_PARAM.value, "frames")
 
 
-def pass_lifetime(df: pd.DataFrame, lab: _Labels) -> None:
-    ph, fph = df["phase"].astype(object), df["free_phase"].astype(object)
-    same_step = df["free_step_idx"].to_numpy() == df["step_idx"].to_numpy()
-    freed = df["free_us"].notna().to_numpy()
+def pass_lifetime(df, lab: _Labels) -> None:
+    ph = np.asarray(_col(df, "phase"), dtype=object)
+    fph = np.asarray(_col(df, "free_phase"), dtype=object)
+    same_step = _col(df, "free_step_idx") == _col(df, "step_idx")
+    freed = ~pd.isna(_col(df, "free_us"))
     never = ~freed
     later = (~same_step) | never
-    _fill(lab, (ph == "forward") & ((fph.isin(["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
-                                   | later), MC.ACTIVATION.value, "lifetime")
-    _fill(lab, (ph == "data") & ((fph != "data") | later), MC.INPUT.value, "lifetime")
-    _fill(lab, (ph == "optimizer") & ((fph != "optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
-    _fill(lab, (ph == "backward") & ((fph.isin(["optimizer", "zero_grad"]) & same_step) | later),
+    has_ph = ~pd.isna(ph)
+    _fill(lab, _eq(ph, "forward") & ((_isin(fph, ["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
+                                     | later), MC.ACTIVATION.value, "lifetime")
+    _fill(lab, _eq(ph, "data") & (~_eq(fph, "data") | later), MC.INPUT.value, "lifetime")
+    _fill(lab, _eq(ph, "optimizer") & (~_eq(fph, "optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
+    _fill(lab, _eq(ph, "backward") & ((_isin(fph, ["optimizer", "zero_grad"]) & same_step) | later),
           MC.SHARDED_GRAD.value, "lifetime")
-    _fill(lab, freed & (ph == fph) & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
+    _fill(lab, freed & _eq(ph, fph) & same_step & has_ph, MC.TEMPORARY.value, "lifetime")
     # anything else freed within the same step: short-lived working memory
-    _fill(lab, freed & same_step & ph.notna().to_numpy(), MC.TEMPORARY.value, "lifetime")
+    _fill(lab, freed & same_step & has_ph, MC.TEMPORARY.value, "lifetime")
+
+
+def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Run the passes over ``cols`` (the allocations DataFrame or a dict of numpy arrays, see
+    :func:`categorize` for the columns needed); returns (category, category_source) as object arrays.
+    The inventory pass may replace ``cols["unit"]``."""
+    lab = _Labels(len(cols["addr"]))
+    pass_inventory(cols, lab, inv_tensors)
+    have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
+    pass_tags(cols, lab, bool(have_grads))
+    pass_frames(cols, lab)
+    pass_lifetime(cols, lab)
+    _fill(lab, np.ones(len(lab.cat), bool), MC.OTHER.value, "other")
+    return lab.cat, lab.src
 
 
 def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -419,13 +498,7 @@ def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None)
     ``memory_trace.annotate_from_events`` for traces, ``memory.annotate_snapshot`` for snapshots).
     """
     df = allocs.copy()
-    lab = _Labels(len(df))
-    pass_inventory(df, lab, inv_tensors)
-    have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
-    pass_tags(df, lab, bool(have_grads))
-    pass_frames(df, lab)
-    pass_lifetime(df, lab)
-    _fill(lab, np.ones(len(df), bool), MC.OTHER.value, "other")
-    df["category"] = pd.Categorical(lab.cat, categories=CATEGORIES)
-    df["category_source"] = lab.src
+    cat, src = label_columns(df, inv_tensors=inv_tensors)
+    df["category"] = pd.Categorical(cat, categories=CATEGORIES)
+    df["category_source"] = src
     return df

@@ -8,6 +8,7 @@ clock (a legacy snapshot without ``time_us`` uses trace entry indices, see ``war
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,54 +94,86 @@ def _info_device(info: dict) -> int | None:
 
 
 # --------------------------------------------------------------------------- snapshots
+def _like_column(values: np.ndarray) -> np.ndarray:
+    """``values`` as a DataFrame column built from them gives them back: pandas stores an object
+    array of strings (and missing) as ``str``, whose missing value reads back as NaN."""
+    if values.dtype == object and len(values) and pd.api.types.infer_dtype(values, skipna=True) == "string":
+        values = values.copy()
+        values[pd.isna(values)] = np.nan
+    return values
+
+
+def _ffill(values: np.ndarray) -> np.ndarray:
+    """Forward-fill missing entries of an object array (leading missing entries stay as they are)."""
+    idx = np.where(pd.isna(values), -1, np.arange(len(values)))
+    idx = np.maximum.accumulate(idx) if len(idx) else idx
+    return np.where(idx >= 0, values[np.maximum(idx, 0)], values)
+
+
+def _str_contains(values: np.ndarray, pat: str) -> np.ndarray:
+    """``Series.str.contains(pat, na=False)`` judged once per distinct value."""
+    codes, uniq = pd.factorize(values)
+    rx = re.compile(pat)
+    hit = np.fromiter((isinstance(u, str) and rx.search(u) is not None for u in uniq), dtype=bool, count=len(uniq))
+    hit = np.append(hit, False)            # code -1: missing
+    return hit[codes]
+
+
+_ANNOTATE_INPUTS = ("user_metadata", "frames", "before_trace", "alloc_seq", "free_seq")
+
+
+def annotate_columns(cols) -> dict[str, np.ndarray]:
+    """The columns :func:`annotate_snapshot` adds, from the snapshot columns in ``cols`` (DataFrame or
+    dict of arrays): fsdp_phase, unit, frame_sig (Categorical), phase, free_phase, free_fsdp_phase,
+    step_idx, free_step_idx. Object arrays hold missing labels as the DataFrame column would."""
+    n = len(cols["alloc_seq"])
+    tag_phase, tag_unit = cz.parse_tags(np.asarray(cols["user_metadata"], dtype=object))
+    codes, cats = cz.signature_codes(np.asarray(cols["frames"], dtype=object))
+    sig = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
+    ph = cz.frame_phase(sig)
+    # tags give the coarse phase; FSDP's own collectives show in the frames
+    fsdp_ff = cz.frame_fsdp_phase(sig)
+    tag_fine = _like_column(tag_phase).copy()
+    tag_fine[cz._isin(tag_fine, cz.COARSE_ORDER)] = np.nan
+    fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
+    tag_coarse = np.where(cz._isin(tag_phase, cz.COARSE_ORDER), tag_phase, None)
+    ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
+    ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "backward|reduce"), "backward", ph)
+    ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "forward|all_gather|unshard"), "forward", ph)
+    # allocations with no frames while others have Python frames come from the autograd engine's
+    # threads (no Python stack): backward
+    py = cz._contains(sig, ".py", regex=False)
+    before = np.asarray(cols["before_trace"], dtype=bool)
+    if py.any():
+        nof = (cats[codes] == "") & ~before & pd.isna(ph)
+        ph = np.where(nof, "backward", ph)
+        # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
+        ph = np.where(pd.isna(ph) & py, "forward", ph)
+    ph = _like_column(np.where(before, None, ph))
+    # phase at the free: the phase of the latest allocation at or before it (trace order)
+    alloc_seq = np.asarray(cols["alloc_seq"])
+    sel = np.flatnonzero(alloc_seq >= 0)
+    order = sel[np.argsort(alloc_seq[sel], kind="quicksort")]
+    seqs = alloc_seq[order]
+    fs = np.asarray(cols["free_seq"])
+    pos = np.searchsorted(seqs, fs, side="right") - 1
+    ok = (pos >= 0) & (fs != NEVER)
+    free_phase = np.full(n, None, dtype=object)
+    free_fsdp = np.full(n, None, dtype=object)
+    if len(seqs):
+        free_phase[ok] = _ffill(ph[order])[pos[ok]]
+        free_fsdp[ok] = _ffill(fsdp_phase[order])[pos[ok]]
+    # one snapshot is one window: no step boundaries (all allocations in step 0)
+    return {"fsdp_phase": fsdp_phase, "unit": _like_column(tag_unit), "frame_sig": sig, "phase": ph,
+            "free_phase": free_phase, "free_fsdp_phase": free_fsdp,
+            "step_idx": np.where(before, -1, 0), "free_step_idx": np.where(fs == NEVER, 1 << 30, 0)}
+
+
 def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
     """phase, fsdp_phase, unit, free_phase, step_idx ... for snapshot allocations (tags, then frames)."""
     df = allocs.copy()
-    tags = cz.parse_user_metadata(df["user_metadata"])
-    df["fsdp_phase"] = tags["fsdp_phase"].to_numpy(object)
-    df["unit"] = tags["unit"].to_numpy(object)
-    df["frame_sig"] = cz.frame_signatures(df["frames"])
-    ph = cz.frame_phase(df["frame_sig"])
-    # tags give the coarse phase; FSDP's own collectives show in the frames
-    fsdp_ff = cz.frame_fsdp_phase(df["frame_sig"])
-    tag_fine = df["fsdp_phase"].where(~df["fsdp_phase"].isin(cz.COARSE_ORDER))
-    df["fsdp_phase"] = np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine.to_numpy(object))
-    tag_coarse = pd.Series(tags["fsdp_phase"].to_numpy(object))
-    tag_coarse = tag_coarse.where(tag_coarse.isin(cz.COARSE_ORDER)).to_numpy(object)
-    ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
-    fp = df["fsdp_phase"].astype(object)
-    ph = np.where(pd.isna(ph) & fp.str.contains("backward|reduce", na=False).to_numpy(), "backward", ph)
-    ph = np.where(pd.isna(ph) & fp.str.contains("forward|all_gather|unshard", na=False).to_numpy(), "forward", ph)
-    # allocations with no frames while others have Python frames come from the autograd engine's
-    # threads (no Python stack): backward
-    py = cz._contains(df["frame_sig"], ".py", regex=False)
-    has_py = bool(py.any())
-    nof = (df["frame_sig"].astype(object) == "").to_numpy() & ~df["before_trace"].to_numpy() & pd.isna(ph)
-    if has_py:
-        ph = np.where(nof, "backward", ph)
-        # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
-        py_other = pd.isna(ph) & py
-        ph = np.where(py_other, "forward", ph)
-    ph = np.where(df["before_trace"].to_numpy(), None, ph)
-    df["phase"] = ph
-    # phase at the free: the phase of the latest allocation at or before it (trace order)
-    order = df[df["alloc_seq"] >= 0].sort_values("alloc_seq")
-    seqs = order["alloc_seq"].to_numpy()
-    p_ff = pd.Series(order["phase"].to_numpy(object)).ffill().to_numpy(object)
-    f_ff = pd.Series(order["fsdp_phase"].to_numpy(object)).ffill().to_numpy(object)
-    fs = df["free_seq"].to_numpy()
-    pos = np.searchsorted(seqs, fs, side="right") - 1
-    ok = (pos >= 0) & (fs != NEVER)
-    fp_arr = np.full(len(df), None, dtype=object)
-    ffp_arr = np.full(len(df), None, dtype=object)
-    if len(seqs):
-        fp_arr[ok] = p_ff[pos[ok]]
-        ffp_arr[ok] = f_ff[pos[ok]]
-    df["free_phase"] = fp_arr
-    df["free_fsdp_phase"] = ffp_arr
-    # one snapshot is one window: no step boundaries (all allocations in step 0)
-    df["step_idx"] = np.where(df["before_trace"], -1, 0)
-    df["free_step_idx"] = np.where(fs == NEVER, 1 << 30, 0)
+    for k, v in annotate_columns({c: allocs[c].to_numpy() for c in _ANNOTATE_INPUTS}).items():
+        df[k] = v
     return df
 
 
@@ -173,31 +206,54 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
 
 def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = None, inventory: dict | None = None,
                     top_n: int = 20, timeline_points: int = 2000) -> MemoryResult:
-    """Memory attribution of one device of a CUDA snapshot."""
+    """Memory attribution of one device of a CUDA snapshot.
+
+    Works on the device's columns as numpy arrays and builds the allocations DataFrame once, at the
+    end (per-device pandas work used to cost more than the attribution itself)."""
     a_all = snap.allocations
-    devs = sorted(set(a_all["device"].unique().tolist())) or list(snap.devices) or [0]
+    dev_col = a_all["device"].to_numpy()
+    devs = sorted(set(np.unique(dev_col).tolist())) or list(snap.devices) or [0]
     warnings = list(snap.warnings)
     if device is None or device not in devs:
         # the device with the largest peak (a rank's snapshot normally has one device in use)
-        peaks = {d: _peak_only(a_all[a_all["device"] == d]) for d in devs}
+        peaks = {d: _peak_only({c: a_all[c].to_numpy()[dev_col == d] for c in ("alloc_seq", "free_seq", "bytes")})
+                 for d in devs}
         device = max(peaks, key=peaks.get) if peaks else 0
         if len(devs) > 1:
             others = ", ".join(f"cuda:{d} {peaks[d] / 2**20:.1f} MiB" for d in devs if d != device)
             warnings.append(f"{snap.path}: snapshot has {len(devs)} devices; analysed cuda:{device} (largest peak), "
                             f"others peak at {others}; pass device= for another")
-    a = a_all[a_all["device"] == device].reset_index(drop=True)
-    df = annotate_snapshot(a)
-    cat = cz.categorize(df, inv_tensors=_snapshot_inventory(inventory, df))
+    mask = dev_col == device
+    cols = {c: a_all[c].to_numpy()[mask] for c in a_all.columns}
+    dtypes = a_all.dtypes
+    cols.update(annotate_columns(cols))
+    inv_t = None
+    if inventory:
+        inv_t = _snapshot_inventory(inventory, pd.DataFrame(
+            {c: cols[c] for c in ("addr", "alloc_us", "alloc_seq")} | {"phase": cols["phase"]}))
+    cat, src = cz.label_columns(cols, inv_tensors=inv_t)
+    # one DataFrame, columns in the order annotate_snapshot + categorize give them; the snapshot's own
+    # columns keep their dtypes, the added ones are inferred as a column assignment would
+    data = {c: pd.Series(cols[c], dtype=dtypes[c], copy=False) for c in a_all.columns}
+    data.update({c: cols[c] for c in ("fsdp_phase", "unit", "frame_sig", "phase", "free_phase", "free_fsdp_phase",
+                                      "step_idx", "free_step_idx")})
+    data["category"] = pd.Categorical(cat, categories=CATEGORIES)
+    data["category_source"] = src
+    df = pd.DataFrame(data)
     has_hist = bool(snap.has_history.get(device, False))
-    res = _summarise(cat, rank, "cuda_snapshot", top_n, timeline_points, has_history=has_hist)
+    res = _summarise(df, rank, "cuda_snapshot", top_n, timeline_points, has_history=has_hist)
     res.device = device
     res.timeline_unit = "us" if snap.has_time else "event_index"
-    seg = snap.segments[snap.segments["device"] == device]
-    if len(seg):
+    seg_dev = snap.segments["device"].to_numpy()
+    if (seg_dev == device).any():
         # reserved at the peak = reserved at snapshot time minus the segments mapped after the peak
-        reserved_end = int(seg["total_bytes"].sum())
-        se = snap.segment_events[snap.segment_events["device"] == device]
-        after = int(se.loc[se["seq"] > res.peak_seq, "delta_bytes"].sum()) if res.peak_seq is not None else 0
+        reserved_end = int(snap.segments["total_bytes"].to_numpy()[seg_dev == device].sum())
+        se = snap.segment_events
+        se_m = se["device"].to_numpy() == device
+        if res.peak_seq is not None:
+            after = int(se["delta_bytes"].to_numpy()[se_m & (se["seq"].to_numpy() > res.peak_seq)].sum())
+        else:
+            after = 0
         reserved = reserved_end - after
         res.reserved_end_bytes = reserved_end
         if reserved < res.peak_allocated_bytes:  # segment history incomplete (ring buffer): bound it
@@ -213,19 +269,21 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     return res
 
 
-def _peak_only(a: pd.DataFrame) -> int:
+def _peak_only(a) -> int:
     lv, _, _ = _levels(a)
     return int(lv.max()) if len(lv) else 0
 
 
 # --------------------------------------------------------------------------- peak, breakdown, timeline
-def _levels(df: pd.DataFrame):
-    """Allocated bytes after each alloc/free event in order: (levels, event seq, event index into df)."""
-    base = int(df.loc[df["alloc_seq"] < 0, "bytes"].sum())
-    ai = np.flatnonzero(df["alloc_seq"].to_numpy() >= 0)
-    fi = np.flatnonzero(df["free_seq"].to_numpy() != NEVER)
-    seq = np.concatenate([df["alloc_seq"].to_numpy()[ai], df["free_seq"].to_numpy()[fi]])
-    b = df["bytes"].to_numpy(np.int64)
+def _levels(df):
+    """Allocated bytes after each alloc/free event in order: (levels, event seq, event index into df).
+    ``df``: the allocations DataFrame or a dict of its columns as arrays."""
+    alloc_seq, free_seq = cz._col(df, "alloc_seq"), cz._col(df, "free_seq")
+    b = cz._col(df, "bytes").astype(np.int64, copy=False)
+    base = int(b[alloc_seq < 0].sum())
+    ai = np.flatnonzero(alloc_seq >= 0)
+    fi = np.flatnonzero(free_seq != NEVER)
+    seq = np.concatenate([alloc_seq[ai], free_seq[fi]])
     delta = np.concatenate([b[ai], -b[fi]])
     row = np.concatenate([ai, fi])
     o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))  # frees first at a tie
@@ -246,38 +304,46 @@ def _fmt_frames(fr, limit: int = 6) -> str:
 
 def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int, has_history: bool) -> MemoryResult:
     warnings: list[str] = []
-    base = int(df.loc[df["alloc_seq"] < 0, "bytes"].sum())
+    alloc_seq, free_seq = df["alloc_seq"].to_numpy(), df["free_seq"].to_numpy()
+    b = df["bytes"].to_numpy(np.int64)
+    base = int(b[alloc_seq < 0].sum())
     levels, seqs, rows = _levels(df)
     if has_history and len(seqs) and seqs[0] >= 0:
         k = int(np.argmax(levels))
         peak_seq = int(seqs[k])
         peak_row = int(rows[k])
-        peak_ts = float(df["alloc_us"].iat[peak_row]) if df["alloc_seq"].iat[peak_row] == peak_seq \
-            else float(df["free_us"].iat[peak_row])
-        peak_phase = df["phase"].iat[peak_row] if df["alloc_seq"].iat[peak_row] == peak_seq else None
-        peak_fsdp = df["fsdp_phase"].iat[peak_row] if df["alloc_seq"].iat[peak_row] == peak_seq else None
-        alive = (df["alloc_seq"].to_numpy() <= peak_seq) & (df["free_seq"].to_numpy() > peak_seq)
+        at_alloc = alloc_seq[peak_row] == peak_seq
+        peak_ts = float(df["alloc_us"].iat[peak_row]) if at_alloc else float(df["free_us"].iat[peak_row])
+        peak_phase = df["phase"].iat[peak_row] if at_alloc else None
+        peak_fsdp = df["fsdp_phase"].iat[peak_row] if at_alloc else None
+        alive = (alloc_seq <= peak_seq) & (free_seq > peak_seq)
     else:
         peak_seq, peak_ts, peak_phase, peak_fsdp = None, None, None, None
-        alive = df["free_seq"].to_numpy() == NEVER
-    at = df[alive]
-    peak = int(at["bytes"].sum())
-    bd = at.groupby("category", observed=False)["bytes"].sum().reindex(CATEGORIES, fill_value=0)
-    breakdown = pd.DataFrame({"category": bd.index.astype(str), "bytes": bd.to_numpy(np.int64)})
+        alive = free_seq == NEVER
+    ai = np.flatnonzero(alive)
+    b_at = b[ai]
+    peak = int(b_at.sum())
+    cat = df["category"]
+    codes_at = cat.cat.codes.to_numpy()[ai]
+    bd = np.zeros(len(CATEGORIES), dtype=np.int64)
+    np.add.at(bd, codes_at, b_at)                  # exact int64 sums per category
+    breakdown = pd.DataFrame({"category": np.array(CATEGORIES, dtype=object), "bytes": bd})
     breakdown["pct"] = 100.0 * breakdown["bytes"] / peak if peak else 0.0
-    by_unit = (at.assign(unit=at["unit"].astype(object))
-               .groupby(["unit", "category"], observed=True, dropna=False)["bytes"].sum().reset_index())
+    at = pd.DataFrame({"unit": pd.Series(df["unit"].to_numpy(object)[ai], dtype=object),
+                       "category": pd.Categorical.from_codes(codes_at, dtype=cat.dtype), "bytes": b_at})
+    by_unit = at.groupby(["unit", "category"], observed=True, dropna=False)["bytes"].sum().reset_index()
     by_unit = by_unit[by_unit["bytes"] > 0].sort_values("bytes", ascending=False).reset_index(drop=True)
     by_unit["category"] = by_unit["category"].astype(str)
-    other = int(bd.get(MC.OTHER.value, 0))
+    other = int(bd[CATEGORIES.index(MC.OTHER.value)])
     coverage = 100.0 * (peak - other) / peak if peak else 100.0
-    top = at.nlargest(top_n, "bytes")
+    top = ai[np.argsort(-b_at, kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
+    frames = df["frames"].to_numpy(object)
     top_allocs = pd.DataFrame({
-        "addr": top["addr"].to_numpy(np.int64), "bytes": top["bytes"].to_numpy(np.int64),
-        "category": top["category"].astype(str).to_numpy(), "phase": top["phase"].to_numpy(object),
-        "unit": top["unit"].to_numpy(object), "alloc_us": top["alloc_us"].to_numpy(float),
-        "free_us": top["free_us"].to_numpy(float),
-        "frames": [_fmt_frames(f) for f in top["frames"]]})
+        "addr": df["addr"].to_numpy(np.int64)[top], "bytes": b[top],
+        "category": cat.astype(str).to_numpy()[top], "phase": df["phase"].to_numpy(object)[top],
+        "unit": df["unit"].to_numpy(object)[top], "alloc_us": df["alloc_us"].to_numpy(float)[top],
+        "free_us": df["free_us"].to_numpy(float)[top],
+        "frames": [_fmt_frames(f) for f in frames[top]]})
     timeline = _timeline(df, points) if has_history and peak_seq is not None else None
     return MemoryResult(rank=rank, source=source, peak_allocated_bytes=peak, peak_ts_us=peak_ts,
                         peak_phase=peak_phase, baseline_bytes=base, breakdown_at_peak=breakdown,
@@ -312,8 +378,8 @@ def _timeline(df: pd.DataFrame, points: int) -> pd.DataFrame:
         keep = np.unique(np.concatenate([[0, n - 1], order[first[first < n]]]))
     else:
         keep = np.arange(n)
-    out = pd.DataFrame({"ts_us": t[keep]})
+    out = {"ts_us": t[keep]}
     for k, name in enumerate(CATEGORIES):
         d = np.where(cat == k, delta, 0)
         out[name] = (np.cumsum(d)[keep] + base[k]).astype(np.int64)
-    return out
+    return pd.DataFrame(out)
