@@ -142,17 +142,18 @@ def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[fl
     return numel * size, dtype, group
 
 
-def _comm_info(rt, n: int, dist: dict) -> pd.DataFrame:
-    """Per raw row with comm args: collective, bytes, dtype, group_size, pg, seq (NaN elsewhere)."""
+def _comm_info(rt, name_cats) -> dict:
+    """Per raw row with comm args (numpy columns): idx, collective, bytes, dtype, group_size, pg, seq,
+    shard (this row's bytes are one shard of the array, to be multiplied by the group size)."""
+    # read through the comm_args DataFrame, as before: its per-column dtype inference (a missing
+    # value in a numeric or string column becomes NaN) is part of what the results are
     ca = rt.comm_args
-    if len(ca) == 0:
-        return pd.DataFrame(columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq", "shard"])
-    names = rt.raw["name"].to_numpy()[ca["idx"].to_numpy()]
-    rows = []
-    shards = []
-    for idx, name, cname, inn, outn, gs, dt, pg, seq, dims, types in zip(
-            ca["idx"], names, ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
+    name_codes = rt.cols["name"]
+    out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
+    for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in zip(
+            ca["idx"].tolist(), ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
             ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
+        name = name_cats[name_codes[idx]]
         coll = collective_of(cname) or collective_of(str(name))
         dtype, size = dtype_of(dt)
         shard = False
@@ -178,14 +179,17 @@ def _comm_info(rt, n: int, dist: dict) -> pd.DataFrame:
             nbytes, dtype2, _ = _c10d_sizes(None, dims, types)
             dtype = dtype or dtype2
             shard = coll == "all_gather"  # only a shard here: times the group size once that is known
-        shards.append(shard)
-        rows.append((idx, coll, nbytes, dtype,
-                     float(gs) if isinstance(gs, (int, float)) else float("nan"),
-                     None if pg is None else str(pg),
-                     float(seq) if isinstance(seq, (int, float)) else float("nan")))
-    out = pd.DataFrame(rows, columns=["idx", "collective", "bytes", "dtype", "group_size", "pg", "seq"])
-    out["shard"] = np.asarray(shards, dtype=bool)
-    return out
+        out["idx"].append(idx)
+        out["collective"].append(coll)
+        out["bytes"].append(nbytes)
+        out["dtype"].append(dtype)
+        out["group_size"].append(float(gs) if isinstance(gs, (int, float)) else float("nan"))
+        out["pg"].append(None if pg is None else str(pg))
+        out["seq"].append(float(seq) if isinstance(seq, (int, float)) else float("nan"))
+        out["shard"].append(shard)
+    objs = ("collective", "dtype", "pg")
+    return {k: np.asarray(v, dtype=object if k in objs else bool if k == "shard" else np.int64 if k == "idx"
+                          else np.float64) for k, v in out.items()}
 
 
 def _default_group_size(dist: dict) -> float:
@@ -198,20 +202,53 @@ def _default_group_size(dist: dict) -> float:
     return float(ws) if isinstance(ws, int) else float("nan")
 
 
+def _isna(a: np.ndarray) -> np.ndarray:
+    """Missing (None/NaN) per element of an object array."""
+    return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
+
+
+def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found, position in keys) of each q in the sorted unique int array ``keys``."""
+    pos = np.searchsorted(keys, q)
+    pos_c = np.minimum(pos, max(len(keys) - 1, 0))
+    found = (pos < len(keys)) & (keys[pos_c] == q) if len(keys) else np.zeros(len(q), dtype=bool)
+    return found, pos_c
+
+
+# Link columns classify adds to the schema columns (used by phases.py)
+LINK_COLUMNS = ["tid", "stream", "correlation", "ext_id", "cat", "launch_tid", "launch_ts_us"]
+
+
 def classify(rt) -> pd.DataFrame:
     """Events frame (schema columns except rank/step/phase/unit) + link columns, from a RawTrace."""
-    raw = rt.raw
-    n = len(raw)
+    c = classify_arrays(rt)
+    return pd.DataFrame({
+        "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
+        "kind": _obj(c["kind"]),
+        "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
+        "ts_us": c["ts_us"], "dur_us": c["dur_us"], "collective": _obj(c["collective"]),
+        "bytes": c["bytes"], "dtype": _obj(c["dtype"]), "group_size": c["group_size"],
+        "pg": _obj(c["pg"]), "seq": c["seq"],
+        "tid": _obj(c["tid"]), "stream": c["stream"], "correlation": c["correlation"], "ext_id": c["ext_id"],
+        "cat": pd.Categorical.from_codes(c["cat"], categories=c["cat_cats"]),
+        "launch_tid": _obj(c["launch_tid"]), "launch_ts_us": c["launch_ts_us"],
+    })
+
+
+def classify_arrays(rt) -> dict:
+    """classify() as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
+    kind/collective/dtype/pg/tid/launch_tid object arrays, times float64 us; runtime calls dropped."""
+    rc = rt.cols
+    n = len(rc["ts_us"])
     dist = rt.meta.get("distributedInfo") or {}
-    names = raw["name"]
-    cat_codes = raw["cat"].cat.codes.to_numpy()
-    cat_names = np.asarray(raw["cat"].cat.categories.astype(object), dtype=object)
+    cat_codes = rc["cat"]
+    cat_names = np.asarray(rc["cat_cats"], dtype=object)
 
     def cat_is(*wanted) -> np.ndarray:
         hit = np.isin(cat_names, list(wanted))
         return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
 
-    stream = raw["stream"].to_numpy()
+    stream = rc["stream"]
     gpu_cat = cat_is("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset")
     on_gpu = (stream >= 0) & gpu_cat
     is_runtime = cat_is("cuda_runtime", "cuda_driver", "Runtime", "Driver")
@@ -221,17 +258,22 @@ def classify(rt) -> pd.DataFrame:
         cat_is("cuda_sync")
 
     # --- kind -------------------------------------------------------------------------------
-    # name-level tests on the (few) categories, broadcast to rows
-    cats = names.cat.categories
-    cs = pd.Series(cats, dtype=object)
-    low = cs.str.lower()
-    c_comm = (low.str.startswith("nccl") | low.str.startswith("rccl")).to_numpy()
-    c_memcpy = (low.str.startswith("memcpy") | low.str.startswith("dma")).to_numpy()
-    c_memset = low.str.startswith("memset").to_numpy()
-    c_sync = low.str.contains("sync").to_numpy()
-    c_gloo = cs.str.startswith("gloo:").to_numpy()
-    c_c10d = (cs.str.startswith("c10d::") | cs.isin(_COMM_CPU_NAMES) | cs.isin(list(_WAIT_NAMES))).to_numpy()
-    codes = names.cat.codes.to_numpy()
+    # name-level tests once per distinct name, broadcast to rows through the codes
+    cats = rc["name_cats"]
+    cl = [str(x) for x in cats]
+    low = [x.lower() for x in cl]
+
+    def by_name(values) -> np.ndarray:
+        return np.fromiter(values, dtype=bool, count=len(cl))
+
+    c_comm = by_name(x.startswith(("nccl", "rccl")) for x in low)
+    c_memcpy = by_name(x.startswith(("memcpy", "dma")) for x in low)
+    c_memset = by_name(x.startswith("memset") for x in low)
+    c_sync = by_name("sync" in x for x in low)
+    c_gloo = by_name(x.startswith("gloo:") for x in cl)
+    c_c10d = by_name(x.startswith("c10d::") or x in _COMM_CPU_NAMES or x in _WAIT_NAMES for x in cl)
+    c_ncclop = by_name(x.startswith("nccl:") for x in low)
+    codes = rc["name"]
     r_comm, r_memcpy, r_memset, r_sync = c_comm[codes], c_memcpy[codes], c_memset[codes], c_sync[codes]
     r_gloo, r_c10d = c_gloo[codes], c_c10d[codes]
 
@@ -246,214 +288,211 @@ def classify(rt) -> pd.DataFrame:
     gloo_comm = is_annot & r_gloo
     kind[gloo_comm] = schema.KIND_COMM
 
-    tid = raw["tid"].to_numpy()
+    tid = rc["tid"]
     # lane labels built once per distinct stream / thread, then broadcast (no per-row strings)
-    tcodes, tuniq = pd.factorize(pd.Series(tid, dtype=object))
+    tcodes, tuniq = pd.factorize(tid)
     scodes, suniq = pd.factorize(stream)
     lane_labels = np.array([f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq], dtype=object)
     lane_codes = np.where(on_gpu, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
     if pd.Index(lane_labels).is_unique:
-        lane = pd.Categorical.from_codes(lane_codes, categories=pd.Index(lane_labels, dtype=object))
+        lane_cats = pd.Index(lane_labels, dtype=object)
     else:
-        lane = pd.Categorical(lane_labels[lane_codes])
+        lane_c = pd.Categorical(lane_labels[lane_codes])
+        lane_cats, lane_codes = lane_c.categories, np.asarray(lane_c.codes)
 
     device_type = rt.meta.get("device_type", "cpu")
     if device_type == "cpu":
         # CPU compute: leaf cpu_ops on threads that run no gloo work, not comm calls themselves
-        comm_threads = set(pd.unique(tid[gloo_comm]))
-        cand = is_cpu_op & ~r_c10d & ~np.isin(tid, list(comm_threads)) if comm_threads else is_cpu_op & ~r_c10d
-        leaf = _leaf_mask(raw, is_cpu_op)
-        kind[cand & leaf] = schema.KIND_COMPUTE
+        comm_threads = np.unique(tcodes[gloo_comm])
+        cand = is_cpu_op & ~r_c10d & ~np.isin(tcodes, comm_threads)
+        ts0, end0 = rc["ts_us"], rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
+        kind[cand & _leaf_mask(tcodes, ts0, end0, is_cpu_op)] = schema.KIND_COMPUTE
 
     # --- collective type + sizes ---------------------------------------------------------------
     coll_by_cat = np.array([collective_of(c) for c in cats], dtype=object) if len(cats) else np.empty(0, dtype=object)
     collective = coll_by_cat[codes] if n else np.empty(0, dtype=object)
-    relevant = (kind == schema.KIND_COMM) | r_c10d | (is_annot & (low.str.startswith("nccl:").to_numpy()[codes]))
+    relevant = (kind == schema.KIND_COMM) | r_c10d | (is_annot & c_ncclop[codes])
     collective = np.where(relevant, collective, None)
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
-    ts = raw["ts_us"].to_numpy()
-    corr = raw["correlation"].to_numpy()
-    launch_tid = tid.astype(object)             # a new array
+    ts = rc["ts_us"]
+    corr = rc["correlation"]
+    launch_tid = tid.copy()
     launch_ts = ts.copy()
     if on_gpu.any():
         launch_tid[on_gpu] = None
-        rsel = is_runtime & (corr >= 0)
-        rt_rows = pd.DataFrame({"correlation": corr[rsel], "tid": _obj(tid[rsel]), "ts_us": ts[rsel]})
-        rt_rows = rt_rows.drop_duplicates("correlation")
+        ridx = np.flatnonzero(is_runtime & (corr >= 0))
+        keys, first = np.unique(corr[ridx], return_index=True)       # first runtime call per correlation
         gidx = np.flatnonzero(on_gpu)
-        m = pd.DataFrame({"correlation": corr[gidx]}).merge(rt_rows, on="correlation", how="left")
-        ok = m["ts_us"].notna().to_numpy()
-        launch_tid[gidx[ok]] = m["tid"].to_numpy(dtype=object)[ok]
-        launch_ts[gidx[ok]] = m["ts_us"].to_numpy()[ok]
+        found, pos = _lookup(keys, corr[gidx])
+        src = ridx[first[pos[found]]]
+        launch_tid[gidx[found]] = tid[src]
+        launch_ts[gidx[found]] = ts[src]
 
-    # --- the frame: every event but the runtime calls ------------------------------------------------
+    # --- the columns: every event but the runtime calls ------------------------------------------------
     kidx = np.flatnonzero(~is_runtime)
     pos = np.full(n, -1, dtype=np.int64)
     pos[kidx] = np.arange(len(kidx))
     k = len(kidx)
-    out = pd.DataFrame({
-        "lane": pd.Categorical.from_codes(np.asarray(lane.codes)[kidx], categories=lane.categories),
-        "kind": _obj(kind[kidx]),
-        "name": pd.Categorical.from_codes(codes[kidx], categories=names.cat.categories),
-        "ts_us": ts[kidx], "dur_us": raw["dur_us"].fillna(0.0).to_numpy()[kidx], "collective": _obj(collective[kidx]),
-        "bytes": np.full(k, np.nan), "dtype": _obj(np.full(k, None, dtype=object)), "group_size": np.full(k, np.nan),
-        "pg": _obj(np.full(k, None, dtype=object)), "seq": np.full(k, np.nan),
-        "tid": _obj(tid[kidx]), "stream": stream[kidx], "correlation": corr[kidx],
-        "ext_id": raw["ext_id"].to_numpy()[kidx],
-        "cat": pd.Categorical.from_codes(cat_codes[kidx], categories=raw["cat"].cat.categories),
-        "launch_tid": _obj(launch_tid[kidx]), "launch_ts_us": launch_ts[kidx],
-    })
+    o = {
+        "lane": lane_codes[kidx], "lane_cats": lane_cats, "kind": kind[kidx],
+        "name": codes[kidx], "name_cats": cats, "ts_us": ts[kidx],
+        "dur_us": np.nan_to_num(rc["dur_us"][kidx], nan=0.0), "collective": collective[kidx],
+        "bytes": np.full(k, np.nan), "dtype": np.full(k, None, dtype=object), "group_size": np.full(k, np.nan),
+        "pg": np.full(k, None, dtype=object), "seq": np.full(k, np.nan),
+        "tid": tid[kidx], "stream": stream[kidx], "correlation": corr[kidx], "ext_id": rc["ext_id"][kidx],
+        "cat": cat_codes[kidx], "cat_cats": rc["cat_cats"],
+        "launch_tid": launch_tid[kidx], "launch_ts_us": launch_ts[kidx],
+    }
     k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
     del launch_tid, launch_ts, collective, kind
-    info = _comm_info(rt, n, dist)
+    info = _comm_info(rt, cats)
     shard = np.zeros(k, dtype=bool)
-    if len(info):
-        ipos = pos[info["idx"].to_numpy()]
-        info = info[ipos >= 0]
-        idx = ipos[ipos >= 0]
-        shard[idx] = info["shard"].to_numpy(dtype=bool)
-        coll_info = info["collective"].to_numpy(dtype=object)
-        cur = out["collective"].to_numpy(dtype=object).copy()
-        cur[idx] = np.where(pd.isna(coll_info), cur[idx], coll_info)
-        out["collective"] = _obj(cur)
-        for c in ("bytes", "group_size", "seq"):
-            arr = out[c].to_numpy(dtype=float).copy()
-            arr[idx] = info[c].to_numpy(dtype=float)
-            out[c] = arr
-        for c in ("dtype", "pg"):
-            arr = out[c].to_numpy(dtype=object).copy()
-            arr[idx] = info[c].to_numpy(dtype=object)
-            out[c] = _obj(arr)
+    if len(info["idx"]):
+        ipos = pos[info["idx"]]
+        ok = ipos >= 0
+        idx = ipos[ok]
+        shard[idx] = info["shard"][ok]
+        coll_info = info["collective"][ok]
+        cur = o["collective"]
+        cur[idx] = np.where(_isna(coll_info), cur[idx], coll_info)
+        for c in ("bytes", "group_size", "seq", "dtype", "pg"):
+            o[c][idx] = info[c][ok]
     if k_on_gpu.any():
         # comm kernels without size info: take it from the CPU op with the same External id
-        _fill_from_cpu_side(out, k_on_gpu)
+        _fill_from_cpu_side(o, k_on_gpu)
 
     # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
     if k_gloo.any():
-        _pair_gloo(out, k_gloo, k_c10d & k_cpu_op, dist, shard)
-        _gloo_group_sizes(out, k_gloo, rt.meta)
+        _pair_gloo(o, k_gloo, k_c10d & k_cpu_op, shard)
+        _gloo_group_sizes(o, k_gloo, rt.meta)
     # default group size for comm rows that lack one
-    gs = out["group_size"].to_numpy(dtype=float).copy()
-    comm_rows = (out["kind"].to_numpy() == schema.KIND_COMM) | k_c10d
+    gs = o["group_size"]
+    comm_rows = (o["kind"] == schema.KIND_COMM) | k_c10d
     miss = comm_rows & np.isnan(gs)
     if miss.any():
         gs[miss] = _default_group_size(dist)
-        out["group_size"] = gs
     # gloo all_gather work that kept its own (shard) size: the whole array is shard * group size
-    sh = shard
-    if sh.any():
-        b = out["bytes"].to_numpy(dtype=float).copy()
-        b[sh] = b[sh] * gs[sh]
-        out["bytes"] = b
-    return out
+    if shard.any():
+        o["bytes"][shard] = o["bytes"][shard] * gs[shard]
+    return o
 
 
-def _fill_from_cpu_side(out: pd.DataFrame, on_gpu: np.ndarray) -> None:
-    kind = out["kind"].to_numpy()
-    ck = on_gpu & (kind == schema.KIND_COMM) & (out["ext_id"].to_numpy() >= 0)
-    if not ck.any():
+def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
+    """Comm kernels without size info take it from the CPU op with the same External id (the last one)."""
+    ext = o["ext_id"]
+    ck = np.flatnonzero(on_gpu & (o["kind"] == schema.KIND_COMM) & (ext >= 0))
+    if not ck.size:
         return
-    cpu = out.loc[~on_gpu & out["collective"].notna() & (out["ext_id"].to_numpy() >= 0),
-                  ["ext_id", "collective", "bytes", "dtype", "group_size", "pg", "seq"]]
-    if len(cpu) == 0:
+    cpu = np.flatnonzero(~on_gpu & ~_isna(o["collective"]) & (ext >= 0))
+    if not cpu.size:
         return
-    cpu = cpu.drop_duplicates("ext_id", keep="last")
-    k = out.loc[ck, ["ext_id"]].merge(cpu, on="ext_id", how="left")
-    idx = np.flatnonzero(ck)
+    # last CPU op per External id: unique over the reversed rows keeps each id's last row
+    keys, first_rev = np.unique(ext[cpu][::-1], return_index=True)
+    src_of_key = cpu[::-1][first_rev]
+    found, pos = _lookup(keys, ext[ck])
+    dst, src = ck[found], src_of_key[pos[found]]
     for c in ("bytes", "group_size", "seq"):
-        cur = out[c].to_numpy(dtype=float).copy()
-        sub = cur[idx]
-        cur[idx] = np.where(np.isnan(sub), k[c].to_numpy(dtype=float), sub)
-        out[c] = cur
+        cur = o[c]
+        cur[dst] = np.where(np.isnan(cur[dst]), cur[src], cur[dst])
     for c in ("dtype", "pg", "collective"):
-        cur = out[c].to_numpy(dtype=object).copy()
-        sub = cur[idx]
-        cur[idx] = np.where(pd.isna(sub), k[c].to_numpy(dtype=object), sub)
-        out[c] = _obj(cur)
+        cur = o[c]
+        cur[dst] = np.where(_isna(cur[dst]), cur[src], cur[dst])
 
 
-def _leaf_mask(raw: pd.DataFrame, is_cpu_op: np.ndarray) -> np.ndarray:
-    """True for cpu_op rows that contain no other cpu_op of the same thread."""
-    n = len(raw)
-    leaf = np.zeros(n, dtype=bool)
-    if not is_cpu_op.any():
+def _leaf_mask(tcodes: np.ndarray, ts: np.ndarray, end: np.ndarray, is_cpu_op: np.ndarray) -> np.ndarray:
+    """True for cpu_op rows that contain no other cpu_op of the same thread (tcodes: thread codes)."""
+    leaf = np.zeros(len(ts), dtype=bool)
+    i = np.flatnonzero(is_cpu_op)
+    if not i.size:
         return leaf
-    sub = pd.DataFrame({"tid": raw["tid"].to_numpy()[is_cpu_op].astype(str),
-                        "ts": raw["ts_us"].to_numpy()[is_cpu_op],
-                        "end": (raw["ts_us"] + raw["dur_us"].fillna(0)).to_numpy()[is_cpu_op],
-                        "i": np.flatnonzero(is_cpu_op)})
-    # parents start no later and end no earlier: sort by (tid, ts, -end); an op is a leaf when the
+    # parents start no later and end no earlier: sort by (thread, ts, -end); an op is a leaf when the
     # next op on its thread starts at or after its end
-    sub = sub.sort_values(["tid", "ts", "end"], ascending=[True, True, False], kind="mergesort")
-    nxt_ts = sub["ts"].shift(-1).to_numpy()
-    nxt_tid = sub["tid"].shift(-1).to_numpy()
-    end = sub["end"].to_numpy()
-    is_leaf = (nxt_tid != sub["tid"].to_numpy()) | (nxt_ts >= end) | pd.isna(nxt_ts)
-    leaf[sub["i"].to_numpy()[is_leaf]] = True
+    t, s, e = tcodes[i], ts[i], end[i]
+    order = np.lexsort((-e, s, t))
+    t, s, e, i = t[order], s[order], e[order], i[order]
+    is_leaf = np.ones(i.size, dtype=bool)
+    is_leaf[:-1] = (t[1:] != t[:-1]) | (s[1:] >= e[:-1]) | np.isnan(s[1:])
+    leaf[i[is_leaf]] = True
     return leaf
 
 
-def _pair_gloo(out: pd.DataFrame, gloo_comm: np.ndarray, c10d_call: np.ndarray, dist: dict,
-               shard: np.ndarray) -> None:
-    """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work."""
-    coll = out["collective"].to_numpy(dtype=object)
-    calls = out.loc[c10d_call & pd.notna(coll)].copy()
-    calls["gloo_as"] = calls["collective"].replace(_GLOO_AS)
-    calls = calls.sort_values("ts_us", kind="mergesort")
-    calls["ord"] = calls.groupby("gloo_as", sort=False).cumcount()
-    work = out.loc[gloo_comm, ["ts_us", "name"]].copy()
-    work["gloo_as"] = [collective_of(str(x)) for x in work["name"]]
-    work["row"] = np.flatnonzero(gloo_comm)
-    work = work.sort_values("ts_us", kind="mergesort")
-    work["ord"] = work.groupby("gloo_as", sort=False).cumcount()
-    right = calls[["gloo_as", "ord", "ts_us", "tid", "collective", "bytes", "dtype", "group_size", "pg",
-                   "seq"]].rename(columns={"ts_us": "call_ts"})
-    # gloo work already running when the window opened has no call in the trace: then the k-th work
-    # belongs to the (k - shift)-th call; per op type, keep the shift that pairs the most work in time
-    best = []
-    for _, w in work.groupby("gloo_as", sort=False):
-        cand = None
+def _order_in_group(keys: np.ndarray, rows: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows sorted by time (stable), and each one's rank in time within its key (0, 1, ...)."""
+    order = np.argsort(ts[rows], kind="mergesort")
+    rows, keys = rows[order], keys[order]
+    ordinal = np.zeros(rows.size, dtype=np.int64)
+    for key in dict.fromkeys(keys.tolist()):
+        sel = np.flatnonzero(keys == key)
+        ordinal[sel] = np.arange(sel.size)
+    return rows, ordinal
+
+
+def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.ndarray) -> None:
+    """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work.
+
+    The k-th gloo work of an op type (in time) belongs to the k-th c10d call that runs as that op;
+    gloo work already running when the window opened has no call in the trace, so per op type the
+    shift (0, 1, 2) that pairs the most work with a call starting no later than it (+1 us) is used."""
+    ts = o["ts_us"]
+    coll = o["collective"]
+    calls = np.flatnonzero(c10d_call & ~_isna(coll))
+    call_as = np.array([_GLOO_AS.get(x, x) for x in coll[calls]], dtype=object)
+    calls, call_ord = _order_in_group(call_as, calls, ts)
+    call_as = np.array([_GLOO_AS.get(x, x) for x in coll[calls]], dtype=object)
+    names = o["name_cats"]
+    as_by_name = {}
+    work = np.flatnonzero(gloo_comm)
+    work_as = np.array([as_by_name.setdefault(c, collective_of(str(names[c]))) for c in o["name"][work].tolist()],
+                       dtype=object)
+    known = ~_isna(work_as)
+    work, work_as = work[known], work_as[known]
+    work, work_ord = _order_in_group(work_as, work, ts)
+    work_as = np.array([as_by_name[c] for c in o["name"][work].tolist()], dtype=object)
+    dst_all, src_all = [], []
+    for g in dict.fromkeys(work_as.tolist()):
+        w = np.flatnonzero(work_as == g)
+        cg = calls[call_as == g]                 # this op's calls, in time order (ordinal = position)
+        best = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
         for shift in (0, 1, 2):
-            m = w.assign(ord=w["ord"] - shift).merge(right, on=["gloo_as", "ord"], how="left")
-            m = m[m["call_ts"].notna() & (m["call_ts"] <= m["ts_us"] + 1.0)]
-            if cand is None or len(m) > len(cand):
-                cand = m
-        best.append(cand)
-    m = pd.concat(best, ignore_index=True) if best else right.iloc[:0].assign(row=[])
-    rows = m["row"].to_numpy()
+            k = work_ord[w] - shift
+            ok = (k >= 0) & (k < cg.size)
+            dst, src = work[w[ok]], cg[k[ok]]
+            hit = ts[src] <= ts[dst] + 1.0
+            if hit.sum() > best[0].size:
+                best = (dst[hit], src[hit])
+        dst_all.append(best[0])
+        src_all.append(best[1])
+    if not dst_all:
+        return
+    rows, src = np.concatenate(dst_all), np.concatenate(src_all)
     # the c10d call's values win; the gloo work's own (from its Input Dims) stay where the call has none
     for c in ("collective", "dtype", "pg"):
-        arr = out[c].to_numpy(dtype=object).copy()
-        new = m[c].to_numpy(dtype=object)
-        arr[rows] = np.where(pd.isna(new), arr[rows], new)
-        out[c] = _obj(arr)
+        arr, new = o[c], o[c][src]
+        arr[rows] = np.where(_isna(new), arr[rows], new)
     for c in ("bytes", "group_size", "seq"):
-        arr = out[c].to_numpy(dtype=float).copy()
-        new = m[c].to_numpy(dtype=float)
+        arr, new = o[c], o[c][src]
         arr[rows] = np.where(np.isnan(new), arr[rows], new)
-        out[c] = arr
         if c == "bytes":   # the call gave the whole array: the work's shard size is no longer used
             shard[rows] = shard[rows] & np.isnan(new)
-    lt = out["launch_tid"].to_numpy(dtype=object).copy()
-    lts = out["launch_ts_us"].to_numpy(dtype=float).copy()
-    lt[rows] = m["tid"].to_numpy(dtype=object)
-    lts[rows] = m["call_ts"].to_numpy(dtype=float)
-    out["launch_tid"] = _obj(lt)
-    out["launch_ts_us"] = lts
+    o["launch_tid"][rows] = o["tid"][src]
+    o["launch_ts_us"][rows] = ts[src]
 
 
-def _gloo_group_sizes(out: pd.DataFrame, gloo_comm: np.ndarray, meta: dict) -> None:
+def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     """Group size of gloo work whose call did not tell it (e.g. all_reduce), per gloo thread.
 
     gloo runs each process group on its own worker threads, so work on a thread where another
     collective's size is known (from its shapes) gets that size.  On threads with none known: the one
     size of the non-default process groups of this rank that no other thread claimed (HSDP's replicate
     group when the shard group is known), or the only non-default size there is."""
-    gs = out["group_size"].to_numpy(dtype=float).copy()
-    lanes = out["lane"].to_numpy(dtype=object)
-    sub = pd.DataFrame({"lane": lanes[gloo_comm], "gs": gs[gloo_comm]})
-    known = sub.dropna().groupby("lane")["gs"].agg(lambda x: x.mode().iloc[0])
+    gs = o["group_size"]
+    lanes = o["lane"]
+    known = {}                                     # lane code -> most frequent known size (smallest on ties)
+    sel = gloo_comm & ~np.isnan(gs)
+    for lane in np.unique(lanes[sel]).tolist():
+        vals, counts = np.unique(gs[sel & (lanes == lane)], return_counts=True)
+        known[lane] = float(vals[np.argmax(counts)])
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank, cfg = dist.get("rank"), dist.get("pg_config")
     other_sizes: list[float] = []
@@ -464,15 +503,12 @@ def _gloo_group_sizes(out: pd.DataFrame, gloo_comm: np.ndarray, meta: dict) -> N
             if isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"]:
                 continue
             other_sizes.append(float(g["pg_size"]))
-    left = set(other_sizes) - set(known.to_numpy().tolist())
+    left = set(other_sizes) - set(known.values())
     fallback = (left.pop() if len(left) == 1 else
                 (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
-    lane_size = pd.Series(lanes).map(known).to_numpy(dtype=float)
-    fill = gloo_comm & np.isnan(gs)
-    gs[fill] = np.where(np.isnan(lane_size[fill]), fallback, lane_size[fill])
-    out["group_size"] = gs
+    fill = np.flatnonzero(gloo_comm & np.isnan(gs))
+    gs[fill] = [known.get(lane, fallback) for lane in lanes[fill].tolist()]
     # with a single process group, that is the group of every collective
     if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
-        pg = out["pg"].to_numpy(dtype=object).copy()
-        pg[gloo_comm & pd.isna(pg)] = str(cfg[0]["pg_name"])
-        out["pg"] = _obj(pg)
+        pg = o["pg"]
+        pg[gloo_comm & _isna(pg)] = str(cfg[0]["pg_name"])

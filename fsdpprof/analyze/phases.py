@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import intervals, schema
-from fsdpprof.analyze.classify import category_mask
 
 _FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
@@ -44,44 +43,47 @@ def parse_fsdp(name: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def assign_phases(ev: pd.DataFrame, rt) -> tuple[pd.DataFrame, list[str]]:
-    """Add ``step``, ``phase``, ``unit`` to the classified frame; returns (frame, warnings)."""
+def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
+    """Add ``step`` (float64), ``phase``, ``unit`` (object) to classify_arrays' columns; returns (c, warnings)."""
     warnings: list[str] = []
-    n = len(ev)
-    names = ev["name"].astype(str) if not isinstance(ev["name"].dtype, pd.CategoricalDtype) else ev["name"]
-    cats = pd.Series(names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else pd.unique(names))
-    codes = names.cat.codes.to_numpy() if isinstance(names.dtype, pd.CategoricalDtype) else \
-        pd.Categorical(names, categories=cats).codes
-    ts = ev["ts_us"].to_numpy()
-    end = ts + ev["dur_us"].to_numpy()
-    cpu_side = ~category_mask(ev["lane"], lambda s: s.str.startswith("stream:"))
-    lt = ev["launch_tid"].to_numpy(dtype=object)
-    lts = ev["launch_ts_us"].to_numpy(dtype=float)
+    n = len(c["ts_us"])
+    cats = [str(x) for x in c["name_cats"]]
+    codes = c["name"]
+    ts = c["ts_us"]
+    end = ts + c["dur_us"]
+    lane_gpu = np.fromiter((str(x).startswith("stream:") for x in c["lane_cats"]), dtype=bool,
+                           count=len(c["lane_cats"]))
+    cpu_side = ~lane_gpu[c["lane"]] if n else np.zeros(0, dtype=bool)
+    lt = c["launch_tid"]
+    lts = c["launch_ts_us"]
     q_ts = np.where(np.isnan(lts), ts, lts)
 
     # --- steps ----------------------------------------------------------------------------
-    step_num = cats.str.extract(_STEP)[0].astype(float).to_numpy()
-    is_step = ~np.isnan(step_num[codes]) & cpu_side
+    step_num = np.array([float(m.group(1)) if (m := _STEP.match(x)) else np.nan for x in cats], dtype=np.float64)
+    row_step = step_num[codes] if len(cats) else np.full(n, np.nan)
+    is_step = ~np.isnan(row_step) & cpu_side
     step = np.full(n, np.nan)
     if is_step.any():
         s_idx = np.flatnonzero(is_step)
         k = intervals.innermost(ts[s_idx], end[s_idx], q_ts)
-        step = np.where(k >= 0, step_num[codes][s_idx][np.clip(k, 0, None)], np.nan)
+        step = np.where(k >= 0, row_step[s_idx][np.clip(k, 0, None)], np.nan)
     else:
         warnings.append(f"trace {rt.path} has no ProfilerStep# annotations: the whole trace is taken as one step "
                         f"(use torch.profiler's schedule and prof.step() to get per-step numbers)")
         step[:] = 0.0
 
     # --- FSDP annotations -> phase/unit ----------------------------------------------------------
-    parsed = [parse_fsdp(c) for c in cats]
-    c_phase = np.array([p[0] for p in parsed], dtype=object)
-    c_unit = np.array([p[1] for p in parsed], dtype=object)
-    is_fsdp = pd.notna(c_phase[codes]) & cpu_side & (ev["kind"].to_numpy() != schema.KIND_COMM)
+    parsed = [parse_fsdp(x) for x in cats]
+    c_phase = np.array([p[0] for p in parsed] or [None], dtype=object)
+    c_unit = np.array([p[1] for p in parsed] or [None], dtype=object)
+    c_is_fsdp = np.fromiter((p[0] is not None for p in parsed), dtype=bool, count=len(parsed))
+    is_fsdp = (c_is_fsdp[codes] if len(cats) else np.zeros(n, dtype=bool)) & cpu_side & \
+        (c["kind"] != schema.KIND_COMM)
     phase = np.full(n, None, dtype=object)
     unit = np.full(n, None, dtype=object)
     f_idx = np.flatnonzero(is_fsdp)
     if f_idx.size:
-        f_tid = ev["tid"].to_numpy(dtype=object)[f_idx]
+        f_tid = c["tid"][f_idx]
         for t in pd.unique(f_tid):
             sel = f_idx[f_tid == t]
             qsel = np.flatnonzero(lt == t)
@@ -97,32 +99,52 @@ def assign_phases(ev: pd.DataFrame, rt) -> tuple[pd.DataFrame, list[str]]:
     unit[f_idx] = c_unit[codes[f_idx]]
 
     # --- optimizer / backward / forward for the rest ------------------------------------------------
-    is_opt = cats.str.startswith("Optimizer.step#").to_numpy()[codes] & cpu_side
+    def by_name(test) -> np.ndarray:
+        hit = np.fromiter((test(x) for x in cats), dtype=bool, count=len(cats))
+        return hit[codes] & cpu_side if len(cats) else np.zeros(n, dtype=bool)
+
+    is_opt = by_name(lambda x: x.startswith("Optimizer.step#"))
     if is_opt.any():
         o_idx = np.flatnonzero(is_opt)
         k = intervals.innermost(ts[o_idx], end[o_idx], q_ts)
-        phase = np.where((k >= 0) & pd.isna(phase), "optimizer", phase)
-    is_bwd = cats.str.contains(_BACKWARD_MARK).to_numpy()[codes] & cpu_side
+        phase[(k >= 0) & _isna(phase)] = "optimizer"
+    is_bwd = by_name(lambda x: _BACKWARD_MARK.search(x) is not None)
     if is_bwd.any():
-        bw = pd.DataFrame({"step": step[is_bwd], "ts": ts[is_bwd]}).fillna({"step": -1.0})
-        first_bwd = bw.groupby("step")["ts"].min()
+        # each step's backward starts at its first backward marker (steps keyed with NaN -> -1)
         key = np.where(np.isnan(step), -1.0, step)
-        start_bwd = first_bwd.reindex(key).to_numpy()
-        rest = pd.isna(phase)
-        phase = np.where(rest & ~np.isnan(start_bwd) & (q_ts >= start_bwd), "backward", phase)
-    rest = pd.isna(phase)
-    phase = np.where(rest, "forward", phase)
-    # annotations that are not inside any step keep forward/backward only when inside a step
-    phase = np.where(np.isnan(step) & pd.isna(unit) & ~is_fsdp, None, phase) if is_step.any() else phase
+        bkeys, binv = np.unique(key[is_bwd], return_inverse=True)
+        first = np.full(bkeys.size, np.nan)
+        np.fmin.at(first, binv, ts[is_bwd])
+        pos = np.minimum(np.searchsorted(bkeys, key), bkeys.size - 1)
+        start_bwd = np.where(bkeys[pos] == key, first[pos], np.nan)
+        phase[_isna(phase) & ~np.isnan(start_bwd) & (q_ts >= start_bwd)] = "backward"
+    phase[_isna(phase)] = "forward"
+    if is_step.any():
+        # annotations that are not inside any step keep forward/backward only when inside a step
+        phase[np.isnan(step) & _isna(unit) & ~is_fsdp] = None
+    c["step"], c["phase"], c["unit"] = step, phase, unit
+    return c, warnings
 
-    # ev is our own frame (from classify): columns are set in place, no copy of the whole frame
-    ev["step"] = step
-    ev["phase"] = pd.Categorical(phase)
-    ev["unit"] = pd.Categorical(unit)
-    for c in ("lane", "kind", "collective", "dtype", "pg"):
-        if not isinstance(ev[c].dtype, pd.CategoricalDtype):
-            ev[c] = pd.Categorical(ev[c].to_numpy(dtype=object))
-    ev["group_size"] = ev["group_size"].astype(np.float64)
-    ev["seq"] = ev["seq"].astype(np.float64)
-    ev["bytes"] = ev["bytes"].astype(np.float64)
-    return ev, warnings
+
+def _isna(a: np.ndarray) -> np.ndarray:
+    return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
+
+
+def events_frame(c: dict, rank: int) -> pd.DataFrame:
+    """The schema.EVENT_COLUMNS frame from classified, phase-tagged columns (one DataFrame built, once)."""
+    n = len(c["ts_us"])
+    cols = {
+        "rank": np.full(n, rank, dtype=np.int32),
+        "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
+        "kind": pd.Categorical(c["kind"]),
+        "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
+        "ts_us": c["ts_us"], "dur_us": c["dur_us"],
+        "collective": pd.Categorical(c["collective"]),
+        "bytes": c["bytes"].astype(np.float64, copy=False),
+        "dtype": pd.Categorical(c["dtype"]),
+        "group_size": c["group_size"].astype(np.float64, copy=False),
+        "pg": pd.Categorical(c["pg"]),
+        "seq": c["seq"].astype(np.float64, copy=False),
+        "step": c["step"], "phase": pd.Categorical(c["phase"]), "unit": pd.Categorical(c["unit"]),
+    }
+    return pd.DataFrame(cols, columns=schema.EVENT_COLUMNS)

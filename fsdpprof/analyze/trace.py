@@ -17,6 +17,7 @@ import re
 import sys
 import zlib
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -29,6 +30,7 @@ from fsdpprof.errors import UserError
 CHUNK_BYTES = 32 << 20          # decode the event array in chunks of about this many bytes
 READ_BYTES = 8 << 20
 PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
+SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size (and <= CHUNK_BYTES inflated) are inflated without a thread
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({
@@ -88,7 +90,58 @@ class TailDoc(msgspec.Struct):
     traceName: Any = None
 
 
+class FastArgs(msgspec.Struct, gc=False):
+    """Every args field we use, decoded inline with the event (typed ids: a trace whose ids are not
+    plain integers fails validation and is decoded again by the lenient ``Event``/``Args`` path)."""
+
+    stream: int = -1
+    correlation: int = -1
+    ext_id: int = msgspec.field(default=-1, name="External id")
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg: Any = msgspec.field(default=None, name="Process Group Name")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    addr: Any = msgspec.field(default=None, name="Addr")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    total_alloc: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    name: Any = None
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
+
+
+class FastEvent(msgspec.Struct, gc=False):
+    """One event, args included, in a single typed decode (times in us as floats, NaN when absent)."""
+
+    ph: str = ""
+    name: Any = ""
+    cat: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: float = float("nan")
+    dur: float = float("nan")
+    args: FastArgs | None = None
+
+
+class FastTailDoc(msgspec.Struct):
+    traceEvents: list[FastEvent]
+    schemaVersion: Any = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    traceName: Any = None
+
+
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
+_FAST_CHUNK_DEC = msgspec.json.Decoder(list[FastEvent])
+_FAST_TAIL_DEC = msgspec.json.Decoder(FastTailDoc)
+_NO_FAST_ARGS = FastArgs()
 _ARGS_DEC = msgspec.json.Decoder(Args | None)
 _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
 _ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
@@ -105,16 +158,39 @@ _KEY = b'"traceEvents"'
 RAW_COLUMNS = ["cat", "name", "pid", "tid", "ts_us", "dur_us", "stream", "correlation", "ext_id"]
 
 
+COMM_ARG_COLUMNS = ["idx", "coll_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg", "seq",
+                    "input_dims", "input_type"]
+
+
 @dataclass
 class RawTrace:
-    """Decoded, unclassified trace: ``raw`` has one row per kept duration event."""
+    """Decoded, unclassified trace: one row per kept duration event, held as numpy columns.
+
+    ``cols``: name/cat (int codes into ``name_cats``/``cat_cats``), tid/pid (original values, object),
+    ts_us/dur_us (float64, us), stream/correlation/ext_id (int64, -1 absent).  ``comm_rows``: one
+    tuple per event with comm args (COMM_ARG_COLUMNS; idx is the row).  ``raw``/``comm_args`` give
+    the same as DataFrames."""
 
     path: str
-    raw: pd.DataFrame
-    comm_args: pd.DataFrame          # idx (row of raw), coll_name, in_nelems, out_nelems, group_size, dtype, pg, seq, input_dims, input_type
+    cols: dict
+    comm_rows: list
     memory_events: pd.DataFrame
     meta: dict
     thread_names: dict = field(default_factory=dict)
+
+    @property
+    def raw(self) -> pd.DataFrame:
+        """RAW_COLUMNS as a DataFrame (name and cat categorical)."""
+        c = self.cols
+        return pd.DataFrame({
+            "cat": pd.Categorical.from_codes(c["cat"], categories=c["cat_cats"]),
+            "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
+            "pid": c["pid"], "tid": c["tid"], "ts_us": c["ts_us"], "dur_us": c["dur_us"],
+            "stream": c["stream"], "correlation": c["correlation"], "ext_id": c["ext_id"]})
+
+    @property
+    def comm_args(self) -> pd.DataFrame:
+        return pd.DataFrame(self.comm_rows, columns=COMM_ARG_COLUMNS)
 
 
 def _decode_many(list_dec, one_dec, raws: list) -> list:
@@ -133,6 +209,23 @@ def _decode_args(dec, raw):
         return None
 
 
+class _NotFast(Exception):
+    """The typed fast path cannot take this chunk; decode it with the lenient path."""
+
+
+_GET_NAME, _GET_CAT, _GET_TID, _GET_PID = (attrgetter(k) for k in ("name", "cat", "tid", "pid"))
+_GET_TS, _GET_DUR = attrgetter("ts"), attrgetter("dur")
+_GET_STREAM, _GET_CORR, _GET_EXT = (attrgetter(k) for k in ("stream", "correlation", "ext_id"))
+
+
+def _intern(table: dict, values: list, dtype) -> np.ndarray:
+    """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance."""
+    for v in dict.fromkeys(values):
+        if v not in table:
+            table[v] = len(table)
+    return np.fromiter(map(table.__getitem__, values), dtype=dtype, count=len(values))
+
+
 class _Columns:
     """Accumulates chunk columns; names/cats/tids interned into integer codes."""
 
@@ -145,6 +238,9 @@ class _Columns:
         self.comm_rows: list[tuple] = []
         self.mem_rows: list[tuple] = []
         self.thread_names: dict = {}
+        self.name_comm: list[bool] = []
+        self.cat_gpu: list[bool] = []
+        self.cat_rt: list[bool] = []
         self.n = 0
 
     def add(self, events: list[Event]) -> None:
@@ -196,6 +292,67 @@ class _Columns:
         })
         self.n += n
 
+    def add_fast(self, events: list[FastEvent]) -> None:
+        """Like :meth:`add` for events decoded by the typed ``FastEvent`` decoder (args inline).
+        Raises ``_NotFast`` (before changing any state) when an id does not fit int64."""
+        keep = [e for e in events if e.ph == "X" and e.cat in KEEP_CATS]
+        n = len(keep)
+        args = [e.args or _NO_FAST_ARGS for e in keep]
+        try:
+            stream = np.fromiter(map(_GET_STREAM, args), dtype=np.int64, count=n)
+            corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=n)
+            ext = np.fromiter(map(_GET_EXT, args), dtype=np.int64, count=n)
+        except OverflowError:
+            raise _NotFast from None
+        if n != len(events):
+            self._add_other_fast(e for e in events if e.ph != "X")
+        if not n:
+            return
+        names, cats = self.names, self.cats
+        name_codes = _intern(names, list(map(_GET_NAME, keep)), np.int32)
+        cat_codes = _intern(cats, list(map(_GET_CAT, keep)), np.int16)
+        tid_codes = _intern(self.threads, list(map(_GET_TID, keep)), np.int32)
+        pid_codes = _intern(self.pids, list(map(_GET_PID, keep)), np.int32)
+        # per distinct name / category: comm op name?  device event?  runtime call?
+        for k in list(names)[len(self.name_comm):]:
+            self.name_comm.append(type(k) is str and k.startswith(_COMM_PREFIXES))
+        for k in list(cats)[len(self.cat_gpu):]:
+            self.cat_gpu.append(k in _GPU_CATS)
+            self.cat_rt.append(k in _RUNTIME_CATS)
+        gpu = np.asarray(self.cat_gpu, dtype=bool)[cat_codes]
+        full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
+        runtime = np.asarray(self.cat_rt, dtype=bool)[cat_codes]
+        # ids are kept where the lenient path keeps them: stream/External id on device events and
+        # comm ops, correlation also on runtime calls
+        stream[~full] = -1
+        ext[~full] = -1
+        corr[~(full | runtime)] = -1
+        base = self.n
+        for i in np.flatnonzero(full).tolist():
+            a = args[i]
+            if a.coll_name is not None or a.in_nelems is not None or not gpu[i]:
+                self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
+                                       a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
+        self.parts.append({
+            "name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes,
+            "ts_us": np.fromiter(map(_GET_TS, keep), dtype=np.float64, count=n),
+            "dur_us": np.fromiter(map(_GET_DUR, keep), dtype=np.float64, count=n),
+            "stream": stream, "correlation": corr, "ext_id": ext,
+        })
+        self.n += n
+
+    def _add_other_fast(self, events) -> None:
+        for e in events:
+            ph = e.ph
+            if ph == "i" or ph == "I":
+                if e.name == "[memory]" and e.args is not None:
+                    a = e.args
+                    self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
+                                          a.device_type, a.device_id))
+            elif ph == "M" and e.name == "thread_name":
+                if e.args is not None and e.args.name is not None:
+                    self.thread_names[(e.pid, e.tid)] = str(e.args.name)
+
     def _add_other(self, events) -> None:
         for e in events:
             ph = e.ph
@@ -210,24 +367,24 @@ class _Columns:
                 if a is not None and a.name is not None:
                     self.thread_names[(e.pid, e.tid)] = str(a.name)
 
-    def frame(self) -> pd.DataFrame:
+    def arrays(self) -> dict:
+        """The kept events as numpy columns (see RawTrace.cols)."""
         cols = {}
         for key, dtype in (("name", np.int32), ("cat", np.int16), ("tid", np.int32), ("pid", np.int32),
                            ("ts_us", np.float64), ("dur_us", np.float64), ("stream", np.int64),
                            ("correlation", np.int64), ("ext_id", np.int64)):
             arrs = [p[key] for p in self.parts]
-            cols[key] = np.concatenate(arrs) if arrs else np.empty(0, dtype=dtype)
+            cols[key] = (arrs[0] if len(arrs) == 1 else np.concatenate(arrs)) if arrs else np.empty(0, dtype=dtype)
         self.parts = []
-        df = pd.DataFrame(cols)
-        for key, table in (("name", self.names), ("cat", self.cats)):
-            cats = [str(k) for k in table]
-            df[key] = pd.Categorical.from_codes(df[key].to_numpy(), categories=_unique_cats(cats))
+        cols["name_cats"] = pd.Index(_unique_cats([str(k) for k in self.names]))
+        cols["cat_cats"] = pd.Index(_unique_cats([str(k) for k in self.cats]))
         # tid/pid: keep the original values (int or str) through a lookup table
         tids = np.array([_as_key(k) for k in self.threads], dtype=object)
         pids = np.array([_as_key(k) for k in self.pids], dtype=object)
-        df["tid"] = tids[df["tid"].to_numpy()] if len(df) else np.empty(0, dtype=object)
-        df["pid"] = pids[df["pid"].to_numpy()] if len(df) else np.empty(0, dtype=object)
-        return df
+        n = len(cols["ts_us"])
+        cols["tid"] = tids[cols["tid"]] if n else np.empty(0, dtype=object)
+        cols["pid"] = pids[cols["pid"]] if n else np.empty(0, dtype=object)
+        return cols
 
 
 def _unique_cats(cats: list[str]) -> list[str]:
@@ -290,7 +447,13 @@ class _Reader:
         self._pos = 0
         self._queue = None
         self._stop = False
-        if self.gz:
+        self._sync = None
+        self._last = None
+        if self.gz and size <= SYNC_GZ_BYTES and self._isize() <= CHUNK_BYTES:
+            # small: inflated here, in one piece (a thread would only wait on the decoder, which
+            # decodes files below CHUNK_BYTES in one call anyway)
+            self._sync = self._blocks(0)
+        elif self.gz:
             import queue
             import threading
             self._queue = queue.Queue(maxsize=4)
@@ -307,45 +470,68 @@ class _Reader:
                 continue
         return False
 
-    def _inflate(self) -> None:
-        """Thread: inflate the (possibly multi-member) gzip stream into blocks of <= READ_BYTES."""
+    def _isize(self) -> int:
+        """Decompressed size of the last gzip member (bytes, mod 2**32) from the gzip trailer."""
+        try:
+            self.raw.seek(-4, os.SEEK_END)
+            tail = self.raw.read(4)
+            self.raw.seek(0)
+        except OSError:
+            self.raw.seek(0)
+            return 1 << 62
+        return int.from_bytes(tail, "little") if len(tail) == 4 else 0
+
+    def _blocks(self, max_out: int):
+        """Inflate the (possibly multi-member) gzip stream: yields ("data", bytes, file offset), then
+        ("eof",) or ("error", why); blocks of at most ``max_out`` bytes (0: unlimited)."""
         try:
             d = zlib.decompressobj(wbits=31)
             pending = b""
             while not self._stop:
                 if not pending:
-                    pending = self.raw.read(self.GZ_IN)
+                    pending = self.raw.read(self.GZ_IN if max_out else -1)
                     if not pending:                      # end of file
-                        self._put(("eof",) if d.eof else ("error", "truncated"))
+                        yield ("eof",) if d.eof else ("error", "truncated")
                         return
                 if d.eof:                                # a member ended and more bytes follow
                     if not pending.strip(b"\x00"):      # zero padding
                         pending = b""
                         continue
                     d = zlib.decompressobj(wbits=31)     # the next gzip member
-                out = d.decompress(pending, READ_BYTES)
+                out = d.decompress(pending, max_out)
                 pending = d.unused_data if d.eof else d.unconsumed_tail
-                if out and not self._put(("data", out, self.raw.tell())):
-                    return
+                if out:
+                    yield ("data", out, self.raw.tell())
         except zlib.error as exc:
-            self._put(("error", f"bad: {exc}"))
+            yield ("error", f"bad: {exc}")
         except Exception as exc:  # I/O error
-            self._put(("error", f"io: {exc}"))
+            yield ("error", f"io: {exc}")
+
+    def _inflate(self) -> None:
+        """Thread: inflate into blocks of <= READ_BYTES, a few ahead of the decoder."""
+        for item in self._blocks(READ_BYTES):
+            if not self._put(item):
+                return
 
     def read(self) -> bytes:
-        if self._queue is None:
+        if self._queue is None and self._sync is None:
             try:
                 data = self.raw.read(READ_BYTES)
             except OSError as exc:
                 raise UserError(f"cannot read trace {self.path}: {exc}") from None
             pos = self.raw.tell() if self.bar is not None else 0
         else:
-            item = self._queue.get()
+            if self._sync is not None:
+                item = self._last if self._last is not None else next(self._sync)
+                if item[0] != "data":
+                    self._last = item            # stay at EOF / on the error for further reads
+            else:
+                item = self._queue.get()
+                if item[0] != "data":
+                    self._queue.put(item)        # stay at EOF / on the error for further reads
             if item[0] == "eof":
-                self._queue.put(item)            # stay at EOF for further reads
                 return b""
             if item[0] == "error":
-                self._queue.put(item)
                 msg = item[1]
                 if msg == "truncated":
                     raise UserError(f"trace {self.path} is a truncated gzip file (the writer probably died); "
@@ -372,6 +558,19 @@ _PREFIX = b'{"traceEvents":'
 _P = len(_PREFIX)
 
 
+def _decode_events(buf, cols: _Columns) -> None:
+    """Decode a JSON array of events into ``cols``: typed fast path, lenient path when it does not fit.
+    Raises msgspec.DecodeError when ``buf`` is not valid JSON (nothing added then)."""
+    try:
+        events = _FAST_CHUNK_DEC.decode(buf)
+        cols.add_fast(events)
+        return
+    except (msgspec.ValidationError, _NotFast):
+        pass
+    events = _CHUNK_DEC.decode(buf)
+    cols.add(events)
+
+
 def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
     """``body`` is ``{"traceEvents":[`` + events...: decode the longest run of whole events, in place
     (the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['), then
@@ -387,7 +586,7 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
         mv = memoryview(body)
         sub = mv[_P: end + 1]
         try:
-            events = _CHUNK_DEC.decode(sub)
+            _decode_events(sub, cols)
         except msgspec.DecodeError:
             sub.release()
             mv.release()
@@ -396,10 +595,7 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
             if tried > 16:
                 break
             continue
-        try:
-            cols.add(events)
         finally:
-            del events
             sub.release()
             mv.release()
         body[comma] = 0x5B                           # '['
@@ -467,8 +663,14 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
         # 4. the remainder: rest of the array, then the trailing keys of the document
         buf = body
         del body
+        fast = True
         try:
-            tail = _TAIL_DEC.decode(buf)
+            tail = _FAST_TAIL_DEC.decode(buf)
+        except msgspec.DecodeError:      # not the typed layout (or not valid JSON): the lenient decoder says which
+            fast = False
+        try:
+            if not fast:
+                tail = _TAIL_DEC.decode(buf)
         except msgspec.ValidationError as exc:
             raise UserError(f"trace {path} does not have the chrome-trace event layout ({exc}); "
                             f"is it a PyTorch profiler trace?") from None
@@ -477,8 +679,15 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
             if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
                 raise UserError(f"trace {path} is truncated or not valid JSON ({exc}); re-export or re-copy it") from None
             raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
+        if fast:
+            try:
+                cols.add_fast(tail.traceEvents)
+            except _NotFast:            # an id beyond int64: the lenient path keeps it as -1
+                fast = False
+                tail = _TAIL_DEC.decode(buf)
         del buf
-        cols.add(tail.traceEvents)
+        if not fast:
+            cols.add(tail.traceEvents)
         meta = dict(header) if isinstance(header, dict) else {}
         for key in ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds",
                     "displayTimeUnit", "traceName"):
@@ -487,15 +696,13 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
                 meta[key] = val
     finally:
         reader.close()
-    raw = cols.frame()
-    if len(raw) == 0 and not cols.mem_rows:
+    arrays = cols.arrays()
+    if len(arrays["ts_us"]) == 0 and not cols.mem_rows:
         raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events); "
                         f"was the profiler window active? re-record with a longer window")
-    comm = pd.DataFrame(cols.comm_rows, columns=["idx", "coll_name", "in_nelems", "out_nelems", "group_size",
-                                                 "dtype", "pg", "seq", "input_dims", "input_type"])
     mem = _memory_frame(cols.mem_rows)
-    meta["device_type"] = "cuda" if (raw["stream"].to_numpy() >= 0).any() else "cpu"
-    return RawTrace(path=path, raw=raw, comm_args=comm, memory_events=mem, meta=meta,
+    meta["device_type"] = "cuda" if (arrays["stream"] >= 0).any() else "cpu"
+    return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
                     thread_names=cols.thread_names)
 
 
@@ -558,13 +765,12 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
         rank = dist.get("rank") if isinstance(dist, dict) else None
         if not isinstance(rank, int):
             rank = 0
-    events = classify.classify(rt)
-    rt.raw = None                      # classify copied what it needs: free the raw columns early
-    rt.comm_args = None
-    events, w = phases.assign_phases(events, rt)
+    c = classify.classify_arrays(rt)
+    rt.cols = None                     # classify copied what it needs: free the raw columns early
+    rt.comm_rows = None
+    c, w = phases.assign_arrays(c, rt)
     warnings += w
-    events["rank"] = np.int32(rank)
-    events = events[schema.EVENT_COLUMNS].reset_index(drop=True)
+    events = phases.events_frame(c, rank)
     mem = rt.memory_events
     mem["rank"] = np.int32(rank)
     return TraceData(path=rt.path, events=events, memory_events=mem, meta=rt.meta, warnings=warnings)
