@@ -215,6 +215,12 @@ def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return found, pos_c
 
 
+# kind codes of classify_arrays: positions in schema.KINDS
+KIND_LABELS = np.array(schema.KINDS, dtype=object)
+K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
+    schema.KINDS.index(k) for k in (schema.KIND_COMPUTE, schema.KIND_COMM, schema.KIND_MEMCPY, schema.KIND_MEMSET,
+                                    schema.KIND_SYNC, schema.KIND_CPU_OP, schema.KIND_ANNOTATION))
+
 # Link columns classify adds to the schema columns (used by phases.py)
 LINK_COLUMNS = ["tid", "stream", "correlation", "ext_id", "cat", "launch_tid", "launch_ts_us"]
 
@@ -224,7 +230,7 @@ def classify(rt) -> pd.DataFrame:
     c = classify_arrays(rt)
     return pd.DataFrame({
         "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
-        "kind": _obj(c["kind"]),
+        "kind": _obj(KIND_LABELS[c["kind"]]),
         "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
         "ts_us": c["ts_us"], "dur_us": c["dur_us"], "collective": _obj(c["collective"]),
         "bytes": c["bytes"], "dtype": _obj(c["dtype"]), "group_size": c["group_size"],
@@ -237,7 +243,8 @@ def classify(rt) -> pd.DataFrame:
 
 def classify_arrays(rt) -> dict:
     """classify() as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
-    kind/collective/dtype/pg/tid/launch_tid object arrays, times float64 us; runtime calls dropped."""
+    kind int8 codes into KIND_LABELS (schema.KINDS), collective/dtype/pg/tid/launch_tid object arrays,
+    times float64 us; runtime calls dropped."""
     rc = rt.cols
     n = len(rc["ts_us"])
     dist = rt.meta.get("distributedInfo") or {}
@@ -277,16 +284,15 @@ def classify_arrays(rt) -> dict:
     r_comm, r_memcpy, r_memset, r_sync = c_comm[codes], c_memcpy[codes], c_memset[codes], c_sync[codes]
     r_gloo, r_c10d = c_gloo[codes], c_c10d[codes]
 
-    kind = np.full(n, schema.KIND_CPU_OP, dtype=object)
-    kind[is_annot] = schema.KIND_ANNOTATION
-    gpu_kind = np.where(r_comm, schema.KIND_COMM,
-                        np.where(r_memcpy | is_memcpy_cat, schema.KIND_MEMCPY,
-                                 np.where(r_memset | is_memset_cat, schema.KIND_MEMSET,
-                                          np.where(r_sync | is_sync_cat, schema.KIND_SYNC,
-                                                   schema.KIND_COMPUTE))))
+    kind = np.full(n, K_CPU_OP, dtype=np.int8)
+    kind[is_annot] = K_ANNOTATION
+    gpu_kind = np.where(r_comm, K_COMM,
+                        np.where(r_memcpy | is_memcpy_cat, K_MEMCPY,
+                                 np.where(r_memset | is_memset_cat, K_MEMSET,
+                                          np.where(r_sync | is_sync_cat, K_SYNC, K_COMPUTE))))
     kind[on_gpu] = gpu_kind[on_gpu]
     gloo_comm = is_annot & r_gloo
-    kind[gloo_comm] = schema.KIND_COMM
+    kind[gloo_comm] = K_COMM
 
     tid = rc["tid"]
     # lane labels built once per distinct stream / thread, then broadcast (no per-row strings)
@@ -306,12 +312,12 @@ def classify_arrays(rt) -> dict:
         comm_threads = np.unique(tcodes[gloo_comm])
         cand = is_cpu_op & ~r_c10d & ~np.isin(tcodes, comm_threads)
         ts0, end0 = rc["ts_us"], rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
-        kind[cand & _leaf_mask(tcodes, ts0, end0, is_cpu_op)] = schema.KIND_COMPUTE
+        kind[cand & _leaf_mask(tcodes, ts0, end0, is_cpu_op)] = K_COMPUTE
 
     # --- collective type + sizes ---------------------------------------------------------------
     coll_by_cat = np.array([collective_of(c) for c in cats], dtype=object) if len(cats) else np.empty(0, dtype=object)
     collective = coll_by_cat[codes] if n else np.empty(0, dtype=object)
-    relevant = (kind == schema.KIND_COMM) | r_c10d | (is_annot & c_ncclop[codes])
+    relevant = (kind == K_COMM) | r_c10d | (is_annot & c_ncclop[codes])
     collective = np.where(relevant, collective, None)
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
@@ -368,7 +374,7 @@ def classify_arrays(rt) -> dict:
         _gloo_group_sizes(o, k_gloo, rt.meta)
     # default group size for comm rows that lack one
     gs = o["group_size"]
-    comm_rows = (o["kind"] == schema.KIND_COMM) | k_c10d
+    comm_rows = (o["kind"] == K_COMM) | k_c10d
     miss = comm_rows & np.isnan(gs)
     if miss.any():
         gs[miss] = _default_group_size(dist)
@@ -381,7 +387,7 @@ def classify_arrays(rt) -> dict:
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
     """Comm kernels without size info take it from the CPU op with the same External id (the last one)."""
     ext = o["ext_id"]
-    ck = np.flatnonzero(on_gpu & (o["kind"] == schema.KIND_COMM) & (ext >= 0))
+    ck = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & (ext >= 0))
     if not ck.size:
         return
     cpu = np.flatnonzero(~on_gpu & ~_isna(o["collective"]) & (ext >= 0))

@@ -45,8 +45,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
         by = ["rank"] + by
     if by == ["rank"]:
         return _per_rank(events)
-    kind = events["kind"].astype(object).to_numpy()
-    comm = events.loc[kind == schema.KIND_COMM, by + ["ts_us", "dur_us"]]
+    comm = events.loc[kind_mask(events, schema.KIND_COMM), by + ["ts_us", "dur_us"]]
     comm = comm.assign(start=comm["ts_us"], end=comm["ts_us"] + comm["dur_us"]).drop(columns=["ts_us", "dur_us"])
     for k in by:
         if isinstance(comm[k].dtype, pd.CategoricalDtype):
@@ -55,7 +54,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     if len(merged) == 0:
         return pd.DataFrame({**{k: [] for k in by}, **{c: [] for c in OVERLAP_COLUMNS}})
     ov = np.zeros(len(merged))
-    comp_mask = kind == schema.KIND_COMPUTE
+    comp_mask = kind_mask(events, schema.KIND_COMPUTE)
     ranks_c = events["rank"].to_numpy()
     for r in pd.unique(merged["rank"]):
         sel = np.flatnonzero(merged["rank"].to_numpy() == r)
@@ -72,21 +71,42 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     return out
 
 
-def _per_rank(events: pd.DataFrame) -> pd.DataFrame:
-    """comm_overlap(by=("rank",)) straight on numpy arrays (the common, hot case)."""
-    kind = events["kind"].to_numpy(dtype=object)
+def kind_mask(events: pd.DataFrame, kind: str) -> np.ndarray:
+    """Rows of ``events`` whose kind is ``kind`` (through the categorical codes, no per-row strings)."""
+    col = events["kind"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = list(col.cat.categories)
+        if kind not in cats:
+            return np.zeros(len(col), dtype=bool)
+        return col.cat.codes.to_numpy() == cats.index(kind)
+    return col.to_numpy(dtype=object) == kind
+
+
+def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank (sorted): ranks, compute_us (union), comm_us (union), overlapped_comm_us; comm NaN where
+    the rank has no comm events."""
     rank = events["rank"].to_numpy()
     ts = events["ts_us"].to_numpy(dtype=np.float64)
     end = ts + events["dur_us"].to_numpy(dtype=np.float64)
-    is_comm, is_comp = kind == schema.KIND_COMM, kind == schema.KIND_COMPUTE
-    rows = []
-    for r in np.unique(rank[is_comm]):
-        on = rank == r
+    is_comm, is_comp = kind_mask(events, schema.KIND_COMM), kind_mask(events, schema.KIND_COMPUTE)
+    ranks = np.unique(rank)
+    comp_us, comm_us, ov_us = np.zeros(ranks.size), np.full(ranks.size, np.nan), np.full(ranks.size, np.nan)
+    for i, r in enumerate(ranks):
+        on = rank == r if ranks.size > 1 else np.ones(rank.size, dtype=bool)
         cm, pm = on & is_comm, on & is_comp
-        comm_us = intervals.total(ts[cm], end[cm])
-        s, e = intervals.intersect(ts[cm], end[cm], ts[pm], end[pm])
-        rows.append((r, comm_us, float((e - s).sum())))
-    out = pd.DataFrame(rows, columns=["rank", "comm_us", "overlapped_comm_us"])
+        comp_us[i] = intervals.total(ts[pm], end[pm])
+        if cm.any():
+            comm_us[i] = intervals.total(ts[cm], end[cm])
+            s, e = intervals.intersect(ts[cm], end[cm], ts[pm], end[pm])
+            ov_us[i] = float((e - s).sum())
+    return ranks, comp_us, comm_us, ov_us
+
+
+def _per_rank(events: pd.DataFrame) -> pd.DataFrame:
+    """comm_overlap(by=("rank",)) straight on numpy arrays (the common, hot case)."""
+    ranks, _, comm_us, ov_us = _per_rank_arrays(events)
+    has = ~np.isnan(comm_us)
+    out = pd.DataFrame({"rank": ranks[has], "comm_us": comm_us[has], "overlapped_comm_us": ov_us[has]})
     out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
     with np.errstate(invalid="ignore", divide="ignore"):
         out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
@@ -95,17 +115,12 @@ def _per_rank(events: pd.DataFrame) -> pd.DataFrame:
 
 def overall_overlap(events: pd.DataFrame) -> pd.DataFrame:
     """Per rank: compute_us (union), comm_us, overlapped_comm_us, exposed_comm_us,
-    comp_comm_overlap_pct (= HTA's get_comm_comp_overlap, in percent)."""
-    out = comm_overlap(events, by=("rank",))
-    kind = events["kind"].astype(object).to_numpy()
-    comp = events.loc[kind == schema.KIND_COMPUTE, ["rank", "ts_us", "dur_us"]]
-    ranks = sorted(set(pd.unique(events["rank"])))
-    comp_us = {r: intervals.total(g["ts_us"].to_numpy(), (g["ts_us"] + g["dur_us"]).to_numpy())
-               for r, g in comp.groupby("rank", sort=True)}
-    base = pd.DataFrame({"rank": ranks})
-    base["compute_us"] = base["rank"].map(comp_us).fillna(0.0)
-    out = base.merge(out, on="rank", how="left")
-    out[["comm_us", "overlapped_comm_us", "exposed_comm_us"]] = out[
-        ["comm_us", "overlapped_comm_us", "exposed_comm_us"]].fillna(0.0)
-    out = out.rename(columns={"overlap_pct": "comp_comm_overlap_pct"})
-    return out[["rank", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "comp_comm_overlap_pct"]]
+    comp_comm_overlap_pct (= HTA's get_comm_comp_overlap, in percent; NaN for a rank without comm)."""
+    ranks, comp_us, comm_us, ov_us = _per_rank_arrays(events)
+    has = ~np.isnan(comm_us)
+    exposed = comm_us - ov_us
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = np.where(has & (comm_us > 0), 100.0 * ov_us / comm_us, np.nan)
+    return pd.DataFrame({"rank": ranks, "compute_us": comp_us, "comm_us": np.where(has, comm_us, 0.0),
+                         "overlapped_comm_us": np.where(has, ov_us, 0.0),
+                         "exposed_comm_us": np.where(has, exposed, 0.0), "comp_comm_overlap_pct": pct})

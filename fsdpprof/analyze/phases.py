@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import intervals, schema
+from fsdpprof.analyze.classify import K_COMM, KIND_LABELS
 
 _FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
@@ -78,7 +79,7 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     c_unit = np.array([p[1] for p in parsed] or [None], dtype=object)
     c_is_fsdp = np.fromiter((p[0] is not None for p in parsed), dtype=bool, count=len(parsed))
     is_fsdp = (c_is_fsdp[codes] if len(cats) else np.zeros(n, dtype=bool)) & cpu_side & \
-        (c["kind"] != schema.KIND_COMM)
+        (c["kind"] != K_COMM)
     phase = np.full(n, None, dtype=object)
     unit = np.full(n, None, dtype=object)
     f_idx = np.flatnonzero(is_fsdp)
@@ -130,21 +131,42 @@ def _isna(a: np.ndarray) -> np.ndarray:
     return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
 
 
+def _categorical(values: np.ndarray) -> pd.Categorical:
+    """pd.Categorical(values) of an object array, factorizing only its non-missing entries."""
+    miss = _isna(values)
+    if not miss.any() or miss.all():
+        return pd.Categorical(values)
+    nn = np.flatnonzero(~miss)
+    sub = pd.Categorical(values[nn])
+    codes = np.full(len(values), -1, dtype=sub.codes.dtype)
+    codes[nn] = sub.codes
+    return pd.Categorical.from_codes(codes, dtype=sub.dtype)
+
+
+def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
+    """pd.Categorical(labels[codes]) (categories: the labels used, sorted) without a per-row factorize."""
+    used = np.flatnonzero(np.bincount(codes, minlength=len(labels))) if len(codes) else np.empty(0, dtype=np.int64)
+    order = sorted(used.tolist(), key=lambda i: labels[i])
+    remap = np.full(len(labels), -1, dtype=np.int8)
+    remap[order] = np.arange(len(order))
+    return pd.Categorical.from_codes(remap[codes], categories=pd.Index([labels[i] for i in order]))
+
+
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
     """The schema.EVENT_COLUMNS frame from classified, phase-tagged columns (one DataFrame built, once)."""
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
         "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
-        "kind": pd.Categorical(c["kind"]),
+        "kind": _categorical_codes(c["kind"], KIND_LABELS),
         "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
         "ts_us": c["ts_us"], "dur_us": c["dur_us"],
-        "collective": pd.Categorical(c["collective"]),
+        "collective": _categorical(c["collective"]),
         "bytes": c["bytes"].astype(np.float64, copy=False),
-        "dtype": pd.Categorical(c["dtype"]),
+        "dtype": _categorical(c["dtype"]),
         "group_size": c["group_size"].astype(np.float64, copy=False),
-        "pg": pd.Categorical(c["pg"]),
+        "pg": _categorical(c["pg"]),
         "seq": c["seq"].astype(np.float64, copy=False),
-        "step": c["step"], "phase": pd.Categorical(c["phase"]), "unit": pd.Categorical(c["unit"]),
+        "step": c["step"], "phase": _categorical(c["phase"]), "unit": _categorical(c["unit"]),
     }
     return pd.DataFrame(cols, columns=schema.EVENT_COLUMNS)

@@ -18,7 +18,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -115,10 +115,14 @@ class FastArgs(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
 
 
-class FastEvent(msgspec.Struct, gc=False):
-    """One event, args included, in a single typed decode (times in us as floats, NaN when absent)."""
+class _FastBase(msgspec.Struct, gc=False, tag_field="ph"):
+    """Events decoded by their phase ``ph`` (a tagged union): durations (X) in full, instants (i/I,
+    for [memory]) and metadata (M, for thread names) with what they need, every other phase as an
+    empty object (its fields skipped).  A phase outside the chrome-trace spec fails validation and the
+    chunk is decoded again by the lenient ``Event`` path.  Times in us, NaN when absent."""
 
-    ph: str = ""
+
+class FastEvent(_FastBase, tag="X"):
     name: Any = ""
     cat: Any = None
     pid: Any = None
@@ -128,8 +132,34 @@ class FastEvent(msgspec.Struct, gc=False):
     args: FastArgs | None = None
 
 
+class _FastInstant(_FastBase, tag="i"):
+    name: Any = ""
+    ts: float = float("nan")
+    args: FastArgs | None = None
+
+
+class _FastInstantOld(_FastInstant, tag="I"):
+    pass
+
+
+class _FastMeta(_FastBase, tag="M"):
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    args: FastArgs | None = None
+
+
+class _FastSkip(_FastBase):
+    """A phase we do not use."""
+
+
+_SKIP_TYPES = tuple(type(f"_FastSkip{ord(ph)}", (_FastSkip,), {}, tag=ph) for ph in "BECbnestfPONDRcp()")
+_FAST_UNION = Union[(FastEvent, _FastInstant, _FastInstantOld, _FastMeta) + _SKIP_TYPES]
+_FAST_OTHER = (_FastInstant, _FastInstantOld, _FastMeta)
+
+
 class FastTailDoc(msgspec.Struct):
-    traceEvents: list[FastEvent]
+    traceEvents: list[_FAST_UNION]
     schemaVersion: Any = None
     distributedInfo: Any = None
     deviceProperties: Any = None
@@ -139,7 +169,7 @@ class FastTailDoc(msgspec.Struct):
 
 
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
-_FAST_CHUNK_DEC = msgspec.json.Decoder(list[FastEvent])
+_FAST_CHUNK_DEC = msgspec.json.Decoder(list[_FAST_UNION])
 _FAST_TAIL_DEC = msgspec.json.Decoder(FastTailDoc)
 _NO_FAST_ARGS = FastArgs()
 _ARGS_DEC = msgspec.json.Decoder(Args | None)
@@ -226,6 +256,20 @@ def _intern(table: dict, values: list, dtype) -> np.ndarray:
     return np.fromiter(map(table.__getitem__, values), dtype=dtype, count=len(values))
 
 
+def _intern_ints(table: dict, values: list) -> np.ndarray:
+    """_intern for values that are usually all plain ints (thread / process ids): hashed in C then."""
+    if values and set(map(type, values)) == {int}:
+        try:
+            local, uniq = pd.factorize(np.asarray(values, dtype=np.int64))
+        except OverflowError:
+            return _intern(table, values, np.int32)
+        for v in uniq.tolist():                 # in order of first appearance, as _intern adds them
+            if v not in table:
+                table[v] = len(table)
+        return np.asarray([table[v] for v in uniq.tolist()], dtype=np.int32)[local]
+    return _intern(table, values, np.int32)
+
+
 class _Columns:
     """Accumulates chunk columns; names/cats/tids interned into integer codes."""
 
@@ -295,24 +339,21 @@ class _Columns:
     def add_fast(self, events: list[FastEvent]) -> None:
         """Like :meth:`add` for events decoded by the typed ``FastEvent`` decoder (args inline).
         Raises ``_NotFast`` (before changing any state) when an id does not fit int64."""
-        keep = [e for e in events if e.ph == "X" and e.cat in KEEP_CATS]
+        keep = [e for e in events if type(e) is FastEvent and e.cat in KEEP_CATS]
         n = len(keep)
         args = [e.args or _NO_FAST_ARGS for e in keep]
-        try:
-            stream = np.fromiter(map(_GET_STREAM, args), dtype=np.int64, count=n)
+        try:      # (stream / External id are read below, only where the lenient path reads them too)
             corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=n)
-            ext = np.fromiter(map(_GET_EXT, args), dtype=np.int64, count=n)
         except OverflowError:
             raise _NotFast from None
-        if n != len(events):
-            self._add_other_fast(e for e in events if e.ph != "X")
+        self._add_other_fast([e for e in events if type(e) in _FAST_OTHER])
         if not n:
             return
         names, cats = self.names, self.cats
         name_codes = _intern(names, list(map(_GET_NAME, keep)), np.int32)
         cat_codes = _intern(cats, list(map(_GET_CAT, keep)), np.int16)
-        tid_codes = _intern(self.threads, list(map(_GET_TID, keep)), np.int32)
-        pid_codes = _intern(self.pids, list(map(_GET_PID, keep)), np.int32)
+        tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)))
+        pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)))
         # per distinct name / category: comm op name?  device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
             self.name_comm.append(type(k) is str and k.startswith(_COMM_PREFIXES))
@@ -324,9 +365,14 @@ class _Columns:
         runtime = np.asarray(self.cat_rt, dtype=bool)[cat_codes]
         # ids are kept where the lenient path keeps them: stream/External id on device events and
         # comm ops, correlation also on runtime calls
-        stream[~full] = -1
-        ext[~full] = -1
         corr[~(full | runtime)] = -1
+        stream = np.full(n, -1, dtype=np.int64)
+        ext = np.full(n, -1, dtype=np.int64)
+        fidx = np.flatnonzero(full)
+        if fidx.size:
+            fargs = [args[i] for i in fidx.tolist()]
+            stream[fidx] = np.fromiter(map(_GET_STREAM, fargs), dtype=np.int64, count=fidx.size)
+            ext[fidx] = np.fromiter(map(_GET_EXT, fargs), dtype=np.int64, count=fidx.size)
         base = self.n
         for i in np.flatnonzero(full).tolist():
             a = args[i]
@@ -343,13 +389,12 @@ class _Columns:
 
     def _add_other_fast(self, events) -> None:
         for e in events:
-            ph = e.ph
-            if ph == "i" or ph == "I":
+            if type(e) is not _FastMeta:
                 if e.name == "[memory]" and e.args is not None:
                     a = e.args
                     self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
                                           a.device_type, a.device_id))
-            elif ph == "M" and e.name == "thread_name":
+            elif e.name == "thread_name":
                 if e.args is not None and e.args.name is not None:
                     self.thread_names[(e.pid, e.tid)] = str(e.args.name)
 

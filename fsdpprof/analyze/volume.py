@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import schema
+from fsdpprof.analyze.overlap import kind_mask
 
 
 def busbw_factor(collective, n) -> np.ndarray:
@@ -30,9 +31,8 @@ def busbw_factor(collective, n) -> np.ndarray:
 def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.DataFrame:
     """Per group: count, bytes, time_us, algbw_gbps, busbw_gbps (over events whose size is known)."""
     by = list(by)
-    kind = events["kind"].astype(object).to_numpy()
     cols = list(dict.fromkeys(by + ["bytes", "dur_us", "group_size", "collective"]))
-    c = events.loc[kind == schema.KIND_COMM, cols].copy()
+    c = events.loc[kind_mask(events, schema.KIND_COMM), cols]
     for k in by:
         if isinstance(c[k].dtype, pd.CategoricalDtype):
             c[k] = c[k].astype(object)
