@@ -293,13 +293,41 @@ def _levels(df):
 
 
 def _fmt_frames(fr, limit: int = 6) -> str:
+    """The first ``limit`` telling frames of a stack as one line (unknown C frames and the allocator's
+    own frames left out; all frames when none is telling). Stops reading at the ``limit``-th."""
     if not fr:
         return ""
-    keep = [f for f in fr if not str(f.get("filename", "")) == "??" or "autograd" in str(f.get("name", ""))]
-    keep = [f for f in keep if "CUDACachingAllocator" not in str(f.get("name", ""))] or fr
+    keep = []
+    for f in fr:
+        name = str(f.get("name", ""))
+        if (str(f.get("filename", "")) != "??" or "autograd" in name) and "CUDACachingAllocator" not in name:
+            keep.append(f)
+            if len(keep) == limit:
+                break
     return " < ".join(f"{f.get('name', '')} ({os.path.basename(str(f.get('filename', '')))}:{f.get('line', 0)})"
                       if f.get("filename") not in (None, "??") else str(f.get("name", ""))[:80]
-                      for f in keep[:limit])
+                      for f in (keep or fr[:limit]))
+
+
+def _by_unit(unit: np.ndarray, codes: np.ndarray, b: np.ndarray, cat_names: np.ndarray) -> pd.DataFrame:
+    """Bytes per (unit, category) of the allocations given, largest first: what
+    ``groupby(["unit", "category"], observed=True, dropna=False).sum()`` then a descending
+    ``sort_values("bytes")`` give (units sorted, missing last; equal sums in pandas' order)."""
+    k = len(cat_names)
+    ucodes, uniq = pd.factorize(unit, sort=True)          # missing -> -1: sorts last as len(uniq)
+    ucodes = np.where(ucodes < 0, len(uniq), ucodes)
+    keys, inv = np.unique(ucodes.astype(np.int64) * k + codes, return_inverse=True)
+    sums = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(sums, inv.ravel(), b)
+    pos = keys[sums > 0]
+    vals = sums[sums > 0]
+    # pandas' descending sort: argsort of the reversed values, reversed back
+    n = len(vals)
+    order = np.arange(n)[::-1][vals[::-1].argsort(kind="quicksort")][::-1]
+    uvals = np.append(np.asarray(uniq, dtype=object), np.nan)[(pos // k)[order]]
+    # as pandas builds the column: from the level of distinct units (no unit at all: float NaN)
+    unit_col = pd.Index(uvals) if len(uniq) else uvals.astype(float)
+    return pd.DataFrame({"unit": unit_col, "category": cat_names[(pos % k)[order]], "bytes": vals[order]})
 
 
 def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int, has_history: bool) -> MemoryResult:
@@ -324,24 +352,23 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
     b_at = b[ai]
     peak = int(b_at.sum())
     cat = df["category"]
-    codes_at = cat.cat.codes.to_numpy()[ai]
+    codes = cat.cat.codes.to_numpy()
+    codes_at = codes[ai]
     bd = np.zeros(len(CATEGORIES), dtype=np.int64)
     np.add.at(bd, codes_at, b_at)                  # exact int64 sums per category
-    breakdown = pd.DataFrame({"category": np.array(CATEGORIES, dtype=object), "bytes": bd})
-    breakdown["pct"] = 100.0 * breakdown["bytes"] / peak if peak else 0.0
-    at = pd.DataFrame({"unit": pd.Series(df["unit"].to_numpy(object)[ai], dtype=object),
-                       "category": pd.Categorical.from_codes(codes_at, dtype=cat.dtype), "bytes": b_at})
-    by_unit = at.groupby(["unit", "category"], observed=True, dropna=False)["bytes"].sum().reset_index()
-    by_unit = by_unit[by_unit["bytes"] > 0].sort_values("bytes", ascending=False).reset_index(drop=True)
-    by_unit["category"] = by_unit["category"].astype(str)
+    cat_names = np.array(CATEGORIES, dtype=object)
+    breakdown = pd.DataFrame({"category": cat_names, "bytes": bd,
+                              "pct": 100.0 * bd / peak if peak else np.zeros(len(bd))})
+    unit = df["unit"].to_numpy(object)
+    by_unit = _by_unit(unit[ai], codes_at, b_at, cat_names)
     other = int(bd[CATEGORIES.index(MC.OTHER.value)])
     coverage = 100.0 * (peak - other) / peak if peak else 100.0
     top = ai[np.argsort(-b_at, kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
     frames = df["frames"].to_numpy(object)
     top_allocs = pd.DataFrame({
         "addr": df["addr"].to_numpy(np.int64)[top], "bytes": b[top],
-        "category": cat.astype(str).to_numpy()[top], "phase": df["phase"].to_numpy(object)[top],
-        "unit": df["unit"].to_numpy(object)[top], "alloc_us": df["alloc_us"].to_numpy(float)[top],
+        "category": cat_names[codes[top]], "phase": df["phase"].to_numpy(object)[top],
+        "unit": unit[top], "alloc_us": df["alloc_us"].to_numpy(float)[top],
         "free_us": df["free_us"].to_numpy(float)[top],
         "frames": [_fmt_frames(f) for f in frames[top]]})
     timeline = _timeline(df, points) if has_history and peak_seq is not None else None

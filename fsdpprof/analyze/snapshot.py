@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 import pandas as pd
@@ -96,36 +98,35 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
                 live_blocks[(dev, int(b["address"]))] = b2
     segments = pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS)
 
-    # ---- device traces
+    # ---- device traces: one pass over each trace reads the actions; alloc/free entries are then
+    # read column by column (numpy), segment and OOM entries (few) one by one
     has_time = False
     has_history: dict[int, bool] = {}
     ooms: list[dict] = []
     seg_ev: list[tuple] = []
-    frames_out = []
+    parts: list[dict] = []
     for dev, trace in enumerate(traces):
         trace = trace or []
         if trace and "time_us" in trace[0]:
             has_time = True
-        n_alloc = 0
-        for e in trace:
-            if e.get("action") == "alloc":
-                n_alloc += 1
-                break
-        has_history[dev] = n_alloc > 0 or any(e.get("action") in ("free_requested", "free_completed") for e in trace[:1000])
-        for i, e in enumerate(trace):
-            act = e.get("action")
-            if act in _SEG_SIGN:
-                seg_ev.append((dev, i, _SEG_SIGN[act] * int(e.get("size", 0))))
-            if act == "oom":
+        code = np.fromiter(map(_ACTION_CODE.get, [e.get("action") for e in trace], repeat(0)),
+                           dtype=np.int8, count=len(trace))
+        has_history[dev] = bool((code == 1).any()) or bool(((code[:1000] == 2) | (code[:1000] == 3)).any())
+        for i in np.flatnonzero(code >= _SEG_MAP).tolist():
+            e = trace[i]
+            if code[i] == _OOM:
                 ooms.append({"device": dev, "requested_bytes": int(e.get("size", 0)),
                              "free_bytes": int(e.get("device_free", 0)) if e.get("device_free") is not None else None,
                              "ts_us": float(e.get("time_us", i)), "seq": i, "frames": e.get("frames") or []})
-        frames_out.append(_device_allocations(dev, trace, live_blocks, has_time))
+            else:
+                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * int(e.get("size", 0))))
+        parts.append(_device_allocations(dev, trace, live_blocks, has_time, code))
     # devices that appear only in segments (no trace at all)
     for dev in sorted({d for d, _ in live_blocks} - set(range(len(traces)))):
         has_history[dev] = False
-        frames_out.append(_device_allocations(dev, [], live_blocks, has_time))
-    allocs = pd.concat([f for f in frames_out if len(f)], ignore_index=True) if any(len(f) for f in frames_out) \
+        parts.append(_device_allocations(dev, [], live_blocks, has_time))
+    parts = [p for p in parts if len(p["addr"])]
+    allocs = _allocs_frame({c: np.concatenate([p[c] for p in parts]) for c in ALLOC_COLUMNS}) if parts \
         else _empty_allocs()
 
     ann_rows = []
@@ -189,21 +190,36 @@ def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
 
 
 _SEG_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-_ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3}
+# trace actions as int8 codes: alloc/free pair up; >= _SEG_MAP are read one by one
+_SEG_MAP, _SEG_UNMAP, _OOM = 4, 5, 6
+_ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3, "segment_alloc": _SEG_MAP,
+                "segment_map": _SEG_MAP, "segment_free": _SEG_UNMAP, "segment_unmap": _SEG_UNMAP, "oom": _OOM}
 
 
-def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool) -> pd.DataFrame:
+def _allocs_frame(cols: dict) -> pd.DataFrame:
+    """The allocations DataFrame from its columns as arrays (ALLOC_COLUMNS order and dtypes)."""
+    return pd.DataFrame({
+        c: pd.Series(cols[c], dtype=object) if c in ("user_metadata", "frames") else cols[c] for c in ALLOC_COLUMNS})
+
+
+def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool,
+                        code: np.ndarray | None = None) -> dict:
     """Pair alloc/free entries of one device's trace by address (vectorised) and add the blocks
-    alive at snapshot time that were allocated before the trace's first entry."""
+    alive at snapshot time that were allocated before the trace's first entry. Returns the
+    ALLOC_COLUMNS as arrays (paired allocations, then frees without an alloc, then live blocks);
+    ``code``: the entries' action codes when the caller has them."""
     n = len(trace)
-    code = np.fromiter((_ACTION_CODE.get(e.get("action"), 0) for e in trace), dtype=np.int8, count=n)
+    if code is None:
+        code = np.fromiter(map(_ACTION_CODE.get, [e.get("action") for e in trace], repeat(0)),
+                           dtype=np.int8, count=n)
     use_free = 3 if (code == 3).any() else 2
     keep = np.flatnonzero((code == 1) | (code == use_free))
+    kept = [trace[i] for i in keep.tolist()]
     k_code = code[keep]
-    addr = np.fromiter((trace[i]["addr"] for i in keep), dtype=np.int64, count=len(keep))
-    size = np.fromiter((trace[i].get("size", 0) for i in keep), dtype=np.int64, count=len(keep))
+    addr = np.fromiter(map(itemgetter("addr"), kept), dtype=np.int64, count=len(kept))
+    size = np.fromiter([e.get("size", 0) for e in kept], dtype=np.int64, count=len(kept))
     if has_time:
-        t = np.fromiter((trace[i].get("time_us", np.nan) for i in keep), dtype=np.float64, count=len(keep))
+        t = np.fromiter([e.get("time_us", np.nan) for e in kept], dtype=np.float64, count=len(kept))
     else:
         t = keep.astype(np.float64)
     t0 = float(t[0]) if len(t) else 0.0
@@ -211,35 +227,41 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
     pr = pair_alloc_free(keep, addr, k_code == 1, t)
     o_alloc, free_seq, free_us, of = pr["alloc_rows"], pr["free_seq"], pr["free_us"], pr["orphan_free_rows"]
     rows_idx = keep[o_alloc]
-    streams = np.fromiter((trace[i].get("stream", 0) for i in rows_idx), dtype=np.int64, count=len(rows_idx))
-    meta = [trace[i].get("user_metadata", "") or "" for i in rows_idx]
-    frames = [trace[i].get("frames") for i in rows_idx]
-    parts = [pd.DataFrame({
-        "addr": addr[o_alloc], "bytes": size[o_alloc], "alloc_us": t[o_alloc], "free_us": free_us,
-        "alloc_seq": rows_idx.astype(np.int64), "free_seq": free_seq.astype(np.int64),
-        "device": np.int16(dev), "stream": streams, "before_trace": False, "free_inferred": pr["free_inferred"],
-        "user_metadata": pd.Series(meta, dtype="object"), "frames": pd.Series(frames, dtype="object")})]
+    alloc_entries = [kept[i] for i in o_alloc.tolist()]
+    na = len(alloc_entries)
+    # fromiter keeps each frame list one object (an array built from equal-length lists would be 2-D)
+    meta = np.fromiter([e.get("user_metadata", "") or "" for e in alloc_entries], dtype=object, count=na)
+    frames = np.fromiter([e.get("frames") for e in alloc_entries], dtype=object, count=na)
+    cols = {"addr": [addr[o_alloc]], "bytes": [size[o_alloc]], "alloc_us": [t[o_alloc]], "free_us": [free_us],
+            "alloc_seq": [rows_idx.astype(np.int64)], "free_seq": [free_seq.astype(np.int64)],
+            "stream": [np.fromiter([e.get("stream", 0) for e in alloc_entries], dtype=np.int64, count=na)],
+            "before_trace": [np.zeros(na, bool)], "free_inferred": [np.asarray(pr["free_inferred"], dtype=bool)],
+            "user_metadata": [meta], "frames": [frames]}
+
+    def add(**kw):
+        for c, v in kw.items():
+            cols[c].append(v)
 
     # allocations made before the history began: freed in the trace without an alloc entry ...
     if len(of):
-        parts.append(pd.DataFrame({
-            "addr": addr[of], "bytes": size[of], "alloc_us": t0, "free_us": t[of], "alloc_seq": np.int64(-1),
-            "free_seq": keep[of].astype(np.int64), "device": np.int16(dev),
-            "stream": [trace[i].get("stream", 0) for i in keep[of]], "before_trace": True, "free_inferred": False,
-            "user_metadata": "",
-            "frames": pd.Series([None] * len(of), dtype="object")}))
+        m = len(of)
+        add(addr=addr[of], bytes=size[of], alloc_us=np.full(m, t0), free_us=t[of],
+            alloc_seq=np.full(m, -1, dtype=np.int64), free_seq=keep[of].astype(np.int64),
+            stream=np.array([kept[i].get("stream", 0) for i in of.tolist()], dtype=np.int64),
+            before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
+            user_metadata=np.full(m, "", dtype=object), frames=np.full(m, None, dtype=object))
     # ... or still alive at snapshot time (a live block with no open alloc entry)
     open_addrs = set(addr[o_alloc][free_seq == NEVER].tolist())
     pre = [(a, b) for (d, a), b in live_blocks.items() if d == dev and a not in open_addrs]
     if pre:
-        parts.append(pd.DataFrame({
-            "addr": np.array([a for a, _ in pre], dtype=np.int64),
-            "bytes": np.array([int(b.get("size", 0)) for _, b in pre], dtype=np.int64),
-            "alloc_us": t0, "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER,
-            "device": np.int16(dev), "stream": [b["_stream"] for _, b in pre], "before_trace": True,
-            "free_inferred": False, "user_metadata": "", "frames": pd.Series([b.get("frames") or None for _, b in pre], dtype="object")}))
-    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    out["device"] = out["device"].astype("int16")
-    out["before_trace"] = out["before_trace"].astype(bool)
-    out["free_inferred"] = out["free_inferred"].astype(bool)
+        m = len(pre)
+        fr = np.fromiter([b.get("frames") or None for _, b in pre], dtype=object, count=m)
+        add(addr=np.array([a for a, _ in pre], dtype=np.int64),
+            bytes=np.array([int(b.get("size", 0)) for _, b in pre], dtype=np.int64),
+            alloc_us=np.full(m, t0), free_us=np.full(m, np.nan), alloc_seq=np.full(m, -1, dtype=np.int64),
+            free_seq=np.full(m, NEVER, dtype=np.int64), stream=np.array([b["_stream"] for _, b in pre], dtype=np.int64),
+            before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
+            user_metadata=np.full(m, "", dtype=object), frames=fr)
+    out = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in cols.items()}
+    out["device"] = np.full(len(out["addr"]), dev, dtype=np.int16)
     return out
