@@ -315,10 +315,13 @@ def classify_arrays(rt) -> dict:
         kind[cand & _leaf_mask(tcodes, ts0, end0, is_cpu_op)] = K_COMPUTE
 
     # --- collective type + sizes ---------------------------------------------------------------
-    coll_by_cat = np.array([collective_of(c) for c in cats], dtype=object) if len(cats) else np.empty(0, dtype=object)
-    collective = coll_by_cat[codes] if n else np.empty(0, dtype=object)
     relevant = (kind == K_COMM) | r_c10d | (is_annot & c_ncclop[codes])
-    collective = np.where(relevant, collective, None)
+    collective = np.full(n, None, dtype=object)
+    if relevant.any():           # parsed once per distinct name of the rows that carry a collective
+        used = np.unique(codes[relevant])
+        coll_by_cat = np.full(len(cats), None, dtype=object)
+        coll_by_cat[used] = [collective_of(cats[i]) for i in used.tolist()]
+        collective[relevant] = coll_by_cat[codes[relevant]]
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
     ts = rc["ts_us"]
@@ -390,7 +393,8 @@ def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
     ck = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & (ext >= 0))
     if not ck.size:
         return
-    cpu = np.flatnonzero(~on_gpu & ~_isna(o["collective"]) & (ext >= 0))
+    cpu = np.flatnonzero(~on_gpu & (ext >= 0))
+    cpu = cpu[~_isna(o["collective"][cpu])]
     if not cpu.size:
         return
     # last CPU op per External id: unique over the reversed rows keeps each id's last row

@@ -532,6 +532,21 @@ class _Reader:
         try:
             d = zlib.decompressobj(wbits=31)
             pending = b""
+            if not max_out:
+                # small file, one piece: with the size from the trailer, zlib fills one buffer of that size
+                # (no growing and joining); taken only for a single member (no second gzip header in
+                # the bytes) that inflates to exactly that size, otherwise the general loop below
+                pending = self.raw.read()
+                isize = int.from_bytes(pending[-4:], "little")
+                if pending.find(b"\x1f\x8b\x08", 1) < 0:
+                    try:
+                        out = zlib.decompress(pending, 31, max(isize, 1))
+                    except zlib.error:
+                        out = None
+                    if out is not None and len(out) == isize:
+                        yield ("data", out, len(pending))
+                        yield ("eof",)
+                        return
             while not self._stop:
                 if not pending:
                     pending = self.raw.read(self.GZ_IN if max_out else -1)
@@ -561,7 +576,7 @@ class _Reader:
     def read(self) -> bytes:
         if self._queue is None and self._sync is None:
             try:
-                data = self.raw.read(READ_BYTES)
+                data = self.raw.read(-1 if self.size <= CHUNK_BYTES else READ_BYTES)
             except OSError as exc:
                 raise UserError(f"cannot read trace {self.path}: {exc}") from None
             pos = self.raw.tell() if self.bar is not None else 0
@@ -691,23 +706,26 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
             if not data:
                 eof = True
             buf += data
-        body = bytearray(_PREFIX)
-        body += b"["
-        body += memoryview(buf)[m.end():]
-        del buf
-        # 3. body in chunks, decoded in place
-        while not eof:
-            data = reader.read()
-            if not data:
-                eof = True
-                break
-            body += data
-            del data
-            if len(body) >= CHUNK_BYTES:
-                body = _decode_chunk(body, cols)
-        # 4. the remainder: rest of the array, then the trailing keys of the document
-        buf = body
-        del body
+        more = b"" if eof else reader.read()
+        if more:
+            body = bytearray(_PREFIX)
+            body += b"["
+            body += memoryview(buf)[m.end():]
+            body += more
+            del buf, more
+            # 3. body in chunks, decoded in place
+            while True:
+                data = reader.read()
+                if not data:
+                    break
+                body += data
+                del data
+                if len(body) >= CHUNK_BYTES:
+                    body = _decode_chunk(body, cols)
+            # 4. the remainder: rest of the array, then the trailing keys of the document
+            buf = body
+            del body
+        # else: the whole document is in buf (a small file): decoded as it is, without a copy
         fast = True
         try:
             tail = _FAST_TAIL_DEC.decode(buf)

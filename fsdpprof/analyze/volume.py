@@ -43,16 +43,13 @@ def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.Dat
     c["_bus_t"] = np.where(known & np.isfinite(c["_bus"]), c["dur_us"], 0.0)
     c["_bus"] = np.nan_to_num(c["_bus"], nan=0.0)
     g = c.groupby(by, sort=True, dropna=False)
-    out = pd.DataFrame({
-        "count": g.size(),
-        "bytes": g["bytes"].sum(min_count=1),
-        "time_us": g["dur_us"].sum(),
-        "_known_t": g["_known_t"].sum(),
-        "_bus": g["_bus"].sum(),
-        "_bus_t": g["_bus_t"].sum(),
-    }).reset_index()
+    # two aggregation calls on the small comm-only frame (bytes: NaN when no size is known in the group)
+    out = g[["bytes"]].sum(min_count=1).reset_index()
+    t = g[["dur_us", "_known_t", "_bus", "_bus_t"]].sum()
+    out.insert(len(by), "count", g.size().to_numpy().astype(np.int64))
+    out["time_us"] = t["dur_us"].to_numpy()
+    known_t, bus, bus_t = (t[k].to_numpy() for k in ("_known_t", "_bus", "_bus_t"))
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["algbw_gbps"] = np.where(out["_known_t"] > 0, out["bytes"] / (out["_known_t"] * 1e3), np.nan)
-        out["busbw_gbps"] = np.where(out["_bus_t"] > 0, out["_bus"] / (out["_bus_t"] * 1e3), np.nan)
-    out["count"] = out["count"].astype(np.int64)
-    return out.drop(columns=["_known_t", "_bus", "_bus_t"])
+        out["algbw_gbps"] = np.where(known_t > 0, out["bytes"].to_numpy() / (known_t * 1e3), np.nan)
+        out["busbw_gbps"] = np.where(bus_t > 0, bus / (bus_t * 1e3), np.nan)
+    return out
