@@ -265,15 +265,15 @@ def signature_codes(frames) -> tuple[np.ndarray, np.ndarray]:
                     c = sc
                     break
         if not c:
-            parts = {}
-            for f in fr:
-                k = part_by_id.get(id(f))
-                if k is None:
-                    k = part_by_id[id(f)] = _frame_part(f)
-                if k:
-                    parts[k] = None
+            ids = list(map(id, fr))
+            new = set(ids).difference(part_by_id)
+            if new:
+                by_id = dict(zip(ids, fr))
+                for k in new:
+                    part_by_id[k] = _frame_part(by_id[k])
+            # distinct non-empty parts in stack order
             c = len(sigs)
-            sigs.append("|".join(parts))
+            sigs.append("|".join(dict.fromkeys(filter(None, map(part_by_id.__getitem__, ids)))))
             buckets.setdefault(key, []).append((fr, c))
         codes[i] = c
     # equal signatures from different stacks share a category
@@ -356,10 +356,7 @@ def _col(df, name: str) -> np.ndarray:
 
 def _isin(values: np.ndarray, labels) -> np.ndarray:
     """``Series.isin`` for an object array (missing never matches)."""
-    out = np.zeros(len(values), dtype=bool)
-    for lab in labels:
-        out |= values == lab
-    return out
+    return _Codes(values).isin(labels)
 
 
 def _eq(a: np.ndarray, b) -> np.ndarray:
@@ -367,22 +364,44 @@ def _eq(a: np.ndarray, b) -> np.ndarray:
     return np.asarray(a == b, dtype=bool) & ~pd.isna(a)
 
 
+class _Codes:
+    """An object array of labels factorized once, so membership and missing tests are integer work."""
+
+    def __init__(self, values: np.ndarray):
+        self.codes, uniques = pd.factorize(np.asarray(values, dtype=object))   # missing -> -1
+        self.uniques = list(uniques)
+
+    def isin(self, labels) -> np.ndarray:
+        """Elementwise membership in ``labels`` (missing never matches)."""
+        hit = [any(u == lab for lab in labels) for u in self.uniques] + [False]
+        return np.asarray(hit, dtype=bool)[self.codes]
+
+    def eq(self, label) -> np.ndarray:
+        return self.isin((label,))
+
+    def notna(self) -> np.ndarray:
+        return self.codes >= 0
+
+
 class _Labels:
-    """The category being decided for each allocation (numpy, so passes stay cheap)."""
+    """The category being decided for each allocation (numpy, so passes stay cheap); ``is_open``
+    marks the allocations no pass has labelled yet."""
 
     def __init__(self, n: int):
         self.cat = np.full(n, None, dtype=object)
         self.src = np.full(n, None, dtype=object)
+        self.is_open = np.ones(n, dtype=bool)
 
     def open(self) -> np.ndarray:
-        return pd.isna(self.cat)
+        return self.is_open
 
 
 def _fill(lab: _Labels, mask, category: str, source: str) -> None:
-    m = np.asarray(mask, dtype=bool) & lab.open()
+    m = np.asarray(mask, dtype=bool) & lab.is_open
     if m.any():
         lab.cat[m] = category
         lab.src[m] = source
+        lab.is_open[m] = False
 
 
 def pass_inventory(df, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
@@ -404,6 +423,7 @@ def pass_inventory(df, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
     pos, m = pos[open_], m[open_]
     lab.cat[pos] = m["category"].to_numpy(object)
     lab.src[pos] = "inventory"
+    lab.is_open[pos] = pd.isna(lab.cat[pos])
     has_unit = m["unit"].notna().to_numpy()
     if has_unit.any():
         unit = np.array(_col(df, "unit"), dtype=object)
@@ -419,27 +439,28 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     the inventory's grads the output is already labelled exactly, so the rest is input; without
     it, whatever lives into the optimizer step of its step is left to the lifetime pass."""
     n = len(lab.cat)
-    fp = np.asarray(_col(df, "fsdp_phase"), dtype=object)
-    free_fp = np.asarray(_col(df, "free_fsdp_phase"), dtype=object) if "free_fsdp_phase" in df \
+    fp_v = np.asarray(_col(df, "fsdp_phase"), dtype=object)
+    fp = _Codes(fp_v)
+    free_fp_v = np.asarray(_col(df, "free_fsdp_phase"), dtype=object) if "free_fsdp_phase" in df \
         else np.full(n, None, dtype=object)
+    free_fp = _Codes(free_fp_v)
     same_step = _col(df, "free_step_idx") == _col(df, "step_idx")
     # scratch of the collective itself (e.g. gloo's list-based all-gather): freed before the
     # all-gather annotation ends, so it is not the output
-    scratch = _isin(fp, ["all_gather", "foreach_all_gather"]) & _eq(free_fp, fp) & same_step
+    ag = fp.isin(["all_gather", "foreach_all_gather"])
+    scratch = ag & same_step
+    scratch[scratch] = _eq(free_fp_v[scratch], fp_v[scratch])
     _fill(lab, scratch, MC.TEMPORARY.value, "tags")
-    _fill(lab, _isin(fp, UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
-    fsdp1_unshard = _isin(fp, FSDP1_UNSHARD_PHASES) & (_isin(free_fp, FSDP1_RESHARD_PHASES) | ~same_step)
-    is_fsdp1 = _eq(np.asarray(_col(df, "fsdp_family"), dtype=object), "fsdp1") if "fsdp_family" in df \
-        else np.zeros(n, bool)
+    fsdp1_unshard = fp.isin(FSDP1_UNSHARD_PHASES) & (free_fp.isin(FSDP1_RESHARD_PHASES) | ~same_step)
+    is_fsdp1 = _Codes(_col(df, "fsdp_family")).eq("fsdp1") if "fsdp_family" in df else np.zeros(n, bool)
     _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
-    in_reduce = _isin(fp, UNSHARDED_GRAD_PHASES)
-    free_phase = np.asarray(_col(df, "free_phase"), dtype=object)
-    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _eq(free_phase, "backward")
+    in_reduce = fp.isin(UNSHARDED_GRAD_PHASES)
+    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_phase")).eq("backward")
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
     # grads produced in backward and released by the unit's post-backward reduce
-    phase = np.asarray(_col(df, "phase"), dtype=object)
-    rs_in |= _eq(phase, "backward") & _isin(free_fp, UNSHARDED_GRAD_PHASES) & ~in_reduce
+    rs_in |= _Codes(_col(df, "phase")).eq("backward") & free_fp.isin(UNSHARDED_GRAD_PHASES) & ~in_reduce
     _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
@@ -449,7 +470,7 @@ def pass_frames(df, lab: _Labels) -> None:
         return
     never_freed = pd.isna(_col(df, "free_us"))
     _fill(lab, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")
-    _fill(lab, _eq(np.asarray(_col(df, "phase"), dtype=object), "optimizer") & never_freed,
+    _fill(lab, _Codes(_col(df, "phase")).eq("optimizer") & never_freed,
           MC.OPTIMIZER_STATE.value, "frames")
     _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory"), MC.INPUT.value, "frames")
     param_init = _contains(sig, r"(?:^|\|)(?:convert|_apply|reset_parameters|load_state_dict|_load_from_state_dict)@"
@@ -458,20 +479,22 @@ def pass_frames(df, lab: _Labels) -> None:
 
 
 def pass_lifetime(df, lab: _Labels) -> None:
-    ph = np.asarray(_col(df, "phase"), dtype=object)
-    fph = np.asarray(_col(df, "free_phase"), dtype=object)
+    ph_v = np.asarray(_col(df, "phase"), dtype=object)
+    ph, fph = _Codes(ph_v), _Codes(_col(df, "free_phase"))
     same_step = _col(df, "free_step_idx") == _col(df, "step_idx")
     freed = ~pd.isna(_col(df, "free_us"))
     never = ~freed
     later = (~same_step) | never
-    has_ph = ~pd.isna(ph)
-    _fill(lab, _eq(ph, "forward") & ((_isin(fph, ["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
-                                     | later), MC.ACTIVATION.value, "lifetime")
-    _fill(lab, _eq(ph, "data") & (~_eq(fph, "data") | later), MC.INPUT.value, "lifetime")
-    _fill(lab, _eq(ph, "optimizer") & (~_eq(fph, "optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
-    _fill(lab, _eq(ph, "backward") & ((_isin(fph, ["optimizer", "zero_grad"]) & same_step) | later),
+    has_ph = ph.notna()
+    _fill(lab, ph.eq("forward") & ((fph.isin(["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
+                                   | later), MC.ACTIVATION.value, "lifetime")
+    _fill(lab, ph.eq("data") & (~fph.eq("data") | later), MC.INPUT.value, "lifetime")
+    _fill(lab, ph.eq("optimizer") & (~fph.eq("optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
+    _fill(lab, ph.eq("backward") & ((fph.isin(["optimizer", "zero_grad"]) & same_step) | later),
           MC.SHARDED_GRAD.value, "lifetime")
-    _fill(lab, freed & _eq(ph, fph) & same_step & has_ph, MC.TEMPORARY.value, "lifetime")
+    same_phase = freed & same_step & has_ph
+    same_phase[same_phase] = _eq(ph_v[same_phase], np.asarray(_col(df, "free_phase"), dtype=object)[same_phase])
+    _fill(lab, same_phase, MC.TEMPORARY.value, "lifetime")
     # anything else freed within the same step: short-lived working memory
     _fill(lab, freed & same_step & has_ph, MC.TEMPORARY.value, "lifetime")
 
