@@ -128,12 +128,31 @@ def _parse_one(path: str, rank: int | None, progress: bool | None):
         return "error", f"trace {path}: could not be analysed ({type(exc).__name__}: {exc})"
 
 
+POOL_MIN_BYTES = 64 << 20   # parse in worker processes (auto mode) only when the traces hold this much JSON
+
+
+def _inflated_size(path: str) -> int:
+    """Bytes of JSON in a trace file: the gzip trailer's size for .gz (last member), else the file size."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return os.fstat(fh.fileno()).st_size
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(-4, os.SEEK_END)
+            return max(int.from_bytes(fh.read(4), "little"), size)
+    except OSError:
+        return 0
+
+
 def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None) -> dict:
     """jobs: (label, path, rank override). Returns label -> (status, value)."""
     if not jobs:
         return {}
     if workers is None:
-        workers = min(len(jobs), os.cpu_count() or 1)
+        # processes pay off only when there is enough to parse: their start-up and sending the frames
+        # back cost more than small traces take to parse in this process
+        small = sum(_inflated_size(path) for _, path, _ in jobs) < POOL_MIN_BYTES
+        workers = 1 if small else min(len(jobs), os.cpu_count() or 1)
     if workers <= 1 or len(jobs) == 1:
         return {label: _parse_one(path, rank, progress) for label, path, rank in jobs}
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
