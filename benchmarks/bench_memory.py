@@ -2,13 +2,15 @@
 
     python benchmarks/bench_memory.py [--snapshot FILE] [--run RUN_DIR] [--repeat N]
 
-Times (best of N) on the largest public snapshot in ../shared/data/cuda-snapshots:
+Times (median and best of N, the two tools' runs interleaved so a busy machine slows both alike) on
+every public snapshot in ../shared/data/cuda-snapshots, smallest first:
   ours:        safe load + allocations frame + categorisation + peak/breakdown/timeline, every device
   _memory_viz: load + segsum + trace (text) + trace_plot (the HTML it builds), i.e. what
                torch's tool does in Python with the same file (its timeline is then drawn by
                JavaScript in the browser, which is not timed)
 and on a CPU run directory (load_run + memory_analysis of every rank; _memory_viz has no CPU-trace
-path). Prints the times and the ratio; no assertion (speed targets live here, not in tests).
+path). Prints the times and the ratio of the medians; no assertion (speed targets live here, not in
+tests).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import argparse
 import contextlib
 import io
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,6 +44,20 @@ def best(fn, repeat):
     return min(times)
 
 
+def interleaved(fns, repeat):
+    """Wall times (s) of ``repeat`` runs of each function in ``fns``, taken in turn (a, b, a, b, ...)
+    after one untimed warm-up run of each, so load on a shared machine falls on all alike."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return times
+
+
 def ours(path):
     snap = load_snapshot(path)
     for d in sorted(set(snap.allocations["device"].unique().tolist())):
@@ -61,19 +78,20 @@ def memory_viz(path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--snapshot", help="snapshot file (default: the largest public one)")
+    ap.add_argument("--snapshot", help="snapshot file (default: every public one)")
     ap.add_argument("--run", help="CPU run directory (default: /tmp/fsdpprof-sample/fsdp2 when present)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=7)
     a = ap.parse_args(argv)
     snaps = [Path(a.snapshot)] if a.snapshot else sorted(SNAP_DIR.glob("*.pickle"), key=lambda p: p.stat().st_size)
     if not snaps:
         print(f"no snapshot found (looked in {SNAP_DIR})")
         return 1
-    for path in snaps if not a.snapshot else snaps:
-        t_ours = best(lambda: ours(path), a.repeat)
-        t_viz = best(lambda: memory_viz(path), a.repeat)
-        print(f"snapshot {path.name} ({path.stat().st_size / 2**20:.1f} MiB): ours {t_ours * 1e3:.0f} ms, "
-              f"_memory_viz {t_viz * 1e3:.0f} ms, ratio _memory_viz/ours = {t_viz / t_ours:.2f}x")
+    for path in snaps:
+        t_ours, t_viz = interleaved([lambda: ours(path), lambda: memory_viz(path)], a.repeat)
+        m_ours, m_viz = statistics.median(t_ours), statistics.median(t_viz)
+        print(f"snapshot {path.name} ({path.stat().st_size / 2**20:.1f} MiB): ours {m_ours * 1e3:.0f} ms "
+              f"(best {min(t_ours) * 1e3:.0f}), _memory_viz {m_viz * 1e3:.0f} ms (best {min(t_viz) * 1e3:.0f}), "
+              f"ratio _memory_viz/ours = {m_viz / m_ours:.2f}x (medians of {a.repeat})")
     run = a.run or ("/tmp/fsdpprof-sample/fsdp2" if os.path.isdir("/tmp/fsdpprof-sample/fsdp2") else None)
     if run:
         t_load = best(lambda: load_run(run, progress=False), a.repeat)
