@@ -1,11 +1,18 @@
 """Benchmark: our trace analysis vs HTA vs a bare orjson.loads, on the same traces.
 
-    python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--big-gb 1.0] [--skip-hta-big] [--out DIR]
+    python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--big-gb 1.0] [--skip-hta-big] [--no-big] [--repeat 3]
+                                       [--out DIR]
 
 Traces: the largest real GPU trace in ../shared/data/gpu-traces, rank 0 of a recorded CPU run
 (``--cpu-run``; default /tmp/fsdpprof-sample/fsdp2, recorded with ``fsdpprof record`` when absent), and
 a >= 1 GB (decompressed, written plain) trace built here by replicating the real GPU trace with
 shifted times and ids.  Each measurement runs in a fresh child process, so its peak RSS is its own.
+Imports (pandas, HTA, ...) happen in the child before its clock starts, and one warm-up call on a
+tiny trace absorbs first-call costs, for every contender alike; each child reports its import time
+too, so that fixed cost is stated, not hidden.  On the real traces each contender runs ``--repeat``
+times, interleaved (ours, orjson, HTA, ours, ...), and the medians are reported (the box may be
+shared); the big trace is built only after the real traces are measured (and flushed to disk), so its
+writing does not load the machine during their measurements.
 
 Prints per trace: HTA (TraceAnalysis load + get_comm_comp_overlap), ours (load_trace + overall_overlap +
 collective_volume), bare orjson.loads of the same bytes (read/decompress + loads), seconds and peak RSS,
@@ -19,6 +26,7 @@ import gzip
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,6 +73,7 @@ def child(mode: str, path: str) -> None:
     # imports happen before the clock starts: we time the work, not the interpreter's start-up
     idle = mode == "ours-idle"          # the same process as "ours", minus the work: its RSS is the baseline
     mode = "ours" if idle else mode
+    t_import = time.perf_counter()
     if mode == "ours":
         sys.path.insert(0, str(ROOT))
         from fsdpprof.analyze import classify, overlap, phases, volume  # noqa: F401
@@ -75,6 +84,7 @@ def child(mode: str, path: str) -> None:
         import logging
         logging.disable(logging.WARNING)
         from hta.trace_analysis import TraceAnalysis
+    import_seconds = time.perf_counter() - t_import
     # one warm-up call on a tiny real trace, so that one-off costs (lazy imports, first-call set-up in
     # pandas/HTA) are not counted against the trace being measured; same for every contender
     small = sorted(SHARED.glob("param-dlrm-8rank-v100/rank-0.json.gz"))
@@ -90,6 +100,7 @@ def child(mode: str, path: str) -> None:
     result = _run_once("idle" if idle else mode, path)
     result["seconds"] = time.perf_counter() - t0
     result["cpu_seconds"] = cpu() - c0
+    result["import_seconds"] = import_seconds
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -196,8 +207,22 @@ def build_big_trace(src: str, target_bytes: int, out_dir: str) -> tuple[str, int
 def fmt(res: dict) -> str:
     if "error" in res:
         return res["error"]
-    return (f"{res['seconds']:7.2f} s wall, {res['cpu_seconds']:7.2f} s CPU, "
-            f"peak RSS {res['peak_rss_bytes'] / 2**20:7.0f} MiB")
+    n = res.get("runs", 1)
+    return (f"{res['seconds']:7.3f} s wall, {res['cpu_seconds']:7.3f} s CPU, "
+            f"peak RSS {res['peak_rss_bytes'] / 2**20:6.0f} MiB  (import {res['import_seconds']:.2f} s, not timed)"
+            + (f"  [median of {n}]" if n > 1 else ""))
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Median seconds / CPU seconds / peak RSS of repeated measurements (an error if any run failed)."""
+    bad = [r for r in runs if "error" in r]
+    if bad:
+        return bad[0]
+    out = dict(runs[0])
+    for k in ("seconds", "cpu_seconds", "peak_rss_bytes", "import_seconds"):
+        out[k] = statistics.median(r[k] for r in runs)
+    out["runs"] = len(runs)
+    return out
 
 
 def main() -> None:
@@ -206,6 +231,8 @@ def main() -> None:
     ap.add_argument("--cpu-run")
     ap.add_argument("--big-gb", type=float, default=1.0)
     ap.add_argument("--skip-hta-big", action="store_true", help="do not run HTA on the big trace")
+    ap.add_argument("--no-big", action="store_true", help="only the real traces (no replicated big trace)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per contender on the real traces (medians)")
     ap.add_argument("--timeout", type=float, default=1500)
     ap.add_argument("--out", help="folder for the big trace (a temporary one by default; removed at the end)")
     args = ap.parse_args()
@@ -215,23 +242,34 @@ def main() -> None:
     tmp = args.out or tempfile.mkdtemp(prefix="fsdpprof-bench-")
     gpu = largest_gpu_trace()
     cpu = cpu_trace(args.cpu_run)
-    big, big_size = build_big_trace(gpu, int(args.big_gb * 1e9), tmp)
-    cases = [("largest real GPU trace", gpu), ("recorded CPU (gloo) run, rank 0", cpu),
-             (f"replicated GPU trace ({big_size / 1e9:.2f} GB plain)", big)]
+    big, big_size = None, 0
+    cases = [("largest real GPU trace", gpu), ("recorded CPU (gloo) run, rank 0", cpu)] + \
+        ([] if args.no_big else [("big", None)])
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
     try:
         for label, path in cases:
+            if label == "big":         # built now, after the real traces were measured, and flushed
+                big, big_size = build_big_trace(gpu, int(args.big_gb * 1e9), tmp)
+                os.sync()
+                path, label = big, f"replicated GPU trace ({big_size / 1e9:.2f} GB plain)"
             raw_size = big_size if path == big else len(gzip.decompress(Path(path).read_bytes()))
             print(f"\n== {label}: {path}\n   decompressed {raw_size / 2**20:.1f} MiB")
             base = measure_rss("ours-idle", path, args.timeout)
-            ours = measure_rss("ours", path, args.timeout)
+            repeat = 1 if path == big else max(1, args.repeat)
+            if repeat > 1:             # interleaved, medians; the single-run figures below reuse them
+                runs = {m: [] for m in ("ours", "orjson", "hta")}
+                for _ in range(repeat):
+                    for m in runs:
+                        runs[m].append(measure_rss(m, path, args.timeout))
+                med = {m: median_of(r) for m, r in runs.items()}
+            ours = med["ours"] if repeat > 1 else measure_rss("ours", path, args.timeout)
             print(f"   ours  (load+overlap+volume):        {fmt(ours)}"
                   + (f"  overlap {ours['overlap_pct']:.2f} %, {ours['events']} events" if "error" not in ours else ""),
                   flush=True)
-            orj = measure_rss("orjson", path, args.timeout)
+            orj = med["orjson"] if repeat > 1 else measure_rss("orjson", path, args.timeout)
             print(f"   orjson.loads (read+gunzip+loads):   {fmt(orj)}", flush=True)
             hta = ({"error": "skipped (--skip-hta-big)"} if (path == big and args.skip_hta_big)
-                   else measure_rss("hta", path, args.timeout))
+                   else med["hta"] if repeat > 1 else measure_rss("hta", path, args.timeout))
             print(f"   HTA   (load+get_comm_comp_overlap): {fmt(hta)}"
                   + (f"  overlap {hta['overlap_pct']:.2f} %" if "error" not in hta else ""), flush=True)
             if "error" not in ours:
@@ -247,7 +285,7 @@ def main() -> None:
                       f"above the same idle process ({base.get('peak_rss_bytes', 0) / 2**20:.0f} MiB): "
                       f"{extra / raw_size:.2f}", flush=True)
     finally:
-        if not args.out:
+        if not args.out and big:
             try:
                 os.unlink(big)
                 os.rmdir(tmp)

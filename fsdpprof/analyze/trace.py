@@ -4,8 +4,11 @@
 blocks, cuts the ``traceEvents`` array at event boundaries and decodes each chunk with a typed
 msgspec decoder that skips every field we do not use.  Each chunk is turned into column arrays at
 once and its Python objects dropped, so memory stays bounded on multi-GB traces (about one chunk
-of text plus the kept columns).  ``load_trace(path)`` adds classification and FSDP phases and
-returns the events frame of :mod:`fsdpprof.analyze.schema`.
+of text plus the kept columns).  A small file (at most CHUNK_BYTES of JSON) is read, inflated and
+decoded in one piece, with no thread and no copy.  Events are decoded by a typed fast path (args
+inline, phases we do not use skipped); a trace that does not fit its types takes the lenient path.
+``load_trace(path)`` adds classification and FSDP phases and returns the events frame of
+:mod:`fsdpprof.analyze.schema`.
 
 Times are microseconds on the profiler clock (``ts_us``, ``dur_us``).
 """
@@ -337,8 +340,8 @@ class _Columns:
         self.n += n
 
     def add_fast(self, events: list[FastEvent]) -> None:
-        """Like :meth:`add` for events decoded by the typed ``FastEvent`` decoder (args inline).
-        Raises ``_NotFast`` (before changing any state) when an id does not fit int64."""
+        """Like :meth:`add` for events of the typed fast decoder (args inline), one pass per column.
+        Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
         keep = [e for e in events if type(e) is FastEvent and e.cat in KEEP_CATS]
         n = len(keep)
         args = [e.args or _NO_FAST_ARGS for e in keep]
@@ -374,7 +377,7 @@ class _Columns:
             stream[fidx] = np.fromiter(map(_GET_STREAM, fargs), dtype=np.int64, count=fidx.size)
             ext[fidx] = np.fromiter(map(_GET_EXT, fargs), dtype=np.int64, count=fidx.size)
         base = self.n
-        for i in np.flatnonzero(full).tolist():
+        for i in fidx.tolist():
             a = args[i]
             if a.coll_name is not None or a.in_nelems is not None or not gpu[i]:
                 self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
