@@ -309,39 +309,52 @@ def _as_categorical(sig) -> pd.Categorical:
     return pd.Categorical(pd.Series(np.asarray(sig, dtype=object)).fillna("").astype(object))
 
 
-def _contains(sig, pat: str, regex: bool = True) -> np.ndarray:
-    """``str.contains`` evaluated once per distinct signature (many allocations share one)."""
+def _contains(sig, pat: str, regex: bool = True, need: tuple[str, ...] = ()) -> np.ndarray:
+    """``str.contains`` evaluated once per distinct signature (many allocations share one).
+
+    ``need``: substrings of which every match of ``pat`` contains at least one; a signature holding
+    none of them is a miss without running the regex (signatures of C++ stacks run to kilobytes)."""
     cat = _as_categorical(sig)
     cats = cat.categories
     if regex:
         rx = re.compile(pat)
-        hit = np.fromiter((rx.search(c) is not None for c in cats), dtype=bool, count=len(cats))
+        hit = np.fromiter(((not need or any(n in c for n in need)) and rx.search(c) is not None for c in cats),
+                          dtype=bool, count=len(cats))
     else:
         hit = np.fromiter((pat in c for c in cats), dtype=bool, count=len(cats))
     codes = np.asarray(cat.codes)
     return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(cat), bool)
 
 
+# stack-frame rules: (label, regex over signatures, substrings one of which any match contains)
+_FSDP_FRAME_RULES = [
+    ("all_gather_copy_out", r"foreach_all_gather_copy_out", ("foreach_all_gather_copy_out",)),
+    ("all_gather", r"foreach_all_gather|_all_gather_flat_param|_alloc_padded_unsharded",
+     ("foreach_all_gather", "_all_gather_flat_param", "_alloc_padded_unsharded")),
+    ("unshard", r"(?:^|\|)_?unshard@", ("unshard@",)),
+    ("post_backward_reduce", r"foreach_reduce|_reduce_grad|_post_backward_hook@",
+     ("foreach_reduce", "_reduce_grad", "_post_backward_hook@"))]
+_PHASE_FRAME_RULES = [
+    ("optimizer", r"torch/optim/|optimizer\.step|_multi_tensor_adam|_single_tensor_adam",
+     ("torch/optim/", "optimizer.step", "_multi_tensor_adam", "_single_tensor_adam")),
+    ("backward", r"autograd::engine|evaluate_function|accumulategrad|python_engine|_engine_run_backward"
+                 r"|(?:^|\|)backward@|::backward\b|backward0",
+     ("autograd::engine", "evaluate_function", "accumulategrad", "python_engine", "_engine_run_backward",
+      "backward@", "::backward", "backward0")),
+    ("data", r"torch/utils/data|collate|pin_memory", ("torch/utils/data", "collate", "pin_memory")),
+    ("forward", r"(?:^|\|)forward@|_call_impl", ("forward@", "_call_impl"))]
+
+
 def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
     """FSDP phase from stack frames (FSDP2 ``_fsdp_collectives.py``, FSDP1 ``flat_param.py``)."""
-    rules = [("all_gather_copy_out", r"foreach_all_gather_copy_out"),
-             ("all_gather", r"foreach_all_gather|_all_gather_flat_param|_alloc_padded_unsharded"),
-             ("unshard", r"(?:^|\|)_?unshard@"),
-             ("post_backward_reduce", r"foreach_reduce|_reduce_grad|_post_backward_hook@")]
-    conds = [_contains(sig, pat) for _, pat in rules]
-    return np.select(conds, [r[0] for r in rules], None).astype(object)
+    conds = [_contains(sig, pat, need=need) for _, pat, need in _FSDP_FRAME_RULES]
+    return np.select(conds, [r[0] for r in _FSDP_FRAME_RULES], None).astype(object)
 
 
 def frame_phase(sig: pd.Series) -> np.ndarray:
     """Coarse phase from stack frames (snapshots without tags)."""
-    s = sig
-    opt = _contains(s, r"torch/optim/|optimizer\.step|_multi_tensor_adam|_single_tensor_adam")
-    bwd = _contains(s, r"autograd::engine|evaluate_function|accumulategrad|python_engine|_engine_run_backward"
-                       r"|(?:^|\|)backward@|::backward\b|backward0")
-    data = _contains(s, r"torch/utils/data|collate|pin_memory")
-    fwd = _contains(s, r"(?:^|\|)forward@|_call_impl")
-    return np.select([opt, bwd, data, fwd],
-                     ["optimizer", "backward", "data", "forward"], None).astype(object)
+    conds = [_contains(sig, pat, need=need) for _, pat, need in _PHASE_FRAME_RULES]
+    return np.select(conds, [r[0] for r in _PHASE_FRAME_RULES], None).astype(object)
 
 
 # --------------------------------------------------------------------------- the passes
@@ -469,12 +482,14 @@ def pass_frames(df, lab: _Labels) -> None:
     if not _contains(sig, ".").any():
         return
     never_freed = pd.isna(_col(df, "free_us"))
-    _fill(lab, _contains(sig, "accumulategrad|accumulate_grad"), MC.SHARDED_GRAD.value, "frames")
+    _fill(lab, _contains(sig, "accumulategrad|accumulate_grad", need=("accumulategrad", "accumulate_grad")),
+          MC.SHARDED_GRAD.value, "frames")
     _fill(lab, _Codes(_col(df, "phase")).eq("optimizer") & never_freed,
           MC.OPTIMIZER_STATE.value, "frames")
-    _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory"), MC.INPUT.value, "frames")
+    _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory", need=("torch/utils/data", "collate", "pin_memory")),
+          MC.INPUT.value, "frames")
     param_init = _contains(sig, r"(?:^|\|)(?:convert|_apply|reset_parameters|load_state_dict|_load_from_state_dict)@"
-                                r"[^|]*module")
+                                r"[^|]*module", need=("module",))
     _fill(lab, param_init & never_freed, MC.SHARDED_PARAM.value, "frames")
 
 

@@ -189,7 +189,6 @@ def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
             "free_inferred": realloc[alloc_pos]}
 
 
-_SEG_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 # trace actions as int8 codes: alloc/free pair up; >= _SEG_MAP are read one by one
 _SEG_MAP, _SEG_UNMAP, _OOM = 4, 5, 6
 _ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3, "segment_alloc": _SEG_MAP,
