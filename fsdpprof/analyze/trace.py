@@ -21,7 +21,8 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Union
+from itertools import compress
+from typing import Any, ClassVar, Union
 
 import msgspec
 import numpy as np
@@ -93,7 +94,7 @@ class TailDoc(msgspec.Struct):
     traceName: Any = None
 
 
-class FastArgs(msgspec.Struct, gc=False):
+class FastArgs(msgspec.Struct, gc=False, frozen=True):
     """Every args field we use, decoded inline with the event (typed ids: a trace whose ids are not
     plain integers fails validation and is decoded again by the lenient ``Event``/``Args`` path)."""
 
@@ -124,6 +125,11 @@ class _FastBase(msgspec.Struct, gc=False, tag_field="ph"):
     empty object (its fields skipped).  A phase outside the chrome-trace spec fails validation and the
     chunk is decoded again by the lenient ``Event`` path.  Times in us, NaN when absent."""
 
+    cat: ClassVar[Any] = None        # only duration events decode their category
+
+
+_NO_FAST_ARGS = FastArgs()
+
 
 class FastEvent(_FastBase, tag="X"):
     name: Any = ""
@@ -132,7 +138,7 @@ class FastEvent(_FastBase, tag="X"):
     tid: Any = None
     ts: float = float("nan")
     dur: float = float("nan")
-    args: FastArgs | None = None
+    args: FastArgs = _NO_FAST_ARGS   # ("args": null fails validation: the lenient path takes it)
 
 
 class _FastInstant(_FastBase, tag="i"):
@@ -158,7 +164,7 @@ class _FastSkip(_FastBase):
 
 _SKIP_TYPES = tuple(type(f"_FastSkip{ord(ph)}", (_FastSkip,), {}, tag=ph) for ph in "BECbnestfPONDRcp()")
 _FAST_UNION = Union[(FastEvent, _FastInstant, _FastInstantOld, _FastMeta) + _SKIP_TYPES]
-_FAST_OTHER = (_FastInstant, _FastInstantOld, _FastMeta)
+_FAST_OTHER = frozenset({_FastInstant, _FastInstantOld, _FastMeta})
 
 
 class FastTailDoc(msgspec.Struct):
@@ -174,7 +180,6 @@ class FastTailDoc(msgspec.Struct):
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
 _FAST_CHUNK_DEC = msgspec.json.Decoder(list[_FAST_UNION])
 _FAST_TAIL_DEC = msgspec.json.Decoder(FastTailDoc)
-_NO_FAST_ARGS = FastArgs()
 _ARGS_DEC = msgspec.json.Decoder(Args | None)
 _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
 _ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
@@ -247,7 +252,7 @@ class _NotFast(Exception):
 
 
 _GET_NAME, _GET_CAT, _GET_TID, _GET_PID = (attrgetter(k) for k in ("name", "cat", "tid", "pid"))
-_GET_TS, _GET_DUR = attrgetter("ts"), attrgetter("dur")
+_GET_TS, _GET_DUR, _GET_ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("args")
 _GET_STREAM, _GET_CORR, _GET_EXT = (attrgetter(k) for k in ("stream", "correlation", "ext_id"))
 
 
@@ -342,14 +347,15 @@ class _Columns:
     def add_fast(self, events: list[FastEvent]) -> None:
         """Like :meth:`add` for events of the typed fast decoder (args inline), one pass per column.
         Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
-        keep = [e for e in events if type(e) is FastEvent and e.cat in KEEP_CATS]
+        # (selections by C-level map/compress: only FastEvent has a category, the others' is None)
+        keep = list(compress(events, map(KEEP_CATS.__contains__, map(_GET_CAT, events))))
         n = len(keep)
-        args = [e.args or _NO_FAST_ARGS for e in keep]
+        args = list(map(_GET_ARGS, keep))
         try:      # (stream / External id are read below, only where the lenient path reads them too)
             corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=n)
         except OverflowError:
             raise _NotFast from None
-        self._add_other_fast([e for e in events if type(e) in _FAST_OTHER])
+        self._add_other_fast(list(compress(events, map(_FAST_OTHER.__contains__, map(type, events)))))
         if not n:
             return
         names, cats = self.names, self.cats
