@@ -149,11 +149,12 @@ def _comm_info(rt, name_cats) -> dict:
     # value in a numeric or string column becomes NaN) is part of what the results are
     ca = rt.comm_args
     name_codes = rt.cols["name"]
+    name_list = list(name_cats)
     out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
     for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in zip(
             ca["idx"].tolist(), ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
             ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
-        name = name_cats[name_codes[idx]]
+        name = name_list[name_codes[idx]]
         coll = collective_of(cname) or collective_of(str(name))
         dtype, size = dtype_of(dt)
         shard = False
