@@ -142,11 +142,16 @@ def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[fl
     return numel * size, dtype, group
 
 
+def _given(x):
+    """A number from the trace's args, or None when absent (None or NaN)."""
+    return x if isinstance(x, (int, float)) and x == x else None
+
+
 def _comm_info(rt, name_cats) -> dict:
     """Per raw row with comm args (numpy columns): idx, collective, bytes, dtype, group_size, pg, seq,
     shard (this row's bytes are one shard of the array, to be multiplied by the group size)."""
-    # read through the comm_args DataFrame, as before: its per-column dtype inference (a missing
-    # value in a numeric or string column becomes NaN) is part of what the results are
+    # the comm_args DataFrame turns a missing value of a numeric or string column into NaN:
+    # NaN means "not given" below, never a size or a process-group name
     ca = rt.comm_args
     name_codes = rt.cols["name"]
     name_list = list(name_cats)
@@ -159,9 +164,10 @@ def _comm_info(rt, name_cats) -> dict:
         dtype, size = dtype_of(dt)
         shard = False
         nbytes = float("nan")
-        if isinstance(inn, (int, float)) or isinstance(outn, (int, float)):
-            inn_f = float(inn) if isinstance(inn, (int, float)) else float("nan")
-            out_f = float(outn) if isinstance(outn, (int, float)) else float("nan")
+        inn, outn, gs, seq = _given(inn), _given(outn), _given(gs), _given(seq)
+        if inn is not None or outn is not None:
+            inn_f = float(inn) if inn is not None else float("nan")
+            out_f = float(outn) if outn is not None else float("nan")
             if coll == "all_gather":
                 numel = out_f if out_f == out_f else inn_f
             elif coll == "reduce_scatter":
@@ -185,7 +191,7 @@ def _comm_info(rt, name_cats) -> dict:
         out["bytes"].append(nbytes)
         out["dtype"].append(dtype)
         out["group_size"].append(float(gs) if isinstance(gs, (int, float)) else float("nan"))
-        out["pg"].append(None if pg is None else str(pg))
+        out["pg"].append(None if pg is None or (isinstance(pg, float) and pg != pg) else str(pg))
         out["seq"].append(float(seq) if isinstance(seq, (int, float)) else float("nan"))
         out["shard"].append(shard)
     objs = ("collective", "dtype", "pg")
