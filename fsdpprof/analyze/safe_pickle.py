@@ -7,6 +7,8 @@ user's file is ever imported or executed. gzip-compressed pickles are recognised
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import io
 import os
@@ -35,6 +37,21 @@ class _RestrictedUnpickler(pickle.Unpickler):
             f"{self._label}: refusing pickle persistent id (only plain data is allowed in a memory snapshot)")
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector while a block builds many containers that stay alive (an
+    unpickled snapshot: ~10^5-10^6 dicts and lists). Otherwise each collection rescans all of them
+    for cycles there cannot be (about a third of a 2.5 MiB snapshot's load time). Reference counting
+    still frees memory; the collector's previous state is restored."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def loads(data: bytes, label: str = "<bytes>"):
     """Unpickle ``data`` (plain or gzip) allowing only builtin containers and scalars."""
     if data[:2] == _GZIP_MAGIC:
@@ -45,7 +62,8 @@ def loads(data: bytes, label: str = "<bytes>"):
     if not data:
         raise UserError(f"{label}: file is empty; expected a pickle from torch.cuda.memory._snapshot()")
     try:
-        return _RestrictedUnpickler(io.BytesIO(data), label).load()
+        with gc_paused():
+            return _RestrictedUnpickler(io.BytesIO(data), label).load()
     except UserError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
