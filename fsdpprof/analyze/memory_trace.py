@@ -152,13 +152,18 @@ TRANSIENT_PHASES = ("all_gather", "foreach_all_gather")
 def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tuple[int, int]:
     """FSDP frees every all-gather output at the next unshard. One that is still alive at the end of
     the window while its peers (same FSDP phase, unit and coarse phase, other steps) were all freed
-    lost its free event: give it the peers' median lifetime. Returns (count, bytes) fixed (in place)."""
+    lost its free event: give it the peers' median lifetime. One whose free was only inferred from a
+    later allocation at the same address (that may be steps later) gets the peers' lifetime too when
+    that ends it earlier. Returns (count, bytes) fixed (in place)."""
     fp = allocs["fsdp_phase"].astype(object)
-    cand = (allocs["free_seq"].to_numpy() == NEVER) & ~allocs["before_trace"].to_numpy() & fp.isin(TRANSIENT_PHASES).to_numpy()
+    transient = fp.isin(TRANSIENT_PHASES).to_numpy() & ~allocs["before_trace"].to_numpy()
+    never = allocs["free_seq"].to_numpy() == NEVER
+    by_realloc = allocs["free_inferred"].to_numpy(bool) & ~never
+    cand = transient & (never | by_realloc)
     if not cand.any():
         return 0, 0
     key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + allocs["phase"].astype(object).fillna("")
-    freed = (allocs["free_seq"].to_numpy() != NEVER) & fp.isin(TRANSIENT_PHASES).to_numpy() & ~allocs["before_trace"].to_numpy()
+    freed = transient & ~never & ~by_realloc
     life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
     med = life.groupby(key).median()
     n_peers = life.groupby(key).count()
@@ -170,7 +175,8 @@ def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tu
         return 0, 0
     free_us = allocs["alloc_us"].to_numpy(float)[idx] + med.reindex(k).to_numpy(float)
     pos = np.searchsorted(ts, free_us, side="left")
-    inside = pos < len(ts)
+    # a free inferred from re-allocation stands unless the peers' lifetime ends the buffer earlier
+    inside = (pos < len(ts)) & (never[idx] | (free_us < allocs["free_us"].to_numpy(float)[idx]))
     idx, free_us, pos = idx[inside], free_us[inside], pos[inside]
     if not len(idx):
         return 0, 0
