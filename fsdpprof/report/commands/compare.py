@@ -17,16 +17,11 @@ def add_arguments(p) -> None:
 
 def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
     from fsdpprof.report.html import render_compare
-    from fsdpprof.runfmt import atomic_write_bytes
+    from fsdpprof.report.commands.report import write_pair
 
     out_json = out_json or os.path.splitext(os.path.abspath(out_html))[0] + ".json"
-    try:
-        atomic_write_bytes(out_html, render_compare(comparison).encode("utf-8"))
-        atomic_write_bytes(out_json, json.dumps(comparison.to_summary(), indent=1, default=str).encode())
-        for path in (out_html, locals().get("out_summary") or locals().get("out_json")):
-            os.chmod(path, 0o644)
-    except OSError as exc:
-        raise UserError(f"cannot write {out_html}: {exc.strerror}; pass -o to a writable path") from None
+    write_pair(out_html, render_compare(comparison).encode("utf-8"),
+               out_json, json.dumps(comparison.to_summary(), indent=1, default=str).encode(), "the comparison")
     return out_html, out_json
 
 

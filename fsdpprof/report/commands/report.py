@@ -27,17 +27,24 @@ def default_output(run_path: str) -> str:
 def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
     """Render and write report.html and summary.json atomically; returns both paths."""
     from fsdpprof.report.html import render_report
-    from fsdpprof.runfmt import atomic_write_bytes
 
     out_summary = out_summary or os.path.join(os.path.dirname(os.path.abspath(out_html)), "summary.json")
+    write_pair(out_html, render_report(analysis).encode("utf-8"),
+               out_summary, json.dumps(analysis.to_summary(), indent=1, allow_nan=False).encode(), "the report")
+    return out_html, out_summary
+
+
+def write_pair(out_html: str, html_bytes: bytes, out_json: str, json_bytes: bytes, what: str) -> None:
+    """Write an HTML page and its JSON atomically, readable by everyone; a failure is one line."""
+    from fsdpprof.runfmt import atomic_write_bytes
+
     try:
-        atomic_write_bytes(out_html, render_report(analysis).encode("utf-8"))
-        atomic_write_bytes(out_summary, json.dumps(analysis.to_summary(), indent=1, allow_nan=False).encode())
-        for path in (out_html, locals().get("out_summary") or locals().get("out_json")):
+        atomic_write_bytes(out_html, html_bytes)
+        atomic_write_bytes(out_json, json_bytes)
+        for path in (out_html, out_json):
             os.chmod(path, 0o644)
     except OSError as exc:
-        raise UserError(f"cannot write the report to {out_html}: {exc.strerror}; pass -o to a writable path") from None
-    return out_html, out_summary
+        raise UserError(f"cannot write {what} to {out_html}: {exc.strerror}; pass -o to a writable path") from None
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = True):
