@@ -58,3 +58,64 @@ def test_collect_imports_neither_analyze_nor_report_nor_pandas():
 
 def test_analyze_does_not_import_report():
     assert _violations("analyze", ("fsdpprof.report",)) == []
+
+
+def test_ci_builds_a_fresh_virtual_environment_before_the_tests():
+    """Nothing installed by hand may make CI green: .ci/run creates a new venv, then runs README's command."""
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    test_at = lines.index(_readme_commands()[1])
+    before = "\n".join(lines[:test_at])
+    assert re.search(r"rm -rf \"?\$VENV\"?", before) and re.search(r"-m venv \"?\$VENV\"?", before)
+    assert re.search(r"\. \"?\$VENV\"?/bin/activate", before)
+
+
+# import name -> distribution name, where the two differ and the package may not be installed here
+_IMPORT_TO_DIST = {"hta": {"holistictraceanalysis", "traceinsight"}, "yaml": {"pyyaml"}, "PIL": {"pillow"},
+                   "sklearn": {"scikit-learn"}, "dask": {"dask"}, "distributed": {"distributed", "dask"}}
+
+
+def _declared_distributions() -> set[str]:
+    import tomllib
+
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(proj.get("dependencies", []))
+    for extra in (proj.get("optional-dependencies") or {}).values():
+        reqs += extra
+    names = set()
+    for r in reqs:
+        name = re.split(r"[ <>=!~\[;]", r.strip(), maxsplit=1)[0]
+        names.add(re.sub(r"[-_.]+", "-", name).lower())
+    return names
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """top-level module -> files importing it, over fsdpprof/, tests/ and benchmarks/ (absolute imports)."""
+    import sys
+
+    own = {"fsdpprof", "conftest"} | {p.stem for p in (ROOT / "tests").glob("*.py")} | \
+        {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    found: dict[str, set[str]] = {}
+    for folder in ("fsdpprof", "tests", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for module in _imported_modules(path):
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in own or top == "__future__":
+                    continue
+                found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_third_party_import_is_declared_in_pyproject():
+    """A package installed by hand makes a local run green and a fresh machine red (it happened with orjson)."""
+    from importlib import metadata
+
+    declared = _declared_distributions()
+    dist_of = metadata.packages_distributions()
+    undeclared = []
+    for top, files in sorted(_third_party_imports().items()):
+        dists = {re.sub(r"[-_.]+", "-", d).lower() for d in dist_of.get(top, [])} | _IMPORT_TO_DIST.get(top, set())
+        if not dists:
+            dists = {top.lower().replace("_", "-")}   # not installed here: its import name is our best guess
+        if not dists & declared:
+            undeclared.append(f"{top} (imported by {', '.join(sorted(files)[:3])})")
+    assert not undeclared, "imported but not declared in pyproject.toml: " + "; ".join(undeclared)
