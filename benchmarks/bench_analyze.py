@@ -41,7 +41,8 @@ SHARED = ROOT.parent / "shared" / "data" / "gpu-traces"
 def _run_once(mode: str, path: str) -> dict:
     """The measured work of one contender on one trace (imports done by the caller)."""
     if mode == "ours":
-        from fsdpprof.analyze import overlap, volume
+        from fsdpprof.analyze.comm import overlap
+        from fsdpprof.analyze.comm import volume
         from fsdpprof.analyze.trace import load_trace
         td = load_trace(path, progress=False)
         o = overlap.overall_overlap(td.events)
@@ -76,7 +77,10 @@ def child(mode: str, path: str) -> None:
     t_import = time.perf_counter()
     if mode == "ours":
         sys.path.insert(0, str(ROOT))
-        from fsdpprof.analyze import classify, overlap, phases, volume  # noqa: F401
+        from fsdpprof.analyze.trace import classify  # noqa: F401
+        from fsdpprof.analyze.comm import overlap  # noqa: F401
+        from fsdpprof.analyze.trace import labels  # noqa: F401
+        from fsdpprof.analyze.comm import volume  # noqa: F401
         from fsdpprof.analyze.trace import load_trace
     elif mode == "orjson":
         import orjson

@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fsdpprof.analyze import safe_pickle  # noqa: E402
+from fsdpprof.analyze.memory import safe_pickle  # noqa: E402
 from fsdpprof.analyze.memory import memory_analysis, snapshot_memory  # noqa: E402
 from fsdpprof.analyze.run import load_run  # noqa: E402
-from fsdpprof.analyze.snapshot import load_snapshot  # noqa: E402
+from fsdpprof.analyze.memory.snapshot import load_snapshot  # noqa: E402
 
 SNAP_DIR = ROOT.parent / "shared" / "data" / "cuda-snapshots"
 

@@ -15,11 +15,11 @@ from fsdpprof.errors import UserError
 
 # sub-command -> (module, one-line help)
 COMMANDS = {
-    "record": ("fsdpprof.collect.launcher", "run a training command and record a run directory"),
-    "report": ("fsdpprof.report.commands.report", "analyse a run directory (or traces/snapshots) into report.html"),
-    "compare": ("fsdpprof.report.commands.compare", "put several runs side by side in compare.html"),
-    "plan": ("fsdpprof.report.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
-    "demo": ("fsdpprof.report.commands.demo", "record the built-in CPU example under several strategies and report"),
+    "record": ("fsdpprof.commands.record", "run a training command and record a run directory"),
+    "report": ("fsdpprof.commands.report", "analyse a run directory (or traces/snapshots) into report.html"),
+    "compare": ("fsdpprof.commands.compare", "put several runs side by side in compare.html"),
+    "plan": ("fsdpprof.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
+    "demo": ("fsdpprof.commands.demo", "record the built-in CPU example under several strategies and report"),
 }
 
 

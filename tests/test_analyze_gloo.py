@@ -4,7 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fsdpprof.analyze import overlap, ranks, schema, steps, volume
+from fsdpprof.analyze.comm import overlap
+from fsdpprof.analyze.comm import skew
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.comm import steps
+from fsdpprof.analyze.comm import volume
 from fsdpprof.analyze.run import load_run
 
 
@@ -20,7 +24,7 @@ def test_run_dir_loads(fsdp2_run):
     for r, rd in run.ranks.items():
         assert rd.inventory is not None and rd.info["rank"] == r
         assert rd.trace_meta["device_type"] == "cpu"
-        assert list(rd.events.columns) == schema.EVENT_COLUMNS
+        assert list(rd.events.columns) == vocab.EVENT_COLUMNS
         assert (rd.events["rank"] == r).all()
         assert len(rd.memory_events) > 0 and (rd.memory_events["rank"] == r).all()
         # steps are the optimizer steps the recorder says it profiled
@@ -83,11 +87,11 @@ def test_overlap_and_steps_are_consistent(fsdp2_run):
 
 def test_ranks_align_on_gloo(fsdp2_run):
     ev = fsdp2_run.events()
-    sk = ranks.collective_skew(ev)
+    sk = skew.collective_skew(ev)
     n = ev[ev["kind"] == "comm"].groupby("rank").size()
     assert len(sk) == n.iloc[0] == n.iloc[1] and (sk["n_ranks"] == 2).all()
     assert set(sk["last_rank"]) <= {0, 1}
-    st = ranks.stragglers(sk, ev)
+    st = skew.stragglers(sk, ev)
     assert st["times_last"].sum() == len(sk)
     # both ranks ran on one host and one clock: the alignment offsets are small next to a step
     step_us = steps.step_breakdown(ev)["step_us"].min()

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from conftest import shared_data
-from fsdpprof.analyze import overlap
-from fsdpprof.analyze.classify import classify
+from fsdpprof.analyze.comm import overlap
+from fsdpprof.analyze.trace.classify import classify
 from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.trace import decode_trace
 

@@ -7,7 +7,11 @@ import pandas as pd
 import pytest
 
 from conftest import shared_data
-from fsdpprof.analyze import intervals, overlap, ranks, steps, volume
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.comm import overlap
+from fsdpprof.analyze.comm import skew
+from fsdpprof.analyze.comm import steps
+from fsdpprof.analyze.comm import volume
 from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.trace import load_trace
 
@@ -125,14 +129,14 @@ def test_skew_recovers_known_offsets_and_straggler(tmp_path):
                          "dur_us": end - start, "collective": "all_reduce", "bytes": 8.0, "dtype": "float32",
                          "group_size": 3.0, "pg": "0", "seq": float(k), "step": 1.0, "phase": None, "unit": None})
     ev = pd.DataFrame(rows)
-    off = ranks.clock_offsets(ev)
+    off = skew.clock_offsets(ev)
     assert (off - off.loc[0]).round(6).to_dict() == {0: 0.0, 1: 1000.0, 2: -500.0}
-    sk = ranks.collective_skew(ev)
+    sk = skew.collective_skew(ev)
     assert len(sk) == 5 and (sk["n_ranks"] == 3).all()
     assert np.allclose(sk["start_skew_us"], 7.0) and np.allclose(sk["end_skew_us"], 0.0)
     assert (sk["last_rank"] == 2).all()
-    st = ranks.stragglers(sk).set_index("rank")                         # the skew frame alone is enough
-    st2 = ranks.stragglers(pd.DataFrame(sk.to_dict("list")), ev).set_index("rank")   # attrs lost: recomputed
+    st = skew.stragglers(sk).set_index("rank")                         # the skew frame alone is enough
+    st2 = skew.stragglers(pd.DataFrame(sk.to_dict("list")), ev).set_index("rank")   # attrs lost: recomputed
     assert np.allclose(st2["mean_start_lag_us"], st["mean_start_lag_us"])
     assert st.loc[2, "times_last"] == 5 and st.loc[0, "times_last"] == 0
     assert st.loc[2, "mean_start_lag_us"] == pytest.approx(7.0) and st.loc[1, "mean_start_lag_us"] == pytest.approx(0.0)
@@ -141,14 +145,14 @@ def test_skew_recovers_known_offsets_and_straggler(tmp_path):
 def test_dlrm_8_ranks_alignment():
     run = load_run(shared_data("gpu-traces", "param-dlrm-8rank-v100"), workers=2)
     ev = run.events()
-    sk = ranks.collective_skew(ev)
+    sk = skew.collective_skew(ev)
     n_comm = ev[ev["kind"] == "comm"].groupby("rank").size()
     assert (n_comm == n_comm.iloc[0]).all()                       # every rank ran the same collectives
     assert len(sk) == n_comm.iloc[0] and (sk["n_ranks"] == 8).all()
     # aligning on ends makes the ends tight and leaves the starts spread
     assert sk["end_skew_us"].median() < sk["start_skew_us"].median()
     assert (sk["start_skew_us"] >= 0).all() and (sk["end_skew_us"] >= 0).all()
-    st = ranks.stragglers(sk, ev)
+    st = skew.stragglers(sk, ev)
     assert st["times_last"].sum() == len(sk) and sorted(st["rank"]) == list(range(8))
     assert st.loc[st["times_last"].idxmax(), "rank"] == sk["last_rank"].mode().iloc[0]
 

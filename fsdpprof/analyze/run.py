@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from fsdpprof import runfmt
-from fsdpprof.analyze import schema
+from fsdpprof.analyze import vocab
 from fsdpprof.errors import UserError
 
 SOURCE_RUN_DIR = "run_dir"
@@ -36,8 +36,8 @@ class RankData:
     info: dict                           # rank.json, or derived from the trace's distributedInfo
     inventory: dict | None               # inventory.json
     trace_path: str | None
-    events: pd.DataFrame | None          # schema.EVENT_COLUMNS
-    memory_events: pd.DataFrame | None   # schema.MEMORY_EVENT_COLUMNS
+    events: pd.DataFrame | None          # vocab.EVENT_COLUMNS
+    memory_events: pd.DataFrame | None   # vocab.MEMORY_EVENT_COLUMNS
     snapshot_path: str | None            # CUDA snapshot of this rank
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
 
@@ -53,7 +53,7 @@ class Run:
     world_size: int | None
 
     def events(self) -> pd.DataFrame:
-        """All ranks' events concatenated (schema.EVENT_COLUMNS), categoricals kept."""
+        """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept."""
         frames = [r.events for _, r in sorted(self.ranks.items()) if r.events is not None]
         if not frames:
             return empty_events()
@@ -68,12 +68,12 @@ class Run:
     def memory_events(self) -> pd.DataFrame:
         frames = [r.memory_events for _, r in sorted(self.ranks.items()) if r.memory_events is not None]
         if not frames:
-            return pd.DataFrame({c: [] for c in schema.MEMORY_EVENT_COLUMNS})
+            return pd.DataFrame({c: [] for c in vocab.MEMORY_EVENT_COLUMNS})
         return pd.concat(frames, ignore_index=True)
 
 
 def empty_events() -> pd.DataFrame:
-    df = pd.DataFrame({c: [] for c in schema.EVENT_COLUMNS})
+    df = pd.DataFrame({c: [] for c in vocab.EVENT_COLUMNS})
     for c in ("lane", "kind", "name", "collective", "dtype", "pg", "phase", "unit"):
         df[c] = df[c].astype("category")
     return df

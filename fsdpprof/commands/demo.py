@@ -33,9 +33,9 @@ def record_example(out_dir: str, strategy: str, nproc: int = 2) -> subprocess.Co
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.analysis import compare_analyses
-    from fsdpprof.report.commands.compare import write_compare
-    from fsdpprof.report.commands.report import analyse_path, write_report
+    from fsdpprof.analyze.pipeline import compare_analyses
+    from fsdpprof.commands.compare import write_compare
+    from fsdpprof.commands.report import analyse_path, write_report
     from fsdpprof.report.text import compare_text
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]

@@ -24,7 +24,7 @@ from operator import itemgetter
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import safe_pickle
+from fsdpprof.analyze.memory import safe_pickle
 from fsdpprof.errors import UserError
 
 NEVER = np.iinfo(np.int64).max

@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import schema
+from fsdpprof.analyze import vocab
 
 SKEW_COLUMNS = ["pg", "seq", "collective", "n_ranks", "start_skew_us", "end_skew_us", "last_rank"]
 
 
 def _matched(events: pd.DataFrame) -> pd.DataFrame:
     kind = events["kind"].astype(object).to_numpy()
-    c = events.loc[kind == schema.KIND_COMM, ["rank", "ts_us", "dur_us", "collective", "pg", "seq"]].copy()
+    c = events.loc[kind == vocab.KIND_COMM, ["rank", "ts_us", "dur_us", "collective", "pg", "seq"]].copy()
     c["collective"] = c["collective"].astype(object).fillna("unknown")
     c["pg"] = c["pg"].astype(object).fillna("default").astype(str)
     c = c.sort_values(["rank", "ts_us"], kind="mergesort")

@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 
 def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
     from fsdpprof.report.html import render_compare
-    from fsdpprof.report.commands.report import write_pair
+    from fsdpprof.commands.report import write_pair
 
     out_json = out_json or os.path.splitext(os.path.abspath(out_html))[0] + ".json"
     write_pair(out_html, render_compare(comparison).encode("utf-8"),
@@ -26,8 +26,8 @@ def write_compare(comparison, out_html: str, out_json: str | None = None) -> tup
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.analysis import compare_analyses
-    from fsdpprof.report.commands.report import analyse_path
+    from fsdpprof.analyze.pipeline import compare_analyses
+    from fsdpprof.commands.report import analyse_path
     from fsdpprof.report.text import compare_text
 
     if len(args.runs) < 2:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import intervals, schema
-from fsdpprof.analyze.classify import category_mask
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.trace.classify import category_mask
 
 STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us",
                 "idle_us", "residual_us"]
-_DEVICE_KINDS = [schema.KIND_COMPUTE, schema.KIND_COMM, schema.KIND_MEMCPY, schema.KIND_MEMSET, schema.KIND_SYNC]
+_DEVICE_KINDS = [vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET, vocab.KIND_SYNC]
 
 
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +64,7 @@ def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
     parts = []
     for r, w in win.groupby("rank", sort=True):
         on = ranks == r
-        cm, mm = on & (kind == schema.KIND_COMPUTE), on & (kind == schema.KIND_COMM)
+        cm, mm = on & (kind == vocab.KIND_COMPUTE), on & (kind == vocab.KIND_COMM)
         dm = on & np.isin(kind, _DEVICE_KINDS)
         ws, we = w["start_us"].to_numpy(), w["end_us"].to_numpy()
         comp = intervals.overlap_with(ws, we, ts[cm], end[cm])

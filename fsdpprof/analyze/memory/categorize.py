@@ -25,7 +25,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.schema import MemoryCategory as MC
+from fsdpprof.analyze.vocab import MemoryCategory as MC
 
 CATEGORIES = [c.value for c in MC]
 NEVER = np.iinfo(np.int64).max

@@ -22,7 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import schema
+from fsdpprof.analyze import vocab
 
 # dtype spellings in traces -> (torch-style name, element bytes)
 _DTYPES = {
@@ -222,11 +222,11 @@ def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return found, pos_c
 
 
-# kind codes of classify_arrays: positions in schema.KINDS
-KIND_LABELS = np.array(schema.KINDS, dtype=object)
+# kind codes of classify_arrays: positions in vocab.KINDS
+KIND_LABELS = np.array(vocab.KINDS, dtype=object)
 K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
-    schema.KINDS.index(k) for k in (schema.KIND_COMPUTE, schema.KIND_COMM, schema.KIND_MEMCPY, schema.KIND_MEMSET,
-                                    schema.KIND_SYNC, schema.KIND_CPU_OP, schema.KIND_ANNOTATION))
+    vocab.KINDS.index(k) for k in (vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET,
+                                    vocab.KIND_SYNC, vocab.KIND_CPU_OP, vocab.KIND_ANNOTATION))
 
 # Link columns classify adds to the schema columns (used by phases.py)
 LINK_COLUMNS = ["tid", "stream", "correlation", "ext_id", "cat", "launch_tid", "launch_ts_us"]
@@ -250,7 +250,7 @@ def classify(rt) -> pd.DataFrame:
 
 def classify_arrays(rt) -> dict:
     """classify() as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
-    kind int8 codes into KIND_LABELS (schema.KINDS), collective/dtype/pg/tid/launch_tid object arrays,
+    kind int8 codes into KIND_LABELS (vocab.KINDS), collective/dtype/pg/tid/launch_tid object arrays,
     times float64 us; runtime calls dropped."""
     rc = rt.cols
     n = len(rc["ts_us"])

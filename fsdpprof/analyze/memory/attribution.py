@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import categorize as cz
-from fsdpprof.analyze import memory_trace
-from fsdpprof.analyze.schema import MemoryCategory as MC
-from fsdpprof.analyze.snapshot import NEVER, SnapshotData, load_snapshot
+from fsdpprof.analyze.memory import categorize as cz
+from fsdpprof.analyze.memory import cpu_events
+from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
 from fsdpprof.errors import UserError
 
 CATEGORIES = cz.CATEGORIES
@@ -56,7 +56,7 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     info = getattr(rank, "info", None) or {}
     inventory = getattr(rank, "inventory", None)
     label = getattr(rank, "trace_path", None) or getattr(rank, "snapshot_path", None) or f"rank {r}"
-    memory_trace.check_inventory(inventory, r, info.get("world_size"), os.path.dirname(str(label)) or str(label))
+    cpu_events.check_inventory(inventory, r, info.get("world_size"), os.path.dirname(str(label)) or str(label))
     snap_path = getattr(rank, "snapshot_path", None)
     if snap_path:
         snap = load_snapshot(snap_path)
@@ -68,7 +68,7 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     if me is None or not len(me):
         raise UserError(f"{label}: the trace has no [memory] events (profile_memory was off); record with "
                         f"fsdpprof record (memory on) or torch.profiler.profile(profile_memory=True)")
-    allocs, inv_t, warns = memory_trace.cpu_allocations(me, getattr(rank, "events", None), inventory, str(label))
+    allocs, inv_t, warns = cpu_events.cpu_allocations(me, getattr(rank, "events", None), inventory, str(label))
     if inventory is None:
         warns.append(f"{label}: no inventory.json: memory alive before the profiling window is only seen when "
                      f"freed inside it; sharded params/grads/optimizer state come from lifetimes")
@@ -195,8 +195,8 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
         nxt = np.concatenate([is_opt[1:], [False]])
         starts = t[is_opt & ~prev] - 1e-3          # just before the run's first allocation
         ends = t[is_opt & ~nxt] + 1e-3
-        return memory_trace.inventory_tensors(inventory, starts, ends, t_end)
-    inv_t = memory_trace.inventory_tensors(inventory, np.array([]), np.array([]), t_end)
+        return cpu_events.inventory_tensors(inventory, starts, ends, t_end)
+    inv_t = cpu_events.inventory_tensors(inventory, np.array([]), np.array([]), t_end)
     if not len(inv_t):
         return None
     last = df.sort_values("alloc_seq").drop_duplicates("addr", keep="last")[["addr", "alloc_us"]]

@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import schema
+from fsdpprof.analyze import vocab
 from fsdpprof.errors import UserError
 
 CHUNK_BYTES = 32 << 20          # decode the event array in chunks of about this many bytes
@@ -812,7 +812,7 @@ def _memory_frame(rows: list[tuple]) -> pd.DataFrame:
             out[c] = np.asarray(vals, dtype=dt)
         except (TypeError, ValueError, OverflowError):
             out[c] = pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce").fillna(0).astype(dt).to_numpy()
-    return pd.DataFrame(out)[schema.MEMORY_EVENT_COLUMNS]
+    return pd.DataFrame(out)[vocab.MEMORY_EVENT_COLUMNS]
 
 
 @dataclass
@@ -828,7 +828,8 @@ class TraceData:
 
 def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None) -> TraceData:
     """Decode, classify and phase-tag one trace file. ``rank`` overrides distributedInfo's rank."""
-    from fsdpprof.analyze import classify, phases
+    from fsdpprof.analyze.trace import classify
+    from fsdpprof.analyze.trace import labels
 
     rt = decode_trace(path, progress=progress)
     warnings: list[str] = []
@@ -840,9 +841,9 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
     c = classify.classify_arrays(rt)
     rt.cols = None                     # classify copied what it needs: free the raw columns early
     rt.comm_rows = None
-    c, w = phases.assign_arrays(c, rt)
+    c, w = labels.assign_arrays(c, rt)
     warnings += w
-    events = phases.events_frame(c, rank)
+    events = labels.events_frame(c, rank)
     mem = rt.memory_events
     mem["rank"] = np.int32(rank)
     return TraceData(path=rt.path, events=events, memory_events=mem, meta=rt.meta, warnings=warnings)

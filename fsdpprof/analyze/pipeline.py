@@ -19,6 +19,7 @@ import pandas as pd
 
 from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import theory
+from fsdpprof.analyze.comm import overlap, skew, steps, volume
 from fsdpprof.errors import UserError
 
 SUMMARY_SCHEMA = "fsdpprof.summary/1"
@@ -137,12 +138,6 @@ def _try(a: Analysis, section: str, what: str, fn, *args, **kwargs):
         _note(a, section, f"{what} failed: {type(exc).__name__}: {exc} "
                           f"(at {os.path.basename(last.filename)}:{last.lineno}).")
     return None
-
-
-def _trace_fn(module: str, name: str):
-    import importlib
-
-    return getattr(importlib.import_module(f"fsdpprof.analyze.{module}"), name)
 
 
 # --- the parts ----------------------------------------------------------------------------
@@ -342,17 +337,17 @@ def _comm(a: Analysis, run, events: pd.DataFrame | None) -> None:
         _note(a, "communication", "no trace events in this input.")
         _note(a, "steps", "no trace events in this input.")
         return
-    vol = _try(a, "communication", "collective volume", lambda: _trace_fn("volume", "collective_volume")(events))
+    vol = _try(a, "communication", "collective volume", lambda: volume.collective_volume(events))
     a.volume = vol
     staged = _try(a, "communication", "forward/backward stages", with_stage, events)
     if staged is not None:
         a.overlap_phase = _try(a, "communication", "overlap per collective and phase", _per_phase, staged)
-    a.overlap_overall = _try(a, "communication", "overall overlap", lambda: _trace_fn("overlap", "overall_overlap")(events))
-    a.steps = _try(a, "steps", "step breakdown", lambda: _trace_fn("steps", "step_breakdown")(events))
+    a.overlap_overall = _try(a, "communication", "overall overlap", lambda: overlap.overall_overlap(events))
+    a.steps = _try(a, "steps", "step breakdown", lambda: steps.step_breakdown(events))
     if run.world_size and len(run.ranks) > 1:
-        a.skew = _try(a, "ranks", "collective skew", lambda: _trace_fn("ranks", "collective_skew")(events))
+        a.skew = _try(a, "ranks", "collective skew", lambda: skew.collective_skew(events))
         if a.skew is not None:
-            a.stragglers = _try(a, "ranks", "stragglers", lambda: _trace_fn("ranks", "stragglers")(a.skew))
+            a.stragglers = _try(a, "ranks", "stragglers", lambda: skew.stragglers(a.skew))
     else:
         _note(a, "ranks", f"only rank {', '.join(map(str, sorted(run.ranks)))} of "
                           f"{run.world_size or '?'} in this input: skew and stragglers need several ranks.")
@@ -374,8 +369,8 @@ def _per_phase(staged: pd.DataFrame) -> pd.DataFrame:
     """Per rank, collective, stage and FSDP phase: count, bytes, time_us, busbw_gbps (volume) beside
     comm_us, overlapped_comm_us, exposed_comm_us, overlap_pct (overlap)."""
     keys = ["rank", "collective", "stage", "phase"]
-    ov = _trace_fn("overlap", "comm_overlap")(staged, by=keys)
-    vol = _trace_fn("volume", "collective_volume")(staged, by=keys)
+    ov = overlap.comm_overlap(staged, by=keys)
+    vol = volume.collective_volume(staged, by=keys)
     for df in (ov, vol):
         for k in keys[1:]:
             df[k] = df[k].astype(object)
@@ -563,7 +558,7 @@ def _run_numbers(a: Analysis) -> dict:
     cats = {}
     if m is not None and m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
         cats = m.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum().to_dict()
-    from fsdpprof.analyze.schema import MemoryCategory
+    from fsdpprof.analyze.vocab import MemoryCategory
     for c in MemoryCategory:
         d[f"peak_{c.value}_bytes"] = float(cats.get(c.value, 0.0)) if m is not None else np.nan
     ms = t.get("model_states") or {}

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import schema
-from fsdpprof.analyze.overlap import kind_mask
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.comm.overlap import kind_mask
 
 
 def busbw_factor(collective, n) -> np.ndarray:
@@ -32,7 +32,7 @@ def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.Dat
     """Per group: count, bytes, time_us, algbw_gbps, busbw_gbps (over events whose size is known)."""
     by = list(by)
     cols = list(dict.fromkeys(by + ["bytes", "dur_us", "group_size", "collective"]))
-    c = events.loc[kind_mask(events, schema.KIND_COMM), cols]
+    c = events.loc[kind_mask(events, vocab.KIND_COMM), cols]
     for k in by:
         if isinstance(c[k].dtype, pd.CategoricalDtype):
             c[k] = c[k].astype(object)

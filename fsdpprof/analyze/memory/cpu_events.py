@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import categorize as cz
-from fsdpprof.analyze.snapshot import NEVER, pair_alloc_free
+from fsdpprof.analyze.memory import categorize as cz
+from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free
 from fsdpprof.errors import UserError
 from fsdpprof.runfmt import INVENTORY_SCHEMA
 

@@ -16,8 +16,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import intervals, schema
-from fsdpprof.analyze.classify import K_COMM, KIND_LABELS
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS
 
 _FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
@@ -153,7 +154,7 @@ def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
 
 
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
-    """The schema.EVENT_COLUMNS frame from classified, phase-tagged columns (one DataFrame built, once)."""
+    """The vocab.EVENT_COLUMNS frame from classified, phase-tagged columns (one DataFrame built, once)."""
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
@@ -169,4 +170,4 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "seq": c["seq"].astype(np.float64, copy=False),
         "step": c["step"], "phase": _categorical(c["phase"]), "unit": _categorical(c["unit"]),
     }
-    return pd.DataFrame(cols, columns=schema.EVENT_COLUMNS)
+    return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS)

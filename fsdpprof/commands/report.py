@@ -48,7 +48,7 @@ def write_pair(out_html: str, html_bytes: bytes, out_json: str, json_bytes: byte
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = True):
-    from fsdpprof.analyze.analysis import analyze_run
+    from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
     if not os.path.exists(path):
