@@ -44,10 +44,13 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
             "host": socket.gethostname(), "options": dict(options, api=True), "ranks_expected": None,
             "ranks_seen": []}
     run_json = os.path.join(out, runfmt.RUN_JSON)
-    launcher._exclusive_create_json(run_json, meta)
-    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, f"{socket.gethostname()}-{os.getpid()}.json")
-    entry = {"host": socket.gethostname(), "pid": os.getpid(), "command": cmd, "started_at": started,
-             "ended_at": None, "exit_code": None, "api": True}
+    name = f"{socket.gethostname()}-{os.getpid()}.json"
+    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
+    created = launcher._exclusive_create_json(run_json, meta)
+    entry = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": runfmt.process_start_ticks(os.getpid()),
+             "command": cmd, "started_at": started, "ended_at": None, "exit_code": None, "api": True,
+             # what this process writes in the run directory besides its rank folder (--force removes only that)
+             "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
     runfmt.atomic_write_json(launcher_path, entry)
     rec = recorder.Recorder(out, options)
     rec.install()
@@ -60,7 +63,8 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
         raise
     finally:
         try:
-            rec._save_on_exit("left the fsdpprof.record block" if exit_code == 0 else "exception in the block")
+            rec._save_on_exit("left the fsdpprof.record block" if exit_code == 0 else "exception in the block",
+                              clean=exit_code == 0)
             rec.uninstall()
             if rec in recorder._API_RECORDERS:
                 recorder._API_RECORDERS.remove(rec)
