@@ -129,11 +129,11 @@ def test_force_replaces_a_run_of_the_previous_version(tmp_path, script):
     rank-<R>/ folders that hold fsdpprof's rank.json, nothing else."""
     out = tmp_path / "run"
     assert record(out, script).returncode == 0
-    (out / "rank-0" / "manifest.json").unlink()              # as the previous version wrote it
+    (out / "rank-0" / "manifest.json").unlink(missing_ok=True)   # as the previous version wrote it
     for path in (out / "launchers").glob("*.json"):
         doc = load(path)
         for key in ("files", "heartbeat_s", "pid_start"):
-            doc.pop(key)
+            doc.pop(key, None)
         path.write_text(json.dumps(doc))
     old_pid = load(out / "rank-0" / "rank.json")["pid"]
     (out / "notes.txt").write_text("mine")
@@ -162,10 +162,10 @@ def test_run_files_readable_like_the_traces(tmp_path, script):
                               timeout=300, preexec_fn=lambda m=mask: os.umask(m))
         assert proc.returncode == 0, proc.stderr
         files = [p for p in target.rglob("*") if p.is_file()]
-        assert {p.name for p in files} >= {"run.json", "inventory.json", "rank.json", "trace.json.gz",
-                                            "manifest.json", "collector.log"}
         modes = {str(p.relative_to(target)): stat.S_IMODE(p.stat().st_mode) for p in files}
         assert set(modes.values()) == {want}, modes
+        assert {p.name for p in files} >= {"run.json", "inventory.json", "rank.json", "trace.json.gz",
+                                            "manifest.json", "collector.log"}
 
 
 # -- 2. truthful statuses ----------------------------------------------------------------------
@@ -181,6 +181,13 @@ def test_short_job_is_complete_with_a_note(tmp_path, script):
     meta = load(out / "run.json")
     assert meta["status"] == "complete" and any("1 of 2 active steps" in n for n in meta["notes"])
     assert "run complete" in proc.stderr and "1 of 2 active steps" in proc.stderr
+    # ended in the warm-up: no step of the window recorded, so the recording failed (the job did not)
+    early = tmp_path / "early"
+    proc = record(early, script, env={"STEPS": "2"})
+    assert proc.returncode == 0, proc.stderr
+    info = load(early / "rank-0" / "rank.json")
+    assert info["status"] == "failed" and "no recorded step" in info["error"] and info["steps_recorded"] == []
+    assert load(early / "run.json")["status"] == "failed"
 
 
 def test_rank_killed_before_its_trace_is_failed(tmp_path, script):
@@ -353,3 +360,31 @@ def test_no_kineto_lines_added_to_the_jobs_stderr(tmp_path, script):
     usdt = [[line.split("]", 1)[1] for line in _stderr_lines(p) if line.startswith("USDT")]
             for p in (own_plain, own_recorded)]
     assert usdt[0] == usdt[1] == [" profiler_start", " profiler_stop"]
+
+
+def test_python_api_keeps_a_finished_run(tmp_path):
+    """`fsdpprof.record(out=...)` into a folder that already holds a finished run is refused (it used to
+    write its rank files over the old ones); a run.json that is not fsdpprof's is never touched."""
+    out = tmp_path / "api-run"
+    code = textwrap.dedent(f'''
+        import torch, torch.nn as nn, fsdpprof
+        from fsdpprof.errors import UserError
+        model = nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def train():
+            with fsdpprof.record(out={str(out)!r}, skip_steps=1, warmup_steps=1, active_steps=1):
+                for _ in range(3):
+                    model(torch.randn(4, 8)).sum().backward()
+                    opt.step(); opt.zero_grad()
+        train()
+        try:
+            train()
+        except UserError as exc:
+            print("refused:", exc)
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert "refused:" in proc.stdout and "already holds a run (status complete)" in proc.stdout
+    assert load(out / "run.json")["status"] == "complete"
+    assert not (out / "clashes").exists() and len(list((out / "launchers").glob("*.json"))) == 1

@@ -33,6 +33,13 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
         return
     out = os.path.abspath(out or os.path.join(os.getcwd(), "fsdpprof-runs",
                                               _dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
+    if os.path.isfile(os.path.join(out, runfmt.RUN_JSON)):
+        meta = launcher.run_meta(out)
+        if meta is None:
+            raise UserError(f"fsdpprof.record: {out} holds a run.json that fsdpprof did not write: choose another out")
+        if meta.get("status") != runfmt.STATUS_RUNNING:  # a finished run; a running one is joined (other ranks)
+            raise UserError(f"fsdpprof.record: {out} already holds a run (status {meta.get('status')}): choose a new "
+                            "out folder or remove that run first")
     os.makedirs(out, exist_ok=True)
     options = {"skip_steps": skip_steps, "warmup_steps": warmup_steps, "active_steps": active_steps,
                "ranks": list(ranks) if ranks is not None else None, "memory": bool(memory),

@@ -146,16 +146,17 @@ def _remove_file(path: str) -> None:
         pass
 
 
-def _remove_listed(directory: str, names: list[str]) -> None:
+def _remove_listed(directory: str, names: list[str], rmdir: bool = True) -> None:
     """Remove files ``names`` of ``directory`` and the temporary files their writes left, then the folder if empty."""
     for name in names:
         _remove_file(os.path.join(directory, name))
         for tmp in runfmt.temp_siblings(directory, name):
             _remove_file(tmp)
-    try:
-        os.rmdir(directory)
-    except OSError:
-        pass  # not empty: it holds something fsdpprof did not write
+    if rmdir:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass  # not empty: it holds something fsdpprof did not write
 
 
 def _is_legacy_rank_dir(path: str) -> bool:
@@ -200,7 +201,7 @@ def remove_recorded(out: str) -> None:
                 for rel in files:
                     target = _inside(out, rel)
                     if target is not None and os.path.dirname(target) in (out, launchers_dir):
-                        _remove_listed(os.path.dirname(target), [os.path.basename(target)])
+                        _remove_listed(os.path.dirname(target), [os.path.basename(target)], rmdir=False)
                 _remove_file(doc_path)
             _remove_listed(launchers_dir, [])
     clashes_dir = os.path.join(out, runfmt.CLASHES_DIR)
@@ -264,8 +265,8 @@ def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
             if live and meta.get("command") == cmd:
                 joining = True  # another node's launcher of the same job, still running
             elif live:
-                raise UserError(f"--out {out} holds a run that is still being recorded (command "
-                                f"{' '.join(map(str, meta.get('command') or []))[:80]!r}): choose a new folder")
+                raise UserError(f"--out {out} holds a run of another command that is still being recorded "
+                                f"({runfmt.run_liveness(out)[1]}): choose a new folder")
             elif force:
                 blocking = _in_the_way(out, after_removal=True)
                 if blocking:
@@ -335,7 +336,9 @@ def expected_ranks(cmd: list[str]):
 
 def _rank_statuses(out: str) -> dict[int, dict]:
     ranks = {}
-    for path in glob.glob(os.path.join(out, runfmt.RANK_DIR_PREFIX + "*", runfmt.RANK_JSON)):
+    for path in glob.glob(os.path.join(glob.escape(out), runfmt.RANK_DIR_PREFIX + "*", runfmt.RANK_JSON)):
+        if not RANK_DIR_RE.match(os.path.basename(os.path.dirname(path))):
+            continue  # e.g. a folder rank-analysis/ of the user's
         try:
             doc = runfmt.read_json(path)
             ranks[int(doc["rank"])] = doc

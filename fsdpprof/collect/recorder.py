@@ -11,7 +11,6 @@ recorded in rank.json's status; the training job goes on as without us.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime as _dt
 import json
 import os
@@ -586,13 +585,13 @@ class Recorder:
                         self.note = (f"window cut short: the job ended after step {self.steps_done - 1}, "
                                      f"{len(recorded)} of {self.active} active steps recorded")
                         self._finish("complete")
+                    elif clean and not exc_text and self.state == "window":
+                        self._finish("failed", f"no recorded step: the job ended normally after {self.steps_done} "
+                                               f"optimizer steps, before step {self.first_active} (the first "
+                                               "recorded one) finished; lower --skip-steps or --warmup-steps, "
+                                               "or run more steps")
                     elif self.trace_written:
                         self._finish("partial", why)
-                    elif clean and not exc_text:
-                        self._finish("failed", f"no trace saved: the job ended normally after {self.steps_done} "
-                                               f"optimizer steps, in the profiler's warm-up before the first "
-                                               f"recorded step {self.first_active}; lower --skip-steps or "
-                                               "--warmup-steps, or run more steps")
                     else:
                         self._finish("failed", f"no trace saved: {why}")
                 elif self.state == "idle" and self.primary is None and self.fallback_prof is not None \
@@ -785,7 +784,8 @@ class _QuietKineto:
     """Silence kineto's stderr lines during one of fsdpprof's profiler calls (start, step, stop)."""
 
     def __enter__(self):
-        self.level = _kineto_level()
+        # a KINETO_LOG_LEVEL of the user's own is a request for kineto's lines: leave them
+        self.level = _kineto_level() if "KINETO_LOG_LEVEL" not in os.environ else False
         self.restore = None
         if self.level:
             self.restore = self.level.value
