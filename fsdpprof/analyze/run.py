@@ -275,6 +275,24 @@ def _load_traces(root: str, traces: list[str], source: str, workers, progress) -
                world_size=world_size)
 
 
+def _liveness(root: str, meta: dict, warnings: list[str]) -> dict:
+    """run.json as the report shows it: a run left ``running`` by a launcher that is gone (killed) is
+    ``interrupted``, with a warning line; the file itself is not changed."""
+    if meta.get("status") != runfmt.STATUS_RUNNING:
+        return meta
+    state, launchers = runfmt.run_liveness(root)
+    if state == "gone":
+        warnings.append(f"run.json says running, but no launcher of this run is alive ({launchers}): the run was "
+                        "interrupted (its launcher was killed); showing what the ranks saved")
+        return dict(meta, status=runfmt.STATUS_INTERRUPTED)
+    if state == "unknown":
+        warnings.append(f"run.json says running; its launcher ({launchers}) runs on another host and cannot be "
+                        "checked from here: the run may still be going or may have been interrupted")
+    else:
+        warnings.append(f"the run is still being recorded ({launchers}): the figures cover what was saved so far")
+    return meta
+
+
 def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
     meta: dict = {}
     warnings: list[str] = []
@@ -285,6 +303,8 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
             meta = _read_json(run_json, "run file")
         except UserError as exc:
             warnings.append(str(exc))
+    meta = _liveness(root, meta, warnings)
+    warnings += [runfmt.clash_text(doc) for doc in runfmt.read_clashes(root)]
     rank_dirs: dict[int, str] = {}
     for e in entries:
         if e.startswith(runfmt.RANK_DIR_PREFIX) and e[len(runfmt.RANK_DIR_PREFIX):].isdigit():
@@ -356,6 +376,13 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
     if len(sizes) > 1:
         raise UserError(f"run directory {root} mixes ranks of different runs (world sizes {sorted(sizes)}); "
                         f"record each run into its own --out folder")
+    aside = sorted(r for r, info in infos.items() if info.get("status") == runfmt.RANK_STEPPED_ASIDE)
+    if aside and len(aside) == len(infos) and not any(rd.trace_path or rd.snapshot_path for rd in ranks.values()):
+        raise UserError(f"fsdpprof stepped aside in {root}: the job ran its own torch.profiler, so fsdpprof recorded "
+                        "no trace; report the job's own trace (fsdpprof report TRACE) or record without its profiler")
+    if aside:
+        warnings.append(f"fsdpprof stepped aside on rank{'s' if len(aside) > 1 else ''} {', '.join(map(str, aside))}: "
+                        "the job ran its own torch.profiler there, so those ranks have no trace")
     if not ranks:
         first = next(iter(missing.values()), "no rank recorded")
         raise UserError(f"run directory {root} has no usable rank: {first}")
