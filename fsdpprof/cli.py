@@ -27,8 +27,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse with fsdpprof's error format: one line on stderr (no usage block), exit code 2."""
 
     def error(self, message: str):
-        message = " ".join(str(message).split())
+        message = one_line(" ".join(str(message).split()))
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, ...) written as escapes: one line."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._module.run(args) or 0)
     except UserError as exc:
-        print(f"fsdpprof {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fsdpprof {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"fsdpprof {args.command}: interrupted", file=sys.stderr)

@@ -226,6 +226,20 @@ def _summary_in_run(name):
     return setup
 
 
+def _o_into_launchers(c, rr):
+    run = c.run_dir(rr)
+    return [str(run), "-o", str(run / "launchers"), "--force", "--no-hta"]
+
+
+def _summary_into_rank_folder(c, rr):
+    run = c.run_dir(rr)
+    return [str(run), "-o", str(c.inp / "r.html"), "--summary", str(run / "rank-0" / "s.json"), "--no-hta"]
+
+
+def _newline_in_path(c, _):
+    return [str(c.inp / "a\nb\tc"), "--no-hta"]
+
+
 def _o_hardlink_to_run_json(c, rr):
     run = c.run_dir(rr)
     os.link(run / "run.json", c.inp / "linked.html")
@@ -392,6 +406,9 @@ CASES = [
       for n in ("run.json", "rank-0/rank.json", "rank-0/inventory.json", "rank-0/trace.json.gz",
                 "rank-1/collector.log")],
     ("report", _o_hardlink_to_run_json, ["one of the input files", "run.json"], False),
+    ("report", _o_into_launchers, ["inside the run's own", "launchers"], False),
+    ("report", _summary_into_rank_folder, ["inside the run's own", "rank-0"], False),
+    ("report", _newline_in_path, ["a\\nb\\tc", "does not exist"], False),
     ("report", _second_file_fails, ["cannot write", "afile/s.json"], False),
     ("report", _summary_dir_unwritable, ["cannot write", "locked/s.json", "ermission denied"], True),
     ("report", _o_dir_unwritable, ["cannot write", "locked/r.html", "ermission denied"], True),

@@ -57,6 +57,13 @@ class Run:
     world_size: int | None
     inputs: list[str] = field(default_factory=list)   # every file read (or offered) as input: never an output
 
+    def record_folders(self) -> list[str]:
+        """Folders of a run directory that hold what ``fsdpprof record`` wrote (rank-*/, launchers/): outputs
+        never go there (a new recording replaces them)."""
+        if self.source != SOURCE_RUN_DIR:
+            return []
+        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
+
     def events(self) -> pd.DataFrame:
         """All ranks' events concatenated (schema.EVENT_COLUMNS), categoricals kept."""
         frames = [r.events for _, r in sorted(self.ranks.items()) if r.events is not None]

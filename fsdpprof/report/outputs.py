@@ -143,12 +143,13 @@ def _ids(paths) -> dict[tuple[int, int], str]:
 
 
 def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs=(), defer_under=(),
-                  fix: str = "") -> None:
+                  input_folders=(), fix: str = "") -> None:
     """Refuse, before anything is written, an output that would lose something.
 
     outputs: (path, how the user named it, e.g. "-o", "--summary", "the report") pairs.
     inputs: the files the command reads; none of them is ever replaced, even with ``force``.
     An existing regular file is replaced only when fsdpprof wrote it, or with ``force``.
+    input_folders: folders of the input that only fsdpprof record writes (a run's rank-*/): refused.
     defer_under: input files or folders not loaded yet: existing files there are left to the check with
     ``inputs`` (so that an input is named as such, not as a file to --force over).
     fix: what to do, appended to the messages.
@@ -157,6 +158,7 @@ def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs
     seen: dict[str, str] = {}
     input_ids = _ids(inputs)
     defer = [os.path.realpath(p) for p in defer_under]
+    folders = [os.path.realpath(d) for d in input_folders]
     for path, how in outputs:
         real = os.path.realpath(path)
         if real in seen:
@@ -164,19 +166,23 @@ def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs
         seen[real] = f"{how} {path}"
         try:
             lst = os.lstat(path)
-        except FileNotFoundError:
-            continue
         except OSError as exc:
-            if exc.errno == errno.ENOTDIR:
-                continue  # a parent is a file: the write says so, naming the path
-            raise UserError(f"{how} {path} cannot be used ({exc.strerror}); {fix}") from None
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # ENOTDIR: a parent is a file; the write says so
+                raise UserError(f"{how} {path} cannot be used ({exc.strerror}); {fix}") from None
+            lst = None
         try:
-            target = os.stat(path)
+            target = os.stat(path) if lst is not None else None
         except OSError:
             target = None
         if target is not None and (target.st_dev, target.st_ino) in input_ids:
             raise UserError(f"{how} {path} is one of the input files ({input_ids[(target.st_dev, target.st_ino)]}); "
                             f"writing there would destroy it: {fix}")
+        inside = [d for d in folders if real.startswith(d.rstrip(os.sep) + os.sep)]
+        if inside:
+            raise UserError(f"{how} {path} is inside the run's own {inside[0]} (what fsdpprof record wrote, "
+                            f"replaced by the next recording); {fix}")
+        if lst is None:
+            continue
         if any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in defer):
             continue
         if stat.S_ISLNK(lst.st_mode):

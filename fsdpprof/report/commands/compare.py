@@ -43,7 +43,7 @@ def run(args) -> int:
     analyses = []
     for path in args.runs:
         run_ = load_run(path, workers=args.workers)
-        check_outputs(outputs, force=args.force, inputs=run_.inputs)
+        check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
         analyses.append(analyze_run(run_, hta=False))
         del run_
     c = compare_analyses(analyses, allow_different_models=args.force)

@@ -60,7 +60,7 @@ def run(args) -> int:
                                                                       "the summary")]
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
     run_ = load_run(args.run, workers=args.workers)
-    check_outputs(outputs, force=args.force, inputs=run_.inputs)
+    check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
     a = analyze_run(run_, hta=not args.no_hta)
     del run_
     write_report(a, html_path, summary_path)
