@@ -23,19 +23,34 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with fsdpprof's error format: one line on stderr (no usage block), exit code 2."""
+
+    def error(self, message: str):
+        message = one_line(" ".join(str(message).split()))
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, ...) written as escapes: one line."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fsdpprof",
         description="Profiler and trace analyzer for PyTorch FSDP training: where memory went, "
                     "how much communication is exposed.",
     )
     parser.add_argument("--version", action="version", version=f"fsdpprof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = {}
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_module=module)
+        parser.commands[name] = p
     return parser
 
 
@@ -43,14 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     # `record` passes everything after `--` to the user's command untouched.
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the sub-command's parser: "fsdpprof report: error: ..."
+        parser.commands.get(getattr(args, "command", None), parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "_module", None):
         parser.print_help(sys.stderr)
         return 2
     try:
         return int(args._module.run(args) or 0)
     except UserError as exc:
-        print(f"fsdpprof {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fsdpprof {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"fsdpprof {args.command}: interrupted", file=sys.stderr)

@@ -5,11 +5,17 @@ See ../shared/DESIGN.md for the contract itself.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
-import tempfile
+import secrets
+import socket
+import time
 
 RUN_SCHEMA = "fsdpprof.run/1"
+RUN_SCHEMA_PREFIX = "fsdpprof.run/"
+MANIFEST_SCHEMA = "fsdpprof.manifest/1"
+CLASH_SCHEMA = "fsdpprof.clash/1"
 INVENTORY_SCHEMA = "fsdpprof.inventory/1"
 RANK_SCHEMA = "fsdpprof.rank/1"
 
@@ -22,12 +28,25 @@ TRACE_FILE = "trace.json.gz"
 INVENTORY_JSON = "inventory.json"
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 COLLECTOR_LOG = "collector.log"
+MANIFEST_JSON = "manifest.json"   # in each rank-<R>/: the files that rank's recorder wrote there
+CLASHES_DIR = "clashes"           # clashes/rank-<R>-<host>-<pid>.json: a process that found rank R taken
 
 # run.json status values
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 STATUS_PARTIAL = "partial"
 STATUS_FAILED = "failed"
+STATUS_STEPPED_ASIDE = "stepped_aside"   # every rank stepped aside for the job's own torch.profiler
+# shown by `report` (never written) for a run.json left `running` by a launcher that is gone
+STATUS_INTERRUPTED = "interrupted"
+
+# rank.json status values (besides complete | partial | failed)
+RANK_STEPPED_ASIDE = "stepped_aside"     # the job ran its own torch.profiler: fsdpprof recorded no trace
+RANK_NO_OPTIMIZER = "no_optimizer"
+
+# A running launcher touches its launchers/<host>-<pid>.json this often, so that another host
+# can tell a live launcher from one that was killed.
+HEARTBEAT_S = 30
 
 # Environment variables through which the launcher configures the bootstrap in every process.
 ENV_RUN_DIR = "FSDPPROF_RUN_DIR"
@@ -39,11 +58,36 @@ def rank_dir(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, RANK_DIR_FMT.format(rank=rank))
 
 
+def is_run_meta(doc) -> bool:
+    """Is ``doc`` (a parsed run.json) fsdpprof's? Only a run.json with an ``fsdpprof.run/*`` schema makes a run."""
+    return isinstance(doc, dict) and isinstance(doc.get("schema"), str) and doc["schema"].startswith(RUN_SCHEMA_PREFIX)
+
+
+def temp_name(name: str) -> str:
+    """Name of a temporary file for ``name``: ``.<name>.<pid>.<token>.tmp`` (see :func:`temp_siblings`)."""
+    return f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def temp_siblings(directory: str, name: str) -> list[str]:
+    """Temporary files that a write of ``name`` in ``directory`` left behind (a process killed mid-write)."""
+    return glob.glob(os.path.join(glob.escape(directory), "." + glob.escape(name) + ".*.tmp"))
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place.
+
+    The file is created as ``open()`` would create it (mode 0666 less the umask), so a run
+    directory is as readable as the user's other files.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    while True:
+        tmp = os.path.join(directory, temp_name(os.path.basename(path)))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -65,3 +109,122 @@ def atomic_write_json(path: str, obj) -> None:
 def read_json(path: str):
     with open(path, "rb") as fh:
         return json.loads(fh.read())
+
+
+# -- who wrote what (``--force`` removes only that) -------------------------------------------
+def read_manifest(directory: str) -> list[str] | None:
+    """File names listed in ``directory``'s manifest.json (None: no readable manifest of ours)."""
+    try:
+        doc = read_json(os.path.join(directory, MANIFEST_JSON))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA or not isinstance(doc.get("files"), list):
+        return None
+    return [f for f in doc["files"] if isinstance(f, str) and f and os.path.basename(f) == f and f not in (".", "..")]
+
+
+def claim_dir(path: str, writer: dict, files: list[str]) -> bool:
+    """Create ``path`` exclusively and write its manifest (``files``, before any of them exists);
+    False when another writer already has it."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    write_manifest(path, writer, files)
+    return True
+
+
+def write_manifest(directory: str, writer: dict, files: list[str]) -> None:
+    names = sorted(set(files) | {MANIFEST_JSON})
+    atomic_write_json(os.path.join(directory, MANIFEST_JSON),
+                      {"schema": MANIFEST_SCHEMA, "writer": writer, "files": names})
+
+
+# -- is a run still being recorded? -----------------------------------------------------------
+def process_start_ticks(pid: int):
+    """Start time of process ``pid`` in clock ticks since boot (Linux /proc), None when unknown.
+    Stored beside a pid so that a later reader can tell the process from another one that reuses its pid."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launcher_alive(doc: dict, path: str, now: float | None = None):
+    """Is the launcher described by ``doc`` (its launchers/<host>-<pid>.json at ``path``) still running?
+
+    True or False; None when it cannot be told (another host's launcher that keeps no heartbeat).
+    On this host: its pid is alive and is the same process. On another host: its file was touched
+    within a few heartbeats.
+    """
+    if doc.get("exit_code") is not None:
+        return False
+    if doc.get("host") == socket.gethostname():
+        try:
+            pid = int(doc.get("pid"))
+            os.kill(pid, 0)
+        except PermissionError:
+            pass  # alive, owned by someone else
+        except (OSError, TypeError, ValueError, OverflowError):
+            return False
+        started = doc.get("pid_start")
+        return started is None or process_start_ticks(pid) in (None, started)
+    heartbeat = doc.get("heartbeat_s")
+    if not isinstance(heartbeat, (int, float)) or heartbeat <= 0:
+        return None
+    try:
+        age_s = (time.time() if now is None else now) - os.stat(path).st_mtime
+    except OSError:
+        return None
+    return age_s <= 3 * heartbeat + 60
+
+
+def launcher_docs(run_dir: str) -> list[tuple[str, dict]]:
+    """(path, launcher file) for every readable launchers/*.json of ``run_dir``."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), LAUNCHERS_DIR, "*.json"))):
+        try:
+            doc = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            out.append((path, doc))
+    return out
+
+
+def run_liveness(run_dir: str) -> tuple[str, str]:
+    """For a run.json that says ``running``: ("alive" | "gone" | "unknown", which launchers, in words)."""
+    unfinished = [(path, doc) for path, doc in launcher_docs(run_dir) if doc.get("exit_code") is None]
+    if not unfinished:
+        return "gone", "no launcher file of this run is unfinished"
+    states = [(launcher_alive(doc, path), doc) for path, doc in unfinished]
+    desc = ", ".join(f"pid {doc.get('pid')} on {doc.get('host')}" for _, doc in states)
+    if any(alive is True for alive, _ in states):
+        return "alive", desc
+    if any(alive is None for alive, _ in states):
+        return "unknown", desc
+    return "gone", desc
+
+
+def read_clashes(run_dir: str) -> list[dict]:
+    """The clash notes of ``run_dir`` (clashes/*.json): processes that found their rank already taken."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), CLASHES_DIR, "*.json"))):
+        try:
+            doc = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == CLASH_SCHEMA:
+            out.append(doc)
+    return out
+
+
+def clash_text(doc: dict) -> str:
+    """One line naming a clash (used by the launcher's run.json notes and by ``report``)."""
+    by = doc.get("claimed_by") or {}
+    holder = f"pid {by.get('pid')} on {by.get('host')}" if by.get("pid") is not None else "another process"
+    return (f"rank {doc.get('rank')} was claimed by two processes: {holder} recorded it, pid {doc.get('pid')} on "
+            f"{doc.get('host')} recorded nothing (two jobs, or two processes without torch.distributed, "
+            "shared one --out)")

@@ -134,9 +134,16 @@ def test_own_profiler_steps_aside(tmp_path, script):
     assert proc.returncode == 0, proc.stderr
     assert "aten::addmm" in {e.get("name") for e in json.loads(own.read_text())["traceEvents"]}
     info = rank_json(out)
-    assert info["status"] == "skipped" and "stepped aside" in info["error"]
+    assert info["status"] == "stepped_aside" and "stepped aside" in info["error"]
     assert "stepped aside" in (out / "rank-0" / "collector.log").read_text()
     assert (out / "rank-0" / "inventory.json").exists()  # the inventory costs nothing: still written
+    # run.json says so (it used to say `complete` with nothing recorded), and so does report, in one line
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "stepped_aside" and meta["rank_status"] == {"0": "stepped_aside"}
+    assert "fsdpprof: run stepped aside" in proc.stderr
+    report = run_fsdpprof("report", str(out))
+    assert report.returncode == 2 and len(report.stderr.strip().splitlines()) == 1
+    assert "stepped aside" in report.stderr and "own torch.profiler" in report.stderr
 
 
 def test_profiler_started_inside_window_wins(tmp_path, script):
@@ -148,7 +155,7 @@ def test_profiler_started_inside_window_wins(tmp_path, script):
     assert proc.returncode == 0, proc.stderr
     assert "aten::addmm" in {e.get("name") for e in json.loads(own.read_text())["traceEvents"]}
     info = rank_json(out)
-    assert info["status"] in ("partial", "skipped") and "stepped aside" in info["error"]
+    assert info["status"] in ("partial", "stepped_aside") and "stepped aside" in info["error"]
     assert "stepped aside" in (out / "rank-0" / "collector.log").read_text()
 
 

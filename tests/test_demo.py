@@ -27,3 +27,21 @@ def test_demo_bad_strategy_is_one_line(tmp_path):
     p = run_fsdpprof("demo", "--out", str(tmp_path / "d"), "--strategies", " , ", timeout=120)
     assert p.returncode == 2
     assert len([ln for ln in p.stderr.splitlines() if ln.strip()]) == 1
+
+
+def test_demo_again_into_the_same_folder_keeps_the_users_files(tmp_path):
+    """A second demo into the same --out re-records its own runs (record --force) and replaces its own
+    reports; a file of the user's beside them, or inside the earlier run folder, is left alone."""
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    p = run_fsdpprof("demo", "--out", str(out), "--strategies", "ddp", timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (out / "run-ddp" / "my-analysis.txt").write_text("keep too")
+    first = (out / "summary-ddp.json").stat().st_mtime_ns
+    p = run_fsdpprof("demo", "--out", str(out), "--strategies", "ddp", timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert (out / "summary-ddp.json").stat().st_mtime_ns > first
+    assert json.loads((out / "summary-ddp.json").read_text())["overview"]["strategy"] == "DDP"
+    assert (out / "notes.txt").read_text() == "keep"
+    assert (out / "run-ddp" / "my-analysis.txt").read_text() == "keep too"

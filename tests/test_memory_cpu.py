@@ -177,7 +177,7 @@ def test_trace_without_memory_events(recorded_run, tmp_path):
     out.mkdir()
     proc = run_fsdpprof("report", str(p), "-o", str(out / "r.html"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-1500:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "r.summary.json").read_text())
     assert "profile_memory was off" in json.dumps(summary.get("notes"))
     assert summary.get("steps")
 

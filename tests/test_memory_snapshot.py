@@ -194,7 +194,7 @@ def test_report_on_public_snapshot_from_cli(tmp_path):
     src = shared_data(SNAP, "multi-device-expandable-oom.pickle")
     proc = run_fsdpprof("report", str(src), "-o", str(tmp_path / "r.html"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
     mem = summary["memory"]
     m = mem[next(iter(mem))]
     assert m["peak_allocated_bytes"] == EXPECTED[(src.name, 1)][0]

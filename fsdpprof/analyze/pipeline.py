@@ -87,7 +87,7 @@ class Analysis:
 
 def _j(x):
     """One value made JSON-safe (numpy scalars -> python, NaN/inf -> None)."""
-    if x is None:
+    if x is None or x is pd.NA or x is pd.NaT:
         return None
     if isinstance(x, (np.integer,)):
         return int(x)
@@ -111,6 +111,12 @@ def _jd(x):
     if isinstance(x, pd.DataFrame):
         return _records(x)
     return _j(x)
+
+
+def json_safe(x):
+    """Any nesting of dicts, lists, DataFrames and numpy/pandas scalars as plain JSON values (NaN, inf -> None):
+    what summary.json, compare.json and ``plan --json`` are written from."""
+    return _jd(x)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:

@@ -8,10 +8,12 @@ Nothing usable at all -> :class:`fsdpprof.errors.UserError`.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import errno
 import gzip
 import multiprocessing
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -28,6 +30,8 @@ SOURCE_SNAPSHOT_FOLDER = "snapshot_folder"
 
 _RANK_IN_NAME = [re.compile(p, re.I) for p in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"(\d+)(?!.*\d)")]
 _SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
+# the start of summary.json / compare.json (what fsdpprof report / compare write): never read as a trace
+OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare)/[0-9]+"')
 
 
 @dataclass
@@ -51,6 +55,14 @@ class Run:
     missing: dict[str, str]              # rank or file label -> one-line reason
     warnings: list[str]
     world_size: int | None
+    inputs: list[str] = field(default_factory=list)   # every file read (or offered) as input: never an output
+
+    def record_folders(self) -> list[str]:
+        """Folders of a run directory that hold what ``fsdpprof record`` wrote (rank-*/, launchers/): outputs
+        never go there (a new recording replaces them)."""
+        if self.source != SOURCE_RUN_DIR:
+            return []
+        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
 
     def events(self) -> pd.DataFrame:
         """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept."""
@@ -109,15 +121,33 @@ def _looks_like_trace(path: str) -> bool:
     base = os.path.basename(path).lower()
     if not (base.endswith(".json") or base.endswith(".json.gz")):
         return False
+    if OUTPUT_JSON_MARK.match(_head(path, 256)):
+        return False  # summary.json / compare.json of an earlier report
     if base.startswith("rank-") or ".pt.trace.json" in base:
         return True
     head = _head(path)
     return b'"traceEvents"' in head or b'"distributedInfo"' in head
 
 
+def max_workers(requested: int, n_jobs: int) -> int:
+    """Processes actually started for ``n_jobs`` traces: never more than the traces or the CPU cores."""
+    return max(1, min(int(requested), n_jobs, os.cpu_count() or 1))
+
+
+def check_workers(workers, what: str = "workers") -> None:
+    """UserError unless ``workers`` is None or a whole number >= 1."""
+    if workers is None:
+        return
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise UserError(f"{what} {workers!r} must be a whole number of at least 1 (it is capped at the number "
+                        f"of ranks and of CPU cores, {os.cpu_count() or 1} here)")
+
+
 def _parse_one(path: str, rank: int | None, progress: bool | None):
     """Worker: load one trace; returns ('ok', TraceData) or ('error', message)."""
     from fsdpprof.analyze.trace import load_trace
+    if not os.access(path, os.R_OK):
+        return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
     try:
         return "ok", load_trace(path, rank=rank, progress=progress)
     except UserError as exc:
@@ -152,7 +182,8 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
         # processes pay off only when there is enough to parse: their start-up and sending the frames
         # back cost more than small traces take to parse in this process
         small = sum(_inflated_size(path) for _, path, _ in jobs) < POOL_MIN_BYTES
-        workers = 1 if small else min(len(jobs), os.cpu_count() or 1)
+        workers = 1 if small else len(jobs)
+    workers = max_workers(workers, len(jobs))
     if workers <= 1 or len(jobs) == 1:
         return {label: _parse_one(path, rank, progress) for label, path, rank in jobs}
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
@@ -188,29 +219,113 @@ def _read_json(path: str, what: str) -> dict:
     return doc
 
 
+_WHAT_TO_GIVE = "give a run directory (fsdpprof record --out DIR), a folder of profiler traces, a trace file or a CUDA snapshot"
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}
+
+
+def file_kind(mode: int) -> str:
+    """What a path is, from its stat mode: 'a directory', 'a named pipe (FIFO)', ... ('a regular file')."""
+    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def check_input_path(path: str) -> bool:
+    """UserError (one line) unless ``path`` is a readable regular file or folder; True for a folder."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{path} is a loop of symbolic links; {_WHAT_TO_GIVE}") from None
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            raise UserError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; "
+                            f"{_WHAT_TO_GIVE}") from None
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise UserError(f"{path} does not exist; {_WHAT_TO_GIVE}") from None
+        if exc.errno == errno.EACCES:
+            raise UserError(f"{path} cannot be reached (permission denied on a folder above it); "
+                            f"fix the permissions or run as its owner") from None
+        raise UserError(f"{path} cannot be opened ({exc.strerror}); {_WHAT_TO_GIVE}") from None
+    if stat.S_ISDIR(st.st_mode):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise UserError(f"folder {path} cannot be read (permission denied); fix its permissions (chmod) "
+                            f"or run as its owner")
+        return True
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path} is {file_kind(st.st_mode)}, neither a file nor a folder; {_WHAT_TO_GIVE}")
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{path} cannot be read (permission denied); fix its permissions (chmod) or run as its owner")
+    return False
+
+
+# newest version of each run-directory file this fsdpprof reads (schema "<family>/<version>")
+_SCHEMAS = {family: int(version) for family, version in
+            (s.rsplit("/", 1) for s in (runfmt.RUN_SCHEMA, runfmt.RANK_SCHEMA, runfmt.INVENTORY_SCHEMA))}
+
+
+def schema_version(doc, family: str, path: str) -> int | None:
+    """Version of an fsdpprof file's ``schema`` (``fsdpprof.run/1`` -> 1); None when the file does not carry
+    ``family``'s schema (another tool's file, or none at all). UserError when it is newer than this
+    fsdpprof reads, or not a version number."""
+    s = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(s, str) or not s.startswith(family + "/"):
+        return None
+    shown = s if len(s) <= 60 else s[:57] + "..."
+    ver = s[len(family) + 1:]
+    if not re.fullmatch(r"[0-9]{1,9}", ver):
+        raise UserError(f"{path} has schema {shown!r}, which this fsdpprof does not know "
+                        f"(it reads {family}/{_SCHEMAS[family]}); re-record the run or upgrade fsdpprof")
+    if int(ver) > _SCHEMAS[family]:
+        raise UserError(f"{path} was written by a newer fsdpprof (schema {shown}; this one reads up to "
+                        f"{family}/{_SCHEMAS[family]}); upgrade fsdpprof")
+    return int(ver)
+
+
+def read_run_json(path: str) -> tuple[dict | None, str | None]:
+    """(run.json, None) when ``path`` is an fsdpprof run file; (None, why not) otherwise."""
+    try:
+        doc = _read_json(path, "run file")
+    except UserError as exc:
+        return None, str(exc)
+    if schema_version(doc, "fsdpprof.run", path) is None:
+        s = doc.get("schema")
+        said = f"schema {str(s)[:60]!r}" if s is not None else "no schema"
+        return None, f"{path} is not an fsdpprof run file ({said}, not fsdpprof.run/N): ignored"
+    return doc, None
+
+
 def load_run(path, *, workers: int | None = None, progress: bool | None = None) -> Run:
     """Load a run directory, trace folder, single trace, snapshot file or snapshot folder."""
+    check_workers(workers)
+    if not str(os.fspath(path)).strip():
+        raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
     path = os.path.abspath(os.fspath(path))
-    if not os.path.exists(path):
-        raise UserError(f"{path} does not exist; pass a run directory, a folder of traces or a trace file")
-    if os.path.isfile(path):
+    if not check_input_path(path):
         if _is_snapshot(path):
             r = rank_from_name(path)
             rank = r if r is not None and re.search(r"rank", os.path.basename(path), re.I) else 0
             rd = RankData(rank=rank, info={"rank": rank}, inventory=None, trace_path=None, events=None,
                           memory_events=None, snapshot_path=path, trace_meta={"device_type": "cuda"})
             return Run(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: rd}, missing={}, warnings=[],
-                       world_size=None)
+                       world_size=None, inputs=[path])
         return _load_traces(path, [path], SOURCE_TRACE_FILE, workers, progress)
-    entries = sorted(os.listdir(path))
-    if os.path.isfile(os.path.join(path, runfmt.RUN_JSON)) or any(
-            e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
-            for e in entries):
-        return _load_run_dir(path, entries, workers, progress)
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError as exc:
+        raise UserError(f"folder {path} cannot be listed ({exc.strerror}); fix its permissions or run as its owner") from None
+    run_json = os.path.join(path, runfmt.RUN_JSON)
+    meta, why_not = read_run_json(run_json) if os.path.isfile(run_json) else (None, None)
+    has_ranks = any(e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
+                    for e in entries)
+    if meta is not None or has_ranks:
+        return _load_run_dir(path, entries, workers, progress, meta, why_not)
     files = [os.path.join(path, e) for e in entries if os.path.isfile(os.path.join(path, e))]
     traces = [f for f in files if _looks_like_trace(f)]
     if traces:
-        return _load_traces(path, traces, SOURCE_TRACE_FOLDER, workers, progress)
+        run = _load_traces(path, traces, SOURCE_TRACE_FOLDER, workers, progress)
+        run.inputs += [f for f in files if _is_snapshot(f)]
+        if why_not:
+            run.warnings.append(why_not)
+        return run
     snaps = [f for f in files if _is_snapshot(f)]
     if snaps:
         ranks, warnings = {}, []
@@ -225,7 +340,7 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None) 
             ranks[r] = RankData(rank=r, info={"rank": r}, inventory=None, trace_path=None, events=None,
                                 memory_events=None, snapshot_path=f, trace_meta={"device_type": "cuda"})
         return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,
-                   world_size=None)
+                   world_size=None, inputs=snaps)
     raise UserError(f"{path} holds no run directory (run.json, rank-*/), no profiler traces (*.json[.gz] with "
                     f"traceEvents) and no CUDA snapshots (*.pickle); point fsdpprof at one of those")
 
@@ -272,19 +387,43 @@ def _load_traces(root: str, traces: list[str], source: str, workers, progress) -
         raise UserError(first if len(missing) == 1 else f"no usable trace in {root}: {first}")
     world_size = next(iter(world_sizes), None)
     return Run(path=root, source=source, meta={}, ranks=ranks, missing=missing, warnings=warnings,
-               world_size=world_size)
+               world_size=world_size, inputs=list(traces))
 
 
-def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
-    meta: dict = {}
-    warnings: list[str] = []
+def _liveness(root: str, meta: dict, warnings: list[str]) -> dict:
+    """run.json as the report shows it: a run left ``running`` by a launcher that is gone (killed) is
+    ``interrupted``, with a warning line; the file itself is not changed."""
+    if meta.get("status") != runfmt.STATUS_RUNNING:
+        return meta
+    state, launchers = runfmt.run_liveness(root)
+    if state == "gone":
+        warnings.append(f"run.json says running, but no launcher of this run is alive ({launchers}): the run was "
+                        "interrupted (its launcher was killed); showing what the ranks saved")
+        return dict(meta, status=runfmt.STATUS_INTERRUPTED)
+    if state == "unknown":
+        warnings.append(f"run.json says running; its launcher ({launchers}) runs on another host and cannot be "
+                        "checked from here: the run may still be going or may have been interrupted")
+    else:
+        warnings.append(f"the run is still being recorded ({launchers}): the figures cover what was saved so far")
+    return meta
+
+
+def _files_under(directory: str) -> list[str]:
+    """Regular files in ``directory`` and its sub-folders (symbolic links not followed)."""
+    out = []
+    for d, _, names in os.walk(directory):
+        out += [os.path.join(d, n) for n in names if os.path.isfile(os.path.join(d, n))]
+    return out
+
+
+def _load_run_dir(root: str, entries: list[str], workers, progress, meta: dict | None = None,
+                  run_json_note: str | None = None) -> Run:
+    meta = meta or {}
+    warnings: list[str] = [run_json_note] if run_json_note else []
     missing: dict[str, str] = {}
-    run_json = os.path.join(root, runfmt.RUN_JSON)
-    if os.path.isfile(run_json):
-        try:
-            meta = _read_json(run_json, "run file")
-        except UserError as exc:
-            warnings.append(str(exc))
+    inputs = [os.path.join(root, runfmt.RUN_JSON)] + _files_under(os.path.join(root, runfmt.LAUNCHERS_DIR))
+    meta = _liveness(root, meta, warnings)
+    warnings += [runfmt.clash_text(doc) for doc in runfmt.read_clashes(root)]
     rank_dirs: dict[int, str] = {}
     for e in entries:
         if e.startswith(runfmt.RANK_DIR_PREFIX) and e[len(runfmt.RANK_DIR_PREFIX):].isdigit():
@@ -296,6 +435,7 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
     jobs = []
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
+        inputs += _files_under(d)
         info_path = os.path.join(d, runfmt.RANK_JSON)
         info = {"rank": r}
         if os.path.isfile(info_path):
@@ -303,6 +443,7 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
                 info = _read_json(info_path, "rank file")
             except UserError as exc:
                 warnings.append(str(exc))
+            schema_version(info, "fsdpprof.rank", info_path)
         infos[r] = info
         inv_path = os.path.join(d, runfmt.INVENTORY_JSON)
         inventories[r] = None
@@ -311,6 +452,7 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
                 inventories[r] = _read_json(inv_path, "inventory")
             except UserError as exc:
                 warnings.append(str(exc))
+            schema_version(inventories[r], "fsdpprof.inventory", inv_path)
         tpath = os.path.join(d, runfmt.TRACE_FILE)
         if os.path.isfile(tpath):
             jobs.append((label, tpath, r))
@@ -333,6 +475,8 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
         else:
             st = info.get("status")
             reason = info.get("error") or (f"status {st}" if st else "no trace file")
+            if not os.access(d, os.R_OK | os.X_OK):
+                reason = f"folder {d} cannot be read: permission denied"
             missing[label] = f"{label}: no {runfmt.TRACE_FILE} ({reason})"
         if snap is not None or inventories[r] is not None:
             # still useful for memory attribution
@@ -356,8 +500,15 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
     if len(sizes) > 1:
         raise UserError(f"run directory {root} mixes ranks of different runs (world sizes {sorted(sizes)}); "
                         f"record each run into its own --out folder")
+    aside = sorted(r for r, info in infos.items() if info.get("status") == runfmt.RANK_STEPPED_ASIDE)
+    if aside and len(aside) == len(infos) and not any(rd.trace_path or rd.snapshot_path for rd in ranks.values()):
+        raise UserError(f"fsdpprof stepped aside in {root}: the job ran its own torch.profiler, so fsdpprof recorded "
+                        "no trace; report the job's own trace (fsdpprof report TRACE) or record without its profiler")
+    if aside:
+        warnings.append(f"fsdpprof stepped aside on rank{'s' if len(aside) > 1 else ''} {', '.join(map(str, aside))}: "
+                        "the job ran its own torch.profiler there, so those ranks have no trace")
     if not ranks:
         first = next(iter(missing.values()), "no rank recorded")
         raise UserError(f"run directory {root} has no usable rank: {first}")
     return Run(path=root, source=SOURCE_RUN_DIR, meta=meta, ranks=ranks, missing=missing, warnings=warnings,
-               world_size=ws)
+               world_size=ws, inputs=inputs)

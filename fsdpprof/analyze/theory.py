@@ -12,6 +12,7 @@ N = ranks the states are sharded over. All sizes are bytes; GB = 1e9 bytes, GiB 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from fsdpprof.errors import UserError
@@ -53,7 +54,7 @@ def canonical_strategy(strategy: str) -> str:
     """Map a user/FSDP strategy name (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ZeRO-2, ...) to STRATEGIES."""
     key = str(strategy or "").strip().upper().replace(" ", "_")
     if key not in STRATEGY_ALIASES:
-        raise UserError(f"unknown strategy {strategy!r}: use one of {', '.join(sorted(STRATEGY_ALIASES))}")
+        raise UserError(f"unknown strategy {shown(strategy)}: use one of {', '.join(sorted(STRATEGY_ALIASES))}")
     return STRATEGY_ALIASES[key]
 
 
@@ -61,7 +62,7 @@ def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a dtype name ('bf16', 'torch.float32', 'float16', ...)."""
     key = str(dtype).strip().lower().replace("torch.", "")
     if key not in DTYPE_BYTES:
-        raise UserError(f"unknown dtype {dtype!r}: use one of fp32, bf16, fp16, fp8, fp64")
+        raise UserError(f"unknown dtype {shown(dtype)}: use one of fp32, bf16, fp16, fp8, fp64")
     return DTYPE_BYTES[key]
 
 
@@ -96,7 +97,7 @@ def bytes_per_param(param_dtype: str = "bf16", grad_dtype: str | None = None, op
     opt = str(optimizer or "none").strip().lower()
     if optimizer_slots is None:
         if opt not in OPTIMIZER_SLOTS:
-            raise UserError(f"unknown optimizer {optimizer!r}: use one of {', '.join(sorted(OPTIMIZER_SLOTS))}")
+            raise UserError(f"unknown optimizer {shown(optimizer)}: use one of {', '.join(sorted(OPTIMIZER_SLOTS))}")
         optimizer_slots = OPTIMIZER_SLOTS[opt]
     if master_copy is None:
         master_copy = kp < ks and opt != "none"
@@ -184,7 +185,7 @@ def model_states(psi: float, k: BytesPerParam, strategy: str, world: int, shard_
     elif off in ("params", "param", "true", "1", "all"):
         host = p + g + o
     else:
-        raise UserError(f"unknown offload {offload!r}: use none, optimizer or params")
+        raise UserError(f"unknown offload {shown(offload)}: use none, optimizer or params")
     if host:
         f += f"   [offload={off}: {'optimizer state' if off == 'optimizer' else 'params, grads, optimizer state'} on host]"
     return ModelStates(s, STRATEGY_LABELS[s], f, sub, p, g, o, p + g + o - host, host)
@@ -413,31 +414,63 @@ def _split_number(text: str) -> tuple[float, str]:
     return value, suffix
 
 
-def parse_size_bytes(text: str, what: str = "size") -> float:
-    """'40GB' -> 4e10, '80GiB' -> 80*2**30, '1.5e9' -> 1.5e9; UserError unless positive and finite."""
-    try:
-        value, suffix = _split_number(text)
-    except ValueError:
-        raise UserError(f"{what} {text!r} is not a number: write e.g. 40GB, 80GiB or 4e10") from None
-    if suffix not in _SIZE_UNITS:
-        raise UserError(f"{what} {text!r} has an unknown unit {suffix!r}: use B, KB, MB, GB, TB or KiB, MiB, GiB, TiB")
-    value *= _SIZE_UNITS[suffix]
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{what} {text!r} must be a positive size, e.g. 40GB")
+# Largest values the CLI accepts: far beyond any real job, small enough that every derived number
+# (bytes per rank, traffic, ratios) stays a finite float that prints and serialises as JSON.
+MAX_PARAMS = 1e15            # parameters (the largest models today have ~2e12)
+MAX_WORLD = 10**7            # ranks
+MAX_SIZE_BYTES = 1e18        # memory per GPU (an exabyte)
+MAX_COMPRESSION = 1e6        # gradient compression ratio
+
+
+def shown(text, limit: int = 40) -> str:
+    """``repr(text)`` cut to ``limit`` characters, for one-line error messages."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 4] + "...'"
+
+
+def _checked(value: float, text, what: str, max_value: float, unit: str, example: str) -> float:
+    if math.isnan(value):
+        raise UserError(f"{what} {shown(text)} is not a number: write e.g. {example}")
+    if value > max_value:
+        raise UserError(f"{what} {shown(text)} is too large (max {re.sub(r'e[+]0*', 'e', f'{max_value:g}')}{unit})")
+    if value <= 0:
+        raise UserError(f"{what} {shown(text)} must be positive, e.g. {example}")
     return value
 
 
-def parse_count(text: str, what: str = "count") -> float:
-    """'7.5e9', '7.5B', '70b', '350M' -> a positive parameter count; UserError otherwise."""
+def parse_size_bytes(text: str, what: str = "size", max_bytes: float = MAX_SIZE_BYTES) -> float:
+    """'40GB' -> 4e10, '80GiB' -> 80*2**30, '1.5e9' -> 1.5e9; UserError unless positive and at most max_bytes."""
     try:
         value, suffix = _split_number(text)
     except ValueError:
-        raise UserError(f"{what} {text!r} is not a number: write e.g. 7.5e9 or 7.5B") from None
+        raise UserError(f"{what} {shown(text)} is not a number: write e.g. 40GB, 80GiB or 4e10") from None
+    if suffix not in _SIZE_UNITS:
+        raise UserError(f"{what} {shown(text)} has an unknown unit {shown(suffix, 12)}: use B, KB, MB, GB, TB or "
+                        f"KiB, MiB, GiB, TiB")
+    return _checked(value * _SIZE_UNITS[suffix], text, what, max_bytes, " bytes", "40GB")
+
+
+def parse_count(text: str, what: str = "count", max_value: float = MAX_PARAMS, unit: str = " parameters",
+                example: str = "7.5e9 or 7.5B") -> float:
+    """'7.5e9', '7.5B', '70b', '350M' -> a positive count of at most max_value; UserError otherwise."""
+    try:
+        value, suffix = _split_number(text)
+    except ValueError:
+        raise UserError(f"{what} {shown(text)} is not a number: write e.g. {example}") from None
     if suffix not in _COUNT_UNITS:
-        raise UserError(f"{what} {text!r} has an unknown suffix {suffix!r}: use K, M, B or T")
-    value *= _COUNT_UNITS[suffix]
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{what} {text!r} must be positive")
+        raise UserError(f"{what} {shown(text)} has an unknown suffix {shown(suffix, 12)}: use K, M, B or T")
+    return _checked(value * _COUNT_UNITS[suffix], text, what, max_value, unit, example)
+
+
+def parse_ratio(text: str, what: str = "ratio", max_value: float = MAX_COMPRESSION) -> float:
+    """A plain number from 1 to max_value (e.g. a compression ratio that divides traffic)."""
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise UserError(f"{what} {shown(text)} is not a number: write e.g. 4") from None
+    _checked(value, text, what, max_value, "", "4")
+    if value < 1:
+        raise UserError(f"{what} {shown(text)} must be at least 1 (it divides the bytes: 4 sends a quarter)")
     return value
 
 

@@ -33,6 +33,13 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
         return
     out = os.path.abspath(out or os.path.join(os.getcwd(), "fsdpprof-runs",
                                               _dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
+    if os.path.isfile(os.path.join(out, runfmt.RUN_JSON)):
+        meta = launcher.run_meta(out)
+        if meta is None:
+            raise UserError(f"fsdpprof.record: {out} holds a run.json that fsdpprof did not write: choose another out")
+        if meta.get("status") != runfmt.STATUS_RUNNING:  # a finished run; a running one is joined (other ranks)
+            raise UserError(f"fsdpprof.record: {out} already holds a run (status {meta.get('status')}): choose a new "
+                            "out folder or remove that run first")
     os.makedirs(out, exist_ok=True)
     options = {"skip_steps": skip_steps, "warmup_steps": warmup_steps, "active_steps": active_steps,
                "ranks": list(ranks) if ranks is not None else None, "memory": bool(memory),
@@ -44,10 +51,13 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
             "host": socket.gethostname(), "options": dict(options, api=True), "ranks_expected": None,
             "ranks_seen": []}
     run_json = os.path.join(out, runfmt.RUN_JSON)
-    launcher._exclusive_create_json(run_json, meta)
-    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, f"{socket.gethostname()}-{os.getpid()}.json")
-    entry = {"host": socket.gethostname(), "pid": os.getpid(), "command": cmd, "started_at": started,
-             "ended_at": None, "exit_code": None, "api": True}
+    name = f"{socket.gethostname()}-{os.getpid()}.json"
+    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
+    created = launcher._exclusive_create_json(run_json, meta)
+    entry = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": runfmt.process_start_ticks(os.getpid()),
+             "command": cmd, "started_at": started, "ended_at": None, "exit_code": None, "api": True,
+             # what this process writes in the run directory besides its rank folder (--force removes only that)
+             "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
     runfmt.atomic_write_json(launcher_path, entry)
     rec = recorder.Recorder(out, options)
     rec.install()
@@ -60,7 +70,8 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
         raise
     finally:
         try:
-            rec._save_on_exit("left the fsdpprof.record block" if exit_code == 0 else "exception in the block")
+            rec._save_on_exit("left the fsdpprof.record block" if exit_code == 0 else "exception in the block",
+                              clean=exit_code == 0)
             rec.uninstall()
             if rec in recorder._API_RECORDERS:
                 recorder._API_RECORDERS.remove(rec)

@@ -6,7 +6,7 @@ line (exit 2) before anything runs. Several launchers (one per node) may share o
 each writes ``launchers/<host>-<pid>.json``; ``run.json`` is created by the first (exclusive
 create) and its status is derived from all launchers and ranks. A later launcher joins a run
 whose run.json says ``running`` for the same command; any other existing run is refused unless
-``--force``.
+``--force``, which removes only what fsdpprof wrote there (see :func:`remove_recorded`).
 """
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import glob
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
 from fsdpprof import __version__, runfmt
 from fsdpprof.errors import UserError
@@ -100,59 +102,194 @@ def _default_out() -> str:
     return out
 
 
-def _is_run_dir(path: str) -> bool:
-    return (os.path.exists(os.path.join(path, runfmt.RUN_JSON))
-            or os.path.isdir(os.path.join(path, runfmt.LAUNCHERS_DIR))
-            or bool(glob.glob(os.path.join(path, runfmt.RANK_DIR_PREFIX + "*"))))
+RANK_DIR_RE = re.compile(re.escape(runfmt.RANK_DIR_PREFIX) + r"\d+$")
+
+
+def run_meta(path: str):
+    """run.json of ``path`` when it is fsdpprof's (an ``fsdpprof.run/*`` schema), else None."""
+    try:
+        doc = runfmt.read_json(os.path.join(path, runfmt.RUN_JSON))
+    except (OSError, ValueError):
+        return None
+    return doc if runfmt.is_run_meta(doc) else None
 
 
 def _live_launcher(out: str) -> bool:
-    """Is a launcher of this run still going? (another host's unfinished one, or a live pid here)"""
-    host = socket.gethostname()
-    for path in glob.glob(os.path.join(out, runfmt.LAUNCHERS_DIR, "*.json")):
+    """Is a launcher of this run still going? (a live pid here, or another host's that is not known dead)"""
+    return any(runfmt.launcher_alive(doc, path) is not False for path, doc in runfmt.launcher_docs(out)
+               if doc.get("exit_code") is None)
+
+
+def _entries_text(names: list[str], limit: int = 4) -> str:
+    """'a, b/, c and 5 more': a few entries of a folder, to say what is in the way."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _listing(out: str, names) -> list[str]:
+    return [n + ("/" if os.path.isdir(os.path.join(out, n)) else "") for n in sorted(names)]
+
+
+def _inside(out: str, rel: str):
+    """Absolute path of ``rel`` when it names an entry inside ``out`` (no escape with .. or /), else None."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+        return None
+    path = os.path.normpath(os.path.join(out, rel))
+    return path if os.path.dirname(path) != path and path.startswith(out + os.sep) else None
+
+
+def _remove_file(path: str) -> None:
+    try:
+        if os.path.isfile(path) or os.path.islink(path):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_listed(directory: str, names: list[str], rmdir: bool = True) -> None:
+    """Remove files ``names`` of ``directory`` and the temporary files their writes left, then the folder if empty."""
+    for name in names:
+        _remove_file(os.path.join(directory, name))
+        for tmp in runfmt.temp_siblings(directory, name):
+            _remove_file(tmp)
+    if rmdir:
         try:
-            launch = runfmt.read_json(path)
-        except Exception:
+            os.rmdir(directory)
+        except OSError:
+            pass  # not empty: it holds something fsdpprof did not write
+
+
+def _is_legacy_rank_dir(path: str) -> bool:
+    """A rank folder written before manifests existed: it holds fsdpprof's rank.json."""
+    try:
+        doc = runfmt.read_json(os.path.join(path, runfmt.RANK_JSON))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("fsdpprof.rank/")
+
+
+def remove_recorded(out: str) -> None:
+    """Remove the run in ``out`` (its run.json carries fsdpprof's schema): only what fsdpprof wrote.
+
+    rank-<R>/ folders: the files their manifest lists (and temporaries of those); run folders recorded
+    before manifests existed: the folder when it holds fsdpprof's rank.json. launchers/ and clashes/:
+    the files each launcher or clash note lists (launchers/ in full for an old run without lists).
+    run.json itself. A folder is removed only once empty: anything else in it stays.
+    """
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if not (RANK_DIR_RE.match(name) and os.path.isdir(path) and not os.path.islink(path)):
             continue
-        if launch.get("exit_code") is not None:
-            continue
-        if launch.get("host") != host:
-            return True
-        try:
-            os.kill(int(launch.get("pid")), 0)
-            return True
-        except (OSError, TypeError, ValueError):
-            continue
-    return False
+        listed = runfmt.read_manifest(path)
+        if listed is not None:
+            _remove_listed(path, listed)
+        elif _is_legacy_rank_dir(path):
+            shutil.rmtree(path)
+        else:
+            try:
+                os.rmdir(path)  # an empty folder (a rank killed as it claimed it): nothing to lose
+            except OSError:
+                pass
+    launchers_dir = os.path.join(out, runfmt.LAUNCHERS_DIR)
+    docs = runfmt.launcher_docs(out)
+    if os.path.isdir(launchers_dir) and not os.path.islink(launchers_dir):
+        if docs and not any("files" in doc for _, doc in docs):
+            shutil.rmtree(launchers_dir)  # a run recorded before launchers listed their files
+        else:
+            for doc_path, doc in docs:
+                files = doc.get("files") if isinstance(doc.get("files"), list) else []
+                for rel in files:
+                    target = _inside(out, rel)
+                    if target is not None and os.path.dirname(target) in (out, launchers_dir):
+                        _remove_listed(os.path.dirname(target), [os.path.basename(target)], rmdir=False)
+                _remove_file(doc_path)
+            _remove_listed(launchers_dir, [])
+    clashes_dir = os.path.join(out, runfmt.CLASHES_DIR)
+    if os.path.isdir(clashes_dir) and not os.path.islink(clashes_dir):
+        for doc in runfmt.read_clashes(out):
+            for rel in doc.get("files") or []:
+                target = _inside(out, rel)
+                if target is not None and os.path.dirname(target) == clashes_dir:
+                    _remove_file(target)
+        _remove_listed(clashes_dir, [])
+    _remove_file(os.path.join(out, runfmt.RUN_JSON))
+    for tmp in runfmt.temp_siblings(out, runfmt.RUN_JSON):
+        _remove_file(tmp)
+
+
+def _in_the_way(out: str, after_removal: bool = False) -> list[str]:
+    """Entries of ``out`` that fsdpprof would have to overwrite or mix with, and may not remove.
+
+    ``after_removal``: as they will be once :func:`remove_recorded` has run (predicted, nothing is touched).
+    """
+    names = []
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if name in (runfmt.LAUNCHERS_DIR, runfmt.CLASHES_DIR):
+            if not os.path.isdir(path) or os.path.islink(path):
+                names.append(name)
+        elif name == runfmt.RUN_JSON:
+            if not after_removal:
+                names.append(name)
+        elif RANK_DIR_RE.match(name):
+            if not after_removal or not os.path.isdir(path) or os.path.islink(path):
+                names.append(name)
+                continue
+            listed = runfmt.read_manifest(path)
+            if listed is None:
+                if not _is_legacy_rank_dir(path) and os.listdir(path):
+                    names.append(name)
+                continue
+            keep = set(listed) | {os.path.basename(t) for n in listed for t in runfmt.temp_siblings(path, n)}
+            names += [f"{name}/{f}" for f in sorted(os.listdir(path)) if f not in keep]
+    return _listing(out, names)
 
 
 def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
-    """Make ``out`` ready; returns True when joining a running multi-launcher run."""
+    """Make ``out`` ready; returns True when joining a running multi-launcher run.
+
+    A folder is a run only when its run.json carries fsdpprof's schema. ``--force`` replaces such a
+    run by removing only what fsdpprof wrote; it never removes anything from a folder that is not a
+    run, and refuses when something fsdpprof did not write sits where the new run must write.
+    """
     out = os.path.abspath(out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out} exists and is not a directory: choose another path")
     joining = False
-    if os.path.isdir(out) and os.listdir(out):
-        if _is_run_dir(out):
-            try:
-                meta = runfmt.read_json(os.path.join(out, runfmt.RUN_JSON))
-            except Exception:
-                meta = {}
-            if force:
-                for name in [runfmt.RUN_JSON, runfmt.LAUNCHERS_DIR] + \
-                        [os.path.basename(p) for p in glob.glob(os.path.join(out, runfmt.RANK_DIR_PREFIX + "*"))]:
-                    path = os.path.join(out, name)
-                    if os.path.isdir(path):
-                        shutil.rmtree(path, ignore_errors=True)
-                    elif os.path.exists(path):
-                        os.unlink(path)
-            elif meta.get("status") == runfmt.STATUS_RUNNING and meta.get("command") == cmd and _live_launcher(out):
+    entries = os.listdir(out) if os.path.isdir(out) else []
+    if entries:
+        meta = run_meta(out)
+        if meta is not None:
+            status = meta.get("status", "unknown")
+            live = meta.get("status") == runfmt.STATUS_RUNNING and _live_launcher(out)
+            if live and meta.get("command") == cmd:
                 joining = True  # another node's launcher of the same job, still running
+            elif live:
+                raise UserError(f"--out {out} holds a run of another command that is still being recorded "
+                                f"({runfmt.run_liveness(out)[1]}): choose a new folder")
+            elif force:
+                blocking = _in_the_way(out, after_removal=True)
+                if blocking:
+                    raise UserError(f"--out {out} holds an old run and also {_entries_text(blocking)}, which "
+                                    "fsdpprof did not write: move them away (nothing was removed) or choose a "
+                                    "new folder")
+                try:
+                    remove_recorded(out)
+                except OSError as exc:
+                    raise UserError(f"--force could not remove the old run in {out} ({exc.strerror or exc}): "
+                                    "remove it by hand or choose a new folder")
             else:
-                raise UserError(f"--out {out} already holds a run (status {meta.get('status', 'unknown')}): "
+                raise UserError(f"--out {out} already holds a run (status {status}): "
                                 "choose a new folder or pass --force to replace it")
         elif not force:
-            raise UserError(f"--out {out} exists and is not empty: choose a new folder or pass --force")
+            raise UserError(f"--out {out} exists and is not empty (it holds {_entries_text(_listing(out, entries))}) "
+                            "and is not an fsdpprof run: choose a new folder, or pass --force to record beside "
+                            "those files (nothing of them is removed)")
+        if not joining:
+            blocking = _in_the_way(out)
+            if blocking:
+                raise UserError(f"--out {out} holds {_entries_text(blocking)}, which fsdpprof did not write and "
+                                "would have to replace: move them away or choose a new folder")
     try:
         os.makedirs(out, exist_ok=True)
         probe = os.path.join(out, f".fsdpprof-write-test-{os.getpid()}")
@@ -199,7 +336,9 @@ def expected_ranks(cmd: list[str]):
 
 def _rank_statuses(out: str) -> dict[int, dict]:
     ranks = {}
-    for path in glob.glob(os.path.join(out, runfmt.RANK_DIR_PREFIX + "*", runfmt.RANK_JSON)):
+    for path in glob.glob(os.path.join(glob.escape(out), runfmt.RANK_DIR_PREFIX + "*", runfmt.RANK_JSON)):
+        if not RANK_DIR_RE.match(os.path.basename(os.path.dirname(path))):
+            continue  # e.g. a folder rank-analysis/ of the user's
         try:
             doc = runfmt.read_json(path)
             ranks[int(doc["rank"])] = doc
@@ -211,13 +350,8 @@ def _rank_statuses(out: str) -> dict[int, dict]:
 
 
 def derive_status(out: str, meta: dict) -> dict:
-    """run.json fields derived from every launcher file and rank.json in ``out``."""
-    launchers = []
-    for path in sorted(glob.glob(os.path.join(out, runfmt.LAUNCHERS_DIR, "*.json"))):
-        try:
-            launchers.append(runfmt.read_json(path))
-        except Exception:
-            pass
+    """run.json fields derived from every launcher file, rank.json and clash note in ``out``."""
+    launchers = [doc for _, doc in runfmt.launcher_docs(out)]
     ranks = _rank_statuses(out)
     still_running = any(launch.get("exit_code") is None for launch in launchers)
     codes = [launch.get("exit_code") for launch in launchers if launch.get("exit_code") is not None]
@@ -229,20 +363,30 @@ def derive_status(out: str, meta: dict) -> dict:
     statuses = [r.get("status") for r in ranks.values()]
     if still_running:
         status = runfmt.STATUS_RUNNING
+    elif statuses and all(s == runfmt.RANK_STEPPED_ASIDE for s in statuses):
+        status = runfmt.STATUS_STEPPED_ASIDE  # the job profiled itself: fsdpprof recorded no trace
     elif exit_code == 0 and statuses and all(s in ("complete", "skipped") for s in statuses) \
             and (not expected or len(ranks) >= expected):
         status = runfmt.STATUS_COMPLETE
-    elif any(s in ("complete", "partial", "no_optimizer") for s in statuses):
+    elif any(s in ("complete", "partial", runfmt.RANK_NO_OPTIMIZER) for s in statuses):
         status = runfmt.STATUS_PARTIAL
     else:
         status = runfmt.STATUS_FAILED
+    notes = [f"rank {r}: {ranks[r]['note']}" for r in sorted(ranks) if ranks[r].get("note")]
+    aside = [r for r in sorted(ranks) if ranks[r].get("status") == runfmt.RANK_STEPPED_ASIDE]
+    if aside:
+        notes.append(f"fsdpprof stepped aside on rank{'s' if len(aside) > 1 else ''} "
+                     f"{', '.join(map(str, aside))}: the job ran its own torch.profiler there (no trace recorded)")
+    clashes = runfmt.read_clashes(out)
+    notes += [runfmt.clash_text(doc) for doc in clashes]
     return {"status": status, "exit_code": exit_code, "ranks_seen": sorted(ranks),
-            "rank_status": {str(r): ranks[r].get("status") for r in sorted(ranks)}}
+            "rank_status": {str(r): ranks[r].get("status") for r in sorted(ranks)}, "notes": notes,
+            "clashes": [{k: doc.get(k) for k in ("rank", "host", "pid", "claimed_by")} for doc in clashes]}
 
 
 def _exclusive_create_json(path: str, obj) -> bool:
     data = json.dumps(obj, indent=1, default=str).encode()
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = os.path.join(os.path.dirname(path), runfmt.temp_name(os.path.basename(path)))
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
@@ -287,11 +431,15 @@ def run(args) -> int:
                                                           options["active_steps"]]},
             "ranks_expected": expected_ranks(cmd), "ranks_seen": []}
     run_json = os.path.join(out, runfmt.RUN_JSON)
+    created = False
     if not joining:
-        _exclusive_create_json(run_json, meta)
-    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, f"{host}-{pid}.json")
-    launcher = {"host": host, "pid": pid, "command": cmd, "started_at": started, "ended_at": None,
-                "exit_code": None}
+        created = _exclusive_create_json(run_json, meta)
+    name = f"{host}-{pid}.json"
+    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
+    launcher = {"host": host, "pid": pid, "pid_start": runfmt.process_start_ticks(pid), "command": cmd,
+                "started_at": started, "ended_at": None, "exit_code": None, "heartbeat_s": runfmt.HEARTBEAT_S,
+                # what this launcher writes in the run directory (--force removes only that)
+                "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
     runfmt.atomic_write_json(launcher_path, launcher)
 
     try:
@@ -319,6 +467,17 @@ def run(args) -> int:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda s, f: None)  # the child gets it from the tty
     except (ValueError, OSError):
         pass
+    done = threading.Event()
+
+    def heartbeat():
+        """Touch the launcher file while the job runs: another host tells a live launcher from a killed one by it."""
+        while not done.wait(runfmt.HEARTBEAT_S):
+            try:
+                os.utime(launcher_path)
+            except OSError:
+                pass
+
+    threading.Thread(target=heartbeat, name="fsdpprof-heartbeat", daemon=True).start()
     try:
         while True:
             try:
@@ -327,6 +486,7 @@ def run(args) -> int:
             except KeyboardInterrupt:
                 continue
     finally:
+        done.set()
         for sig, handler in previous.items():
             try:
                 signal.signal(sig, handler)
@@ -336,13 +496,18 @@ def run(args) -> int:
     launcher.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
                     ranks=sorted(_rank_statuses(out)))
     runfmt.atomic_write_json(launcher_path, launcher)
-    status = _finalize(out, run_json)
+    meta = _finalize(out, run_json)
+    status = meta["status"].replace("_", " ")
+    if meta["status"] == runfmt.STATUS_STEPPED_ASIDE:
+        status += " (the job ran its own torch.profiler: fsdpprof recorded no trace)"
+    elif meta.get("notes"):
+        status += " (" + "; ".join(meta["notes"]) + ")"
     sys.stderr.write(f"fsdpprof: run {status} -> {out}  (next: fsdpprof report {out})\n")
     sys.stderr.flush()
     return exit_code
 
 
-def _finalize(out: str, run_json: str) -> str:
+def _finalize(out: str, run_json: str) -> dict:
     try:
         meta = runfmt.read_json(run_json)
     except Exception:
@@ -350,5 +515,5 @@ def _finalize(out: str, run_json: str) -> str:
     meta.update(derive_status(out, meta))
     meta["ended_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
     runfmt.atomic_write_json(run_json, meta)
-    return meta["status"]
+    return meta
 

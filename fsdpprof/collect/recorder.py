@@ -11,6 +11,7 @@ recorded in rank.json's status; the training job goes on as without us.
 from __future__ import annotations
 
 import atexit
+import datetime as _dt
 import json
 import os
 import signal
@@ -97,11 +98,16 @@ class Recorder:
         self.exception_text = None
         self.clock_anchor = None
         self.trace_written = False
+        self.trace_steps_done = 0  # optimizer steps completed when the trace was saved
         self.window_trace = True   # False when the trace is the no-optimizer fallback
         self.cuda = None
         self.prev_sigterm = None
         self.prev_excepthook = None
         self.lock = threading.RLock()
+        self.note = None           # rank.json "note": e.g. the window was cut short by a clean exit
+        self.clashed = False       # another process holds this rank's directory: record nothing
+        self.manifest_writer = None
+        self.manifest_files: list[str] = []
         self.finished = False
         self.saving = False
         self.pending_signal = None
@@ -171,10 +177,72 @@ class Recorder:
         ranks = self.options.get("ranks")
         return ranks is None or self.rank in set(int(r) for r in ranks)
 
-    def _open_rank_dir(self) -> None:
-        self.rdir = runfmt.rank_dir(self.run_dir, self.rank)
-        os.makedirs(self.rdir, exist_ok=True)
+    def _open_rank_dir(self) -> bool:
+        """Claim ``rank-<R>/`` for this process (created exclusively, with its manifest).
+
+        False when another process already holds it (two jobs, or two processes without
+        torch.distributed, on one --out): this one then records nothing and leaves a clash note.
+        """
+        if self.rdir is not None:
+            return True
+        if self.clashed:
+            return False
+        path = runfmt.rank_dir(self.run_dir, self.rank)
+        os.makedirs(self.run_dir, exist_ok=True)
+        writer = {"role": "rank", "rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                  "pid_start": runfmt.process_start_ticks(os.getpid())}
+        files = [runfmt.MANIFEST_JSON, runfmt.COLLECTOR_LOG, runfmt.RANK_JSON]
+        if not runfmt.claim_dir(path, writer, files):
+            self._clash(path)
+            return False
+        self.rdir, self.manifest_writer, self.manifest_files = path, writer, files
         self._log(f"rank {self.rank}/{self.world_size} recording into {self.rdir} with options {self.options}")
+        return True
+
+    def _will_write(self, name: str) -> None:
+        """List ``name`` in the rank's manifest before creating it (``record --force`` removes only listed files)."""
+        if self.rdir is None or name in self.manifest_files:
+            return
+        self.manifest_files.append(name)
+        runfmt.write_manifest(self.rdir, self.manifest_writer, self.manifest_files)
+
+    def _clash(self, path: str) -> None:
+        """Another process holds rank-<R>/: record nothing, write a clash note, say so in one line."""
+        self.clashed = True
+        self.state = "done"
+        self.uninstall()
+        for prof in (self.prof, self.fallback_prof):
+            if prof is not None:
+                try:
+                    prof.on_trace_ready = None
+                    with _quiet_kineto():
+                        prof.stop()
+                except Exception:
+                    pass
+        self.prof = self.fallback_prof = None
+        holder = {}
+        try:
+            doc = runfmt.read_json(os.path.join(path, runfmt.MANIFEST_JSON))
+            holder = {k: (doc.get("writer") or {}).get(k) for k in ("host", "pid")}
+        except Exception:
+            pass
+        host, pid = socket.gethostname(), os.getpid()
+        name = f"rank-{self.rank}-{host}-{pid}.json"
+        note = {"schema": runfmt.CLASH_SCHEMA, "rank": self.rank, "host": host, "pid": pid,
+                "claimed_by": holder or None, "at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                "files": [f"{runfmt.CLASHES_DIR}/{name}"]}
+        try:
+            runfmt.atomic_write_json(os.path.join(self.run_dir, runfmt.CLASHES_DIR, name), note)
+        except Exception:
+            pass
+        if self.announce:
+            try:
+                by = f"pid {holder.get('pid')} on {holder.get('host')}" if holder.get("pid") else "another process"
+                sys.stderr.write(f"fsdpprof: rank {self.rank} is already recorded by {by} in {path}: "
+                                 f"this process (pid {pid}) records nothing\n")
+                sys.stderr.flush()
+            except Exception:
+                pass
 
     # -- hooks ----------------------------------------------------------------------------
     def _first_forward(self, module, args):
@@ -239,12 +307,13 @@ class Recorder:
                     self._start_window()
                 elif self.state in ("window", "aside"):
                     if self.prof is not None:
-                        self.prof.step()
+                        with _quiet_kineto():
+                            self.prof.step()
                     if n == self.last_active:
                         if self.state == "window":
                             self._finish("complete")
                         else:
-                            self._finish("partial" if self.trace_written else "skipped")
+                            self._finish("partial" if self.trace_written else runfmt.RANK_STEPPED_ASIDE)
             except Exception as exc:
                 self._fail(f"optimizer post-step hook (step {self.steps_done})", exc)
                 self._abort()
@@ -264,7 +333,8 @@ class Recorder:
             self.state = "done"
             self.uninstall()
             return
-        self._open_rank_dir()
+        if not self._open_rank_dir():
+            return
         self.state = "window"
         model = inv.find_model(self._optimizers())
         self.info = inv.ModelInfo(model, self.world_size)
@@ -274,13 +344,15 @@ class Recorder:
         self.tensors_params = [dict(t, captured_at="after_step") for t in self.info.param_entries(self.skip - 1)]
         self.tensors_opt = self.info.optimizer_entries(self._optimizers(), self.skip - 1)
         self._install_signal_handlers()
-        self._write_rank_json("partial", f"recording window steps {self.skip}-{self.last_active} not finished "
-                                         "(the process ended or was killed inside it)")
         if _user_profiler_running():
             self.state = "aside"
             self.error = "torch.profiler was already running in this process: fsdpprof stepped aside (no trace)"
             self._log("WARNING " + self.error)
+            self._write_rank_json(runfmt.RANK_STEPPED_ASIDE, self.error)
             return
+        # what rank.json says if the process is killed before the window ends (rewritten once the trace is saved)
+        self._write_rank_json("failed", f"no trace saved: the process ended or was killed inside the recording "
+                                        f"window (steps {self.skip}-{self.last_active}) before fsdpprof saved it")
         if self.options.get("memory", True) and torch.cuda.is_available():
             try:
                 from fsdpprof.collect.cuda_memory import CudaMemoryRecorder
@@ -323,24 +395,32 @@ class Recorder:
         _patch_user_profiler_guard()
         _OURS.active = True
         try:
-            prof.start()
+            with _quiet_kineto():
+                prof.start()
         finally:
             _OURS.active = False
         self.clock_anchor = {"wall_ns": time.time_ns(), "profiler_us": None}
 
     def _trace_ready(self, prof) -> None:
         try:
-            if self.rdir is None:
-                self._open_rank_dir()
+            if not self._open_rank_dir():
+                return
             final = os.path.join(self.rdir, runfmt.TRACE_FILE)
-            tmp = os.path.join(self.rdir, f".trace.{os.getpid()}.tmp.json.gz")
+            tmp_name = f".trace.{os.getpid()}.tmp.json.gz"
+            self._will_write(tmp_name)
+            self._will_write(runfmt.TRACE_FILE)
+            tmp = os.path.join(self.rdir, tmp_name)
             prof.export_chrome_trace(tmp)
             os.replace(tmp, final)
             self.trace_written = True
+            self.trace_steps_done = self.steps_done
             self._complete_clock_anchor(final)
             if runfmt.TRACE_FILE not in self.files:
                 self.files.append(runfmt.TRACE_FILE)
             self._log(f"trace written: {final} ({os.path.getsize(final)} bytes)")
+            if not self.finished and self.window_trace:
+                self._write_rank_json("partial", "trace saved; the process ended or was killed before fsdpprof "
+                                                 "wrote the inventory and this file's final status")
         except Exception as exc:
             self._fail("exporting the trace", exc)
 
@@ -358,7 +438,8 @@ class Recorder:
         if prof is not None:
             try:
                 prof.on_trace_ready = None
-                prof.stop()
+                with _quiet_kineto():
+                    prof.stop()
             except Exception as exc:
                 self._log(f"stopping the fallback trace: {exc!r}")
 
@@ -368,7 +449,8 @@ class Recorder:
         if prof is None:
             return
         try:
-            prof.stop()
+            with _quiet_kineto():
+                prof.stop()
         except Exception as exc:
             self._fail("stopping the profiler", exc)
 
@@ -383,6 +465,7 @@ class Recorder:
         error = error or self.error
         if self.cuda is not None:
             try:
+                self._will_write(runfmt.SNAPSHOT_FILE)
                 path = self.cuda.finish(self.rdir)
                 if path:
                     self.files.append(os.path.basename(path))
@@ -396,6 +479,7 @@ class Recorder:
                 doc = inv.build_inventory(self.info, rank=self.rank, world_size=self.world_size,
                                           optimizers=self._optimizers(), tensors=tensors,
                                           status="complete" if status == "complete" else "partial", error=error)
+                self._will_write(runfmt.INVENTORY_JSON)
                 runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.INVENTORY_JSON), doc)
                 self.files.append(runfmt.INVENTORY_JSON)
             except Exception as exc:
@@ -408,8 +492,13 @@ class Recorder:
         self._write_rank_json(status, error)
         if self.announce:
             try:
-                steps = f"steps {self.first_active}-{self.last_active}" if self.trace_written else "no trace"
-                sys.stderr.write(f"fsdpprof: rank {self.rank} {status} ({steps}) -> {self.rdir}\n")
+                steps = self._steps_recorded()
+                what = (f"steps {steps[0]}-{steps[-1]}" if steps else "trace" if self.trace_written else "no trace")
+                if self.note:
+                    what += f"; {self.note}"
+                label = "stepped aside for the job's own torch.profiler" if status == runfmt.RANK_STEPPED_ASIDE \
+                    else status
+                sys.stderr.write(f"fsdpprof: rank {self.rank} {label} ({what}) -> {self.rdir}\n")
                 sys.stderr.flush()
             except Exception:
                 pass
@@ -439,10 +528,7 @@ class Recorder:
                 import platform
 
                 device_name = platform.processor() or platform.machine() or "cpu"
-            steps = []
-            if self.trace_written and self.window_trace:
-                # steps whose ProfilerStep the trace holds in full (a crash cuts the window short)
-                steps = list(range(self.first_active, min(self.last_active, self.steps_done - 1) + 1))
+            steps = self._steps_recorded()
             doc = {"schema": runfmt.RANK_SCHEMA, "rank": self.rank, "local_rank": self.local_rank,
                    "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
                    "device": device, "device_name": device_name, "backend": _backend(),
@@ -450,12 +536,18 @@ class Recorder:
                    "steps_recorded": steps, "profiler_steps": steps,
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
-                   "clock_anchor": self.clock_anchor, "status": status, "error": error,
+                   "clock_anchor": self.clock_anchor, "status": status, "error": error, "note": self.note,
                    "files": sorted(set(self.files + [runfmt.COLLECTOR_LOG])), "fsdpprof_version": __version__}
             runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.RANK_JSON), doc)
             self._log(f"rank.json: status {status}" + (f" ({error})" if error else ""))
         except Exception as exc:
             self._log(f"writing rank.json failed: {exc!r}")
+
+    def _steps_recorded(self) -> list[int]:
+        """Steps whose ProfilerStep the trace holds in full (a crash or an early exit cuts the window short)."""
+        if not (self.trace_written and self.window_trace):
+            return []
+        return list(range(self.first_active, min(self.last_active, self.trace_steps_done - 1) + 1))
 
     # -- endings --------------------------------------------------------------------------
     def _exit_exception(self):
@@ -467,7 +559,8 @@ class Recorder:
             return f"{type(value).__name__}: {value}"[:500]
         return None
 
-    def _save_on_exit(self, reason: str) -> None:
+    def _save_on_exit(self, reason: str, clean: bool = False) -> None:
+        """Save what the window holds as the process ends; ``clean``: it ends normally (not killed)."""
         with self.lock:
             if os.getpid() != self.pid or self.finished or self.saving:
                 return
@@ -484,11 +577,28 @@ class Recorder:
                     why = f"{reason} at step {self.steps_done}, inside the window {self.skip}-{self.last_active}"
                     if exc_text:
                         why += f": {exc_text}"
-                    self._finish("partial" if self.trace_written else "failed", why)
-                elif self.state == "idle" and self.primary is None and self.fallback_prof is not None:
-                    self._open_rank_dir()
+                    recorded = self._steps_recorded()
+                    if self.state == "aside" and not self.trace_written:
+                        self._finish(runfmt.RANK_STEPPED_ASIDE, f"{self.error}; {why}" if self.error else why)
+                    elif clean and not exc_text and self.state == "window" and recorded:
+                        # a short job: it ended normally inside the window; what it ran is recorded
+                        self.note = (f"window cut short: the job ended after step {self.steps_done - 1}, "
+                                     f"{len(recorded)} of {self.active} active steps recorded")
+                        self._finish("complete")
+                    elif clean and not exc_text and self.state == "window":
+                        self._finish("failed", f"no recorded step: the job ended normally after {self.steps_done} "
+                                               f"optimizer steps, before step {self.first_active} (the first "
+                                               "recorded one) finished; lower --skip-steps or --warmup-steps, "
+                                               "or run more steps")
+                    elif self.trace_written:
+                        self._finish("partial", why)
+                    else:
+                        self._finish("failed", f"no trace saved: {why}")
+                elif self.state == "idle" and self.primary is None and self.fallback_prof is not None \
+                        and self._open_rank_dir():
                     prof, self.fallback_prof = self.fallback_prof, None
-                    prof.stop()  # exports through on_trace_ready
+                    with _quiet_kineto():
+                        prof.stop()  # exports through on_trace_ready
                     self.window_trace = False
                     self.info = inv.ModelInfo(inv.find_model([]), self.world_size)
                     self.tensors_params = [dict(t, captured_at="at_exit") for t in self.info.param_entries(-1)]
@@ -501,8 +611,7 @@ class Recorder:
                                                      "inventory lists parameters only, captured at exit")
                 elif self.state == "idle" and self.primary is not None and not _is_child_process():
                     self._identify()
-                    if self._selected():
-                        self._open_rank_dir()
+                    if self._selected() and self._open_rank_dir():
                         why = (f"{reason} after {self.steps_done} optimizer steps, before the window "
                                f"(steps {self.skip}-{self.last_active}) began")
                         why += f": {exc_text}" if exc_text else "; lower --skip-steps or run more steps"
@@ -516,7 +625,7 @@ class Recorder:
                 self._resend(signum, None)
 
     def _atexit(self) -> None:
-        self._save_on_exit("process exited")
+        self._save_on_exit("process exited", clean=True)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -601,7 +710,11 @@ def _patch_user_profiler_guard() -> None:
             rec = _RECORDER_FOR_GUARD()
             if rec is not None:
                 rec.step_aside_for_user()
-        return original(self_, *a, **kw)
+        result = original(self_, *a, **kw)
+        quiet = getattr(_OURS, "quiet", None)
+        if quiet is not None:  # our own prepare may have initialised kineto, which sets its log level
+            quiet.requiet()
+        return result
 
     autograd_profiler.profile._prepare_trace = _prepare_trace
 
@@ -625,11 +738,77 @@ def _step_aside_for_user(self) -> None:
                 self._stop_profiler_saving()
                 self.state = "aside"
                 self.error = "the job started its own torch.profiler during the window: fsdpprof stepped aside"
+                if not self.trace_written:
+                    self._write_rank_json(runfmt.RANK_STEPPED_ASIDE, self.error)
         except Exception as exc:
             self._fail("stepping aside", exc)
 
 
 Recorder.step_aside_for_user = _step_aside_for_user
+
+
+# -- kineto's own stderr lines ------------------------------------------------------------------
+# libkineto (inside libtorch_cpu) prints "USDT: ... profiler_start" / "profiler_stop" on stderr at
+# severity USDT (5), above ERROR (4), whenever a trace starts or stops; its threshold is the
+# exported atomic int libkineto::Logger::severityLevel_ (set once from KINETO_LOG_LEVEL when
+# kineto initialises, ERROR by default). fsdpprof raises it only for the duration of its own
+# profiler calls and puts back the value it found, so the job's own profiler logs as it would.
+_KINETO_SEVERITY_SYMBOL = "_ZN9libkineto6Logger14severityLevel_E"
+_KINETO_QUIET = 6           # above USDT: nothing of kineto's is printed during our calls
+_KINETO_LEVEL = None        # ctypes.c_int over the symbol, or False when not found
+
+
+def _kineto_level():
+    global _KINETO_LEVEL
+    if _KINETO_LEVEL is None:
+        _KINETO_LEVEL = False
+        try:
+            import ctypes
+
+            lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+            for name in ("libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"):
+                path = os.path.join(lib_dir, name)
+                if not os.path.exists(path):
+                    continue
+                try:
+                    _KINETO_LEVEL = ctypes.c_int.in_dll(ctypes.CDLL(path), _KINETO_SEVERITY_SYMBOL)
+                    break
+                except (OSError, ValueError):
+                    continue
+        except Exception:
+            _KINETO_LEVEL = False
+    return _KINETO_LEVEL
+
+
+class _QuietKineto:
+    """Silence kineto's stderr lines during one of fsdpprof's profiler calls (start, step, stop)."""
+
+    def __enter__(self):
+        # a KINETO_LOG_LEVEL of the user's own is a request for kineto's lines: leave them
+        self.level = _kineto_level() if "KINETO_LOG_LEVEL" not in os.environ else False
+        self.restore = None
+        if self.level:
+            self.restore = self.level.value
+            self.level.value = _KINETO_QUIET
+            _OURS.quiet = self
+        return self
+
+    def requiet(self) -> None:
+        """Called after a prepare: if kineto initialised inside it, keep its new level to restore later."""
+        if self.level and self.level.value != _KINETO_QUIET:
+            self.restore = self.level.value
+            self.level.value = _KINETO_QUIET
+
+    def __exit__(self, *exc):
+        if self.level:
+            _OURS.quiet = None
+            if self.level.value == _KINETO_QUIET:
+                self.level.value = self.restore
+        return False
+
+
+def _quiet_kineto() -> _QuietKineto:
+    return _QuietKineto()
 
 
 def _trace_base_time_ns(path: str):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from fsdpprof.analyze import theory
 from fsdpprof.errors import UserError
@@ -24,26 +25,38 @@ def add_arguments(p) -> None:
 
 
 def _int_arg(text, what: str) -> int:
-    v = theory.parse_count(text, what)
+    v = theory.parse_count(text, what, max_value=theory.MAX_WORLD, unit=" ranks", example="8")
     if v != int(v):
-        raise UserError(f"{what} {text!r} must be a whole number")
+        raise UserError(f"{what} {theory.shown(text)} must be a whole number")
     return int(v)
+
+
+def _check_finite(x, where: str = "") -> None:
+    """Every number of the plan is finite (the limits on the options make it so; this is the proof)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            _check_finite(v, k)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _check_finite(v, where)
+    elif isinstance(x, float) and not math.isfinite(x):
+        raise UserError(f"the plan's {where} is not a finite number with these options; use smaller --params")
 
 
 def plan(args) -> dict:
     """All numbers the plan prints, as a dict (bytes)."""
+    for name in ("optimizer", "param_dtype", "grad_dtype", "state_dtype"):
+        value = getattr(args, name)
+        if value is not None and not str(value).strip():
+            raise UserError(f"--{name.replace('_', '-')} is empty: give e.g. "
+                            f"{'adam' if name == 'optimizer' else 'bf16 or fp32'}")
     psi = theory.parse_count(args.params, "--params")
     world = _int_arg(args.world, "--world")
-    shard_group = _int_arg(args.shard_group, "--shard-group") if args.shard_group else None
+    shard_group = _int_arg(args.shard_group, "--shard-group") if args.shard_group is not None else None
     if shard_group and (shard_group > world or world % shard_group):
         raise UserError(f"--shard-group {shard_group} must divide --world {world}")
-    try:
-        compression = float(args.compression)
-    except ValueError:
-        raise UserError(f"--compression {args.compression!r} is not a number") from None
-    if not compression > 0:
-        raise UserError(f"--compression {args.compression!r} must be positive")
-    gpu = theory.parse_size_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem else None
+    compression = theory.parse_ratio(args.compression, "--compression")
+    gpu = theory.parse_size_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
     k = theory.bytes_per_param(args.param_dtype, args.grad_dtype, args.optimizer, state_dtype=args.state_dtype)
     rows = []
     ddp_traffic = theory.fsdp_traffic(psi, "DDP", world, args.param_dtype, k.grad_dtype,
@@ -58,10 +71,12 @@ def plan(args) -> dict:
                "traffic_vs_ddp": tr.total_bytes / ddp_traffic if ddp_traffic else None,
                "fits": (ms.device_bytes <= gpu) if gpu else None}
         rows.append(row)
-    return {"psi": psi, "world": world, "shard_group": shard_group, "k_param": k.k_param, "k_grad": k.k_grad,
+    res = {"psi": psi, "world": world, "shard_group": shard_group, "k_param": k.k_param, "k_grad": k.k_grad,
             "k_opt": k.k_opt, "k_opt_detail": k.opt_detail, "param_dtype": k.param_dtype, "grad_dtype": k.grad_dtype,
             "optimizer": k.optimizer, "offload": args.offload, "compression_ratio": compression,
             "gpu_mem_bytes": gpu, "units": args.units, "rows": rows}
+    _check_finite(res)
+    return res
 
 
 def render_text(res: dict) -> str:
@@ -85,7 +100,8 @@ def render_text(res: dict) -> str:
     for r in res["rows"]:
         row = [r["label"], f"{r['param_bytes'] / unit:.6g}", f"{r['grad_bytes'] / unit:.6g}",
                f"{r['optimizer_state_bytes'] / unit:.6g}", f"{r['device_bytes'] / unit:.6g}",
-               f"{r['traffic_bytes'] / unit:.6g}", f"{r['traffic_vs_ddp']:.3g}x"]
+               f"{r['traffic_bytes'] / unit:.6g}",
+               f"{r['traffic_vs_ddp']:.3g}x" if r["traffic_vs_ddp"] is not None else "-"]
         if res["offload"] != "none":
             row.insert(5, f"{r['host_bytes'] / unit:.6g}")
         if res["gpu_mem_bytes"]:
@@ -99,6 +115,8 @@ def render_text(res: dict) -> str:
     lines.append("")
     lines.append("Formulas (k_p, k_g, k_o = bytes per parameter; Psi = parameters; N = ranks):")
     lines.extend(f"  {r['label']}: {r['formula']}" for r in res["rows"])
+    if any(r["traffic_vs_ddp"] is None for r in res["rows"]):
+        lines.append("(vs DDP: -, DDP sends nothing on one rank)")
     if res["units"] == "GB":
         lines.append("(use --units GiB for binary units)")
     return "\n".join(lines)
@@ -107,7 +125,7 @@ def render_text(res: dict) -> str:
 def run(args) -> int:
     res = plan(args)
     if args.json:
-        print(json.dumps(res, indent=1))
+        print(json.dumps(res, indent=1, allow_nan=False))
     else:
         print(render_text(res))
     return 0

@@ -1,68 +1,69 @@
 """``fsdpprof report RUN``: analyse a run directory (or traces / a snapshot) into report.html + summary.json."""
 from __future__ import annotations
 
-import json
 import os
 import webbrowser
-
-from fsdpprof.errors import UserError
 
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory, folder of profiler traces, trace file, or CUDA snapshot")
     p.add_argument("-o", "--output", default=None,
-                   help="report.html path (default: RUN/report.html, or ./report.html when RUN is not a writable folder)")
-    p.add_argument("--summary", default=None, help="summary.json path (default: beside the report)")
+                   help="report HTML path, or a folder to write it in (default: RUN/report.html for a folder; "
+                        "X.report.html beside a file X.json.gz / X.pickle; the current folder when RUN's is "
+                        "not writable)")
+    p.add_argument("--summary", default=None,
+                   help="JSON path (default: beside the HTML: report.html -> summary.json, X.html -> X.summary.json)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite output files that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--open", action="store_true", help="open the report in a browser")
-    p.add_argument("--workers", type=int, default=None, help="processes for loading ranks")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes for loading ranks (at most one per rank and per CPU core)")
     p.add_argument("--no-hta", action="store_true", help="skip HTA's breakdowns on GPU traces")
 
 
-def default_output(run_path: str) -> str:
-    if os.path.isdir(run_path) and os.access(run_path, os.W_OK):
-        return os.path.join(run_path, "report.html")
-    return os.path.abspath("report.html")
-
-
 def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
-    """Render and write report.html and summary.json atomically; returns both paths."""
+    """Render and write the report HTML and its summary JSON, both or neither; returns both paths.
+
+    No check of what is at those paths: callers run :func:`fsdpprof.report.outputs.check_outputs` first.
+    """
     from fsdpprof.report.html import render_report
+    from fsdpprof.report.outputs import json_bytes, summary_for, write_files
 
-    out_summary = out_summary or os.path.join(os.path.dirname(os.path.abspath(out_html)), "summary.json")
-    write_pair(out_html, render_report(analysis).encode("utf-8"),
-               out_summary, json.dumps(analysis.to_summary(), indent=1, allow_nan=False).encode(), "the report")
+    out_summary = out_summary or summary_for(out_html)
+    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(analysis.to_summary()))])
     return out_html, out_summary
-
-
-def write_pair(out_html: str, html_bytes: bytes, out_json: str, json_bytes: bytes, what: str) -> None:
-    """Write an HTML page and its JSON atomically, readable by everyone; a failure is one line."""
-    from fsdpprof.runfmt import atomic_write_bytes
-
-    try:
-        atomic_write_bytes(out_html, html_bytes)
-        atomic_write_bytes(out_json, json_bytes)
-        for path in (out_html, out_json):
-            os.chmod(path, 0o644)
-    except OSError as exc:
-        raise UserError(f"cannot write {what} to {out_html}: {exc.strerror}; pass -o to a writable path") from None
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = True):
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
-    if not os.path.exists(path):
-        raise UserError(f"{path} does not exist: give a run directory (fsdpprof record --out DIR), "
-                        "a folder of profiler traces or a CUDA snapshot")
     return analyze_run(load_run(path, workers=workers), hta=hta)
 
 
+def check_workers_option(workers) -> None:
+    from fsdpprof.analyze.run import check_workers
+
+    check_workers(workers, "--workers")
+
+
 def run(args) -> int:
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.analyze.run import load_run
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
     from fsdpprof.report.text import summary_text
 
-    a = analyse_path(args.run, args.workers, hta=not args.no_hta)
-    out = args.output or default_output(args.run)
-    html_path, summary_path = write_report(a, out, args.summary)
+    check_workers_option(args.workers)
+    check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary})
+    html_path, summary_path = report_paths(args.run, args.output, args.summary)
+    outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
+                                                                      "the summary")]
+    check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
+    run_ = load_run(args.run, workers=args.workers)
+    check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+    a = analyze_run(run_, hta=not args.no_hta)
+    del run_
+    write_report(a, html_path, summary_path)
     print(summary_text(a))
     print(f"report: {html_path}\nsummary: {summary_path}")
     if args.open:

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from fsdpprof import __version__
+from fsdpprof.report.outputs import generator_meta
 
 MIB = float(2**20)
 CATEGORY_COLORS = {
@@ -162,7 +163,8 @@ class Page:
 
 def document(title: str, subtitle: str, nav: list[tuple[str, str]], body: str) -> str:
     links = "".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in nav)
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">{generator_meta()}"
+            f"<title>{esc(title)}</title>"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><style>{CSS}</style></head>"
             f"<body><header><h1>{esc(title)}</h1><div class=\"sub\">{esc(subtitle)}</div></header>"
             f"<nav>{links}</nav><main>{body}</main>"

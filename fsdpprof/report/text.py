@@ -10,6 +10,7 @@ def summary_text(a) -> str:
              f"  strategy {o.get('strategy') or '-'} ({o.get('framework') or '-'}), world size {o.get('world_size') or '?'}, "
              f"ranks analysed {len(o.get('ranks_present') or [])}, Psi {fmt_num(o.get('psi')) if o.get('psi') else '-'}, "
              f"median step {fmt_us(o.get('step_time_us'))}"]
+    lines += [f"  warning: {w}" for w in a.warnings or []]
     if a.missing:
         lines.append("  PARTIAL: missing " + "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items())))
     if a.memory_peaks is not None and not a.memory_peaks.empty:

@@ -1,0 +1,294 @@
+"""Where ``report``, ``compare`` and ``demo`` write, and how: nothing the user has is lost.
+
+- Default names: a run directory or trace folder gets ``report.html`` + ``summary.json`` inside it; a
+  single file ``X.json.gz`` / ``X.pickle`` gets ``X.report.html`` + ``X.summary.json`` beside it; when
+  that folder is not writable, the same names go to the current directory (``NAME.report.html`` for a
+  folder NAME). ``-o DIR/mine.html`` pairs with ``DIR/mine.summary.json`` (``report.html`` keeps
+  ``summary.json``); compare's ``X.html`` pairs with ``X.json``.
+- An existing file is replaced only when fsdpprof wrote it (a ``fsdpprof.summary/N`` or
+  ``fsdpprof.compare/N`` schema first in the JSON, the generator meta tag in the HTML) or with
+  ``--force``; never when it is one of the inputs, and never when it is not a regular file.
+- Both files of a pair are written or neither (:func:`write_files`).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import secrets
+import stat
+import tempfile
+
+from fsdpprof import __version__
+from fsdpprof.analyze.run import OUTPUT_JSON_MARK, file_kind
+from fsdpprof.errors import UserError
+
+GENERATOR = "fsdpprof"
+_HEAD_BYTES = 4096
+_HTML_MARK = re.compile(rb'<meta name="generator" content="fsdpprof[ "]')
+_HTML_LEGACY_TAIL = re.compile(rb'>fsdpprof [0-9][^<]{0,40}</footer></body></html>\s*\Z')  # reports before the meta tag
+_INPUT_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".pickle.gz", ".pickle",
+                   ".pkl.gz", ".pkl")
+
+
+def generator_meta() -> str:
+    """The tag that marks an HTML page as written by fsdpprof (an existing page with it may be replaced)."""
+    return f'<meta name="generator" content="{GENERATOR} {__version__}">'
+
+
+def written_by_fsdpprof(path: str) -> bool:
+    """True when ``path`` is a regular file (not a link) that fsdpprof wrote: summary/compare JSON or report HTML."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as fh:
+            head = fh.read(_HEAD_BYTES)
+            if OUTPUT_JSON_MARK.match(head) or _HTML_MARK.search(head):
+                return True
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(size - 256, 0))
+            return bool(_HTML_LEGACY_TAIL.search(fh.read(256)))
+    except OSError:
+        return False
+
+
+def json_bytes(obj) -> bytes:
+    """``obj`` as indented JSON that any parser accepts: NaN and infinities become null, numpy/pandas values
+    plain numbers (see :func:`fsdpprof.analyze.analysis.json_safe`)."""
+    from fsdpprof.analyze.pipeline import json_safe
+
+    return json.dumps(json_safe(obj), indent=1, allow_nan=False).encode()
+
+
+# --- names -----------------------------------------------------------------------------------
+
+def input_stem(path: str) -> str:
+    """``trace.json.gz`` -> ``trace``, ``rank0.pt.trace.json`` -> ``rank0``, ``snap.pickle`` -> ``snap``."""
+    base = os.path.basename(os.path.normpath(os.path.abspath(path)))
+    low = base.lower()
+    for suffix in _INPUT_SUFFIXES:
+        if low.endswith(suffix) and len(base) > len(suffix):
+            return base[: -len(suffix)]
+    return base or "report"
+
+
+def writable_dir(directory: str) -> bool:
+    """A folder we may write into by default: writable, and not marked read-only by its owner (no write bit at
+    all; root could still write there, but the owner said no)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and bool(st.st_mode & 0o222)
+            and os.access(directory, os.W_OK | os.X_OK))
+
+
+def summary_for(html_path: str) -> str:
+    """Report's JSON beside ``html_path``: ``report.html`` -> ``summary.json``, ``X.report.html`` and
+    ``X.html`` -> ``X.summary.json``."""
+    d, base = os.path.split(os.path.abspath(html_path))
+    if base == "report.html":
+        return os.path.join(d, "summary.json")
+    for suffix in (".report.html", ".html", ".htm"):
+        if base.lower().endswith(suffix) and len(base) > len(suffix):
+            base = base[: -len(suffix)]
+            break
+    return os.path.join(d, base + ".summary.json")
+
+
+def report_paths(run_path: str, output: str | None, summary: str | None) -> tuple[str, str]:
+    """The report's (html, json) paths from the input path and the -o / --summary options."""
+    run_path = os.path.abspath(run_path)
+    is_dir = os.path.isdir(run_path)
+    if output and os.path.isdir(output):
+        html = os.path.join(output, "report.html" if is_dir else input_stem(run_path) + ".report.html")
+    elif output:
+        html = output
+    elif is_dir:
+        html = (os.path.join(run_path, "report.html") if writable_dir(run_path)
+                else os.path.abspath(input_stem(run_path) + ".report.html"))
+    else:
+        beside = os.path.dirname(run_path)
+        html = os.path.join(beside if writable_dir(beside) else os.getcwd(), input_stem(run_path) + ".report.html")
+    html = os.path.abspath(html)
+    return html, os.path.abspath(summary) if summary else summary_for(html)
+
+
+def compare_paths(output: str, summary: str | None) -> tuple[str, str]:
+    """compare's (html, json): ``X.html`` -> ``X.json``; -o an existing folder -> compare.html inside it."""
+    if os.path.isdir(output):
+        output = os.path.join(output, "compare.html")
+    html = os.path.abspath(output)
+    return html, os.path.abspath(summary) if summary else os.path.splitext(html)[0] + ".json"
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+def check_not_empty(**options) -> None:
+    """UserError for an option given as an empty path (``-o ""`` would mean the current folder)."""
+    for name, value in options.items():
+        if value is not None and not str(value).strip():
+            raise UserError(f"{name} is empty: give a file or folder path")
+
+def _ids(paths) -> dict[tuple[int, int], str]:
+    out = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        out[(st.st_dev, st.st_ino)] = p
+    return out
+
+
+def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs=(), defer_under=(),
+                  input_folders=(), fix: str = "") -> None:
+    """Refuse, before anything is written, an output that would lose something.
+
+    outputs: (path, how the user named it, e.g. "-o", "--summary", "the report") pairs.
+    inputs: the files the command reads; none of them is ever replaced, even with ``force``.
+    An existing regular file is replaced only when fsdpprof wrote it, or with ``force``.
+    input_folders: folders of the input that only fsdpprof record writes (a run's rank-*/): refused.
+    defer_under: input files or folders not loaded yet: existing files there are left to the check with
+    ``inputs`` (so that an input is named as such, not as a file to --force over).
+    fix: what to do, appended to the messages.
+    """
+    fix = fix or "choose another path with -o / --summary"
+    seen: dict[str, str] = {}
+    input_ids = _ids(inputs)
+    defer = [os.path.realpath(p) for p in defer_under]
+    folders = [os.path.realpath(d) for d in input_folders]
+    for path, how in outputs:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UserError(f"{how} {path} is the same file as {seen[real]}: the HTML and the JSON need two paths")
+        seen[real] = f"{how} {path}"
+        try:
+            lst = os.lstat(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # ENOTDIR: a parent is a file; the write says so
+                raise UserError(f"{how} {path} cannot be used ({exc.strerror}); {fix}") from None
+            lst = None
+        try:
+            target = os.stat(path) if lst is not None else None
+        except OSError:
+            target = None
+        if target is not None and (target.st_dev, target.st_ino) in input_ids:
+            raise UserError(f"{how} {path} is one of the input files ({input_ids[(target.st_dev, target.st_ino)]}); "
+                            f"writing there would destroy it: {fix}")
+        inside = [d for d in folders if real.startswith(d.rstrip(os.sep) + os.sep)]
+        if inside:
+            raise UserError(f"{how} {path} is inside the run's own {inside[0]} (what fsdpprof record wrote, "
+                            f"replaced by the next recording); {fix}")
+        if lst is None:
+            continue
+        if any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in defer):
+            continue
+        if stat.S_ISLNK(lst.st_mode):
+            if not force:
+                raise UserError(f"{how} {path} is a symbolic link that fsdpprof did not make; pass --force to replace "
+                                f"the link (its target is left alone), or {fix}")
+            continue
+        if not stat.S_ISREG(lst.st_mode):
+            raise UserError(f"{how} {path} is {file_kind(lst.st_mode)}, not a file; {fix}")
+        if not force and not written_by_fsdpprof(path):
+            raise UserError(f"{how} {path} exists and was not written by fsdpprof; pass --force to overwrite it, "
+                            f"or {fix}")
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _make_parents(directory: str) -> list[str]:
+    """Create missing folders up to ``directory``; returns those created (deepest last)."""
+    missing = []
+    d = directory
+    while d and not os.path.lexists(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    created = []
+    for d in reversed(missing):
+        os.mkdir(d)
+        created.append(d)
+    return created
+
+
+def _remove(paths) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable path with -o / --summary") -> None:
+    """Write every (path, bytes) or none, each readable by everyone (0644).
+
+    Each goes to a temporary file beside its path first; only when all are written are they renamed into
+    place. If a rename fails, the renames already done are undone (a file that was there comes back), the
+    temporaries and the folders made for them are removed, and the error names the path that failed.
+    """
+    temps: list[tuple[str, str]] = []
+    made: list[str] = []
+    failed = None
+    try:
+        for path, data in items:
+            failed = path
+            directory = os.path.dirname(os.path.abspath(path))
+            made += _make_parents(directory)
+            fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+            temps.append((tmp, path))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+    except OSError as exc:
+        _remove(t for t, _ in temps)
+        for d in reversed(made):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
+    done: list[tuple[str, str | None]] = []   # (path, backup of the file it replaced)
+    try:
+        for tmp, path in temps:
+            failed = path
+            backup = None
+            if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):  # a folder: replace fails
+                backup = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                      f".{os.path.basename(path)}.{secrets.token_hex(6)}.old")
+                try:
+                    os.link(path, backup, follow_symlinks=False)
+                except OSError:
+                    os.rename(path, backup)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                if backup is not None and not os.path.lexists(path):
+                    os.rename(backup, path)
+                elif backup is not None:
+                    os.unlink(backup)
+                raise
+            done.append((path, backup))
+    except OSError as exc:
+        for path, backup in reversed(done):
+            try:
+                if backup is None:
+                    os.unlink(path)
+                else:
+                    os.replace(backup, path)
+            except OSError:
+                pass
+        _remove(t for t, _ in temps)
+        for d in reversed(made):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
+    _remove(b for _, b in done if b)
