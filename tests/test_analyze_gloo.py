@@ -54,7 +54,7 @@ def test_gloo_collectives_per_step_match_fsdp_units(fsdp2_run):
         assert u["unsharded_bytes"] <= per_call <= u["unsharded_bytes"] + pad, (row["unit"], per_call)
     assert (vol["algbw_gbps"] > 0).all()
     assert np.allclose(vol["busbw_gbps"], vol["algbw_gbps"] * 0.5)       # n = 2: (n-1)/n
-    phases = set(comm["phase"].astype(str))
+    phases = set(comm["fsdp_phase"].astype(str))
     assert phases == {"all_gather", "post_backward_reduce"}
 
 
@@ -63,7 +63,7 @@ def test_overlap_and_steps_are_consistent(fsdp2_run):
     tot = overlap.overall_overlap(ev).set_index("rank")
     assert (tot["comm_us"] > 0).all() and (tot["compute_us"] > 0).all()
     assert np.allclose(tot["exposed_comm_us"] + tot["overlapped_comm_us"], tot["comm_us"])
-    for by in (("rank", "step"), ("rank", "collective"), ("rank", "phase", "unit"), ("rank", "step", "collective", "unit")):
+    for by in (("rank", "step"), ("rank", "collective"), ("rank", "fsdp_phase", "unit"), ("rank", "step", "collective", "unit")):
         g = overlap.comm_overlap(ev, by=by)
         assert np.allclose(g["exposed_comm_us"] + g["overlapped_comm_us"], g["comm_us"])
         assert ((g["overlap_pct"] >= 0) & (g["overlap_pct"] <= 100)).all()
@@ -87,11 +87,11 @@ def test_overlap_and_steps_are_consistent(fsdp2_run):
 
 def test_ranks_align_on_gloo(fsdp2_run):
     ev = fsdp2_run.events()
-    sk = skew.collective_skew(ev)
+    sk, lag = skew.collective_skew(skew.collective_records(ev))
     n = ev[ev["kind"] == "comm"].groupby("rank").size()
     assert len(sk) == n.iloc[0] == n.iloc[1] and (sk["n_ranks"] == 2).all()
     assert set(sk["last_rank"]) <= {0, 1}
-    st = skew.stragglers(sk, ev)
+    st = skew.stragglers(sk, lag)
     assert st["times_last"].sum() == len(sk)
     # both ranks ran on one host and one clock: the alignment offsets are small next to a step
     step_us = steps.step_breakdown(ev)["step_us"].min()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import orjson
 import numpy as np
 import pandas as pd
+
+from fsdpprof.analyze import vocab
 import pytest
 
 from conftest import shared_data
@@ -91,11 +93,11 @@ def test_known_overlap_gpu(tmp_path):
     # compute [10,40) u [60,80) = 50; comm [30,70) u [90,95) = 45; overlap [30,40) + [60,70) = 20
     assert o["compute_us"] == 50 and o["comm_us"] == 45 and o["overlapped_comm_us"] == 20
     assert o["exposed_comm_us"] == 25 and o["comp_comm_overlap_pct"] == pytest.approx(100 * 20 / 45)
-    by = overlap.comm_overlap(ev, by=("rank", "collective", "phase", "unit")).set_index("collective")
+    by = overlap.comm_overlap(ev, by=("rank", "collective", "fsdp_phase", "unit")).set_index("collective")
     assert by.loc["all_gather", "comm_us"] == 40 and by.loc["all_gather", "overlapped_comm_us"] == 20
-    assert by.loc["all_gather", "phase"] == "all_gather" and by.loc["all_gather", "unit"] == "layers.0"
+    assert by.loc["all_gather", "fsdp_phase"] == "all_gather" and by.loc["all_gather", "unit"] == "layers.0"
     assert by.loc["reduce_scatter", "exposed_comm_us"] == 5 and by.loc["reduce_scatter", "unit"] == "layers.1"
-    assert by.loc["reduce_scatter", "phase"] == "post_backward_reduce"
+    assert by.loc["reduce_scatter", "fsdp_phase"] == "post_backward_reduce"
 
     v = volume.collective_volume(ev).set_index("collective")
     # all_gather S = 1000 floats = 4000 B in 40 us -> 0.1 GB/s; busbw * 3/4
@@ -111,10 +113,11 @@ def test_known_overlap_gpu(tmp_path):
     assert s["idle_us"] == 10 and s["residual_us"] == 0
 
 
-def test_busbw_factors():
-    f = volume.busbw_factor(["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", None],
-                            [8, 8, 8, 8, 8, 2, 8])
-    assert np.allclose(f[:6], [7 / 8, 7 / 8, 14 / 8, 1, 7 / 8, 1]) and np.isnan(f[6])
+def test_ring_factors():
+    """One definition (vocab.ring_factor) serves busbw (volume) and bytes on the wire (traffic)."""
+    f = vocab.ring_factor(["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
+                           "barrier", None], [8, 8, 8, 8, 8, 2, 8, 8])
+    assert np.allclose(f[:7], [7 / 8, 7 / 8, 14 / 8, 1, 7 / 8, 1, 0]) and np.isnan(f[7])
 
 
 def test_skew_recovers_known_offsets_and_straggler(tmp_path):
@@ -127,17 +130,20 @@ def test_skew_recovers_known_offsets_and_straggler(tmp_path):
             end = 100.0 * k + 50.0
             rows.append({"rank": r, "lane": "stream:1", "kind": "comm", "name": "nccl", "ts_us": start + off,
                          "dur_us": end - start, "collective": "all_reduce", "bytes": 8.0, "dtype": "float32",
-                         "group_size": 3.0, "pg": "0", "seq": float(k), "step": 1.0, "phase": None, "unit": None})
+                         "group_size": 3.0, "pg": "0", "seq": float(k), "step": 1.0, "stage": "forward", "fsdp_phase": None, "unit": None})
     ev = pd.DataFrame(rows)
-    off = skew.clock_offsets(ev)
+    rec = skew.collective_records(ev)
+    off = skew.clock_offsets(rec)
     assert (off - off.loc[0]).round(6).to_dict() == {0: 0.0, 1: 1000.0, 2: -500.0}
-    sk = skew.collective_skew(ev)
+    sk, lag = skew.collective_skew(rec)
     assert len(sk) == 5 and (sk["n_ranks"] == 3).all()
     assert np.allclose(sk["start_skew_us"], 7.0) and np.allclose(sk["end_skew_us"], 0.0)
     assert (sk["last_rank"] == 2).all()
-    st = skew.stragglers(sk).set_index("rank")                         # the skew frame alone is enough
-    st2 = skew.stragglers(pd.DataFrame(sk.to_dict("list")), ev).set_index("rank")   # attrs lost: recomputed
-    assert np.allclose(st2["mean_start_lag_us"], st["mean_start_lag_us"])
+    # the records of each rank alone are enough (the per-rank map sends only those)
+    per_rank = pd.concat([skew.collective_records(ev[ev["rank"] == r]) for r in range(3)], ignore_index=True)
+    sk2, lag2 = skew.collective_skew(per_rank)
+    pd.testing.assert_frame_equal(sk.reset_index(drop=True), sk2.reset_index(drop=True))
+    st = skew.stragglers(sk, lag).set_index("rank")
     assert st.loc[2, "times_last"] == 5 and st.loc[0, "times_last"] == 0
     assert st.loc[2, "mean_start_lag_us"] == pytest.approx(7.0) and st.loc[1, "mean_start_lag_us"] == pytest.approx(0.0)
 
@@ -145,14 +151,15 @@ def test_skew_recovers_known_offsets_and_straggler(tmp_path):
 def test_dlrm_8_ranks_alignment():
     run = load_run(shared_data("gpu-traces", "param-dlrm-8rank-v100"), workers=2)
     ev = run.events()
-    sk = skew.collective_skew(ev)
-    n_comm = ev[ev["kind"] == "comm"].groupby("rank").size()
+    sk, lag = skew.collective_skew(skew.collective_records(ev))
+    coll = (ev["kind"] == "comm") & ~ev["collective"].isin(vocab.P2P)   # point-to-point is never matched
+    n_comm = ev[coll].groupby("rank").size()
     assert (n_comm == n_comm.iloc[0]).all()                       # every rank ran the same collectives
     assert len(sk) == n_comm.iloc[0] and (sk["n_ranks"] == 8).all()
     # aligning on ends makes the ends tight and leaves the starts spread
     assert sk["end_skew_us"].median() < sk["start_skew_us"].median()
     assert (sk["start_skew_us"] >= 0).all() and (sk["end_skew_us"] >= 0).all()
-    st = skew.stragglers(sk, ev)
+    st = skew.stragglers(sk, lag)
     assert st["times_last"].sum() == len(sk) and sorted(st["rank"]) == list(range(8))
     assert st.loc[st["times_last"].idxmax(), "rank"] == sk["last_rank"].mode().iloc[0]
 

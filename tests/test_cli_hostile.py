@@ -542,7 +542,7 @@ def test_o_names_its_own_summary_and_leaves_the_folders_summary_alone(tmp_path):
     assert (out / "summary.json").read_text() == '{"user": "do not touch"}'
     assert listing(out)[str(out / "summary.json")] == before[str(out / "summary.json")]
     s = strict_json((out / "mine.summary.json").read_text())
-    assert s["schema"] == "fsdpprof.summary/1" and s["source"] == "trace_file"
+    assert s["schema"] == "fsdpprof.summary/2" and s["source"] == "trace_file"
     assert f"summary: {out / 'mine.summary.json'}" in p.stdout
 
 

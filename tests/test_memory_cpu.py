@@ -65,11 +65,11 @@ def test_model_states_exact(recorded_run, strategy):
 def test_coverage_peak_and_window_accounting(recorded_run, strategy):
     run, res = analysed(recorded_run, strategy)
     for r, m in res.items():
-        print(f"{strategy} rank {r}: peak {m.peak_allocated_bytes / 2**20:.2f} MiB in {m.peak_phase}/"
+        print(f"{strategy} rank {r}: peak {m.peak_allocated_bytes / 2**20:.2f} MiB in {m.peak_stage}/"
               f"{m.peak_fsdp_phase}, coverage {m.coverage_pct:.2f} %\n{m.breakdown_at_peak.to_string()}")
         assert m.source == "cpu_trace"
         assert m.coverage_pct >= 95.0
-        assert m.peak_phase in ("forward", "backward", "optimizer", "zero_grad", "post_step", "data")
+        assert m.peak_stage in ("forward", "backward", "optimizer", "post_step", "data")
         # absolute level = baseline + window: the window part is the trace's own running total
         # (Total Allocated, offset by what it had counted before the first event)
         me = run.ranks[r].memory_events.sort_values("ts_us", kind="stable")
@@ -203,7 +203,7 @@ def test_lost_free_of_all_gather_buffer_is_inferred(recorded_run):
     a = m0.allocations
     # (a buffer whose free event is really in the trace: the recording itself may already lack one)
     ag = a[(a["fsdp_phase"] == "all_gather") & (a["category"] == "unsharded_param") & a["free_us"].notna()
-           & ~a["free_inferred"] & (a["step_idx"] == a["step_idx"].max()) & (a["phase"] == "backward")]
+           & ~a["free_inferred"] & (a["step_idx"] == a["step_idx"].max()) & (a["stage"] == "backward")]
     me = rd.memory_events
     # a buffer whose address is not allocated again later (else the re-allocation ends it)
     reused = [bool(((me["addr"] == r.addr) & (me["bytes"] > 0) & (me["ts_us"] > r.free_us)).any()) for r in ag.itertuples()]

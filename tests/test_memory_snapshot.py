@@ -57,7 +57,7 @@ def test_public_snapshot_breakdown(snaps, name, device):
     snap = snaps[name]
     r = snapshot_memory(snap, device=device)
     print(f"{name} cuda:{device}: peak {r.peak_allocated_bytes / MIB:.1f} MiB, coverage {r.coverage_pct:.2f} %, "
-          f"phase {r.peak_phase}\n{r.breakdown_at_peak.to_string()}")
+          f"phase {r.peak_stage}\n{r.breakdown_at_peak.to_string()}")
     assert r.source == "cuda_snapshot" and r.device == device
     # the peak is the real maximum of the allocated-bytes curve: recompute it independently
     a = r.allocations
@@ -65,7 +65,7 @@ def test_public_snapshot_breakdown(snaps, name, device):
     assert r.peak_allocated_bytes >= alive_at_end
     assert r.peak_allocated_bytes == peak
     assert r.coverage_pct >= cov - 0.01
-    assert r.peak_phase == phase
+    assert r.peak_stage == phase
     bd = r.breakdown_at_peak
     assert list(bd["category"]) == [c.value for c in MemoryCategory]
     assert int(bd["bytes"].sum()) == r.peak_allocated_bytes
@@ -78,7 +78,7 @@ def test_public_snapshot_breakdown(snaps, name, device):
     assert tl["ts_us"].is_monotonic_increasing
     # largest allocations at the peak, biggest first, with frames where the snapshot has them
     top = r.top_allocations
-    assert list(top.columns) == ["addr", "bytes", "category", "phase", "unit", "alloc_us", "free_us", "frames"]
+    assert list(top.columns) == ["addr", "bytes", "category", "stage", "unit", "alloc_us", "free_us", "frames"]
     assert top["bytes"].is_monotonic_decreasing
     assert 0 < int(top["bytes"].sum()) <= r.peak_allocated_bytes
     # reserved at the peak (segments at snapshot time minus segments mapped after the peak)

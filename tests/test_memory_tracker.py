@@ -89,7 +89,7 @@ def test_against_fsdp_mem_tracker(tracker):
                  "sharded_grad": t["SHARDED_GRAD"], "unsharded_grad": t["UNSHARDED_GRAD"] + t["REDUCE_SCATTER"],
                  "optimizer_state": t["OPT"], "activation": t["ACT"], "temporary": t["TEMP"], "input": t["INP"]}
         table = "\n".join(f"  {k:16s} ours {ours[k] / 2**20:8.3f} MiB  tracker {v / 2**20:8.3f} MiB" for k, v in pairs.items())
-        print(f"rank {r}: ours peak {m.peak_allocated_bytes / 2**20:.2f} MiB ({m.peak_phase}/{m.peak_fsdp_phase}), "
+        print(f"rank {r}: ours peak {m.peak_allocated_bytes / 2**20:.2f} MiB ({m.peak_stage}/{m.peak_fsdp_phase}), "
               f"tracker peak {t['Total'] / 2**20:.2f} MiB\n{table}")
 
         def close(k):

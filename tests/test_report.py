@@ -33,7 +33,7 @@ def _assert_self_contained(html: str):
 
 def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     run = recorded_run("fsdp2")
-    html, s, stdout = _report(run, tmp_path)
+    html, s, stdout = _report(run, tmp_path, "--hta")
     _assert_self_contained(html)
     inv = json.loads((run / "rank-0" / "inventory.json").read_text())
     t = s["theory"]
@@ -64,7 +64,7 @@ def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     for st in s["steps"]:
         assert st["step_us"] > 0 and st["exposed_comm_us"] <= st["comm_us"] + 1e-6
     assert s["overview"]["step_time_us"] > 0
-    # findings point at numbers; CPU trace: HTA left out with a note
+    # findings point at numbers; CPU trace: HTA (asked for with --hta) left out with a note
     for f in s["findings"]:
         assert f["metric"] and f["value"] == f["value"] and f["section"]
     assert "HTA" in s["notes"]["hta"] and "cpu" in s["notes"]["hta"]
@@ -114,7 +114,7 @@ def test_cuda_snapshot_report(tmp_path):
 
 def test_gpu_traces_get_hta_breakdowns(tmp_path):
     folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
-    html, s, _ = _report(folder, tmp_path)
+    html, s, _ = _report(folder, tmp_path, "--hta")
     assert s["overview"]["device_type"] == "cuda" and s["overview"]["world_size"] == 8
     assert {"kernel_type", "temporal", "idle"} <= set(s["hta"])
     assert len(s["hta"]["temporal"]) == 8

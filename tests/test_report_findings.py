@@ -11,9 +11,13 @@ def _steps(step_us=1000.0, exposed=0.0, ranks=(0, 1)):
 
 def test_exposed_forward_all_gather_suggests_prefetch():
     op = pd.DataFrame([
-        {"rank": 0, "collective": "all_gather", "stage": "forward", "phase": "all_gather", "exposed_comm_us": 200.0},
-        {"rank": 0, "collective": "reduce_scatter", "stage": "backward", "phase": "post_backward_reduce",
-         "exposed_comm_us": 20.0},  # 10 us per step = 1% of the step: below the threshold
+        {"rank": 0, "step": 2.0, "collective": "all_gather", "stage": "forward", "fsdp_phase": "all_gather",
+         "exposed_comm_us": 200.0},
+        {"rank": 0, "step": 3.0, "collective": "reduce_scatter", "stage": "backward",
+         "fsdp_phase": "post_backward_reduce", "exposed_comm_us": 20.0},  # 10 us per step = 1%: below the threshold
+        # launched outside every step: not divided by a step's time (it was "439.9% of step time")
+        {"rank": 0, "step": float("nan"), "collective": "all_reduce", "stage": "outside_step", "fsdp_phase": None,
+         "exposed_comm_us": 9000.0},
     ])
     out = fnd.comm_findings(op, _steps())
     ids = [f.id for f in out]
@@ -21,6 +25,9 @@ def test_exposed_forward_all_gather_suggests_prefetch():
     f = out[0]
     assert f.value == 10.0 and f.unit == "%" and "prefetch" in f.suggestion and "reshard_after_forward" in f.suggestion
     assert f.rank == 0 and f.section == "communication"
+    # not an FSDP input: no FSDP knobs in the advice
+    plain = fnd.comm_findings(op, _steps(), fsdp_advice=False)[0]
+    assert "FSDP" not in plain.suggestion and "reshard" not in plain.suggestion
 
 
 def test_total_exposed_and_thresholds():
@@ -45,6 +52,10 @@ def test_memory_findings():
     assert {f.id for f in out} == {"activations_dominate", "unsharded_params_large", "fragmentation",
                                    "low_attribution"}
     assert fnd.memory_findings(_bd(activation=30, optimizer_state=30, sharded_param=40), "FULL_SHARD", 1) == []
+    # one device: no sharding advice, even with most of the peak in model states
+    one = fnd.memory_findings(_bd(optimizer_state=50, param=25, grad=25), None, 1000, input_kind="single_device")
+    assert {f.id for f in one} == {"optimizer_state_dominates"}
+    assert "shard" not in one[0].suggestion.lower() and "offload" not in one[0].suggestion.lower()
 
 
 def test_topology_and_straggler():

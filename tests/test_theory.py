@@ -88,15 +88,11 @@ def test_k_from_inventory():
     assert theory.k_from_inventory({"optimizer": None, "tensors": []}).k_opt == 0
 
 
-def test_peak_estimate_and_step_time():
+def test_peak_estimate():
     est = theory.fsdp_peak_estimate(1000.0, {"a": 10, "b": 30}, 2, {"a": 100, "b": 5})
     assert est.max_unit == "a" and est.estimate_bytes == 1000 + 20 + 100
     est2 = theory.fsdp_peak_estimate(1000.0, {"a": 10, "b": 30}, 2, 7)
     assert est2.max_unit == "b" and est2.estimate_bytes == 1000 + 60 + 7
-    assert theory.step_time_estimate_us(100, 50, 30) == 120
-    assert theory.ring_wire_factor("all_reduce", 4) == 1.5
-    assert theory.ring_wire_factor("all_gather", 4) == 0.75
-    assert theory.ring_wire_factor("all_gather", float("nan")) == 0
 
 
 @pytest.mark.parametrize("bad", ["0", "-3", "abc", "nan", "inf", "1e9xb"])

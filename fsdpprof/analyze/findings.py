@@ -47,50 +47,57 @@ def _num(x) -> float:
         return float("nan")
 
 
-def comm_findings(overlap_phase: pd.DataFrame | None, steps: pd.DataFrame | None) -> list[Finding]:
-    """From comm_overlap(by rank, collective, phase) and step_breakdown: exposed collectives."""
+def _exposed_suggestion(collective: str, stage: str, fsdp: bool) -> str:
+    if not fsdp:   # not an FSDP input: no FSDP knobs to turn
+        if collective == "all_reduce":
+            return ("all-reduce is exposed: bucket gradients (DDP bucket_cap_mb) so it overlaps with backward, or "
+                    "move less per step (gradient accumulation without sync)")
+        return "overlap this collective with compute (issue it earlier, on its own stream) or run it less often"
+    if collective == "all_gather" and stage == "forward":
+        return ("prefetch the next unit's all-gather (FSDP2: module.set_modules_to_forward_prefetch; FSDP1: "
+                "forward_prefetch=True), or keep parameters after forward (reshard_after_forward=False / "
+                "SHARD_GRAD_OP) if memory allows")
+    if collective == "all_gather":
+        return ("backward prefetch (FSDP1 backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_backward_prefetch) "
+                "or reshard_after_forward=False so backward does not all-gather again")
+    if collective == "reduce_scatter":
+        return ("reduce-scatter is not hidden behind backward compute: use fewer, larger FSDP units, a lower "
+                "reduce dtype (MixedPrecision reduce_dtype=bf16) or gradient accumulation without sync")
+    if collective == "all_reduce":
+        return ("all-reduce is exposed: overlap it with backward, or shard (FULL_SHARD / HYBRID_SHARD) to cut "
+                "the volume per rank")
+    return "overlap this collective with compute or reduce how often it runs"
+
+
+def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | None,
+                  fsdp_advice: bool = True) -> list[Finding]:
+    """Exposed collectives per stage, from the per-step communication table (rank, step, collective, stage,
+    exposed_comm_us, ...) and step_breakdown.  Only communication launched inside a step counts: it is
+    averaged over the rank's steps and compared with its mean step time.  ``fsdp_advice``: the input is
+    an FSDP run (FSDP knobs may be suggested)."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
     n_steps = steps.groupby("rank")["step"].nunique() if "step" in steps else steps.groupby("rank").size()
     step_us = steps.groupby("rank")["step_us"].mean()
-    if overlap_phase is not None and not overlap_phase.empty and "exposed_comm_us" in overlap_phase:
-        op = overlap_phase.copy()
-        for col in ("collective", "phase", "stage"):
-            if col not in op:
-                op[col] = "all"
-        op["collective"] = op["collective"].astype(object).fillna("?")
-        # forward/backward stage when known, else the FSDP phase
-        op["phase"] = op["stage"].astype(object).where(op["stage"].notna() & (op["stage"].astype(object) != "all"),
-                                                        op["phase"].astype(object)).fillna("?")
-        g = op.groupby(["rank", "collective", "phase"], observed=True)["exposed_comm_us"].sum().reset_index()
+    cu = comm_unit_step
+    if cu is not None and not cu.empty and "exposed_comm_us" in cu:
+        op = cu[cu["step"].notna()] if "step" in cu else cu
+        op = op.assign(collective=op["collective"].astype(object).fillna("unknown").astype(str),
+                       stage=(op["stage"].astype(object) if "stage" in op else "all"))
+        g = op.groupby(["rank", "collective", "stage"])["exposed_comm_us"].sum().reset_index()
         g["per_step_us"] = g["exposed_comm_us"] / g["rank"].map(n_steps).clip(lower=1)
         g["pct"] = 100.0 * g["per_step_us"] / g["rank"].map(step_us)
-        worst = g.sort_values("pct", ascending=False).drop_duplicates(["collective", "phase"])
+        worst = g.sort_values("pct", ascending=False).drop_duplicates(["collective", "stage"])
         for r in worst.itertuples():
             if not r.pct >= EXPOSED_PHASE_PCT:
                 continue
-            c, ph = str(r.collective), str(r.phase)
-            if c == "all_gather" and ph.startswith("forward") or c == "all_gather" and ph in ("pre_forward",):
-                sug = ("prefetch the next unit's all-gather (FSDP2: module.set_modules_to_forward_prefetch; FSDP1: "
-                       "forward_prefetch=True), or keep parameters after forward (reshard_after_forward=False / "
-                       "SHARD_GRAD_OP) if memory allows")
-            elif c == "all_gather":
-                sug = ("backward prefetch (FSDP1 backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_backward_prefetch) "
-                       "or reshard_after_forward=False so backward does not all-gather again")
-            elif c == "reduce_scatter":
-                sug = ("reduce-scatter is not hidden behind backward compute: use fewer, larger FSDP units, a lower "
-                       "reduce dtype (MixedPrecision reduce_dtype=bf16) or gradient accumulation without sync")
-            elif c == "all_reduce":
-                sug = ("all-reduce is exposed: bucket gradients (DDP bucket_cap_mb), overlap with backward, or shard "
-                       "(FULL_SHARD / HYBRID_SHARD) to cut the volume per rank")
-            else:
-                sug = "overlap this collective with compute or reduce how often it runs"
-            out.append(Finding(f"exposed_{c}_{ph}", "high" if r.pct >= 4 * EXPOSED_PHASE_PCT else "medium",
-                               f"Exposed {c} in {ph}: {r.per_step_us / 1e3:.3g} ms per step "
+            c, st = str(r.collective), str(r.stage)
+            out.append(Finding(f"exposed_{c}_{st}", "high" if r.pct >= 4 * EXPOSED_PHASE_PCT else "medium",
+                               f"Exposed {c} in {st}: {r.per_step_us / 1e3:.3g} ms per step "
                                f"({r.pct:.1f}% of step time, rank {int(r.rank)})",
-                               f"exposed_comm_us[{c}, {ph}] / step_us", float(r.pct), "%", EXPOSED_PHASE_PCT, sug,
-                               "communication", int(r.rank)))
+                               f"exposed_comm_us[{c}, {st}] / step_us", float(r.pct), "%", EXPOSED_PHASE_PCT,
+                               _exposed_suggestion(c, st, fsdp_advice), "communication", int(r.rank)))
     if "exposed_comm_us" in steps:
         tot = steps.groupby("rank")[["exposed_comm_us", "step_us"]].sum()
         tot["pct"] = 100.0 * tot["exposed_comm_us"] / tot["step_us"]
@@ -107,9 +114,11 @@ def comm_findings(overlap_phase: pd.DataFrame | None, steps: pd.DataFrame | None
 
 def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
-                    rank: int | None = None, alternatives: dict | None = None) -> list[Finding]:
+                    rank: int | None = None, alternatives: dict | None = None,
+                    input_kind: str | None = "fsdp2") -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
-    model-state bytes per rank from theory, quoted in the suggestion."""
+    model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (vocab.INPUT_KINDS):
+    sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device."""
     out: list[Finding] = []
     if breakdown is None or breakdown.empty:
         return out
@@ -120,8 +129,9 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
         out.append(Finding("optimizer_state_dominates", "high" if opt >= 60 else "medium",
                            f"Optimizer state is {opt:.1f}% of memory at the peak",
                            "breakdown_at_peak[optimizer_state].pct", opt, "%", OPTIMIZER_DOMINATES_PCT,
-                           "shard it further (FULL_SHARD, or a larger shard group), offload it to CPU "
-                           "(CPUOffload / ZeRO-Offload), or use an optimizer with less state (8-bit Adam, Adafactor)",
+                           ("shard it further (FULL_SHARD, or a larger shard group), offload it to CPU "
+                            "(CPUOffload / ZeRO-Offload), or use" if input_kind in ("fsdp2", "fsdp1") or strategy
+                            else "use") + " an optimizer with less state (8-bit Adam, Adafactor)",
                            "memory", rank))
     act = get("activation")
     if act >= ACTIVATIONS_DOMINATE_PCT:
@@ -130,14 +140,14 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "activation checkpointing of the transformer blocks, a smaller micro-batch, or "
                            "sequence parallelism; sharding does not reduce activations", "memory", rank))
     unsh = get("unsharded_param")
-    if unsh >= UNSHARDED_PARAM_PCT:
+    if unsh >= UNSHARDED_PARAM_PCT and input_kind in ("fsdp2", "fsdp1"):
         out.append(Finding("unsharded_params_large", "medium",
                            f"All-gathered (unsharded) parameters are {unsh:.1f}% of memory at the peak",
                            "breakdown_at_peak[unsharded_param].pct", unsh, "%", UNSHARDED_PARAM_PCT,
                            "wrap smaller FSDP units so fewer parameters are unsharded at once, and reshard after "
                            "forward (reshard_after_forward=True / FULL_SHARD); limit prefetch depth", "memory", rank))
-    states = get("sharded_param") + get("sharded_grad") + get("optimizer_state")
-    if strategy in ("DDP", "NO_SHARD") and states >= REPLICATED_STATES_PCT:
+    states = get("sharded_param") + get("sharded_grad") + get("param") + get("grad") + get("optimizer_state")
+    if strategy in ("DDP", "NO_SHARD") and input_kind != "single_device" and states >= REPLICATED_STATES_PCT:
         out.append(Finding("replicated_model_states", "high",
                            f"Model states, replicated on every rank by {strategy}, are {states:.1f}% of the peak",
                            "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,

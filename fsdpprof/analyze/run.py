@@ -1,15 +1,21 @@
 """Load a run: our run directory, a folder of profiler traces, one trace, or CUDA snapshots.
 
-``load_run(path)`` finds each rank's files, parses the traces in parallel processes (one pure
-function per rank: :func:`fsdpprof.analyze.trace.load_trace`), and returns a :class:`Run`.  A rank
-whose files are bad is listed in ``Run.missing`` with a one-line reason; the others are analysed.
-Nothing usable at all -> :class:`fsdpprof.errors.UserError`.
+``load_run(path)`` finds each rank's files and returns a :class:`Run`; with ``lazy=False`` (the
+default) it also parses every trace into an events frame (in parallel processes for big traces: one
+pure function per rank, :func:`fsdpprof.analyze.trace.load_trace`).  ``lazy=True`` only finds the
+files, so that the per-rank analysis (:func:`fsdpprof.analyze.pipeline.analyze_rank`) parses each
+trace where it runs.  A rank whose files are bad is listed in ``Run.missing`` with a one-line reason;
+the others are analysed.  Nothing usable at all -> :class:`fsdpprof.errors.UserError`.
+
+A trace's rank comes from its ``distributedInfo``, else from an explicit pattern in its file name
+(``rank-3``, ``rank3_trace``, ``worker3``), else from its position among the files (with a warning).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import errno
 import gzip
+import json
 import multiprocessing
 import os
 import re
@@ -28,7 +34,8 @@ SOURCE_TRACE_FILE = "trace_file"
 SOURCE_SNAPSHOT_FILE = "snapshot_file"
 SOURCE_SNAPSHOT_FOLDER = "snapshot_folder"
 
-_RANK_IN_NAME = [re.compile(p, re.I) for p in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"(\d+)(?!.*\d)")]
+_RANK_IN_NAME = [re.compile(p, re.I) for p in (r"(?<![a-z])rank[-_]?(\d+)(?!\d)", r"(?<![a-z])worker[-_]?(\d+)(?!\d)")]
+_DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
 # the start of summary.json / compare.json (what fsdpprof report / compare write): never read as a trace
 OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare)/[0-9]+"')
@@ -36,6 +43,8 @@ OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|co
 
 @dataclass
 class RankData:
+    """One rank's files, and its frames once parsed (``events`` None: not parsed yet, or no trace)."""
+
     rank: int
     info: dict                           # rank.json, or derived from the trace's distributedInfo
     inventory: dict | None               # inventory.json
@@ -44,6 +53,7 @@ class RankData:
     memory_events: pd.DataFrame | None   # vocab.MEMORY_EVENT_COLUMNS
     snapshot_path: str | None            # CUDA snapshot of this rank
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
+    label: str = ""                      # rank-3, or the file's name: how messages name this rank
 
 
 @dataclass
@@ -65,39 +75,51 @@ class Run:
         return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
 
     def events(self) -> pd.DataFrame:
-        """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept."""
+        """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept; a lazily loaded run
+        parses its traces now (and keeps them)."""
+        if any(r.events is None and r.trace_path for r in self.ranks.values()):
+            load_events(self)
         frames = [r.events for _, r in sorted(self.ranks.items()) if r.events is not None]
         if not frames:
             return empty_events()
         if len(frames) == 1:
             return frames[0]
         out = pd.concat(frames, ignore_index=True)
-        for c in ("lane", "kind", "name", "collective", "dtype", "pg", "phase", "unit"):
+        for c in vocab.CATEGORICAL_EVENT_COLUMNS:
             if out[c].dtype == object:
                 out[c] = out[c].astype("category")
         return out
 
-    def memory_events(self) -> pd.DataFrame:
-        frames = [r.memory_events for _, r in sorted(self.ranks.items()) if r.memory_events is not None]
-        if not frames:
-            return pd.DataFrame({c: [] for c in vocab.MEMORY_EVENT_COLUMNS})
-        return pd.concat(frames, ignore_index=True)
 
 
 def empty_events() -> pd.DataFrame:
     df = pd.DataFrame({c: [] for c in vocab.EVENT_COLUMNS})
-    for c in ("lane", "kind", "name", "collective", "dtype", "pg", "phase", "unit"):
+    for c in vocab.CATEGORICAL_EVENT_COLUMNS:
         df[c] = df[c].astype("category")
     return df
 
 
 def rank_from_name(path: str) -> int | None:
+    """The rank an explicit pattern in a file name gives (``rank-3``, ``rank3_trace``, ``worker_3``), or None."""
     base = os.path.basename(path)
     for pat in _RANK_IN_NAME:
         m = pat.search(base)
         if m:
             return int(m.group(1))
     return None
+
+
+def distributed_info_head(path: str) -> dict:
+    """The trace's ``distributedInfo`` when it sits in the first MiB of JSON (where torch writes it), else {}."""
+    head = _head(path)
+    m = _DIST_INFO.search(head)
+    if not m:
+        return {}
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(head[m.end():].decode("utf-8", "replace"))
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _is_snapshot(path: str) -> bool:
@@ -143,8 +165,8 @@ def check_workers(workers, what: str = "workers") -> None:
                         f"of ranks and of CPU cores, {os.cpu_count() or 1} here)")
 
 
-def _parse_one(path: str, rank: int | None, progress: bool | None):
-    """Worker: load one trace; returns ('ok', TraceData) or ('error', message)."""
+def parse_trace(path: str, rank: int | None, progress: bool | None):
+    """Load one rank's trace (a worker's job); returns ('ok', TraceData) or ('error', one-line message)."""
     from fsdpprof.analyze.trace import load_trace
     if not os.access(path, os.R_OK):
         return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
@@ -154,14 +176,12 @@ def _parse_one(path: str, rank: int | None, progress: bool | None):
         return "error", str(exc)
     except MemoryError:
         return "error", f"trace {path}: out of memory while decoding; analyse fewer ranks at once (workers=1)"
-    except Exception as exc:  # a bug or an unexpected format: report it for this rank, keep the others
-        return "error", f"trace {path}: could not be analysed ({type(exc).__name__}: {exc})"
 
 
 POOL_MIN_BYTES = 64 << 20   # parse in worker processes (auto mode) only when the traces hold this much JSON
 
 
-def _inflated_size(path: str) -> int:
+def inflated_size(path: str) -> int:
     """Bytes of JSON in a trace file: the gzip trailer's size for .gz (last member), else the file size."""
     try:
         with open(path, "rb") as fh:
@@ -175,21 +195,21 @@ def _inflated_size(path: str) -> int:
 
 
 def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None) -> dict:
-    """jobs: (label, path, rank override). Returns label -> (status, value)."""
+    """jobs: (label, path, rank). Returns label -> (status, value)."""
     if not jobs:
         return {}
     if workers is None:
         # processes pay off only when there is enough to parse: their start-up and sending the frames
         # back cost more than small traces take to parse in this process
-        small = sum(_inflated_size(path) for _, path, _ in jobs) < POOL_MIN_BYTES
+        small = sum(inflated_size(path) for _, path, _ in jobs) < POOL_MIN_BYTES
         workers = 1 if small else len(jobs)
     workers = max_workers(workers, len(jobs))
     if workers <= 1 or len(jobs) == 1:
-        return {label: _parse_one(path, rank, progress) for label, path, rank in jobs}
+        return {label: parse_trace(path, rank, progress) for label, path, rank in jobs}
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(_parse_one, path, rank, progress): label for label, path, rank in jobs}
+        futs = {pool.submit(parse_trace, path, rank, progress): label for label, path, rank in jobs}
         for fut in cf.as_completed(futs):
             label = futs[fut]
             try:
@@ -197,6 +217,36 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
             except Exception as exc:  # worker died (e.g. killed for memory)
                 out[label] = ("error", f"{label}: worker failed ({type(exc).__name__}: {exc}); retry with workers=1")
     return out
+
+
+def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:
+    """Parse the traces of a lazily loaded run into its RankData (in place); a rank whose trace fails moves
+    to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
+    jobs = [(rd.label, rd.trace_path, r) for r, rd in sorted(run.ranks.items())
+            if rd.events is None and rd.trace_path]
+    results = _parse_all(jobs, workers, progress)
+    for r, rd in sorted(run.ranks.items()):
+        if rd.label not in results:
+            continue
+        status, val = results[rd.label]
+        if status == "ok":
+            run.warnings += val.warnings
+            meta_rank = (val.meta.get("distributedInfo") or {}).get("rank") \
+                if isinstance(val.meta.get("distributedInfo"), dict) else None
+            if isinstance(meta_rank, int) and meta_rank != r and run.source != SOURCE_RUN_DIR:
+                run.warnings.append(f"trace {rd.trace_path}: its distributedInfo says rank {meta_rank} "
+                                    f"(past its first MiB), analysed as rank {r}")
+            rd.events, rd.memory_events = val.events, val.memory_events
+            rd.trace_meta = {**val.meta, **rd.trace_meta}
+            continue
+        run.missing[rd.label] = val
+        rd.trace_path = None
+        if rd.snapshot_path is None and rd.inventory is None:
+            del run.ranks[r]
+    if not run.ranks:
+        first = next(iter(run.missing.values()), "no trace")
+        raise UserError(first if len(run.missing) == 1 else f"no usable trace in {run.path}: {first}")
+    return run
 
 
 def _info_from_meta(rank: int, meta: dict) -> dict:
@@ -293,8 +343,14 @@ def read_run_json(path: str) -> tuple[dict | None, str | None]:
     return doc, None
 
 
-def load_run(path, *, workers: int | None = None, progress: bool | None = None) -> Run:
-    """Load a run directory, trace folder, single trace, snapshot file or snapshot folder."""
+def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False) -> Run:
+    """Load a run directory, trace folder, single trace, snapshot file or snapshot folder (``lazy``: find
+    the files only; the traces are parsed by whoever analyses each rank)."""
+    run = _discover(path, workers)
+    return run if lazy else load_events(run, workers=workers, progress=progress)
+
+
+def _discover(path, workers) -> Run:
     check_workers(workers)
     if not str(os.fspath(path)).strip():
         raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
@@ -304,10 +360,11 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None) 
             r = rank_from_name(path)
             rank = r if r is not None and re.search(r"rank", os.path.basename(path), re.I) else 0
             rd = RankData(rank=rank, info={"rank": rank}, inventory=None, trace_path=None, events=None,
-                          memory_events=None, snapshot_path=path, trace_meta={"device_type": "cuda"})
+                          memory_events=None, snapshot_path=path, trace_meta={"device_type": "cuda"},
+                          label=os.path.basename(path))
             return Run(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: rd}, missing={}, warnings=[],
                        world_size=None, inputs=[path])
-        return _load_traces(path, [path], SOURCE_TRACE_FILE, workers, progress)
+        return _load_traces(path, [path], SOURCE_TRACE_FILE)
     try:
         entries = sorted(os.listdir(path))
     except OSError as exc:
@@ -317,11 +374,11 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None) 
     has_ranks = any(e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
                     for e in entries)
     if meta is not None or has_ranks:
-        return _load_run_dir(path, entries, workers, progress, meta, why_not)
+        return _load_run_dir(path, entries, meta, why_not)
     files = [os.path.join(path, e) for e in entries if os.path.isfile(os.path.join(path, e))]
     traces = [f for f in files if _looks_like_trace(f)]
     if traces:
-        run = _load_traces(path, traces, SOURCE_TRACE_FOLDER, workers, progress)
+        run = _load_traces(path, traces, SOURCE_TRACE_FOLDER)
         run.inputs += [f for f in files if _is_snapshot(f)]
         if why_not:
             run.warnings.append(why_not)
@@ -333,60 +390,50 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None) 
             r = rank_from_name(f)
             if r is None:
                 r = i
-                warnings.append(f"snapshot {f}: no rank in the file name, taken as rank {r}")
+                warnings.append(f"snapshot {f}: no rank in the file name (rank-N, rankN, workerN), taken as rank {r} "
+                                f"from its position among the snapshots")
             if r in ranks:
                 raise UserError(f"folder {path} has two snapshots for rank {r} ({os.path.basename(ranks[r].snapshot_path)}, "
                                 f"{os.path.basename(f)}); keep one per rank")
             ranks[r] = RankData(rank=r, info={"rank": r}, inventory=None, trace_path=None, events=None,
-                                memory_events=None, snapshot_path=f, trace_meta={"device_type": "cuda"})
+                                memory_events=None, snapshot_path=f, trace_meta={"device_type": "cuda"},
+                                label=os.path.basename(f))
         return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,
                    world_size=None, inputs=snaps)
     raise UserError(f"{path} holds no run directory (run.json, rank-*/), no profiler traces (*.json[.gz] with "
                     f"traceEvents) and no CUDA snapshots (*.pickle); point fsdpprof at one of those")
 
 
-def _load_traces(root: str, traces: list[str], source: str, workers, progress) -> Run:
-    jobs = [(os.path.basename(f), f, None) for f in traces]
-    results = _parse_all(jobs, workers, progress)
+def _load_traces(root: str, traces: list[str], source: str) -> Run:
+    """Ranks of trace files from their distributedInfo (first MiB), else the file name, else their position."""
     ranks: dict[int, RankData] = {}
-    missing: dict[str, str] = {}
     warnings: list[str] = []
     world_sizes: dict[int, list[str]] = {}
-    by_label = {os.path.basename(f): f for f in traces}
-    for label in sorted(results):
-        status, val = results[label]
-        if status != "ok":
-            missing[label] = val
-            continue
-        td = val
-        dist = td.meta.get("distributedInfo") if isinstance(td.meta.get("distributedInfo"), dict) else {}
-        rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+    for i, f in enumerate(traces):
+        label = os.path.basename(f)
+        dist = distributed_info_head(f)
+        rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) \
+            else None
         if rank is None:
-            rank = rank_from_name(by_label[label])
+            rank = rank_from_name(f)
+            how = "from the file name"
             if rank is None:
-                rank = 0
-            warnings.append(f"trace {td.path} has no distributedInfo: rank {rank} taken from the file name")
-            if len(td.events):
-                td.events["rank"] = pd.array([rank] * len(td.events), dtype="int32").to_numpy()
-            td.memory_events["rank"] = rank
+                rank, how = i, "from its position among the traces (no rank-N / rankN / workerN in its name)"
+            warnings.append(f"trace {f} has no distributedInfo: rank {rank} taken {how}")
         ws = dist.get("world_size")
         if isinstance(ws, int):
             world_sizes.setdefault(ws, []).append(label)
         if rank in ranks:
-            raise UserError(f"folder {root} has two traces for rank {rank} ({os.path.basename(ranks[rank].trace_path)}, "
-                            f"{label}): it mixes runs; keep one trace per rank")
-        warnings += td.warnings
-        ranks[rank] = RankData(rank=rank, info=_info_from_meta(rank, td.meta), inventory=None, trace_path=td.path,
-                               events=td.events, memory_events=td.memory_events, snapshot_path=None,
-                               trace_meta=td.meta)
+            raise UserError(f"folder {root} has two traces for rank {rank} ({ranks[rank].label}, {label}): it mixes "
+                            f"runs; keep one trace per rank")
+        ranks[rank] = RankData(rank=rank, info=_info_from_meta(rank, {"distributedInfo": dist}), inventory=None,
+                               trace_path=f, events=None, memory_events=None, snapshot_path=None,
+                               trace_meta={"distributedInfo": dist} if dist else {}, label=label)
     if len(world_sizes) > 1:
         desc = "; ".join(f"world_size {ws}: {', '.join(sorted(ls)[:3])}" for ws, ls in sorted(world_sizes.items()))
         raise UserError(f"folder {root} mixes traces of different runs ({desc}); put each run's traces in its own folder")
-    if not ranks:
-        first = next(iter(missing.values()), "no trace")
-        raise UserError(first if len(missing) == 1 else f"no usable trace in {root}: {first}")
     world_size = next(iter(world_sizes), None)
-    return Run(path=root, source=source, meta={}, ranks=ranks, missing=missing, warnings=warnings,
+    return Run(path=root, source=source, meta={}, ranks=ranks, missing={}, warnings=warnings,
                world_size=world_size, inputs=list(traces))
 
 
@@ -416,8 +463,7 @@ def _files_under(directory: str) -> list[str]:
     return out
 
 
-def _load_run_dir(root: str, entries: list[str], workers, progress, meta: dict | None = None,
-                  run_json_note: str | None = None) -> Run:
+def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_json_note: str | None = None) -> Run:
     meta = meta or {}
     warnings: list[str] = [run_json_note] if run_json_note else []
     missing: dict[str, str] = {}
@@ -432,7 +478,6 @@ def _load_run_dir(root: str, entries: list[str], workers, progress, meta: dict |
                 rank_dirs[int(e[len(runfmt.RANK_DIR_PREFIX):])] = d
     infos: dict[int, dict] = {}
     inventories: dict[int, dict | None] = {}
-    jobs = []
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
         inputs += _files_under(d)
@@ -453,10 +498,6 @@ def _load_run_dir(root: str, entries: list[str], workers, progress, meta: dict |
             except UserError as exc:
                 warnings.append(str(exc))
             schema_version(inventories[r], "fsdpprof.inventory", inv_path)
-        tpath = os.path.join(d, runfmt.TRACE_FILE)
-        if os.path.isfile(tpath):
-            jobs.append((label, tpath, r))
-    results = _parse_all(jobs, workers, progress)
     ranks: dict[int, RankData] = {}
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
@@ -464,24 +505,19 @@ def _load_run_dir(root: str, entries: list[str], workers, progress, meta: dict |
         snap = os.path.join(d, runfmt.SNAPSHOT_FILE)
         snap = snap if os.path.isfile(snap) else None
         tpath = os.path.join(d, runfmt.TRACE_FILE)
-        if label in results and results[label][0] == "ok":
-            td = results[label][1]
-            warnings += td.warnings
-            ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=td.events,
-                                memory_events=td.memory_events, snapshot_path=snap, trace_meta=td.meta)
+        if os.path.isfile(tpath):
+            ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
+                                memory_events=None, snapshot_path=snap, label=label)
             continue
-        if label in results:
-            missing[label] = results[label][1]
-        else:
-            st = info.get("status")
-            reason = info.get("error") or (f"status {st}" if st else "no trace file")
-            if not os.access(d, os.R_OK | os.X_OK):
-                reason = f"folder {d} cannot be read: permission denied"
-            missing[label] = f"{label}: no {runfmt.TRACE_FILE} ({reason})"
+        st = info.get("status")
+        reason = info.get("error") or (f"status {st}" if st else "no trace file")
+        if not os.access(d, os.R_OK | os.X_OK):
+            reason = f"folder {d} cannot be read: permission denied"
+        missing[label] = f"{label}: no {runfmt.TRACE_FILE} ({reason})"
         if snap is not None or inventories[r] is not None:
             # still useful for memory attribution
             ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
-                                memory_events=None, snapshot_path=snap, trace_meta={})
+                                memory_events=None, snapshot_path=snap, trace_meta={}, label=label)
     expected = meta.get("ranks_expected")
     ws = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
     if ws is None:

@@ -15,18 +15,12 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+from fsdpprof.analyze import vocab
 from fsdpprof.errors import UserError
 
 GB = 1e9
 GIB = float(2**30)
 MIB = float(2**20)
-
-DTYPE_BYTES = {
-    "float64": 8, "fp64": 8, "double": 8,
-    "float32": 4, "fp32": 4, "float": 4, "tf32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1,
-}
 
 # optimizer name -> number of per-parameter state slots (scalars like Adam's `step` not counted)
 OPTIMIZER_SLOTS = {
@@ -60,10 +54,10 @@ def canonical_strategy(strategy: str) -> str:
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a dtype name ('bf16', 'torch.float32', 'float16', ...)."""
-    key = str(dtype).strip().lower().replace("torch.", "")
-    if key not in DTYPE_BYTES:
+    _, size = vocab.dtype_size(str(dtype))
+    if size != size:
         raise UserError(f"unknown dtype {shown(dtype)}: use one of fp32, bf16, fp16, fp8, fp64")
-    return DTYPE_BYTES[key]
+    return int(size)
 
 
 @dataclass(frozen=True)
@@ -295,22 +289,6 @@ def fsdp_traffic(psi: float, strategy: str, world: int, param_dtype: str = "bf16
     return traffic_per_step(psi, s, world, param_dtype, reduce_dtype, shard_group, compression_ratio)
 
 
-def ring_wire_factor(collective: str, group_size: float) -> float:
-    """Per-rank bytes on the wire / whole-array bytes for a ring collective of ``group_size`` ranks
-    (nccl-tests bus-bandwidth factors): all_gather, reduce_scatter (n-1)/n; all_reduce 2(n-1)/n;
-    broadcast, send_recv, all_to_all (n-1)/n for all_to_all, 1 otherwise."""
-    n = float(group_size)
-    if not n or math.isnan(n) or n <= 1:
-        return 0.0
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if collective in ("broadcast", "send_recv"):
-        return 1.0
-    return 0.0
-
-
 @dataclass(frozen=True)
 class PeakEstimate:
     """FSDP peak estimate: sharded model states + the largest unit's unsharded params + activations."""
@@ -348,11 +326,6 @@ def fsdp_peak_estimate(model_states_bytes: float, unit_numel: dict[str, float], 
             "model_states / rank + max_l (k_param_unsharded * Psi_l) + A   (A = activations alive at the measured peak)")
     return PeakEstimate(form, sub, model_states_bytes,
                         best_u, best_unsharded, best_a, est)
-
-
-def step_time_estimate_us(compute_us: float, comm_us: float, overlap_us: float) -> float:
-    """T_step ~ T_comp + T_comm - T_overlap (microseconds)."""
-    return float(compute_us) + float(comm_us) - float(overlap_us)
 
 
 # --- from a recorded inventory -------------------------------------------------------------

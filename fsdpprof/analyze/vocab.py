@@ -1,49 +1,49 @@
-"""One events schema for every trace source (GPU kernels on CUDA streams, CPU ops on gloo threads).
+"""The one vocabulary of an FSDP step: every concept the analyses share is defined here, once.
 
-Columns of the events DataFrame (one row per duration event that matters):
+Events frame (one row per duration event that matters, whatever the source: GPU kernels on device
+streams, CPU ops and gloo work on threads):
 
 =============  =========  ===========================================================
 column         dtype      meaning
 =============  =========  ===========================================================
 rank           int32      global rank
-lane           category   ``stream:7`` (GPU) or ``thread:1234`` (CPU)
+lane           category   ``stream:7`` (device stream) or ``thread:1234`` (CPU thread)
 kind           category   one of KINDS
 name           category   event name (interned)
-ts_us          float64    start, profiler clock, microseconds
+ts_us          float64    start, profiler clock, microseconds (the *execution* interval)
 dur_us         float64    duration, microseconds
-collective     category   one of COLLECTIVES, or missing for non-comm events
-bytes          float64    message size in bytes (NaN unknown); for all_gather the output
-                          (whole array), for reduce_scatter the input (whole array)
+collective     category   one of COLLECTIVES (or the kernel name when the type is unknown)
+bytes          float64    message size in bytes (NaN unknown); all_gather: the whole gathered
+                          output, reduce_scatter: the whole input, others: the input
 dtype          category   element dtype of the message when known
 group_size     float64    process-group size (NaN unknown)
 pg             category   process group name/id when known
 seq            float64    collective sequence number within its group when known
-step           float64    ProfilerStep number (NaN outside any step)
-phase          category   FSDP phase (forward, backward, optimizer, pre_forward, all_gather, ...)
-unit           category   FSDP unit fqn when known
+step           float64    ProfilerStep number of the launch point (NaN outside any step)
+stage          category   one of STAGES, from the *launch* point (see :func:`stage_at`)
+fsdp_phase     category   innermost FSDP annotation around the launch point (see :func:`parse_fsdp`)
+unit           category   FSDP unit fqn of that annotation ("" = the root unit) when known
 =============  =========  ===========================================================
+
+Labels come from the launch, intervals from the execution: a device kernel takes step, stage,
+FSDP phase, unit, collective type and process group from the CPU op that launched it; overlap
+and exposure use its execution interval. The memory frames use the same ``stage``,
+``fsdp_phase`` and ``unit`` columns with the same meanings (at the allocation; ``free_stage`` /
+``free_fsdp_phase`` at the free).
 """
 from __future__ import annotations
 
 import enum
+import re
 
+import numpy as np
+
+# --------------------------------------------------------------------------- events frame
 EVENT_COLUMNS = [
     "rank", "lane", "kind", "name", "ts_us", "dur_us", "collective", "bytes", "dtype",
-    "group_size", "pg", "seq", "step", "phase", "unit",
+    "group_size", "pg", "seq", "step", "stage", "fsdp_phase", "unit",
 ]
-
-KIND_COMPUTE = "compute"
-KIND_COMM = "comm"
-KIND_MEMCPY = "memcpy"
-KIND_MEMSET = "memset"
-KIND_SYNC = "sync"
-KIND_CPU_OP = "cpu_op"
-KIND_ANNOTATION = "annotation"
-KINDS = [KIND_COMPUTE, KIND_COMM, KIND_MEMCPY, KIND_MEMSET, KIND_SYNC, KIND_CPU_OP, KIND_ANNOTATION]
-
-COLLECTIVES = [
-    "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", "barrier",
-]
+CATEGORICAL_EVENT_COLUMNS = ("lane", "kind", "name", "collective", "dtype", "pg", "stage", "fsdp_phase", "unit")
 
 # Columns of the memory-events frame (the trace's ``[memory]`` instant events), one row each:
 #   rank int32, ts_us float64, addr int64, bytes int64 (negative on free),
@@ -53,7 +53,223 @@ MEMORY_EVENT_COLUMNS = [
     "device_type", "device_id",
 ]
 
+# --------------------------------------------------------------------------- kinds
+KIND_COMPUTE = "compute"
+KIND_COMM = "comm"
+KIND_MEMCPY = "memcpy"
+KIND_MEMSET = "memset"
+KIND_SYNC = "sync"
+KIND_CPU_OP = "cpu_op"
+KIND_ANNOTATION = "annotation"
+KINDS = [KIND_COMPUTE, KIND_COMM, KIND_MEMCPY, KIND_MEMSET, KIND_SYNC, KIND_CPU_OP, KIND_ANNOTATION]
+# what occupies the device (GPU) or, on CPU runs, the rank's compute and gloo work
+DEVICE_KINDS = [KIND_COMPUTE, KIND_COMM, KIND_MEMCPY, KIND_MEMSET, KIND_SYNC]
 
+# --------------------------------------------------------------------------- device types
+DEVICE_CUDA, DEVICE_ROCM, DEVICE_MTIA, DEVICE_XPU, DEVICE_CPU = "cuda", "rocm", "mtia", "xpu", "cpu"
+DEVICE_TYPES = [DEVICE_CUDA, DEVICE_ROCM, DEVICE_MTIA, DEVICE_XPU, DEVICE_CPU]
+
+
+def device_type(categories, runtime_names, device_names=()) -> str:
+    """The device a trace ran on, from its event categories, the names of its runtime calls and the
+    names in ``deviceProperties``: rocm (HIP runtime calls or an AMD device), mtia, xpu, cuda, else cpu."""
+    cats = {str(c).lower() for c in categories}
+    names = [str(n).lower() for n in runtime_names]
+    devs = " ".join(str(d).lower() for d in device_names)
+    if any(n.startswith("hip") for n in names) or "amd" in devs or "instinct" in devs or "hip_runtime" in cats:
+        return DEVICE_ROCM
+    if any(c.startswith("mtia") for c in cats):
+        return DEVICE_MTIA
+    if any(c.startswith("xpu") for c in cats) or any(n.startswith(("ur", "ze", "sycl")) for n in names):
+        return DEVICE_XPU
+    if cats & {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "cuda_sync"}:
+        return DEVICE_CUDA
+    return DEVICE_CPU
+
+
+# --------------------------------------------------------------------------- steps and stages
+STEP_PREFIX = "ProfilerStep#"
+OPTIMIZER_PREFIX = "Optimizer.step#"
+ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
+# the first of these in a step starts its forward (before it: the data stage)
+FORWARD_MARKERS = ("FSDP::root_pre_forward", "FSDP::pre_forward", "FullyShardedDataParallel._root_pre_forward",
+                   "FullyShardedDataParallel._pre_forward", "FullyShardedDataParallel.forward",
+                   "DistributedDataParallel.forward")
+# the first of these in a step starts its backward
+BACKWARD_MARKERS = ("autograd::engine::evaluate_function", "FSDP::pre_backward", "FSDP::post_backward",
+                    "FullyShardedDataParallel._pre_backward", "FullyShardedDataParallel._post_backward",
+                    "## backward ##")
+
+STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies)
+STAGE_FORWARD = "forward"
+STAGE_BACKWARD = "backward"      # from the step's first backward marker
+STAGE_OPTIMIZER = "optimizer"    # from the first Optimizer.step# to the end of the last one
+STAGE_POST_STEP = "post_step"    # after the optimizer (zero_grad, logging)
+STAGE_OUTSIDE = "outside_step"   # launched outside every ProfilerStep
+STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the trace
+STAGES = [STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER, STAGE_POST_STEP, STAGE_OUTSIDE, STAGE_UNKNOWN]
+STEP_STAGES = STAGES[:5]         # the stages inside a step, in order
+STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us"]
+
+
+def stage_at(ts: np.ndarray, marks) -> np.ndarray:
+    """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (columns STEP_MARK_COLUMNS,
+    one row per ProfilerStep, sorted by start_us; NaN where a step lacks that marker):
+
+    data before the step's first forward marker (none: the step starts in forward), forward until
+    its first backward marker, backward until the first Optimizer.step#, optimizer until the end of
+    the last one, post_step after it; ``outside_step`` outside every step."""
+    ts = np.asarray(ts, dtype=np.float64)
+    out = np.full(ts.size, STAGE_OUTSIDE, dtype=object)
+    if not len(marks) or not ts.size:
+        return out
+    col = {c: np.asarray(marks[c], dtype=np.float64) for c in STEP_MARK_COLUMNS}
+    idx = np.searchsorted(col["start_us"], ts, side="right") - 1
+    ii = np.maximum(idx, 0)
+    inside = (idx >= 0) & (ts <= col["end_us"][ii])
+    m = {c: v[ii] for c, v in col.items()}
+    inf = np.inf
+    fwd = np.where(np.isnan(m["fwd_us"]), m["start_us"], m["fwd_us"])
+    bwd = np.where(np.isnan(m["bwd_us"]), inf, m["bwd_us"])
+    opt = np.where(np.isnan(m["opt_us"]), inf, m["opt_us"])
+    opt_end = np.where(np.isnan(m["opt_end_us"]), inf, m["opt_end_us"])
+    st = np.select([ts < fwd, ts < bwd, ts < opt, ts <= opt_end],
+                   [STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER], STAGE_POST_STEP).astype(object)
+    out[inside] = st[inside]
+    return out
+
+
+# --------------------------------------------------------------------------- FSDP phases and units
+FSDP1_PREFIX = "FullyShardedDataParallel."
+FSDP2_PREFIX = "FSDP::"
+_FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
+_FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
+
+
+def parse_fsdp(name: str) -> tuple[str | None, str | None, str | None]:
+    """(fsdp_phase, unit, family) of an FSDP annotation name; (None, None, None) when it is not one.
+
+    FSDP2 ``FSDP::<phase> (<fqn>)`` / ``FSDP::<phase>_prefetch for <fqn>`` / ``FSDP::<phase>`` (the
+    root unit, fqn ""; ``root_*`` annotations name no unit); FSDP1 ``FullyShardedDataParallel._<phase>``
+    whose phase drops the leading underscore and ``_hook`` (``_pre_backward_hook`` -> ``pre_backward``)
+    and names no unit. family: ``fsdp2`` | ``fsdp1``."""
+    if not isinstance(name, str):
+        return None, None, None
+    m = _FSDP2.match(name)
+    if m:
+        unit = m.group(2) if m.group(2) is not None else m.group(3)
+        if unit is None and not m.group(1).startswith("root_"):
+            unit = ""
+        return m.group(1), unit, "fsdp2"
+    m = _FSDP1.match(name)
+    if m:
+        return m.group(1).lstrip("_").replace("_hook", ""), None, "fsdp1"
+    return None, None, None
+
+
+# fine FSDP phases whose allocations are unsharded parameters / unsharded gradients (both families)
+UNSHARDED_PARAM_PHASES = frozenset({"all_gather", "all_gather_copy_out", "unshard", "foreach_all_gather",
+                                    "foreach_all_gather_copy_out"})
+UNSHARDED_GRAD_PHASES = frozenset({"post_backward_reduce", "reduce_scatter", "foreach_reduce", "post_backward"})
+# FSDP1 unshards (the padded flat parameter) inside these and frees it in a reshard
+FSDP1_UNSHARD_PHASES = frozenset({"pre_forward", "pre_forward_prefetch", "pre_backward", "pre_backward_prefetch",
+                                  "post_backward_prefetch"})
+FSDP1_RESHARD_PHASES = frozenset({"post_forward", "post_backward", "post_backward_reshard_only", "reshard"})
+
+
+# --------------------------------------------------------------------------- collectives
+ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
+BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER = "broadcast", "all_to_all", "send_recv", "barrier"
+COLLECTIVES = [ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER]
+# point-to-point: no matching across ranks, no skew, no straggler blame (their own table)
+P2P = frozenset({SEND_RECV})
+
+_COLL_PATTERNS = [  # order matters: "reducescatter" before "allreduce"/"reduce"
+    ("allgather", ALL_GATHER), ("reducescatter", REDUCE_SCATTER), ("allreduce", ALL_REDUCE),
+    ("alltoall", ALL_TO_ALL), ("broadcast", BROADCAST), ("sendrecv", SEND_RECV),
+    ("isendirecv", SEND_RECV), ("send", SEND_RECV), ("recv", SEND_RECV), ("barrier", BARRIER),
+]
+_NON_ALPHA = re.compile(r"[^a-z]")
+_COMM_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl", "nccl:", "gloo:", "c10d::", "c10d_functional::",
+                  "_c10d_functional::")
+
+
+def collective_of(name) -> str | None:
+    """Collective type of a kernel / op / annotation / 'Collective name' string, or None."""
+    if not isinstance(name, str) or not name:
+        return None
+    s = name.split("(", 1)[0].lower()
+    for prefix in _COMM_PREFIXES:
+        if s.startswith(prefix):
+            s = s[len(prefix):]
+            break
+    s = _NON_ALPHA.sub("", s.replace("_base", ""))
+    for key, coll in _COLL_PATTERNS:
+        if key in s:
+            return coll
+    return None
+
+
+def is_comm_kernel(name: str) -> bool:
+    """A device kernel of a communication library: NCCL (``ncclKernel_*``, ``ncclDevKernel_*``, which
+    RCCL uses too) or RCCL's own ``rccl*`` names. HTA's ``^nccl.*Kernel`` is the same on real traces."""
+    return name[:4].lower() in ("nccl", "rccl")
+
+
+def is_sync_kernel(name: str) -> bool:
+    """A device event that waits (``... Sync ...``, case-sensitive as in HTA, which counts it neither as
+    compute nor as communication): not compute. ``recat_copy_async_kernel`` is compute."""
+    return "Sync" in name
+
+
+def ring_factor(collective, n) -> np.ndarray:
+    """Bytes each rank sends per byte of the message, ring algorithms over ``n`` ranks; it is also
+    nccl-tests' bus-bandwidth factor: all_gather, reduce_scatter, all_to_all (n-1)/n; all_reduce
+    2(n-1)/n; broadcast, send_recv 1; barrier 0; NaN for an unknown type."""
+    coll = np.asarray(collective, dtype=object)
+    n = np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = (n - 1) / n
+    f = np.full(np.broadcast(coll, n).shape, np.nan)
+    f = np.where(np.isin(coll, [ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL]), frac, f)
+    f = np.where(coll == ALL_REDUCE, 2 * frac, f)
+    f = np.where(np.isin(coll, [BROADCAST, SEND_RECV]), 1.0, f)
+    f = np.where(coll == BARRIER, 0.0, f)
+    return f
+
+
+# --------------------------------------------------------------------------- dtypes
+# spellings (traces, torch, the CLI) -> (torch name, bytes per element)
+_DTYPES = {
+    "float": ("float32", 4), "float32": ("float32", 4), "floatfloat": ("float32", 4), "fp32": ("float32", 4),
+    "tf32": ("float32", 4), "double": ("float64", 8), "float64": ("float64", 8), "fp64": ("float64", 8),
+    "half": ("float16", 2), "c10::half": ("float16", 2), "float16": ("float16", 2), "fp16": ("float16", 2),
+    "bfloat16": ("bfloat16", 2), "c10::bfloat16": ("bfloat16", 2), "bf16": ("bfloat16", 2),
+    "int": ("int32", 4), "int32": ("int32", 4),
+    "long": ("int64", 8), "long int": ("int64", 8), "int64": ("int64", 8),
+    "short": ("int16", 2), "short int": ("int16", 2), "int16": ("int16", 2),
+    "byte": ("uint8", 1), "unsigned char": ("uint8", 1), "uint8": ("uint8", 1),
+    "char": ("int8", 1), "signed char": ("int8", 1), "int8": ("int8", 1),
+    "bool": ("bool", 1),
+    "float8": ("float8_e4m3fn", 1), "fp8": ("float8_e4m3fn", 1),
+    "float8_e4m3fn": ("float8_e4m3fn", 1), "c10::float8_e4m3fn": ("float8_e4m3fn", 1),
+    "float8_e5m2": ("float8_e5m2", 1), "c10::float8_e5m2": ("float8_e5m2", 1),
+}
+
+
+def dtype_size(value) -> tuple[str | None, float]:
+    """(torch dtype name, bytes per element) of a dtype spelling (``torch.bfloat16``, ``c10::Half``,
+    ``bf16``, ``float`` ...); (the text, NaN) when unknown, (None, NaN) when not a string."""
+    if not isinstance(value, str):
+        return None, float("nan")
+    key = value.strip().lower()
+    if key.startswith("torch."):
+        key = key[6:]
+    name, size = _DTYPES.get(key, (value, float("nan")))
+    return name, float(size)
+
+
+# --------------------------------------------------------------------------- memory categories
 class MemoryCategory(str, enum.Enum):
     """What an allocation holds, in FSDP's own terms."""
 
@@ -66,3 +282,14 @@ class MemoryCategory(str, enum.Enum):
     TEMPORARY = "temporary"
     INPUT = "input"
     OTHER = "other"
+
+
+MEMORY_CATEGORIES = [c.value for c in MemoryCategory]
+# categories that only exist when the model states are sharded (none on DDP / single-device inputs)
+SHARDED_CATEGORIES = frozenset({MemoryCategory.UNSHARDED_PARAM.value, MemoryCategory.UNSHARDED_GRAD.value})
+# how the categories of the rank's own model states read when nothing is sharded (DDP, one device)
+REPLICATED_LABELS = {MemoryCategory.SHARDED_PARAM.value: "param", MemoryCategory.SHARDED_GRAD.value: "grad"}
+
+# --------------------------------------------------------------------------- what an input is
+INPUT_KINDS = ["fsdp2", "fsdp1", "ddp", "distributed", "single_device", "unknown"]
+DDP_MARKERS = ("DistributedDataParallel.", "Reducer::")

@@ -20,14 +20,16 @@ def write_compare(comparison, out_html: str, out_json: str | None = None) -> tup
     """Write compare HTML and JSON, both or neither (callers check the paths first: outputs.check_outputs)."""
     from fsdpprof.report.html import render_compare
     from fsdpprof.report.outputs import compare_paths, json_bytes, write_files
+    from fsdpprof.report.summary import compare_summary
 
     out_html, out_json = compare_paths(out_html, out_json)
-    write_files([(out_html, render_compare(comparison).encode("utf-8")), (out_json, json_bytes(comparison.to_summary()))])
+    write_files([(out_html, render_compare(comparison).encode("utf-8")), (out_json, json_bytes(compare_summary(comparison)))])
     return out_html, out_json
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.pipeline import analyze_run, compare_analyses
+    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
     from fsdpprof.commands.report import check_workers_option
     from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
@@ -42,9 +44,9 @@ def run(args) -> int:
     check_outputs(outputs, force=args.force, defer_under=args.runs)
     analyses = []
     for path in args.runs:
-        run_ = load_run(path, workers=args.workers)
+        run_ = load_run(path, workers=args.workers, lazy=True)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
-        analyses.append(analyze_run(run_, hta=False))
+        analyses.append(analyze_run(run_, workers=args.workers))
         del run_
     c = compare_analyses(analyses, allow_different_models=args.force)
     write_compare(c, html_path, json_path)

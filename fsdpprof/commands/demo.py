@@ -69,7 +69,7 @@ def record_example(out_dir: str, strategy: str, nproc: int = 2, replace: bool = 
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.pipeline import compare_analyses
+    from fsdpprof.analyze.compare import compare_analyses
     from fsdpprof.commands.compare import write_compare
     from fsdpprof.commands.report import analyse_path, write_report
     from fsdpprof.report.outputs import check_not_empty, check_outputs

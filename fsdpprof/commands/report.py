@@ -1,7 +1,9 @@
 """``fsdpprof report RUN``: analyse a run directory (or traces / a snapshot) into report.html + summary.json."""
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import webbrowser
 
 
@@ -18,7 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--open", action="store_true", help="open the report in a browser")
     p.add_argument("--workers", type=int, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
-    p.add_argument("--no-hta", action="store_true", help="skip HTA's breakdowns on GPU traces")
+    p.add_argument("--hta", action="store_true",
+                   help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
+    p.add_argument("--no-hta", action="store_true", help=argparse.SUPPRESS)  # the default since 0.2; kept for scripts
 
 
 def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
@@ -28,17 +32,19 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
     """
     from fsdpprof.report.html import render_report
     from fsdpprof.report.outputs import json_bytes, summary_for, write_files
+    from fsdpprof.report.summary import summary
 
     out_summary = out_summary or summary_for(out_html)
-    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(analysis.to_summary()))])
+    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(summary(analysis)))])
     return out_html, out_summary
 
 
-def analyse_path(path: str, workers: int | None = None, hta: bool = True):
+def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None):
+    """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run."""
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
-    return analyze_run(load_run(path, workers=workers), hta=hta)
+    return analyze_run(load_run(path, workers=workers, lazy=True), hta=hta, workers=workers, progress=progress)
 
 
 def check_workers_option(workers) -> None:
@@ -59,9 +65,9 @@ def run(args) -> int:
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
                                                                       "the summary")]
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
-    run_ = load_run(args.run, workers=args.workers)
+    run_ = load_run(args.run, workers=args.workers, lazy=True)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
-    a = analyze_run(run_, hta=not args.no_hta)
+    a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty())
     del run_
     write_report(a, html_path, summary_path)
     print(summary_text(a))

@@ -179,12 +179,19 @@ def notes_html(a, section: str) -> str:
 
 # --- one run --------------------------------------------------------------------------------
 
+INPUT_KIND_TEXT = {"fsdp2": "FSDP2 (fully_shard)", "fsdp1": "FSDP1 (FullyShardedDataParallel)",
+                   "ddp": "DDP (DistributedDataParallel): nothing sharded",
+                   "distributed": "distributed job of another framework (not FSDP)",
+                   "single_device": "one device, no communication", "unknown": "unknown"}
+
+
 def _overview(a) -> str:
     o = a.overview
     mp = o.get("mixed_precision")
     items = [
         ("input", f"{a.path} ({a.source})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
         ("strategy", f"{o.get('strategy') or '-'} ({o.get('framework') or 'unknown framework'})"),
+        ("input", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind") or "-")),
         ("world size", o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
         ("shard / replicate group", f"{o.get('shard_group_size') or '-'} / {o.get('replicate_group_size') or '-'}"),
         ("Psi (parameters)", fmt_num(o.get("psi")) if o.get("psi") else "-"),
@@ -276,7 +283,7 @@ def _memory(a, page: Page) -> str:
             fig = go.Figure(go.Bar(x=[label(c) for c in bd["category"]], y=bd["bytes"] / MIB,
                                    marker_color=[CATEGORY_COLORS.get(str(c), "#7f7f7f") for c in bd["category"]],
                                    text=[f"{p:.1f}%" for p in bd["pct"]]))
-            fig.update_layout(title=f"Breakdown at the peak, rank {r0} (phase {label(m.peak_phase)}, "
+            fig.update_layout(title=f"Breakdown at the peak, rank {r0} (stage {label(m.peak_stage)}, "
                                     f"{m.coverage_pct:.1f}% attributed)", yaxis_title="MiB")
             out.append(page.fig(fig, 320))
         tl = m.timeline
@@ -315,7 +322,7 @@ def _memory(a, page: Page) -> str:
                 for col in ("alloc_us", "free_us"):
                     if col in top:
                         top[col] = top[col] - t_origin
-            out.append(table(top, left=("frames", "unit", "phase", "category")))
+            out.append(table(top, left=("frames", "unit", "stage", "category")))
         if m.warnings:
             out.append("".join(f'<p class="note">{esc(w)}</p>' for w in m.warnings))
     out.append(_theory_block(a))
@@ -328,13 +335,13 @@ def _comm(a, page: Page) -> str:
     if a.volume is not None and not a.volume.empty:
         out.append("<h3>Per collective: count, bytes, time, bandwidth (algbw; busbw with nccl-tests' factors)</h3>")
         out.append(table(a.volume))
-    if a.overlap_phase is not None and not a.overlap_phase.empty:
-        op = a.overlap_phase
-        out.append("<h3>Per collective, stage (forward / backward / optimizer) and FSDP phase: volume, "
-                   "bandwidth, overlap with compute, exposed time</h3>")
+    if a.comm_phase is not None and not a.comm_phase.empty:
+        op = a.comm_phase
+        out.append("<h3>Per collective, stage (forward / backward / optimizer, from the CPU op that launched it) "
+                   "and FSDP phase: volume, bandwidth, overlap with compute, exposed time</h3>")
         out.append(table(op))
         g = op.copy()
-        g["key"] = g["collective"].astype(str) + " / " + g["phase"].astype(str)
+        g["key"] = g["collective"].astype(str) + " / " + g["stage"].astype(str)
         g = g.groupby("key", as_index=False)[["overlapped_comm_us", "exposed_comm_us"]].sum()
         fig = go.Figure([go.Bar(x=[label(k) for k in g["key"]], y=g["overlapped_comm_us"] / 1e3, name="overlapped",
                                 marker_color="#93c5fd"),
@@ -343,6 +350,13 @@ def _comm(a, page: Page) -> str:
         fig.update_layout(barmode="stack", title="Communication time, overlapped vs exposed (all ranks, all steps)",
                           yaxis_title="ms")
         out.append(page.fig(fig, 320))
+    out.append(_exposed_per_unit(a, page))
+    if a.p2p is not None and not a.p2p.empty:
+        out.append("<h3>Point-to-point transfers (send / recv): not matched across ranks, not in skew</h3>")
+        out.append(table(a.p2p))
+    if a.comm_outside_steps is not None and not a.comm_outside_steps.empty:
+        out.append("<h3>Communication launched outside every profiler step (not counted per step)</h3>")
+        out.append(table(a.comm_outside_steps))
     if a.overlap_overall is not None and not a.overlap_overall.empty:
         out.append("<h3>Overall overlap per rank</h3>" + table(a.overlap_overall))
     if a.traffic is not None and not a.traffic.empty:
@@ -368,6 +382,28 @@ def _comm(a, page: Page) -> str:
         out.append(table(a.top_ops, left=("name", "kind")))
     out.append("</section>")
     return "".join(out)
+
+
+def _exposed_per_unit(a, page: Page) -> str:
+    """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step, mean over
+    ranks and steps (communication launched inside a step only)."""
+    cu = a.comm_unit_step
+    if cu is None or cu.empty or not cu["unit"].notna().any():
+        return ""
+    c = cu[cu["step"].notna() & cu["unit"].notna()].copy()
+    if c.empty:
+        return ""
+    per = c.groupby(["rank", "step", "unit", "collective", "stage"], as_index=False)["exposed_comm_us"].sum()
+    g = per.groupby(["unit", "collective", "stage"], as_index=False)["exposed_comm_us"].mean()
+    g["unit"] = g["unit"].astype(str).replace("", "(root)")
+    fig = go.Figure()
+    for (coll, stage), s in g.groupby(["collective", "stage"]):
+        fig.add_trace(go.Bar(x=[label(u) for u in s["unit"]], y=s["exposed_comm_us"] / 1e3,
+                             name=label(f"{coll} in {stage}")))
+    fig.update_layout(barmode="group", title="Exposed communication per FSDP unit (ms per step, mean over ranks)",
+                      yaxis_title="ms")
+    return ("<h3>Exposed communication per FSDP unit</h3>" + page.fig(fig, 340)
+            + table(g.sort_values("exposed_comm_us", ascending=False), left=("unit", "collective", "stage")))
 
 
 def _steps(a, page: Page) -> str:
@@ -434,8 +470,9 @@ def render_report(a) -> str:
             + _ranks(a, page) + _hta(a, page))
     what = {"snapshot_file": "CUDA memory snapshot", "snapshot_folder": "CUDA memory snapshots",
             "trace_file": "profiler trace", "trace_folder": "profiler traces"}.get(a.source, "run")
-    title = (f"fsdpprof report: {o.get('strategy') or what}"
-             + (f", {o['world_size']} ranks" if o.get("world_size") else ""))
+    n = o.get("ranks_analysed") or 0
+    of = f" of {o['world_size']}" if o.get("world_size") and o["world_size"] != n else ""
+    title = f"fsdpprof report: {o.get('strategy') or what}, {n}{of} rank{'s' if n != 1 or of else ''} analysed"
     nav = [("overview", "Overview"), ("findings", "Findings"), ("memory", "Memory"), ("communication", "Communication"),
            ("steps", "Steps"), ("ranks", "Ranks"), ("hta", "HTA")]
     return document(title, a.path, nav, body)

@@ -55,8 +55,8 @@ def written_by_fsdpprof(path: str) -> bool:
 
 def json_bytes(obj) -> bytes:
     """``obj`` as indented JSON that any parser accepts: NaN and infinities become null, numpy/pandas values
-    plain numbers (see :func:`fsdpprof.analyze.analysis.json_safe`)."""
-    from fsdpprof.analyze.pipeline import json_safe
+    plain numbers (see :func:`fsdpprof.report.summary.json_safe`)."""
+    from fsdpprof.report.summary import json_safe
 
     return json.dumps(json_safe(obj), indent=1, allow_nan=False).encode()
 

@@ -17,7 +17,7 @@ def summary_text(a) -> str:
         mp = a.memory_peaks
         r = mp.loc[mp["peak_allocated_bytes"].idxmax()]
         lines.append(f"  memory: peak {fmt_bytes(r['peak_allocated_bytes'])} on rank {int(r['rank'])} "
-                     f"(phase {r['peak_phase']}, {float(r['coverage_pct']):.0f}% attributed, source {r['source']})")
+                     f"(stage {r['peak_stage']}, {float(r['coverage_pct']):.0f}% attributed, source {r['source']})")
     t = a.theory or {}
     if t.get("model_states"):
         lines.append(f"  model states per rank: measured {fmt_bytes(t.get('measured_model_states_bytes'))}, "

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze import vocab
 
 OVERLAP_COLUMNS = ["comm_us", "overlapped_comm_us", "exposed_comm_us", "overlap_pct"]
@@ -46,7 +47,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
         by = ["rank"] + by
     if by == ["rank"]:
         return _per_rank(events)
-    comm = events.loc[kind_mask(events, vocab.KIND_COMM), by + ["ts_us", "dur_us"]]
+    comm = events.loc[isin(events["kind"], [vocab.KIND_COMM]), by + ["ts_us", "dur_us"]]
     comm = comm.assign(start=comm["ts_us"], end=comm["ts_us"] + comm["dur_us"]).drop(columns=["ts_us", "dur_us"])
     for k in by:
         if isinstance(comm[k].dtype, pd.CategoricalDtype):
@@ -55,7 +56,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     if len(merged) == 0:
         return pd.DataFrame({**{k: [] for k in by}, **{c: [] for c in OVERLAP_COLUMNS}})
     ov = np.zeros(len(merged))
-    comp_mask = kind_mask(events, vocab.KIND_COMPUTE)
+    comp_mask = isin(events["kind"], [vocab.KIND_COMPUTE])
     ranks_c = events["rank"].to_numpy()
     for r in pd.unique(merged["rank"]):
         sel = np.flatnonzero(merged["rank"].to_numpy() == r)
@@ -72,24 +73,13 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     return out
 
 
-def kind_mask(events: pd.DataFrame, kind: str) -> np.ndarray:
-    """Rows of ``events`` whose kind is ``kind`` (through the categorical codes, no per-row strings)."""
-    col = events["kind"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = list(col.cat.categories)
-        if kind not in cats:
-            return np.zeros(len(col), dtype=bool)
-        return col.cat.codes.to_numpy() == cats.index(kind)
-    return col.to_numpy(dtype=object) == kind
-
-
 def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per rank (sorted): ranks, compute_us (union), comm_us (union), overlapped_comm_us; comm NaN where
     the rank has no comm events."""
     rank = events["rank"].to_numpy()
     ts = events["ts_us"].to_numpy(dtype=np.float64)
     end = ts + events["dur_us"].to_numpy(dtype=np.float64)
-    is_comm, is_comp = kind_mask(events, vocab.KIND_COMM), kind_mask(events, vocab.KIND_COMPUTE)
+    is_comm, is_comp = isin(events["kind"], [vocab.KIND_COMM]), isin(events["kind"], [vocab.KIND_COMPUTE])
     ranks = np.unique(rank)
     comp_us, comm_us, ov_us = np.zeros(ranks.size), np.full(ranks.size, np.nan), np.full(ranks.size, np.nan)
     for i, r in enumerate(ranks):

@@ -18,25 +18,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.trace.classify import category_mask
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.frames import isin, on_device, startswith
 
 STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us",
-                "idle_us", "residual_us"]
-_DEVICE_KINDS = [vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET, vocab.KIND_SYNC]
+                "idle_us", "residual_us", "model_step_us", "unexplained_us"]
 
 
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """rank, step, start_us, end_us of every step window (see module docstring)."""
-    on_stream = category_mask(events["lane"], lambda s: s.str.startswith("stream:"))
-    is_ps = category_mask(events["name"], lambda s: s.str.startswith("ProfilerStep#")) & ~on_stream
-    kind = events["kind"].astype(object).to_numpy()
+    on_stream = on_device(events["lane"])
+    is_ps = startswith(events["name"], (vocab.STEP_PREFIX,)) & ~on_stream
+    is_dev = isin(events["kind"], vocab.DEVICE_KINDS)
     rows = []
     for r, ev in events.groupby("rank", sort=True):
         idx = events.index.get_indexer(ev.index)
         gpu = on_stream[idx].any()
-        dev = ev[np.isin(kind[idx], _DEVICE_KINDS)]
+        dev = ev[is_dev[idx]]
         ps = ev[is_ps[idx]]
         if len(ps) and not gpu:
             w = pd.DataFrame({"rank": r, "step": ps["step"].to_numpy(), "start_us": ps["ts_us"].to_numpy(),
@@ -53,19 +52,20 @@ def step_windows(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step: step_us, compute_us, comm_us, overlapped_comm_us, exposed_comm_us, idle_us, residual_us."""
+    """Per rank and step: step_us, compute_us, comm_us, overlapped_comm_us, exposed_comm_us, idle_us, residual_us,
+    model_step_us (T_comp + T_comm - T_overlap) and unexplained_us (step_us - model_step_us)."""
     win = step_windows(events)
     if len(win) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    kind = events["kind"].astype(object).to_numpy()
+    is_comp, is_comm = isin(events["kind"], [vocab.KIND_COMPUTE]), isin(events["kind"], [vocab.KIND_COMM])
+    is_dev = isin(events["kind"], vocab.DEVICE_KINDS)
     ts = events["ts_us"].to_numpy()
     end = ts + events["dur_us"].to_numpy()
     ranks = events["rank"].to_numpy()
     parts = []
     for r, w in win.groupby("rank", sort=True):
         on = ranks == r
-        cm, mm = on & (kind == vocab.KIND_COMPUTE), on & (kind == vocab.KIND_COMM)
-        dm = on & np.isin(kind, _DEVICE_KINDS)
+        cm, mm, dm = on & is_comp, on & is_comm, on & is_dev
         ws, we = w["start_us"].to_numpy(), w["end_us"].to_numpy()
         comp = intervals.overlap_with(ws, we, ts[cm], end[cm])
         comm = intervals.overlap_with(ws, we, ts[mm], end[mm])
@@ -80,4 +80,7 @@ def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True)
     out["residual_us"] = out["step_us"] - (out["compute_us"] + out["comm_us"] - out["overlapped_comm_us"]
                                            + out["idle_us"])
+    # T_step ~ T_comp + T_comm - T_overlap, beside the measured step time
+    out["model_step_us"] = out["compute_us"] + out["comm_us"] - out["overlapped_comm_us"]
+    out["unexplained_us"] = out["step_us"] - out["model_step_us"]
     return out[STEP_COLUMNS]

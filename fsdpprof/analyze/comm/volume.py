@@ -3,7 +3,7 @@
 S is the message size in bytes as the events carry it (all_gather: the whole gathered output;
 reduce_scatter: the whole input; others: the input).  For one collective taking t seconds:
 algbw = S / t, busbw = algbw * factor(n), n = process-group size:
-all_gather, reduce_scatter, all_to_all (n-1)/n; all_reduce 2(n-1)/n; broadcast, send_recv 1.
+factor = :func:`fsdpprof.analyze.vocab.ring_factor`.
 Bandwidths in GB/s (1e9 bytes/s); times in us.
 """
 from __future__ import annotations
@@ -12,34 +12,21 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.comm.overlap import kind_mask
-
-
-def busbw_factor(collective, n) -> np.ndarray:
-    """nccl-tests bus-bandwidth factor per row (NaN where unknown)."""
-    coll = np.asarray(collective, dtype=object)
-    n = np.asarray(n, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        frac = (n - 1) / n
-    f = np.full(coll.shape, np.nan)
-    f = np.where(np.isin(coll, ["all_gather", "reduce_scatter", "all_to_all"]), frac, f)
-    f = np.where(coll == "all_reduce", 2 * frac, f)
-    f = np.where(np.isin(coll, ["broadcast", "send_recv"]), 1.0, f)
-    return f
+from fsdpprof.analyze.frames import isin
 
 
 def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.DataFrame:
     """Per group: count, bytes, time_us, algbw_gbps, busbw_gbps (over events whose size is known)."""
     by = list(by)
     cols = list(dict.fromkeys(by + ["bytes", "dur_us", "group_size", "collective"]))
-    c = events.loc[kind_mask(events, vocab.KIND_COMM), cols]
+    c = events.loc[isin(events["kind"], [vocab.KIND_COMM]), cols]
     for k in by:
         if isinstance(c[k].dtype, pd.CategoricalDtype):
             c[k] = c[k].astype(object)
     known = c["bytes"].notna().to_numpy()
     coll = c["collective"].to_numpy(dtype=object)
     c["_known_t"] = np.where(known, c["dur_us"], 0.0)
-    c["_bus"] = np.where(known, c["bytes"] * busbw_factor(coll, c["group_size"].to_numpy()), 0.0)
+    c["_bus"] = np.where(known, c["bytes"] * vocab.ring_factor(coll, c["group_size"].to_numpy()), 0.0)
     c["_bus_t"] = np.where(known & np.isfinite(c["_bus"]), c["dur_us"], 0.0)
     c["_bus"] = np.nan_to_num(c["_bus"], nan=0.0)
     g = c.groupby(by, sort=True, dropna=False)

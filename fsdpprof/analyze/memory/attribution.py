@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fsdpprof.analyze import vocab
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events
+from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.vocab import MemoryCategory as MC
 from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
 from fsdpprof.errors import UserError
@@ -29,12 +31,12 @@ class MemoryResult:
     source: str                          # cuda_snapshot | cpu_trace
     peak_allocated_bytes: int
     peak_ts_us: float | None
-    peak_phase: str | None
+    peak_stage: str | None
     baseline_bytes: int                  # alive before the window / history began
     breakdown_at_peak: pd.DataFrame      # category, bytes, pct
     by_unit_at_peak: pd.DataFrame        # unit, category, bytes
     timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value (bytes)
-    top_allocations: pd.DataFrame        # addr, bytes, category, phase, unit, alloc_us, free_us, frames (str)
+    top_allocations: pd.DataFrame        # addr, bytes, category, stage, unit, alloc_us, free_us, frames (str)
     coverage_pct: float                  # % of bytes alive at the peak in a named category (not other)
     reserved_bytes: int | None           # snapshot: reserved (cudaMalloc'd) at the peak; None on CPU
     fragmentation_pct: float | None      # reserved but not allocated at the peak, % of reserved
@@ -74,11 +76,10 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
                      f"freed inside it; sharded params/grads/optimizer state come from lifetimes")
     df = cz.categorize(allocs, inv_tensors=inv_t)
     res = _summarise(df, r, "cpu_trace", top_n, timeline_points, has_history=True)
-    marks = cz.step_marks(getattr(rank, "events", None))
+    events = getattr(rank, "events", None)
     if res.peak_ts_us is not None:
-        res.peak_phase = cz.coarse_phase(np.array([res.peak_ts_us]), marks)[0]
-        res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), cz.fsdp_annotations(getattr(rank, "events", None)),
-                                       "fsdp_phase")[0]
+        res.peak_stage = cpu_events.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events))[0]
+        res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), labels.fsdp_intervals(events), "fsdp_phase")[0]
     res.warnings = warns + res.warnings
     return res
 
@@ -124,19 +125,19 @@ _ANNOTATE_INPUTS = ("user_metadata", "frames", "before_trace", "alloc_seq", "fre
 
 def annotate_columns(cols) -> dict[str, np.ndarray]:
     """The columns :func:`annotate_snapshot` adds, from the snapshot columns in ``cols`` (DataFrame or
-    dict of arrays): fsdp_phase, unit, frame_sig (Categorical), phase, free_phase, free_fsdp_phase,
+    dict of arrays): fsdp_phase, unit, frame_sig (Categorical), stage, free_stage, free_fsdp_phase,
     step_idx, free_step_idx. Object arrays hold missing labels as the DataFrame column would."""
     n = len(cols["alloc_seq"])
     tag_phase, tag_unit = cz.parse_tags(np.asarray(cols["user_metadata"], dtype=object))
     codes, cats = cz.signature_codes(np.asarray(cols["frames"], dtype=object))
     sig = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
-    ph = cz.frame_phase(sig)
+    ph = cz.frame_stage(sig)
     # tags give the coarse phase; FSDP's own collectives show in the frames
     fsdp_ff = cz.frame_fsdp_phase(sig)
     tag_fine = _like_column(tag_phase).copy()
-    tag_fine[cz._isin(tag_fine, cz.COARSE_ORDER)] = np.nan
+    tag_fine[cz._isin(tag_fine, vocab.STEP_STAGES)] = np.nan
     fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
-    tag_coarse = np.where(cz._isin(tag_phase, cz.COARSE_ORDER), tag_phase, None)
+    tag_coarse = np.where(cz._isin(tag_phase, vocab.STEP_STAGES), tag_phase, None)
     ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
     ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "backward|reduce"), "backward", ph)
     ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "forward|all_gather|unshard"), "forward", ph)
@@ -150,7 +151,7 @@ def annotate_columns(cols) -> dict[str, np.ndarray]:
         # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
         ph = np.where(pd.isna(ph) & py, "forward", ph)
     ph = _like_column(np.where(before, None, ph))
-    # phase at the free: the phase of the latest allocation at or before it (trace order)
+    # stage at the free: the stage of the latest allocation at or before it (trace order)
     alloc_seq = np.asarray(cols["alloc_seq"])
     sel = np.flatnonzero(alloc_seq >= 0)
     order = sel[np.argsort(alloc_seq[sel], kind="quicksort")]
@@ -164,13 +165,13 @@ def annotate_columns(cols) -> dict[str, np.ndarray]:
         free_phase[ok] = _ffill(ph[order])[pos[ok]]
         free_fsdp[ok] = _ffill(fsdp_phase[order])[pos[ok]]
     # one snapshot is one window: no step boundaries (all allocations in step 0)
-    return {"fsdp_phase": fsdp_phase, "unit": _like_column(tag_unit), "frame_sig": sig, "phase": ph,
-            "free_phase": free_phase, "free_fsdp_phase": free_fsdp,
+    return {"fsdp_phase": fsdp_phase, "unit": _like_column(tag_unit), "frame_sig": sig, "stage": ph,
+            "free_stage": free_phase, "free_fsdp_phase": free_fsdp,
             "step_idx": np.where(before, -1, 0), "free_step_idx": np.where(fs == NEVER, 1 << 30, 0)}
 
 
 def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
-    """phase, fsdp_phase, unit, free_phase, step_idx ... for snapshot allocations (tags, then frames)."""
+    """stage, fsdp_phase, unit, free_stage, step_idx ... for snapshot allocations (tags, then frames)."""
     df = allocs.copy()
     for k, v in annotate_columns({c: allocs[c].to_numpy() for c in _ANNOTATE_INPUTS}).items():
         df[k] = v
@@ -188,7 +189,7 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
         return None
     t_end = float(np.nanmax(df["alloc_us"].to_numpy())) + 1 if len(df) else 0.0
     order = df[df["alloc_seq"] >= 0].sort_values("alloc_seq")
-    is_opt = (order["phase"] == "optimizer").to_numpy()
+    is_opt = (order["stage"] == "optimizer").to_numpy()
     if is_opt.any():
         t = order["alloc_us"].to_numpy(float)
         prev = np.concatenate([[False], is_opt[:-1]])
@@ -230,12 +231,12 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     inv_t = None
     if inventory:
         inv_t = _snapshot_inventory(inventory, pd.DataFrame(
-            {c: cols[c] for c in ("addr", "alloc_us", "alloc_seq")} | {"phase": cols["phase"]}))
+            {c: cols[c] for c in ("addr", "alloc_us", "alloc_seq")} | {"stage": cols["stage"]}))
     cat, src = cz.label_columns(cols, inv_tensors=inv_t)
     # one DataFrame, columns in the order annotate_snapshot + categorize give them; the snapshot's own
     # columns keep their dtypes, the added ones are inferred as a column assignment would
     data = {c: pd.Series(cols[c], dtype=dtypes[c], copy=False) for c in a_all.columns}
-    data.update({c: cols[c] for c in ("fsdp_phase", "unit", "frame_sig", "phase", "free_phase", "free_fsdp_phase",
+    data.update({c: cols[c] for c in ("fsdp_phase", "unit", "frame_sig", "stage", "free_stage", "free_fsdp_phase",
                                       "step_idx", "free_step_idx")})
     data["category"] = pd.Categorical(cat, categories=CATEGORIES)
     data["category_source"] = src
@@ -342,11 +343,11 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
         peak_row = int(rows[k])
         at_alloc = alloc_seq[peak_row] == peak_seq
         peak_ts = float(df["alloc_us"].iat[peak_row]) if at_alloc else float(df["free_us"].iat[peak_row])
-        peak_phase = df["phase"].iat[peak_row] if at_alloc else None
+        peak_stage = df["stage"].iat[peak_row] if at_alloc else None
         peak_fsdp = df["fsdp_phase"].iat[peak_row] if at_alloc else None
         alive = (alloc_seq <= peak_seq) & (free_seq > peak_seq)
     else:
-        peak_seq, peak_ts, peak_phase, peak_fsdp = None, None, None, None
+        peak_seq, peak_ts, peak_stage, peak_fsdp = None, None, None, None
         alive = free_seq == NEVER
     ai = np.flatnonzero(alive)
     b_at = b[ai]
@@ -367,13 +368,13 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
     frames = df["frames"].to_numpy(object)
     top_allocs = pd.DataFrame({
         "addr": df["addr"].to_numpy(np.int64)[top], "bytes": b[top],
-        "category": cat_names[codes[top]], "phase": df["phase"].to_numpy(object)[top],
+        "category": cat_names[codes[top]], "stage": df["stage"].to_numpy(object)[top],
         "unit": unit[top], "alloc_us": df["alloc_us"].to_numpy(float)[top],
         "free_us": df["free_us"].to_numpy(float)[top],
         "frames": [_fmt_frames(f) for f in frames[top]]})
     timeline = _timeline(df, points) if has_history and peak_seq is not None else None
     return MemoryResult(rank=rank, source=source, peak_allocated_bytes=peak, peak_ts_us=peak_ts,
-                        peak_phase=peak_phase, baseline_bytes=base, breakdown_at_peak=breakdown,
+                        peak_stage=peak_stage, baseline_bytes=base, breakdown_at_peak=breakdown,
                         by_unit_at_peak=by_unit, timeline=timeline, top_allocations=top_allocs,
                         coverage_pct=coverage, reserved_bytes=None, fragmentation_pct=None, oom=None,
                         allocations=df, warnings=warnings, peak_fsdp_phase=peak_fsdp, peak_seq=peak_seq)

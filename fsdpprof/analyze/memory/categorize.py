@@ -13,9 +13,11 @@ filling only what is still unknown, and recording which pass decided in ``catego
                    after it -> optimizer state; freed in the phase it was allocated in -> temporary
 5. ``other``       what is left
 
-Phases: ``phase`` is the coarse phase (data, forward, backward, optimizer, zero_grad, post_step),
+Labels (:mod:`fsdpprof.analyze.vocab`, the same as the events frame's): ``stage`` at the allocation
+(data, forward, backward, optimizer, post_step; None outside any step or before the window),
 ``fsdp_phase`` the innermost FSDP annotation/tag (all_gather, all_gather_copy_out, pre_forward,
-post_backward_reduce, ...), ``unit`` the FSDP unit fqn. All times in microseconds.
+post_backward_reduce, ...), ``unit`` the FSDP unit fqn; ``free_stage`` / ``free_fsdp_phase`` at the
+free. All times in microseconds.
 """
 from __future__ import annotations
 
@@ -25,121 +27,17 @@ import re
 import numpy as np
 import pandas as pd
 
+from fsdpprof.analyze import vocab
 from fsdpprof.analyze.vocab import MemoryCategory as MC
 
-CATEGORIES = [c.value for c in MC]
+CATEGORIES = vocab.MEMORY_CATEGORIES
 NEVER = np.iinfo(np.int64).max
 
 ROLE_TO_CATEGORY = {"param": MC.SHARDED_PARAM.value, "grad": MC.SHARDED_GRAD.value,
                     "optimizer_state": MC.OPTIMIZER_STATE.value}
 
-# fine FSDP phases whose allocations are unsharded parameters / unsharded gradients
-UNSHARDED_PARAM_PHASES = {"all_gather", "all_gather_copy_out", "unshard", "foreach_all_gather",
-                          "foreach_all_gather_copy_out", "_unshard"}
-UNSHARDED_GRAD_PHASES = {"post_backward_reduce", "reduce_scatter", "foreach_reduce", "post_backward_hook",
-                         "post_backward"}
-# FSDP1 unshards inside these hooks (the padded unsharded flat parameter) and frees it in a reshard
-FSDP1_UNSHARD_PHASES = {"pre_forward", "pre_forward_prefetch", "pre_backward_hook", "pre_backward",
-                        "pre_backward_prefetch", "post_backward_prefetch"}
-FSDP1_RESHARD_PHASES = {"post_forward", "post_backward_hook", "post_backward", "reshard"}
-COARSE_ORDER = ["data", "forward", "backward", "optimizer", "zero_grad", "post_step"]
 
-_FSDP2_RE = re.compile(r"^FSDP::([A-Za-z_]+)(?: for (\S+)| \((.*)\))?$")
-_FSDP1_RE = re.compile(r"^FullyShardedDataParallel\.(_?[A-Za-z_]+)$")
-
-
-# --------------------------------------------------------------------------- phase windows (CPU traces)
-def name_startswith(events: pd.DataFrame | None, prefixes) -> np.ndarray:
-    """Boolean mask of events whose name starts with any of ``prefixes``, judged once per distinct
-    (interned, categorical) name."""
-    if events is None or not len(events):
-        return np.zeros(0, bool)
-    names = events["name"]
-    cat = names.cat if isinstance(names.dtype, pd.CategoricalDtype) else pd.Categorical(names.astype(str))
-    hit = pd.Series(cat.categories.astype(str)).str.startswith(tuple(prefixes)).to_numpy(bool)
-    codes = cat.codes if not hasattr(cat.codes, "to_numpy") else cat.codes.to_numpy()
-    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(events), bool)
-
-
-def fsdp_annotations(events: pd.DataFrame) -> pd.DataFrame:
-    """FSDP annotations of a trace's events: ts_us, end_us, fsdp_phase, unit (None when unnamed)."""
-    if events is None or not len(events):
-        return pd.DataFrame(columns=["ts_us", "end_us", "fsdp_phase", "unit"])
-    fsdp = name_startswith(events, ("FSDP::", "FullyShardedDataParallel."))
-    sub = events.loc[fsdp, ["name", "ts_us", "dur_us"]]
-    codes, uniq = pd.factorize(sub["name"].astype(object))   # parse each distinct name once
-    names = pd.Series(np.asarray(uniq, dtype=object)).astype(str)
-    m2 = names.str.extract(_FSDP2_RE)
-    m1 = names.str.extract(_FSDP1_RE)
-    phase = m2[0].fillna(m1[0]).str.lstrip("_")
-    unit = m2[2].where(m2[2].notna(), None)
-    # FSDP2 names the root unit (fqn "") without parentheses
-    root = m2[0].notna() & m2[2].isna() & m2[1].isna() & ~m2[0].str.startswith("root_", na=False)
-    unit = unit.astype(object).where(~root, "")
-    out = pd.DataFrame({"ts_us": sub["ts_us"].to_numpy(float), "end_us": (sub["ts_us"] + sub["dur_us"]).to_numpy(float),
-                        "fsdp_phase": phase.to_numpy(object)[codes], "unit": unit.to_numpy(object)[codes]})
-    return out[out["fsdp_phase"].notna()].sort_values("ts_us", kind="stable").reset_index(drop=True)
-
-
-def step_marks(events: pd.DataFrame) -> pd.DataFrame:
-    """Per ProfilerStep: step, start_us, fwd_us, bwd_us, opt_us, opt_end_us, zero_us, end_us (NaN when absent)."""
-    cols = ["step", "start_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us", "zero_us", "end_us"]
-    if events is None or not len(events):
-        return pd.DataFrame(columns=cols)
-    ps = events[name_startswith(events, ("ProfilerStep#",))]
-    if not len(ps):
-        return pd.DataFrame(columns=cols)
-    steps = pd.DataFrame({"step": ps["name"].astype(str).str.slice(13).astype(float).to_numpy(),
-                          "start_us": ps["ts_us"].to_numpy(float),
-                          "end_us": (ps["ts_us"] + ps["dur_us"]).to_numpy(float)}).sort_values("start_us")
-    steps = steps.drop_duplicates("start_us").reset_index(drop=True)
-    starts, ends = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
-
-    def first_in_step(mask, col="ts_us", last=False):
-        e = events[mask]
-        t = (e["ts_us"] + e["dur_us"]).to_numpy(float) if col == "end" else e["ts_us"].to_numpy(float)
-        idx = np.searchsorted(starts, t, side="right") - 1
-        ok = (idx >= 0) & (t <= ends[np.maximum(idx, 0)])
-        s = pd.Series(t[ok]).groupby(idx[ok])
-        r = (s.max() if last else s.min()).reindex(range(len(steps)))
-        return r.to_numpy(float)
-
-    fwd_mask = name_startswith(events, ("FSDP::root_pre_forward", "FSDP::pre_forward",
-                                        "FullyShardedDataParallel.forward", "FullyShardedDataParallel._pre_forward",
-                                        "DistributedDataParallel.forward"))
-    steps["fwd_us"] = first_in_step(fwd_mask)
-    steps["bwd_us"] = first_in_step(name_startswith(events, ("autograd::engine::evaluate_function",)))
-    opt = name_startswith(events, ("Optimizer.step#",))
-    steps["opt_us"] = first_in_step(opt)
-    steps["opt_end_us"] = first_in_step(opt, col="end", last=True)
-    steps["zero_us"] = first_in_step(name_startswith(events, ("Optimizer.zero_grad#",)))
-    return steps[cols]
-
-
-def coarse_phase(ts: np.ndarray, marks: pd.DataFrame) -> np.ndarray:
-    """Coarse phase of each time (µs): data, forward, backward, optimizer, zero_grad, post_step; None outside steps."""
-    out = np.full(len(ts), None, dtype=object)
-    if not len(marks) or not len(ts):
-        return out
-    starts = marks["start_us"].to_numpy(float)
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    ok = idx >= 0
-    ii = np.maximum(idx, 0)
-    m = {c: marks[c].to_numpy(float)[ii] for c in marks.columns}
-    ok &= ts <= m["end_us"]
-    fwd = np.where(np.isnan(m["fwd_us"]), m["start_us"], m["fwd_us"])
-    inf = np.inf
-    bwd = np.where(np.isnan(m["bwd_us"]), inf, m["bwd_us"])
-    opt = np.where(np.isnan(m["opt_us"]), inf, m["opt_us"])
-    opt_end = np.where(np.isnan(m["opt_end_us"]), inf, m["opt_end_us"])
-    zero = np.where(np.isnan(m["zero_us"]), inf, m["zero_us"])
-    zero = np.where(zero < opt, inf, zero)  # zero_grad before the optimizer belongs to the data phase
-    ph = np.select([ts < fwd, ts < bwd, ts < opt, ts <= opt_end, ts >= zero],
-                   ["data", "forward", "backward", "optimizer", "zero_grad"], "post_step").astype(object)
-    out[ok] = ph[ok]
-    return out
-
-
+# --------------------------------------------------------------------------- unit scopes (CPU traces)
 def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
     """Unit scopes: [pre_forward(u).start, post_forward(u).end] and [pre_backward(u).start, last
     post_backward*(u).end] per occurrence, so compute between FSDP hooks gets its unit."""
@@ -229,15 +127,6 @@ def parse_tags(meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         phases[j], units[j] = phase, unit
     codes = np.where(codes < 0, n_u, codes)
     return phases[codes], units[codes]
-
-
-def frame_signatures(frames: pd.Series) -> pd.Series:
-    """One short lower-case string per allocation (a categorical Series), innermost first:
-    ``name@file`` of Python frames and a token for the telling C++ frames (autograd engine,
-    AccumulateGrad, backward kernels), each once, so the rules below scan short strings."""
-    codes, cats = signature_codes(frames.to_numpy(object) if hasattr(frames, "to_numpy") else frames)
-    cat = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
-    return pd.Series(cat, index=getattr(frames, "index", None))
 
 
 def signature_codes(frames) -> tuple[np.ndarray, np.ndarray]:
@@ -351,7 +240,7 @@ def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
     return np.select(conds, [r[0] for r in _FSDP_FRAME_RULES], None).astype(object)
 
 
-def frame_phase(sig: pd.Series) -> np.ndarray:
+def frame_stage(sig: pd.Series) -> np.ndarray:
     """Coarse phase from stack frames (snapshots without tags)."""
     conds = [_contains(sig, pat, need=need) for _, pat, need in _PHASE_FRAME_RULES]
     return np.select(conds, [r[0] for r in _PHASE_FRAME_RULES], None).astype(object)
@@ -464,16 +353,16 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     scratch = ag & same_step
     scratch[scratch] = _eq(free_fp_v[scratch], fp_v[scratch])
     _fill(lab, scratch, MC.TEMPORARY.value, "tags")
-    _fill(lab, fp.isin(UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, fp.isin(vocab.UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
-    fsdp1_unshard = fp.isin(FSDP1_UNSHARD_PHASES) & (free_fp.isin(FSDP1_RESHARD_PHASES) | ~same_step)
+    fsdp1_unshard = fp.isin(vocab.FSDP1_UNSHARD_PHASES) & (free_fp.isin(vocab.FSDP1_RESHARD_PHASES) | ~same_step)
     is_fsdp1 = _Codes(_col(df, "fsdp_family")).eq("fsdp1") if "fsdp_family" in df else np.zeros(n, bool)
     _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
-    in_reduce = fp.isin(UNSHARDED_GRAD_PHASES)
-    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_phase")).eq("backward")
+    in_reduce = fp.isin(vocab.UNSHARDED_GRAD_PHASES)
+    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_stage")).eq("backward")
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
     # grads produced in backward and released by the unit's post-backward reduce
-    rs_in |= _Codes(_col(df, "phase")).eq("backward") & free_fp.isin(UNSHARDED_GRAD_PHASES) & ~in_reduce
+    rs_in |= _Codes(_col(df, "stage")).eq("backward") & free_fp.isin(vocab.UNSHARDED_GRAD_PHASES) & ~in_reduce
     _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
@@ -484,7 +373,7 @@ def pass_frames(df, lab: _Labels) -> None:
     never_freed = pd.isna(_col(df, "free_us"))
     _fill(lab, _contains(sig, "accumulategrad|accumulate_grad", need=("accumulategrad", "accumulate_grad")),
           MC.SHARDED_GRAD.value, "frames")
-    _fill(lab, _Codes(_col(df, "phase")).eq("optimizer") & never_freed,
+    _fill(lab, _Codes(_col(df, "stage")).eq("optimizer") & never_freed,
           MC.OPTIMIZER_STATE.value, "frames")
     _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory", need=("torch/utils/data", "collate", "pin_memory")),
           MC.INPUT.value, "frames")
@@ -494,21 +383,21 @@ def pass_frames(df, lab: _Labels) -> None:
 
 
 def pass_lifetime(df, lab: _Labels) -> None:
-    ph_v = np.asarray(_col(df, "phase"), dtype=object)
-    ph, fph = _Codes(ph_v), _Codes(_col(df, "free_phase"))
+    ph_v = np.asarray(_col(df, "stage"), dtype=object)
+    ph, fph = _Codes(ph_v), _Codes(_col(df, "free_stage"))
     same_step = _col(df, "free_step_idx") == _col(df, "step_idx")
     freed = ~pd.isna(_col(df, "free_us"))
     never = ~freed
     later = (~same_step) | never
     has_ph = ph.notna()
-    _fill(lab, ph.eq("forward") & ((fph.isin(["backward", "optimizer", "zero_grad", "post_step"]) & same_step)
+    _fill(lab, ph.eq("forward") & ((fph.isin(["backward", "optimizer", "post_step"]) & same_step)
                                    | later), MC.ACTIVATION.value, "lifetime")
     _fill(lab, ph.eq("data") & (~fph.eq("data") | later), MC.INPUT.value, "lifetime")
     _fill(lab, ph.eq("optimizer") & (~fph.eq("optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
-    _fill(lab, ph.eq("backward") & ((fph.isin(["optimizer", "zero_grad"]) & same_step) | later),
+    _fill(lab, ph.eq("backward") & ((fph.isin(["optimizer", "post_step"]) & same_step) | later),
           MC.SHARDED_GRAD.value, "lifetime")
     same_phase = freed & same_step & has_ph
-    same_phase[same_phase] = _eq(ph_v[same_phase], np.asarray(_col(df, "free_phase"), dtype=object)[same_phase])
+    same_phase[same_phase] = _eq(ph_v[same_phase], np.asarray(_col(df, "free_stage"), dtype=object)[same_phase])
     _fill(lab, same_phase, MC.TEMPORARY.value, "lifetime")
     # anything else freed within the same step: short-lived working memory
     _fill(lab, freed & same_step & has_ph, MC.TEMPORARY.value, "lifetime")
@@ -531,9 +420,9 @@ def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.
 def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None) -> pd.DataFrame:
     """Run the passes; returns a copy of ``allocs`` with ``category`` and ``category_source``.
 
-    ``allocs`` must already carry ``phase``, ``fsdp_phase``, ``unit``, ``free_phase``,
+    ``allocs`` must already carry ``stage``, ``fsdp_phase``, ``unit``, ``free_stage``,
     ``free_fsdp_phase``, ``step_idx``, ``free_step_idx`` and ``frame_sig`` (added by
-    ``memory_trace.annotate_from_events`` for traces, ``memory.annotate_snapshot`` for snapshots).
+    ``cpu_events.annotate_from_events`` for traces, ``attribution.annotate_snapshot`` for snapshots).
     """
     df = allocs.copy()
     cat, src = label_columns(df, inv_tensors=inv_tensors)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
+from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free
 from fsdpprof.errors import UserError
 from fsdpprof.runfmt import INVENTORY_SCHEMA
@@ -113,8 +116,8 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
         "free_inferred": np.concatenate([pr["free_inferred"], np.zeros(len(of), bool)]),
     })
     # reference times for the inventory: the optimizer steps in the window
-    marks = cz.step_marks(events)
-    opt = events[cz.name_startswith(events, ("Optimizer.step#",))] if events is not None and len(events) else None
+    marks = labels.step_marks(events)
+    opt = events[startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))] if events is not None and len(events) else None
     opt_starts = np.sort(opt["ts_us"].to_numpy(float)) if opt is not None and len(opt) else np.array([])
     opt_ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float)) if opt is not None and len(opt) else np.array([])
     t_end = float(ts[-1]) if len(ts) else 0.0
@@ -162,7 +165,7 @@ def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tu
     cand = transient & (never | by_realloc)
     if not cand.any():
         return 0, 0
-    key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + allocs["phase"].astype(object).fillna("")
+    key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + allocs["stage"].astype(object).fillna("")
     freed = transient & ~never & ~by_realloc
     life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
     med = life.groupby(key).median()
@@ -184,8 +187,8 @@ def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tu
     allocs.loc[rows, "free_us"] = free_us
     allocs.loc[rows, "free_seq"] = pos.astype(np.int64)  # just before the event at that time
     allocs.loc[rows, "free_inferred"] = True
-    allocs.loc[rows, "free_phase"] = cz.coarse_phase(free_us, marks)
-    ann = cz.fsdp_annotations(events)
+    allocs.loc[rows, "free_stage"] = stage_at(free_us, marks)
+    ann = labels.fsdp_intervals(events)
     allocs.loc[rows, "free_fsdp_phase"] = cz.paint(free_us, ann, "fsdp_phase")
     starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
     allocs.loc[rows, "free_step_idx"] = np.searchsorted(starts, free_us, side="right") - 1
@@ -202,16 +205,16 @@ def _matched_inventory(allocs: pd.DataFrame, inv_t: pd.DataFrame) -> np.ndarray:
 
 
 def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, marks: pd.DataFrame) -> None:
-    """Add phase, fsdp_phase, unit, free_phase, free_fsdp_phase, step_idx, free_step_idx, frame_sig
-    from the trace's annotations at the allocation's and the free's time (in place)."""
+    """Add stage, fsdp_phase, unit, free_stage, free_fsdp_phase, step_idx, free_step_idx, frame_sig,
+    fsdp_family from the trace's annotations at the allocation's and the free's time (in place)."""
     at, ft = allocs["alloc_us"].to_numpy(float), allocs["free_us"].to_numpy(float)
     pre = allocs["before_trace"].to_numpy(bool)
-    ann = cz.fsdp_annotations(events)
+    ann = labels.fsdp_intervals(events)
     scopes = cz._pair_intervals(ann) if len(ann) else pd.DataFrame(columns=["ts_us", "end_us", "unit"])
     unit_iv = pd.concat([scopes, ann.loc[ann["unit"].notna(), ["ts_us", "end_us", "unit"]]], ignore_index=True)
-    phase = cz.coarse_phase(at, marks)
-    phase[pre] = None
-    allocs["phase"] = phase
+    stage = stage_at(at, marks)
+    stage[pre] = None
+    allocs["stage"] = stage
     fp = cz.paint(at, ann, "fsdp_phase")
     fp[pre] = None
     allocs["fsdp_phase"] = fp
@@ -219,7 +222,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     un[pre] = None
     allocs["unit"] = un
     ftf = np.where(np.isnan(ft), -np.inf, ft)
-    allocs["free_phase"] = cz.coarse_phase(ftf, marks)
+    allocs["free_stage"] = stage_at(ftf, marks)
     allocs["free_fsdp_phase"] = cz.paint(ftf, ann, "fsdp_phase")
     starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
     sidx = np.searchsorted(starts, at, side="right") - 1
@@ -227,6 +230,12 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     allocs["step_idx"] = sidx
     allocs["free_step_idx"] = np.where(np.isnan(ft), 1 << 30, np.searchsorted(starts, ftf, side="right") - 1)
     allocs["frame_sig"] = ""
-    fam = "fsdp1" if cz.name_startswith(events, ("FullyShardedDataParallel.",)).any() else (
-        "fsdp2" if cz.name_startswith(events, ("FSDP::",)).any() else None)
-    allocs["fsdp_family"] = fam
+    fams = set(ann["family"].dropna()) if len(ann) else set()
+    allocs["fsdp_family"] = "fsdp1" if "fsdp1" in fams else ("fsdp2" if "fsdp2" in fams else None)
+
+
+def stage_at(ts: np.ndarray, marks: pd.DataFrame) -> np.ndarray:
+    """vocab.stage_at for memory: outside every step (or before the window) there is no stage (None)."""
+    st = vocab.stage_at(ts, marks)
+    st[st == vocab.STAGE_OUTSIDE] = None
+    return st

@@ -1,52 +1,112 @@
-"""Steps and FSDP phases/units of every event.
+"""Labels of every event, taken from the point that launched it: step, stage, FSDP phase and unit.
 
-- step: the ``ProfilerStep#N`` annotation that contains the event's launch point (a kernel's CPU
-  launch, a gloo collective's ``c10d`` call, a CPU op itself); none in the trace -> the whole trace is
-  step 0, with a warning.
-- phase/unit: the innermost FSDP annotation on the launching thread that contains the launch point:
-  FSDP2 ``FSDP::<phase> (<fqn>)`` / ``FSDP::backward_prefetch for <fqn>``, FSDP1
-  ``FullyShardedDataParallel._<phase>``.  Outside them: ``optimizer`` inside ``Optimizer.step#*``,
-  ``backward`` from the first backward marker of the step (autograd engine, FSDP pre/post backward,
-  ``## backward ##``) on, ``forward`` before it.
+The launch point of an event is the CPU time (and thread) where it was issued: a device kernel's
+runtime call (``cudaLaunchKernel`` ..., found through the correlation id by
+:func:`fsdpprof.analyze.trace.classify.classify_arrays`), a gloo collective's ``c10d`` call, a CPU op
+itself.  On a GPU the device lags the CPU, so a kernel's execution time says little about what issued
+it; its execution interval is still what overlap measures.
+
+- step: the ``ProfilerStep#N`` annotation containing the launch point; none in the trace -> the
+  whole trace is step 0, with a warning.
+- stage: :func:`fsdpprof.analyze.vocab.stage_at` of the launch point against the step marks
+  (:func:`step_marks`); a device kernel whose launch is not in the trace is ``unknown``.
+- fsdp_phase / unit: the innermost FSDP annotation (:func:`fsdpprof.analyze.vocab.parse_fsdp`) on the
+  launching thread that contains the launch point.
 """
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.frames import isin, on_device
 from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS
 
-_FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
-_FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_BACKWARD_MARK = re.compile(r"^(?:autograd::engine::evaluate_function|FSDP::pre_backward|FSDP::post_backward|"
-                            r"FullyShardedDataParallel\._pre_backward|FullyShardedDataParallel\._post_backward|"
-                            r"## backward ##)")
+
+def _name_hits(cats: list[str], test) -> np.ndarray:
+    """``test(name)`` once per distinct name (bool per category)."""
+    return np.fromiter((test(x) for x in cats), dtype=bool, count=len(cats))
 
 
-def parse_fsdp(name: str) -> tuple[str | None, str | None]:
-    """(phase, unit) of an FSDP annotation name, (None, None) when it is not one."""
-    m = _FSDP2.match(name)
-    if m:
-        unit = m.group(2) if m.group(2) is not None else m.group(3)
-        if unit is None and not m.group(1).startswith("root_"):
-            unit = ""            # FSDP2 names the root unit (fqn "") without a suffix
-        return m.group(1), unit
-    m = _FSDP1.match(name)
-    if m:
-        ph = m.group(1).lstrip("_")
-        if ph.endswith("_hook"):
-            ph = ph[: -len("_hook")]
-        return ph, None
-    return None, None
+def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                      cpu_side: np.ndarray) -> pd.DataFrame:
+    """Step marks (vocab.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into
+    ``cats`` and the events' times (µs); only CPU-side events (``cpu_side``) mark."""
+    if not len(cats) or not len(codes):
+        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+
+    def rows(test) -> np.ndarray:
+        return np.flatnonzero(_name_hits(cats, test)[codes] & cpu_side)
+
+    ps = rows(lambda x: x.startswith(vocab.STEP_PREFIX))
+    if not ps.size:
+        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+    step_of = np.array([float(x[len(vocab.STEP_PREFIX):]) if x.startswith(vocab.STEP_PREFIX)
+                        and x[len(vocab.STEP_PREFIX):].isdigit() else np.nan for x in cats])
+    m = pd.DataFrame({"step": step_of[codes[ps]], "start_us": ts[ps], "end_us": end[ps]})
+    m = m.dropna(subset=["step"]).sort_values("start_us", kind="mergesort").drop_duplicates("start_us")
+    m = m.reset_index(drop=True)
+    starts, ends = m["start_us"].to_numpy(), m["end_us"].to_numpy()
+
+    def first_in_step(idx: np.ndarray, t: np.ndarray, last: bool = False) -> np.ndarray:
+        out = np.full(len(m), -np.inf if last else np.inf)
+        k = np.searchsorted(starts, t, side="right") - 1
+        ok = (k >= 0) & (t <= ends[np.maximum(k, 0)])
+        (np.maximum if last else np.minimum).at(out, k[ok], t[ok])
+        return np.where(np.isfinite(out), out, np.nan)
+
+    fwd = rows(lambda x: x.startswith(vocab.FORWARD_MARKERS))
+    bwd = rows(lambda x: x.startswith(vocab.BACKWARD_MARKERS))
+    opt = rows(lambda x: x.startswith(vocab.OPTIMIZER_PREFIX))
+    m["fwd_us"] = first_in_step(fwd, ts[fwd])
+    m["bwd_us"] = first_in_step(bwd, ts[bwd])
+    m["opt_us"] = first_in_step(opt, ts[opt])
+    m["opt_end_us"] = first_in_step(opt, end[opt], last=True)
+    return m[vocab.STEP_MARK_COLUMNS]
+
+
+def _cat_codes(col: pd.Series) -> tuple[list[str], np.ndarray]:
+    """(categories as str, codes; -1 = missing) of a column, categorical or not."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype(object).astype("category")
+    return [str(x) for x in col.cat.categories], col.cat.codes.to_numpy()
+
+
+def step_marks(events: pd.DataFrame | None) -> pd.DataFrame:
+    """:func:`step_marks_arrays` of an events frame (memory attribution uses the same marks)."""
+    if events is None or not len(events):
+        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+    cats, codes = _cat_codes(events["name"])
+    lanes, lane_codes = _cat_codes(events["lane"])
+    on_stream = np.array([x.startswith("stream:") for x in lanes] + [False], dtype=bool)
+    ts = events["ts_us"].to_numpy(np.float64)
+    end = ts + events["dur_us"].to_numpy(np.float64)
+    ok = codes >= 0
+    return step_marks_arrays(cats, np.where(ok, codes, 0), ts, end, ~on_stream[lane_codes] & ok)
+
+
+def fsdp_intervals(events: pd.DataFrame | None) -> pd.DataFrame:
+    """The FSDP annotations of an events frame: ts_us, end_us, fsdp_phase, unit, family (by start)."""
+    cols = ["ts_us", "end_us", "fsdp_phase", "unit", "family"]
+    if events is None or not len(events):
+        return pd.DataFrame(columns=cols)
+    cats, codes = _cat_codes(events["name"])
+    parsed = [vocab.parse_fsdp(x) for x in cats]
+    is_f = np.array([p[0] is not None for p in parsed] + [False], dtype=bool)
+    rows = np.flatnonzero(is_f[codes])
+    sel = codes[rows]
+    ts = events["ts_us"].to_numpy(np.float64)
+    out = pd.DataFrame({"ts_us": ts[rows], "end_us": ts[rows] + events["dur_us"].to_numpy(np.float64)[rows],
+                        "fsdp_phase": np.array([parsed[i][0] for i in sel], dtype=object),
+                        "unit": np.array([parsed[i][1] for i in sel], dtype=object),
+                        "family": np.array([parsed[i][2] for i in sel], dtype=object)})
+    return out.sort_values("ts_us", kind="stable").reset_index(drop=True)
 
 
 def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
-    """Add ``step`` (float64), ``phase``, ``unit`` (object) to classify_arrays' columns; returns (c, warnings)."""
+    """Add ``step`` (float64), ``stage``, ``fsdp_phase``, ``unit`` (object) to classify_arrays' columns;
+    returns (c, warnings)."""
     warnings: list[str] = []
     n = len(c["ts_us"])
     cats = [str(x) for x in c["name_cats"]]
@@ -55,33 +115,43 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     end = ts + c["dur_us"]
     lane_gpu = np.fromiter((str(x).startswith("stream:") for x in c["lane_cats"]), dtype=bool,
                            count=len(c["lane_cats"]))
-    cpu_side = ~lane_gpu[c["lane"]] if n else np.zeros(0, dtype=bool)
+    on_device = lane_gpu[c["lane"]] if n else np.zeros(0, dtype=bool)
+    cpu_side = ~on_device
     lt = c["launch_tid"]
-    lts = c["launch_ts_us"]
-    q_ts = np.where(np.isnan(lts), ts, lts)
+    no_launch = on_device & pd.isna(lt) if n else np.zeros(0, dtype=bool)
+    q_ts = c["launch_ts_us"]                    # the launch point (a CPU op's own start)
 
     # --- steps ----------------------------------------------------------------------------
-    step_num = np.array([float(m.group(1)) if (m := _STEP.match(x)) else np.nan for x in cats], dtype=np.float64)
-    row_step = step_num[codes] if len(cats) else np.full(n, np.nan)
-    is_step = ~np.isnan(row_step) & cpu_side
+    marks = step_marks_arrays(cats, codes, ts, end, cpu_side)
     step = np.full(n, np.nan)
-    if is_step.any():
-        s_idx = np.flatnonzero(is_step)
+    if len(marks):
+        s_idx = np.flatnonzero(_name_hits(cats, lambda x: x.startswith(vocab.STEP_PREFIX))[codes] & cpu_side)
+        step_of = np.array([float(x[len(vocab.STEP_PREFIX):]) if x.startswith(vocab.STEP_PREFIX)
+                            and x[len(vocab.STEP_PREFIX):].isdigit() else np.nan for x in cats])
         k = intervals.innermost(ts[s_idx], end[s_idx], q_ts)
-        step = np.where(k >= 0, row_step[s_idx][np.clip(k, 0, None)], np.nan)
+        step = np.where(k >= 0, step_of[codes[s_idx]][np.clip(k, 0, None)], np.nan)
+        stage = vocab.stage_at(q_ts, marks)
     else:
         warnings.append(f"trace {rt.path} has no ProfilerStep# annotations: the whole trace is taken as one step "
                         f"(use torch.profiler's schedule and prof.step() to get per-step numbers)")
         step[:] = 0.0
+        t0, t1 = (float(np.min(q_ts)), float(np.max(np.maximum(end, q_ts)))) if n else (0.0, 0.0)
+        whole = pd.DataFrame({"step": [0.0], "start_us": [t0], "end_us": [t1]})
+        probe = step_marks_arrays(cats + [vocab.STEP_PREFIX + "0"], np.append(codes, len(cats)),
+                                  np.append(ts, t0), np.append(end, t1), np.append(cpu_side, True))
+        for col in ("fwd_us", "bwd_us", "opt_us", "opt_end_us"):
+            whole[col] = probe[col].to_numpy()[:1] if len(probe) else np.nan
+        stage = vocab.stage_at(q_ts, whole[vocab.STEP_MARK_COLUMNS])
+    step[no_launch] = np.nan
+    stage[no_launch] = vocab.STAGE_UNKNOWN
 
-    # --- FSDP annotations -> phase/unit ----------------------------------------------------------
-    parsed = [parse_fsdp(x) for x in cats]
+    # --- FSDP annotations -> fsdp_phase / unit --------------------------------------------------
+    parsed = [vocab.parse_fsdp(x) for x in cats]
     c_phase = np.array([p[0] for p in parsed] or [None], dtype=object)
     c_unit = np.array([p[1] for p in parsed] or [None], dtype=object)
     c_is_fsdp = np.fromiter((p[0] is not None for p in parsed), dtype=bool, count=len(parsed))
-    is_fsdp = (c_is_fsdp[codes] if len(cats) else np.zeros(n, dtype=bool)) & cpu_side & \
-        (c["kind"] != K_COMM)
-    phase = np.full(n, None, dtype=object)
+    is_fsdp = (c_is_fsdp[codes] if len(cats) else np.zeros(n, dtype=bool)) & cpu_side & (c["kind"] != K_COMM)
+    fsdp_phase = np.full(n, None, dtype=object)
     unit = np.full(n, None, dtype=object)
     f_idx = np.flatnonzero(is_fsdp)
     if f_idx.size:
@@ -94,37 +164,12 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
             k = intervals.innermost(ts[sel], end[sel], q_ts[qsel])
             hit = k >= 0
             rows = sel[np.clip(k, 0, None)]
-            phase[qsel[hit]] = c_phase[codes[rows[hit]]]
+            fsdp_phase[qsel[hit]] = c_phase[codes[rows[hit]]]
             unit[qsel[hit]] = c_unit[codes[rows[hit]]]
     # the FSDP annotations describe themselves too
-    phase[f_idx] = c_phase[codes[f_idx]]
+    fsdp_phase[f_idx] = c_phase[codes[f_idx]]
     unit[f_idx] = c_unit[codes[f_idx]]
-
-    # --- optimizer / backward / forward for the rest ------------------------------------------------
-    def by_name(test) -> np.ndarray:
-        hit = np.fromiter((test(x) for x in cats), dtype=bool, count=len(cats))
-        return hit[codes] & cpu_side if len(cats) else np.zeros(n, dtype=bool)
-
-    is_opt = by_name(lambda x: x.startswith("Optimizer.step#"))
-    if is_opt.any():
-        o_idx = np.flatnonzero(is_opt)
-        k = intervals.innermost(ts[o_idx], end[o_idx], q_ts)
-        phase[(k >= 0) & _isna(phase)] = "optimizer"
-    is_bwd = by_name(lambda x: _BACKWARD_MARK.search(x) is not None)
-    if is_bwd.any():
-        # each step's backward starts at its first backward marker (steps keyed with NaN -> -1)
-        key = np.where(np.isnan(step), -1.0, step)
-        bkeys, binv = np.unique(key[is_bwd], return_inverse=True)
-        first = np.full(bkeys.size, np.nan)
-        np.fmin.at(first, binv, ts[is_bwd])
-        pos = np.minimum(np.searchsorted(bkeys, key), bkeys.size - 1)
-        start_bwd = np.where(bkeys[pos] == key, first[pos], np.nan)
-        phase[_isna(phase) & ~np.isnan(start_bwd) & (q_ts >= start_bwd)] = "backward"
-    phase[_isna(phase)] = "forward"
-    if is_step.any():
-        # annotations that are not inside any step keep forward/backward only when inside a step
-        phase[np.isnan(step) & _isna(unit) & ~is_fsdp] = None
-    c["step"], c["phase"], c["unit"] = step, phase, unit
+    c["step"], c["stage"], c["fsdp_phase"], c["unit"] = step, stage, fsdp_phase, unit
     return c, warnings
 
 
@@ -154,7 +199,7 @@ def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
 
 
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
-    """The vocab.EVENT_COLUMNS frame from classified, phase-tagged columns (one DataFrame built, once)."""
+    """The vocab.EVENT_COLUMNS frame from classified, labelled columns (one DataFrame built, once)."""
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
@@ -168,6 +213,30 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "group_size": c["group_size"].astype(np.float64, copy=False),
         "pg": _categorical(c["pg"]),
         "seq": c["seq"].astype(np.float64, copy=False),
-        "step": c["step"], "phase": _categorical(c["phase"]), "unit": _categorical(c["unit"]),
+        "step": c["step"],
+        "stage": pd.Categorical(c["stage"], categories=vocab.STAGES),
+        "fsdp_phase": _categorical(c["fsdp_phase"]), "unit": _categorical(c["unit"]),
     }
     return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS)
+
+
+def cpu_side(events: pd.DataFrame) -> np.ndarray:
+    """Rows on CPU threads (not on a device stream)."""
+    return ~on_device(events["lane"])
+
+
+def framework_of(events: pd.DataFrame) -> str:
+    """What a trace shows running: ``fsdp2`` / ``fsdp1`` (their annotations), ``ddp`` (DDP's forward or
+    its reducer), ``distributed`` (collectives of another framework) or ``single_device``."""
+    cats, codes = _cat_codes(events["name"])
+    used = set(np.unique(codes[codes >= 0]).tolist())
+    names = [cats[i] for i in used]
+    if any(x.startswith(vocab.FSDP2_PREFIX) for x in names):
+        return "fsdp2"
+    if any(x.startswith(vocab.FSDP1_PREFIX) for x in names):
+        return "fsdp1"
+    if any(x.startswith(vocab.DDP_MARKERS) for x in names):
+        return "ddp"
+    if isin(events["kind"], [vocab.KIND_COMM]).any():
+        return "distributed"
+    return "single_device"

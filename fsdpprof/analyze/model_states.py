@@ -1,0 +1,159 @@
+"""Model states: the ZeRO formulas filled in with a run's own numbers, beside what the run measured.
+
+Per rank (map): :func:`measured_model_states` from the inventory's tensors, :func:`inventory_summary`
+(the inventory without its tensor list) and the bytes per parameter the run really used
+(:func:`fsdpprof.analyze.theory.k_from_inventory`).  Across ranks (reduce): :func:`theory_vs_measured`.
+Sizes in bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze import theory
+
+
+def measured_model_states(inv: dict) -> dict:
+    """Bytes per role (param, grad, optimizer_state) this rank holds, from the inventory's tensors;
+    a role captured at several steps counts only its last capture. Falls back to ``totals``."""
+    t = pd.DataFrame(inv.get("tensors") or [])
+    totals = inv.get("totals") or {}
+    out = {"param": totals.get("param_bytes"), "grad": totals.get("grad_bytes"),
+           "optimizer_state": totals.get("optimizer_state_bytes")}
+    if not t.empty and {"role", "bytes"} <= set(t.columns):
+        if "step" not in t:
+            t["step"] = 0
+        t["step"] = pd.to_numeric(t["step"], errors="coerce").fillna(-1)
+        last = t.groupby("role")["step"].transform("max")
+        s = pd.to_numeric(t.loc[t["step"] == last, "bytes"], errors="coerce").groupby(t["role"]).sum()
+        for role in out:
+            if role in s.index:
+                out[role] = float(s[role])
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def inventory_summary(inv: dict) -> dict:
+    """The inventory without its per-tensor list (what the cross-rank reduce needs: small)."""
+    return {k: v for k, v in inv.items() if k != "tensors"}
+
+
+def unsharded_param_dtype(inv: dict) -> str:
+    """dtype of the all-gathered parameters: the mixed-precision param dtype, else the stored one."""
+    mp = inv.get("mixed_precision") or {}
+    if mp.get("param_dtype"):
+        return str(mp["param_dtype"]).replace("torch.", "")
+    units = inv.get("units") or []
+    return str(units[0].get("dtype") if units else "float32").replace("torch.", "")
+
+
+@dataclass
+class TheoryResult:
+    """``theory``: the formulas and their numbers (JSON-ready dict); ``model_states``: per rank and role,
+    measured_bytes, theory_bytes, diff_bytes, diff_pct; ``note``: why nothing could be filled in."""
+
+    theory: dict = field(default_factory=dict)
+    model_states: pd.DataFrame | None = None
+    note: str | None = None
+
+
+def _category_bytes(memory_result, category: str) -> float | None:
+    bd = getattr(memory_result, "breakdown_at_peak", None)
+    if bd is None or bd.empty:
+        return None
+    return float(bd.groupby("category", observed=True)["bytes"].sum().get(category, 0.0))
+
+
+def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memory: dict,
+                       world_size: int | None) -> TheoryResult:
+    """The formulas with the run's numbers: ``inventories`` rank -> inventory summary, ``measured`` rank ->
+    :func:`measured_model_states`, ``k_by_rank`` rank -> BytesPerParam, ``memory`` rank -> MemoryResult."""
+    if not inventories:
+        return TheoryResult(note="no inventory.json in this input: Psi and the dtypes are unknown, so the ZeRO "
+                                 "formulas cannot be filled in (record with `fsdpprof record`).")
+    r0 = min(inventories)
+    inv = inventories[r0]
+    psi = float((inv.get("totals") or {}).get("psi") or 0)
+    if psi <= 0:
+        return TheoryResult(note=f"inventory of rank {r0} has no parameter count (totals.psi).")
+    strategy_name = str(inv.get("strategy") or "NONE")
+    s = theory.strategy_from_inventory(inv)
+    world = int(inv.get("world_size") or world_size or 1)
+    ns = int(inv.get("shard_group_size") or world)
+    n_for = ns if s in ("ZERO1", "ZERO2", "ZERO3") else world
+    k = k_by_rank[r0]
+    offload = "params" if inv.get("cpu_offload") else "none"
+    ms = theory.model_states(psi, k, s, n_for, ns if s == "HYBRID_SHARD" else None, offload)
+    mp = inv.get("mixed_precision") or {}
+    pdt = unsharded_param_dtype(inv)
+    rdt = str(mp.get("reduce_dtype") or k.grad_dtype).replace("torch.", "")
+    tr = theory.fsdp_traffic(psi, strategy_name if strategy_name in theory.STRATEGY_ALIASES else s, max(n_for, 1),
+                             pdt, rdt, ns if s == "HYBRID_SHARD" else None) if n_for > 1 else None
+    all_ms = [m.to_dict() for m in theory.all_model_states(psi, k, max(n_for, 1))]
+    for d in all_ms:  # the traffic each strategy would move per step, beside its memory
+        d["traffic_bytes"] = (theory.fsdp_traffic(psi, d["strategy"], n_for, pdt, rdt).total_bytes
+                              if n_for > 1 else 0.0)
+    t = {
+        "psi": psi, "strategy": strategy_name, "canonical_strategy": s, "N": n_for, "world_size": world,
+        "shard_group_size": ns, "k_param": k.k_param, "k_grad": k.k_grad, "k_opt": k.k_opt,
+        "k_opt_detail": k.opt_detail, "param_dtype": k.param_dtype, "grad_dtype": k.grad_dtype,
+        "unsharded_param_dtype": pdt, "reduce_dtype": rdt, "optimizer": k.optimizer,
+        "model_states": ms.to_dict(), "all_strategies": all_ms,
+        "traffic": tr.to_dict() if tr else None,
+        "step_time_formula": "T_step ~ T_comp + T_comm - T_overlap",
+    }
+    rows = []
+    for r in sorted(inventories):
+        meas = measured.get(r) or {}
+        for role, th in (("param", ms.param_bytes), ("grad", ms.grad_bytes),
+                         ("optimizer_state", ms.optimizer_state_bytes)):
+            rows.append({"rank": r, "role": role, "measured_bytes": meas.get(role, np.nan), "theory_bytes": th})
+    df = pd.DataFrame(rows)
+    df["diff_bytes"] = df["measured_bytes"] - df["theory_bytes"]
+    df["diff_pct"] = 100.0 * df["diff_bytes"] / df["theory_bytes"].where(df["theory_bytes"] > 0)
+    meas_total = df[df["rank"] == r0]["measured_bytes"].sum()
+    expl = []
+    fw = str(inv.get("framework") or "")
+    if s == "ZERO2" and fw.startswith("fsdp"):
+        un = _category_bytes(memory.get(r0), "unsharded_param")
+        expl.append("FSDP's SHARD_GRAD_OP keeps parameters unsharded only from forward to the end of backward: "
+                    "the inventory, taken at the optimizer step, sees the sharded parameters (k_p Psi / N = "
+                    f"{theory.fmt_bytes(ms.param_bytes / n_for)}) where ZeRO-2's formula counts k_p Psi = "
+                    f"{theory.fmt_bytes(ms.param_bytes)}"
+                    + (f"; at the peak the unsharded parameters are there ({theory.fmt_bytes(un)} unsharded_param)."
+                       if un is not None else "."))
+    elif abs(meas_total - ms.total_bytes) > 0.001 * ms.total_bytes:
+        expl.append("shards are padded so every rank holds ceil(numel / N) elements of each parameter; "
+                    "scalar optimizer state (Adam's `step`) and non-parameter buffers are outside the formula.")
+    t["measured_model_states_bytes"] = float(meas_total)
+    t["model_states_diff_bytes"] = float(meas_total - ms.total_bytes)
+    t["model_states_explanation"] = " ".join(expl) or "measured and formula agree."
+    t["peak_estimate"] = _peak_estimate(inv, s, ms, pdt, memory.get(r0), r0)
+    return TheoryResult(theory=t, model_states=df)
+
+
+def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
+    """FSDP peak estimate beside the measured peak of the same rank."""
+    unit_numel = {str(u.get("fqn")): float(u.get("unsharded_numel") or 0) for u in inv.get("units") or []}
+    act = _category_bytes(m, "activation") or 0.0
+    if s == "DDP":
+        unit_numel = {}
+    est = theory.fsdp_peak_estimate(ms.device_bytes, unit_numel, theory.dtype_bytes(pdt), act)
+    pe = est.to_dict()
+    pe["measured_peak_bytes"] = float(m.peak_allocated_bytes) if m is not None else None
+    pe["measured_rank"] = r0
+    if m is not None:
+        pe["diff_bytes"] = float(m.peak_allocated_bytes) - est.estimate_bytes
+        left = []
+        if m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
+            bd = m.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum()
+            for cat in ("unsharded_grad", "temporary", "input", "other"):
+                if float(bd.get(cat, 0)) > 0:
+                    left.append(f"{cat} {bd.get(cat) / theory.MIB:.3g} MiB")
+            if float(bd.get("unsharded_param", 0)) > est.max_unit_unsharded_bytes * 1.05:
+                left.append(f"unsharded params of more than one unit ({bd.get('unsharded_param') / theory.MIB:.3g} MiB: "
+                            f"prefetch or no reshard after forward keeps several units gathered)")
+        pe["explanation"] = ("the formula leaves out " + ", ".join(left) + ".") if left else \
+            "the formula counts model states, one unit's gathered parameters and the activations at the peak."
+    return pe

@@ -1,0 +1,87 @@
+"""summary.json and compare.json: every number of an Analysis / Comparison as plain JSON values.
+
+The keys are a contract for scripts and CI (schema ``fsdpprof.summary/2``, ``fsdpprof.compare/1``);
+NaN and infinities become null, numpy and pandas values plain numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
+COMPARE_SCHEMA = "fsdpprof.compare/1"
+SKEW_ROWS_MAX = 200
+
+
+def _scalar(x):
+    """One value made JSON-safe (numpy scalars -> python, NaN/inf -> None)."""
+    if x is None or x is pd.NA or x is pd.NaT:
+        return None
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, (int, str)):
+        return x
+    if isinstance(x, pd.Timestamp):
+        return x.isoformat()
+    return str(x)
+
+
+def records(df: pd.DataFrame | None) -> list[dict] | None:
+    """A DataFrame as a list of JSON-safe row dicts (None stays None)."""
+    if df is None:
+        return None
+    cols = [str(c) for c in df.columns]
+    return [{c: json_safe(v) for c, v in zip(cols, row)} for row in df.itertuples(index=False, name=None)]
+
+
+def json_safe(x):
+    """Any nesting of dicts, lists, DataFrames and numpy/pandas scalars as plain JSON values (NaN, inf -> None):
+    what summary.json, compare.json and ``plan --json`` are written from."""
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, pd.DataFrame):
+        return records(x)
+    return _scalar(x)
+
+
+def memory_summary(m) -> dict:
+    """One rank's MemoryResult."""
+    return {
+        "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes, "peak_ts_us": m.peak_ts_us,
+        "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase, "baseline_bytes": m.baseline_bytes,
+        "coverage_pct": m.coverage_pct, "reserved_bytes": m.reserved_bytes, "fragmentation_pct": m.fragmentation_pct,
+        "oom": m.oom, "breakdown_at_peak": m.breakdown_at_peak, "by_unit_at_peak": m.by_unit_at_peak,
+        "top_allocations": m.top_allocations.head(20) if m.top_allocations is not None else None,
+        "warnings": list(m.warnings or []),
+    }
+
+
+def summary(a) -> dict:
+    """The content of summary.json for one Analysis."""
+    return json_safe({
+        "schema": SUMMARY_SCHEMA, "path": a.path, "source": a.source, "overview": a.overview,
+        "missing": dict(a.missing), "warnings": list(a.warnings), "notes": dict(a.notes),
+        "memory": {str(r): memory_summary(m) for r, m in sorted(a.memory.items())},
+        "memory_peaks": a.memory_peaks, "theory": a.theory, "model_states": a.model_states,
+        "volume": a.volume, "comm_phase": a.comm_phase, "comm_unit_step": a.comm_unit_step, "p2p": a.p2p,
+        "comm_outside_steps": a.comm_outside_steps, "overlap_overall": a.overlap_overall, "steps": a.steps,
+        "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
+        "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops, "hta": a.hta,
+        "findings": [f.to_dict() for f in a.findings],
+    })
+
+
+def compare_summary(c) -> dict:
+    """The content of compare.json for one Comparison."""
+    return json_safe({"schema": COMPARE_SCHEMA, "paths": c.paths, "labels": c.labels, "table": c.table,
+                      "categories": c.categories, "time": c.time, "verdict": c.verdict, "warnings": c.warnings,
+                      "comparable": c.comparable})
