@@ -21,7 +21,8 @@ import pytest
 
 from conftest import shared_data
 from fsdpprof.analyze.comm import overlap
-from fsdpprof.analyze.trace.classify import classify
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.trace.classify import classify_arrays
 from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.trace import decode_trace
 
@@ -54,13 +55,15 @@ def _ours(events) -> float:
 def _hta_rules(trace: str, events):
     """Our events with HTA's rounding (ceil start, floor end) and without never-launched kernels."""
     rt = decode_trace(trace)
-    cl = classify(rt)
-    launched = set(rt.raw.loc[rt.raw["cat"].astype(str).isin(["cuda_runtime", "cuda_driver"]), "correlation"])
-    on_gpu = cl["lane"].astype(str).str.startswith("stream:")
-    keep = ~on_gpu | cl["correlation"].isin(launched)
-    dev = cl[on_gpu & keep]
+    cats = np.asarray(rt.cols["cat_cats"], dtype=object)
+    is_rt = np.isin(cats, list(vocab.RUNTIME_CATS))[rt.cols["cat"]]
+    launched = set(rt.cols["correlation"][is_rt].tolist())
+    c = classify_arrays(rt)
+    lane = np.asarray(c["lane_cats"], dtype=object)[c["lane"]].astype(str)
+    on_gpu = np.char.startswith(lane.astype(str), "stream:")
+    dev = on_gpu & np.isin(c["correlation"], list(launched))
     # the same device events in our final frame, matched on (lane, start)
-    key = set(zip(dev["lane"].astype(str), dev["ts_us"]))
+    key = set(zip(lane[dev].tolist(), c["ts_us"][dev].tolist()))
     ev = events[[(l, t) in key or not l.startswith("stream:")
                  for l, t in zip(events["lane"].astype(str), events["ts_us"])]].copy()
     end = np.floor(ev["ts_us"] + ev["dur_us"])

@@ -222,7 +222,7 @@ def test_gpu_classification_and_sizes():
 
 
 def test_collective_names():
-    from fsdpprof.analyze.trace.classify import collective_of
+    from fsdpprof.analyze.vocab import collective_of
     cases = {
         "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)": "all_reduce",
         "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_gather",

@@ -214,9 +214,16 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool) -> None
             res.lanes, res.lanes_step, res.top_ops = lanes
 
 
+NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); record with fsdpprof record "
+                    "(memory on) or torch.profiler.profile(profile_memory=True)")
+
+
 def _memory_part(res: RankResult, rd, source: str) -> None:
     from fsdpprof.analyze.memory.attribution import memory_analysis
 
+    if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
+        _note(res.notes, "memory", NO_MEMORY_EVENTS)
+        return
     try:
         m = memory_analysis(rd)
     except UserError as exc:
@@ -225,13 +232,13 @@ def _memory_part(res: RankResult, rd, source: str) -> None:
         if source in ("snapshot_file", "snapshot_folder") or "inventory.json" in str(exc):
             res.fatal = str(exc)
         else:
-            _note(res.notes, "memory", f"rank {res.rank}: {exc}")
+            _note(res.notes, "memory", str(exc))
         return
     except Exception as exc:
         if source in ("snapshot_file", "snapshot_folder"):
             res.fatal = f"{res.label}: the snapshot could not be analysed ({type(exc).__name__}: {exc})"
         else:
-            _note(res.notes, "memory", f"memory analysis of rank {res.rank} failed: {type(exc).__name__}: {exc}.")
+            _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
         return
     res.memory = replace(m, allocations=None)
 
@@ -328,6 +335,31 @@ def _input_kind(framework: str | None, results: list[RankResult], world_size) ->
                 return "distributed"
             return kind
     return "unknown"
+
+
+def rank_list(ranks) -> str:
+    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _rank_notes(results: list[RankResult]) -> dict:
+    """The ranks' notes, one line per distinct text naming the ranks it holds for."""
+    by_text: dict[tuple, list] = {}
+    for r in results:
+        for section, text in r.notes.items():
+            by_text.setdefault((section, text), []).append(r.rank)
+    out: dict[str, str] = {}
+    for (section, text), ranks in by_text.items():
+        _note(out, section, f"{rank_list(ranks)}: {text}" if len(results) > 1 else text)
+    return out
 
 
 def _overview(run, results: list[RankResult]) -> dict:
@@ -446,9 +478,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
     warnings = list(run.warnings) + [w for r in ok for w in r.warnings]
     a = Analysis(path=str(run.path), source=str(run.source), overview=_overview(run, results), missing=missing,
                  warnings=list(dict.fromkeys(warnings)))
-    for r in ok:
-        for section, text in r.notes.items():
-            _note(a.notes, section, text)
+    for section, text in _rank_notes(ok).items():
+        _note(a.notes, section, text)
     _memory_tables(a, ok)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},

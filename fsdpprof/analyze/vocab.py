@@ -70,6 +70,14 @@ DEVICE_CUDA, DEVICE_ROCM, DEVICE_MTIA, DEVICE_XPU, DEVICE_CPU = "cuda", "rocm", 
 DEVICE_TYPES = [DEVICE_CUDA, DEVICE_ROCM, DEVICE_MTIA, DEVICE_XPU, DEVICE_CPU]
 
 
+# kineto event categories: events on a device (with a ``stream``) and the host-side runtime calls that
+# launch them (linked by ``correlation``); MTIA, XPU and PrivateUse1 backends use their own names
+DEVICE_EVENT_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset",
+                               "mtia_ccp_events"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver", "mtia_runtime", "xpu_runtime",
+                          "xpu_driver", "privateuse1_runtime", "privateuse1_driver"})
+
+
 def device_type(categories, runtime_names, device_names=()) -> str:
     """The device a trace ran on, from its event categories, the names of its runtime calls and the
     names in ``deviceProperties``: rocm (HIP runtime calls or an AMD device), mtia, xpu, cuda, else cpu."""

@@ -1,104 +1,35 @@
 """Classify decoded trace events: kind (compute, comm, memcpy, memset, sync, cpu_op, annotation),
 collective type and message size (bytes), on GPU (NCCL/RCCL kernels) and CPU (gloo) traces.
 
-GPU: kernels named ``nccl*``/``rccl*`` (``ncclKernel_*``, ``ncclDevKernel_*``, RCCL
-``ncclDevKernel_Generic``) are comm; Memcpy/Memset are memcpy/memset; ``*Sync*`` GPU events are
-sync; other kernels are compute.  Sizes come from the kernel's args (``In msg nelems``,
-``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Name``, ``Seq``) or, when the
-kernel has none, from its launching ``record_param_comms``/``c10d::*`` op (same External id).
+Device events (kernels on a stream): :func:`fsdpprof.analyze.vocab.is_comm_kernel` ones are comm;
+Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.vocab.is_sync_kernel`
+ones are sync; other kernels are compute.  A comm kernel's collective type (and process group) comes
+from the CPU op that launched it (the innermost ``nccl:*`` / ``c10d::*`` / ``record_param_comms``
+around its runtime call), its name second, else the type is shown by its kernel name.  Sizes come
+from the kernel's args (``In msg nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process
+Group Name``, ``Seq``) or, when the kernel has none, from its launching op (same External id).
 
 CPU (gloo): the collective runs as a ``gloo:<op>`` annotation on a gloo worker thread; the
 ``c10d::<op>`` call on the issuing thread carries the shapes.  Nothing links the two, so they are
 paired by order per gloo op type (``c10d::_reduce_scatter_base_`` runs as ``gloo:all_reduce``)
 and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that run no gloo work.
 
-``classify(raw_trace)`` returns the events frame plus link columns (``tid``, ``stream``,
-``correlation``, ``ext_id``, ``cat``, ``launch_tid``, ``launch_ts_us``) used by phases.py.
+:func:`classify_arrays` returns numpy columns, with each event's launch point (``launch_tid``,
+``launch_ts_us``) for :mod:`fsdpprof.analyze.trace.labels`.
 """
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
-
-# dtype spellings in traces -> (torch-style name, element bytes)
-_DTYPES = {
-    "float": ("float32", 4), "float32": ("float32", 4), "floatfloat": ("float32", 4),
-    "double": ("float64", 8), "float64": ("float64", 8),
-    "half": ("float16", 2), "c10::half": ("float16", 2), "float16": ("float16", 2),
-    "bfloat16": ("bfloat16", 2), "c10::bfloat16": ("bfloat16", 2),
-    "int": ("int32", 4), "int32": ("int32", 4),
-    "long": ("int64", 8), "long int": ("int64", 8), "int64": ("int64", 8),
-    "short": ("int16", 2), "short int": ("int16", 2), "int16": ("int16", 2),
-    "byte": ("uint8", 1), "unsigned char": ("uint8", 1), "uint8": ("uint8", 1),
-    "char": ("int8", 1), "signed char": ("int8", 1), "int8": ("int8", 1),
-    "bool": ("bool", 1),
-    "float8_e4m3fn": ("float8_e4m3fn", 1), "c10::float8_e4m3fn": ("float8_e4m3fn", 1),
-    "float8_e5m2": ("float8_e5m2", 1), "c10::float8_e5m2": ("float8_e5m2", 1),
-}
-
-_COLL_PATTERNS = [  # order matters: "reducescatter" before "allreduce"/"reduce"
-    ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"), ("allreduce", "all_reduce"),
-    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("sendrecv", "send_recv"),
-    ("send", "send_recv"), ("recv", "send_recv"), ("barrier", "barrier"),
-]
-_NON_ALNUM = re.compile(r"[^a-z]")
+from fsdpprof.analyze.comm import intervals
 
 # gloo op each c10d op runs as (for pairing)
 _GLOO_AS = {"reduce_scatter": "all_reduce"}
 
 _COMM_CPU_NAMES = ("record_param_comms",)
 _WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
-
-
-def _obj(values) -> pd.Series:
-    """An object column that pandas will not convert to its string dtype (that conversion is slow)."""
-    return pd.Series(np.asarray(values, dtype=object), dtype=object)
-
-
-def category_mask(series: pd.Series, test) -> np.ndarray:
-    """Vectorised string test evaluated once per distinct value: ``test(pd.Series of values) -> bool array``."""
-    if isinstance(series.dtype, pd.CategoricalDtype):
-        cats = pd.Series(series.cat.categories.astype(object), dtype=object)
-        res = np.asarray(test(cats.astype(str)), dtype=bool) if len(cats) else np.zeros(0, dtype=bool)
-        codes = series.cat.codes.to_numpy()
-        return np.where(codes >= 0, res[np.clip(codes, 0, None)] if len(res) else False, False)
-    codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
-    u = pd.Series(np.asarray(uniques, dtype=object), dtype=object)
-    res = np.asarray(test(u.astype(str)), dtype=bool) if len(u) else np.zeros(0, dtype=bool)
-    return np.where(codes >= 0, res[np.clip(codes, 0, None)] if len(res) else False, False)
-
-
-def collective_of(name) -> str | None:
-    """Collective type of a kernel / op / annotation / 'Collective name' string, or None."""
-    if not isinstance(name, str) or not name:
-        return None
-    s = name.split("(", 1)[0].lower()
-    for prefix in ("nccldevkernel_", "ncclkernel_", "rccl", "nccl:", "gloo:", "c10d::", "c10d_functional::",
-                   "_c10d_functional::"):
-        if s.startswith(prefix):
-            s = s[len(prefix):]
-            break
-    s = _NON_ALNUM.sub("", s.replace("_base", ""))
-    for key, coll in _COLL_PATTERNS:
-        if key in s:
-            return coll
-    return None
-
-
-def dtype_of(value) -> tuple[str | None, float]:
-    """(torch-style dtype name, element size in bytes) of a trace dtype string; (None, nan) unknown."""
-    if not isinstance(value, str):
-        return None, float("nan")
-    return _DTYPES.get(value.strip().lower(), (value, float("nan")))
-
-
-def _is_comm_kernel(names: pd.Series) -> np.ndarray:
-    low = names.str.lower()
-    return (low.str.startswith("nccl") | low.str.startswith("rccl")).to_numpy(dtype=bool)
 
 
 def _numel(dims) -> float:
@@ -127,7 +58,7 @@ def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[fl
     dtype, size = (None, float("nan"))
     if isinstance(types, list):
         for t in types:
-            dtype, size = dtype_of(t)
+            dtype, size = vocab.dtype_size(t)
             if size == size:
                 break
     n0 = _numel(dims[0])
@@ -160,8 +91,8 @@ def _comm_info(rt, name_cats) -> dict:
             ca["idx"].tolist(), ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
             ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
         name = name_list[name_codes[idx]]
-        coll = collective_of(cname) or collective_of(str(name))
-        dtype, size = dtype_of(dt)
+        coll = vocab.collective_of(cname) or vocab.collective_of(str(name))
+        dtype, size = vocab.dtype_size(dt)
         shard = False
         nbytes = float("nan")
         inn, outn, gs, seq = _given(inn), _given(outn), _given(gs), _given(seq)
@@ -228,28 +159,8 @@ K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
     vocab.KINDS.index(k) for k in (vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET,
                                     vocab.KIND_SYNC, vocab.KIND_CPU_OP, vocab.KIND_ANNOTATION))
 
-# Link columns classify adds to the schema columns (used by phases.py)
-LINK_COLUMNS = ["tid", "stream", "correlation", "ext_id", "cat", "launch_tid", "launch_ts_us"]
-
-
-def classify(rt) -> pd.DataFrame:
-    """Events frame (schema columns except rank/step/phase/unit) + link columns, from a RawTrace."""
-    c = classify_arrays(rt)
-    return pd.DataFrame({
-        "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
-        "kind": _obj(KIND_LABELS[c["kind"]]),
-        "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
-        "ts_us": c["ts_us"], "dur_us": c["dur_us"], "collective": _obj(c["collective"]),
-        "bytes": c["bytes"], "dtype": _obj(c["dtype"]), "group_size": c["group_size"],
-        "pg": _obj(c["pg"]), "seq": c["seq"],
-        "tid": _obj(c["tid"]), "stream": c["stream"], "correlation": c["correlation"], "ext_id": c["ext_id"],
-        "cat": pd.Categorical.from_codes(c["cat"], categories=c["cat_cats"]),
-        "launch_tid": _obj(c["launch_tid"]), "launch_ts_us": c["launch_ts_us"],
-    })
-
-
 def classify_arrays(rt) -> dict:
-    """classify() as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
+    """Classified events as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
     kind int8 codes into KIND_LABELS (vocab.KINDS), collective/dtype/pg/tid/launch_tid object arrays,
     times float64 us; runtime calls dropped."""
     rc = rt.cols
@@ -263,9 +174,9 @@ def classify_arrays(rt) -> dict:
         return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
 
     stream = rc["stream"]
-    gpu_cat = cat_is("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset")
+    gpu_cat = cat_is(*vocab.DEVICE_EVENT_CATS)
     on_gpu = (stream >= 0) & gpu_cat
-    is_runtime = cat_is("cuda_runtime", "cuda_driver", "Runtime", "Driver")
+    is_runtime = cat_is(*vocab.RUNTIME_CATS)
     is_cpu_op = cat_is("cpu_op")
     is_annot = cat_is("user_annotation", "gpu_user_annotation")
     is_memcpy_cat, is_memset_cat, is_sync_cat = cat_is("gpu_memcpy", "Memcpy"), cat_is("gpu_memset", "Memset"), \
@@ -280,10 +191,10 @@ def classify_arrays(rt) -> dict:
     def by_name(values) -> np.ndarray:
         return np.fromiter(values, dtype=bool, count=len(cl))
 
-    c_comm = by_name(x.startswith(("nccl", "rccl")) for x in low)
+    c_comm = by_name(vocab.is_comm_kernel(x) for x in cl)
     c_memcpy = by_name(x.startswith(("memcpy", "dma")) for x in low)
     c_memset = by_name(x.startswith("memset") for x in low)
-    c_sync = by_name("sync" in x for x in low)
+    c_sync = by_name(vocab.is_sync_kernel(x) for x in cl)
     c_gloo = by_name(x.startswith("gloo:") for x in cl)
     c_c10d = by_name(x.startswith("c10d::") or x in _COMM_CPU_NAMES or x in _WAIT_NAMES for x in cl)
     c_ncclop = by_name(x.startswith("nccl:") for x in low)
@@ -327,7 +238,7 @@ def classify_arrays(rt) -> dict:
     if relevant.any():           # parsed once per distinct name of the rows that carry a collective
         used = np.unique(codes[relevant])
         coll_by_cat = np.full(len(cats), None, dtype=object)
-        coll_by_cat[used] = [collective_of(cats[i]) for i in used.tolist()]
+        coll_by_cat[used] = [vocab.collective_of(cats[i]) for i in used.tolist()]
         collective[relevant] = coll_by_cat[codes[relevant]]
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
@@ -375,8 +286,11 @@ def classify_arrays(rt) -> dict:
         for c in ("bytes", "group_size", "seq", "dtype", "pg"):
             o[c][idx] = info[c][ok]
     if k_on_gpu.any():
-        # comm kernels without size info: take it from the CPU op with the same External id
+        # comm kernels: their type and group from the CPU op that launched them, their sizes (when the
+        # kernel has none) from the CPU op with the same External id
+        _type_from_launching_op(o, k_on_gpu)
         _fill_from_cpu_side(o, k_on_gpu)
+        _unknown_type_by_name(o, k_on_gpu)
 
     # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
     if k_gloo.any():
@@ -392,6 +306,41 @@ def classify_arrays(rt) -> dict:
     if shard.any():
         o["bytes"][shard] = o["bytes"][shard] * gs[shard]
     return o
+
+
+def _type_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
+    """The collective type (and process group, sequence number) of each comm kernel from the innermost CPU
+    op with a known collective (``nccl:*``, ``c10d::*``, ``record_param_comms``) around its launch on the
+    launching thread: a ``SendRecv`` kernel launched inside ``nccl:all_to_all`` is an all_to_all.  The
+    kernel's own name is the fallback."""
+    kind = o["kind"]
+    ck = np.flatnonzero(on_gpu & (kind == K_COMM) & ~_isna(o["launch_tid"]))
+    ops = np.flatnonzero(~on_gpu & (kind != K_COMM) & ~_isna(o["collective"]))
+    if not ck.size or not ops.size:
+        return
+    ts, end = o["ts_us"], o["ts_us"] + o["dur_us"]
+    op_tid, k_tid = o["tid"][ops], o["launch_tid"][ck]
+    for t in pd.unique(k_tid):
+        sel = ops[op_tid == t]
+        if not sel.size:
+            continue
+        q = ck[k_tid == t]
+        k = intervals.innermost(ts[sel], end[sel], o["launch_ts_us"][q])
+        hit = k >= 0
+        dst, src = q[hit], sel[k[hit]]
+        o["collective"][dst] = o["collective"][src]
+        for c in ("pg",):
+            o[c][dst] = np.where(_isna(o[c][src]), o[c][dst], o[c][src])
+        for c in ("seq", "group_size"):
+            o[c][dst] = np.where(np.isnan(o[c][src]), o[c][dst], o[c][src])
+
+
+def _unknown_type_by_name(o: dict, on_gpu: np.ndarray) -> None:
+    """A comm kernel whose type neither its launch nor its name tells is shown by its kernel name."""
+    rows = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"]))
+    if rows.size:
+        names = o["name_cats"]
+        o["collective"][rows] = [str(names[c]).split("(", 1)[0][:80] for c in o["name"][rows].tolist()]
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
@@ -460,7 +409,7 @@ def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.
     names = o["name_cats"]
     as_by_name = {}
     work = np.flatnonzero(gloo_comm)
-    work_as = np.array([as_by_name.setdefault(c, collective_of(str(names[c]))) for c in o["name"][work].tolist()],
+    work_as = np.array([as_by_name.setdefault(c, vocab.collective_of(str(names[c]))) for c in o["name"][work].tolist()],
                        dtype=object)
     known = ~_isna(work_as)
     work, work_as = work[known], work_as[known]

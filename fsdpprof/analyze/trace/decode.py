@@ -37,10 +37,7 @@ PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at l
 SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size (and <= CHUNK_BYTES inflated) are inflated without a thread
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
-KEEP_CATS = frozenset({
-    "kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation", "gpu_user_annotation",
-    "cuda_runtime", "cuda_driver", "Kernel", "Memcpy", "Memset", "Runtime", "Driver",
-})
+KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | vocab.DEVICE_EVENT_CATS | vocab.RUNTIME_CATS
 
 
 class Args(msgspec.Struct):
@@ -185,8 +182,8 @@ _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
 _ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
 _LINK_LIST_DEC = msgspec.json.Decoder(list[LinkArgs | None])
 _NO_ARGS = Args()
-_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "Kernel", "Memcpy", "Memset"})
-_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver"})
+_GPU_CATS = vocab.DEVICE_EVENT_CATS
+_RUNTIME_CATS = vocab.RUNTIME_CATS
 _COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 _TAIL_DEC = msgspec.json.Decoder(TailDoc)
 _SEP_RE = re.compile(rb"\}\s*,\s*\{")
@@ -206,8 +203,7 @@ class RawTrace:
 
     ``cols``: name/cat (int codes into ``name_cats``/``cat_cats``), tid/pid (original values, object),
     ts_us/dur_us (float64, us), stream/correlation/ext_id (int64, -1 absent).  ``comm_rows``: one
-    tuple per event with comm args (COMM_ARG_COLUMNS; idx is the row).  ``raw``/``comm_args`` give
-    the same as DataFrames."""
+    tuple per event with comm args (COMM_ARG_COLUMNS; idx is the row), ``comm_args`` as a DataFrame."""
 
     path: str
     cols: dict
@@ -215,16 +211,6 @@ class RawTrace:
     memory_events: pd.DataFrame
     meta: dict
     thread_names: dict = field(default_factory=dict)
-
-    @property
-    def raw(self) -> pd.DataFrame:
-        """RAW_COLUMNS as a DataFrame (name and cat categorical)."""
-        c = self.cols
-        return pd.DataFrame({
-            "cat": pd.Categorical.from_codes(c["cat"], categories=c["cat_cats"]),
-            "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
-            "pid": c["pid"], "tid": c["tid"], "ts_us": c["ts_us"], "dur_us": c["dur_us"],
-            "stream": c["stream"], "correlation": c["correlation"], "ext_id": c["ext_id"]})
 
     @property
     def comm_args(self) -> pd.DataFrame:
@@ -773,9 +759,24 @@ def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
         raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events); "
                         f"was the profiler window active? re-record with a longer window")
     mem = _memory_frame(cols.mem_rows)
-    meta["device_type"] = "cuda" if (arrays["stream"] >= 0).any() else "cpu"
+    meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
                     thread_names=cols.thread_names)
+
+
+def _device_type(arrays: dict, meta: dict) -> str:
+    """vocab.device_type of a decoded trace: its categories, runtime-call names and device names."""
+    cats = np.asarray(arrays["cat_cats"], dtype=object)
+    used = np.unique(arrays["cat"]) if len(arrays["cat"]) else np.empty(0, dtype=np.int64)
+    used_cats = [str(cats[i]) for i in used.tolist()]
+    rt_codes = np.flatnonzero(np.isin(cats, list(vocab.RUNTIME_CATS)))
+    names = np.asarray(arrays["name_cats"], dtype=object)
+    rt_names = [str(names[i]) for i in np.unique(arrays["name"][np.isin(arrays["cat"], rt_codes)]).tolist()]
+    props = meta.get("deviceProperties")
+    devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    if not (arrays["stream"] >= 0).any():
+        return vocab.DEVICE_CPU
+    return vocab.device_type(used_cats, rt_names, devs)
 
 
 def _decode_header(path: str, header_bytes: bytes) -> dict:
