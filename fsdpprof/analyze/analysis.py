@@ -19,7 +19,7 @@ import pandas as pd
 
 from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import theory
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 SUMMARY_SCHEMA = "fsdpprof.summary/1"
 LANE_EVENTS_MAX = 4000
@@ -184,20 +184,26 @@ def _memory(a: Analysis, run) -> None:
         _note(a, "memory", f"memory analysis not available ({exc}).")
         return
     rows = []
+    snapshot_only = run.source in ("snapshot_file", "snapshot_folder")
     for r in sorted(run.ranks):
         try:
             m = memory_analysis(run.ranks[r])
         except UserError as exc:
             # a snapshot is all there is, and an inventory from another run means mixed-up files:
             # both are bad input (one line, exit 2); otherwise the rest of the report still stands
-            if run.source in ("snapshot_file", "snapshot_folder") or "inventory.json" in str(exc):
+            if snapshot_only or "inventory.json" in str(exc):
                 raise
             _note(a, "memory", f"rank {r}: {exc}")
             continue
         except Exception as exc:
+            if snapshot_only:        # nothing else to report: an empty report would hide the failure
+                with unexpected_as_user_error(f"memory analysis of {run.ranks[r].snapshot_path or run.path}"):
+                    raise
             _note(a, "memory", f"memory analysis of rank {r} failed: {type(exc).__name__}: {exc}.")
             continue
         a.memory[r] = m
+        # what was malformed in the input is said once, with the run's warnings (terminal and report)
+        a.warnings += [w for w in getattr(m, "input_warnings", []) if w not in a.warnings]
         rows.append({"rank": r, "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
                      "peak_ts_us": m.peak_ts_us, "peak_phase": m.peak_phase,
                      "peak_fsdp_phase": getattr(m, "peak_fsdp_phase", None), "baseline_bytes": m.baseline_bytes,

@@ -18,7 +18,7 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import schema
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 SOURCE_RUN_DIR = "run_dir"
 SOURCE_TRACE_FOLDER = "trace_folder"
@@ -115,11 +115,11 @@ def _looks_like_trace(path: str) -> bool:
     return b'"traceEvents"' in head or b'"distributedInfo"' in head
 
 
-def _parse_one(path: str, rank: int | None, progress: bool | None):
+def _parse_one(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None):
     """Worker: load one trace; returns ('ok', TraceData) or ('error', message)."""
     from fsdpprof.analyze.trace import load_trace
     try:
-        return "ok", load_trace(path, rank=rank, progress=progress)
+        return "ok", load_trace(path, rank=rank, progress=progress, max_bytes=max_bytes)
     except UserError as exc:
         return "error", str(exc)
     except MemoryError:
@@ -144,7 +144,8 @@ def _inflated_size(path: str) -> int:
         return 0
 
 
-def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None) -> dict:
+def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None,
+               max_bytes: int | None = None) -> dict:
     """jobs: (label, path, rank override). Returns label -> (status, value)."""
     if not jobs:
         return {}
@@ -154,11 +155,11 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
         small = sum(_inflated_size(path) for _, path, _ in jobs) < POOL_MIN_BYTES
         workers = 1 if small else min(len(jobs), os.cpu_count() or 1)
     if workers <= 1 or len(jobs) == 1:
-        return {label: _parse_one(path, rank, progress) for label, path, rank in jobs}
+        return {label: _parse_one(path, rank, progress, max_bytes) for label, path, rank in jobs}
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(_parse_one, path, rank, progress): label for label, path, rank in jobs}
+        futs = {pool.submit(_parse_one, path, rank, progress, max_bytes): label for label, path, rank in jobs}
         for fut in cf.as_completed(futs):
             label = futs[fut]
             try:
@@ -188,8 +189,16 @@ def _read_json(path: str, what: str) -> dict:
     return doc
 
 
-def load_run(path, *, workers: int | None = None, progress: bool | None = None) -> Run:
-    """Load a run directory, trace folder, single trace, snapshot file or snapshot folder."""
+def load_run(path, *, workers: int | None = None, progress: bool | None = None,
+             max_trace_bytes: int | None = None) -> Run:
+    """Load a run directory, trace folder, single trace, snapshot file or snapshot folder.
+    ``max_trace_bytes``: largest trace JSON accepted once decompressed (default trace.MAX_TRACE_BYTES).
+    Bad input raises :class:`fsdpprof.errors.UserError`, never another exception."""
+    with unexpected_as_user_error(f"{os.fspath(path)}"):
+        return _load_run(path, workers, progress, max_trace_bytes)
+
+
+def _load_run(path, workers: int | None, progress: bool | None, max_trace_bytes: int | None) -> Run:
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         raise UserError(f"{path} does not exist; pass a run directory, a folder of traces or a trace file")
@@ -201,16 +210,16 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None) 
                           memory_events=None, snapshot_path=path, trace_meta={"device_type": "cuda"})
             return Run(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: rd}, missing={}, warnings=[],
                        world_size=None)
-        return _load_traces(path, [path], SOURCE_TRACE_FILE, workers, progress)
+        return _load_traces(path, [path], SOURCE_TRACE_FILE, workers, progress, max_trace_bytes)
     entries = sorted(os.listdir(path))
     if os.path.isfile(os.path.join(path, runfmt.RUN_JSON)) or any(
             e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
             for e in entries):
-        return _load_run_dir(path, entries, workers, progress)
+        return _load_run_dir(path, entries, workers, progress, max_trace_bytes)
     files = [os.path.join(path, e) for e in entries if os.path.isfile(os.path.join(path, e))]
     traces = [f for f in files if _looks_like_trace(f)]
     if traces:
-        return _load_traces(path, traces, SOURCE_TRACE_FOLDER, workers, progress)
+        return _load_traces(path, traces, SOURCE_TRACE_FOLDER, workers, progress, max_trace_bytes)
     snaps = [f for f in files if _is_snapshot(f)]
     if snaps:
         ranks, warnings = {}, []
@@ -230,9 +239,9 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None) 
                     f"traceEvents) and no CUDA snapshots (*.pickle); point fsdpprof at one of those")
 
 
-def _load_traces(root: str, traces: list[str], source: str, workers, progress) -> Run:
+def _load_traces(root: str, traces: list[str], source: str, workers, progress, max_bytes=None) -> Run:
     jobs = [(os.path.basename(f), f, None) for f in traces]
-    results = _parse_all(jobs, workers, progress)
+    results = _parse_all(jobs, workers, progress, max_bytes)
     ranks: dict[int, RankData] = {}
     missing: dict[str, str] = {}
     warnings: list[str] = []
@@ -275,7 +284,7 @@ def _load_traces(root: str, traces: list[str], source: str, workers, progress) -
                world_size=world_size)
 
 
-def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
+def _load_run_dir(root: str, entries: list[str], workers, progress, max_bytes=None) -> Run:
     meta: dict = {}
     warnings: list[str] = []
     missing: dict[str, str] = {}
@@ -314,7 +323,7 @@ def _load_run_dir(root: str, entries: list[str], workers, progress) -> Run:
         tpath = os.path.join(d, runfmt.TRACE_FILE)
         if os.path.isfile(tpath):
             jobs.append((label, tpath, r))
-    results = _parse_all(jobs, workers, progress)
+    results = _parse_all(jobs, workers, progress, max_bytes)
     ranks: dict[int, RankData] = {}
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"

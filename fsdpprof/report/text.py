@@ -12,6 +12,7 @@ def summary_text(a) -> str:
              f"median step {fmt_us(o.get('step_time_us'))}"]
     if a.missing:
         lines.append("  PARTIAL: missing " + "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items())))
+    lines += [f"  warning: {w}" for w in a.warnings]
     if a.memory_peaks is not None and not a.memory_peaks.empty:
         mp = a.memory_peaks
         r = mp.loc[mp["peak_allocated_bytes"].idxmax()]

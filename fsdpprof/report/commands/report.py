@@ -16,6 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--open", action="store_true", help="open the report in a browser")
     p.add_argument("--workers", type=int, default=None, help="processes for loading ranks")
     p.add_argument("--no-hta", action="store_true", help="skip HTA's breakdowns on GPU traces")
+    p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
+                   help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")
 
 
 def default_output(run_path: str) -> str:
@@ -47,20 +49,20 @@ def write_pair(out_html: str, html_bytes: bytes, out_json: str, json_bytes: byte
         raise UserError(f"cannot write {what} to {out_html}: {exc.strerror}; pass -o to a writable path") from None
 
 
-def analyse_path(path: str, workers: int | None = None, hta: bool = True):
+def analyse_path(path: str, workers: int | None = None, hta: bool = True, max_trace_bytes: int | None = None):
     from fsdpprof.analyze.analysis import analyze_run
     from fsdpprof.analyze.run import load_run
 
     if not os.path.exists(path):
         raise UserError(f"{path} does not exist: give a run directory (fsdpprof record --out DIR), "
                         "a folder of profiler traces or a CUDA snapshot")
-    return analyze_run(load_run(path, workers=workers), hta=hta)
+    return analyze_run(load_run(path, workers=workers, max_trace_bytes=max_trace_bytes), hta=hta)
 
 
 def run(args) -> int:
     from fsdpprof.report.text import summary_text
 
-    a = analyse_path(args.run, args.workers, hta=not args.no_hta)
+    a = analyse_path(args.run, args.workers, hta=not args.no_hta, max_trace_bytes=args.max_trace_bytes)
     out = args.output or default_output(args.run)
     html_path, summary_path = write_report(a, out, args.summary)
     print(summary_text(a))
