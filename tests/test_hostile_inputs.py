@@ -372,11 +372,13 @@ def test_snapshot_only_run_fails_loudly_on_an_unexpected_error(tmp_path, monkeyp
     assert BUG_MARK in str(err) and str(path) in str(err)
 
 
-def test_pickle_bomb_is_refused_before_it_is_walked(tmp_path):
-    # entries sharing one 20,000-frame list 20,000 times (pickle memo): 4e8 frames in a small file
-    frames = _frames() * 20_000
-    entry = _entry("alloc", 0x1000, 64, 1.0, frames=frames)
-    path = _pickle(tmp_path / "bomb.pickle", {"segments": [], "device_traces": [[entry] * 20_000]})
+@pytest.mark.parametrize("shape", ["frames", "entries"])
+def test_pickle_bomb_is_refused_before_it_is_walked(tmp_path, shape):
+    # dicts shared by reference (pickle memo) 20,000 x 20,000 times: 4e8 frames, or 4e8 entries (one device
+    # trace list shared by 20,000 devices; it ran past 120 s), in a file of less than 500 KB
+    entry = _entry("alloc", 0x1000, 64, 1.0, frames=_frames() * (20_000 if shape == "frames" else 20))
+    traces = [[entry] * 20_000] if shape == "frames" else [[entry] * 20_000] * 20_000
+    path = _pickle(tmp_path / "bomb.pickle", {"segments": [], "device_traces": traces})
     assert path.stat().st_size < 500_000
     err = _one_line_error(load_snapshot, str(path))
     assert "pickle bomb" in str(err) and str(path) in str(err)
