@@ -451,8 +451,10 @@ def _on_alarm(signum, frame):
 
 def _internal(exc: BaseException) -> bool:
     """A UserError that stands for an unexpected exception (fsdpprof's last-resort wrapper caught a bug)."""
-    from fsdpprof.errors import BUG_MARK, UserError
+    from fsdpprof import errors
+    from fsdpprof.errors import UserError
     cause = exc.__cause__
+    BUG_MARK = getattr(errors, "BUG_MARK", "this is a bug in fsdpprof")     # (older versions: the same text)
     return (cause is not None and not isinstance(cause, UserError)) or BUG_MARK in str(exc)
 
 
