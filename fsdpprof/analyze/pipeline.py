@@ -29,7 +29,7 @@ from fsdpprof.analyze import model_states, theory, vocab
 from fsdpprof.analyze.comm import overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.trace import labels
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 LANE_EVENTS_MAX = 4000
 # keys of the communication tables (rank first)
@@ -235,22 +235,29 @@ def _memory_part(res: RankResult, rd, source: str) -> None:
             _note(res.notes, "memory", str(exc))
         return
     except Exception as exc:
-        if source in ("snapshot_file", "snapshot_folder"):
-            res.fatal = f"{res.label}: the snapshot could not be analysed ({type(exc).__name__}: {exc})"
+        if source in ("snapshot_file", "snapshot_folder"):   # nothing else to report: say it, exit 2
+            try:
+                with unexpected_as_user_error(f"memory analysis of {rd.snapshot_path or res.label}"):
+                    raise exc
+            except UserError as wrapped:
+                res.fatal = str(wrapped)
         else:
             _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
         return
     res.memory = replace(m, allocations=None)
+    # what was malformed in the input is said once, with the run's warnings (terminal and report)
+    res.warnings += [w for w in getattr(m, "input_warnings", []) if w not in res.warnings]
 
 
-def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False) -> RankResult:
+def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
+                 max_bytes: int | None = None) -> RankResult:
     """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only)."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
     if rd.events is None and rd.trace_path:
         from fsdpprof.analyze.run import parse_trace
 
-        status, val = parse_trace(rd.trace_path, rd.rank, progress)
+        status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes)
         if status != "ok":
             res.error = val
         else:
@@ -297,13 +304,14 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None) 
     t0 = time.perf_counter()
     if workers <= 1 or len(lazy) <= 1:
         for rd in rds:
-            out[rd.rank] = analyze_rank(rd, source=run.source, lanes=rd.rank == lanes_rank, progress=progress)
+            out[rd.rank] = analyze_rank(rd, source=run.source, lanes=rd.rank == lanes_rank, progress=progress,
+                                        max_bytes=run.max_trace_bytes)
             _say(say, f"rank {rd.rank} analysed ({time.perf_counter() - t0:.1f} s)")
         return [out[r] for r in sorted(out)]
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(analyze_rank, rd, source=run.source, lanes=rd.rank == lanes_rank, progress=False): rd
-                for rd in rds}
+        futs = {pool.submit(analyze_rank, rd, source=run.source, lanes=rd.rank == lanes_rank, progress=False,
+                            max_bytes=run.max_trace_bytes): rd for rd in rds}
         for fut in cf.as_completed(futs):
             rd = futs[fut]
             try:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import vocab
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 SOURCE_RUN_DIR = "run_dir"
 SOURCE_TRACE_FOLDER = "trace_folder"
@@ -66,6 +66,7 @@ class Run:
     warnings: list[str]
     world_size: int | None
     inputs: list[str] = field(default_factory=list)   # every file read (or offered) as input: never an output
+    max_trace_bytes: int | None = None   # largest trace JSON accepted once decompressed (None: the default)
 
     def record_folders(self) -> list[str]:
         """Folders of a run directory that hold what ``fsdpprof record`` wrote (rank-*/, launchers/): outputs
@@ -115,11 +116,15 @@ def distributed_info_head(path: str) -> dict:
     m = _DIST_INFO.search(head)
     if not m:
         return {}
+    from fsdpprof.analyze.trace.decode import check_distributed_info
+
     try:
         doc, _ = json.JSONDecoder().raw_decode(head[m.end():].decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
-    return doc if isinstance(doc, dict) else {}
+    meta = {"distributedInfo": doc}
+    check_distributed_info(meta, {})          # implausible ranks and sizes left out, as the full parse does
+    return meta.get("distributedInfo") or {}
 
 
 def _is_snapshot(path: str) -> bool:
@@ -165,13 +170,13 @@ def check_workers(workers, what: str = "workers") -> None:
                         f"of ranks and of CPU cores, {os.cpu_count() or 1} here)")
 
 
-def parse_trace(path: str, rank: int | None, progress: bool | None):
+def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None):
     """Load one rank's trace (a worker's job); returns ('ok', TraceData) or ('error', one-line message)."""
     from fsdpprof.analyze.trace import load_trace
     if not os.access(path, os.R_OK):
         return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
     try:
-        return "ok", load_trace(path, rank=rank, progress=progress)
+        return "ok", load_trace(path, rank=rank, progress=progress, max_bytes=max_bytes)
     except UserError as exc:
         return "error", str(exc)
     except MemoryError:
@@ -194,7 +199,8 @@ def inflated_size(path: str) -> int:
         return 0
 
 
-def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None) -> dict:
+def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None,
+               max_bytes: int | None = None) -> dict:
     """jobs: (label, path, rank). Returns label -> (status, value)."""
     if not jobs:
         return {}
@@ -205,11 +211,11 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
         workers = 1 if small else len(jobs)
     workers = max_workers(workers, len(jobs))
     if workers <= 1 or len(jobs) == 1:
-        return {label: parse_trace(path, rank, progress) for label, path, rank in jobs}
+        return {label: parse_trace(path, rank, progress, max_bytes) for label, path, rank in jobs}
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(parse_trace, path, rank, progress): label for label, path, rank in jobs}
+        futs = {pool.submit(parse_trace, path, rank, progress, max_bytes): label for label, path, rank in jobs}
         for fut in cf.as_completed(futs):
             label = futs[fut]
             try:
@@ -224,7 +230,7 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
     to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
     jobs = [(rd.label, rd.trace_path, r) for r, rd in sorted(run.ranks.items())
             if rd.events is None and rd.trace_path]
-    results = _parse_all(jobs, workers, progress)
+    results = _parse_all(jobs, workers, progress, run.max_trace_bytes)
     for r, rd in sorted(run.ranks.items()):
         if rd.label not in results:
             continue
@@ -343,11 +349,16 @@ def read_run_json(path: str) -> tuple[dict | None, str | None]:
     return doc, None
 
 
-def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False) -> Run:
+def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False,
+             max_trace_bytes: int | None = None) -> Run:
     """Load a run directory, trace folder, single trace, snapshot file or snapshot folder (``lazy``: find
-    the files only; the traces are parsed by whoever analyses each rank)."""
-    run = _discover(path, workers)
-    return run if lazy else load_events(run, workers=workers, progress=progress)
+    the files only; the traces are parsed by whoever analyses each rank).  ``max_trace_bytes``: largest
+    trace JSON accepted once decompressed (default trace.decode.MAX_TRACE_BYTES).  Bad input raises
+    :class:`fsdpprof.errors.UserError`, never another exception."""
+    with unexpected_as_user_error(f"{os.fspath(path)}"):
+        run = _discover(path, workers)
+        run.max_trace_bytes = max_trace_bytes
+        return run if lazy else load_events(run, workers=workers, progress=progress)
 
 
 def _discover(path, workers) -> Run:

@@ -22,7 +22,9 @@ def add_arguments(p) -> None:
                    help="processes for loading ranks (at most one per rank and per CPU core)")
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
-    p.add_argument("--no-hta", action="store_true", help=argparse.SUPPRESS)  # the default since 0.2; kept for scripts
+    p.add_argument("--no-hta", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
+                   help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")  # the default since 0.2; kept for scripts
 
 
 def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
@@ -39,12 +41,14 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
     return out_html, out_summary
 
 
-def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None):
+def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
+                 max_trace_bytes: int | None = None):
     """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run."""
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
-    return analyze_run(load_run(path, workers=workers, lazy=True), hta=hta, workers=workers, progress=progress)
+    run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
+    return analyze_run(run, hta=hta, workers=workers, progress=progress)
 
 
 def check_workers_option(workers) -> None:
@@ -65,7 +69,7 @@ def run(args) -> int:
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
                                                                       "the summary")]
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
-    run_ = load_run(args.run, workers=args.workers, lazy=True)
+    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
     a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty())
     del run_

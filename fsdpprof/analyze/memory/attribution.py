@@ -48,6 +48,7 @@ class MemoryResult:
     peak_fsdp_phase: str | None = None   # innermost FSDP annotation / tag at the peak
     peak_seq: int | None = None          # order key of the event at the peak (see allocations' alloc_seq)
     reserved_end_bytes: int | None = None  # snapshot: reserved at snapshot time (segments)
+    input_warnings: list[str] = field(default_factory=list)  # malformed input left out (also in warnings)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -267,6 +268,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
         res.oom = {"requested_bytes": o["requested_bytes"], "free_bytes": o["free_bytes"], "device": device,
                    "ts_us": o["ts_us"] if snap.has_time else None}
     res.warnings = warnings + res.warnings
+    res.input_warnings = list(snap.defects)
     return res
 
 
@@ -300,14 +302,26 @@ def _fmt_frames(fr, limit: int = 6) -> str:
         return ""
     keep = []
     for f in fr:
-        name = str(f.get("name", ""))
-        if (str(f.get("filename", "")) != "??" or "autograd" in name) and "CUDACachingAllocator" not in name:
+        if type(f) is not dict:
+            continue
+        name = _frame_text(f.get("name", ""))
+        if (_frame_text(f.get("filename", "")) != "??" or "autograd" in name) and "CUDACachingAllocator" not in name:
             keep.append(f)
             if len(keep) == limit:
                 break
-    return " < ".join(f"{f.get('name', '')} ({os.path.basename(str(f.get('filename', '')))}:{f.get('line', 0)})"
-                      if f.get("filename") not in (None, "??") else str(f.get("name", ""))[:80]
-                      for f in (keep or fr[:limit]))
+    return " < ".join(f"{_frame_text(f.get('name', ''))} ({os.path.basename(_frame_text(f.get('filename', '')))}:"
+                      f"{_frame_text(f.get('line', 0))})"
+                      if f.get("filename") not in (None, "??") else _frame_text(f.get("name", ""))[:80]
+                      for f in (keep or [f for f in fr[:limit] if type(f) is dict]))
+
+
+def _frame_text(v) -> str:
+    """A frame's name / filename / line as text of at most 1,024 characters (frames come from the file)."""
+    if type(v) is str:
+        return v[:1024]
+    if type(v) in (int, float, bool) or v is None:
+        return str(v)
+    return f"<{type(v).__name__}>"
 
 
 def _by_unit(unit: np.ndarray, codes: np.ndarray, b: np.ndarray, cat_names: np.ndarray) -> pd.DataFrame:

@@ -116,8 +116,11 @@ def parse_tags(meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 d = json.loads(t)
                 phase = d.get("phase") or d.get("fsdp_phase")
                 unit = d.get("unit", d.get("module", d.get("fqn")))
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 pass
+            # tags come from the file: only strings are phases / units
+            phase = phase if isinstance(phase, str) else None
+            unit = unit if isinstance(unit, str) else None
         elif t:
             for k, v in _KV_RE.findall(t):
                 if k in ("phase", "fsdp_phase"):
@@ -171,8 +174,11 @@ def signature_codes(frames) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _frame_part(f) -> str:
-    fn = str(f.get("filename") or "")
-    name = str(f.get("name") or "")
+    if type(f) is not dict:           # frames come from the file: anything else is an unknown frame
+        return ""
+    fn, name = f.get("filename") or "", f.get("name") or ""
+    fn = fn[:1024] if type(fn) is str else ""           # (a long shared string is scanned once per frame)
+    name = name[:1024] if type(name) is str else ""
     if fn and fn != "??" and not fn.endswith((".cpp", ".h", ".cu", ".cc", ".hpp", ".cuh")):
         path = fn.lower().replace("\\", "/")
         # keep the package-relative part (torch/optim/adam.py), enough for the rules and short to scan

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import io
 import os
 import pickle
@@ -52,13 +51,39 @@ def gc_paused():
             gc.enable()
 
 
-def loads(data: bytes, label: str = "<bytes>"):
-    """Unpickle ``data`` (plain or gzip) allowing only builtin containers and scalars."""
+def _gunzip(data: bytes, label: str, max_bytes: int | None) -> bytes:
+    """Inflate gzip ``data`` (all members), stopping with a UserError once more than ``max_bytes`` came out."""
+    out = []
+    total = 0
+    try:
+        while data:
+            d = zlib.decompressobj(wbits=31)
+            while not d.eof:
+                chunk = d.decompress(data, 64 << 20)
+                data = d.unconsumed_tail
+                if not chunk and not data:
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                total += len(chunk)
+                if max_bytes is not None and total > max_bytes:
+                    raise UserError(f"{label}: inflates to more than {max_bytes / 2**30:.3g} GiB, the limit for a "
+                                    f"memory snapshot; refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
+                out.append(chunk)
+            data = d.unused_data.lstrip(b"\x00")          # another member, or zero padding
+            if data and data[:2] != _GZIP_MAGIC:
+                raise zlib.error("data after the end of the gzip stream")
+    except (zlib.error, EOFError) as exc:
+        raise UserError(f"{label}: gzip data is corrupt or truncated ({exc}); copy the file again") from None
+    return b"".join(out)
+
+
+def loads(data: bytes, label: str = "<bytes>", *, max_bytes: int | None = None):
+    """Unpickle ``data`` (plain or gzip) allowing only builtin containers and scalars; a pickle of
+    more than ``max_bytes`` (decompressed) is refused."""
     if data[:2] == _GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise UserError(f"{label}: gzip data is corrupt or truncated ({exc}); copy the file again") from None
+        data = _gunzip(data, label, max_bytes)
+    elif max_bytes is not None and len(data) > max_bytes:
+        raise UserError(f"{label}: {len(data) / 2**30:.3g} GiB is more than the limit for a memory snapshot "
+                        f"({max_bytes / 2**30:.3g} GiB); refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
     if not data:
         raise UserError(f"{label}: file is empty; expected a pickle from torch.cuda.memory._snapshot()")
     try:
@@ -66,6 +91,8 @@ def loads(data: bytes, label: str = "<bytes>"):
             return _RestrictedUnpickler(io.BytesIO(data), label).load()
     except UserError:
         raise
+    except RecursionError:
+        raise UserError(f"{label}: the pickle nests containers too deeply to be a memory snapshot") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, MemoryError, OverflowError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -73,12 +100,20 @@ def loads(data: bytes, label: str = "<bytes>"):
                         f"expected a file from torch.cuda.memory._dump_snapshot()") from None
 
 
-def load(path: str | os.PathLike):
-    """Read and restricted-unpickle the file at ``path`` (plain or gzip)."""
+def load_sized(path: str | os.PathLike, *, max_bytes: int | None = None) -> tuple[object, int]:
+    """(object, bytes of pickle once decompressed) of the file at ``path`` (plain or gzip), restricted-
+    unpickled; more than ``max_bytes`` decompressed is refused (checked while inflating)."""
     label = os.fspath(path)
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
         raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
-    return loads(data, label)
+    if data[:2] == _GZIP_MAGIC:
+        data = _gunzip(data, label, max_bytes)
+    return loads(data, label, max_bytes=max_bytes), len(data)
+
+
+def load(path: str | os.PathLike, *, max_bytes: int | None = None):
+    """Read and restricted-unpickle the file at ``path`` (plain or gzip)."""
+    return load_sized(path, max_bytes=max_bytes)[0]

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
 
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze.memory import safe_pickle
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 NEVER = np.iinfo(np.int64).max
 
@@ -50,12 +48,37 @@ class SnapshotData:
     devices: list[int]                 # devices with segments or trace entries
     allocator_settings: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    defects: list[str] = field(default_factory=list)   # the warnings about malformed input (also in warnings)
+    objects_visited: int = 0           # segments, blocks, entries and frames the parse visited (see OBJECTS_PER_BYTE)
 
 
-def load_snapshot(path: str | os.PathLike) -> SnapshotData:
-    """Read a snapshot pickle (plain or gzip) safely and turn it into :class:`SnapshotData`."""
+# Limits on what a snapshot file may make us do (real snapshots are far below them).
+MAX_SNAPSHOT_BYTES = 8 << 30     # the pickle, decompressed
+SIZE_MAX = 1 << 40               # bytes of one block / segment / allocation (1 TiB: more than any GPU has)
+TIME_MAX_US = float(2 ** 53)     # |time_us| beyond this is not a time
+DEVICE_MAX = 1 << 14
+# Objects visited (segments, blocks, trace entries and the frames of each, counted every time they are
+# reached, also when pickle's memo shares one object many times): at most OBJECTS_PER_BYTE per byte of
+# decompressed pickle, and never fewer than OBJECTS_MIN.  The densest real snapshot in ../shared/data
+# (qlora-tinyllama-legacy.pickle, 2.6 MB, frames shared by reference) reaches 0.39 per byte: the limit is
+# 50x that.  A pickle bomb (a 480 KB file whose entries share one 20,000-frame list 20,000 times:
+# 4e8 objects) is refused before any of them is visited.
+OBJECTS_PER_BYTE = 20
+OBJECTS_MIN = 2_000_000
+
+
+def load_snapshot(path: str | os.PathLike, *, max_bytes: int | None = None,
+                  max_objects: int | None = None) -> SnapshotData:
+    """Read a snapshot pickle (plain or gzip) safely and turn it into :class:`SnapshotData`.
+    ``max_bytes``: largest decompressed pickle accepted (default MAX_SNAPSHOT_BYTES); ``max_objects``:
+    most objects the parse may visit (default from the file's size, see OBJECTS_PER_BYTE).
+    Bad input raises :class:`fsdpprof.errors.UserError` (one line naming the file); malformed entries
+    are left out and counted in ``SnapshotData.warnings``."""
     label = os.fspath(path)
-    return parse_snapshot(safe_pickle.load(path), label)
+    with unexpected_as_user_error(f"snapshot {label}"):
+        snap, nbytes = safe_pickle.load_sized(path, max_bytes=MAX_SNAPSHOT_BYTES if max_bytes is None else max_bytes)
+        limit = max(OBJECTS_MIN, OBJECTS_PER_BYTE * nbytes) if max_objects is None else max_objects
+        return parse_snapshot(snap, label, max_objects=limit)
 
 
 def _empty_allocs() -> pd.DataFrame:
@@ -69,33 +92,149 @@ def _empty_allocs() -> pd.DataFrame:
         "frames": pd.Series(dtype="object")})
 
 
-def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
-    """Turn an already-unpickled snapshot (dict, or bare list of segments) into SnapshotData."""
+class _Checker:
+    """Counts what a snapshot makes the parse visit (against ``limit``) and what was malformed."""
+
+    def __init__(self, label: str, limit: int) -> None:
+        self.label = label
+        self.limit = limit
+        self.visited = 0
+        self.defects: dict[str, int] = {}
+
+    def visit(self, n: int) -> None:
+        self.visited += n
+        if self.visited > self.limit:
+            raise UserError(f"{self.label}: the snapshot makes more than {self.limit:,} objects to visit (entries, "
+                            f"blocks, frames reached through shared references); refusing it as a pickle bomb or a "
+                            f"corrupt file (load_snapshot(path, max_objects=N) raises the limit)")
+
+    def bad(self, what: str, n: int = 1) -> None:
+        if n:
+            self.defects[what] = self.defects.get(what, 0) + n
+
+    def warnings(self) -> list[str]:
+        from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS
+        return [f"{self.label}: {_SNAP_DEFECTS[k].format(n=n, max=NAME_MAX_CHARS)}" for k, n in self.defects.items() if n]
+
+
+_SNAP_DEFECTS = {
+    "segment": "{n:,} segment(s) malformed (not a dict, or an address / size / device that is not a plausible "
+               "integer): left out",
+    "block": "{n:,} block(s) of segments malformed (not a dict, or an address / size that is not a plausible "
+             "integer): left out",
+    "trace": "{n:,} device trace(s) are not lists: read as empty",
+    "entry": "{n:,} trace entries malformed (not a dict, or an address / size / time that is missing or not a "
+             "plausible number): left out",
+    "field": "{n:,} trace entry field(s) of the wrong type (stream, frames, user_metadata, device_free): ignored",
+    "long": "{n:,} user_metadata / annotation text(s) longer than {max:,} characters were cut",
+    "annotation": "{n:,} external annotation(s) malformed: left out",
+}
+
+
+def _int_ok(v, lo: int, hi: int) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _time_ok(v) -> bool:
+    return (type(v) is float or type(v) is int) and -TIME_MAX_US <= v <= TIME_MAX_US    # (NaN fails)
+
+
+def _ints(values: list, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 array, valid) of ``values``: valid where an int in [lo, hi] (0 elsewhere)."""
+    if values and set(map(type, values)) == {int}:
+        try:
+            arr = np.asarray(values, dtype=np.int64)
+            ok = (arr >= lo) & (arr <= hi)
+            return np.where(ok, arr, 0), ok
+        except OverflowError:
+            pass
+    ok = np.fromiter((_int_ok(v, lo, hi) for v in values), dtype=bool, count=len(values))
+    return np.fromiter((v if k else 0 for v, k in zip(values, ok.tolist())), dtype=np.int64, count=len(values)), ok
+
+
+def _times(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 array, valid) of ``values``: valid where a finite number within TIME_MAX_US."""
+    ok = np.fromiter(map(_time_ok, values), dtype=bool, count=len(values))
+    return np.fromiter((float(v) if k else np.nan for v, k in zip(values, ok.tolist())), dtype=np.float64,
+                       count=len(values)), ok
+
+
+def _text(v, chk: _Checker) -> str:
+    """A snapshot string (user_metadata, annotation name): cut to NAME_MAX_CHARS characters (counted)."""
+    from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, cut_text
+    if type(v) is not str:
+        return ""
+    if len(v) > NAME_MAX_CHARS:
+        chk.bad("long")
+        return cut_text(v)
+    return v
+
+
+def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
+    """Segment rows (SEGMENT_COLUMNS) and the blocks alive at snapshot time, malformed ones left out."""
+    seg_rows = []
+    live_blocks: dict[tuple[int, int], dict] = {}
+    for s in segments_raw:
+        if type(s) is not dict:
+            chk.bad("segment")
+            continue
+        dev, addr, stream = s.get("device", 0), s.get("address", 0), s.get("stream", 0)
+        sizes = [s.get(k, 0) for k in ("total_size", "allocated_size", "active_size")]
+        blocks = s.get("blocks") or []
+        if not (_int_ok(dev, 0, DEVICE_MAX) and _int_ok(addr, 0, NEVER) and _int_ok(stream, -NEVER - 1, NEVER)
+                and all(_int_ok(x, 0, SIZE_MAX) for x in sizes) and type(blocks) is list):
+            chk.bad("segment")
+            continue
+        chk.visit(len(blocks))
+        seg_rows.append((dev, addr, *sizes, stream, bool(s.get("is_expandable", False) is True), len(blocks)))
+        for b in blocks:
+            if type(b) is not dict:
+                chk.bad("block")
+                continue
+            if b.get("state") in ("active_allocated", "active_pending_free"):
+                fr = b.get("frames")
+                if not (_int_ok(b.get("address"), 0, NEVER) and _int_ok(b.get("size", 0), 0, SIZE_MAX)):
+                    chk.bad("block")
+                    continue
+                if type(fr) is not list:
+                    fr = None
+                else:
+                    chk.visit(len(fr))
+                live_blocks[(dev, b["address"])] = {"size": b.get("size", 0), "frames": fr, "_stream": stream}
+    return seg_rows, live_blocks
+
+
+def _action_code(a) -> int:
+    return _ACTION_CODE.get(a, 0) if type(a) is str else 0
+
+
+def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None = None) -> SnapshotData:
+    """Turn an already-unpickled snapshot (dict, or bare list of segments) into SnapshotData.
+
+    Every field is checked while parsing: a snapshot that is not one raises UserError; malformed
+    segments, blocks, entries and annotations are left out (one counted warning per kind); the objects
+    visited are bounded by ``max_objects`` (default OBJECTS_MIN) before they are visited."""
     if isinstance(snap, list):  # very old snapshots: just the segment list
         snap = {"segments": snap, "device_traces": []}
     if not isinstance(snap, dict) or "segments" not in snap:
         raise UserError(f"{label}: not a CUDA memory snapshot (no 'segments'); expected a pickle from "
                         f"torch.cuda.memory._dump_snapshot()")
-    segments_raw = snap.get("segments") or []
-    traces = snap.get("device_traces") or []
+    segments_raw = snap.get("segments")
+    traces = snap.get("device_traces")
+    segments_raw = [] if segments_raw is None else segments_raw
+    traces = [] if traces is None else traces
     if not isinstance(segments_raw, list) or not isinstance(traces, list):
         raise UserError(f"{label}: malformed CUDA memory snapshot ('segments'/'device_traces' are not lists)")
+    chk = _Checker(label, OBJECTS_MIN if max_objects is None else max_objects)
+    chk.visit(len(segments_raw) + len(traces))
+    good = [t if type(t) is list else [] for t in traces]
+    chk.bad("trace", sum(1 for t, g in zip(traces, good) if t is not None and t is not g))
+    traces = good
+    chk.visit(sum(map(len, traces)))       # before any entry is read: shared-reference bombs stop here
     warnings: list[str] = []
 
     # ---- segments (state at snapshot time) and the blocks alive then
-    seg_rows = []
-    live_blocks: dict[tuple[int, int], dict] = {}
-    for s in segments_raw:
-        dev = int(s.get("device", 0))
-        blocks = s.get("blocks") or []
-        seg_rows.append((dev, int(s.get("address", 0)), int(s.get("total_size", 0)),
-                         int(s.get("allocated_size", 0)), int(s.get("active_size", 0)),
-                         int(s.get("stream", 0)), bool(s.get("is_expandable", False)), len(blocks)))
-        for b in blocks:
-            if b.get("state") in ("active_allocated", "active_pending_free"):
-                b2 = dict(b)
-                b2["_stream"] = int(s.get("stream", 0))
-                live_blocks[(dev, int(b["address"]))] = b2
+    seg_rows, live_blocks = _segments(segments_raw, chk)
     segments = pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS)
 
     # ---- device traces: one pass over each trace reads the actions; alloc/free entries are then
@@ -105,38 +244,61 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
     ooms: list[dict] = []
     seg_ev: list[tuple] = []
     parts: list[dict] = []
+    first = next((t[0] for t in traces if t), None)
+    if type(first) is dict and "time_us" in first:
+        has_time = True
     for dev, trace in enumerate(traces):
-        trace = trace or []
-        if trace and "time_us" in trace[0]:
-            has_time = True
-        code = np.fromiter(map(_ACTION_CODE.get, [e.get("action") for e in trace], repeat(0)),
-                           dtype=np.int8, count=len(trace))
+        if set(map(type, trace)) - {dict}:
+            n0 = len(trace)
+            trace = [e for e in trace if type(e) is dict]
+            chk.bad("entry", n0 - len(trace))
+        code = np.fromiter(map(_action_code, [e.get("action") for e in trace]), dtype=np.int8, count=len(trace))
         has_history[dev] = bool((code == 1).any()) or bool(((code[:1000] == 2) | (code[:1000] == 3)).any())
         for i in np.flatnonzero(code >= _SEG_MAP).tolist():
             e = trace[i]
+            size = e.get("size", 0)
+            t = e.get("time_us", i) if has_time else i
+            if not (_int_ok(size, 0, SIZE_MAX) and _time_ok(t)):
+                chk.bad("entry")
+                continue
             if code[i] == _OOM:
-                ooms.append({"device": dev, "requested_bytes": int(e.get("size", 0)),
-                             "free_bytes": int(e.get("device_free", 0)) if e.get("device_free") is not None else None,
-                             "ts_us": float(e.get("time_us", i)), "seq": i, "frames": e.get("frames") or []})
+                free = e.get("device_free")
+                if free is not None and not _int_ok(free, 0, SIZE_MAX):
+                    chk.bad("field")
+                    free = None
+                frames = e.get("frames")
+                ooms.append({"device": dev, "requested_bytes": size, "free_bytes": free, "ts_us": float(t), "seq": i,
+                             "frames": frames if type(frames) is list else []})
             else:
-                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * int(e.get("size", 0))))
-        parts.append(_device_allocations(dev, trace, live_blocks, has_time, code))
+                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * size))
+        parts.append(_device_allocations(dev, trace, live_blocks, has_time, code, chk))
     # devices that appear only in segments (no trace at all)
     for dev in sorted({d for d, _ in live_blocks} - set(range(len(traces)))):
         has_history[dev] = False
-        parts.append(_device_allocations(dev, [], live_blocks, has_time))
+        parts.append(_device_allocations(dev, [], live_blocks, has_time, None, chk))
     parts = [p for p in parts if len(p["addr"])]
     allocs = _allocs_frame({c: np.concatenate([p[c] for p in parts]) for c in ALLOC_COLUMNS}) if parts \
         else _empty_allocs()
+    if float(allocs["bytes"].to_numpy().sum(dtype=np.float64)) >= 2.0 ** 62:
+        raise UserError(f"{label}: the allocations add up to more than 4 EiB; the sizes are not real, is the file corrupt?")
 
     ann_rows = []
     open_ann: dict[tuple, float] = {}
-    for a in snap.get("external_annotations") or []:
-        key = (a.get("device", 0), a.get("name"))
+    ann = snap.get("external_annotations") or []
+    if type(ann) is not list:
+        chk.bad("annotation")
+        ann = []
+    chk.visit(len(ann))
+    for a in ann:
+        if type(a) is not dict or not _int_ok(a.get("device", 0), 0, DEVICE_MAX) or not _time_ok(a.get("time_us")) \
+                or type(a.get("name")) is not str:
+            chk.bad("annotation")
+            continue
+        key = (a.get("device", 0), _text(a["name"], chk))
         if a.get("stage") == "START":
-            open_ann[key] = float(a.get("time_us", np.nan))
+            open_ann[key] = float(a["time_us"])
         elif a.get("stage") == "END" and key in open_ann:
-            ann_rows.append((int(key[0]), str(key[1]), open_ann.pop(key), float(a.get("time_us", np.nan))))
+            ann_rows.append((key[0], key[1], open_ann.pop(key), float(a["time_us"])))
     annotations = pd.DataFrame(ann_rows, columns=["device", "name", "start_us", "end_us"])
 
     devices = sorted(set(segments["device"].tolist()) | {d for d, h in has_history.items()
@@ -150,11 +312,20 @@ def parse_snapshot(snap, label: str = "<snapshot>") -> SnapshotData:
                         f"timeline unavailable")
     elif not has_time:
         warnings.append(f"{label}: legacy snapshot without time_us: times are trace entry indices")
+    n_items = len(segments_raw) + sum(map(len, traces))
+    n_bad = chk.defects.get("segment", 0) + chk.defects.get("entry", 0)
+    if n_bad and 2 * n_bad > n_items:
+        raise UserError(f"{label}: {n_bad:,} of its {n_items:,} segments and trace entries are malformed "
+                        f"(addresses, sizes or times that are missing or not plausible numbers); it is not a snapshot "
+                        f"fsdpprof can read: is the file corrupt?")
+    defects = chk.warnings()
     segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes"])
+    settings = snap.get("allocator_settings")
     return SnapshotData(path=label, allocations=allocs, segments=segments, segment_events=segment_events,
                         ooms=ooms, annotations=annotations,
                         has_history=has_history, has_time=has_time, devices=devices,
-                        allocator_settings=dict(snap.get("allocator_settings") or {}), warnings=warnings)
+                        allocator_settings=dict(settings) if type(settings) is dict else {},
+                        warnings=defects + warnings, defects=defects, objects_visited=chk.visited)
 
 
 def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> dict:
@@ -202,25 +373,37 @@ def _allocs_frame(cols: dict) -> pd.DataFrame:
 
 
 def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool,
-                        code: np.ndarray | None = None) -> dict:
+                        code: np.ndarray | None = None, chk: _Checker | None = None) -> dict:
     """Pair alloc/free entries of one device's trace by address (vectorised) and add the blocks
     alive at snapshot time that were allocated before the trace's first entry. Returns the
     ALLOC_COLUMNS as arrays (paired allocations, then frees without an alloc, then live blocks);
-    ``code``: the entries' action codes when the caller has them."""
+    ``code``: the entries' action codes when the caller has them.  ``trace`` holds dicts only; entries
+    with an address, size or time that is not a plausible number are left out (counted in ``chk``)."""
+    chk = chk if chk is not None else _Checker("<snapshot>", NEVER)
     n = len(trace)
     if code is None:
-        code = np.fromiter(map(_ACTION_CODE.get, [e.get("action") for e in trace], repeat(0)),
-                           dtype=np.int8, count=n)
+        code = np.fromiter(map(_action_code, [e.get("action") for e in trace]), dtype=np.int8, count=n)
     use_free = 3 if (code == 3).any() else 2
     keep = np.flatnonzero((code == 1) | (code == use_free))
     kept = [trace[i] for i in keep.tolist()]
-    k_code = code[keep]
-    addr = np.fromiter(map(itemgetter("addr"), kept), dtype=np.int64, count=len(kept))
-    size = np.fromiter([e.get("size", 0) for e in kept], dtype=np.int64, count=len(kept))
+    addr, ok = _ints([e.get("addr") for e in kept], 0, NEVER)
+    size, ok_size = _ints([e.get("size", 0) for e in kept], 0, SIZE_MAX)
+    ok &= ok_size
     if has_time:
-        t = np.fromiter([e.get("time_us", np.nan) for e in kept], dtype=np.float64, count=len(kept))
-    else:
+        t, ok_time = _times([e.get("time_us") for e in kept])
+        ok &= ok_time
+    stream, ok_stream = _ints([e.get("stream", 0) for e in kept], -NEVER - 1, NEVER)
+    chk.bad("field", int(np.count_nonzero(~ok_stream)))
+    if not ok.all():
+        chk.bad("entry", int(np.count_nonzero(~ok)))
+        sel = np.flatnonzero(ok)
+        keep, addr, size, stream = keep[sel], addr[sel], size[sel], stream[sel]
+        kept = [kept[i] for i in sel.tolist()]
+        if has_time:
+            t = t[sel]
+    if not has_time:
         t = keep.astype(np.float64)
+    k_code = code[keep]
     t0 = float(t[0]) if len(t) else 0.0
 
     pr = pair_alloc_free(keep, addr, k_code == 1, t)
@@ -229,11 +412,16 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
     alloc_entries = [kept[i] for i in o_alloc.tolist()]
     na = len(alloc_entries)
     # fromiter keeps each frame list one object (an array built from equal-length lists would be 2-D)
-    meta = np.fromiter([e.get("user_metadata", "") or "" for e in alloc_entries], dtype=object, count=na)
-    frames = np.fromiter([e.get("frames") for e in alloc_entries], dtype=object, count=na)
+    meta = np.fromiter([_meta_text(e.get("user_metadata"), chk) for e in alloc_entries], dtype=object, count=na)
+    frame_lists = [e.get("frames") for e in alloc_entries]
+    if set(map(type, frame_lists)) - {list, type(None)}:
+        chk.bad("field", sum(1 for f in frame_lists if f is not None and type(f) is not list))
+        frame_lists = [f if type(f) is list else None for f in frame_lists]
+    chk.visit(sum(map(len, filter(None, frame_lists))))
+    frames = np.fromiter(frame_lists, dtype=object, count=na)
     cols = {"addr": [addr[o_alloc]], "bytes": [size[o_alloc]], "alloc_us": [t[o_alloc]], "free_us": [free_us],
             "alloc_seq": [rows_idx.astype(np.int64)], "free_seq": [free_seq.astype(np.int64)],
-            "stream": [np.fromiter([e.get("stream", 0) for e in alloc_entries], dtype=np.int64, count=na)],
+            "stream": [stream[o_alloc]],
             "before_trace": [np.zeros(na, bool)], "free_inferred": [np.asarray(pr["free_inferred"], dtype=bool)],
             "user_metadata": [meta], "frames": [frames]}
 
@@ -246,7 +434,7 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
         m = len(of)
         add(addr=addr[of], bytes=size[of], alloc_us=np.full(m, t0), free_us=t[of],
             alloc_seq=np.full(m, -1, dtype=np.int64), free_seq=keep[of].astype(np.int64),
-            stream=np.array([kept[i].get("stream", 0) for i in of.tolist()], dtype=np.int64),
+            stream=stream[of],
             before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
             user_metadata=np.full(m, "", dtype=object), frames=np.full(m, None, dtype=object))
     # ... or still alive at snapshot time (a live block with no open alloc entry)
@@ -256,7 +444,7 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
         m = len(pre)
         fr = np.fromiter([b.get("frames") or None for _, b in pre], dtype=object, count=m)
         add(addr=np.array([a for a, _ in pre], dtype=np.int64),
-            bytes=np.array([int(b.get("size", 0)) for _, b in pre], dtype=np.int64),
+            bytes=np.array([b.get("size", 0) for _, b in pre], dtype=np.int64),
             alloc_us=np.full(m, t0), free_us=np.full(m, np.nan), alloc_seq=np.full(m, -1, dtype=np.int64),
             free_seq=np.full(m, NEVER, dtype=np.int64), stream=np.array([b["_stream"] for _, b in pre], dtype=np.int64),
             before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
@@ -264,3 +452,12 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
     out = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in cols.items()}
     out["device"] = np.full(len(out["addr"]), dev, dtype=np.int16)
     return out
+
+
+def _meta_text(v, chk: _Checker) -> str:
+    if v is None or v == "":
+        return ""
+    if type(v) is not str:
+        chk.bad("field")
+        return ""
+    return _text(v, chk)

@@ -19,11 +19,16 @@ and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.trace.decode import RANK_MAX, as_text, cut_text, plausible_count
+
+NUMEL_MAX = 2.0 ** 53     # element / byte counts beyond this (8 Pi) are not real messages
 
 # gloo op each c10d op runs as (for pairing)
 _GLOO_AS = {"reduce_scatter": "all_reduce"}
@@ -32,13 +37,18 @@ _COMM_CPU_NAMES = ("record_param_comms",)
 _WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
 
 
-def _numel(dims) -> float:
-    if not isinstance(dims, list) or not dims:
+def _numel(dims, depth: int = 0) -> float:
+    """Elements of a tensor shape ``[d0, d1, ...]`` or, for a list of shapes (TensorList), their sum;
+    NaN when it is neither (negative or huge sizes, nesting deeper than a TensorList)."""
+    if not isinstance(dims, list) or not dims or depth > 2:
         return float("nan")
-    if all(isinstance(d, int) for d in dims):
-        return float(np.prod(dims)) if dims else 1.0
+    if all(type(d) is int for d in dims):
+        if min(dims) < 0:
+            return float("nan")
+        n = float(math.prod(float(d) for d in dims))
+        return n if n <= NUMEL_MAX else float("nan")
     # list of tensors (TensorList): sum of their numels
-    vals = [_numel(d) for d in dims if isinstance(d, list)]
+    vals = [_numel(d, depth + 1) for d in dims if isinstance(d, list)]
     vals = [v for v in vals if v == v]
     return float(sum(vals)) if vals else float("nan")
 
@@ -51,21 +61,21 @@ def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[fl
     try:
         dims = msgspec.json.decode(dims_raw) if dims_raw else None
         types = msgspec.json.decode(types_raw) if types_raw else None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return float("nan"), None, float("nan")
     if not isinstance(dims, list) or not dims:
         return float("nan"), None, float("nan")
     dtype, size = (None, float("nan"))
     if isinstance(types, list):
         for t in types:
-            dtype, size = vocab.dtype_size(t)
+            dtype, size = _dtype(t)
             if size == size:
                 break
     n0 = _numel(dims[0])
     n1 = _numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
     group = float("nan")
     if coll in ("all_gather", "reduce_scatter"):
-        numel = np.nanmax([n0, n1]) if (n0 == n0 or n1 == n1) else float("nan")
+        numel = max(n0 if n0 == n0 else n1, n1 if n1 == n1 else n0)
         if n0 == n0 and n1 == n1 and min(n0, n1) > 0 and max(n0, n1) % min(n0, n1) == 0:
             group = max(n0, n1) / min(n0, n1)
     else:
@@ -73,9 +83,19 @@ def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[fl
     return numel * size, dtype, group
 
 
-def _given(x):
-    """A number from the trace's args, or None when absent (None or NaN)."""
-    return x if isinstance(x, (int, float)) and x == x else None
+def _dtype(value) -> tuple[str | None, float]:
+    """vocab.dtype_size of a trace's dtype text; an unknown one is kept, cut to a readable length."""
+    name, size = vocab.dtype_size(value)
+    return (cut_text(name) if isinstance(name, str) and size != size else name), size
+
+
+def _given(x, low: float = 0.0):
+    """A number from the trace's args, or None when absent or not a plausible count (not a number, a
+    bool, NaN, inf, below ``low`` or beyond NUMEL_MAX)."""
+    t = type(x)
+    if (t is int or t is float) and low <= x <= NUMEL_MAX:
+        return x
+    return None
 
 
 def _comm_info(rt, name_cats) -> dict:
@@ -92,10 +112,12 @@ def _comm_info(rt, name_cats) -> dict:
             ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
         name = name_list[name_codes[idx]]
         coll = vocab.collective_of(cname) or vocab.collective_of(str(name))
-        dtype, size = vocab.dtype_size(dt)
+        dtype, size = _dtype(dt)
         shard = False
         nbytes = float("nan")
-        inn, outn, gs, seq = _given(inn), _given(outn), _given(gs), _given(seq)
+        inn, outn, gs, seq = _given(inn), _given(outn), _given(gs, 1), _given(seq)
+        if gs is not None and gs > RANK_MAX:
+            gs = None
         if inn is not None or outn is not None:
             inn_f = float(inn) if inn is not None else float("nan")
             out_f = float(outn) if outn is not None else float("nan")
@@ -122,7 +144,7 @@ def _comm_info(rt, name_cats) -> dict:
         out["bytes"].append(nbytes)
         out["dtype"].append(dtype)
         out["group_size"].append(float(gs) if isinstance(gs, (int, float)) else float("nan"))
-        out["pg"].append(None if pg is None or (isinstance(pg, float) and pg != pg) else str(pg))
+        out["pg"].append(None if pg is None or (isinstance(pg, float) and pg != pg) else as_text(pg))
         out["seq"].append(float(seq) if isinstance(seq, (int, float)) else float("nan"))
         out["shard"].append(shard)
     objs = ("collective", "dtype", "pg")
@@ -134,10 +156,10 @@ def _default_group_size(dist: dict) -> float:
     if not isinstance(dist, dict):
         return float("nan")
     cfg = dist.get("pg_config")
-    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and isinstance(cfg[0].get("pg_size"), int):
+    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and plausible_count(cfg[0].get("pg_size")):
         return float(cfg[0]["pg_size"])
     ws = dist.get("world_size")
-    return float(ws) if isinstance(ws, int) else float("nan")
+    return float(ws) if plausible_count(ws) else float("nan")
 
 
 def _isna(a: np.ndarray) -> np.ndarray:
@@ -464,7 +486,7 @@ def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     other_sizes: list[float] = []
     if isinstance(cfg, list) and len(cfg) > 1:
         for g in cfg:
-            if not isinstance(g, dict) or g.get("pg_desc") == "default_pg" or not isinstance(g.get("pg_size"), int):
+            if not isinstance(g, dict) or g.get("pg_desc") == "default_pg" or not plausible_count(g.get("pg_size")):
                 continue
             if isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"]:
                 continue
@@ -477,4 +499,4 @@ def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     # with a single process group, that is the group of every collective
     if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
         pg = o["pg"]
-        pg[gloo_comm & _isna(pg)] = str(cfg[0]["pg_name"])
+        pg[gloo_comm & _isna(pg)] = as_text(cfg[0]["pg_name"])

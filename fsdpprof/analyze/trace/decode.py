@@ -29,12 +29,17 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 CHUNK_BYTES = 32 << 20          # decode the event array in chunks of about this many bytes
 READ_BYTES = 8 << 20
 PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
 SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size (and <= CHUNK_BYTES inflated) are inflated without a thread
+MAX_TRACE_BYTES = 8 << 30       # default limit on one trace's JSON (decompressed), checked while inflating
+NAME_MAX_CHARS = 4096           # longer names (thread ids, process group names, ...) are cut: real kernel
+                                # names reach 1,817 characters (C++ templates, hta-16rank-a100)
+TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; floats lose whole us there) are not times
+MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an allocation
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | vocab.DEVICE_EVENT_CATS | vocab.RUNTIME_CATS
@@ -211,6 +216,7 @@ class RawTrace:
     memory_events: pd.DataFrame
     meta: dict
     thread_names: dict = field(default_factory=dict)
+    defects: dict = field(default_factory=dict)      # kind -> events left out or changed (defect_warnings)
 
     @property
     def comm_args(self) -> pd.DataFrame:
@@ -237,6 +243,58 @@ class _NotFast(Exception):
     """The typed fast path cannot take this chunk; decode it with the lenient path."""
 
 
+def cut_text(text: str) -> str:
+    """``text`` cut to NAME_MAX_CHARS characters with a marker saying how long it was."""
+    if len(text) <= NAME_MAX_CHARS:
+        return text
+    return f"{text[:NAME_MAX_CHARS]}... [cut: {len(text):,} characters]"
+
+
+def as_text(value) -> str:
+    """A trace value shown as text: a string as it is, anything else as its JSON text; cut to
+    NAME_MAX_CHARS."""
+    if type(value) is not str:
+        try:
+            value = msgspec.json.encode(value).decode()
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+            value = f"<{type(value).__name__}>"
+    return cut_text(value)
+
+
+def _hashable_keys(values: list, defects: dict, what: str) -> list:
+    """Thread / process ids as dictionary keys: int, float, bool and None kept, strings cut to
+    NAME_MAX_CHARS, lists and dicts replaced by their JSON text (counted in ``defects[what]``)."""
+    out = []
+    for v in values:
+        t = type(v)
+        if t is str:
+            if len(v) > NAME_MAX_CHARS:
+                v = cut_text(v)
+                defects["long_" + what] = defects.get("long_" + what, 0) + 1
+        elif not (t is int or t is float or t is bool or v is None):
+            v = as_text(v)
+            defects["type_" + what] = defects.get("type_" + what, 0) + 1
+        out.append(v)
+    return out
+
+
+def _hashable_names(names: list, defects: dict) -> list:
+    """Names that cannot be dictionary keys (lists, objects) replaced by their JSON text (counted); the
+    others are judged once per distinct name, see :meth:`_Columns._label_new_names`."""
+    out = []
+    for v in names:
+        t = type(v)
+        if not (t is str or t is int or t is float or t is bool or v is None):
+            v = as_text(v)
+            defects["type_name"] = defects.get("type_name", 0) + 1
+        out.append(v)
+    return out
+
+
+def _kept_cat(cat) -> bool:
+    return type(cat) is str and cat in KEEP_CATS
+
+
 _GET_NAME, _GET_CAT, _GET_TID, _GET_PID = (attrgetter(k) for k in ("name", "cat", "tid", "pid"))
 _GET_TS, _GET_DUR, _GET_ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("args")
 _GET_STREAM, _GET_CORR, _GET_EXT = (attrgetter(k) for k in ("stream", "correlation", "ext_id"))
@@ -250,8 +308,9 @@ def _intern(table: dict, values: list, dtype) -> np.ndarray:
     return np.fromiter(map(table.__getitem__, values), dtype=dtype, count=len(values))
 
 
-def _intern_ints(table: dict, values: list) -> np.ndarray:
-    """_intern for values that are usually all plain ints (thread / process ids): hashed in C then."""
+def _intern_ints(table: dict, values: list, defects: dict, what: str) -> np.ndarray:
+    """_intern for values that are usually all plain ints (thread / process ids): hashed in C then.
+    Other values go through :func:`_hashable_keys` (lists and dicts become their JSON text)."""
     if values and set(map(type, values)) == {int}:
         try:
             local, uniq = pd.factorize(np.asarray(values, dtype=np.int64))
@@ -261,11 +320,29 @@ def _intern_ints(table: dict, values: list) -> np.ndarray:
             if v not in table:
                 table[v] = len(table)
         return np.asarray([table[v] for v in uniq.tolist()], dtype=np.int32)[local]
-    return _intern(table, values, np.int32)
+    return _intern(table, _hashable_keys(values, defects, what), np.int32)
+
+
+def _is_int64(v) -> bool:
+    return type(v) is int and -(1 << 63) <= v < (1 << 63)
+
+
+def _int64s(get, items: list) -> np.ndarray:
+    """Integer ids ``get(item)`` as int64, -1 for those beyond int64 (never seen in real traces)."""
+    try:
+        return np.fromiter(map(get, items), dtype=np.int64, count=len(items))
+    except OverflowError:
+        return np.fromiter((v if -(1 << 63) <= v < (1 << 63) else -1 for v in map(get, items)), dtype=np.int64,
+                           count=len(items))
+
+
+def _thread_key(pid, tid) -> tuple:
+    return tuple(v if type(v) in (int, str, float, bool) or v is None else as_text(v) for v in (pid, tid))
 
 
 class _Columns:
-    """Accumulates chunk columns; names/cats/tids interned into integer codes."""
+    """Accumulates chunk columns; names/cats/tids interned into integer codes.  ``defects`` counts
+    what was malformed (see :func:`defect_warnings`)."""
 
     def __init__(self) -> None:
         self.names: dict = {}
@@ -277,21 +354,28 @@ class _Columns:
         self.mem_rows: list[tuple] = []
         self.thread_names: dict = {}
         self.name_comm: list[bool] = []
+        self.name_labels: list[str] = []     # per name code: the name as shown (cut, or a non-string's JSON text)
+        self.bad_names: dict[int, str] = {}  # name code -> defect kind (long_name / type_name)
         self.cat_gpu: list[bool] = []
         self.cat_rt: list[bool] = []
+        self.defects: dict = {}
         self.n = 0
 
     def add(self, events: list[Event]) -> None:
-        keep = [e for e in events if e.ph == "X" and e.cat in KEEP_CATS]
+        keep = [e for e in events if e.ph == "X" and _kept_cat(e.cat)]
         if len(keep) != len(events):
             self._add_other(e for e in events if e.ph != "X")
         if not keep:
             return
         names, cats, threads, pids = self.names, self.cats, self.threads, self.pids
-        name_codes = [names.setdefault(e.name, len(names)) for e in keep]
+        name_list = _hashable_names([e.name for e in keep], self.defects)
+        name_codes = [names.setdefault(v, len(names)) for v in name_list]
+        self._label_new_names()
         cat_codes = [cats.setdefault(e.cat, len(cats)) for e in keep]
-        tid_codes = [threads.setdefault(e.tid, len(threads)) for e in keep]
-        pid_codes = [pids.setdefault(e.pid, len(pids)) for e in keep]
+        tid_codes = [threads.setdefault(v, len(threads))
+                     for v in _hashable_keys([e.tid for e in keep], self.defects, "tid")]
+        pid_codes = [pids.setdefault(v, len(pids))
+                     for v in _hashable_keys([e.pid for e in keep], self.defects, "pid")]
         n = len(keep)
         stream = np.full(n, -1, dtype=np.int64)
         corr = np.full(n, -1, dtype=np.int64)
@@ -302,19 +386,19 @@ class _Columns:
         rt_idx = [i for i, e in enumerate(keep) if e.cat in _RUNTIME_CATS]
         if rt_idx:
             for i, a in zip(rt_idx, _decode_many(_LINK_LIST_DEC, _LINK_DEC, [keep[i].args for i in rt_idx])):
-                if a is not None and type(a.correlation) is int:
+                if a is not None and _is_int64(a.correlation):
                     corr[i] = a.correlation
         full_idx = [i for i, e in enumerate(keep) if e.cat in _GPU_CATS or (
-            type(e.name) is str and e.name.startswith(_COMM_PREFIXES))]
+            type(name_list[i]) is str and name_list[i].startswith(_COMM_PREFIXES))]
         if full_idx:
             for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
                 if a is None:
                     a = _NO_ARGS
-                if type(a.stream) is int:
+                if _is_int64(a.stream):
                     stream[i] = a.stream
-                if type(a.correlation) is int:
+                if _is_int64(a.correlation):
                     corr[i] = a.correlation
-                if type(a.ext_id) is int:
+                if _is_int64(a.ext_id):
                     ext[i] = a.ext_id
                 if a.coll_name is not None or a.in_nelems is not None or keep[i].cat not in _GPU_CATS:
                     self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
@@ -327,6 +411,8 @@ class _Columns:
             "ts_us": _floats([e.ts for e in keep]),
             "dur_us": _floats([e.dur for e in keep]),
             "stream": stream, "correlation": corr, "ext_id": ext,
+            # what tells two events apart beyond the columns (for finding exact duplicates): here the args' text
+            "args_key": np.fromiter((hash(bytes(e.args)) for e in keep), dtype=np.int64, count=n),
         })
         self.n += n
 
@@ -334,7 +420,10 @@ class _Columns:
         """Like :meth:`add` for events of the typed fast decoder (args inline), one pass per column.
         Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
         # (selections by C-level map/compress: only FastEvent has a category, the others' is None)
-        keep = list(compress(events, map(KEEP_CATS.__contains__, map(_GET_CAT, events))))
+        try:
+            keep = list(compress(events, map(KEEP_CATS.__contains__, map(_GET_CAT, events))))
+        except TypeError:          # a category that is a list or an object: not one we keep
+            keep = [e for e in events if _kept_cat(e.cat)]
         n = len(keep)
         args = list(map(_GET_ARGS, keep))
         try:      # (stream / External id are read below, only where the lenient path reads them too)
@@ -345,10 +434,16 @@ class _Columns:
         if not n:
             return
         names, cats = self.names, self.cats
-        name_codes = _intern(names, list(map(_GET_NAME, keep)), np.int32)
+        name_list = list(map(_GET_NAME, keep))
+        try:
+            name_codes = _intern(names, name_list, np.int32)
+        except TypeError:          # a list or an object as a name (nothing was added: dict.fromkeys failed)
+            name_codes = _intern(names, _hashable_names(name_list, self.defects), np.int32)
+        del name_list
+        self._label_new_names()
         cat_codes = _intern(cats, list(map(_GET_CAT, keep)), np.int16)
-        tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)))
-        pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)))
+        tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)), self.defects, "tid")
+        pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
         # per distinct name / category: comm op name?  device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
             self.name_comm.append(type(k) is str and k.startswith(_COMM_PREFIXES))
@@ -362,12 +457,12 @@ class _Columns:
         # comm ops, correlation also on runtime calls
         corr[~(full | runtime)] = -1
         stream = np.full(n, -1, dtype=np.int64)
-        ext = np.full(n, -1, dtype=np.int64)
+        ext_all = _int64s(_GET_EXT, args)
+        ext = np.where(full, ext_all, -1)
         fidx = np.flatnonzero(full)
         if fidx.size:
             fargs = [args[i] for i in fidx.tolist()]
-            stream[fidx] = np.fromiter(map(_GET_STREAM, fargs), dtype=np.int64, count=fidx.size)
-            ext[fidx] = np.fromiter(map(_GET_EXT, fargs), dtype=np.int64, count=fidx.size)
+            stream[fidx] = _int64s(_GET_STREAM, fargs)
         base = self.n
         for i in fidx.tolist():
             a = args[i]
@@ -379,8 +474,22 @@ class _Columns:
             "ts_us": np.fromiter(map(_GET_TS, keep), dtype=np.float64, count=n),
             "dur_us": np.fromiter(map(_GET_DUR, keep), dtype=np.float64, count=n),
             "stream": stream, "correlation": corr, "ext_id": ext,
+            "args_key": ext_all,      # the External id tells apart ops that agree on every column
         })
         self.n += n
+
+    def _label_new_names(self) -> None:
+        """Labels of the names interned since the last call: a string as it is, or cut beyond NAME_MAX_CHARS;
+        a number / null as its JSON text.  Judged once per distinct name, the events counted at the end."""
+        for k in list(self.names)[len(self.name_labels):]:
+            if type(k) is str:
+                if len(k) > NAME_MAX_CHARS:
+                    self.bad_names[len(self.name_labels)] = "long_name"
+                    k = cut_text(k)
+            else:
+                self.bad_names[len(self.name_labels)] = "type_name"
+                k = as_text(k)
+            self.name_labels.append(k)
 
     def _add_other_fast(self, events) -> None:
         for e in events:
@@ -391,7 +500,7 @@ class _Columns:
                                           a.device_type, a.device_id))
             elif e.name == "thread_name":
                 if e.args is not None and e.args.name is not None:
-                    self.thread_names[(e.pid, e.tid)] = str(e.args.name)
+                    self.thread_names[_thread_key(e.pid, e.tid)] = as_text(e.args.name)
 
     def _add_other(self, events) -> None:
         for e in events:
@@ -405,18 +514,34 @@ class _Columns:
             elif ph == "M" and e.name == "thread_name":
                 a = _decode_args(_ARGS_DEC, e.args)
                 if a is not None and a.name is not None:
-                    self.thread_names[(e.pid, e.tid)] = str(a.name)
+                    self.thread_names[_thread_key(e.pid, e.tid)] = as_text(a.name)
 
     def arrays(self) -> dict:
-        """The kept events as numpy columns (see RawTrace.cols)."""
+        """The kept events as numpy columns (see RawTrace.cols), implausible events and exact
+        duplicates left out (counted in ``defects``; ``comm_rows`` renumbered)."""
         cols = {}
         for key, dtype in (("name", np.int32), ("cat", np.int16), ("tid", np.int32), ("pid", np.int32),
                            ("ts_us", np.float64), ("dur_us", np.float64), ("stream", np.int64),
-                           ("correlation", np.int64), ("ext_id", np.int64)):
+                           ("correlation", np.int64), ("ext_id", np.int64), ("args_key", np.int64)):
             arrs = [p[key] for p in self.parts]
             cols[key] = (arrs[0] if len(arrs) == 1 else np.concatenate(arrs)) if arrs else np.empty(0, dtype=dtype)
         self.parts = []
-        cols["name_cats"] = pd.Index(_unique_cats([str(k) for k in self.names]))
+        names = self.name_labels
+        if self._drop_implausible(cols):
+            # names only the dropped events had are not categories of what is left
+            used = np.zeros(len(names), dtype=bool)
+            used[cols["name"]] = True
+            if not used.all():
+                new_code = (np.cumsum(used) - 1).astype(np.int32)
+                cols["name"] = new_code[cols["name"]]
+                names = [k for k, u in zip(names, used.tolist()) if u]
+                self.bad_names = {int(new_code[c]): v for c, v in self.bad_names.items() if used[c]}
+        if self.bad_names:              # events whose name was cut or was not a string
+            per_code = np.bincount(cols["name"], minlength=len(names))
+            for code, kind in self.bad_names.items():
+                self.defects[kind] = self.defects.get(kind, 0) + int(per_code[code])
+        del cols["args_key"]
+        cols["name_cats"] = pd.Index(_unique_cats(list(names)))
         cols["cat_cats"] = pd.Index(_unique_cats([str(k) for k in self.cats]))
         # tid/pid: keep the original values (int or str) through a lookup table
         tids = np.array([_as_key(k) for k in self.threads], dtype=object)
@@ -425,6 +550,65 @@ class _Columns:
         cols["tid"] = tids[cols["tid"]] if n else np.empty(0, dtype=object)
         cols["pid"] = pids[cols["pid"]] if n else np.empty(0, dtype=object)
         return cols
+
+    def _drop_implausible(self, cols: dict) -> bool:
+        """Leave out events whose time is missing, not finite, beyond TIME_MAX_US or whose duration is
+        negative, and exact duplicates of an earlier event (same name, category, thread, process, times,
+        ids and External id / args); in place, counted in ``defects``.  True when some were left out."""
+        ts, dur = cols["ts_us"], cols["dur_us"]
+        n = len(ts)
+        if not n:
+            return False
+        nan = np.isnan(ts) | np.isnan(dur)
+        beyond = ~nan & ((np.abs(ts) > TIME_MAX_US) | (dur > TIME_MAX_US))    # (inf included)
+        negative = ~nan & ~beyond & (dur < 0)
+        bad = nan | beyond | negative
+        keep = ~bad
+        for what, mask in (("time_missing", nan), ("time_beyond", beyond), ("negative_dur", negative)):
+            k = int(np.count_nonzero(mask))
+            if k:
+                self.defects[what] = self.defects.get(what, 0) + k
+        dup = _duplicate_rows([cols[c] for c in ("ts_us", "dur_us", "args_key", "name", "tid", "pid", "cat",
+                                                 "stream", "correlation", "ext_id")], keep)
+        if dup is not None:
+            self.defects["duplicate"] = self.defects.get("duplicate", 0) + int(np.count_nonzero(dup))
+            keep &= ~dup
+        if keep.all():
+            return False
+        rows = np.flatnonzero(keep)
+        for c in list(cols):
+            cols[c] = cols[c][rows]
+        new_pos = np.cumsum(keep) - 1
+        self.comm_rows = [(int(new_pos[r[0]]),) + r[1:] for r in self.comm_rows if keep[r[0]]]
+        return True
+
+
+_H_MUL = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 4) -> np.ndarray | None:
+    """Rows (of those in ``among``) equal on every column to an earlier row; None when there are none.
+    A 64-bit hash of each row's first ``hashed`` columns, sorted, finds the candidates (usually none: one
+    sort); candidates are then compared exactly on every column."""
+    sel = np.flatnonzero(among)
+    h = np.zeros(len(sel), dtype=np.uint64)
+    for col in columns[:hashed]:
+        v = col[sel]
+        v = v.view(np.uint64) if v.dtype.itemsize == 8 else v.astype(np.int64).view(np.uint64)
+        np.bitwise_xor(h, v, out=h)
+        np.multiply(h, _H_MUL, out=h)
+        np.bitwise_xor(h, h >> np.uint64(29), out=h)
+    s = np.sort(h)
+    same = s[1:] == s[:-1]
+    if not same.any():
+        return None
+    rows = sel[np.isin(h, s[1:][same])]
+    exact = pd.DataFrame({i: col[rows] for i, col in enumerate(columns)}).duplicated(keep="first").to_numpy()
+    if not exact.any():
+        return None
+    out = np.zeros(len(among), dtype=bool)
+    out[rows[exact]] = True
+    return out
 
 
 def _unique_cats(cats: list[str]) -> list[str]:
@@ -446,17 +630,26 @@ def _as_key(v):
 
 
 def _floats(values: list) -> np.ndarray:
+    """Numbers as float64: NaN for what is not a number, inf for integers beyond float."""
     try:
-        return np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        return np.asarray([_to_float(v) for v in values], dtype=np.float64)
+        out = np.asarray(values, dtype=np.float64)
+        if out.ndim == 1:
+            return out
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return np.fromiter(map(_to_float, values), dtype=np.float64, count=len(values))
 
 
 def _to_float(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
+    t = type(v)
+    if t is float:
+        return v
+    if t is int:
+        try:
+            return float(v)
+        except OverflowError:
+            return float("inf") if v > 0 else float("-inf")
+    return float("nan")
 
 
 class _Reader:
@@ -467,8 +660,9 @@ class _Reader:
 
     GZ_IN = 1 << 20        # compressed bytes per zlib call
 
-    def __init__(self, path: str, progress: bool | None) -> None:
+    def __init__(self, path: str, progress: bool | None, max_bytes: int | None = None) -> None:
         self.path = path
+        self.max_bytes = MAX_TRACE_BYTES if max_bytes is None else int(max_bytes)
         try:
             self.raw = open(path, "rb")
         except OSError as exc:
@@ -478,6 +672,9 @@ class _Reader:
         self.gz = magic == b"\x1f\x8b"
         size = os.fstat(self.raw.fileno()).st_size
         self.size = size
+        if not self.gz and size > self.max_bytes:
+            self.raw.close()
+            raise UserError(self._too_big_message())
         if progress is None:
             progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
         self.bar = None
@@ -521,30 +718,41 @@ class _Reader:
             return 1 << 62
         return int.from_bytes(tail, "little") if len(tail) == 4 else 0
 
+    def _too_big_message(self) -> str:
+        return (f"trace {self.path} holds more than {self.max_bytes / 2**30:.3g} GiB of JSON once decompressed, the limit; "
+                f"if it is a real trace, raise the limit with `fsdpprof report --max-trace-bytes BYTES` "
+                f"(Python: max_bytes=)")
+
     def _blocks(self, max_out: int):
         """Inflate the (possibly multi-member) gzip stream: yields ("data", bytes, file offset), then
-        ("eof",) or ("error", why); blocks of at most ``max_out`` bytes (0: unlimited)."""
+        ("eof",) or ("error", why); blocks of at most ``max_out`` bytes (0: the whole file in one block
+        when it is one small member, else READ_BYTES).  More than ``max_bytes`` in all is an error."""
+        total = 0
         try:
             d = zlib.decompressobj(wbits=31)
             pending = b""
             if not max_out:
                 # small file, one piece: with the size from the trailer, zlib fills one buffer of that size
                 # (no growing and joining); taken only for a single member (no second gzip header in
-                # the bytes) that inflates to exactly that size, otherwise the general loop below
+                # the bytes) that inflates to exactly that size, otherwise the general loop below (from the
+                # start again, in blocks: the trailer may lie)
                 pending = self.raw.read()
                 isize = int.from_bytes(pending[-4:], "little")
-                if pending.find(b"\x1f\x8b\x08", 1) < 0:
+                if pending.find(b"\x1f\x8b\x08", 1) < 0 and isize <= self.max_bytes:
                     try:
-                        out = zlib.decompress(pending, 31, max(isize, 1))
+                        one = zlib.decompressobj(wbits=31)
+                        out = one.decompress(pending, isize + 1)
                     except zlib.error:
                         out = None
-                    if out is not None and len(out) == isize:
+                    if out is not None and len(out) == isize and one.eof:
                         yield ("data", out, len(pending))
                         yield ("eof",)
                         return
+                    del out
+                max_out = READ_BYTES
             while not self._stop:
                 if not pending:
-                    pending = self.raw.read(self.GZ_IN if max_out else -1)
+                    pending = self.raw.read(self.GZ_IN)
                     if not pending:                      # end of file
                         yield ("eof",) if d.eof else ("error", "truncated")
                         return
@@ -555,6 +763,10 @@ class _Reader:
                     d = zlib.decompressobj(wbits=31)     # the next gzip member
                 out = d.decompress(pending, max_out)
                 pending = d.unused_data if d.eof else d.unconsumed_tail
+                total += len(out)
+                if total > self.max_bytes:
+                    yield ("error", "limit")
+                    return
                 if out:
                     yield ("data", out, self.raw.tell())
         except zlib.error as exc:
@@ -591,6 +803,8 @@ class _Reader:
                 if msg == "truncated":
                     raise UserError(f"trace {self.path} is a truncated gzip file (the writer probably died); "
                                     f"re-record or re-copy it")
+                if msg == "limit":
+                    raise UserError(self._too_big_message())
                 if msg.startswith("bad: "):
                     raise UserError(f"trace {self.path} is not a valid gzip file ({msg[5:]}); re-export or re-copy it")
                 raise UserError(f"cannot read trace {self.path}: {msg[4:]}")
@@ -662,106 +876,180 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
     return body
 
 
-def decode_trace(path: str, *, progress: bool | None = None) -> RawTrace:
-    """Decode one chrome-trace file into a raw frame (no classification). Raises UserError on bad input."""
+def decode_trace(path: str, *, progress: bool | None = None, max_bytes: int | None = None) -> RawTrace:
+    """Decode one chrome-trace file into a raw frame (no classification). Raises UserError on bad input,
+    also when the JSON is bigger than ``max_bytes`` (default MAX_TRACE_BYTES) once decompressed.
+    Malformed events are left out or repaired and counted in ``RawTrace.defects``."""
     path = os.fspath(path)
-    reader = _Reader(path, progress)
+    reader = _Reader(path, progress, max_bytes)
     cols = _Columns()
     try:
-        buf = b""
-        eof = False
-        # 1. header: everything before the "traceEvents" key
-        while True:
-            idx = buf.find(_KEY)
-            if idx >= 0:
-                break
-            if eof:
-                _raise_no_events_key(path, buf)
-            data = reader.read()
-            if not data:
-                eof = True
-                if not buf.strip():
-                    raise UserError(f"trace {path} is empty; re-export it (torch.profiler export_chrome_trace)")
-            if buf == b"" and re.match(rb"\s*\[", data):
-                raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
-                                f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
-            buf += data
-            if len(buf) > (256 << 20) and buf.find(_KEY) < 0:
-                raise UserError(f"trace {path} has no 'traceEvents' key in its first 256 MB; is it a profiler trace?")
-        header = _decode_header(path, buf[:idx].rstrip())
-        # 2. skip ':' and '['
-        pat = re.compile(rb"\s*:\s*\[")
-        while True:
-            m = pat.match(buf, idx + len(_KEY))
-            if m:
-                break
-            if eof or len(buf) - idx > 64:
-                raise UserError(f"trace {path}: 'traceEvents' is not an array; is it a profiler trace?")
-            data = reader.read()
-            if not data:
-                eof = True
-            buf += data
-        more = b"" if eof else reader.read()
-        if more:
-            body = bytearray(_PREFIX)
-            body += b"["
-            body += memoryview(buf)[m.end():]
-            body += more
-            del buf, more
-            # 3. body in chunks, decoded in place
-            while True:
-                data = reader.read()
-                if not data:
-                    break
-                body += data
-                del data
-                if len(body) >= CHUNK_BYTES:
-                    body = _decode_chunk(body, cols)
-            # 4. the remainder: rest of the array, then the trailing keys of the document
-            buf = body
-            del body
-        # else: the whole document is in buf (a small file): decoded as it is, without a copy
-        fast = True
-        try:
-            tail = _FAST_TAIL_DEC.decode(buf)
-        except msgspec.DecodeError:      # not the typed layout (or not valid JSON): the lenient decoder says which
-            fast = False
-        try:
-            if not fast:
-                tail = _TAIL_DEC.decode(buf)
-        except msgspec.ValidationError as exc:
-            raise UserError(f"trace {path} does not have the chrome-trace event layout ({exc}); "
-                            f"is it a PyTorch profiler trace?") from None
-        except msgspec.DecodeError as exc:
-            stripped = buf.rstrip()
-            if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
-                raise UserError(f"trace {path} is truncated or not valid JSON ({exc}); re-export or re-copy it") from None
-            raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
-        if fast:
-            try:
-                cols.add_fast(tail.traceEvents)
-            except _NotFast:            # an id beyond int64: the lenient path keeps it as -1
-                fast = False
-                tail = _TAIL_DEC.decode(buf)
-        del buf
-        if not fast:
-            cols.add(tail.traceEvents)
-        meta = dict(header) if isinstance(header, dict) else {}
-        for key in ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds",
-                    "displayTimeUnit", "traceName"):
-            val = getattr(tail, key)
-            if val is not None:
-                meta[key] = val
+        return _decode(path, reader, cols)
+    except RecursionError:
+        raise UserError(f"trace {path} nests arrays or objects too deeply to be a profiler trace; re-export it") from None
     finally:
         reader.close()
+
+
+def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
+    buf = b""
+    eof = False
+    # 1. header: everything before the "traceEvents" key
+    while True:
+        idx = buf.find(_KEY)
+        if idx >= 0:
+            break
+        if eof:
+            _raise_no_events_key(path, buf)
+        data = reader.read()
+        if not data:
+            eof = True
+            if not buf.strip():
+                raise UserError(f"trace {path} is empty; re-export it (torch.profiler export_chrome_trace)")
+        if buf == b"" and re.match(rb"\s*\[", data):
+            raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
+                            f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
+        buf += data
+        if len(buf) > (256 << 20) and buf.find(_KEY) < 0:
+            raise UserError(f"trace {path} has no 'traceEvents' key in its first 256 MB; is it a profiler trace?")
+    header = _decode_header(path, buf[:idx].rstrip())
+    # 2. skip ':' and '['
+    pat = re.compile(rb"\s*:\s*\[")
+    while True:
+        m = pat.match(buf, idx + len(_KEY))
+        if m:
+            break
+        if eof or len(buf) - idx > 64:
+            raise UserError(f"trace {path}: 'traceEvents' is not an array; is it a profiler trace?")
+        data = reader.read()
+        if not data:
+            eof = True
+        buf += data
+    more = b"" if eof else reader.read()
+    if more:
+        body = bytearray(_PREFIX)
+        body += b"["
+        body += memoryview(buf)[m.end():]
+        body += more
+        del buf, more
+        # 3. body in chunks, decoded in place
+        while True:
+            data = reader.read()
+            if not data:
+                break
+            body += data
+            del data
+            if len(body) >= CHUNK_BYTES:
+                body = _decode_chunk(body, cols)
+        # 4. the remainder: rest of the array, then the trailing keys of the document
+        buf = body
+        del body
+    # else: the whole document is in buf (a small file): decoded as it is, without a copy
+    fast = True
+    try:
+        tail = _FAST_TAIL_DEC.decode(buf)
+    except msgspec.DecodeError:      # not the typed layout (or not valid JSON): the lenient decoder says which
+        fast = False
+    try:
+        if not fast:
+            tail = _TAIL_DEC.decode(buf)
+    except msgspec.ValidationError as exc:
+        raise UserError(f"trace {path} does not have the chrome-trace event layout ({exc}); "
+                        f"is it a PyTorch profiler trace?") from None
+    except msgspec.DecodeError as exc:
+        stripped = buf.rstrip()
+        if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
+            raise UserError(f"trace {path} is truncated or not valid JSON ({exc}); re-export or re-copy it") from None
+        raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
+    if fast:
+        try:
+            cols.add_fast(tail.traceEvents)
+        except _NotFast:            # an id beyond int64: the lenient path keeps it as -1
+            fast = False
+            tail = _TAIL_DEC.decode(buf)
+    del buf
+    if not fast:
+        cols.add(tail.traceEvents)
+    meta = dict(header) if isinstance(header, dict) else {}
+    for key in ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds",
+                "displayTimeUnit", "traceName"):
+        val = getattr(tail, key)
+        if val is not None:
+            meta[key] = val
     arrays = cols.arrays()
-    if len(arrays["ts_us"]) == 0 and not cols.mem_rows:
-        raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events); "
-                        f"was the profiler window active? re-record with a longer window")
-    mem = _memory_frame(cols.mem_rows)
+    mem = _memory_frame(cols.mem_rows, cols.defects)
+    if len(arrays["ts_us"]) == 0 and not len(mem):
+        left_out = sum(v for k, v in cols.defects.items() if k in _LEFT_OUT)
+        raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events"
+                        + (f"; {left_out:,} malformed events left out" if left_out else "")
+                        + "); was the profiler window active? re-record with a longer window")
+    check_distributed_info(meta, cols.defects)
     meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
-                    thread_names=cols.thread_names)
+                    thread_names=cols.thread_names, defects=cols.defects)
+
+
+RANK_MAX = 1 << 24      # ranks / world sizes / group sizes beyond this are not real
+
+
+def plausible_count(value, low: int = 1) -> bool:
+    """An int (not a bool) in [low, RANK_MAX]: a world size, group size (low=1) or rank (low=0)."""
+    return type(value) is int and low <= value <= RANK_MAX
+
+
+def check_distributed_info(meta: dict, defects: dict) -> None:
+    """Leave out distributedInfo's rank / world_size and process groups' pg_size that are not plausible
+    numbers (a string, a negative or huge number, ...), in place; counted in ``defects``."""
+    dist = meta.get("distributedInfo")
+    if dist is None:
+        return
+    if not isinstance(dist, dict):
+        meta.pop("distributedInfo")
+        defects["dist_info"] = defects.get("dist_info", 0) + 1
+        return
+    dist = meta["distributedInfo"] = dict(dist)
+    for key, low in (("rank", 0), ("world_size", 1)):
+        if key in dist and dist[key] is not None and not plausible_count(dist[key], low):
+            dist.pop(key)
+            defects["dist_info"] = defects.get("dist_info", 0) + 1
+    if isinstance(dist.get("rank"), int) and isinstance(dist.get("world_size"), int) and dist["rank"] >= dist["world_size"]:
+        dist.pop("rank")
+        defects["dist_info"] = defects.get("dist_info", 0) + 1
+    cfg = dist.get("pg_config")
+    if cfg is not None:
+        good = [g for g in cfg if isinstance(g, dict)] if isinstance(cfg, list) else []
+        for g in good:
+            if "pg_size" in g and g["pg_size"] is not None and not plausible_count(g["pg_size"]):
+                g.pop("pg_size")
+                defects["dist_info"] = defects.get("dist_info", 0) + 1
+        if not isinstance(cfg, list) or len(good) != len(cfg):
+            defects["dist_info"] = defects.get("dist_info", 0) + 1
+        dist["pg_config"] = good
+
+
+# defect kind -> what the warning says (one line per kind and trace)
+_DEFECTS = {
+    "time_missing": "{n:,} events without a timestamp or duration (missing or not a number) were left out",
+    "time_beyond": "{n:,} events with an infinite or implausible timestamp or duration (beyond 2^53 us) were left out",
+    "negative_dur": "{n:,} events with a negative duration were left out",
+    "duplicate": "{n:,} duplicated events (identical to an earlier event) were left out",
+    "duplicate_memory": "{n:,} duplicated [memory] events (same time, address, bytes and totals) were left out",
+    "bad_memory": "{n:,} [memory] events with a missing or invalid time, address or size were left out",
+    "type_name": "{n:,} event names were not strings: shown as their JSON text",
+    "long_name": "{n:,} event names longer than {max:,} characters were cut",
+    "type_tid": "{n:,} thread ids were lists or objects: shown as their JSON text",
+    "long_tid": "{n:,} thread ids longer than {max:,} characters were cut",
+    "type_pid": "{n:,} process ids were lists or objects: shown as their JSON text",
+    "long_pid": "{n:,} process ids longer than {max:,} characters were cut",
+    "dist_info": "distributedInfo holds {n:,} value(s) that are not plausible ranks or sizes: left out",
+}
+_LEFT_OUT = ("time_missing", "time_beyond", "negative_dur", "duplicate", "duplicate_memory", "bad_memory")
+
+
+def defect_warnings(path: str, defects: dict) -> list[str]:
+    """One warning line per kind of defect found while decoding ``path``, the numbers computed without them."""
+    return [f"trace {path}: " + _DEFECTS[k].format(n=defects[k], max=NAME_MAX_CHARS)
+            for k in _DEFECTS if defects.get(k)]
 
 
 def _device_type(arrays: dict, meta: dict) -> str:
@@ -804,16 +1092,47 @@ def _raise_no_events_key(path: str, buf: bytes) -> None:
     raise UserError(f"trace {path} has no 'traceEvents' key; is it a PyTorch profiler chrome trace?")
 
 
-def _memory_frame(rows: list[tuple]) -> pd.DataFrame:
+def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
+    """[memory] events as vocab.MEMORY_EVENT_COLUMNS.  Events whose time, address or size is missing,
+    not an integer or implausible (beyond TIME_MAX_US / MEMORY_BYTES_MAX) and exact duplicates (same time,
+    address, size, totals and device) are left out, counted in ``defects``; other bad fields read as 0."""
     cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
+    dtypes = (np.int64, np.int64, np.int64, np.int64, np.int8, np.int16)
     columns = list(zip(*rows)) if rows else [() for _ in cols]
-    out = {"rank": np.zeros(len(rows), dtype=np.int32), "ts_us": _floats(list(columns[0]))}
-    for c, vals, dt in zip(cols[1:], columns[1:], (np.int64, np.int64, np.int64, np.int64, np.int8, np.int16)):
+    ts = _floats(list(columns[0]))
+    out = {"rank": np.zeros(len(rows), dtype=np.int32), "ts_us": ts}
+    ok = np.isfinite(ts) & (np.abs(ts) <= TIME_MAX_US)
+    for c, vals, dt in zip(cols[1:], columns[1:], dtypes):
+        arr, valid = _ints(vals, dt)
+        out[c] = arr
+        if c in ("addr", "bytes"):
+            ok &= valid
+    ok &= np.abs(out["bytes"]) <= MEMORY_BYTES_MAX
+    df = pd.DataFrame(out)[vocab.MEMORY_EVENT_COLUMNS]
+    if not ok.all():
+        defects["bad_memory"] = defects.get("bad_memory", 0) + int(np.count_nonzero(~ok))
+    dup = _duplicate_rows([out[c] for c in cols], ok) if len(df) else None
+    if dup is not None:
+        defects["duplicate_memory"] = defects.get("duplicate_memory", 0) + int(np.count_nonzero(dup))
+        ok &= ~dup
+    return df if ok.all() else df[ok].reset_index(drop=True)
+
+
+def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(integers as ``dtype``, valid) of trace values: 0 where a value is not an integer that fits."""
+    info = np.iinfo(dtype)
+    values = list(values)
+    if values and set(map(type, values)) == {int}:
         try:
-            out[c] = np.asarray(vals, dtype=dt)
-        except (TypeError, ValueError, OverflowError):
-            out[c] = pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce").fillna(0).astype(dt).to_numpy()
-    return pd.DataFrame(out)[vocab.MEMORY_EVENT_COLUMNS]
+            arr = np.asarray(values, dtype=np.int64)
+            valid = (arr >= info.min) & (arr <= info.max)
+            return np.where(valid, arr, 0).astype(dtype), valid
+        except OverflowError:
+            pass
+    ints = [v if type(v) is int and info.min <= v <= info.max else
+            int(v) if type(v) is float and v.is_integer() and info.min <= v <= info.max else None for v in values]
+    valid = np.fromiter((v is not None for v in ints), dtype=bool, count=len(ints))
+    return np.fromiter((0 if v is None else v for v in ints), dtype=dtype, count=len(ints)), valid
 
 
 @dataclass
@@ -827,13 +1146,22 @@ class TraceData:
     warnings: list[str] = field(default_factory=list)
 
 
-def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None) -> TraceData:
-    """Decode, classify and phase-tag one trace file. ``rank`` overrides distributedInfo's rank."""
-    from fsdpprof.analyze.trace import classify
-    from fsdpprof.analyze.trace import labels
+def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None,
+               max_bytes: int | None = None) -> TraceData:
+    """Decode, classify and label one trace file. ``rank`` overrides distributedInfo's rank;
+    ``max_bytes``: largest JSON accepted once decompressed (default MAX_TRACE_BYTES).
+    Bad input raises :class:`fsdpprof.errors.UserError` (one line, naming the file); malformed events
+    are left out and said so in ``TraceData.warnings``, one line per kind."""
+    path = os.fspath(path)
+    with unexpected_as_user_error(f"trace {path}"):
+        return _load_trace(path, rank, progress, max_bytes)
 
-    rt = decode_trace(path, progress=progress)
-    warnings: list[str] = []
+
+def _load_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None) -> TraceData:
+    from fsdpprof.analyze.trace import classify, labels
+
+    rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
+    warnings: list[str] = defect_warnings(rt.path, rt.defects)
     dist = rt.meta.get("distributedInfo") or {}
     if rank is None:
         rank = dist.get("rank") if isinstance(dist, dict) else None
