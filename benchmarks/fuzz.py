@@ -556,7 +556,7 @@ def _run_paths(kind: str, path: str, full: bool, render_cache: set) -> tuple[str
     # render_report is a pure function of the Analysis: an analysis already rendered in this process
     # is not rendered again (its digest is the summary plus the tables the page shows beyond it)
     key = hashlib.sha1(text.encode() + pickle.dumps((a.lanes, a.memory_peaks, a.warnings, a.notes,
-                                                     {r: (m.timeline, m.allocations.shape) for r, m in a.memory.items()}))).digest()
+                                                     {r: (m.timeline, m.peak_allocated_bytes) for r, m in a.memory.items()}))).digest()
     if key not in render_cache:
         render_report(a)
         render_cache.add(key)

@@ -95,10 +95,14 @@ def test_against_fsdp_mem_tracker(tracker):
         def close(k):
             return abs(ours[k] - pairs[k]) <= 0.05 * pairs[k]
 
-        # Within 5 %: what does not depend on the instant of the peak, the gathered parameters (one unit
-        # in use, one prefetched, plus the root), and the temporaries.
-        for k in ("sharded_param", "optimizer_state", "input", "unsharded_param", "temporary"):
+        # Within 5 %: what does not depend on the instant of the peak, and the gathered parameters (one
+        # unit in use, one prefetched, plus the root).
+        for k in ("sharded_param", "optimizer_state", "input", "unsharded_param"):
             assert close(k), (r, k, ours[k], pairs[k])
+        # Temporaries are what is alive at one instant: the tracker's own figure at its peak moves between
+        # runs of the same code (3.25 and 4.27 MiB seen on rank 1, gloo's threads decide which instant is
+        # its peak), so only the order of magnitude is comparable.
+        assert 0.5 * pairs["temporary"] <= ours["temporary"] <= 2 * pairs["temporary"], (r, ours, pairs)
         # Different by design: the peaks are different instants. gloo implements FSDP's reduce-scatter
         # with C++ buffers that a dispatch-level tracker never sees but the allocator does, so on our
         # curve the gradient side is larger and the peak comes later in backward, after more units have
