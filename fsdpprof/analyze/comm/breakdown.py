@@ -181,34 +181,53 @@ def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:
     name = events["name"]
     name_codes, name_labels = (name.cat.codes.to_numpy()[idx], np.asarray(name.cat.categories, dtype=object)) \
         if isinstance(name.dtype, pd.CategoricalDtype) else pd.factorize(name.to_numpy(dtype=object)[idx])
-    k = pd.DataFrame({"rank": d["rank"][keep], "type": d["type"][keep], "name": name_codes,
-                      "dur": d["dur"][keep]})
-    g = k.groupby(["rank", "type", "name"], sort=False)["dur"]
-    agg = g.agg(["count", "sum", "min", "max"]).reset_index()
-    sq = (k["dur"] ** 2).groupby([k["rank"], k["type"], k["name"]], sort=False).sum().to_numpy()
-    agg["sq"] = sq
-    agg = agg.sort_values(["rank", "type", "sum"], ascending=[True, True, False], kind="mergesort")
-    pos = agg.groupby(["rank", "type"], sort=False).cumcount().to_numpy()
-    other = pos >= top_n
-    agg["label"] = np.where(other, -1, agg["name"].to_numpy())
-    agg["order"] = np.where(other, top_n, pos)
-    out = agg.groupby(["rank", "type", "label", "order"], sort=True).agg(
-        count=("count", "sum"), sum_us=("sum", "sum"), min_us=("min", "min"), max_us=("max", "max"),
-        sq=("sq", "sum")).reset_index()
-    n = out["count"].to_numpy(dtype=np.float64)
-    mean = out["sum_us"].to_numpy() / n
+    rank, typ, dur = d["rank"][keep], d["type"][keep].astype(np.int64), d["dur"][keep]
+    # one group per (rank, type, name): numpy reductions over the group index (no pandas groupby)
+    (ranks, rank_i) = np.unique(rank, return_inverse=True)
+    n_types, n_names = len(TABLE_TYPES), max(len(name_labels), 1)
+    gkey, g = np.unique((rank_i * n_types + typ) * n_names + name_codes, return_inverse=True)
+    count = np.bincount(g, minlength=gkey.size).astype(np.float64)
+    total = np.bincount(g, weights=dur, minlength=gkey.size)
+    g_mean = total / count
+    m2 = np.bincount(g, weights=(dur - g_mean[g]) ** 2, minlength=gkey.size)   # two passes: no cancellation
+    lo, hi = np.full(gkey.size, np.inf), np.full(gkey.size, -np.inf)
+    np.minimum.at(lo, g, dur)
+    np.maximum.at(hi, g, dur)
+    rt, nm = gkey // n_names, gkey % n_names              # (rank, type) of each group, its name code
+    # rank the names of each (rank, type) by total time; the top_n keep their row, the rest become "others"
+    order = np.lexsort((nm, -total, rt))
+    rt_o = rt[order]
+    start = np.ones(order.size, dtype=bool)
+    start[1:] = rt_o[1:] != rt_o[:-1]
+    first = np.maximum.accumulate(np.where(start, np.arange(order.size), 0))
+    pos = np.empty(order.size, dtype=np.int64)
+    pos[order] = np.arange(order.size) - first
+    slot = np.minimum(pos, top_n)                          # top_n: the "others" row
+    okey, o = np.unique(rt * (top_n + 1) + slot, return_inverse=True)
+    o_count = np.bincount(o, weights=count, minlength=okey.size)
+    o_sum = np.bincount(o, weights=total, minlength=okey.size)
+    o_lo, o_hi = np.full(okey.size, np.inf), np.full(okey.size, -np.inf)
+    np.minimum.at(o_lo, o, lo)
+    np.maximum.at(o_hi, o, hi)
+    o_name = np.full(okey.size, -1, dtype=np.int64)
+    single = slot < top_n
+    o_name[o[single]] = nm[single]
+    o_rt = okey // (top_n + 1)
+    mean = o_sum / o_count
+    # the groups' squared deviations combined about the row's mean (Chan et al.'s parallel variance)
+    o_m2 = np.bincount(o, weights=m2 + count * (g_mean - mean[o]) ** 2, minlength=okey.size)
     with np.errstate(invalid="ignore", divide="ignore"):
-        var = np.where(n > 1, (out["sq"].to_numpy() - n * mean ** 2) / (n - 1), 0.0)
-    out["mean_us"] = mean
-    out["std_us"] = np.sqrt(np.clip(var, 0, None))
-    type_total = out.groupby(["rank", "type"], sort=False)["sum_us"].transform("sum").to_numpy()
-    out["type_pct"] = np.where(type_total > 0, 100.0 * out["sum_us"].to_numpy() / type_total, np.nan)
+        var = np.where(o_count > 1, o_m2 / (o_count - 1), 0.0)
+    _, rt_inv = np.unique(o_rt, return_inverse=True)
+    type_total = np.bincount(rt_inv, weights=o_sum)[rt_inv]
     labels = np.append(name_labels.astype(object), "others")
-    out["name"] = labels[out["label"].to_numpy()]       # label -1 -> "others"
-    out["kernel_type"] = np.asarray(TABLE_TYPES, dtype=object)[out["type"].to_numpy()]
-    out["count"] = out["count"].astype(np.int64)
-    out = out.sort_values(["rank", "type", "order"], kind="mergesort")
-    return out[TOP_KERNEL_COLUMNS].reset_index(drop=True)
+    out = pd.DataFrame({
+        "rank": ranks[o_rt // n_types], "kernel_type": np.asarray(TABLE_TYPES, dtype=object)[o_rt % n_types],
+        "name": labels[o_name], "count": o_count.astype(np.int64), "sum_us": o_sum, "mean_us": mean,
+        "min_us": o_lo, "max_us": o_hi, "std_us": np.sqrt(np.clip(var, 0, None)),
+        "type_pct": np.where(type_total > 0, 100.0 * o_sum / type_total, np.nan)})
+    # rows by rank, type (HTA's order), then most time first with "others" last
+    return out.iloc[np.lexsort((okey % (top_n + 1), o_rt))].reset_index(drop=True)[TOP_KERNEL_COLUMNS]
 
 
 def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = KERNEL_WAIT_THRESHOLD_US
