@@ -1,23 +1,33 @@
-"""Benchmark: our trace analysis vs HTA vs a bare orjson.loads, on the same traces.
+"""Benchmark: fsdpprof's analysis vs HTA vs a bare orjson.loads, the report end to end, CLI start-up, memory.
 
-    python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--big-gb 1.0] [--skip-hta-big] [--no-big] [--repeat 3]
-                                       [--out DIR]
+    python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--repeat 3] [--only NAME] [--profile]
+                                       [--big-gb 1.0] [--skip-hta-big] [--no-big] [--out DIR]
 
-Traces: the largest real GPU trace in ../shared/data/gpu-traces, rank 0 of a recorded CPU run
-(``--cpu-run``; default /tmp/fsdpprof-sample/fsdp2, recorded with ``fsdpprof record`` when absent), and
-a >= 1 GB (decompressed, written plain) trace built here by replicating the real GPU trace with
-shifted times and ids.  Each measurement runs in a fresh child process, so its peak RSS is its own.
-Imports (pandas, HTA, ...) happen in the child before its clock starts, and one warm-up call on a
-tiny trace absorbs first-call costs, for every contender alike; each child reports its import time
-too, so that fixed cost is stated, not hidden.  On the real traces each contender runs ``--repeat``
-times, interleaved (ours, orjson, HTA, ours, ...), and the medians are reported (the box may be
-shared); the big trace is built only after the real traces are measured (and flushed to disk), so its
-writing does not load the machine during their measurements.
+Inputs, measured in one run: every folder of real GPU traces in ../shared/data/gpu-traces (a folder of
+several rank files, param-dlrm-8rank-v100, is one input of 8 ranks), a recorded CPU (gloo) run
+(``--cpu-run``; default: recorded here with the example, 2 ranks) and, unless ``--no-big``, a >= 1 GB
+(decompressed, plain) trace built by replicating the largest real GPU trace.
 
-Prints per trace: HTA (TraceAnalysis load + get_comm_comp_overlap), ours (load_trace + overall_overlap +
-collective_volume), bare orjson.loads of the same bytes (read/decompress + loads), seconds and peak RSS,
-and the ratios.  Goals: ours >= 8x faster than HTA, no slower than orjson.loads, peak RSS <= 2x the
-decompressed trace.  Prints figures only; nothing here asserts timings.
+Every measurement runs in a fresh child process.  Two ways, both printed:
+- in process ("warm"): imports happen before the clock starts and one warm-up call on a tiny trace
+  absorbs first-call costs, for every contender alike: the per-call work;
+- whole process ("cold"): the wall time of ``python -c ...`` from start to exit, start-up and imports
+  included: what a user waits for.
+Each contender runs ``--repeat`` times, interleaved (ours, orjson, HTA, ours, ...); medians.  Ratios use
+CPU seconds where the box is shared (wall seconds are printed beside them).
+
+Goals (issue 12), checked in the closing table:
+(a) ours (load + overall overlap + collective volume) >= 10x faster than HTA (TraceAnalysis load +
+    get_comm_comp_overlap);
+(b) ours no slower than a bare ``orjson.loads`` of the same bytes (read + gunzip + loads), warm and cold;
+(c) ``fsdpprof report --no-hta`` end to end <= 1.5x the analysis alone (load_run + analyze_run(hta=False),
+    whole processes both);
+(d) ``fsdpprof --help`` and ``fsdpprof plan --params 7e9 --world 8`` < 0.3 s wall, without importing
+    pandas or torch (python -X importtime);
+(e) ours' peak RSS <= 2x the decompressed trace + the interpreter's baseline (the same child with the
+    same imports and the warm-up call on the tiny trace only).
+``--profile`` adds where the time of the report goes (cProfile, -X importtime), for whoever fixes it.
+Prints figures only; nothing here asserts timings.
 """
 from __future__ import annotations
 
@@ -26,6 +36,8 @@ import gzip
 import json
 import os
 import resource
+import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,139 +47,61 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "gpu-traces"
-
-
-# ----------------------------------------------------------------------------------------- children
-def _run_once(mode: str, path: str) -> dict:
-    """The measured work of one contender on one trace (imports done by the caller)."""
-    if mode == "ours":
-        from fsdpprof.analyze.comm import overlap
-        from fsdpprof.analyze.comm import volume
-        from fsdpprof.analyze.trace import load_trace
-        td = load_trace(path, progress=False)
-        o = overlap.overall_overlap(td.events)
-        volume.collective_volume(td.events)
-        result = {"overlap_pct": float(o["comp_comm_overlap_pct"].iloc[0]), "events": len(td.events)}
-    elif mode == "orjson":
-        import orjson
-        with open(path, "rb") as fh:
-            data = fh.read()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        doc = orjson.loads(data)
-        result = {"events": len(doc["traceEvents"])}
-    elif mode == "hta":
-        from hta.trace_analysis import TraceAnalysis
-        d = tempfile.mkdtemp()
-        os.symlink(os.path.abspath(path), os.path.join(d, "rank-0" + ("".join(Path(path).suffixes[-2:]) if path.endswith(".gz") else ".json")))
-        ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)
-        r = ta.get_comm_comp_overlap(visualize=False)
-        result = {"overlap_pct": float(r["comp_comm_overlap_pctg"].iloc[0])}
-    elif mode == "idle":
-        result = {"events": 0}
-    else:
-        raise SystemExit(f"unknown mode {mode}")
-    return result
-
-
-def child(mode: str, path: str) -> None:
-    # imports happen before the clock starts: we time the work, not the interpreter's start-up
-    idle = mode == "ours-idle"          # the same process as "ours", minus the work: its RSS is the baseline
-    mode = "ours" if idle else mode
-    t_import = time.perf_counter()
-    if mode == "ours":
-        sys.path.insert(0, str(ROOT))
-        from fsdpprof.analyze.trace import classify  # noqa: F401
-        from fsdpprof.analyze.comm import overlap  # noqa: F401
-        from fsdpprof.analyze.trace import labels  # noqa: F401
-        from fsdpprof.analyze.comm import volume  # noqa: F401
-        from fsdpprof.analyze.trace import load_trace
-    elif mode == "orjson":
-        import orjson
-    elif mode == "hta":
-        import logging
-        logging.disable(logging.WARNING)
-        from hta.trace_analysis import TraceAnalysis
-    import_seconds = time.perf_counter() - t_import
-    # one warm-up call on a tiny real trace, so that one-off costs (lazy imports, first-call set-up in
-    # pandas/HTA) are not counted against the trace being measured; same for every contender
-    small = sorted(SHARED.glob("param-dlrm-8rank-v100/rank-0.json.gz"))
-    if small and os.path.abspath(path) != os.path.abspath(small[0]):
-        _run_once(mode, str(small[0]))
-
-    def cpu() -> float:
-        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-
-    c0 = cpu()
-    t0 = time.perf_counter()
-    result = _run_once("idle" if idle else mode, path)
-    result["seconds"] = time.perf_counter() - t0
-    result["cpu_seconds"] = cpu() - c0
-    result["import_seconds"] = import_seconds
-    print("RESULT " + json.dumps(result), flush=True)
-
-
-def measure_rss(mode: str, path: str, timeout: float) -> dict:
-    """Run one measurement in a fresh child; its result plus its peak RSS (ru_maxrss of the waited-for child)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        os.dup2(w, 1)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.execve(sys.executable, [sys.executable, __file__, "--child", mode, path], env)
-    os.close(w)
-    t0 = time.perf_counter()
-    chunks = []
-    import select
-    deadline = t0 + timeout
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            os.close(r)
-            return {"error": f"timeout after {timeout:.0f} s"}
-        ready, _, _ = select.select([r], [], [], min(left, 1.0))
-        if ready:
-            data = os.read(r, 65536)
-            if not data:
-                break
-            chunks.append(data)
-    os.close(r)
-    _, status, ru = os.wait4(pid, 0)
-    out = b"".join(chunks).decode(errors="replace")
-    line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
-    if status != 0 or line is None:
-        return {"error": f"exit status {status}"}
-    res = json.loads(line[len("RESULT "):])
-    res["peak_rss_bytes"] = ru.ru_maxrss * 1024
-    return res
+WARMUP = SHARED / "param-dlrm-8rank-v100" / "rank-0.json.gz"
+GOALS = {"hta_x": 10.0, "orjson_x": 1.0, "report_x": 1.5, "cli_s": 0.3, "rss_x": 2.0}
 
 
 # ----------------------------------------------------------------------------------------- inputs
-def largest_gpu_trace() -> str:
-    files = sorted(SHARED.glob("*/rank-*.json.gz"), key=lambda p: p.stat().st_size)
-    if not files:
-        raise SystemExit(f"no GPU traces under {SHARED}")
-    return str(files[-1])
-
-
-def cpu_trace(run_dir: str | None) -> str:
-    run_dir = run_dir or "/tmp/fsdpprof-sample/fsdp2"
-    p = Path(run_dir) / "rank-0" / "trace.json.gz"
+def trace_files(path: str) -> list[str]:
+    """The trace files of an input (a file, a folder of traces, or a run directory)."""
+    p = Path(path)
     if p.is_file():
-        return str(p)
-    out = Path(tempfile.mkdtemp()) / "run"
+        return [str(p)]
+    files = sorted(p.glob("rank-*/trace.json.gz")) or sorted(p.glob("*.json.gz")) + sorted(p.glob("*.json"))
+    return [str(f) for f in files]
+
+
+def hta_dir(path: str, tmp: str) -> str:
+    """A folder of rank-N.json.gz symlinks to the input's traces (what HTA reads)."""
+    d = tempfile.mkdtemp(dir=tmp, prefix="hta-")
+    for i, f in enumerate(trace_files(path)):
+        ext = ".json.gz" if f.endswith(".gz") else ".json"
+        os.symlink(os.path.abspath(f), os.path.join(d, f"rank-{i}{ext}"))
+    return d
+
+
+def decompressed_bytes(path: str) -> int:
+    total = 0
+    for f in trace_files(path):
+        data = Path(f).read_bytes()
+        total += len(gzip.decompress(data)) if data[:2] == b"\x1f\x8b" else len(data)
+    return total
+
+
+def real_inputs() -> list[tuple[str, str]]:
+    out = []
+    for d in sorted(p for p in SHARED.iterdir() if p.is_dir()):
+        files = trace_files(str(d))
+        if files:
+            out.append((d.name, files[0] if len(files) == 1 else str(d)))
+    if not out:
+        raise SystemExit(f"no GPU traces under {SHARED}")
+    return out
+
+
+def cpu_run(run_dir: str | None, tmp: str) -> str:
+    if run_dir:
+        if not trace_files(run_dir):
+            raise SystemExit(f"--cpu-run {run_dir}: no rank-*/trace.json.gz in it")
+        return run_dir
+    out = Path(tmp) / "cpu-run"
     cmd = [sys.executable, "-m", "fsdpprof", "record", "--out", str(out), "--skip-steps", "1", "--warmup-steps", "1",
            "--active-steps", "2", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node=2", str(ROOT / "fsdpprof" / "examples" / "train_fsdp.py"), "--strategy", "fsdp2",
            "--steps", "5"]
+    print("recording a CPU run with the example (fsdp2, 2 ranks) ...", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True)
-    return str(out / "rank-0" / "trace.json.gz")
+    return str(out)
 
 
 def build_big_trace(src: str, target_bytes: int, out_dir: str) -> tuple[str, int]:
@@ -200,101 +134,418 @@ def build_big_trace(src: str, target_bytes: int, out_dir: str) -> tuple[str, int
                 if k and isinstance(name, str) and name.startswith("ProfilerStep#"):
                     e2["name"] = f"ProfilerStep#{int(name[13:]) + k * 100_000}"
                 shifted.append(e2)
-            body = orjson.dumps(shifted)[1:-1]
-            fh.write(body)
+            fh.write(orjson.dumps(shifted)[1:-1])
             fh.write(b",\n" if k + 1 < copies else b"\n")
         fh.write(b"]}")
     return path, os.path.getsize(path)
 
 
-# ----------------------------------------------------------------------------------------- main
-def fmt(res: dict) -> str:
+# ----------------------------------------------------------------------------------------- the work
+def _ours(path: str) -> dict:
+    from fsdpprof.analyze.comm import overlap, volume
+    from fsdpprof.analyze.run import load_run
+    ev = load_run(path, progress=False).events()
+    o = overlap.overall_overlap(ev)
+    volume.collective_volume(ev)
+    return {"overlap_pct": float(o["comp_comm_overlap_pct"].iloc[0]), "events": len(ev)}
+
+
+def _orjson(path: str) -> dict:
+    import orjson
+    n = 0
+    for f in trace_files(path):
+        with open(f, "rb") as fh:
+            data = fh.read()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        n += len(orjson.loads(data)["traceEvents"])
+    return {"events": n}
+
+
+def _hta(path: str) -> dict:
+    from hta.trace_analysis import TraceAnalysis
+    d = hta_dir(path, tempfile.gettempdir())
+    try:
+        ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)
+        r = ta.get_comm_comp_overlap(visualize=False)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return {"overlap_pct": float(r["comp_comm_overlap_pctg"].iloc[0])}
+
+
+def _breakdowns(path: str) -> dict:
+    """Our native breakdowns on the loaded events (the load is not timed: see child())."""
+    from fsdpprof.analyze.comm import breakdown
+    ev = _LOADED[path]
+    t0 = time.perf_counter()
+    breakdown.temporal_breakdown(ev)
+    breakdown.kernel_type_breakdown(ev)
+    if "launch_ts_us" in ev.columns:
+        breakdown.idle_time_breakdown(ev)
+    return {"breakdown_seconds": time.perf_counter() - t0}
+
+
+# where our load + overlap + volume spends its time: (label, function name in cProfile's stats); names that
+# are not found (renamed) are left out of the line
+STAGES = [("inflate", "<built-in method zlib.decompress>"), ("JSON decode (msgspec)", "decode"),
+          ("columns from events", "add_fast"), ("decode_trace", "decode_trace"), ("classify", "classify_arrays"),
+          ("labels", "assign_arrays"), ("events frame", "events_frame"), ("overall_overlap", "overall_overlap"),
+          ("collective_volume", "collective_volume")]
+
+
+def _stages(path: str) -> dict:
+    """_ours under cProfile (warm): cumulative seconds of each stage, and of the whole call."""
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    _ours(path)
+    pr.disable()
+    st = pstats.Stats(pr).stats
+    out = {}
+    for label, func in STAGES:
+        hits = [v[3] for (f, _, name), v in st.items()
+                if (name == func and (func.startswith("<") or "fsdpprof" in f)) or
+                (func == "decode" and "msgspec.json.Decoder" in name)]
+        if hits:
+            out[label] = sum(hits) if func == "decode" else max(hits)
+    out["total"] = max(v[3] for v in st.values())
+    return {"stages": out}
+
+
+_LOADED: dict = {}
+WORK = {"ours": _ours, "orjson": _orjson, "hta": _hta, "breakdowns": _breakdowns, "stages": _stages}
+
+
+def child(mode: str, path: str) -> None:
+    """One in-process measurement: imports first (timed apart), a warm-up call, then the timed call."""
+    idle = mode == "ours-idle"          # the same process as "ours", minus the work: its RSS is the baseline
+    mode = "ours" if idle else mode
+    t_import = time.perf_counter()
+    sys.path.insert(0, str(ROOT))
+    if mode in ("ours", "breakdowns", "stages"):
+        from fsdpprof.analyze.comm import breakdown, overlap, volume  # noqa: F401
+        from fsdpprof.analyze.run import load_run
+        from fsdpprof.analyze.trace import classify, decode, labels  # noqa: F401
+    elif mode == "orjson":
+        import orjson  # noqa: F401
+    elif mode == "hta":
+        import logging
+        logging.disable(logging.WARNING)
+        from hta.trace_analysis import TraceAnalysis  # noqa: F401
+    import_seconds = time.perf_counter() - t_import
+    if mode == "breakdowns":
+        _LOADED[path] = load_run(path, progress=False).events()
+    elif WARMUP.is_file() and os.path.abspath(path) != str(WARMUP):
+        WORK[mode](str(WARMUP))         # the idle child too: its peak RSS then holds what the warm-up left
+
+    def cpu() -> float:
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    result = {"events": 0} if idle else WORK[mode](path)
+    result.update(seconds=time.perf_counter() - t0, cpu_seconds=cpu() - c0, import_seconds=import_seconds)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------------------- running
+def run_process(argv: list[str], timeout: float, env: dict | None = None) -> dict:
+    """Run argv to its end: wall seconds, CPU seconds (it and its waited-for children), peak RSS, stdout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    r, w = os.pipe()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        os.dup2(w, 1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        try:
+            os.execve(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    os.close(w)
+    chunks, deadline = [], t0 + timeout
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return {"error": f"timeout after {timeout:.0f} s"}
+        ready, _, _ = select.select([r], [], [], min(left, 1.0))
+        if ready:
+            data = os.read(r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    os.close(r)
+    _, status, ru = os.wait4(pid, 0)
+    wall = time.perf_counter() - t0
+    out = b"".join(chunks).decode(errors="replace")
+    if status != 0:
+        return {"error": f"exit status {status >> 8}"}
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": ru.ru_maxrss * 1024, "stdout": out}
+
+
+def measure(mode: str, path: str, timeout: float) -> dict:
+    res = run_process([sys.executable, __file__, "--child", mode, path], timeout)
     if "error" in res:
-        return res["error"]
-    n = res.get("runs", 1)
-    return (f"{res['seconds']:7.3f} s wall, {res['cpu_seconds']:7.3f} s CPU, "
-            f"peak RSS {res['peak_rss_bytes'] / 2**20:6.0f} MiB  (import {res['import_seconds']:.2f} s, not timed)"
-            + (f"  [median of {n}]" if n > 1 else ""))
+        return res
+    line = next((x for x in res["stdout"].splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        return {"error": "no result"}
+    out = json.loads(line[len("RESULT "):])
+    out["peak_rss_bytes"] = res["peak_rss_bytes"]
+    return out
 
 
-def median_of(runs: list[dict]) -> dict:
-    """Median seconds / CPU seconds / peak RSS of repeated measurements (an error if any run failed)."""
+PY_OURS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.comm import overlap, volume\n"
+           "ev = load_run(sys.argv[1], progress=False).events()\noverlap.overall_overlap(ev)\n"
+           "volume.collective_volume(ev)\n")
+PY_ORJSON = ("import sys, gzip, orjson\nfor f in sys.argv[1:]:\n    d = open(f, 'rb').read()\n"
+             "    orjson.loads(gzip.decompress(d) if d[:2] == b'\\x1f\\x8b' else d)\n")
+PY_HTA = ("import sys, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis\n"
+          "TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True).get_comm_comp_overlap(visualize=False)\n")
+PY_ANALYSIS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.pipeline import analyze_run\n"
+               "analyze_run(load_run(sys.argv[1], progress=False), hta=False)\n")
+
+
+def cold(kind: str, path: str, tmp: str, timeout: float) -> dict:
+    """A whole process, start-up included."""
+    py = sys.executable
+    if kind == "ours":
+        argv = [py, "-c", PY_OURS, path]
+    elif kind == "orjson":
+        argv = [py, "-c", PY_ORJSON, *trace_files(path)]
+    elif kind == "hta":
+        argv = [py, "-c", PY_HTA, hta_dir(path, tmp)]
+    elif kind == "analysis":
+        argv = [py, "-c", PY_ANALYSIS, path]
+    elif kind == "report":
+        out = tempfile.mkdtemp(dir=tmp, prefix="report-")
+        argv = [py, "-m", "fsdpprof", "report", path, "--no-hta", "-o", os.path.join(out, "report.html")]
+    else:
+        raise SystemExit(kind)
+    return run_process(argv, timeout)
+
+
+def med(runs: list[dict], *keys: str) -> dict:
     bad = [r for r in runs if "error" in r]
     if bad:
         return bad[0]
     out = dict(runs[0])
-    for k in ("seconds", "cpu_seconds", "peak_rss_bytes", "import_seconds"):
+    for k in keys:
         out[k] = statistics.median(r[k] for r in runs)
     out["runs"] = len(runs)
     return out
 
 
+def ratio(a: dict, b: dict, key: str) -> float | None:
+    if "error" in a or "error" in b or not b.get(key):
+        return None
+    return a[key] / b[key]
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "   n/a" if x is None else f"{x:6.2f}"
+
+
+# ----------------------------------------------------------------------------------------- CLI start-up
+def cli_startup(repeat: int) -> list[dict]:
+    """Wall time of `fsdpprof --help` and `fsdpprof plan ...` (console script and python -m), and whether
+    pandas / torch / numpy / plotly get imported on those paths."""
+    script = str(Path(sys.executable).parent / "fsdpprof")
+    cases = [("fsdpprof --help", ["--help"]), ("fsdpprof plan --params 7e9 --world 8",
+                                               ["plan", "--params", "7e9", "--world", "8"])]
+    rows = []
+    for label, args in cases:
+        for how, argv in (("console script", [script, *args]), ("python -m", [sys.executable, "-m", "fsdpprof", *args])):
+            if not os.path.exists(argv[0]):
+                continue
+            runs = [run_process(argv, 60) for _ in range(repeat)]
+            m = med(runs, "wall", "cpu", "peak_rss_bytes")
+            imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", *args], capture_output=True,
+                                 text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+            mods, self_us = set(), []
+            for line in imp.stderr.splitlines():
+                if line.startswith("import time:") and "|" in line:
+                    parts = [x.strip() for x in line[len("import time:"):].split("|")]
+                    if parts[0].isdigit():
+                        name = parts[2].strip()
+                        mods.add(name)
+                        self_us.append((int(parts[1]), name))
+            heavy = sorted({m.split(".")[0] for m in mods} & {"pandas", "torch", "numpy", "plotly", "msgspec", "hta"})
+            top = ", ".join(f"{n} {c / 1e3:.0f} ms" for c, n in sorted(self_us, reverse=True)[:4])
+            rows.append({"label": f"{label} ({how})", "res": m, "heavy": heavy, "top": top})
+    return rows
+
+
+def profile_report(path: str, tmp: str) -> None:
+    """Where `fsdpprof report --no-hta` spends its time: cProfile (cumulative, fsdpprof's functions and the
+    biggest others) and the slowest imports."""
+    import pstats
+    prof = os.path.join(tmp, "report.prof")
+    out = tempfile.mkdtemp(dir=tmp, prefix="report-prof-")
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", prof, "-m", "fsdpprof", "report", path, "--no-hta", "-o",
+                    os.path.join(out, "report.html")], capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    st = pstats.Stats(prof)
+    total = max(v[3] for v in st.stats.values())
+    rows = []
+    for (fname, line, func), (cc, nc, tt, ct, callers) in st.stats.items():
+        if "fsdpprof" in fname:
+            rows.append((ct, tt, nc, f"{os.path.relpath(fname, ROOT) if 'fsdpprof' in fname else fname}:{line} {func}"))
+    print(f"   cProfile of `fsdpprof report {os.path.basename(path)} --no-hta` (total {total:.2f} s; cumulative, "
+          f"fsdpprof's functions >= 3 %):")
+    for ct, tt, nc, name in sorted(rows, reverse=True):
+        if ct >= 0.03 * total and "<module>" not in name:
+            print(f"     {ct:6.3f} s cum {tt:6.3f} s self {nc:6d} calls  {name}")
+    imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", "report", path, "--no-hta", "-o",
+                          os.path.join(out, "report2.html")], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"))
+    roots, ours_self = [], []
+    for line in imp.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            parts = line[len("import time:"):].split("|")
+            if not parts[0].strip().isdigit():
+                continue
+            name = parts[2].strip()
+            if "." not in name and not name.startswith("_"):
+                roots.append((int(parts[1]), name))               # a package, with everything it imports
+            if name.startswith("fsdpprof."):
+                ours_self.append((int(parts[0]), name))           # our modules' own time
+    print("   heaviest packages imported by the report (cumulative): "
+          + ", ".join(f"{n} {c / 1e3:.0f} ms" for c, n in sorted(roots, reverse=True)[:8]))
+    print("   our slowest modules to import (self): "
+          + ", ".join(f"{n} {c / 1e3:.0f} ms" for c, n in sorted(ours_self, reverse=True)[:5]))
+
+
+# ----------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2, metavar=("MODE", "PATH"))
-    ap.add_argument("--cpu-run")
+    ap.add_argument("--cpu-run", help="a recorded run directory (default: record one with the example)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (medians)")
+    ap.add_argument("--only", help="only the inputs whose name contains this")
+    ap.add_argument("--profile", action="store_true", help="cProfile / -X importtime of the report per input")
     ap.add_argument("--big-gb", type=float, default=1.0)
     ap.add_argument("--skip-hta-big", action="store_true", help="do not run HTA on the big trace")
-    ap.add_argument("--no-big", action="store_true", help="only the real traces (no replicated big trace)")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per contender on the real traces (medians)")
+    ap.add_argument("--no-big", action="store_true", help="only the real traces and the CPU run")
     ap.add_argument("--timeout", type=float, default=1500)
-    ap.add_argument("--out", help="folder for the big trace (a temporary one by default; removed at the end)")
+    ap.add_argument("--out", help="folder for temporary files (a temporary one by default; removed at the end)")
     args = ap.parse_args()
     if args.child:
         child(*args.child)
         return
     tmp = args.out or tempfile.mkdtemp(prefix="fsdpprof-bench-")
-    gpu = largest_gpu_trace()
-    cpu = cpu_trace(args.cpu_run)
-    big, big_size = None, 0
-    cases = [("largest real GPU trace", gpu), ("recorded CPU (gloo) run, rank 0", cpu)] + \
-        ([] if args.no_big else [("big", None)])
-    print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+    os.makedirs(tmp, exist_ok=True)
+    repeat = max(1, args.repeat)
+    inputs = real_inputs() + [("recorded CPU run (gloo, 2 ranks)", cpu_run(args.cpu_run, tmp))]
+    if not args.no_big:
+        inputs.append(("big", ""))
+    if args.only:
+        inputs = [x for x in inputs if args.only in x[0]]
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}; "
+          f"medians of {repeat}")
+    table = []
+    big = None
     try:
-        for label, path in cases:
-            if label == "big":         # built now, after the real traces were measured, and flushed
-                big, big_size = build_big_trace(gpu, int(args.big_gb * 1e9), tmp)
+        for name, path in inputs:
+            if name == "big":          # built after the real inputs were measured
+                largest = max((f for _, p in real_inputs() for f in trace_files(p)), key=os.path.getsize)
+                big, size = build_big_trace(largest, int(args.big_gb * 1e9), tmp)
                 os.sync()
-                path, label = big, f"replicated GPU trace ({big_size / 1e9:.2f} GB plain)"
-            raw_size = big_size if path == big else len(gzip.decompress(Path(path).read_bytes()))
-            print(f"\n== {label}: {path}\n   decompressed {raw_size / 2**20:.1f} MiB")
-            base = measure_rss("ours-idle", path, args.timeout)
-            repeat = 1 if path == big else max(1, args.repeat)
-            if repeat > 1:             # interleaved, medians; the single-run figures below reuse them
-                runs = {m: [] for m in ("ours", "orjson", "hta")}
-                for _ in range(repeat):
-                    for m in runs:
-                        runs[m].append(measure_rss(m, path, args.timeout))
-                med = {m: median_of(r) for m, r in runs.items()}
-            ours = med["ours"] if repeat > 1 else measure_rss("ours", path, args.timeout)
-            print(f"   ours  (load+overlap+volume):        {fmt(ours)}"
-                  + (f"  overlap {ours['overlap_pct']:.2f} %, {ours['events']} events" if "error" not in ours else ""),
-                  flush=True)
-            orj = med["orjson"] if repeat > 1 else measure_rss("orjson", path, args.timeout)
-            print(f"   orjson.loads (read+gunzip+loads):   {fmt(orj)}", flush=True)
-            hta = ({"error": "skipped (--skip-hta-big)"} if (path == big and args.skip_hta_big)
-                   else med["hta"] if repeat > 1 else measure_rss("hta", path, args.timeout))
-            print(f"   HTA   (load+get_comm_comp_overlap): {fmt(hta)}"
-                  + (f"  overlap {hta['overlap_pct']:.2f} %" if "error" not in hta else ""), flush=True)
-            if "error" not in ours:
-                # ratios on CPU seconds: the box is shared, wall time varies with the others' load
-                if "error" not in hta:
-                    print(f"   ratio HTA/ours: {hta['cpu_seconds'] / ours['cpu_seconds']:.1f}x CPU "
-                          f"({hta['seconds'] / ours['seconds']:.1f}x wall)   (goal >= 8x)")
-                if "error" not in orj:
-                    print(f"   ratio orjson/ours: {orj['cpu_seconds'] / ours['cpu_seconds']:.2f}x CPU "
-                          f"({orj['seconds'] / ours['seconds']:.2f}x wall)   (goal >= 1)")
-                extra = ours["peak_rss_bytes"] - base.get("peak_rss_bytes", 0)
-                print(f"   ours peak RSS / decompressed trace: {ours['peak_rss_bytes'] / raw_size:.2f}   (goal <= 2); "
-                      f"above the same idle process ({base.get('peak_rss_bytes', 0) / 2**20:.0f} MiB): "
-                      f"{extra / raw_size:.2f}", flush=True)
+                path, name = big, f"replicated GPU trace ({size / 1e9:.2f} GB plain)"
+            size = decompressed_bytes(path)
+            n_files = len(trace_files(path))
+            print(f"\n== {name}: {path}\n   {n_files} trace file(s), {size / 2**20:.1f} MiB decompressed", flush=True)
+            reps = 1 if path == big else repeat
+            warm = {m: [] for m in ("ours", "orjson", "hta")}
+            coldr = {m: [] for m in ("ours", "orjson", "hta", "analysis", "report")}
+            for _ in range(reps):        # interleaved
+                for m in warm:
+                    if m == "hta" and path == big and args.skip_hta_big:
+                        warm[m].append({"error": "skipped"})
+                        continue
+                    warm[m].append(measure(m, path, args.timeout))
+                for m in coldr:
+                    if (m == "hta" and path == big) or (m in ("analysis", "report") and path == big):
+                        coldr[m].append({"error": "skipped"})
+                        continue
+                    coldr[m].append(cold(m, path, tmp, args.timeout))
+            w = {m: med(r, "seconds", "cpu_seconds", "peak_rss_bytes", "import_seconds") for m, r in warm.items()}
+            c = {m: med(r, "wall", "cpu", "peak_rss_bytes") for m, r in coldr.items()}
+            base = measure("ours-idle", path, args.timeout)
+            bdk = measure("breakdowns", path, args.timeout)
+            stages = measure("stages", path, args.timeout)
+            for m, label in (("ours", "ours (load_run+overlap+volume)"), ("orjson", "orjson.loads (read+gunzip+loads)"),
+                             ("hta", "HTA (load+get_comm_comp_overlap)")):
+                r = w[m]
+                if "error" in r:
+                    print(f"   warm {label:36s} {r['error']}")
+                else:
+                    extra = f"  overlap {r['overlap_pct']:.2f} %" if "overlap_pct" in r else ""
+                    print(f"   warm {label:36s} {r['seconds']:7.3f} s wall {r['cpu_seconds']:7.3f} s CPU  peak RSS "
+                          f"{r['peak_rss_bytes'] / 2**20:5.0f} MiB  (imports {r['import_seconds']:.2f} s, untimed){extra}")
+            for m, label in (("ours", "ours"), ("orjson", "orjson.loads"), ("hta", "HTA"),
+                             ("analysis", "analysis (load_run+analyze_run)"), ("report", "fsdpprof report --no-hta")):
+                r = c[m]
+                print(f"   cold {label:36s} " + (r["error"] if "error" in r else
+                      f"{r['wall']:7.3f} s wall {r['cpu']:7.3f} s CPU  peak RSS {r['peak_rss_bytes'] / 2**20:5.0f} MiB"))
+            if "error" not in stages:
+                tot = stages["stages"].pop("total")
+                print(f"   where ours goes (cProfile, warm, {tot:.3f} s in all): " + ", ".join(
+                    f"{k} {v:.3f}" for k, v in stages["stages"].items()))
+            if "error" not in bdk:
+                print(f"   our native breakdowns (temporal, kernel types, top kernels) on the loaded events: "
+                      f"{bdk['breakdown_seconds']:.3f} s")
+            row = {"input": name,
+                   "hta_x": ratio(w["hta"], w["ours"], "cpu_seconds"), "hta_x_wall": ratio(w["hta"], w["ours"], "seconds"),
+                   "hta_x_cold": ratio(c["hta"], c["ours"], "cpu"),
+                   "orjson_x": ratio(w["orjson"], w["ours"], "cpu_seconds"),
+                   "orjson_x_wall": ratio(w["orjson"], w["ours"], "seconds"),
+                   "orjson_x_cold": ratio(c["orjson"], c["ours"], "wall"),
+                   "report_x": ratio(c["report"], c["analysis"], "wall"),
+                   "report_x_cpu": ratio(c["report"], c["analysis"], "cpu")}
+            if "error" not in w["ours"] and "error" not in base:
+                row["rss_x"] = (w["ours"]["peak_rss_bytes"] - base["peak_rss_bytes"]) / size
+                print(f"   peak RSS: ours {w['ours']['peak_rss_bytes'] / 2**20:.0f} MiB = baseline "
+                      f"{base['peak_rss_bytes'] / 2**20:.0f} MiB (same process and imports, the warm-up only) + "
+                      f"{row['rss_x']:.2f} x the decompressed trace")
+            table.append(row)
+            if args.profile and path != big:
+                profile_report(path, tmp)
+        print("\n== CLI start-up (whole processes)")
+        cli = cli_startup(max(repeat, 5))
+        for r in cli:
+            m = r["res"]
+            print(f"   {r['label']:55s} " + (m["error"] if "error" in m else
+                  f"{m['wall']:.3f} s wall  peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB") +
+                  f"  imports {'/'.join(r['heavy']) or 'none of pandas/torch/numpy/plotly'}; slowest: {r['top']}")
     finally:
-        if not args.out and big:
-            try:
-                os.unlink(big)
-                os.rmdir(tmp)
-            except OSError:
-                pass
+        if not args.out:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the table of goals
+    def ok(x, goal, higher=True):
+        return "  -  " if x is None else ("pass " if (x >= goal if higher else x <= goal) else "FAIL ")
+
+    print("\n== ratios against the goals of issue 12 (CPU-second ratios; wall in brackets)")
+    print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'orjson/ours >=1 cold':>21s} "
+          f"{'report/analysis <=1.5':>22s} {'RSS-base/trace <=2':>19s}")
+    for r in table:
+        print(f"   {r['input'][:34]:34s} {ok(r['hta_x'], GOALS['hta_x'])}{fmt_ratio(r['hta_x'])} ({fmt_ratio(r['hta_x_wall'])}) "
+              f"    {ok(r['orjson_x'], 1)}{fmt_ratio(r['orjson_x'])} ({fmt_ratio(r['orjson_x_wall'])})"
+              f"    {ok(r['orjson_x_cold'], 1)}{fmt_ratio(r['orjson_x_cold'])} wall"
+              f"     {ok(r['report_x'], GOALS['report_x'], False)}{fmt_ratio(r['report_x'])} ({fmt_ratio(r['report_x_cpu'])} CPU)"
+              f"   {ok(r.get('rss_x'), GOALS['rss_x'], False)}{fmt_ratio(r.get('rss_x'))}")
+    for r in cli:
+        m = r["res"]
+        wall = None if "error" in m else m["wall"]
+        clean = not ({"pandas", "torch"} & set(r["heavy"]))
+        print(f"   {r['label']:55s} {ok(wall, GOALS['cli_s'], False)}{wall if wall is None else round(wall, 3)} s "
+              f"(goal < {GOALS['cli_s']} s); {'no pandas/torch import' if clean else 'imports ' + '/'.join(r['heavy'])}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Intervals are half-open ``[start, end)`` given as two float arrays.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,3 +103,28 @@ def innermost(iv_start: np.ndarray, iv_end: np.ndarray, q: np.ndarray) -> np.nda
         inside = valid & (q < de[kk]) & (q >= ds[kk])
         res = np.where(inside, order[sel[kk]], res)   # deeper levels overwrite shallower ones
     return res
+
+
+def grouped_union(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``union`` within each group (integer keys), all groups at once: returns (group, start, end) of the
+    disjoint merged intervals, sorted by group then start.  Touching intervals merge, as in ``union``."""
+    group = np.asarray(group, dtype=np.int64)
+    start = np.asarray(start, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
+    ok = end > start
+    group, start, end = group[ok], start[ok], end[ok]
+    if start.size == 0:
+        return group, start, end
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    first = np.empty(g.size, dtype=bool)
+    first[0] = True
+    first[1:] = g[1:] != g[:-1]
+    # running max of the ends within each group (pandas' grouped cummax: exact, no offsets)
+    run_end = pd.Series(e).groupby(np.cumsum(first)).cummax().to_numpy()
+    new = first.copy()
+    new[1:] |= s[1:] > run_end[:-1]
+    seg = np.cumsum(new) - 1
+    out_e = np.full(int(seg[-1]) + 1, -np.inf)
+    np.maximum.at(out_e, seg, run_end)
+    return g[new], s[new], out_e

@@ -1,0 +1,273 @@
+"""GPU time breakdowns per rank: temporal (idle / compute / non-compute), kernel type (computation,
+communication, memory and their overlaps, top kernels) and idle time by cause (host wait, kernel
+wait, other).  Pure functions of the events frame; times in microseconds, percentages 0-100.
+
+The definitions are those of Holistic Trace Analysis (HTA 0.5, ``hta/analyzers/breakdown_analysis.py``:
+``get_temporal_breakdown``, ``get_gpu_kernel_breakdown``, ``get_idle_time_breakdown``), computed on
+our events (exact times, our kinds):
+
+- device events: the events on a CUDA stream lane (``stream:N``): kernels, memcpy, memset, sync.
+- temporal, per rank: span_us = end of the last device event - start of the first; idle_time_us = the
+  part of the span covered by no device event (union over all streams); compute_time_us = |union of
+  compute kernels|; non_compute_time_us = span - idle - compute (time only memcpy/memset/comm/sync
+  run).  Percentages of span_us.  HTA counts every event with a stream as busy, sync included.
+- kernel type: a kernel's type from its kind (comm COMMUNICATION, compute COMPUTATION, memcpy and
+  memset MEMORY, sync OTHER: not in the table, as in HTA).  Per rank, each type's kernels are merged
+  (union) and the time is split by which types run at once: ``COMPUTATION``, ``COMPUTATION
+  overlapping COMMUNICATION``, ...; pct of the time any of the three runs.  Top kernels: per rank and
+  type, the ``top_n`` kernel names with the most total time (count, sum, mean, min, max, sample std of
+  their durations), the rest in one ``others`` row with the same statistics over its kernels.
+- idle time, per rank and stream, over the kernels, memcpys and memsets of the stream in start order:
+  the gap before a kernel (its start - the latest end before it) is host wait when the kernel was
+  launched on the CPU only after that end (the stream ran dry waiting for the host), else kernel wait
+  when shorter than ``kernel_wait_threshold_us`` (30 us, HTA's ``consecutive_kernel_delay``: the cost of
+  launching back-to-back kernels), else other (e.g. waiting for an event of another stream).  This
+  needs each kernel's CPU launch time: column ``launch_ts_us`` (NaN where the launch is not in the
+  trace: never host wait).
+
+Whatever rows are passed are used: HTA by default drops the kernels launched in the last
+ProfilerStep; pass ``events[events["step"] < last]`` for that (see tests/test_breakdowns.py for
+every difference from HTA, measured on real traces).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.trace.classify import category_mask
+
+TEMPORAL_COLUMNS = ["rank", "span_us", "idle_time_us", "compute_time_us", "non_compute_time_us",
+                    "idle_time_pct", "compute_time_pct", "non_compute_time_pct"]
+KERNEL_TYPE_COLUMNS = ["kernel_type", "time_us", "pct"]
+TOP_KERNEL_COLUMNS = ["rank", "kernel_type", "name", "count", "sum_us", "mean_us", "min_us", "max_us", "std_us",
+                      "type_pct"]
+IDLE_COLUMNS = ["rank", "stream", "idle_category", "idle_time_us", "idle_time_pct"]
+
+COMPUTATION, COMMUNICATION, MEMORY, OTHER = "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"
+# HTA's kernel types, from our kinds
+KERNEL_TYPE_OF_KIND = {vocab.KIND_COMPUTE: COMPUTATION, vocab.KIND_COMM: COMMUNICATION,
+                       vocab.KIND_MEMCPY: MEMORY, vocab.KIND_MEMSET: MEMORY, vocab.KIND_SYNC: OTHER}
+# the types of the kernel-type table, in HTA's order (bit i of a "which types run" mask)
+TABLE_TYPES = [COMPUTATION, COMMUNICATION, MEMORY]
+HOST_WAIT, KERNEL_WAIT, OTHER_WAIT = "host_wait", "kernel_wait", "other"
+IDLE_CATEGORIES = [HOST_WAIT, KERNEL_WAIT, OTHER_WAIT]
+KERNEL_WAIT_THRESHOLD_US = 30.0
+
+
+def _kind_codes(events: pd.DataFrame, kinds) -> np.ndarray:
+    """Rows whose kind is one of ``kinds`` (through the categorical codes when categorical)."""
+    col = events["kind"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        hit = np.isin(np.asarray(col.cat.categories, dtype=object), list(kinds))
+        codes = col.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(hit) else False, False)
+    return np.isin(col.to_numpy(dtype=object), list(kinds))
+
+
+def _device(events: pd.DataFrame) -> dict:
+    """The device events (on a stream lane) as numpy arrays: rank, ts, end, kernel type code
+    (index into TABLE_TYPES, -1 OTHER), kind, lane and name codes."""
+    on_stream = category_mask(events["lane"], lambda s: s.str.startswith("stream:")) if len(events) else \
+        np.zeros(0, dtype=bool)
+    sel = np.flatnonzero(on_stream & _kind_codes(events, KERNEL_TYPE_OF_KIND))
+    ts = events["ts_us"].to_numpy(dtype=np.float64)[sel]
+    dur = np.nan_to_num(events["dur_us"].to_numpy(dtype=np.float64)[sel], nan=0.0)
+    col = events["kind"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        kind = np.asarray(col.cat.categories, dtype=object)[col.cat.codes.to_numpy()[sel]]
+    else:
+        kind = col.to_numpy(dtype=object)[sel]
+    ktype = np.full(sel.size, -1, dtype=np.int8)
+    for k, t in KERNEL_TYPE_OF_KIND.items():       # a loop over the few kinds, not over events
+        if t in TABLE_TYPES:
+            ktype[kind == k] = TABLE_TYPES.index(t)
+    return {"idx": sel, "rank": events["rank"].to_numpy()[sel].astype(np.int64), "ts": ts, "dur": dur, "end": ts + dur,
+            "type": ktype, "kind": kind}
+
+
+def _union_by_rank(rank: np.ndarray, start: np.ndarray, end: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per rank of ``ranks`` (sorted): length of the union of its intervals (0 when none)."""
+    g, s, e = intervals.grouped_union(np.searchsorted(ranks, rank), start, end)
+    return np.bincount(g, weights=e - s, minlength=ranks.size) if g.size else np.zeros(ranks.size)
+
+
+def temporal_breakdown(events: pd.DataFrame) -> pd.DataFrame:
+    """Per rank with device events: span_us, idle_time_us, compute_time_us, non_compute_time_us and their
+    _pct of the span (see module docstring)."""
+    d = _device(events)
+    ranks = np.unique(d["rank"])
+    if ranks.size == 0:
+        return pd.DataFrame({c: [] for c in TEMPORAL_COLUMNS})
+    busy = _union_by_rank(d["rank"], d["ts"], d["end"], ranks)
+    comp = d["type"] == TABLE_TYPES.index(COMPUTATION)
+    compute = _union_by_rank(d["rank"][comp], d["ts"][comp], d["end"][comp], ranks)
+    pos = np.searchsorted(ranks, d["rank"])
+    first, last = np.full(ranks.size, np.inf), np.full(ranks.size, -np.inf)
+    np.minimum.at(first, pos, d["ts"])          # every device event counts for the span, 0 us ones too
+    np.maximum.at(last, pos, d["end"])
+    span = last - first
+    idle = span - busy
+    non_compute = span - compute - idle
+    out = pd.DataFrame({"rank": ranks, "span_us": span, "idle_time_us": idle, "compute_time_us": compute,
+                        "non_compute_time_us": non_compute})
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for c in ("idle_time", "compute_time", "non_compute_time"):
+            out[f"{c}_pct"] = np.where(span > 0, 100.0 * out[f"{c}_us"] / span, np.nan)
+    return out[TEMPORAL_COLUMNS]
+
+
+def _type_name(mask: int) -> str:
+    return " overlapping ".join(t for i, t in enumerate(TABLE_TYPES) if mask >> i & 1)
+
+
+def kernel_type_time(events: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and kernel type (``COMPUTATION``, ``COMPUTATION overlapping COMMUNICATION``, ...): time_us
+    during which exactly those types run, and pct of the rank's time with any of them running."""
+    d = _device(events)
+    keep = d["type"] >= 0
+    rank, ts, end, typ = d["rank"][keep], d["ts"][keep], d["end"][keep], d["type"][keep]
+    if rank.size == 0:
+        return pd.DataFrame({c: [] for c in ["rank"] + KERNEL_TYPE_COLUMNS})
+    ranks = np.unique(rank)
+    # merge each (rank, type)'s kernels, then sweep every rank's merged intervals with +bit / -bit
+    key = np.searchsorted(ranks, rank) * len(TABLE_TYPES) + typ
+    g, s, e = intervals.grouped_union(key, ts, end)
+    r_of, bit = g // len(TABLE_TYPES), (1 << (g % len(TABLE_TYPES))).astype(np.int64)
+    t = np.concatenate([s, e])
+    r2 = np.concatenate([r_of, r_of])
+    delta = np.concatenate([bit, -bit])
+    order = np.lexsort((delta, t, r2))          # by rank, then time; ends before starts at a tie
+    t, r2, delta = t[order], r2[order], delta[order]
+    level = np.cumsum(delta)                    # each rank's deltas sum to 0: no reset needed between ranks
+    seg = np.diff(t)
+    same = r2[1:] == r2[:-1]
+    lv = level[:-1]
+    use = same & (lv > 0) & (seg > 0)
+    n_masks = 1 << len(TABLE_TYPES)
+    acc = np.bincount(r2[:-1][use] * n_masks + lv[use], weights=seg[use], minlength=ranks.size * n_masks)
+    acc = acc.reshape(ranks.size, n_masks)
+    rr, mm = np.nonzero(acc)
+    out = pd.DataFrame({"rank": ranks[rr], "kernel_type": [_type_name(m) for m in mm.tolist()],
+                        "time_us": acc[rr, mm]})
+    total = acc.sum(axis=1)
+    out["pct"] = 100.0 * out["time_us"].to_numpy() / total[rr]
+    return out.sort_values(["rank", "time_us"], ascending=[True, False], kind="mergesort").reset_index(drop=True)
+
+
+def kernel_type_breakdown(events: pd.DataFrame, top_n: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(kernel types over all ranks: kernel_type, time_us, pct, most time first;
+    top kernels: rank, kernel_type, name, count, sum_us, mean_us, min_us, max_us, std_us, type_pct).
+
+    ``type_pct``: the kernel's share of the total duration of its rank's kernels of that type."""
+    per_rank = kernel_type_time(events)
+    types = per_rank.groupby("kernel_type", sort=False)["time_us"].sum().reset_index()
+    total = types["time_us"].sum()
+    types["pct"] = 100.0 * types["time_us"] / total if total > 0 else np.nan
+    types = types.sort_values("time_us", ascending=False, kind="mergesort").reset_index(drop=True)
+    return types[KERNEL_TYPE_COLUMNS], top_kernels(events, top_n)
+
+
+def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:
+    """Per rank and kernel type (COMPUTATION, COMMUNICATION, MEMORY): the ``top_n`` kernel names with the
+    most total time, then one ``others`` row for the rest (count, sum_us, mean_us, min_us, max_us, std_us
+    of the durations; std is the sample std, 0 for a single kernel, as HTA; type_pct of the type's time)."""
+    d = _device(events)
+    keep = d["type"] >= 0
+    idx = d["idx"][keep]
+    if idx.size == 0:
+        return pd.DataFrame({c: [] for c in TOP_KERNEL_COLUMNS})
+    name = events["name"]
+    name_codes, name_labels = (name.cat.codes.to_numpy()[idx], np.asarray(name.cat.categories, dtype=object)) \
+        if isinstance(name.dtype, pd.CategoricalDtype) else pd.factorize(name.to_numpy(dtype=object)[idx])
+    rank, typ, dur = d["rank"][keep], d["type"][keep].astype(np.int64), d["dur"][keep]
+    # one group per (rank, type, name): numpy reductions over the group index (no pandas groupby)
+    (ranks, rank_i) = np.unique(rank, return_inverse=True)
+    n_types, n_names = len(TABLE_TYPES), max(len(name_labels), 1)
+    gkey, g = np.unique((rank_i * n_types + typ) * n_names + name_codes, return_inverse=True)
+    count = np.bincount(g, minlength=gkey.size).astype(np.float64)
+    total = np.bincount(g, weights=dur, minlength=gkey.size)
+    g_mean = total / count
+    m2 = np.bincount(g, weights=(dur - g_mean[g]) ** 2, minlength=gkey.size)   # two passes: no cancellation
+    lo, hi = np.full(gkey.size, np.inf), np.full(gkey.size, -np.inf)
+    np.minimum.at(lo, g, dur)
+    np.maximum.at(hi, g, dur)
+    rt, nm = gkey // n_names, gkey % n_names              # (rank, type) of each group, its name code
+    # rank the names of each (rank, type) by total time; the top_n keep their row, the rest become "others"
+    order = np.lexsort((nm, -total, rt))
+    rt_o = rt[order]
+    start = np.ones(order.size, dtype=bool)
+    start[1:] = rt_o[1:] != rt_o[:-1]
+    first = np.maximum.accumulate(np.where(start, np.arange(order.size), 0))
+    pos = np.empty(order.size, dtype=np.int64)
+    pos[order] = np.arange(order.size) - first
+    slot = np.minimum(pos, top_n)                          # top_n: the "others" row
+    okey, o = np.unique(rt * (top_n + 1) + slot, return_inverse=True)
+    o_count = np.bincount(o, weights=count, minlength=okey.size)
+    o_sum = np.bincount(o, weights=total, minlength=okey.size)
+    o_lo, o_hi = np.full(okey.size, np.inf), np.full(okey.size, -np.inf)
+    np.minimum.at(o_lo, o, lo)
+    np.maximum.at(o_hi, o, hi)
+    o_name = np.full(okey.size, -1, dtype=np.int64)
+    single = slot < top_n
+    o_name[o[single]] = nm[single]
+    o_rt = okey // (top_n + 1)
+    mean = o_sum / o_count
+    # the groups' squared deviations combined about the row's mean (Chan et al.'s parallel variance)
+    o_m2 = np.bincount(o, weights=m2 + count * (g_mean - mean[o]) ** 2, minlength=okey.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.where(o_count > 1, o_m2 / (o_count - 1), 0.0)
+    _, rt_inv = np.unique(o_rt, return_inverse=True)
+    type_total = np.bincount(rt_inv, weights=o_sum)[rt_inv]
+    labels = np.append(name_labels.astype(object), "others")
+    out = pd.DataFrame({
+        "rank": ranks[o_rt // n_types], "kernel_type": np.asarray(TABLE_TYPES, dtype=object)[o_rt % n_types],
+        "name": labels[o_name], "count": o_count.astype(np.int64), "sum_us": o_sum, "mean_us": mean,
+        "min_us": o_lo, "max_us": o_hi, "std_us": np.sqrt(np.clip(var, 0, None)),
+        "type_pct": np.where(type_total > 0, 100.0 * o_sum / type_total, np.nan)})
+    # rows by rank, type (HTA's order), then most time first with "others" last
+    return out.iloc[np.lexsort((okey % (top_n + 1), o_rt))].reset_index(drop=True)[TOP_KERNEL_COLUMNS]
+
+
+def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = KERNEL_WAIT_THRESHOLD_US
+                        ) -> pd.DataFrame:
+    """Per rank, stream and idle category (host_wait, kernel_wait, other): idle_time_us and idle_time_pct
+    of the stream's idle time (see module docstring).  Needs column ``launch_ts_us``."""
+    if "launch_ts_us" not in events.columns:
+        raise ValueError("idle_time_breakdown needs the CPU launch time of every kernel (column launch_ts_us, "
+                         "NaN where the launch is not in the trace)")
+    d = _device(events)
+    keep = np.isin(d["kind"], [vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET])
+    idx = d["idx"][keep]
+    if idx.size == 0:
+        return pd.DataFrame({c: [] for c in IDLE_COLUMNS})
+    lane = events["lane"]
+    lane_codes, lane_labels = (lane.cat.codes.to_numpy()[idx], np.asarray(lane.cat.categories, dtype=object)) \
+        if isinstance(lane.dtype, pd.CategoricalDtype) else pd.factorize(lane.to_numpy(dtype=object)[idx])
+    rank, ts, end = d["rank"][keep], d["ts"][keep], d["end"][keep]
+    launch = events["launch_ts_us"].to_numpy(dtype=np.float64)[idx]
+    order = np.lexsort((ts, lane_codes, rank))
+    rank, lane_codes, ts, end, launch = rank[order], lane_codes[order], ts[order], end[order], launch[order]
+    first = np.ones(rank.size, dtype=bool)
+    first[1:] = (rank[1:] != rank[:-1]) | (lane_codes[1:] != lane_codes[:-1])
+    # latest end before each kernel on its stream: running max of ends, restarted at every stream
+    grp = np.cumsum(first) - 1
+    run_end = pd.Series(end).groupby(grp).cummax().to_numpy()
+    prev_end = np.concatenate([[np.nan], run_end[:-1]])
+    gap = np.where(first, 0.0, np.clip(ts - prev_end, 0, None))    # the first kernel of a stream: no gap
+    host = ~first & (launch > prev_end)                  # NaN launch: False
+    cat = np.where(host, 0, np.where(gap < kernel_wait_threshold_us, 1, 2))
+    n_groups = grp[-1] + 1
+    acc = np.bincount(grp * 3 + cat, weights=gap, minlength=n_groups * 3).reshape(n_groups, 3)
+    starts = np.flatnonzero(first)
+    total = acc.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = np.where(total > 0, 100.0 * acc / total, np.nan)
+    stream_labels = np.asarray([str(x).split(":", 1)[-1] for x in lane_labels], dtype=object)
+    streams = pd.to_numeric(pd.Series(stream_labels[lane_codes[starts]]), errors="coerce").to_numpy()
+    return pd.DataFrame({
+        "rank": np.repeat(rank[starts], 3), "stream": np.repeat(streams, 3),
+        "idle_category": np.tile(np.asarray(IDLE_CATEGORIES, dtype=object), n_groups),
+        "idle_time_us": acc.ravel(), "idle_time_pct": pct.ravel(),
+    })[IDLE_COLUMNS]
