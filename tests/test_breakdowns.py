@@ -50,7 +50,7 @@ import pytest
 from conftest import shared_data
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import breakdown as bd
-from fsdpprof.analyze.comm.overlap import kind_mask
+from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.trace import decode_trace
 
@@ -59,35 +59,39 @@ SINGLE = ["hta-nccl-2rank-a100/rank-0.json.gz", "hta-16rank-a100/rank-0.json.gz"
 DLRM = "param-dlrm-8rank-v100"
 POINTS = 0.5         # the goal: every percentage within this many points of HTA
 EXACT = 0.011        # with HTA's quirks applied to our events (HTA rounds temporal pct to 0.01)
-_RUNTIME_CATS = ["cuda_runtime", "cuda_driver", "Runtime", "Driver"]
+_RUNTIME_CATS = list(vocab.RUNTIME_CATS)
 
 
 # --- helpers: our events with the launch time, and HTA's rules applied to them -----------------------
 
 def launch_ts_us(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(launch_ts_us, ts_us) per row of the events frame of ``path``: a device event's CPU launch (the first
-    runtime call with its correlation id), NaN when not in the trace; other rows their own start.
-    The events frame holds the decoded rows minus the runtime calls, in order (classify_arrays)."""
-    raw = decode_trace(path).raw
-    is_rt = raw["cat"].astype(str).isin(_RUNTIME_CATS).to_numpy()
-    corr = raw["correlation"].to_numpy()
-    ts = raw["ts_us"].to_numpy()
+    """(launch_ts_us, ts_us) per row of the events frame of ``path``, computed here from the decoded rows,
+    independently of fsdpprof's labels: a device event's CPU launch (the first runtime call with its
+    correlation id), NaN when not in the trace; other rows their own start.  The events frame holds the
+    decoded rows minus the runtime calls, in order (classify_arrays)."""
+    cols = decode_trace(path).cols
+    cats = np.asarray(cols["cat_cats"], dtype=object)
+    is_rt = np.isin(cats, _RUNTIME_CATS)[cols["cat"]]
+    corr = cols["correlation"]
+    ts = cols["ts_us"]
     rt = is_rt & (corr >= 0)
     first = pd.Series(ts[rt], index=corr[rt])
     first = first[~first.index.duplicated()]
-    on_gpu = raw["stream"].to_numpy() >= 0
+    on_gpu = cols["stream"] >= 0
     launch = np.where(on_gpu, pd.Series(corr).map(first).to_numpy(dtype=np.float64), ts)
     return launch[~is_rt], ts[~is_rt]
 
 
 def events_with_launch(path: str) -> tuple[pd.DataFrame, dict]:
-    """(all ranks' events of a trace file or folder with launch_ts_us, rank -> trace file)."""
+    """(all ranks' events of a trace file or folder, rank -> trace file); the frame's launch_ts_us is
+    checked against :func:`launch_ts_us`."""
     run = load_run(path, workers=1)
     frames = []
     for r, d in sorted(run.ranks.items()):
         launch, ts = launch_ts_us(d.trace_path)
         assert np.array_equal(ts, d.events["ts_us"].to_numpy()), "events rows = decoded rows minus runtime calls"
-        frames.append(d.events.assign(launch_ts_us=launch))
+        assert np.allclose(launch, d.events["launch_ts_us"].to_numpy(), equal_nan=True)
+        frames.append(d.events)
     ev = pd.concat(frames, ignore_index=True)
     for c in ("lane", "kind", "name"):
         ev[c] = ev[c].astype("category")
@@ -320,7 +324,7 @@ MAX_POINTS: dict = {}
 def test_breakdowns_match_hta(rel, include_last, tmp_path_factory):
     path = _path(rel)
     ev_all, files = ours(path)
-    assert kind_mask(ev_all, vocab.KIND_COMM).any(), "every anchor trace has NCCL kernels"
+    assert isin(ev_all["kind"], [vocab.KIND_COMM]).any(), "every anchor trace has NCCL kernels"
     assert (rel in FLOAT_TIMES) == _float_times(files[min(files)])
     hta = hta_results(path, tmp_path_factory, include_last)
     hta_exact = hta_results(path, tmp_path_factory, include_last, rounding=False) if rel in FLOAT_TIMES else hta

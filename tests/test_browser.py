@@ -79,14 +79,14 @@ def test_xss_names_shown_as_text_and_never_run(tmp_path):
 def test_gpu_trace_report_renders(tmp_path):
     folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
     out = tmp_path / "dlrm.html"
-    p = run_fsdpprof("report", str(folder), "-o", str(out), "--hta", timeout=300)
+    p = run_fsdpprof("report", str(folder), "-o", str(out), timeout=300)
     assert p.returncode == 0, p.stderr
     shot = tmp_path / "dlrm.png"
     dom, console = open_page(out, tmp_path, shot)
     assert console == [], console
     n = assert_plots_rendered(dom, out.read_text())
-    assert n >= 3  # lanes, steps, HTA temporal (at least)
-    assert "HTA temporal breakdown" in dom
+    assert n >= 3  # lanes, steps, device temporal (at least)
+    assert "Temporal breakdown of device time" in dom
 
 
 def test_recorded_reports_and_compare_render(tmp_path, recorded_run):

@@ -119,3 +119,21 @@ def test_every_third_party_import_is_declared_in_pyproject():
         if not dists & declared:
             undeclared.append(f"{top} (imported by {', '.join(sorted(files)[:3])})")
     assert not undeclared, "imported but not declared in pyproject.toml: " + "; ".join(undeclared)
+
+
+def test_the_core_works_without_hta(tmp_path):
+    """HTA is an extra (fsdpprof[hta]): a report on a real GPU trace needs none of it, --hta says what to install."""
+    import subprocess
+    import sys
+
+    trace = ROOT.parent / "shared" / "data" / "gpu-traces" / "hta-nccl-2rank-a100" / "rank-0.json.gz"
+    code = ("import sys; sys.modules['hta'] = None\n"          # any `import hta` now fails
+            "from fsdpprof.cli import main\n"
+            f"sys.exit(main(['report', {str(trace)!r}, '-o', {str(tmp_path / 'r.html')!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "r.html").exists() and "Temporal breakdown of device time" in (tmp_path / "r.html").read_text()
+    code = code.replace("'-o'", "'--hta', '-o'").replace("r.html", "r2.html")
+    code = code.replace("sys.modules['hta'] = None", "import importlib.util as u; u.find_spec = lambda n, *a: None")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "pip install 'fsdpprof[hta]'" in p.stderr and p.stderr.count("\n") == 1, p.stderr

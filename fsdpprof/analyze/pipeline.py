@@ -26,7 +26,7 @@ import pandas as pd
 
 from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import model_states, theory, vocab
-from fsdpprof.analyze.comm import overlap, skew, steps, volume
+from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.trace import labels
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -67,6 +67,10 @@ class RankResult:
     lanes: pd.DataFrame | None = None
     lanes_step: float | None = None
     top_ops: pd.DataFrame | None = None
+    temporal: pd.DataFrame | None = None         # device traces: breakdown.temporal_breakdown
+    kernel_type_time: pd.DataFrame | None = None  # rank, kernel_type, time_us (breakdown.kernel_type_time)
+    top_kernels: pd.DataFrame | None = None      # breakdown.top_kernels
+    idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
 
 
 @dataclass
@@ -96,6 +100,10 @@ class Analysis:
     lanes: pd.DataFrame | None = None                         # one step of one rank, for the lanes chart
     lanes_step: float | None = None
     top_ops: pd.DataFrame | None = None                       # name, kind, count, total_us, max_us in that step
+    temporal: pd.DataFrame | None = None                      # device traces: idle / compute / non-compute per rank
+    kernel_types: pd.DataFrame | None = None                  # kernel_type, time_us, pct (all ranks)
+    top_kernels: pd.DataFrame | None = None
+    idle: pd.DataFrame | None = None                          # rank, stream, idle_category, idle_time_us, pct
     hta: dict = field(default_factory=dict)                   # name -> DataFrame (with --hta, GPU traces only)
     findings: list = field(default_factory=list)
 
@@ -212,6 +220,11 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool) -> None
         lanes = _try(n, "communication", "lanes of one step", _lanes, events)
         if lanes is not None:
             res.lanes, res.lanes_step, res.top_ops = lanes
+    if res.kernels["device_kernels"]:      # the device time breakdowns (HTA's definitions, our events)
+        res.temporal = _try(n, "device", "temporal breakdown", breakdown.temporal_breakdown, events)
+        res.kernel_type_time = _try(n, "device", "kernel-type breakdown", breakdown.kernel_type_time, events)
+        res.top_kernels = _try(n, "device", "top kernels", breakdown.top_kernels, events)
+        res.idle = _try(n, "device", "idle-time breakdown", breakdown.idle_time_breakdown, events)
 
 
 NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); record with fsdpprof record "
@@ -516,6 +529,10 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             a.overview["steps_analysed"] = int(a.steps["step"].nunique())
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops
+        a.temporal = _concat(r.temporal for r in traced)
+        a.kernel_types = breakdown.kernel_types_of(_concat(r.kernel_type_time for r in traced))
+        a.top_kernels = _concat(r.top_kernels for r in traced)
+        a.idle = _concat(r.idle for r in traced)
         if len(traced) > 1:
             records = _concat(r.records for r in traced)
             if records is not None:

@@ -23,6 +23,8 @@ step           float64    ProfilerStep number of the launch point (NaN outside a
 stage          category   one of STAGES, from the *launch* point (see :func:`stage_at`)
 fsdp_phase     category   innermost FSDP annotation around the launch point (see :func:`parse_fsdp`)
 unit           category   FSDP unit fqn of that annotation ("" = the root unit) when known
+launch_ts_us   float64    the launch point: a device event's runtime call, a gloo collective's
+                          c10d call, a CPU op's own start; NaN when the launch is not in the trace
 =============  =========  ===========================================================
 
 Labels come from the launch, intervals from the execution: a device kernel takes step, stage,
@@ -41,7 +43,7 @@ import numpy as np
 # --------------------------------------------------------------------------- events frame
 EVENT_COLUMNS = [
     "rank", "lane", "kind", "name", "ts_us", "dur_us", "collective", "bytes", "dtype",
-    "group_size", "pg", "seq", "step", "stage", "fsdp_phase", "unit",
+    "group_size", "pg", "seq", "step", "stage", "fsdp_phase", "unit", "launch_ts_us",
 ]
 CATEGORICAL_EVENT_COLUMNS = ("lane", "kind", "name", "collective", "dtype", "pg", "stage", "fsdp_phase", "unit")
 

@@ -6,6 +6,8 @@ import os
 import sys
 import webbrowser
 
+from fsdpprof.errors import UserError
+
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory, folder of profiler traces, trace file, or CUDA snapshot")
@@ -51,6 +53,15 @@ def analyse_path(path: str, workers: int | None = None, hta: bool = False, progr
     return analyze_run(run, hta=hta, workers=workers, progress=progress)
 
 
+def check_hta_installed() -> None:
+    """UserError unless HTA (holistictraceanalysis / traceinsight, both import as ``hta``) is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("hta") is None:
+        raise UserError("--hta needs Holistic Trace Analysis: pip install 'fsdpprof[hta]' (or traceinsight); "
+                        "fsdpprof's own device breakdowns are in the report without it")
+
+
 def check_workers_option(workers) -> None:
     from fsdpprof.analyze.run import check_workers
 
@@ -64,6 +75,8 @@ def run(args) -> int:
     from fsdpprof.report.text import summary_text
 
     check_workers_option(args.workers)
+    if args.hta:
+        check_hta_installed()
     check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary})
     html_path, summary_path = report_paths(args.run, args.output, args.summary)
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else

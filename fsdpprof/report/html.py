@@ -457,20 +457,39 @@ def _ranks(a, page: Page) -> str:
     return "".join(out)
 
 
-def _hta(a, page: Page) -> str:
-    out = ['<section id="hta"><h2>HTA: kernel, temporal and idle-time breakdowns</h2>', notes_html(a, "hta")]
-    tb = a.hta.get("temporal")
-    if tb is not None and not tb.empty and "rank" in tb:
+def _device(a, page: Page) -> str:
+    """Device time: the temporal, kernel-type and idle-time breakdowns (HTA's definitions, computed by
+    fsdpprof.analyze.comm.breakdown), then HTA's own tables when asked for (--hta)."""
+    out = ['<section id="device"><h2>Device time: idle, compute, communication</h2>', notes_html(a, "device")]
+    tb = a.temporal
+    if tb is not None and not tb.empty:
         fig = go.Figure()
-        for col, name, color in (("compute_time(us)", "compute", "#1f77b4"),
-                                 ("non_compute_time(us)", "non-compute (comm, memory)", "#d62728"),
-                                 ("idle_time(us)", "idle", "#d1d5db")):
-            if col in tb:
-                fig.add_trace(go.Bar(x=[f"rank {r}" for r in tb["rank"]], y=tb[col] / 1e3, name=name, marker_color=color))
-        fig.update_layout(barmode="stack", title="HTA temporal breakdown of GPU time", yaxis_title="ms")
-        out.append(page.fig(fig, 320))
-    for name, df in a.hta.items():
-        out.append(f"<h3>{esc(name)}</h3>" + table(df, max_rows=40))
+        for col, name, color in (("compute_time_us", "compute", "#1f77b4"),
+                                 ("non_compute_time_us", "non-compute (comm, memory)", "#d62728"),
+                                 ("idle_time_us", "idle", "#d1d5db")):
+            fig.add_trace(go.Bar(x=[f"rank {r}" for r in tb["rank"]], y=tb[col] / 1e3, name=name, marker_color=color))
+        fig.update_layout(barmode="stack", title="Temporal breakdown of device time per rank", yaxis_title="ms")
+        out.append(page.fig(fig, 320) + table(tb))
+    else:
+        out.append('<p class="note">No device kernels in this input: the device time breakdowns need a GPU '
+                   '(CUDA, ROCm, MTIA, XPU) trace.</p>')
+    if a.kernel_types is not None and not a.kernel_types.empty:
+        out.append("<h3>Kernel types (all ranks; overlapping types counted once, as overlapped)</h3>"
+                   + table(a.kernel_types, left=("kernel_type",)))
+    if a.top_kernels is not None and not a.top_kernels.empty:
+        out.append("<h3>Kernels with the most time</h3>"
+                   + table(a.top_kernels.sort_values("sum_us", ascending=False).head(40), left=("kernel_type", "name")))
+    if a.idle is not None and not a.idle.empty:
+        idle = a.idle.groupby("idle_category", as_index=False)["idle_time_us"].sum()
+        fig = go.Figure(go.Bar(x=[label(c) for c in idle["idle_category"]], y=idle["idle_time_us"] / 1e3,
+                               marker_color="#9ca3af"))
+        fig.update_layout(title="Device idle time by cause (all ranks and streams)", yaxis_title="ms")
+        out.append("<h3>Idle time by cause: host wait (the CPU had not launched the next kernel), kernel wait "
+                   "(back-to-back launches), other</h3>" + page.fig(fig, 300) + table(a.idle, max_rows=60))
+    if a.hta or "hta" in a.notes:
+        out.append("<h3>HTA's own tables (--hta)</h3>" + notes_html(a, "hta"))
+        for name, df in a.hta.items():
+            out.append(f"<h4>HTA {esc(name)}</h4>" + table(df, max_rows=40))
     out.append("</section>")
     return "".join(out)
 
@@ -480,14 +499,14 @@ def render_report(a) -> str:
     page = Page()
     o = a.overview
     body = (_banner(a) + _overview(a) + _findings(a) + _memory(a, page) + _comm(a, page) + _steps(a, page)
-            + _ranks(a, page) + _hta(a, page))
+            + _ranks(a, page) + _device(a, page))
     what = {"snapshot_file": "CUDA memory snapshot", "snapshot_folder": "CUDA memory snapshots",
             "trace_file": "profiler trace", "trace_folder": "profiler traces"}.get(a.source, "run")
     n = o.get("ranks_analysed") or 0
     of = f" of {o['world_size']}" if o.get("world_size") and o["world_size"] != n else ""
     title = f"fsdpprof report: {o.get('strategy') or what}, {n}{of} rank{'s' if n != 1 or of else ''} analysed"
     nav = [("overview", "Overview"), ("findings", "Findings"), ("memory", "Memory"), ("communication", "Communication"),
-           ("steps", "Steps"), ("ranks", "Ranks"), ("hta", "HTA")]
+           ("steps", "Steps"), ("ranks", "Ranks"), ("device", "Device time")]
     return document(title, a.path, nav, body)
 
 

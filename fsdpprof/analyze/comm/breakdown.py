@@ -36,7 +36,7 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.trace.classify import category_mask
+from fsdpprof.analyze.frames import isin, on_device
 
 TEMPORAL_COLUMNS = ["rank", "span_us", "idle_time_us", "compute_time_us", "non_compute_time_us",
                     "idle_time_pct", "compute_time_pct", "non_compute_time_pct"]
@@ -56,22 +56,10 @@ IDLE_CATEGORIES = [HOST_WAIT, KERNEL_WAIT, OTHER_WAIT]
 KERNEL_WAIT_THRESHOLD_US = 30.0
 
 
-def _kind_codes(events: pd.DataFrame, kinds) -> np.ndarray:
-    """Rows whose kind is one of ``kinds`` (through the categorical codes when categorical)."""
-    col = events["kind"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        hit = np.isin(np.asarray(col.cat.categories, dtype=object), list(kinds))
-        codes = col.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.clip(codes, 0, None)] if len(hit) else False, False)
-    return np.isin(col.to_numpy(dtype=object), list(kinds))
-
-
 def _device(events: pd.DataFrame) -> dict:
     """The device events (on a stream lane) as numpy arrays: rank, ts, end, kernel type code
     (index into TABLE_TYPES, -1 OTHER), kind, lane and name codes."""
-    on_stream = category_mask(events["lane"], lambda s: s.str.startswith("stream:")) if len(events) else \
-        np.zeros(0, dtype=bool)
-    sel = np.flatnonzero(on_stream & _kind_codes(events, KERNEL_TYPE_OF_KIND))
+    sel = np.flatnonzero(on_device(events["lane"]) & isin(events["kind"], KERNEL_TYPE_OF_KIND))
     ts = events["ts_us"].to_numpy(dtype=np.float64)[sel]
     dur = np.nan_to_num(events["dur_us"].to_numpy(dtype=np.float64)[sel], nan=0.0)
     col = events["kind"]
@@ -161,12 +149,19 @@ def kernel_type_breakdown(events: pd.DataFrame, top_n: int = 10) -> tuple[pd.Dat
     top kernels: rank, kernel_type, name, count, sum_us, mean_us, min_us, max_us, std_us, type_pct).
 
     ``type_pct``: the kernel's share of the total duration of its rank's kernels of that type."""
-    per_rank = kernel_type_time(events)
+    return kernel_types_of(kernel_type_time(events)), top_kernels(events, top_n)
+
+
+def kernel_types_of(per_rank: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The per-rank :func:`kernel_type_time` rows summed over ranks: kernel_type, time_us, pct (of all),
+    most time first (what the per-rank map's results reduce to)."""
+    if per_rank is None:
+        return None
     types = per_rank.groupby("kernel_type", sort=False)["time_us"].sum().reset_index()
     total = types["time_us"].sum()
     types["pct"] = 100.0 * types["time_us"] / total if total > 0 else np.nan
     types = types.sort_values("time_us", ascending=False, kind="mergesort").reset_index(drop=True)
-    return types[KERNEL_TYPE_COLUMNS], top_kernels(events, top_n)
+    return types[KERNEL_TYPE_COLUMNS]
 
 
 def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:

@@ -170,6 +170,7 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     fsdp_phase[f_idx] = c_phase[codes[f_idx]]
     unit[f_idx] = c_unit[codes[f_idx]]
     c["step"], c["stage"], c["fsdp_phase"], c["unit"] = step, stage, fsdp_phase, unit
+    c["launch_ts_us"] = np.where(no_launch, np.nan, q_ts)
     return c, warnings
 
 
@@ -216,6 +217,7 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "step": c["step"],
         "stage": pd.Categorical(c["stage"], categories=vocab.STAGES),
         "fsdp_phase": _categorical(c["fsdp_phase"]), "unit": _categorical(c["unit"]),
+        "launch_ts_us": c["launch_ts_us"],
     }
     return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS)
 
