@@ -55,7 +55,7 @@ def _edited_copy(src, dst):
             if name == "aten::zero_":                                            # added (and aten::zero_ deleted)
                 e = dict(e, name=ADDED_NAME)
             if name.startswith("ProfilerStep#"):                                 # another step number
-                e = dict(e, name="ProfilerStep#11")
+                e = dict(e, name=f"ProfilerStep#{int(name.split('#')[1]) + 1}")
             if name == "aten::mul":                                              # increased: a second call
                 out.append(dict(e, ts=e["ts"] + 1, dur=max(e["dur"] - 1, 0)))
         out.append(e)
@@ -331,6 +331,12 @@ def test_compare_trace_folders_without_inventory(recorded_run, tmp_path):
     c2 = _json(tmp_path / "c2.json")
     assert any(n.endswith("iteration_3") for n in c2["notes"])
     assert c2["diff"]["scope"]["per_run"][0].endswith("rank 1, step 2")
+    # step N: the first window dumped after step N (torchtitan names a window after the step count at its end)
+    p = run_fsdpprof("compare", str(tt), str(a), "-o", str(tmp_path / "c4.html"), "--iteration", "3", timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    c4 = _json(tmp_path / "c4.json")
+    assert any(n.endswith("iteration_5") for n in c4["notes"])
+    assert c4["diff"]["scope"]["per_run"][0].endswith("ranks 0-1, step 3 (median across ranks)")
     # bad scope: one line, exit 2
     for args, words in ((("--rank", "7"), "rank 7 is not in"), (("--iteration", "99"), "is not in"),
                         (("--iteration", "last"), "not first, all, median")):

@@ -330,8 +330,9 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
     comm, stp, ops, mem, units = [], [], [], [], []
     for a, lab, sel in zip(analyses[1:], labels[1:], sels[1:]):
         if not sel or not base_sel:
-            notes.append(f"{lab if not sel else base_lab}: no profiler steps, so communication, steps and operators "
-                         f"are not compared with {base_lab if not sel else lab}.")
+            missing = [x for x, s in ((base_lab, base_sel), (lab, sel)) if not s]
+            notes.append(f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no profiler steps (no "
+                         f"trace), so communication, steps and operators of {lab} are not compared.")
         else:
             comm.append((lab, _pair(b_comm, comm_of(a, sel), COMM_KEYS, COMM_VALUES)))
             s = _pair(b_steps, steps_of(a, sel), ["metric"], ["us"])

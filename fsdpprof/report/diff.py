@@ -199,9 +199,13 @@ def diff_text(c) -> str:
         o = d.ops[d.ops["run"] == run] if len(d.ops) else d.ops
         if len(o):
             n = o["change"].value_counts()
-            lines.append("    operators: " + ", ".join(f"{int(n.get(k, 0))} {k}" for k in CHANGE_TEXT)
-                         + f"; adds most time: {o.iloc[0]['name'][:60]} {_signed(fmt_us, o.iloc[0]['diff_total_us'])}"
-                         + f"; saves most: {o.iloc[-1]['name'][:60]} {_signed(fmt_us, o.iloc[-1]['diff_total_us'])}")
+            line = "    operators: " + ", ".join(f"{int(n.get(k, 0))} {k}" for k in CHANGE_TEXT)
+            top, low = o.iloc[0], o.iloc[-1]
+            if top["diff_total_us"] > 0:
+                line += f"; adds most time: {str(top['name'])[:60]} {_signed(fmt_us, top['diff_total_us'])}"
+            if low["diff_total_us"] < 0:
+                line += f"; saves most: {str(low['name'])[:60]} {_signed(fmt_us, low['diff_total_us'])}"
+            lines.append(line)
         m = d.memory[d.memory["run"] == run] if len(d.memory) else d.memory
         if len(m):
             m = m.reindex(m["diff_bytes"].abs().sort_values(ascending=False).index).head(3)
