@@ -221,21 +221,27 @@ def change_of(baseline_count: np.ndarray, run_count: np.ndarray) -> np.ndarray:
                      [ADDED, DELETED, INCREASED, DECREASED], UNCHANGED).astype(object)
 
 
+def _kinds_by_name(tables: list[pd.DataFrame]) -> pd.Series:
+    """name -> its kind, or its kinds joined by '/' (e.g. compute/cpu_op) when it has several."""
+    k = pd.concat([t[["name", "kind"]] for t in tables if len(t)] or [pd.DataFrame(columns=["name", "kind"])])
+    k = k.astype(str).drop_duplicates()
+    multi = k["name"].duplicated(keep=False).to_numpy()
+    out = k[~multi].set_index("name")["kind"]
+    if multi.any():       # few names: joined one group at a time
+        out = pd.concat([out, k[multi].sort_values("kind").groupby("name")["kind"].agg("/".join)])
+    return out
+
+
 def ops_diff(base: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
     """Per name (HTA's compare_traces groups by name alone): kind(s), baseline_/run_/diff_ count and total_us,
     ``change`` (HTA's ops_diff categories, by count) and ``time_change`` (slower / faster / same), ranked by
     the time the name adds to the step (diff_total_us, largest first)."""
     def by_name(t: pd.DataFrame) -> pd.DataFrame:
         if t.empty:
-            return pd.DataFrame(columns=["name", "kind", "count", "total_us"])
-        return t.groupby("name", as_index=False, sort=False).agg(
-            kind=("kind", lambda k: "/".join(sorted(set(map(str, k))))), count=("count", "sum"),
-            total_us=("total_us", "sum"))
-    b, r = by_name(base), by_name(run)
-    kinds = pd.concat([b[["name", "kind"]], r[["name", "kind"]]]).groupby("name")["kind"].agg(
-        lambda k: "/".join(sorted(set("/".join(k).split("/")))))
-    m = _pair(b.drop(columns="kind"), r.drop(columns="kind"), ["name"], ["count", "total_us"])
-    m.insert(1, "kind", m["name"].map(kinds).to_numpy())
+            return pd.DataFrame(columns=["name", "count", "total_us"])
+        return t.groupby("name", as_index=False, sort=False)[["count", "total_us"]].sum()
+    m = _pair(by_name(base), by_name(run), ["name"], ["count", "total_us"])
+    m.insert(1, "kind", m["name"].map(_kinds_by_name([base, run])).to_numpy())
     m["change"] = change_of(m["baseline_count"], m["run_count"])
     d = m["diff_total_us"].to_numpy()
     m["time_change"] = np.select([d > 0, d < 0], [SLOWER, FASTER], SAME).astype(object)
