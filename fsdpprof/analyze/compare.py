@@ -1,14 +1,18 @@
 """Several runs side by side: one column per run, the memory at the peak by category, the step time,
-and a verdict.  Works from Analyses only (:func:`fsdpprof.analyze.pipeline.analyze_run`).
-Sizes in bytes, times in µs."""
+a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.diff`).  Works from Analyses
+only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in bytes, times in µs.
+
+Runs are comparable unless both models are known (an inventory, from ``fsdpprof record``) and differ;
+a run whose model is unknown (a trace folder) is compared on everything measured, without the formulas."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import theory, vocab
+from fsdpprof.analyze import diff, theory, vocab
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.errors import UserError
 
@@ -25,6 +29,9 @@ class Comparison:
     verdict: str
     warnings: list
     comparable: bool
+    diff: diff.Diff | None = None  # every run against the first (fsdpprof.analyze.diff)
+    notes: list = field(default_factory=list)   # what is left out and why (e.g. formulas of unknown models)
+    models_known: bool = True      # every run has an inventory (its model, Psi, is known)
 
 
 def run_numbers(a: Analysis) -> dict:
@@ -61,26 +68,52 @@ def run_numbers(a: Analysis) -> dict:
     return d
 
 
-def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False) -> Comparison:
-    """Put runs side by side; raises UserError for fewer than two runs or runs of different models
-    (unless allow_different_models, which turns that into a warning)."""
+THEORY_METRICS = ("model_states_theory_bytes", "traffic_theory_bytes")
+
+
+def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
+    """One label per run: its strategy when known, else the input's folder name; repeats numbered."""
+    names = [os.path.basename(os.path.normpath(a.path)) or a.path for a in analyses]
+    if len(set(names)) < len(names):   # e.g. two torchtitan iteration_10 folders: name their parents too
+        names = [os.path.join(*os.path.normpath(a.path).split(os.sep)[-2:]) for a in analyses]
+    labels, seen = [], {}
+    for a, n, name in zip(analyses, nums, names):
+        if n["strategy"] != "-":
+            base = f"{n['strategy']} ({n['framework']}, N={n['world_size']})"
+        else:
+            base = f"{name} ({a.overview.get('input_kind') or 'unknown'}, N={n['world_size'] or '?'})"
+        seen[base] = seen.get(base, 0) + 1
+        labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
+    return labels
+
+
+def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False,
+                     scope: diff.Scope | None = None) -> Comparison:
+    """Put runs side by side, and each against the first in ``scope`` (:class:`fsdpprof.analyze.diff.Scope`,
+    default per-step medians over ranks).  UserError for fewer than two runs, or when both models are known
+    and differ (unless allow_different_models, which turns that into a warning).  A run whose model is unknown
+    (no inventory) is compared on what was measured; the formulas are left out, with a note."""
     if len(analyses) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     nums = [run_numbers(a) for a in analyses]
-    warnings = []
-    psis = {n["psi"] for n in nums}
-    comparable = len(psis) == 1 and None not in psis
+    warnings, notes = [], []
+    known = {n["psi"] for n in nums if n["psi"] is not None}
+    comparable = len(known) <= 1
     if not comparable:
-        desc = ", ".join(f"{a.path}: Psi={n['psi']}" for a, n in zip(analyses, nums))
-        msg = f"runs are of different (or unknown) models, so not comparable ({desc})"
+        desc = ", ".join(f"{a.path}: Psi={n['psi']}" for a, n in zip(analyses, nums) if n["psi"] is not None)
+        msg = f"runs are of different models, so not comparable ({desc})"
         if not allow_different_models:
             raise UserError(msg + "; pass --force to compare anyway")
         warnings.append("Not comparable: " + msg + ".")
-    labels, seen = [], {}
-    for n in nums:
-        base = f"{n['strategy']} ({n['framework']}, N={n['world_size']})"
-        seen[base] = seen.get(base, 0) + 1
-        labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
+    unknown = [a.path for a, n in zip(analyses, nums) if n["psi"] is None]
+    if unknown:
+        for n in nums:
+            for k in THEORY_METRICS:
+                n[k] = np.nan
+        notes.append(f"Model unknown for {', '.join(unknown)} (no inventory.json: not recorded with fsdpprof "
+                     f"record), so the memory formulas (model states and traffic in theory) are left out; "
+                     f"everything measured is compared.")
+    labels = _labels(analyses, nums)
     metrics = list(nums[0].keys())
     t = pd.DataFrame({"metric": metrics, **{lab: [n.get(k) for k in metrics] for lab, n in zip(labels, nums)}})
     t = t.astype(object)
@@ -110,4 +143,6 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
             verdict += "."
     else:
         verdict = "Not enough memory data to compare peaks."
-    return Comparison([a.path for a in analyses], labels, t, cats, tm, verdict, warnings, comparable)
+    d = diff.diff_analyses(analyses, labels, scope)
+    return Comparison([a.path for a in analyses], labels, t, cats, tm, verdict, warnings, comparable, diff=d,
+                      notes=notes + d.notes, models_known=not unknown)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import findings as fnd
-from fsdpprof.analyze import model_states, theory, vocab
+from fsdpprof.analyze import diff, model_states, theory, vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.trace import labels
@@ -71,6 +71,7 @@ class RankResult:
     kernel_type_time: pd.DataFrame | None = None  # rank, kernel_type, time_us (breakdown.kernel_type_time)
     top_kernels: pd.DataFrame | None = None      # breakdown.top_kernels
     idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
+    op_stats: pd.DataFrame | None = None         # diff.op_table: rank, step, name, kind: count, total_us, max_us
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Analysis:
     idle: pd.DataFrame | None = None                          # rank, stream, idle_category, idle_time_us, pct
     hta: dict = field(default_factory=dict)                   # name -> DataFrame (with --hta, GPU traces only)
     findings: list = field(default_factory=list)
+    op_stats: pd.DataFrame | None = None                      # rank, step, name, kind: count, total_us (diff.op_table)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -216,6 +218,7 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool) -> None
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
+    res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
     if want_lanes:
         lanes = _try(n, "communication", "lanes of one step", _lanes, events)
         if lanes is not None:
@@ -533,6 +536,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         a.kernel_types = breakdown.kernel_types_of(_concat(r.kernel_type_time for r in traced))
         a.top_kernels = _concat(r.top_kernels for r in traced)
         a.idle = _concat(r.idle for r in traced)
+        a.op_stats = _concat(r.op_stats for r in traced)
         if len(traced) > 1:
             records = _concat(r.records for r in traced)
             if records is not None:

@@ -110,6 +110,42 @@ def rank_from_name(path: str) -> int | None:
     return None
 
 
+_ITERATION_DIR = re.compile(r"^iteration_(\d{1,12})$")
+
+
+def iteration_folders(path: str) -> dict[int, str]:
+    """torchtitan's (and torchtune's) layout, one folder per profiling window: ``iteration_<s>/rank<r>_trace.json``
+    (or one folder deeper, ``iteration_<s>/<leaf>/``).  Returns s -> the folder holding that window's traces;
+    {} when ``path`` holds traces itself or has no such sub-folders."""
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError:
+        return {}
+    if any(_looks_like_trace(os.path.join(path, e)) for e in entries if os.path.isfile(os.path.join(path, e))):
+        return {}
+    out: dict[int, str] = {}
+    for e in entries:
+        m = _ITERATION_DIR.match(e)
+        d = os.path.join(path, e)
+        if not m or not os.path.isdir(d):
+            continue
+        try:
+            folders = [d] + sorted(os.path.join(d, x) for x in os.listdir(d) if os.path.isdir(os.path.join(d, x)))
+            for folder in folders:
+                if _window_traces(folder):
+                    out[int(m.group(1))] = folder
+                    break
+        except OSError:
+            continue
+    return out
+
+
+def _window_traces(folder: str) -> list[str]:
+    """The trace files directly in ``folder``."""
+    files = [os.path.join(folder, x) for x in sorted(os.listdir(folder))]
+    return [f for f in files if os.path.isfile(f) and _looks_like_trace(f)]
+
+
 def distributed_info_head(path: str) -> dict:
     """The trace's ``distributedInfo`` when it sits in the first MiB of JSON (where torch writes it), else {}."""
     head = _head(path)
@@ -393,6 +429,15 @@ def _discover(path, workers) -> Run:
         run.inputs += [f for f in files if _is_snapshot(f)]
         if why_not:
             run.warnings.append(why_not)
+        return run
+    windows = iteration_folders(path) if not any(_is_snapshot(f) for f in files) else {}
+    if windows:      # torchtitan: one folder per profiling window; the latest is past the warm-up
+        last = max(windows)
+        run = _load_traces(windows[last], _window_traces(windows[last]), SOURCE_TRACE_FOLDER)
+        if len(windows) > 1:
+            run.warnings.append(f"{path} holds {len(windows)} profiling windows (iteration_{min(windows)} ... "
+                                f"iteration_{last}): analysed the latest, {windows[last]}; point at another "
+                                f"iteration_<s> folder to analyse that one")
         return run
     snaps = [f for f in files if _is_snapshot(f)]
     if snaps:

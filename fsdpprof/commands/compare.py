@@ -1,14 +1,25 @@
-"""``fsdpprof compare RUN_A RUN_B ...``: several runs side by side in compare.html."""
+"""``fsdpprof compare RUN_A RUN_B ...``: several runs side by side in compare.html, and what changed in
+each against the first (the baseline): communication per collective, stage, FSDP phase and unit, the
+step's decomposition, operators and kernels, memory at the peak.  Inputs: run directories, trace folders
+of any source (HTA folders, torchtitan's ``iteration_<s>/rank<r>_trace.json``), or a mix."""
 from __future__ import annotations
 
 from fsdpprof.errors import UserError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more run directories (or trace folders)")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="two or more run directories or trace folders (HTA, torchtitan profile_trace/ or one of "
+                        "its iteration_<s> folders); the first is the baseline")
     p.add_argument("-o", "--output", default="compare.html",
                    help="compare HTML path, or a folder to write compare.html in (default ./compare.html)")
     p.add_argument("--summary", default=None, help="JSON of the comparison (default: X.json beside X.html)")
+    p.add_argument("--iteration", default="median", metavar="first|N|all",
+                   help="steps compared: 'first' = the first rank's first ProfilerStep, CPU operators and GPU "
+                        "kernels together (HTA's compare_traces default); N = ProfilerStep#N; 'all' = every "
+                        "recorded step summed; default: per-step medians over the recorded steps")
+    p.add_argument("--rank", type=int, default=None, metavar="R",
+                   help="compare rank R of every input (default: all ranks, medians across ranks)")
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
@@ -27,29 +38,74 @@ def write_compare(comparison, out_html: str, out_json: str | None = None) -> tup
     return out_html, out_json
 
 
+def profiling_window(path: str, iteration) -> tuple[str, str | None]:
+    """A torchtitan-style folder (``iteration_<s>/`` per profiling window) -> the window the scope asks for
+    (first: the earliest; step N: the first window dumped after step N, iteration_<s> with s > N; otherwise the
+    latest) and a note naming it; any other path is returned as it is."""
+    import os
+
+    from fsdpprof.analyze import diff
+    from fsdpprof.analyze.run import iteration_folders
+
+    if not os.path.isdir(path):
+        return path, None
+    windows = iteration_folders(path)
+    if not windows:
+        return path, None
+    if iteration == diff.SCOPE_FIRST:
+        s = min(windows)
+    elif isinstance(iteration, int):
+        after = [w for w in windows if w > iteration]
+        s = min(after) if after else max(windows)
+    else:
+        s = max(windows)
+    names = ", ".join(f"iteration_{w}" for w in sorted(windows))
+    return windows[s], f"{path}: profiling windows {names}; compared {windows[s]}"
+
+
 def run(args) -> int:
+    from fsdpprof.analyze import diff
     from fsdpprof.analyze.compare import compare_analyses
-    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.analyze.pipeline import analyze_run, rank_list
     from fsdpprof.analyze.run import load_run
     from fsdpprof.commands.report import check_workers_option
+    from fsdpprof.report.diff import diff_text
     from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
     from fsdpprof.report.text import compare_text
 
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     check_workers_option(args.workers)
+    scope = diff.Scope(diff.parse_iteration(args.iteration), args.rank)
+    if args.rank is not None and args.rank < 0:
+        raise UserError(f"--rank {args.rank} is not a rank (0 or more); leave it out to compare all ranks")
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
     outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]
     check_outputs(outputs, force=args.force, defer_under=args.runs)
-    analyses = []
+    analyses, window_notes = [], []
     for path in args.runs:
+        path, note = profiling_window(path, scope.iteration)
+        if note:
+            window_notes.append(note)
         run_ = load_run(path, workers=args.workers, lazy=True)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+        keep = None
+        if scope.rank is not None:
+            if scope.rank not in run_.ranks:
+                raise UserError(f"rank {scope.rank} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "
+                                f"one of those, or leave --rank out to compare all ranks")
+            keep = scope.rank
+        elif scope.iteration == diff.SCOPE_FIRST:   # HTA's default scope: the first rank only
+            keep = min((r for r, rd in run_.ranks.items() if rd.trace_path), default=None)
+        if keep is not None:
+            run_.ranks = {keep: run_.ranks[keep]}
         analyses.append(analyze_run(run_, workers=args.workers))
         del run_
-    c = compare_analyses(analyses, allow_different_models=args.force)
+    c = compare_analyses(analyses, allow_different_models=args.force, scope=scope)
+    c.notes[:0] = window_notes
     write_compare(c, html_path, json_path)
     print(compare_text(c))
+    print(diff_text(c))
     print(f"comparison: {html_path}\njson: {json_path}")
     return 0

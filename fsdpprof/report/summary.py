@@ -82,8 +82,17 @@ def summary(a) -> dict:
     })
 
 
+def diff_summary(d) -> dict | None:
+    """A Comparison's diff (fsdpprof.analyze.diff.Diff): each run against the baseline, in one scope."""
+    if d is None:
+        return None
+    return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,
+            "memory": d.memory, "memory_units": d.memory_units, "notes": list(d.notes)}
+
+
 def compare_summary(c) -> dict:
     """The content of compare.json for one Comparison."""
     return json_safe({"schema": COMPARE_SCHEMA, "paths": c.paths, "labels": c.labels, "table": c.table,
                       "categories": c.categories, "time": c.time, "verdict": c.verdict, "warnings": c.warnings,
-                      "comparable": c.comparable})
+                      "comparable": c.comparable, "models_known": getattr(c, "models_known", None),
+                      "notes": list(getattr(c, "notes", []) or []), "diff": diff_summary(getattr(c, "diff", None))})

@@ -1,0 +1,214 @@
+"""The diff section of compare.html and its terminal lines: each run against the baseline (the first run),
+from :class:`fsdpprof.analyze.diff.Diff` (``Comparison.diff``).  Rendering only; every string escaped."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from fsdpprof.report.html import esc, fmt_bytes, fmt_num, fmt_us, label
+
+TOP_ROWS = 25          # rows per table in the page (compare.json has them all)
+NAME_CHARS = 90        # operator / kernel names shown in tables (the full name on hover)
+
+STEP_LABELS = {"step_us": "step", "compute_us": "compute", "comm_us": "communication",
+               "exposed_comm_us": "exposed communication", "idle_us": "idle / host time"}
+CHANGE_TEXT = {"added": "added (only in the run)", "deleted": "deleted (only in the baseline)",
+               "increased": "increased (more calls)", "decreased": "decreased (fewer calls)",
+               "unchanged": "unchanged count"}
+
+
+def _nan(x) -> bool:
+    try:
+        return x is None or pd.isna(x)
+    except (TypeError, ValueError):
+        return False
+
+
+def _signed(fmt, x) -> str:
+    """A difference with its sign: +1.20 ms, -3.0 MiB, 0."""
+    if _nan(x):
+        return "-"
+    x = float(x)
+    if x == 0:
+        return "0"
+    return ("+" if x > 0 else "-") + fmt(abs(x))
+
+
+def _pct(x) -> str:
+    return "-" if _nan(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
+
+
+def _count(x) -> str:
+    return fmt_num(float(x)) if not _nan(x) else "-"
+
+
+def _name_cell(name) -> str:
+    s = "" if name is None else str(name)
+    short = s if len(s) <= NAME_CHARS else s[:NAME_CHARS - 3] + "..."
+    return f'<td class="l" title="{esc(s)}">{esc(short)}</td>'
+
+
+def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TOP_ROWS) -> str:
+    """cols: (column, header, formatter); formatter 'name' shows a shortened name with the full one on hover,
+    'text' plain escaped text."""
+    if df is None or not len(df):
+        return '<p class="note">no rows</p>'
+    head = "".join(f'<th class="{"l" if f in ("name", "text") else ""}">{esc(h)}</th>' for _, h, f in cols)
+    body = []
+    for rec in df.head(rows).to_dict("records"):
+        tds = []
+        for c, _, f in cols:
+            v = rec.get(c)
+            if f == "name":
+                tds.append(_name_cell(v))
+            elif f == "text":
+                tds.append(f'<td class="l" style="white-space:nowrap">{esc("-" if _nan(v) else v)}</td>')
+            else:
+                tds.append(f'<td style="white-space:nowrap">{esc(f(v))}</td>')
+        body.append(f"<tr>{''.join(tds)}</tr>")
+    more = f'<p class="note">{len(df) - rows} more rows in compare.json</p>' if len(df) > rows else ""
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
+
+
+def _unit_text(u) -> str:
+    if _nan(u) or u == "-":
+        return "-"
+    return "(root)" if u == "" else str(u)
+
+
+def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
+    if s is None or not len(s):
+        return '<p class="note">no step decomposition on one side</p>'
+    s = s.assign(metric_text=s["metric"].map(lambda m: STEP_LABELS.get(m, m)))
+    tab = _table(s, [("metric_text", "", "text"), ("baseline_us", base, fmt_us), ("run_us", run, fmt_us),
+                     ("diff_us", "change", lambda v: _signed(fmt_us, v)), ("diff_pct", "change %", _pct)])
+    parts = s[s["metric"].isin(["compute_us", "exposed_comm_us", "idle_us", "step_us"])]
+    fig = go.Figure(go.Bar(x=(parts["diff_us"] / 1e3).tolist(), y=[label(x) for x in parts["metric_text"]],
+                           orientation="h", marker_color=["#dc2626" if v > 0 else "#16a34a" for v in parts["diff_us"]]))
+    fig.update_layout(title="Change against the baseline", xaxis_title="ms", yaxis=dict(autorange="reversed"))
+    return f'<div style="display:flex;flex-wrap:wrap;gap:18px"><div>{tab}</div>' \
+           f'<div style="flex:1;min-width:360px">{page.fig(fig, 240)}</div></div>'
+
+
+def _comm_html(c: pd.DataFrame) -> str:
+    if c is None or not len(c):
+        return '<p class="note">no collectives on either side</p>'
+    c = c.assign(unit_text=c["unit"].map(_unit_text),
+                 _order=(c["diff_exposed_comm_us"].abs() + c["diff_comm_us"].abs()))
+    c = c.sort_values("_order", ascending=False, kind="stable")
+    return _table(c, [
+        ("collective", "collective", "text"), ("stage", "stage", "text"), ("fsdp_phase", "FSDP phase", "text"),
+        ("unit_text", "unit", "text"), ("baseline_count", "count (base)", _count), ("run_count", "count (run)", _count),
+        ("baseline_bytes", "bytes (base)", fmt_bytes), ("run_bytes", "bytes (run)", fmt_bytes),
+        ("baseline_comm_us", "comm time (base)", fmt_us), ("run_comm_us", "comm time (run)", fmt_us),
+        ("diff_comm_us", "change", lambda v: _signed(fmt_us, v)),
+        ("baseline_exposed_comm_us", "exposed (base)", fmt_us), ("run_exposed_comm_us", "exposed (run)", fmt_us),
+        ("diff_exposed_comm_us", "exposed change", lambda v: _signed(fmt_us, v))])
+
+
+OPS_COLS = [("name", "operator / kernel", "name"), ("kind", "kind", "text"),
+            ("baseline_count", "calls (base)", _count), ("run_count", "calls (run)", _count),
+            ("diff_count", "calls change", lambda v: _signed(fmt_num, v)),
+            ("baseline_total_us", "total (base)", fmt_us), ("run_total_us", "total (run)", fmt_us),
+            ("diff_total_us", "time added", lambda v: _signed(fmt_us, v))]
+
+
+def _ops_html(o: pd.DataFrame) -> str:
+    if o is None or not len(o):
+        return '<p class="note">no operators or kernels on either side</p>'
+    counts = o["change"].value_counts()
+    tc = o["time_change"].value_counts()
+    summary = ", ".join(f"{int(counts.get(k, 0))} {v}" for k, v in CHANGE_TEXT.items())
+    out = [f"<p>{esc(summary)}; {int(tc.get('slower', 0))} take more time, {int(tc.get('faster', 0))} less "
+           f"(categories as HTA's TraceDiff.ops_diff: by number of calls).</p>"
+           '<p class="note">Total time per name, as HTA counts it: CPU operators nest, so a parent\'s time '
+           "includes its children's; GPU kernels do not nest.</p>"]
+    slower = o[o["diff_total_us"] > 0]
+    faster = o[o["diff_total_us"] < 0].sort_values("diff_total_us", kind="stable")
+    out.append("<h4>Adding the most time</h4>" + _table(slower, OPS_COLS))
+    out.append("<h4>Saving the most time</h4>" + _table(faster, OPS_COLS))
+    for cat in ("added", "deleted"):
+        sub = o[o["change"] == cat]
+        if len(sub):
+            sub = sub.reindex(sub["diff_total_us"].abs().sort_values(ascending=False, kind="stable").index)
+            out.append(f"<h4>{esc(CHANGE_TEXT[cat].capitalize())}</h4>" + _table(sub, OPS_COLS))
+    return "".join(out)
+
+
+def _memory_html(m: pd.DataFrame, u: pd.DataFrame) -> str:
+    if m is None or not len(m):
+        return '<p class="note">memory at the peak: not on both sides</p>'
+    m = m[(m["baseline_bytes"] != 0) | (m["run_bytes"] != 0)]
+    out = [_table(m, [("category", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
+                      ("run_bytes", "run", fmt_bytes), ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))])]
+    if u is not None and len(u):
+        u = u.assign(unit_text=u["unit"].map(_unit_text))
+        u = u.reindex(u["diff_bytes"].abs().sort_values(ascending=False, kind="stable").index)
+        u = u[u["diff_bytes"] != 0]
+        out.append("<h4>By unit</h4>" + _table(u, [
+            ("unit_text", "unit", "text"), ("category", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
+            ("run_bytes", "run", fmt_bytes), ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))]))
+    return "".join(out)
+
+
+def render_diff(c, page) -> str:
+    """The 'What changed' section of compare.html (``<section id="diff">``) for a Comparison with a diff
+    (fsdpprof.analyze.compare.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.html.Page."""
+    d = getattr(c, "diff", None)
+    if d is None:
+        return ""
+    out = [f'<section id="diff"><h2>What changed against {esc(d.baseline)}</h2>']
+    out += [f'<p class="note">{esc(n)}</p>' for n in getattr(c, "notes", []) or []]
+    per_run = "".join(f"<li>{esc(x)}</li>" for x in d.scope.get("per_run") or [])
+    out.append(f"<p>Scope: {esc(d.scope.get('text'))}. Every number below is the run's minus the baseline's "
+               f"(a group absent on one side counts 0).</p><ul>{per_run}</ul>")
+    for run in [lab for lab in c.labels if lab != d.baseline]:
+        def of(df):
+            return df[df["run"] == run] if df is not None and len(df) else None
+        out.append(f"<h3>{esc(run)} against {esc(d.baseline)}</h3>")
+        out.append("<h4>Step decomposition</h4>" + _steps_html(of(d.steps), run, d.baseline, page))
+        out.append("<h4>Communication per collective, stage, FSDP phase and unit</h4>" + _comm_html(of(d.comm)))
+        out.append("<h4>Operators and kernels</h4>" + _ops_html(of(d.ops)))
+        out.append("<h4>Memory at the peak</h4>" + _memory_html(of(d.memory), of(d.memory_units)))
+    out.append("</section>")
+    return "".join(out)
+
+
+def diff_text(c) -> str:
+    """Terminal lines of the diff: per run the step's change, the biggest communication, operator and memory
+    changes."""
+    d = getattr(c, "diff", None)
+    if d is None:
+        return ""
+    lines = [f"changes against {d.baseline} ({d.scope.get('text')}):"]
+    lines += [f"  note: {n}" for n in getattr(c, "notes", []) or []]
+    for run in [lab for lab in c.labels if lab != d.baseline]:
+        lines.append(f"  {run}:")
+        s = d.steps[d.steps["run"] == run] if len(d.steps) else d.steps
+        if len(s):
+            lines.append("    step: " + ", ".join(f"{STEP_LABELS.get(r['metric'], r['metric'])} "
+                                                   f"{_signed(fmt_us, r['diff_us'])} ({_pct(r['diff_pct'])})"
+                                                   for r in s.to_dict("records")))
+        cm = d.comm[d.comm["run"] == run] if len(d.comm) else d.comm
+        if len(cm):
+            r = cm.loc[cm["diff_exposed_comm_us"].abs().idxmax()]
+            lines.append(f"    communication: largest change in exposed time: {r['collective']} {r['stage']} "
+                         f"{r['fsdp_phase']} unit {_unit_text(r['unit'])} {_signed(fmt_us, r['diff_exposed_comm_us'])}")
+        o = d.ops[d.ops["run"] == run] if len(d.ops) else d.ops
+        if len(o):
+            n = o["change"].value_counts()
+            line = "    operators: " + ", ".join(f"{int(n.get(k, 0))} {k}" for k in CHANGE_TEXT)
+            top, low = o.iloc[0], o.iloc[-1]
+            if top["diff_total_us"] > 0:
+                line += f"; adds most time: {str(top['name'])[:60]} {_signed(fmt_us, top['diff_total_us'])}"
+            if low["diff_total_us"] < 0:
+                line += f"; saves most: {str(low['name'])[:60]} {_signed(fmt_us, low['diff_total_us'])}"
+            lines.append(line)
+        m = d.memory[d.memory["run"] == run] if len(d.memory) else d.memory
+        if len(m):
+            m = m.reindex(m["diff_bytes"].abs().sort_values(ascending=False).index).head(3)
+            lines.append("    memory at the peak: " + ", ".join(f"{r['category']} {_signed(fmt_bytes, r['diff_bytes'])}"
+                                                             for r in m.to_dict("records")))
+    return "\n".join(lines)
