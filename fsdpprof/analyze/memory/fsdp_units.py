@@ -387,6 +387,12 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
     for j in range(1, len(fwd)):
         same = fwd[j] == fwd[j - 1] + 1
         run_start[j] = run_start[j - 1] if same else j
+    # the units gathered before a run began (a history that starts mid-forward) still enclose it: the
+    # call chain of each unit from any forward that gathered it
+    key_of_unit: dict[int, tuple] = {}
+    for j, i in enumerate(fwd):
+        if keys[j] is not None:
+            key_of_unit.setdefault(ag_unit[i], keys[j])
     cache: dict[tuple[int, int], bool] = {}
     cand = order[(role_o == None) & (stage[order] == "forward")]  # noqa: E711
     for r in cand:
@@ -402,8 +408,9 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
         if not py:
             rec.unit[r] = names[ag_unit[fwd[j]]]
             continue
-        for jj in range(j, run_start[j] - 1, -1):
-            key = keys[jj]
+        cands = [(keys[jj], ag_unit[fwd[jj]]) for jj in range(j, run_start[j] - 1, -1)]
+        cands += [(key_of_unit.get(k), k) for k in range(ag_unit[fwd[run_start[j]]] - 1, -1, -1)]
+        for key, k in cands:
             if key is None:
                 continue
             kk = (c, id(key))
@@ -411,7 +418,7 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
             if hit is None:
                 hit = cache[kk] = _inside(py, key)
             if hit:
-                rec.unit[r] = names[ag_unit[fwd[jj]]]
+                rec.unit[r] = names[k]
                 break
 
 
