@@ -158,6 +158,23 @@ def test_fsdp1_units_recovered(recorded_run):
         assert activations_per_unit(m)[layers[0]] == act[layers[0]]
 
 
+@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp1-full"])
+def test_peak_estimate_per_unit(recorded_run, strategy):
+    """16 Psi / N + max_l (k Psi_l + A_l) with A_l measured per unit, not the activations at the peak."""
+    from fsdpprof.analyze import analyze_run
+    a = analyze_run(load_run(str(recorded_run(strategy))))
+    pe = a.theory["peak_estimate"]
+    m = a.memory[min(a.memory)]
+    act = m.activation_by_unit.set_index("unit")["activation_bytes"]
+    assert "max_l (k_param_unsharded * Psi_l + A_l)" in pe["formula"] and "measured per unit" in pe["formula"]
+    assert pe["activations_per_unit"][pe["max_unit"]] == pe["activation_bytes"] == act.get(pe["max_unit"], 0)
+    total_at_peak = m.breakdown_at_peak.set_index("category")["bytes"]["activation"]
+    assert pe["activation_bytes"] < total_at_peak
+    assert pe["estimate_bytes"] == pytest.approx(pe["model_states_bytes"] + pe["max_unit_unsharded_bytes"]
+                                                 + pe["activation_bytes"])
+    assert "activations of the other units" in pe["explanation"]
+
+
 @pytest.mark.parametrize("strategy", ["fsdp1-no-shard", "ddp"])
 def test_no_unsharded_params_without_sharding(recorded_run, strategy):
     run, res = analysed(recorded_run, strategy)
