@@ -285,6 +285,15 @@ class Allocator:
 
 
 # --------------------------------------------------------------------------- the recording
+def _main_thread(frames: list) -> list:
+    """A stack of the main thread as torch's unwinder gives it: the native frames down to ``_start``, then
+    the Python frames (innermost first).  Stacks of the autograd engine's threads are left as they are."""
+    if any(f["name"] == "start_thread" for f in frames):
+        return frames
+    i = next((k for k, f in enumerate(frames) if f["filename"].endswith(".py")), None)
+    return frames if i is None else frames[:i] + MAIN_TAIL + frames[i:]
+
+
 class Recorder:
     """Trace entries + allocator + the truth of every allocation."""
 
@@ -307,7 +316,7 @@ class Recorder:
         self.trace.append(e)
 
     def alloc(self, n: int, frames: list, category: str, unit: str | None, stream: int = 0) -> int:
-        fr = frames if self.recording else []
+        fr = _main_thread(frames) if self.recording else []
         b = self.al.malloc(n, stream, fr, self._entry)
         seq = len(self.trace) if self.recording else -1
         self._entry({"action": "alloc", "addr": b.addr, "size": n, "stream": stream, "frames": fr})
@@ -316,6 +325,7 @@ class Recorder:
         return b.addr
 
     def free(self, addr: int, frames: list) -> None:
+        frames = _main_thread(frames)
         b = self.al.release(addr)
         t = next(x for x in reversed(self.truth) if x["addr"] == addr and x["free_seq"] is None)
         t["free_seq"] = len(self.trace)
@@ -386,7 +396,6 @@ def build(model: Model | None = None, *, steps: int = 2, oom_layer: int | None =
     m = model or Model()
     F = Frames()
     rec = Recorder()
-    gb = m.gather_bytes
     n_units = m.n_layers + 1
     info = {"oom_seq": None, "units": [unit_label(k) for k in range(n_units)]}
     sharded: dict[int, list[int]] = {}

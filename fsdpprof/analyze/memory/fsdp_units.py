@@ -227,7 +227,6 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         run_of[a:b] = ri
     ptr: dict[int, int] = {}
     used: dict[int, set] = {}
-    copy_unit: list[tuple[int, str | None, bool]] = []      # (position of the group's first row, unit, in backward)
     per_param: dict[str, list[int]] = {}
     for p, kind, i in events:
         if kind == 0:
@@ -266,7 +265,6 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         rec.unit[g] = u
         if k is not None:
             open_until[k] = int(fseq[g].max())
-        copy_unit.append((int(p), u, stage[g[0]] == "backward"))
         if u is not None and u not in per_param:
             per_param[u] = [int(x) for x in nbytes[g]]
     unit_of_ag = {int(r): (names[k] if k is not None else None) for r, k in zip(ag, ag_unit)}
@@ -363,15 +361,19 @@ def _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, f
             units[i] = names[k] if k is not None else None
     # the gradients a call frees (autograd's unsharded grads, cleared after the copy into the input)
     trace_seq = seq[order]
+    lo = np.array([int(seq[g].min()) for g, _ in rs_calls], dtype=np.int64)
+    after = np.searchsorted(trace_seq, [int(seq[g].max()) for g, _ in rs_calls], side="right")
+    hi = np.where(after < len(trace_seq), trace_seq[np.minimum(after, len(trace_seq) - 1)], NEVER)
     for (g, _), u in zip(rs_calls, units):
         rec.unit[g] = u
-        lo = int(seq[g].min())
-        after = int(np.searchsorted(trace_seq, int(seq[g].max()), side="right"))
-        hi = int(trace_seq[after]) if after < len(trace_seq) else NEVER
-        freed = order[(fseq[order] >= lo) & (fseq[order] < hi) & (seq[order] < lo) & (stage[order] == "backward")]
-        for r in freed:
-            if rec.unit[r] is None and rec.role[r] is None:
-                rec.unit[r] = u
+    cand = order[(stage[order] == "backward") & (fseq[order] != NEVER)]
+    j = np.searchsorted(lo, fseq[cand], side="right") - 1
+    ok = j >= 0
+    jj = np.maximum(j, 0)
+    ok &= (fseq[cand] < hi[jj]) & (seq[cand] < lo[jj])
+    for r, k in zip(cand[ok].tolist(), jj[ok].tolist()):
+        if rec.unit[r] is None and rec.role[r] is None:
+            rec.unit[r] = units[k]
 
 
 def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, names, codes, st, stage) -> None:

@@ -106,11 +106,14 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
 def _py_frames_text(fr, limit: int = 6) -> str:
     """The innermost ``limit`` Python frames of a stack as one line (``name (file.py:line) < ...``)."""
     import os
+
+    from fsdpprof.analyze.memory.attribution import _frame_text
     out = []
-    for f in fr or []:
+    for f in fr if type(fr) is list else []:
         if type(f) is dict and type(f.get("filename")) is str and f["filename"].endswith(".py"):
-            out.append(f"{str(f.get('name'))[:200]} ({os.path.basename(f['filename'].replace(chr(92), '/'))}:"
-                       f"{f.get('line')})")
+            out.append(f"{_frame_text(f.get('name'))[:200]} "
+                       f"({os.path.basename(_frame_text(f['filename']).replace(chr(92), '/'))}:"
+                       f"{_frame_text(f.get('line'))[:20]})")
             if len(out) == limit:
                 break
     return " < ".join(out)
