@@ -442,7 +442,8 @@ def pass_fsdp_roles(df, lab: _Labels) -> None:
 
 def pass_before_recording(df, lab: _Labels) -> None:
     """What was alive before the history / window began and no pass could name."""
-    _fill(lab, np.asarray(_col(df, "before_trace"), dtype=bool), MC.BEFORE_RECORDING.value, "before_recording")
+    if "before_trace" in df:
+        _fill(lab, np.asarray(_col(df, "before_trace"), dtype=bool), MC.BEFORE_RECORDING.value, "before_recording")
 
 
 def pass_frames(df, lab: _Labels) -> None:
@@ -451,7 +452,7 @@ def pass_frames(df, lab: _Labels) -> None:
         return
     never_freed = pd.isna(_col(df, "free_us"))
     # blocks alive before the history began that torch recorded frames for (the entry left the ring buffer)
-    before = np.asarray(_col(df, "before_trace"), dtype=bool)
+    before = np.asarray(_col(df, "before_trace"), dtype=bool) if "before_trace" in df else np.zeros(len(lab.cat), bool)
     if before.any():
         _fill(lab, before & never_freed & _contains(sig, r"torch/optim/", need=("torch/optim/",)),
               MC.OPTIMIZER_STATE.value, "frames")
