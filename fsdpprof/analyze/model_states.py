@@ -133,14 +133,34 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     return TheoryResult(theory=t, model_states=df)
 
 
+def activations_per_unit(m) -> dict[str, float] | None:
+    """A_l per FSDP unit (bytes): the most of unit l's activations alive at once, from the by-unit
+    attribution of the rank's memory (``MemoryResult.activation_by_unit``); None when no activation has a
+    unit (no FSDP units seen, or no memory data)."""
+    t = getattr(m, "activation_by_unit", None)
+    if t is None or t.empty:
+        return None
+    return {str(u): float(b) for u, b in zip(t["unit"], t["activation_bytes"])}
+
+
 def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
-    """FSDP peak estimate beside the measured peak of the same rank."""
+    """FSDP peak estimate beside the measured peak of the same rank: model states per rank + max over units
+    of (unit l's gathered parameters + A_l), A_l measured per unit (:func:`activations_per_unit`); without
+    per-unit activations, the activations alive at the measured peak stand in for every A_l (said so)."""
     unit_numel = {str(u.get("fqn")): float(u.get("unsharded_numel") or 0) for u in inv.get("units") or []}
-    act = _category_bytes(m, "activation") or 0.0
+    per_unit = activations_per_unit(m)
     if s == "DDP":
         unit_numel = {}
+    if per_unit and unit_numel:
+        act = {u: per_unit.get(u, 0.0) for u in unit_numel}
+    else:
+        act = _category_bytes(m, "activation") or 0.0
     est = theory.fsdp_peak_estimate(ms.device_bytes, unit_numel, theory.dtype_bytes(pdt), act)
     pe = est.to_dict()
+    if isinstance(act, dict):
+        pe["formula"] = (pe["formula"] + "   (A_l = the activations unit l's forward keeps for its backward, "
+                         "measured per unit)")
+        pe["activations_per_unit"] = act
     pe["measured_peak_bytes"] = float(m.peak_allocated_bytes) if m is not None else None
     pe["measured_rank"] = r0
     if m is not None:
@@ -148,12 +168,17 @@ def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
         left = []
         if m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
             bd = m.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum()
-            for cat in ("unsharded_grad", "temporary", "input", "other"):
+            if isinstance(act, dict):
+                other_act = float(bd.get("activation", 0)) - est.activation_bytes
+                if other_act > 0:
+                    left.append(f"activations of the other units and outside any unit alive at the peak "
+                                f"({other_act / theory.MIB:.3g} MiB)")
+            for cat in ("unsharded_grad", "temporary", "input", "before_recording", "other"):
                 if float(bd.get(cat, 0)) > 0:
                     left.append(f"{cat} {bd.get(cat) / theory.MIB:.3g} MiB")
             if float(bd.get("unsharded_param", 0)) > est.max_unit_unsharded_bytes * 1.05:
                 left.append(f"unsharded params of more than one unit ({bd.get('unsharded_param') / theory.MIB:.3g} MiB: "
                             f"prefetch or no reshard after forward keeps several units gathered)")
         pe["explanation"] = ("the formula leaves out " + ", ".join(left) + ".") if left else \
-            "the formula counts model states, one unit's gathered parameters and the activations at the peak."
+            "the formula counts model states, one unit's gathered parameters and that unit's activations."
     return pe

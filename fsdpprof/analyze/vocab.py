@@ -291,10 +291,15 @@ class MemoryCategory(str, enum.Enum):
     ACTIVATION = "activation"
     TEMPORARY = "temporary"
     INPUT = "input"
+    BEFORE_RECORDING = "before_recording"    # alive before the allocation history began, nothing says more
     OTHER = "other"
 
 
 MEMORY_CATEGORIES = [c.value for c in MemoryCategory]
+# categories that say nothing about what the memory holds: outside "named" (coverage_pct)
+UNNAMED_CATEGORIES = frozenset({MemoryCategory.OTHER.value, MemoryCategory.BEFORE_RECORDING.value})
+BEFORE_RECORDING_NOTE = ("allocated before the allocation history began (torch records no frames and no time "
+                         "for it); the blocks' sizes are listed")
 # categories that only exist when the model states are sharded (none on DDP / single-device inputs)
 SHARDED_CATEGORIES = frozenset({MemoryCategory.UNSHARDED_PARAM.value, MemoryCategory.UNSHARDED_GRAD.value})
 # how the categories of the rank's own model states read when nothing is sharded (DDP, one device)
@@ -303,3 +308,59 @@ REPLICATED_LABELS = {MemoryCategory.SHARDED_PARAM.value: "param", MemoryCategory
 # --------------------------------------------------------------------------- what an input is
 INPUT_KINDS = ["fsdp2", "fsdp1", "ddp", "distributed", "single_device", "unknown"]
 DDP_MARKERS = ("DistributedDataParallel.", "Reducer::")
+
+
+# --------------------------------------------------------------------------- FSDP in stack frames
+# The source files of FSDP2 (torch/distributed/fsdp/_fully_shard/) and FSDP1 (torch/distributed/fsdp/)
+# whose functions appear in the stack frames of a CUDA memory snapshot (torch 2.x; FSDP1's flat
+# parameter file was flat_param.py before torch 2.1).  A snapshot with allocations under these
+# frames comes from an FSDP2 / FSDP1 run.
+FSDP2_FRAME_FILES = ("_fsdp_param_group.py", "_fsdp_collectives.py", "_fsdp_param.py", "_fsdp_state.py",
+                     "_fully_shard.py")
+FSDP1_FRAME_FILES = ("fully_sharded_data_parallel.py", "_flat_param.py", "flat_param.py", "_runtime_utils.py")
+
+# What an FSDP allocation is, from the function that made it (its frames): role -> MemoryCategory.
+FSDP_ROLE_ALL_GATHER_INPUT = "all_gather_input"      # the shard cast to the all-gather dtype (mixed precision)
+FSDP_ROLE_ALL_GATHER_OUTPUT = "all_gather_output"    # the flat all-gather output (FSDP1: the unsharded flat param)
+FSDP_ROLE_COPY_OUT = "unsharded_param"               # FSDP2: the per-parameter unsharded tensors (copy-out)
+FSDP_ROLE_COPY_OUT_TEMP = "copy_out_temp"            # FSDP2: scratch of the copy-out for Shard(dim != 0)
+FSDP_ROLE_REDUCE_SCATTER = "reduce_scatter"          # FSDP2 foreach_reduce / FSDP1 _reduce_grad buffers
+FSDP_ROLE_REDUCE_SCATTER_INPUT = "reduce_scatter_input"    # (the largest of one call: the padded unsharded grads)
+FSDP_ROLE_REDUCE_SCATTER_OUTPUT = "reduce_scatter_output"  # (the others: the new sharded grad, its cast)
+FSDP_ROLE_SHARDED_PARAM = "sharded_param"            # the shard itself (made at fully_shard / FSDP init)
+FSDP_ROLE_CATEGORY = {
+    FSDP_ROLE_ALL_GATHER_INPUT: MemoryCategory.TEMPORARY.value,
+    FSDP_ROLE_ALL_GATHER_OUTPUT: MemoryCategory.UNSHARDED_PARAM.value,
+    FSDP_ROLE_COPY_OUT: MemoryCategory.UNSHARDED_PARAM.value,
+    FSDP_ROLE_COPY_OUT_TEMP: MemoryCategory.TEMPORARY.value,
+    FSDP_ROLE_REDUCE_SCATTER_INPUT: MemoryCategory.UNSHARDED_GRAD.value,
+    FSDP_ROLE_REDUCE_SCATTER_OUTPUT: MemoryCategory.SHARDED_GRAD.value,
+    FSDP_ROLE_SHARDED_PARAM: MemoryCategory.SHARDED_PARAM.value,
+}
+# (role, functions, file) in the order they are tried: the first rule with one of ``functions`` defined
+# in ``file`` somewhere in the stack decides.  Function names are torch's own (torch 2.13:
+# _fully_shard/_fsdp_collectives.py foreach_all_gather -> all_gather_comm.allocate,
+# _get_param_all_gather_inputs -> torch.empty; _fsdp_param.py alloc_all_gather_outputs -> alloc_storage;
+# foreach_reduce -> reduce_scatter_comm.allocate; FSDP1 _flat_param.py _alloc_padded_unsharded_flat_param,
+# _use_low_precision_shard; _runtime_utils.py _reduce_grad / _get_reduce_scatter_tensors).
+FSDP_FRAME_ROLES = [
+    (FSDP_ROLE_COPY_OUT, ("alloc_all_gather_outputs", "init_all_gather_outputs", "init_unsharded_param"),
+     "_fsdp_param.py"),
+    (FSDP_ROLE_COPY_OUT_TEMP, ("foreach_all_gather_copy_out",), "_fsdp_collectives.py"),
+    (FSDP_ROLE_ALL_GATHER_INPUT, ("_get_param_all_gather_inputs",), "_fsdp_collectives.py"),
+    (FSDP_ROLE_ALL_GATHER_INPUT, ("all_gather_inputs",), "_fsdp_param.py"),
+    (FSDP_ROLE_ALL_GATHER_OUTPUT, ("foreach_all_gather",), "_fsdp_collectives.py"),
+    (FSDP_ROLE_REDUCE_SCATTER, ("foreach_reduce",), "_fsdp_collectives.py"),
+    (FSDP_ROLE_SHARDED_PARAM, ("_init_sharded_param", "reset_sharded_param", "_init_sharded_post_forward_param_metadata"),
+     "_fsdp_param.py"),
+    (FSDP_ROLE_ALL_GATHER_INPUT, ("_use_low_precision_shard",), "flat_param.py"),
+    (FSDP_ROLE_ALL_GATHER_OUTPUT, ("_alloc_padded_unsharded_flat_param",), "flat_param.py"),
+    (FSDP_ROLE_REDUCE_SCATTER, ("_reduce_grad", "_get_reduce_scatter_tensors", "_reduce_grad_no_shard"),
+     "_runtime_utils.py"),
+    (FSDP_ROLE_SHARDED_PARAM, ("_init_flat_param_and_metadata", "flatten_tensors_into_flat_param", "_shard",
+                               "shard"), "flat_param.py"),
+]
+# Module calls in a stack (nn.Module.__call__): the innermost one in an all-gather's stack is the FSDP
+# unit whose pre-forward hook unshards it.
+MODULE_CALL_FUNCTIONS = ("_call_impl",)
+MODULE_CALL_FILE = "torch/nn/modules/module.py"

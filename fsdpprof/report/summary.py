@@ -54,7 +54,10 @@ def json_safe(x):
 
 
 def memory_summary(m) -> dict:
-    """One rank's MemoryResult."""
+    """One rank's MemoryResult.  ``oom`` (snapshots that ended in an out-of-memory error) holds the figures
+    of the failed request (requested_bytes, free_bytes, device, ts_us) and beside them what the analysis
+    made of it: ``explanation`` (text) and ``suggestions`` (change, saves_bytes, enough, detail), see
+    fsdpprof.analyze.memory.oom.explain_oom."""
     return {
         "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes, "peak_ts_us": m.peak_ts_us,
         "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase, "baseline_bytes": m.baseline_bytes,
@@ -62,7 +65,21 @@ def memory_summary(m) -> dict:
         "oom": m.oom, "breakdown_at_peak": m.breakdown_at_peak, "by_unit_at_peak": m.by_unit_at_peak,
         "top_allocations": m.top_allocations.head(20) if m.top_allocations is not None else None,
         "warnings": list(m.warnings or []),
+        # FSDP seen in a snapshot's frames, its units (forward order), its buffers at the peak by role,
+        # the activations each unit keeps (A_l), what was alive before the history began (by size), and the
+        # allocator's rounding (block minus requested bytes) at snapshot time
+        "fsdp_family": getattr(m, "fsdp_family", None), "fsdp_units": list(getattr(m, "fsdp_units", None) or []),
+        "world_size": getattr(m, "world_size", None),
+        "by_role_at_peak": getattr(m, "by_role_at_peak", None),
+        "activation_by_unit": getattr(m, "activation_by_unit", None),
+        "before_recording_sizes": _head(getattr(m, "before_recording_sizes", None), 50),
+        "rounding_end_bytes": getattr(m, "rounding_end_bytes", None),
+        "reserved_end_bytes": getattr(m, "reserved_end_bytes", None),
     }
+
+
+def _head(df, n: int):
+    return df.head(n) if df is not None else None
 
 
 def summary(a) -> dict:

@@ -16,7 +16,8 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.memory import categorize as cz
-from fsdpprof.analyze.memory import cpu_events
+from fsdpprof.analyze.memory import cpu_events, fsdp_units
+from fsdpprof.analyze.memory import oom as oom_mod
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.vocab import MemoryCategory as MC
 from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
@@ -37,7 +38,8 @@ class MemoryResult:
     by_unit_at_peak: pd.DataFrame        # unit, category, bytes
     timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value (bytes)
     top_allocations: pd.DataFrame        # addr, bytes, category, stage, unit, alloc_us, free_us, frames (str)
-    coverage_pct: float                  # % of bytes alive at the peak in a named category (not other)
+    coverage_pct: float                  # % of bytes alive at the peak in a named category (vocab.UNNAMED_CATEGORIES:
+                                         # not other, not before_recording)
     reserved_bytes: int | None           # snapshot: reserved (cudaMalloc'd) at the peak; None on CPU
     fragmentation_pct: float | None      # reserved but not allocated at the peak, % of reserved
     oom: dict | None                     # requested_bytes, free_bytes, device, ts_us
@@ -49,6 +51,14 @@ class MemoryResult:
     peak_seq: int | None = None          # order key of the event at the peak (see allocations' alloc_seq)
     reserved_end_bytes: int | None = None  # snapshot: reserved at snapshot time (segments)
     input_warnings: list[str] = field(default_factory=list)  # malformed input left out (also in warnings)
+    by_role_at_peak: pd.DataFrame | None = None  # unit, fsdp_role, bytes: FSDP's buffers at the peak by what made them
+    activation_by_unit: pd.DataFrame | None = None  # unit, activation_bytes (the most of the unit's activations
+    #                                      alive at once), at_peak_bytes: what each unit's forward keeps for backward
+    before_recording_sizes: pd.DataFrame | None = None  # bytes, count, total_bytes of before_recording blocks at the peak
+    fsdp_family: str | None = None       # fsdp2 / fsdp1 when the snapshot's frames show FSDP (None: not seen / CPU)
+    fsdp_units: list[str] = field(default_factory=list)  # units recovered from the all-gathers, forward order
+    world_size: int | None = None        # FSDP shard group size read from the snapshot (see warnings for how)
+    rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at snapshot time
 
 
 # --------------------------------------------------------------------------- entry point
@@ -64,7 +74,8 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     if snap_path:
         snap = load_snapshot(snap_path)
         return snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
-                               inventory=inventory, top_n=top_n, timeline_points=timeline_points)
+                               inventory=inventory, top_n=top_n, timeline_points=timeline_points,
+                               world_size=info.get("world_size"))
     me = getattr(rank, "memory_events", None)
     if me is None and getattr(rank, "events", None) is None:
         raise UserError(f"rank {r}: no profiler trace and no CUDA snapshot: no memory data to analyse")
@@ -121,16 +132,17 @@ def _str_contains(values: np.ndarray, pat: str) -> np.ndarray:
     return hit[codes]
 
 
-_ANNOTATE_INPUTS = ("user_metadata", "frames", "before_trace", "alloc_seq", "free_seq")
+_ANNOTATE_INPUTS = ("user_metadata", "frames", "before_trace", "alloc_seq", "free_seq", "free_frames")
 
 
-def annotate_columns(cols) -> dict[str, np.ndarray]:
+def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dict[str, np.ndarray]:
     """The columns :func:`annotate_snapshot` adds, from the snapshot columns in ``cols`` (DataFrame or
     dict of arrays): fsdp_phase, unit, frame_sig (Categorical), stage, free_stage, free_fsdp_phase,
-    step_idx, free_step_idx. Object arrays hold missing labels as the DataFrame column would."""
+    step_idx, free_step_idx, fsdp_role. Object arrays hold missing labels as the DataFrame column would.
+    ``stacks``: categorize.stack_codes of the frames when the caller has them."""
     n = len(cols["alloc_seq"])
     tag_phase, tag_unit = cz.parse_tags(np.asarray(cols["user_metadata"], dtype=object))
-    codes, cats = cz.signature_codes(np.asarray(cols["frames"], dtype=object))
+    codes, cats = cz.signature_codes(np.asarray(cols["frames"], dtype=object), stacks)
     sig = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
     ph = cz.frame_stage(sig)
     # tags give the coarse phase; FSDP's own collectives show in the frames
@@ -165,10 +177,26 @@ def annotate_columns(cols) -> dict[str, np.ndarray]:
     if len(seqs):
         free_phase[ok] = _ffill(ph[order])[pos[ok]]
         free_fsdp[ok] = _ffill(fsdp_phase[order])[pos[ok]]
+    # where the trace recorded the free's own stack (context="all"), its frames say the stage
+    ff = cols["free_frames"] if "free_frames" in cols else None
+    if ff is not None and len(ff):
+        ff = np.asarray(ff, dtype=object)
+        has = np.flatnonzero(pd.notna(ff) & ok)
+        if len(has):
+            fcodes, fcats = cz.signature_codes(ff[has])
+            fsig = pd.Categorical.from_codes(fcodes, categories=pd.Index(fcats, dtype=object))
+            fst = cz.frame_stage(fsig)
+            got = pd.notna(fst)
+            free_phase[has[got]] = fst[got]
+            # the FSDP phase of the free from its own frames (a tag, when there is one, lasts until the next)
+            ffp = cz.frame_fsdp_phase(fsig)
+            untagged = pd.isna(np.asarray(tag_fine, dtype=object)[has]) if len(tag_fine) else np.ones(len(has), bool)
+            free_fsdp[has[untagged]] = ffp[untagged]
     # one snapshot is one window: no step boundaries (all allocations in step 0)
     return {"fsdp_phase": fsdp_phase, "unit": _like_column(tag_unit), "frame_sig": sig, "stage": ph,
             "free_stage": free_phase, "free_fsdp_phase": free_fsdp,
-            "step_idx": np.where(before, -1, 0), "free_step_idx": np.where(fs == NEVER, 1 << 30, 0)}
+            "step_idx": np.where(before, -1, 0), "free_step_idx": np.where(fs == NEVER, 1 << 30, 0),
+            "fsdp_role": cz.frame_fsdp_role(sig)}
 
 
 def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
@@ -207,7 +235,7 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
 
 
 def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = None, inventory: dict | None = None,
-                    top_n: int = 20, timeline_points: int = 2000) -> MemoryResult:
+                    top_n: int = 20, timeline_points: int = 2000, world_size: int | None = None) -> MemoryResult:
     """Memory attribution of one device of a CUDA snapshot.
 
     Works on the device's columns as numpy arrays and builds the allocations DataFrame once, at the
@@ -228,22 +256,57 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     mask = dev_col == device
     cols = {c: a_all[c].to_numpy()[mask] for c in a_all.columns}
     dtypes = a_all.dtypes
-    cols.update(annotate_columns(cols))
+    ooms = [o for o in snap.ooms if o["device"] == device]
+    n_real = len(cols["addr"])
+    if ooms:    # the OOM's request, labelled like an allocation (zero bytes), dropped before the summary
+        cols = _with_request_rows(cols, ooms, snap.has_time)
+    stacks = cz.stack_codes(np.asarray(cols["frames"], dtype=object))
+    cols.update(annotate_columns(cols, stacks))
+    fam = cz.fsdp_family_of_frames(cols["frame_sig"]) if len(cols["addr"]) else None
+    rec = None
+    if fam:
+        ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size") or world_size
+        rec = fsdp_units.recover_units(cols, np.asarray(cols["fsdp_role"], dtype=object), stacks, family=fam,
+                                       inventory_units=(inventory or {}).get("units"), world_size=ws)
+        cols["fsdp_role"], cols["fsdp_role_source"] = rec.role, rec.role_source
+        tag_unit = np.asarray(cols["unit"], dtype=object)
+        cols["unit"] = _like_column(np.where(pd.isna(tag_unit), rec.unit, tag_unit))
+        warnings += [f"{snap.path}: {x}" for x in rec.notes]
+    else:
+        cols["fsdp_role_source"] = np.full(len(cols["addr"]), None, dtype=object)
     inv_t = None
     if inventory:
         inv_t = _snapshot_inventory(inventory, pd.DataFrame(
-            {c: cols[c] for c in ("addr", "alloc_us", "alloc_seq")} | {"stage": cols["stage"]}))
-    cat, src = cz.label_columns(cols, inv_tensors=inv_t)
+            {c: cols[c][:n_real] for c in ("addr", "alloc_us", "alloc_seq")} | {"stage": cols["stage"][:n_real]}))
+    lab_cols = cols
+    if ooms:
+        # what the OOM's exception freed while unwinding was alive when the step died: labelled as alive
+        oseq = min(o["seq"] for o in ooms)
+        cut = (np.asarray(cols["alloc_seq"]) < oseq) & (np.asarray(cols["free_seq"]) > oseq) \
+            & (np.asarray(cols["free_seq"]) != NEVER)
+        if cut.any():
+            lab_cols = dict(cols, free_step_idx=np.where(cut, 1 << 30, cols["free_step_idx"]),
+                            free_stage=np.where(cut, None, cols["free_stage"]),
+                            free_fsdp_phase=np.where(cut, None, cols["free_fsdp_phase"]))
+    cat, src = cz.label_columns(lab_cols, inv_tensors=inv_t)
+    request = {c: np.asarray(v)[n_real:] for c, v in cols.items()} if ooms else None
+    if ooms:
+        cols = {c: np.asarray(v)[:n_real] if not isinstance(v, pd.Categorical) else v[:n_real] for c, v in cols.items()}
+        cat, src = cat[:n_real], src[:n_real]
     # one DataFrame, columns in the order annotate_snapshot + categorize give them; the snapshot's own
     # columns keep their dtypes, the added ones are inferred as a column assignment would
     data = {c: pd.Series(cols[c], dtype=dtypes[c], copy=False) for c in a_all.columns}
     data.update({c: cols[c] for c in ("fsdp_phase", "unit", "frame_sig", "stage", "free_stage", "free_fsdp_phase",
-                                      "step_idx", "free_step_idx")})
+                                      "step_idx", "free_step_idx", "fsdp_role")})
     data["category"] = pd.Categorical(cat, categories=CATEGORIES)
     data["category_source"] = src
     df = pd.DataFrame(data)
     has_hist = bool(snap.has_history.get(device, False))
     res = _summarise(df, rank, "cuda_snapshot", top_n, timeline_points, has_history=has_hist)
+    res.fsdp_family = fam
+    if rec is not None:
+        res.fsdp_units = list(rec.unit_names)
+        res.world_size = rec.world_size
     res.device = device
     res.timeline_unit = "us" if snap.has_time else "event_index"
     seg_dev = snap.segments["device"].to_numpy()
@@ -262,14 +325,32 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
             reserved = max(res.peak_allocated_bytes, reserved)
         res.reserved_bytes = reserved
         res.fragmentation_pct = 100.0 * (reserved - res.peak_allocated_bytes) / reserved if reserved else None
-    ooms = [o for o in snap.ooms if o["device"] == device]
+        seg_m = seg_dev == device
+        res.rounding_end_bytes = int(snap.segments["allocated_bytes"].to_numpy()[seg_m].sum()
+                                     - snap.segments["requested_bytes"].to_numpy()[seg_m].sum())
     if ooms:
         o = ooms[0]
         res.oom = {"requested_bytes": o["requested_bytes"], "free_bytes": o["free_bytes"], "device": device,
                    "ts_us": o["ts_us"] if snap.has_time else None}
+        res.oom.update(oom_mod.explain_oom(res, o, {c: v[0] for c, v in request.items()}, snap))
     res.warnings = warnings + res.warnings
     res.input_warnings = list(snap.defects)
     return res
+
+
+def _with_request_rows(cols: dict, ooms: list[dict], has_time: bool) -> dict:
+    """``cols`` with one zero-byte row per OOM request at its place in the trace (labelled by the same
+    passes as the allocations, then taken off again)."""
+    m = len(ooms)
+    add = {"addr": np.zeros(m, np.int64), "bytes": np.zeros(m, np.int64),
+           "alloc_us": np.array([o["ts_us"] for o in ooms], dtype=np.float64),
+           "free_us": np.full(m, np.nan), "alloc_seq": np.array([o["seq"] for o in ooms], dtype=np.int64),
+           "free_seq": np.full(m, NEVER, dtype=np.int64), "device": np.full(m, ooms[0]["device"], dtype=np.int16),
+           "stream": np.zeros(m, np.int64), "before_trace": np.zeros(m, bool), "free_inferred": np.zeros(m, bool),
+           "user_metadata": np.full(m, "", dtype=object),
+           "frames": np.fromiter([o.get("frames") or None for o in ooms], dtype=object, count=m),
+           "free_frames": np.full(m, None, dtype=object)}
+    return {c: np.concatenate([np.asarray(v), add[c].astype(np.asarray(v).dtype, copy=False)]) for c, v in cols.items()}
 
 
 def _peak_only(a) -> int:
@@ -376,8 +457,8 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
                               "pct": 100.0 * bd / peak if peak else np.zeros(len(bd))})
     unit = df["unit"].to_numpy(object)
     by_unit = _by_unit(unit[ai], codes_at, b_at, cat_names)
-    other = int(bd[CATEGORIES.index(MC.OTHER.value)])
-    coverage = 100.0 * (peak - other) / peak if peak else 100.0
+    unnamed = int(sum(bd[CATEGORIES.index(c)] for c in vocab.UNNAMED_CATEGORIES))
+    coverage = 100.0 * (peak - unnamed) / peak if peak else 100.0
     top = ai[np.argsort(-b_at, kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
     frames = df["frames"].to_numpy(object)
     top_allocs = pd.DataFrame({
@@ -387,11 +468,43 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
         "free_us": df["free_us"].to_numpy(float)[top],
         "frames": [_fmt_frames(f) for f in frames[top]]})
     timeline = _timeline(df, points) if has_history and peak_seq is not None else None
+    br = codes_at == CATEGORIES.index(MC.BEFORE_RECORDING.value)
+    sizes = pd.DataFrame({"bytes": b_at[br]}).groupby("bytes").size().rename("count").reset_index()
+    sizes["total_bytes"] = sizes["bytes"] * sizes["count"]
+    sizes = sizes.sort_values(["total_bytes", "bytes"], ascending=False, kind="stable").reset_index(drop=True)
+    by_role = None
+    if "fsdp_role" in df:
+        role = df["fsdp_role"].to_numpy(object)[ai]
+        has = pd.notna(role)
+        if has.any():
+            by_role = (pd.DataFrame({"unit": unit[ai][has], "fsdp_role": role[has], "bytes": b_at[has]})
+                       .groupby(["unit", "fsdp_role"], dropna=False, sort=False)["bytes"].sum().reset_index()
+                       .sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True))
     return MemoryResult(rank=rank, source=source, peak_allocated_bytes=peak, peak_ts_us=peak_ts,
                         peak_stage=peak_stage, baseline_bytes=base, breakdown_at_peak=breakdown,
                         by_unit_at_peak=by_unit, timeline=timeline, top_allocations=top_allocs,
                         coverage_pct=coverage, reserved_bytes=None, fragmentation_pct=None, oom=None,
-                        allocations=df, warnings=warnings, peak_fsdp_phase=peak_fsdp, peak_seq=peak_seq)
+                        allocations=df, warnings=warnings, peak_fsdp_phase=peak_fsdp, peak_seq=peak_seq,
+                        by_role_at_peak=by_role, activation_by_unit=activation_by_unit(df, peak_seq),
+                        before_recording_sizes=sizes)
+
+
+def activation_by_unit(df: pd.DataFrame, peak_seq: int | None) -> pd.DataFrame:
+    """Per FSDP unit: the most bytes of its activations alive at once (``activation_bytes``, what the
+    unit's forward keeps for its backward: A_l of the peak formula) and those alive at the peak."""
+    cols = ["unit", "activation_bytes", "at_peak_bytes"]
+    act = (df["category"] == MC.ACTIVATION.value).to_numpy() & df["unit"].notna().to_numpy()
+    if not act.any():
+        return pd.DataFrame(columns=cols)
+    a = df.loc[act, ["unit", "alloc_seq", "free_seq", "bytes"]]
+    rows = []
+    for u, g in a.groupby(a["unit"].astype(str), sort=False):
+        lv, _, _ = _levels(g)
+        at = int(g.loc[(g["alloc_seq"] <= peak_seq) & (g["free_seq"] > peak_seq), "bytes"].sum()) \
+            if peak_seq is not None else int(g.loc[g["free_seq"] == NEVER, "bytes"].sum())
+        rows.append((u, int(lv.max()) if len(lv) else 0, at))
+    return pd.DataFrame(rows, columns=cols).sort_values("activation_bytes", ascending=False,
+                                                         kind="stable").reset_index(drop=True)
 
 
 def _timeline(df: pd.DataFrame, points: int) -> pd.DataFrame:

@@ -4,6 +4,9 @@ Ordered, named passes over the allocations frame (like torch/profiler/_memory_pr
 filling only what is still unknown, and recording which pass decided in ``category_source``:
 
 1. ``inventory``   exact labels from inventory.json storage addresses (param / grad / optimizer state)
+1b. ``frames``/``sizes``  FSDP's own buffers by the FSDP function that made them (``fsdp_role``: all-gather
+                   input and output, copy-out, reduce-scatter input and output, shard), and blocks alive before
+                   the history whose sizes are the shards the all-gathers imply (see memory/fsdp_units.py)
 2. ``tags``        FSDP phase tags: the all-gather output is the unsharded param, the
                    reduce-scatter input (grads freed in post-backward) is the unsharded grad
 3. ``frames``      stack frames, for snapshots with nothing better (AccumulateGrad, torch/optim, data loader,
@@ -11,7 +14,8 @@ filling only what is still unknown, and recording which pass decided in ``catego
 4. ``lifetime``    allocated in forward and alive into backward -> activation; allocated before the
                    forward of its step and alive into it -> input; allocated in the optimizer step and alive
                    after it -> optimizer state; freed in the phase it was allocated in -> temporary
-5. ``other``       what is left
+5. ``before_recording``  alive before the history / window began and named by nothing above
+6. ``other``       what is left
 
 Labels (:mod:`fsdpprof.analyze.vocab`, the same as the events frame's): ``stage`` at the allocation
 (data, forward, backward, optimizer, post_step; None outside any step or before the window),
@@ -132,17 +136,15 @@ def parse_tags(meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return phases[codes], units[codes]
 
 
-def signature_codes(frames) -> tuple[np.ndarray, np.ndarray]:
-    """Signature of each stack in ``frames`` (a sequence of frame lists or None) as (codes int32,
-    sorted distinct signatures), see :func:`frame_signatures`.
+def stack_codes(frames) -> tuple[np.ndarray, list]:
+    """Distinct stacks of ``frames`` (a sequence of frame lists or None): (codes int32, stacks), code 0 =
+    no frames (``stacks[0]`` is None), equal stacks (``==``) share a code.
 
     Snapshots share frame objects between entries (pickle memo) but give every entry its own list,
     so a stack is looked up by a cheap key (length and a few frame ids) and confirmed with ``==``
-    (element identity first, so in C); each distinct stack and each distinct frame is judged once.
-    Cost: O(allocations) lookups plus O(frames) C-level compares, not a Python step per frame."""
-    part_by_id: dict[int, str] = {}
+    (element identity first, so in C): O(allocations) lookups plus O(frames) C-level compares."""
     buckets: dict[tuple, list] = {}      # cheap key -> [(stack, code), ...]
-    sigs: list[str] = [""]
+    stacks: list = [None]
     codes = np.zeros(len(frames), dtype=np.int32)
     for i, fr in enumerate(frames):
         if not fr:
@@ -157,17 +159,30 @@ def signature_codes(frames) -> tuple[np.ndarray, np.ndarray]:
                     c = sc
                     break
         if not c:
-            ids = list(map(id, fr))
-            new = set(ids).difference(part_by_id)
-            if new:
-                by_id = dict(zip(ids, fr))
-                for k in new:
-                    part_by_id[k] = _frame_part(by_id[k])
-            # distinct non-empty parts in stack order
-            c = len(sigs)
-            sigs.append("|".join(dict.fromkeys(filter(None, map(part_by_id.__getitem__, ids)))))
+            c = len(stacks)
+            stacks.append(fr)
             buckets.setdefault(key, []).append((fr, c))
         codes[i] = c
+    return codes, stacks
+
+
+def signature_codes(frames, stacks: tuple[np.ndarray, list] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Signature of each stack in ``frames`` (a sequence of frame lists or None) as (codes int32,
+    sorted distinct signatures): the distinct telling frames (``name@package/path.py``, C++ frames of
+    autograd) in stack order joined by ``|``.  ``stacks``: :func:`stack_codes` of ``frames`` when the
+    caller has it.  Each distinct stack and each distinct frame is judged once."""
+    codes, distinct = stacks if stacks is not None else stack_codes(frames)
+    part_by_id: dict[int, str] = {}
+    sigs: list[str] = [""]
+    for fr in distinct[1:]:
+        ids = list(map(id, fr))
+        new = set(ids).difference(part_by_id)
+        if new:
+            by_id = dict(zip(ids, fr))
+            for k in new:
+                part_by_id[k] = _frame_part(by_id[k])
+        # distinct non-empty parts in stack order
+        sigs.append("|".join(dict.fromkeys(filter(None, map(part_by_id.__getitem__, ids)))))
     # equal signatures from different stacks share a category
     uniq, inv = np.unique(np.array(sigs, dtype=object), return_inverse=True)
     return inv[codes].astype(np.int32), uniq
@@ -238,6 +253,33 @@ _PHASE_FRAME_RULES = [
       "backward@", "::backward", "backward0")),
     ("data", r"torch/utils/data|collate|pin_memory", ("torch/utils/data", "collate", "pin_memory")),
     ("forward", r"(?:^|\|)forward@|_call_impl", ("forward@", "_call_impl"))]
+
+
+def _role_pattern(functions: tuple[str, ...], file: str) -> str:
+    names = "|".join(re.escape(f.lower()) for f in functions)
+    return rf"(?:^|\|)(?:{names})@[^|]*{re.escape(file.lower())}(?:\||$)"
+
+
+_ROLE_RULES = [(role, _role_pattern(fns, file), (file.lower(),)) for role, fns, file in vocab.FSDP_FRAME_ROLES]
+
+
+def frame_fsdp_role(sig) -> np.ndarray:
+    """FSDP role of each allocation (vocab.FSDP_FRAME_ROLES: all-gather input / output, copy-out, reduce-scatter,
+    sharded param) from the FSDP2 / FSDP1 function in its stack frames; None where no FSDP function made it."""
+    if not len(sig) or not _contains(sig, r"_fsdp_|flat_param|_runtime_utils",
+                                     need=("_fsdp_", "flat_param", "_runtime_utils")).any():
+        return np.full(len(sig), None, dtype=object)
+    conds = [_contains(sig, pat, need=need) for _, pat, need in _ROLE_RULES]
+    return np.select(conds, [r[0] for r in _ROLE_RULES], None).astype(object)
+
+
+def fsdp_family_of_frames(sig) -> str | None:
+    """``fsdp2`` / ``fsdp1`` when allocations were made under FSDP2 / FSDP1 source files (vocab.*_FRAME_FILES)."""
+    for fam, files in (("fsdp2", vocab.FSDP2_FRAME_FILES), ("fsdp1", vocab.FSDP1_FRAME_FILES)):
+        pat = r"@[^|]*(?:" + "|".join(re.escape(f) for f in files) + r")(?:\||$)"
+        if _contains(sig, pat, need=tuple(files)).any():
+            return fam
+    return None
 
 
 def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
@@ -372,11 +414,48 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
+ROLE_CATEGORY = dict(vocab.FSDP_ROLE_CATEGORY, optimizer_state=MC.OPTIMIZER_STATE.value)
+
+
+def pass_fsdp_roles(df, lab: _Labels) -> None:
+    """FSDP's own buffers by the function that made them (``fsdp_role``, from stack frames; pre-history
+    blocks matched by size carry role sharded_param / optimizer_state with ``fsdp_role_source`` sizes).
+    A reduce-scatter output freed before its step ends was only the reduce dtype's copy: temporary."""
+    if "fsdp_role" not in df:
+        return
+    role = np.asarray(_col(df, "fsdp_role"), dtype=object)
+    src = np.asarray(_col(df, "fsdp_role_source"), dtype=object) if "fsdp_role_source" in df \
+        else np.full(len(role), "frames", dtype=object)
+    rc = _Codes(role)
+    if not rc.notna().any():
+        return
+    rs_out = rc.eq(vocab.FSDP_ROLE_REDUCE_SCATTER_OUTPUT)
+    short = rs_out & ~pd.isna(_col(df, "free_us")) & (_col(df, "free_step_idx") == _col(df, "step_idx")) \
+        & _Codes(_col(df, "free_stage")).eq("backward")
+    _fill(lab, short, MC.TEMPORARY.value, "frames")
+    for r, cat in ROLE_CATEGORY.items():
+        m = rc.eq(r)
+        if m.any():
+            for s in ("frames", "sizes"):
+                _fill(lab, m & _eq(src, s), cat, s)
+
+
+def pass_before_recording(df, lab: _Labels) -> None:
+    """What was alive before the history / window began and no pass could name."""
+    if "before_trace" in df:
+        _fill(lab, np.asarray(_col(df, "before_trace"), dtype=bool), MC.BEFORE_RECORDING.value, "before_recording")
+
+
 def pass_frames(df, lab: _Labels) -> None:
     sig = df["frame_sig"]
     if not _contains(sig, ".").any():
         return
     never_freed = pd.isna(_col(df, "free_us"))
+    # blocks alive before the history began that torch recorded frames for (the entry left the ring buffer)
+    before = np.asarray(_col(df, "before_trace"), dtype=bool) if "before_trace" in df else np.zeros(len(lab.cat), bool)
+    if before.any():
+        _fill(lab, before & never_freed & _contains(sig, r"torch/optim/", need=("torch/optim/",)),
+              MC.OPTIMIZER_STATE.value, "frames")
     _fill(lab, _contains(sig, "accumulategrad|accumulate_grad", need=("accumulategrad", "accumulate_grad")),
           MC.SHARDED_GRAD.value, "frames")
     _fill(lab, _Codes(_col(df, "stage")).eq("optimizer") & never_freed,
@@ -416,9 +495,11 @@ def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.
     lab = _Labels(len(cols["addr"]))
     pass_inventory(cols, lab, inv_tensors)
     have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
+    pass_fsdp_roles(cols, lab)
     pass_tags(cols, lab, bool(have_grads))
     pass_frames(cols, lab)
     pass_lifetime(cols, lab)
+    pass_before_recording(cols, lab)
     _fill(lab, np.ones(len(lab.cat), bool), MC.OTHER.value, "other")
     return lab.cat, lab.src
 

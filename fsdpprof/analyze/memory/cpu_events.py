@@ -8,6 +8,8 @@ baseline (alive at the window's start) + window. Bytes are allocator request siz
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -139,60 +141,234 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
                 ignore_index=True)
     allocs["user_metadata"] = ""
     allocs["frames"] = pd.Series([None] * len(allocs), dtype=object)
-    annotate_from_events(allocs, events, marks)
-    n_lost, lost_bytes = _infer_lost_frees(allocs, ts, events, marks)
+    ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
+    annotate_from_events(allocs, events, marks, inventory, ws)
+    n_lost, lost_bytes = infer_lost_frees(allocs, ts, labels.fsdp_intervals(events), marks)
     if n_lost:
         warnings.append(f"{label}: {n_lost} FSDP all-gather buffer(s) ({lost_bytes / 2**20:.2f} MiB) have no free "
-                        f"event in the window although the same unit's buffers are freed in every other step (a free "
-                        f"probably on a communication thread the profiler did not record); taken as freed after "
-                        f"their usual lifetime")
+                        f"event in the window (or only one inferred from a later reuse of the address), a free "
+                        f"probably on a communication thread the profiler did not record; taken as freed by FSDP's "
+                        f"own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "
+                        f"all-gather output after its copy-out), else after the same unit's usual lifetime")
     return allocs, inv_t, warnings
 
 
 TRANSIENT_PHASES = ("all_gather", "foreach_all_gather")
+COPY_OUT_PHASES = ("all_gather_copy_out", "foreach_all_gather_copy_out")
 
 
-def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tuple[int, int]:
-    """FSDP frees every all-gather output at the next unshard. One that is still alive at the end of
-    the window while its peers (same FSDP phase, unit and coarse phase, other steps) were all freed
-    lost its free event: give it the peers' median lifetime. One whose free was only inferred from a
-    later allocation at the same address (that may be steps later) gets the peers' lifetime too when
-    that ends it earlier. Returns (count, bytes) fixed (in place)."""
+def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarray:
+    """The latest time (µs) FSDP can free each all-gather buffer (inf where no rule applies), FSDP's own
+    rules (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+
+    - an unsharded parameter (the copy-out, FSDP1's unsharded flat parameter) is freed by the unit's
+      reshard, which comes before the unit's next all-gather (each unshard allocates anew);
+    - the flat all-gather output of FSDP2 is freed by wait_for_unshard once copied out: in backward right
+      after its own copy-out, before the next all-gather starts; in forward (implicit prefetch) at the next
+      unit's wait_for_unshard, before the next copy-out starts; and never after the unit's next all-gather.
+
+    ``intervals``: the trace's FSDP annotations (labels.fsdp_intervals: ts_us, end_us, fsdp_phase, unit)."""
+    n = len(allocs)
+    bound = np.full(n, np.inf)
+    if not n or intervals is None or not len(intervals):
+        return bound
+    fp = allocs["fsdp_phase"].astype(object).to_numpy()
+    unit = allocs["unit"].astype(object).to_numpy()
+    at = allocs["alloc_us"].to_numpy(float)
+    stage = allocs["stage"].astype(object).to_numpy()
+    pre = allocs["before_trace"].to_numpy(bool)
+    iv = intervals[intervals["fsdp_phase"].isin(TRANSIENT_PHASES + COPY_OUT_PHASES)]
+    ag_iv = iv[iv["fsdp_phase"].isin(TRANSIENT_PHASES)]
+    co_iv = iv[iv["fsdp_phase"].isin(COPY_OUT_PHASES)]
+    ag_all = np.sort(ag_iv["ts_us"].to_numpy(float))
+    co_all = np.sort(co_iv["ts_us"].to_numpy(float))
+    ag_by_unit = {u: np.sort(g["ts_us"].to_numpy(float)) for u, g in ag_iv.groupby(ag_iv["unit"].astype(object).fillna("\0"))}
+    co_by_unit = {u: g.sort_values("ts_us")[["ts_us", "end_us"]].to_numpy(float)
+                  for u, g in co_iv.groupby(co_iv["unit"].astype(object).fillna("\0"))}
+    is_ag = cz._Codes(fp).isin(TRANSIENT_PHASES) & ~pre
+    is_unsh = (cz._Codes(fp).isin(COPY_OUT_PHASES) | cz._Codes(fp).isin(vocab.FSDP1_UNSHARD_PHASES)) & ~pre
+    for i in np.flatnonzero((is_ag | is_unsh) & pd.notna(unit)):
+        u = unit[i]
+        nxt = ag_by_unit.get(u)
+        b = np.inf
+        if nxt is not None:
+            j = np.searchsorted(nxt, at[i], side="right")
+            if j < len(nxt):
+                b = nxt[j]
+        if is_ag[i]:
+            co = co_by_unit.get(u)
+            if co is not None:
+                j = np.searchsorted(co[:, 0], at[i], side="left")
+                if j < len(co):
+                    own_end = co[j, 1]
+                    after = ag_all if stage[i] == "backward" else co_all
+                    k = np.searchsorted(after, own_end, side="left")
+                    if k < len(after):
+                        b = min(b, after[k])
+        bound[i] = b
+    return bound
+
+
+def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFrame, marks) -> tuple[int, int]:
+    """All-gather buffers whose free the trace lost (alive to the end of the window, or freed only by a
+    later allocation at the same address) are freed where FSDP frees them at the latest
+    (:func:`fsdp_free_bounds`); those no rule bounds (the last of the window) take the median lifetime of
+    their peers (same FSDP phase, unit and stage, freed in the trace).  A free found later than FSDP's
+    bound (the address reused long after) is moved to the bound too.  ``ts``: the memory events' times
+    (µs, sorted): a moved free is ordered just before the first event at or after its time.
+    Returns (count, bytes) fixed (in place)."""
     fp = allocs["fsdp_phase"].astype(object)
-    transient = fp.isin(TRANSIENT_PHASES).to_numpy() & ~allocs["before_trace"].to_numpy()
+    unsh = cz._Codes(fp.to_numpy()).isin(TRANSIENT_PHASES + COPY_OUT_PHASES + tuple(vocab.FSDP1_UNSHARD_PHASES))
+    buf = unsh & ~allocs["before_trace"].to_numpy()
     never = allocs["free_seq"].to_numpy() == NEVER
     by_realloc = allocs["free_inferred"].to_numpy(bool) & ~never
-    cand = transient & (never | by_realloc)
-    if not cand.any():
+    free_us = allocs["free_us"].to_numpy(float)
+    bound = fsdp_free_bounds(allocs, intervals)
+    # a free the trace recorded at or before FSDP's bound stands; a missing or reuse-inferred one is bounded
+    fix_b = buf & np.isfinite(bound) & (never | (by_realloc & (free_us > bound)))
+    new_us = np.where(fix_b, bound, np.nan)
+    # no bound (the window ends first): the peers' usual lifetime
+    transient = fp.isin(TRANSIENT_PHASES).to_numpy() & buf
+    cand = transient & (never | by_realloc) & ~fix_b
+    if cand.any():
+        key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + \
+            allocs["stage"].astype(object).fillna("")
+        freed = transient & ~never & ~by_realloc
+        life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
+        med = life.groupby(key).median()
+        n_peers = life.groupby(key).count()
+        idx = np.flatnonzero(cand)
+        k = key.iloc[idx]
+        ok = n_peers.reindex(k).fillna(0).to_numpy() >= 1
+        idx, k = idx[ok], k[ok]
+        t = allocs["alloc_us"].to_numpy(float)[idx] + med.reindex(k).to_numpy(float)
+        # a free inferred from re-allocation stands unless the peers' lifetime ends the buffer earlier
+        keep = never[idx] | (t < free_us[idx])
+        new_us[idx[keep]] = t[keep]
+    pos = np.searchsorted(ts, new_us, side="left")
+    sel = np.flatnonzero(np.isfinite(new_us) & (pos < len(ts)))
+    if not len(sel):
         return 0, 0
-    key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + allocs["stage"].astype(object).fillna("")
-    freed = transient & ~never & ~by_realloc
-    life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
-    med = life.groupby(key).median()
-    n_peers = life.groupby(key).count()
-    idx = np.flatnonzero(cand)
-    k = key.iloc[idx]
-    ok = (n_peers.reindex(k).fillna(0).to_numpy() >= 1)
-    idx, k = idx[ok], k[ok]
-    if not len(idx):
-        return 0, 0
-    free_us = allocs["alloc_us"].to_numpy(float)[idx] + med.reindex(k).to_numpy(float)
-    pos = np.searchsorted(ts, free_us, side="left")
-    # a free inferred from re-allocation stands unless the peers' lifetime ends the buffer earlier
-    inside = (pos < len(ts)) & (never[idx] | (free_us < allocs["free_us"].to_numpy(float)[idx]))
-    idx, free_us, pos = idx[inside], free_us[inside], pos[inside]
-    if not len(idx):
-        return 0, 0
-    rows = allocs.index[idx]
-    allocs.loc[rows, "free_us"] = free_us
-    allocs.loc[rows, "free_seq"] = pos.astype(np.int64)  # just before the event at that time
+    rows = allocs.index[sel]
+    t = new_us[sel]
+    allocs.loc[rows, "free_us"] = t
+    allocs.loc[rows, "free_seq"] = pos[sel].astype(np.int64)  # just before the event at that time
     allocs.loc[rows, "free_inferred"] = True
-    allocs.loc[rows, "free_stage"] = stage_at(free_us, marks)
-    ann = labels.fsdp_intervals(events)
-    allocs.loc[rows, "free_fsdp_phase"] = cz.paint(free_us, ann, "fsdp_phase")
+    allocs.loc[rows, "free_stage"] = stage_at(t, marks)
+    allocs.loc[rows, "free_fsdp_phase"] = cz.paint(t, intervals, "fsdp_phase")
     starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
-    allocs.loc[rows, "free_step_idx"] = np.searchsorted(starts, free_us, side="right") - 1
-    return len(idx), int(allocs.loc[rows, "bytes"].sum())
+    allocs.loc[rows, "free_step_idx"] = np.searchsorted(starts, t, side="right") - 1
+    return len(sel), int(allocs.loc[rows, "bytes"].sum())
+
+
+# --------------------------------------------------------------------------- FSDP1 units (CPU / GPU traces)
+@dataclass
+class Fsdp1Units:
+    """FSDP1 units recovered from a trace: ``scopes`` (ts_us, end_us, unit: each unit's forward and the
+    stretch of backward its reduce-scatter ends), the all-gathers' launch times (µs, sorted) and units."""
+
+    scopes: pd.DataFrame
+    ag_launch_us: np.ndarray
+    ag_unit: list
+
+
+def _collective_launches(events: pd.DataFrame, coll: str) -> pd.DataFrame:
+    """One row per launch of a collective with its bytes (device / gloo work when the trace has it, else
+    the c10d op), sorted by launch time: launch_us, bytes, stage."""
+    e = events[(events["collective"] == coll) & events["bytes"].notna() & events["launch_ts_us"].notna()]
+    if (e["kind"] == vocab.KIND_COMM).any():
+        e = e[e["kind"] == vocab.KIND_COMM]
+    e = e.drop_duplicates("launch_ts_us").sort_values("launch_ts_us", kind="stable")
+    return pd.DataFrame({"launch_us": e["launch_ts_us"].to_numpy(float), "bytes": e["bytes"].to_numpy(float),
+                         "stage": e["stage"].astype(object).to_numpy()})
+
+
+def _inventory_template(inventory: dict | None, world_size: int | None) -> tuple[list[str], list[float]] | None:
+    """FSDP1 units in the inventory's order (named_modules: forward order for a sequential model) with the
+    bytes of their all-gather: the flat parameter padded to a multiple of the shard group, in the
+    all-gather dtype (mixed precision's param dtype, else the stored one)."""
+    units = (inventory or {}).get("units") or []
+    if not units:
+        return None
+    w = int(world_size or inventory.get("shard_group_size") or inventory.get("world_size") or 1)
+    mp = (inventory.get("mixed_precision") or {}).get("param_dtype")
+    names, sizes = [], []
+    for u in units:
+        numel = int(u.get("unsharded_numel") or 0)
+        _, el = vocab.dtype_size(str(mp or u.get("dtype") or "float32"))
+        names.append(str(u.get("fqn") or ""))
+        sizes.append(float(-(-numel // w) * w * el))
+    return names, sizes
+
+
+def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict | None,
+                world_size: int | None) -> Fsdp1Units | None:
+    """FSDP1's annotations do not name the module: recover its units from the order of the all-gathers.
+    In each forward the k-th all-gather is the k-th unit of the inventory (their sizes must agree; without
+    an inventory, units are numbered in forward order from the longest forward); a backward gathers them
+    in reverse order (matched by size from the last unit down).  Each ``FullyShardedDataParallel.forward``
+    annotation is the unit of the first all-gather launched inside it; a stretch of backward belongs to
+    the unit whose reduce-scatter (launched in ``_post_backward_hook``) ends it."""
+    from fsdpprof.analyze.memory import fsdp_units as fu
+    if events is None or not len(events):
+        return None
+    ag = _collective_launches(events, vocab.ALL_GATHER)
+    if not len(ag):
+        return None
+    fwd = (ag["stage"] != vocab.STAGE_BACKWARD).to_numpy()
+    runs = fu._runs(["f" if f else "b" for f in fwd])
+    sig = ag["bytes"].tolist()
+    tmpl = _inventory_template(inventory, world_size)
+    if tmpl is not None:
+        names, sizes = tmpl
+    else:
+        f_runs = [(a, b) for a, b in runs if fwd[a]]
+        if not f_runs:
+            return None
+        a0, b0 = max(f_runs, key=lambda r: r[1] - r[0])
+        names, sizes = [fu.unit_name(k) for k in range(b0 - a0)], sig[a0:b0]
+    unit: list = [None] * len(ag)
+    for a, b in runs:
+        if fwd[a]:
+            o = fu._forward_offset(sig[a:b], sizes, [0] * (b - a), [0] * len(sizes))
+            if o is not None:
+                unit[a:b] = [names[k] for k in range(o, o + b - a)]
+        else:
+            unit[a:b] = [names[k] if k is not None else None for k in fu._reverse_match(sig[a:b], sizes)]
+    launch = ag["launch_us"].to_numpy(float)
+    rows = []
+    fw = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == "forward")]
+    for s0, e0 in fw[["ts_us", "end_us"]].to_numpy(float):
+        j = int(np.searchsorted(launch, s0, side="left"))
+        if j < len(launch) and launch[j] <= e0 and unit[j] is not None:
+            rows.append((s0, e0, unit[j]))
+    # backward: from the previous reduce-scatter (or the backward's start) to the end of this one's hook
+    rs = _collective_launches(events, vocab.REDUCE_SCATTER)
+    if len(rs):
+        rsig = rs["bytes"].tolist()
+        tset = sorted(set(sizes))
+        best_r, best_n = 1.0, -1
+        for r in {x / t for x in rsig[:4] for t in tset if t}:
+            n = sum(1 for x in rsig if (x / r) in tset)
+            if n > best_n:
+                best_r, best_n = r, n
+        rfwd = np.searchsorted(launch[fwd], rs["launch_us"].to_numpy(float)) if fwd.any() else np.zeros(len(rs), int)
+        post = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == "post_backward")]
+        post_iv = post[["ts_us", "end_us"]].to_numpy(float)
+        for reg in np.unique(rfwd):
+            idx = np.flatnonzero(rfwd == reg)
+            ks = fu._reverse_match([rsig[i] / best_r for i in idx], sizes)
+            prev = None
+            for i, k in zip(idx, ks):
+                t = float(rs["launch_us"].iat[i])
+                inside = post_iv[(post_iv[:, 0] <= t) & (post_iv[:, 1] >= t)]
+                end = float(inside[:, 1].max()) if len(inside) else t
+                start = prev if prev is not None else (float(inside[:, 0].min()) if len(inside) else t)
+                if k is not None:
+                    rows.append((start, end, names[k]))
+                prev = end
+    scopes = pd.DataFrame(rows, columns=["ts_us", "end_us", "unit"])
+    return Fsdp1Units(scopes=scopes, ag_launch_us=launch, ag_unit=unit)
 
 
 def _matched_inventory(allocs: pd.DataFrame, inv_t: pd.DataFrame) -> np.ndarray:
@@ -204,14 +380,20 @@ def _matched_inventory(allocs: pd.DataFrame, inv_t: pd.DataFrame) -> np.ndarray:
     return hit
 
 
-def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, marks: pd.DataFrame) -> None:
+def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, marks: pd.DataFrame,
+                         inventory: dict | None = None, world_size: int | None = None) -> None:
     """Add stage, fsdp_phase, unit, free_stage, free_fsdp_phase, step_idx, free_step_idx, frame_sig,
-    fsdp_family from the trace's annotations at the allocation's and the free's time (in place)."""
+    fsdp_family from the trace's annotations at the allocation's and the free's time (in place).
+    FSDP1's annotations name no unit: :func:`fsdp1_units` recovers them (inventory order + all-gathers)."""
     at, ft = allocs["alloc_us"].to_numpy(float), allocs["free_us"].to_numpy(float)
     pre = allocs["before_trace"].to_numpy(bool)
     ann = labels.fsdp_intervals(events)
     scopes = cz._pair_intervals(ann) if len(ann) else pd.DataFrame(columns=["ts_us", "end_us", "unit"])
     unit_iv = pd.concat([scopes, ann.loc[ann["unit"].notna(), ["ts_us", "end_us", "unit"]]], ignore_index=True)
+    f1 = fsdp1_units(events, ann, inventory, world_size) if len(ann) and (ann["family"] == "fsdp1").any() \
+        and not ann["unit"].notna().any() else None
+    if f1 is not None:
+        unit_iv = pd.concat([unit_iv, f1.scopes], ignore_index=True)
     stage = stage_at(at, marks)
     stage[pre] = None
     allocs["stage"] = stage
@@ -219,6 +401,14 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     fp[pre] = None
     allocs["fsdp_phase"] = fp
     un = cz.paint(at, unit_iv, "unit")
+    if f1 is not None and len(f1.ag_launch_us):
+        # FSDP1's unsharded flat parameter: allocated by the unshard just before its all-gather is launched
+        fp_codes = cz._Codes(fp)
+        uns = fp_codes.isin(vocab.FSDP1_UNSHARD_PHASES) & ~pre
+        j = np.searchsorted(f1.ag_launch_us, at[uns], side="left")
+        ok = j < len(f1.ag_launch_us)
+        idx = np.flatnonzero(uns)[ok]
+        un[idx] = np.asarray(f1.ag_unit, dtype=object)[j[ok]]
     un[pre] = None
     allocs["unit"] = un
     ftf = np.where(np.isnan(ft), -np.inf, ft)

@@ -5,11 +5,15 @@ Handles every layout seen in the wild: legacy (no ``time_us``), newer (``time_us
 ``oom`` entries, several devices, gzipped files, and snapshots recorded without history
 (segments only). Loading goes through :mod:`fsdpprof.analyze.safe_pickle` (no pickle globals).
 
-Allocations frame columns (one row per allocation; bytes are the allocator block sizes):
+Allocations frame columns (one row per allocation; bytes are the sizes the tensors requested, torch's
+convention: the trace records requested sizes, and blocks alive before the history began count with their
+``requested_size`` as torch.cuda._memory_viz / MemoryViz.js count them; the allocator's block sizes, rounded
+up to 512 B, show in the segments' ``allocated_bytes`` beside their ``requested_bytes``):
   addr int64, bytes int64, alloc_us float64, free_us float64 (NaN = alive at snapshot end),
   alloc_seq int64 / free_seq int64 (order keys within the device's trace; -1 = before history,
   INT64_MAX = never freed), device int16, stream int64, before_trace bool (allocated before the
-  trace's first entry), free_inferred bool (no free event; the free time is inferred), user_metadata str, frames object (list of {name, filename, line} dicts),
+  trace's first entry), free_inferred bool (no free event; the free time is inferred), user_metadata str,
+  frames object (list of {name, filename, line} dicts), free_frames object (the free's stack, None without),
   phase / unit (filled later by categorize).
 When a snapshot has no ``time_us`` (legacy), ``alloc_us``/``free_us`` hold the trace entry index
 and ``SnapshotData.has_time`` is False.
@@ -28,9 +32,9 @@ from fsdpprof.errors import UserError, unexpected_as_user_error
 NEVER = np.iinfo(np.int64).max
 
 ALLOC_COLUMNS = ["addr", "bytes", "alloc_us", "free_us", "alloc_seq", "free_seq", "device", "stream",
-                 "before_trace", "free_inferred", "user_metadata", "frames"]
+                 "before_trace", "free_inferred", "user_metadata", "frames", "free_frames"]
 SEGMENT_COLUMNS = ["device", "address", "total_bytes", "allocated_bytes", "active_bytes", "stream",
-                   "is_expandable", "n_blocks"]
+                   "is_expandable", "n_blocks", "requested_bytes"]
 
 
 @dataclass
@@ -89,7 +93,7 @@ def _empty_allocs() -> pd.DataFrame:
         "device": pd.Series(dtype="int16"), "stream": pd.Series(dtype="int64"),
         "before_trace": pd.Series(dtype="bool"), "free_inferred": pd.Series(dtype="bool"),
         "user_metadata": pd.Series(dtype="object"),
-        "frames": pd.Series(dtype="object")})
+        "frames": pd.Series(dtype="object"), "free_frames": pd.Series(dtype="object")})
 
 
 class _Checker:
@@ -186,22 +190,46 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
             chk.bad("segment")
             continue
         chk.visit(len(blocks))
-        seg_rows.append((dev, addr, *sizes, stream, bool(s.get("is_expandable", False) is True), len(blocks)))
+        requested = 0
+        b_addr = addr
         for b in blocks:
             if type(b) is not dict:
                 chk.bad("block")
                 continue
-            if b.get("state") in ("active_allocated", "active_pending_free"):
+            # legacy blocks carry no address: torch's tools lay them out from the segment's address
+            b_at = b.get("address", b_addr)
+            b_size = b.get("size", 0)
+            if _int_ok(b_size, 0, SIZE_MAX):
+                b_addr += b_size
+            if b.get("state") == "active_allocated":
                 fr = b.get("frames")
-                if not (_int_ok(b.get("address"), 0, NEVER) and _int_ok(b.get("size", 0), 0, SIZE_MAX)):
+                if not (_int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX)):
                     chk.bad("block")
                     continue
                 if type(fr) is not list:
-                    fr = None
-                else:
+                    fr = None if type(b.get("history")) is not list or not b["history"] \
+                        or type(b["history"][0]) is not dict else b["history"][0].get("frames")
+                    fr = fr if type(fr) is list else None
+                if fr is not None:
                     chk.visit(len(fr))
-                live_blocks[(dev, b["address"])] = {"size": b.get("size", 0), "frames": fr, "_stream": stream}
+                req = _requested_size(b)
+                requested += req
+                live_blocks[(dev, b_at)] = {"size": req, "block_size": b_size, "frames": fr, "_stream": stream}
+        seg_req = s.get("requested_size")
+        seg_rows.append((dev, addr, *sizes, stream, bool(s.get("is_expandable", False) is True), len(blocks),
+                         seg_req if _int_ok(seg_req, 0, SIZE_MAX) else requested))
     return seg_rows, live_blocks
+
+
+def _requested_size(b: dict) -> int:
+    """Bytes a live block's tensor asked for, as torch's own tools read it (torch/cuda/_memory_viz.py
+    ``_block_extra``, MemoryViz.js ``annotate_snapshot``): ``requested_size``; in legacy snapshots the
+    first history entry's ``real_size``; else the block size (the allocator rounds requests up to 512 B)."""
+    size = b.get("size", 0)
+    req = b.get("requested_size")
+    if req is None and type(b.get("history")) is list and b["history"] and type(b["history"][0]) is dict:
+        req = b["history"][0].get("real_size")
+    return req if _int_ok(req, 0, size) and req > 0 else size
 
 
 def _action_code(a) -> int:
@@ -369,7 +397,8 @@ _ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3, "segment_a
 def _allocs_frame(cols: dict) -> pd.DataFrame:
     """The allocations DataFrame from its columns as arrays (ALLOC_COLUMNS order and dtypes)."""
     return pd.DataFrame({
-        c: pd.Series(cols[c], dtype=object) if c in ("user_metadata", "frames") else cols[c] for c in ALLOC_COLUMNS})
+        c: pd.Series(cols[c], dtype=object) if c in ("user_metadata", "frames", "free_frames") else cols[c]
+        for c in ALLOC_COLUMNS})
 
 
 def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool,
@@ -419,11 +448,14 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
         frame_lists = [f if type(f) is list else None for f in frame_lists]
     chk.visit(sum(map(len, filter(None, frame_lists))))
     frames = np.fromiter(frame_lists, dtype=object, count=na)
+    free_frames = np.fromiter([_free_frames(trace, int(fs), int(a)) if fs != NEVER else None
+                               for fs, a in zip(free_seq.tolist(), addr[o_alloc].tolist())], dtype=object, count=na)
+    chk.visit(sum(map(len, filter(None, free_frames))))
     cols = {"addr": [addr[o_alloc]], "bytes": [size[o_alloc]], "alloc_us": [t[o_alloc]], "free_us": [free_us],
             "alloc_seq": [rows_idx.astype(np.int64)], "free_seq": [free_seq.astype(np.int64)],
             "stream": [stream[o_alloc]],
             "before_trace": [np.zeros(na, bool)], "free_inferred": [np.asarray(pr["free_inferred"], dtype=bool)],
-            "user_metadata": [meta], "frames": [frames]}
+            "user_metadata": [meta], "frames": [frames], "free_frames": [free_frames]}
 
     def add(**kw):
         for c, v in kw.items():
@@ -436,7 +468,9 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
             alloc_seq=np.full(m, -1, dtype=np.int64), free_seq=keep[of].astype(np.int64),
             stream=stream[of],
             before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
-            user_metadata=np.full(m, "", dtype=object), frames=np.full(m, None, dtype=object))
+            user_metadata=np.full(m, "", dtype=object), frames=np.full(m, None, dtype=object),
+            free_frames=np.fromiter([_free_frames(trace, int(fs), int(a)) for fs, a in
+                                     zip(keep[of].tolist(), addr[of].tolist())], dtype=object, count=m))
     # ... or still alive at snapshot time (a live block with no open alloc entry)
     open_addrs = set(addr[o_alloc][free_seq == NEVER].tolist())
     pre = [(a, b) for (d, a), b in live_blocks.items() if d == dev and a not in open_addrs]
@@ -448,10 +482,22 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
             alloc_us=np.full(m, t0), free_us=np.full(m, np.nan), alloc_seq=np.full(m, -1, dtype=np.int64),
             free_seq=np.full(m, NEVER, dtype=np.int64), stream=np.array([b["_stream"] for _, b in pre], dtype=np.int64),
             before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
-            user_metadata=np.full(m, "", dtype=object), frames=fr)
+            user_metadata=np.full(m, "", dtype=object), frames=fr, free_frames=np.full(m, None, dtype=object))
     out = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in cols.items()}
     out["device"] = np.full(len(out["addr"]), dev, dtype=np.int16)
     return out
+
+
+def _free_frames(trace: list, i: int, addr: int):
+    """The stack of the free at trace entry ``i`` (the free_requested before a free_completed: where the
+    program let the tensor go); None when the entry has none."""
+    e = trace[i]
+    if e.get("action") == "free_completed" and i > 0:
+        p = trace[i - 1]
+        if p.get("action") == "free_requested" and p.get("addr") == addr:
+            e = p
+    fr = e.get("frames")
+    return fr if type(fr) is list and fr else None
 
 
 def _meta_text(v, chk: _Checker) -> str:

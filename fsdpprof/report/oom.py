@@ -1,0 +1,80 @@
+"""HTML for what the memory analysis of a rank says about an OOM and about FSDP's memory by unit.
+
+Two functions taking one rank's MemoryResult and returning an HTML fragment (every string from the
+input escaped):
+
+- :func:`render_oom`: the out-of-memory error of a snapshot explained (what was being allocated, how much
+  was free, what was alive by category and unit) and the changes that would free enough, with the bytes
+  each saves;
+- :func:`render_fsdp_memory`: the FSDP units a snapshot's frames showed, FSDP's buffers at the peak by
+  role, the activations each unit keeps (A_l) and the blocks allocated before recording, by size.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdpprof.report.html import esc, fmt_bytes, table
+
+
+def render_oom(m) -> str:
+    """The OOM section of one rank (``m``: MemoryResult); "" when the rank did not run out of memory."""
+    o = getattr(m, "oom", None)
+    if not o:
+        return ""
+    out = ['<div class="banner oom">',
+           f'<b>Out of memory</b> on cuda:{esc(o.get("device"))}: requested {esc(fmt_bytes(o.get("requested_bytes")))}'
+           f' with {esc(fmt_bytes(o.get("free_bytes")))} free'
+           + (f', {esc(fmt_bytes(o.get("short_bytes")))} short' if o.get("short_bytes") is not None else "") + ".",
+           f'<p>{esc(o.get("explanation") or "")}</p>']
+    where = [("stage", o.get("stage")), ("unit", o.get("unit")), ("FSDP phase", o.get("fsdp_phase")),
+             ("FSDP buffer", o.get("fsdp_role")), ("allocated then", fmt_bytes(o.get("allocated_bytes"))),
+             ("reserved then", fmt_bytes(o.get("reserved_bytes"))),
+             ("cached but free then", fmt_bytes(o.get("cached_free_bytes"))), ("requested at", o.get("frames"))]
+    rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in where
+                   if v not in (None, "", "-"))
+    if rows:
+        out.append(f"<table>{rows}</table>")
+    sugg = o.get("suggestions") or []
+    if sugg:
+        out.append("<h3>What would free enough</h3>")
+        out.append(table(pd.DataFrame([{"change": s.get("change"), "saves_bytes": s.get("saves_bytes"),
+                                        "enough": "yes" if s.get("enough") else "no", "detail": s.get("detail")}
+                                       for s in sugg]), left=("change", "enough", "detail")))
+    cats = o.get("alive_by_category") or []
+    if cats:
+        out.append("<h3>Alive at the OOM, by category</h3>")
+        out.append(table(pd.DataFrame(cats), left=("category",)))
+    units = o.get("alive_by_unit") or []
+    if units:
+        out.append("<h3>Alive at the OOM, by FSDP unit</h3>")
+        out.append(table(pd.DataFrame(units), left=("unit", "category"), max_rows=60))
+    out.append("</div>")
+    return "".join(out)
+
+
+def render_fsdp_memory(m) -> str:
+    """FSDP's memory of one rank by unit and role (snapshots without an inventory included); "" when there
+    is nothing to show."""
+    out = []
+    fam = getattr(m, "fsdp_family", None)
+    units = getattr(m, "fsdp_units", None) or []
+    if fam:
+        ws = getattr(m, "world_size", None)
+        out.append(f'<p>The snapshot\'s stack frames show {esc(fam.upper())}: {len(units)} unit(s) recovered from '
+                   f'the order of the all-gathers (forward order: {esc(", ".join(units[:12]))}'
+                   f'{esc(" ...") if len(units) > 12 else ""})'
+                   + (f", shard group of {esc(ws)} ranks" if ws else "") + ".</p>")
+    roles = getattr(m, "by_role_at_peak", None)
+    if roles is not None and not roles.empty:
+        out.append("<h3>FSDP's buffers at the peak, by what made them</h3>")
+        out.append(table(roles, left=("unit", "fsdp_role"), max_rows=60))
+    act = getattr(m, "activation_by_unit", None)
+    if act is not None and not act.empty:
+        out.append("<h3>Activations each unit keeps for its backward (A_l)</h3>")
+        out.append(table(act, left=("unit",), max_rows=80))
+    sizes = getattr(m, "before_recording_sizes", None)
+    if sizes is not None and not sizes.empty:
+        out.append("<h3>Allocated before recording, by size</h3><p class=\"note\">blocks alive before the "
+                   "allocation history began, that nothing (frames, sizes of the shards) names</p>")
+        out.append(table(sizes, max_rows=30))
+    return "".join(out)
