@@ -71,6 +71,7 @@ class RankResult:
     kernel_type_time: pd.DataFrame | None = None  # rank, kernel_type, time_us (breakdown.kernel_type_time)
     top_kernels: pd.DataFrame | None = None      # breakdown.top_kernels
     idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
+    whatif: dict | None = None                   # whatif.predict.report_rank: standard strategies predicted
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Analysis:
     idle: pd.DataFrame | None = None                          # rank, stream, idle_category, idle_time_us, pct
     hta: dict = field(default_factory=dict)                   # name -> DataFrame (with --hta, GPU traces only)
     findings: list = field(default_factory=list)
+    whatif: dict | None = None                                # predictions of the standard strategies (JSON-ready)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -231,7 +233,8 @@ NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); 
                     "(memory on) or torch.profiler.profile(profile_memory=True)")
 
 
-def _memory_part(res: RankResult, rd, source: str) -> None:
+def _memory_part(res: RankResult, rd, source: str):
+    """The rank's MemoryResult (with its allocations, for the what-if replay) into ``res``; None without."""
     from fsdpprof.analyze.memory.attribution import memory_analysis
 
     if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
@@ -260,6 +263,7 @@ def _memory_part(res: RankResult, rd, source: str) -> None:
     res.memory = replace(m, allocations=None)
     # what was malformed in the input is said once, with the run's warnings (terminal and report)
     res.warnings += [w for w in getattr(m, "input_warnings", []) if w not in res.warnings]
+    return m
 
 
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
@@ -287,7 +291,11 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
     if rd.events is not None and len(rd.events):
         _trace_part(res, rd.events, lanes)
     if rd.events is not None or rd.snapshot_path:
-        _memory_part(res, rd, source)
+        m = _memory_part(res, rd, source)
+        if rd.inventory and rd.events is not None and len(rd.events):
+            from fsdpprof.analyze.whatif.predict import report_rank
+
+            res.whatif = _try(res.notes, "whatif", "what-if predictions", report_rank, rd, m)
     return res
 
 
@@ -547,6 +555,9 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
     a.findings = _findings(a)
+    from fsdpprof.analyze.whatif.predict import report_reduce
+
+    a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     return a
 
 

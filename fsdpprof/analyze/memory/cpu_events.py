@@ -142,7 +142,8 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     annotate_from_events(allocs, events, marks)
     n_lost, lost_bytes = _infer_lost_frees(allocs, ts, events, marks)
     if n_lost:
-        warnings.append(f"{label}: {n_lost} FSDP all-gather buffer(s) ({lost_bytes / 2**20:.2f} MiB) have no free "
+        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({lost_bytes / 2**20:.2f} MiB) "
+                        f"have no free "
                         f"event in the window although the same unit's buffers are freed in every other step (a free "
                         f"probably on a communication thread the profiler did not record); taken as freed after "
                         f"their usual lifetime")
@@ -150,23 +151,35 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
 
 
 TRANSIENT_PHASES = ("all_gather", "foreach_all_gather")
+# reduce phases: their buffers are transient when their peers die in the step that made them (the reduce-scatter
+# input, held by the collective's work object, is freed wherever that object goes: often on gloo's thread);
+# the new sharded gradient made there lives into the next step and is left alone
+REDUCE_TRANSIENT_PHASES = ("post_backward_reduce", "foreach_reduce", "reduce_scatter", "post_backward")
 
 
 def _infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, events, marks) -> tuple[int, int]:
-    """FSDP frees every all-gather output at the next unshard. One that is still alive at the end of
-    the window while its peers (same FSDP phase, unit and coarse phase, other steps) were all freed
-    lost its free event: give it the peers' median lifetime. One whose free was only inferred from a
-    later allocation at the same address (that may be steps later) gets the peers' lifetime too when
-    that ends it earlier. Returns (count, bytes) fixed (in place)."""
+    """FSDP frees every all-gather output at the next unshard, and every reduce-scatter input within the
+    backward that made it. One that is still alive at the end of the window while its peers (same FSDP
+    phase, unit, coarse phase and size, other steps) were freed lost its free event: give it the peers'
+    median lifetime. One whose free was only inferred from a later allocation at the same address (that
+    may be steps later) gets the peers' lifetime too when that ends it earlier. Returns (count, bytes)
+    fixed (in place)."""
     fp = allocs["fsdp_phase"].astype(object)
-    transient = fp.isin(TRANSIENT_PHASES).to_numpy() & ~allocs["before_trace"].to_numpy()
+    gather = fp.isin(TRANSIENT_PHASES).to_numpy()
+    reduce_ = fp.isin(REDUCE_TRANSIENT_PHASES).to_numpy()
+    transient = (gather | reduce_) & ~allocs["before_trace"].to_numpy()
     never = allocs["free_seq"].to_numpy() == NEVER
     by_realloc = allocs["free_inferred"].to_numpy(bool) & ~never
     cand = transient & (never | by_realloc)
     if not cand.any():
         return 0, 0
-    key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + allocs["stage"].astype(object).fillna("")
-    freed = transient & ~never & ~by_realloc
+    key = (fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|"
+           + allocs["stage"].astype(object).fillna("") + "|" + allocs["bytes"].astype(str))
+    same_step = (allocs["free_step_idx"] == allocs["step_idx"]).to_numpy()
+    freed = transient & ~never & ~by_realloc & (gather | same_step)
+    # a reduce-phase size whose peers outlive their step (the sharded gradient) is not transient
+    outlives = pd.Series(reduce_ & ~never & ~by_realloc & ~same_step).groupby(key).any()
+    cand &= ~(reduce_ & outlives.reindex(key).fillna(False).to_numpy(bool))
     life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
     med = life.groupby(key).median()
     n_peers = life.groupby(key).count()
