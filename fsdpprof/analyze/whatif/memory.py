@@ -314,8 +314,10 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
     elif sharded_t:                       # a replicated run's whole grads: autograd's, freed at post-backward
         cat[g] = MC.UNSHARDED_GRAD.value
         b[g] *= pt / st
-        for i in np.flatnonzero(g & (step >= 0) & np.isfinite(r["t0"].to_numpy())):
-            t1[i] = anchor(step[i], unit[i], "B1", t1[i]) - EPS_US if isinstance(unit[i], str) else t1[i]
+        t0_ = r["t0"].to_numpy(float)
+        for i in np.flatnonzero(g & (step >= 0) & np.isfinite(t0_)):
+            if isinstance(unit[i], str):   # freed once copied into the reduce-scatter input (allocated at B1)
+                t1[i] = max(t0_[i] + EPS_US, anchor(step[i], unit[i], "B1", t1[i]) + 0.5 * EPS_US)
     else:
         keep[g] = False
     ag = role == "auto_grad"
@@ -476,8 +478,9 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 i = fwd.index(u.fqn)
                 nxt = a[fwd[i + 1]]["F0"] if i + 1 < len(fwd) else sc["bwd_start"]
                 t = an["F0"]
-                if fsdp2:
-                    add(U, t, nxt + EPS_US, MC.UNSHARDED_PARAM.value, "forward all-gather output")
+                if fsdp2:   # freed at the next unit's copy-out
+                    add(U, t, nxt + 4 * EPS_US if i + 1 < len(fwd) else nxt, MC.UNSHARDED_PARAM.value,
+                        "forward all-gather output")
                 add(sig_ag * U, t + EPS_US, t + 2 * EPS_US, MC.TEMPORARY.value, "all-gather scratch")
                 add(U, t + 3 * EPS_US, rule_f - EPS_US, MC.UNSHARDED_PARAM.value, "unsharded parameters")
                 if on_host:
@@ -497,13 +500,13 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 R = padded_numel(u.numel, kt) * rt
                 j = bwd.index(u.fqn)
                 later = [a[v]["B1"] for v in bwd if a[v]["B1"] > an["B1"]]
-                free = (min(later) - EPS_US if later else sc["bwd_end"]) if fsdp2 else an["B1"] + 2 * EPS_US
+                free = (min(later) - EPS_US if later else sc["bwd_end"]) if fsdp2 else an["B1"] + 4 * EPS_US
                 add(R, an["B1"], free, MC.UNSHARDED_GRAD.value, "reduce-scatter input")
-                add(sig_rs * R, an["B1"] + EPS_US, an["B1"] + 2 * EPS_US, MC.UNSHARDED_GRAD.value,
-                    "reduce-scatter scratch")
                 if not sharded_s:
                     add(local_numel(u.numel, kt) * st, an["B1"] + EPS_US, sc["zero"], MC.SHARDED_GRAD.value,
                         "sharded gradients")
+                add(sig_rs * R, an["B1"] + 2 * EPS_US, an["B1"] + 3 * EPS_US, MC.UNSHARDED_GRAD.value,
+                    "reduce-scatter scratch")
     if not rows:
         return pd.DataFrame(columns=["bytes", "t0", "t1", "seq0", "seq1", "category", "what"])
     d = pd.DataFrame(rows, columns=["bytes", "t0", "t1", "category", "what"])

@@ -181,8 +181,10 @@ def _fill(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, bwd_star
 
 # --------------------------------------------------------------------------- the target's collectives
 def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dtype: str,
-                       sync: bool) -> list[dict]:
-    """The target's collectives of one step: collective, bytes, group, issue_us, wait_us (trace clock)."""
+                       sync: bool, run_buckets: list[dict] | None = None) -> list[dict]:
+    """The target's collectives of one step: collective, bytes, group, issue_us, wait_us (trace clock), phase.
+    ``run_buckets``: a DDP run's own bucket all-reduces (collective, bytes, group, issue_us), kept when
+    the target is DDP over the same ranks."""
     out = []
     a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
     pt, rt = tg.dtype_bytes(target.param_dtype), tg.dtype_bytes(target.reduce_dtype)
@@ -195,6 +197,10 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
                         "wait_us": float(issue if sync else max(wait, issue)), "phase": phase})
 
     by = {u.fqn: u for u in units}
+    if target.strategy == tg.DDP and run_buckets:
+        for c in run_buckets:
+            add(c["collective"], c["bytes"], c["group"], c["issue_us"], end_bwd, "ddp_bucket")
+        return out
     if target.strategy == tg.DDP:
         # buckets in backward order, ready when the last gradient in them is
         size, cap, ready = 0.0, DDP_FIRST_BUCKET_BYTES, None
@@ -303,11 +309,30 @@ def predict_step(events: pd.DataFrame, win: tuple[float, float], sc: dict, targe
         return t - w0 - full - inside
 
     length = (w1 - w0) - float(cum[-1])
-    colls = target_collectives(target, units, sc, source.stored_dtype, sync)
+    # the run's own collectives of this step: a target collective the run had too (same type, size, group and
+    # pass) keeps its measured time, in order; the others take the fit
+    rc = events[comm].sort_values("ts_us", kind="stable")
+    rkey = list(zip(rc["collective"].astype(object), rc["bytes"].fillna(0).round().astype(np.int64),
+                    rc["group_size"].fillna(0).astype(np.int64),
+                    np.where(rc["stage"].astype(object) == vocab.STAGE_FORWARD, "f", "b")))
+    pool: dict = {}
+    for key, d in zip(rkey, rc["dur_us"].to_numpy(float)):
+        pool.setdefault(key, []).append(d)
+    buckets = None
+    if (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
+            and tg.dtype_bytes(target.reduce_dtype) == tg.dtype_bytes(source.reduce_dtype)):
+        issue = rc["launch_ts_us"].where(rc["launch_ts_us"].notna(), rc["ts_us"]).to_numpy(float)
+        buckets = [{"collective": k[0], "bytes": float(k[1]), "group": int(k[2]), "issue_us": t}
+                   for k, t in zip(rkey, issue) if k[0] == vocab.ALL_REDUCE]
+    colls = target_collectives(target, units, sc, source.stored_dtype, sync, buckets)
     # events in compressed time: issue (0) before wait (1) at the same time
     evs = []
+    for i, c in enumerate(sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"])):
+        c = colls[c]
+        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith("forward") else "b")
+        c["measured"] = bool(pool.get(key))
+        c["dur_us"] = pool[key].pop(0) if c["measured"] else fit.time_us(c["collective"], c["bytes"], c["group"])
     for i, c in enumerate(colls):
-        c["dur_us"] = fit.time_us(c["collective"], c["bytes"], c["group"])
         evs.append((float(squeeze(c["issue_us"])), 0, i))
         evs.append((float(squeeze(c["wait_us"])), 1, i))
     evs.sort()
@@ -373,7 +398,8 @@ def predict_time(events: pd.DataFrame, tsched: dict, target: tg.Target, units: l
         out.append(predict_step(events, (float(row.start_us), float(row.end_us)), sc, target, units, fit, source,
                                 rates, sync))
     kept = ["the run's compute and CPU time per step (its exposed communication cut out)",
-            "each collective's latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
+            "the measured time of each collective the run had too (same type, size, group and pass)",
+            "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
     assumed = []
     if sync:
         assumed.append("FSDP's collectives block the training thread on CPU (gloo, no streams: as recorded)")
