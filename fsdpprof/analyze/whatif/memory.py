@@ -152,53 +152,63 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
     from the allocations (see the module docstring); missing anchors are derived (backward windows split
     by parameter count, forward windows mirrored from the backward ones)."""
     out = {}
-    t0, t1 = r["t0"].to_numpy(float), r["t1"].to_numpy(float)
-    role, unit, stage, step = (r[c].to_numpy(object) for c in ("role", "unit", "stage", "step"))
-    step = step.astype(np.int64)
+    fin = r[(r["step"] >= 0) & np.isfinite(r["t0"].to_numpy(float))]
+    stage = fin["stage"].to_numpy(object)
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     numel = {u.fqn: u.numel for u in units}
-    for s in np.unique(step[step >= 0]):
-        sel = step == s
-        fin = sel & np.isfinite(t0)
-
-        def first(mask, default=np.nan):
-            v = t0[mask]
-            return float(v.min()) if v.size else default
-
-        fwd_start = first(fin & (stage == vocab.STAGE_FORWARD))
-        bwd_start = first(fin & (stage == vocab.STAGE_BACKWARD))
+    first_by = fin.groupby(["step", "stage"])["t0"].min()
+    last_bwd = fin[stage == vocab.STAGE_BACKWARD].groupby("step")["t0"].max()
+    opt_first = fin[np.isin(stage, [vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP])].groupby("step")["t0"].min()
+    # per (step, unit): the anchors the allocations give
+    named = fin[fin["unit"].notna()]
+    nst = named["stage"].to_numpy(object)
+    nrole = named["role"].to_numpy(object)
+    gath = np.isin(nrole, ["ag_held", "ag_flat"])
+    held = nrole == "ag_held"
+    keys = ["step", "unit"]
+    f0 = named[gath & (nst == vocab.STAGE_FORWARD)].groupby(keys)["t0"].min()
+    b0i = named[gath & (nst == vocab.STAGE_BACKWARD)].groupby(keys)["t0"].min()
+    b0 = named[held & (nst == vocab.STAGE_BACKWARD)].groupby(keys)["t0"].min()
+    rs_first = named[nrole == "rs"].groupby(keys)["t0"].min()
+    for s in sorted(set(fin["step"].unique().tolist())):
+        fwd_start = first_by.get((s, vocab.STAGE_FORWARD), np.nan)
+        bwd_start = first_by.get((s, vocab.STAGE_BACKWARD), np.nan)
         if np.isnan(fwd_start) or np.isnan(bwd_start):
             continue
-        bwd_rows = t0[fin & (stage == vocab.STAGE_BACKWARD)]
-        opt = first(fin & np.isin(stage, [vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP]))
-        bwd_end = float(opt) if not np.isnan(opt) else float(bwd_rows.max())
-        gfree = t1[sel & (role == "grad") & np.isfinite(t1) & (t0 >= bwd_start)]
+        bwd_end = float(opt_first.get(s, last_bwd.get(s, bwd_start)))
+        sel = named["step"].to_numpy() == s
+        after = named["t0"].to_numpy(float) >= bwd_start
+        grads = named[sel & (nrole == "grad") & after]
+        f1_rows = named[sel & held & (nst == vocab.STAGE_FORWARD) & np.isfinite(named["t1"].to_numpy(float))
+                        & (named["t1"].to_numpy(float) < bwd_start)]
+        f1 = f1_rows.groupby("unit")["t1"].median()
+        g_first, g_last = grads.groupby("unit")["t0"].min(), grads.groupby("unit")["t0"].max()
+        gfree = r["t1"].to_numpy(float)[(r["step"].to_numpy() == s) & (r["role"].to_numpy(object) == "grad")
+                                        & np.isfinite(r["t1"].to_numpy(float)) & (r["t0"].to_numpy(float) >= bwd_start)]
         zero = float(np.median(gfree)) if gfree.size else np.inf
         anchors = {}
         for u in fwd_order:
-            mu = sel & (unit == u)
-            gf = mu & np.isin(role, ["ag_held", "ag_flat"]) & (stage == vocab.STAGE_FORWARD)
-            gb = mu & np.isin(role, ["ag_held", "ag_flat"]) & (stage == vocab.STAGE_BACKWARD)
-            held_f = mu & (role == "ag_held") & (stage == vocab.STAGE_FORWARD) & np.isfinite(t1) & (t1 < bwd_start)
-            held_b = mu & (role == "ag_held") & (stage == vocab.STAGE_BACKWARD)
-            rs = mu & (role == "rs")
-            gr = mu & (role == "grad") & (t0 >= bwd_start)
             if source.sharded:
-                b1 = first(rs, first(gr))
+                b1 = rs_first.get((s, u), g_first.get(u, np.nan))
             else:
-                v = t0[gr]
-                b1 = float(v.max()) if v.size else np.nan
-            anchors[u] = {"F0": first(gf), "F1": float(np.median(t1[held_f])) if held_f.any() else np.nan,
-                          "B0": first(held_b), "B0_issue": first(gb), "B1": b1}
-        _fill_anchors(anchors, fwd_order, numel, fwd_start, bwd_start, bwd_end)
+                b1 = g_last.get(u, np.nan)
+            anchors[u] = {"F0": float(f0.get((s, u), np.nan)), "F1": float(f1.get(u, np.nan)),
+                          "B0": float(b0.get((s, u), np.nan)), "B0_issue": float(b0i.get((s, u), np.nan)),
+                          "B1": float(b1)}
+        act = fin[(fin["step"].to_numpy() == s) & (fin["category"].to_numpy(object) == MC.ACTIVATION.value)]
+        _fill_anchors(anchors, fwd_order, numel, float(fwd_start), float(bwd_start), bwd_end,
+                      act["t0"].to_numpy(float), act["t1"].to_numpy(float))
         bwd_order = [fwd_order[0]] + sorted(fwd_order[1:], key=lambda u: anchors[u]["B1"])
-        out[int(s)] = {"fwd_start": fwd_start, "bwd_start": bwd_start, "bwd_end": bwd_end, "zero": zero,
+        out[int(s)] = {"fwd_start": float(fwd_start), "bwd_start": float(bwd_start), "bwd_end": bwd_end, "zero": zero,
                        "units": anchors, "fwd_order": fwd_order, "bwd_order": bwd_order}
     return out
 
 
 def _fill_anchors(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, bwd_start: float,
-                  bwd_end: float) -> None:
+                  bwd_end: float, act_t0: np.ndarray | None = None, act_t1: np.ndarray | None = None) -> None:
+    """Anchors the allocations did not give. Backward: split by parameter count. Forward: a unit's forward
+    starts with the first activation its backward frees (what the unit's forward saved), else the
+    backward mirrored in time; it ends where the next unit's starts."""
     root, layers = fwd_order[0], fwd_order[1:]
     # backward: the unit's post-backward (B1); missing ones split the backward by parameter count
     if any(np.isnan(a[u]["B1"]) for u in layers):
@@ -213,8 +223,8 @@ def _fill_anchors(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, 
     bwd = sorted(layers, key=lambda u: a[u]["B1"])
     prev = bwd_start
     for u in bwd:
-        if np.isnan(a[u]["B0"]):
-            a[u]["B0"] = prev
+        if np.isnan(a[u]["B0"]):   # after the previous unit's post-backward (its reduction: B1 .. B1 + 4 eps)
+            a[u]["B0"] = prev if prev == bwd_start else prev + 5 * EPS_US
         prev = a[u]["B1"]
     if np.isnan(a[root]["B0"]):
         a[root]["B0"] = bwd_start
@@ -229,7 +239,10 @@ def _fill_anchors(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, 
         a[root]["F0"] = fwd_start
     for u in layers:
         if np.isnan(a[u]["F0"]):
-            a[u]["F0"] = mirror(a[u]["B1"])
+            saved = np.zeros(0)
+            if act_t0 is not None and len(act_t0):
+                saved = act_t0[(act_t1 > a[u]["B0"]) & (act_t1 <= a[u]["B1"]) & (act_t0 < bwd_start)]
+            a[u]["F0"] = float(saved.min()) - EPS_US if len(saved) else mirror(a[u]["B1"])
     fwd = [root] + sorted(layers, key=lambda u: a[u]["F0"])
     for i, u in enumerate(fwd):
         if np.isnan(a[u]["F1"]):
@@ -241,9 +254,11 @@ def _fill_anchors(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, 
 
 
 # --------------------------------------------------------------------------- the replay
-def _scratch_ratio(r: pd.DataFrame, unit_bytes: dict, source: tg.Source) -> tuple[float, float, str]:
+def scratch_ratio(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> tuple[float, float, str]:
     """(all-gather scratch, reduce scratch) as a fraction of the unit's unsharded bytes, from the run's own
     gathers when it has some, else the device's default; and where it came from."""
+    unit_bytes = {u.fqn: padded_numel(u.numel, source.shard_group) * tg.dtype_bytes(source.param_dtype)
+                  for u in units}
     sc = r[r["role"] == "ag_scratch"]
     if len(sc) and sc["unit"].notna().any():
         g = sc.groupby(["step", "unit"])["bytes"].max()
@@ -257,9 +272,10 @@ def _scratch_ratio(r: pd.DataFrame, unit_bytes: dict, source: tg.Source) -> tupl
 
 
 def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, target: tg.Target,
-           measured_source: str = "cpu_trace") -> tuple[pd.DataFrame, list[str], list[str]]:
+           scratch: tuple | None = None) -> tuple[pd.DataFrame, list[str], list[str], float]:
     """The target's allocations (bytes, t0, t1, seq0, seq1, category) from the run's rows ``r``
-    (:func:`roles_frame` + :func:`label_units`), with what was kept and what was assumed."""
+    (:func:`roles_frame` + :func:`label_units`), with what was kept, what was assumed and the bytes moved
+    to the host. ``scratch``: :func:`scratch_ratio` of the run, when computed already."""
     kept, assumed = [], []
     ks, kt = source.shard_group, target.shard_group
     ps, pt = tg.dtype_bytes(source.param_dtype), tg.dtype_bytes(target.param_dtype)
@@ -269,15 +285,15 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
     share = {u: local_numel(n, kt) / max(local_numel(n, ks), 1) for u, n in numel.items()}
     total_share = sum(local_numel(n, kt) for n in numel.values()) / max(sum(local_numel(n, ks) for n in numel.values()), 1)
     pad = {u: padded_numel(n, kt) / max(padded_numel(n, ks), 1) for u, n in numel.items()}
-    src_unit_bytes = {u: padded_numel(n, ks) * ps for u, n in numel.items()}
-    sig_ag, sig_rs, sig_how = _scratch_ratio(r, src_unit_bytes, source)
+    sig_ag, sig_rs, sig_how = scratch or scratch_ratio(r, units, source)
     on_host = target.cpu_offload and source.device_type != "cpu"
     batch = target.batch_scale
     act = batch * pt / ps
     role = r["role"].to_numpy(object)
     unit = r["unit"].to_numpy(object)
-    by_unit = np.array([share.get(u, total_share) if isinstance(u, str) else total_share for u in unit])
+    by_unit = pd.Series(unit, dtype=object).map(share).fillna(total_share).to_numpy(float)
     b = r["bytes"].to_numpy(float).copy()
+    t0_all = r["t0"].to_numpy(float).copy()
     t1 = r["t1"].to_numpy(float).copy()
     cat = r["category"].to_numpy(object).copy()
     keep = np.ones(len(r), bool)
@@ -316,8 +332,10 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         b[g] *= pt / st
         t0_ = r["t0"].to_numpy(float)
         for i in np.flatnonzero(g & (step >= 0) & np.isfinite(t0_)):
-            if isinstance(unit[i], str):   # freed once copied into the reduce-scatter input (allocated at B1)
-                t1[i] = max(t0_[i] + EPS_US, anchor(step[i], unit[i], "B1", t1[i]) + 0.5 * EPS_US)
+            if isinstance(unit[i], str):   # FSDP2: freed once copied into the reduce-scatter input (made at B1);
+                # FSDP1: reduced from where autograd put it, freed when the reduction is done
+                after = 0.5 * EPS_US if target.family == "fsdp2" else 4 * EPS_US
+                t1[i] = max(t0_[i] + EPS_US, anchor(step[i], unit[i], "B1", t1[i]) + after)
     else:
         keep[g] = False
     ag = role == "auto_grad"
@@ -330,14 +348,14 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         b[ag] *= pt / ps
     rs = role == "rs"
     if sharded_t:
-        b[rs] *= (rt / rs_) * np.array([pad.get(u, 1.0) if isinstance(u, str) else 1.0 for u in unit[rs]])
+        b[rs] *= (rt / rs_) * pd.Series(unit[rs], dtype=object).map(pad).fillna(1.0).to_numpy(float)
     else:
         keep[rs] = False
     gath = np.isin(role, ["ag_flat", "ag_held", "ag_scratch"])
     if not sharded_t:
         keep[gath] = False
     else:
-        b[gath] *= (pt / ps) * np.array([pad.get(u, 1.0) if isinstance(u, str) else 1.0 for u in unit[gath]])
+        b[gath] *= (pt / ps) * pd.Series(unit[gath], dtype=object).map(pad).fillna(1.0).to_numpy(float)
         held = role == "ag_held"
         raf_t = target.reshard_after_forward
         for i in np.flatnonzero(held & (step >= 0)):
@@ -357,7 +375,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             keep[gath & (stage == vocab.STAGE_BACKWARD) & (unit == ROOT)] = False
     family_rows = None
     if sharded_s and sharded_t and source.family != target.family:
-        family_rows = _family_change(r, sched, keep, t1, b, source, target)
+        family_rows = _family_change(r, sched, keep, t0_all, t1, b, source, target)
         assumed.append(f"{source.family} -> {target.family}: " + (
             "no flat all-gather buffer; reduce-scatter buffers freed when the reduction is done"
             if target.family == "fsdp1" else
@@ -373,7 +391,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         if target.cpu_offload:
             assumed.append("CPU offload on a CPU device: the offloaded states stay in the same (host) memory, "
                            "so the peak counts them")
-    out = pd.DataFrame({"bytes": b, "t0": r["t0"].to_numpy(float), "t1": t1, "seq0": r["seq0"].to_numpy(float),
+    out = pd.DataFrame({"bytes": b, "t0": t0_all, "t1": t1, "seq0": r["seq0"].to_numpy(float),
                         "seq1": r["seq1"].to_numpy(float), "category": cat})
     out.loc[role == "ag_scratch", "category"] = MC.TEMPORARY.value
     out = out[keep]
@@ -400,14 +418,14 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
                                  f"{'gathers and reductions' if sharded_s else 'gradients'}"], host
 
 
-def _family_change(r, sched, keep, t1, b, source, target) -> pd.DataFrame | None:
-    """FSDP2 <-> FSDP1 on a sharded run (in place on ``keep`` / ``t1``; returns rows to add): FSDP1 gathers
-    straight into the padded flat parameter and frees the reduce-scatter input once reduced; FSDP2
-    gathers into a flat output (freed at the next copy-out in forward, at its own in backward) and keeps
-    the reduce-scatter input until the next unit's post-backward."""
+def _family_change(r, sched, keep, t0, t1, b, source, target) -> pd.DataFrame | None:
+    """FSDP2 <-> FSDP1 on a sharded run (in place on ``keep`` / ``t0`` / ``t1``; returns rows to add): FSDP1
+    gathers straight into the padded flat parameter (a prefetched one exists from the prefetch on) and
+    frees the reduce-scatter input once reduced; FSDP2 gathers into a flat output (freed at the next
+    copy-out in forward, at its own in backward) and keeps the reduce-scatter input until the next unit's
+    post-backward."""
     role, unit, stage = (r[c].to_numpy(object) for c in ("role", "unit", "stage"))
     step = r["step"].to_numpy(np.int64)
-    t0 = r["t0"].to_numpy(float)
     rows = []
     for s, sc in sched.items():
         a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
@@ -418,6 +436,10 @@ def _family_change(r, sched, keep, t1, b, source, target) -> pd.DataFrame | None
                 if len(rs):
                     done = float(t0[rs].max()) + EPS_US
                     t1[rs] = np.maximum(np.minimum(t1[rs], done), t0[rs] + EPS_US)
+                flat = np.flatnonzero(m & (role == "ag_flat") & (stage == vocab.STAGE_BACKWARD))
+                held = np.flatnonzero(m & keep & (role == "ag_held") & (stage == vocab.STAGE_BACKWARD))
+                if len(flat) and len(held):
+                    t0[held] = np.minimum(t0[held], float(t0[flat].min()))
                 continue
             for pass_ in (vocab.STAGE_FORWARD, vocab.STAGE_BACKWARD):
                 g = np.flatnonzero(m & keep & (role == "ag_held") & (stage == pass_))
@@ -447,16 +469,17 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
     """Rows for the gathers, reduce buffers and grad shards the target needs and the run has none of."""
     rows = []
     kt = target.shard_group
-    role, unit, step, stage = (r[c].to_numpy(object) for c in ("role", "unit", "step", "stage"))
-    have = set()
-    for rl, u, s, sg in zip(role, unit, step, stage):
-        if rl in ("ag_flat", "ag_held") and isinstance(u, str):
-            have.add(("gather", int(s), u, sg))
-        elif rl == "rs" and isinstance(u, str):
-            have.add(("rs", int(s), u))
+    named = r[r["unit"].notna()]
+    g = named[named["role"].isin(["ag_flat", "ag_held"])][["step", "unit", "stage"]].drop_duplicates()
+    have = {("gather", int(s), u, sg) for s, u, sg in g.itertuples(index=False)}
+    g = named[named["role"] == "rs"][["step", "unit"]].drop_duplicates()
+    have |= {("rs", int(s), u) for s, u in g.itertuples(index=False)}
+    g = named[named["role"] == "auto_grad"][["step", "unit"]].drop_duplicates()
+    have |= {("auto_grad", int(s), u) for s, u in g.itertuples(index=False)}
     sharded_s = source.sharded
     fsdp2 = target.family == "fsdp2"
     raf = target.reshard_after_forward
+    keep_all_root = target.family == "fsdp1"     # FSDP1 never gathers the root unit again in backward
 
     def add(nbytes, a, f, category, what):
         if nbytes > 0 and np.isfinite(a):
@@ -469,8 +492,10 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
             U = padded_numel(u.numel, kt) * pt
             an = a[u.fqn]
             if not target.sharded:
-                if not sharded_s:
-                    continue
+                # a sharded run whose autograd grads are not apart from its reduce buffers (FSDP1): the
+                # replicated target's whole grads, kept until zero_grad
+                if sharded_s and ("auto_grad", s, u.fqn) not in have:
+                    add(u.numel * st, an["B1"], sc["zero"], MC.SHARDED_GRAD.value, "whole gradients")
                 continue
             keep_root = target.family == "fsdp1" and u.is_root
             rule_f = an["B1"] if (raf is False or keep_root) else an["F1"]
@@ -487,20 +512,31 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                     add(local_numel(u.numel, kt) * tg.dtype_bytes(source.stored_dtype), t, t + EPS_US,
                         MC.TEMPORARY.value, "host-to-device copy of the shard")
             if (raf is not False and not keep_root and ("gather", s, u.fqn, vocab.STAGE_BACKWARD) not in have):
-                j = bwd.index(u.fqn)
-                issue = (a[bwd[j - 1]]["B0"] + EPS_US) if (j > 0 and fsdp2) else an["B0"]
+                # prefetched at the previous unit's pre-backward (FSDP2's default, FSDP1's BACKWARD_PRE)
+                order = [v for v in bwd if not (keep_all_root and v == ROOT)]
+                j = order.index(u.fqn)
+                issue = (a[order[j - 1]]["B0"] + EPS_US) if j > 0 else an["B0"]
                 if fsdp2:
                     add(U, issue, an["B0"] + 4 * EPS_US, MC.UNSHARDED_PARAM.value, "backward all-gather output")
                 add(sig_ag * U, issue + EPS_US, issue + 2 * EPS_US, MC.TEMPORARY.value, "all-gather scratch")
-                add(U, an["B0"] + 3 * EPS_US, an["B1"] - EPS_US, MC.UNSHARDED_PARAM.value, "unsharded parameters")
+                add(U, (an["B0"] + 3 * EPS_US) if fsdp2 else issue, an["B1"] - EPS_US, MC.UNSHARDED_PARAM.value,
+                    "unsharded parameters")
                 if isinstance(raf, int) and not isinstance(raf, bool):
                     add(U / raf, an["F1"], an["B0"], MC.UNSHARDED_PARAM.value,
                         f"parameters resharded to {raf} ranks between forward and backward")
-            if ("rs", s, u.fqn) not in have:
+            if ("rs", s, u.fqn) not in have and not fsdp2:
+                # FSDP1 reduces the flat gradient autograd made (kept until reduced, see replay): scratch + shard
+                R = padded_numel(u.numel, kt) * rt
+                if not sharded_s:
+                    add(local_numel(u.numel, kt) * st, an["B1"] + EPS_US, sc["zero"], MC.SHARDED_GRAD.value,
+                        "sharded gradients")
+                add(sig_rs * R, an["B1"] + 2 * EPS_US, an["B1"] + 3 * EPS_US, MC.UNSHARDED_GRAD.value,
+                    "reduce-scatter scratch")
+            elif ("rs", s, u.fqn) not in have:
                 R = padded_numel(u.numel, kt) * rt
                 j = bwd.index(u.fqn)
                 later = [a[v]["B1"] for v in bwd if a[v]["B1"] > an["B1"]]
-                free = (min(later) - EPS_US if later else sc["bwd_end"]) if fsdp2 else an["B1"] + 4 * EPS_US
+                free = min(later) - EPS_US if later else sc["bwd_end"]
                 add(R, an["B1"], free, MC.UNSHARDED_GRAD.value, "reduce-scatter input")
                 if not sharded_s:
                     add(local_numel(u.numel, kt) * st, an["B1"] + EPS_US, sc["zero"], MC.SHARDED_GRAD.value,
@@ -550,9 +586,9 @@ def sweep(rows: pd.DataFrame) -> tuple[float, float, np.ndarray]:
 
 
 def predict_memory(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, target: tg.Target,
-                   measured_source: str = "cpu_trace") -> MemoryPrediction:
+                   scratch: tuple | None = None) -> MemoryPrediction:
     """The target's peak and breakdown from one rank's replay rows (see :func:`replay`)."""
-    rows, kept, assumed, host = replay(r, sched, units, source, target, measured_source)
+    rows, kept, assumed, host = replay(r, sched, units, source, target, scratch)
     peak, tp, alive = sweep(rows)
     cats = rows["category"].to_numpy(object)[alive]
     byc = pd.Series(rows["bytes"].to_numpy(float)[alive]).groupby(cats).sum()

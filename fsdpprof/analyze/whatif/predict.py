@@ -86,6 +86,7 @@ class RankModel:
             mem.label_units(r, self.units, sizes, names, param_unit_map(rd.inventory, self.units))
             self.rows = r
             self.msched = mem.schedule(r, self.units, self.source)
+            self.scratch = mem.scratch_ratio(r, self.units, self.source)
             if not self.msched:
                 self.notes.append("no recorded step has both a forward and a backward in the memory record: "
                                   "memory not predicted")
@@ -94,7 +95,7 @@ class RankModel:
             self.memory_kind = None
             self.notes.append("no memory record (no [memory] events, no CUDA snapshot): memory not predicted")
         self.events = events if events is not None and len(events) else None
-        self.tsched, self.fit, self.rates = {}, None, (None, None)
+        self.tsched, self.fit, self.rates, self.steps = {}, None, (None, None), []
         self.measured_steps = []
         if self.events is not None:
             self.fit = timing.fit_collectives(self.events)
@@ -102,9 +103,8 @@ class RankModel:
                                                 same_clock=self.memory_kind == "cpu_trace")
             ag, rs, _ = timing.gather_reduce_overhead(self.events)
             self.rates = (ag, rs)
-            win = timing.step_windows(self.events)
-            self.measured_steps = [float(e - s) for s, e, st in zip(win["start_us"], win["end_us"], win["step"])
-                                   if float(st) in self.tsched]
+            self.steps = timing.run_steps(self.events, self.tsched)
+            self.measured_steps = [s.w1 - s.w0 for s in self.steps]
             if not self.fit.by_type:
                 self.notes.append("the run has no collectives to fit latency and bandwidth on: time not predicted")
         else:
@@ -116,13 +116,13 @@ class RankModel:
                "host_bytes": 0, "steps_us": [], "compute_us": None, "exposed_comm_us": None, "comm_us": None,
                "kept": [], "assumed": []}
         if self.rows is not None:
-            p = mem.predict_memory(self.rows, self.msched, self.units, self.source, target, self.memory_kind)
+            p = mem.predict_memory(self.rows, self.msched, self.units, self.source, target, self.scratch)
             out.update(peak_allocated_bytes=p.peak_allocated_bytes, breakdown=p.breakdown, peak_stage=p.peak_stage,
                        host_bytes=p.host_bytes)
             out["kept"] += p.kept
             out["assumed"] += p.assumed
         if self.events is not None and self.fit is not None and self.fit.by_type and self.tsched:
-            steps, kept, assumed = timing.predict_time(self.events, self.tsched, target, self.units, self.fit,
+            steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, self.fit,
                                                        self.source, self.rates)
             if steps:
                 out["steps_us"] = [s.step_us for s in steps]

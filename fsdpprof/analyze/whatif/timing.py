@@ -11,8 +11,8 @@
    reduce-scatter at the unit's post-backward, HSDP's all-reduce across replicas after it, DDP's bucketed
    all-reduce when a bucket's gradients are ready), run them on one communication stream in issue
    order, and delay the compute after each wait that is not done yet.
-4. Measure the exposed part with the report's own interval code
-   (:func:`fsdpprof.analyze.comm.overlap.overall_overlap`).
+4. Measure the exposed part with the report's own interval code (:mod:`fsdpprof.analyze.comm.intervals`:
+   the union and intersection :func:`fsdpprof.analyze.comm.overlap.overall_overlap` is made of).
 
 FSDP's own CPU work per gathered / reduced byte (copy-in, copy-out, chunk-cat: inside its all-gather and
 reduce annotations, minus the communication waited for there) is measured on an FSDP2 run and charged
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.comm import intervals, overlap
+from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.comm.steps import step_windows
 from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.memory import categorize as cz
@@ -285,57 +285,97 @@ class StepTime:
     exposed_comm_us: float
 
 
-def predict_step(events: pd.DataFrame, win: tuple[float, float], sc: dict, target: tg.Target, units: list[Unit],
-                 fit: Fit, source: tg.Source, rates: tuple, sync: bool) -> StepTime:
-    """One recorded step (window ``win`` on this rank's trace, schedule ``sc``) replayed with the
-    target's collectives; see the module docstring."""
-    w0, w1 = win
+@dataclass
+class RunStep:
+    """One recorded step of one rank, ready to be replayed: its window (µs), compute intervals, the run's
+    exposed communication (cut out of the step: ``xs``/``xe``, ``cum`` their running length), and its own
+    collectives (type, size, group, pass -> measured times; DDP's bucket all-reduces)."""
+
+    step: float
+    w0: float
+    w1: float
+    cs: np.ndarray
+    ce: np.ndarray
+    xs: np.ndarray
+    xe: np.ndarray
+    cum: np.ndarray
+    pool: list
+    buckets: list
+    run_ag_bytes: float
+    run_rs_bytes: float
+
+    @property
+    def length(self) -> float:
+        return (self.w1 - self.w0) - float(self.cum[-1])
+
+    def squeeze(self, t):
+        """Times of the step on the clock without the run's exposed communication (µs from the step start)."""
+        t = np.clip(np.asarray(t, dtype=float), self.w0, self.w1)
+        k = np.searchsorted(self.xs, t, side="right")
+        last = np.clip(k - 1, 0, None)
+        inside = np.where(k > 0, np.clip(np.minimum(t, self.xe[last]) - self.xs[last], 0, None), 0.0) \
+            if len(self.xs) else np.zeros(np.shape(t))
+        full = self.cum[np.maximum(k - 1, 0)] * (k > 0)
+        return t - self.w0 - full - inside
+
+
+def run_steps(events: pd.DataFrame, tsched: dict) -> list[RunStep]:
+    """The recorded steps of this rank that have a schedule, as :class:`RunStep` (computed once per rank)."""
+    win = step_windows(events)
     ts = events["ts_us"].to_numpy(float)
     te = ts + events["dur_us"].to_numpy(float)
-    inw = (te > w0) & (ts < w1)
-    comp = inw & isin(events["kind"], [vocab.KIND_COMPUTE])
-    comm = inw & isin(events["kind"], [vocab.KIND_COMM])
-    cs, ce = np.clip(ts[comp], w0, w1), np.clip(te[comp], w0, w1)
-    ms, me = np.clip(ts[comm], w0, w1), np.clip(te[comm], w0, w1)
-    xs, xe = _subtract(ms, me, cs, ce)                      # the run's exposed communication
-    cum = np.concatenate([[0.0], np.cumsum(xe - xs)])
+    is_comp = isin(events["kind"], [vocab.KIND_COMPUTE])
+    is_comm = isin(events["kind"], [vocab.KIND_COMM])
+    coll = events["collective"].astype(object).to_numpy()
+    nbytes = events["bytes"].to_numpy(float)
+    group = events["group_size"].to_numpy(float)
+    fwd = (events["stage"].astype(object) == vocab.STAGE_FORWARD).to_numpy()
+    launch = events["launch_ts_us"].to_numpy(float)
+    out = []
+    for row in win.itertuples(index=False):
+        if float(row.step) not in tsched:
+            continue
+        w0, w1 = float(row.start_us), float(row.end_us)
+        inw = (te > w0) & (ts < w1)
+        comp, comm = inw & is_comp, inw & is_comm
+        cs, ce = np.clip(ts[comp], w0, w1), np.clip(te[comp], w0, w1)
+        ms, me = np.clip(ts[comm], w0, w1), np.clip(te[comm], w0, w1)
+        xs, xe = _subtract(ms, me, cs, ce)                      # the run's exposed communication
+        cum = np.concatenate([[0.0], np.cumsum(xe - xs)])
+        ci = np.flatnonzero(comm)
+        ci = ci[np.argsort(ts[ci], kind="stable")]
+        keys = [(coll[i], int(round(nbytes[i])) if np.isfinite(nbytes[i]) else 0,
+                 int(group[i]) if np.isfinite(group[i]) else 0, "f" if fwd[i] else "b") for i in ci]
+        pool = [(k, float(te[i] - ts[i])) for k, i in zip(keys, ci)]
+        buckets = [{"collective": k[0], "bytes": float(k[1]), "group": k[2],
+                    "issue_us": float(launch[i] if np.isfinite(launch[i]) else ts[i])}
+                   for k, i in zip(keys, ci) if k[0] == vocab.ALL_REDUCE]
+        ag = float(np.nansum(nbytes[ci][coll[ci] == vocab.ALL_GATHER])) if len(ci) else 0.0
+        rs = float(np.nansum(nbytes[ci][coll[ci] == vocab.REDUCE_SCATTER])) if len(ci) else 0.0
+        out.append(RunStep(float(row.step), w0, w1, cs, ce, xs, xe, cum, pool, buckets, ag, rs))
+    return out
 
-    def squeeze(t):
-        t = np.clip(np.asarray(t, dtype=float), w0, w1)
-        k = np.searchsorted(xs, t, side="right")
-        last = np.clip(k - 1, 0, None)
-        inside = np.where(k > 0, np.clip(np.minimum(t, xe[last]) - xs[last], 0, None), 0.0)
-        full = cum[np.maximum(k - 1, 0)] * (k > 0)
-        return t - w0 - full - inside
 
-    length = (w1 - w0) - float(cum[-1])
-    # the run's own collectives of this step: a target collective the run had too (same type, size, group and
-    # pass) keeps its measured time, in order; the others take the fit
-    rc = events[comm].sort_values("ts_us", kind="stable")
-    rkey = list(zip(rc["collective"].astype(object), rc["bytes"].fillna(0).round().astype(np.int64),
-                    rc["group_size"].fillna(0).astype(np.int64),
-                    np.where(rc["stage"].astype(object) == vocab.STAGE_FORWARD, "f", "b")))
+def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fit: Fit, source: tg.Source,
+                 rates: tuple, sync: bool) -> StepTime:
+    """One recorded step replayed with the target's collectives (schedule ``sc``); see the module docstring."""
+    # a target collective the run had too (same type, size, group and pass) keeps its measured time, in
+    # order; the others take the fit
     pool: dict = {}
-    for key, d in zip(rkey, rc["dur_us"].to_numpy(float)):
+    for key, d in rs.pool:
         pool.setdefault(key, []).append(d)
-    buckets = None
-    if (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
-            and tg.dtype_bytes(target.reduce_dtype) == tg.dtype_bytes(source.reduce_dtype)):
-        issue = rc["launch_ts_us"].where(rc["launch_ts_us"].notna(), rc["ts_us"]).to_numpy(float)
-        buckets = [{"collective": k[0], "bytes": float(k[1]), "group": int(k[2]), "issue_us": t}
-                   for k, t in zip(rkey, issue) if k[0] == vocab.ALL_REDUCE]
-    colls = target_collectives(target, units, sc, source.stored_dtype, sync, buckets)
-    # events in compressed time: issue (0) before wait (1) at the same time
-    evs = []
-    for i, c in enumerate(sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"])):
-        c = colls[c]
+    same_ddp = (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
+                and tg.dtype_bytes(target.reduce_dtype) == tg.dtype_bytes(source.reduce_dtype))
+    colls = target_collectives(target, units, sc, source.stored_dtype, sync, rs.buckets if same_ddp else None)
+    for j in sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"]):
+        c = colls[j]
         key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith("forward") else "b")
         c["measured"] = bool(pool.get(key))
         c["dur_us"] = pool[key].pop(0) if c["measured"] else fit.time_us(c["collective"], c["bytes"], c["group"])
-    for i, c in enumerate(colls):
-        evs.append((float(squeeze(c["issue_us"])), 0, i))
-        evs.append((float(squeeze(c["wait_us"])), 1, i))
-    evs.sort()
+    # one communication stream in issue order; a wait that is not done delays everything after it
+    issue = rs.squeeze([c["issue_us"] for c in colls]) if colls else np.zeros(0)
+    wait = rs.squeeze([c["wait_us"] for c in colls]) if colls else np.zeros(0)
+    evs = sorted([(float(p), 0, i) for i, p in enumerate(issue)] + [(float(p), 1, i) for i, p in enumerate(wait)])
     shift, free_at = 0.0, 0.0
     waits_p, waits_d = [], []
     starts = np.zeros(len(colls))
@@ -345,38 +385,31 @@ def predict_step(events: pd.DataFrame, win: tuple[float, float], sc: dict, targe
             starts[i] = max(p + shift, free_at)
             ends[i] = starts[i] + colls[i]["dur_us"]
             free_at = ends[i]
-        else:
-            real = p + shift
-            if ends[i] > real:
-                waits_p.append(p)
-                waits_d.append(ends[i] - real)
-                shift += ends[i] - real
-    # the run's compute on the compressed clock, delayed by the waits before it
-    pc0, pc1 = squeeze(cs), squeeze(ce)
-    wp = np.asarray(waits_p)
-    wd = np.concatenate([[0.0], np.cumsum(waits_d)]) if waits_d else np.zeros(1)
-    k = np.searchsorted(wp, pc0, side="right") if len(wp) else np.zeros(len(pc0), int)
-    delay = wd[k]
-    ev = pd.DataFrame({"rank": 0, "kind": [vocab.KIND_COMPUTE] * len(pc0) + [vocab.KIND_COMM] * len(colls),
-                       "ts_us": np.concatenate([pc0 + delay, starts]),
-                       "dur_us": np.concatenate([pc1 - pc0, ends - starts])})
-    ov = overlap.overall_overlap(ev)
-    compute_us = float(ov["compute_us"].iat[0]) if len(ov) else 0.0
-    comm_us = float(ov["comm_us"].iat[0]) if len(ov) else 0.0
-    exposed = float(ov["exposed_comm_us"].iat[0]) if len(ov) else 0.0
-    step_us = length + shift
+        elif ends[i] > p + shift:
+            waits_p.append(p)
+            waits_d.append(ends[i] - (p + shift))
+            shift += ends[i] - (p + shift)
+    # the run's compute on the compressed clock, delayed by the waits before it; exposure with the report's
+    # interval code (what overlap.overall_overlap computes: |M|, |M n C|)
+    pc0, pc1 = rs.squeeze(rs.cs), rs.squeeze(rs.ce)
+    wd = np.concatenate([[0.0], np.cumsum(waits_d)])
+    delay = wd[np.searchsorted(np.asarray(waits_p), pc0, side="right")] if waits_p else np.zeros(len(pc0))
+    c0, c1 = pc0 + delay, pc1 + delay
+    compute_us = intervals.total(c0, c1)
+    comm_us = intervals.total(starts, ends)
+    both_s, both_e = intervals.intersect(starts, ends, c0, c1)
+    exposed = comm_us - float((both_e - both_s).sum())
+    step_us = rs.length + shift
     # FSDP's own CPU work per byte gathered / reduced: the target's minus the run's
     ag_rate, rs_rate = rates
-    run_ag = float(events.loc[comm & isin(events["collective"], [vocab.ALL_GATHER]), "bytes"].sum())
-    run_rs = float(events.loc[comm & isin(events["collective"], [vocab.REDUCE_SCATTER]), "bytes"].sum())
     tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == vocab.ALL_GATHER)
     tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == vocab.REDUCE_SCATTER)
     if ag_rate is not None:
-        step_us += ag_rate * (tgt_ag - run_ag)
+        step_us += ag_rate * (tgt_ag - rs.run_ag_bytes)
     if rs_rate is not None:
-        step_us += rs_rate * (tgt_rs - run_rs)
+        step_us += rs_rate * (tgt_rs - rs.run_rs_bytes)
     if target.batch_scale != 1.0:
-        extra = (target.batch_scale - 1.0) * float(intervals.total(cs, ce))
+        extra = (target.batch_scale - 1.0) * float(intervals.total(rs.cs, rs.ce))
         step_us += extra
         compute_us += extra
     # the rest can only shrink to nothing (a step is at least its compute and exposed communication)
@@ -384,19 +417,13 @@ def predict_step(events: pd.DataFrame, win: tuple[float, float], sc: dict, targe
     return StepTime(step_us, compute_us, comm_us, exposed)
 
 
-def predict_time(events: pd.DataFrame, tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
+def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
                  source: tg.Source, rates: tuple) -> tuple[list[StepTime], list[str], list[str]]:
-    """Every recorded step of this rank replayed (see :func:`predict_step`), with what was kept / assumed."""
-    win = step_windows(events)
-    out = []
+    """Every recorded step of this rank (:func:`run_steps`) replayed (see :func:`predict_step`), with what was
+    kept / assumed."""
     # on CPU, FSDP's gloo collectives block the training thread (no streams); DDP's run behind backward
     sync = source.device_type == "cpu" and target.strategy != tg.DDP
-    for row in win.itertuples(index=False):
-        sc = tsched.get(float(row.step))
-        if sc is None:
-            continue
-        out.append(predict_step(events, (float(row.start_us), float(row.end_us)), sc, target, units, fit, source,
-                                rates, sync))
+    out = [predict_step(rs, tsched[rs.step], target, units, fit, source, rates, sync) for rs in steps]
     kept = ["the run's compute and CPU time per step (its exposed communication cut out)",
             "the measured time of each collective the run had too (same type, size, group and pass)",
             "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
