@@ -245,3 +245,33 @@ def test_report_has_the_what_if_numbers(recorded_run):
     html = whatif_section(a, Page())
     assert html.startswith('<section id="whatif">') and "SHARD_GRAD_OP (this run&#x27;s own)" in html
     assert "Kept from the measurement" in html
+
+
+def test_hand_built_step_time():
+    """One 1000 us step: compute 0-100, forward all-gather 100-200 (exposed), compute 200-600, reduce-scatter
+    600-700 (exposed), compute 700-1000; one unit of 200 fp32 parameters on 2 ranks. Replayed with the
+    FSDP collectives blocking (CPU): the run itself gives 1000 back; FULL_SHARD adds a backward all-gather
+    at 600 of 50 + 800 x 1/2 x 0.25 = 150 us (fit) -> 1150; the measured times are kept for the others."""
+    from fsdpprof.analyze.whatif import timing
+
+    units = [Unit("", 200, 0)]
+    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 600.0, 1000.0]),
+                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
+                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
+                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
+    assert rs.length == 800 and list(rs.squeeze([100, 150, 200, 650, 1000])) == [100, 100, 100, 500, 800]
+    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
+          "bwd_end": 700.0}
+    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
+    src = source(tg.SHARD_GRAD_OP)
+    same = timing.predict_step(rs, sc, tg.target_of_source(src), units, fit, src, (None, None), sync=True)
+    assert (same.step_us, same.exposed_comm_us, same.compute_us) == (1000.0, 200.0, 800.0)
+    full = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, (None, None), sync=True)
+    assert (full.step_us, full.exposed_comm_us, full.comm_us, full.compute_us) == (1150.0, 350.0, 350.0, 800.0)
+    # FSDP's own CPU work per byte (here 0.1 us/B gathered): the extra 800 B gathered cost 80 us more
+    more = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, (0.1, None), sync=True)
+    assert more.step_us == pytest.approx(1230.0)
+    # DDP: one bucket all-reduce of 800 B (pooled fit: 800 x 2 x 1/2 x 0.25 = 200 us) issued at the grad (600),
+    # waited at the end of backward (700): nothing to hide it behind, all exposed
+    ddp = timing.predict_step(rs, sc, tg.make_target(src, "DDP"), units, fit, src, (None, None), sync=False)
+    assert (ddp.step_us, ddp.exposed_comm_us) == (1000.0, 200.0)
