@@ -1,7 +1,7 @@
 """``fsdpprof whatif RUN``: predict peak memory and step time of the run under another strategy or world size."""
 from __future__ import annotations
 
-import json
+import os
 import sys
 
 from fsdpprof.errors import UserError
@@ -24,7 +24,8 @@ def add_arguments(p) -> None:
                    help="FSDP implementation of the target (default: the run's; FSDP2 for a DDP run)")
     p.add_argument("--only", action="store_true", help="predict only the target, not every standard strategy too")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON on stdout")
-    p.add_argument("-o", "--output", default=None, metavar="HTML", help="also write an HTML page of the predictions")
+    p.add_argument("-o", "--output", default=None, metavar="HTML",
+                   help="also write an HTML page of the predictions (a folder: whatif.html in it)")
     p.add_argument("--force", action="store_true", help="overwrite an -o file that fsdpprof did not write")
 
 
@@ -102,12 +103,15 @@ def run(args) -> int:
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
 
     check_not_empty(**{"RUN": args.run, "-o": args.output})
+    fix = "choose another path with -o"
+    if args.output and os.path.isdir(args.output):
+        args.output = os.path.join(args.output, "whatif.html")
     if args.output:
-        check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run])
+        check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
     run_ = load_run(args.run, lazy=True)
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
-                      input_folders=run_.record_folders())
+                      input_folders=run_.record_folders(), fix=fix)
     targets, run_target, notes = build(args, run_)
     with unexpected_as_user_error(f"what-if of {args.run}"):
         result = wp.predict_run(run_, targets, run_target)

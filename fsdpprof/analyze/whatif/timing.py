@@ -428,11 +428,13 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
             "the measured time of each collective the run had too (same type, size, group and pass)",
             "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
     assumed = []
-    if sync:
+    if target.strategy == tg.DDP:
+        assumed.append("DDP's bucket all-reduces run behind the backward and are waited for at its end")
+    elif sync:
         assumed.append("FSDP's collectives block the training thread on CPU (gloo, no streams: as recorded)")
     else:
         assumed.append("forward all-gathers prefetched one unit ahead, backward ones one unit ahead (FSDP's "
-                       "default), reduce-scatters and DDP's all-reduces waited for at the end of backward")
+                       "default), reductions waited for at the end of backward")
     missing = [c for c in {vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE} - set(fit.by_type)]
     if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and vocab.ALL_REDUCE not in fit.by_type):
         assumed.append("collective types the run lacks use the fit of all its collectives together")
