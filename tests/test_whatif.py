@@ -275,3 +275,14 @@ def test_hand_built_step_time():
     # waited at the end of backward (700): nothing to hide it behind, all exposed
     ddp = timing.predict_step(rs, sc, tg.make_target(src, "DDP"), units, fit, src, (None, None), sync=False)
     assert (ddp.step_us, ddp.exposed_comm_us) == (1000.0, 200.0)
+
+
+def test_a_snapshot_window_is_split_into_steps():
+    """A CUDA snapshot is one window (step 0 throughout): steps start where a forward follows an optimizer."""
+    stage = np.array([None, "forward", "forward", "backward", "optimizer", "post_step", "data", "forward", "backward",
+                      None, "optimizer", "forward"], dtype=object)
+    seq = np.array([-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert wm.steps_from_stages(stage, seq).tolist() == [-1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2]
+    # out of record order in the frame: the same steps
+    perm = np.random.default_rng(0).permutation(len(seq))
+    assert wm.steps_from_stages(stage[perm], seq[perm]).tolist() == [[-1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2][i] for i in perm]

@@ -88,6 +88,9 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
                              "ag_scratch", "opt_tmp"], "keep").astype(object)
     aseq = allocs["alloc_seq"].to_numpy(np.int64)
     fseq = allocs["free_seq"].to_numpy(np.int64)
+    step = allocs["step_idx"].to_numpy(np.int64)
+    if len(np.unique(step[aseq >= 0])) <= 1:       # a CUDA snapshot is one window: split it into steps
+        step = steps_from_stages(stage, aseq)
     t0 = np.where(aseq < 0, -np.inf, allocs["alloc_us"].to_numpy(float))
     t1 = allocs["free_us"].to_numpy(float)
     t1 = np.where(np.isnan(t1) | (fseq == np.iinfo(np.int64).max), np.inf, t1)
@@ -95,7 +98,24 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
         "bytes": allocs["bytes"].to_numpy(np.float64), "t0": t0, "t1": t1,
         "seq0": aseq.astype(np.float64), "seq1": np.where(np.isinf(t1), np.inf, fseq.astype(np.float64)),
         "category": cat, "role": role, "unit": _str_or_none(allocs["unit"]),
-        "step": allocs["step_idx"].to_numpy(np.int64), "stage": stage})
+        "step": step, "stage": stage})
+
+
+def steps_from_stages(stage: np.ndarray, alloc_seq: np.ndarray) -> np.ndarray:
+    """Step index of each allocation from the stages alone (a CUDA snapshot has no step marks): in record
+    order, a step starts at the first data / forward allocation after an optimizer (or post-step) one.
+    Allocations before the record keep -1."""
+    st = pd.Series(np.asarray(stage, dtype=object))
+    order = np.argsort(alloc_seq, kind="stable")
+    s = st.to_numpy(object)[order]
+    kind = np.where(pd.Series(s).isin([vocab.STAGE_DATA, vocab.STAGE_FORWARD]).to_numpy(), 1,
+                    np.where(pd.Series(s).isin([vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP]).to_numpy(), 2, 0))
+    last = pd.Series(np.where(kind > 0, kind, np.nan)).ffill().shift(1).to_numpy()
+    start = (kind == 1) & (last == 2)
+    idx = np.cumsum(start)
+    out = np.empty(len(order), dtype=np.int64)
+    out[order] = idx
+    return np.where(np.asarray(alloc_seq) < 0, -1, out)
 
 
 def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float], names: pd.Series | None,
@@ -272,10 +292,11 @@ def scratch_ratio(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> tupl
 
 
 def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, target: tg.Target,
-           scratch: tuple | None = None) -> tuple[pd.DataFrame, list[str], list[str], float]:
+           scratch: tuple | None = None, host_states: dict | None = None) -> tuple[pd.DataFrame, list, list, float]:
     """The target's allocations (bytes, t0, t1, seq0, seq1, category) from the run's rows ``r``
     (:func:`roles_frame` + :func:`label_units`), with what was kept, what was assumed and the bytes moved
-    to the host. ``scratch``: :func:`scratch_ratio` of the run, when computed already."""
+    to the host. ``scratch``: :func:`scratch_ratio` of the run, when computed already; ``host_states``:
+    category -> bytes of this rank's states a CPU-offload run kept on the host (inventory)."""
     kept, assumed = [], []
     ks, kt = source.shard_group, target.shard_group
     ps, pt = tg.dtype_bytes(source.param_dtype), tg.dtype_bytes(target.param_dtype)
@@ -407,12 +428,12 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
     if sharded_t and sharded_s:
         kept.append("the run's all-gather and reduce buffers per unit, lifetimes re-derived from the target's "
                     "resharding")
-    if source.cpu_offload and source.device_type != "cpu" and not target.cpu_offload:
-        assumed.append("the run offloaded its states to the host: they are added back from the inventory's sizes")
-        base = r[np.isin(role, ["param_state", "opt_state"])]
-        add = pd.DataFrame({"bytes": base["bytes"].to_numpy() * by_unit[np.isin(role, ["param_state", "opt_state"])],
-                            "t0": -np.inf, "t1": np.inf, "seq0": -1.0, "seq1": np.inf,
-                            "category": base["category"].to_numpy(object)})
+    if host_states and source.cpu_offload and source.device_type != "cpu" and not target.cpu_offload:
+        assumed.append("the run offloaded its states to the host: they are put on the device from the inventory's "
+                       "sizes, the gradients counted all step long")
+        cats = [c for c, v in host_states.items() if v]
+        add = pd.DataFrame({"bytes": [float(host_states[c]) * total_share for c in cats], "t0": -np.inf,
+                            "t1": np.inf, "seq0": -1.0, "seq1": np.inf, "category": cats})
         out = pd.concat([out, add], ignore_index=True)
     return out, kept, assumed + [f"unit boundaries {'from' if sharded_s else 'derived from'} the run's "
                                  f"{'gathers and reductions' if sharded_s else 'gradients'}"], host
@@ -586,9 +607,9 @@ def sweep(rows: pd.DataFrame) -> tuple[float, float, np.ndarray]:
 
 
 def predict_memory(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, target: tg.Target,
-                   scratch: tuple | None = None) -> MemoryPrediction:
+                   scratch: tuple | None = None, host_states: dict | None = None) -> MemoryPrediction:
     """The target's peak and breakdown from one rank's replay rows (see :func:`replay`)."""
-    rows, kept, assumed, host = replay(r, sched, units, source, target, scratch)
+    rows, kept, assumed, host = replay(r, sched, units, source, target, scratch, host_states)
     peak, tp, alive = sweep(rows)
     cats = rows["category"].to_numpy(object)[alive]
     byc = pd.Series(rows["bytes"].to_numpy(float)[alive]).groupby(cats).sum()

@@ -64,6 +64,10 @@ class RankModel:
         self.notes: list[str] = []
         self.source = source_of_rank(rd, hosts, ranks_per_host)
         self.units, note = model_units(rd.inventory)
+        totals = (rd.inventory or {}).get("totals") or {}
+        self.host_states = {"sharded_param": totals.get("param_bytes"), "sharded_grad": totals.get("grad_bytes"),
+                            "optimizer_state": totals.get("optimizer_state_bytes")} \
+            if self.source.cpu_offload and self.source.device_type != "cpu" else None
         if note:
             self.notes.append(note)
         events = rd.events
@@ -116,7 +120,8 @@ class RankModel:
                "host_bytes": 0, "steps_us": [], "compute_us": None, "exposed_comm_us": None, "comm_us": None,
                "kept": [], "assumed": []}
         if self.rows is not None:
-            p = mem.predict_memory(self.rows, self.msched, self.units, self.source, target, self.scratch)
+            p = mem.predict_memory(self.rows, self.msched, self.units, self.source, target, self.scratch,
+                                   self.host_states)
             out.update(peak_allocated_bytes=p.peak_allocated_bytes, breakdown=p.breakdown, peak_stage=p.peak_stage,
                        host_bytes=p.host_bytes)
             out["kept"] += p.kept
