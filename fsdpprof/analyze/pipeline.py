@@ -72,6 +72,7 @@ class RankResult:
     top_kernels: pd.DataFrame | None = None      # breakdown.top_kernels
     idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
     op_stats: pd.DataFrame | None = None         # diff.op_table: rank, step, name, kind: count, total_us, max_us
+    whatif: dict | None = None                   # whatif.predict.report_rank: standard strategies predicted
 
 
 @dataclass
@@ -108,6 +109,7 @@ class Analysis:
     hta: dict = field(default_factory=dict)                   # name -> DataFrame (with --hta, GPU traces only)
     findings: list = field(default_factory=list)
     op_stats: pd.DataFrame | None = None                      # rank, step, name, kind: count, total_us (diff.op_table)
+    whatif: dict | None = None                                # predictions of the standard strategies (JSON-ready)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -234,7 +236,8 @@ NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); 
                     "(memory on) or torch.profiler.profile(profile_memory=True)")
 
 
-def _memory_part(res: RankResult, rd, source: str) -> None:
+def _memory_part(res: RankResult, rd, source: str):
+    """The rank's MemoryResult (with its allocations, for the what-if replay) into ``res``; None without."""
     from fsdpprof.analyze.memory.attribution import memory_analysis
 
     if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
@@ -263,6 +266,7 @@ def _memory_part(res: RankResult, rd, source: str) -> None:
     res.memory = replace(m, allocations=None)
     # what was malformed in the input is said once, with the run's warnings (terminal and report)
     res.warnings += [w for w in getattr(m, "input_warnings", []) if w not in res.warnings]
+    return m
 
 
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
@@ -290,7 +294,11 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
     if rd.events is not None and len(rd.events):
         _trace_part(res, rd.events, lanes)
     if rd.events is not None or rd.snapshot_path:
-        _memory_part(res, rd, source)
+        m = _memory_part(res, rd, source)
+        if rd.inventory and rd.events is not None and len(rd.events):
+            from fsdpprof.analyze.whatif.predict import report_rank
+
+            res.whatif = _try(res.notes, "whatif", "what-if predictions", report_rank, rd, m)
     return res
 
 
@@ -551,6 +559,9 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
     a.findings = _findings(a)
+    from fsdpprof.analyze.whatif.predict import report_reduce
+
+    a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     return a
 
 

@@ -5,7 +5,8 @@ Run it under torchrun (gloo on CPU, NCCL when a GPU is present)::
     torchrun --standalone --nproc-per-node=2 -m fsdpprof.examples.train_fsdp --strategy fsdp2 --steps 5
 
 Strategies: fsdp2 (FULL_SHARD), fsdp2-no-reshard (SHARD_GRAD_OP), hsdp (FSDP2 on a 2-D mesh),
-fsdp1-full, fsdp1-grad-op, fsdp1-no-shard, fsdp1-hybrid (FSDP1 HYBRID_SHARD on a 2-D mesh), ddp,
+fsdp2-offload (FULL_SHARD with CPUOffloadPolicy: sharded parameters, gradients and optimizer state on
+the host; unpinned on CPU, so it runs with gloo), fsdp1-full, fsdp1-grad-op, fsdp1-no-shard, fsdp1-hybrid (FSDP1 HYBRID_SHARD on a 2-D mesh), ddp,
 none (plain single-process training, no torch.distributed). Every block is one FSDP unit, plus
 the root (embedding, final norm and head). Default size: about 3.7 M parameters, so a 2-rank,
 5-step run on CPU takes seconds.
@@ -23,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-STRATEGIES = ("fsdp2", "fsdp2-no-reshard", "hsdp", "fsdp1-full", "fsdp1-grad-op", "fsdp1-no-shard",
+STRATEGIES = ("fsdp2", "fsdp2-no-reshard", "hsdp", "fsdp2-offload", "fsdp1-full", "fsdp1-grad-op", "fsdp1-no-shard",
               "fsdp1-hybrid", "ddp", "none")
 
 
@@ -137,7 +138,7 @@ def wrap(model: nn.Module, args, device: torch.device, world: int) -> nn.Module:
     s = args.strategy
     bf16 = args.mixed_precision == "bf16"
     on_cpu = device.type == "cpu"
-    if s in ("fsdp2", "fsdp2-no-reshard", "hsdp"):
+    if s in ("fsdp2", "fsdp2-no-reshard", "hsdp", "fsdp2-offload"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -145,7 +146,7 @@ def wrap(model: nn.Module, args, device: torch.device, world: int) -> nn.Module:
         kw = dict(mesh=mesh, reshard_after_forward=(s != "fsdp2-no-reshard"))
         if bf16:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if args.cpu_offload:
+        if args.cpu_offload or s == "fsdp2-offload":  # pinned memory needs an accelerator
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=not on_cpu)
         for layer in model.layers:
             fully_shard(layer, **kw)

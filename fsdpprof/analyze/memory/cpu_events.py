@@ -145,18 +145,17 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     annotate_from_events(allocs, events, marks, inventory, ws)
     n_lost, lost_bytes = infer_lost_frees(allocs, ts, labels.fsdp_intervals(events), marks)
     if n_lost:
-        warnings.append(f"{label}: {n_lost} FSDP all-gather buffer(s) ({lost_bytes / 2**20:.2f} MiB) have no free "
-                        f"event in the window (or only one inferred from a later reuse of the address), a free "
-                        f"probably on a communication thread the profiler did not record; taken as freed by FSDP's "
-                        f"own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "
+        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({lost_bytes / 2**20:.2f} MiB) "
+                        f"have no free event in the window (or only one inferred from a later reuse of the address), "
+                        f"a free probably on a communication thread the profiler did not record; taken as freed by "
+                        f"FSDP's own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "
                         f"all-gather output after its copy-out), else after the same unit's usual lifetime")
     return allocs, inv_t, warnings
 
 
 TRANSIENT_PHASES = ("all_gather", "foreach_all_gather")
 COPY_OUT_PHASES = ("all_gather_copy_out", "foreach_all_gather_copy_out")
-
-
+REDUCE_TRANSIENT_PHASES = ("post_backward_reduce", "foreach_reduce", "reduce_scatter", "post_backward")
 def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarray:
     """The latest time (µs) FSDP can free each all-gather buffer (inf where no rule applies), FSDP's own
     rules (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
@@ -212,14 +211,19 @@ def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarra
 def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFrame, marks) -> tuple[int, int]:
     """All-gather buffers whose free the trace lost (alive to the end of the window, or freed only by a
     later allocation at the same address) are freed where FSDP frees them at the latest
-    (:func:`fsdp_free_bounds`); those no rule bounds (the last of the window) take the median lifetime of
-    their peers (same FSDP phase, unit and stage, freed in the trace).  A free found later than FSDP's
+    (:func:`fsdp_free_bounds`); those no rule bounds (the last of the window), and reduce-scatter buffers
+    whose peers die in the step that made them, take the median lifetime of their peers (same FSDP phase,
+    unit, stage and size, freed in the trace).  A free found later than FSDP's
     bound (the address reused long after) is moved to the bound too.  ``ts``: the memory events' times
     (µs, sorted): a moved free is ordered just before the first event at or after its time.
     Returns (count, bytes) fixed (in place)."""
     fp = allocs["fsdp_phase"].astype(object)
     unsh = cz._Codes(fp.to_numpy()).isin(TRANSIENT_PHASES + COPY_OUT_PHASES + tuple(vocab.FSDP1_UNSHARD_PHASES))
     buf = unsh & ~allocs["before_trace"].to_numpy()
+    # reduce phases: their buffers are transient when their peers die in the step that made them (the
+    # reduce-scatter input, held by the collective's work object, is often freed on gloo's thread); the new
+    # sharded gradient made there lives into the next step and is left alone
+    reduce_ = cz._Codes(fp.to_numpy()).isin(REDUCE_TRANSIENT_PHASES) & ~allocs["before_trace"].to_numpy()
     never = allocs["free_seq"].to_numpy() == NEVER
     by_realloc = allocs["free_inferred"].to_numpy(bool) & ~never
     free_us = allocs["free_us"].to_numpy(float)
@@ -228,12 +232,17 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
     fix_b = buf & np.isfinite(bound) & (never | (by_realloc & (free_us > bound)))
     new_us = np.where(fix_b, bound, np.nan)
     # no bound (the window ends first): the peers' usual lifetime
-    transient = fp.isin(TRANSIENT_PHASES).to_numpy() & buf
+    gather = fp.isin(TRANSIENT_PHASES).to_numpy() & buf
+    transient = gather | reduce_
     cand = transient & (never | by_realloc) & ~fix_b
     if cand.any():
-        key = fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|" + \
-            allocs["stage"].astype(object).fillna("")
-        freed = transient & ~never & ~by_realloc
+        key = (fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|"
+               + allocs["stage"].astype(object).fillna("") + "|" + allocs["bytes"].astype(str))
+        same_step = (allocs["free_step_idx"] == allocs["step_idx"]).to_numpy()
+        freed = transient & ~never & ~by_realloc & (gather | same_step)
+        # a reduce-phase size whose peers outlive their step (the sharded gradient) is not transient
+        outlives = pd.Series(reduce_ & ~never & ~by_realloc & ~same_step).groupby(key).any()
+        cand &= ~(reduce_ & outlives.reindex(key).fillna(False).to_numpy(bool))
         life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
         med = life.groupby(key).median()
         n_peers = life.groupby(key).count()

@@ -1,0 +1,148 @@
+"""Benchmark: `fsdpprof whatif` against real runs, every strategy predicted from every other.
+
+    python benchmarks/bench_whatif.py [--repeats 2] [--out DIR] [--reuse DIR] [--strategies a,b,...]
+
+Records the example (fsdpprof/examples/train_fsdp.py) under each of its strategies with
+`fsdpprof record` (2 ranks; 4 for HSDP and FSDP1 HYBRID_SHARD; gloo on CPU), ``--repeats`` times, in
+turn (a, b, c, a, b, c ...) so that load on a shared machine falls on every strategy alike. Then, for
+every pair (run of strategy S, strategy T), predicts T from S's recording (the target T is read from
+T's own inventory: strategy, world size, shard group, offload) and prints two matrices, rows = the run
+predicted from, columns = the strategy predicted:
+
+- peak memory: 100 x (predicted / measured - 1) %, measured = the largest rank's peak of T's run;
+- step time: predicted / measured, measured = the median step time of T's run (ranks x steps), all
+  recorded in this invocation.
+
+Each cell is the median over the repeats of S and T. Goals (issue 10): |peak error| <= 10 % for every
+pair, step time within 20 % (ratio 0.8 .. 1.2). No assertion: the figures are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fsdpprof.analyze.run import load_run  # noqa: E402
+from fsdpprof.analyze.whatif import predict as wp  # noqa: E402
+from fsdpprof.analyze.whatif import targets as tg  # noqa: E402
+
+EXAMPLE = ROOT / "fsdpprof" / "examples" / "train_fsdp.py"
+STRATEGIES = [("fsdp2", 2), ("fsdp2-no-reshard", 2), ("hsdp", 4), ("fsdp2-offload", 2), ("fsdp1-full", 2),
+              ("fsdp1-grad-op", 2), ("fsdp1-no-shard", 2), ("fsdp1-hybrid", 4), ("ddp", 2)]
+RECORD = ("--skip-steps", "1", "--warmup-steps", "1", "--active-steps", "3")
+TRAIN = ("--steps", "6")
+PEAK_GOAL_PCT, STEP_GOAL = 10.0, 0.20
+
+
+def record(strategy: str, nproc: int, out: Path) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "fsdpprof", "record", "--out", str(out), *RECORD, "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(EXAMPLE), "--strategy", strategy, *TRAIN, "--quiet"]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        raise SystemExit(f"recording {strategy} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    return time.perf_counter() - t
+
+
+def analyse(path: Path) -> dict:
+    """The run's own target, measured peak and step, and the model to predict from."""
+    run = load_run(str(path), lazy=True)
+    src = wp.source_of_rank(run.ranks[min(run.ranks)])
+    return {"run": run, "target": tg.target_of_source(src)}
+
+
+def fmt_row(name: str, cells: list[str], width: int = 10) -> str:
+    return f"{name:>18s} " + " ".join(f"{c:>{width}s}" for c in cells)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default=None, help="keep the recordings here (default: a temporary folder)")
+    ap.add_argument("--reuse", default=None, help="predict from recordings made before (a folder --out wrote)")
+    ap.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES))
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    wanted = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    strategies = [(s, n) for s, n in STRATEGIES if s in wanted]
+    base = Path(args.reuse or args.out or tempfile.mkdtemp(prefix="bench-whatif-"))
+    base.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Path]] = {s: [] for s, _ in strategies}
+    t_rec = 0.0
+    for rep in range(args.repeats):
+        for s, n in strategies:
+            out = base / f"{s}-{rep}"
+            if not args.reuse:
+                t_rec += record(s, n, out)
+            if (out / "run.json").exists():
+                runs[s].append(out)
+    print(f"recordings: {sum(len(v) for v in runs.values())} in {base} ({t_rec:.0f} s)")
+    info = {s: [analyse(p) for p in paths] for s, paths in runs.items() if paths}
+    names = list(info)
+    targets = [info[s][0]["target"] for s in names]
+    t0 = time.perf_counter()
+    pred_peak = {a: {b: [] for b in names} for a in names}
+    pred_step = {a: {b: [] for b in names} for a in names}
+    meas_peak = {b: [] for b in names}
+    meas_step = {b: [] for b in names}
+    n_pred = 0
+    for a in names:
+        for rec in info[a]:
+            res = wp.predict_run(rec["run"], targets, rec["target"])
+            meas_peak[a].append(res["measured"]["peak_allocated_bytes"])
+            meas_step[a].append(res["measured"]["step_us"])
+            for b, p in zip(names, res["predictions"]):
+                pred_peak[a][b].append(p["peak_allocated_bytes"])
+                pred_step[a][b].append(p["step_us"])
+                n_pred += 1
+    t_pred = time.perf_counter() - t0
+    med = statistics.median
+    mp = {b: med(v) for b, v in meas_peak.items()}
+    ms = {b: med(v) for b, v in meas_step.items()}
+    print(f"{n_pred} predictions in {t_pred:.1f} s ({1e3 * t_pred / max(len(names) * args.repeats, 1):.0f} ms per run "
+          f"for all {len(names)} targets)\n")
+    print("measured (median over repeats): peak MiB / step ms")
+    for b in names:
+        print(f"  {b:18s} {mp[b] / 2**20:8.2f} MiB  (repeats {', '.join(f'{x / 2**20:.2f}' for x in meas_peak[b])})"
+              f"   {ms[b] / 1e3:8.1f} ms  (repeats {', '.join(f'{x / 1e3:.1f}' for x in meas_step[b])})")
+    short = [b.replace("fsdp2-", "f2-").replace("fsdp1-", "f1-") for b in names]
+    print("\npeak memory error, % (row: run predicted from; column: strategy predicted)")
+    print(fmt_row("", short))
+    worst_peak, ok_peak, worst_step, ok_step, n = 0.0, 0, 1.0, 0, 0
+    for a in names:
+        cells = []
+        for b in names:
+            v = 100.0 * (med(pred_peak[a][b]) / mp[b] - 1.0)
+            cells.append(f"{v:+.1f}")
+            worst_peak = max(worst_peak, abs(v))
+            ok_peak += abs(v) <= PEAK_GOAL_PCT
+            n += 1
+        print(fmt_row(a, cells))
+    print("\nstep time, predicted / measured")
+    print(fmt_row("", short))
+    for a in names:
+        cells = []
+        for b in names:
+            v = med(pred_step[a][b]) / ms[b]
+            cells.append(f"{v:.2f}")
+            worst_step = max(worst_step, v, 1 / v) if v > 0 else worst_step
+            ok_step += abs(v - 1.0) <= STEP_GOAL
+        print(fmt_row(a, cells))
+    print(f"\npeak: {ok_peak}/{n} pairs within {PEAK_GOAL_PCT:.0f} % (worst {worst_peak:.1f} %); "
+          f"step: {ok_step}/{n} pairs within {100 * STEP_GOAL:.0f} % (worst ratio x{worst_step:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Predictions of one rank (map) and of the run (reduce), as small JSON-ready dicts.
+
+:func:`rank_predictions` reads one rank's allocations, trace and inventory and returns, per target,
+the replayed peak and its breakdown (:mod:`.memory`) and the step time per recorded step
+(:mod:`.timing`): a few numbers, never the frames. :func:`reduce_predictions` takes the ranks' results:
+the peak is the largest rank's, the step time the median over ranks and steps (as the report's).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.frames import startswith
+from fsdpprof.analyze.whatif import memory as mem
+from fsdpprof.analyze.whatif import targets as tg
+from fsdpprof.analyze.whatif import timing
+from fsdpprof.analyze.whatif.units import model_units, padded_numel, param_unit_map
+from fsdpprof.errors import UserError
+
+
+def _device_type(rd) -> str:
+    meta = getattr(rd, "trace_meta", None) or {}
+    dt = meta.get("device_type")
+    if dt:
+        return str(dt)
+    return str((rd.info or {}).get("device") or "cpu").split(":")[0] or "cpu"
+
+
+def source_of_rank(rd, hosts: int = 1, ranks_per_host: int | None = None) -> tg.Source:
+    return tg.source_of(rd.inventory, rd.info, _device_type(rd), hosts, ranks_per_host)
+
+
+def _inventory_names(allocs: pd.DataFrame, inventory: dict, events: pd.DataFrame | None,
+                     kind: str) -> pd.Series | None:
+    """The inventory tensor name (parameter fqn for params and grads) of each allocation it describes."""
+    from fsdpprof.analyze.memory import attribution, cpu_events
+
+    if kind == "cpu_trace" and events is not None:
+        opt = events[startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))]
+        starts = np.sort(opt["ts_us"].to_numpy(float))
+        ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float))
+        t_end = float(np.nanmax(allocs["alloc_us"].to_numpy(float))) if len(allocs) else 0.0
+        inv_t = cpu_events.inventory_tensors(inventory, starts, ends, t_end)
+    else:
+        inv_t = attribution._snapshot_inventory(inventory, allocs)
+    if inv_t is None or not len(inv_t):
+        return None
+    a = pd.DataFrame({"index": np.arange(len(allocs)), "addr": allocs["addr"].to_numpy(np.int64),
+                      "alloc_us": allocs["alloc_us"].to_numpy(float), "free_us": allocs["free_us"].to_numpy(float)})
+    m = a.merge(inv_t[["addr", "ref_us", "name"]], on="addr")
+    m = m[(m["alloc_us"] <= m["ref_us"]) & (m["ref_us"] < m["free_us"].fillna(np.inf))].drop_duplicates("index")
+    names = pd.Series([None] * len(allocs), dtype=object)
+    names.iloc[m["index"].to_numpy()] = m["name"].astype(str).str.split("/").str[0].to_numpy(object)
+    return names
+
+
+class RankModel:
+    """What one rank's record gives the predictions: its configuration, units, replay rows and schedules.
+    ``memory_result``: the rank's MemoryResult with allocations; None: computed here; False: none."""
+
+    def __init__(self, rd, memory_result=None, hosts: int = 1, ranks_per_host: int | None = None):
+        self.rank = int(rd.rank)
+        self.notes: list[str] = []
+        self.source = source_of_rank(rd, hosts, ranks_per_host)
+        self.units, note = model_units(rd.inventory)
+        totals = (rd.inventory or {}).get("totals") or {}
+        self.host_states = {"sharded_param": totals.get("param_bytes"), "sharded_grad": totals.get("grad_bytes"),
+                            "optimizer_state": totals.get("optimizer_state_bytes")} \
+            if self.source.cpu_offload and self.source.device_type != "cpu" else None
+        if note:
+            self.notes.append(note)
+        events = rd.events
+        self.rows = self.msched = None
+        self.measured_peak = None
+        m = memory_result if memory_result is not False else None
+        if memory_result is None and (rd.snapshot_path or (rd.memory_events is not None and len(rd.memory_events))):
+            from fsdpprof.analyze.memory.attribution import memory_analysis
+
+            m = memory_analysis(rd)
+        if m is not None and getattr(m, "allocations", None) is not None and len(m.allocations):
+            self.measured_peak = int(m.peak_allocated_bytes)
+            self.memory_kind = m.source
+            r = mem.roles_frame(m.allocations, self.source.family)
+            names = None
+            if self.source.family not in ("fsdp1", "fsdp2"):
+                names = _inventory_names(m.allocations, rd.inventory, events, m.source)
+            sizes = {u.fqn: padded_numel(u.numel, self.source.shard_group) * tg.dtype_bytes(self.source.param_dtype)
+                     for u in self.units}
+            mem.label_units(r, self.units, sizes, names, param_unit_map(rd.inventory, self.units))
+            self.rows = r
+            self.msched = mem.schedule(r, self.units, self.source)
+            self.scratch = mem.scratch_ratio(r, self.units, self.source)
+            if not self.msched:
+                self.notes.append("no recorded step has both a forward and a backward in the memory record: "
+                                  "memory not predicted")
+                self.rows = None
+        else:
+            self.memory_kind = None
+            self.notes.append("no memory record (no [memory] events, no CUDA snapshot): memory not predicted")
+        self.events = events if events is not None and len(events) else None
+        self.tsched, self.fit, self.rates, self.steps = {}, None, (None, None), []
+        self.measured_steps = []
+        if self.events is not None:
+            self.fit = timing.fit_collectives(self.events)
+            self.tsched = timing.trace_schedule(self.events, self.units, self.msched,
+                                                same_clock=self.memory_kind == "cpu_trace")
+            ag, rs, _ = timing.gather_reduce_overhead(self.events)
+            self.rates = (ag, rs)
+            self.steps = timing.run_steps(self.events, self.tsched)
+            self.measured_steps = [s.w1 - s.w0 for s in self.steps]
+            if not self.fit.by_type:
+                self.notes.append("the run has no collectives to fit latency and bandwidth on: time not predicted")
+        else:
+            self.notes.append("no profiler trace: time not predicted")
+
+    def predict(self, target: tg.Target) -> dict:
+        """One target on this rank: small dict (bytes, µs) with what was kept and assumed."""
+        out = {"rank": self.rank, "peak_allocated_bytes": None, "breakdown": {}, "peak_stage": None,
+               "host_bytes": 0, "steps_us": [], "compute_us": None, "exposed_comm_us": None, "comm_us": None,
+               "kept": [], "assumed": []}
+        if self.rows is not None:
+            p = mem.predict_memory(self.rows, self.msched, self.units, self.source, target, self.scratch,
+                                   self.host_states)
+            out.update(peak_allocated_bytes=p.peak_allocated_bytes, breakdown=p.breakdown, peak_stage=p.peak_stage,
+                       host_bytes=p.host_bytes)
+            out["kept"] += p.kept
+            out["assumed"] += p.assumed
+        if self.events is not None and self.fit is not None and self.fit.by_type and self.tsched:
+            steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, self.fit,
+                                                       self.source, self.rates)
+            if steps:
+                out["steps_us"] = [s.step_us for s in steps]
+                out["compute_us"] = float(np.median([s.compute_us for s in steps]))
+                out["comm_us"] = float(np.median([s.comm_us for s in steps]))
+                out["exposed_comm_us"] = float(np.median([s.exposed_comm_us for s in steps]))
+                out["kept"] += kept
+                out["assumed"] += assumed
+        return out
+
+
+def rank_predictions(rd, targets: list[tg.Target], memory_result=None, hosts: int = 1,
+                     ranks_per_host: int | None = None) -> dict:
+    """Map: every target on one rank -> {"rank", "measured_peak_bytes", "measured_steps_us", "notes",
+    "predictions": [per target dict]} (small)."""
+    model = RankModel(rd, memory_result, hosts, ranks_per_host)
+    return {"rank": model.rank, "source": model.source, "measured_peak_bytes": model.measured_peak,
+            "fits": model.fit.describe() if model.fit is not None else [],
+            "measured_steps_us": model.measured_steps, "notes": model.notes,
+            "predictions": [model.predict(t) for t in targets]}
+
+
+def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_target: tg.Target | None = None) -> dict:
+    """Reduce: the run's predictions (JSON-ready): per target the largest rank's peak and its breakdown,
+    the median step time over ranks and steps and its split, what was kept and assumed."""
+    per_rank = [p for p in per_rank if p]
+    preds = []
+    for i, t in enumerate(targets):
+        rows = [p["predictions"][i] for p in per_rank]
+        peaks = [r for r in rows if r["peak_allocated_bytes"] is not None]
+        top = max(peaks, key=lambda r: r["peak_allocated_bytes"]) if peaks else None
+        steps = [s for r in rows for s in r["steps_us"]]
+        step = float(np.median(steps)) if steps else None
+
+        def med(key):
+            v = [r[key] for r in rows if r[key] is not None]
+            return float(np.median(v)) if v else None
+
+        exposed, compute = med("exposed_comm_us"), med("compute_us")
+        kept = list(dict.fromkeys(x for r in rows for x in r["kept"]))
+        assumed = list(dict.fromkeys(x for r in rows for x in r["assumed"]))
+        preds.append({**t.to_dict(), "is_run": bool(run_target is not None and tg.same_config(t, run_target)),
+                      "peak_allocated_bytes": top["peak_allocated_bytes"] if top else None,
+                      "peak_rank": top["rank"] if top else None, "peak_stage": top["peak_stage"] if top else None,
+                      "breakdown": dict(top["breakdown"]) if top else {},
+                      "host_bytes": top["host_bytes"] if top else 0,
+                      "step_us": step, "compute_us": compute, "exposed_comm_us": exposed, "comm_us": med("comm_us"),
+                      "rest_us": (step - compute - exposed) if None not in (step, compute, exposed) else None,
+                      "kept": kept, "assumed": assumed})
+    measured_peak = max((p["measured_peak_bytes"] for p in per_rank if p["measured_peak_bytes"] is not None),
+                        default=None)
+    msteps = [s for p in per_rank for s in p["measured_steps_us"]]
+    notes = list(dict.fromkeys(n for p in per_rank for n in p["notes"]))
+    return {"predictions": preds, "measured": {"peak_allocated_bytes": measured_peak,
+                                               "step_us": float(np.median(msteps)) if msteps else None},
+            "fits": {str(p["rank"]): p["fits"] for p in per_rank}, "notes": notes}
+
+
+def hosts_of(run) -> tuple[int, int | None]:
+    """(hosts, ranks per host) of a run from its ranks' rank.json."""
+    hosts = [str((rd.info or {}).get("host")) for rd in run.ranks.values() if (rd.info or {}).get("host")]
+    if not hosts:
+        return 1, None
+    n = len(set(hosts))
+    counts = pd.Series(hosts).value_counts()
+    per = int(counts.max()) if counts.nunique() == 1 else None
+    return n, per
+
+
+def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress=None) -> dict:
+    """Every target for a loaded (or lazily loaded) Run, one rank at a time."""
+    from dataclasses import replace
+
+    from fsdpprof.analyze.run import parse_trace
+
+    hosts, per_host = hosts_of(run)
+    results = []
+    for r in sorted(run.ranks):
+        rd = run.ranks[r]
+        if rd.events is None and rd.trace_path:
+            status, val = parse_trace(rd.trace_path, rd.rank, False, run.max_trace_bytes)
+            if status != "ok":
+                raise UserError(val)
+            rd = replace(rd, events=val.events, memory_events=val.memory_events,
+                         trace_meta={**val.meta, **(rd.trace_meta or {})})
+        results.append(rank_predictions(rd, targets, hosts=hosts, ranks_per_host=per_host))
+        if progress:
+            progress(r)
+    return reduce_predictions(targets, results, run_target)
+
+
+def report_rank(rd, memory_result=None) -> dict:
+    """Map side of the report's "What if" section: the standard strategies at the run's world size on one
+    rank (``memory_result``: the rank's MemoryResult with its allocations, when already computed)."""
+    source = source_of_rank(rd)
+    if source.world_size < 2:
+        raise UserError("one process: no collectives to fit; `fsdpprof whatif RUN --world N --strategy S` predicts "
+                        "the memory of a distributed run")
+    targets, notes = tg.standard_targets(source)
+    res = rank_predictions(rd, targets, memory_result if memory_result is not None else False)
+    res.update(targets=targets, run_target=tg.target_of_source(source), notes=notes + res["notes"])
+    return res
+
+
+def report_reduce(results: list) -> dict | None:
+    """Reduce side: the ranks' :func:`report_rank` results -> the predictions dict (None without any)."""
+    results = [r for r in results if r]
+    if not results:
+        return None
+    out = reduce_predictions(results[0]["targets"], results, results[0]["run_target"])
+    out["run"] = {"strategy": results[0]["run_target"].strategy, "world_size": results[0]["run_target"].world_size,
+                  "family": results[0]["run_target"].family}
+    return out

@@ -1,0 +1,291 @@
+"""What a run was (:class:`Source`) and what it could be (:class:`Target`): strategy, world size, shard
+group, resharding after forward, mixed-precision dtypes, CPU offload and local batch.
+
+Strategy names are the ones FSDP users weigh: DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD
+(the inventory's ``strategy``). ``family`` says which implementation a target follows (``fsdp2``
+``fully_shard``, ``fsdp1`` ``FullyShardedDataParallel``, ``ddp``): an FSDP run keeps its own, a DDP run
+is predicted as FSDP2. Every check that refuses a target raises a one-line
+:class:`fsdpprof.errors.UserError`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from fsdpprof.analyze import vocab
+from fsdpprof.errors import UserError
+
+DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD = "DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"
+STANDARD = [DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD]
+SHARDED = frozenset({SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD})
+ALIASES = {"DDP": DDP, "NO_SHARD": NO_SHARD, "NOSHARD": NO_SHARD, "SHARD_GRAD_OP": SHARD_GRAD_OP,
+           "ZERO2": SHARD_GRAD_OP, "ZERO-2": SHARD_GRAD_OP, "FULL_SHARD": FULL_SHARD, "ZERO3": FULL_SHARD,
+           "ZERO-3": FULL_SHARD, "HYBRID_SHARD": HYBRID_SHARD, "HSDP": HYBRID_SHARD}
+FAMILIES = ("fsdp2", "fsdp1", "ddp")
+MAX_WORLD = 1 << 20
+MAX_BATCH_SCALE = 1024.0
+
+
+def strategy_name(text) -> str:
+    """The canonical strategy of a user's spelling (``full_shard``, ``HSDP``, ``zero3`` ...)."""
+    key = str(text or "").strip().upper().replace(" ", "_").replace("-", "_")
+    key = {"ZERO_2": "ZERO2", "ZERO_3": "ZERO3"}.get(key, key)
+    if key not in ALIASES:
+        raise UserError(f"unknown strategy {str(text)[:40]!r}: use one of {', '.join(STANDARD)}")
+    return ALIASES[key]
+
+
+def dtype_name(text, what: str) -> str:
+    """torch dtype name (float32, bfloat16, ...) of a spelling, refusing unknown ones."""
+    name, size = vocab.dtype_size(str(text))
+    if size != size or name is None:
+        raise UserError(f"{what} {str(text)[:40]!r} is not a dtype: use fp32, bf16 or fp16")
+    return name
+
+
+def dtype_bytes(name: str) -> float:
+    size = vocab.dtype_size(str(name))[1]
+    return 4.0 if size != size else size
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the recorded run was, from its inventory and rank.json (one rank; the ranks agree)."""
+
+    family: str                      # fsdp2 | fsdp1 | ddp | none
+    strategy: str                    # one of STANDARD, or NONE (no data parallelism)
+    world_size: int
+    shard_group: int                 # ranks a parameter is sharded over (1 = replicated)
+    reshard_after_forward: object    # True / False / int (FSDP), None otherwise
+    stored_dtype: str                # dtype the parameters are stored in (sharded / replicated copy)
+    param_dtype: str                 # dtype of the unsharded parameters and of compute (mixed precision)
+    reduce_dtype: str                # dtype of the gradient reduction
+    cpu_offload: bool
+    device_type: str                 # cpu | cuda | ...
+    hosts: int = 1
+    ranks_per_host: int | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in SHARDED
+
+
+@dataclass(frozen=True)
+class Target:
+    """One configuration to predict. ``shard_group``: ranks a parameter is sharded over (1 for DDP and
+    NO_SHARD, the world for SHARD_GRAD_OP / FULL_SHARD, K for HYBRID_SHARD); ``reshard_after_forward``:
+    True (free the unsharded parameters after forward, gather them again in backward), False (keep them
+    until after backward) or an int (reshard to groups of that many ranks after forward)."""
+
+    strategy: str
+    world_size: int
+    shard_group: int
+    reshard_after_forward: object
+    family: str
+    param_dtype: str
+    reduce_dtype: str
+    cpu_offload: bool = False
+    batch_scale: float = 1.0
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in SHARDED
+
+    @property
+    def replicas(self) -> int:
+        return self.world_size // self.shard_group
+
+    @property
+    def label(self) -> str:
+        s = self.strategy
+        if s == HYBRID_SHARD:
+            s += f" ({self.shard_group}x{self.replicas})"
+        if isinstance(self.reshard_after_forward, int) and not isinstance(self.reshard_after_forward, bool):
+            s += f" reshard->{self.reshard_after_forward}"
+        if self.cpu_offload:
+            s += " + offload"
+        return s
+
+    def to_dict(self) -> dict:
+        raf = self.reshard_after_forward
+        return {"strategy": self.strategy, "label": self.label, "world_size": self.world_size,
+                "shard_group": self.shard_group, "replicas": self.replicas, "reshard_after_forward": raf,
+                "family": self.family, "param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype,
+                "cpu_offload": self.cpu_offload, "batch_scale": self.batch_scale}
+
+
+def source_of(inventory: dict | None, info: dict | None, device_type: str | None = None,
+              hosts: int = 1, ranks_per_host: int | None = None) -> Source:
+    """The run's configuration from one rank's inventory.json (and rank.json ``info``)."""
+    inv = inventory or {}
+    info = info or {}
+    if not inv:
+        raise UserError("the run has no inventory.json (parameter sizes, units and strategy are unknown): record it "
+                        "with `fsdpprof record` to predict other strategies")
+    family = str(inv.get("framework") or "none")
+    world = int(inv.get("world_size") or info.get("world_size") or 1)
+    raw = str(inv.get("strategy") or "NONE").upper()
+    strategy = {"NONE": "NONE"}.get(raw, ALIASES.get(raw, raw))
+    shard = int(inv.get("shard_group_size") or 1)
+    if strategy in (DDP, NO_SHARD, "NONE"):
+        shard = 1
+    units = inv.get("units") or []
+    stored = next((u.get("dtype") for u in units if u.get("dtype")), None)
+    if stored is None:
+        stored = next((t.get("dtype") for t in inv.get("tensors") or [] if t.get("role") == "param"), "float32")
+    stored = vocab.dtype_size(str(stored))[0] or "float32"
+    mp = inv.get("mixed_precision") or {}
+    param_dtype = vocab.dtype_size(str(mp.get("param_dtype") or stored))[0] or stored
+    reduce_dtype = vocab.dtype_size(str(mp.get("reduce_dtype") or param_dtype))[0] or param_dtype
+    raf = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}.get(strategy)
+    dev = device_type or str(info.get("device") or "cpu").split(":")[0] or "cpu"
+    return Source(family=family, strategy=strategy, world_size=max(world, 1), shard_group=max(shard, 1),
+                  reshard_after_forward=raf, stored_dtype=stored, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                  cpu_offload=bool(inv.get("cpu_offload")), device_type=dev, hosts=max(int(hosts or 1), 1),
+                  ranks_per_host=ranks_per_host)
+
+
+def _positive_int(value, what: str, limit: int = MAX_WORLD) -> int:
+    try:
+        f = float(str(value).strip())
+    except ValueError:
+        raise UserError(f"{what} {str(value)[:40]!r} is not a number: give a whole number such as 8") from None
+    if not math.isfinite(f) or f != int(f) or f < 1 or f > limit:
+        raise UserError(f"{what} {str(value)[:40]!r} must be a whole number from 1 to {limit}")
+    return int(f)
+
+
+def parse_reshard(value) -> object:
+    """``--reshard-after-forward``: true | false | a positive int (ranks to reshard to)."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1.0", "on"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    return _positive_int(text, "--reshard-after-forward", MAX_WORLD)
+
+
+def parse_batch_scale(value) -> float:
+    try:
+        f = float(str(value).strip())
+    except ValueError:
+        raise UserError(f"--batch-scale {str(value)[:40]!r} is not a number: give e.g. 2 or 0.5") from None
+    if not math.isfinite(f) or f <= 0 or f > MAX_BATCH_SCALE:
+        raise UserError(f"--batch-scale {str(value)[:40]!r} must be a number above 0 and at most "
+                        f"{MAX_BATCH_SCALE:g}")
+    return f
+
+
+def make_target(source: Source, strategy=None, *, world_size=None, shard_group=None, reshard_after_forward=None,
+                param_dtype=None, reduce_dtype=None, cpu_offload=None, batch_scale=1.0, family=None) -> Target:
+    """A checked Target; what is not given comes from ``source`` (its world size, dtypes, family...).
+
+    Refused in one line (UserError): a shard group that does not divide the world, resharding to a
+    group that does not divide the shard group, offload or resharding on a strategy that has no
+    sharded parameters, FSDP1 with an int reshard_after_forward, a batch scale out of range."""
+    s = strategy_name(strategy) if strategy is not None else (
+        source.strategy if source.strategy in STANDARD else DDP)
+    n = _positive_int(world_size, "--world") if world_size is not None else source.world_size
+    raf = parse_reshard(reshard_after_forward)
+    if family is None:
+        family = source.family if source.family in ("fsdp1", "fsdp2") else "fsdp2"
+        family = "ddp" if s == DDP else family
+    family = str(family).lower()
+    if family not in FAMILIES:
+        raise UserError(f"--fsdp-version {family!r}: use 1 or 2")
+    if s == DDP:
+        family = "ddp"
+    elif family == "ddp":
+        raise UserError(f"{s} is an FSDP strategy: pass --fsdp-version 1 or 2, not ddp")
+    # shard group
+    if s in (DDP, NO_SHARD):
+        if shard_group is not None and _positive_int(shard_group, "--shard-group") != 1:
+            raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards nothing (use --strategy HYBRID_SHARD)")
+        k = 1
+    elif s == HYBRID_SHARD:
+        if shard_group is not None:
+            k = _positive_int(shard_group, "--shard-group")
+        elif source.strategy == HYBRID_SHARD and n == source.world_size:
+            k = source.shard_group
+        elif source.hosts > 1 and source.ranks_per_host and n % source.ranks_per_host == 0:
+            k = source.ranks_per_host
+        else:
+            raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K (K divides the world size {n}, "
+                            f"1 < K < {n}), e.g. the GPUs of one node")
+        if n % k or not 1 < k < n:
+            raise UserError(f"--shard-group {k} must divide the world size {n} and lie strictly between 1 and {n} "
+                            f"(K = {n} is FULL_SHARD, K = 1 is NO_SHARD)")
+    else:
+        if shard_group is not None and _positive_int(shard_group, "--shard-group") != n:
+            raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards over the whole world of {n} ranks "
+                            f"(use --strategy HYBRID_SHARD --shard-group K)")
+        k = n
+    if s == NO_SHARD and n < 2:
+        raise UserError("NO_SHARD needs a world of at least 2 ranks")
+    # resharding after forward
+    default_raf = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}.get(s)
+    if raf is None:
+        raf = default_raf
+    elif s in (DDP, NO_SHARD):
+        raise UserError(f"--reshard-after-forward applies to sharded strategies; {s} keeps whole parameters")
+    elif s == SHARD_GRAD_OP and raf is not False:
+        raise UserError("SHARD_GRAD_OP is reshard_after_forward=False; for resharding use --strategy FULL_SHARD "
+                        "(or HYBRID_SHARD) with --reshard-after-forward true or an int")
+    elif s == FULL_SHARD and raf is False:
+        s = SHARD_GRAD_OP
+    if isinstance(raf, int) and not isinstance(raf, bool):
+        if family != "fsdp2":
+            raise UserError("--reshard-after-forward INT is FSDP2's (fully_shard); FSDP1 reshards to the full "
+                            "shard group: pass true or false, or --fsdp-version 2")
+        if raf == k:
+            raf = True
+        elif raf == 1:
+            raf = False
+            s = SHARD_GRAD_OP if s == FULL_SHARD else s
+        elif k % raf:
+            raise UserError(f"--reshard-after-forward {raf} must divide the shard group of {k} ranks")
+    # dtypes
+    pd_ = dtype_name(param_dtype, "--param-dtype") if param_dtype is not None else source.param_dtype
+    rd_ = dtype_name(reduce_dtype, "--reduce-dtype") if reduce_dtype is not None else (
+        source.reduce_dtype if param_dtype is None else pd_)
+    off = bool(source.cpu_offload if cpu_offload is None and s in SHARDED and source.sharded else cpu_offload or False)
+    if off and s not in SHARDED:
+        raise UserError(f"--cpu-offload offloads sharded parameters (FSDP CPUOffload); {s} has none: use "
+                        f"--strategy FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD")
+    if off and family == "fsdp1" and source.device_type == "cpu":
+        raise UserError("FSDP1 CPU offload pins memory and needs an accelerator: on CPU use --fsdp-version 2")
+    return Target(strategy=s, world_size=n, shard_group=k, reshard_after_forward=raf, family=family,
+                  param_dtype=pd_, reduce_dtype=rd_, cpu_offload=off, batch_scale=float(batch_scale))
+
+
+def target_of_source(source: Source) -> Target:
+    """The run itself as a Target (what a prediction of the run from itself must give back)."""
+    s = source.strategy if source.strategy in STANDARD else DDP
+    fam = "ddp" if s == DDP else (source.family if source.family in ("fsdp1", "fsdp2") else "fsdp2")
+    raf = source.reshard_after_forward
+    return Target(strategy=s, world_size=source.world_size, shard_group=source.shard_group if s in SHARDED else 1,
+                  reshard_after_forward=raf, family=fam, param_dtype=source.param_dtype,
+                  reduce_dtype=source.reduce_dtype, cpu_offload=source.cpu_offload and s in SHARDED)
+
+
+def standard_targets(source: Source, base: Target | None = None) -> tuple[list[Target], list[str]]:
+    """Every standard strategy at the run's world size (with ``base``'s dtypes, offload off, batch scale),
+    and a note for each strategy left out (HYBRID_SHARD without a shard group to take)."""
+    out, notes = [], []
+    for s in STANDARD:
+        try:
+            t = make_target(source, s, param_dtype=base.param_dtype if base else None,
+                            reduce_dtype=base.reduce_dtype if base else None, cpu_offload=False,
+                            batch_scale=base.batch_scale if base else 1.0,
+                            family=(base.family if base and base.family != "ddp" and s != DDP else None))
+        except UserError as exc:
+            notes.append(f"{s} left out: {exc}")
+            continue
+        out.append(t)
+    return out, notes
+
+
+def same_config(a: Target, b: Target) -> bool:
+    return replace(a, batch_scale=1.0) == replace(b, batch_scale=1.0) and a.batch_scale == b.batch_scale

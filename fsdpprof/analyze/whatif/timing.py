@@ -1,0 +1,450 @@
+"""Step time of another strategy: the run's compute timeline with the target's collectives placed on it.
+
+1. Fit, per collective type, ``time = latency + wire_bytes / bandwidth`` from the run's own collectives
+   (wire bytes = message bytes x :func:`fsdpprof.analyze.vocab.ring_factor`; a type the run lacks uses
+   the fit of all its collectives together). Robust (Theil-Sen) because a collective's time includes
+   waiting for the slowest peer.
+2. Per recorded step, cut the run's exposed communication (its comm time not covered by compute) out of
+   the step: what is left is compute and the rest (Python, hooks, idle), on a compressed clock.
+3. Derive the target's collectives (count, bytes, group, and the unit boundary that issues and waits
+   for each: forward all-gathers at the unit's pre-forward, backward ones prefetched one unit ahead,
+   reduce-scatter at the unit's post-backward, HSDP's all-reduce across replicas after it, DDP's bucketed
+   all-reduce when a bucket's gradients are ready), run them on one communication stream in issue
+   order, and delay the compute after each wait that is not done yet.
+4. Measure the exposed part with the report's own interval code (:mod:`fsdpprof.analyze.comm.intervals`:
+   the union and intersection :func:`fsdpprof.analyze.comm.overlap.overall_overlap` is made of).
+
+FSDP's own CPU work per gathered / reduced byte (copy-in, copy-out, chunk-cat: inside its all-gather and
+reduce annotations, minus the communication waited for there) is measured on an FSDP2 run and charged
+per byte of the target's collectives. Times in µs, sizes in bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.comm import intervals
+from fsdpprof.analyze.comm.steps import step_windows
+from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.memory import categorize as cz
+from fsdpprof.analyze.trace import labels
+from fsdpprof.analyze.whatif import targets as tg
+from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
+
+DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
+GATHER_OVERHEAD_PHASES = ("all_gather", "all_gather_copy_out", "foreach_all_gather", "foreach_all_gather_copy_out")
+REDUCE_OVERHEAD_PHASES = ("post_backward_reduce", "foreach_reduce")
+
+
+@dataclass
+class Fit:
+    """latency_us + wire_bytes * us_per_byte, per collective type; ``pooled`` for types the run lacks."""
+
+    by_type: dict = field(default_factory=dict)     # collective -> (latency_us, us_per_byte, samples)
+    pooled: tuple | None = None
+
+    def time_us(self, collective: str, nbytes: float, group: int) -> float:
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        lat, per_byte, _ = self.by_type.get(collective) or self.pooled or (0.0, 0.0, 0)
+        return float(lat + float(vocab.ring_factor(collective, group)) * nbytes * per_byte)
+
+    def describe(self) -> list[str]:
+        out = []
+        for c, (lat, pb, n) in sorted(self.by_type.items()):
+            bw = 1.0 / pb / 1e3 if pb > 0 else float("inf")
+            out.append(f"{c}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives)")
+        return out
+
+
+def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept >= 0, slope >= 0) of a robust line through the points."""
+    ux = np.unique(x)
+    if len(ux) < 2:
+        return 0.0, float(np.median(y / np.maximum(x, 1.0)))
+    if len(x) > 400:
+        sel = np.linspace(0, len(x) - 1, 400).astype(int)
+        x, y = x[sel], y[sel]
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0
+    slope = max(slope, 0.0)
+    lat = max(float(np.median(y - slope * x)), 0.0)
+    if slope == 0.0:
+        slope = float(np.median(np.maximum(y - lat, 0.0) / np.maximum(x, 1.0)))
+    return lat, slope
+
+
+def fit_collectives(events: pd.DataFrame) -> Fit:
+    """The run's collectives (this rank) -> :class:`Fit` (point-to-point and unknown sizes left out)."""
+    c = events[isin(events["kind"], [vocab.KIND_COMM])]
+    coll = c["collective"].astype(object).to_numpy()
+    nb = c["bytes"].to_numpy(float)
+    gs = c["group_size"].to_numpy(float)
+    ok = np.isin(coll, [vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE, vocab.BROADCAST,
+                        vocab.ALL_TO_ALL]) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
+    fit = Fit()
+    if not ok.any():
+        return fit
+    wire = nb[ok] * vocab.ring_factor(coll[ok], gs[ok])
+    dur = c["dur_us"].to_numpy(float)[ok]
+    for t in np.unique(coll[ok]):
+        m = coll[ok] == t
+        lat, pb = _theil_sen(wire[m], dur[m])
+        fit.by_type[str(t)] = (lat, pb, int(m.sum()))
+    lat, pb = _theil_sen(wire, dur)
+    fit.pooled = (lat, pb, int(ok.sum()))
+    return fit
+
+
+# --------------------------------------------------------------------------- unit boundaries on the trace
+def trace_schedule(events: pd.DataFrame, units: list[Unit], memory_schedule: dict | None,
+                   same_clock: bool) -> dict[float, dict]:
+    """Per ProfilerStep number: start, end, fwd_start, bwd_start, bwd_end and per unit F0, F1, B0, B1 (trace
+    µs). FSDP2 annotations name the units' scopes; otherwise the memory schedule (when the memory record
+    shares the trace's clock), else the stages split by parameter count."""
+    marks = labels.step_marks(events)
+    if not len(marks):
+        return {}
+    ann = labels.fsdp_intervals(events)
+    scopes = cz._pair_intervals(ann) if len(ann) and ann["unit"].notna().any() else None
+    names = {u.fqn for u in units}
+    fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
+    numel = {u.fqn: u.numel for u in units}
+    mem_by_start = {}
+    if memory_schedule and same_clock:
+        for sc in memory_schedule.values():
+            k = np.searchsorted(marks["start_us"].to_numpy(float), sc["fwd_start"], side="right") - 1
+            if k >= 0:
+                mem_by_start[int(k)] = sc
+    out = {}
+    for k, m in marks.reset_index(drop=True).iterrows():
+        start, end = float(m["start_us"]), float(m["end_us"])
+        fwd_start = float(m["fwd_us"]) if np.isfinite(m["fwd_us"]) else start
+        bwd_start = float(m["bwd_us"]) if np.isfinite(m["bwd_us"]) else np.nan
+        if np.isnan(bwd_start):
+            continue
+        opt = float(m["opt_us"]) if np.isfinite(m["opt_us"]) and m["opt_us"] > bwd_start else end
+        a = {u: {"F0": np.nan, "F1": np.nan, "B0": np.nan, "B1": np.nan} for u in fwd_order}
+        if scopes is not None and len(scopes):
+            sc = scopes[(scopes["ts_us"] >= start) & (scopes["ts_us"] <= end) & scopes["unit"].isin(names)]
+            for row in sc.itertuples(index=False):
+                key = ("F0", "F1") if row.ts_us < bwd_start else ("B0", "B1")
+                if np.isnan(a[row.unit][key[0]]):
+                    a[row.unit][key[0]], a[row.unit][key[1]] = float(row.ts_us), float(row.end_us)
+            bwd_end = max([v["B1"] for v in a.values() if np.isfinite(v["B1"])] + [bwd_start])
+            bwd_end = max(bwd_end, min(opt, end)) if opt < end else bwd_end
+        elif int(k) in mem_by_start:
+            ms = mem_by_start[int(k)]
+            for u in fwd_order:
+                a[u] = {key: ms["units"][u][key] for key in ("F0", "F1", "B0", "B1")}
+            bwd_end = float(ms["bwd_end"])
+        else:
+            bwd_end = opt
+        _fill(a, fwd_order, numel, fwd_start, bwd_start, bwd_end)
+        bwd_order = [fwd_order[0]] + sorted(fwd_order[1:], key=lambda u: a[u]["B1"])
+        out[float(m["step"])] = {"start": start, "end": end, "fwd_start": fwd_start, "bwd_start": bwd_start,
+                                 "bwd_end": bwd_end, "units": a, "fwd_order": fwd_order, "bwd_order": bwd_order}
+    return out
+
+
+def _fill(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, bwd_start: float, bwd_end: float) -> None:
+    """Anchors no record gave: each pass split by parameter count, in forward / backward order."""
+    root, layers = fwd_order[0], fwd_order[1:]
+    total = sum(numel[u] for u in layers) or 1
+    t = fwd_start
+    for u in layers:
+        d = (bwd_start - fwd_start) * numel[u] / total
+        if np.isnan(a[u]["F0"]):
+            a[u]["F0"], a[u]["F1"] = t, t + d
+        t += d
+    t = bwd_start
+    for u in layers[::-1]:
+        d = (bwd_end - bwd_start) * numel[u] / total
+        if np.isnan(a[u]["B1"]):
+            a[u]["B0"], a[u]["B1"] = t, t + d
+        t += d
+    for key, v in (("F0", fwd_start), ("F1", bwd_start), ("B0", bwd_start), ("B1", bwd_end)):
+        if np.isnan(a[root][key]):
+            a[root][key] = v
+    for u in layers:
+        if np.isnan(a[u]["F1"]):
+            a[u]["F1"] = a[u]["F0"]
+        if np.isnan(a[u]["B0"]):
+            a[u]["B0"] = a[u]["B1"]
+
+
+# --------------------------------------------------------------------------- the target's collectives
+def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dtype: str,
+                       sync: bool, run_buckets: list[dict] | None = None) -> list[dict]:
+    """The target's collectives of one step: collective, bytes, group, issue_us, wait_us (trace clock), phase.
+    ``run_buckets``: a DDP run's own bucket all-reduces (collective, bytes, group, issue_us), kept when
+    the target is DDP over the same ranks."""
+    out = []
+    a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
+    pt, rt = tg.dtype_bytes(target.param_dtype), tg.dtype_bytes(target.reduce_dtype)
+    n, k = target.world_size, target.shard_group
+    end_bwd = sc["bwd_end"]
+
+    def add(coll, nbytes, group, issue, wait, phase):
+        if group > 1 and nbytes > 0:
+            out.append({"collective": coll, "bytes": float(nbytes), "group": int(group), "issue_us": float(issue),
+                        "wait_us": float(issue if sync else max(wait, issue)), "phase": phase})
+
+    by = {u.fqn: u for u in units}
+    if target.strategy == tg.DDP and run_buckets:
+        for c in run_buckets:
+            add(c["collective"], c["bytes"], c["group"], c["issue_us"], end_bwd, "ddp_bucket")
+        return out
+    if target.strategy == tg.DDP:
+        # buckets in backward order, ready when the last gradient in them is
+        size, cap, ready = 0.0, DDP_FIRST_BUCKET_BYTES, None
+        for u in bwd[1:] + bwd[:1]:
+            size += by[u].numel * pt
+            ready = a[u]["B1"]
+            if size >= cap:
+                add(vocab.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
+                size, cap = 0.0, DDP_BUCKET_BYTES
+        if size:
+            add(vocab.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
+        return out
+    if target.strategy == tg.NO_SHARD:
+        for u in bwd:
+            add(vocab.ALL_REDUCE, by[u].numel * rt, n, a[u]["B1"], end_bwd, "post_backward")
+        return out
+    raf = target.reshard_after_forward
+    keep_root = target.family == "fsdp1"
+    for i, u in enumerate(fwd):
+        wait = a[u]["F0"]
+        issue = wait if (sync or i == 0) else a[fwd[i - 1]]["F0"]
+        add(vocab.ALL_GATHER, padded_numel(by[u].numel, k) * pt, k, issue, wait, "forward all_gather")
+    if raf is not False:
+        bgroup = raf if (isinstance(raf, int) and not isinstance(raf, bool)) else k
+        order = [u for u in bwd if not (keep_root and u == ROOT)]
+        for j, u in enumerate(order):
+            issue = a[order[j - 1]]["B0"] if j > 0 else a[u]["B0"]
+            add(vocab.ALL_GATHER, padded_numel(by[u].numel, k) * pt, bgroup, issue, a[u]["B0"],
+                "backward all_gather")
+    for u in bwd[1:] + bwd[:1]:
+        add(vocab.REDUCE_SCATTER, padded_numel(by[u].numel, k) * rt, k, a[u]["B1"], end_bwd, "post_backward_reduce")
+        if target.replicas > 1:
+            add(vocab.ALL_REDUCE, local_numel(by[u].numel, k) * rt, target.replicas, a[u]["B1"], end_bwd,
+                "hsdp all_reduce")
+    return out
+
+
+# --------------------------------------------------------------------------- per step
+def _subtract(a_s, a_e, b_s, b_e) -> tuple[np.ndarray, np.ndarray]:
+    """Union of A minus union of B, as disjoint sorted intervals."""
+    s, e = intervals.union(a_s, a_e)
+    if not len(s):
+        return s, e
+    i_s, i_e = intervals.intersect(s, e, b_s, b_e)
+    t = np.concatenate([s, e, i_s, i_e])
+    d = np.concatenate([np.ones(len(s)), -np.ones(len(e)), -np.ones(len(i_s)), np.ones(len(i_e))])
+    o = np.lexsort((d, t))
+    t, d = t[o], d[o]
+    level = np.cumsum(d)
+    on = level[:-1] > 0
+    seg_s, seg_e = t[:-1][on], t[1:][on]
+    keep = seg_e > seg_s
+    return intervals.union(seg_s[keep], seg_e[keep])
+
+
+def gather_reduce_overhead(events: pd.DataFrame) -> tuple[float | None, float | None, str]:
+    """FSDP2's CPU time per gathered byte and per reduced byte (µs/byte): its all-gather / copy-out and
+    reduce annotations minus the communication waited for inside them, over the bytes they moved."""
+    ann = labels.fsdp_intervals(events)
+    if not len(ann):
+        return None, None, "no FSDP annotations"
+    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
+    cs, ce = comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)
+    out = []
+    for phases, coll in ((GATHER_OVERHEAD_PHASES, vocab.ALL_GATHER), (REDUCE_OVERHEAD_PHASES, vocab.REDUCE_SCATTER)):
+        sel = ann[ann["fsdp_phase"].isin(phases)]
+        nbytes = comm.loc[isin(comm["collective"], [coll]), "bytes"].sum()
+        if not len(sel) or not nbytes:
+            out.append(None)
+            continue
+        s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
+        busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, cs, ce).sum())
+        out.append(max(busy, 0.0) / float(nbytes))
+    return out[0], out[1], "FSDP2 annotations"
+
+
+@dataclass
+class StepTime:
+    step_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+
+
+@dataclass
+class RunStep:
+    """One recorded step of one rank, ready to be replayed: its window (µs), compute intervals, the run's
+    exposed communication (cut out of the step: ``xs``/``xe``, ``cum`` their running length), and its own
+    collectives (type, size, group, pass -> measured times; DDP's bucket all-reduces)."""
+
+    step: float
+    w0: float
+    w1: float
+    cs: np.ndarray
+    ce: np.ndarray
+    xs: np.ndarray
+    xe: np.ndarray
+    cum: np.ndarray
+    pool: list
+    buckets: list
+    run_ag_bytes: float
+    run_rs_bytes: float
+
+    @property
+    def length(self) -> float:
+        return (self.w1 - self.w0) - float(self.cum[-1])
+
+    def squeeze(self, t):
+        """Times of the step on the clock without the run's exposed communication (µs from the step start)."""
+        t = np.clip(np.asarray(t, dtype=float), self.w0, self.w1)
+        k = np.searchsorted(self.xs, t, side="right")
+        last = np.clip(k - 1, 0, None)
+        inside = np.where(k > 0, np.clip(np.minimum(t, self.xe[last]) - self.xs[last], 0, None), 0.0) \
+            if len(self.xs) else np.zeros(np.shape(t))
+        full = self.cum[np.maximum(k - 1, 0)] * (k > 0)
+        return t - self.w0 - full - inside
+
+
+def run_steps(events: pd.DataFrame, tsched: dict) -> list[RunStep]:
+    """The recorded steps of this rank that have a schedule, as :class:`RunStep` (computed once per rank)."""
+    win = step_windows(events)
+    ts = events["ts_us"].to_numpy(float)
+    te = ts + events["dur_us"].to_numpy(float)
+    is_comp = isin(events["kind"], [vocab.KIND_COMPUTE])
+    is_comm = isin(events["kind"], [vocab.KIND_COMM])
+    coll = events["collective"].astype(object).to_numpy()
+    nbytes = events["bytes"].to_numpy(float)
+    group = events["group_size"].to_numpy(float)
+    fwd = (events["stage"].astype(object) == vocab.STAGE_FORWARD).to_numpy()
+    launch = events["launch_ts_us"].to_numpy(float)
+    out = []
+    for row in win.itertuples(index=False):
+        if float(row.step) not in tsched:
+            continue
+        w0, w1 = float(row.start_us), float(row.end_us)
+        inw = (te > w0) & (ts < w1)
+        comp, comm = inw & is_comp, inw & is_comm
+        cs, ce = np.clip(ts[comp], w0, w1), np.clip(te[comp], w0, w1)
+        ms, me = np.clip(ts[comm], w0, w1), np.clip(te[comm], w0, w1)
+        xs, xe = _subtract(ms, me, cs, ce)                      # the run's exposed communication
+        cum = np.concatenate([[0.0], np.cumsum(xe - xs)])
+        ci = np.flatnonzero(comm)
+        ci = ci[np.argsort(ts[ci], kind="stable")]
+        keys = [(coll[i], int(round(nbytes[i])) if np.isfinite(nbytes[i]) else 0,
+                 int(group[i]) if np.isfinite(group[i]) else 0, "f" if fwd[i] else "b") for i in ci]
+        pool = [(k, float(te[i] - ts[i])) for k, i in zip(keys, ci)]
+        buckets = [{"collective": k[0], "bytes": float(k[1]), "group": k[2],
+                    "issue_us": float(launch[i] if np.isfinite(launch[i]) else ts[i])}
+                   for k, i in zip(keys, ci) if k[0] == vocab.ALL_REDUCE]
+        ag = float(np.nansum(nbytes[ci][coll[ci] == vocab.ALL_GATHER])) if len(ci) else 0.0
+        rs = float(np.nansum(nbytes[ci][coll[ci] == vocab.REDUCE_SCATTER])) if len(ci) else 0.0
+        out.append(RunStep(float(row.step), w0, w1, cs, ce, xs, xe, cum, pool, buckets, ag, rs))
+    return out
+
+
+def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fit: Fit, source: tg.Source,
+                 rates: tuple, sync: bool) -> StepTime:
+    """One recorded step replayed with the target's collectives (schedule ``sc``); see the module docstring."""
+    # a target collective the run had too (same type, size, group and pass) keeps its measured time, in
+    # order; the others take the fit
+    pool: dict = {}
+    for key, d in rs.pool:
+        pool.setdefault(key, []).append(d)
+    same_ddp = (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
+                and tg.dtype_bytes(target.reduce_dtype) == tg.dtype_bytes(source.reduce_dtype))
+    colls = target_collectives(target, units, sc, source.stored_dtype, sync, rs.buckets if same_ddp else None)
+    for j in sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"]):
+        c = colls[j]
+        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith("forward") else "b")
+        c["measured"] = bool(pool.get(key))
+        c["dur_us"] = pool[key].pop(0) if c["measured"] else fit.time_us(c["collective"], c["bytes"], c["group"])
+    # one communication stream in issue order; a wait that is not done delays everything after it
+    issue = rs.squeeze([c["issue_us"] for c in colls]) if colls else np.zeros(0)
+    wait = rs.squeeze([c["wait_us"] for c in colls]) if colls else np.zeros(0)
+    evs = sorted([(float(p), 0, i) for i, p in enumerate(issue)] + [(float(p), 1, i) for i, p in enumerate(wait)])
+    shift, free_at = 0.0, 0.0
+    waits_p, waits_d = [], []
+    starts = np.zeros(len(colls))
+    ends = np.zeros(len(colls))
+    for p, kind, i in evs:
+        if kind == 0:
+            starts[i] = max(p + shift, free_at)
+            ends[i] = starts[i] + colls[i]["dur_us"]
+            free_at = ends[i]
+        elif ends[i] > p + shift:
+            waits_p.append(p)
+            waits_d.append(ends[i] - (p + shift))
+            shift += ends[i] - (p + shift)
+    # the run's compute on the compressed clock, delayed by the waits before it; exposure with the report's
+    # interval code (what overlap.overall_overlap computes: |M|, |M n C|)
+    pc0, pc1 = rs.squeeze(rs.cs), rs.squeeze(rs.ce)
+    wd = np.concatenate([[0.0], np.cumsum(waits_d)])
+    delay = wd[np.searchsorted(np.asarray(waits_p), pc0, side="right")] if waits_p else np.zeros(len(pc0))
+    c0, c1 = pc0 + delay, pc1 + delay
+    compute_us = intervals.total(c0, c1)
+    comm_us = intervals.total(starts, ends)
+    both_s, both_e = intervals.intersect(starts, ends, c0, c1)
+    exposed = comm_us - float((both_e - both_s).sum())
+    step_us = rs.length + shift
+    # FSDP's own CPU work per byte gathered / reduced: the target's minus the run's
+    ag_rate, rs_rate = rates
+    tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == vocab.ALL_GATHER)
+    tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == vocab.REDUCE_SCATTER)
+    if ag_rate is not None:
+        step_us += ag_rate * (tgt_ag - rs.run_ag_bytes)
+    if rs_rate is not None:
+        step_us += rs_rate * (tgt_rs - rs.run_rs_bytes)
+    if target.batch_scale != 1.0:
+        extra = (target.batch_scale - 1.0) * float(intervals.total(rs.cs, rs.ce))
+        step_us += extra
+        compute_us += extra
+    # the rest can only shrink to nothing (a step is at least its compute and exposed communication)
+    step_us = max(step_us, compute_us + exposed)
+    return StepTime(step_us, compute_us, comm_us, exposed)
+
+
+def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
+                 source: tg.Source, rates: tuple) -> tuple[list[StepTime], list[str], list[str]]:
+    """Every recorded step of this rank (:func:`run_steps`) replayed (see :func:`predict_step`), with what was
+    kept / assumed."""
+    # on CPU, FSDP's gloo collectives block the training thread (no streams); DDP's run behind backward
+    sync = source.device_type == "cpu" and target.strategy != tg.DDP
+    out = [predict_step(rs, tsched[rs.step], target, units, fit, source, rates, sync) for rs in steps]
+    kept = ["the run's compute and CPU time per step (its exposed communication cut out)",
+            "the measured time of each collective the run had too (same type, size, group and pass)",
+            "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
+    assumed = []
+    if target.strategy == tg.DDP:
+        assumed.append("DDP's bucket all-reduces run behind the backward and are waited for at its end")
+    elif sync:
+        assumed.append("FSDP's collectives block the training thread on CPU (gloo, no streams: as recorded)")
+    else:
+        assumed.append("forward all-gathers prefetched one unit ahead, backward ones one unit ahead (FSDP's "
+                       "default), reductions waited for at the end of backward")
+    missing = [c for c in {vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE} - set(fit.by_type)]
+    if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and vocab.ALL_REDUCE not in fit.by_type):
+        assumed.append("collective types the run lacks use the fit of all its collectives together")
+    if rates[0] is None and target.sharded:
+        assumed.append("FSDP's copy-in / copy-out CPU time is not charged (the run has no FSDP2 annotations "
+                       "to measure it on)")
+    if target.strategy == tg.DDP:
+        assumed.append("DDP buckets of 25 MiB (the first 1 MiB) filled unit by unit in backward order")
+    if target.batch_scale != 1.0:
+        assumed.append(f"compute time x{target.batch_scale:g} with the local batch; the rest unchanged")
+    if tg.dtype_bytes(target.param_dtype) != tg.dtype_bytes(source.param_dtype):
+        assumed.append("compute time kept as measured whatever the compute dtype")
+    return out, kept, assumed

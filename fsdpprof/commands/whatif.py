@@ -1,0 +1,136 @@
+"""``fsdpprof whatif RUN``: predict peak memory and step time of the run under another strategy or world size."""
+from __future__ import annotations
+
+import os
+import sys
+
+from fsdpprof.errors import UserError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run", metavar="RUN", help="run directory recorded by `fsdpprof record` (trace, memory, inventory)")
+    p.add_argument("--strategy", default=None,
+                   help="target: DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD (default: the run's)")
+    p.add_argument("--shard-group", default=None, metavar="K", help="HYBRID_SHARD: ranks each parameter is sharded over")
+    p.add_argument("--world", default=None, metavar="N", help="target world size (default: the run's)")
+    p.add_argument("--reshard-after-forward", default=None, metavar="true|false|INT",
+                   help="free unsharded parameters after forward (true), keep them (false), or reshard to INT ranks")
+    p.add_argument("--param-dtype", default=None, help="mixed precision: dtype of unsharded parameters and compute")
+    p.add_argument("--reduce-dtype", default=None, help="mixed precision: dtype of the gradient reduction")
+    p.add_argument("--cpu-offload", action="store_true", help="FSDP CPU offload of the sharded states")
+    p.add_argument("--batch-scale", default="1", metavar="X",
+                   help="local batch x X: activations and compute time scale with it (default 1)")
+    p.add_argument("--fsdp-version", default=None, choices=["1", "2"],
+                   help="FSDP implementation of the target (default: the run's; FSDP2 for a DDP run)")
+    p.add_argument("--only", action="store_true", help="predict only the target, not every standard strategy too")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON on stdout")
+    p.add_argument("-o", "--output", default=None, metavar="HTML",
+                   help="also write an HTML page of the predictions (a folder: whatif.html in it)")
+    p.add_argument("--force", action="store_true", help="overwrite an -o file that fsdpprof did not write")
+
+
+def _target_given(args) -> bool:
+    return any(getattr(args, k) is not None for k in ("strategy", "shard_group", "world", "reshard_after_forward",
+                                                        "param_dtype", "reduce_dtype", "fsdp_version")) \
+        or args.cpu_offload or str(args.batch_scale).strip() not in ("1", "1.0")
+
+
+def build(args, run) -> tuple[list, object, list[str]]:
+    """(targets, the run's own target, notes) from the options; UserError for an impossible target."""
+    from fsdpprof.analyze.whatif import predict as wp
+    from fsdpprof.analyze.whatif import targets as tg
+
+    if not run.ranks:
+        raise UserError(f"{args.run}: no rank recorded anything to predict from")
+    hosts, per_host = wp.hosts_of(run)
+    rd = run.ranks[min(run.ranks)]
+    if not rd.inventory:
+        raise UserError(f"{args.run}: no inventory.json (parameter sizes, units and strategy are unknown); record the "
+                        f"run with `fsdpprof record` to predict other strategies")
+    source = wp.source_of_rank(rd, hosts, per_host)
+    run_target = tg.target_of_source(source)
+    scale = tg.parse_batch_scale(args.batch_scale)
+    family = {"1": "fsdp1", "2": "fsdp2", None: None}[args.fsdp_version]
+    out, notes = [], []
+    if _target_given(args):
+        out.append(tg.make_target(source, args.strategy, world_size=args.world, shard_group=args.shard_group,
+                                  reshard_after_forward=args.reshard_after_forward, param_dtype=args.param_dtype,
+                                  reduce_dtype=args.reduce_dtype, cpu_offload=True if args.cpu_offload else None,
+                                  batch_scale=scale, family=family))
+    elif args.only:
+        raise UserError("--only needs a target: give --strategy (or --world, --shard-group, ...)")
+    if not args.only:
+        std, left_out = tg.standard_targets(source, out[0] if out else None)
+        notes += left_out
+        out += [t for t in std if not any(tg.same_config(t, o) for o in out)]
+    return out, run_target, notes
+
+
+def text(result: dict, run_label: str) -> str:
+    """The predictions as a terminal table plus what the first one kept and assumed."""
+    m = result["measured"]
+    lines = [f"what if: {run_label} — measured peak {_mib(m.get('peak_allocated_bytes'))} MiB (largest rank), "
+             f"step {_ms(m.get('step_us'))} ms (median)"]
+    head = f"{'':2}{'strategy':30s}{'world':>6s}{'peak MiB':>10s}{'step ms':>9s}{'compute':>9s}{'exposed':>9s}{'rest':>9s}"
+    lines.append(head)
+    for i, p in enumerate(result["predictions"]):
+        mark = "*" if i == 0 and result.get("target_first") else ("=" if p.get("is_run") else " ")
+        lines.append(f"{mark:2}{p['label'][:29]:30s}{p['world_size']:>6d}{_mib(p['peak_allocated_bytes']):>10s}"
+                     f"{_ms(p['step_us']):>9s}{_ms(p['compute_us']):>9s}{_ms(p['exposed_comm_us']):>9s}"
+                     f"{_ms(p['rest_us']):>9s}")
+    lines.append("(* the target; = the run's own configuration, predicted from itself; times per step)")
+    first = result["predictions"][0] if result["predictions"] else None
+    if first:
+        lines.append(f"{first['label']}: kept: " + "; ".join(first["kept"]))
+        lines.append(f"{first['label']}: assumed: " + "; ".join(first["assumed"]))
+    for n in result.get("notes") or []:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / 2**20:.1f}"
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x / 1e3:.1f}"
+
+
+def run(args) -> int:
+    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.whatif import predict as wp
+    from fsdpprof.errors import unexpected_as_user_error
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
+
+    check_not_empty(**{"RUN": args.run, "-o": args.output})
+    fix = "choose another path with -o"
+    if args.output and os.path.isdir(args.output):
+        args.output = os.path.join(args.output, "whatif.html")
+    if args.output:
+        check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
+    run_ = load_run(args.run, lazy=True)
+    if args.output:
+        check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
+                      input_folders=run_.record_folders(), fix=fix)
+    targets, run_target, notes = build(args, run_)
+    with unexpected_as_user_error(f"what-if of {args.run}"):
+        result = wp.predict_run(run_, targets, run_target)
+    result["notes"] = list(dict.fromkeys(notes + result["notes"]))
+    result["target_first"] = _target_given(args)
+    result["run"] = {"path": run_.path, "strategy": run_target.strategy, "world_size": run_target.world_size,
+                     "family": run_target.family}
+    if all(p["peak_allocated_bytes"] is None and p["step_us"] is None for p in result["predictions"]):
+        raise UserError(f"{args.run}: nothing to predict from: " + "; ".join(result["notes"] or ["no trace, no memory"]))
+    if args.output:
+        from fsdpprof.report.whatif import render_whatif
+
+        write_files([(args.output, render_whatif(result).encode("utf-8"))], fix="choose a writable path with -o")
+    if args.json:
+        from fsdpprof.report.outputs import json_bytes
+
+        sys.stdout.write(json_bytes(result).decode("utf-8") + "\n")
+    else:
+        print(text(result, f"{run_.path} ({run_target.strategy}, {run_target.family}, {run_target.world_size} ranks)"))
+        if args.output:
+            print(f"page: {args.output}")
+    return 0

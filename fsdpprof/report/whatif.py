@@ -1,0 +1,100 @@
+"""The "What if" section of the report and the page of `fsdpprof whatif -o`: rendering only.
+
+Input: the dict :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` returns (``predictions``,
+``measured``, ``notes``), on an Analysis as ``a.whatif``.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from fsdpprof.report.html import CATEGORY_COLORS, MIB, Page, document, esc, fmt_bytes, fmt_us, label
+
+
+def _table(result: dict) -> str:
+    m = result.get("measured") or {}
+    mpeak, mstep = m.get("peak_allocated_bytes"), m.get("step_us")
+    head = ["strategy", "world", "shard group", "predicted peak", "vs this run", "step time", "vs this run",
+            "compute", "exposed comm", "rest"]
+    rows = []
+    for p in result.get("predictions") or []:
+        peak, step = p.get("peak_allocated_bytes"), p.get("step_us")
+        dp = f"{100.0 * (peak / mpeak - 1):+.1f}%" if peak and mpeak else "-"
+        ds = f"x{step / mstep:.2f}" if step and mstep else "-"
+        name = p.get("label") or p.get("strategy")
+        if p.get("is_run"):
+            name += " (this run's own)"
+        cells = [name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak), dp, fmt_us(step), ds,
+                 fmt_us(p.get("compute_us")), fmt_us(p.get("exposed_comm_us")), fmt_us(p.get("rest_us"))]
+        rows.append("<tr>" + "".join(f'<td{" class=l" if i == 0 else ""}>{esc(c)}</td>' for i, c in enumerate(cells))
+                    + "</tr>")
+    ths = "".join(f'<th{" class=l" if i == 0 else ""}>{esc(h)}</th>' for i, h in enumerate(head))
+    return f"<table><tr>{ths}</tr>{''.join(rows)}</table>"
+
+
+def _figure(result: dict, page: Page) -> str:
+    preds = [p for p in result.get("predictions") or [] if p.get("peak_allocated_bytes") is not None]
+    if not preds:
+        return ""
+    names = [p.get("label") or p.get("strategy") for p in preds]
+    cats = []
+    for p in preds:
+        for c in p.get("breakdown") or {}:
+            if c not in cats:
+                cats.append(c)
+    fig = go.Figure()
+    for c in cats:
+        fig.add_trace(go.Bar(x=names, y=[(p.get("breakdown") or {}).get(c, 0) / MIB for p in preds], name=label(c),
+                             marker_color=CATEGORY_COLORS.get({"param": "sharded_param", "grad": "sharded_grad"}
+                                                              .get(c, c), "#7f7f7f")))
+    mpeak = (result.get("measured") or {}).get("peak_allocated_bytes")
+    if mpeak:
+        fig.add_hline(y=mpeak / MIB, line_dash="dot", annotation_text="this run, measured")
+    fig.update_layout(barmode="stack", title="Predicted peak per rank, alive at the peak by category",
+                      yaxis_title="MiB")
+    return page.fig(fig, 360)
+
+
+def _story(result: dict) -> str:
+    out = []
+    for p in result.get("predictions") or []:
+        kept = "".join(f"<li>{esc(x)}</li>" for x in p.get("kept") or [])
+        assumed = "".join(f"<li>{esc(x)}</li>" for x in p.get("assumed") or [])
+        out.append(f"<details><summary>{esc(p.get('label') or p.get('strategy'))}: what was kept, what was "
+                   f"assumed</summary><p>Kept from the measurement:</p><ul>{kept}</ul><p>Assumed:</p>"
+                   f"<ul>{assumed}</ul></details>")
+    return "".join(out)
+
+
+def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str:
+    """Table, figure and the kept / assumed lists of a predictions dict (no section wrapper)."""
+    out = []
+    if note:
+        out.append(f'<p class="note">{esc(note)}</p>')
+    if not result or not result.get("predictions"):
+        return "".join(out) or '<p class="note">No predictions for this input.</p>'
+    out.append("<p>Each strategy predicted from this run's own record: its allocation timeline replayed "
+               "under the strategy's rules (the peak is the maximum of the replayed timeline, per rank; the "
+               "largest rank shown), and its compute timeline with the strategy's collectives placed on it "
+               "(latency and bandwidth fitted on the run's own collectives).</p>")
+    out.append(_table(result))
+    out.append(_figure(result, page))
+    out.append(_story(result))
+    for n in result.get("notes") or []:
+        out.append(f'<p class="note">{esc(n)}</p>')
+    return "".join(out)
+
+
+def whatif_section(a, page: Page) -> str:
+    """The report's "What if" section (id ``whatif``) from an Analysis (``a.whatif``, ``a.notes['whatif']``)."""
+    result = getattr(a, "whatif", None)
+    note = (getattr(a, "notes", None) or {}).get("whatif")
+    return f'<section id="whatif"><h2>What if</h2>{whatif_body(result, page, note)}</section>'
+
+
+def render_whatif(result: dict) -> str:
+    """The page `fsdpprof whatif -o` writes: the same section on its own."""
+    page = Page()
+    run = result.get("run") or {}
+    title = f"fsdpprof what if: {run.get('strategy') or 'run'}, {run.get('world_size') or '?'} ranks"
+    body = f'<section id="whatif"><h2>What if</h2>{whatif_body(result, page)}</section>'
+    return document(title, str(run.get("path") or ""), [("whatif", "What if")], body)

@@ -1,0 +1,288 @@
+"""`fsdpprof whatif`: the replay on hand-built timelines whose result is known exactly, predictions of real
+recordings from themselves and of each other (ordering by peak), the CLI's JSON / HTML / one-line errors,
+and the report's "What if" section."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fsdpprof.analyze import analyze_run, load_run, memory_analysis
+from fsdpprof.analyze.whatif import memory as wm
+from fsdpprof.analyze.whatif import predict as wp
+from fsdpprof.analyze.whatif import targets as tg
+from fsdpprof.analyze.whatif.units import Unit
+from fsdpprof.errors import UserError
+
+from conftest import run_fsdpprof
+
+EPS = wm.EPS_US
+NEVER = np.iinfo(np.int64).max
+UNITS = [Unit("", 100, 0), Unit("layers.0", 200, 1)]   # fp32: 400 and 800 bytes unsharded
+
+
+def source(strategy: str, world: int = 2, family: str = "fsdp2") -> tg.Source:
+    shard = world if strategy in tg.SHARDED else 1
+    raf = {tg.FULL_SHARD: True, tg.SHARD_GRAD_OP: False}.get(strategy)
+    return tg.Source(family=family, strategy=strategy, world_size=world, shard_group=shard, reshard_after_forward=raf,
+                     stored_dtype="float32", param_dtype="float32", reduce_dtype="float32", cpu_offload=False,
+                     device_type="cpu")
+
+
+def allocations(rows) -> pd.DataFrame:
+    """An allocations frame (the columns the replay reads) from (bytes, alloc_us | None = before the record,
+    free_us | None = never, category, stage, fsdp_phase, unit); seqs in time order."""
+    df = pd.DataFrame(rows, columns=["bytes", "alloc_us", "free_us", "category", "stage", "fsdp_phase", "unit"])
+    t = np.concatenate([df["alloc_us"].dropna().to_numpy(float), df["free_us"].dropna().to_numpy(float)])
+    order = {v: i for i, v in enumerate(np.unique(t))}
+    df["alloc_seq"] = [order[a] if a == a and a is not None else -1 for a in df["alloc_us"]]
+    df["free_seq"] = [order[f] if f == f and f is not None else NEVER for f in df["free_us"]]
+    df["alloc_us"] = df["alloc_us"].fillna(0.0)
+    df["step_idx"] = np.where(df["alloc_seq"] >= 0, 0, -1)
+    return df
+
+
+def replay(frame: pd.DataFrame, src: tg.Source, target: tg.Target):
+    r = wm.roles_frame(frame, src.family)
+    wm.label_units(r, UNITS, {u.fqn: u.numel * 4 for u in UNITS}, None, {})
+    sched = wm.schedule(r, UNITS, src)
+    return wm.predict_memory(r, sched, UNITS, src, target), sched
+
+
+# FULL_SHARD on 2 ranks, one step: params 600 B and optimizer state 1200 B before the record
+FULL_SHARD_STEP = [
+    (200, None, None, "sharded_param", None, None, ""), (400, None, None, "sharded_param", None, None, "layers.0"),
+    (400, None, None, "optimizer_state", None, None, ""), (800, None, None, "optimizer_state", None, None, "layers.0"),
+    (400, 10, 100, "unsharded_param", "forward", "all_gather_copy_out", ""),
+    (800, 20, 50, "unsharded_param", "forward", "all_gather_copy_out", "layers.0"),
+    (1000, 30, 150, "activation", "forward", None, "layers.0"),
+    (400, 110, 200, "unsharded_param", "backward", "all_gather_copy_out", ""),
+    (800, 120, 160, "unsharded_param", "backward", "all_gather_copy_out", "layers.0"),
+    (800, 140, 161, "unsharded_grad", "backward", None, "layers.0"),
+    (800, 158, 170, "unsharded_grad", "backward", "post_backward_reduce", "layers.0"),
+    (400, 159, 300, "sharded_grad", "backward", "post_backward_reduce", "layers.0"),
+    (400, 180, 191, "unsharded_grad", "backward", None, ""),
+    (400, 190, 195, "unsharded_grad", "backward", "post_backward_reduce", ""),
+    (200, 191, 300, "sharded_grad", "backward", "post_backward_reduce", ""),
+    (600, 250, 260, "temporary", "optimizer", None, None),
+]
+
+
+def test_hand_built_full_shard_replayed_exactly():
+    """Levels worked out by hand (bytes): the run itself peaks at 5000 when the backward gathers, the
+    autograd grad, the reduce-scatter input and the new grad shard of layers.0 meet (t = 159)."""
+    src = source(tg.FULL_SHARD)
+    frame = allocations(FULL_SHARD_STEP)
+    me, sched = replay(frame, src, tg.target_of_source(src))
+    a = sched[0]["units"]
+    assert (a["layers.0"]["F0"], a["layers.0"]["F1"], a["layers.0"]["B0"], a["layers.0"]["B1"]) == (20, 50, 120, 158)
+    assert (a[""]["F1"], a[""]["B1"], sched[0]["bwd_start"], sched[0]["bwd_end"], sched[0]["zero"]) == \
+        (100, 190, 110, 250, 300)
+    assert me.peak_allocated_bytes == 5000 and me.peak_stage == "backward"
+    assert me.breakdown == {"sharded_param": 600, "unsharded_param": 1200, "sharded_grad": 400,
+                            "unsharded_grad": 1600, "optimizer_state": 1200}
+    # SHARD_GRAD_OP: the forward gathers live to the unit's post-backward, no backward gathers: the peak is
+    # at the autograd grad (t = 140): 1800 + 400 + 800 + 1000 + 800
+    sgo, _ = replay(frame, src, tg.make_target(src, "SHARD_GRAD_OP"))
+    assert sgo.peak_allocated_bytes == 4800
+    assert sgo.breakdown["unsharded_param"] == 1200 and sgo.breakdown["activation"] == 1000
+    # DDP: whole params and state (x2), no gathers, autograd's grads kept until zero_grad, optimizer
+    # temporaries x2: peak in the optimizer step, 3600 + 1200 (grads) + 1200 (temporaries)
+    ddp, _ = replay(frame, src, tg.make_target(src, "DDP"))
+    assert ddp.peak_allocated_bytes == 6000 and ddp.peak_stage == "optimizer"
+    assert ddp.breakdown == {"param": 1200, "grad": 1200, "optimizer_state": 2400, "temporary": 1200}
+    # FULL_SHARD on 4 ranks: shards and grad shards halve (900 B of states), gathers unchanged
+    n4, _ = replay(frame, src, tg.make_target(src, world_size=4))
+    assert n4.peak_allocated_bytes == 3900
+
+
+def test_hand_built_ddp_to_full_shard_synthesises_the_fsdp_buffers():
+    """A DDP step (no gathers in it) predicted as FULL_SHARD: gathers, reduce-scatter input, scratch and grad
+    shards are made at the unit boundaries the grads give (levels worked out in the comments)."""
+    src = source(tg.DDP)
+    frame = allocations([
+        (400, None, None, "sharded_param", None, None, ""), (800, None, None, "sharded_param", None, None, "layers.0"),
+        (800, None, None, "optimizer_state", None, None, ""),
+        (1600, None, None, "optimizer_state", None, None, "layers.0"),
+        (1000, 30, 150, "activation", "forward", None, None),
+        (100, 120, 125, "temporary", "backward", None, None),
+        (800, 140, 300, "sharded_grad", "backward", None, "layers.0"),
+        (400, 180, 300, "sharded_grad", "backward", None, ""),
+        (1200, 250, 260, "temporary", "optimizer", None, None),
+    ])
+    assert replay(frame, src, tg.target_of_source(src))[0].peak_allocated_bytes == 3600 + 1200 + 1200  # grads + temporaries
+    t = tg.make_target(src, "FULL_SHARD")
+    assert t.family == "fsdp2" and t.shard_group == 2
+    me, sched = replay(frame, src, t)
+    a = sched[0]["units"]
+    # backward: layers.0 first (its grad at 140), the root last (180); forward mirrored from the backward
+    assert a["layers.0"]["B0"] == 120 and a["layers.0"]["B1"] == 140 and a[""]["B1"] == 180
+    assert a["layers.0"]["F0"] == pytest.approx(30 + (250 - 140) * 90 / 130) and a["layers.0"]["F1"] == 120
+    # states halve: 1800. Forward: each unit's flat output (freed at the next unit's copy-out), gloo scratch
+    # and unsharded params (freed at the unit's forward end, 120). Backward: the root gathered at 120, layers.0
+    # prefetched right after; at 120 + 3 eps both unsharded copies exist beside both flat outputs (freed at
+    # 120 + 4 eps), the activation and the 100 B temporary: 1800 + 1000 + 100 + 400 + 800 + 400 + 800 = 5300.
+    # (At layers.0's post-backward, 140: autograd's grad 800 is freed once copied into the reduce-scatter
+    # input 800, then the shard 400 and the scratch 800 arrive: 1800 + 1000 + 400 + 800 + 400 + 800 = 5200.)
+    assert me.peak_allocated_bytes == 5300 and me.peak_stage == "backward"
+    assert me.breakdown == {"sharded_param": 600, "unsharded_param": 2400, "optimizer_state": 1200,
+                            "activation": 1000, "temporary": 100}
+    assert any("synthesised" in x for x in me.assumed)
+
+
+def test_targets_refused_in_one_line():
+    src = source(tg.FULL_SHARD)
+    bad = [dict(strategy="ZERO9"), dict(strategy="HYBRID_SHARD"), dict(strategy="HYBRID_SHARD", shard_group=3),
+           dict(strategy="HYBRID_SHARD", world_size=6, shard_group=4), dict(world_size="x"), dict(world_size=0),
+           dict(strategy="SHARD_GRAD_OP", reshard_after_forward="true"), dict(strategy="DDP", cpu_offload=True),
+           dict(strategy="DDP", reshard_after_forward=False), dict(reshard_after_forward=3, world_size=4),
+           dict(param_dtype="float7"), dict(strategy="FULL_SHARD", family="fsdp1", reshard_after_forward=2,
+                                               world_size=4)]
+    for kw in bad:
+        with pytest.raises(UserError) as e:
+            tg.make_target(src, **kw)
+        assert "\n" not in str(e.value) and len(str(e.value)) < 240, kw
+    assert tg.make_target(src, "HYBRID_SHARD", world_size=8, shard_group=4).replicas == 2
+    assert tg.make_target(src, "FULL_SHARD", reshard_after_forward="false").strategy == tg.SHARD_GRAD_OP
+    assert tg.make_target(src, world_size=8, reshard_after_forward=4).reshard_after_forward == 4
+
+
+# --------------------------------------------------------------------------- real recordings
+SELF = [("fsdp2", 2), ("fsdp2-no-reshard", 2), ("fsdp1-full", 2), ("fsdp1-no-shard", 2), ("ddp", 2), ("hsdp", 4),
+        ("fsdp2-offload", 2)]
+
+
+@pytest.mark.parametrize("strategy,nproc", SELF)
+def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc):
+    """The run's own configuration, replayed: its measured peak within 1 % (the largest rank's)."""
+    run = load_run(str(recorded_run(strategy, nproc=nproc)))
+    src = wp.source_of_rank(run.ranks[0])
+    me = tg.target_of_source(src)
+    if strategy == "fsdp2-offload":
+        assert run.ranks[0].inventory["cpu_offload"] is True and src.strategy == tg.FULL_SHARD and me.cpu_offload
+    res = wp.predict_run(run, [me], me)
+    p, m = res["predictions"][0], res["measured"]
+    print(f"{strategy}: predicted {p['peak_allocated_bytes']} measured {m['peak_allocated_bytes']}; step "
+          f"{p['step_us']:.0f} vs {m['step_us']:.0f} us")
+    assert p["is_run"]
+    assert abs(p["peak_allocated_bytes"] / m["peak_allocated_bytes"] - 1) <= 0.01
+    assert sum(p["breakdown"].values()) == p["peak_allocated_bytes"]
+    assert p["step_us"] > 0 and 0 <= p["exposed_comm_us"] <= p["step_us"]
+    assert p["kept"] and p["assumed"]
+
+
+def test_ordering_by_predicted_peak_matches_the_measured_one(recorded_run):
+    """FULL_SHARD < SHARD_GRAD_OP < DDP as measured on the three recordings, and as predicted from each."""
+    runs = {s: load_run(str(recorded_run(s))) for s in ("fsdp2", "fsdp2-no-reshard", "ddp")}
+    measured = {s: max(memory_analysis(rd).peak_allocated_bytes for rd in run.ranks.values())
+                for s, run in runs.items()}
+    order = sorted(measured, key=measured.get)
+    assert order == ["fsdp2", "fsdp2-no-reshard", "ddp"], measured
+    for name, run in runs.items():
+        src = wp.source_of_rank(run.ranks[0])
+        targets = [tg.make_target(src, "FULL_SHARD", family="fsdp2"),
+                   tg.make_target(src, "SHARD_GRAD_OP", family="fsdp2"), tg.make_target(src, "DDP")]
+        res = wp.predict_run(run, targets)
+        predicted = dict(zip(["fsdp2", "fsdp2-no-reshard", "ddp"],
+                             [p["peak_allocated_bytes"] for p in res["predictions"]]))
+        print(name, {k: (predicted[k], measured[k]) for k in predicted})
+        assert sorted(predicted, key=predicted.get) == order, (name, predicted)
+
+
+def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
+    run = recorded_run("fsdp2")
+    p = run_fsdpprof("whatif", str(run), "--json", timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    names = [x["strategy"] for x in doc["predictions"]]
+    assert names == ["DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"]   # HYBRID_SHARD: one host, no shard group
+    for x in doc["predictions"]:
+        assert {"strategy", "world_size", "peak_allocated_bytes", "breakdown", "step_us", "exposed_comm_us"} <= set(x)
+        assert x["world_size"] == 2 and x["peak_allocated_bytes"] > 0 and x["step_us"] > 0
+    assert any("HYBRID_SHARD left out" in n for n in doc["notes"])
+    own = [x for x in doc["predictions"] if x["is_run"]]
+    assert len(own) == 1 and own[0]["strategy"] == "FULL_SHARD"
+    # a target first, on another world size; HTML page beside
+    page = tmp_path / "w.html"
+    p = run_fsdpprof("whatif", str(run), "--strategy", "hybrid_shard", "--world", "8", "--shard-group", "2",
+                     "-o", str(page), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[2].startswith("* HYBRID_SHARD (2x4)")
+    assert "assumed:" in p.stdout and "kept:" in p.stdout
+    html = page.read_text()
+    assert 'name="generator" content="fsdpprof' in html and "What if" in html and "HYBRID_SHARD (2x4)" in html
+    # an existing file fsdpprof did not write is kept
+    mine = tmp_path / "mine.html"
+    mine.write_text("mine")
+    p = run_fsdpprof("whatif", str(run), "-o", str(mine), timeout=300)
+    assert p.returncode == 2 and mine.read_text() == "mine" and len(p.stderr.strip().splitlines()) == 1
+    for args in (["--strategy", "HYBRID_SHARD"], ["--world", "3", "--strategy", "HYBRID_SHARD", "--shard-group", "2"],
+                 ["--batch-scale", "0"], ["--strategy", "DDP", "--cpu-offload"], ["--reshard-after-forward", "maybe"],
+                 ["--only"], ["--param-dtype", "int9"]):
+        p = run_fsdpprof("whatif", str(run), *args, timeout=300)
+        assert p.returncode == 2, (args, p.stdout)
+        err = p.stderr.strip()
+        assert err.startswith("fsdpprof whatif: error:") and "\n" not in err and "Traceback" not in err, (args, err)
+    # a trace on its own has no inventory: refused in one line
+    p = run_fsdpprof("whatif", str(run / "rank-0" / "trace.json.gz"), timeout=300)
+    assert p.returncode == 2 and "inventory" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_report_has_the_what_if_numbers(recorded_run):
+    """analyze_run carries the predictions of the standard strategies; the section renders them, escaped."""
+    from fsdpprof.report.html import Page
+    from fsdpprof.report.whatif import whatif_section
+
+    a = analyze_run(load_run(str(recorded_run("fsdp2-no-reshard"))))
+    w = a.whatif
+    assert w is not None, a.notes
+    assert [p["strategy"] for p in w["predictions"]] == ["DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"]
+    own = next(p for p in w["predictions"] if p["is_run"])
+    assert own["strategy"] == "SHARD_GRAD_OP"
+    assert own["peak_allocated_bytes"] == a.memory_peaks["peak_allocated_bytes"].max()
+    html = whatif_section(a, Page())
+    assert html.startswith('<section id="whatif">') and "SHARD_GRAD_OP (this run&#x27;s own)" in html
+    assert "Kept from the measurement" in html
+
+
+def test_hand_built_step_time():
+    """One 1000 us step: compute 0-100, forward all-gather 100-200 (exposed), compute 200-600, reduce-scatter
+    600-700 (exposed), compute 700-1000; one unit of 200 fp32 parameters on 2 ranks. Replayed with the
+    FSDP collectives blocking (CPU): the run itself gives 1000 back; FULL_SHARD adds a backward all-gather
+    at 600 of 50 + 800 x 1/2 x 0.25 = 150 us (fit) -> 1150; the measured times are kept for the others."""
+    from fsdpprof.analyze.whatif import timing
+
+    units = [Unit("", 200, 0)]
+    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 600.0, 1000.0]),
+                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
+                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
+                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
+    assert rs.length == 800 and list(rs.squeeze([100, 150, 200, 650, 1000])) == [100, 100, 100, 500, 800]
+    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
+          "bwd_end": 700.0}
+    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
+    src = source(tg.SHARD_GRAD_OP)
+    same = timing.predict_step(rs, sc, tg.target_of_source(src), units, fit, src, (None, None), sync=True)
+    assert (same.step_us, same.exposed_comm_us, same.compute_us) == (1000.0, 200.0, 800.0)
+    full = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, (None, None), sync=True)
+    assert (full.step_us, full.exposed_comm_us, full.comm_us, full.compute_us) == (1150.0, 350.0, 350.0, 800.0)
+    # FSDP's own CPU work per byte (here 0.1 us/B gathered): the extra 800 B gathered cost 80 us more
+    more = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, (0.1, None), sync=True)
+    assert more.step_us == pytest.approx(1230.0)
+    # DDP: one bucket all-reduce of 800 B (pooled fit: 800 x 2 x 1/2 x 0.25 = 200 us) issued at the grad (600),
+    # waited at the end of backward (700): nothing to hide it behind, all exposed
+    ddp = timing.predict_step(rs, sc, tg.make_target(src, "DDP"), units, fit, src, (None, None), sync=False)
+    assert (ddp.step_us, ddp.exposed_comm_us) == (1000.0, 200.0)
+
+
+def test_a_snapshot_window_is_split_into_steps():
+    """A CUDA snapshot is one window (step 0 throughout): steps start where a forward follows an optimizer."""
+    stage = np.array([None, "forward", "forward", "backward", "optimizer", "post_step", "data", "forward", "backward",
+                      None, "optimizer", "forward"], dtype=object)
+    seq = np.array([-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert wm.steps_from_stages(stage, seq).tolist() == [-1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2]
+    # out of record order in the frame: the same steps
+    perm = np.random.default_rng(0).permutation(len(seq))
+    assert wm.steps_from_stages(stage[perm], seq[perm]).tolist() == [[-1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2][i] for i in perm]
