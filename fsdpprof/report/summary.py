@@ -67,6 +67,8 @@ def memory_summary(m) -> dict:
 
 def summary(a) -> dict:
     """The content of summary.json for one Analysis."""
+    from fsdpprof.analyze.headline import headline
+
     return json_safe({
         "schema": SUMMARY_SCHEMA, "path": a.path, "source": a.source, "overview": a.overview,
         "missing": dict(a.missing), "warnings": list(a.warnings), "notes": dict(a.notes),
@@ -79,6 +81,7 @@ def summary(a) -> dict:
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
         "hta": a.hta,
         "findings": [f.to_dict() for f in a.findings],
+        "headline": headline(a),
     })
 
 
@@ -86,4 +89,5 @@ def compare_summary(c) -> dict:
     """The content of compare.json for one Comparison."""
     return json_safe({"schema": COMPARE_SCHEMA, "paths": c.paths, "labels": c.labels, "table": c.table,
                       "categories": c.categories, "time": c.time, "verdict": c.verdict, "warnings": c.warnings,
-                      "comparable": c.comparable})
+                      "comparable": c.comparable, "verdict_lines": c.verdict_lines, "promise": c.promise,
+                      "formula_categories": c.formula})
