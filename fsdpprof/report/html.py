@@ -132,17 +132,18 @@ def short_name(name, limit: int = NAME_MAX) -> str:
     s = " ".join(str(name).split())
     if len(s) <= limit:
         return s
+    if " < " in s:                            # a call stack (innermost first): its first frame
+        return short_name(s.split(" < ", 1)[0], limit - 4) + " < …"
     if s.startswith("void "):
         s = s[5:]
-    if s.endswith(")"):                       # a signature: drop the argument list at depth 0
+    for _ in range(2):                        # a signature (and a "(file:line)"): drop the last (...) group
+        if not s.endswith(")"):
+            break
         depth = 0
-        for i, ch in enumerate(s):
-            if ch == "<":
-                depth += 1
-            elif ch == ">":
-                depth = max(depth - 1, 0)
-            elif ch == "(" and depth == 0 and i > 0:
-                s = s[:i]
+        for i in range(len(s) - 1, 0, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                s = s[:i].rstrip()
                 break
     out, depth = [], 0
     for i, ch in enumerate(s):               # fold template arguments that follow an identifier
@@ -235,6 +236,11 @@ def fmt_params(x) -> str:
         if abs(x) >= div:
             return f"{x / div:.3g} {word}"
     return f"{x:.0f}"
+
+
+def mem_scale(max_bytes) -> tuple[float, str]:
+    """The unit of a memory chart or table whose largest value is ``max_bytes``: GiB from 10 GiB, else MiB."""
+    return (2.0**30, "GiB") if not _isnan(max_bytes) and float(max_bytes) >= 10 * 2**30 else (MIB, "MiB")
 
 
 def column_unit(col: str) -> str | None:
@@ -541,11 +547,22 @@ def _context(a) -> str:
     return " · ".join(bits)
 
 
+SOURCE_TEXT = {"run_dir": "fsdpprof run directory", "trace_folder": "folder of profiler traces",
+               "trace_file": "profiler trace", "snapshot_file": "CUDA memory snapshot",
+               "snapshot_folder": "folder of CUDA memory snapshots"}
+
+
+def finding_title(title: str) -> str:
+    """A finding's title as the page shows it: collective names as words (all_gather -> all-gather)."""
+    return re.sub(r"\b(all_gather|reduce_scatter|all_reduce|all_to_all|send_recv)\b",
+                  lambda m: m.group(1).replace("_", "-"), str(title))
+
+
 def _overview(a) -> str:
     o = a.overview
     mp = o.get("mixed_precision")
     items = [
-        ("input", f"{a.path} ({a.source})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
+        ("input", f"{a.path} ({SOURCE_TEXT.get(a.source, a.source)})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
         ("strategy", f"{o.get('strategy') or '-'} ({o.get('framework') or 'unknown framework'})"),
         ("what ran", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind") or "-")),
         ("world size", o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
@@ -625,7 +642,7 @@ def _headline(a, h: dict) -> str:
         tiles.append(_tile("", esc(what), split_bar(parts), cls="wide"))
     if h["first_finding"]:
         more = f" ({h['findings'] - 1} more below)" if h["findings"] > 1 else ""
-        tiles.append(_tile(esc(h["first_finding"]), f'first finding{esc(more)}: see <a href="#findings">Findings</a>',
+        tiles.append(_tile(esc(finding_title(h["first_finding"])), f'first finding{esc(more)}: see <a href="#findings">Findings</a>',
                            cls=f"text finding-{esc(h['first_finding_severity'])}"))
     elif step == step or peak == peak:
         tiles.append(_tile("nothing stands out", "no finding crossed its threshold", cls="text"))
@@ -641,7 +658,7 @@ def _findings(a) -> str:
         def val(x, unit):
             return fmt_pct(x) if unit == "%" else f"{fmt_num(x)}{' ' + unit if unit else ''}"
         body = "".join(
-            f'<div class="finding {esc(f.severity)}"><b>{esc(f.title)}</b><br>Try: {esc(f.suggestion)}<br>'
+            f'<div class="finding {esc(f.severity)}"><b>{esc(finding_title(f.title))}</b><br>Try: {esc(f.suggestion)}<br>'
             f'<span class="note">{esc(val(f.value, f.unit))} against a threshold of {esc(val(f.threshold, f.unit))} '
             f'(<code>{esc(f.metric)}</code> in summary.json), see <a href="#{esc(f.section)}">'
             f"{esc(f.section)}</a></span></div>" for f in a.findings)
@@ -694,14 +711,16 @@ def _memory(a, page: Page) -> str:
     if a.memory_peaks is not None and not a.memory_peaks.empty:
         mp = a.memory_peaks
         if len(mp) > 2:   # with one or two ranks the table says it all
-            fig = go.Figure(go.Bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / MIB,
+            sc, unit = mem_scale(mp["peak_allocated_bytes"].max())
+            fig = go.Figure(go.Bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
                                    marker_color="#1f77b4"))
-            fig.update_layout(title="Peak allocated memory per rank", yaxis_title="MiB")
+            fig.update_layout(title="Peak allocated memory per rank", yaxis_title=unit)
             out.append(page.fig(fig, 300))
         out.append(table(_drop_empty(mp.drop(columns=["peak_ts_us"], errors="ignore"),
                                      ("reserved_bytes", "fragmentation_pct"))))
         r0 = peak_rank(a)   # the rank the headline's peak is from
         m = a.memory[r0]
+        sc, unit = mem_scale(m.peak_allocated_bytes)
         t_origin = (float(m.timeline["ts_us"].min()) if m.timeline is not None and len(m.timeline)
                     and getattr(m, "timeline_unit", "us") != "event_index" else None)
         charts = []
@@ -711,12 +730,12 @@ def _memory(a, page: Page) -> str:
             bd = bd[bd["pct"] >= 0.1]   # what is not even 0.1% of the peak is in the tables, not a bar
             order = {c: i for i, c in enumerate(CATEGORY_COLORS)}
             bd = bd.sort_values("category", key=lambda s: s.astype(str).map(order).fillna(99))
-            fig = go.Figure(go.Bar(x=[label(category_label(c)) for c in bd["category"]], y=bd["bytes"] / MIB,
+            fig = go.Figure(go.Bar(x=[label(category_label(c)) for c in bd["category"]], y=bd["bytes"] / sc,
                                    marker_color=[CATEGORY_COLORS.get(str(c), "#7f7f7f") for c in bd["category"]],
-                                   text=[f"{fmt_fixed(b / MIB)} MiB<br>{p:.0f}%" for b, p in zip(bd["bytes"], bd["pct"])],
+                                   text=[f"{fmt_fixed(b / sc)} {unit}<br>{p:.0f}%" for b, p in zip(bd["bytes"], bd["pct"])],
                                    textposition="outside", cliponaxis=False))
             fig.update_layout(title=f"At the peak, rank {r0} ({label(value_label('stage', m.peak_stage))}, "
-                                    f"{m.coverage_pct:.0f}% attributed)", yaxis_title="MiB")
+                                    f"{m.coverage_pct:.0f}% attributed)", yaxis_title=unit)
             charts.append(page.fig(fig, 360))
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
@@ -727,11 +746,11 @@ def _memory(a, page: Page) -> str:
             for c in [c for c in tl.columns if c != "ts_us"]:
                 if not pd.api.types.is_numeric_dtype(tl[c]) or float(tl[c].max() or 0) <= 0:
                     continue
-                fig.add_trace(go.Scatter(x=xs, y=tl[c] / MIB, name=label(category_label(c)), mode="lines",
+                fig.add_trace(go.Scatter(x=xs, y=tl[c] / sc, name=label(category_label(c)), mode="lines",
                                          stackgroup="one", line=dict(width=0.5, color=CATEGORY_COLORS.get(c))))
             fig.update_layout(title=f"Memory over the recorded steps, rank {r0}",
                               xaxis_title="allocation event number (the snapshot has no times)" if by_index
-                              else "ms from window start", yaxis_title="MiB", legend=dict(font=dict(size=11)))
+                              else "ms from window start", yaxis_title=unit, legend=dict(font=dict(size=11)))
             charts.append(page.fig(fig, 360))
         out.append(side_by_side(*charts))
         if a.overview.get("sharded"):
@@ -772,13 +791,14 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
     bu = bu[bu["unit"].notna() & (bu["bytes"] > 0)]
     bu["unit"] = bu["unit"].astype(str).replace("", "(root)")
     units = unit_order(bu["unit"])
+    sc, unit = mem_scale(bu.groupby("unit")["bytes"].sum().max())
     fig = go.Figure()
     order = {c: i for i, c in enumerate(CATEGORY_COLORS)}
     for cat in sorted(bu["category"].astype(str).unique(), key=lambda c: order.get(c, 99)):
         g = bu[bu["category"].astype(str) == cat].groupby("unit")["bytes"].sum()
-        fig.add_trace(go.Bar(x=[label(u) for u in units], y=[g.get(u, 0.0) / MIB for u in units],
+        fig.add_trace(go.Bar(x=[label(u) for u in units], y=[g.get(u, 0.0) / sc for u in units],
                              name=label(category_label(cat)), marker_color=CATEGORY_COLORS.get(cat)))
-    fig.update_layout(barmode="stack", title=f"Memory per unit at the peak, rank {r0}", yaxis_title="MiB",
+    fig.update_layout(barmode="stack", title=f"Memory per unit at the peak, rank {r0}", yaxis_title=unit,
                       xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
                       legend=dict(orientation="h", y=-0.2, font=dict(size=11)))
     note = (f'<p class="note">{esc(fmt_bytes(none))} at the peak belong to no unit (inputs, tensors made outside '
@@ -1043,20 +1063,22 @@ def _promise(c, page: Page) -> str:
     if p is None or p.empty:
         return ""
     base = p[p["baseline"]].iloc[0]
+    sc, unit = mem_scale(max(p["peak_allocated_bytes"].max(), p["model_states_theory_bytes"].max()))
     groups = [("", 2), ("model states per rank", 4), ("peak per rank", 2), ("traffic per rank per step", 3),
               ("exposed communication", 2), ("", 1)]
     heads1 = "".join(f'<th class="grp" colspan="{n}">{esc(g)}</th>' if g else f'<th colspan="{n}"></th>'
                      for g, n in groups)
-    cols = ["run", "N", "formula (MiB)", "formula ×", "measured (MiB)", "measured ×", "measured (MiB)", "×",
-            "formula (MiB)", "measured (MiB)", "measured × DDP's formula", "ms per step", "% of the step", "step (ms)"]
+    cols = ["run", "N", f"formula ({unit})", "formula ×", f"measured ({unit})", "measured ×", f"measured ({unit})", "×",
+            f"formula ({unit})", f"measured ({unit})", "measured × DDP's formula", "ms per step", "% of the step",
+            "step (ms)"]
     heads2 = "".join(f'<th class="{"l" if i == 0 else ""}">{esc(h)}</th>' for i, h in enumerate(cols))
     rows = []
     for _, r in p.iterrows():
         cells = [esc(r["run"]), esc(r["world_size"]),
-                 fmt_fixed(r["model_states_theory_bytes"] / MIB), _ratio_text(r["model_states_theory_ratio"]),
-                 fmt_fixed(r["model_states_measured_bytes"] / MIB), _ratio_text(r["model_states_measured_ratio"]),
-                 fmt_fixed(r["peak_allocated_bytes"] / MIB), _ratio_text(r["peak_ratio"]),
-                 fmt_fixed(r["traffic_theory_bytes"] / MIB), fmt_fixed(r["traffic_measured_bytes"] / MIB),
+                 fmt_fixed(r["model_states_theory_bytes"] / sc), _ratio_text(r["model_states_theory_ratio"]),
+                 fmt_fixed(r["model_states_measured_bytes"] / sc), _ratio_text(r["model_states_measured_ratio"]),
+                 fmt_fixed(r["peak_allocated_bytes"] / sc), _ratio_text(r["peak_ratio"]),
+                 fmt_fixed(r["traffic_theory_bytes"] / sc), fmt_fixed(r["traffic_measured_bytes"] / sc),
                  _ratio_text(r["traffic_measured_vs_ddp"]), fmt_fixed(r["exposed_comm_us"] / 1e3),
                  fmt_pct(r["exposed_comm_pct"]), fmt_fixed(r["step_us"] / 1e3)]
         tds = "".join(f'<td class="{"l" if i == 0 else ""}">{esc(x) if i > 1 else x}</td>' for i, x in enumerate(cells))
@@ -1082,13 +1104,15 @@ def _memory_vs_formula(c, page: Page) -> str:
         return ""
     runs = list(c.labels)
     measured, said = "measured", "formula"
+    tops = [x.groupby("run")["bytes"].sum().max() for x in (cats, formula) if x is not None and not x.empty]
+    sc, unit = mem_scale(max(tops) if tops else float("nan"))
     fig = go.Figure()
     order = {k: i for i, k in enumerate(CATEGORY_COLORS)}
     if cats is not None and not cats.empty:
         for cat in sorted(cats["category"].astype(str).unique(), key=lambda k: order.get(k, 99)):
             g = cats[cats["category"].astype(str) == cat].groupby("run")["bytes"].sum()
             fig.add_trace(go.Bar(x=[[label(r) for r in runs], [measured] * len(runs)],
-                                 y=[g.get(r, 0.0) / MIB for r in runs], name=label(category_label(cat)),
+                                 y=[g.get(r, 0.0) / sc for r in runs], name=label(category_label(cat)),
                                  legendgroup="measured", legendgrouptitle_text="measured at the peak",
                                  marker_color=CATEGORY_COLORS.get(cat)))
     if formula is not None and not formula.empty:
@@ -1096,12 +1120,12 @@ def _memory_vs_formula(c, page: Page) -> str:
             g = formula[formula["category"] == cat].groupby("run")["bytes"].sum()
             if g.empty:
                 continue
-            fig.add_trace(go.Bar(x=[[label(r) for r in runs], [said] * len(runs)], y=[g.get(r, 0.0) / MIB for r in runs],
+            fig.add_trace(go.Bar(x=[[label(r) for r in runs], [said] * len(runs)], y=[g.get(r, 0.0) / sc for r in runs],
                                  name=label(category_label(cat)), legendgroup="formula",
                                  legendgrouptitle_text="ZeRO formula (model states)",
                                  marker=dict(color=CATEGORY_COLORS.get(cat), pattern=dict(shape="/", fgcolor="#fff"))))
     fig.update_layout(barmode="stack", title="Memory per rank: measured at the peak by category, beside the ZeRO "
-                                             "formula's model states (hatched)", yaxis_title="MiB",
+                                             "formula's model states (hatched)", yaxis_title=unit,
                       xaxis=dict(tickangle=0), legend=dict(groupclick="toggleitem", font=dict(size=11)))
     return page.fig(fig, 480)
 
@@ -1127,6 +1151,8 @@ def _compare_table(c) -> str:
     t = c.table
     runs = [col for col in t.columns if col not in ("metric",)]
     host = _compare_host(c)
+    byte_rows = t[[column_unit(m) == "bytes" for m in t["metric"]]]
+    max_bytes = pd.to_numeric(byte_rows[runs].stack(), errors="coerce").max() if len(byte_rows) else float("nan")
     head = '<th class="l">metric</th>' + "".join(f"<th>{esc(r)}</th>" for r in runs)
     rows = []
     for row in t.itertuples(index=False, name=None):
@@ -1136,7 +1162,7 @@ def _compare_table(c) -> str:
             cells = [esc(fmt_params(v) if metric == "psi" else v if isinstance(v, str) else fmt_num(v)) for v in vals]
             name = metric_label(metric)
         else:
-            scale, unit_text = (MIB, "MiB") if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
+            scale, unit_text = mem_scale(max_bytes) if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
             cells = [esc(fmt_fixed(v / scale) if not _isnan(v) else "-") for v in vals]
             name = metric_label(metric, unit_text, host)
         tds = "".join(f"<td>{x}</td>" for x in cells)
@@ -1153,11 +1179,12 @@ def _compare_memory(c, page: Page) -> str:
     if c.promise is not None and not c.promise.empty or cats is None or cats.empty:
         return ""
     fig = go.Figure()
+    sc, unit = mem_scale(cats.groupby("run")["bytes"].sum().max())
     for cat, g in cats.groupby("category", observed=True):
-        fig.add_trace(go.Bar(x=[label(x) for x in g["run"]], y=g["bytes"] / MIB, name=label(category_label(cat)),
+        fig.add_trace(go.Bar(x=[label(x) for x in g["run"]], y=g["bytes"] / sc, name=label(category_label(cat)),
                              marker_color=CATEGORY_COLORS.get(str(cat))))
-    fig.update_layout(barmode="stack", title="Memory at the peak by category (first rank of each run)",
-                      yaxis_title="MiB")
+    fig.update_layout(barmode="stack", title="Memory at the peak by category (the rank with the highest peak)",
+                      yaxis_title=unit)
     return f'<section id="memory"><h2>Peak memory by category</h2>{page.fig(fig, 380)}</section>'
 
 
