@@ -168,11 +168,17 @@ def zero_promise(analyses: list[Analysis], nums: list[dict], labels: list[str]) 
 
 
 def _mib(x) -> str:
-    return f"{x / theory.MIB:.3g} MiB"
+    """Bytes in words: 41.7 MiB, 123 MiB, 80.0 GiB."""
+    v = x / theory.MIB
+    if v >= 10240:
+        return f"{v / 1024:.3g} GiB"
+    return f"{v:,.0f} MiB" if v >= 100 else f"{v:.3g} MiB"
 
 
 def _ms(x) -> str:
-    return f"{x / 1e3:.3g} ms"
+    """µs in words: 84.4 ms, 1234 ms."""
+    v = x / 1e3
+    return f"{v:.0f} ms" if abs(v) >= 100 else f"{v:.3g} ms"
 
 
 def _on(row) -> str:
@@ -195,8 +201,8 @@ def verdict_lines(p: pd.DataFrame) -> list[str]:
         saved = (hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]) / theory.MIB
         de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
         cost = ("(exposed communication unknown)" if de != de else
-                f"at the cost of {de / 1e3:.3g} ms more exposed communication per step" if de >= 0 else
-                f"and exposes {-de / 1e3:.3g} ms less communication per step")
+                f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
+                f"and exposes {_ms(-de)} less communication per step")
         line = (f"{lo['strategy']} saves {saved:.3g} MiB per rank at the peak compared with {hi['strategy']}, {cost} "
                 f"({_on(lo)}: {_mib(lo['peak_allocated_bytes'])}, {_on(hi)}: {_mib(hi['peak_allocated_bytes'])}")
         if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
@@ -224,7 +230,7 @@ def verdict_lines(p: pd.DataFrame) -> list[str]:
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:
             parts.append(f"exposed communication {_ms(r['exposed_comm_us'])} per step "
-                         f"({r['exposed_comm_pct']:.0f}% of its step, {de / 1e3:+.3g} ms)")
+                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{_ms(abs(de))})")
         if parts:
             lines.append(f"{_on(r)} against {_on(base)}: " + ", ".join(parts) + ".")
     return lines

@@ -681,8 +681,17 @@ def _theory_block(a) -> str:
            f"measured (inventory of rank {esc(min(a.model_states['rank']) if a.model_states is not None else '-')}) = "
            f"{esc(fmt_bytes(t.get('measured_model_states_bytes')))}; difference "
            f"{esc(fmt_bytes(t.get('model_states_diff_bytes')))}: {esc(t.get('model_states_explanation'))}</div>"]
-    if a.model_states is not None:
-        out.append(table(a.model_states))
+    if a.model_states is not None and not a.model_states.empty:
+        ms_t = a.model_states
+        r0 = ms_t["rank"].min()
+        first = ms_t[ms_t["rank"] == r0].set_index("role")["measured_bytes"]
+        same = [r for r, g in ms_t[ms_t["rank"] != r0].groupby("rank")
+                if (abs(g.set_index("role")["measured_bytes"] - first.reindex(g["role"]).to_numpy())
+                    <= 0.001 * first.abs().max()).all()]
+        out.append(table(ms_t[~ms_t["rank"].isin(same)]))
+        if same:
+            out.append(f'<p class="note">rank{"s" if len(same) > 1 else ""} {esc(_rank_list(same))}: the same as '
+                       f"rank {esc(r0)}.</p>")
     out.append("<p>The same model under every strategy (same Ψ, dtypes, optimizer and N):</p>")
     out.append(table(pd.DataFrame(t["all_strategies"]), ["label", "formula", "param_bytes", "grad_bytes",
                                                          "optimizer_state_bytes", "total_bytes", "traffic_bytes"],
@@ -698,6 +707,17 @@ def _theory_block(a) -> str:
                    f'{esc(fmt_bytes(pe.get("measured_peak_bytes")))}; difference {esc(fmt_bytes(diff))}: '
                    f'{esc(pe.get("explanation") or "no memory data to compare")}</div>')
     return "".join(out)
+
+
+def _rank_list(ranks) -> str:
+    """0-3, 5, 7-8"""
+    rs, out = sorted(int(r) for r in ranks), []
+    for r in rs:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
 def _drop_empty(df: pd.DataFrame, cols=()) -> pd.DataFrame:
