@@ -3,6 +3,7 @@ and a verdict.  Works from Analyses only (:func:`fsdpprof.analyze.pipeline.analy
 Sizes in bytes, times in µs."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,8 +77,11 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
             raise UserError(msg + "; pass --force to compare anyway")
         warnings.append("Not comparable: " + msg + ".")
     labels, seen = [], {}
-    for n in nums:
-        base = f"{n['strategy']} ({n['framework']}, N={n['world_size']})"
+    for a, n in zip(analyses, nums):
+        if n["strategy"] == "-":   # no inventory: the input's name says which run it is
+            base = f"{os.path.basename(os.path.normpath(str(a.path)))} (N={n['world_size']})"
+        else:
+            base = f"{n['strategy']} ({n['framework']}, N={n['world_size']})"
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
     metrics = list(nums[0].keys())
@@ -183,31 +187,38 @@ def _ms(x) -> str:
 
 def _on(row) -> str:
     n = row["world_size"]
+    if row["strategy"] == "-":
+        return str(row["run"])
     return f"{row['strategy']} on {n} rank{'' if n == 1 else 's'}"
+
+
+def _peak_line(peaks: pd.DataFrame) -> str:
+    """The smallest peak against the largest: what it saves, what it costs in exposed communication."""
+    if len(peaks) < 2:
+        return "Not enough memory data to compare peaks."
+    lo = peaks.loc[peaks["peak_allocated_bytes"].idxmin()]
+    hi = peaks.loc[peaks["peak_allocated_bytes"].idxmax()]
+    if lo["peak_allocated_bytes"] == hi["peak_allocated_bytes"]:
+        return "All runs peak at the same memory."
+    saved = (hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]) / theory.MIB
+    de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
+    cost = ("(exposed communication unknown)" if de != de else
+            f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
+            f"and exposes {_ms(-de)} less communication per step")
+    line = (f"{lo['strategy']} saves {saved:.3g} MiB per rank at the peak compared with {hi['strategy']}, {cost} "
+            f"({_on(lo)}: {_mib(lo['peak_allocated_bytes'])}, {_on(hi)}: {_mib(hi['peak_allocated_bytes'])}")
+    if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
+        line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
+    return line + ")."
 
 
 def verdict_lines(p: pd.DataFrame) -> list[str]:
     """The verdict over every run, one sentence each: the smallest peak against the largest (what it saves,
     what it costs in exposed communication), the fastest and slowest step, then what each run pays
     against the baseline of :func:`zero_promise` (peak, model states, traffic, exposed communication)."""
-    peaks = p[p["peak_allocated_bytes"].notna()] if p is not None and not p.empty else None
-    if peaks is None or len(peaks) < 2:
+    if p is None or p.empty:
         return []
-    lo, hi = peaks.loc[peaks["peak_allocated_bytes"].idxmin()], peaks.loc[peaks["peak_allocated_bytes"].idxmax()]
-    lines = []
-    if lo["peak_allocated_bytes"] == hi["peak_allocated_bytes"]:
-        lines.append("All runs peak at the same memory.")
-    else:
-        saved = (hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]) / theory.MIB
-        de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
-        cost = ("(exposed communication unknown)" if de != de else
-                f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
-                f"and exposes {_ms(-de)} less communication per step")
-        line = (f"{lo['strategy']} saves {saved:.3g} MiB per rank at the peak compared with {hi['strategy']}, {cost} "
-                f"({_on(lo)}: {_mib(lo['peak_allocated_bytes'])}, {_on(hi)}: {_mib(hi['peak_allocated_bytes'])}")
-        if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
-            line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
-        lines.append(line + ").")
+    lines = [_peak_line(p[p["peak_allocated_bytes"].notna()])]
     timed = p[p["step_us"].notna()]
     if len(timed) >= 2:
         fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]

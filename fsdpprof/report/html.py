@@ -822,7 +822,7 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
                       xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
                       legend=dict(orientation="h", y=-0.2, font=dict(size=11)))
     note = (f'<p class="note">{esc(fmt_bytes(none))} at the peak belong to no unit (inputs, tensors made outside '
-            f"every FSDP unit).</p>" if none > 0 else "")
+            f"every FSDP unit).</p>" if none > 0.01 * a.memory[r0].peak_allocated_bytes else "")
     return page.fig(fig, 400), note
 
 
@@ -1080,8 +1080,8 @@ def _promise(c, page: Page) -> str:
     falling with them, FSDP's traffic 1.5x DDP's, and the exposed communication paid for it; then the picture:
     the memory at the peak by category beside the formula's model states, per run."""
     p = c.promise
-    if p is None or p.empty:
-        return ""
+    if p is None or p.empty or not p["model_states_theory_bytes"].notna().any():
+        return ""   # no inventory in any run: no formula to put beside the measurement
     base = p[p["baseline"]].iloc[0]
     sc, unit = mem_scale(max(p["peak_allocated_bytes"].max(), p["model_states_theory_bytes"].max()))
     groups = [("", 2), ("model states per rank", 4), ("peak per rank", 2), ("traffic per rank per step", 3),
@@ -1196,7 +1196,8 @@ def _compare_table(c) -> str:
 def _compare_memory(c, page: Page) -> str:
     """Kept for pages without a promise table (no inventory): the memory at the peak by category."""
     cats = c.categories
-    if c.promise is not None and not c.promise.empty or cats is None or cats.empty:
+    p = c.promise
+    if (p is not None and not p.empty and p["model_states_theory_bytes"].notna().any()) or cats is None or cats.empty:
         return ""
     fig = go.Figure()
     sc, unit = mem_scale(cats.groupby("run")["bytes"].sum().max())

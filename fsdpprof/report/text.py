@@ -71,7 +71,7 @@ def compare_text(c) -> str:
     for name, row in zip(names, c.table.itertuples(index=False, name=None)):
         lines.append(f"  {name.ljust(width)}  " + "  ".join(_cell(row[0], v).rjust(26) for v in row[1:]))
     p = c.promise
-    if p is not None and not p.empty:
+    if p is not None and not p.empty and p["model_states_theory_bytes"].notna().any():
         lines.append("  ZeRO promised / measured, per rank (x: ratio to the baseline; traffic: to DDP's formula):")
         for _, r in p.iterrows():
             lines.append(f"    {str(r['run'])[:30]:30}  model states {fmt_fixed(r['model_states_theory_bytes'] / 2**20)}"
