@@ -2,6 +2,7 @@
 a screenshot taken, and strings from a trace shown as text, never run."""
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_fsdpprof, shared_data
+from fsdpprof.report.html import fmt_bytes
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -76,6 +78,21 @@ def test_xss_names_shown_as_text_and_never_run(tmp_path):
     assert_plots_rendered(dom, text)
 
 
+def visible_headers(html_text: str) -> list[str]:
+    """The text of every table header (<th>) of a page (not the scripts')."""
+    body = re.sub(r"<script.*?</script>", "", html_text, flags=re.S)
+    return [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th\b[^>]*>(.*?)</th>", body, flags=re.S)]
+
+
+def assert_reads_like_a_report(html_text: str) -> None:
+    """Headers in words with units (no snake_case column names), no bare 'us' unit."""
+    heads = [h for h in visible_headers(html_text) if h]
+    snake = [h for h in heads if re.search(r"[a-z]_[a-z]", h) and not re.search(r"T_(comp|comm|overlap)", h)]
+    assert not snake, snake
+    body = re.sub(r"<script.*?</script>", "", html_text, flags=re.S)
+    assert not re.search(r"\d us\b", body)
+
+
 def test_gpu_trace_report_renders(tmp_path):
     folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
     out = tmp_path / "dlrm.html"
@@ -87,10 +104,19 @@ def test_gpu_trace_report_renders(tmp_path):
     n = assert_plots_rendered(dom, out.read_text())
     assert n >= 3  # lanes, steps, device temporal (at least)
     assert "Temporal breakdown of device time" in dom
+    text = out.read_text()
+    assert_reads_like_a_report(text)
+    assert "CUDA stream 84 (NCCL)" in text and "stream:84" not in text     # lanes named, not stream:84
+    assert "device idle" in dom and "host time outside operators" not in dom  # idle is the device's on a GPU
+    # long names shortened in the table, the whole name on hover
+    hover = [(html.unescape(f), html.unescape(t)) for f, t in
+             re.findall(r'<td class="l name" title="([^"]+)">([^<]+)</td>', text)]
+    assert hover and all(len(short) <= 64 < len(full) for full, short in hover), hover[:3]
+    assert "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t" in {short for _, short in hover}
 
 
 def test_recorded_reports_and_compare_render(tmp_path, recorded_run):
-    runs = [recorded_run("fsdp2"), recorded_run("ddp")]
+    runs = [recorded_run("fsdp2"), recorded_run("ddp"), recorded_run("fsdp2-no-reshard")]
     pages = []
     for r in runs:
         out = tmp_path / f"{r.parent.name}.html"
@@ -101,10 +127,34 @@ def test_recorded_reports_and_compare_render(tmp_path, recorded_run):
     p = run_fsdpprof("compare", *map(str, runs), "-o", str(cmp_out), timeout=300)
     assert p.returncode == 0, p.stderr
     pages.append(cmp_out)
+    doms = {}
     for page in pages:
         dom, console = open_page(page, tmp_path, tmp_path / f"{page.stem}.png")
         assert console == [], (page, console)
         assert assert_plots_rendered(dom, page.read_text()) >= 2, page
+        assert_reads_like_a_report(page.read_text())
+        doms[page] = dom
+    fsdp = pages[0].read_text()
+    h = json.loads(pages[0].with_name(pages[0].stem + ".summary.json").read_text())["headline"]
+    # the headline: the peak, the formula's model states, exposed share, the step's split, the first finding
+    top = fsdp.split('id="headline"', 1)[1].split("</section>", 1)[0]
+    assert fmt_bytes(h["peak_bytes"]) in top and fmt_bytes(h["model_states_theory_bytes"]) in top
+    assert "of the step is exposed communication" in top and "host time outside operators" in top
+    assert re.sub("_", "-", h["first_finding"])[:30] in re.sub("_", "-", top)
+    # lanes named from the trace's threads; units in the model's order, no "(none)" bar
+    assert "main thread" in fsdp and "gloo worker" in fsdp and '"thread:' not in fsdp
+    order = re.search(r'"categoryarray":\[([^\]]*)\]', fsdp.split("Memory per unit at the peak")[0].rsplit("plot-", 1)[1])
+    units = json.loads("[" + order.group(1) + "]")
+    assert units[0] == "(root)" and units[1:] == [f"layers.{i}" for i in range(len(units) - 1)], units
+    assert "(none)" not in fsdp
+    # the compare page: every run in the verdict, the promise table, measured beside the formula
+    c = json.loads(cmp_out.with_suffix(".json").read_text())
+    assert len(c["verdict_lines"]) == 2 + len(runs) - 1                 # peak, fastest, then each run vs the baseline
+    cmp_dom = doms[cmp_out]
+    assert "What ZeRO promises, and what was measured" in cmp_dom
+    assert "beside the ZeRO formula" in cmp_out.read_text()
+    for label in c["labels"]:
+        assert label in cmp_dom
 
 
 COMMITTED = sorted((Path(__file__).resolve().parents[1] / "reports").glob("*.html"))

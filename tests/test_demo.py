@@ -4,29 +4,54 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import run_fsdpprof
 
 
 def test_demo_writes_reports_and_comparison(tmp_path):
+    """The demo's story, measured: model states per rank falling as 1/N (DDP -> FULL_SHARD on 2 -> on 4 ranks)
+    and dominating the peak, the peak falling with them, FULL_SHARD moving 1.5x DDP's bytes."""
     out = tmp_path / "demo"
-    p = run_fsdpprof("demo", "--out", str(out), "--strategies", "fsdp2,ddp", timeout=600)
+    p = run_fsdpprof("demo", "--out", str(out), "--strategies", "ddp,fsdp2,fsdp2:4", timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     printed = [Path(line.strip()) for line in p.stdout.splitlines() if line.startswith("  /")]
     names = {x.name for x in printed}
-    assert {"report-fsdp2.html", "report-ddp.html", "compare.html", "summary-fsdp2.json"} <= names
+    assert {"report-fsdp2.html", "report-ddp.html", "report-fsdp2-4ranks.html", "compare.html",
+            "summary-fsdp2.json"} <= names
     for path in printed:
         assert path.is_file() and path.stat().st_size > 1000
     s = json.loads((out / "summary-fsdp2.json").read_text())
     assert s["overview"]["strategy"] == "FULL_SHARD" and s["theory"]["psi"] > 0
-    assert (out / "run-fsdp2" / "run.json").is_file()
+    assert (out / "run-fsdp2" / "run.json").is_file() and (out / "run-fsdp2-4ranks" / "run.json").is_file()
     c = json.loads((out / "compare.json").read_text())
     assert "saves" in c["verdict"] or "same memory" in c["verdict"]
+    rows = {r["run"]: r for r in c["promise"]}
+    ddp, fs2, fs4 = (rows[lab] for lab in c["labels"])
+    assert (ddp["world_size"], fs2["world_size"], fs4["world_size"]) == (2, 2, 4) and ddp["baseline"]
+    # model states per rank: 1/N of DDP's, formula and measurement
+    for r, ratio in ((fs2, 0.5), (fs4, 0.25)):
+        assert r["model_states_theory_ratio"] == pytest.approx(ratio)
+        assert r["model_states_measured_ratio"] == pytest.approx(ratio, rel=0.01)
+        assert r["traffic_measured_vs_ddp"] == pytest.approx(1.5, rel=0.05)   # 3(N-1)/N S against 2(N-1)/N S
+    # model states dominate the peak (the demo's model is sized for it), and the peak falls with them
+    assert ddp["model_states_measured_bytes"] > 0.9 * ddp["peak_allocated_bytes"]
+    assert fs2["model_states_measured_bytes"] > 0.5 * fs2["peak_allocated_bytes"]
+    assert ddp["peak_allocated_bytes"] > fs2["peak_allocated_bytes"] > fs4["peak_allocated_bytes"]
+    # the verdict speaks of every run; the page shows the promise beside the measurement
+    assert len(c["verdict_lines"]) == 4 and all(any(x in line for line in c["verdict_lines"])
+                                                 for x in ("FULL_SHARD on 2 ranks", "FULL_SHARD on 4 ranks"))
+    html = (out / "compare.html").read_text()
+    assert "What ZeRO promises, and what was measured" in html and "verdict:" in p.stdout
 
 
-def test_demo_bad_strategy_is_one_line(tmp_path):
-    p = run_fsdpprof("demo", "--out", str(tmp_path / "d"), "--strategies", " , ", timeout=120)
+@pytest.mark.parametrize("spec", [" , ", "fsdp2:x", "hsdp:3", "fsdp2,fsdp2:2", "fsdp2:99", "nope"])
+def test_demo_bad_strategy_is_one_line(tmp_path, spec):
+    p = run_fsdpprof("demo", "--out", str(tmp_path / "d"), "--strategies", spec, timeout=120)
     assert p.returncode == 2
-    assert len([ln for ln in p.stderr.splitlines() if ln.strip()]) == 1
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--strategies" in lines[0], lines
+    assert not (tmp_path / "d").exists()
 
 
 def test_demo_again_into_the_same_folder_keeps_the_users_files(tmp_path):

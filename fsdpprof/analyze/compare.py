@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import diff, theory, vocab
+from fsdpprof.analyze.headline import peak_rank, step_medians
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.errors import UserError
 
@@ -24,7 +25,7 @@ class Comparison:
     paths: list
     labels: list
     table: pd.DataFrame
-    categories: pd.DataFrame      # run, category, bytes (at the peak of each run's first rank)
+    categories: pd.DataFrame      # run, category, bytes (at the peak of each run's highest-peaking rank)
     time: pd.DataFrame            # run, step_us, compute_us, exposed_comm_us, idle_us (medians per step)
     verdict: str
     warnings: list
@@ -32,14 +33,18 @@ class Comparison:
     diff: diff.Diff | None = None  # every run against the first (fsdpprof.analyze.diff)
     notes: list = field(default_factory=list)   # what is left out and why (e.g. formulas of unknown models)
     models_known: bool = True      # every run has an inventory (its model, Psi, is known)
+    promise: pd.DataFrame | None = None   # per run: the ZeRO formulas' promise beside the measurement (zero_promise)
+    formula: pd.DataFrame | None = None   # run, category (param, grad, optimizer_state), bytes: the formula's model states
+    verdict_lines: list | None = None     # the verdict, one sentence per line (verdict joins them)
 
 
 def run_numbers(a: Analysis) -> dict:
-    """Per-run numbers for comparison (first rank for memory; medians over ranks for time)."""
+    """Per-run numbers for comparison (memory: the rank with the highest peak, what a run must fit; time:
+    medians over ranks)."""
     o, t = a.overview, a.theory or {}
     d = {"strategy": o.get("strategy") or "-", "framework": o.get("framework") or "-",
          "world_size": o.get("world_size"), "psi": o.get("psi")}
-    m = a.memory.get(min(a.memory)) if a.memory else None
+    m = a.memory[peak_rank(a)] if a.memory else None
     d["peak_allocated_bytes"] = float(m.peak_allocated_bytes) if m is not None else np.nan
     cats = {}
     if m is not None and m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
@@ -56,15 +61,9 @@ def run_numbers(a: Analysis) -> dict:
     else:
         d["traffic_measured_bytes"] = np.nan
     d["traffic_theory_bytes"] = tr.get("total_bytes", np.nan)
-    s = a.steps
-    if s is not None and not s.empty:
-        per_rank = s.groupby("rank")[[c for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us") if c in s]].mean()
-        med = per_rank.median()
-        for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us"):
-            d[c] = float(med.get(c, np.nan))
-    else:
-        for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us"):
-            d[c] = np.nan
+    med = step_medians(a.steps)
+    for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us"):
+        d[c] = med[c]
     return d
 
 
@@ -124,25 +123,156 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
         cats = pd.DataFrame(columns=["run", "category", "bytes"])
     tm = pd.DataFrame([{"run": lab, **{c: n.get(c) for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us")}}
                        for lab, n in zip(labels, nums)])
-    # verdict: the run with the lowest peak against the one with the highest
-    peaks = [(n["peak_allocated_bytes"], i) for i, n in enumerate(nums) if n["peak_allocated_bytes"] == n["peak_allocated_bytes"]]
-    if len(peaks) >= 2:
-        lo, hi = min(peaks)[1], max(peaks)[1]
-        if lo == hi:
-            verdict = "All runs peak at the same memory."
-        else:
-            saved = (nums[hi]["peak_allocated_bytes"] - nums[lo]["peak_allocated_bytes"]) / theory.MIB
-            de = nums[lo]["exposed_comm_us"] - nums[hi]["exposed_comm_us"]
-            cost = ("(exposed communication unknown)" if de != de else
-                    f"at the cost of {de / 1e3:.3g} ms more exposed communication per step" if de >= 0 else
-                    f"and exposes {-de / 1e3:.3g} ms less communication per step")
-            verdict = (f"{nums[lo]['strategy']} saves {saved:.3g} MiB per rank at the peak compared with "
-                       f"{nums[hi]['strategy']}, {cost}")
-            if nums[lo]["step_us"] == nums[lo]["step_us"] and nums[hi]["step_us"] == nums[hi]["step_us"]:
-                verdict += f" (step time {nums[lo]['step_us'] / 1e3:.3g} ms vs {nums[hi]['step_us'] / 1e3:.3g} ms)"
-            verdict += "."
-    else:
-        verdict = "Not enough memory data to compare peaks."
+    promise = zero_promise(analyses, nums, labels)
+    lines = verdict_lines(promise)
+    verdict = " ".join(lines) if lines else "Not enough memory data to compare peaks."
+    formula = pd.DataFrame([{"run": lab, "category": cat, "bytes": float(b)}
+                            for lab, a in zip(labels, analyses)
+                            for cat, b in _formula_parts(a).items()], columns=["run", "category", "bytes"])
     d = diff.diff_analyses(analyses, labels, scope)
     return Comparison([a.path for a in analyses], labels, t, cats, tm, verdict, warnings, comparable, diff=d,
-                      notes=notes + d.notes, models_known=not unknown)
+                      notes=notes + d.notes, models_known=not unknown,
+                      promise=promise, formula=formula, verdict_lines=lines)
+
+
+# --------------------------------------------------------------------------- the verdict
+REPLICATED_STRATEGIES = ("DDP", "NO_SHARD")
+
+
+def _formula_parts(a: Analysis) -> dict:
+    """The formula's model states per rank of one run by part (bytes): param, grad, optimizer_state."""
+    ms = (a.theory or {}).get("model_states") or {}
+    parts = {"param": ms.get("param_bytes"), "grad": ms.get("grad_bytes"),
+             "optimizer_state": ms.get("optimizer_state_bytes")}
+    return {k: float(v) for k, v in parts.items() if v is not None and v == v}
+
+
+def _ddp_traffic_bytes(a: Analysis) -> float:
+    """What DDP would send per rank per step for the same model and N (the formula), bytes."""
+    for row in (a.theory or {}).get("all_strategies") or []:
+        if row.get("strategy") == "DDP":
+            return float(row.get("traffic_bytes", np.nan))
+    return np.nan
+
+
+def _ratio(x, y) -> float:
+    x, y = float(x), float(y)
+    return x / y if x == x and y == y and y else np.nan
+
+
+def zero_promise(analyses: list[Analysis], nums: list[dict], labels: list[str]) -> pd.DataFrame:
+    """Per run, what the ZeRO formulas promise beside what was measured (bytes per rank, µs per step):
+    model states (formula, measured, each as a ratio to the baseline run's), the peak (and its ratio),
+    traffic per rank per step (formula, measured, each as a ratio to DDP's formula for the same model
+    and N: 1.5 for FULL_SHARD), exposed communication (µs and % of the step) and the step time.
+    The baseline is the unsharded run (DDP / NO_SHARD) with the fewest ranks, else the run with the
+    largest formula model states; ``baseline`` marks it."""
+    rows = []
+    for a, n, lab in zip(analyses, nums, labels):
+        o = a.overview
+        rows.append({
+            "run": lab, "strategy": n["strategy"], "world_size": n["world_size"],
+            "shard_group_size": o.get("shard_group_size"), "device_type": o.get("device_type"),
+            "model_states_theory_bytes": float(n["model_states_theory_bytes"]),
+            "model_states_measured_bytes": float(n["model_states_measured_bytes"]),
+            "peak_allocated_bytes": float(n["peak_allocated_bytes"]),
+            "traffic_theory_bytes": float(n["traffic_theory_bytes"]),
+            "traffic_measured_bytes": float(n["traffic_measured_bytes"]),
+            "ddp_traffic_theory_bytes": _ddp_traffic_bytes(a),
+            "exposed_comm_us": n["exposed_comm_us"], "step_us": n["step_us"], "compute_us": n["compute_us"],
+            "idle_us": n["idle_us"]})
+    p = pd.DataFrame(rows)
+    unsharded = p[p["strategy"].isin(REPLICATED_STRATEGIES)]
+    if not unsharded.empty:
+        base = int(unsharded.sort_values("world_size", kind="mergesort").index[0])
+    elif p["model_states_theory_bytes"].notna().any():
+        base = int(p["model_states_theory_bytes"].idxmax())
+    else:
+        base = 0
+    p["baseline"] = p.index == base
+    b = p.loc[base]
+    for col, ratio in (("model_states_theory_bytes", "model_states_theory_ratio"),
+                       ("model_states_measured_bytes", "model_states_measured_ratio"),
+                       ("peak_allocated_bytes", "peak_ratio")):
+        p[ratio] = [_ratio(x, b[col]) for x in p[col]]
+    p["traffic_theory_vs_ddp"] = [_ratio(x, y) for x, y in zip(p["traffic_theory_bytes"], p["ddp_traffic_theory_bytes"])]
+    p["traffic_measured_vs_ddp"] = [_ratio(x, y) for x, y in zip(p["traffic_measured_bytes"],
+                                                                  p["ddp_traffic_theory_bytes"])]
+    p["exposed_comm_pct"] = [100.0 * _ratio(x, y) for x, y in zip(p["exposed_comm_us"], p["step_us"])]
+    return p
+
+
+def _mib(x) -> str:
+    """Bytes in words: 41.7 MiB, 123 MiB, 80.0 GiB."""
+    v = x / theory.MIB
+    if v >= 10240:
+        return f"{v / 1024:.3g} GiB"
+    return f"{v:,.0f} MiB" if v >= 100 else f"{v:.3g} MiB"
+
+
+def _ms(x) -> str:
+    """µs in words: 84.4 ms, 1234 ms."""
+    v = x / 1e3
+    return f"{v:.0f} ms" if abs(v) >= 100 else f"{v:.3g} ms"
+
+
+def _on(row) -> str:
+    n = row["world_size"]
+    if row["strategy"] == "-":
+        return str(row["run"])
+    return f"{row['strategy']} on {n} rank{'' if n == 1 else 's'}"
+
+
+def _peak_line(peaks: pd.DataFrame) -> str:
+    """The smallest peak against the largest: what it saves, what it costs in exposed communication."""
+    if len(peaks) < 2:
+        return "Not enough memory data to compare peaks."
+    lo = peaks.loc[peaks["peak_allocated_bytes"].idxmin()]
+    hi = peaks.loc[peaks["peak_allocated_bytes"].idxmax()]
+    if lo["peak_allocated_bytes"] == hi["peak_allocated_bytes"]:
+        return "All runs peak at the same memory."
+    saved = (hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]) / theory.MIB
+    de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
+    cost = ("(exposed communication unknown)" if de != de else
+            f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
+            f"and exposes {_ms(-de)} less communication per step")
+    line = (f"{lo['strategy']} saves {saved:.3g} MiB per rank at the peak compared with {hi['strategy']}, {cost} "
+            f"({_on(lo)}: {_mib(lo['peak_allocated_bytes'])}, {_on(hi)}: {_mib(hi['peak_allocated_bytes'])}")
+    if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
+        line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
+    return line + ")."
+
+
+def verdict_lines(p: pd.DataFrame) -> list[str]:
+    """The verdict over every run, one sentence each: the smallest peak against the largest (what it saves,
+    what it costs in exposed communication), the fastest and slowest step, then what each run pays
+    against the baseline of :func:`zero_promise` (peak, model states, traffic, exposed communication)."""
+    if p is None or p.empty:
+        return []
+    lines = [_peak_line(p[p["peak_allocated_bytes"].notna()])]
+    timed = p[p["step_us"].notna()]
+    if len(timed) >= 2:
+        fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]
+        lines.append(f"Fastest: {_on(fast)}, {_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
+                     f"{_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long).")
+    base = p[p["baseline"]].iloc[0]
+    for _, r in p.iterrows():
+        if r["baseline"]:
+            continue
+        parts = []
+        if r["peak_ratio"] == r["peak_ratio"]:
+            parts.append(f"peak {_mib(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
+        if r["model_states_measured_ratio"] == r["model_states_measured_ratio"]:
+            parts.append(f"model states {_mib(r['model_states_measured_bytes'])} "
+                         f"({r['model_states_measured_ratio']:.2f}x, the formula says "
+                         f"{r['model_states_theory_ratio']:.2f}x)")
+        if r["traffic_measured_vs_ddp"] == r["traffic_measured_vs_ddp"]:
+            parts.append(f"traffic {_mib(r['traffic_measured_bytes'])} per step "
+                         f"({r['traffic_measured_vs_ddp']:.2f}x DDP's on {r['world_size']} ranks)")
+        de = r["exposed_comm_us"] - base["exposed_comm_us"]
+        if de == de:
+            parts.append(f"exposed communication {_ms(r['exposed_comm_us'])} per step "
+                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{_ms(abs(de))})")
+        if parts:
+            lines.append(f"{_on(r)} against {_on(base)}: " + ", ".join(parts) + ".")
+    return lines

@@ -173,9 +173,9 @@ def _outside_steps(comm_phase: pd.DataFrame | None) -> pd.DataFrame | None:
     return o.groupby(["rank", "collective"], as_index=False)[["count", "comm_us", "exposed_comm_us"]].sum()
 
 
-def _lanes(events: pd.DataFrame):
-    """Compute and communication events of one full step (times relative to its start), the step,
-    and the operations with the most time in it."""
+def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
+    """Compute and communication events of one full step (times relative to its start, each lane with its
+    readable ``lane_name``: labels.lane_names), the step, and the operations with the most time in it."""
     e = events[events["step"].notna()]
     if e.empty:
         return None
@@ -202,6 +202,12 @@ def _lanes(events: pd.DataFrame):
                         "collective": sel["collective"].astype(object).to_numpy(),
                         "stage": sel["stage"].astype(object).to_numpy(),
                         "fsdp_phase": sel["fsdp_phase"].astype(object).to_numpy()})
+    tm = trace_meta or {}
+    comm = out[out["kind"] == vocab.KIND_COMM]
+    nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
+    names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), set(nccl["lane"]), tm.get("thread_names"),
+                              tm.get("device_type"))
+    out["lane_name"] = out["lane"].map(names)
     return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step), top
 
 
@@ -222,7 +228,7 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool) -> None
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
     if want_lanes:
-        lanes = _try(n, "communication", "lanes of one step", _lanes, events)
+        lanes = _try(n, "communication", "lanes of one step", _lanes, events, res.trace_meta)
         if lanes is not None:
             res.lanes, res.lanes_step, res.top_ops = lanes
     if res.kernels["device_kernels"]:      # the device time breakdowns (HTA's definitions, our events)

@@ -1,4 +1,10 @@
-"""``fsdpprof demo``: record the built-in example under several strategies on CPU and report on each."""
+"""``fsdpprof demo``: record the built-in example under several strategies on CPU and report on each.
+
+The demo's model is the example at a size where the model states dominate the peak, as in large-model
+training (a narrow, deep transformer with a short sequence and batch 1: activations are small, the
+parameters, gradients and AdamW states are not), so the runs show what the ZeRO formulas promise:
+model states per rank falling as 1/N from DDP to FULL_SHARD on 2 and 4 ranks, the peak falling with
+them, FULL_SHARD moving 1.5x DDP's bytes, and the exposed communication paid for it."""
 from __future__ import annotations
 
 import ast
@@ -9,18 +15,26 @@ import time
 
 from fsdpprof.errors import UserError
 
-STRATEGIES = ("fsdp2", "fsdp2-no-reshard", "ddp")
+# (strategy of the example, ranks): DDP, SHARD_GRAD_OP and FULL_SHARD on 2 ranks, FULL_SHARD and HSDP on 4
+RUNS = (("ddp", 2), ("fsdp2-no-reshard", 2), ("fsdp2", 2), ("fsdp2", 4), ("hsdp", 4))
+STRATEGIES = tuple(dict.fromkeys(s for s, _ in RUNS))
 RECORD_ARGS = ("--skip-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
-TRAIN_ARGS = ("--steps", "5")
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       "examples", "train_fsdp.py")
+TRAIN_ARGS = ("--steps", "4")   # the recording window is steps 1-3: the trace is saved when step 3 ends
+# Ψ = 3.66 M parameters (16 Ψ = 56 MiB of fp32 model states with AdamW under DDP), 8 blocks of 192 wide (9 FSDP
+# units: each unit's gathered parameters are small beside the sharded states), 16 tokens, batch 1 (activations
+# under 2 MiB); about 84 ms per DDP step on 2 CPU processes
+MODEL_ARGS = ("--dim", "192", "--layers", "8", "--heads", "4", "--seq", "16", "--batch", "1", "--vocab", "256")
+# the packaged example (installed with fsdpprof; the repository's examples/train_fsdp.py only runs this one)
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_fsdp.py")
 
 
 def add_arguments(p) -> None:
     p.add_argument("--out", default="fsdpprof-demo", help="folder for the runs and reports (default ./fsdpprof-demo)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES),
-                   help=f"comma-separated strategies of the example (default {','.join(STRATEGIES)})")
-    p.add_argument("--nproc", type=int, default=2, help=f"processes per run (default 2, at most {MAX_NPROC})")
+    p.add_argument("--strategies", default=",".join(f"{s}:{n}" for s, n in RUNS),
+                   help="comma-separated strategies of the example, each optionally with its number of processes "
+                        f"as STRATEGY:N (default {','.join(f'{s}:{n}' for s, n in RUNS)})")
+    p.add_argument("--nproc", type=int, default=2,
+                   help=f"processes for a strategy given without :N (default 2, at most {MAX_NPROC})")
     p.add_argument("--force", action="store_true",
                    help="overwrite report/compare files in --out that fsdpprof did not write")
 
@@ -57,12 +71,12 @@ def example_strategies() -> tuple[str, ...]:
 
 
 def record_example(out_dir: str, strategy: str, nproc: int = 2, replace: bool = False) -> subprocess.CompletedProcess:
-    """fsdpprof record -- torchrun (gloo, CPU) the packaged example with one strategy (``replace``: an earlier
-    fsdpprof run in ``out_dir``, via ``record --force``)."""
+    """fsdpprof record -- torchrun (gloo, CPU) the packaged example at the demo's size (MODEL_ARGS) with one
+    strategy (``replace``: an earlier fsdpprof run in ``out_dir``, via ``record --force``)."""
     cmd = [sys.executable, "-m", "fsdpprof", "record", "--out", out_dir, *(["--force"] if replace else []),
            *RECORD_ARGS, "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           EXAMPLE, "--strategy", strategy, *TRAIN_ARGS, "--quiet"]
+           EXAMPLE, "--strategy", strategy, *TRAIN_ARGS, *MODEL_ARGS, "--quiet"]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -75,53 +89,84 @@ def run(args) -> int:
     from fsdpprof.report.outputs import check_not_empty, check_outputs
     from fsdpprof.report.text import compare_text
 
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if not strategies:
-        raise UserError("--strategies is empty: give e.g. fsdp2,ddp")
-    known = example_strategies()
-    bad = [s for s in strategies if s not in known]
-    if bad:
-        raise UserError(f"--strategies {bad[0][:40]!r} is not a strategy of the example: use some of {','.join(known)}")
-    if len(set(strategies)) != len(strategies):
-        raise UserError("--strategies names a strategy twice: give each once, e.g. fsdp2,ddp")
     if not 1 <= args.nproc <= MAX_NPROC:
         raise UserError(f"--nproc {args.nproc} must be between 1 and {MAX_NPROC}")
+    runs = parse_runs(args.strategies, args.nproc)
+    names = [run_name(s, n, args.nproc) for s, n in runs]
     check_not_empty(**{"--out": args.out})
     out = os.path.abspath(args.out)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out} exists and is not a folder: choose a folder for the demo's runs and reports")
-    outputs = [(os.path.join(out, name), "the demo's") for s in strategies
-               for name in (f"report-{s}.html", f"summary-{s}.json")]
-    if len(strategies) >= 2:
+    outputs = [(os.path.join(out, f), "the demo's") for name in names
+               for f in (f"report-{name}.html", f"summary-{name}.json")]
+    if len(runs) >= 2:
         outputs += [(os.path.join(out, "compare.html"), "the demo's"), (os.path.join(out, "compare.json"), "the demo's")]
     check_outputs(outputs, force=args.force, fix="choose another --out")
-    previous = {s: _previous_run(os.path.join(out, f"run-{s}")) for s in strategies}
+    previous = {name: _previous_run(os.path.join(out, f"run-{name}")) for name in names}
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot create --out {out}: {exc.strerror}; choose a writable folder") from None
     analyses, written = [], []
-    for s in strategies:
-        run_dir = os.path.join(out, f"run-{s}")
+    t_start = time.time()
+    for (s, n), name in zip(runs, names):
+        run_dir = os.path.join(out, f"run-{name}")
         t0 = time.time()
-        print(f"demo: recording the example with --strategy {s} on {args.nproc} CPU processes (gloo) ...", flush=True)
-        proc = record_example(run_dir, s, args.nproc, replace=previous[s])
+        print(f"demo: recording the example with --strategy {s} on {n} CPU process{'es' if n != 1 else ''} (gloo) ...",
+              flush=True)
+        proc = record_example(run_dir, s, n, replace=previous[name])
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-            raise UserError(f"recording strategy {s} failed (exit {proc.returncode}): {' | '.join(tail)}; "
-                            f"see {run_dir}")
+            raise UserError(f"recording strategy {s} on {n} processes failed (exit {proc.returncode}): "
+                            f"{' | '.join(tail)}; see {run_dir}")
         a = analyse_path(run_dir, hta=False)
-        html_path, summary_path = write_report(a, os.path.join(out, f"report-{s}.html"),
-                                               os.path.join(out, f"summary-{s}.json"))
+        html_path, summary_path = write_report(a, os.path.join(out, f"report-{name}.html"),
+                                               os.path.join(out, f"summary-{name}.json"))
         analyses.append(a)
         written += [html_path, summary_path]
-        print(f"demo: {s} recorded and reported in {time.time() - t0:.0f} s", flush=True)
+        print(f"demo: {s} on {n} recorded and reported in {time.time() - t0:.0f} s", flush=True)
     if len(analyses) >= 2:
         c = compare_analyses(analyses, allow_different_models=True)
         ch, cj = write_compare(c, os.path.join(out, "compare.html"), os.path.join(out, "compare.json"))
         written += [ch, cj]
         print(compare_text(c))
-    print("demo: wrote")
+    print(f"demo: wrote (in {time.time() - t_start:.0f} s)")
     for p in written:
         print(f"  {p}")
     return 0
+
+
+def parse_runs(spec: str, nproc: int) -> list[tuple[str, int]]:
+    """``--strategies``: comma-separated STRATEGY or STRATEGY:N (N processes; ``nproc`` without one)."""
+    known = example_strategies()
+    runs = []
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        s, sep, n = item.partition(":")
+        s = s.strip()
+        if s not in known:
+            raise UserError(f"--strategies {s[:40]!r} is not a strategy of the example: use some of {','.join(known)}")
+        if sep:
+            try:
+                k = int(n)
+            except ValueError:
+                raise UserError(f"--strategies {item[:40]!r}: the number of processes after ':' must be a whole "
+                                f"number, e.g. fsdp2:4") from None
+        else:
+            k = nproc
+        if not 1 <= k <= MAX_NPROC:
+            raise UserError(f"--strategies {item[:40]!r}: processes must be between 1 and {MAX_NPROC}")
+        if s in ("hsdp", "fsdp1-hybrid") and (k < 2 or k % 2):
+            raise UserError(f"--strategies {item[:40]!r}: hybrid sharding needs an even number of processes, e.g. {s}:4")
+        runs.append((s, k))
+    if not runs:
+        raise UserError("--strategies is empty: give e.g. fsdp2,ddp or fsdp2:2,fsdp2:4")
+    if len(set(runs)) != len(runs):
+        raise UserError("--strategies names a strategy twice with the same processes: give each once, e.g. fsdp2,ddp")
+    return runs
+
+
+def run_name(strategy: str, n: int, nproc: int) -> str:
+    """The name of a run's folder and files: the strategy, with ``-Nranks`` when N is not --nproc."""
+    return strategy if n == nproc else f"{strategy}-{n}ranks"

@@ -84,6 +84,8 @@ def _head(df, n: int):
 
 def summary(a) -> dict:
     """The content of summary.json for one Analysis."""
+    from fsdpprof.analyze.headline import headline
+
     return json_safe({
         "schema": SUMMARY_SCHEMA, "path": a.path, "source": a.source, "overview": a.overview,
         "missing": dict(a.missing), "warnings": list(a.warnings), "notes": dict(a.notes),
@@ -96,6 +98,7 @@ def summary(a) -> dict:
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
         "hta": a.hta,
         "findings": [f.to_dict() for f in a.findings],
+        "headline": headline(a),
     })
 
 
@@ -112,4 +115,5 @@ def compare_summary(c) -> dict:
     return json_safe({"schema": COMPARE_SCHEMA, "paths": c.paths, "labels": c.labels, "table": c.table,
                       "categories": c.categories, "time": c.time, "verdict": c.verdict, "warnings": c.warnings,
                       "comparable": c.comparable, "models_known": getattr(c, "models_known", None),
-                      "notes": list(getattr(c, "notes", []) or []), "diff": diff_summary(getattr(c, "diff", None))})
+                      "notes": list(getattr(c, "notes", []) or []), "diff": diff_summary(getattr(c, "diff", None)),
+                      "verdict_lines": c.verdict_lines, "promise": c.promise, "formula_categories": c.formula})

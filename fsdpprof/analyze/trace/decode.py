@@ -1175,4 +1175,5 @@ def _load_trace(path: str, rank: int | None, progress: bool | None, max_bytes: i
     events = labels.events_frame(c, rank)
     mem = rt.memory_events
     mem["rank"] = np.int32(rank)
-    return TraceData(path=rt.path, events=events, memory_events=mem, meta=rt.meta, warnings=warnings)
+    meta = {**rt.meta, "thread_names": labels.thread_name_records(rt.thread_names)}  # lanes' readable names
+    return TraceData(path=rt.path, events=events, memory_events=mem, meta=meta, warnings=warnings)

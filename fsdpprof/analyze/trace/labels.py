@@ -242,3 +242,65 @@ def framework_of(events: pd.DataFrame) -> str:
     if isin(events["kind"], [vocab.KIND_COMM]).any():
         return "distributed"
     return "single_device"
+
+
+DEVICE_WORD = {vocab.DEVICE_CUDA: "CUDA", vocab.DEVICE_ROCM: "HIP", vocab.DEVICE_XPU: "XPU", vocab.DEVICE_MTIA: "MTIA"}
+THREAD_ROLES = (("pt_main_thread", "main thread"), ("gloo", "gloo worker"), ("pt_autograd", "autograd thread"),
+                ("nccl_watchdog", "NCCL watchdog"), ("pt_nccl", "NCCL watchdog"))
+THREAD_NAMES_MAX = 4096   # thread_name records carried per trace (a hostile trace may name millions)
+
+
+def thread_name_records(thread_names: dict) -> list:
+    """The decoder's ``thread_names`` ({(pid, tid): name}) as JSON-friendly [pid, tid, name] triples."""
+    return [[pid, tid, str(name)[:200]] for (pid, tid), name in list(thread_names.items())[:THREAD_NAMES_MAX]]
+
+
+def lane_names(lanes, comm_lanes=(), nccl_lanes=(), thread_names=(), device_type: str | None = None) -> dict:
+    """Readable names of event lanes (``thread:T`` / ``stream:S``, :func:`classify.classify_arrays`) from the
+    trace's thread names ([pid, tid, name]): "main thread", "gloo worker", "autograd thread 0",
+    "CUDA stream 7 (NCCL)" ...; a lane in ``comm_lanes`` runs communication (``nccl_lanes``: NCCL kernels).
+    Lanes without a recorded name keep a plain "thread T" / "stream S"; names are made unique."""
+    by_lane = {}
+    for rec in thread_names or ():
+        try:
+            pid, tid, name = rec
+        except (TypeError, ValueError):
+            continue
+        name = str(name).strip()
+        if name.startswith("stream"):
+            by_lane[f"stream:{tid}"] = name
+        else:
+            by_lane[f"thread:{tid}"] = (name, pid == tid)
+    dev = DEVICE_WORD.get(device_type or "", "GPU")
+    out = {}
+    for lane in lanes:
+        lane = str(lane)
+        kind, _, ident = lane.partition(":")
+        if kind == "stream":
+            name = f"{dev} stream {ident}"
+            if lane in nccl_lanes:
+                name += " (NCCL)"
+            elif lane in comm_lanes:
+                name += " (communication)"
+        else:
+            rec = by_lane.get(lane)
+            inner, is_main = ("", False) if rec is None else (rec[0].rpartition("(")[2].rstrip(")") if "(" in rec[0]
+                                                              else rec[0], rec[1])
+            role = "main thread" if is_main else next((r for key, r in THREAD_ROLES if key in inner.lower()), None)
+            if role == "autograd thread" and inner.rsplit("_", 1)[-1].isdigit():
+                role += " " + inner.rsplit("_", 1)[-1]
+            if role is None and lane in comm_lanes and not is_main:
+                role = "gloo worker"   # CPU threads run communication only as gloo's work (classify: gloo_comm)
+            name = role or (f"thread {ident} ({inner})" if inner and not inner.startswith("thread") else f"thread {ident}")
+        out[lane] = name
+    seen: dict = {}
+    for lane in sorted(out, key=lambda x: (not x.startswith("thread"), x)):
+        n = out[lane]
+        seen[n] = seen.get(n, 0) + 1
+    count: dict = {}
+    for lane in sorted(out, key=lambda x: (not x.startswith("thread"), x)):
+        n = out[lane]
+        if seen[n] > 1:
+            count[n] = count.get(n, 0) + 1
+            out[lane] = f"{n} {count[n]}"
+    return out

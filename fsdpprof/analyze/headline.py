@@ -1,0 +1,80 @@
+"""The few numbers a person reads first: peak per rank against the formula's model states, the step's
+split (compute, exposed communication, the rest) and the first finding.  From an Analysis only
+(bytes, µs, % of the step).
+
+On a CPU trace the profiler sees operators only: "compute" is time inside leaf operators and the
+step's time outside every operator and collective (``idle_us`` of the step breakdown) is host time:
+Python, the dispatcher, FSDP's hooks.  On a GPU trace the same column is device idle time.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from fsdpprof.analyze import vocab
+
+STEP_PARTS = ("compute_us", "exposed_comm_us", "idle_us", "residual_us")
+
+
+def step_medians(steps: pd.DataFrame | None) -> dict:
+    """Per step, the mean over each rank's steps, then the median over ranks: step_us, compute_us, comm_us,
+    overlapped_comm_us, exposed_comm_us, idle_us, residual_us (NaN when there are no steps)."""
+    cols = ["step_us", "compute_us", "comm_us", "overlapped_comm_us"] + [c for c in STEP_PARTS if c != "compute_us"]
+    if steps is None or steps.empty:
+        return {c: math.nan for c in cols}
+    have = [c for c in cols if c in steps]
+    med = steps.groupby("rank")[have].mean().median()
+    return {c: float(med.get(c, math.nan)) for c in cols}
+
+
+def step_split(steps: pd.DataFrame | None) -> dict:
+    """step_medians plus each part's share of the step (``*_pct``: compute, exposed comm, idle, residual;
+    they add up to 100 %)."""
+    d = step_medians(steps)
+    s = d["step_us"]
+    for c in STEP_PARTS:
+        d[c[:-3] + "_pct"] = 100.0 * d[c] / s if s == s and s > 0 else math.nan
+    return d
+
+
+def peak_rank(a) -> int | None:
+    """The rank whose memory peaks highest (the smallest such rank): what a run must fit, the rank the
+    report's headline, memory charts and compare's numbers are from. None without memory data."""
+    peaks = {r: m.peak_allocated_bytes for r, m in (a.memory or {}).items()
+             if m is not None and m.peak_allocated_bytes == m.peak_allocated_bytes}
+    if not peaks:
+        return min(a.memory) if a.memory else None
+    top = max(peaks.values())
+    return min(r for r, v in peaks.items() if v == top)
+
+
+def headline(a) -> dict:
+    """The report's headline numbers of an Analysis: peak_bytes (of ``peak_rank``),
+    model_states_theory_bytes / model_states_measured_bytes and their share of the peak, the step split
+    (step_split), ``idle_is_host`` (True on a CPU trace: idle is host time outside operators) and the
+    first finding's title and severity."""
+    o, t = a.overview, a.theory or {}
+    d: dict = {"peak_bytes": math.nan, "peak_rank": None, "peak_stage": None}
+    r = peak_rank(a)
+    if r is not None and a.memory[r].peak_allocated_bytes == a.memory[r].peak_allocated_bytes:
+        m = a.memory[r]
+        d.update(peak_bytes=float(m.peak_allocated_bytes), peak_rank=int(r), peak_stage=m.peak_stage)
+    ms = t.get("model_states") or {}
+    d["model_states_label"] = ms.get("label")
+    d["model_states_formula"] = ms.get("formula")
+    d["model_states_theory_bytes"] = float(ms.get("total_bytes", math.nan))
+    measured = t.get("measured_model_states_bytes")
+    d["model_states_measured_bytes"] = float(measured) if measured is not None else math.nan
+    peak = d["peak_bytes"]
+    d["model_states_theory_pct_of_peak"] = (100.0 * d["model_states_theory_bytes"] / peak
+                                            if peak == peak and peak > 0 else math.nan)
+    d.update(step_split(a.steps))
+    d["device_type"] = o.get("device_type")
+    d["idle_is_host"] = (o.get("device_type") or vocab.DEVICE_CPU) == vocab.DEVICE_CPU
+    f = a.findings[0] if a.findings else None
+    d["first_finding"] = f.title if f else None
+    d["first_finding_severity"] = f.severity if f else None
+    d["first_finding_section"] = f.section if f else None
+    d["findings"] = len(a.findings)
+    return d
