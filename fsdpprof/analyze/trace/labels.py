@@ -201,16 +201,35 @@ def _isna(a: np.ndarray) -> np.ndarray:
     return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
 
 
+_NONE_DTYPE = pd.Categorical(np.full(1, None, dtype=object)).dtype   # what pd.Categorical makes of only None
+
+
+def _from_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical:
+    """pd.Categorical.from_codes for codes known to be valid (-1 or a position in the categories)."""
+    try:
+        return pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
+    except TypeError:                   # pragma: no cover - pandas < 2.1 has no validate=
+        return pd.Categorical.from_codes(codes, dtype=dtype)
+
+
 def _categorical(values: np.ndarray) -> pd.Categorical:
     """pd.Categorical(values) of an object array, factorizing only its non-missing entries."""
     miss = _isna(values)
-    if not miss.any() or miss.all():
-        return pd.Categorical(values)
+    if miss.all():
+        return _from_codes(np.full(len(values), -1, dtype=np.int8), _NONE_DTYPE)
     nn = np.flatnonzero(~miss)
-    sub = pd.Categorical(values[nn])
-    codes = np.full(len(values), -1, dtype=sub.codes.dtype)
-    codes[nn] = sub.codes
-    return pd.Categorical.from_codes(codes, dtype=sub.dtype)
+    present = values[nn].tolist()
+    distinct = set(present)
+    if not all(type(v) is str for v in distinct):
+        sub = pd.Categorical(values[nn])
+        codes = np.full(len(values), -1, dtype=sub.codes.dtype)
+        codes[nn] = sub.codes
+        return _from_codes(codes, sub.dtype)
+    cats = sorted(distinct)              # (strings: sorted as pd.Categorical sorts them)
+    pos = {v: i for i, v in enumerate(cats)}
+    codes = np.full(len(values), -1, dtype=np.int32)
+    codes[nn] = np.fromiter(map(pos.__getitem__, present), dtype=np.int32, count=len(present))
+    return _from_codes(codes, pd.CategoricalDtype(cats))
 
 
 def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
@@ -219,21 +238,26 @@ def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
     order = sorted(used.tolist(), key=lambda i: labels[i])
     remap = np.full(len(labels), -1, dtype=np.int8)
     remap[order] = np.arange(len(order))
-    return pd.Categorical.from_codes(remap[codes], categories=pd.Index([labels[i] for i in order]))
+    return _from_codes(remap[codes], pd.CategoricalDtype([labels[i] for i in order]))
 
 
 def _categorical_of_table(idx: np.ndarray, table: list) -> pd.Categorical:
     """pd.Categorical of ``table[idx]`` per row (missing where idx < 0 or the value is None): the categories
     are the values used, sorted, as pd.Categorical makes them; no per-row objects."""
-    values = np.array(table + [None], dtype=object)
-    idx = np.where(idx < 0, len(table), idx)
-    used = np.flatnonzero(np.bincount(idx, minlength=len(values))) if len(idx) else np.empty(0, dtype=np.int64)
-    cats = sorted({values[i] for i in used.tolist()} - {None})
+    n_rows = len(idx)
+    hit = np.flatnonzero(idx >= 0)
+    used = np.unique(idx[hit]).tolist()
+    cats = sorted({table[i] for i in used} - {None})
     if not cats:
-        return pd.Categorical(np.full(len(idx), None, dtype=object))
+        return _from_codes(np.full(n_rows, -1, dtype=np.int8), _NONE_DTYPE)
     pos = {v: i for i, v in enumerate(cats)}
-    remap = np.array([-1 if v is None else pos[v] for v in values.tolist()], dtype=np.int64)
-    return pd.Categorical.from_codes(remap[idx], dtype=pd.CategoricalDtype(cats))
+    remap = np.array([-1 if v is None else pos[v] for v in table], dtype=np.int32)
+    codes = np.full(n_rows, -1, dtype=np.int32)
+    codes[hit] = remap[idx[hit]]
+    return _from_codes(codes, pd.CategoricalDtype(cats))
+
+
+_STAGE_DTYPE = pd.CategoricalDtype(vocab.STAGES)
 
 
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
@@ -241,9 +265,9 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
-        "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
+        "lane": _from_codes(c["lane"], pd.CategoricalDtype(c["lane_cats"])),
         "kind": _categorical_codes(c["kind"], KIND_LABELS),
-        "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
+        "name": _from_codes(c["name"], pd.CategoricalDtype(c["name_cats"])),
         "ts_us": c["ts_us"], "dur_us": c["dur_us"],
         "collective": _categorical(c["collective"]),
         "bytes": c["bytes"].astype(np.float64, copy=False),
@@ -252,12 +276,42 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "pg": _categorical(c["pg"]),
         "seq": c["seq"].astype(np.float64, copy=False),
         "step": c["step"],
-        "stage": pd.Categorical.from_codes(c["stage"], categories=vocab.STAGES),
+        "stage": _from_codes(c["stage"], _STAGE_DTYPE),
         "fsdp_phase": _categorical_of_table(c["fsdp_name"], c["fsdp_phase"]),
         "unit": _categorical_of_table(c["fsdp_name"], c["unit"]),
         "launch_ts_us": c["launch_ts_us"],
     }
-    return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS)
+    return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS, copy=False)
+
+
+def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Events frames of several ranks as one (index 0..n-1), the categorical columns kept categorical without
+    per-row objects: a column whose categories equal the first frame's (as pd.concat judges it) keeps the
+    first frame's categories, others get the union of every frame's categories, sorted (what pd.concat then
+    astype("category") gives)."""
+    if len(frames) == 1:
+        return frames[0]
+    out = {}
+    for col in frames[0].columns:
+        arrays = [f[col].array for f in frames]           # (numpy-backed or Categorical: no copies)
+        dtype = arrays[0].dtype
+        if not isinstance(dtype, pd.CategoricalDtype):
+            out[col] = np.concatenate([np.asarray(a) for a in arrays])
+            continue
+        if not all(isinstance(a.dtype, pd.CategoricalDtype) and a.dtype == dtype for a in arrays):
+            used = set()
+            for a in arrays:
+                used.update(a.categories[np.unique(a.codes[a.codes >= 0])].tolist())
+            dtype = pd.CategoricalDtype(sorted(used)) if used else _NONE_DTYPE
+        parts = []
+        for a in arrays:
+            if a.categories.equals(dtype.categories):
+                parts.append(a.codes)
+            else:
+                remap = np.append(dtype.categories.get_indexer(a.categories), -1)
+                parts.append(remap[a.codes])    # (code -1, missing, stays -1: the appended last entry)
+        out[col] = _from_codes(np.concatenate(parts), dtype)
+    return pd.DataFrame(out, columns=list(frames[0].columns), copy=False)
 
 
 def cpu_side(events: pd.DataFrame) -> np.ndarray:
