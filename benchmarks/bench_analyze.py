@@ -17,6 +17,9 @@ Each contender runs ``--repeat`` times, interleaved (ours, orjson, HTA, ours, ..
 CPU seconds where the box is shared (wall seconds are printed beside them).  The warm-up leaves no memo of
 event names behind (fsdpprof judges each distinct name once per process): the timed call starts from none.
 
+fsdpprof's own modules are compiled to bytecode first, as an installed package is (this machine sets
+PYTHONDONTWRITEBYTECODE, which would make every process compile them again).
+
 ``--before REF`` (a git commit or branch of this repository) measures fsdpprof at REF too, in the same run,
 interleaved with the current tree (``git archive REF`` into the temporary folder, imported from there), and
 prints a before/after table: the per-call CPU time of ours and every goal's ratio, at REF and now.
@@ -499,6 +502,12 @@ def main() -> None:
     os.makedirs(tmp, exist_ok=True)
     repeat = max(1, args.repeat)
     old = before_tree(args.before, tmp) if args.before else None
+    # a user's Python caches bytecode; where PYTHONDONTWRITEBYTECODE is set (as on this machine) every process
+    # would compile fsdpprof again: compile both trees once, as an installed package is
+    import compileall
+    for tree in (str(ROOT), old):
+        if tree:
+            compileall.compile_dir(os.path.join(tree, "fsdpprof"), quiet=2)
     inputs = real_inputs() + [("recorded CPU run (gloo, 2 ranks)", cpu_run(args.cpu_run, tmp))]
     if not args.no_big:
         inputs.append(("big", ""))

@@ -136,10 +136,10 @@ def stage_at(ts: np.ndarray, marks) -> np.ndarray:
 
 
 def stage_codes_at(ts: np.ndarray, marks) -> np.ndarray:
-    """:func:`stage_at` as int8 positions in STAGES."""
+    """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns)."""
     ts = np.asarray(ts, dtype=np.float64)
     out = np.full(ts.size, STAGES.index(STAGE_OUTSIDE), dtype=np.int8)
-    if not len(marks) or not ts.size:
+    if "start_us" not in marks or not len(marks["start_us"]) or not ts.size:
         return out
     col = {c: np.asarray(marks[c], dtype=np.float64) for c in STEP_MARK_COLUMNS}
     idx = np.searchsorted(col["start_us"], ts, side="right") - 1

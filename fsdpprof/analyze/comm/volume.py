@@ -37,14 +37,15 @@ def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.Dat
                       "_bus": np.nan_to_num(bus, nan=0.0), "_bus_t": np.where(known & np.isfinite(bus), dur, 0.0)},
                      copy=False)
     # one aggregation call on the small comm-only frame (bytes: NaN when no size is known in the group; the
-    # other sums never are: they hold no NaN)
+    # other sums never are: they hold no NaN), the output built once from its index and sums
     g = c.groupby(by, sort=True, dropna=False)
     t = g.sum(min_count=1)
-    out = t[["bytes"]].reset_index()
-    out.insert(len(by), "count", g.size().to_numpy().astype(np.int64))
-    out["time_us"] = t["dur_us"].to_numpy()
+    idx = t.index
+    out = {k: idx.get_level_values(i) if len(by) > 1 else idx for i, k in enumerate(by)}
     known_t, bus, bus_t = (t[k].to_numpy() for k in ("_known_t", "_bus", "_bus_t"))
+    total = t["bytes"].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["algbw_gbps"] = np.where(known_t > 0, out["bytes"].to_numpy() / (known_t * 1e3), np.nan)
-        out["busbw_gbps"] = np.where(bus_t > 0, bus / (bus_t * 1e3), np.nan)
-    return out
+        out.update(count=g.size().to_numpy().astype(np.int64), bytes=total, time_us=t["dur_us"].to_numpy(),
+                   algbw_gbps=np.where(known_t > 0, total / (known_t * 1e3), np.nan),
+                   busbw_gbps=np.where(bus_t > 0, bus / (bus_t * 1e3), np.nan))
+    return pd.DataFrame(out, columns=[*by, "count", "bytes", "time_us", "algbw_gbps", "busbw_gbps"])

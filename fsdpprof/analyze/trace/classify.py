@@ -107,7 +107,7 @@ def _comm_info(rt, name_cats: list) -> dict:
     out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
     for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in rt.comm_rows:
         name = name_cats[name_codes[idx]]
-        coll = vocab.collective_of(cname) or _collective_of(name)
+        coll = (_collective_of(cname) if type(cname) is str else vocab.collective_of(cname)) or _collective_of(name)
         dtype, size = _dtype(dt)
         shard = False
         nbytes = float("nan")

@@ -37,9 +37,10 @@ _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 from fsdpprof.analyze import vocab
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
-CHUNK_BYTES = 1 << 20           # decode the event array in slices of about this many bytes (measured: 1 MiB
-                                # slices decode 25 % faster than one 25 MB document, and keep memory small)
-READ_BYTES = 1 << 20            # bytes per read / inflated block
+CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
+                                # of 1 MiB and less decode 25 % faster than one 25 MB document; 256 KiB ones
+                                # also spare the allocator fresh pages; memory stays small)
+READ_BYTES = 256 << 10          # bytes per read / inflated block
 PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
 SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size are inflated in this thread, bigger ones a few
                                 # blocks ahead in a background thread (the inflater releases the GIL)
@@ -336,6 +337,10 @@ _GET_TS, _GET_DUR, _GET_ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("
 _GET_STREAM, _GET_CORR, _GET_EXT = (attrgetter(k) for k in ("stream", "correlation", "ext_id"))
 
 
+def _HAS_COLL_ARGS(a) -> bool:
+    return a.coll_name is not None or a.in_nelems is not None
+
+
 def _intern(table: dict, values: list, dtype) -> np.ndarray:
     """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance."""
     for v in dict.fromkeys(values):
@@ -346,8 +351,8 @@ def _intern(table: dict, values: list, dtype) -> np.ndarray:
 
 def _intern_ints(table: dict, values: list, defects: dict, what: str) -> np.ndarray:
     """_intern for values that are usually all plain ints (thread / process ids): judged once per distinct
-    value.  Other values go through :func:`_hashable_keys` (lists and dicts become their JSON text, long
-    strings are cut)."""
+    value, the codes found with numpy.  Other values go through :func:`_hashable_keys` (lists and dicts
+    become their JSON text, long strings are cut)."""
     try:
         uniq = dict.fromkeys(values)
     except TypeError:              # a list or an object
@@ -356,7 +361,13 @@ def _intern_ints(table: dict, values: list, defects: dict, what: str) -> np.ndar
         for v in uniq:             # in order of first appearance
             if v not in table:
                 table[v] = len(table)
-        return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values))
+        keys = sorted(uniq)
+        try:
+            # (equal values share a code, as in the table: 1 and True; every value is an int or equal to one)
+            codes = np.searchsorted(np.array(keys, dtype=np.int64), np.array(values, dtype=np.int64))
+        except OverflowError:      # beyond int64 (never seen in real traces)
+            return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values))
+        return np.array([table[k] for k in keys], dtype=np.int32)[codes]
     return _intern(table, _hashable_keys(values, defects, what), np.int32)
 
 
@@ -498,13 +509,15 @@ class _Columns:
         ext_all = _int64s(_GET_EXT, args)
         ext = np.where(full, ext_all, -1)
         fidx = np.flatnonzero(full)
+        base = self.n
         if fidx.size:
             fargs = [args[i] for i in fidx.tolist()]
             stream[fidx] = _int64s(_GET_STREAM, fargs)
-        base = self.n
-        for i in fidx.tolist():
-            a = args[i]
-            if a.coll_name is not None or a.in_nelems is not None or not gpu[i]:
+            # comm rows: the comm ops (not device events) and the device events with collective args
+            comm = ~gpu[fidx]
+            comm |= np.fromiter(map(_HAS_COLL_ARGS, fargs), dtype=bool, count=len(fargs))
+            for i in fidx[comm].tolist():
+                a = args[i]
                 self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         self.parts.append({
@@ -1129,17 +1142,17 @@ def defect_warnings(path: str, defects: dict) -> list[str]:
 
 def _device_type(arrays: dict, meta: dict) -> str:
     """vocab.device_type of a decoded trace: its categories, runtime-call names and device names."""
-    cats = np.asarray(arrays["cat_cats"], dtype=object)
-    used = np.unique(arrays["cat"]) if len(arrays["cat"]) else np.empty(0, dtype=np.int64)
-    used_cats = [str(cats[i]) for i in used.tolist()]
-    rt_codes = np.flatnonzero(np.isin(cats, list(vocab.RUNTIME_CATS)))
-    names = np.asarray(arrays["name_cats"], dtype=object)
-    rt_names = [str(names[i]) for i in np.unique(arrays["name"][np.isin(arrays["cat"], rt_codes)]).tolist()]
-    props = meta.get("deviceProperties")
-    devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     if not (arrays["stream"] >= 0).any():
         return vocab.DEVICE_CPU
-    return vocab.device_type(used_cats, rt_names, devs)
+    cats = arrays["cat_cats"]
+    used = np.flatnonzero(np.bincount(arrays["cat"], minlength=len(cats))).tolist()
+    is_rt = np.array([c in vocab.RUNTIME_CATS for c in cats], dtype=bool)
+    names = arrays["name_cats"]
+    rt_rows = arrays["name"][is_rt[arrays["cat"]]]
+    rt_names = [str(names[i]) for i in np.flatnonzero(np.bincount(rt_rows, minlength=len(names))).tolist()]
+    props = meta.get("deviceProperties")
+    devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    return vocab.device_type([str(cats[i]) for i in used], rt_names, devs)
 
 
 def _decode_header(path: str, header_bytes: bytes) -> dict:
@@ -1183,14 +1196,15 @@ def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
         if c in ("addr", "bytes"):
             ok &= valid
     ok &= np.abs(out["bytes"]) <= MEMORY_BYTES_MAX
-    df = pd.DataFrame(out)[vocab.MEMORY_EVENT_COLUMNS]
     if not ok.all():
         defects["bad_memory"] = defects.get("bad_memory", 0) + int(np.count_nonzero(~ok))
-    dup = _duplicate_rows([out[c] for c in cols], ok) if len(df) else None
+    dup = _duplicate_rows([out[c] for c in cols], ok) if len(rows) else None
     if dup is not None:
         defects["duplicate_memory"] = defects.get("duplicate_memory", 0) + int(np.count_nonzero(dup))
         ok &= ~dup
-    return df if ok.all() else df[ok].reset_index(drop=True)
+    if not ok.all():
+        out = {c: v[ok] for c, v in out.items()}
+    return pd.DataFrame(out, columns=vocab.MEMORY_EVENT_COLUMNS, copy=False)
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -50,12 +50,21 @@ def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: n
                       cpu_side: np.ndarray) -> pd.DataFrame:
     """Step marks (vocab.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into
     ``cats`` and the events' times (µs); only CPU-side events (``cpu_side``) mark."""
-    if not len(cats) or not len(codes):
+    cols = _step_mark_columns(cats, codes, ts, end, cpu_side)
+    if cols is None:
         return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+    return pd.DataFrame(cols, columns=vocab.STEP_MARK_COLUMNS)
+
+
+def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                       cpu_side: np.ndarray) -> dict | None:
+    """:func:`step_marks_arrays` as a dict of its columns (numpy), None when there is no ProfilerStep."""
+    if not len(cats) or not len(codes):
+        return None
     flags = np.array(per_name(_mark_flags, cats), dtype=np.uint8)[codes]
     ps = np.flatnonzero(((flags & M_STEP) != 0) & cpu_side)
     if not ps.size:
-        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+        return None
     step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
     # the steps with a number, by start (stable), the first of those starting at the same time
     step, start, stop = step_of[codes[ps]], ts[ps], end[ps]
@@ -77,10 +86,9 @@ def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: n
     fwd = np.flatnonzero(((flags & M_FWD) != 0) & cpu_side)
     bwd = np.flatnonzero(((flags & M_BWD) != 0) & cpu_side)
     opt = np.flatnonzero(((flags & M_OPT) != 0) & cpu_side)
-    return pd.DataFrame({"step": steps, "start_us": starts, "end_us": ends,
-                         "fwd_us": first_in_step(fwd, ts[fwd]), "bwd_us": first_in_step(bwd, ts[bwd]),
-                         "opt_us": first_in_step(opt, ts[opt]), "opt_end_us": first_in_step(opt, end[opt], last=True)},
-                        columns=vocab.STEP_MARK_COLUMNS)
+    return {"step": steps, "start_us": starts, "end_us": ends,
+            "fwd_us": first_in_step(fwd, ts[fwd]), "bwd_us": first_in_step(bwd, ts[bwd]),
+            "opt_us": first_in_step(opt, ts[opt]), "opt_end_us": first_in_step(opt, end[opt], last=True)}
 
 
 def _cat_codes(col: pd.Series) -> tuple[list[str], np.ndarray]:
@@ -149,9 +157,9 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     q_ts = c["launch_ts_us"]                    # the launch point (a CPU op's own start)
 
     # --- steps ----------------------------------------------------------------------------
-    marks = step_marks_arrays(cats, codes, ts, end, cpu_side)
+    marks = _step_mark_columns(cats, codes, ts, end, cpu_side)
     step = np.full(n, np.nan)
-    if len(marks):
+    if marks is not None and len(marks["start_us"]):
         marks_of = np.array(per_name(_mark_flags, cats), dtype=np.uint8)
         s_idx = np.flatnonzero(((marks_of[codes] & M_STEP) != 0) & cpu_side)
         step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
@@ -204,6 +212,19 @@ def _isna(a: np.ndarray) -> np.ndarray:
 _NONE_DTYPE = pd.Categorical(np.full(1, None, dtype=object)).dtype   # what pd.Categorical makes of only None
 
 
+_FROM_FASTPATH = getattr(pd.CategoricalDtype, "_from_fastpath", None)
+
+
+def _dtype(categories) -> pd.CategoricalDtype:
+    """pd.CategoricalDtype(categories) of categories known to be distinct (no check of that: faster)."""
+    if _FROM_FASTPATH is not None:
+        try:
+            return _FROM_FASTPATH(pd.Index(categories), False)
+        except (TypeError, ValueError):         # pragma: no cover - another pandas
+            pass
+    return pd.CategoricalDtype(categories)
+
+
 def _from_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical:
     """pd.Categorical.from_codes for codes known to be valid (-1 or a position in the categories)."""
     try:
@@ -229,7 +250,7 @@ def _categorical(values: np.ndarray) -> pd.Categorical:
     pos = {v: i for i, v in enumerate(cats)}
     codes = np.full(len(values), -1, dtype=np.int32)
     codes[nn] = np.fromiter(map(pos.__getitem__, present), dtype=np.int32, count=len(present))
-    return _from_codes(codes, pd.CategoricalDtype(cats))
+    return _from_codes(codes, _dtype(cats))
 
 
 def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
@@ -238,7 +259,7 @@ def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
     order = sorted(used.tolist(), key=lambda i: labels[i])
     remap = np.full(len(labels), -1, dtype=np.int8)
     remap[order] = np.arange(len(order))
-    return _from_codes(remap[codes], pd.CategoricalDtype([labels[i] for i in order]))
+    return _from_codes(remap[codes], _dtype([labels[i] for i in order]))
 
 
 def _categorical_of_table(idx: np.ndarray, table: list) -> pd.Categorical:
@@ -254,7 +275,7 @@ def _categorical_of_table(idx: np.ndarray, table: list) -> pd.Categorical:
     remap = np.array([-1 if v is None else pos[v] for v in table], dtype=np.int32)
     codes = np.full(n_rows, -1, dtype=np.int32)
     codes[hit] = remap[idx[hit]]
-    return _from_codes(codes, pd.CategoricalDtype(cats))
+    return _from_codes(codes, _dtype(cats))
 
 
 _STAGE_DTYPE = pd.CategoricalDtype(vocab.STAGES)
@@ -265,9 +286,9 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
-        "lane": _from_codes(c["lane"], pd.CategoricalDtype(c["lane_cats"])),
+        "lane": _from_codes(c["lane"], _dtype(c["lane_cats"])),
         "kind": _categorical_codes(c["kind"], KIND_LABELS),
-        "name": _from_codes(c["name"], pd.CategoricalDtype(c["name_cats"])),
+        "name": _from_codes(c["name"], _dtype(c["name_cats"])),
         "ts_us": c["ts_us"], "dur_us": c["dur_us"],
         "collective": _categorical(c["collective"]),
         "bytes": c["bytes"].astype(np.float64, copy=False),
@@ -298,14 +319,14 @@ def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
         if not isinstance(dtype, pd.CategoricalDtype):
             out[col] = np.concatenate([np.asarray(a) for a in arrays])
             continue
-        if not all(isinstance(a.dtype, pd.CategoricalDtype) and a.dtype == dtype for a in arrays):
+        if not all(a.dtype is dtype or (isinstance(a.dtype, pd.CategoricalDtype) and a.dtype == dtype) for a in arrays):
             used = set()
             for a in arrays:
                 used.update(a.categories[np.unique(a.codes[a.codes >= 0])].tolist())
-            dtype = pd.CategoricalDtype(sorted(used)) if used else _NONE_DTYPE
+            dtype = _dtype(sorted(used)) if used else _NONE_DTYPE
         parts = []
         for a in arrays:
-            if a.categories.equals(dtype.categories):
+            if a.dtype is dtype or a.categories.equals(dtype.categories):
                 parts.append(a.codes)
             else:
                 remap = np.append(dtype.categories.get_indexer(a.categories), -1)
