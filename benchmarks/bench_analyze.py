@@ -1,7 +1,7 @@
 """Benchmark: fsdpprof's analysis vs HTA vs a bare orjson.loads, the report end to end, CLI start-up, memory.
 
     python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--repeat 3] [--only NAME] [--profile]
-                                       [--big-gb 1.0] [--skip-hta-big] [--no-big] [--out DIR]
+                                       [--big-gb 1.0] [--skip-hta-big] [--no-big] [--out DIR] [--before REF]
 
 Inputs, measured in one run: every folder of real GPU traces in ../shared/data/gpu-traces (a folder of
 several rank files, param-dlrm-8rank-v100, is one input of 8 ranks), a recorded CPU (gloo) run
@@ -14,14 +14,22 @@ Every measurement runs in a fresh child process.  Two ways, both printed:
 - whole process ("cold"): the wall time of ``python -c ...`` from start to exit, start-up and imports
   included: what a user waits for.
 Each contender runs ``--repeat`` times, interleaved (ours, orjson, HTA, ours, ...); medians.  Ratios use
-CPU seconds where the box is shared (wall seconds are printed beside them).
+CPU seconds where the box is shared (wall seconds are printed beside them).  The warm-up leaves no memo of
+event names behind (fsdpprof judges each distinct name once per process): the timed call starts from none.
+
+fsdpprof's own modules are compiled to bytecode first, as an installed package is (this machine sets
+PYTHONDONTWRITEBYTECODE, which would make every process compile them again).
+
+``--before REF`` (a git commit or branch of this repository) measures fsdpprof at REF too, in the same run,
+interleaved with the current tree (``git archive REF`` into the temporary folder, imported from there), and
+prints a before/after table: the per-call CPU time of ours and every goal's ratio, at REF and now.
 
 Goals (issue 12), checked in the closing table:
 (a) ours (load + overall overlap + collective volume) >= 10x faster than HTA (TraceAnalysis load +
     get_comm_comp_overlap);
 (b) ours no slower than a bare ``orjson.loads`` of the same bytes (read + gunzip + loads), warm and cold;
 (c) ``fsdpprof report --no-hta`` end to end <= 1.5x the analysis alone (load_run + analyze_run(hta=False),
-    whole processes both);
+    whole processes both; CPU seconds);
 (d) ``fsdpprof --help`` and ``fsdpprof plan --params 7e9 --world 8`` < 0.3 s wall, without importing
     pandas or torch (python -X importtime);
 (e) ours' peak RSS <= 2x the decompressed trace + the interpreter's baseline (the same child with the
@@ -187,7 +195,8 @@ def _breakdowns(path: str) -> dict:
 
 # where our load + overlap + volume spends its time: (label, function name in cProfile's stats); names that
 # are not found (renamed) are left out of the line
-STAGES = [("inflate", "<built-in method zlib.decompress>"), ("JSON decode (msgspec)", "decode"),
+STAGES = [("inflate", "<built-in method zlib.decompress>"), ("inflate", "<method 'decompress' of 'zlib.Decompress' objects>"),
+          ("inflate", "<method 'decompress' of 'isal_zlib.Decompress' objects>"), ("JSON decode (msgspec)", "decode"),
           ("columns from events", "add_fast"), ("decode_trace", "decode_trace"), ("classify", "classify_arrays"),
           ("labels", "assign_arrays"), ("events frame", "events_frame"), ("overall_overlap", "overall_overlap"),
           ("collective_volume", "collective_volume")]
@@ -208,7 +217,8 @@ def _stages(path: str) -> dict:
                 if (name == func and (func.startswith("<") or "fsdpprof" in f)) or
                 (func == "decode" and "msgspec.json.Decoder" in name)]
         if hits:
-            out[label] = sum(hits) if func == "decode" else max(hits)
+            value = sum(hits) if func == "decode" or label == "inflate" else max(hits)
+            out[label] = out.get(label, 0.0) + value if label == "inflate" else value
     out["total"] = max(v[3] for v in st.values())
     return {"stages": out}
 
@@ -217,12 +227,15 @@ _LOADED: dict = {}
 WORK = {"ours": _ours, "orjson": _orjson, "hta": _hta, "breakdowns": _breakdowns, "stages": _stages}
 
 
+TREE_ENV = "FSDPPROF_BENCH_TREE"      # the source tree a measurement imports fsdpprof from (default: ROOT)
+
+
 def child(mode: str, path: str) -> None:
     """One in-process measurement: imports first (timed apart), a warm-up call, then the timed call."""
     idle = mode == "ours-idle"          # the same process as "ours", minus the work: its RSS is the baseline
     mode = "ours" if idle else mode
     t_import = time.perf_counter()
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, os.environ.get(TREE_ENV) or str(ROOT))
     if mode in ("ours", "breakdowns", "stages"):
         from fsdpprof.analyze.comm import breakdown, overlap, volume  # noqa: F401
         from fsdpprof.analyze.run import load_run
@@ -238,6 +251,12 @@ def child(mode: str, path: str) -> None:
         _LOADED[path] = load_run(path, progress=False).events()
     elif WARMUP.is_file() and os.path.abspath(path) != str(WARMUP):
         WORK[mode](str(WARMUP))         # the idle child too: its peak RSS then holds what the warm-up left
+        if mode in ("ours", "stages"):
+            try:                        # no name judged in the warm-up is remembered for the timed call
+                from fsdpprof.analyze.trace import classify as _classify
+                getattr(_classify, "_MEMO", {}).clear()
+            except ImportError:
+                pass
 
     def cpu() -> float:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -250,13 +269,19 @@ def child(mode: str, path: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------- running
-def run_process(argv: list[str], timeout: float, env: dict | None = None) -> dict:
-    """Run argv to its end: wall seconds, CPU seconds (it and its waited-for children), peak RSS, stdout."""
+def run_process(argv: list[str], timeout: float, env: dict | None = None, tree: str | None = None) -> dict:
+    """Run argv to its end: wall seconds, CPU seconds (it and its waited-for children), peak RSS, stdout.
+    ``tree``: import fsdpprof from that source tree (PYTHONPATH, and a working directory that holds no
+    fsdpprof of its own)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    if tree:
+        env.update({TREE_ENV: tree, "PYTHONPATH": tree + os.pathsep + env.get("PYTHONPATH", "")})
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
+        if tree:
+            os.chdir(tempfile.gettempdir())
         os.close(r)
         os.dup2(w, 1)
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -289,8 +314,8 @@ def run_process(argv: list[str], timeout: float, env: dict | None = None) -> dic
     return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": ru.ru_maxrss * 1024, "stdout": out}
 
 
-def measure(mode: str, path: str, timeout: float) -> dict:
-    res = run_process([sys.executable, __file__, "--child", mode, path], timeout)
+def measure(mode: str, path: str, timeout: float, tree: str | None = None) -> dict:
+    res = run_process([sys.executable, __file__, "--child", mode, path], timeout, tree=tree)
     if "error" in res:
         return res
     line = next((x for x in res["stdout"].splitlines() if x.startswith("RESULT ")), None)
@@ -312,7 +337,7 @@ PY_ANALYSIS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdp
                "analyze_run(load_run(sys.argv[1], progress=False), hta=False)\n")
 
 
-def cold(kind: str, path: str, tmp: str, timeout: float) -> dict:
+def cold(kind: str, path: str, tmp: str, timeout: float, tree: str | None = None) -> dict:
     """A whole process, start-up included."""
     py = sys.executable
     if kind == "ours":
@@ -328,7 +353,7 @@ def cold(kind: str, path: str, tmp: str, timeout: float) -> dict:
         argv = [py, "-m", "fsdpprof", "report", path, "--no-hta", "-o", os.path.join(out, "report.html")]
     else:
         raise SystemExit(kind)
-    return run_process(argv, timeout)
+    return run_process(argv, timeout, tree=tree)
 
 
 def med(runs: list[dict], *keys: str) -> dict:
@@ -353,21 +378,25 @@ def fmt_ratio(x: float | None) -> str:
 
 
 # ----------------------------------------------------------------------------------------- CLI start-up
-def cli_startup(repeat: int) -> list[dict]:
+def cli_startup(repeat: int, tree: str | None = None) -> list[dict]:
     """Wall time of `fsdpprof --help` and `fsdpprof plan ...` (console script and python -m), and whether
-    pandas / torch / numpy / plotly get imported on those paths."""
+    pandas / torch / numpy / plotly get imported on those paths.  ``tree``: fsdpprof from that source tree
+    (python -m only: the console script is the installed one)."""
     script = str(Path(sys.executable).parent / "fsdpprof")
     cases = [("fsdpprof --help", ["--help"]), ("fsdpprof plan --params 7e9 --world 8",
                                                ["plan", "--params", "7e9", "--world", "8"])]
     rows = []
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if tree:
+        env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     for label, args in cases:
         for how, argv in (("console script", [script, *args]), ("python -m", [sys.executable, "-m", "fsdpprof", *args])):
-            if not os.path.exists(argv[0]):
+            if not os.path.exists(argv[0]) or (tree and how == "console script"):
                 continue
-            runs = [run_process(argv, 60) for _ in range(repeat)]
+            runs = [run_process(argv, 60, tree=tree) for _ in range(repeat)]
             m = med(runs, "wall", "cpu", "peak_rss_bytes")
             imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", *args], capture_output=True,
-                                 text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                                 text=True, env=env, cwd=tempfile.gettempdir() if tree else None)
             mods, self_us = set(), []
             for line in imp.stderr.splitlines():
                 if line.startswith("import time:") and "|" in line:
@@ -378,7 +407,8 @@ def cli_startup(repeat: int) -> list[dict]:
                         self_us.append((int(parts[1]), name))
             heavy = sorted({m.split(".")[0] for m in mods} & {"pandas", "torch", "numpy", "plotly", "msgspec", "hta"})
             top = ", ".join(f"{n} {c / 1e3:.0f} ms" for c, n in sorted(self_us, reverse=True)[:4])
-            rows.append({"label": f"{label} ({how})", "res": m, "heavy": heavy, "top": top})
+            rows.append({"label": f"{label} ({how}{', before' if tree else ''})", "res": m, "heavy": heavy,
+                         "top": top})
     return rows
 
 
@@ -422,6 +452,35 @@ def profile_report(path: str, tmp: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------- main
+def before_tree(ref: str, tmp: str) -> str:
+    """The source tree of ``ref`` (git archive, no .git), for measuring fsdpprof as it was."""
+    out = os.path.join(tmp, "before")
+    os.makedirs(out, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--before {ref}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", out], input=archive.stdout, check=True)
+    return out
+
+
+def row_of(name: str, w: dict, c: dict, base: dict, size: int, at: str = "") -> dict:
+    """The goals' ratios of one input from the warm (w) and cold (c) medians; ``at``: "" (now) or "@before"."""
+    ours, cold_ours = w.get("ours" + at, {"error": "-"}), c.get("ours" + at, {"error": "-"})
+    row = {"input": name,
+           "ours_cpu": None if "error" in ours else ours["cpu_seconds"],
+           "hta_x": ratio(w["hta"], ours, "cpu_seconds"), "hta_x_wall": ratio(w["hta"], ours, "seconds"),
+           "hta_x_cold": ratio(c["hta"], cold_ours, "cpu"),
+           "orjson_x": ratio(w["orjson"], ours, "cpu_seconds"),
+           "orjson_x_wall": ratio(w["orjson"], ours, "seconds"),
+           "orjson_x_cold": ratio(c["orjson"], cold_ours, "wall"),
+           "orjson_x_cold_cpu": ratio(c["orjson"], cold_ours, "cpu"),
+           "report_x": ratio(c.get("report" + at, {"error": "-"}), c.get("analysis" + at, {"error": "-"}), "cpu"),
+           "report_x_wall": ratio(c.get("report" + at, {"error": "-"}), c.get("analysis" + at, {"error": "-"}), "wall")}
+    if "error" not in ours and "error" not in base:
+        row["rss_x"] = (ours["peak_rss_bytes"] - base["peak_rss_bytes"]) / size
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2, metavar=("MODE", "PATH"))
@@ -434,6 +493,7 @@ def main() -> None:
     ap.add_argument("--no-big", action="store_true", help="only the real traces and the CPU run")
     ap.add_argument("--timeout", type=float, default=1500)
     ap.add_argument("--out", help="folder for temporary files (a temporary one by default; removed at the end)")
+    ap.add_argument("--before", metavar="REF", help="also measure fsdpprof at this git commit / branch, interleaved")
     args = ap.parse_args()
     if args.child:
         child(*args.child)
@@ -441,15 +501,23 @@ def main() -> None:
     tmp = args.out or tempfile.mkdtemp(prefix="fsdpprof-bench-")
     os.makedirs(tmp, exist_ok=True)
     repeat = max(1, args.repeat)
+    old = before_tree(args.before, tmp) if args.before else None
+    # a user's Python caches bytecode; where PYTHONDONTWRITEBYTECODE is set (as on this machine) every process
+    # would compile fsdpprof again: compile both trees once, as an installed package is
+    import compileall
+    for tree in (str(ROOT), old):
+        if tree:
+            compileall.compile_dir(os.path.join(tree, "fsdpprof"), quiet=2)
     inputs = real_inputs() + [("recorded CPU run (gloo, 2 ranks)", cpu_run(args.cpu_run, tmp))]
     if not args.no_big:
         inputs.append(("big", ""))
     if args.only:
         inputs = [x for x in inputs if args.only in x[0]]
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}; "
-          f"medians of {repeat}")
-    table = []
+          f"medians of {repeat}" + (f"; before = {args.before} (interleaved with now)" if old else ""))
+    table, table_before = [], []
     big = None
+    at_before = ("@before",) if old else ()
     try:
         for name, path in inputs:
             if name == "big":          # built after the real inputs were measured
@@ -461,37 +529,47 @@ def main() -> None:
             n_files = len(trace_files(path))
             print(f"\n== {name}: {path}\n   {n_files} trace file(s), {size / 2**20:.1f} MiB decompressed", flush=True)
             reps = 1 if path == big else repeat
-            warm = {m: [] for m in ("ours", "orjson", "hta")}
-            coldr = {m: [] for m in ("ours", "orjson", "hta", "analysis", "report")}
+            warm = {m: [] for m in ("ours", *(f"ours{a}" for a in at_before), "orjson", "hta")}
+            coldr = {m: [] for m in ("ours", "orjson", "hta", "analysis", "report",
+                                     *(f"{k}{a}" for a in at_before for k in ("ours", "analysis", "report")))}
             for _ in range(reps):        # interleaved
                 for m in warm:
                     if m == "hta" and path == big and args.skip_hta_big:
                         warm[m].append({"error": "skipped"})
                         continue
-                    warm[m].append(measure(m, path, args.timeout))
+                    warm[m].append(measure(m.split("@")[0], path, args.timeout, tree=old if "@" in m else None))
                 for m in coldr:
-                    if (m == "hta" and path == big) or (m in ("analysis", "report") and path == big):
+                    kind = m.split("@")[0]
+                    if path == big and kind in ("hta", "analysis", "report"):
                         coldr[m].append({"error": "skipped"})
                         continue
-                    coldr[m].append(cold(m, path, tmp, args.timeout))
+                    coldr[m].append(cold(kind, path, tmp, args.timeout, tree=old if "@" in m else None))
             w = {m: med(r, "seconds", "cpu_seconds", "peak_rss_bytes", "import_seconds") for m, r in warm.items()}
             c = {m: med(r, "wall", "cpu", "peak_rss_bytes") for m, r in coldr.items()}
             base = measure("ours-idle", path, args.timeout)
+            base_before = measure("ours-idle", path, args.timeout, tree=old) if old else None
             bdk = measure("breakdowns", path, args.timeout)
             stages = measure("stages", path, args.timeout)
-            for m, label in (("ours", "ours (load_run+overlap+volume)"), ("orjson", "orjson.loads (read+gunzip+loads)"),
+            for m, label in (("ours", "ours (load_run+overlap+volume)"),
+                             ("ours@before", f"ours at {args.before}"), ("orjson", "orjson.loads (read+gunzip+loads)"),
                              ("hta", "HTA (load+get_comm_comp_overlap)")):
+                if m not in w:
+                    continue
                 r = w[m]
                 if "error" in r:
-                    print(f"   warm {label:36s} {r['error']}")
+                    print(f"   warm {label[:36]:36s} {r['error']}")
                 else:
                     extra = f"  overlap {r['overlap_pct']:.2f} %" if "overlap_pct" in r else ""
-                    print(f"   warm {label:36s} {r['seconds']:7.3f} s wall {r['cpu_seconds']:7.3f} s CPU  peak RSS "
+                    print(f"   warm {label[:36]:36s} {r['seconds']:7.3f} s wall {r['cpu_seconds']:7.3f} s CPU  peak RSS "
                           f"{r['peak_rss_bytes'] / 2**20:5.0f} MiB  (imports {r['import_seconds']:.2f} s, untimed){extra}")
             for m, label in (("ours", "ours"), ("orjson", "orjson.loads"), ("hta", "HTA"),
-                             ("analysis", "analysis (load_run+analyze_run)"), ("report", "fsdpprof report --no-hta")):
+                             ("analysis", "analysis (load_run+analyze_run)"), ("report", "fsdpprof report --no-hta"),
+                             ("ours@before", f"ours at {args.before}"), ("analysis@before", f"analysis at {args.before}"),
+                             ("report@before", f"report at {args.before}")):
+                if m not in c:
+                    continue
                 r = c[m]
-                print(f"   cold {label:36s} " + (r["error"] if "error" in r else
+                print(f"   cold {label[:36]:36s} " + (r["error"] if "error" in r else
                       f"{r['wall']:7.3f} s wall {r['cpu']:7.3f} s CPU  peak RSS {r['peak_rss_bytes'] / 2**20:5.0f} MiB"))
             if "error" not in stages:
                 tot = stages["stages"].pop("total")
@@ -500,28 +578,23 @@ def main() -> None:
             if "error" not in bdk:
                 print(f"   our native breakdowns (temporal, kernel types, top kernels) on the loaded events: "
                       f"{bdk['breakdown_seconds']:.3f} s")
-            row = {"input": name,
-                   "hta_x": ratio(w["hta"], w["ours"], "cpu_seconds"), "hta_x_wall": ratio(w["hta"], w["ours"], "seconds"),
-                   "hta_x_cold": ratio(c["hta"], c["ours"], "cpu"),
-                   "orjson_x": ratio(w["orjson"], w["ours"], "cpu_seconds"),
-                   "orjson_x_wall": ratio(w["orjson"], w["ours"], "seconds"),
-                   "orjson_x_cold": ratio(c["orjson"], c["ours"], "wall"),
-                   "report_x": ratio(c["report"], c["analysis"], "wall"),
-                   "report_x_cpu": ratio(c["report"], c["analysis"], "cpu")}
-            if "error" not in w["ours"] and "error" not in base:
-                row["rss_x"] = (w["ours"]["peak_rss_bytes"] - base["peak_rss_bytes"]) / size
+            row = row_of(name, w, c, base, size)
+            if "rss_x" in row:
                 print(f"   peak RSS: ours {w['ours']['peak_rss_bytes'] / 2**20:.0f} MiB = baseline "
                       f"{base['peak_rss_bytes'] / 2**20:.0f} MiB (same process and imports, the warm-up only) + "
                       f"{row['rss_x']:.2f} x the decompressed trace")
             table.append(row)
+            if old:
+                table_before.append(row_of(name, w, c, base_before, size, "@before"))
             if args.profile and path != big:
                 profile_report(path, tmp)
         print("\n== CLI start-up (whole processes)")
         cli = cli_startup(max(repeat, 5))
-        for r in cli:
+        cli_before = cli_startup(max(repeat, 5), tree=old) if old else []
+        for r in cli + cli_before:
             m = r["res"]
             print(f"   {r['label']:55s} " + (m["error"] if "error" in m else
-                  f"{m['wall']:.3f} s wall  peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB") +
+                  f"{m['wall']:.3f} s wall {m['cpu']:.3f} s CPU  peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB") +
                   f"  imports {'/'.join(r['heavy']) or 'none of pandas/torch/numpy/plotly'}; slowest: {r['top']}")
     finally:
         if not args.out:
@@ -531,14 +604,15 @@ def main() -> None:
     def ok(x, goal, higher=True):
         return "  -  " if x is None else ("pass " if (x >= goal if higher else x <= goal) else "FAIL ")
 
-    print("\n== ratios against the goals of issue 12 (CPU-second ratios; wall in brackets)")
-    print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'orjson/ours >=1 cold':>21s} "
+    print("\n== ratios against the goals of issue 12 (CPU-second ratios; wall in brackets; cold orjson: wall, CPU in "
+          "brackets)")
+    print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'orjson/ours >=1 cold':>28s} "
           f"{'report/analysis <=1.5':>22s} {'RSS-base/trace <=2':>19s}")
     for r in table:
         print(f"   {r['input'][:34]:34s} {ok(r['hta_x'], GOALS['hta_x'])}{fmt_ratio(r['hta_x'])} ({fmt_ratio(r['hta_x_wall'])}) "
               f"    {ok(r['orjson_x'], 1)}{fmt_ratio(r['orjson_x'])} ({fmt_ratio(r['orjson_x_wall'])})"
-              f"    {ok(r['orjson_x_cold'], 1)}{fmt_ratio(r['orjson_x_cold'])} wall"
-              f"     {ok(r['report_x'], GOALS['report_x'], False)}{fmt_ratio(r['report_x'])} ({fmt_ratio(r['report_x_cpu'])} CPU)"
+              f"    {ok(r['orjson_x_cold'], 1)}{fmt_ratio(r['orjson_x_cold'])} ({fmt_ratio(r['orjson_x_cold_cpu'])})"
+              f"     {ok(r['report_x'], GOALS['report_x'], False)}{fmt_ratio(r['report_x'])} ({fmt_ratio(r['report_x_wall'])})"
               f"   {ok(r.get('rss_x'), GOALS['rss_x'], False)}{fmt_ratio(r.get('rss_x'))}")
     for r in cli:
         m = r["res"]
@@ -546,6 +620,28 @@ def main() -> None:
         clean = not ({"pandas", "torch"} & set(r["heavy"]))
         print(f"   {r['label']:55s} {ok(wall, GOALS['cli_s'], False)}{wall if wall is None else round(wall, 3)} s "
               f"(goal < {GOALS['cli_s']} s); {'no pandas/torch import' if clean else 'imports ' + '/'.join(r['heavy'])}")
+    if old:
+        print(f"\n== before ({args.before}) -> now, measured interleaved in this run (CPU seconds; ratios as above)")
+        print(f"   {'input':34s} {'ours warm CPU s':>18s} {'HTA/ours':>15s} {'orjson/ours warm':>17s} "
+              f"{'orjson/ours cold':>17s} {'report/analysis':>16s} {'RSS-base/trace':>15s}")
+
+        def pair(a, b, fmt="{:.2f}"):
+            f = (lambda x: "n/a" if x is None else fmt.format(x))
+            return f"{f(a)} -> {f(b)}"
+        for rb, ra in zip(table_before, table):
+            print(f"   {ra['input'][:34]:34s} {pair(rb['ours_cpu'], ra['ours_cpu'], '{:.3f}'):>18s} "
+                  f"{pair(rb['hta_x'], ra['hta_x']):>15s} {pair(rb['orjson_x'], ra['orjson_x']):>17s} "
+                  f"{pair(rb['orjson_x_cold'], ra['orjson_x_cold']):>17s} {pair(rb['report_x'], ra['report_x']):>16s} "
+                  f"{pair(rb.get('rss_x'), ra.get('rss_x')):>15s}")
+        now_by_label = {r["label"]: r for r in cli}
+        for rb in cli_before:
+            ra = now_by_label.get(rb["label"].replace(", before", ""))
+            if ra is None:
+                continue
+            wb, wa = (None if "error" in r["res"] else r["res"]["wall"] for r in (rb, ra))
+            print(f"   {ra['label']:55s} {pair(wb, wa, '{:.3f}')} s; imports then: "
+                  f"{'/'.join(rb['heavy']) or 'none of pandas/torch/numpy/plotly'}, now: "
+                  f"{'/'.join(ra['heavy']) or 'none of pandas/torch/numpy/plotly'}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,10 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``fsdpprof`` parser.  With ``argv``, only the sub-command it names gets its module imported and
+    its arguments (``fsdpprof --help`` and ``fsdpprof plan`` import no other command, nor pandas or torch);
+    without, every sub-command does."""
     parser = _Parser(
         prog="fsdpprof",
         description="Profiler and trace analyzer for PyTorch FSDP training: where memory went, "
@@ -46,18 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fsdpprof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.commands = {}
+    # (the top level has no option taking a value: the command is the first argument, when it is one)
+    wanted = set(COMMANDS) if argv is None else {argv[0]} & set(COMMANDS) if argv else set()
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(p)
-        p.set_defaults(_module=module)
+        if name in wanted:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
         parser.commands[name] = p
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     # `record` passes everything after `--` to the user's command untouched.
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the sub-command's parser: "fsdpprof report: error: ..."

@@ -4,13 +4,26 @@
 ``fsdpprof record --out DIR -- python -m torch.distributed.run --standalone --nproc-per-node N
 fsdpprof/examples/train_fsdp.py --strategy S ...`` for real (gloo on CPU) and returns DIR.
 Identical requests share one recording, so collect, analyze, memory and report tests all read
-the same run directories and the suite stays fast.
+the same run directories and the suite stays fast; the session's one ``fsdpprof demo`` (``demo_out``)
+is shared by test_demo's tests.
+
+Every test that records (or runs torchrun) is marked ``slow`` here, automatically: the fast lane is
+``pytest -m "not slow"``.  A test is slow when it uses the ``recorded_run`` or ``demo_out`` fixture
+(itself or through another fixture), or when its code, a fixture it uses, a parameter it is given or a function of the
+test modules it calls names a recording: the ``record`` / ``demo`` sub-command, ``torch.distributed.run``
+/ ``torchrun``, or ``fsdpprof.record(...)``; or one of the suite's other heavy jobs: HTA, the oracle
+(``hta.trace_analysis``, ``report --hta``), or a real browser.  What that reading misses is caught when it
+happens: a test not marked slow that records through ``run_fsdpprof`` or ``recorded_run`` fails and says so.
 """
 from __future__ import annotations
 
+import compileall
+import inspect
 import os
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -32,9 +45,105 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+# --- the slow marker ---------------------------------------------------------------------------------
+TESTS = Path(__file__).resolve().parent
+RECORDING_FIXTURES = frozenset({"recorded_run", "demo_out"})
+RECORDING_COMMANDS = frozenset({"record", "demo"})          # CLI sub-commands that record the example
+RECORDING_TEXT = ("torch.distributed.run", "torchrun", "fsdpprof.record(", "import record", "record(out=")
+# the other heavy jobs of the suite, slow too: HTA (the oracle, whole real traces through its pandas code)
+# and a real browser (a global holding the path of one, e.g. shutil.which("chromium"))
+HEAVY_CONSTANTS = frozenset({"hta.trace_analysis", "--hta"})
+BROWSERS = frozenset({"chromium", "chromium-browser", "google-chrome", "chrome", "firefox"})
+_CURRENT: dict = {}                                          # the test running now (for the guard below)
+
+
+def _ours(obj) -> bool:
+    """A function or class defined in tests/."""
+    try:
+        return Path(inspect.getsourcefile(obj) or "").resolve().is_relative_to(TESTS)
+    except (TypeError, OSError):
+        return False
+
+
+def _code_records(code: types.CodeType, names: dict, seen: set, depth: int) -> bool:
+    if code in seen:
+        return False
+    seen.add(code)
+    # (pytest's assertion rewriting adds the names of an assert's variables as strings: those are no commands)
+    own_names = set(code.co_varnames) | set(code.co_names) | set(code.co_cellvars) | set(code.co_freevars)
+    for c in code.co_consts:
+        if isinstance(c, str) and c not in own_names and (
+                c in RECORDING_COMMANDS or c in HEAVY_CONSTANTS or any(t in c for t in RECORDING_TEXT)):
+            return True
+        if isinstance(c, types.CodeType) and _code_records(c, names, seen, depth):
+            return True
+    for n in code.co_names:
+        v = names.get(n)
+        if isinstance(v, str) and os.path.basename(v) in BROWSERS:
+            return True
+    return depth < 4 and any(_records(names.get(n), seen, depth + 1) for n in code.co_names)
+
+
+def _records(obj, seen: set, depth: int = 0) -> bool:
+    """Does this function of the tests (or one it names, its nested code, a class's methods) record?"""
+    obj = getattr(obj, "__wrapped__", obj)
+    if isinstance(obj, type):
+        return _ours(obj) and any(_records(v, seen, depth + 1) for v in vars(obj).values()
+                                  if isinstance(v, types.FunctionType))
+    if not isinstance(obj, types.FunctionType) or not _ours(obj):
+        return False
+    names = dict(vars(__import__("builtins")), **obj.__globals__)
+    return _code_records(obj.__code__, names, seen, depth)
+
+
+def records(item) -> bool:
+    """Whether a collected test records a run (see the module's docstring)."""
+    if RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    seen: set = set()
+    roots = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        roots += [d.func for d in defs]
+    callspec = getattr(item, "callspec", None)
+    roots += [v for v in (callspec.params.values() if callspec else ()) if callable(v)]
+    return any(_records(r, seen) for r in roots)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is None and records(item):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _CURRENT["item"] = item
+
+
+def pytest_runtest_teardown(item):
+    _CURRENT.pop("item", None)
+
+
+def _must_be_slow(what: str) -> None:
+    item = _CURRENT.get("item")
+    if item is not None and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} {what} but is not marked slow; conftest.records() did not see it: "
+                    f"mark it @pytest.mark.slow or name the recording where records() looks", pytrace=False)
+
+
+def pytest_sessionstart(session):
+    # subprocesses (CLI, recordings, torchrun workers) import fsdpprof from source: compile it once here, so
+    # that none compiles it again where PYTHONDONTWRITEBYTECODE keeps Python from caching bytecode itself
+    compileall.compile_dir(str(ROOT / "fsdpprof"), quiet=2)
+
+
 def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
                  input: str | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (so exit codes and stderr are what a user sees)."""
+    if args and args[0] in RECORDING_COMMANDS:
+        _must_be_slow(f"runs `fsdpprof {args[0]}`")
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     if env:
@@ -43,15 +152,51 @@ def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env:
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 
+# --- recordings of the example, once per session each ------------------------------------------------
+# `fsdpprof demo` (its DDP -> FULL_SHARD on 2 -> 4 ranks story) runs once per session; when it records the
+# example exactly as recorded_run does by default (same window, steps, size and 2 processes) its recordings
+# are recorded_run's too (today the demo's model is its own size: MODEL_ARGS)
+DEMO_STRATEGIES = ("ddp", "fsdp2", "fsdp2:4")
+_DEMO: dict = {}
+
+
+def _demo_shares_recordings() -> bool:
+    from fsdpprof.commands import demo
+    return (tuple(demo.RECORD_ARGS) == DEFAULT_RECORD_ARGS and tuple(demo.TRAIN_ARGS) == DEFAULT_TRAIN_ARGS
+            and not getattr(demo, "MODEL_ARGS", ()))   # the demo's own model size: its recordings are its own
+
+
+def demo_session(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``fsdpprof demo --strategies ddp,fsdp2,fsdp2:4`` run once per session: (its --out folder, the process)."""
+    if "out" not in _DEMO:
+        out = tmp_path_factory.mktemp("demo") / "demo"
+        proc = run_fsdpprof("demo", "--out", str(out), "--strategies", ",".join(DEMO_STRATEGIES), timeout=900)
+        _DEMO.update(out=out, proc=proc)
+    return _DEMO["out"], _DEMO["proc"]
+
+
+@pytest.fixture(scope="session")
+def demo_out(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The session's demo (see demo_session); tests must not change its folder (copy what they change)."""
+    return demo_session(tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
 def recorded_run(tmp_path_factory):
     cache: dict[tuple, Path] = {}
 
     def _record(strategy: str, nproc: int = 2, record_args: tuple = (), train_args: tuple = ()) -> Path:
         key = (strategy, nproc, tuple(record_args), tuple(train_args))
+        _must_be_slow("uses recorded_run")
         if key in cache:
             return cache[key]
         out = tmp_path_factory.mktemp(f"run-{strategy}") / "run"
+        if key[1:] == (2, (), ()) and strategy in DEMO_STRATEGIES and _demo_shares_recordings():
+            demo, proc = demo_session(tmp_path_factory)
+            assert proc.returncode == 0, f"demo failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            shutil.copytree(demo / f"run-{strategy}", out)      # (a copy: tests may write into their run)
+            cache[key] = out
+            return out
         cmd = ["record", "--out", str(out), *DEFAULT_RECORD_ARGS, *record_args, "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(EXAMPLE), "--strategy", strategy, *DEFAULT_TRAIN_ARGS, *train_args]

@@ -52,7 +52,10 @@ def _same_frames(a: pd.DataFrame, b: pd.DataFrame):
 @pytest.mark.parametrize("rel", ["hta-nccl-2rank-a100/rank-0.json.gz", "tracelens-b200-8rank/rank-0.json.gz"])
 def test_chunked_decode_equals_whole_parse(rel, tmp_path, monkeypatch):
     src = shared_data("gpu-traces", rel)
+    sliced = load_trace(str(src))                       # the default: slices of CHUNK_BYTES
+    monkeypatch.setattr(trace, "CHUNK_BYTES", 1 << 40)   # one piece
     whole = load_trace(str(src))
+    _same_frames(whole.events, sliced.events)
     raw = gzip.decompress(src.read_bytes())
     doc = orjson.loads(raw)
     # reference counts from a generic parse
@@ -327,6 +330,23 @@ def test_gloo_group_sizes_hsdp_and_list_allgather(tmp_path):
     assert comm["collective"].astype(str).tolist() == ["all_gather", "all_reduce", "all_gather"]
     assert comm["group_size"].tolist() == [2.0, 2.0, 2.0]
     assert comm["bytes"].tolist() == [800.0, 200.0, 240.0]
+
+
+def test_zlib_inflates_as_isal_does(tmp_path, monkeypatch):
+    """ISA-L (the isal package, a dependency) inflates; zlib, the fallback, gives the same frames and errors."""
+    import zlib
+    assert trace._inflate_mod is not zlib
+    src = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
+    good = gzip.compress(json.dumps(_doc()).encode())
+    (tmp_path / "trunc.json.gz").write_bytes(good[:-30])
+    (tmp_path / "notgz.json.gz").write_bytes(b"\x1f\x8bthis is not gzip data at all")
+    fast = load_trace(str(src))
+    errors = [_err(tmp_path / n) for n in ("trunc.json.gz", "notgz.json.gz")]
+    monkeypatch.setattr(trace, "_inflate_mod", zlib)
+    monkeypatch.setattr(trace, "_INFLATE_ERRORS", (zlib.error,))
+    _same_frames(fast.events, load_trace(str(src)).events)
+    assert "truncated" in errors[0] and "truncated" in _err(tmp_path / "trunc.json.gz")
+    assert "gzip" in errors[1] and "gzip" in _err(tmp_path / "notgz.json.gz")
 
 
 def test_multi_member_gzip_and_padding(tmp_path):

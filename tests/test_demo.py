@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,11 @@ import pytest
 from conftest import run_fsdpprof
 
 
-def test_demo_writes_reports_and_comparison(tmp_path):
+def test_demo_writes_reports_and_comparison(demo_out):
     """The demo's story, measured: model states per rank falling as 1/N (DDP -> FULL_SHARD on 2 -> on 4 ranks)
-    and dominating the peak, the peak falling with them, FULL_SHARD moving 1.5x DDP's bytes."""
-    out = tmp_path / "demo"
-    p = run_fsdpprof("demo", "--out", str(out), "--strategies", "ddp,fsdp2,fsdp2:4", timeout=900)
+    and dominating the peak, the peak falling with them, FULL_SHARD moving 1.5x DDP's bytes.
+    (The session's `fsdpprof demo --strategies ddp,fsdp2,fsdp2:4`, see conftest.)"""
+    out, p = demo_out
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     printed = [Path(line.strip()) for line in p.stdout.splitlines() if line.startswith("  /")]
     names = {x.name for x in printed}
@@ -54,14 +55,17 @@ def test_demo_bad_strategy_is_one_line(tmp_path, spec):
     assert not (tmp_path / "d").exists()
 
 
-def test_demo_again_into_the_same_folder_keeps_the_users_files(tmp_path):
+def test_demo_again_into_the_same_folder_keeps_the_users_files(demo_out, tmp_path):
     """A second demo into the same --out re-records its own runs (record --force) and replaces its own
     reports; a file of the user's beside them, or inside the earlier run folder, is left alone."""
+    first_demo, p = demo_out                   # the first demo: the session's, its ddp part copied here
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = tmp_path / "demo"
     out.mkdir()
     (out / "notes.txt").write_text("keep")
-    p = run_fsdpprof("demo", "--out", str(out), "--strategies", "ddp", timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    shutil.copytree(first_demo / "run-ddp", out / "run-ddp")
+    for name in ("report-ddp.html", "summary-ddp.json"):
+        shutil.copy2(first_demo / name, out / name)
     (out / "run-ddp" / "my-analysis.txt").write_text("keep too")
     first = (out / "summary-ddp.json").stat().st_mtime_ns
     p = run_fsdpprof("demo", "--out", str(out), "--strategies", "ddp", timeout=600)

@@ -83,13 +83,8 @@ class Run:
         frames = [r.events for _, r in sorted(self.ranks.items()) if r.events is not None]
         if not frames:
             return empty_events()
-        if len(frames) == 1:
-            return frames[0]
-        out = pd.concat(frames, ignore_index=True)
-        for c in vocab.CATEGORICAL_EVENT_COLUMNS:
-            if out[c].dtype == object:
-                out[c] = out[c].astype("category")
-        return out
+        from fsdpprof.analyze.trace.labels import concat_events
+        return concat_events(frames)
 
 
 
@@ -147,17 +142,24 @@ def _window_traces(folder: str) -> list[str]:
 
 
 def distributed_info_head(path: str) -> dict:
-    """The trace's ``distributedInfo`` when it sits in the first MiB of JSON (where torch writes it), else {}."""
-    head = _head(path)
-    m = _DIST_INFO.search(head)
-    if not m:
+    """The trace's ``distributedInfo`` when it sits in the first MiB of JSON (where torch writes it), else {}.
+    Read in two steps: the first 64 KiB (where torch puts it: a small trace is not inflated twice), then up
+    to the first MiB when it is not complete in those."""
+    doc = _MISSING
+    for head, final in _heads(path, (64 << 10, 1 << 20)):
+        m = _DIST_INFO.search(head)
+        if not m:
+            continue
+        try:
+            doc, _ = json.JSONDecoder().raw_decode(head[m.end():].decode("utf-8", "replace"))
+            break
+        except (ValueError, RecursionError):
+            if final:
+                return {}
+    if doc is _MISSING:
         return {}
     from fsdpprof.analyze.trace.decode import check_distributed_info
 
-    try:
-        doc, _ = json.JSONDecoder().raw_decode(head[m.end():].decode("utf-8", "replace"))
-    except (ValueError, RecursionError):
-        return {}
     meta = {"distributedInfo": doc}
     check_distributed_info(meta, {})          # implausible ranks and sizes left out, as the full parse does
     return meta.get("distributedInfo") or {}
@@ -165,6 +167,30 @@ def distributed_info_head(path: str) -> dict:
 
 def _is_snapshot(path: str) -> bool:
     return path.lower().endswith(_SNAPSHOT_SUFFIXES)
+
+
+_MISSING = object()
+
+
+def _heads(path: str, sizes: tuple[int, ...]):
+    """(the first ``size`` bytes of JSON, last or not) for each size in turn, inflating only as far as asked;
+    nothing more once the file is read to its end; nothing at all when it cannot be read (as ``_head``)."""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+            fh.seek(0)
+            src = gzip.GzipFile(fileobj=fh) if magic == b"\x1f\x8b" else fh
+            with src:
+                head = b""
+                for i, size in enumerate(sizes):
+                    more = src.read(size - len(head))
+                    head += more
+                    last = i == len(sizes) - 1 or len(head) < size
+                    yield head, last
+                    if last:
+                        return
+    except (OSError, EOFError):
+        return
 
 
 def _head(path: str, nbytes: int = 1 << 20) -> bytes:

@@ -122,6 +122,9 @@ STEP_STAGES = STAGES[:5]         # the stages inside a step, in order
 STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us"]
 
 
+_STAGE_LABELS = np.array(STAGES, dtype=object)
+
+
 def stage_at(ts: np.ndarray, marks) -> np.ndarray:
     """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (columns STEP_MARK_COLUMNS,
     one row per ProfilerStep, sorted by start_us; NaN where a step lacks that marker):
@@ -129,9 +132,14 @@ def stage_at(ts: np.ndarray, marks) -> np.ndarray:
     data before the step's first forward marker (none: the step starts in forward), forward until
     its first backward marker, backward until the first Optimizer.step#, optimizer until the end of
     the last one, post_step after it; ``outside_step`` outside every step."""
+    return _STAGE_LABELS[stage_codes_at(ts, marks)]
+
+
+def stage_codes_at(ts: np.ndarray, marks) -> np.ndarray:
+    """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns)."""
     ts = np.asarray(ts, dtype=np.float64)
-    out = np.full(ts.size, STAGE_OUTSIDE, dtype=object)
-    if not len(marks) or not ts.size:
+    out = np.full(ts.size, STAGES.index(STAGE_OUTSIDE), dtype=np.int8)
+    if "start_us" not in marks or not len(marks["start_us"]) or not ts.size:
         return out
     col = {c: np.asarray(marks[c], dtype=np.float64) for c in STEP_MARK_COLUMNS}
     idx = np.searchsorted(col["start_us"], ts, side="right") - 1
@@ -144,7 +152,8 @@ def stage_at(ts: np.ndarray, marks) -> np.ndarray:
     opt = np.where(np.isnan(m["opt_us"]), inf, m["opt_us"])
     opt_end = np.where(np.isnan(m["opt_end_us"]), inf, m["opt_end_us"])
     st = np.select([ts < fwd, ts < bwd, ts < opt, ts <= opt_end],
-                   [STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER], STAGE_POST_STEP).astype(object)
+                   [STAGES.index(x) for x in (STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER)],
+                   STAGES.index(STAGE_POST_STEP))
     out[inside] = st[inside]
     return out
 

@@ -23,6 +23,7 @@ import plotly.io as pio
 
 from fsdpprof import __version__
 from fsdpprof.analyze.headline import headline, peak_rank
+from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
 MIB = float(2**20)
@@ -446,25 +447,10 @@ class Page:
     def __init__(self) -> None:
         self.n_figs = 0
 
-    def fig(self, fig: go.Figure, height: int = 360) -> str:
-        fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=40))
+    def fig(self, fig: go.Figure | dict, height: int = 360) -> str:
+        """A figure (go.Figure, or a plain figure dict: no validation) as HTML; see report.figures."""
         self.n_figs += 1
-        # the plotly_white template goes in as JSON built once: assigning it by name makes plotly deep-copy
-        # and re-validate it for every figure (5x the rest of a small figure's cost); same page otherwise
-        spec = fig.to_dict()
-        spec["layout"]["template"] = _white_template()
-        return '<div class="plot">' + pio.to_html(
-            spec, full_html=False, include_plotlyjs=(self.n_figs == 1), div_id=f"plot-{self.n_figs}",
-            config={"displaylogo": False, "responsive": True}, validate=False) + "</div>"
-
-
-_TEMPLATE_JSON: dict = {}
-
-
-def _white_template() -> dict:
-    if not _TEMPLATE_JSON:
-        _TEMPLATE_JSON.update(pio.templates["plotly_white"].to_plotly_json())
-    return _TEMPLATE_JSON
+        return figures.figure_html(fig, height, f"plot-{self.n_figs}", include_plotlyjs=(self.n_figs == 1))
 
 
 def side_by_side(*blocks: str) -> str:

@@ -15,28 +15,37 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.frames import isin
 
 
+def _key_values(col: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """The column's values at ``rows``, a categorical one as objects (NaN where missing: ``astype(object)``)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = np.append(col.cat.categories.to_numpy(dtype=object), np.nan)
+        return cats[col.cat.codes.to_numpy()[rows]]
+    return col.to_numpy()[rows]
+
+
 def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.DataFrame:
     """Per group: count, bytes, time_us, algbw_gbps, busbw_gbps (over events whose size is known)."""
     by = list(by)
-    cols = list(dict.fromkeys(by + ["bytes", "dur_us", "group_size", "collective"]))
-    c = events.loc[isin(events["kind"], [vocab.KIND_COMM]), cols]
-    for k in by:
-        if isinstance(c[k].dtype, pd.CategoricalDtype):
-            c[k] = c[k].astype(object)
-    known = c["bytes"].notna().to_numpy()
-    coll = c["collective"].to_numpy(dtype=object)
-    c["_known_t"] = np.where(known, c["dur_us"], 0.0)
-    c["_bus"] = np.where(known, c["bytes"] * vocab.ring_factor(coll, c["group_size"].to_numpy()), 0.0)
-    c["_bus_t"] = np.where(known & np.isfinite(c["_bus"]), c["dur_us"], 0.0)
-    c["_bus"] = np.nan_to_num(c["_bus"], nan=0.0)
+    rows = np.flatnonzero(isin(events["kind"], [vocab.KIND_COMM]))
+    keys = {k: _key_values(events[k], rows) for k in by}
+    coll = keys["collective"] if "collective" in keys else _key_values(events["collective"], rows)
+    nbytes = events["bytes"].to_numpy(dtype=np.float64)[rows]
+    dur = events["dur_us"].to_numpy(dtype=np.float64)[rows]
+    known = ~np.isnan(nbytes)
+    bus = np.where(known, nbytes * vocab.ring_factor(coll, events["group_size"].to_numpy(dtype=np.float64)[rows]), 0.0)
+    c = pd.DataFrame({**keys, "bytes": nbytes, "dur_us": dur, "_known_t": np.where(known, dur, 0.0),
+                      "_bus": np.nan_to_num(bus, nan=0.0), "_bus_t": np.where(known & np.isfinite(bus), dur, 0.0)},
+                     copy=False)
+    # one aggregation call on the small comm-only frame (bytes: NaN when no size is known in the group; the
+    # other sums never are: they hold no NaN), the output built once from its index and sums
     g = c.groupby(by, sort=True, dropna=False)
-    # two aggregation calls on the small comm-only frame (bytes: NaN when no size is known in the group)
-    out = g[["bytes"]].sum(min_count=1).reset_index()
-    t = g[["dur_us", "_known_t", "_bus", "_bus_t"]].sum()
-    out.insert(len(by), "count", g.size().to_numpy().astype(np.int64))
-    out["time_us"] = t["dur_us"].to_numpy()
+    t = g.sum(min_count=1)
+    idx = t.index
+    out = {k: idx.get_level_values(i) if len(by) > 1 else idx for i, k in enumerate(by)}
     known_t, bus, bus_t = (t[k].to_numpy() for k in ("_known_t", "_bus", "_bus_t"))
+    total = t["bytes"].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["algbw_gbps"] = np.where(known_t > 0, out["bytes"].to_numpy() / (known_t * 1e3), np.nan)
-        out["busbw_gbps"] = np.where(bus_t > 0, bus / (bus_t * 1e3), np.nan)
-    return out
+        out.update(count=g.size().to_numpy().astype(np.int64), bytes=total, time_us=t["dur_us"].to_numpy(),
+                   algbw_gbps=np.where(known_t > 0, total / (known_t * 1e3), np.nan),
+                   busbw_gbps=np.where(bus_t > 0, bus / (bus_t * 1e3), np.nan))
+    return pd.DataFrame(out, columns=[*by, "count", "bytes", "time_us", "algbw_gbps", "busbw_gbps"])

@@ -20,6 +20,7 @@ and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that 
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 import numpy as np
 import pandas as pd
@@ -98,20 +99,15 @@ def _given(x, low: float = 0.0):
     return None
 
 
-def _comm_info(rt, name_cats) -> dict:
+def _comm_info(rt, name_cats: list) -> dict:
     """Per raw row with comm args (numpy columns): idx, collective, bytes, dtype, group_size, pg, seq,
     shard (this row's bytes are one shard of the array, to be multiplied by the group size)."""
-    # the comm_args DataFrame turns a missing value of a numeric or string column into NaN:
-    # NaN means "not given" below, never a size or a process-group name
-    ca = rt.comm_args
+    # missing values are None (NaN, as a table of the args would hold them, is read the same: "not given")
     name_codes = rt.cols["name"]
-    name_list = list(name_cats)
     out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
-    for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in zip(
-            ca["idx"].tolist(), ca["coll_name"], ca["in_nelems"], ca["out_nelems"], ca["group_size"], ca["dtype"],
-            ca["pg"], ca["seq"], ca["input_dims"], ca["input_type"]):
-        name = name_list[name_codes[idx]]
-        coll = vocab.collective_of(cname) or vocab.collective_of(str(name))
+    for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in rt.comm_rows:
+        name = name_cats[name_codes[idx]]
+        coll = (_collective_of(cname) if type(cname) is str else vocab.collective_of(cname)) or _collective_of(name)
         dtype, size = _dtype(dt)
         shard = False
         nbytes = float("nan")
@@ -128,12 +124,12 @@ def _comm_info(rt, name_cats) -> dict:
             else:
                 numel = inn_f if inn_f == inn_f else out_f
             nbytes = numel * size
-        elif str(name).startswith("c10d::"):
+        elif name.startswith("c10d::"):
             nbytes, dtype2, group = _c10d_sizes(coll, dims, types)
             dtype = dtype or dtype2
-            if not isinstance(gs, (int, float)) and group == group:
+            if gs is None and group == group:
                 gs = group
-        elif str(name).startswith("gloo:"):
+        elif name.startswith("gloo:"):
             # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
             # all_reduce (also what reduce_scatter runs as) the whole array
             nbytes, dtype2, _ = _c10d_sizes(None, dims, types)
@@ -143,9 +139,9 @@ def _comm_info(rt, name_cats) -> dict:
         out["collective"].append(coll)
         out["bytes"].append(nbytes)
         out["dtype"].append(dtype)
-        out["group_size"].append(float(gs) if isinstance(gs, (int, float)) else float("nan"))
-        out["pg"].append(None if pg is None or (isinstance(pg, float) and pg != pg) else as_text(pg))
-        out["seq"].append(float(seq) if isinstance(seq, (int, float)) else float("nan"))
+        out["group_size"].append(float("nan") if gs is None else float(gs))
+        out["pg"].append(None if pg is None or (type(pg) is float and pg != pg) else as_text(pg))
+        out["seq"].append(float("nan") if seq is None else float(seq))
         out["shard"].append(shard)
     objs = ("collective", "dtype", "pg")
     return {k: np.asarray(v, dtype=object if k in objs else bool if k == "shard" else np.int64 if k == "idx"
@@ -175,24 +171,67 @@ def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return found, pos_c
 
 
+# --- tests of an event name, judged once per distinct name and process (the ranks of a job share names) ---
+_MISS = object()
+_MEMO: dict = {}
+_MEMO_MAX = 200_000          # names remembered per test (then forgotten, all at once)
+
+
+def per_name(fn, names: list) -> list:
+    """``[fn(x) for x in names]``, each distinct name computed once per process (``fn`` must be pure)."""
+    memo = _MEMO.get(fn)
+    if memo is None or len(memo) > _MEMO_MAX:
+        memo = _MEMO[fn] = {}
+    out = list(map(memo.get, names, repeat(_MISS, len(names))))
+    if out.count(_MISS):
+        for i, v in enumerate(out):
+            if v is _MISS:
+                out[i] = memo[names[i]] = fn(names[i])
+    return out
+
+
+N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP = (1 << i for i in range(7))
+
+
+def _name_flags(x: str) -> int:
+    """Bit set of what a name says: comm kernel, memcpy, memset, sync, gloo work, c10d call, nccl op."""
+    low = x.lower()
+    return ((N_COMM if vocab.is_comm_kernel(x) else 0) | (N_MEMCPY if low.startswith(("memcpy", "dma")) else 0)
+            | (N_MEMSET if low.startswith("memset") else 0) | (N_SYNC if vocab.is_sync_kernel(x) else 0)
+            | (N_GLOO if x.startswith("gloo:") else 0)
+            | (N_C10D if x.startswith("c10d::") or x in _COMM_CPU_NAMES or x in _WAIT_NAMES else 0)
+            | (N_NCCL_OP if low.startswith("nccl:") else 0))
+
+
+def name_flags(names: list) -> np.ndarray:
+    """:func:`_name_flags` of each name (uint8 bit sets)."""
+    return np.array(per_name(_name_flags, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
+
+
+def _collective_of(name: str):
+    return per_name(vocab.collective_of, [name])[0]
+
+
 # kind codes of classify_arrays: positions in vocab.KINDS
 KIND_LABELS = np.array(vocab.KINDS, dtype=object)
 K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
     vocab.KINDS.index(k) for k in (vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET,
                                     vocab.KIND_SYNC, vocab.KIND_CPU_OP, vocab.KIND_ANNOTATION))
 
+
 def classify_arrays(rt) -> dict:
     """Classified events as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
-    kind int8 codes into KIND_LABELS (vocab.KINDS), collective/dtype/pg/tid/launch_tid object arrays,
-    times float64 us; runtime calls dropped."""
+    kind int8 codes into KIND_LABELS (vocab.KINDS), collective/dtype/pg object arrays, tid/launch_tid int
+    thread codes (-1: none; the launch thread of a kernel whose launch is not in the trace), times float64
+    us; runtime calls dropped."""
     rc = rt.cols
     n = len(rc["ts_us"])
     dist = rt.meta.get("distributedInfo") or {}
     cat_codes = rc["cat"]
-    cat_names = np.asarray(rc["cat_cats"], dtype=object)
+    cat_names = list(rc["cat_cats"])
 
     def cat_is(*wanted) -> np.ndarray:
-        hit = np.isin(cat_names, list(wanted))
+        hit = np.array([c in wanted for c in cat_names], dtype=bool)
         return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
 
     stream = rc["stream"]
@@ -206,23 +245,11 @@ def classify_arrays(rt) -> dict:
 
     # --- kind -------------------------------------------------------------------------------
     # name-level tests once per distinct name, broadcast to rows through the codes
-    cats = rc["name_cats"]
-    cl = [str(x) for x in cats]
-    low = [x.lower() for x in cl]
-
-    def by_name(values) -> np.ndarray:
-        return np.fromiter(values, dtype=bool, count=len(cl))
-
-    c_comm = by_name(vocab.is_comm_kernel(x) for x in cl)
-    c_memcpy = by_name(x.startswith(("memcpy", "dma")) for x in low)
-    c_memset = by_name(x.startswith("memset") for x in low)
-    c_sync = by_name(vocab.is_sync_kernel(x) for x in cl)
-    c_gloo = by_name(x.startswith("gloo:") for x in cl)
-    c_c10d = by_name(x.startswith("c10d::") or x in _COMM_CPU_NAMES or x in _WAIT_NAMES for x in cl)
-    c_ncclop = by_name(x.startswith("nccl:") for x in low)
+    cats = list(rc["name_cats"])
     codes = rc["name"]
-    r_comm, r_memcpy, r_memset, r_sync = c_comm[codes], c_memcpy[codes], c_memset[codes], c_sync[codes]
-    r_gloo, r_c10d = c_gloo[codes], c_c10d[codes]
+    flags = name_flags(cats)[codes] if n else np.zeros(0, dtype=np.uint8)
+    r_comm, r_memcpy, r_memset, r_sync = ((flags & f) != 0 for f in (N_COMM, N_MEMCPY, N_MEMSET, N_SYNC))
+    r_gloo, r_c10d, r_ncclop = ((flags & f) != 0 for f in (N_GLOO, N_C10D, N_NCCL_OP))
 
     kind = np.full(n, K_CPU_OP, dtype=np.int8)
     kind[is_annot] = K_ANNOTATION
@@ -234,16 +261,16 @@ def classify_arrays(rt) -> dict:
     gloo_comm = is_annot & r_gloo
     kind[gloo_comm] = K_COMM
 
-    tid = rc["tid"]
-    # lane labels built once per distinct stream / thread, then broadcast (no per-row strings)
-    tcodes, tuniq = pd.factorize(tid)
+    # threads as codes (pd.factorize of the tid column, from the decoder); lane labels built once per
+    # distinct stream / thread, then broadcast (no per-row strings)
+    tcodes, tuniq = rc["tid_code"], rc["tid_values"]
     scodes, suniq = pd.factorize(stream)
-    lane_labels = np.array([f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq], dtype=object)
+    lane_labels = [f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq.tolist()]
     lane_codes = np.where(on_gpu, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
-    if pd.Index(lane_labels).is_unique:
+    if len(set(lane_labels)) == len(lane_labels):
         lane_cats = pd.Index(lane_labels, dtype=object)
     else:
-        lane_c = pd.Categorical(lane_labels[lane_codes])
+        lane_c = pd.Categorical(np.array(lane_labels, dtype=object)[lane_codes])
         lane_cats, lane_codes = lane_c.categories, np.asarray(lane_c.codes)
 
     device_type = rt.meta.get("device_type", "cpu")
@@ -255,27 +282,27 @@ def classify_arrays(rt) -> dict:
         kind[cand & _leaf_mask(tcodes, ts0, end0, is_cpu_op)] = K_COMPUTE
 
     # --- collective type + sizes ---------------------------------------------------------------
-    relevant = (kind == K_COMM) | r_c10d | (is_annot & c_ncclop[codes])
+    relevant = (kind == K_COMM) | r_c10d | (is_annot & r_ncclop)
     collective = np.full(n, None, dtype=object)
     if relevant.any():           # parsed once per distinct name of the rows that carry a collective
         used = np.unique(codes[relevant])
         coll_by_cat = np.full(len(cats), None, dtype=object)
-        coll_by_cat[used] = [vocab.collective_of(cats[i]) for i in used.tolist()]
+        coll_by_cat[used] = per_name(vocab.collective_of, [cats[i] for i in used.tolist()])
         collective[relevant] = coll_by_cat[codes[relevant]]
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
     ts = rc["ts_us"]
     corr = rc["correlation"]
-    launch_tid = tid.copy()
+    launch_tid = tcodes.copy()
     launch_ts = ts.copy()
     if on_gpu.any():
-        launch_tid[on_gpu] = None
+        launch_tid[on_gpu] = -1
         ridx = np.flatnonzero(is_runtime & (corr >= 0))
         keys, first = np.unique(corr[ridx], return_index=True)       # first runtime call per correlation
         gidx = np.flatnonzero(on_gpu)
         found, pos = _lookup(keys, corr[gidx])
         src = ridx[first[pos[found]]]
-        launch_tid[gidx[found]] = tid[src]
+        launch_tid[gidx[found]] = tcodes[src]
         launch_ts[gidx[found]] = ts[src]
 
     # --- the columns: every event but the runtime calls ------------------------------------------------
@@ -289,15 +316,15 @@ def classify_arrays(rt) -> dict:
         "dur_us": np.nan_to_num(rc["dur_us"][kidx], nan=0.0), "collective": collective[kidx],
         "bytes": np.full(k, np.nan), "dtype": np.full(k, None, dtype=object), "group_size": np.full(k, np.nan),
         "pg": np.full(k, None, dtype=object), "seq": np.full(k, np.nan),
-        "tid": tid[kidx], "stream": stream[kidx], "correlation": corr[kidx], "ext_id": rc["ext_id"][kidx],
+        "tid": tcodes[kidx], "stream": stream[kidx], "correlation": corr[kidx], "ext_id": rc["ext_id"][kidx],
         "cat": cat_codes[kidx], "cat_cats": rc["cat_cats"],
         "launch_tid": launch_tid[kidx], "launch_ts_us": launch_ts[kidx],
     }
     k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
     del launch_tid, launch_ts, collective, kind
-    info = _comm_info(rt, cats)
     shard = np.zeros(k, dtype=bool)
-    if len(info["idx"]):
+    if rt.comm_rows:
+        info = _comm_info(rt, cats)
         ipos = pos[info["idx"]]
         ok = ipos >= 0
         idx = ipos[ok]
@@ -336,13 +363,13 @@ def _type_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
     launching thread: a ``SendRecv`` kernel launched inside ``nccl:all_to_all`` is an all_to_all.  The
     kernel's own name is the fallback."""
     kind = o["kind"]
-    ck = np.flatnonzero(on_gpu & (kind == K_COMM) & ~_isna(o["launch_tid"]))
+    ck = np.flatnonzero(on_gpu & (kind == K_COMM) & (o["launch_tid"] >= 0))
     ops = np.flatnonzero(~on_gpu & (kind != K_COMM) & ~_isna(o["collective"]))
     if not ck.size or not ops.size:
         return
     ts, end = o["ts_us"], o["ts_us"] + o["dur_us"]
     op_tid, k_tid = o["tid"][ops], o["launch_tid"][ck]
-    for t in pd.unique(k_tid):
+    for t in np.unique(k_tid).tolist():
         sel = ops[op_tid == t]
         if not sel.size:
             continue

@@ -28,13 +28,22 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+try:                                    # ISA-L's inflate: same API and stream format as zlib, ~3x faster
+    from isal import isal_zlib as _inflate_mod
+except ImportError:                     # pragma: no cover - isal is a dependency; zlib is the fallback
+    _inflate_mod = zlib
+_INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
+
 from fsdpprof.analyze import vocab
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
-CHUNK_BYTES = 32 << 20          # decode the event array in chunks of about this many bytes
-READ_BYTES = 8 << 20
+CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
+                                # of 1 MiB and less decode 25 % faster than one 25 MB document; 256 KiB ones
+                                # also spare the allocator fresh pages; memory stays small)
+READ_BYTES = 256 << 10          # bytes per read / inflated block
 PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
-SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size (and <= CHUNK_BYTES inflated) are inflated without a thread
+SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size are inflated in this thread, bigger ones a few
+                                # blocks ahead in a background thread (the inflater releases the GIL)
 MAX_TRACE_BYTES = 8 << 30       # default limit on one trace's JSON (decompressed), checked while inflating
 NAME_MAX_CHARS = 4096           # longer names (thread ids, process group names, ...) are cut: real kernel
                                 # names reach 1,817 characters (C++ templates, hta-16rank-a100)
@@ -121,6 +130,24 @@ class FastArgs(msgspec.Struct, gc=False, frozen=True):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
 
 
+class XArgs(msgspec.Struct, gc=False, frozen=True):
+    """The args fields a duration event's columns use (FastArgs less the [memory] and thread-name fields:
+    a smaller struct decodes faster), typed as in FastArgs."""
+
+    stream: int = -1
+    correlation: int = -1
+    ext_id: int = msgspec.field(default=-1, name="External id")
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg: Any = msgspec.field(default=None, name="Process Group Name")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
+
+
 class _FastBase(msgspec.Struct, gc=False, tag_field="ph"):
     """Events decoded by their phase ``ph`` (a tagged union): durations (X) in full, instants (i/I,
     for [memory]) and metadata (M, for thread names) with what they need, every other phase as an
@@ -130,7 +157,8 @@ class _FastBase(msgspec.Struct, gc=False, tag_field="ph"):
     cat: ClassVar[Any] = None        # only duration events decode their category
 
 
-_NO_FAST_ARGS = FastArgs()
+_NO_X_ARGS = XArgs()
+_OTHER_CAT = object()               # the "category" of the instant and metadata events the fast path reads
 
 
 class FastEvent(_FastBase, tag="X"):
@@ -140,10 +168,11 @@ class FastEvent(_FastBase, tag="X"):
     tid: Any = None
     ts: float = float("nan")
     dur: float = float("nan")
-    args: FastArgs = _NO_FAST_ARGS   # ("args": null fails validation: the lenient path takes it)
+    args: XArgs = _NO_X_ARGS        # ("args": null fails validation: the lenient path takes it)
 
 
 class _FastInstant(_FastBase, tag="i"):
+    cat: ClassVar[Any] = _OTHER_CAT  # (not decoded: tells instants and metadata apart in one pass, see add_fast)
     name: Any = ""
     ts: float = float("nan")
     args: FastArgs | None = None
@@ -154,6 +183,7 @@ class _FastInstantOld(_FastInstant, tag="I"):
 
 
 class _FastMeta(_FastBase, tag="M"):
+    cat: ClassVar[Any] = _OTHER_CAT
     name: Any = ""
     pid: Any = None
     tid: Any = None
@@ -166,7 +196,13 @@ class _FastSkip(_FastBase):
 
 _SKIP_TYPES = tuple(type(f"_FastSkip{ord(ph)}", (_FastSkip,), {}, tag=ph) for ph in "BECbnestfPONDRcp()")
 _FAST_UNION = Union[(FastEvent, _FastInstant, _FastInstantOld, _FastMeta) + _SKIP_TYPES]
-_FAST_OTHER = frozenset({_FastInstant, _FastInstantOld, _FastMeta})
+# kept categories in a fixed order: a category's code is its position (codes are renumbered by first
+# appearance in _Columns.arrays); _CAT_KEEP_CODE: category -> code + 1 (falsy 0 for instants / metadata)
+_KEEP_ORDER = tuple(sorted(KEEP_CATS))
+_CAT_KEEP_CODE = {**{c: i + 1 for i, c in enumerate(_KEEP_ORDER)}, _OTHER_CAT: 0}
+_IS_OTHER = frozenset({0})
+_CAT_GPU = np.array([c in vocab.DEVICE_EVENT_CATS for c in _KEEP_ORDER], dtype=bool)
+_CAT_RT = np.array([c in vocab.RUNTIME_CATS for c in _KEEP_ORDER], dtype=bool)
 
 
 class FastTailDoc(msgspec.Struct):
@@ -206,7 +242,8 @@ COMM_ARG_COLUMNS = ["idx", "coll_name", "in_nelems", "out_nelems", "group_size",
 class RawTrace:
     """Decoded, unclassified trace: one row per kept duration event, held as numpy columns.
 
-    ``cols``: name/cat (int codes into ``name_cats``/``cat_cats``), tid/pid (original values, object),
+    ``cols``: name/cat (int codes into the lists ``name_cats``/``cat_cats``, unique strings), tid/pid
+    (original values, object; ``tid_code``: int32 codes into ``tid_values``, as pd.factorize of tid),
     ts_us/dur_us (float64, us), stream/correlation/ext_id (int64, -1 absent).  ``comm_rows``: one
     tuple per event with comm args (COMM_ARG_COLUMNS; idx is the row), ``comm_args`` as a DataFrame."""
 
@@ -300,6 +337,10 @@ _GET_TS, _GET_DUR, _GET_ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("
 _GET_STREAM, _GET_CORR, _GET_EXT = (attrgetter(k) for k in ("stream", "correlation", "ext_id"))
 
 
+def _HAS_COLL_ARGS(a) -> bool:
+    return a.coll_name is not None or a.in_nelems is not None
+
+
 def _intern(table: dict, values: list, dtype) -> np.ndarray:
     """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance."""
     for v in dict.fromkeys(values):
@@ -309,17 +350,24 @@ def _intern(table: dict, values: list, dtype) -> np.ndarray:
 
 
 def _intern_ints(table: dict, values: list, defects: dict, what: str) -> np.ndarray:
-    """_intern for values that are usually all plain ints (thread / process ids): hashed in C then.
-    Other values go through :func:`_hashable_keys` (lists and dicts become their JSON text)."""
-    if values and set(map(type, values)) == {int}:
-        try:
-            local, uniq = pd.factorize(np.asarray(values, dtype=np.int64))
-        except OverflowError:
-            return _intern(table, values, np.int32)
-        for v in uniq.tolist():                 # in order of first appearance, as _intern adds them
+    """_intern for values that are usually all plain ints (thread / process ids): judged once per distinct
+    value, the codes found with numpy.  Other values go through :func:`_hashable_keys` (lists and dicts
+    become their JSON text, long strings are cut)."""
+    try:
+        uniq = dict.fromkeys(values)
+    except TypeError:              # a list or an object
+        uniq = None
+    if uniq is not None and all(type(v) is int for v in uniq):
+        for v in uniq:             # in order of first appearance
             if v not in table:
                 table[v] = len(table)
-        return np.asarray([table[v] for v in uniq.tolist()], dtype=np.int32)[local]
+        keys = sorted(uniq)
+        try:
+            # (equal values share a code, as in the table: 1 and True; every value is an int or equal to one)
+            codes = np.searchsorted(np.array(keys, dtype=np.int64), np.array(values, dtype=np.int64))
+        except OverflowError:      # beyond int64 (never seen in real traces)
+            return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values))
+        return np.array([table[k] for k in keys], dtype=np.int32)[codes]
     return _intern(table, _hashable_keys(values, defects, what), np.int32)
 
 
@@ -346,7 +394,7 @@ class _Columns:
 
     def __init__(self) -> None:
         self.names: dict = {}
-        self.cats: dict = {}
+        self.cats: dict = {c: i for i, c in enumerate(_KEEP_ORDER)}   # every kept category, fixed codes
         self.threads: dict = {}
         self.pids: dict = {}
         self.parts: list[dict] = []
@@ -356,8 +404,6 @@ class _Columns:
         self.name_comm: list[bool] = []
         self.name_labels: list[str] = []     # per name code: the name as shown (cut, or a non-string's JSON text)
         self.bad_names: dict[int, str] = {}  # name code -> defect kind (long_name / type_name)
-        self.cat_gpu: list[bool] = []
-        self.cat_rt: list[bool] = []
         self.defects: dict = {}
         self.n = 0
 
@@ -371,7 +417,7 @@ class _Columns:
         name_list = _hashable_names([e.name for e in keep], self.defects)
         name_codes = [names.setdefault(v, len(names)) for v in name_list]
         self._label_new_names()
-        cat_codes = [cats.setdefault(e.cat, len(cats)) for e in keep]
+        cat_codes = [cats[e.cat] for e in keep]          # (every kept category is in the table)
         tid_codes = [threads.setdefault(v, len(threads))
                      for v in _hashable_keys([e.tid for e in keep], self.defects, "tid")]
         pid_codes = [pids.setdefault(v, len(pids))
@@ -419,21 +465,28 @@ class _Columns:
     def add_fast(self, events: list[FastEvent]) -> None:
         """Like :meth:`add` for events of the typed fast decoder (args inline), one pass per column.
         Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
-        # (selections by C-level map/compress: only FastEvent has a category, the others' is None)
+        # (selections by C-level map/compress; one pass reads every category: kept ones map to their code + 1,
+        # instants / metadata (their class's _OTHER_CAT) to 0, the rest to None)
+        cat_codes1 = list(map(_GET_CAT, events))
         try:
-            keep = list(compress(events, map(KEEP_CATS.__contains__, map(_GET_CAT, events))))
+            cat_codes1 = list(map(_CAT_KEEP_CODE.get, cat_codes1))
         except TypeError:          # a category that is a list or an object: not one we keep
-            keep = [e for e in events if _kept_cat(e.cat)]
+            cat_codes1 = [_CAT_KEEP_CODE.get(c) if type(c) is str or c is _OTHER_CAT else None for c in cat_codes1]
+        keep = list(compress(events, cat_codes1))
         n = len(keep)
         args = list(map(_GET_ARGS, keep))
         try:      # (stream / External id are read below, only where the lenient path reads them too)
             corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=n)
         except OverflowError:
             raise _NotFast from None
-        self._add_other_fast(list(compress(events, map(_FAST_OTHER.__contains__, map(type, events)))))
+        if n + cat_codes1.count(None) < len(events):        # instants / metadata
+            self._add_other_fast(list(compress(events, map(_IS_OTHER.__contains__, cat_codes1))))
         if not n:
             return
-        names, cats = self.names, self.cats
+        cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int16, count=n)
+        cat_codes -= 1
+        del cat_codes1
+        names = self.names
         name_list = list(map(_GET_NAME, keep))
         try:
             name_codes = _intern(names, name_list, np.int32)
@@ -441,18 +494,14 @@ class _Columns:
             name_codes = _intern(names, _hashable_names(name_list, self.defects), np.int32)
         del name_list
         self._label_new_names()
-        cat_codes = _intern(cats, list(map(_GET_CAT, keep)), np.int16)
         tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)), self.defects, "tid")
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
-        # per distinct name / category: comm op name?  device event?  runtime call?
+        # per distinct name: comm op name?  per category (fixed table): device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
             self.name_comm.append(type(k) is str and k.startswith(_COMM_PREFIXES))
-        for k in list(cats)[len(self.cat_gpu):]:
-            self.cat_gpu.append(k in _GPU_CATS)
-            self.cat_rt.append(k in _RUNTIME_CATS)
-        gpu = np.asarray(self.cat_gpu, dtype=bool)[cat_codes]
+        gpu = _CAT_GPU[cat_codes]
         full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
-        runtime = np.asarray(self.cat_rt, dtype=bool)[cat_codes]
+        runtime = _CAT_RT[cat_codes]
         # ids are kept where the lenient path keeps them: stream/External id on device events and
         # comm ops, correlation also on runtime calls
         corr[~(full | runtime)] = -1
@@ -460,13 +509,15 @@ class _Columns:
         ext_all = _int64s(_GET_EXT, args)
         ext = np.where(full, ext_all, -1)
         fidx = np.flatnonzero(full)
+        base = self.n
         if fidx.size:
             fargs = [args[i] for i in fidx.tolist()]
             stream[fidx] = _int64s(_GET_STREAM, fargs)
-        base = self.n
-        for i in fidx.tolist():
-            a = args[i]
-            if a.coll_name is not None or a.in_nelems is not None or not gpu[i]:
+            # comm rows: the comm ops (not device events) and the device events with collective args
+            comm = ~gpu[fidx]
+            comm |= np.fromiter(map(_HAS_COLL_ARGS, fargs), dtype=bool, count=len(fargs))
+            for i in fidx[comm].tolist():
+                a = args[i]
                 self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         self.parts.append({
@@ -526,6 +577,14 @@ class _Columns:
             arrs = [p[key] for p in self.parts]
             cols[key] = (arrs[0] if len(arrs) == 1 else np.concatenate(arrs)) if arrs else np.empty(0, dtype=dtype)
         self.parts = []
+        # categories in order of first appearance (codes so far: positions in _KEEP_ORDER)
+        cat = cols["cat"]
+        used, first = np.unique(cat, return_index=True)
+        order = used[np.argsort(first)]
+        remap = np.zeros(len(_KEEP_ORDER), dtype=np.int16)
+        remap[order] = np.arange(len(order), dtype=np.int16)
+        cols["cat"] = remap[cat]
+        cat_cats = [_KEEP_ORDER[i] for i in order.tolist()]
         names = self.name_labels
         if self._drop_implausible(cols):
             # names only the dropped events had are not categories of what is left
@@ -541,12 +600,14 @@ class _Columns:
             for code, kind in self.bad_names.items():
                 self.defects[kind] = self.defects.get(kind, 0) + int(per_code[code])
         del cols["args_key"]
-        cols["name_cats"] = pd.Index(_unique_cats(list(names)))
-        cols["cat_cats"] = pd.Index(_unique_cats([str(k) for k in self.cats]))
+        cols["name_cats"] = _unique_cats(list(names))
+        cols["cat_cats"] = cat_cats
         # tid/pid: keep the original values (int or str) through a lookup table
-        tids = np.array([_as_key(k) for k in self.threads], dtype=object)
+        tid_values = [_as_key(k) for k in self.threads]
+        tids = np.array(tid_values, dtype=object)
         pids = np.array([_as_key(k) for k in self.pids], dtype=object)
         n = len(cols["ts_us"])
+        cols["tid_code"], cols["tid_values"] = _factorize_codes(cols["tid"], tid_values)
         cols["tid"] = tids[cols["tid"]] if n else np.empty(0, dtype=object)
         cols["pid"] = pids[cols["pid"]] if n else np.empty(0, dtype=object)
         return cols
@@ -611,6 +672,20 @@ def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 
     return out
 
 
+def _factorize_codes(codes: np.ndarray, values: list) -> tuple[np.ndarray, list]:
+    """``pd.factorize(np.array(values, dtype=object)[codes])`` from the codes: (int32 codes numbered by first
+    appearance, the distinct values in that order); values that are equal (1 and True) share a code."""
+    klass: dict = {}
+    of_value = np.array([klass.setdefault(v, len(klass)) for v in values], dtype=np.int64)
+    first_value = list(klass)
+    rows = of_value[codes] if len(codes) else np.empty(0, dtype=np.int64)
+    used, first = np.unique(rows, return_index=True)
+    order = used[np.argsort(first, kind="stable")]
+    remap = np.zeros(len(klass), dtype=np.int32)
+    remap[order] = np.arange(len(order), dtype=np.int32)
+    return remap[rows], [first_value[i] for i in order.tolist()]
+
+
 def _unique_cats(cats: list[str]) -> list[str]:
     # categories must be unique; two distinct raw keys (e.g. 1 and "1") could stringify alike
     seen: dict = {}
@@ -655,10 +730,11 @@ def _to_float(v) -> float:
 class _Reader:
     """Binary block reader over a gzip or plain file, with an optional progress bar.
 
-    gzip is inflated by zlib in a background thread (zlib releases the GIL), a few blocks ahead of
-    the decoder, so decompression overlaps decoding; memory stays bounded by the queue."""
+    gzip is inflated in blocks of READ_BYTES as the decoder asks for them; a big file (more than
+    SYNC_GZ_BYTES compressed) in a background thread a few blocks ahead of the decoder, so decompression
+    overlaps decoding; memory stays bounded by the queue."""
 
-    GZ_IN = 1 << 20        # compressed bytes per zlib call
+    GZ_IN = 1 << 20        # compressed bytes per inflate call
 
     def __init__(self, path: str, progress: bool | None, max_bytes: int | None = None) -> None:
         self.path = path
@@ -686,10 +762,10 @@ class _Reader:
         self._stop = False
         self._sync = None
         self._last = None
-        if self.gz and size <= SYNC_GZ_BYTES and self._isize() <= CHUNK_BYTES:
-            # small: inflated here, in one piece (a thread would only wait on the decoder, which
-            # decodes files below CHUNK_BYTES in one call anyway)
-            self._sync = self._blocks(0)
+        if self.gz and size <= SYNC_GZ_BYTES:
+            # inflated here as the decoder asks (a thread would mostly wait on the decoder): in one piece
+            # when the JSON is at most CHUNK_BYTES (decoded in one call then), else in blocks
+            self._sync = self._blocks(0 if self._isize() <= CHUNK_BYTES else READ_BYTES)
         elif self.gz:
             import queue
             import threading
@@ -729,10 +805,10 @@ class _Reader:
         when it is one small member, else READ_BYTES).  More than ``max_bytes`` in all is an error."""
         total = 0
         try:
-            d = zlib.decompressobj(wbits=31)
+            d = _inflate_mod.decompressobj(wbits=31)
             pending = b""
             if not max_out:
-                # small file, one piece: with the size from the trailer, zlib fills one buffer of that size
+                # small file, one piece: with the size from the trailer, inflate fills one buffer of that size
                 # (no growing and joining); taken only for a single member (no second gzip header in
                 # the bytes) that inflates to exactly that size, otherwise the general loop below (from the
                 # start again, in blocks: the trailer may lie)
@@ -740,9 +816,9 @@ class _Reader:
                 isize = int.from_bytes(pending[-4:], "little")
                 if pending.find(b"\x1f\x8b\x08", 1) < 0 and isize <= self.max_bytes:
                     try:
-                        one = zlib.decompressobj(wbits=31)
+                        one = _inflate_mod.decompressobj(wbits=31)
                         out = one.decompress(pending, isize + 1)
-                    except zlib.error:
+                    except _INFLATE_ERRORS:
                         out = None
                     if out is not None and len(out) == isize and one.eof:
                         yield ("data", out, len(pending))
@@ -760,7 +836,7 @@ class _Reader:
                     if not pending.strip(b"\x00"):      # zero padding
                         pending = b""
                         continue
-                    d = zlib.decompressobj(wbits=31)     # the next gzip member
+                    d = _inflate_mod.decompressobj(wbits=31)     # the next gzip member
                 out = d.decompress(pending, max_out)
                 pending = d.unused_data if d.eof else d.unconsumed_tail
                 total += len(out)
@@ -769,7 +845,7 @@ class _Reader:
                     return
                 if out:
                     yield ("data", out, self.raw.tell())
-        except zlib.error as exc:
+        except _INFLATE_ERRORS as exc:
             yield ("error", f"bad: {exc}")
         except Exception as exc:  # I/O error
             yield ("error", f"io: {exc}")
@@ -840,14 +916,26 @@ def _decode_events(buf, cols: _Columns) -> None:
     cols.add(events)
 
 
+def _boundaries_backwards(body: bytearray, lo: int):
+    """Matches of _SEP_RE (``}``, ``,``, ``{`` with blanks between) in ``body[lo:]``, the last first: found by
+    searching back from the end for ``}`` (a slice's last boundary is near its end)."""
+    hi = len(body)
+    while True:
+        j = body.rfind(b"}", lo, hi)
+        if j < 0:
+            return
+        m = _SEP_RE.match(body, j)
+        if m:
+            yield m
+        hi = j
+
+
 def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
     """``body`` is ``{"traceEvents":[`` + events...: decode the longest run of whole events, in place
     (the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['), then
     drop it from ``body``.  Returns ``body`` (unchanged when no boundary decodes)."""
-    tail_start = max(_P + 1, len(body) - (4 << 20))
-    cands = list(_SEP_RE.finditer(body, tail_start))
     tried = 0
-    for m in reversed(cands):
+    for m in _boundaries_backwards(body, _P + 1):
         end = m.start() + 1                          # just after the closing brace
         comma = body.index(b",", end, m.end())
         saved = body[end]
@@ -1054,17 +1142,17 @@ def defect_warnings(path: str, defects: dict) -> list[str]:
 
 def _device_type(arrays: dict, meta: dict) -> str:
     """vocab.device_type of a decoded trace: its categories, runtime-call names and device names."""
-    cats = np.asarray(arrays["cat_cats"], dtype=object)
-    used = np.unique(arrays["cat"]) if len(arrays["cat"]) else np.empty(0, dtype=np.int64)
-    used_cats = [str(cats[i]) for i in used.tolist()]
-    rt_codes = np.flatnonzero(np.isin(cats, list(vocab.RUNTIME_CATS)))
-    names = np.asarray(arrays["name_cats"], dtype=object)
-    rt_names = [str(names[i]) for i in np.unique(arrays["name"][np.isin(arrays["cat"], rt_codes)]).tolist()]
-    props = meta.get("deviceProperties")
-    devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     if not (arrays["stream"] >= 0).any():
         return vocab.DEVICE_CPU
-    return vocab.device_type(used_cats, rt_names, devs)
+    cats = arrays["cat_cats"]
+    used = np.flatnonzero(np.bincount(arrays["cat"], minlength=len(cats))).tolist()
+    is_rt = np.array([c in vocab.RUNTIME_CATS for c in cats], dtype=bool)
+    names = arrays["name_cats"]
+    rt_rows = arrays["name"][is_rt[arrays["cat"]]]
+    rt_names = [str(names[i]) for i in np.flatnonzero(np.bincount(rt_rows, minlength=len(names))).tolist()]
+    props = meta.get("deviceProperties")
+    devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    return vocab.device_type([str(cats[i]) for i in used], rt_names, devs)
 
 
 def _decode_header(path: str, header_bytes: bytes) -> dict:
@@ -1108,14 +1196,15 @@ def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
         if c in ("addr", "bytes"):
             ok &= valid
     ok &= np.abs(out["bytes"]) <= MEMORY_BYTES_MAX
-    df = pd.DataFrame(out)[vocab.MEMORY_EVENT_COLUMNS]
     if not ok.all():
         defects["bad_memory"] = defects.get("bad_memory", 0) + int(np.count_nonzero(~ok))
-    dup = _duplicate_rows([out[c] for c in cols], ok) if len(df) else None
+    dup = _duplicate_rows([out[c] for c in cols], ok) if len(rows) else None
     if dup is not None:
         defects["duplicate_memory"] = defects.get("duplicate_memory", 0) + int(np.count_nonzero(dup))
         ok &= ~dup
-    return df if ok.all() else df[ok].reset_index(drop=True)
+    if not ok.all():
+        out = {c: v[ok] for c, v in out.items()}
+    return pd.DataFrame(out, columns=vocab.MEMORY_EVENT_COLUMNS, copy=False)
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:

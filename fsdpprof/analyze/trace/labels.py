@@ -21,7 +21,7 @@ import pandas as pd
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.frames import isin, on_device
-from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS
+from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS, per_name
 
 
 def _name_hits(cats: list[str], test) -> np.ndarray:
@@ -29,41 +29,66 @@ def _name_hits(cats: list[str], test) -> np.ndarray:
     return np.fromiter((test(x) for x in cats), dtype=bool, count=len(cats))
 
 
+def _step_number(x: str) -> float:
+    """N of a ``ProfilerStep#N`` name, NaN for any other name."""
+    if x.startswith(vocab.STEP_PREFIX) and x[len(vocab.STEP_PREFIX):].isdigit():
+        return float(x[len(vocab.STEP_PREFIX):])
+    return np.nan
+
+
+M_STEP, M_FWD, M_BWD, M_OPT = 1, 2, 4, 8
+
+
+def _mark_flags(x: str) -> int:
+    """Bit set: a ProfilerStep# / forward / backward / Optimizer.step# name."""
+    return ((M_STEP if x.startswith(vocab.STEP_PREFIX) else 0) | (M_FWD if x.startswith(vocab.FORWARD_MARKERS) else 0)
+            | (M_BWD if x.startswith(vocab.BACKWARD_MARKERS) else 0)
+            | (M_OPT if x.startswith(vocab.OPTIMIZER_PREFIX) else 0))
+
+
 def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
                       cpu_side: np.ndarray) -> pd.DataFrame:
     """Step marks (vocab.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into
     ``cats`` and the events' times (µs); only CPU-side events (``cpu_side``) mark."""
+    cols = _step_mark_columns(cats, codes, ts, end, cpu_side)
+    if cols is None:
+        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+    return pd.DataFrame(cols, columns=vocab.STEP_MARK_COLUMNS)
+
+
+def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                       cpu_side: np.ndarray) -> dict | None:
+    """:func:`step_marks_arrays` as a dict of its columns (numpy), None when there is no ProfilerStep."""
     if not len(cats) or not len(codes):
-        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
-
-    def rows(test) -> np.ndarray:
-        return np.flatnonzero(_name_hits(cats, test)[codes] & cpu_side)
-
-    ps = rows(lambda x: x.startswith(vocab.STEP_PREFIX))
+        return None
+    flags = np.array(per_name(_mark_flags, cats), dtype=np.uint8)[codes]
+    ps = np.flatnonzero(((flags & M_STEP) != 0) & cpu_side)
     if not ps.size:
-        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
-    step_of = np.array([float(x[len(vocab.STEP_PREFIX):]) if x.startswith(vocab.STEP_PREFIX)
-                        and x[len(vocab.STEP_PREFIX):].isdigit() else np.nan for x in cats])
-    m = pd.DataFrame({"step": step_of[codes[ps]], "start_us": ts[ps], "end_us": end[ps]})
-    m = m.dropna(subset=["step"]).sort_values("start_us", kind="mergesort").drop_duplicates("start_us")
-    m = m.reset_index(drop=True)
-    starts, ends = m["start_us"].to_numpy(), m["end_us"].to_numpy()
+        return None
+    step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
+    # the steps with a number, by start (stable), the first of those starting at the same time
+    step, start, stop = step_of[codes[ps]], ts[ps], end[ps]
+    ok = ~np.isnan(step)
+    step, start, stop = step[ok], start[ok], stop[ok]
+    order = np.argsort(start, kind="mergesort")
+    step, start, stop = step[order], start[order], stop[order]
+    first = np.ones(start.size, dtype=bool)
+    first[1:] = start[1:] != start[:-1]
+    starts, ends, steps = start[first], stop[first], step[first]
 
     def first_in_step(idx: np.ndarray, t: np.ndarray, last: bool = False) -> np.ndarray:
-        out = np.full(len(m), -np.inf if last else np.inf)
+        out = np.full(starts.size, -np.inf if last else np.inf)
         k = np.searchsorted(starts, t, side="right") - 1
         ok = (k >= 0) & (t <= ends[np.maximum(k, 0)])
         (np.maximum if last else np.minimum).at(out, k[ok], t[ok])
         return np.where(np.isfinite(out), out, np.nan)
 
-    fwd = rows(lambda x: x.startswith(vocab.FORWARD_MARKERS))
-    bwd = rows(lambda x: x.startswith(vocab.BACKWARD_MARKERS))
-    opt = rows(lambda x: x.startswith(vocab.OPTIMIZER_PREFIX))
-    m["fwd_us"] = first_in_step(fwd, ts[fwd])
-    m["bwd_us"] = first_in_step(bwd, ts[bwd])
-    m["opt_us"] = first_in_step(opt, ts[opt])
-    m["opt_end_us"] = first_in_step(opt, end[opt], last=True)
-    return m[vocab.STEP_MARK_COLUMNS]
+    fwd = np.flatnonzero(((flags & M_FWD) != 0) & cpu_side)
+    bwd = np.flatnonzero(((flags & M_BWD) != 0) & cpu_side)
+    opt = np.flatnonzero(((flags & M_OPT) != 0) & cpu_side)
+    return {"step": steps, "start_us": starts, "end_us": ends,
+            "fwd_us": first_in_step(fwd, ts[fwd]), "bwd_us": first_in_step(bwd, ts[bwd]),
+            "opt_us": first_in_step(opt, ts[opt]), "opt_end_us": first_in_step(opt, end[opt], last=True)}
 
 
 def _cat_codes(col: pd.Series) -> tuple[list[str], np.ndarray]:
@@ -104,12 +129,22 @@ def fsdp_intervals(events: pd.DataFrame | None) -> pd.DataFrame:
     return out.sort_values("ts_us", kind="stable").reset_index(drop=True)
 
 
+def _fsdp_phase_of(x: str):
+    return vocab.parse_fsdp(x)[0]
+
+
+def _fsdp_unit_of(x: str):
+    return vocab.parse_fsdp(x)[1]
+
+
 def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
-    """Add ``step`` (float64), ``stage``, ``fsdp_phase``, ``unit`` (object) to classify_arrays' columns;
-    returns (c, warnings)."""
+    """Add ``step`` (float64), ``stage`` (int8 codes into vocab.STAGES), ``fsdp_name`` (int: the name code of
+    the FSDP annotation that labels the row, -1 for none) and ``fsdp_phase`` / ``unit`` (per name code:
+    lists, None where a name is not an FSDP annotation) to classify_arrays' columns; returns (c, warnings).
+    :func:`events_frame` turns them into the frame's columns."""
     warnings: list[str] = []
     n = len(c["ts_us"])
-    cats = [str(x) for x in c["name_cats"]]
+    cats = list(c["name_cats"])
     codes = c["name"]
     ts = c["ts_us"]
     end = ts + c["dur_us"]
@@ -118,19 +153,19 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     on_device = lane_gpu[c["lane"]] if n else np.zeros(0, dtype=bool)
     cpu_side = ~on_device
     lt = c["launch_tid"]
-    no_launch = on_device & pd.isna(lt) if n else np.zeros(0, dtype=bool)
+    no_launch = on_device & (lt < 0) if n else np.zeros(0, dtype=bool)
     q_ts = c["launch_ts_us"]                    # the launch point (a CPU op's own start)
 
     # --- steps ----------------------------------------------------------------------------
-    marks = step_marks_arrays(cats, codes, ts, end, cpu_side)
+    marks = _step_mark_columns(cats, codes, ts, end, cpu_side)
     step = np.full(n, np.nan)
-    if len(marks):
-        s_idx = np.flatnonzero(_name_hits(cats, lambda x: x.startswith(vocab.STEP_PREFIX))[codes] & cpu_side)
-        step_of = np.array([float(x[len(vocab.STEP_PREFIX):]) if x.startswith(vocab.STEP_PREFIX)
-                            and x[len(vocab.STEP_PREFIX):].isdigit() else np.nan for x in cats])
+    if marks is not None and len(marks["start_us"]):
+        marks_of = np.array(per_name(_mark_flags, cats), dtype=np.uint8)
+        s_idx = np.flatnonzero(((marks_of[codes] & M_STEP) != 0) & cpu_side)
+        step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
         k = intervals.innermost(ts[s_idx], end[s_idx], q_ts)
         step = np.where(k >= 0, step_of[codes[s_idx]][np.clip(k, 0, None)], np.nan)
-        stage = vocab.stage_at(q_ts, marks)
+        stage = vocab.stage_codes_at(q_ts, marks)
     else:
         warnings.append(f"trace {rt.path} has no ProfilerStep# annotations: the whole trace is taken as one step "
                         f"(use torch.profiler's schedule and prof.step() to get per-step numbers)")
@@ -141,22 +176,20 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
                                   np.append(ts, t0), np.append(end, t1), np.append(cpu_side, True))
         for col in ("fwd_us", "bwd_us", "opt_us", "opt_end_us"):
             whole[col] = probe[col].to_numpy()[:1] if len(probe) else np.nan
-        stage = vocab.stage_at(q_ts, whole[vocab.STEP_MARK_COLUMNS])
+        stage = vocab.stage_codes_at(q_ts, whole[vocab.STEP_MARK_COLUMNS])
     step[no_launch] = np.nan
-    stage[no_launch] = vocab.STAGE_UNKNOWN
+    stage[no_launch] = vocab.STAGES.index(vocab.STAGE_UNKNOWN)
 
-    # --- FSDP annotations -> fsdp_phase / unit --------------------------------------------------
-    parsed = [vocab.parse_fsdp(x) for x in cats]
-    c_phase = np.array([p[0] for p in parsed] or [None], dtype=object)
-    c_unit = np.array([p[1] for p in parsed] or [None], dtype=object)
-    c_is_fsdp = np.fromiter((p[0] is not None for p in parsed), dtype=bool, count=len(parsed))
+    # --- FSDP annotations -> fsdp_phase / unit (as the annotation's name code) ---------------------------
+    c_phase = per_name(_fsdp_phase_of, cats)
+    c_unit = per_name(_fsdp_unit_of, cats)
+    c_is_fsdp = np.fromiter((p is not None for p in c_phase), dtype=bool, count=len(c_phase))
     is_fsdp = (c_is_fsdp[codes] if len(cats) else np.zeros(n, dtype=bool)) & cpu_side & (c["kind"] != K_COMM)
-    fsdp_phase = np.full(n, None, dtype=object)
-    unit = np.full(n, None, dtype=object)
+    fsdp_name = np.full(n, -1, dtype=np.int64)
     f_idx = np.flatnonzero(is_fsdp)
     if f_idx.size:
         f_tid = c["tid"][f_idx]
-        for t in pd.unique(f_tid):
+        for t in np.unique(f_tid).tolist():
             sel = f_idx[f_tid == t]
             qsel = np.flatnonzero(lt == t)
             if qsel.size == 0:
@@ -164,12 +197,10 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
             k = intervals.innermost(ts[sel], end[sel], q_ts[qsel])
             hit = k >= 0
             rows = sel[np.clip(k, 0, None)]
-            fsdp_phase[qsel[hit]] = c_phase[codes[rows[hit]]]
-            unit[qsel[hit]] = c_unit[codes[rows[hit]]]
+            fsdp_name[qsel[hit]] = codes[rows[hit]]
     # the FSDP annotations describe themselves too
-    fsdp_phase[f_idx] = c_phase[codes[f_idx]]
-    unit[f_idx] = c_unit[codes[f_idx]]
-    c["step"], c["stage"], c["fsdp_phase"], c["unit"] = step, stage, fsdp_phase, unit
+    fsdp_name[f_idx] = codes[f_idx]
+    c["step"], c["stage"], c["fsdp_name"], c["fsdp_phase"], c["unit"] = step, stage, fsdp_name, c_phase, c_unit
     c["launch_ts_us"] = np.where(no_launch, np.nan, q_ts)
     return c, warnings
 
@@ -178,16 +209,48 @@ def _isna(a: np.ndarray) -> np.ndarray:
     return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
 
 
+_NONE_DTYPE = pd.Categorical(np.full(1, None, dtype=object)).dtype   # what pd.Categorical makes of only None
+
+
+_FROM_FASTPATH = getattr(pd.CategoricalDtype, "_from_fastpath", None)
+
+
+def _dtype(categories) -> pd.CategoricalDtype:
+    """pd.CategoricalDtype(categories) of categories known to be distinct (no check of that: faster)."""
+    if _FROM_FASTPATH is not None:
+        try:
+            return _FROM_FASTPATH(pd.Index(categories), False)
+        except (TypeError, ValueError):         # pragma: no cover - another pandas
+            pass
+    return pd.CategoricalDtype(categories)
+
+
+def _from_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical:
+    """pd.Categorical.from_codes for codes known to be valid (-1 or a position in the categories)."""
+    try:
+        return pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
+    except TypeError:                   # pragma: no cover - pandas < 2.1 has no validate=
+        return pd.Categorical.from_codes(codes, dtype=dtype)
+
+
 def _categorical(values: np.ndarray) -> pd.Categorical:
     """pd.Categorical(values) of an object array, factorizing only its non-missing entries."""
     miss = _isna(values)
-    if not miss.any() or miss.all():
-        return pd.Categorical(values)
+    if miss.all():
+        return _from_codes(np.full(len(values), -1, dtype=np.int8), _NONE_DTYPE)
     nn = np.flatnonzero(~miss)
-    sub = pd.Categorical(values[nn])
-    codes = np.full(len(values), -1, dtype=sub.codes.dtype)
-    codes[nn] = sub.codes
-    return pd.Categorical.from_codes(codes, dtype=sub.dtype)
+    present = values[nn].tolist()
+    distinct = set(present)
+    if not all(type(v) is str for v in distinct):
+        sub = pd.Categorical(values[nn])
+        codes = np.full(len(values), -1, dtype=sub.codes.dtype)
+        codes[nn] = sub.codes
+        return _from_codes(codes, sub.dtype)
+    cats = sorted(distinct)              # (strings: sorted as pd.Categorical sorts them)
+    pos = {v: i for i, v in enumerate(cats)}
+    codes = np.full(len(values), -1, dtype=np.int32)
+    codes[nn] = np.fromiter(map(pos.__getitem__, present), dtype=np.int32, count=len(present))
+    return _from_codes(codes, _dtype(cats))
 
 
 def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
@@ -196,7 +259,26 @@ def _categorical_codes(codes: np.ndarray, labels: np.ndarray) -> pd.Categorical:
     order = sorted(used.tolist(), key=lambda i: labels[i])
     remap = np.full(len(labels), -1, dtype=np.int8)
     remap[order] = np.arange(len(order))
-    return pd.Categorical.from_codes(remap[codes], categories=pd.Index([labels[i] for i in order]))
+    return _from_codes(remap[codes], _dtype([labels[i] for i in order]))
+
+
+def _categorical_of_table(idx: np.ndarray, table: list) -> pd.Categorical:
+    """pd.Categorical of ``table[idx]`` per row (missing where idx < 0 or the value is None): the categories
+    are the values used, sorted, as pd.Categorical makes them; no per-row objects."""
+    n_rows = len(idx)
+    hit = np.flatnonzero(idx >= 0)
+    used = np.unique(idx[hit]).tolist()
+    cats = sorted({table[i] for i in used} - {None})
+    if not cats:
+        return _from_codes(np.full(n_rows, -1, dtype=np.int8), _NONE_DTYPE)
+    pos = {v: i for i, v in enumerate(cats)}
+    remap = np.array([-1 if v is None else pos[v] for v in table], dtype=np.int32)
+    codes = np.full(n_rows, -1, dtype=np.int32)
+    codes[hit] = remap[idx[hit]]
+    return _from_codes(codes, _dtype(cats))
+
+
+_STAGE_DTYPE = pd.CategoricalDtype(vocab.STAGES)
 
 
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
@@ -204,9 +286,9 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
-        "lane": pd.Categorical.from_codes(c["lane"], categories=c["lane_cats"]),
+        "lane": _from_codes(c["lane"], _dtype(c["lane_cats"])),
         "kind": _categorical_codes(c["kind"], KIND_LABELS),
-        "name": pd.Categorical.from_codes(c["name"], categories=c["name_cats"]),
+        "name": _from_codes(c["name"], _dtype(c["name_cats"])),
         "ts_us": c["ts_us"], "dur_us": c["dur_us"],
         "collective": _categorical(c["collective"]),
         "bytes": c["bytes"].astype(np.float64, copy=False),
@@ -215,11 +297,42 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "pg": _categorical(c["pg"]),
         "seq": c["seq"].astype(np.float64, copy=False),
         "step": c["step"],
-        "stage": pd.Categorical(c["stage"], categories=vocab.STAGES),
-        "fsdp_phase": _categorical(c["fsdp_phase"]), "unit": _categorical(c["unit"]),
+        "stage": _from_codes(c["stage"], _STAGE_DTYPE),
+        "fsdp_phase": _categorical_of_table(c["fsdp_name"], c["fsdp_phase"]),
+        "unit": _categorical_of_table(c["fsdp_name"], c["unit"]),
         "launch_ts_us": c["launch_ts_us"],
     }
-    return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS)
+    return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS, copy=False)
+
+
+def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Events frames of several ranks as one (index 0..n-1), the categorical columns kept categorical without
+    per-row objects: a column whose categories equal the first frame's (as pd.concat judges it) keeps the
+    first frame's categories, others get the union of every frame's categories, sorted (what pd.concat then
+    astype("category") gives)."""
+    if len(frames) == 1:
+        return frames[0]
+    out = {}
+    for col in frames[0].columns:
+        arrays = [f[col].array for f in frames]           # (numpy-backed or Categorical: no copies)
+        dtype = arrays[0].dtype
+        if not isinstance(dtype, pd.CategoricalDtype):
+            out[col] = np.concatenate([np.asarray(a) for a in arrays])
+            continue
+        if not all(a.dtype is dtype or (isinstance(a.dtype, pd.CategoricalDtype) and a.dtype == dtype) for a in arrays):
+            used = set()
+            for a in arrays:
+                used.update(a.categories[np.unique(a.codes[a.codes >= 0])].tolist())
+            dtype = _dtype(sorted(used)) if used else _NONE_DTYPE
+        parts = []
+        for a in arrays:
+            if a.dtype is dtype or a.categories.equals(dtype.categories):
+                parts.append(a.codes)
+            else:
+                remap = np.append(dtype.categories.get_indexer(a.categories), -1)
+                parts.append(remap[a.codes])    # (code -1, missing, stays -1: the appended last entry)
+        out[col] = _from_codes(np.concatenate(parts), dtype)
+    return pd.DataFrame(out, columns=list(frames[0].columns), copy=False)
 
 
 def cpu_side(events: pd.DataFrame) -> np.ndarray:
