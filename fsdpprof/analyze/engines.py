@@ -4,8 +4,9 @@
 arrives, whatever the engine:
 
 - ``local``: in this process (``workers`` 1), else a pool of at most ``workers`` forked processes
-  (never more than the jobs or the CPU cores).  A pool that breaks (a worker killed, e.g. for memory)
-  retries the jobs it lost once, one at a time in a fresh one-process pool.
+  (never more than the jobs or the CPU cores) with at most one job queued beyond them.  A pool that
+  breaks (a worker killed, e.g. for memory) loses only the jobs in flight: they run again, each alone in
+  a fresh one-process pool; the others go on in a fresh pool.
 - ``dask``: a running ``dask.distributed`` scheduler (``scheduler`` = its address, e.g. a SLURM or
   Kubernetes deployment of Dask, dask-jobqueue), or without an address a ``LocalCluster`` of
   ``workers`` processes on this machine.  Jobs carry file paths, not data: the workers read the files
@@ -90,12 +91,18 @@ def check_engine(engine: str | None, scheduler: str | None) -> str:
     if scheduler is not None and not str(scheduler).strip():
         raise UserError("--scheduler is empty; give the scheduler's address (tcp://HOST:8786), or leave it out "
                         "to start a Dask LocalCluster on this machine")
-    if engine == "dask":
-        import importlib.util
-
-        if importlib.util.find_spec("distributed") is None:
-            raise UserError("--engine dask needs dask.distributed: pip install 'fsdpprof[dask]'")
+    if engine == "dask" and not _have_distributed():
+        raise UserError("--engine dask needs dask.distributed: pip install 'fsdpprof[dask]'")
     return engine
+
+
+def _have_distributed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("distributed") is not None
+    except (ImportError, ValueError):     # a broken or blocked installation
+        return False
 
 
 def pool_size(workers: int | None, n_jobs: int) -> int:
@@ -126,17 +133,32 @@ def _fork_context():
 
 
 def _local_pool(fn, jobs, n: int):
+    """At most n + 1 jobs in flight (so that the parent holds few pending jobs, and a worker that dies takes
+    few with it); the jobs a broken pool lost run again, each alone in a fresh process, the rest go on in a
+    fresh pool."""
+    queue = list(range(len(jobs)))
     lost: list[int] = []
-    with cf.ProcessPoolExecutor(max_workers=n, mp_context=_fork_context()) as pool:
-        futs = {pool.submit(measured_call, fn, *job): i for i, job in enumerate(jobs)}
-        for fut in cf.as_completed(futs):
-            i = futs[fut]
-            try:
-                yield i, True, fut.result()
-            except BrokenProcessPool:
-                lost.append(i)     # a worker died (killed for memory?): every job in flight is lost with it
-            except Exception as exc:
-                yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
+    while queue:
+        with cf.ProcessPoolExecutor(max_workers=n, mp_context=_fork_context()) as pool:
+            running: dict = {}
+            broken = False
+            while (queue or running) and not broken:
+                while queue and len(running) <= n:
+                    i = queue.pop(0)
+                    running[pool.submit(measured_call, fn, *jobs[i])] = i
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    i = running.pop(fut)
+                    try:
+                        value = fut.result()
+                    except BrokenProcessPool:   # a worker died (killed for memory?): the jobs in flight are lost
+                        lost.append(i)
+                        broken = True
+                    except Exception as exc:
+                        yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
+                    else:
+                        yield i, True, value
+            lost += running.values()
     for i in sorted(lost):         # once more, alone in a fresh process: a job that kills it spares the others
         with cf.ProcessPoolExecutor(max_workers=1, mp_context=_fork_context()) as pool:
             try:
@@ -148,13 +170,47 @@ def _local_pool(fn, jobs, n: int):
                 yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
 
 
+_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
+
+
+def _check_reachable(scheduler: str) -> None:
+    """UserError (at once, rather than after the connect timeout) when the address is not one Dask reads or
+    nothing listens there; schemes other than tcp/tls are left to Dask."""
+    addr = str(scheduler).strip()
+    scheme, _, rest = addr.rpartition("://")
+    what = (f"check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here")
+    if scheme and scheme not in _SCHEMES:
+        raise UserError(f"--scheduler {addr}: {scheme}:// is not a Dask address scheme (one of "
+                        f"{', '.join(_SCHEMES)}); {what}")
+    if scheme not in ("", "tcp", "tls"):
+        return
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--scheduler {addr} is not HOST:PORT; {what}")
+    try:
+        socket.create_connection((host, int(port)), timeout=DASK_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {addr} ({exc.strerror or type(exc).__name__}); "
+                        f"{what}") from None
+
+
+def _local_cluster(workers: int | None, n_jobs: int):
+    """A LocalCluster of processes (one thread each, no dashboard, quiet) on this machine."""
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=pool_size(workers, n_jobs), threads_per_worker=1, processes=True,
+                        dashboard_address=None, silence_logs=logging.CRITICAL)
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, workers: int | None = None, n_jobs: int = 1):
     """A ``distributed.Client``: connected to ``scheduler``, or to a LocalCluster of ``workers`` processes (one
     thread each; default: the CPU cores, at most ``n_jobs``) started here and closed on exit."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if scheduler:
+        _check_reachable(scheduler)
         try:
             client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT_S, set_as_default=False)
         except (OSError, TimeoutError, ValueError, TypeError) as exc:
@@ -166,11 +222,25 @@ def dask_client(scheduler: str | None = None, workers: int | None = None, n_jobs
         finally:
             client.close()
         return
-    cluster = LocalCluster(n_workers=pool_size(workers, n_jobs), threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=logging.CRITICAL)
+    cluster = _local_cluster(workers, n_jobs)
     try:
         with Client(cluster, set_as_default=False) as client:
             yield client
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def shared_scheduler(engine: str, scheduler: str | None, workers: int | None, n_jobs: int):
+    """The scheduler address for several maps in a row (compare): ``scheduler`` itself, or for ``dask``
+    without one the address of a LocalCluster started here for all of them (closed on exit); None for
+    ``local``."""
+    if engine != "dask" or scheduler:
+        yield scheduler
+        return
+    cluster = _local_cluster(workers, n_jobs)
+    try:
+        yield cluster.scheduler_address
     finally:
         cluster.close()
 

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import stat
+import zlib
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -140,7 +141,7 @@ def _head(path: str, nbytes: int = 1 << 20) -> bytes:
                 with gzip.GzipFile(fileobj=fh) as gz:
                     return gz.read(nbytes)
             return fh.read(nbytes)
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):   # unreadable or corrupt: the rank's own parse says why
         return b""
 
 

@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
                         "that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
+    from fsdpprof.commands.report import add_engine_arguments
+
+    add_engine_arguments(p)
 
 
 def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
@@ -29,6 +32,7 @@ def write_compare(comparison, out_html: str, out_json: str | None = None) -> tup
 
 def run(args) -> int:
     from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.engines import check_engine, shared_scheduler
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
     from fsdpprof.commands.report import check_workers_option
@@ -38,16 +42,23 @@ def run(args) -> int:
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     check_workers_option(args.workers)
+    engine = check_engine(args.engine, args.scheduler)
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
     outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]
     check_outputs(outputs, force=args.force, defer_under=args.runs)
     analyses = []
+    runs = []
     for path in args.runs:
         run_ = load_run(path, workers=args.workers, lazy=True)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
-        analyses.append(analyze_run(run_, workers=args.workers))
-        del run_
+        runs.append(run_)
+    # one Dask cluster for every run (a LocalCluster when no --scheduler)
+    with shared_scheduler(engine, args.scheduler, args.workers, max(len(r.ranks) for r in runs)) as scheduler:
+        while runs:
+            run_ = runs.pop(0)
+            analyses.append(analyze_run(run_, workers=args.workers, engine=engine, scheduler=scheduler))
+            del run_
     c = compare_analyses(analyses, allow_different_models=args.force)
     write_compare(c, html_path, json_path)
     print(compare_text(c))
