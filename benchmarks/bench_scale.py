@@ -100,7 +100,8 @@ def write_rank(i: int, n: int, target_bytes: int, path: str) -> int:
             nonlocal total
             total += len(b)
             fh.write(comp.compress(b))
-        put(orjson.dumps(head)[:-1] + b', "traceEvents": [\n')
+        # the header as torch writes it ("rank": 3, with a space: what HTA's rank pattern needs)
+        put(json.dumps(head).encode()[:-1] + b', "traceEvents": [\n')
         for k in range(copies):
             put(orjson.dumps(_shifted(events, k, k * span + offset))[1:-1])
             put(b",\n" if k + 1 < copies else b"\n")
@@ -150,7 +151,15 @@ def child_ours(engine: str, path: str, workers: int, out: str) -> None:
     t_import = time.perf_counter() - t0
     run = load_run(path, lazy=True)
     t1 = time.perf_counter()
-    results = map_ranks(run, workers=workers, engine=engine, progress=False)
+    start_s = None
+    if engine == "dask":           # the LocalCluster that `report --engine dask` starts, timed on its own
+        from fsdpprof.analyze import engines
+
+        with engines.shared_scheduler("dask", None, workers, len(run.ranks)) as address:
+            start_s = time.perf_counter() - t1
+            results = map_ranks(run, engine="dask", scheduler=address, progress=False)
+    else:
+        results = map_ranks(run, workers=workers, engine=engine, progress=False)
     t_map = time.perf_counter() - t1
     a = reduce_run(run, results)
     t_reduce = time.perf_counter() - t1 - t_map
@@ -165,6 +174,8 @@ def child_ours(engine: str, path: str, workers: int, out: str) -> None:
         "parent_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "worker_peak_rss": top.get("peak_rss_bytes"), "worker_growth": grow,
         "rank_seconds_max": max((s["seconds"] for s in stats), default=None),
+        "ranks_cpu_s": sum(s.get("cpu_seconds") or 0.0 for s in stats), "cluster_start_s": start_s,
+        "overlap_pct": [float(x) for x in a.overlap_overall["comp_comm_overlap_pct"]],
         "workers_seen": len({(s["host"], s["pid"]) for s in stats}),
         "ranks": a.overview.get("ranks_analysed"), "missing": len(a.missing),
         "html_bytes": os.path.getsize(html), "summary_bytes": os.path.getsize(summ)}), flush=True)
@@ -181,7 +192,9 @@ def child_hta(path: str) -> None:
     r = ta.get_comm_comp_overlap(visualize=False)
     a, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, "parent_peak_rss": a.ru_maxrss * 1024,
-                                  "children_peak_rss": c.ru_maxrss * 1024, "ranks": int(len(r))}), flush=True)
+                                  "children_peak_rss": c.ru_maxrss * 1024, "ranks": int(len(r)),
+                                  "overlap_pct": [float(x) for x in r.sort_values("rank")["comp_comm_overlap_pctg"]]}),
+          flush=True)
 
 
 def _tree_rss(pid: int) -> int:
@@ -246,6 +259,10 @@ def run_child(argv: list[str], timeout: float, max_bytes: int | None = None) -> 
 
 
 # ----------------------------------------------------------------------------------------- main
+def _short(r: dict) -> str:
+    return json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "overlap_pct"})
+
+
 def mb(x) -> str:
     return "-" if x is None else f"{x / 1e6:,.0f}"
 
@@ -294,7 +311,7 @@ def main() -> None:
                 r = run_child([sys.executable, __file__, "--child", engine, folder, str(args.workers), out],
                               args.timeout)
                 rows.append((n, one, engine, r))
-                print(f"  {engine}: {json.dumps(r)}", flush=True)
+                print(f"  {engine}: {_short(r)}", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
             if n > args.hta_max_ranks:
                 rows.append((n, one, "HTA", {"error": f"not run (more than --hta-max-ranks {args.hta_max_ranks})"}))
@@ -312,7 +329,11 @@ def main() -> None:
                 r = run_child([sys.executable, __file__, "--child", "hta", folder], HTA_TIMEOUT_S, HTA_MAX_BYTES)
                 hta_seen.append((n, one, r))
             rows.append((n, one, "HTA", r))
-            print(f"  HTA: {json.dumps(r)}", flush=True)
+            ours = next((x for m, _, e, x in rows if m == n and e == "local" and "overlap_pct" in x), None)
+            if ours and "overlap_pct" in r:
+                r["max_overlap_diff_pct"] = max(abs(p - q) for p, q in zip(ours["overlap_pct"], r["overlap_pct"])) \
+                    if len(ours["overlap_pct"]) == len(r["overlap_pct"]) else None
+            print(f"  HTA: {_short(r)}", flush=True)
         size_row = None
         if args.sizes:
             folder, one = build_run(args.sizes, 0.0, args.tmp, args.workers)
@@ -320,13 +341,18 @@ def main() -> None:
             os.makedirs(out, exist_ok=True)
             size_row = run_child([sys.executable, __file__, "--child", "local", folder, str(args.workers), out],
                                  args.timeout)
-            print(f"report sizes at {args.sizes} ranks: {json.dumps(size_row)}", flush=True)
+            print(f"report sizes at {args.sizes} ranks: {_short(size_row)}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(args.tmp, ignore_errors=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f} (the machine is shared: wall times include waiting "
           f"for the CPU)")
-    print(f"{'ranks':>5} {'MB/rank':>7} {'engine':>6} {'wall s':>7} {'map s':>6} {'parent RSS MB':>13} "
+    print("wall s: the whole report (imports, map, reduce, HTML + JSON written); map s: the per-rank map (a Dask\n"
+          "LocalCluster's start included, in brackets); rank CPU s: CPU seconds of every rank's analysis, summed (what an\n"
+          "idle machine divides by its cores); parent RSS: the report process's own peak; worker peak: the largest peak of\n"
+          "a worker while it analysed a rank; growth: that peak minus the worker's RSS before the rank; x trace: growth\n"
+          "/ one rank's JSON.")
+    print(f"{'ranks':>5} {'MB/rank':>7} {'engine':>6} {'wall s':>7} {'map s':>12} {'rank CPU s':>10} {'parent RSS MB':>13} "
           f"{'worker peak MB':>14} {'worker growth MB':>16} {'x trace':>7} {'HTML MB':>7} {'summary MB':>10}")
     for n, one, engine, r in rows:
         if "error" in r:
@@ -334,11 +360,15 @@ def main() -> None:
             continue
         if engine == "HTA":
             rss = max(r.get("parent_peak_rss", 0), r.get("tree_peak_rss", 0))
-            print(f"{n:>5} {one / 1e6:>7.0f} {engine:>6} {r['wall']:>7.1f} {'':>6} {mb(rss):>13} "
-                  f"{'(all ranks in one process; tree peak)':>40}")
+            diff = r.get("max_overlap_diff_pct")
+            print(f"{n:>5} {one / 1e6:>7.0f} {engine:>6} {r['wall']:>7.1f} {'':>12} {'':>10} {mb(rss):>13}   all ranks in "
+                  f"one process (tree peak); overlap % per rank vs ours: max diff "
+                  f"{'-' if diff is None else f'{diff:.3f}'}")
             continue
         x = r["worker_growth"] / one if r.get("worker_growth") else None
-        print(f"{n:>5} {one / 1e6:>7.0f} {engine:>6} {r['wall']:>7.1f} {r['map_s']:>6.1f} {mb(r['parent_peak_rss']):>13} "
+        m = f"{r['map_s']:.1f}" + (f" ({r['cluster_start_s']:.1f})" if r.get("cluster_start_s") is not None else "")
+        print(f"{n:>5} {one / 1e6:>7.0f} {engine:>6} {r['wall']:>7.1f} {m:>12} {r['ranks_cpu_s']:>10.1f} "
+              f"{mb(r['parent_peak_rss']):>13} "
               f"{mb(r['worker_peak_rss']):>14} {mb(r['worker_growth']):>16} {'-' if x is None else f'{x:.2f}':>7} "
               f"{r['html_bytes'] / 1e6:>7.1f} {r['summary_bytes'] / 1e6:>10.1f}")
     if size_row and "error" not in size_row:
