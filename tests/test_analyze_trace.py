@@ -355,3 +355,28 @@ def test_multi_member_gzip_and_padding(tmp_path):
     p = tmp_path / "mm.json.gz"
     p.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]) + b"\0" * 16)
     _same_frames(load_trace(str(src)).events, load_trace(str(p)).events)
+
+
+def test_decode_while_something_else_holds_the_decoded_events(tmp_path, monkeypatch):
+    """A Dask worker's sampling profiler holds the decoding thread's frames (and so the decoded events and the
+    msgspec.Raw views they keep into the read buffer) a little longer than the decoder does; the buffer then
+    cannot grow in place.  The decode must still be the same (it was a BufferError, a lost rank, before)."""
+    from fsdpprof.analyze.trace import decode
+
+    src = shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-3.json.gz")   # (its ops have Input Dims)
+    whole = load_trace(str(src))
+    kept = []
+    fast = decode._FAST_CHUNK_DEC
+
+    class Holding:
+        def decode(self, buf):
+            events = fast.decode(buf)
+            kept.append(events)          # every chunk's events (and their views of the buffer) stay alive
+            return events
+
+    monkeypatch.setattr(decode, "_FAST_CHUNK_DEC", Holding())
+    monkeypatch.setattr(trace, "CHUNK_BYTES", 200_000)
+    monkeypatch.setattr(trace, "READ_BYTES", 65_536)
+    held = load_trace(str(src))
+    assert len(kept) >= 3                # several chunks were decoded while earlier ones were held
+    _same_frames(whole.events, held.events)

@@ -13,9 +13,8 @@ A part that cannot be computed for an input (no trace, no inventory, ...) leaves
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
 import os
+import socket
 import sys
 import time
 import traceback
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from fsdpprof.analyze import distributions
 from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import diff, model_states, theory, vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
@@ -73,6 +73,8 @@ class RankResult:
     idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
     op_stats: pd.DataFrame | None = None         # diff.op_table: rank, step, name, kind: count, total_us, max_us
     whatif: dict | None = None                   # whatif.predict.report_rank: standard strategies predicted
+    worker: dict | None = None                   # where the map ran it: host, pid, seconds, peak_rss_bytes
+                                                 # (engines.measured_call; not in summary.json)
 
 
 @dataclass
@@ -110,6 +112,8 @@ class Analysis:
     findings: list = field(default_factory=list)
     op_stats: pd.DataFrame | None = None                      # rank, step, name, kind: count, total_us (diff.op_table)
     whatif: dict | None = None                                # predictions of the standard strategies (JSON-ready)
+    rank_distributions: dict = field(default_factory=dict)    # name -> DataFrame: per-rank tables over ranks
+                                                              # (distributions.rank_distributions)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -276,10 +280,18 @@ def _memory_part(res: RankResult, rd, source: str):
 
 
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
-                 max_bytes: int | None = None) -> RankResult:
+                 max_bytes: int | None = None, timeline: bool = True) -> RankResult:
     """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
-    loaded here when the RankData does not carry the events yet (so a worker holds one rank only)."""
+    loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
+    ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
+    if rd.inventory is None and getattr(rd, "inventory_path", None):   # a lazily loaded run: read it here
+        from fsdpprof.analyze.run import read_inventory
+
+        inv, why = read_inventory(rd.inventory_path)
+        if why:
+            res.warnings.append(why)
+        rd = replace(rd, inventory=inv)
     if rd.events is None and rd.trace_path:
         from fsdpprof.analyze.run import parse_trace
 
@@ -305,11 +317,15 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
             from fsdpprof.analyze.whatif.predict import report_rank
 
             res.whatif = _try(res.notes, "whatif", "what-if predictions", report_rank, rd, m)
+        if res.memory is not None and not timeline:
+            res.memory = replace(res.memory, timeline=None)
     return res
 
 
 # --------------------------------------------------------------------------- running the map
 POOL_MIN_BYTES = 64 << 20   # analyse ranks in worker processes (auto) only when their traces hold this much JSON
+DETAIL_RANKS_MAX = 16       # above this many ranks, one rank's detail (memory timeline) is kept, and the
+                            # report shows distributions over ranks instead of per-rank tables
 
 
 def _say(progress: bool, text: str) -> None:
@@ -317,40 +333,73 @@ def _say(progress: bool, text: str) -> None:
         print(f"fsdpprof: {text}", file=sys.stderr, flush=True)
 
 
-def map_ranks(run, *, workers: int | None = None, progress: bool | None = None) -> list[RankResult]:
-    """analyze_rank over the run's ranks: in this process, or a bounded pool of processes when the
-    traces are big and still on disk.  One progress line per rank when ``progress``."""
+# what a worker imports once before its first rank (so that a rank's measured memory is its own)
+RANK_JOB_MODULES = ("fsdpprof.analyze.run", "fsdpprof.analyze.trace", "fsdpprof.analyze.memory.attribution")
+
+
+def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
+             progress: bool | None = False) -> RankResult:
+    """The map's job where it runs (this process, a local worker or a Dask worker): analyze_rank on the files
+    of one rank as this machine sees them."""
+    for what, path in (("trace", rd.trace_path), ("snapshot", rd.snapshot_path)):
+        if path and not os.path.lexists(path):
+            return RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}),
+                              error=f"{rd.label}: its {what} {path} is not there on {socket.gethostname()} (deleted, "
+                                    f"or not on storage this worker sees: Dask workers must see the run at the same "
+                                    f"path)")
+    return analyze_rank(rd, source=source, lanes=lanes, progress=progress, max_bytes=max_bytes, timeline=timeline)
+
+
+def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
+              scheduler: str | None = None) -> list[RankResult]:
+    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.engines` runs it: ``engine``
+    ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
+    ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
+    are already loaded are analysed in this process.  One progress line per rank when ``progress``."""
+    from fsdpprof.analyze import engines
     from fsdpprof.analyze.run import inflated_size
 
+    engine = engines.check_engine(engine, scheduler)
     rds = [run.ranks[r] for r in sorted(run.ranks)]
     lanes_rank = rds[0].rank if rds else None
-    lazy = [rd for rd in rds if rd.events is None and rd.trace_path]
-    if workers is None:
-        big = sum(inflated_size(rd.trace_path) for rd in lazy) >= POOL_MIN_BYTES
-        workers = min(len(lazy), os.cpu_count() or 1) if big else 1
-    workers = max(1, min(int(workers), len(rds) or 1, os.cpu_count() or 1))
+    all_timelines = len(rds) <= DETAIL_RANKS_MAX
+
+    def kwargs(rd) -> dict:
+        return {"source": run.source, "lanes": rd.rank == lanes_rank, "max_bytes": run.max_trace_bytes,
+                "timeline": all_timelines or rd.rank == lanes_rank}
+
+    here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
+    away = [rd for rd in rds if rd.events is None]
+    if engine == "local":
+        if workers is None:
+            lazy = [rd.trace_path for rd in away if rd.trace_path]
+            big = sum(inflated_size(p) for p in lazy) >= POOL_MIN_BYTES
+            workers = min(len(lazy), os.cpu_count() or 1) if big else 1
+        if workers <= 1 or len(away) <= 1:
+            here, away = rds, []
     say = bool(progress) and len(rds) > 1
     out: dict[int, RankResult] = {}
     t0 = time.perf_counter()
-    if workers <= 1 or len(lazy) <= 1:
-        for rd in rds:
-            out[rd.rank] = analyze_rank(rd, source=run.source, lanes=rd.rank == lanes_rank, progress=progress,
-                                        max_bytes=run.max_trace_bytes)
-            _say(say, f"rank {rd.rank} analysed ({time.perf_counter() - t0:.1f} s)")
-        return [out[r] for r in sorted(out)]
-    ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(analyze_rank, rd, source=run.source, lanes=rd.rank == lanes_rank, progress=False,
-                            max_bytes=run.max_trace_bytes): rd for rd in rds}
-        for fut in cf.as_completed(futs):
-            rd = futs[fut]
-            try:
-                out[rd.rank] = fut.result()
-            except Exception as exc:  # the worker died (e.g. killed for memory)
-                out[rd.rank] = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}),
-                                          error=f"{rd.label}: worker failed ({type(exc).__name__}: {exc}); "
-                                                f"retry with --workers 1")
-            _say(say, f"rank {rd.rank} analysed ({time.perf_counter() - t0:.1f} s)")
+
+    def done(rd, res: RankResult) -> None:
+        out[rd.rank] = res
+        state = f"missing: {res.error}" if res.error else "analysed"
+        _say(say, f"rank {rd.rank} {state} ({time.perf_counter() - t0:.1f} s, {len(out)}/{len(rds)})")
+
+    for rd in here:
+        res, stats = engines.measured_call(rank_job, (rd,), dict(kwargs(rd), progress=progress), RANK_JOB_MODULES)
+        res.worker = stats
+        done(rd, res)
+    jobs = [((rd,), kwargs(rd)) for rd in away]
+    for i, ok, value in engines.map_unordered(rank_job, jobs, engine=engine, workers=workers, scheduler=scheduler,
+                                              preload=RANK_JOB_MODULES):
+        rd = away[i]
+        if ok:
+            res, stats = value
+            res.worker = stats
+        else:
+            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=f"{rd.label}: {value}")
+        done(rd, res)
     return [out[r] for r in sorted(out)]
 
 
@@ -367,6 +416,8 @@ def _input_kind(framework: str | None, results: list[RankResult], world_size) ->
     if framework == "none":
         return "single_device" if (world_size or 1) <= 1 else "distributed"
     found = {r.framework for r in results if r.framework}
+    # a bare CUDA snapshot: FSDP2 / FSDP1 recognised from its stack frames (memory.fsdp_units)
+    found |= {str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
     for kind in ("fsdp2", "fsdp1", "ddp", "distributed", "single_device"):
         if kind in found:
             if kind == "single_device" and (world_size or 1) > 1:
@@ -419,7 +470,8 @@ def _overview(run, results: list[RankResult]) -> dict:
         "world_size": run.world_size, "ranks_present": ranks, "ranks_analysed": len(ranks),
         "ranks_missing": sorted(map(str, run.missing)), "input_kind": input_kind,
         "sharded": input_kind in ("fsdp2", "fsdp1") and str(inv.get("strategy") or "") not in ("NO_SHARD", "DDP"),
-        "framework": inv.get("framework"), "strategy": inv.get("strategy"),
+        "framework": inv.get("framework") or (input_kind if input_kind in ("fsdp2", "fsdp1") else None),
+        "strategy": inv.get("strategy"),
         "shard_group_size": inv.get("shard_group_size"), "replicate_group_size": inv.get("replicate_group_size"),
         "mixed_precision": inv.get("mixed_precision"), "cpu_offload": inv.get("cpu_offload"),
         "optimizer": (inv.get("optimizer") or {}).get("class"), "psi": (inv.get("totals") or {}).get("psi"),
@@ -568,13 +620,16 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
     from fsdpprof.analyze.whatif.predict import report_reduce
 
     a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
+    a.rank_distributions = _try(a.notes, "ranks", "distributions over ranks", distributions.rank_distributions,
+                                a) or {}
     return a
 
 
-def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None) -> Analysis:
-    """All numbers of one Run (:func:`fsdpprof.analyze.run.load_run`): map, reduce, and with ``hta`` HTA's
-    own breakdowns (GPU traces, needs the ``fsdpprof[hta]`` extra)."""
-    a = reduce_run(run, map_ranks(run, workers=workers, progress=progress))
+def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None,
+                engine: str | None = None, scheduler: str | None = None) -> Analysis:
+    """All numbers of one Run (:func:`fsdpprof.analyze.run.load_run`): map (on ``engine``, see
+    :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``)."""
+    a = reduce_run(run, map_ranks(run, workers=workers, progress=progress, engine=engine, scheduler=scheduler))
     if hta:
         from fsdpprof.analyze import hta as hta_tables
 

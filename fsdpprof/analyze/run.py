@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import stat
+import zlib
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -54,6 +55,7 @@ class RankData:
     snapshot_path: str | None            # CUDA snapshot of this rank
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
     label: str = ""                      # rank-3, or the file's name: how messages name this rank
+    inventory_path: str | None = None    # lazily loaded run: inventory.json, read where the rank is analysed
 
 
 @dataclass
@@ -189,7 +191,7 @@ def _heads(path: str, sizes: tuple[int, ...]):
                     yield head, last
                     if last:
                         return
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):   # unreadable or corrupt: the rank's own parse says why
         return
 
 
@@ -202,7 +204,7 @@ def _head(path: str, nbytes: int = 1 << 20) -> bytes:
                 with gzip.GzipFile(fileobj=fh) as gz:
                     return gz.read(nbytes)
             return fh.read(nbytes)
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):   # unreadable or corrupt: the rank's own parse says why
         return b""
 
 
@@ -309,7 +311,7 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
             continue
         run.missing[rd.label] = val
         rd.trace_path = None
-        if rd.snapshot_path is None and rd.inventory is None:
+        if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
             del run.ranks[r]
     if not run.ranks:
         first = next(iter(run.missing.values()), "no trace")
@@ -325,6 +327,17 @@ def _info_from_meta(rank: int, meta: dict) -> dict:
             pgs.append({"name": pg.get("pg_name"), "size": pg.get("pg_size"), "ranks": pg.get("ranks")})
     return {"rank": rank, "world_size": dist.get("world_size"), "backend": dist.get("backend"),
             "device": meta.get("device_type"), "process_groups": pgs, "status": "complete", "error": None}
+
+
+def read_inventory(path: str) -> tuple[dict | None, str | None]:
+    """(inventory.json, None), or (None, one line saying why it cannot be used) — what discovery checked,
+    read again where a lazily loaded rank is analysed."""
+    try:
+        doc = _read_json(path, "inventory")
+        schema_version(doc, "fsdpprof.inventory", path)
+    except UserError as exc:
+        return None, str(exc)
+    return doc, None
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -418,12 +431,12 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None, 
     trace JSON accepted once decompressed (default trace.decode.MAX_TRACE_BYTES).  Bad input raises
     :class:`fsdpprof.errors.UserError`, never another exception."""
     with unexpected_as_user_error(f"{os.fspath(path)}"):
-        run = _discover(path, workers)
+        run = _discover(path, workers, lazy)
         run.max_trace_bytes = max_trace_bytes
         return run if lazy else load_events(run, workers=workers, progress=progress)
 
 
-def _discover(path, workers) -> Run:
+def _discover(path, workers, lazy: bool = False) -> Run:
     check_workers(workers)
     if not str(os.fspath(path)).strip():
         raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
@@ -447,7 +460,7 @@ def _discover(path, workers) -> Run:
     has_ranks = any(e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
                     for e in entries)
     if meta is not None or has_ranks:
-        return _load_run_dir(path, entries, meta, why_not)
+        return _load_run_dir(path, entries, meta, why_not, lazy)
     files = [os.path.join(path, e) for e in entries if os.path.isfile(os.path.join(path, e))]
     traces = [f for f in files if _looks_like_trace(f)]
     if traces:
@@ -545,7 +558,10 @@ def _files_under(directory: str) -> list[str]:
     return out
 
 
-def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_json_note: str | None = None) -> Run:
+def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_json_note: str | None = None,
+                  lazy: bool = False) -> Run:
+    """``lazy``: each inventory is checked here and then dropped (its path kept): the rank's analysis reads it
+    where it runs, so that this process does not hold every rank's tensor list."""
     meta = meta or {}
     warnings: list[str] = [run_json_note] if run_json_note else []
     missing: dict[str, str] = {}
@@ -560,6 +576,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
                 rank_dirs[int(e[len(runfmt.RANK_DIR_PREFIX):])] = d
     infos: dict[int, dict] = {}
     inventories: dict[int, dict | None] = {}
+    inventory_paths: dict[int, str] = {}
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
         inputs += _files_under(d)
@@ -580,6 +597,8 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
             except UserError as exc:
                 warnings.append(str(exc))
             schema_version(inventories[r], "fsdpprof.inventory", inv_path)
+            if lazy and inventories[r] is not None:
+                inventories[r], inventory_paths[r] = None, inv_path
     ranks: dict[int, RankData] = {}
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
@@ -589,17 +608,19 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
         tpath = os.path.join(d, runfmt.TRACE_FILE)
         if os.path.isfile(tpath):
             ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
-                                memory_events=None, snapshot_path=snap, label=label)
+                                memory_events=None, snapshot_path=snap, label=label,
+                                inventory_path=inventory_paths.get(r))
             continue
         st = info.get("status")
         reason = info.get("error") or (f"status {st}" if st else "no trace file")
         if not os.access(d, os.R_OK | os.X_OK):
             reason = f"folder {d} cannot be read: permission denied"
         missing[label] = f"{label}: no {runfmt.TRACE_FILE} ({reason})"
-        if snap is not None or inventories[r] is not None:
+        if snap is not None or inventories[r] is not None or r in inventory_paths:
             # still useful for memory attribution
             ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
-                                memory_events=None, snapshot_path=snap, trace_meta={}, label=label)
+                                memory_events=None, snapshot_path=snap, trace_meta={}, label=label,
+                                inventory_path=inventory_paths.get(r))
     expected = meta.get("ranks_expected")
     ws = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
     if ws is None:

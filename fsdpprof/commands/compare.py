@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
                         "that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
+    from fsdpprof.commands.report import add_engine_arguments
+
+    add_engine_arguments(p)
 
 
 def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
@@ -66,6 +69,7 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 def run(args) -> int:
     from fsdpprof.analyze import diff
     from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.engines import check_engine, shared_scheduler
     from fsdpprof.analyze.pipeline import analyze_run, rank_list
     from fsdpprof.analyze.run import load_run
     from fsdpprof.commands.report import check_workers_option
@@ -79,11 +83,12 @@ def run(args) -> int:
     scope = diff.Scope(diff.parse_iteration(args.iteration), args.rank)
     if args.rank is not None and args.rank < 0:
         raise UserError(f"--rank {args.rank} is not a rank (0 or more); leave it out to compare all ranks")
+    engine = check_engine(args.engine, args.scheduler)
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
     outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]
     check_outputs(outputs, force=args.force, defer_under=args.runs)
-    analyses, window_notes = [], []
+    analyses, runs, window_notes = [], [], []
     for path in args.runs:
         path, note = profiling_window(path, scope.iteration)
         if note:
@@ -100,8 +105,13 @@ def run(args) -> int:
             keep = min((r for r, rd in run_.ranks.items() if rd.trace_path), default=None)
         if keep is not None:
             run_.ranks = {keep: run_.ranks[keep]}
-        analyses.append(analyze_run(run_, workers=args.workers))
-        del run_
+        runs.append(run_)
+    # one Dask cluster for every run (a LocalCluster when no --scheduler)
+    with shared_scheduler(engine, args.scheduler, args.workers, max(len(r.ranks) for r in runs)) as scheduler:
+        while runs:
+            run_ = runs.pop(0)
+            analyses.append(analyze_run(run_, workers=args.workers, engine=engine, scheduler=scheduler))
+            del run_
     c = compare_analyses(analyses, allow_different_models=args.force, scope=scope)
     c.notes[:0] = window_notes
     write_compare(c, html_path, json_path)

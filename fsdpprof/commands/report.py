@@ -22,11 +22,24 @@ def add_arguments(p) -> None:
     p.add_argument("--open", action="store_true", help="open the report in a browser")
     p.add_argument("--workers", type=int, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
+    add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
     p.add_argument("--no-hta", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
                    help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")  # the default since 0.2; kept for scripts
+
+
+def add_engine_arguments(p) -> None:
+    """--engine / --scheduler: where the per-rank analysis runs (fsdpprof.analyze.engines)."""
+    p.add_argument("--engine", choices=("local", "dask"), default=None,
+                   help="where each rank is analysed: local (default; this machine, a pool of --workers processes "
+                        "for big traces) or dask (a Dask cluster: --scheduler, else a LocalCluster of --workers "
+                        "processes here; pip install 'fsdpprof[dask]')")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="address of a running dask.distributed scheduler (tcp://HOST:8786; implies --engine dask): "
+                        "its workers read each rank's files at the same path (shared storage), only small results "
+                        "come back")
 
 
 def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
@@ -44,13 +57,13 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
-                 max_trace_bytes: int | None = None):
+                 max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None):
     """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run."""
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
     run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
-    return analyze_run(run, hta=hta, workers=workers, progress=progress)
+    return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler)
 
 
 def check_hta_installed() -> None:
@@ -74,7 +87,10 @@ def run(args) -> int:
     from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
     from fsdpprof.report.text import summary_text
 
+    from fsdpprof.analyze.engines import check_engine
+
     check_workers_option(args.workers)
+    engine = check_engine(args.engine, args.scheduler)
     if args.hta:
         check_hta_installed()
     check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary})
@@ -84,7 +100,8 @@ def run(args) -> int:
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
     run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
-    a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty())
+    a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty(),
+                    engine=engine, scheduler=args.scheduler)
     del run_
     write_report(a, html_path, summary_path)
     print(summary_text(a))

@@ -30,7 +30,7 @@ MIB = float(2**20)
 CATEGORY_COLORS = {
     "sharded_param": "#1f77b4", "param": "#1f77b4", "unsharded_param": "#aec7e8", "sharded_grad": "#ff7f0e",
     "grad": "#ff7f0e", "unsharded_grad": "#ffbb78", "optimizer_state": "#2ca02c", "activation": "#d62728",
-    "temporary": "#9467bd", "input": "#8c564b", "other": "#7f7f7f",
+    "temporary": "#9467bd", "input": "#8c564b", "before_recording": "#bcbd22", "other": "#7f7f7f",
 }
 KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "memcpy": "#2ca02c",
                "memset": "#17becf", "sync": "#7f7f7f"}
@@ -41,7 +41,8 @@ CATEGORY_LABELS = {
     "sharded_param": "sharded params", "unsharded_param": "gathered params",
     "sharded_grad": "sharded grads", "unsharded_grad": "unsharded grads",
     "param": "params", "grad": "grads", "optimizer_state": "optimizer states", "activation": "activations",
-    "temporary": "temporaries", "input": "inputs", "other": "other",
+    "temporary": "temporaries", "input": "inputs", "before_recording": "allocated before recording",
+    "other": "other",
 }
 KIND_LABELS = {"compute": "compute", "cpu_op": "CPU operator", "comm": "communication", "memcpy": "memory copy",
                "memset": "memset", "sync": "synchronisation", "annotation": "annotation"}
@@ -716,14 +717,17 @@ def _memory(a, page: Page) -> str:
     out = ['<section id="memory"><h2>Memory</h2>', notes_html(a, "memory")]
     if a.memory_peaks is not None and not a.memory_peaks.empty:
         mp = a.memory_peaks
-        if len(mp) > 2:   # with one or two ranks the table says it all
+        if many_ranks.is_many(a):   # above 16 ranks: a distribution over ranks, not a row per rank
+            out.append(many_ranks.memory_peaks(a, page))
+        elif len(mp) > 2:   # with one or two ranks the table says it all
             sc, unit = mem_scale(mp["peak_allocated_bytes"].max())
             fig = go.Figure(go.Bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
                                    marker_color="#1f77b4"))
             fig.update_layout(title="Peak allocated memory per rank", yaxis_title=unit)
             out.append(page.fig(fig, 300))
-        out.append(table(_drop_empty(mp.drop(columns=["peak_ts_us"], errors="ignore"),
-                                     ("reserved_bytes", "fragmentation_pct"))))
+        if not many_ranks.is_many(a):
+            out.append(table(_drop_empty(mp.drop(columns=["peak_ts_us"], errors="ignore"),
+                                         ("reserved_bytes", "fragmentation_pct"))))
         r0 = peak_rank(a)   # the rank the headline's peak is from
         m = a.memory[r0]
         sc, unit = mem_scale(m.peak_allocated_bytes)
@@ -763,10 +767,8 @@ def _memory(a, page: Page) -> str:
             out.append('<p class="note">gathered params: a unit\'s parameters all-gathered for its forward or backward; '
                        "unsharded grads: a unit's full gradients waiting for their reduce-scatter; sharded params, "
                        "sharded grads and optimizer states: this rank's 1/N of the model states.</p>")
-        if m.oom:
-            o = m.oom
-            out.append(f'<div class="banner"><b>Out of memory</b> on device {esc(o.get("device"))}: requested '
-                       f'{esc(fmt_bytes(o.get("requested_bytes")))} with {esc(fmt_bytes(o.get("free_bytes")))} free.</div>')
+        out.append(oom.render_oom(m))           # the OOM explained, with what would free enough
+        out.append(oom.render_fsdp_memory(m))   # FSDP's buffers by role, A_l per unit (also without an inventory)
         if m.top_allocations is not None and not m.top_allocations.empty:
             out.append(f"<h3>Largest allocations alive at the peak, rank {r0}</h3>")
             top = _drop_empty(m.top_allocations.head(15).copy(), ("frames", "unit"))
@@ -892,7 +894,7 @@ def _comm(a, page: Page) -> str:
         out.append(page.fig(fig, 320))
         out.append("<h3>Per collective, stage (forward / backward / optimizer, from the CPU op that launched it) "
                    "and FSDP phase: volume, bandwidth, overlap with compute, exposed time</h3>")
-        out.append(table(op))
+        out.append(many_ranks.comm_phase(a, page) if many_ranks.is_many(a) else table(op))
     if a.p2p is not None and not a.p2p.empty:
         out.append("<h3>Point-to-point transfers (send / recv): not matched across ranks, not in skew</h3>")
         out.append(table(a.p2p))
@@ -900,14 +902,16 @@ def _comm(a, page: Page) -> str:
         out.append("<h3>Communication launched outside every profiler step (not counted per step)</h3>")
         out.append(table(a.comm_outside_steps))
     if a.overlap_overall is not None and not a.overlap_overall.empty:
-        out.append("<h3>Overall overlap per rank</h3>" + table(a.overlap_overall))
+        out.append(many_ranks.overlap_per_rank(a, page) if many_ranks.is_many(a)
+                   else "<h3>Overall overlap per rank</h3>" + table(a.overlap_overall))
     if a.traffic is not None and not a.traffic.empty:
         tr = (a.theory or {}).get("traffic")
         out.append("<h3>Measured volume vs theory (bytes each rank sends per step, ring)</h3>")
         if tr:
             out.append(f'<div class="formula">{esc(tr["label"])}: {esc(tr["formula"])}\n  = {esc(tr["substituted"])}\n'
                        f'  = {esc(fmt_bytes(tr["total_bytes"]))} per rank per step</div>')
-        out.append(table(a.traffic, labels={"diff_pct": "measured vs formula"}))
+        out.append(many_ranks.traffic(a, page) if many_ranks.is_many(a)
+                   else table(a.traffic, labels={"diff_pct": "measured vs formula"}))
     out.append(_lanes_chart(a, page))
     if a.top_ops is not None and not a.top_ops.empty:
         out.append(f"<h3>Operations with the most time in step {esc(fmt_num(a.lanes_step))} of the first rank</h3>")
@@ -921,7 +925,9 @@ def _steps(a, page: Page) -> str:
     s = a.steps
     host = _host_time(a)
     idle = idle_words(host)
-    if s is not None and not s.empty:
+    if s is not None and not s.empty and many_ranks.is_many(a):
+        out.append(many_ranks.steps(a, page))
+    elif s is not None and not s.empty:
         if host:
             what = (f"On a CPU trace the profiler sees operators only: compute is time inside leaf operators, and "
                     f"{idle} ({HOST_TIME_WHAT}) is the step's time covered by no operator and no collective.")
@@ -952,7 +958,7 @@ def _steps(a, page: Page) -> str:
 def _ranks(a, page: Page) -> str:
     out = ['<section id="ranks"><h2>Ranks: skew and stragglers</h2>', notes_html(a, "ranks")]
     if a.stragglers is not None and not a.stragglers.empty:
-        out.append(table(a.stragglers))
+        out.append(many_ranks.stragglers(a, page) if many_ranks.is_many(a) else table(a.stragglers))
     if a.skew is not None and not a.skew.empty and "start_skew_us" in a.skew:
         fig = go.Figure(go.Histogram(x=a.skew["start_skew_us"] / 1e3, nbinsx=40, marker_color="#6366f1"))
         fig.update_layout(title=f"Start skew of {len(a.skew)} matched collectives", xaxis_title="ms",
@@ -968,7 +974,9 @@ def _device(a, page: Page) -> str:
     fsdpprof.analyze.comm.breakdown), then HTA's own tables when asked for (--hta)."""
     out = ['<section id="device"><h2>Device time: idle, compute, communication</h2>', notes_html(a, "device")]
     tb = a.temporal
-    if tb is not None and not tb.empty:
+    if tb is not None and not tb.empty and many_ranks.is_many(a):
+        out.append(many_ranks.temporal(a, page))
+    elif tb is not None and not tb.empty:
         fig = go.Figure()
         for col, name, color in (("compute_time_us", "compute", "#1f77b4"),
                                  ("non_compute_time_us", "non-compute (communication, memory)", "#d62728"),
@@ -982,7 +990,9 @@ def _device(a, page: Page) -> str:
     if a.kernel_types is not None and not a.kernel_types.empty:
         out.append("<h3>Kernel types (all ranks; overlapping types counted once, as overlapped)</h3>"
                    + table(a.kernel_types, left=("kernel_type",)))
-    if a.top_kernels is not None and not a.top_kernels.empty:
+    if a.top_kernels is not None and not a.top_kernels.empty and many_ranks.is_many(a):
+        out.append(many_ranks.top_kernels(a, page))
+    elif a.top_kernels is not None and not a.top_kernels.empty:
         out.append("<h3>Kernels with the most time (hover a name for all of it)</h3>"
                    + table(a.top_kernels.sort_values("sum_us", ascending=False).head(40), left=("kernel_type", "name")))
     if a.idle is not None and not a.idle.empty:
@@ -991,7 +1001,8 @@ def _device(a, page: Page) -> str:
                                y=idle["idle_time_us"] / 1e3, marker_color="#9ca3af"))
         fig.update_layout(title="Device idle time by cause (all ranks and streams)", yaxis_title="ms")
         out.append("<h3>Idle time by cause: host wait (the CPU had not launched the next kernel), kernel wait "
-                   "(back-to-back launches), other</h3>" + page.fig(fig, 300) + table(a.idle, max_rows=60))
+                   "(back-to-back launches), other</h3>" + page.fig(fig, 300)
+                   + (many_ranks.idle(a, page) if many_ranks.is_many(a) else table(a.idle, max_rows=60)))
     if a.hta or "hta" in a.notes:
         out.append("<h3>HTA's own tables (--hta)</h3>" + notes_html(a, "hta"))
         for name, df in a.hta.items():
@@ -1002,7 +1013,15 @@ def _device(a, page: Page) -> str:
 
 REPORT_NAV = [("headline", "At a glance"), ("findings", "Findings"), ("overview", "Overview"), ("memory", "Memory"),
               ("units", "Per unit"), ("communication", "Communication"), ("steps", "Steps"), ("ranks", "Ranks"),
-              ("device", "Device time")]
+              ("whatif", "What if"), ("device", "Device time")]
+
+
+def _whatif(a, page: Page) -> str:
+    """The "What if" section (fsdpprof.report.whatif) when there are predictions or a note on why not; inputs
+    without an inventory (a trace folder of another tool) have neither: their model is unknown."""
+    if not getattr(a, "whatif", None) and "whatif" not in (a.notes or {}):
+        return ""
+    return whatif.whatif_section(a, page)
 
 
 def render_report(a) -> str:
@@ -1010,7 +1029,7 @@ def render_report(a) -> str:
     page = Page()
     o = a.overview
     sections = [_banner(a), _headline(a, headline(a)), _findings(a), _overview(a), _memory(a, page), _units(a, page),
-                _comm(a, page), _steps(a, page), _ranks(a, page), _device(a, page)]
+                _comm(a, page), _steps(a, page), _whatif(a, page), _ranks(a, page), _device(a, page)]
     body = "".join(sections)
     what = {"snapshot_file": "CUDA memory snapshot", "snapshot_folder": "CUDA memory snapshots",
             "trace_file": "profiler trace", "trace_folder": "profiler traces"}.get(a.source, "run")
@@ -1196,7 +1215,7 @@ def _compare_memory(c, page: Page) -> str:
 
 
 COMPARE_NAV = [("verdict", "Verdict"), ("promise", "ZeRO: promised and measured"), ("memory", "Memory"),
-               ("time", "Step time"), ("table", "Side by side")]
+               ("time", "Step time"), ("diff", "What changed"), ("table", "Side by side")]
 
 
 def render_compare(c) -> str:
@@ -1204,8 +1223,12 @@ def render_compare(c) -> str:
     page = Page()
     warn = "".join(f'<div class="banner">{esc(w)}</div>' for w in c.warnings)
     sections = [warn, _verdict(c), _promise(c, page), _compare_memory(c, page), _compare_time(c, page),
-                _compare_table(c)]
+                diff.render_diff(c, page), _compare_table(c)]
     body = "".join(sections)
     nav = [(i, t) for i, t in COMPARE_NAV if f'id="{i}"' in body]
     ctx = " · ".join(c.labels)
     return document(f"fsdpprof compare: {len(c.labels)} runs", " | ".join(c.paths), nav, body, ctx)
+
+
+# sections that live in their own modules (they import this one's helpers, so they come last)
+from fsdpprof.report import diff, many_ranks, oom, whatif  # noqa: E402

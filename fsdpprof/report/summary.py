@@ -98,7 +98,10 @@ def summary(a) -> dict:
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
         "hta": a.hta,
         "findings": [f.to_dict() for f in a.findings],
-        "headline": headline(a),
+        "headline": headline(a), "whatif": getattr(a, "whatif", None),
+        # per-rank tables as distributions over ranks (percentiles, the worst ranks): a size that does not grow
+        # with the ranks; the per-rank rows stay in their own keys above
+        "rank_distributions": getattr(a, "rank_distributions", None) or {},
     })
 
 

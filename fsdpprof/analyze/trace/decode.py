@@ -930,6 +930,29 @@ def _boundaries_backwards(body: bytearray, lo: int):
         hi = j
 
 
+def _release(*views: memoryview) -> None:
+    """Release views of the read buffer now (so that it can shrink in place) unless something still uses them
+    (msgspec.Raw values of decoded events that another thread's frame keeps alive a little longer, e.g. a Dask
+    worker's sampling profiler): those are released when their last user goes (see _extend, _decode_chunk)."""
+    for v in views:
+        try:
+            v.release()
+        except BufferError:
+            pass
+
+
+def _extend(body: bytearray, data) -> bytearray:
+    """``body + data``, in place when it can be: a bytearray cannot grow while something still views it
+    (a msgspec.Raw of a decoded event that another thread's frame keeps alive a little longer, e.g. a
+    Dask worker's sampling profiler), so then it is copied once."""
+    try:
+        body += data
+    except BufferError:
+        body = bytearray(body)
+        body += data
+    return body
+
+
 def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
     """``body`` is ``{"traceEvents":[`` + events...: decode the longest run of whole events, in place
     (the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['), then
@@ -945,16 +968,14 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
         try:
             _decode_events(sub, cols)
         except msgspec.DecodeError:
-            sub.release()
-            mv.release()
+            _release(sub, mv)
             body[end] = saved
             tried += 1
             if tried > 16:
                 break
             continue
         finally:
-            sub.release()
-            mv.release()
+            _release(sub, mv)
         body[comma] = 0x5B                           # '['
         try:
             del body[_P:comma]
@@ -1025,7 +1046,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
             data = reader.read()
             if not data:
                 break
-            body += data
+            body = _extend(body, data)
             del data
             if len(body) >= CHUNK_BYTES:
                 body = _decode_chunk(body, cols)

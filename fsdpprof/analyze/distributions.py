@@ -1,0 +1,167 @@
+"""Per-rank tables as distributions over ranks: what a report of hundreds of ranks shows instead of one
+row per rank.  Pure functions of an Analysis's small per-rank tables; their size does not grow with the
+number of ranks (a few statistics, the ``WORST_N`` worst ranks, one row per collective / step / category).
+
+- a *statistics* table has one row per statistic (``STATISTICS``: min, p10, p50, p90, p99, max, mean over
+  ranks, linear interpolation as ``pandas.Series.quantile``) and the measured columns with their units
+  (``step_us``, ``peak_allocated_bytes``, ...); column ``ranks`` counts the ranks with a value.
+- a *worst* table holds the per-rank rows of the ``WORST_N`` worst ranks for one column, worst first
+  (ties: lowest rank first).
+- a *grouped* table has one row per group (collective / stage / FSDP phase, step, idle category, kernel):
+  totals over ranks and the per-rank p50 / p90 / max with the rank at the max (``worst_rank``).
+
+:func:`rank_distributions` gives every table (name -> DataFrame) for summary.json (key
+``rank_distributions``) and the report; :func:`exposed_heatmap` the rank x step matrix of exposed
+communication, rank bins when there are more ranks than ``max_rows``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+STATISTICS = [("min", 0.0), ("p10", 0.10), ("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0)]
+WORST_N = 10
+TOP_KERNELS_N = 40
+HEATMAP_ROWS_MAX = 1024
+
+
+def _present(df: pd.DataFrame | None, cols: list[str]) -> list[str]:
+    return [] if df is None else [c for c in cols if c in df.columns]
+
+
+def statistics(per_rank: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame | None:
+    """One row per statistic over the rows of ``per_rank`` (one row per rank) for each column of ``cols``."""
+    cols = _present(per_rank, cols)
+    if per_rank is None or per_rank.empty or not cols:
+        return None
+    v = per_rank[cols].apply(pd.to_numeric, errors="coerce").astype(float)
+    rows = []
+    for name, q in STATISTICS:
+        rows.append({"statistic": name, **{c: v[c].quantile(q) for c in cols}})
+    rows.append({"statistic": "mean", **{c: v[c].mean() for c in cols}})
+    out = pd.DataFrame(rows)
+    out.insert(1, "ranks", int(v.notna().any(axis=1).sum()))
+    return out
+
+
+def worst(per_rank: pd.DataFrame | None, col: str, largest: bool = True, n: int = WORST_N,
+          cols: list[str] | None = None) -> pd.DataFrame | None:
+    """The ``n`` rows with the largest (or smallest) ``col``, worst first; ties by rank."""
+    if per_rank is None or per_rank.empty or col not in per_rank.columns:
+        return None
+    d = per_rank[per_rank[col].notna()]
+    if d.empty:
+        return None
+    d = d.sort_values([col, "rank"], ascending=[not largest, True], kind="mergesort").head(n)
+    keep = ["rank"] + [c for c in (cols or list(d.columns)) if c in d.columns and c != "rank"]
+    return d[keep].reset_index(drop=True)
+
+
+def grouped(df: pd.DataFrame | None, keys: list[str], value: str, sums: list[str] = ()) -> pd.DataFrame | None:
+    """Per group of ``keys``: ranks, the sums of ``sums`` over all rows, and of ``value`` summed per rank:
+    p50 / p90 / max over ranks (``p50_<value>``, ...) and ``worst_rank`` (the rank at the max)."""
+    if df is None or df.empty or value not in df.columns or not set(keys) <= set(df.columns):
+        return None
+    d = df[keys + ["rank", value] + [c for c in sums if c in df.columns and c != value]].copy()
+    for k in keys:
+        d[k] = d[k].astype(object)
+    per = d.groupby(keys + ["rank"], sort=False, dropna=False)[value].sum(min_count=1).reset_index()
+    g = per.groupby(keys, sort=False, dropna=False)
+    out = g["rank"].nunique().rename("ranks").reset_index()
+    for c in [c for c in sums if c in d.columns]:
+        out[c] = d.groupby(keys, sort=False, dropna=False)[c].sum(min_count=1).to_numpy()
+    out[f"p50_{value}"] = g[value].quantile(0.5).to_numpy()
+    out[f"p90_{value}"] = g[value].quantile(0.9).to_numpy()
+    out[f"max_{value}"] = g[value].max().to_numpy()
+    top = per.sort_values([value, "rank"], ascending=[False, True], kind="mergesort").drop_duplicates(keys)
+    out = out.merge(top[keys + ["rank"]].rename(columns={"rank": "worst_rank"}), on=keys, how="left")
+    return out
+
+
+def _per_rank_steps(steps: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per rank: the mean over its steps of each step column (µs)."""
+    if steps is None or steps.empty or "rank" not in steps:
+        return None
+    cols = [c for c in steps.columns if c.endswith("_us")]
+    out = steps.groupby("rank", as_index=False)[cols].mean()
+    out.insert(1, "steps", steps.groupby("rank")["step"].nunique().to_numpy())
+    return out
+
+
+def _per_step(steps: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per step: ranks, p50 / max step time and exposed communication over ranks, the slowest rank."""
+    if steps is None or steps.empty or "step_us" not in steps:
+        return None
+    g = steps.groupby("step", sort=True)
+    out = g["rank"].nunique().rename("ranks").reset_index()
+    for c in ("step_us", "exposed_comm_us"):
+        if c in steps:
+            out[f"p50_{c}"] = g[c].quantile(0.5).to_numpy()
+            out[f"max_{c}"] = g[c].max().to_numpy()
+    slow = steps.sort_values(["step_us", "rank"], ascending=[False, True], kind="mergesort").drop_duplicates("step")
+    return out.merge(slow[["step", "rank"]].rename(columns={"rank": "slowest_rank"}), on="step", how="left")
+
+
+def _top_kernels(top: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Kernels over ranks: ranks, count, sum_us, sum per rank (mean), max_us; the TOP_KERNELS_N biggest."""
+    if top is None or top.empty:
+        return None
+    g = top.groupby(["kernel_type", "name"], sort=False)
+    out = g["rank"].nunique().rename("ranks").reset_index()
+    out["count"] = g["count"].sum().to_numpy()
+    out["sum_us"] = g["sum_us"].sum().to_numpy()
+    out["mean_per_rank_us"] = out["sum_us"] / out["ranks"]
+    out["max_us"] = g["max_us"].max().to_numpy()
+    return out.sort_values(["sum_us", "name"], ascending=[False, True], kind="mergesort").head(
+        TOP_KERNELS_N).reset_index(drop=True)
+
+
+def rank_distributions(a) -> dict:
+    """Every distribution table of an Analysis (name -> DataFrame; tables without data left out)."""
+    mp = a.memory_peaks
+    steps_rank = _per_rank_steps(a.steps)
+    out = {
+        "memory_peak": statistics(mp, ["peak_allocated_bytes", "reserved_bytes", "fragmentation_pct",
+                                       "coverage_pct"]),
+        "memory_peak_worst": worst(mp, "peak_allocated_bytes", cols=["peak_allocated_bytes", "peak_stage",
+                                                                     "peak_fsdp_phase", "reserved_bytes",
+                                                                     "coverage_pct"]),
+        "overlap": statistics(a.overlap_overall, ["compute_us", "comm_us", "exposed_comm_us",
+                                                  "comp_comm_overlap_pct"]),
+        "overlap_worst": worst(a.overlap_overall, "exposed_comm_us"),
+        "comm_phase": grouped(a.comm_phase, ["collective", "stage", "fsdp_phase"], "exposed_comm_us",
+                              ["count", "bytes", "comm_us", "overlapped_comm_us", "exposed_comm_us"]),
+        "traffic": grouped(a.traffic, ["collective"], "wire_per_step_bytes", ["count"]),
+        "steps": statistics(steps_rank, ["step_us", "compute_us", "exposed_comm_us", "idle_us",
+                                         "unexplained_us"]),
+        "steps_per_step": _per_step(a.steps),
+        "steps_worst": worst(steps_rank, "exposed_comm_us", cols=["steps", "step_us", "compute_us",
+                                                                  "exposed_comm_us", "idle_us"]),
+        "stragglers": statistics(a.stragglers, ["times_last", "share_last_pct", "mean_start_lag_us",
+                                                "clock_offset_us"]),
+        "stragglers_worst": worst(a.stragglers, "mean_start_lag_us"),
+        "temporal": statistics(a.temporal, ["span_us", "idle_time_pct", "compute_time_pct",
+                                            "non_compute_time_pct"]),
+        "temporal_worst": worst(a.temporal, "idle_time_pct"),
+        "idle": grouped(a.idle, ["idle_category"], "idle_time_us"),
+        "top_kernels": _top_kernels(a.top_kernels),
+    }
+    return {k: v for k, v in out.items() if v is not None and not v.empty}
+
+
+def exposed_heatmap(steps: pd.DataFrame | None, max_rows: int = HEATMAP_ROWS_MAX):
+    """(matrix of exposed_comm_us [rank or rank bin, step], row labels, steps) from the steps table; more
+    ranks than ``max_rows``: consecutive ranks in bins, each cell the max over its bin.  None without data."""
+    if steps is None or steps.empty or "exposed_comm_us" not in steps:
+        return None
+    w = steps.pivot_table(index="rank", columns="step", values="exposed_comm_us", aggfunc="sum")
+    ranks = w.index.to_numpy()
+    z = w.to_numpy(dtype=float)
+    labels = [f"rank {int(r)}" for r in ranks]
+    if len(ranks) > max_rows:
+        per = -(-len(ranks) // max_rows)
+        bins = np.arange(len(ranks)) // per
+        z = pd.DataFrame(z).groupby(bins).max().to_numpy()
+        labels = [f"ranks {int(ranks[i])}-{int(ranks[min(i + per, len(ranks)) - 1])}"
+                  for i in range(0, len(ranks), per)]
+    return z, labels, [float(s) for s in w.columns]

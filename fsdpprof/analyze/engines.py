@@ -1,0 +1,295 @@
+"""Where the per-rank map runs: this process, a bounded pool of local processes, or a Dask cluster.
+
+:func:`map_unordered` runs one picklable function over a list of jobs and yields each result as it
+arrives, whatever the engine:
+
+- ``local``: in this process (``workers`` 1), else a pool of at most ``workers`` forked processes
+  (never more than the jobs or the CPU cores) with at most one job queued beyond them.  A pool that
+  breaks (a worker killed, e.g. for memory) loses only the jobs in flight: they run again, each alone in
+  a fresh one-process pool; the others go on in a fresh pool.
+- ``dask``: a running ``dask.distributed`` scheduler (``scheduler`` = its address, e.g. a SLURM or
+  Kubernetes deployment of Dask, dask-jobqueue), or without an address a ``LocalCluster`` of
+  ``workers`` processes on this machine.  Jobs carry file paths, not data: the workers read the files
+  where they see them (shared storage), so only the small results cross the network.  A job whose worker
+  dies is rescheduled by Dask (``distributed.scheduler.allowed-failures``); a result is released on the
+  cluster as soon as it is here.
+
+Each job runs under :func:`measured_call`, which returns the result with the wall seconds and the
+worker's peak resident memory during the call (Linux; the peak is reset before the call).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
+
+from fsdpprof.errors import UserError
+
+ENGINES = ("local", "dask")
+DASK_WAIT_FOR_WORKERS_S = 60.0     # how long a job waits for the first worker of an external scheduler
+DASK_CONNECT_TIMEOUT_S = 15.0
+
+
+# --------------------------------------------------------------------------- one job, measured
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (VmHWM) to its current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measured_call(fn, args: tuple = (), kwargs: dict | None = None, preload: tuple = ()):
+    """(fn(*args, **kwargs), stats): stats has host, pid, seconds, cpu_seconds (this process), start_rss_bytes
+    and peak_rss_bytes (this process's resident memory before and at its peak during the call; None where it
+    cannot be measured).  The modules in ``preload`` are imported first, outside the measurement (a
+    process pays for them once, not per call)."""
+    for name in preload:
+        importlib.import_module(name)
+    reset = _reset_peak_rss()
+    start = _status_kib("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn(*args, **(kwargs or {}))
+    peak = _status_kib("VmHWM") if reset else None
+    return out, {"host": socket.gethostname(), "pid": os.getpid(), "seconds": time.perf_counter() - t0,
+                 "cpu_seconds": time.process_time() - c0,
+                 "start_rss_bytes": start * 1024 if start is not None else None,
+                 "peak_rss_bytes": peak * 1024 if peak is not None else None}
+
+
+# --------------------------------------------------------------------------- options
+def check_engine(engine: str | None, scheduler: str | None) -> str:
+    """The engine to use (``dask`` when only a scheduler is given, else ``local``); UserError when the two
+    disagree or dask is not installed."""
+    if engine is None:
+        engine = "dask" if scheduler else "local"
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine!r} is not known; use one of {', '.join(ENGINES)}")
+    if scheduler is not None and engine != "dask":
+        raise UserError(f"--scheduler {scheduler} is the address of a Dask scheduler: use it with --engine dask")
+    if scheduler is not None and not str(scheduler).strip():
+        raise UserError("--scheduler is empty; give the scheduler's address (tcp://HOST:8786), or leave it out "
+                        "to start a Dask LocalCluster on this machine")
+    if engine == "dask" and not _have_distributed():
+        raise UserError("--engine dask needs dask.distributed: pip install 'fsdpprof[dask]'")
+    return engine
+
+
+def _have_distributed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("distributed") is not None
+    except (ImportError, ValueError):     # a broken or blocked installation
+        return False
+
+
+def pool_size(workers: int | None, n_jobs: int) -> int:
+    """Processes of the local pool: ``workers`` (default: the CPU cores), never more than the jobs or cores."""
+    cores = os.cpu_count() or 1
+    return max(1, min(int(workers or cores), n_jobs or 1, cores))
+
+
+# --------------------------------------------------------------------------- the engines
+def map_unordered(fn, jobs: list[tuple[tuple, dict]], *, engine: str = "local", workers: int | None = None,
+                  scheduler: str | None = None, preload: tuple = ()) -> Iterator[tuple[int, bool, object]]:
+    """Run ``measured_call(fn, *job, preload)`` for every job ``(args, kwargs)``; yield ``(index, ok, value)`` as
+    each finishes: value is ``(result, stats)`` when ok, else a one-line reason why the job has no result."""
+    if not jobs:
+        return
+    jobs = [(args, kwargs, tuple(preload)) for args, kwargs in jobs]
+    if engine == "dask":
+        yield from _dask(fn, jobs, workers, scheduler)
+    elif workers is not None and int(workers) <= 1 or len(jobs) == 1:
+        for i, job in enumerate(jobs):
+            yield i, True, measured_call(fn, *job)
+    else:
+        yield from _local_pool(fn, jobs, pool_size(workers, len(jobs)))
+
+
+def _fork_context():
+    return multiprocessing.get_context("fork") if hasattr(os, "fork") else None
+
+
+def _local_pool(fn, jobs, n: int):
+    """At most n + 1 jobs in flight (so that the parent holds few pending jobs, and a worker that dies takes
+    few with it); the jobs a broken pool lost run again, each alone in a fresh process, the rest go on in a
+    fresh pool."""
+    queue = list(range(len(jobs)))
+    lost: list[int] = []
+    while queue:
+        with cf.ProcessPoolExecutor(max_workers=n, mp_context=_fork_context()) as pool:
+            running: dict = {}
+            broken = False
+            while (queue or running) and not broken:
+                while queue and len(running) <= n:
+                    i = queue.pop(0)
+                    running[pool.submit(measured_call, fn, *jobs[i])] = i
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    i = running.pop(fut)
+                    try:
+                        value = fut.result()
+                    except BrokenProcessPool:   # a worker died (killed for memory?): the jobs in flight are lost
+                        lost.append(i)
+                        broken = True
+                    except Exception as exc:
+                        yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
+                    else:
+                        yield i, True, value
+            lost += running.values()
+    for i in sorted(lost):         # once more, alone in a fresh process: a job that kills it spares the others
+        with cf.ProcessPoolExecutor(max_workers=1, mp_context=_fork_context()) as pool:
+            try:
+                yield i, True, pool.submit(measured_call, fn, *jobs[i]).result()
+            except BrokenProcessPool:
+                yield i, False, ("its worker process died twice (killed, e.g. out of memory); analyse fewer ranks "
+                                 "at once (--workers 1) or give the machine more memory")
+            except Exception as exc:
+                yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
+
+
+_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
+
+
+def _check_reachable(scheduler: str) -> None:
+    """UserError (at once, rather than after the connect timeout) when the address is not one Dask reads or
+    nothing listens there; schemes other than tcp/tls are left to Dask."""
+    addr = str(scheduler).strip()
+    scheme, _, rest = addr.rpartition("://")
+    what = (f"check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here")
+    if scheme and scheme not in _SCHEMES:
+        raise UserError(f"--scheduler {addr}: {scheme}:// is not a Dask address scheme (one of "
+                        f"{', '.join(_SCHEMES)}); {what}")
+    if scheme not in ("", "tcp", "tls"):
+        return
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--scheduler {addr} is not HOST:PORT; {what}")
+    try:
+        socket.create_connection((host, int(port)), timeout=DASK_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {addr} ({exc.strerror or type(exc).__name__}); "
+                        f"{what}") from None
+
+
+def _local_cluster(workers: int | None, n_jobs: int):
+    """A LocalCluster of processes (one thread each, no dashboard, quiet) on this machine."""
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=pool_size(workers, n_jobs), threads_per_worker=1, processes=True,
+                        dashboard_address=None, silence_logs=logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None = None, workers: int | None = None, n_jobs: int = 1):
+    """A ``distributed.Client``: connected to ``scheduler``, or to a LocalCluster of ``workers`` processes (one
+    thread each; default: the CPU cores, at most ``n_jobs``) started here and closed on exit."""
+    from distributed import Client
+
+    if scheduler:
+        _check_reachable(scheduler)
+        try:
+            client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT_S, set_as_default=False)
+        except (OSError, TimeoutError, ValueError, TypeError) as exc:
+            raise UserError(f"cannot reach the Dask scheduler at {scheduler} ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); check the address "
+                            f"(tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here") from None
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    cluster = _local_cluster(workers, n_jobs)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            yield client
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def shared_scheduler(engine: str, scheduler: str | None, workers: int | None, n_jobs: int):
+    """The scheduler address for several maps in a row (compare): ``scheduler`` itself, or for ``dask``
+    without one the address of a LocalCluster started here for all of them (closed on exit); None for
+    ``local``."""
+    if engine != "dask" or scheduler:
+        yield scheduler
+        return
+    cluster = _local_cluster(workers, n_jobs)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def _check_workers_import_fsdpprof(client) -> None:
+    """UserError unless every worker of the cluster can import this fsdpprof (the same version)."""
+    import fsdpprof
+
+    try:
+        client.wait_for_workers(1, timeout=DASK_WAIT_FOR_WORKERS_S)
+    except (TimeoutError, OSError):
+        raise UserError(f"the Dask scheduler has no worker after {DASK_WAIT_FOR_WORKERS_S:.0f} s; start workers "
+                        f"(dask worker SCHEDULER_ADDRESS) with fsdpprof installed") from None
+    try:
+        versions = client.run(_fsdpprof_version)
+    except Exception as exc:
+        raise UserError(f"the Dask workers cannot run fsdpprof ({type(exc).__name__}: {exc}); install fsdpprof "
+                        f"{fsdpprof.__version__} on every worker") from None
+    other = {str(v) for v in versions.values()} - {fsdpprof.__version__}
+    if other:
+        raise UserError(f"the Dask workers run fsdpprof {', '.join(sorted(other))}, this is "
+                        f"{fsdpprof.__version__}; install the same version on every worker")
+
+
+def _fsdpprof_version() -> str:
+    import fsdpprof
+
+    return fsdpprof.__version__
+
+
+def _dask(fn, jobs, workers, scheduler):
+    from distributed import as_completed
+
+    with dask_client(scheduler, workers, len(jobs)) as client:
+        if scheduler:
+            _check_workers_import_fsdpprof(client)
+        tag = uuid.uuid4().hex[:8]
+        futs = [client.submit(measured_call, fn, *job, key=f"fsdpprof-{tag}-{i}", pure=False, retries=0)
+                for i, job in enumerate(jobs)]
+        index = {f.key: i for i, f in enumerate(futs)}
+        try:
+            for fut in as_completed(futs, loop=client.loop):
+                i = index[fut.key]
+                try:
+                    value = fut.result()
+                except Exception as exc:  # KilledWorker: its worker died allowed-failures times; or fn raised
+                    yield i, False, f"worker failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                else:
+                    yield i, True, value
+                fut.release()           # the cluster forgets the result: it is here now
+        finally:
+            client.cancel([f for f in futs if not f.done()])

@@ -1,0 +1,182 @@
+"""Report sections for runs of many ranks: above ``DETAIL_RANKS_MAX`` (16) ranks, each per-rank table and
+chart of the report is shown as a distribution over ranks instead (statistics: min, p10, p50, p90, p99,
+max, mean; the 10 worst ranks; histograms; a heat map rank x step of exposed communication), so that the
+page stays small (it does not grow with the ranks but for the heat map, at most 1,024 rows) and readable.
+The per-rank rows stay in summary.json.
+
+Rendering only: the numbers are ``Analysis.rank_distributions``
+(:func:`fsdpprof.analyze.distributions.rank_distributions`).  Each function takes the Analysis and the
+page's :class:`fsdpprof.report.html.Page` and returns an HTML fragment ("" when there is nothing to show);
+:func:`is_many` says when to use them instead of the per-rank blocks of :mod:`fsdpprof.report.html`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from fsdpprof.analyze.distributions import WORST_N, exposed_heatmap
+from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX
+
+MIB = float(2**20)
+
+
+def _h():
+    from fsdpprof.report import html   # html imports this module: resolved at call time
+
+    return html
+
+
+def is_many(a) -> bool:
+    """True when the report shows distributions over ranks instead of per-rank tables (> DETAIL_RANKS_MAX)."""
+    return int((a.overview or {}).get("ranks_analysed") or 0) > DETAIL_RANKS_MAX
+
+
+def _d(a, name: str):
+    return (getattr(a, "rank_distributions", None) or {}).get(name)
+
+
+def _n_ranks(a) -> int:
+    return int((a.overview or {}).get("ranks_analysed") or 0)
+
+
+def _stats_block(a, name: str, what: str) -> str:
+    d = _d(a, name)
+    if d is None:
+        return ""
+    return f"<h4>{_h().esc(what)}: distribution over {_ranks_in(d)} ranks</h4>" + _h().table(d, left=("statistic",))
+
+
+def _ranks_in(stats) -> int:
+    return int(stats["ranks"].max()) if stats is not None and "ranks" in stats and len(stats) else 0
+
+
+def _worst_block(a, name: str, what: str) -> str:
+    d = _d(a, name)
+    if d is None:
+        return ""
+    return f"<h4>The {min(WORST_N, len(d))} ranks with {_h().esc(what)}</h4>" + _h().table(d)
+
+
+def _histogram(page, values, title: str, xaxis: str, color: str = "#1f77b4") -> str:
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return ""
+    fig = go.Figure(go.Histogram(x=v.astype(np.float32), nbinsx=min(60, max(10, int(np.sqrt(v.size)))),
+                                 marker_color=color))
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title="ranks", bargap=0.05)
+    return page.fig(fig, 280)
+
+
+# --------------------------------------------------------------------------- sections
+def memory_peaks(a, page) -> str:
+    """Instead of the per-rank peak bar chart and the memory_peaks table (html._memory)."""
+    mp = a.memory_peaks
+    if mp is None or mp.empty:
+        return ""
+    return (_histogram(page, mp["peak_allocated_bytes"] / MIB, f"Peak allocated memory of {len(mp)} ranks",
+                       "MiB at the peak")
+            + _stats_block(a, "memory_peak", "Peak memory")
+            + _worst_block(a, "memory_peak_worst", "the highest peak"))
+
+
+def comm_phase(a, page) -> str:
+    """Instead of the comm_phase table (one row per rank, collective, stage, FSDP phase) in html._comm."""
+    d = _d(a, "comm_phase")
+    if d is None:
+        return ""
+    return ("<h4>Per collective, stage and FSDP phase, all ranks: totals, and the exposed time per rank "
+            "(p50, p90, max; worst_rank has the max)</h4>"
+            + _h().table(d, left=("collective", "stage", "fsdp_phase")))
+
+
+def overlap_per_rank(a, page) -> str:
+    """Instead of the 'Overall overlap per rank' table in html._comm."""
+    ov = a.overlap_overall
+    if ov is None or ov.empty:
+        return ""
+    return ("<h3>Overall overlap: distribution over ranks</h3>"
+            + _histogram(page, ov["exposed_comm_us"] / 1e3, f"Exposed communication of {len(ov)} ranks",
+                         "ms exposed (whole window)", "#dc2626")
+            + _stats_block(a, "overlap", "Overlap")
+            + _worst_block(a, "overlap_worst", "the most exposed communication"))
+
+
+def traffic(a, page) -> str:
+    """Instead of table(a.traffic) (one row per rank and collective) in html._comm; the formula above it stays."""
+    d = _d(a, "traffic")
+    if d is None:
+        return ""
+    tr = a.traffic
+    theory = ""
+    if tr is not None and "theory_wire_per_step_bytes" in tr:
+        th = tr.groupby("collective", as_index=False).agg(theory_wire_per_step_bytes=("theory_wire_per_step_bytes",
+                                                                                        "first"))
+        d = d.merge(th, on="collective", how="left")
+        theory = " beside the theory"
+    return (f"<h4>Bytes on the wire per rank and step, distribution over ranks{theory}</h4>"
+            + _h().table(d, left=("collective",)))
+
+
+def steps(a, page) -> str:
+    """Instead of the per-(rank, step) bar chart and table(a.steps) in html._steps."""
+    s = a.steps
+    if s is None or s.empty:
+        return ""
+    out = [_stats_block(a, "steps", "Mean step time per rank")]
+    per_step = _d(a, "steps_per_step")
+    if per_step is not None:
+        out.append("<h4>Per step, over ranks (slowest_rank: the rank with the longest step)</h4>"
+                   + _h().table(per_step, max_rows=100))
+    hm = exposed_heatmap(s)
+    if hm is not None:
+        z, rows, cols = hm
+        fig = go.Figure(go.Heatmap(z=(z / 1e3).astype(np.float32), x=[_h().fmt_num(c) for c in cols], y=rows,
+                                   colorscale="Reds", colorbar=dict(title="ms"),
+                                   hovertemplate="%{y}, step %{x}: %{z:.3f} ms exposed<extra></extra>"))
+        fig.update_layout(title=f"Exposed communication per rank and step ({len(s['rank'].unique())} ranks)",
+                          xaxis_title="step", yaxis_title="rank", yaxis=dict(autorange="reversed", type="category"),
+                          xaxis=dict(type="category"))
+        out.append(page.fig(fig, int(min(900, 220 + 2 * len(rows)))))
+    out.append(_worst_block(a, "steps_worst", "the most exposed communication per step (mean over their steps)"))
+    return "".join(out)
+
+
+def stragglers(a, page) -> str:
+    """Instead of table(a.stragglers) (one row per rank) in html._ranks."""
+    st = a.stragglers
+    if st is None or st.empty:
+        return ""
+    return (_histogram(page, st["mean_start_lag_us"] / 1e3, f"Mean start lag after the earliest rank, {len(st)} ranks",
+                       "ms (aligned clocks)", "#6366f1")
+            + _stats_block(a, "stragglers", "Stragglers")
+            + _worst_block(a, "stragglers_worst", "the largest mean start lag"))
+
+
+def temporal(a, page) -> str:
+    """Instead of the per-rank temporal bar chart and table(tb) in html._device."""
+    tb = a.temporal
+    if tb is None or tb.empty:
+        return ""
+    return (_histogram(page, tb["idle_time_pct"], f"Device idle time of {len(tb)} ranks", "% of the span idle",
+                       "#9ca3af")
+            + _stats_block(a, "temporal", "Temporal breakdown")
+            + _worst_block(a, "temporal_worst", "the most idle device time"))
+
+
+def idle(a, page) -> str:
+    """Instead of table(a.idle, max_rows=60) (one row per rank, stream, category) in html._device."""
+    d = _d(a, "idle")
+    if d is None:
+        return ""
+    return ("<h4>Idle time per category, summed per rank over its streams: distribution over ranks</h4>"
+            + _h().table(d, left=("idle_category",)))
+
+
+def top_kernels(a, page) -> str:
+    """Instead of the 'Kernels with the most time' table (rows per rank) in html._device."""
+    d = _d(a, "top_kernels")
+    if d is None:
+        return ""
+    return ("<h3>Kernels with the most time, summed over ranks</h3>"
+            + _h().table(d, left=("kernel_type", "name")))

@@ -1,0 +1,172 @@
+"""Many ranks: the per-rank results stay small, the report and summary.json stay bounded (distributions over
+ranks above 16 ranks), and the synthetic ranks of benchmarks/bench_scale.py are faithful copies."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT, shared_data
+
+DLRM = ("gpu-traces", "param-dlrm-8rank-v100")
+MANY_SECTIONS = ("memory_peaks", "comm_phase", "overlap_per_rank", "traffic", "steps", "stragglers", "temporal",
+                 "idle", "top_kernels")
+
+
+def _renumbered(res, rank: int, keep_detail: bool):
+    """A copy of a real RankResult as rank ``rank`` (every per-rank table renumbered)."""
+    out = dataclasses.replace(res, rank=rank, label=f"rank-{rank}")
+    for f in dataclasses.fields(res):
+        v = getattr(res, f.name)
+        if isinstance(v, pd.DataFrame) and "rank" in v.columns:
+            setattr(out, f.name, v.assign(rank=rank))
+    if res.memory is not None:
+        out.memory = dataclasses.replace(res.memory, rank=rank, timeline=res.memory.timeline if keep_detail else None)
+    if not keep_detail:
+        out.lanes, out.top_ops = None, None
+    return out
+
+
+def _replicated(run, results, n: int):
+    """The run and its results as n ranks: rank r is a copy of the real rank r % len(results)."""
+    rds = [run.ranks[r.rank] for r in results]
+    run_n = dataclasses.replace(run, ranks={r: dataclasses.replace(rds[r % len(rds)], rank=r, label=f"rank-{r}")
+                                            for r in range(n)}, world_size=n, missing={})
+    return run_n, [_renumbered(results[r % len(results)], r, r == 0) for r in range(n)]
+
+
+@pytest.mark.parametrize("source", ["recorded fsdp2 run", "8-rank GPU traces"])
+def test_report_and_summary_bounded_at_1024_ranks(recorded_run, source):
+    """Real per-rank results (a recorded CPU run; the DLRM GPU traces) copied to 64 and 1024 ranks."""
+    from fsdpprof.analyze.pipeline import map_ranks, reduce_run
+    from fsdpprof.analyze.run import load_run
+    from fsdpprof.report import many_ranks
+    from fsdpprof.report.html import Page, render_report
+    from fsdpprof.report.outputs import json_bytes
+    from fsdpprof.report.summary import summary
+
+    gpu = source.startswith("8-rank")
+    run = load_run(shared_data(*DLRM) if gpu else recorded_run("fsdp2"), lazy=True)
+    base = map_ranks(run, workers=1)
+    sizes = {}
+    for n in (64, 1024):
+        a = reduce_run(*_replicated(run, base, n))
+        assert many_ranks.is_many(a)
+        s = summary(a)
+        assert len(s["overlap_overall"]) == n and len(s["temporal" if gpu else "memory_peaks"]) == n  # rows kept
+        html = render_report(a) if n == 1024 else ""
+        page = Page()
+        page.n_figs = 1                                 # plotly.js is already in the page
+        frags = {name: getattr(many_ranks, name)(a, page) for name in MANY_SECTIONS}
+        for name in ("overlap_per_rank", "steps", "stragglers", "comm_phase") + (
+                ("temporal", "idle", "top_kernels") if gpu else ("memory_peaks", "traffic")):
+            assert frags[name], name
+        sizes[n] = {"html": len(html), "frags": {k: len(v) for k, v in frags.items()},
+                    "dist": len(json.dumps(s["rank_distributions"])), "summary": len(json_bytes(s))}
+        for name in ("overlap_worst", "steps_worst", "stragglers_worst") + (
+                ("temporal_worst",) if gpu else ("memory_peak_worst",)):
+            assert len(s["rank_distributions"][name]) == 10, name
+    big, small = sizes[1024], sizes[64]
+    print(f"\nsizes at 64 and 1024 ranks: {small} {big}")
+    # the page as the lead hooks it in is at most today's page plus the many-ranks fragments
+    assert big["html"] + sum(big["frags"].values()) < 10e6
+    # the distributions do not grow with the ranks; the page's fragments only by the histograms' raw values
+    # (a float32 per rank, binned by plotly in the browser) and the heat map (one row per rank, <= 1024)
+    assert big["dist"] <= 1.05 * small["dist"] and big["dist"] < 100_000
+    for name, size in big["frags"].items():
+        limit = small["frags"][name] * 1.15 + 16 * (1024 - 64) + (40_000 if name == "steps" else 0)
+        assert size <= limit, (name, size, small["frags"][name])
+
+
+def _trace_folder_of(run_dir: Path, n: int, out: Path) -> Path:
+    """n rank traces from a recorded run's two: rank i is rank i % 2's trace with distributedInfo rank i of n."""
+    out.mkdir()
+    docs = [json.loads(gzip.decompress((run_dir / f"rank-{r}" / "trace.json.gz").read_bytes())) for r in (0, 1)]
+    for i in range(n):
+        doc = docs[i % 2]
+        doc["distributedInfo"] = dict(doc.get("distributedInfo") or {}, rank=i, world_size=n)
+        (out / f"rank-{i}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
+    return out
+
+
+def test_above_16_ranks_one_rank_keeps_its_detail(recorded_run, tmp_path):
+    """The parent holds small results: the memory timeline and the lanes of one rank only above 16 ranks;
+    the report's distributions name the worst ranks."""
+    from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX, map_ranks, reduce_run
+    from fsdpprof.analyze.run import load_run
+    from fsdpprof.report import many_ranks
+    from fsdpprof.report.html import Page
+
+    n = DETAIL_RANKS_MAX + 2
+    run = load_run(_trace_folder_of(recorded_run("fsdp2"), n, tmp_path / "traces"), lazy=True)
+    res = map_ranks(run, workers=2)
+    assert [r.rank for r in res] == list(range(n)) and not any(r.error for r in res)
+    assert res[0].memory.timeline is not None and res[0].lanes is not None
+    assert all(r.memory is not None and r.memory.timeline is None and r.lanes is None for r in res[1:])
+    one = len(pickle.dumps(res[0]))
+    rest = max(len(pickle.dumps(r)) for r in res[1:])
+    print(f"\nresult of rank 0 (detail): {one} bytes; largest other: {rest} bytes")
+    assert rest < 64_000 and rest < one / 2
+    a = reduce_run(run, res)
+    assert many_ranks.is_many(a)
+    html = many_ranks.memory_peaks(a, Page()) + many_ranks.steps(a, Page())
+    assert "distribution over 18 ranks" in html and "The 10 ranks with the highest peak" in html
+    assert "Exposed communication per rank and step (18 ranks)" in html
+
+
+def test_distributions_known_answers():
+    from fsdpprof.analyze import distributions as d
+
+    per_rank = pd.DataFrame({"rank": np.arange(100), "step_us": np.arange(100) * 2.0})
+    st = d.statistics(per_rank, ["step_us"]).set_index("statistic")
+    assert st.loc["p50", "step_us"] == 99.0 and st.loc["p90", "step_us"] == pytest.approx(178.2)
+    assert st.loc["max", "step_us"] == 198.0 and st.loc["mean", "step_us"] == 99.0 and (st["ranks"] == 100).all()
+    w = d.worst(per_rank, "step_us")
+    assert list(w["rank"]) == list(range(99, 89, -1))
+    ties = pd.DataFrame({"rank": [5, 3, 4], "x_us": [1.0, 1.0, 0.5]})
+    assert list(d.worst(ties, "x_us")["rank"]) == [3, 5, 4]
+    rows = pd.DataFrame({"rank": [0, 0, 1, 2], "collective": ["ag", "ag", "ag", "rs"],
+                         "exposed_comm_us": [1.0, 2.0, 5.0, 7.0], "count": [1, 1, 1, 1]})
+    g = d.grouped(rows, ["collective"], "exposed_comm_us", ["count", "exposed_comm_us"]).set_index("collective")
+    assert g.loc["ag", "ranks"] == 2 and g.loc["ag", "count"] == 3 and g.loc["ag", "exposed_comm_us"] == 8.0
+    assert g.loc["ag", "max_exposed_comm_us"] == 5.0 and g.loc["ag", "worst_rank"] == 1     # rank 0: 1 + 2 = 3
+    assert g.loc["ag", "p50_exposed_comm_us"] == 4.0 and g.loc["rs", "worst_rank"] == 2
+    steps = pd.DataFrame({"rank": np.repeat(np.arange(10), 2), "step": np.tile([1.0, 2.0], 10),
+                          "exposed_comm_us": np.arange(20, dtype=float)})
+    z, labels, cols = d.exposed_heatmap(steps)
+    assert z.shape == (10, 2) and z[3, 1] == 7.0 and labels[0] == "rank 0" and cols == [1.0, 2.0]
+    z, labels, _ = d.exposed_heatmap(steps, max_rows=4)                  # bins of 3 ranks, max per bin
+    assert labels == ["ranks 0-2", "ranks 3-5", "ranks 6-8", "ranks 9-9"]
+    assert z[:, 0].tolist() == [4.0, 10.0, 16.0, 18.0] and z[:, 1].tolist() == [5.0, 11.0, 17.0, 19.0]
+
+
+def test_bench_scale_synthetic_rank_is_a_faithful_copy(tmp_path):
+    """Rank 11 of 64 built from DLRM rank 3 with 3 copies: 3 steps, 3x the collectives and kernels, every
+    kernel still finds its launch (shifted correlation ids), the same per-copy timings."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_scale
+
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.analyze.run import load_run
+
+    src = shared_data(*DLRM) / "rank-3.json.gz"
+    one = bench_scale._source(3)[3]            # JSON bytes of its events, as written (no white space)
+    path = tmp_path / "rank-11.json.gz"
+    written = bench_scale.write_rank(11, 64, 3 * one, str(path))
+    assert abs(written - 3 * one) < 0.1 * one and bench_scale.plain_bytes(str(path)) == written
+    orig = analyze_run(load_run(src, lazy=True))
+    syn = analyze_run(load_run(path, lazy=True))
+    assert syn.overview["world_size"] == 64 and syn.overview["ranks_present"] == [11]
+    assert syn.overview["steps_analysed"] == 3 * orig.overview["steps_analysed"]
+    assert syn.overview["device_kernels"] == 3 * orig.overview["device_kernels"]
+    assert syn.overview["unknown_launch_kernels"] == 3 * orig.overview["unknown_launch_kernels"]
+    assert syn.volume["count"].sum() == 3 * orig.volume["count"].sum()
+    assert syn.steps["step_us"].tolist() == pytest.approx(orig.steps["step_us"].tolist() * 3)
+    assert syn.steps["exposed_comm_us"].tolist() == pytest.approx(orig.steps["exposed_comm_us"].tolist() * 3)
