@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fsdpprof.analyze.run import load_run  # noqa: E402
+from fsdpprof.analyze.run import load_run, with_inventory  # noqa: E402
 from fsdpprof.analyze.whatif import predict as wp  # noqa: E402
 from fsdpprof.analyze.whatif import targets as tg  # noqa: E402
 
@@ -58,6 +58,7 @@ def record(strategy: str, nproc: int, out: Path) -> float:
 def analyse(path: Path) -> dict:
     """The run's own target, measured peak and step, and the model to predict from."""
     run = load_run(str(path), lazy=True)
+    run.ranks = {r: with_inventory(rd)[0] for r, rd in run.ranks.items()}   # (a lazy run holds their paths)
     src = wp.source_of_rank(run.ranks[min(run.ranks)])
     return {"run": run, "target": tg.target_of_source(src)}
 

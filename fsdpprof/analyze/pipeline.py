@@ -285,13 +285,11 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
     ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
-    if rd.inventory is None and getattr(rd, "inventory_path", None):   # a lazily loaded run: read it here
-        from fsdpprof.analyze.run import read_inventory
+    from fsdpprof.analyze.run import with_inventory
 
-        inv, why = read_inventory(rd.inventory_path)
-        if why:
-            res.warnings.append(why)
-        rd = replace(rd, inventory=inv)
+    rd, why = with_inventory(rd)   # a lazily loaded run: its inventory is read here, where the rank is analysed
+    if why:
+        res.warnings.append(why)
     if rd.events is None and rd.trace_path:
         from fsdpprof.analyze.run import parse_trace
 

@@ -21,7 +21,7 @@ import os
 import re
 import stat
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -338,6 +338,15 @@ def read_inventory(path: str) -> tuple[dict | None, str | None]:
     except UserError as exc:
         return None, str(exc)
     return doc, None
+
+
+def with_inventory(rd: "RankData") -> tuple["RankData", str | None]:
+    """The rank with its inventory read (a lazily loaded run keeps only its path) and a line saying why it
+    cannot be used, if so; the rank as it is when it has one or has none at all."""
+    if rd.inventory is not None or not rd.inventory_path:
+        return rd, None
+    inv, why = read_inventory(rd.inventory_path)
+    return replace(rd, inventory=inv), why
 
 
 def _read_json(path: str, what: str) -> dict:

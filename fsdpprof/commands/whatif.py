@@ -97,7 +97,7 @@ def _ms(x) -> str:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.run import load_run, with_inventory
     from fsdpprof.analyze.whatif import predict as wp
     from fsdpprof.errors import unexpected_as_user_error
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
@@ -109,6 +109,7 @@ def run(args) -> int:
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
     run_ = load_run(args.run, lazy=True)
+    run_.ranks = {r: with_inventory(rd)[0] for r, rd in run_.ranks.items()}   # (a lazy run holds their paths)
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
                       input_folders=run_.record_folders(), fix=fix)
