@@ -157,9 +157,9 @@ def child_ours(engine: str, path: str, workers: int, out: str) -> None:
 
         with engines.shared_scheduler("dask", None, workers, len(run.ranks)) as address:
             start_s = time.perf_counter() - t1
-            results = map_ranks(run, engine="dask", scheduler=address, progress=False)
+            results = map_ranks(run, engine="dask", scheduler=address, progress=False, ops=False)
     else:
-        results = map_ranks(run, workers=workers, engine=engine, progress=False)
+        results = map_ranks(run, workers=workers, engine=engine, progress=False, ops=False)
     t_map = time.perf_counter() - t1
     a = reduce_run(run, results)
     t_reduce = time.perf_counter() - t1 - t_map

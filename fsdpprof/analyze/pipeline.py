@@ -215,8 +215,8 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step), top
 
 
-def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool) -> None:
-    """The trace analyses of one rank into ``res``."""
+def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_ops: bool = True) -> None:
+    """The trace analyses of one rank into ``res`` (the operator table only with ``want_ops``)."""
     n = res.notes
     res.has_trace = True
     res.framework = labels.framework_of(events)
@@ -230,7 +230,8 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool) -> None
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
-    res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
+    if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
+        res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
     if want_lanes:
         lanes = _try(n, "communication", "lanes of one step", _lanes, events, res.trace_meta)
         if lanes is not None:
@@ -280,10 +281,11 @@ def _memory_part(res: RankResult, rd, source: str):
 
 
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
-                 max_bytes: int | None = None, timeline: bool = True) -> RankResult:
+                 max_bytes: int | None = None, timeline: bool = True, ops: bool = True) -> RankResult:
     """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
-    ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline."""
+    ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
+    operator table per step (diff.op_table, what compare diffs)."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
     from fsdpprof.analyze.run import with_inventory
 
@@ -308,7 +310,7 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
                             rd.inventory)
         res.k = _try(res.notes, "theory", "bytes per parameter", theory.k_from_inventory, rd.inventory)
     if rd.events is not None and len(rd.events):
-        _trace_part(res, rd.events, lanes)
+        _trace_part(res, rd.events, lanes, ops)
     if rd.events is not None or rd.snapshot_path:
         m = _memory_part(res, rd, source)
         if rd.inventory and rd.events is not None and len(rd.events):
@@ -336,7 +338,7 @@ RANK_JOB_MODULES = ("fsdpprof.analyze.run", "fsdpprof.analyze.trace", "fsdpprof.
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
-             progress: bool | None = False) -> RankResult:
+             progress: bool | None = False, ops: bool = True) -> RankResult:
     """The map's job where it runs (this process, a local worker or a Dask worker): analyze_rank on the files
     of one rank as this machine sees them."""
     for what, path in (("trace", rd.trace_path), ("snapshot", rd.snapshot_path)):
@@ -345,11 +347,12 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
                               error=f"{rd.label}: its {what} {path} is not there on {socket.gethostname()} (deleted, "
                                     f"or not on storage this worker sees: Dask workers must see the run at the same "
                                     f"path)")
-    return analyze_rank(rd, source=source, lanes=lanes, progress=progress, max_bytes=max_bytes, timeline=timeline)
+    return analyze_rank(rd, source=source, lanes=lanes, progress=progress, max_bytes=max_bytes, timeline=timeline,
+                        ops=ops)
 
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
-              scheduler: str | None = None) -> list[RankResult]:
+              scheduler: str | None = None, ops: bool = True) -> list[RankResult]:
     """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.engines` runs it: ``engine``
     ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
     ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
@@ -364,7 +367,7 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
 
     def kwargs(rd) -> dict:
         return {"source": run.source, "lanes": rd.rank == lanes_rank, "max_bytes": run.max_trace_bytes,
-                "timeline": all_timelines or rd.rank == lanes_rank}
+                "timeline": all_timelines or rd.rank == lanes_rank, "ops": ops}
 
     here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
     away = [rd for rd in rds if rd.events is None]
@@ -624,10 +627,13 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
 
 
 def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None,
-                engine: str | None = None, scheduler: str | None = None) -> Analysis:
+                engine: str | None = None, scheduler: str | None = None, ops: bool = True) -> Analysis:
     """All numbers of one Run (:func:`fsdpprof.analyze.run.load_run`): map (on ``engine``, see
-    :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``)."""
-    a = reduce_run(run, map_ranks(run, workers=workers, progress=progress, engine=engine, scheduler=scheduler))
+    :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``).
+    ``ops=False`` leaves out the per-step operator table (``op_stats``: what compare diffs, the largest
+    per-rank result; the report does not show it)."""
+    a = reduce_run(run, map_ranks(run, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
+                                  ops=ops))
     if hta:
         from fsdpprof.analyze import hta as hta_tables
 

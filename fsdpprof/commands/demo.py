@@ -119,7 +119,7 @@ def run(args) -> int:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
             raise UserError(f"recording strategy {s} on {n} processes failed (exit {proc.returncode}): "
                             f"{' | '.join(tail)}; see {run_dir}")
-        a = analyse_path(run_dir, hta=False)
+        a = analyse_path(run_dir, hta=False, ops=True)   # (compared below)
         html_path, summary_path = write_report(a, os.path.join(out, f"report-{name}.html"),
                                                os.path.join(out, f"summary-{name}.json"))
         analyses.append(a)

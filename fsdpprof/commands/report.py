@@ -57,13 +57,16 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
-                 max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None):
-    """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run."""
+                 max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
+                 ops: bool = False):
+    """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
+    operator table that compare diffs)."""
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
     run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
-    return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler)
+    return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
+                       ops=ops)
 
 
 def check_hta_installed() -> None:
@@ -101,7 +104,7 @@ def run(args) -> int:
     run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
     a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty(),
-                    engine=engine, scheduler=args.scheduler)
+                    engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     del run_
     write_report(a, html_path, summary_path)
     print(summary_text(a))
