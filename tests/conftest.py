@@ -18,7 +18,11 @@ happens: a test not marked slow that records through ``run_fsdpprof`` or ``recor
 from __future__ import annotations
 
 import compileall
+import contextlib
+import fcntl
+import hashlib
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -153,25 +157,48 @@ def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env:
 
 
 # --- recordings of the example, once per session each ------------------------------------------------
-# `fsdpprof demo` (its DDP -> FULL_SHARD on 2 -> 4 ranks story) runs once per session; when it records the
-# example exactly as recorded_run does by default (same window, steps, size and 2 processes) its recordings
-# are recorded_run's too (today the demo's model is its own size: MODEL_ARGS)
+# `fsdpprof demo` (its DDP -> FULL_SHARD on 2 -> 4 ranks story, at the demo's own model size) runs once per
+# session; every recording is made once per session, also under `pytest -n N` (the workers share them)
 DEMO_STRATEGIES = ("ddp", "fsdp2", "fsdp2:4")
 _DEMO: dict = {}
 
 
-def _demo_shares_recordings() -> bool:
-    from fsdpprof.commands import demo
-    return (tuple(demo.RECORD_ARGS) == DEFAULT_RECORD_ARGS and tuple(demo.TRAIN_ARGS) == DEFAULT_TRAIN_ARGS
-            and not getattr(demo, "MODEL_ARGS", ()))   # the demo's own model size: its recordings are its own
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder of this session that every pytest-xdist worker sees (the session's base temp when run alone)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent                      # the workers' base temps are siblings under the session's
+    return base / "shared" / name
+
+
+@contextlib.contextmanager
+def made_once(folder: Path):
+    """Yields True to the one process of the session that must make ``folder`` (then marked done), False to
+    every other (after the first is done): the workers of ``pytest -n`` share one recording each."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    done = folder.with_name(folder.name + ".done")
+    with open(folder.with_name(folder.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)          # released when the file closes (also if the maker fails)
+        if done.exists():
+            yield False
+            return
+        shutil.rmtree(folder, ignore_errors=True)   # what a failed attempt left
+        folder.mkdir()
+        yield True
+        done.touch()
 
 
 def demo_session(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """``fsdpprof demo --strategies ddp,fsdp2,fsdp2:4`` run once per session: (its --out folder, the process)."""
     if "out" not in _DEMO:
-        out = tmp_path_factory.mktemp("demo") / "demo"
-        proc = run_fsdpprof("demo", "--out", str(out), "--strategies", ",".join(DEMO_STRATEGIES), timeout=900)
-        _DEMO.update(out=out, proc=proc)
+        folder = shared_dir(tmp_path_factory, "demo")
+        out, said = folder / "demo", folder / "process.json"
+        with made_once(folder) as first:
+            if first:
+                proc = run_fsdpprof("demo", "--out", str(out), "--strategies", ",".join(DEMO_STRATEGIES), timeout=900)
+                said.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout,
+                                            "stderr": proc.stderr}))
+        _DEMO.update(out=out, proc=subprocess.CompletedProcess(**json.loads(said.read_text())))
     return _DEMO["out"], _DEMO["proc"]
 
 
@@ -190,18 +217,17 @@ def recorded_run(tmp_path_factory):
         _must_be_slow("uses recorded_run")
         if key in cache:
             return cache[key]
-        out = tmp_path_factory.mktemp(f"run-{strategy}") / "run"
-        if key[1:] == (2, (), ()) and strategy in DEMO_STRATEGIES and _demo_shares_recordings():
-            demo, proc = demo_session(tmp_path_factory)
-            assert proc.returncode == 0, f"demo failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-            shutil.copytree(demo / f"run-{strategy}", out)      # (a copy: tests may write into their run)
-            cache[key] = out
-            return out
-        cmd = ["record", "--out", str(out), *DEFAULT_RECORD_ARGS, *record_args, "--",
-               sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(EXAMPLE), "--strategy", strategy, *DEFAULT_TRAIN_ARGS, *train_args]
-        proc = run_fsdpprof(*cmd, timeout=600)
-        assert proc.returncode == 0, f"record failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        digest = hashlib.sha1(repr(key).encode()).hexdigest()[:8]
+        folder = shared_dir(tmp_path_factory, f"run-{strategy}-{nproc}-{digest}")
+        out = folder / "run"
+        with made_once(folder) as first:
+            if first:
+                cmd = ["record", "--out", str(out), *DEFAULT_RECORD_ARGS, *record_args, "--",
+                       sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                       str(EXAMPLE), "--strategy", strategy, *DEFAULT_TRAIN_ARGS, *train_args]
+                proc = run_fsdpprof(*cmd, timeout=600)
+                assert proc.returncode == 0, (f"record failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                              f"{proc.stderr[-3000:]}")
         cache[key] = out
         return out
 
