@@ -28,7 +28,7 @@ def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
     # the verdict line is made of the table's numbers
     lo, hi = sorted((la, lb), key=lambda k: table["peak_allocated_bytes"][k])
     saved = (table["peak_allocated_bytes"][hi] - table["peak_allocated_bytes"][lo]) / 2**20
-    m = re.search(r"^(\S+) saves ([\d.e+-]+) MiB per rank", c["verdict"])
+    m = re.search(r"^(\S+) on \d+ ranks? saves ([\d.e+-]+) MiB per rank", c["verdict"])
     assert m and m.group(1) == table["strategy"][lo], c["verdict"]
     assert float(m.group(2)) == float(f"{saved:.3g}")
     assert re.search(r"(more exposed communication|exposes [\d.e+-]+ ms less communication) per step", c["verdict"])

@@ -103,3 +103,20 @@ def test_cpu_run_headline_and_lanes(recorded_run, strategy):
     lanes = set(a.lanes["lane_name"])
     assert "main thread" in lanes and any(x.startswith("gloo worker") for x in lanes), lanes
     assert not any(x.startswith("thread:") for x in lanes)
+
+
+def test_per_unit_memory_tables_in_the_models_order():
+    """FSDP's buffers by role and A_l per unit read root first, then layers.2 before layers.10 (the analysis
+    keeps them largest first; the page reads like the model)."""
+    import types
+
+    from fsdpprof.report.oom import render_fsdp_memory
+
+    act = pd.DataFrame({"unit": ["layers.10", "", "layers.2"], "activation_bytes": [3 << 20, 1 << 20, 2 << 20],
+                        "at_peak_bytes": [0, 0, 0]})
+    roles = pd.DataFrame({"unit": ["layers.2", "layers.10", ""], "fsdp_role": ["all_gather_output"] * 3,
+                          "bytes": [1, 2, 3]})
+    html = render_fsdp_memory(types.SimpleNamespace(activation_by_unit=act, by_role_at_peak=roles))
+    for part in html.split("<h3>")[1:]:
+        pos = [part.index(f">{u}<") for u in ("(root)", "layers.2", "layers.10")]
+        assert pos == sorted(pos), part[:300]

@@ -236,8 +236,8 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     cost = ("(exposed communication unknown)" if de != de else
             f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
             f"and exposes {_ms(-de)} less communication per step")
-    line = (f"{lo['strategy']} saves {saved:.3g} MiB per rank at the peak compared with {hi['strategy']}, {cost} "
-            f"({_on(lo)}: {_mib(lo['peak_allocated_bytes'])}, {_on(hi)}: {_mib(hi['peak_allocated_bytes'])}")
+    line = (f"{_on(lo)} saves {saved:.3g} MiB per rank at the peak compared with {_on(hi)}, {cost} "
+            f"({_mib(lo['peak_allocated_bytes'])} against {_mib(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
         line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
     return line + ")."

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpprof.report.html import esc, fmt_bytes, table
+from fsdpprof.report.html import esc, fmt_bytes, table, unit_order
 
 
 def render_oom(m) -> str:
@@ -52,6 +52,16 @@ def render_oom(m) -> str:
     return "".join(out)
 
 
+def _in_model_order(df: pd.DataFrame | None) -> pd.DataFrame | None:
+    """A per-unit table with its units in the model's order (the root first, named "(root)")."""
+    if df is None or df.empty or "unit" not in df:
+        return df
+    df = df.copy()
+    df["unit"] = df["unit"].astype(str).replace({"": "(root)", "None": "-", "nan": "-"})
+    rank = {u: i for i, u in enumerate(unit_order(df["unit"]))}
+    return df.sort_values("unit", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
+
+
 def render_fsdp_memory(m) -> str:
     """FSDP's memory of one rank by unit and role (snapshots without an inventory included); "" when there
     is nothing to show."""
@@ -64,11 +74,11 @@ def render_fsdp_memory(m) -> str:
                    f'the order of the all-gathers (forward order: {esc(", ".join(units[:12]))}'
                    f'{esc(" ...") if len(units) > 12 else ""})'
                    + (f", shard group of {esc(ws)} ranks" if ws else "") + ".</p>")
-    roles = getattr(m, "by_role_at_peak", None)
+    roles = _in_model_order(getattr(m, "by_role_at_peak", None))
     if roles is not None and not roles.empty:
         out.append("<h3>FSDP's buffers at the peak, by what made them</h3>")
         out.append(table(roles, left=("unit", "fsdp_role"), max_rows=60))
-    act = getattr(m, "activation_by_unit", None)
+    act = _in_model_order(getattr(m, "activation_by_unit", None))
     if act is not None and not act.empty:
         out.append("<h3>Activations each unit keeps for its backward (A_l)</h3>")
         out.append(table(act, left=("unit",), max_rows=80))
