@@ -68,16 +68,21 @@ def _histogram(page, values, title: str, xaxis: str, color: str = "#1f77b4") -> 
     return page.fig(fig, 280)
 
 
+def _distribution(a, page, values, title: str, xaxis: str, name: str, what: str, worst: str,
+                  color: str = "#1f77b4") -> str:
+    """A per-rank column as a histogram, its statistics over ranks and the ranks with the worst values."""
+    return (_histogram(page, values, title, xaxis, color) + _stats_block(a, name, what)
+            + _worst_block(a, f"{name}_worst", worst))
+
+
 # --------------------------------------------------------------------------- sections
 def memory_peaks(a, page) -> str:
     """Instead of the per-rank peak bar chart and the memory_peaks table (html._memory)."""
     mp = a.memory_peaks
     if mp is None or mp.empty:
         return ""
-    return (_histogram(page, mp["peak_allocated_bytes"] / MIB, f"Peak allocated memory of {len(mp)} ranks",
-                       "MiB at the peak")
-            + _stats_block(a, "memory_peak", "Peak memory")
-            + _worst_block(a, "memory_peak_worst", "the highest peak"))
+    return _distribution(a, page, mp["peak_allocated_bytes"] / MIB, f"Peak allocated memory of {len(mp)} ranks",
+                         "MiB at the peak", "memory_peak", "Peak memory", "the highest peak")
 
 
 def comm_phase(a, page) -> str:
@@ -96,10 +101,9 @@ def overlap_per_rank(a, page) -> str:
     if ov is None or ov.empty:
         return ""
     return ("<h3>Overall overlap: distribution over ranks</h3>"
-            + _histogram(page, ov["exposed_comm_us"] / 1e3, f"Exposed communication of {len(ov)} ranks",
-                         "ms exposed (whole window)", "#dc2626")
-            + _stats_block(a, "overlap", "Overlap")
-            + _worst_block(a, "overlap_worst", "the most exposed communication"))
+            + _distribution(a, page, ov["exposed_comm_us"] / 1e3, f"Exposed communication of {len(ov)} ranks",
+                            "ms exposed (whole window)", "overlap", "Overlap", "the most exposed communication",
+                            "#dc2626"))
 
 
 def traffic(a, page) -> str:
@@ -147,10 +151,9 @@ def stragglers(a, page) -> str:
     st = a.stragglers
     if st is None or st.empty:
         return ""
-    return (_histogram(page, st["mean_start_lag_us"] / 1e3, f"Mean start lag after the earliest rank, {len(st)} ranks",
-                       "ms (aligned clocks)", "#6366f1")
-            + _stats_block(a, "stragglers", "Stragglers")
-            + _worst_block(a, "stragglers_worst", "the largest mean start lag"))
+    return _distribution(a, page, st["mean_start_lag_us"] / 1e3,
+                         f"Mean start lag after the earliest rank, {len(st)} ranks", "ms (aligned clocks)",
+                         "stragglers", "Stragglers", "the largest mean start lag", "#6366f1")
 
 
 def temporal(a, page) -> str:
@@ -158,10 +161,8 @@ def temporal(a, page) -> str:
     tb = a.temporal
     if tb is None or tb.empty:
         return ""
-    return (_histogram(page, tb["idle_time_pct"], f"Device idle time of {len(tb)} ranks", "% of the span idle",
-                       "#9ca3af")
-            + _stats_block(a, "temporal", "Temporal breakdown")
-            + _worst_block(a, "temporal_worst", "the most idle device time"))
+    return _distribution(a, page, tb["idle_time_pct"], f"Device idle time of {len(tb)} ranks", "% of the span idle",
+                         "temporal", "Temporal breakdown", "the most idle device time", "#9ca3af")
 
 
 def idle(a, page) -> str:
