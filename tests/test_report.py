@@ -178,3 +178,25 @@ def test_mixed_precision_all_gather_in_param_dtype_reduce_scatter_in_reduce_dtyp
     # sharded states stay fp32: model states as in the fp32 run
     for row in _rows(s, "model_states", rank=0):
         assert row["measured_bytes"] == pytest.approx(row["theory_bytes"], rel=0.01)
+
+
+def test_summary_json_written_key_by_key_is_json_dumps():
+    """summary.json is written one key at a time (a run of many ranks never holds all its plain values at
+    once): the bytes are exactly json.dumps of the whole plain summary, on a real 8-rank GPU input and on
+    strings with line breaks, NaN, infinities and empty containers."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.analyze.run import load_run
+    from fsdpprof.report.outputs import json_bytes
+    from fsdpprof.report.summary import json_safe, summary
+
+    a = analyze_run(load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), lazy=True), ops=False)
+    assert json_bytes(summary(a, plain=False)) == json.dumps(summary(a), indent=1, allow_nan=False).encode()
+    odd = {"a": [1, {"s": "x\ny", "e": [], "d": {}}], "f": pd.DataFrame({"x": [1.5, np.nan], "s": ["b\nc", "}"]}),
+           "inf": {"k": [float("inf")]}, "none": None}
+    assert json_bytes(odd) == json.dumps(json_safe(odd), indent=1, allow_nan=False).encode()
+    assert json_bytes({}) == b"{}" and json.loads(json_bytes(odd))["f"][1]["x"] is None

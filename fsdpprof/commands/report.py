@@ -52,7 +52,7 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
     from fsdpprof.report.summary import summary
 
     out_summary = out_summary or summary_for(out_html)
-    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(summary(analysis)))])
+    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(summary(analysis, plain=False)))])
     return out_html, out_summary
 
 

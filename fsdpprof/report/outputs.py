@@ -55,10 +55,19 @@ def written_by_fsdpprof(path: str) -> bool:
 
 def json_bytes(obj) -> bytes:
     """``obj`` as indented JSON that any parser accepts: NaN and infinities become null, numpy/pandas values
-    plain numbers (see :func:`fsdpprof.report.summary.json_safe`)."""
+    plain numbers (see :func:`fsdpprof.report.summary.json_safe`).  A dict is written one key at a time (the
+    same bytes as one ``json.dumps``): only that key's plain values are alive at once."""
     from fsdpprof.report.summary import json_safe
 
-    return json.dumps(json_safe(obj), indent=1, allow_nan=False).encode()
+    if not isinstance(obj, dict) or not obj:
+        return json.dumps(json_safe(obj), indent=1, allow_nan=False).encode()
+    parts = []
+    for key, value in obj.items():
+        # one level deeper than json.dumps puts it: every line break gains one space of indent (a line break
+        # inside a string is written as the two characters \n, so only the layout's own ones are touched)
+        text = json.dumps(json_safe(value), indent=1, allow_nan=False).replace("\n", "\n ")
+        parts.append(f" {json.dumps(str(key))}: {text}")
+    return ("{\n" + ",\n".join(parts) + "\n}").encode()
 
 
 # --- names -----------------------------------------------------------------------------------

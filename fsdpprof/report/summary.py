@@ -82,11 +82,13 @@ def _head(df, n: int):
     return df.head(n) if df is not None else None
 
 
-def summary(a) -> dict:
-    """The content of summary.json for one Analysis."""
+def summary(a, plain: bool = True) -> dict:
+    """The content of summary.json for one Analysis: plain JSON values, or with ``plain=False`` its tables still
+    as DataFrames (what :func:`fsdpprof.report.outputs.json_bytes` turns into JSON one key at a time, so that
+    the plain values of a run of many ranks are never all alive at once)."""
     from fsdpprof.analyze.headline import headline
 
-    return json_safe({
+    return (json_safe if plain else dict)({
         "schema": SUMMARY_SCHEMA, "path": a.path, "source": a.source, "overview": a.overview,
         "missing": dict(a.missing), "warnings": list(a.warnings), "notes": dict(a.notes),
         "memory": {str(r): memory_summary(m) for r, m in sorted(a.memory.items())},
