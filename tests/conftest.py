@@ -12,7 +12,8 @@ Every test that records (or runs torchrun) is marked ``slow`` here, automaticall
 (itself or through another fixture), or when its code, a fixture it uses, a parameter it is given or a function of the
 test modules it calls names a recording: the ``record`` / ``demo`` sub-command, ``torch.distributed.run``
 / ``torchrun``, or ``fsdpprof.record(...)``; or one of the suite's other heavy jobs: HTA, the oracle
-(``hta.trace_analysis``, ``report --hta``), or a real browser.  What that reading misses is caught when it
+(``hta.trace_analysis``, ``report --hta``), a Dask cluster (the ``scheduler`` fixture, ``--engine dask``) or a
+real browser.  What that reading misses is caught when it
 happens: a test not marked slow that records through ``run_fsdpprof`` or ``recorded_run`` fails and says so.
 """
 from __future__ import annotations
@@ -56,7 +57,8 @@ RECORDING_COMMANDS = frozenset({"record", "demo"})          # CLI sub-commands t
 RECORDING_TEXT = ("torch.distributed.run", "torchrun", "fsdpprof.record(", "import record", "record(out=")
 # the other heavy jobs of the suite, slow too: HTA (the oracle, whole real traces through its pandas code)
 # and a real browser (a global holding the path of one, e.g. shutil.which("chromium"))
-HEAVY_CONSTANTS = frozenset({"hta.trace_analysis", "--hta"})
+HEAVY_CONSTANTS = frozenset({"hta.trace_analysis", "--hta", "dask"})   # ("dask": the engine, a LocalCluster)
+HEAVY_FIXTURES = frozenset({"scheduler"})                      # test_engines' Dask LocalCluster
 BROWSERS = frozenset({"chromium", "chromium-browser", "google-chrome", "chrome", "firefox"})
 _CURRENT: dict = {}                                          # the test running now (for the guard below)
 
@@ -102,7 +104,7 @@ def _records(obj, seen: set, depth: int = 0) -> bool:
 
 def records(item) -> bool:
     """Whether a collected test records a run (see the module's docstring)."""
-    if RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if (RECORDING_FIXTURES | HEAVY_FIXTURES) & set(getattr(item, "fixturenames", ())):
         return True
     seen: set = set()
     roots = [getattr(item, "function", None)]
