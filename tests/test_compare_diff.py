@@ -130,13 +130,19 @@ def test_op_diff_equals_hta_on_two_v100_ranks(tmp_path):
     assert c.diff.scope["per_run"][1].endswith("rank 1, step 10")
 
 
-def test_op_diff_equals_hta_on_an_edited_trace(tmp_path):
+def _edited_pair(tmp_path):
+    """(control, test): rank 0 of the V100 set, and beside it its _edited_copy."""
     a, b = tmp_path / "control", tmp_path / "test"
     a.mkdir()
     b.mkdir()
     src = shared_data(*V100, "rank-0.json.gz")
     shutil.copy(src, a)
     _edited_copy(src, b / "rank-0.json.gz")
+    return a, b
+
+
+def test_op_diff_equals_hta_on_an_edited_trace(tmp_path):
+    a, b = _edited_pair(tmp_path)
     df, ops, cats = _hta(a, b)
     c, ours = _ours(a, b)
     _assert_same_as_hta(ours, df, cats)
@@ -349,12 +355,7 @@ def test_render_diff_escapes_trace_strings(tmp_path):
     from fsdpprof.report.diff import diff_text, render_diff
     from fsdpprof.report.html import Page
 
-    a, b = tmp_path / "control", tmp_path / "test"
-    a.mkdir()
-    b.mkdir()
-    src = shared_data(*V100, "rank-0.json.gz")
-    shutil.copy(src, a)
-    _edited_copy(src, b / "rank-0.json.gz")
+    a, b = _edited_pair(tmp_path)
     c, ours = _ours(a, b)
     html = render_diff(c, Page())
     assert 'onerror="alert(1)"' not in html and "<img" not in html
