@@ -719,13 +719,13 @@ def _memory(a, page: Page) -> str:
         mp = a.memory_peaks
         if many_ranks.is_many(a):   # above 16 ranks: a distribution over ranks, not a row per rank
             out.append(many_ranks.memory_peaks(a, page))
-        elif len(mp) > 2:   # with one or two ranks the table says it all
-            sc, unit = mem_scale(mp["peak_allocated_bytes"].max())
-            fig = go.Figure(go.Bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
-                                   marker_color="#1f77b4"))
-            fig.update_layout(title="Peak allocated memory per rank", yaxis_title=unit)
-            out.append(page.fig(fig, 300))
-        if not many_ranks.is_many(a):
+        else:
+            if len(mp) > 2:   # with one or two ranks the table says it all
+                sc, unit = mem_scale(mp["peak_allocated_bytes"].max())
+                fig = go.Figure(go.Bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
+                                       marker_color="#1f77b4"))
+                fig.update_layout(title="Peak allocated memory per rank", yaxis_title=unit)
+                out.append(page.fig(fig, 300))
             out.append(table(_drop_empty(mp.drop(columns=["peak_ts_us"], errors="ignore"),
                                          ("reserved_bytes", "fragmentation_pct"))))
         r0 = peak_rank(a)   # the rank the headline's peak is from
