@@ -143,8 +143,8 @@ def test_recorded_reports_and_compare_render(tmp_path, recorded_run):
     assert re.sub("_", "-", h["first_finding"])[:30] in re.sub("_", "-", top)
     # lanes named from the trace's threads; units in the model's order, no "(none)" bar
     assert "main thread" in fsdp and "gloo worker" in fsdp and '"thread:' not in fsdp
-    order = re.search(r'"categoryarray":\[([^\]]*)\]', fsdp.split("Memory per unit at the peak")[0].rsplit("plot-", 1)[1])
-    units = json.loads("[" + order.group(1) + "]")
+    unit_fig = [lay for _, lay in plot_specs(fsdp) if lay["title"]["text"].startswith("Memory per unit at the peak")]
+    units = unit_fig[0]["xaxis"]["categoryarray"]
     assert units[0] == "(root)" and units[1:] == [f"layers.{i}" for i in range(len(units) - 1)], units
     assert "(none)" not in fsdp
     # the compare page: every run in the verdict, the promise table, measured beside the formula
@@ -155,6 +155,16 @@ def test_recorded_reports_and_compare_render(tmp_path, recorded_run):
     assert "beside the ZeRO formula" in cmp_out.read_text()
     for label in c["labels"]:
         assert label in cmp_dom
+
+
+def plot_specs(html: str) -> list[tuple[list, dict]]:
+    """(data, layout) of every plotly figure of a page, as its script gives them to Plotly.newPlot."""
+    dec, out = json.JSONDecoder(), []
+    for m in re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*', html):
+        data, end = dec.raw_decode(html, m.end())
+        layout, _ = dec.raw_decode(html, re.compile(r",\s*").match(html, end).end())
+        out.append((data, layout))
+    return out
 
 
 COMMITTED = sorted((Path(__file__).resolve().parents[1] / "reports").glob("*.html"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import plotly.graph_objects as go
 
+from fsdpprof.report import figures
 from fsdpprof.report.html import esc, fmt_bytes, fmt_num, fmt_us, label
 
 TOP_ROWS = 25          # rows per table in the page (compare.json has them all)
@@ -85,7 +85,7 @@ def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
     tab = _table(s, [("metric_text", "", "text"), ("baseline_us", base, fmt_us), ("run_us", run, fmt_us),
                      ("diff_us", "change", lambda v: _signed(fmt_us, v)), ("diff_pct", "change %", _pct)])
     parts = s[s["metric"].isin(["compute_us", "exposed_comm_us", "idle_us", "step_us"])]
-    fig = go.Figure(go.Bar(x=(parts["diff_us"] / 1e3).tolist(), y=[label(x) for x in parts["metric_text"]],
+    fig = figures.Figure(figures.bar(x=(parts["diff_us"] / 1e3).tolist(), y=[label(x) for x in parts["metric_text"]],
                            orientation="h", marker_color=["#dc2626" if v > 0 else "#16a34a" for v in parts["diff_us"]]))
     fig.update_layout(title="Change against the baseline", xaxis_title="ms", yaxis=dict(autorange="reversed"))
     return f'<div style="display:flex;flex-wrap:wrap;gap:18px"><div>{tab}</div>' \

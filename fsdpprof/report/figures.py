@@ -1,68 +1,250 @@
-"""Figures into HTML, fast: what :meth:`fsdpprof.report.html.Page.fig` does with a figure.
+"""Figures as plain plotly.js JSON, and into HTML, without importing plotly's Python package.
 
-A plotly figure (``go.Figure``) or a plain figure dict (``{"data": [...], "layout": {...}}``, the same
-JSON plotly.js reads: no validation, nothing copied twice) becomes one ``<div>`` with its script.
-``go.Figure.to_dict`` deep-copies the whole figure, its default template included, and
-``update_layout`` validates again: here only the dicts that change are copied (the figure given is
-left as it was), the height and margins are set in the copy, and the ``plotly_white`` template goes in
-as JSON built once per process.  The page is the same as with ``to_dict`` and ``update_layout``.
+The report builds its charts with :class:`Figure` and the trace helpers (:func:`bar`, :func:`scatter`,
+:func:`histogram`, :func:`heatmap`), which take the keyword arguments of ``plotly.graph_objects`` that
+the report uses (``marker_color=``, ``xaxis_title=``, ``yaxis=dict(...)``, ...) and make the dicts
+plotly.js draws: the same figure plotly's ``go`` objects would give, without their validation (which
+costs more than the rest of a report's rendering, and its import more than the report's own code).
+:func:`figure_html` writes a figure as plotly's ``to_html`` would (``full_html=False``): numeric arrays
+as plotly.js typed arrays (base64), the ``plotly_white`` template, every ``<``, ``>`` and ``/`` of the
+JSON escaped (a trace's strings cannot close the script), plotly.js itself embedded with the first figure
+(no network).  plotly.js and the template are read from the installed plotly package's data files.
+A ``go.Figure`` is still accepted (converted with its own ``to_plotly_json``).
 """
 from __future__ import annotations
 
+import base64
+import importlib.util
+import json
+import os
 from typing import Any
+
+import numpy as np
 
 MARGIN = {"l": 60, "r": 20, "t": 40, "b": 40}
 CONFIG = {"displaylogo": False, "responsive": True}
-_TEMPLATE_JSON: dict = {}
+# prefixes that plotly's "magic underscore" keyword arguments expand into nested dicts (marker_color ->
+# marker.color): those the report's traces and layouts use
+_TRACE_NESTED = frozenset({"marker", "line", "legendgrouptitle", "colorbar", "hoverlabel", "textfont"})
+_LAYOUT_NESTED = frozenset({"xaxis", "yaxis", "legend", "title", "font", "margin"})
+# plotly.js typed arrays (what plotly's convert_to_base64 writes): numpy dtype -> plotly.js dtype
+_TYPED = {"int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4", "uint32": "u4",
+          "float32": "f4", "float64": "f8"}
+# the data arrays plotly's validators keep as numpy arrays (so typed); other arrays (a bar's ``base``, ...) are
+# written as lists, as plotly writes them
+_TYPED_KEYS = frozenset({"x", "y", "z", "customdata"})
+_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("/", "\\u002f"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+_CACHE: dict = {}
+
+
+# --------------------------------------------------------------------------- building figures
+def _put(out: dict, path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        nxt = out.get(key)
+        if not isinstance(nxt, dict):
+            nxt = out[key] = {}
+        out = nxt
+    last = path[-1]
+    if isinstance(value, dict) and isinstance(out.get(last), dict):
+        for k, v in value.items():
+            _put(out[last], [k], v)
+    else:
+        out[last] = dict(value) if isinstance(value, dict) else value
+
+
+def _props(kwargs: dict, nested: frozenset) -> dict:
+    """Keyword arguments as plotly.js properties: ``a_b=v`` -> ``{"a": {"b": v}}`` for a nested ``a``;
+    pandas columns as numpy arrays, tuples as lists."""
+    out: dict = {}
+    for key, value in kwargs.items():
+        if value is None:
+            continue
+        if hasattr(value, "to_numpy") and not hasattr(value, "__array_interface__"):
+            value = value.to_numpy()
+        elif type(value) is tuple:
+            value = list(value)
+        head = key.split("_", 1)[0]
+        _put(out, key.split("_") if head in nested and "_" in key else [key], value)
+    return out
+
+
+def _titled(d: dict | None, key: str = "title") -> None:
+    """A title given as text becomes ``{"text": ...}`` (plotly.js 3 reads only that form)."""
+    if isinstance(d, dict) and isinstance(d.get(key), str):
+        d[key] = {"text": d[key]}
+
+
+def _trace(kind: str, kwargs: dict) -> dict:
+    t = {"type": kind, **_props(kwargs, _TRACE_NESTED)}
+    _titled(t.get("colorbar"))
+    return t
+
+
+def bar(**kwargs) -> dict:
+    """A bar trace (``go.Bar``'s keyword arguments)."""
+    return _trace("bar", kwargs)
+
+
+def scatter(**kwargs) -> dict:
+    """A scatter / line trace (``go.Scatter``'s keyword arguments)."""
+    return _trace("scatter", kwargs)
+
+
+def histogram(**kwargs) -> dict:
+    """A histogram, binned by plotly.js (``go.Histogram``'s keyword arguments)."""
+    return _trace("histogram", kwargs)
+
+
+def heatmap(**kwargs) -> dict:
+    """A heat map (``go.Heatmap``'s keyword arguments)."""
+    return _trace("heatmap", kwargs)
+
+
+class Figure:
+    """A figure as plotly.js reads it: ``data`` (a list of trace dicts) and ``layout`` (a dict)."""
+
+    def __init__(self, data: dict | list | None = None) -> None:
+        self.data: list[dict] = [data] if isinstance(data, dict) else list(data or [])
+        self.layout: dict = {}
+
+    def add_trace(self, trace: dict) -> "Figure":
+        self.data.append(trace)
+        return self
+
+    def update_layout(self, **kwargs) -> "Figure":
+        """``go.Figure.update_layout``'s keyword arguments (``title=``, ``xaxis_title=``, ``yaxis=dict(...)``)."""
+        for key, value in _props(kwargs, _LAYOUT_NESTED).items():
+            _put(self.layout, [key], value)
+        _titled(self.layout)
+        for axis in ("xaxis", "yaxis"):
+            _titled(self.layout.get(axis))
+        return self
+
+    def add_hline(self, y: float, line_dash: str | None = None, annotation_text: str | None = None) -> "Figure":
+        """A horizontal line across the plot at ``y``, with a note at its right end (as ``go.Figure.add_hline``)."""
+        line = {"dash": line_dash} if line_dash else {}
+        self.layout.setdefault("shapes", []).append(
+            {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": y, "y1": y, "line": line})
+        if annotation_text:
+            self.layout.setdefault("annotations", []).append(
+                {"text": annotation_text, "showarrow": False, "xref": "x domain", "x": 1, "xanchor": "right",
+                 "yref": "y", "y": y, "yanchor": "bottom"})
+        return self
+
+    def to_dict(self) -> dict:
+        return {"data": self.data, "layout": self.layout}
+
+
+# --------------------------------------------------------------------------- into HTML
+def _plotly_data(*parts: str) -> str:
+    """A data file of the installed plotly package (found without importing it)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        from fsdpprof.errors import UserError
+        raise UserError("the plotly package is not installed; install fsdpprof with its dependencies "
+                        "(pip install fsdpprof)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "package_data", *parts)
 
 
 def white_template() -> dict:
-    """plotly's ``plotly_white`` template as JSON (built once per process)."""
-    if not _TEMPLATE_JSON:
-        import plotly.io as pio
+    """plotly's ``plotly_white`` template (read once per process)."""
+    if "template" not in _CACHE:
+        with open(_plotly_data("templates", "plotly_white.json"), encoding="utf-8") as fh:
+            _CACHE["template"] = json.load(fh)
+    return _CACHE["template"]
 
-        _TEMPLATE_JSON.update(pio.templates["plotly_white"].to_plotly_json())
-    return _TEMPLATE_JSON
+
+def plotly_js() -> str:
+    """The plotly.js bundle of the installed plotly package (read once per process)."""
+    if "js" not in _CACHE:
+        with open(_plotly_data("plotly.min.js"), encoding="utf-8") as fh:
+            _CACHE["js"] = fh.read()
+    return _CACHE["js"]
 
 
-def _copy_dicts(obj: Any) -> Any:
-    """``obj`` with every dict (and every list holding one) copied; other values shared.  Enough for
-    plotly's base64 pass, which replaces arrays inside dicts and changes nothing else."""
+def _typed(v):
+    """A numeric numpy array as a plotly.js typed array (64-bit integers narrowed where they fit, as
+    plotly does); anything else unchanged."""
+    dtype = str(v.dtype)
+    if v.size == 0:
+        return v
+    if dtype in ("int64", "uint64"):
+        lo, hi = int(v.min()), int(v.max())
+        for cand in (("int8", "int16", "int32") if dtype == "int64" else ("uint8", "uint16", "uint32")):
+            info = np.iinfo(cand)
+            if info.min <= lo and hi <= info.max:
+                v = v.astype(cand)
+                break
+        else:
+            return v
+        dtype = str(v.dtype)
+    short = _TYPED.get(dtype)
+    if short is None:
+        return v
+    spec = {"dtype": short, "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
+    if v.ndim > 1:
+        spec["shape"] = str(v.shape)[1:-1]
+    return spec
+
+
+def _with_typed_arrays(obj):
+    """``obj`` with the numeric numpy data arrays (x, y, z) inside it as typed arrays (new dicts and lists;
+    the figure given is not changed)."""
     t = type(obj)
     if t is dict:
-        return {k: _copy_dicts(v) for k, v in obj.items()}
-    if (t is list or t is tuple) and any(type(x) in (dict, list, tuple) for x in obj):
-        return t(_copy_dicts(x) for x in obj)
+        return {k: (_typed(v) if k in _TYPED_KEYS else v) if isinstance(v, np.ndarray) else _with_typed_arrays(v)
+                for k, v in obj.items()}
+    if t is list or t is tuple:
+        return [_with_typed_arrays(x) for x in obj]
     return obj
 
 
-def figure_spec(fig, height: int) -> dict:
-    """The JSON figure plotly.js draws: ``fig`` (go.Figure or dict) with ``height``, fsdpprof's margins
-    and the plotly_white template, numeric arrays as plotly's typed arrays.  ``fig`` is not changed."""
-    if isinstance(fig, dict):
-        data, layout = fig.get("data") or [], fig.get("layout") or {}
-        frames = fig.get("frames")
-    else:                          # a go.Figure: its own dicts, as to_dict reads them (without the deep copy)
-        data, layout = fig._data, fig._layout
-        frames = [f._props for f in fig._frame_objs]
-    # (the template is replaced below, in its place: not copied)
-    lay = {k: None if k == "template" else _copy_dicts(v) for k, v in layout.items()}
-    spec = {"data": [_copy_dicts(t) for t in data], "layout": lay}
-    if frames:
-        spec["frames"] = _copy_dicts(list(frames))
-    lay["margin"] = {**(lay.get("margin") or {}), **MARGIN}     # (in update_layout's order: margin, height)
-    lay["height"] = height
-    from plotly.basedatatypes import convert_to_base64
+def _enc_hook(obj):
+    if hasattr(obj, "tolist"):            # numpy arrays and scalars
+        return obj.tolist()
+    if hasattr(obj, "isoformat"):
+        return obj.isoformat()
+    return str(obj)
 
-    convert_to_base64(spec)
+
+def to_json(obj) -> str:
+    """JSON for a <script>: NaN / inf as null, numpy values as numbers, ``<``, ``>``, ``/`` and the JavaScript
+    line separators escaped (as plotly's to_json_plotly)."""
+    import msgspec
+
+    out = msgspec.json.encode(obj, enc_hook=_enc_hook).decode("utf-8")
+    for unsafe, safe in _SAFE:
+        if unsafe in out:
+            out = out.replace(unsafe, safe)
+    return out
+
+
+def figure_spec(fig, height: int) -> dict:
+    """The JSON figure plotly.js draws: ``fig`` (:class:`Figure`, a dict, or a ``go.Figure``) with ``height``,
+    fsdpprof's margins and the plotly_white template, numeric arrays as typed arrays.  ``fig`` is not changed."""
+    if isinstance(fig, Figure):
+        data, layout = fig.data, fig.layout
+    elif isinstance(fig, dict):
+        data, layout = fig.get("data") or [], fig.get("layout") or {}
+    else:                                  # a plotly go.Figure
+        d = fig.to_plotly_json()
+        data, layout = d.get("data") or [], {k: v for k, v in (d.get("layout") or {}).items() if k != "template"}
+    spec = {"data": _with_typed_arrays(list(data)), "layout": _with_typed_arrays(dict(layout))}
+    lay = spec["layout"]
+    lay["margin"] = {**(lay.get("margin") or {}), **MARGIN}
+    lay["height"] = height
     lay["template"] = white_template()
     return spec
 
 
 def figure_html(fig, height: int, div_id: str, include_plotlyjs: bool) -> str:
-    """One figure as a ``<div class="plot">`` (with plotly.js itself when ``include_plotlyjs``)."""
-    import plotly.io as pio
-
-    return '<div class="plot">' + pio.to_html(
-        figure_spec(fig, height), full_html=False, include_plotlyjs=include_plotlyjs, div_id=div_id,
-        config=CONFIG, validate=False) + "</div>"
+    """One figure as a ``<div class="plot">`` (with plotly.js itself when ``include_plotlyjs``), the markup
+    of plotly's ``to_html(full_html=False)``."""
+    spec = figure_spec(fig, height)
+    load = ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
+            f"<script>{plotly_js()}</script>") if include_plotlyjs else ""
+    script = (f'if (document.getElementById("{div_id}")) {{Plotly.newPlot("{div_id}", {to_json(spec["data"])}, '
+              f'{to_json(spec["layout"])}, {json.dumps(CONFIG)})}};')
+    return (f'<div class="plot"><div style="height:{height}px; width:100%;">{load}'
+            f'<div id="{div_id}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'
+            f"<script>window.PLOTLYENV=window.PLOTLYENV || {{}};{script}</script></div></div>")

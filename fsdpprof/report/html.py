@@ -18,8 +18,6 @@ import math
 import re
 
 import pandas as pd
-import plotly.graph_objects as go
-import plotly.io as pio
 
 from fsdpprof import __version__
 from fsdpprof.analyze.headline import headline, peak_rank
@@ -448,8 +446,8 @@ class Page:
     def __init__(self) -> None:
         self.n_figs = 0
 
-    def fig(self, fig: go.Figure | dict, height: int = 360) -> str:
-        """A figure (go.Figure, or a plain figure dict: no validation) as HTML; see report.figures."""
+    def fig(self, fig: figures.Figure | dict, height: int = 360) -> str:
+        """A figure (figures.Figure, or a plain plotly.js figure dict) as HTML; see report.figures."""
         self.n_figs += 1
         return figures.figure_html(fig, height, f"plot-{self.n_figs}", include_plotlyjs=(self.n_figs == 1))
 
@@ -722,7 +720,7 @@ def _memory(a, page: Page) -> str:
         else:
             if len(mp) > 2:   # with one or two ranks the table says it all
                 sc, unit = mem_scale(mp["peak_allocated_bytes"].max())
-                fig = go.Figure(go.Bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
+                fig = figures.Figure(figures.bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
                                        marker_color="#1f77b4"))
                 fig.update_layout(title="Peak allocated memory per rank", yaxis_title=unit)
                 out.append(page.fig(fig, 300))
@@ -740,7 +738,7 @@ def _memory(a, page: Page) -> str:
             bd = bd[bd["pct"] >= 0.1]   # what is not even 0.1% of the peak is in the tables, not a bar
             order = {c: i for i, c in enumerate(CATEGORY_COLORS)}
             bd = bd.sort_values("category", key=lambda s: s.astype(str).map(order).fillna(99))
-            fig = go.Figure(go.Bar(x=[label(category_label(c)) for c in bd["category"]], y=bd["bytes"] / sc,
+            fig = figures.Figure(figures.bar(x=[label(category_label(c)) for c in bd["category"]], y=bd["bytes"] / sc,
                                    marker_color=[CATEGORY_COLORS.get(str(c), "#7f7f7f") for c in bd["category"]],
                                    text=[f"{fmt_fixed(b / sc)} {unit}<br>{p:.0f}%" for b, p in zip(bd["bytes"], bd["pct"])],
                                    textposition="outside", cliponaxis=False))
@@ -749,14 +747,14 @@ def _memory(a, page: Page) -> str:
             charts.append(page.fig(fig, 360))
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
-            fig = go.Figure()
+            fig = figures.Figure()
             by_index = getattr(m, "timeline_unit", "us") == "event_index"  # legacy snapshots: no times
             t0 = 0.0 if by_index else float(tl["ts_us"].min())
             xs = tl["ts_us"] if by_index else (tl["ts_us"] - t0) / 1e3
             for c in [c for c in tl.columns if c != "ts_us"]:
                 if not pd.api.types.is_numeric_dtype(tl[c]) or float(tl[c].max() or 0) <= 0:
                     continue
-                fig.add_trace(go.Scatter(x=xs, y=tl[c] / sc, name=label(category_label(c)), mode="lines",
+                fig.add_trace(figures.scatter(x=xs, y=tl[c] / sc, name=label(category_label(c)), mode="lines",
                                          stackgroup="one", line=dict(width=0.5, color=CATEGORY_COLORS.get(c))))
             fig.update_layout(title=f"Memory over the recorded steps, rank {r0}",
                               xaxis_title="allocation event number (the snapshot has no times)" if by_index
@@ -800,11 +798,11 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
     bu["unit"] = bu["unit"].astype(str).replace("", "(root)")
     units = unit_order(bu["unit"])
     sc, unit = mem_scale(bu.groupby("unit")["bytes"].sum().max())
-    fig = go.Figure()
+    fig = figures.Figure()
     order = {c: i for i, c in enumerate(CATEGORY_COLORS)}
     for cat in sorted(bu["category"].astype(str).unique(), key=lambda c: order.get(c, 99)):
         g = bu[bu["category"].astype(str) == cat].groupby("unit")["bytes"].sum()
-        fig.add_trace(go.Bar(x=[label(u) for u in units], y=[g.get(u, 0.0) / sc for u in units],
+        fig.add_trace(figures.bar(x=[label(u) for u in units], y=[g.get(u, 0.0) / sc for u in units],
                              name=label(category_label(cat)), marker_color=CATEGORY_COLORS.get(cat)))
     fig.update_layout(barmode="stack", title=f"Memory per unit at the peak, rank {r0}", yaxis_title=unit,
                       xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
@@ -827,10 +825,10 @@ def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
     g = per.groupby(["unit", "collective", "stage"], as_index=False)["exposed_comm_us"].mean()
     g["unit"] = g["unit"].astype(str).replace("", "(root)")
     units = unit_order(g["unit"])
-    fig = go.Figure()
+    fig = figures.Figure()
     for (coll, stage), s in g.groupby(["collective", "stage"]):
         by = s.set_index("unit")["exposed_comm_us"]
-        fig.add_trace(go.Bar(x=[label(u) for u in units], y=[by.get(u, 0.0) / 1e3 for u in units],
+        fig.add_trace(figures.bar(x=[label(u) for u in units], y=[by.get(u, 0.0) / 1e3 for u in units],
                              name=label(f"{value_label('collective', coll)} in {stage}")))
     fig.update_layout(barmode="group", title="Exposed communication per unit (ms per step)",
                       yaxis_title="ms", xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
@@ -861,9 +859,9 @@ def _lanes_chart(a, page: Page) -> str:
     order = list(dict.fromkeys(ln["who"]))
     order.sort(key=lambda w: (not str(w).startswith("main"),
                               [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(w)) if p]))
-    fig = go.Figure()
+    fig = figures.Figure()
     for kind, g in ln.groupby("kind"):
-        fig.add_trace(go.Bar(base=g["start_us"] / 1e3, x=g["dur_us"] / 1e3, y=[label(x) for x in g["who"]],
+        fig.add_trace(figures.bar(base=g["start_us"] / 1e3, x=g["dur_us"] / 1e3, y=[label(x) for x in g["who"]],
                              orientation="h", name=label(KIND_LABELS.get(kind, kind)),
                              marker_color=KIND_COLORS.get(kind, "#999"),
                              hovertext=[f"{hover_name(n)}<br>{fmt_us(d)}" for n, d in zip(g["name"], g["dur_us"])],
@@ -885,9 +883,9 @@ def _comm(a, page: Page) -> str:
         g = op.copy()
         g["key"] = [f"{value_label('collective', c)} in {s}" for c, s in zip(g["collective"], g["stage"])]
         g = g.groupby("key", as_index=False)[["overlapped_comm_us", "exposed_comm_us"]].sum()
-        fig = go.Figure([go.Bar(x=[label(k) for k in g["key"]], y=g["overlapped_comm_us"] / 1e3,
+        fig = figures.Figure([figures.bar(x=[label(k) for k in g["key"]], y=g["overlapped_comm_us"] / 1e3,
                                 name="hidden behind compute", marker_color="#93c5fd"),
-                         go.Bar(x=[label(k) for k in g["key"]], y=g["exposed_comm_us"] / 1e3, name="exposed",
+                         figures.bar(x=[label(k) for k in g["key"]], y=g["exposed_comm_us"] / 1e3, name="exposed",
                                 marker_color="#dc2626")])
         fig.update_layout(barmode="stack", title="Communication time, hidden vs exposed (all ranks, all steps)",
                           yaxis_title="ms")
@@ -937,15 +935,15 @@ def _steps(a, page: Page) -> str:
                    f"communication exposed, {esc(idle)}. {esc(what)} <i>step - formula</i> is the measured step "
                    f"minus T_comp + T_comm - T_overlap.</p>")
         x = [f"rank {int(r)}, step {fmt_num(st)}" for r, st in zip(s["rank"], s["step"])]
-        fig = go.Figure()
+        fig = figures.Figure()
         for col, name, color in (("compute_us", "compute", SPLIT_COLORS["compute"]),
                                  ("exposed_comm_us", "exposed communication", SPLIT_COLORS["exposed_comm"]),
                                  ("idle_us", idle, SPLIT_COLORS["idle"]),
                                  ("residual_us", "copies, memsets, syncs only", SPLIT_COLORS["residual"])):
             if col in s and (col != "residual_us" or float(s[col].abs().max()) > 0):
-                fig.add_trace(go.Bar(x=x, y=s[col] / 1e3, name=name, marker_color=color))
+                fig.add_trace(figures.bar(x=x, y=s[col] / 1e3, name=name, marker_color=color))
         if "overlapped_comm_us" in s:
-            fig.add_trace(go.Scatter(x=x, y=s["overlapped_comm_us"] / 1e3, name="communication hidden behind compute",
+            fig.add_trace(figures.scatter(x=x, y=s["overlapped_comm_us"] / 1e3, name="communication hidden behind compute",
                                      mode="markers", marker=dict(color="#2563eb", symbol="diamond")))
         fig.update_layout(barmode="stack", title="Step time per rank and step", yaxis_title="ms")
         out.append(page.fig(fig, 340))
@@ -960,7 +958,7 @@ def _ranks(a, page: Page) -> str:
     if a.stragglers is not None and not a.stragglers.empty:
         out.append(many_ranks.stragglers(a, page) if many_ranks.is_many(a) else table(a.stragglers))
     if a.skew is not None and not a.skew.empty and "start_skew_us" in a.skew:
-        fig = go.Figure(go.Histogram(x=a.skew["start_skew_us"] / 1e3, nbinsx=40, marker_color="#6366f1"))
+        fig = figures.Figure(figures.histogram(x=a.skew["start_skew_us"] / 1e3, nbinsx=40, marker_color="#6366f1"))
         fig.update_layout(title=f"Start skew of {len(a.skew)} matched collectives", xaxis_title="ms",
                           yaxis_title="count")
         out.append(page.fig(fig, 300))
@@ -977,11 +975,11 @@ def _device(a, page: Page) -> str:
     if tb is not None and not tb.empty and many_ranks.is_many(a):
         out.append(many_ranks.temporal(a, page))
     elif tb is not None and not tb.empty:
-        fig = go.Figure()
+        fig = figures.Figure()
         for col, name, color in (("compute_time_us", "compute", "#1f77b4"),
                                  ("non_compute_time_us", "non-compute (communication, memory)", "#d62728"),
                                  ("idle_time_us", "idle", "#d1d5db")):
-            fig.add_trace(go.Bar(x=[f"rank {r}" for r in tb["rank"]], y=tb[col] / 1e3, name=name, marker_color=color))
+            fig.add_trace(figures.bar(x=[f"rank {r}" for r in tb["rank"]], y=tb[col] / 1e3, name=name, marker_color=color))
         fig.update_layout(barmode="stack", title="Temporal breakdown of device time per rank", yaxis_title="ms")
         out.append(page.fig(fig, 320) + table(tb))
     else:
@@ -997,7 +995,7 @@ def _device(a, page: Page) -> str:
                    + table(a.top_kernels.sort_values("sum_us", ascending=False).head(40), left=("kernel_type", "name")))
     if a.idle is not None and not a.idle.empty:
         idle = a.idle.groupby("idle_category", as_index=False)["idle_time_us"].sum()
-        fig = go.Figure(go.Bar(x=[label(value_label("idle_category", c)) for c in idle["idle_category"]],
+        fig = figures.Figure(figures.bar(x=[label(value_label("idle_category", c)) for c in idle["idle_category"]],
                                y=idle["idle_time_us"] / 1e3, marker_color="#9ca3af"))
         fig.update_layout(title="Device idle time by cause (all ranks and streams)", yaxis_title="ms")
         out.append("<h3>Idle time by cause: host wait (the CPU had not launched the next kernel), kernel wait "
@@ -1131,12 +1129,12 @@ def _memory_vs_formula(c, page: Page) -> str:
     measured, said = "measured", "formula"
     tops = [x.groupby("run")["bytes"].sum().max() for x in (cats, formula) if x is not None and not x.empty]
     sc, unit = mem_scale(max(tops) if tops else float("nan"))
-    fig = go.Figure()
+    fig = figures.Figure()
     order = {k: i for i, k in enumerate(CATEGORY_COLORS)}
     if cats is not None and not cats.empty:
         for cat in sorted(cats["category"].astype(str).unique(), key=lambda k: order.get(k, 99)):
             g = cats[cats["category"].astype(str) == cat].groupby("run")["bytes"].sum()
-            fig.add_trace(go.Bar(x=[[label(r) for r in runs], [measured] * len(runs)],
+            fig.add_trace(figures.bar(x=[[label(r) for r in runs], [measured] * len(runs)],
                                  y=[g.get(r, 0.0) / sc for r in runs], name=label(category_label(cat)),
                                  legendgroup="measured", legendgrouptitle_text="measured at the peak",
                                  marker_color=CATEGORY_COLORS.get(cat)))
@@ -1145,7 +1143,7 @@ def _memory_vs_formula(c, page: Page) -> str:
             g = formula[formula["category"] == cat].groupby("run")["bytes"].sum()
             if g.empty:
                 continue
-            fig.add_trace(go.Bar(x=[[label(r) for r in runs], [said] * len(runs)], y=[g.get(r, 0.0) / sc for r in runs],
+            fig.add_trace(figures.bar(x=[[label(r) for r in runs], [said] * len(runs)], y=[g.get(r, 0.0) / sc for r in runs],
                                  name=label(category_label(cat)), legendgroup="formula",
                                  legendgrouptitle_text="ZeRO formula (model states)",
                                  marker=dict(color=CATEGORY_COLORS.get(cat), pattern=dict(shape="/", fgcolor="#fff"))))
@@ -1160,12 +1158,12 @@ def _compare_time(c, page: Page) -> str:
     if tm is None or tm.empty:
         return ""
     host = _compare_host(c)
-    fig = go.Figure()
+    fig = figures.Figure()
     for col, name, color in (("compute_us", "compute", SPLIT_COLORS["compute"]),
                              ("exposed_comm_us", "exposed communication", SPLIT_COLORS["exposed_comm"]),
                              ("idle_us", idle_words(host), SPLIT_COLORS["idle"])):
         if col in tm:
-            fig.add_trace(go.Bar(x=[label(x) for x in tm["run"]], y=tm[col] / 1e3, name=name, marker_color=color))
+            fig.add_trace(figures.bar(x=[label(x) for x in tm["run"]], y=tm[col] / 1e3, name=name, marker_color=color))
     fig.update_layout(barmode="stack", title="Step time (median per step over ranks)", yaxis_title="ms")
     words = (f"On CPU traces {HOST_TIME} is {HOST_TIME_WHAT}: time of the step covered by no operator and no "
              "collective." if host else "Idle: time of the step in which the device ran nothing.")
@@ -1204,10 +1202,10 @@ def _compare_memory(c, page: Page) -> str:
     p = c.promise
     if (p is not None and not p.empty and p["model_states_theory_bytes"].notna().any()) or cats is None or cats.empty:
         return ""
-    fig = go.Figure()
+    fig = figures.Figure()
     sc, unit = mem_scale(cats.groupby("run")["bytes"].sum().max())
     for cat, g in cats.groupby("category", observed=True):
-        fig.add_trace(go.Bar(x=[label(x) for x in g["run"]], y=g["bytes"] / sc, name=label(category_label(cat)),
+        fig.add_trace(figures.bar(x=[label(x) for x in g["run"]], y=g["bytes"] / sc, name=label(category_label(cat)),
                              marker_color=CATEGORY_COLORS.get(str(cat))))
     fig.update_layout(barmode="stack", title="Memory at the peak by category (the rank with the highest peak)",
                       yaxis_title=unit)

@@ -12,10 +12,10 @@ page's :class:`fsdpprof.report.html.Page` and returns an HTML fragment ("" when 
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 
 from fsdpprof.analyze.distributions import WORST_N, exposed_heatmap
 from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX
+from fsdpprof.report import figures
 
 MIB = float(2**20)
 
@@ -62,7 +62,7 @@ def _histogram(page, values, title: str, xaxis: str, color: str = "#1f77b4") -> 
     v = v[np.isfinite(v)]
     if v.size == 0:
         return ""
-    fig = go.Figure(go.Histogram(x=v.astype(np.float32), nbinsx=min(60, max(10, int(np.sqrt(v.size)))),
+    fig = figures.Figure(figures.histogram(x=v.astype(np.float32), nbinsx=min(60, max(10, int(np.sqrt(v.size)))),
                                  marker_color=color))
     fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title="ranks", bargap=0.05)
     return page.fig(fig, 280)
@@ -135,7 +135,7 @@ def steps(a, page) -> str:
     hm = exposed_heatmap(s)
     if hm is not None:
         z, rows, cols = hm
-        fig = go.Figure(go.Heatmap(z=(z / 1e3).astype(np.float32), x=[_h().fmt_num(c) for c in cols], y=rows,
+        fig = figures.Figure(figures.heatmap(z=(z / 1e3).astype(np.float32), x=[_h().fmt_num(c) for c in cols], y=rows,
                                    colorscale="Reds", colorbar=dict(title="ms"),
                                    hovertemplate="%{y}, step %{x}: %{z:.3f} ms exposed<extra></extra>"))
         fig.update_layout(title=f"Exposed communication per rank and step ({len(s['rank'].unique())} ranks)",

@@ -5,8 +5,8 @@ Input: the dict :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` retur
 """
 from __future__ import annotations
 
-import plotly.graph_objects as go
 
+from fsdpprof.report import figures
 from fsdpprof.report.html import CATEGORY_COLORS, MIB, Page, document, esc, fmt_bytes, fmt_us, label
 
 
@@ -41,9 +41,9 @@ def _figure(result: dict, page: Page) -> str:
         for c in p.get("breakdown") or {}:
             if c not in cats:
                 cats.append(c)
-    fig = go.Figure()
+    fig = figures.Figure()
     for c in cats:
-        fig.add_trace(go.Bar(x=names, y=[(p.get("breakdown") or {}).get(c, 0) / MIB for p in preds], name=label(c),
+        fig.add_trace(figures.bar(x=names, y=[(p.get("breakdown") or {}).get(c, 0) / MIB for p in preds], name=label(c),
                              marker_color=CATEGORY_COLORS.get({"param": "sharded_param", "grad": "sharded_grad"}
                                                               .get(c, c), "#7f7f7f")))
     mpeak = (result.get("measured") or {}).get("peak_allocated_bytes")
