@@ -176,3 +176,41 @@ def test_committed_demo_reports_render(page, tmp_path):
     dom, console = open_page(page, tmp_path)
     assert console == [], console
     assert assert_plots_rendered(dom, page.read_text()) >= 2
+
+
+def test_every_kind_of_figure_renders(tmp_path):
+    """Each trace type and layout feature the report's charts use (fsdpprof.report.figures: bars, stacked
+    lines, markers, a histogram, a heat map with a named colour scale, a horizontal line with its note, a
+    two-level category axis) drawn by the embedded plotly.js with no console error."""
+    import numpy as np
+    import pandas as pd
+
+    from fsdpprof.report import figures
+    from fsdpprof.report.html import Page, document
+
+    page = Page()
+    bars = figures.Figure()
+    for name, ys in (("params", [1.0, 2.0]), ("grads", [0.5, 0.25])):
+        bars.add_trace(figures.bar(x=[["run a", "run b"], ["measured", "measured"]], y=ys, name=name,
+                                   legendgroup="m", legendgrouptitle_text="measured",
+                                   marker=dict(color="#1f77b4", pattern=dict(shape="/", fgcolor="#fff"))))
+    bars.add_hline(y=2.5, line_dash="dot", annotation_text="measured peak")
+    bars.update_layout(barmode="stack", title="bars", yaxis_title="MiB", legend=dict(groupclick="toggleitem"))
+    lines = figures.Figure()
+    lines.add_trace(figures.scatter(x=pd.Series([0.0, 1.0, 2.0]), y=pd.Series([1.0, np.nan, 3.0]), mode="lines",
+                                    stackgroup="one", line=dict(width=0.5, color="#abcdef"), name="acts"))
+    lines.add_trace(figures.scatter(x=["a", "b"], y=[1.0, 2.0], mode="markers", marker=dict(symbol="diamond")))
+    lanes = figures.Figure(figures.bar(base=pd.Series([0.0, 1.5]), x=pd.Series([1.0, 0.5]), y=["main", "gloo"],
+                                       orientation="h", hovertext=["a", "b"], hoverinfo="text", width=0.6))
+    lanes.update_layout(barmode="overlay", yaxis=dict(categoryorder="array", categoryarray=["gloo", "main"]))
+    hist = figures.Figure(figures.histogram(x=np.linspace(0, 1, 50, dtype=np.float32), nbinsx=10))
+    heat = figures.Figure(figures.heatmap(z=np.arange(12, dtype=np.float32).reshape(3, 4), x=["1", "2", "3", "4"],
+                                          y=["rank 0", "rank 1", "rank 2"], colorscale="Reds", colorbar=dict(title="ms")))
+    heat.update_layout(yaxis=dict(autorange="reversed", type="category"), xaxis=dict(type="category"))
+    body = "".join(page.fig(f, 300) for f in (bars, lines, lanes, hist, heat))
+    out = tmp_path / "figures.html"
+    out.write_text(document("figures", "every kind", [], body))
+    dom, console = open_page(out, tmp_path)
+    assert console == [], console
+    assert assert_plots_rendered(dom, out.read_text()) == 5
+    assert "measured peak" in dom and "rank 2" in dom
