@@ -320,7 +320,7 @@ def _rank_numbers(path: str, rank: int) -> tuple[RankOverlap | None, list[Collec
     for r in rows:
         if r.on_gpu and r.corr >= 0:
             j = launch.get(r.corr)
-            if j is not None and r.corr >= 0:
+            if j is not None:
                 r.launch_tid, r.launch_ts = tids[j], ts[j]
     _type_from_launching_op(rows)
     _fill_from_cpu_side(rows)
