@@ -25,8 +25,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from itertools import compress
 from math import isfinite
-from operator import attrgetter
-from typing import Any
+from operator import add, attrgetter
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 
@@ -99,14 +99,21 @@ class _NotQuick(Exception):
     """This trace is read by the full path."""
 
 
-# The types of the decoder's fast path (fsdpprof.analyze.trace.decode: FastEvent, XArgs): a trace that fits them
-# is read alike here; one that does not takes the full path.  One struct for every phase (the fast path reads
-# its phases as a tagged union): what it checks is at least what the fast path checks, and phases outside
-# the chrome-trace ones it knows are sent to the full path too (_PHASES).
+# The types of the decoder's fast path (fsdpprof.analyze.trace.decode: FastEvent, XArgs), checked by msgspec as it
+# decodes: a trace that fits them is read alike here; one that does not takes the full path.  One struct for every
+# phase (the fast path reads its phases as a tagged union), stricter where strictness saves a pass in Python
+# (names are strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64): what
+# it accepts the fast path accepts too, with the same values.
+_Id64 = Annotated[int, msgspec.Meta(le=(1 << 63) - 1)]
+_Key = Union[int, Annotated[str, msgspec.Meta(max_length=rules.NAME_MAX_CHARS)]]
+_Phase = Literal["X", "i", "I", "M", "B", "E", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "R", "c",
+                 "p", "(", ")"]                 # the phases the fast path decodes or skips
+
+
 class _Args(msgspec.Struct, gc=False, frozen=True):
-    stream: int = -1
-    correlation: int = -1
-    ext_id: int = msgspec.field(default=-1, name="External id")
+    stream: _Id64 = -1
+    correlation: _Id64 = -1
+    ext_id: _Id64 = msgspec.field(default=-1, name="External id")
     coll_name: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -122,17 +129,14 @@ _NO_ARGS = _Args()
 
 
 class _Event(msgspec.Struct, gc=False):
-    ph: Any = None
-    name: Any = ""
+    ph: _Phase
+    name: str = ""
     cat: Any = None
-    pid: Any = None
-    tid: Any = None
+    pid: Optional[_Key] = None
+    tid: Optional[_Key] = None
     ts: float = float("nan")
     dur: float = float("nan")
     args: _Args = _NO_ARGS
-
-
-_PHASES = frozenset("XiIMBECbnestfPONDRcp()")        # the phases the fast path decodes or skips
 
 
 class _Doc(msgspec.Struct):
@@ -144,7 +148,6 @@ class _Doc(msgspec.Struct):
 _DOC_DEC = msgspec.json.Decoder(_Doc)
 _KEY = b'"traceEvents"'
 _ARRAY_OPEN = re.compile(rb"\s*:\s*\[")
-_INT64_MAX = (1 << 63) - 1
 
 
 def _json_bytes(path: str) -> bytes:
@@ -205,8 +208,7 @@ class _Row:
                  "corr", "coll", "nbytes", "dtype", "gs", "pg", "seq", "shard", "launch_tid", "launch_ts")
 
 
-_GET = {k: attrgetter(k) for k in ("ph", "name", "cat", "tid", "pid", "ts", "dur", "args", "stream", "correlation",
-                                     "ext_id", "coll_name", "in_nelems")}
+_GET_PH, _GET_NAME, _GET_CAT, _GET_TS, _GET_DUR = (attrgetter(k) for k in ("ph", "name", "cat", "ts", "dur"))
 # what a name can make an event: comm work, or an op that carries a collective (judged per distinct name)
 _MAY_CARRY = rules.N_COMM | rules.N_GLOO | rules.N_C10D | rules.N_NCCL_OP
 
@@ -215,7 +217,7 @@ def _select(mask: list, *columns: list) -> list:
     return [list(compress(c, mask)) for c in columns]
 
 
-def _rank_numbers(path: str, rank: int) -> tuple[RankOverlap | None, list[CollectiveVolume]]:
+def _rank_numbers(path: str, rank: int) -> tuple[Optional[RankOverlap], list]:
     """One trace's overlap row (None when it has no event outside runtime calls) and volume rows."""
     doc = _decode(_json_bytes(path))
     meta = {"distributedInfo": doc.distributedInfo} if doc.distributedInfo is not None else {}
@@ -224,104 +226,80 @@ def _rank_numbers(path: str, rank: int) -> tuple[RankOverlap | None, list[Collec
     events = doc.traceEvents
     del doc
 
-    # --- the kept duration events, as the decoder keeps them (one column at a time) --------------------
+    # --- the kept duration events, as the decoder keeps them (column by column, in C where it can) ----------
+    cats = list(map(_GET_CAT, events))
     try:
-        if not set(map(_GET["ph"], events)) <= _PHASES:
-            raise _NotQuick
-        cats = list(map(_GET["cat"], events))
         keep = list(map(_KEEP.__contains__, cats))
-    except TypeError:                                # a phase or category that is a list or an object
+    except TypeError:                                # a category that is a list or an object
         raise _NotQuick from None
     xs = list(compress(events, keep))
     cats = list(compress(cats, keep))
     del events, keep
-    if set(map(_GET["ph"], xs)) != {"X"}:           # (instants and metadata with a kept category)
+    if set(map(_GET_PH, xs)) != {"X"}:              # (instants and metadata with a kept category; or none)
         ok = [e.ph == "X" for e in xs]
         xs, cats = _select(ok, xs, cats)
-    n = len(xs)
-    if not n:
-        raise _NotQuick
-    args = list(map(_GET["args"], xs))
-    corr, ext, stream = (list(map(_GET[k], args)) for k in ("correlation", "ext_id", "stream"))
-    if max(corr) > _INT64_MAX or max(ext) > _INT64_MAX or max(stream) > _INT64_MAX:
-        raise _NotQuick                              # (ids beyond int64 take the decoder's other path)
-    names = list(map(_GET["name"], xs))
-    tids = list(map(_GET["tid"], xs))
-    pids = list(map(_GET["pid"], xs))
-    try:
-        distinct = dict.fromkeys(names)
-        ids = set(tids) | set(pids)
-    except TypeError:                                # a list or an object as a name or an id
-        raise _NotQuick from None
-    if any(type(x) is not str for x in distinct) or any(
-            not (type(t) is int or (type(t) is str and len(t) <= rules.NAME_MAX_CHARS)) for t in ids):
-        raise _NotQuick
-    ts = list(map(_GET["ts"], xs))
-    dur = list(map(_GET["dur"], xs))
-    del xs
-    cols = [names, cats, tids, pids, ts, dur, args, corr, ext, stream]
-    # implausible times left out (sums are NaN / inf when one is)
+        if not xs:
+            raise _NotQuick                          # no duration event: the full path says so (or reads memory)
+    ts = list(map(_GET_TS, xs))
+    dur = list(map(_GET_DUR, xs))
+    # implausible times left out (the sums are NaN / inf when one is NaN / inf)
     if not (isfinite(sum(ts)) and isfinite(sum(dur)) and -_TMAX <= min(ts) and max(ts) <= _TMAX
             and 0 <= min(dur) and max(dur) <= _TMAX):
         ok = [t == t and d == d and -_TMAX <= t <= _TMAX and 0 <= d <= _TMAX for t, d in zip(ts, dur)]
-        cols = _select(ok, *cols)
-        if not cols[0]:
+        xs, cats, ts, dur = _select(ok, xs, cats, ts, dur)
+        if not xs:
             raise _NotQuick
-    # exact duplicates of an earlier event (every column the decoder compares, External id as the args' key)
-    # left out: candidates share start and name
-    names, cats, tids, pids, ts, dur, args, corr, ext, stream = cols
-    if len(set(zip(ts, names))) < len(ts):
-        cols = _without_duplicates(cols)
-    names, cats, tids, pids, ts, dur, args, corr, ext, stream = cols
-    n = len(ts)
-
+    # exact duplicates of an earlier event (every column the decoder compares) left out: only events that share
+    # their start with another can be one
+    if len(set(ts)) < len(ts):
+        ok = _first_of_duplicates(xs, cats, ts)
+        if ok is not None:
+            xs, cats, ts, dur = _select(ok, xs, cats, ts, dur)
+    n = len(xs)
+    names = list(map(_GET_NAME, xs))
     labels = {x: rules.cut_text(x) for x in dict.fromkeys(names)}
     if len(set(labels.values())) != len(labels):
         raise _NotQuick                              # two names that read alike: the decoder numbers them (#1)
     flag_of = dict(zip(labels, rules.per_name(rules.name_flags_of, list(labels.values()))))
-    is_dev = list(map(_DEVICE.__contains__, cats))
-    is_rt = list(map(_RUNTIME.__contains__, cats))
-    carries = {x: bool(f & _MAY_CARRY) or x.startswith(_ARGS_PREFIXES) for x, f in flag_of.items()}
-    # rows that may matter for the collectives: names that may carry one, device events with comm args
-    cand = set(compress(range(n), map(carries.__getitem__, names)))
-    dev_idx = list(compress(range(n), is_dev))
-    for i in dev_idx:
-        a = args[i]
-        if a.coll_name is not None or a.in_nelems is not None:
-            cand.add(i)
 
-    # --- device type: only "cpu" changes what compute is --------------------------------------------------
-    device_cpu = not any(stream[i] >= 0 for i in dev_idx) and not any(
-        stream[i] >= 0 for i in cand if names[i].startswith(_ARGS_PREFIXES))
+    # --- device type: only "cpu" changes what compute is ----------------------------------------------------
+    is_rt = list(map(_RUNTIME.__contains__, cats))
+    dev_idx = list(compress(range(n), map(_DEVICE.__contains__, cats)))
+    carries = {x: bool(f & _MAY_CARRY) or x.startswith(_ARGS_PREFIXES) for x, f in flag_of.items()}
+    cand = list(compress(range(n), map(carries.__getitem__, names)))     # may be comm work or carry a collective
+    dev_streams = [xs[i].args.stream for i in dev_idx]
+    device_cpu = max(dev_streams, default=-1) < 0 and not any(
+        xs[i].args.stream >= 0 for i in cand if names[i].startswith(_ARGS_PREFIXES))
     if not device_cpu:
-        used = set(cats)
         rt_names = {labels[x] for x in set(compress(names, is_rt))}
         devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
-        device_cpu = vocab.device_type(used, rt_names, devs) == vocab.DEVICE_CPU
+        device_cpu = vocab.device_type(set(cats), rt_names, devs) == vocab.DEVICE_CPU
+    if is_rt.count(True) == n:
+        return None, []                              # runtime calls only: no row in the events frame
 
-    # --- classify (classify.classify_arrays, on the rows that matter) --------------------------------------
-    present = is_rt.count(True) < n
-    if not present:
-        return None, []
-    rt_corr = list(compress(corr, is_rt))
+    # --- classify (classify.classify_arrays, on the events that matter) ----------------------------------------
     rt_idx = list(compress(range(n), is_rt))
-    launch = dict(zip(reversed(rt_corr), reversed(rt_idx)))   # correlation -> its first runtime call
-    compute = []
-    not_compute = _NOT_COMPUTE_FLAGS
-    n_comm = rules.N_COMM
-    for i in dev_idx:
-        if stream[i] >= 0:
-            f = flag_of[names[i]]
-            if not f & n_comm and not f & not_compute and cats[i] not in _NOT_COMPUTE_CATS:
-                compute.append((ts[i], ts[i] + dur[i]))
-    rows = [_row(i, names[i], cats[i], tids[i], ts[i], dur[i], args[i], stream[i], flag_of[names[i]], labels)
-            for i in sorted(cand) if not is_rt[i]]
-    rows = [r for r in rows if r is not None]
+    rt_corr = [xs[i].args.correlation for i in rt_idx]
+    launch = dict(zip(reversed(rt_corr), reversed(rt_idx)))     # correlation -> its first runtime call
+    not_compute = _NOT_COMPUTE_FLAGS | rules.N_COMM
+    computes = {x: not f & not_compute for x, f in flag_of.items()}
+    kernels = [i for i, stream in zip(dev_idx, dev_streams)
+               if stream >= 0 and computes[names[i]] and cats[i] not in _NOT_COMPUTE_CATS]
+    starts = list(map(ts.__getitem__, kernels))
+    compute = list(zip(starts, map(add, starts, map(dur.__getitem__, kernels))))
+    cand = set(cand)
+    cand.update(i for i in dev_idx if _has_comm_args(xs[i].args))      # device events with comm args
+    rows = []
+    for i in sorted(cand):
+        if not is_rt[i]:
+            r = _row(xs[i], cats[i], flag_of[names[i]], labels)
+            if r is not None:
+                rows.append(r)
     for r in rows:
         if r.on_gpu and r.corr >= 0:
             j = launch.get(r.corr)
             if j is not None:
-                r.launch_tid, r.launch_ts = tids[j], ts[j]
+                r.launch_tid, r.launch_ts = _thread(xs[j].tid), ts[j]
     _type_from_launching_op(rows)
     _fill_from_cpu_side(rows)
     for r in rows:
@@ -340,17 +318,19 @@ def _rank_numbers(path: str, rank: int) -> tuple[RankOverlap | None, list[Collec
         if r.shard:
             r.nbytes = r.nbytes * r.gs
     if device_cpu:
-        ops = [(tids[i], ts[i], ts[i] + dur[i], not flag_of[names[i]] & rules.N_C10D)
+        c10d = rules.N_C10D
+        ops = [(_thread(xs[i].tid), ts[i], ts[i] + dur[i], not flag_of[names[i]] & c10d)
                for i in compress(range(n), map(_CPU_OP.__contains__, cats))]
         compute += _cpu_compute(ops, {r.tid for r in rows if r.gloo})
     return _overlap_row(rank, compute, comm_rows), _volume_rows(rank, comm_rows)
 
 
-def _row(i, name, c, tid, ts, dur, a, stream, f, labels) -> _Row | None:
-    """The row of one event when it is comm work or carries a collective (classify's kind, collective and
-    the sizes of its comm args), else None."""
+def _row(e, c: str, f: int, labels: dict) -> Optional[_Row]:
+    """The row of one event when it is comm work or carries a collective (classify's kind, collective and the
+    sizes of its comm args), else None."""
+    a, name = e.args, e.name
     device = c in _DEVICE
-    on_gpu = device and stream >= 0
+    on_gpu = device and a.stream >= 0
     annot = c in _ANNOT
     comm = gloo = False
     if on_gpu:
@@ -369,8 +349,9 @@ def _row(i, name, c, tid, ts, dur, a, stream, f, labels) -> _Row | None:
     if not comm and coll is None:
         return None
     r = _Row()
-    r.ts, r.end, r.dur, r.tid, r.on_gpu, r.comm, r.gloo = ts, ts + dur, dur, tid, on_gpu, comm, gloo
-    r.lane = f"thread:{tid}"
+    r.ts, r.dur, r.tid, r.on_gpu, r.comm, r.gloo = e.ts, e.dur, _thread(e.tid), on_gpu, comm, gloo
+    r.end = e.ts + e.dur
+    r.lane = f"thread:{e.tid}"
     r.c10d_call = bool(f & rules.N_C10D) and c in _CPU_OP
     r.label, r.ext, r.corr, r.coll = label, (a.ext_id if full else -1), a.correlation, coll
     if info is None:
@@ -381,25 +362,35 @@ def _row(i, name, c, tid, ts, dur, a, stream, f, labels) -> _Row | None:
     return r
 
 
-def _without_duplicates(cols: list) -> list:
-    """The columns less the events equal on every column the decoder compares to an earlier one (ids as it
-    keeps them: stream / External id on device events and comm ops, correlation also on runtime calls)."""
-    names, cats, tids, pids, ts, dur, args, corr, ext, stream = cols
-    count = Counter(zip(ts, names))
+def _has_comm_args(a) -> bool:
+    return a.coll_name is not None or a.in_nelems is not None
+
+
+def _thread(tid):
+    """A thread id as the decoder tells threads apart (a missing one reads "None", as decode._as_key makes it)."""
+    return "None" if tid is None else tid
+
+
+def _first_of_duplicates(xs: list, cats: list, ts: list) -> Optional[list]:
+    """Per event, False when it equals an earlier one on every column the decoder compares (ids as it keeps them:
+    stream / External id on device events and comm ops, correlation also on runtime calls, the External id as
+    the args' key); None when there is no such event.  Only events that share their start are compared."""
+    count = Counter(ts)
     seen = set()
-    keep = [True] * len(ts)
-    for i, k in enumerate(zip(ts, names)):
-        if count[k] < 2:
-            continue
-        c = cats[i]
-        full = c in _DEVICE or names[i].startswith(_ARGS_PREFIXES)
-        key = (ts[i], dur[i], ext[i], names[i], tids[i], pids[i], c, stream[i] if full else -1,
-               corr[i] if full or c in _RUNTIME else -1, ext[i] if full else -1)
+    keep = None
+    for i in [i for i, t in enumerate(ts) if count[t] > 1]:
+        e, c = xs[i], cats[i]
+        a = e.args
+        full = c in _DEVICE or e.name.startswith(_ARGS_PREFIXES)
+        key = (e.ts, e.dur, a.ext_id, e.name, e.tid, e.pid, c, a.stream if full else -1,
+               a.correlation if full or c in _RUNTIME else -1, a.ext_id if full else -1)
         if key in seen:
+            if keep is None:
+                keep = [True] * len(ts)
             keep[i] = False
         else:
             seen.add(key)
-    return _select(keep, *cols) if not all(keep) else cols
+    return keep
 
 
 def _innermost(iv: list, q: list) -> list:
@@ -585,14 +576,20 @@ def _cpu_compute(cpu_ops: list, comm_threads: set) -> list:
 # ----------------------------------------------------------------------------------------- the numbers
 def _union(iv: list) -> list:
     """intervals.union: disjoint sorted (start, end) of intervals (those with end > start); touching ones merge."""
-    iv = sorted((p for p in iv if p[1] > p[0]), key=lambda p: p[0])
     out: list = []
-    for s, e in iv:
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
+    cur_s = cur_e = None
+    for s, e in sorted(iv):
+        if e <= s:
+            continue
+        if cur_e is not None and s <= cur_e:
+            if e > cur_e:
+                cur_e = e
         else:
-            out.append([s, e])
+            if cur_e is not None:
+                out.append((cur_s, cur_e))
+            cur_s, cur_e = s, e
+    if cur_e is not None:
+        out.append((cur_s, cur_e))
     return out
 
 
