@@ -140,11 +140,14 @@ def test_gpu_edge_cases(tmp_path):
 
 def test_gloo_pairing(tmp_path):
     """CPU (gloo): gloo work paired with its c10d call by order per op type (reduce_scatter runs as all_reduce),
-    one all_reduce already running when the window opened (shift 1); compute: leaf ops off the gloo thread."""
+    one all_reduce already running when the window opened (shift 1), a duplicated call left out; compute: leaf
+    ops off the gloo thread."""
     f = ["float"]
     ev = [
         _x("aten::mm", "cpu_op", 0, 10),
         _x("c10d::_allgather_base_", "cpu_op", 10, 1, **{"Input_Dims": [[400], [100]], "Input_type": f + f}),
+        # a duplicate (the decoder compares the External id, not the other args): left out, the call order kept
+        _x("c10d::_allgather_base_", "cpu_op", 10, 1, **{"Input_Dims": [[800], [200]], "Input_type": f + f}),
         _x("c10d::_reduce_scatter_base_", "cpu_op", 30, 1, **{"Input_Dims": [[100], [400]], "Input_type": f + f}),
         _x("aten::add", "cpu_op", 33, 5),
         _x("c10d::allreduce_", "cpu_op", 50, 1, **{"Input_Dims": [[250]], "Input_type": f}),
@@ -171,6 +174,15 @@ def test_odd_trace_is_read_by_the_full_path(tmp_path):
     ev.append(_x("cudaLaunchKernel", "cuda_runtime", 1, 1, correlation="not a number"))
     q = assert_same_as_full_path(_write(tmp_path, ev, distributedInfo={"rank": 0, "world_size": 8}))
     assert q.full_path_ranks == [0]
+
+
+def test_the_size_limit_is_the_full_paths(tmp_path):
+    """A trace beyond max_trace_bytes is refused with the full path's message (not read quickly regardless)."""
+    path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
+    with pytest.raises(UserError, match="limit"):
+        quick_overlap(path, max_trace_bytes=100)
+    p = run_fsdpprof("overlap", path, "--max-trace-bytes", "100")
+    assert p.returncode == 2 and "--max-trace-bytes" in p.stderr and p.stderr.count("\n") == 1
 
 
 def test_folder_of_ranks(tmp_path):

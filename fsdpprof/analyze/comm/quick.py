@@ -150,16 +150,18 @@ _KEY = b'"traceEvents"'
 _ARRAY_OPEN = re.compile(rb"\s*:\s*\[")
 
 
-def _json_bytes(path: str) -> bytes:
-    """The trace's JSON: a plain file as it is, a single-member gzip inflated in one piece."""
+def _json_bytes(path: str, max_bytes: Optional[int] = None) -> bytes:
+    """The trace's JSON: a plain file as it is, a single-member gzip inflated in one piece.  More than
+    QUICK_MAX_JSON_BYTES (or ``max_bytes``, the user's limit: the full path says it is exceeded) -> _NotQuick."""
+    limit = QUICK_MAX_JSON_BYTES if max_bytes is None else min(QUICK_MAX_JSON_BYTES, max_bytes)
     with open(path, "rb") as fh:
         data = fh.read()
     if data[:2] != b"\x1f\x8b":
-        if len(data) > QUICK_MAX_JSON_BYTES:
+        if len(data) > limit:
             raise _NotQuick
         return data
     isize = int.from_bytes(data[-4:], "little")
-    if isize > QUICK_MAX_JSON_BYTES:
+    if isize > limit:
         raise _NotQuick
     d = _inflate.decompressobj(wbits=31)
     try:
@@ -217,9 +219,10 @@ def _select(mask: list, *columns: list) -> list:
     return [list(compress(c, mask)) for c in columns]
 
 
-def _rank_numbers(path: str, rank: int) -> tuple[Optional[RankOverlap], list]:
-    """One trace's overlap row (None when it has no event outside runtime calls) and volume rows."""
-    doc = _decode(_json_bytes(path))
+def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tuple[Optional[RankOverlap], list]:
+    """One trace's overlap row (None when it has no event outside runtime calls) and volume rows; ``max_bytes``:
+    the largest JSON accepted (a bigger trace goes to the full path, which says so)."""
+    doc = _decode(_json_bytes(path, max_bytes))
     meta = {"distributedInfo": doc.distributedInfo} if doc.distributedInfo is not None else {}
     rules.check_distributed_info(meta, {})
     props = doc.deviceProperties
@@ -251,13 +254,17 @@ def _rank_numbers(path: str, rank: int) -> tuple[Optional[RankOverlap], list]:
             raise _NotQuick
     # exact duplicates of an earlier event (every column the decoder compares) left out: only events that share
     # their start with another can be one
-    if len(set(ts)) < len(ts):
+    if len(set(ts)) < len(ts) and len(set(zip(ts, dur, map(_GET_NAME, xs)))) < len(ts):
         ok = _first_of_duplicates(xs, cats, ts)
         if ok is not None:
             xs, cats, ts, dur = _select(ok, xs, cats, ts, dur)
     n = len(xs)
     names = list(map(_GET_NAME, xs))
-    labels = {x: rules.cut_text(x) for x in dict.fromkeys(names)}
+    distinct = dict.fromkeys(names)
+    if max(map(len, distinct)) <= rules.NAME_MAX_CHARS:
+        labels = dict(zip(distinct, distinct))        # (names as they are: none is cut)
+    else:
+        labels = {x: rules.cut_text(x) for x in distinct}
     if len(set(labels.values())) != len(labels):
         raise _NotQuick                              # two names that read alike: the decoder numbers them (#1)
     flag_of = dict(zip(labels, rules.per_name(rules.name_flags_of, list(labels.values()))))
@@ -374,11 +381,17 @@ def _thread(tid):
 def _first_of_duplicates(xs: list, cats: list, ts: list) -> Optional[list]:
     """Per event, False when it equals an earlier one on every column the decoder compares (ids as it keeps them:
     stream / External id on device events and comm ops, correlation also on runtime calls, the External id as
-    the args' key); None when there is no such event.  Only events that share their start are compared."""
+    the args' key); None when there is no such event.  Only events that share start, duration and name with
+    another are compared."""
     count = Counter(ts)
+    shared = list(compress(range(len(ts)), map((1).__lt__, map(count.__getitem__, ts))))    # start shared
+    first = [(ts[i], xs[i].dur, xs[i].name) for i in shared]
+    count = Counter(first)
     seen = set()
     keep = None
-    for i in [i for i, t in enumerate(ts) if count[t] > 1]:
+    for i, k in zip(shared, first):
+        if count[k] < 2:
+            continue
         e, c = xs[i], cats[i]
         a = e.args
         full = c in _DEVICE or e.name.startswith(_ARGS_PREFIXES)
@@ -604,12 +617,15 @@ def _overlap_length(a: list, b: list) -> float:
     from math import fsum
 
     i = j = 0
+    na, nb = len(a), len(b)
     parts = []
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+    while i < na and j < nb:
+        (a0, a1), (b0, b1) = a[i], b[j]
+        s = a0 if a0 > b0 else b0
+        e = a1 if a1 < b1 else b1
         if e > s:
             parts.append(e - s)
-        if a[i][1] < b[j][1]:
+        if a1 < b1:
             i += 1
         else:
             j += 1
@@ -699,7 +715,7 @@ def quick_overlap(path, *, max_trace_bytes: int | None = None) -> QuickResult:
                             f"directory recorded with its trace")
         for r, rd in ranks:
             try:
-                ov, vol = _rank_numbers(rd.trace_path, r)
+                ov, vol = _rank_numbers(rd.trace_path, r, max_trace_bytes)
             except (_NotQuick, OSError, MemoryError):
                 got = _full_path_rank(rd.trace_path, r, max_trace_bytes)
                 if got[0] != "ok":
