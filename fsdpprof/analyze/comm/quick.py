@@ -23,9 +23,9 @@ import re
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from itertools import compress
+from itertools import compress, repeat
 from math import isfinite
-from operator import add, attrgetter
+from operator import add, attrgetter, is_not
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
@@ -199,6 +199,7 @@ _ARGS_PREFIXES = rules.ARGS_NAME_PREFIXES
 _ANNOT = frozenset(rules.ANNOTATION_CATS)
 _CPU_OP = frozenset(rules.CPU_OP_CATS)
 _NOT_COMPUTE_CATS = frozenset(rules.MEMCPY_CATS + rules.MEMSET_CATS + rules.SYNC_CATS)
+_COMPUTE_CATS = _DEVICE - _NOT_COMPUTE_CATS
 _NOT_COMPUTE_FLAGS = rules.N_MEMCPY | rules.N_MEMSET | rules.N_SYNC
 _NAN = float("nan")
 
@@ -210,7 +211,9 @@ class _Row:
                  "corr", "coll", "nbytes", "dtype", "gs", "pg", "seq", "shard", "launch_tid", "launch_ts")
 
 
-_GET_PH, _GET_NAME, _GET_CAT, _GET_TS, _GET_DUR = (attrgetter(k) for k in ("ph", "name", "cat", "ts", "dur"))
+_GET_PH, _GET_NAME, _GET_CAT, _GET_TS, _GET_DUR, _GET_ARGS = (
+    attrgetter(k) for k in ("ph", "name", "cat", "ts", "dur", "args"))
+_GET_STREAM, _GET_CORR, _GET_COLL, _GET_INN = (attrgetter(k) for k in ("stream", "correlation", "coll_name", "in_nelems"))
 # what a name can make an event: comm work, or an op that carries a collective (judged per distinct name)
 _MAY_CARRY = rules.N_COMM | rules.N_GLOO | rules.N_C10D | rules.N_NCCL_OP
 
@@ -254,8 +257,8 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tupl
             raise _NotQuick
     # exact duplicates of an earlier event (every column the decoder compares) left out: only events that share
     # their start with another can be one
-    if len(set(ts)) < len(ts) and len(set(zip(ts, dur, map(_GET_NAME, xs)))) < len(ts):
-        ok = _first_of_duplicates(xs, cats, ts)
+    if len(set(ts)) < len(ts):
+        ok = _first_of_duplicates(xs, cats, ts, dur)
         if ok is not None:
             xs, cats, ts, dur = _select(ok, xs, cats, ts, dur)
     n = len(xs)
@@ -271,10 +274,12 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tupl
 
     # --- device type: only "cpu" changes what compute is ----------------------------------------------------
     is_rt = list(map(_RUNTIME.__contains__, cats))
-    dev_idx = list(compress(range(n), map(_DEVICE.__contains__, cats)))
+    is_dev = list(map(_DEVICE.__contains__, cats))
+    dev_idx = list(compress(range(n), is_dev))
+    dev_args = list(map(_GET_ARGS, compress(xs, is_dev)))
+    dev_streams = list(map(_GET_STREAM, dev_args))
     carries = {x: bool(f & _MAY_CARRY) or x.startswith(_ARGS_PREFIXES) for x, f in flag_of.items()}
     cand = list(compress(range(n), map(carries.__getitem__, names)))     # may be comm work or carry a collective
-    dev_streams = [xs[i].args.stream for i in dev_idx]
     device_cpu = max(dev_streams, default=-1) < 0 and not any(
         xs[i].args.stream >= 0 for i in cand if names[i].startswith(_ARGS_PREFIXES))
     if not device_cpu:
@@ -286,16 +291,20 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tupl
 
     # --- classify (classify.classify_arrays, on the events that matter) ----------------------------------------
     rt_idx = list(compress(range(n), is_rt))
-    rt_corr = [xs[i].args.correlation for i in rt_idx]
+    rt_corr = list(map(_GET_CORR, map(_GET_ARGS, compress(xs, is_rt))))
     launch = dict(zip(reversed(rt_corr), reversed(rt_idx)))     # correlation -> its first runtime call
+    # compute kernels: on a stream, a name that is no comm / memcpy / memset / sync, a category that is none
+    # of those either (bools combined by min: all true)
     not_compute = _NOT_COMPUTE_FLAGS | rules.N_COMM
     computes = {x: not f & not_compute for x, f in flag_of.items()}
-    kernels = [i for i, stream in zip(dev_idx, dev_streams)
-               if stream >= 0 and computes[names[i]] and cats[i] not in _NOT_COMPUTE_CATS]
+    kernels = list(compress(dev_idx, map(min, map((-1).__lt__, dev_streams),
+                                         map(computes.__getitem__, compress(names, is_dev)),
+                                         map(_COMPUTE_CATS.__contains__, compress(cats, is_dev)))))
     starts = list(map(ts.__getitem__, kernels))
     compute = list(zip(starts, map(add, starts, map(dur.__getitem__, kernels))))
     cand = set(cand)
-    cand.update(i for i in dev_idx if _has_comm_args(xs[i].args))      # device events with comm args
+    cand.update(compress(dev_idx, map(max, map(is_not, map(_GET_COLL, dev_args), repeat(None)),
+                                      map(is_not, map(_GET_INN, dev_args), repeat(None)))))    # with comm args
     rows = []
     for i in sorted(cand):
         if not is_rt[i]:
@@ -369,29 +378,23 @@ def _row(e, c: str, f: int, labels: dict) -> Optional[_Row]:
     return r
 
 
-def _has_comm_args(a) -> bool:
-    return a.coll_name is not None or a.in_nelems is not None
-
-
 def _thread(tid):
     """A thread id as the decoder tells threads apart (a missing one reads "None", as decode._as_key makes it)."""
     return "None" if tid is None else tid
 
 
-def _first_of_duplicates(xs: list, cats: list, ts: list) -> Optional[list]:
+def _first_of_duplicates(xs: list, cats: list, ts: list, dur: list) -> Optional[list]:
     """Per event, False when it equals an earlier one on every column the decoder compares (ids as it keeps them:
     stream / External id on device events and comm ops, correlation also on runtime calls, the External id as
     the args' key); None when there is no such event.  Only events that share start, duration and name with
     another are compared."""
-    count = Counter(ts)
-    shared = list(compress(range(len(ts)), map((1).__lt__, map(count.__getitem__, ts))))    # start shared
-    first = [(ts[i], xs[i].dur, xs[i].name) for i in shared]
+    first = list(zip(ts, dur, map(_GET_NAME, xs)))
     count = Counter(first)
+    if len(count) == len(first):
+        return None
     seen = set()
     keep = None
-    for i, k in zip(shared, first):
-        if count[k] < 2:
-            continue
+    for i in compress(range(len(first)), map((1).__lt__, map(count.__getitem__, first))):
         e, c = xs[i], cats[i]
         a = e.args
         full = c in _DEVICE or e.name.startswith(_ARGS_PREFIXES)
