@@ -185,6 +185,29 @@ def test_the_size_limit_is_the_full_paths(tmp_path):
     assert p.returncode == 2 and "--max-trace-bytes" in p.stderr and p.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_mutated_real_traces_give_the_full_paths_numbers_or_its_error(tmp_path, seed):
+    """The fuzz campaign's mutations (benchmarks/fuzz.py: swapped, deleted, duplicated, nested, long, odd numbers,
+    truncated) of a real trace: the quick path gives the full path's numbers, or fails with a UserError as it does."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fuzz
+
+    doc = fuzz.load_trace_doc(shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz"), events=800)
+    rng = __import__("random").Random(seed)
+    for case in range(15):
+        data, suffix, what = fuzz.mutate_trace(doc, rng)
+        path = tmp_path / f"case{case}" / f"rank-0{suffix}"
+        path.parent.mkdir()
+        path.write_bytes(data)
+        try:
+            load_run(str(path)).events()
+        except UserError:
+            with pytest.raises(UserError):
+                quick_overlap(str(path))
+            continue
+        assert_same_as_full_path(str(path)), what
+
+
 def test_folder_of_ranks(tmp_path):
     for r in (1, 0):
         _write(tmp_path, _gpu_edge_events()[: 12 + r], name=f"rank-{r}.json",

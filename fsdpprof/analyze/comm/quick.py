@@ -14,7 +14,8 @@ op with the same External id) and of gloo work to its c10d call.  A trace the qu
 as it is -- not the typed layout of the decoder's fast path (odd types, ids beyond int64), non-string
 names, thread ids that are not ints or strings, a multi-member gzip, more than QUICK_MAX_JSON_BYTES of
 JSON, no duration event left, or anything unreadable -- is read by the full path instead (numpy and
-pandas imported then), so the numbers and the error messages are the full path's.
+pandas imported then), so the numbers and the error messages are the full path's; so is a trace on which the
+quick reader fails in a way it did not foresee.
 
 Times in microseconds (µs), sizes in bytes, bandwidths in GB/s (1e9 bytes/s).
 """
@@ -698,6 +699,19 @@ def _full_path_rank(trace_path: str, rank: int, max_bytes: int | None):
     return "ok", ov, vol, list(val.warnings)
 
 
+def _quietly(fn, *args):
+    """``fn(*args)`` with the cyclic garbage collector paused: reading a trace makes many objects and no cycles."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        if was:
+            gc.enable()
+
+
 def quick_overlap(path, *, max_trace_bytes: int | None = None) -> QuickResult:
     """Per rank, overall overlap of communication with compute and exposed communication (µs), and per rank
     and collective the volume (count, bytes, time µs, algbw / busbw GB/s) of a run directory, a folder of
@@ -718,8 +732,9 @@ def quick_overlap(path, *, max_trace_bytes: int | None = None) -> QuickResult:
                             f"directory recorded with its trace")
         for r, rd in ranks:
             try:
-                ov, vol = _rank_numbers(rd.trace_path, r, max_trace_bytes)
-            except (_NotQuick, OSError, MemoryError):
+                ov, vol = _quietly(_rank_numbers, rd.trace_path, r, max_trace_bytes)
+            except Exception:            # _NotQuick, unreadable, or anything the quick reader did not foresee:
+                                         # the full path reads that rank (its numbers, its one-line errors)
                 got = _full_path_rank(rd.trace_path, r, max_trace_bytes)
                 if got[0] != "ok":
                     result.missing[rd.label] = got[1]
