@@ -223,12 +223,15 @@ def _select(mask: list, *columns: list) -> list:
     return [list(compress(c, mask)) for c in columns]
 
 
-def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tuple[Optional[RankOverlap], list]:
+def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None, defects: Optional[dict] = None
+                  ) -> tuple[Optional[RankOverlap], list]:
     """One trace's overlap row (None when it has no event outside runtime calls) and volume rows; ``max_bytes``:
-    the largest JSON accepted (a bigger trace goes to the full path, which says so)."""
+    the largest JSON accepted (a bigger trace goes to the full path, which says so); ``defects``: counts what
+    was left out or cut, as the decoder counts it (kind -> events: rules.DEFECTS; [memory] events not read)."""
+    defects = {} if defects is None else defects
     doc = _decode(_json_bytes(path, max_bytes))
     meta = {"distributedInfo": doc.distributedInfo} if doc.distributedInfo is not None else {}
-    rules.check_distributed_info(meta, {})
+    rules.check_distributed_info(meta, defects)
     props = doc.deviceProperties
     events = doc.traceEvents
     del doc
@@ -253,6 +256,12 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tupl
     if not (isfinite(sum(ts)) and isfinite(sum(dur)) and -_TMAX <= min(ts) and max(ts) <= _TMAX
             and 0 <= min(dur) and max(dur) <= _TMAX):
         ok = [t == t and d == d and -_TMAX <= t <= _TMAX and 0 <= d <= _TMAX for t, d in zip(ts, dur)]
+        missing = sum(t != t or d != d for t, d in zip(ts, dur))
+        negative = sum(t == t and d == d and -_TMAX <= t <= _TMAX and d < 0 for t, d in zip(ts, dur))
+        for kind, k in (("time_missing", missing), ("time_beyond", ok.count(False) - missing - negative),
+                        ("negative_dur", negative)):
+            if k:
+                defects[kind] = defects.get(kind, 0) + k
         xs, cats, ts, dur = _select(ok, xs, cats, ts, dur)
         if not xs:
             raise _NotQuick
@@ -261,6 +270,7 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tupl
     if len(set(ts)) < len(ts):
         ok = _first_of_duplicates(xs, cats, ts, dur)
         if ok is not None:
+            defects["duplicate"] = defects.get("duplicate", 0) + ok.count(False)
             xs, cats, ts, dur = _select(ok, xs, cats, ts, dur)
     n = len(xs)
     names = list(map(_GET_NAME, xs))
@@ -269,6 +279,7 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None) -> tupl
         labels = dict(zip(distinct, distinct))        # (names as they are: none is cut)
     else:
         labels = {x: rules.cut_text(x) for x in distinct}
+        defects["long_name"] = defects.get("long_name", 0) + sum(len(x) > rules.NAME_MAX_CHARS for x in names)
     if len(set(labels.values())) != len(labels):
         raise _NotQuick                              # two names that read alike: the decoder numbers them (#1)
     flag_of = dict(zip(labels, rules.per_name(rules.name_flags_of, list(labels.values()))))
@@ -731,8 +742,10 @@ def quick_overlap(path, *, max_trace_bytes: int | None = None) -> QuickResult:
                             f"collective volume come from traces; give a trace file, a folder of traces or a run "
                             f"directory recorded with its trace")
         for r, rd in ranks:
+            defects: dict = {}
             try:
-                ov, vol = _quietly(_rank_numbers, rd.trace_path, r, max_trace_bytes)
+                ov, vol = _quietly(_rank_numbers, rd.trace_path, r, max_trace_bytes, defects)
+                result.warnings += rules.defect_warnings(rd.trace_path, defects)
             except Exception:            # _NotQuick, unreadable, or anything the quick reader did not foresee:
                                          # the full path reads that rank (its numbers, its one-line errors)
                 got = _full_path_rank(rd.trace_path, r, max_trace_bytes)

@@ -36,8 +36,9 @@ _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
-    KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, plausible_count,
-    unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES)
+    KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
+    plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
+    LEFT_OUT as _LEFT_OUT)
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
@@ -1048,31 +1049,6 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
                     thread_names=cols.thread_names, defects=cols.defects)
-
-
-# defect kind -> what the warning says (one line per kind and trace)
-_DEFECTS = {
-    "time_missing": "{n:,} events without a timestamp or duration (missing or not a number) were left out",
-    "time_beyond": "{n:,} events with an infinite or implausible timestamp or duration (beyond 2^53 us) were left out",
-    "negative_dur": "{n:,} events with a negative duration were left out",
-    "duplicate": "{n:,} duplicated events (identical to an earlier event) were left out",
-    "duplicate_memory": "{n:,} duplicated [memory] events (same time, address, bytes and totals) were left out",
-    "bad_memory": "{n:,} [memory] events with a missing or invalid time, address or size were left out",
-    "type_name": "{n:,} event names were not strings: shown as their JSON text",
-    "long_name": "{n:,} event names longer than {max:,} characters were cut",
-    "type_tid": "{n:,} thread ids were lists or objects: shown as their JSON text",
-    "long_tid": "{n:,} thread ids longer than {max:,} characters were cut",
-    "type_pid": "{n:,} process ids were lists or objects: shown as their JSON text",
-    "long_pid": "{n:,} process ids longer than {max:,} characters were cut",
-    "dist_info": "distributedInfo holds {n:,} value(s) that are not plausible ranks or sizes: left out",
-}
-_LEFT_OUT = ("time_missing", "time_beyond", "negative_dur", "duplicate", "duplicate_memory", "bad_memory")
-
-
-def defect_warnings(path: str, defects: dict) -> list[str]:
-    """One warning line per kind of defect found while decoding ``path``, the numbers computed without them."""
-    return [f"trace {path}: " + _DEFECTS[k].format(n=defects[k], max=NAME_MAX_CHARS)
-            for k in _DEFECTS if defects.get(k)]
 
 
 def _device_type(arrays: dict, meta: dict) -> str:

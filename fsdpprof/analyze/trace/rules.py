@@ -98,6 +98,31 @@ def check_distributed_info(meta: dict, defects: dict) -> None:
         dist["pg_config"] = good
 
 
+# defect kind -> what the warning says (one line per kind and trace)
+DEFECTS = {
+    "time_missing": "{n:,} events without a timestamp or duration (missing or not a number) were left out",
+    "time_beyond": "{n:,} events with an infinite or implausible timestamp or duration (beyond 2^53 us) were left out",
+    "negative_dur": "{n:,} events with a negative duration were left out",
+    "duplicate": "{n:,} duplicated events (identical to an earlier event) were left out",
+    "duplicate_memory": "{n:,} duplicated [memory] events (same time, address, bytes and totals) were left out",
+    "bad_memory": "{n:,} [memory] events with a missing or invalid time, address or size were left out",
+    "type_name": "{n:,} event names were not strings: shown as their JSON text",
+    "long_name": "{n:,} event names longer than {max:,} characters were cut",
+    "type_tid": "{n:,} thread ids were lists or objects: shown as their JSON text",
+    "long_tid": "{n:,} thread ids longer than {max:,} characters were cut",
+    "type_pid": "{n:,} process ids were lists or objects: shown as their JSON text",
+    "long_pid": "{n:,} process ids longer than {max:,} characters were cut",
+    "dist_info": "distributedInfo holds {n:,} value(s) that are not plausible ranks or sizes: left out",
+}
+LEFT_OUT = ("time_missing", "time_beyond", "negative_dur", "duplicate", "duplicate_memory", "bad_memory")
+
+
+def defect_warnings(path: str, defects: dict) -> list[str]:
+    """One warning line per kind of defect found while decoding ``path``, the numbers computed without them."""
+    return [f"trace {path}: " + DEFECTS[k].format(n=defects[k], max=NAME_MAX_CHARS)
+            for k in DEFECTS if defects.get(k)]
+
+
 # --------------------------------------------------------------------------- what a name says
 # tests of an event name, judged once per distinct name and process (the ranks of a job share names)
 _MISS = object()
