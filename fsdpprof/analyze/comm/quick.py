@@ -214,7 +214,8 @@ class _Row:
 
 _GET_PH, _GET_NAME, _GET_CAT, _GET_TS, _GET_DUR, _GET_ARGS = (
     attrgetter(k) for k in ("ph", "name", "cat", "ts", "dur", "args"))
-_GET_STREAM, _GET_CORR, _GET_COLL, _GET_INN = (attrgetter(k) for k in ("stream", "correlation", "coll_name", "in_nelems"))
+_GET_STREAM, _GET_CORR, _GET_EXT, _GET_COLL, _GET_INN = (
+    attrgetter(k) for k in ("stream", "correlation", "ext_id", "coll_name", "in_nelems"))
 # what a name can make an event: comm work, or an op that carries a collective (judged per distinct name)
 _MAY_CARRY = rules.N_COMM | rules.N_GLOO | rules.N_C10D | rules.N_NCCL_OP
 
@@ -266,7 +267,7 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None, defects
         if not xs:
             raise _NotQuick
     # exact duplicates of an earlier event (every column the decoder compares) left out: only events that share
-    # their start with another can be one
+    # their start (and External id) with another can be one
     if len(set(ts)) < len(ts):
         ok = _first_of_duplicates(xs, cats, ts, dur)
         if ok is not None:
@@ -398,9 +399,9 @@ def _thread(tid):
 def _first_of_duplicates(xs: list, cats: list, ts: list, dur: list) -> Optional[list]:
     """Per event, False when it equals an earlier one on every column the decoder compares (ids as it keeps them:
     stream / External id on device events and comm ops, correlation also on runtime calls, the External id as
-    the args' key); None when there is no such event.  Only events that share start, duration and name with
+    the args' key); None when there is no such event.  Only events that share their start and External id with
     another are compared."""
-    first = list(zip(ts, dur, map(_GET_NAME, xs)))
+    first = list(zip(ts, map(_GET_EXT, map(_GET_ARGS, xs))))
     count = Counter(first)
     if len(count) == len(first):
         return None
