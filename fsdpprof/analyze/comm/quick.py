@@ -23,7 +23,6 @@ import os
 import re
 from bisect import bisect_right
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
 from math import isfinite
 from operator import add, attrgetter, is_not
@@ -44,8 +43,8 @@ QUICK_MAX_JSON_BYTES = 512 << 20        # a trace with more JSON than this is re
 
 
 # ----------------------------------------------------------------------------------------- results
-@dataclass
-class RankOverlap:
+# (msgspec structs: attributes, repr and equality like dataclasses, made faster at import)
+class RankOverlap(msgspec.Struct):
     """One rank: compute_us (union of compute), comm_us (union of communication), overlapped_comm_us (of it,
     under compute), exposed_comm_us = comm_us - overlapped_comm_us (µs); comp_comm_overlap_pct = 100 x
     overlapped / comm (None for a rank without communication)."""
@@ -58,8 +57,7 @@ class RankOverlap:
     comp_comm_overlap_pct: float | None
 
 
-@dataclass
-class CollectiveVolume:
+class CollectiveVolume(msgspec.Struct):
     """One rank and collective: count (events), bytes (sum of the known sizes; None when none is known),
     time_us (sum of durations, µs), algbw_gbps = bytes / time, busbw_gbps = algbw x vocab.bus_factor (GB/s,
     over the events of known size; None when there are none)."""
@@ -73,8 +71,7 @@ class CollectiveVolume:
     busbw_gbps: float | None
 
 
-@dataclass
-class QuickResult:
+class QuickResult(msgspec.Struct):
     """What :func:`quick_overlap` found: ``overlap`` (per rank, sorted), ``volume`` (per rank and collective,
     sorted; collective None last), ``missing`` (rank or file label -> why it has no numbers), ``warnings``
     (one line each), ``full_path_ranks`` (ranks the full path read: see the module docstring)."""
@@ -82,13 +79,13 @@ class QuickResult:
     path: str
     overlap: list[RankOverlap]
     volume: list[CollectiveVolume]
-    missing: dict = field(default_factory=dict)
-    warnings: list = field(default_factory=list)
-    full_path_ranks: list = field(default_factory=list)
+    missing: dict = msgspec.field(default_factory=dict)
+    warnings: list = msgspec.field(default_factory=list)
+    full_path_ranks: list = msgspec.field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Plain dicts and lists (JSON-ready: None where a number is not defined)."""
-        return asdict(self)
+        return msgspec.to_builtins(self)
 
 
 def _num(x: float) -> float | None:
@@ -525,7 +522,7 @@ def _pair_gloo(rows: list) -> None:
     that runs as that op, with the shift (0, 1, 2) that pairs the most work with a call starting no later
     than it (+1 µs)."""
     as_of = rules.GLOO_AS.get
-    calls, call_ord = _in_time_order([r for r in rows if r.c10d_call and r.coll is not None],
+    calls, _ = _in_time_order([r for r in rows if r.c10d_call and r.coll is not None],
                                      lambda r: as_of(r.coll, r.coll))
     as_by_name: dict = {}
     work = []
