@@ -235,14 +235,12 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None, defects
     del doc
 
     # --- the kept duration events, as the decoder keeps them (column by column, in C where it can) ----------
-    cats = list(map(_GET_CAT, events))
     try:
-        keep = list(map(_KEEP.__contains__, cats))
+        xs = list(compress(events, map(_KEEP.__contains__, map(_GET_CAT, events))))
     except TypeError:                                # a category that is a list or an object
         raise _NotQuick from None
-    xs = list(compress(events, keep))
-    cats = list(compress(cats, keep))
-    del events, keep
+    del events
+    cats = list(map(_GET_CAT, xs))
     if set(map(_GET_PH, xs)) != {"X"}:              # (instants and metadata with a kept category; or none)
         ok = [e.ph == "X" for e in xs]
         xs, cats = _select(ok, xs, cats)
