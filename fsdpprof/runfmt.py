@@ -8,8 +8,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import secrets
-import socket
 import time
 
 RUN_SCHEMA = "fsdpprof.run/1"
@@ -65,6 +63,8 @@ def is_run_meta(doc) -> bool:
 
 def temp_name(name: str) -> str:
     """Name of a temporary file for ``name``: ``.<name>.<pid>.<token>.tmp`` (see :func:`temp_siblings`)."""
+    import secrets
+
     return f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
 
@@ -161,6 +161,8 @@ def launcher_alive(doc: dict, path: str, now: float | None = None):
     """
     if doc.get("exit_code") is not None:
         return False
+    import socket
+
     if doc.get("host") == socket.gethostname():
         try:
             pid = int(doc.get("pid"))

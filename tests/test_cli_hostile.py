@@ -620,7 +620,7 @@ def test_workers_bounded_by_ranks_and_cores(monkeypatch):
             asked.append(max_workers)
             super().__init__(max_workers=min(max_workers or 1, 2), **kw)  # never fork 100000, even today
 
-    monkeypatch.setattr(run_mod.cf, "ProcessPoolExecutor", Watched)
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", Watched)     # (run.py imports the pool where it uses it)
     r = run_mod.load_run(shared_data(*DLRM), workers=100000)
     assert len(r.ranks) == 8
     assert asked and max(asked) <= min(8, os.cpu_count() or 1), asked

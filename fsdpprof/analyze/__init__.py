@@ -14,10 +14,7 @@ FutureWarning naming their new place.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
-import warnings
 
 # public name -> module that defines it
 _API = {
@@ -26,7 +23,8 @@ _API = {
     "compare_analyses": "fsdpprof.analyze.compare", "Comparison": "fsdpprof.analyze.compare",
     "load_trace": "fsdpprof.analyze.trace.decode", "decode_trace": "fsdpprof.analyze.trace.decode",
     "comm_overlap": "fsdpprof.analyze.comm.overlap", "overall_overlap": "fsdpprof.analyze.comm.overlap",
-    "collective_volume": "fsdpprof.analyze.comm.volume", "step_breakdown": "fsdpprof.analyze.comm.steps",
+    "collective_volume": "fsdpprof.analyze.comm.volume", "quick_overlap": "fsdpprof.analyze.comm.quick",
+    "step_breakdown": "fsdpprof.analyze.comm.steps",
     "collective_skew": "fsdpprof.analyze.comm.skew", "stragglers": "fsdpprof.analyze.comm.skew",
     "memory_analysis": "fsdpprof.analyze.memory.attribution", "snapshot_memory": "fsdpprof.analyze.memory.attribution",
     "MemoryResult": "fsdpprof.analyze.memory.attribution", "load_snapshot": "fsdpprof.analyze.memory.snapshot",
@@ -57,16 +55,21 @@ MOVED_MODULES = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``fsdpprof.analyze.<old>`` as the module it moved to, with a FutureWarning."""
+class _MovedModules:
+    """Imports ``fsdpprof.analyze.<old>`` as the module it moved to, with a FutureWarning (a meta path finder
+    and loader; importlib.abc / importlib.util are imported only when an old name is asked for: cheap start-up)."""
 
     def find_spec(self, fullname, path, target=None):
         pkg, _, leaf = fullname.rpartition(".")
         if pkg == __name__ and leaf in MOVED_MODULES:
+            import importlib.util
+
             return importlib.util.spec_from_loader(fullname, self)
         return None
 
     def create_module(self, spec):
+        import warnings
+
         new = MOVED_MODULES[spec.name.rpartition(".")[2]]
         warnings.warn(f"{spec.name} is deprecated: it moved to {new} (the public API imports from "
                       f"fsdpprof.analyze, e.g. `from fsdpprof.analyze import comm_overlap`)", FutureWarning,

@@ -12,22 +12,22 @@ A trace's rank comes from its ``distributedInfo``, else from an explicit pattern
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import errno
 import gzip
 import json
-import multiprocessing
 import os
 import re
 import stat
 import zlib
 from dataclasses import dataclass, field, replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import vocab
 from fsdpprof.errors import UserError, unexpected_as_user_error
+
+if TYPE_CHECKING:              # (pandas is imported where frames are made: finding the files needs none)
+    import pandas as pd
 
 SOURCE_RUN_DIR = "run_dir"
 SOURCE_TRACE_FOLDER = "trace_folder"
@@ -91,6 +91,8 @@ class Run:
 
 
 def empty_events() -> pd.DataFrame:
+    import pandas as pd
+
     df = pd.DataFrame({c: [] for c in vocab.EVENT_COLUMNS})
     for c in vocab.CATEGORICAL_EVENT_COLUMNS:
         df[c] = df[c].astype("category")
@@ -160,7 +162,7 @@ def distributed_info_head(path: str) -> dict:
                 return {}
     if doc is _MISSING:
         return {}
-    from fsdpprof.analyze.trace.decode import check_distributed_info
+    from fsdpprof.analyze.trace.rules import check_distributed_info
 
     meta = {"distributedInfo": doc}
     check_distributed_info(meta, {})          # implausible ranks and sizes left out, as the full parse does
@@ -276,6 +278,9 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
     workers = max_workers(workers, len(jobs))
     if workers <= 1 or len(jobs) == 1:
         return {label: parse_trace(path, rank, progress, max_bytes) for label, path, rank in jobs}
+    import concurrent.futures as cf          # (here: finding the files, fsdpprof overlap, needs no pool)
+    import multiprocessing
+
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:

@@ -38,8 +38,6 @@ from __future__ import annotations
 import enum
 import re
 
-import numpy as np
-
 # --------------------------------------------------------------------------- events frame
 EVENT_COLUMNS = [
     "rank", "lane", "kind", "name", "ts_us", "dur_us", "collective", "bytes", "dtype",
@@ -122,21 +120,22 @@ STEP_STAGES = STAGES[:5]         # the stages inside a step, in order
 STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us"]
 
 
-_STAGE_LABELS = np.array(STAGES, dtype=object)
-
-
-def stage_at(ts: np.ndarray, marks) -> np.ndarray:
+def stage_at(ts, marks):
     """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (columns STEP_MARK_COLUMNS,
     one row per ProfilerStep, sorted by start_us; NaN where a step lacks that marker):
 
     data before the step's first forward marker (none: the step starts in forward), forward until
     its first backward marker, backward until the first Optimizer.step#, optimizer until the end of
     the last one, post_step after it; ``outside_step`` outside every step."""
-    return _STAGE_LABELS[stage_codes_at(ts, marks)]
+    import numpy as np
+
+    return np.array(STAGES, dtype=object)[stage_codes_at(ts, marks)]
 
 
-def stage_codes_at(ts: np.ndarray, marks) -> np.ndarray:
+def stage_codes_at(ts, marks):
     """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns)."""
+    import numpy as np
+
     ts = np.asarray(ts, dtype=np.float64)
     out = np.full(ts.size, STAGES.index(STAGE_OUTSIDE), dtype=np.int8)
     if "start_us" not in marks or not len(marks["start_us"]) or not ts.size:
@@ -241,19 +240,43 @@ def is_sync_kernel(name: str) -> bool:
     return "Sync" in name
 
 
-def ring_factor(collective, n) -> np.ndarray:
+# bytes each rank sends per byte of the message (ring algorithms over n ranks), per collective:
+# "frac" (n-1)/n, "2frac" 2(n-1)/n, or a constant
+_RING_FACTOR = {ALL_GATHER: "frac", REDUCE_SCATTER: "frac", ALL_TO_ALL: "frac", ALL_REDUCE: "2frac",
+                BROADCAST: 1.0, SEND_RECV: 1.0, BARRIER: 0.0}
+
+
+def bus_factor(collective, n: float) -> float:
     """Bytes each rank sends per byte of the message, ring algorithms over ``n`` ranks; it is also
     nccl-tests' bus-bandwidth factor: all_gather, reduce_scatter, all_to_all (n-1)/n; all_reduce
-    2(n-1)/n; broadcast, send_recv 1; barrier 0; NaN for an unknown type."""
+    2(n-1)/n; broadcast, send_recv 1; barrier 0; NaN for an unknown type (or n NaN where it counts)."""
+    rule = _RING_FACTOR.get(collective) if isinstance(collective, str) else None
+    if rule is None:
+        return float("nan")
+    if not isinstance(rule, str):
+        return rule
+    n = float(n)
+    if n != n:
+        return float("nan")
+    frac = (n - 1) / n if n else float("-inf")        # (numpy's -1/0)
+    return frac if rule == "frac" else 2 * frac
+
+
+def ring_factor(collective, n):
+    """:func:`bus_factor` over arrays (numpy): one factor per (collective, n)."""
+    import numpy as np
+
     coll = np.asarray(collective, dtype=object)
     n = np.asarray(n, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = (n - 1) / n
+    rules = list(_RING_FACTOR.items())
     f = np.full(np.broadcast(coll, n).shape, np.nan)
-    f = np.where(np.isin(coll, [ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL]), frac, f)
-    f = np.where(coll == ALL_REDUCE, 2 * frac, f)
-    f = np.where(np.isin(coll, [BROADCAST, SEND_RECV]), 1.0, f)
-    f = np.where(coll == BARRIER, 0.0, f)
+    f = np.where(np.isin(coll, [c for c, r in rules if r == "frac"]), frac, f)
+    f = np.where(np.isin(coll, [c for c, r in rules if r == "2frac"]), 2 * frac, f)
+    for c, r in rules:
+        if not isinstance(r, str):
+            f = np.where(coll == c, r, f)
     return f
 
 

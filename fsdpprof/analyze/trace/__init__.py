@@ -4,5 +4,22 @@
   :func:`load_trace` = decode + classify + labels -> the events frame of :mod:`fsdpprof.analyze.vocab`.
 - ``classify``  kind (compute, comm, ...), collective type, message size, process group.
 - ``labels``    step, stage, FSDP phase and unit of every event, taken from the CPU point that launched it.
+- ``rules``     the per-event rules the others apply (kept events, what a name says, message sizes), numpy-free.
+
+Importing this package is cheap (no numpy, no pandas): ``decode``'s names are resolved on first use.
 """
-from fsdpprof.analyze.trace.decode import RawTrace, TraceData, decode_trace, load_trace  # noqa: F401
+from __future__ import annotations
+
+import importlib
+
+_FROM_DECODE = ("RawTrace", "TraceData", "decode_trace", "load_trace")
+
+
+def __getattr__(name: str):
+    if name in _FROM_DECODE:
+        return getattr(importlib.import_module("fsdpprof.analyze.trace.decode"), name)
+    raise AttributeError(f"module 'fsdpprof.analyze.trace' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_FROM_DECODE))

@@ -19,84 +19,18 @@ and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that 
 """
 from __future__ import annotations
 
-import math
-from itertools import repeat
-
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.trace.decode import RANK_MAX, as_text, cut_text, plausible_count
+from fsdpprof.analyze.trace import rules
+from fsdpprof.analyze.trace.rules import (  # noqa: F401  (the rules, defined once there; their old names here)
+    GLOO_AS as _GLOO_AS, N_C10D, N_COMM, N_GLOO, N_MEMCPY, N_MEMSET, N_NCCL_OP, N_SYNC, NUMEL_MAX, as_text,
+    c10d_sizes as _c10d_sizes, collective_of_name as _collective_of, default_group_size as _default_group_size,
+    dtype_of as _dtype, given as _given, name_flags_of as _name_flags, numel as _numel, per_name)
 
-NUMEL_MAX = 2.0 ** 53     # element / byte counts beyond this (8 Pi) are not real messages
-
-# gloo op each c10d op runs as (for pairing)
-_GLOO_AS = {"reduce_scatter": "all_reduce"}
-
-_COMM_CPU_NAMES = ("record_param_comms",)
-_WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
-
-
-def _numel(dims, depth: int = 0) -> float:
-    """Elements of a tensor shape ``[d0, d1, ...]`` or, for a list of shapes (TensorList), their sum;
-    NaN when it is neither (negative or huge sizes, nesting deeper than a TensorList)."""
-    if not isinstance(dims, list) or not dims or depth > 2:
-        return float("nan")
-    if all(type(d) is int for d in dims):
-        if min(dims) < 0:
-            return float("nan")
-        n = float(math.prod(float(d) for d in dims))
-        return n if n <= NUMEL_MAX else float("nan")
-    # list of tensors (TensorList): sum of their numels
-    vals = [_numel(d, depth + 1) for d in dims if isinstance(d, list)]
-    vals = [v for v in vals if v == v]
-    return float(sum(vals)) if vals else float("nan")
-
-
-def _c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[float, str | None, float]:
-    """(bytes of the whole array, dtype, group size implied by the shapes or NaN) from a c10d op's
-    Input Dims / Input type (all_gather: output/input numel; reduce_scatter: input/output numel)."""
-    import msgspec
-
-    try:
-        dims = msgspec.json.decode(dims_raw) if dims_raw else None
-        types = msgspec.json.decode(types_raw) if types_raw else None
-    except (msgspec.DecodeError, RecursionError):
-        return float("nan"), None, float("nan")
-    if not isinstance(dims, list) or not dims:
-        return float("nan"), None, float("nan")
-    dtype, size = (None, float("nan"))
-    if isinstance(types, list):
-        for t in types:
-            dtype, size = _dtype(t)
-            if size == size:
-                break
-    n0 = _numel(dims[0])
-    n1 = _numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
-    group = float("nan")
-    if coll in ("all_gather", "reduce_scatter"):
-        numel = max(n0 if n0 == n0 else n1, n1 if n1 == n1 else n0)
-        if n0 == n0 and n1 == n1 and min(n0, n1) > 0 and max(n0, n1) % min(n0, n1) == 0:
-            group = max(n0, n1) / min(n0, n1)
-    else:
-        numel = n0
-    return numel * size, dtype, group
-
-
-def _dtype(value) -> tuple[str | None, float]:
-    """vocab.dtype_size of a trace's dtype text; an unknown one is kept, cut to a readable length."""
-    name, size = vocab.dtype_size(value)
-    return (cut_text(name) if isinstance(name, str) and size != size else name), size
-
-
-def _given(x, low: float = 0.0):
-    """A number from the trace's args, or None when absent or not a plausible count (not a number, a
-    bool, NaN, inf, below ``low`` or beyond NUMEL_MAX)."""
-    t = type(x)
-    if (t is int or t is float) and low <= x <= NUMEL_MAX:
-        return x
-    return None
+_MEMO = rules.NAME_MEMO        # per-name memo of every test (see rules.per_name)
 
 
 def _comm_info(rt, name_cats: list) -> dict:
@@ -106,56 +40,19 @@ def _comm_info(rt, name_cats: list) -> dict:
     name_codes = rt.cols["name"]
     out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
     for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in rt.comm_rows:
-        name = name_cats[name_codes[idx]]
-        coll = (_collective_of(cname) if type(cname) is str else vocab.collective_of(cname)) or _collective_of(name)
-        dtype, size = _dtype(dt)
-        shard = False
-        nbytes = float("nan")
-        inn, outn, gs, seq = _given(inn), _given(outn), _given(gs, 1), _given(seq)
-        if gs is not None and gs > RANK_MAX:
-            gs = None
-        if inn is not None or outn is not None:
-            inn_f = float(inn) if inn is not None else float("nan")
-            out_f = float(outn) if outn is not None else float("nan")
-            if coll == "all_gather":
-                numel = out_f if out_f == out_f else inn_f
-            elif coll == "reduce_scatter":
-                numel = inn_f if inn_f == inn_f else out_f
-            else:
-                numel = inn_f if inn_f == inn_f else out_f
-            nbytes = numel * size
-        elif name.startswith("c10d::"):
-            nbytes, dtype2, group = _c10d_sizes(coll, dims, types)
-            dtype = dtype or dtype2
-            if gs is None and group == group:
-                gs = group
-        elif name.startswith("gloo:"):
-            # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
-            # all_reduce (also what reduce_scatter runs as) the whole array
-            nbytes, dtype2, _ = _c10d_sizes(None, dims, types)
-            dtype = dtype or dtype2
-            shard = coll == "all_gather"  # only a shard here: times the group size once that is known
+        coll, nbytes, dtype, gs, pg, seq, shard = rules.comm_row_info(
+            name_cats[name_codes[idx]], cname, inn, outn, gs, dt, pg, seq, dims, types)
         out["idx"].append(idx)
         out["collective"].append(coll)
         out["bytes"].append(nbytes)
         out["dtype"].append(dtype)
-        out["group_size"].append(float("nan") if gs is None else float(gs))
-        out["pg"].append(None if pg is None or (type(pg) is float and pg != pg) else as_text(pg))
-        out["seq"].append(float("nan") if seq is None else float(seq))
+        out["group_size"].append(gs)
+        out["pg"].append(pg)
+        out["seq"].append(seq)
         out["shard"].append(shard)
     objs = ("collective", "dtype", "pg")
     return {k: np.asarray(v, dtype=object if k in objs else bool if k == "shard" else np.int64 if k == "idx"
                           else np.float64) for k, v in out.items()}
-
-
-def _default_group_size(dist: dict) -> float:
-    if not isinstance(dist, dict):
-        return float("nan")
-    cfg = dist.get("pg_config")
-    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and plausible_count(cfg[0].get("pg_size")):
-        return float(cfg[0]["pg_size"])
-    ws = dist.get("world_size")
-    return float(ws) if plausible_count(ws) else float("nan")
 
 
 def _isna(a: np.ndarray) -> np.ndarray:
@@ -171,45 +68,9 @@ def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return found, pos_c
 
 
-# --- tests of an event name, judged once per distinct name and process (the ranks of a job share names) ---
-_MISS = object()
-_MEMO: dict = {}
-_MEMO_MAX = 200_000          # names remembered per test (then forgotten, all at once)
-
-
-def per_name(fn, names: list) -> list:
-    """``[fn(x) for x in names]``, each distinct name computed once per process (``fn`` must be pure)."""
-    memo = _MEMO.get(fn)
-    if memo is None or len(memo) > _MEMO_MAX:
-        memo = _MEMO[fn] = {}
-    out = list(map(memo.get, names, repeat(_MISS, len(names))))
-    if out.count(_MISS):
-        for i, v in enumerate(out):
-            if v is _MISS:
-                out[i] = memo[names[i]] = fn(names[i])
-    return out
-
-
-N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP = (1 << i for i in range(7))
-
-
-def _name_flags(x: str) -> int:
-    """Bit set of what a name says: comm kernel, memcpy, memset, sync, gloo work, c10d call, nccl op."""
-    low = x.lower()
-    return ((N_COMM if vocab.is_comm_kernel(x) else 0) | (N_MEMCPY if low.startswith(("memcpy", "dma")) else 0)
-            | (N_MEMSET if low.startswith("memset") else 0) | (N_SYNC if vocab.is_sync_kernel(x) else 0)
-            | (N_GLOO if x.startswith("gloo:") else 0)
-            | (N_C10D if x.startswith("c10d::") or x in _COMM_CPU_NAMES or x in _WAIT_NAMES else 0)
-            | (N_NCCL_OP if low.startswith("nccl:") else 0))
-
-
 def name_flags(names: list) -> np.ndarray:
     """:func:`_name_flags` of each name (uint8 bit sets)."""
     return np.array(per_name(_name_flags, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
-
-
-def _collective_of(name: str):
-    return per_name(vocab.collective_of, [name])[0]
 
 
 # kind codes of classify_arrays: positions in vocab.KINDS
@@ -238,10 +99,10 @@ def classify_arrays(rt) -> dict:
     gpu_cat = cat_is(*vocab.DEVICE_EVENT_CATS)
     on_gpu = (stream >= 0) & gpu_cat
     is_runtime = cat_is(*vocab.RUNTIME_CATS)
-    is_cpu_op = cat_is("cpu_op")
-    is_annot = cat_is("user_annotation", "gpu_user_annotation")
-    is_memcpy_cat, is_memset_cat, is_sync_cat = cat_is("gpu_memcpy", "Memcpy"), cat_is("gpu_memset", "Memset"), \
-        cat_is("cuda_sync")
+    is_cpu_op = cat_is(*rules.CPU_OP_CATS)
+    is_annot = cat_is(*rules.ANNOTATION_CATS)
+    is_memcpy_cat, is_memset_cat, is_sync_cat = (cat_is(*rules.MEMCPY_CATS), cat_is(*rules.MEMSET_CATS),
+                                                 cat_is(*rules.SYNC_CATS))
 
     # --- kind -------------------------------------------------------------------------------
     # name-level tests once per distinct name, broadcast to rows through the codes
@@ -389,7 +250,7 @@ def _unknown_type_by_name(o: dict, on_gpu: np.ndarray) -> None:
     rows = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"]))
     if rows.size:
         names = o["name_cats"]
-        o["collective"][rows] = [str(names[c]).split("(", 1)[0][:80] for c in o["name"][rows].tolist()]
+        o["collective"][rows] = [rules.unknown_type_label(names[c]) for c in o["name"][rows].tolist()]
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
@@ -508,22 +369,11 @@ def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     for lane in np.unique(lanes[sel]).tolist():
         vals, counts = np.unique(gs[sel & (lanes == lane)], return_counts=True)
         known[lane] = float(vals[np.argmax(counts)])
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    rank, cfg = dist.get("rank"), dist.get("pg_config")
-    other_sizes: list[float] = []
-    if isinstance(cfg, list) and len(cfg) > 1:
-        for g in cfg:
-            if not isinstance(g, dict) or g.get("pg_desc") == "default_pg" or not plausible_count(g.get("pg_size")):
-                continue
-            if isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"]:
-                continue
-            other_sizes.append(float(g["pg_size"]))
-    left = set(other_sizes) - set(known.values())
-    fallback = (left.pop() if len(left) == 1 else
-                (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
+    other_sizes, only_pg = rules.other_group_sizes(meta)
+    fallback = rules.fallback_group_size(other_sizes, known.values())
     fill = np.flatnonzero(gloo_comm & np.isnan(gs))
     gs[fill] = [known.get(lane, fallback) for lane in lanes[fill].tolist()]
     # with a single process group, that is the group of every collective
-    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
+    if only_pg is not None:
         pg = o["pg"]
-        pg[gloo_comm & _isna(pg)] = as_text(cfg[0]["pg_name"])
+        pg[gloo_comm & _isna(pg)] = only_pg

@@ -35,6 +35,10 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
+    KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
+    plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
+    LEFT_OUT as _LEFT_OUT)
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
@@ -45,13 +49,7 @@ PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at l
 SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size are inflated in this thread, bigger ones a few
                                 # blocks ahead in a background thread (the inflater releases the GIL)
 MAX_TRACE_BYTES = 8 << 30       # default limit on one trace's JSON (decompressed), checked while inflating
-NAME_MAX_CHARS = 4096           # longer names (thread ids, process group names, ...) are cut: real kernel
-                                # names reach 1,817 characters (C++ templates, hta-16rank-a100)
-TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; floats lose whole us there) are not times
 MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an allocation
-
-# Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
-KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | vocab.DEVICE_EVENT_CATS | vocab.RUNTIME_CATS
 
 
 class Args(msgspec.Struct):
@@ -213,7 +211,6 @@ _LINK_LIST_DEC = msgspec.json.Decoder(list[LinkArgs | None])
 _NO_ARGS = Args()
 _GPU_CATS = vocab.DEVICE_EVENT_CATS
 _RUNTIME_CATS = vocab.RUNTIME_CATS
-_COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 _TAIL_DEC = msgspec.json.Decoder(TailDoc)
 _SEP_RE = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
@@ -266,24 +263,6 @@ def _decode_args(dec, raw):
 
 class _NotFast(Exception):
     """The typed fast path cannot take this chunk; decode it with the lenient path."""
-
-
-def cut_text(text: str) -> str:
-    """``text`` cut to NAME_MAX_CHARS characters with a marker saying how long it was."""
-    if len(text) <= NAME_MAX_CHARS:
-        return text
-    return f"{text[:NAME_MAX_CHARS]}... [cut: {len(text):,} characters]"
-
-
-def as_text(value) -> str:
-    """A trace value shown as text: a string as it is, anything else as its JSON text; cut to
-    NAME_MAX_CHARS."""
-    if type(value) is not str:
-        try:
-            value = msgspec.json.encode(value).decode()
-        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
-            value = f"<{type(value).__name__}>"
-    return cut_text(value)
 
 
 def _hashable_keys(values: list, defects: dict, what: str) -> list:
@@ -672,20 +651,6 @@ def _factorize_codes(codes: np.ndarray, values: list) -> tuple[np.ndarray, list]
     remap = np.zeros(len(klass), dtype=np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
     return remap[rows], [first_value[i] for i in order.tolist()]
-
-
-def _unique_cats(cats: list[str]) -> list[str]:
-    # categories must be unique; two distinct raw keys (e.g. 1 and "1") could stringify alike
-    seen: dict = {}
-    out = []
-    for c in cats:
-        if c in seen:
-            seen[c] += 1
-            c = f"{c}#{seen[c]}"
-        else:
-            seen[c] = 0
-        out.append(c)
-    return out
 
 
 def _as_key(v):
@@ -1084,69 +1049,6 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
                     thread_names=cols.thread_names, defects=cols.defects)
-
-
-RANK_MAX = 1 << 24      # ranks / world sizes / group sizes beyond this are not real
-
-
-def plausible_count(value, low: int = 1) -> bool:
-    """An int (not a bool) in [low, RANK_MAX]: a world size, group size (low=1) or rank (low=0)."""
-    return type(value) is int and low <= value <= RANK_MAX
-
-
-def check_distributed_info(meta: dict, defects: dict) -> None:
-    """Leave out distributedInfo's rank / world_size and process groups' pg_size that are not plausible
-    numbers (a string, a negative or huge number, ...), in place; counted in ``defects``."""
-    dist = meta.get("distributedInfo")
-    if dist is None:
-        return
-    if not isinstance(dist, dict):
-        meta.pop("distributedInfo")
-        defects["dist_info"] = defects.get("dist_info", 0) + 1
-        return
-    dist = meta["distributedInfo"] = dict(dist)
-    for key, low in (("rank", 0), ("world_size", 1)):
-        if key in dist and dist[key] is not None and not plausible_count(dist[key], low):
-            dist.pop(key)
-            defects["dist_info"] = defects.get("dist_info", 0) + 1
-    if isinstance(dist.get("rank"), int) and isinstance(dist.get("world_size"), int) and dist["rank"] >= dist["world_size"]:
-        dist.pop("rank")
-        defects["dist_info"] = defects.get("dist_info", 0) + 1
-    cfg = dist.get("pg_config")
-    if cfg is not None:
-        good = [g for g in cfg if isinstance(g, dict)] if isinstance(cfg, list) else []
-        for g in good:
-            if "pg_size" in g and g["pg_size"] is not None and not plausible_count(g["pg_size"]):
-                g.pop("pg_size")
-                defects["dist_info"] = defects.get("dist_info", 0) + 1
-        if not isinstance(cfg, list) or len(good) != len(cfg):
-            defects["dist_info"] = defects.get("dist_info", 0) + 1
-        dist["pg_config"] = good
-
-
-# defect kind -> what the warning says (one line per kind and trace)
-_DEFECTS = {
-    "time_missing": "{n:,} events without a timestamp or duration (missing or not a number) were left out",
-    "time_beyond": "{n:,} events with an infinite or implausible timestamp or duration (beyond 2^53 us) were left out",
-    "negative_dur": "{n:,} events with a negative duration were left out",
-    "duplicate": "{n:,} duplicated events (identical to an earlier event) were left out",
-    "duplicate_memory": "{n:,} duplicated [memory] events (same time, address, bytes and totals) were left out",
-    "bad_memory": "{n:,} [memory] events with a missing or invalid time, address or size were left out",
-    "type_name": "{n:,} event names were not strings: shown as their JSON text",
-    "long_name": "{n:,} event names longer than {max:,} characters were cut",
-    "type_tid": "{n:,} thread ids were lists or objects: shown as their JSON text",
-    "long_tid": "{n:,} thread ids longer than {max:,} characters were cut",
-    "type_pid": "{n:,} process ids were lists or objects: shown as their JSON text",
-    "long_pid": "{n:,} process ids longer than {max:,} characters were cut",
-    "dist_info": "distributedInfo holds {n:,} value(s) that are not plausible ranks or sizes: left out",
-}
-_LEFT_OUT = ("time_missing", "time_beyond", "negative_dur", "duplicate", "duplicate_memory", "bad_memory")
-
-
-def defect_warnings(path: str, defects: dict) -> list[str]:
-    """One warning line per kind of defect found while decoding ``path``, the numbers computed without them."""
-    return [f"trace {path}: " + _DEFECTS[k].format(n=defects[k], max=NAME_MAX_CHARS)
-            for k in _DEFECTS if defects.get(k)]
 
 
 def _device_type(arrays: dict, meta: dict) -> str:

@@ -1,0 +1,269 @@
+"""The quick path (fsdpprof.analyze.comm.quick, `fsdpprof overlap`): the full path's numbers without numpy/pandas.
+
+Every input is read both ways: quick_overlap(path) against overall_overlap + collective_volume on
+load_run(path).events(), value by value (relative tolerance 1e-9: the sums are added in another order).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from conftest import ROOT, run_fsdpprof, shared_data
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.comm import overlap, volume
+from fsdpprof.analyze.comm.quick import quick_overlap
+from fsdpprof.analyze.run import load_run
+from fsdpprof.errors import UserError
+
+OVERLAP_FIELDS = ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "comp_comm_overlap_pct")
+VOLUME_FIELDS = ("count", "bytes", "time_us", "algbw_gbps", "busbw_gbps")
+REAL_INPUTS = ("hta-nccl-2rank-a100/rank-0.json.gz", "hta-16rank-a100/rank-0.json.gz", "param-dlrm-8rank-v100",
+               "tracelens-b200-8rank/rank-0.json.gz")
+
+
+def _same(quick_value, full_value) -> bool:
+    """None (quick) is NaN (full); numbers agree to 1e-9 relative."""
+    if quick_value is None or full_value != full_value:
+        return quick_value is None and full_value != full_value
+    return math.isclose(quick_value, full_value, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def assert_same_as_full_path(path) -> object:
+    """quick_overlap(path) equals the full path on every rank and collective, and says only warnings the full path
+    says too; returns the quick result."""
+    q = quick_overlap(path)
+    run = load_run(path)
+    ev = run.events()
+    assert set(q.warnings) <= set(run.warnings), set(q.warnings) - set(run.warnings)
+    full_o = overlap.overall_overlap(ev).to_dict("records")
+    full_v = volume.collective_volume(ev).to_dict("records")
+    assert [r.rank for r in q.overlap] == [int(r["rank"]) for r in full_o]
+    for qr, fr in zip(q.overlap, full_o):
+        for k in OVERLAP_FIELDS:
+            assert _same(getattr(qr, k), fr[k]), (qr.rank, k, getattr(qr, k), fr[k])
+    assert [(v.rank, v.collective) for v in q.volume] == \
+        [(int(r["rank"]), r["collective"] if isinstance(r["collective"], str) else None) for r in full_v]
+    for qv, fv in zip(q.volume, full_v):
+        for k in VOLUME_FIELDS:
+            assert _same(getattr(qv, k), fv[k]), (qv.rank, qv.collective, k, getattr(qv, k), fv[k])
+    return q
+
+
+# ----------------------------------------------------------------------------------------- real inputs
+@pytest.mark.parametrize("name", REAL_INPUTS)
+def test_real_gpu_traces_give_the_full_paths_numbers(name):
+    path = shared_data("gpu-traces", name)
+    q = assert_same_as_full_path(str(path))
+    assert q.full_path_ranks == []                      # read by the quick reader itself, not handed over
+    assert q.overlap and all(r.comm_us > 0 for r in q.overlap)
+
+
+def test_recorded_gloo_run_gives_the_full_paths_numbers(recorded_run):
+    q = assert_same_as_full_path(str(recorded_run("fsdp2")))
+    assert q.full_path_ranks == [] and [r.rank for r in q.overlap] == [0, 1]
+    colls = {v.collective for v in q.volume}
+    assert {"all_gather", "reduce_scatter"} <= colls and all(v.bytes and v.bytes > 0 for v in q.volume)
+
+
+# ----------------------------------------------------------------------------------------- hand-built traces
+def _x(name, cat, ts, dur, tid=1, pid=1, **args):
+    e = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        e["args"] = {k.replace("_", " "): v for k, v in args.items()}
+    return e
+
+
+def _kernel(name, stream, ts, dur, corr=None, **args):
+    extra = {"correlation": corr} if corr is not None else {}
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"stream": stream, "device": 0, **extra, **{k.replace("_", " "): v for k, v in args.items()}}}
+
+
+def _launch(corr, ts, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid, "ts": ts, "dur": 0.5,
+            "args": {"correlation": corr}}
+
+
+def _write(tmp_path, events, name="rank-0.json", **doc):
+    p = tmp_path / name
+    p.write_bytes(orjson.dumps({"schemaVersion": 1, **doc, "traceEvents": events}))
+    return str(p)
+
+
+def test_no_communication(tmp_path):
+    path = _write(tmp_path, [_x("aten::mm", "cpu_op", 0, 5), _launch(1, 1), _kernel("void gemm", 7, 10, 30, corr=1),
+                             _kernel("void gemm", 7, 20, 5)], distributedInfo={"rank": 0, "world_size": 1})
+    q = assert_same_as_full_path(path)
+    assert q.volume == [] and q.overlap[0].comm_us == 0 and q.overlap[0].comp_comm_overlap_pct is None
+    assert q.overlap[0].compute_us == 30
+
+
+def _gpu_edge_events():
+    """Overlapping and nested compute kernels on three streams, a zero-duration kernel, a memcpy; comm kernels:
+    an all_reduce without size args (type from the op around its launch, size from the op with its External id),
+    a SendRecv launched inside nccl:all_to_all, one whose launch is not in the trace (type: its name), a
+    zero-duration all_gather, an exact duplicate, and an event with a negative duration (left out)."""
+    return [
+        _x("c10d::allreduce_", "cpu_op", 3, 5, **{"External_id": 77, "Input_Dims": [[1000]], "Input_type": ["float"]}),
+        _x("record_param_comms", "cpu_op", 4, 2, **{"Collective_name": "allreduce", "In_msg_nelems": 1000,
+                                                    "dtype": "Float", "Group_size": 8, "External_id": 78}),
+        _launch(200, 5),
+        _x("nccl:all_to_all", "user_annotation", 11, 3),
+        _launch(201, 12),
+        _launch(202, 13),
+        _kernel("void gemm_a", 7, 10, 30, corr=202), _kernel("void gemm_b", 8, 20, 30), _kernel("void relu", 9, 15, 10),
+        _kernel("void zero", 7, 60, 0), _kernel("Memcpy DtoD (Device -> Device)", 7, 45, 40),
+        _kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 30, 40, corr=200, External_id=77),
+        _kernel("ncclDevKernel_SendRecv", 21, 80, 10, corr=201),
+        _kernel("ncclDevKernel_SendRecv", 21, 80, 10, corr=201),                        # exact duplicate
+        _kernel("ncclKernel_Weird(int)", 22, 95, 5, corr=999),
+        _kernel("ncclDevKernel_AllGather_RING_LL", 20, 100, 0, In_msg_nelems=10, Out_msg_nelems=80, dtype="Float",
+                Group_size=8),
+        _kernel("ncclDevKernel_AllGather_RING_LL", 20, 110, -3, In_msg_nelems=10, dtype="Float"),  # negative dur
+    ]
+
+
+def test_gpu_edge_cases(tmp_path):
+    path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
+    q = assert_same_as_full_path(path)
+    o = q.overlap[0]
+    # compute: [10,40) u [20,50) u [15,25) = [10,50); comm: [30,70) u [80,90) u [95,100); overlap [30,50)
+    assert (o.compute_us, o.comm_us, o.overlapped_comm_us) == (40, 55, 20)
+    v = {x.collective: x for x in q.volume}
+    assert set(v) == {"all_reduce", "all_to_all", "all_gather", "ncclKernel_Weird"}
+    assert v["all_reduce"].bytes == 4000 and v["all_reduce"].busbw_gbps == pytest.approx(0.1 * 2 * 7 / 8)
+    assert v["all_to_all"].count == 1 and v["all_to_all"].bytes is None
+    assert v["all_gather"].count == 1 and v["all_gather"].bytes == 320 and v["all_gather"].algbw_gbps is None
+    # what was left out is said, in the decoder's words
+    assert f"trace {path}: 1 events with a negative duration were left out" in q.warnings
+    assert f"trace {path}: 1 duplicated events (identical to an earlier event) were left out" in q.warnings
+
+
+def test_gloo_pairing(tmp_path):
+    """CPU (gloo): gloo work paired with its c10d call by order per op type (reduce_scatter runs as all_reduce),
+    one all_reduce already running when the window opened (shift 1), a duplicated call left out; compute: leaf
+    ops off the gloo thread."""
+    f = ["float"]
+    ev = [
+        _x("aten::mm", "cpu_op", 0, 10),
+        _x("c10d::_allgather_base_", "cpu_op", 10, 1, **{"Input_Dims": [[400], [100]], "Input_type": f + f}),
+        # a duplicate (the decoder compares the External id, not the other args): left out, the call order kept
+        _x("c10d::_allgather_base_", "cpu_op", 10, 1, **{"Input_Dims": [[800], [200]], "Input_type": f + f}),
+        _x("c10d::_reduce_scatter_base_", "cpu_op", 30, 1, **{"Input_Dims": [[100], [400]], "Input_type": f + f}),
+        _x("aten::add", "cpu_op", 33, 5),
+        _x("c10d::allreduce_", "cpu_op", 50, 1, **{"Input_Dims": [[250]], "Input_type": f}),
+        _x("aten::linear", "cpu_op", 60, 20), _x("aten::addmm", "cpu_op", 62, 8),
+        _x("gloo:all_reduce", "user_annotation", -5, 5, tid=2, **{"Input_Dims": [[250]], "Input_type": f}),
+        _x("gloo:all_gather", "user_annotation", 11, 5, tid=2, **{"Input_Dims": [[100]], "Input_type": f}),
+        _x("gloo:all_reduce", "user_annotation", 31, 5, tid=2, **{"Input_Dims": [[400]], "Input_type": f}),
+        _x("gloo:all_reduce", "user_annotation", 51, 5, tid=2, **{"Input_Dims": [[250]], "Input_type": f}),
+        _x("aten::copy_", "cpu_op", 52, 2, tid=2),
+    ]
+    dist = {"backend": "gloo", "rank": 0, "world_size": 4,
+            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]}]}
+    q = assert_same_as_full_path(_write(tmp_path, ev, distributedInfo=dist))
+    o = q.overlap[0]
+    assert (o.compute_us, o.comm_us, o.overlapped_comm_us) == (10 + 5 + 8, 20, 3)
+    v = {x.collective: x for x in q.volume}
+    assert v["all_gather"].bytes == 1600 and v["reduce_scatter"].bytes == 1600
+    assert v["all_reduce"].count == 2 and v["all_reduce"].bytes == 2000
+
+
+def test_odd_trace_is_read_by_the_full_path(tmp_path):
+    """A correlation id that is not an integer does not fit the typed reader: the full path reads that rank."""
+    ev = _gpu_edge_events()
+    ev.append(_x("cudaLaunchKernel", "cuda_runtime", 1, 1, correlation="not a number"))
+    q = assert_same_as_full_path(_write(tmp_path, ev, distributedInfo={"rank": 0, "world_size": 8}))
+    assert q.full_path_ranks == [0]
+
+
+def test_the_size_limit_is_the_full_paths(tmp_path):
+    """A trace beyond max_trace_bytes is refused with the full path's message (not read quickly regardless)."""
+    path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
+    with pytest.raises(UserError, match="limit"):
+        quick_overlap(path, max_trace_bytes=100)
+    p = run_fsdpprof("overlap", path, "--max-trace-bytes", "100")
+    assert p.returncode == 2 and "--max-trace-bytes" in p.stderr and p.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mutated_real_traces_give_the_full_paths_numbers_or_its_error(tmp_path, seed):
+    """The fuzz campaign's mutations (benchmarks/fuzz.py: swapped, deleted, duplicated, nested, long, odd numbers,
+    truncated) of a real trace: the quick path gives the full path's numbers, or fails with a UserError as it does."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fuzz
+
+    doc = fuzz.load_trace_doc(shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz"), events=800)
+    rng = __import__("random").Random(seed)
+    for case in range(15):
+        data, suffix, what = fuzz.mutate_trace(doc, rng)
+        path = tmp_path / f"case{case}" / f"rank-0{suffix}"
+        path.parent.mkdir()
+        path.write_bytes(data)
+        try:
+            load_run(str(path)).events()
+        except UserError:
+            with pytest.raises(UserError):
+                quick_overlap(str(path))
+            continue
+        assert_same_as_full_path(str(path)), what
+
+
+def test_folder_of_ranks(tmp_path):
+    for r in (1, 0):
+        _write(tmp_path, _gpu_edge_events()[: 12 + r], name=f"rank-{r}.json",
+               distributedInfo={"rank": r, "world_size": 2})
+    q = assert_same_as_full_path(str(tmp_path))
+    assert [o.rank for o in q.overlap] == [0, 1]
+
+
+def test_bus_factor_is_ring_factor():
+    colls = ["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", "barrier",
+             "ncclKernel_X", None]
+    for n in (1, 2, 8, float("nan")):
+        full = vocab.ring_factor(colls, [n] * len(colls))
+        for c, f in zip(colls, full.tolist()):
+            assert _same(None if vocab.bus_factor(c, n) != vocab.bus_factor(c, n) else vocab.bus_factor(c, n), f)
+
+
+# ----------------------------------------------------------------------------------------- the command
+def test_cli_json_is_the_python_result(tmp_path):
+    path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
+    p = run_fsdpprof("overlap", path, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == json.loads(json.dumps(quick_overlap(path).to_dict()))
+    text = run_fsdpprof("overlap", path)
+    assert text.returncode == 0 and "all_reduce" in text.stdout and "overlap %" in text.stdout
+
+
+@pytest.mark.parametrize("what", ["missing", "not json", "snapshot only"])
+def test_cli_bad_input_is_one_line(tmp_path, what):
+    if what == "missing":
+        arg = tmp_path / "nope.json"
+    elif what == "not json":
+        arg = tmp_path / "rank-0.json"
+        arg.write_text("this is not a trace")
+    else:
+        arg = tmp_path / "rank-0.pickle"
+        arg.write_bytes(b"\x80\x04N.")
+    p = run_fsdpprof("overlap", str(arg))
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("fsdpprof overlap: error: ") and p.stderr.count("\n") == 1, p.stderr
+    with pytest.raises(UserError):
+        quick_overlap(str(arg))
+
+
+def test_command_imports_neither_numpy_nor_pandas_nor_torch(tmp_path):
+    path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", "overlap", path], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in p.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "msgspec" in imported and "fsdpprof" in imported            # (the reading is not empty)
+    assert not imported & {"numpy", "pandas", "torch"}, sorted(imported & {"numpy", "pandas", "torch"})
