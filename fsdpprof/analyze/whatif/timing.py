@@ -418,12 +418,16 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
 
 
 def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
-                 source: tg.Source, rates: tuple) -> tuple[list[StepTime], list[str], list[str]]:
+                 source: tg.Source, rates: tuple, step_scale: float = 1.0) -> tuple[list[StepTime], list[str], list[str]]:
     """Every recorded step of this rank (:func:`run_steps`) replayed (see :func:`predict_step`), with what was
-    kept / assumed."""
+    kept / assumed. ``step_scale``: the target's CPU contention against the run's
+    (:meth:`fsdpprof.analyze.whatif.contention.HostLoad.step_scale`), applied to every part of the step."""
     # on CPU, FSDP's gloo collectives block the training thread (no streams); DDP's run behind backward
     sync = source.device_type == "cpu" and target.strategy != tg.DDP
     out = [predict_step(rs, tsched[rs.step], target, units, fit, source, rates, sync) for rs in steps]
+    if step_scale != 1.0:
+        out = [StepTime(s.step_us * step_scale, s.compute_us * step_scale, s.comm_us * step_scale,
+                        s.exposed_comm_us * step_scale) for s in out]
     kept = ["the run's compute and CPU time per step (its exposed communication cut out)",
             "the measured time of each collective the run had too (same type, size, group and pass)",
             "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
