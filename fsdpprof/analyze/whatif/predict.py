@@ -16,7 +16,7 @@ from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif import timing
-from fsdpprof.analyze.whatif.units import model_units, padded_numel, param_unit_map
+from fsdpprof.analyze.whatif.units import model_units, padded_numel, param_unit_map, parameter_tensors
 from fsdpprof.errors import UserError
 
 
@@ -104,15 +104,18 @@ class RankModel:
             self.host_load = ct.host_load((rd.info or {}).get("cpu"),
                                           self.source.ranks_per_host if self.source.hosts > 1 else self.source.world_size)
         self.events = events if events is not None and len(events) else None
-        self.tsched, self.fit, self.rates, self.steps = {}, None, (None, None), []
+        self.tsched, self.fit, self.steps = {}, None, []
+        self.params = parameter_tensors(rd.inventory)
+        self.run_overhead, self.optimizer_element_us = None, 0.0
         self.measured_steps = []
         if self.events is not None:
             self.fit = timing.fit_collectives(self.events)
             self.tsched = timing.trace_schedule(self.events, self.units, self.msched,
                                                 same_clock=self.memory_kind == "cpu_trace")
-            ag, rs, _ = timing.gather_reduce_overhead(self.events)
-            self.rates = (ag, rs)
             self.steps = timing.run_steps(self.events, self.tsched)
+            n = max(len(self.steps), 1)
+            self.run_overhead = timing.run_overhead(self.events, self.source.family, self.params, n)
+            self.optimizer_element_us = timing.optimizer_element_us(self.events) / n
             self.measured_steps = [s.w1 - s.w0 for s in self.steps]
             if not self.fit.by_type:
                 self.notes.append("the run has no collectives to fit latency and bandwidth on: time not predicted")
@@ -133,8 +136,10 @@ class RankModel:
             out["assumed"] += p.assumed
         if self.events is not None and self.fit is not None and self.fit.by_type and self.tsched:
             scale, ckept, cassumed = ct.cpu_step_scale(self.host_load, self.source, target)
+            own = timing.own_work_for(self.run_overhead, self.optimizer_element_us, self.params, self.source, target,
+                                      self.units, self.host_load.contention if self.host_load else None)
             steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, self.fit,
-                                                       self.source, self.rates, scale)
+                                                       self.source, own, scale)
             kept, assumed = kept + ckept, assumed + cassumed
             if self.host_load is not None and self.source.device_type == "cpu":
                 out["run_cpu_contention"] = self.host_load.contention
