@@ -83,6 +83,9 @@ def text(result: dict, run_label: str) -> str:
                      f"{_ms(p['rest_us']):>9s}")
     lines.append("(* the target; = the run's own configuration, predicted from itself; times per step)")
     first = result["predictions"][0] if result["predictions"] else None
+    if first and first.get("cpu_contention") is not None and first.get("run_cpu_contention") is not None:
+        lines.append(f"CPU contention (1 + run-queue wait / time on a CPU): the run x{first['run_cpu_contention']:.2f}, "
+                     f"{first['label']} x{first['cpu_contention']:.2f}")
     if first:
         lines.append(f"{first['label']}: kept: " + "; ".join(first["kept"]))
         lines.append(f"{first['label']}: assumed: " + "; ".join(first["assumed"]))
