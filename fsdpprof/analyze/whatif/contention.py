@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsdpprof.analyze.whatif.targets import Source, Target, ranks_on_host
+
 
 @dataclass(frozen=True)
 class HostLoad:
@@ -64,11 +66,9 @@ def host_load(cpu: dict | None, ranks_on_host: int | None = None) -> HostLoad | 
     return HostLoad(cores=cores, ranks=ranks, demand=(run + wait) / wall, contention=1.0 + wait / run)
 
 
-def cpu_step_scale(load: HostLoad | None, source, target) -> tuple[float, list[str], list[str]]:
+def cpu_step_scale(load: HostLoad | None, source: Source, target: Target) -> tuple[float, list[str], list[str]]:
     """(step time scale, kept, assumed) of a target on a CPU run: the scale is 1 on an accelerator run and on a
     run whose rank.json has no CPU load (recorded before fsdpprof measured it), which ``assumed`` says."""
-    from fsdpprof.analyze.whatif.targets import ranks_on_host
-
     if source.device_type != "cpu":
         return 1.0, [], []
     ranks = ranks_on_host(source, target)

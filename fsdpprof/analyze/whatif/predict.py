@@ -101,8 +101,8 @@ class RankModel:
             self.notes.append("no memory record (no [memory] events, no CUDA snapshot): memory not predicted")
         self.host_load = None
         if self.source.device_type == "cpu":
-            self.host_load = ct.host_load((rd.info or {}).get("cpu"),
-                                          self.source.ranks_per_host if self.source.hosts > 1 else self.source.world_size)
+            layout = self.source.ranks_per_host if self.source.hosts > 1 else self.source.world_size
+            self.host_load = ct.host_load((rd.info or {}).get("cpu"), layout)
         self.events = events if events is not None and len(events) else None
         self.tsched, self.fit, self.steps = {}, None, []
         self.params = parameter_tensors(rd.inventory)

@@ -14,9 +14,13 @@
 4. Measure the exposed part with the report's own interval code (:mod:`fsdpprof.analyze.comm.intervals`:
    the union and intersection :func:`fsdpprof.analyze.comm.overlap.overall_overlap` is made of).
 
-FSDP's own CPU work per gathered / reduced byte (copy-in, copy-out, chunk-cat: inside its all-gather and
-reduce annotations, minus the communication waited for there) is measured on an FSDP2 run and charged
-per byte of the target's collectives. Times in µs, sizes in bytes.
+The run's own CPU work that the target changes (:class:`OwnWork`): each FSDP family's work per gathered /
+reduced byte (FSDP2's copy-in, copy-out, chunk-cat; FSDP1's flat-parameter padding: inside its gather and
+reduce annotations, minus the communication waited for there) and FSDP2's DTensor dispatch per parameter
+are measured on the run and replaced by the target family's (the run's own when the same family, else
+:data:`DOCUMENTED_OVERHEAD`); the optimizer's element work scales with the local parameter elements.
+The CPU contention of the target's host layout (:mod:`.contention`) stretches the whole step on a CPU run.
+Times in µs, sizes in bytes.
 """
 from __future__ import annotations
 
@@ -42,7 +46,6 @@ GATHER_OVERHEAD_PHASES = {"fsdp2": ("all_gather", "all_gather_copy_out", "foreac
                           "fsdp1": ("pre_forward", "pre_forward_prefetch", "pre_backward", "pre_backward_prefetch",
                                     "post_backward_prefetch")}
 REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce"), "fsdp1": ("post_backward",)}
-DTENSOR_DISPATCH = "PythonSubclass"     # the profiler's op for a tensor subclass's __torch_dispatch__ (DTensor)
 
 
 @dataclass
@@ -348,16 +351,17 @@ def _lanes(events: pd.DataFrame, lanes):
 
 
 def dtensor_dispatch_us(events: pd.DataFrame) -> float:
-    """DTensor dispatch on the trace (µs, all steps): each :data:`DTENSOR_DISPATCH` op's time outside the
-    local ops it runs, with the ops (not annotations) whose only child it is (``aten::mul_`` ->
-    PythonSubclass -> ``aten::mul_`` on the local shard: all but the inner op)."""
-    hit = (events["name"].astype(str) == DTENSOR_DISPATCH).to_numpy()
+    """DTensor dispatch on the trace (µs, all steps): each tensor-subclass dispatch op's
+    (:data:`fsdpprof.analyze.vocab.TENSOR_SUBCLASS_DISPATCH`) time outside the local ops it runs, with the
+    ops (not annotations) whose only child it is (``aten::mul_`` -> PythonSubclass -> ``aten::mul_`` on the
+    local shard: all but the inner op)."""
+    hit = (events["name"].astype(str) == vocab.TENSOR_SUBCLASS_DISPATCH).to_numpy()
     if not hit.any():
         return 0.0
     total = 0.0
     for ts, te, nm, op in _lanes(events, pd.unique(events["lane"].astype(object).to_numpy()[hit])):
         parent, children, inner = _nesting(ts, te)
-        for i in np.flatnonzero(nm == DTENSOR_DISPATCH):
+        for i in np.flatnonzero(nm == vocab.TENSOR_SUBCLASS_DISPATCH):
             top = i
             while parent[top] >= 0 and children[parent[top]] == 1 and op[parent[top]]:
                 top = parent[top]
@@ -381,7 +385,7 @@ def optimizer_element_us(events: pd.DataFrame) -> float:
     for ts, te, nm, _ in _lanes(inside, pd.unique(opt["lane"].astype(object))):
         parent, _, inner = _nesting(ts, te)
         wraps = np.zeros(len(ts), bool)
-        wraps[parent[(nm == DTENSOR_DISPATCH) & (parent >= 0)]] = True
+        wraps[parent[(nm == vocab.TENSOR_SUBCLASS_DISPATCH) & (parent >= 0)]] = True
         aten = np.char.startswith(nm.astype(str), "aten::") & ~wraps
         element += float(((te - ts) - inner)[aten].sum())
     return element
@@ -573,7 +577,8 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
 
 
 def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
-                 source: tg.Source, own: OwnWork, step_scale: float = 1.0) -> tuple[list[StepTime], list[str], list[str]]:
+                 source: tg.Source, own: OwnWork,
+                 step_scale: float = 1.0) -> tuple[list[StepTime], list[str], list[str]]:
     """Every recorded step of this rank (:func:`run_steps`) replayed (see :func:`predict_step`), with what was
     kept / assumed. ``step_scale``: the target's CPU contention against the run's
     (:meth:`fsdpprof.analyze.whatif.contention.HostLoad.step_scale`), applied to every part of the step."""
