@@ -327,3 +327,48 @@ def test_a_snapshot_window_is_split_into_steps():
     # out of record order in the frame: the same steps
     perm = np.random.default_rng(0).permutation(len(seq))
     assert wm.steps_from_stages(stage[perm], seq[perm]).tolist() == [[-1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2][i] for i in perm]
+
+
+def test_dtensor_dispatch_and_optimizer_element_work_on_a_hand_built_trace():
+    """One optimizer step (0-1000 us) on the main thread: a DTensor op (aten::mul_ 100-300 -> PythonSubclass
+    110-290 -> aten::mul_ on the local shard 150-250) and a plain op (aten::sqrt 400-500, with a child
+    aten::empty 400-410). DTensor dispatch: the DTensor op but its local op, 200 - 100 = 100 us. Element work:
+    the aten ops' self time but the wrapper's: local mul_ 100 + sqrt 90 + empty 10 = 200 us. An aten op on
+    another thread and one outside the step count for neither."""
+    from fsdpprof.analyze.whatif import timing
+
+    rows = [("Optimizer.step#AdamW.step", "annotation", "t1", 0, 1000), ("aten::mul_", "cpu_op", "t1", 100, 200),
+            ("PythonSubclass", "cpu_op", "t1", 110, 180), ("aten::mul_", "compute", "t1", 150, 100),
+            ("aten::sqrt", "compute", "t1", 400, 100), ("aten::empty", "compute", "t1", 400, 10),
+            ("aten::add_", "compute", "t2", 100, 500), ("aten::mm", "compute", "t1", 2000, 300)]
+    ev = pd.DataFrame(rows, columns=["name", "kind", "lane", "ts_us", "dur_us"])
+    for c in ("name", "kind", "lane"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    assert timing.dtensor_dispatch_us(ev) == pytest.approx(100.0)
+    assert timing.optimizer_element_us(ev) == pytest.approx(200.0)
+    plain = ev[ev["name"] != "PythonSubclass"]
+    assert timing.dtensor_dispatch_us(plain) == 0.0
+
+
+def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
+    """FSDP1's own work: its pre-forward (0-100 us) around a 1000 B all-gather waited for 20-60 -> 60 us, 0.06
+    us/B; its post-backward hook (200-300) around a 500 B reduce-scatter 220-240 -> 80 us, 0.16 us/B. The
+    FSDP2 phases of the same trace are not FSDP1's."""
+    from fsdpprof.analyze.whatif import timing
+
+    rows = [("FullyShardedDataParallel._pre_forward", "annotation", 0, 100, None, np.nan),
+            ("gloo:all_gather", "comm", 20, 40, "all_gather", 1000.0),
+            ("FullyShardedDataParallel._post_backward_hook", "annotation", 200, 100, None, np.nan),
+            ("gloo:reduce_scatter", "comm", 220, 20, "reduce_scatter", 500.0)]
+    ev = pd.DataFrame(rows, columns=["name", "kind", "ts_us", "dur_us", "collective", "bytes"])
+    ev["lane"] = "t1"
+    for c in ("name", "kind", "lane", "collective"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    ag, rs = timing.gather_reduce_overhead(ev, "fsdp1")
+    assert (ag, rs) == (pytest.approx(0.06), pytest.approx(0.16))
+    assert timing.gather_reduce_overhead(ev, "fsdp2") == (None, None)
+    assert timing.run_overhead(ev, "fsdp1", params=10, steps=1).dispatch_us_per_param == 0.0
