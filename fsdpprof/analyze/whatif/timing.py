@@ -285,12 +285,13 @@ class FamilyOverhead:
 
 
 # For a family the run does not have (a CPU run only), at contention 1: measured by benchmarks/bench_whatif.py
-# on fsdpprof's example (2-core Xeon, torch 2.13, gloo, fp32; median over 2 recordings x 2 ranks of every
-# strategy of the family, each rank's figure divided by its contention from rank.json cpu). DDP gathers and
-# reduces nothing unit by unit (its bucket copies are not charged) and its parameters are plain tensors.
+# on fsdpprof's example (2-core Xeon, torch 2.13, gloo, fp32): the median over every rank of 4 recordings of
+# every strategy of the family (2 invocations; 40 FSDP2 ranks, 32 FSDP1 ranks), each rank's figure divided
+# by its contention from rank.json cpu. DDP gathers and reduces nothing unit by unit (its bucket copies are
+# not charged) and its parameters are plain tensors.
 DOCUMENTED_OVERHEAD = {
-    "fsdp2": FamilyOverhead("fsdp2", 700e-6, 1160e-6, 280.0, "documented"),
-    "fsdp1": FamilyOverhead("fsdp1", 320e-6, 690e-6, 0.0, "documented"),
+    "fsdp2": FamilyOverhead("fsdp2", 604e-6, 972e-6, 252.0, "documented"),
+    "fsdp1": FamilyOverhead("fsdp1", 318e-6, 676e-6, 0.0, "documented"),
     "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented"),
 }
 
