@@ -15,6 +15,12 @@ predicted from, columns = the strategy predicted:
 
 Each cell is the median over the repeats of S and T. Goals (issue 10): |peak error| <= 10 % for every
 pair, step time within 20 % (ratio 0.8 .. 1.2). No assertion: the figures are printed.
+
+A third matrix, a diagnostic beside the goal, divides out each recording's CPU contention (rank.json
+``cpu``: 1 + run-queue wait / time on a CPU, the median over ranks): predicted step / the contention the
+model predicts for T, over measured step / the contention measured on T's run. On a shared machine the
+load of other jobs changes from one recording to the next; this matrix shows the error of the rest of the
+model without it (printed when the recordings have the field).
 """
 from __future__ import annotations
 
@@ -95,6 +101,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     pred_peak = {a: {b: [] for b in names} for a in names}
     pred_step = {a: {b: [] for b in names} for a in names}
+    pred_norm = {a: {b: [] for b in names} for a in names}
+    meas_norm = {b: [] for b in names}
     meas_peak = {b: [] for b in names}
     meas_step = {b: [] for b in names}
     n_pred = 0
@@ -103,9 +111,14 @@ def main(argv=None) -> int:
             res = wp.predict_run(rec["run"], targets, rec["target"])
             meas_peak[a].append(res["measured"]["peak_allocated_bytes"])
             meas_step[a].append(res["measured"]["step_us"])
+            own = next(p for p in res["predictions"] if p["is_run"])
+            if own.get("run_cpu_contention"):
+                meas_norm[a].append(res["measured"]["step_us"] / own["run_cpu_contention"])
             for b, p in zip(names, res["predictions"]):
                 pred_peak[a][b].append(p["peak_allocated_bytes"])
                 pred_step[a][b].append(p["step_us"])
+                if p.get("cpu_contention"):
+                    pred_norm[a][b].append(p["step_us"] / p["cpu_contention"])
                 n_pred += 1
     t_pred = time.perf_counter() - t0
     med = statistics.median
@@ -142,6 +155,21 @@ def main(argv=None) -> int:
         print(fmt_row(a, cells))
     print(f"\npeak: {ok_peak}/{n} pairs within {PEAK_GOAL_PCT:.0f} % (worst {worst_peak:.1f} %); "
           f"step: {ok_step}/{n} pairs within {100 * STEP_GOAL:.0f} % (worst ratio x{worst_step:.2f})")
+    if all(meas_norm[b] for b in names) and all(pred_norm[a][b] for a in names for b in names):
+        mn = {b: med(v) for b, v in meas_norm.items()}
+        print("\ndiagnostic: step time / CPU contention, predicted / measured (each recording's load divided out)")
+        print("  measured step / contention, ms: " + ", ".join(f"{b} {mn[b] / 1e3:.1f}" for b in names))
+        print(fmt_row("", short))
+        ok_norm, worst_norm = 0, 1.0
+        for a in names:
+            cells = []
+            for b in names:
+                v = med(pred_norm[a][b]) / mn[b]
+                cells.append(f"{v:.2f}")
+                worst_norm = max(worst_norm, v, 1 / v) if v > 0 else worst_norm
+                ok_norm += abs(v - 1.0) <= STEP_GOAL
+            print(fmt_row(a, cells))
+        print(f"diagnostic: {ok_norm}/{n} pairs within {100 * STEP_GOAL:.0f} % (worst ratio x{worst_norm:.2f})")
     return 0
 
 

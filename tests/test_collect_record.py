@@ -45,6 +45,21 @@ def load_trace(path) -> dict:
         return json.load(fh)
 
 
+def check_cpu_load(cpu: dict, trace: dict, nproc: int) -> None:
+    """rank.json "cpu": this host's cores and ranks, and the process's times over exactly the active steps
+    (the window is the ProfilerStep#s' span, within 10 %: it is read at the same optimizer step hooks)."""
+    assert cpu["usable_cores"] == len(os.sched_getaffinity(0)) and cpu["cpu_count"] == os.cpu_count()
+    assert cpu["local_world_size"] == nproc and cpu["torch_threads"] >= 1
+    steps = [e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    span_us = max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps)
+    assert cpu["wall_us"] == pytest.approx(span_us, rel=0.1)
+    assert (cpu["end_unix_ns"] - cpu["start_unix_ns"]) / 1e3 == pytest.approx(cpu["wall_us"], rel=0.05, abs=2e3)
+    # on a CPU and waiting for one (schedstat, the threads alive at the end): the process ran, and no thread ran
+    # longer than the window; the process's CPU time (process_time: every thread, ended ones too) is no less
+    assert 0 < cpu["run_us"] <= cpu["threads"] * cpu["wall_us"] and cpu["runqueue_us"] >= 0 and cpu["threads"] >= 1
+    assert cpu["cpu_us"] >= 0.95 * cpu["run_us"]
+
+
 def check_run_dir(run, nproc: int) -> dict[int, dict]:
     meta = json.loads((run / "run.json").read_text())
     assert meta["schema"] == "fsdpprof.run/1"
@@ -70,6 +85,7 @@ def check_run_dir(run, nproc: int) -> dict[int, dict]:
         anchor = info["clock_anchor"]
         assert anchor["profiler_us"] * 1000 + trace["baseTimeNanoseconds"] == pytest.approx(anchor["wall_ns"], abs=1e4)
         assert not [p for p in rd.iterdir() if p.name.startswith(".")]  # no temporary files left
+        check_cpu_load(info["cpu"], trace, nproc)
         invs[r] = json.loads((rd / "inventory.json").read_text())
     return invs
 

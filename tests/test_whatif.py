@@ -264,17 +264,58 @@ def test_hand_built_step_time():
           "bwd_end": 700.0}
     fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
     src = source(tg.SHARD_GRAD_OP)
-    same = timing.predict_step(rs, sc, tg.target_of_source(src), units, fit, src, (None, None), sync=True)
+    none = timing.OwnWork(timing.FamilyOverhead("fsdp2", None, None, 0.0), None, 1, 0.0, 1.0)
+    same = timing.predict_step(rs, sc, tg.target_of_source(src), units, fit, src, none, sync=True)
     assert (same.step_us, same.exposed_comm_us, same.compute_us) == (1000.0, 200.0, 800.0)
-    full = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, (None, None), sync=True)
+    full = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, none, sync=True)
     assert (full.step_us, full.exposed_comm_us, full.comm_us, full.compute_us) == (1150.0, 350.0, 350.0, 800.0)
     # FSDP's own CPU work per byte (here 0.1 us/B gathered): the extra 800 B gathered cost 80 us more
-    more = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src, (0.1, None), sync=True)
+    own = timing.FamilyOverhead("fsdp2", 0.1, None, 0.0)
+    more = timing.predict_step(rs, sc, tg.make_target(src, "FULL_SHARD"), units, fit, src,
+                               timing.OwnWork(own, own, 1, 0.0, 1.0), sync=True)
     assert more.step_us == pytest.approx(1230.0)
     # DDP: one bucket all-reduce of 800 B (pooled fit: 800 x 2 x 1/2 x 0.25 = 200 us) issued at the grad (600),
     # waited at the end of backward (700): nothing to hide it behind, all exposed
-    ddp = timing.predict_step(rs, sc, tg.make_target(src, "DDP"), units, fit, src, (None, None), sync=False)
+    ddp = timing.predict_step(rs, sc, tg.make_target(src, "DDP"), units, fit, src, none, sync=False)
     assert (ddp.step_us, ddp.exposed_comm_us) == (1000.0, 200.0)
+
+
+def test_hand_built_family_and_optimizer_work():
+    """The same step as test_hand_built_step_time. FSDP2 -> FSDP1 at SHARD_GRAD_OP (the same 800 B gathered
+    and reduced): the run's own work (0.1 us/B gathered, 0.2 us/B reduced, 5 us of DTensor dispatch per
+    parameter x 10 parameters = 290 us) is taken out and FSDP1's (0.05 us/B both ways = 80 us) put in:
+    1000 - 290 + 80 = 790. DDP from SHARD_GRAD_OP doubles the local parameter elements: the optimizer's
+    element work (100 us) is paid twice, and DDP's own work is none: 1000 - 290 + 100 = 810."""
+    from fsdpprof.analyze.whatif import timing
+
+    units = [Unit("", 200, 0)]
+    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 600.0, 1000.0]),
+                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
+                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
+                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
+    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
+          "bwd_end": 700.0}
+    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
+    src = source(tg.SHARD_GRAD_OP)
+    run = timing.FamilyOverhead("fsdp2", 0.1, 0.2, 5.0)
+    fsdp1 = timing.FamilyOverhead("fsdp1", 0.05, 0.05, 0.0, "documented")
+    t1 = tg.make_target(src, "SHARD_GRAD_OP", family="fsdp1")
+    got = timing.predict_step(rs, sc, t1, units, fit, src, timing.OwnWork(run, fsdp1, 10, 100.0, 1.0), sync=True)
+    assert got.step_us == pytest.approx(790.0)
+    ddp_t = tg.make_target(src, "DDP")
+    own = timing.own_work_for(run, 100.0, 10, src, ddp_t, units, contention=2.0)
+    assert own.element_ratio == 2.0 and own.target.family == "ddp" and own.target.step_us(1e6, 1e6, 10) == 0.0
+    got = timing.predict_step(rs, sc, ddp_t, units, fit, src, own, sync=False)
+    assert got.step_us == pytest.approx(810.0)
+    # the target's family: the run's own measured figures when it is the same family; documented ones x the
+    # run's contention on a CPU run otherwise; nothing (not charged) on an accelerator
+    assert timing.target_overhead(run, "fsdp2", "cpu", 2.0) is run
+    doc = timing.target_overhead(run, "fsdp1", "cpu", 2.0)
+    assert doc.how == "documented" and doc.gather_us_per_byte == pytest.approx(
+        2.0 * timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte)
+    assert timing.target_overhead(run, "fsdp1", "cuda", 2.0) is None
+    part = timing.target_overhead(timing.FamilyOverhead("fsdp1", None, 0.3, 0.0), "fsdp1", "cpu", None)
+    assert part.reduce_us_per_byte == 0.3 and part.gather_us_per_byte == timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte
 
 
 def test_a_snapshot_window_is_split_into_steps():
@@ -286,3 +327,48 @@ def test_a_snapshot_window_is_split_into_steps():
     # out of record order in the frame: the same steps
     perm = np.random.default_rng(0).permutation(len(seq))
     assert wm.steps_from_stages(stage[perm], seq[perm]).tolist() == [[-1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2][i] for i in perm]
+
+
+def test_dtensor_dispatch_and_optimizer_element_work_on_a_hand_built_trace():
+    """One optimizer step (0-1000 us) on the main thread: a DTensor op (aten::mul_ 100-300 -> PythonSubclass
+    110-290 -> aten::mul_ on the local shard 150-250) and a plain op (aten::sqrt 400-500, with a child
+    aten::empty 400-410). DTensor dispatch: the DTensor op but its local op, 200 - 100 = 100 us. Element work:
+    the aten ops' self time but the wrapper's: local mul_ 100 + sqrt 90 + empty 10 = 200 us. An aten op on
+    another thread and one outside the step count for neither."""
+    from fsdpprof.analyze.whatif import timing
+
+    rows = [("Optimizer.step#AdamW.step", "annotation", "t1", 0, 1000), ("aten::mul_", "cpu_op", "t1", 100, 200),
+            ("PythonSubclass", "cpu_op", "t1", 110, 180), ("aten::mul_", "compute", "t1", 150, 100),
+            ("aten::sqrt", "compute", "t1", 400, 100), ("aten::empty", "compute", "t1", 400, 10),
+            ("aten::add_", "compute", "t2", 100, 500), ("aten::mm", "compute", "t1", 2000, 300)]
+    ev = pd.DataFrame(rows, columns=["name", "kind", "lane", "ts_us", "dur_us"])
+    for c in ("name", "kind", "lane"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    assert timing.dtensor_dispatch_us(ev) == pytest.approx(100.0)
+    assert timing.optimizer_element_us(ev) == pytest.approx(200.0)
+    plain = ev[ev["name"] != "PythonSubclass"]
+    assert timing.dtensor_dispatch_us(plain) == 0.0
+
+
+def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
+    """FSDP1's own work: its pre-forward (0-100 us) around a 1000 B all-gather waited for 20-60 -> 60 us, 0.06
+    us/B; its post-backward hook (200-300) around a 500 B reduce-scatter 220-240 -> 80 us, 0.16 us/B. The
+    FSDP2 phases of the same trace are not FSDP1's."""
+    from fsdpprof.analyze.whatif import timing
+
+    rows = [("FullyShardedDataParallel._pre_forward", "annotation", 0, 100, None, np.nan),
+            ("gloo:all_gather", "comm", 20, 40, "all_gather", 1000.0),
+            ("FullyShardedDataParallel._post_backward_hook", "annotation", 200, 100, None, np.nan),
+            ("gloo:reduce_scatter", "comm", 220, 20, "reduce_scatter", 500.0)]
+    ev = pd.DataFrame(rows, columns=["name", "kind", "ts_us", "dur_us", "collective", "bytes"])
+    ev["lane"] = "t1"
+    for c in ("name", "kind", "lane", "collective"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    ag, rs = timing.gather_reduce_overhead(ev, "fsdp1")
+    assert (ag, rs) == (pytest.approx(0.06), pytest.approx(0.16))
+    assert timing.gather_reduce_overhead(ev, "fsdp2") == (None, None)
+    assert timing.run_overhead(ev, "fsdp1", params=10, steps=1).dispatch_us_per_param == 0.0

@@ -99,6 +99,8 @@ def device_type(categories, runtime_names, device_names=()) -> str:
 STEP_PREFIX = "ProfilerStep#"
 OPTIMIZER_PREFIX = "Optimizer.step#"
 ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
+# the profiler's op for a tensor subclass's __torch_dispatch__: on FSDP2's parameters, DTensor dispatch
+TENSOR_SUBCLASS_DISPATCH = "PythonSubclass"
 # the first of these in a step starts its forward (before it: the data stage)
 FORWARD_MARKERS = ("FSDP::root_pre_forward", "FSDP::pre_forward", "FullyShardedDataParallel._root_pre_forward",
                    "FullyShardedDataParallel._pre_forward", "FullyShardedDataParallel.forward",

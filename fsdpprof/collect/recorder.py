@@ -111,6 +111,8 @@ class Recorder:
         self.finished = False
         self.saving = False
         self.pending_signal = None
+        self.cpu_start = None      # _cpu_sample() at the start of the first active step
+        self.cpu_window = None     # rank.json "cpu": the host's cores and this process's CPU use over the active steps
 
     # -- installation ---------------------------------------------------------------------
     def install(self, optimizer_module=None) -> None:
@@ -306,6 +308,8 @@ class Recorder:
                 if self.state == "idle" and self.steps_done == self.skip:
                     self._start_window()
                 elif self.state in ("window", "aside"):
+                    if n == self.last_active:
+                        self._end_cpu_window()
                     if self.prof is not None:
                         with _quiet_kineto():
                             self.prof.step()
@@ -314,6 +318,8 @@ class Recorder:
                             self._finish("complete")
                         else:
                             self._finish("partial" if self.trace_written else runfmt.RANK_STEPPED_ASIDE)
+                if self.state == "window" and self.steps_done == self.first_active:
+                    self.cpu_start = _cpu_sample()
             except Exception as exc:
                 self._fail(f"optimizer post-step hook (step {self.steps_done})", exc)
                 self._abort()
@@ -536,12 +542,21 @@ class Recorder:
                    "steps_recorded": steps, "profiler_steps": steps,
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
-                   "clock_anchor": self.clock_anchor, "status": status, "error": error, "note": self.note,
+                   "clock_anchor": self.clock_anchor, **({"cpu": self.cpu_window} if self.cpu_window else {}),
+                   "status": status, "error": error, "note": self.note,
                    "files": sorted(set(self.files + [runfmt.COLLECTOR_LOG])), "fsdpprof_version": __version__}
             runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.RANK_JSON), doc)
             self._log(f"rank.json: status {status}" + (f" ({error})" if error else ""))
         except Exception as exc:
             self._log(f"writing rank.json failed: {exc!r}")
+
+    def _end_cpu_window(self) -> None:
+        """rank.json's "cpu" from the samples at the start and the end of the active steps (never raises)."""
+        try:
+            self.cpu_window = _cpu_window(self.cpu_start, _cpu_sample())
+        except Exception as exc:
+            self.cpu_window = None
+            self._log(f"CPU use over the window not recorded: {exc!r}")
 
     def _steps_recorded(self) -> list[int]:
         """Steps whose ProfilerStep the trace holds in full (a crash or an early exit cuts the window short)."""
@@ -853,3 +868,58 @@ def _process_groups() -> list[dict]:
     except Exception:
         pass
     return groups
+
+
+def _usable_cores() -> int | None:
+    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def _task_schedstat() -> dict:
+    """Per thread of this process (Linux): tid -> (ns on a CPU, ns waiting on a run queue); {} elsewhere."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            out[tid] = (int(fields[0]), int(fields[1]))
+        except (OSError, ValueError, IndexError):
+            continue   # a thread that ended meanwhile, or no schedstats in this kernel
+    return out
+
+
+def _cpu_sample() -> dict | None:
+    """Wall clock, process CPU time and per-thread schedstat now (None if any of it fails)."""
+    try:
+        return {"unix_ns": time.time_ns(), "mono_ns": time.perf_counter_ns(), "cpu_ns": time.process_time_ns(),
+                "tasks": _task_schedstat()}
+    except Exception:
+        return None
+
+
+def _cpu_window(start: dict | None, end: dict | None) -> dict | None:
+    """rank.json "cpu": the host's usable cores, the ranks on it, torch's threads and, between the two samples,
+    this process's wall, CPU, on-CPU and run-queue wait time (µs; the last two from the threads' schedstat,
+    summed over the threads alive at the end: absent without /proc). None without both samples."""
+    if not start or not end:
+        return None
+    doc = {"usable_cores": _usable_cores(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "start_unix_ns": start["unix_ns"], "end_unix_ns": end["unix_ns"],
+           "wall_us": (end["mono_ns"] - start["mono_ns"]) / 1e3, "cpu_us": (end["cpu_ns"] - start["cpu_ns"]) / 1e3}
+    lws = os.environ.get("LOCAL_WORLD_SIZE")
+    if lws and lws.strip().isdigit():
+        doc["local_world_size"] = int(lws)
+    if end["tasks"]:
+        run = wait = 0
+        for tid, (r1, w1) in end["tasks"].items():
+            r0, w0 = start["tasks"].get(tid, (0, 0))   # a thread started inside the window counts from zero
+            run, wait = run + max(r1 - r0, 0), wait + max(w1 - w0, 0)
+        doc.update(run_us=run / 1e3, runqueue_us=wait / 1e3, threads=len(end["tasks"]))
+    return doc

@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cpu-offload", action="store_true", help="FSDP CPU offload of the sharded states")
     p.add_argument("--batch-scale", default="1", metavar="X",
                    help="local batch x X: activations and compute time scale with it (default 1)")
+    p.add_argument("--ranks-per-host", default=None, metavar="R",
+                   help="CPU runs: ranks of the target on one host, sharing its cores (default: the run's layout; "
+                        "a run on one host puts all the target's ranks on it)")
     p.add_argument("--fsdp-version", default=None, choices=["1", "2"],
                    help="FSDP implementation of the target (default: the run's; FSDP2 for a DDP run)")
     p.add_argument("--only", action="store_true", help="predict only the target, not every standard strategy too")
@@ -31,7 +34,7 @@ def add_arguments(p) -> None:
 
 def _target_given(args) -> bool:
     return any(getattr(args, k) is not None for k in ("strategy", "shard_group", "world", "reshard_after_forward",
-                                                        "param_dtype", "reduce_dtype", "fsdp_version")) \
+                                                        "param_dtype", "reduce_dtype", "fsdp_version", "ranks_per_host")) \
         or args.cpu_offload or str(args.batch_scale).strip() not in ("1", "1.0")
 
 
@@ -56,7 +59,7 @@ def build(args, run) -> tuple[list, object, list[str]]:
         out.append(tg.make_target(source, args.strategy, world_size=args.world, shard_group=args.shard_group,
                                   reshard_after_forward=args.reshard_after_forward, param_dtype=args.param_dtype,
                                   reduce_dtype=args.reduce_dtype, cpu_offload=True if args.cpu_offload else None,
-                                  batch_scale=scale, family=family))
+                                  batch_scale=scale, family=family, ranks_per_host=args.ranks_per_host))
     elif args.only:
         raise UserError("--only needs a target: give --strategy (or --world, --shard-group, ...)")
     if not args.only:
@@ -80,6 +83,9 @@ def text(result: dict, run_label: str) -> str:
                      f"{_ms(p['rest_us']):>9s}")
     lines.append("(* the target; = the run's own configuration, predicted from itself; times per step)")
     first = result["predictions"][0] if result["predictions"] else None
+    if first and first.get("cpu_contention") is not None and first.get("run_cpu_contention") is not None:
+        lines.append(f"CPU contention (1 + run-queue wait / time on a CPU): the run x{first['run_cpu_contention']:.2f}, "
+                     f"{first['label']} x{first['cpu_contention']:.2f}")
     if first:
         lines.append(f"{first['label']}: kept: " + "; ".join(first["kept"]))
         lines.append(f"{first['label']}: assumed: " + "; ".join(first["assumed"]))

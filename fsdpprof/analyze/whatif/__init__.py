@@ -6,7 +6,9 @@
 - :mod:`.memory`   the recorded allocation timeline replayed under the target's rules (the peak is the
   maximum of the replayed timeline)
 - :mod:`.timing`   latency + bytes / bandwidth fitted per collective on the run's own collectives, the
-  target's collectives placed on the recorded compute timeline, exposure by the report's interval code
+  target's collectives placed on the recorded compute timeline, exposure by the report's interval code;
+  the family's own CPU work swapped for the target's
+- :mod:`.contention` CPU runs: the host's cores shared by its ranks (processor sharing, rank.json ``cpu``)
 - :mod:`.predict`  per rank (map) and per run (reduce), as small dicts
 
 Every prediction lists what it kept from the measurement and what it assumed.

@@ -12,10 +12,11 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.frames import startswith
+from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif import timing
-from fsdpprof.analyze.whatif.units import model_units, padded_numel, param_unit_map
+from fsdpprof.analyze.whatif.units import model_units, padded_numel, param_unit_map, parameter_tensors
 from fsdpprof.errors import UserError
 
 
@@ -98,16 +99,23 @@ class RankModel:
         else:
             self.memory_kind = None
             self.notes.append("no memory record (no [memory] events, no CUDA snapshot): memory not predicted")
+        self.host_load = None
+        if self.source.device_type == "cpu":
+            layout = self.source.ranks_per_host if self.source.hosts > 1 else self.source.world_size
+            self.host_load = ct.host_load((rd.info or {}).get("cpu"), layout)
         self.events = events if events is not None and len(events) else None
-        self.tsched, self.fit, self.rates, self.steps = {}, None, (None, None), []
+        self.tsched, self.fit, self.steps = {}, None, []
+        self.params = parameter_tensors(rd.inventory)
+        self.run_overhead, self.optimizer_element_us = None, 0.0
         self.measured_steps = []
         if self.events is not None:
             self.fit = timing.fit_collectives(self.events)
             self.tsched = timing.trace_schedule(self.events, self.units, self.msched,
                                                 same_clock=self.memory_kind == "cpu_trace")
-            ag, rs, _ = timing.gather_reduce_overhead(self.events)
-            self.rates = (ag, rs)
             self.steps = timing.run_steps(self.events, self.tsched)
+            n = max(len(self.steps), 1)
+            self.run_overhead = timing.run_overhead(self.events, self.source.family, self.params, n)
+            self.optimizer_element_us = timing.optimizer_element_us(self.events) / n
             self.measured_steps = [s.w1 - s.w0 for s in self.steps]
             if not self.fit.by_type:
                 self.notes.append("the run has no collectives to fit latency and bandwidth on: time not predicted")
@@ -118,7 +126,7 @@ class RankModel:
         """One target on this rank: small dict (bytes, µs) with what was kept and assumed."""
         out = {"rank": self.rank, "peak_allocated_bytes": None, "breakdown": {}, "peak_stage": None,
                "host_bytes": 0, "steps_us": [], "compute_us": None, "exposed_comm_us": None, "comm_us": None,
-               "kept": [], "assumed": []}
+               "run_cpu_contention": None, "cpu_contention": None, "kept": [], "assumed": []}
         if self.rows is not None:
             p = mem.predict_memory(self.rows, self.msched, self.units, self.source, target, self.scratch,
                                    self.host_states)
@@ -127,8 +135,15 @@ class RankModel:
             out["kept"] += p.kept
             out["assumed"] += p.assumed
         if self.events is not None and self.fit is not None and self.fit.by_type and self.tsched:
+            scale, ckept, cassumed = ct.cpu_step_scale(self.host_load, self.source, target)
+            own = timing.own_work_for(self.run_overhead, self.optimizer_element_us, self.params, self.source, target,
+                                      self.units, self.host_load.contention if self.host_load else None)
             steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, self.fit,
-                                                       self.source, self.rates)
+                                                       self.source, own, scale)
+            kept, assumed = kept + ckept, assumed + cassumed
+            if self.host_load is not None and self.source.device_type == "cpu":
+                out["run_cpu_contention"] = self.host_load.contention
+                out["cpu_contention"] = self.host_load.contention_at(tg.ranks_on_host(self.source, target))
             if steps:
                 out["steps_us"] = [s.step_us for s in steps]
                 out["compute_us"] = float(np.median([s.compute_us for s in steps]))
@@ -175,6 +190,7 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
                       "breakdown": dict(top["breakdown"]) if top else {},
                       "host_bytes": top["host_bytes"] if top else 0,
                       "step_us": step, "compute_us": compute, "exposed_comm_us": exposed, "comm_us": med("comm_us"),
+                      "run_cpu_contention": med("run_cpu_contention"), "cpu_contention": med("cpu_contention"),
                       "rest_us": (step - compute - exposed) if None not in (step, compute, exposed) else None,
                       "kept": kept, "assumed": assumed})
     measured_peak = max((p["measured_peak_bytes"] for p in per_rank if p["measured_peak_bytes"] is not None),

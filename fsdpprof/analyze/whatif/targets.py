@@ -86,6 +86,7 @@ class Target:
     reduce_dtype: str
     cpu_offload: bool = False
     batch_scale: float = 1.0
+    ranks_per_host: int | None = None   # None: the run's layout (see :func:`ranks_on_host`)
 
     @property
     def sharded(self) -> bool:
@@ -111,7 +112,7 @@ class Target:
         return {"strategy": self.strategy, "label": self.label, "world_size": self.world_size,
                 "shard_group": self.shard_group, "replicas": self.replicas, "reshard_after_forward": raf,
                 "family": self.family, "param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype,
-                "cpu_offload": self.cpu_offload, "batch_scale": self.batch_scale}
+                "cpu_offload": self.cpu_offload, "batch_scale": self.batch_scale, "ranks_per_host": self.ranks_per_host}
 
 
 def source_of(inventory: dict | None, info: dict | None, device_type: str | None = None,
@@ -143,6 +144,13 @@ def source_of(inventory: dict | None, info: dict | None, device_type: str | None
                   reshard_after_forward=raf, stored_dtype=stored, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                   cpu_offload=bool(inv.get("cpu_offload")), device_type=dev, hosts=max(int(hosts or 1), 1),
                   ranks_per_host=ranks_per_host)
+
+
+def ranks_on_host(source: Source, target: Target) -> int:
+    """Ranks of the target on one host: its ``ranks_per_host``, else the run's layout (a run on one host:
+    all the target's ranks on it; on several: as many per host as the run had), at most its world."""
+    per = target.ranks_per_host or (source.ranks_per_host if source.hosts > 1 else None) or target.world_size
+    return max(1, min(int(per), target.world_size))
 
 
 def _positive_int(value, what: str, limit: int = MAX_WORLD) -> int:
@@ -179,7 +187,8 @@ def parse_batch_scale(value) -> float:
 
 
 def make_target(source: Source, strategy=None, *, world_size=None, shard_group=None, reshard_after_forward=None,
-                param_dtype=None, reduce_dtype=None, cpu_offload=None, batch_scale=1.0, family=None) -> Target:
+                param_dtype=None, reduce_dtype=None, cpu_offload=None, batch_scale=1.0, family=None,
+                ranks_per_host=None) -> Target:
     """A checked Target; what is not given comes from ``source`` (its world size, dtypes, family...).
 
     Refused in one line (UserError): a shard group that does not divide the world, resharding to a
@@ -256,8 +265,12 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
                         f"--strategy FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD")
     if off and family == "fsdp1" and source.device_type == "cpu":
         raise UserError("FSDP1 CPU offload pins memory and needs an accelerator: on CPU use --fsdp-version 2")
+    per_host = _positive_int(ranks_per_host, "--ranks-per-host") if ranks_per_host is not None else None
+    if per_host is not None and n % per_host:
+        raise UserError(f"--ranks-per-host {per_host} must divide the world size {n} (whole hosts)")
     return Target(strategy=s, world_size=n, shard_group=k, reshard_after_forward=raf, family=family,
-                  param_dtype=pd_, reduce_dtype=rd_, cpu_offload=off, batch_scale=float(batch_scale))
+                  param_dtype=pd_, reduce_dtype=rd_, cpu_offload=off, batch_scale=float(batch_scale),
+                  ranks_per_host=per_host)
 
 
 def target_of_source(source: Source) -> Target:
@@ -279,6 +292,7 @@ def standard_targets(source: Source, base: Target | None = None) -> tuple[list[T
             t = make_target(source, s, param_dtype=base.param_dtype if base else None,
                             reduce_dtype=base.reduce_dtype if base else None, cpu_offload=False,
                             batch_scale=base.batch_scale if base else 1.0,
+                            ranks_per_host=base.ranks_per_host if base else None,
                             family=(base.family if base and base.family != "ddp" and s != DDP else None))
         except UserError as exc:
             notes.append(f"{s} left out: {exc}")

@@ -14,9 +14,13 @@
 4. Measure the exposed part with the report's own interval code (:mod:`fsdpprof.analyze.comm.intervals`:
    the union and intersection :func:`fsdpprof.analyze.comm.overlap.overall_overlap` is made of).
 
-FSDP's own CPU work per gathered / reduced byte (copy-in, copy-out, chunk-cat: inside its all-gather and
-reduce annotations, minus the communication waited for there) is measured on an FSDP2 run and charged
-per byte of the target's collectives. Times in µs, sizes in bytes.
+The run's own CPU work that the target changes (:class:`OwnWork`): each FSDP family's work per gathered /
+reduced byte (FSDP2's copy-in, copy-out, chunk-cat; FSDP1's flat-parameter padding: inside its gather and
+reduce annotations, minus the communication waited for there) and FSDP2's DTensor dispatch per parameter
+are measured on the run and replaced by the target family's (the run's own when the same family, else
+:data:`DOCUMENTED_OVERHEAD`); the optimizer's element work scales with the local parameter elements.
+The CPU contention of the target's host layout (:mod:`.contention`) stretches the whole step on a CPU run.
+Times in µs, sizes in bytes.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import pandas as pd
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.comm.steps import step_windows
-from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.frames import isin, startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif import targets as tg
@@ -36,8 +40,12 @@ from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
-GATHER_OVERHEAD_PHASES = ("all_gather", "all_gather_copy_out", "foreach_all_gather", "foreach_all_gather_copy_out")
-REDUCE_OVERHEAD_PHASES = ("post_backward_reduce", "foreach_reduce")
+# the FSDP annotations (vocab.parse_fsdp phases) around each family's own CPU work for a gather / a reduction
+GATHER_OVERHEAD_PHASES = {"fsdp2": ("all_gather", "all_gather_copy_out", "foreach_all_gather",
+                                    "foreach_all_gather_copy_out"),
+                          "fsdp1": ("pre_forward", "pre_forward_prefetch", "pre_backward", "pre_backward_prefetch",
+                                    "post_backward_prefetch")}
+REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce"), "fsdp1": ("post_backward",)}
 
 
 @dataclass
@@ -256,16 +264,51 @@ def _subtract(a_s, a_e, b_s, b_e) -> tuple[np.ndarray, np.ndarray]:
     return intervals.union(seg_s[keep], seg_e[keep])
 
 
-def gather_reduce_overhead(events: pd.DataFrame) -> tuple[float | None, float | None, str]:
-    """FSDP2's CPU time per gathered byte and per reduced byte (µs/byte): its all-gather / copy-out and
-    reduce annotations minus the communication waited for inside them, over the bytes they moved."""
+@dataclass(frozen=True)
+class FamilyOverhead:
+    """An FSDP family's own CPU work on a rank: µs per byte it gathers and per byte it reduces (copy-in,
+    copy-out, chunk-cat, flat-parameter padding: inside its gather and reduce annotations, minus the
+    communication waited for there) and µs of DTensor dispatch per parameter tensor per step (FSDP2's
+    parameters are DTensors: each optimizer op on one goes through ``__torch_dispatch__``). None: unknown.
+    ``how``: "measured" (on the run) or "documented" (:data:`DOCUMENTED_OVERHEAD`)."""
+
+    family: str
+    gather_us_per_byte: float | None
+    reduce_us_per_byte: float | None
+    dispatch_us_per_param: float | None
+    how: str = "measured"
+
+    def step_us(self, gathered_bytes: float, reduced_bytes: float, params: int) -> float:
+        """This overhead over one step (µs): gathered / reduced bytes, parameter tensors (unknown parts 0)."""
+        return ((self.gather_us_per_byte or 0.0) * gathered_bytes + (self.reduce_us_per_byte or 0.0) * reduced_bytes
+                + (self.dispatch_us_per_param or 0.0) * params)
+
+
+# For a family the run does not have (a CPU run only), at contention 1: measured by benchmarks/bench_whatif.py
+# on fsdpprof's example (2-core Xeon, torch 2.13, gloo, fp32): the median over every rank of 4 recordings of
+# every strategy of the family (2 invocations; 40 FSDP2 ranks, 32 FSDP1 ranks), each rank's figure divided
+# by its contention from rank.json cpu. DDP gathers and reduces nothing unit by unit (its bucket copies are
+# not charged) and its parameters are plain tensors.
+DOCUMENTED_OVERHEAD = {
+    "fsdp2": FamilyOverhead("fsdp2", 604e-6, 972e-6, 252.0, "documented"),
+    "fsdp1": FamilyOverhead("fsdp1", 318e-6, 676e-6, 0.0, "documented"),
+    "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented"),
+}
+
+
+def gather_reduce_overhead(events: pd.DataFrame, family: str) -> tuple[float | None, float | None]:
+    """The family's CPU time per gathered byte and per reduced byte (µs/byte): its gather and reduce
+    annotations (:data:`GATHER_OVERHEAD_PHASES`, :data:`REDUCE_OVERHEAD_PHASES`) minus the communication
+    waited for inside them, over the bytes they moved; None where the run has none."""
     ann = labels.fsdp_intervals(events)
-    if not len(ann):
-        return None, None, "no FSDP annotations"
+    if family not in GATHER_OVERHEAD_PHASES or not len(ann):
+        return None, None
+    ann = ann[ann["family"] == family]
     comm = events[isin(events["kind"], [vocab.KIND_COMM])]
     cs, ce = comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)
     out = []
-    for phases, coll in ((GATHER_OVERHEAD_PHASES, vocab.ALL_GATHER), (REDUCE_OVERHEAD_PHASES, vocab.REDUCE_SCATTER)):
+    for phases, coll in ((GATHER_OVERHEAD_PHASES[family], vocab.ALL_GATHER),
+                         (REDUCE_OVERHEAD_PHASES[family], vocab.REDUCE_SCATTER)):
         sel = ann[ann["fsdp_phase"].isin(phases)]
         nbytes = comm.loc[isin(comm["collective"], [coll]), "bytes"].sum()
         if not len(sel) or not nbytes:
@@ -274,7 +317,120 @@ def gather_reduce_overhead(events: pd.DataFrame) -> tuple[float | None, float | 
         s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
         busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, cs, ce).sum())
         out.append(max(busy, 0.0) / float(nbytes))
-    return out[0], out[1], "FSDP2 annotations"
+    return out[0], out[1]
+
+
+def _nesting(ts: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of intervals sorted by start (longest first): each one's parent (-1: none), number of children and
+    time covered by its children (µs)."""
+    parent = np.full(len(ts), -1)
+    children = np.zeros(len(ts), int)
+    inner = np.zeros(len(ts))
+    stack: list[int] = []
+    for i in range(len(ts)):
+        while stack and te[stack[-1]] <= ts[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            children[stack[-1]] += 1
+            inner[stack[-1]] += min(te[i], te[stack[-1]]) - ts[i]
+        stack.append(i)
+    return parent, children, inner
+
+
+def _lanes(events: pd.DataFrame, lanes):
+    """Per lane: (ts, te, names, is_op) of its events sorted by start, longest first."""
+    names = events["name"].astype(str).to_numpy()
+    lane = events["lane"].astype(object).to_numpy()
+    is_op = ~isin(events["kind"], [vocab.KIND_ANNOTATION])
+    t0 = events["ts_us"].to_numpy(float)
+    t1 = t0 + events["dur_us"].to_numpy(float)
+    for ln in lanes:
+        on = np.flatnonzero(lane == ln)
+        o = on[np.lexsort((-t1[on], t0[on]))]
+        yield t0[o], t1[o], names[o], is_op[o]
+
+
+def dtensor_dispatch_us(events: pd.DataFrame) -> float:
+    """DTensor dispatch on the trace (µs, all steps): each tensor-subclass dispatch op's
+    (:data:`fsdpprof.analyze.vocab.TENSOR_SUBCLASS_DISPATCH`) time outside the local ops it runs, with the
+    ops (not annotations) whose only child it is (``aten::mul_`` -> PythonSubclass -> ``aten::mul_`` on the
+    local shard: all but the inner op)."""
+    hit = (events["name"].astype(str) == vocab.TENSOR_SUBCLASS_DISPATCH).to_numpy()
+    if not hit.any():
+        return 0.0
+    total = 0.0
+    for ts, te, nm, op in _lanes(events, pd.unique(events["lane"].astype(object).to_numpy()[hit])):
+        parent, children, inner = _nesting(ts, te)
+        for i in np.flatnonzero(nm == vocab.TENSOR_SUBCLASS_DISPATCH):
+            top = i
+            while parent[top] >= 0 and children[parent[top]] == 1 and op[parent[top]]:
+                top = parent[top]
+            total += (te[top] - ts[top]) - inner[i]
+    return float(total)
+
+
+def optimizer_element_us(events: pd.DataFrame) -> float:
+    """The optimizer's element work on the trace (µs, all steps): the self time of the aten ops inside its
+    steps (:data:`fsdpprof.analyze.vocab.OPTIMIZER_PREFIX` annotations), which run over the parameters'
+    elements (DTensor wrappers left out). The rest of a step, its Python loop over tensors, is not in it."""
+    is_opt = startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))
+    opt = events[is_opt]
+    if not len(opt):
+        return 0.0
+    s, e = intervals.union(opt["ts_us"].to_numpy(float), (opt["ts_us"] + opt["dur_us"]).to_numpy(float))
+    t = events["ts_us"].to_numpy(float)
+    k = np.searchsorted(s, t, side="right") - 1
+    inside = events[(k >= 0) & (t < e[np.clip(k, 0, None)]) & ~is_opt]
+    element = 0.0
+    for ts, te, nm, _ in _lanes(inside, pd.unique(opt["lane"].astype(object))):
+        parent, _, inner = _nesting(ts, te)
+        wraps = np.zeros(len(ts), bool)
+        wraps[parent[(nm == vocab.TENSOR_SUBCLASS_DISPATCH) & (parent >= 0)]] = True
+        aten = np.char.startswith(nm.astype(str), "aten::") & ~wraps
+        element += float(((te - ts) - inner)[aten].sum())
+    return element
+
+
+def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> FamilyOverhead:
+    """The run's own :class:`FamilyOverhead`, measured on its trace (``steps`` recorded steps, ``params``
+    parameter tensors)."""
+    ag, rs = gather_reduce_overhead(events, family)
+    dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
+    return FamilyOverhead(family, ag, rs, dispatch if family == "fsdp2" else 0.0)
+
+
+def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
+                    contention: float | None) -> FamilyOverhead | None:
+    """The target family's overhead: the run's where it is the same family and measured it; else, on a CPU
+    run, :data:`DOCUMENTED_OVERHEAD` on the run's clock (x its measured contention, 1 when unknown); None
+    (not charged) on an accelerator."""
+    if target_family == run.family and run.gather_us_per_byte is not None and run.reduce_us_per_byte is not None:
+        return run
+    if device_type != "cpu" or target_family not in DOCUMENTED_OVERHEAD:
+        return run if target_family == run.family else None
+    d, c = DOCUMENTED_OVERHEAD[target_family], contention or 1.0
+    if target_family == run.family:   # measured what it could
+        return FamilyOverhead(run.family, run.gather_us_per_byte if run.gather_us_per_byte is not None
+                              else d.gather_us_per_byte * c,
+                              run.reduce_us_per_byte if run.reduce_us_per_byte is not None
+                              else d.reduce_us_per_byte * c, run.dispatch_us_per_param, "measured+documented")
+    return FamilyOverhead(target_family, d.gather_us_per_byte * c, d.reduce_us_per_byte * c,
+                          d.dispatch_us_per_param * c, "documented")
+
+
+@dataclass(frozen=True)
+class OwnWork:
+    """The run's CPU work that the target changes, per step: FSDP's own work (``run`` measured, ``target``:
+    :func:`target_overhead`, None: not charged) over the model's ``params`` parameter tensors, and the
+    optimizer's element work (µs, :func:`optimizer_element_us`) with the target's local parameter elements
+    over the run's (``element_ratio``)."""
+
+    run: FamilyOverhead
+    target: FamilyOverhead | None
+    params: int
+    optimizer_element_us: float
+    element_ratio: float
 
 
 @dataclass
@@ -357,7 +513,7 @@ def run_steps(events: pd.DataFrame, tsched: dict) -> list[RunStep]:
 
 
 def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fit: Fit, source: tg.Source,
-                 rates: tuple, sync: bool) -> StepTime:
+                 own: OwnWork, sync: bool) -> StepTime:
     """One recorded step replayed with the target's collectives (schedule ``sc``); see the module docstring."""
     # a target collective the run had too (same type, size, group and pass) keeps its measured time, in
     # order; the others take the fit
@@ -400,30 +556,39 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     both_s, both_e = intervals.intersect(starts, ends, c0, c1)
     exposed = comm_us - float((both_e - both_s).sum())
     step_us = rs.length + shift
-    # FSDP's own CPU work per byte gathered / reduced: the target's minus the run's
-    ag_rate, rs_rate = rates
-    tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == vocab.ALL_GATHER)
-    tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == vocab.REDUCE_SCATTER)
-    if ag_rate is not None:
-        step_us += ag_rate * (tgt_ag - rs.run_ag_bytes)
-    if rs_rate is not None:
-        step_us += rs_rate * (tgt_rs - rs.run_rs_bytes)
     if target.batch_scale != 1.0:
         extra = (target.batch_scale - 1.0) * float(intervals.total(rs.cs, rs.ce))
         step_us += extra
         compute_us += extra
     # the rest can only shrink to nothing (a step is at least its compute and exposed communication)
     step_us = max(step_us, compute_us + exposed)
+    # FSDP's own CPU work (per byte gathered / reduced, DTensor dispatch per parameter): the target family's
+    # instead of the run's; the optimizer's element work with the target's local parameter elements. Work
+    # added goes to the rest; work taken out leaves the rest first, then the compute
+    tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == vocab.ALL_GATHER)
+    tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == vocab.REDUCE_SCATTER)
+    delta = own.optimizer_element_us * (own.element_ratio - 1.0)
+    if own.target is not None:
+        delta += own.target.step_us(tgt_ag, tgt_rs, own.params) - own.run.step_us(rs.run_ag_bytes, rs.run_rs_bytes,
+                                                                                   own.params)
+    if delta < 0:
+        compute_us -= min(max(-delta - (step_us - compute_us - exposed), 0.0), compute_us)
+    step_us = max(step_us + delta, compute_us + exposed)
     return StepTime(step_us, compute_us, comm_us, exposed)
 
 
 def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
-                 source: tg.Source, rates: tuple) -> tuple[list[StepTime], list[str], list[str]]:
+                 source: tg.Source, own: OwnWork,
+                 step_scale: float = 1.0) -> tuple[list[StepTime], list[str], list[str]]:
     """Every recorded step of this rank (:func:`run_steps`) replayed (see :func:`predict_step`), with what was
-    kept / assumed."""
+    kept / assumed. ``step_scale``: the target's CPU contention against the run's
+    (:meth:`fsdpprof.analyze.whatif.contention.HostLoad.step_scale`), applied to every part of the step."""
     # on CPU, FSDP's gloo collectives block the training thread (no streams); DDP's run behind backward
     sync = source.device_type == "cpu" and target.strategy != tg.DDP
-    out = [predict_step(rs, tsched[rs.step], target, units, fit, source, rates, sync) for rs in steps]
+    out = [predict_step(rs, tsched[rs.step], target, units, fit, source, own, sync) for rs in steps]
+    if step_scale != 1.0:
+        out = [StepTime(s.step_us * step_scale, s.compute_us * step_scale, s.comm_us * step_scale,
+                        s.exposed_comm_us * step_scale) for s in out]
     kept = ["the run's compute and CPU time per step (its exposed communication cut out)",
             "the measured time of each collective the run had too (same type, size, group and pass)",
             "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
@@ -438,9 +603,7 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
     missing = [c for c in {vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE} - set(fit.by_type)]
     if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and vocab.ALL_REDUCE not in fit.by_type):
         assumed.append("collective types the run lacks use the fit of all its collectives together")
-    if rates[0] is None and target.sharded:
-        assumed.append("FSDP's copy-in / copy-out CPU time is not charged (the run has no FSDP2 annotations "
-                       "to measure it on)")
+    assumed += own_work_assumed(own, source, target)
     if target.strategy == tg.DDP:
         assumed.append("DDP buckets of 25 MiB (the first 1 MiB) filled unit by unit in backward order")
     if target.batch_scale != 1.0:
@@ -448,3 +611,37 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
     if tg.dtype_bytes(target.param_dtype) != tg.dtype_bytes(source.param_dtype):
         assumed.append("compute time kept as measured whatever the compute dtype")
     return out, kept, assumed
+
+
+def own_work_for(run: FamilyOverhead, optimizer_element_us: float, params: int, source: tg.Source,
+                 target: tg.Target, units: list[Unit], contention: float | None) -> OwnWork:
+    """:class:`OwnWork` of one target: the target family's overhead and its local parameter elements."""
+    def local(k):
+        return sum(local_numel(u.numel, k) for u in units)
+
+    run_local = local(source.shard_group if source.sharded else 1)
+    ratio = local(target.shard_group if target.sharded else 1) / run_local if run_local else 1.0
+    return OwnWork(run, target_overhead(run, target.family, source.device_type, contention), params,
+                   optimizer_element_us, ratio)
+
+
+def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list[str]:
+    """What :func:`predict_step` assumed of the run's own CPU work for this target."""
+    out = []
+    if own.target is None:
+        if target.family != own.run.family:
+            out.append(f"{target.family}'s own CPU work (gathers, reductions, DTensor dispatch) not charged and the "
+                       f"run's {own.run.family} work kept: no figure for it on {source.device_type}")
+    elif own.target.how != "measured":
+        d = DOCUMENTED_OVERHEAD[own.target.family]
+        out.append(f"{own.target.family}'s own CPU work from documented figures (the run has none to measure): "
+                   f"{d.gather_us_per_byte * 1e6:.0f} µs per MB gathered, {d.reduce_us_per_byte * 1e6:.0f} µs per MB "
+                   f"reduced, {d.dispatch_us_per_param:.0f} µs of DTensor dispatch per parameter tensor and step, "
+                   f"x the run's contention (measured by benchmarks/bench_whatif.py on fsdpprof's example, 2-core "
+                   f"Xeon, torch 2.13, gloo)")
+    if own.run.family != target.family and own.target is not None:
+        out.append(f"the run's own {own.run.family} CPU work (measured on its annotations) taken out")
+    if abs(own.element_ratio - 1.0) > 1e-9:
+        out.append(f"the optimizer's element work (its aten ops) x{own.element_ratio:.2f} with the local parameter "
+                   f"elements; its Python loop over tensors kept as measured")
+    return out

@@ -104,6 +104,18 @@ def model_units(inventory: dict | None) -> tuple[list[Unit], str | None]:
     return [Unit(u, units[u], i) for i, u in enumerate(order)], note
 
 
+def parameter_tensors(inventory: dict | None) -> int:
+    """The model's parameter tensors (before any flattening: FSDP1's units name them in ``param_fqns``)."""
+    inv = inventory or {}
+    rows = inv.get("units") or []
+    if rows and all(isinstance(r.get("param_fqns"), list) for r in rows):
+        return sum(len(r["param_fqns"]) for r in rows)
+    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == "param"]
+    last = max((s for s in steps if isinstance(s, (int, float))), default=None)
+    return len({str(t.get("name")) for t in inv.get("tensors") or []
+                if t.get("role") == "param" and (last is None or t.get("step") in (last, None))})
+
+
 def param_unit_map(inventory: dict | None, units: list[Unit]) -> dict[str, str]:
     """parameter (and FSDP1 flat parameter) name -> unit fqn."""
     fqns = sorted((u.fqn for u in units if u.fqn != ROOT), key=len, reverse=True)
