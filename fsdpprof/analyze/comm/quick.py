@@ -97,33 +97,17 @@ class _NotQuick(Exception):
     """This trace is read by the full path."""
 
 
-# The types of the decoder's fast path (fsdpprof.analyze.trace.decode: FastEvent, XArgs), checked by msgspec as it
+# The types of the decoder's fast path (fsdpprof.analyze.trace.decode: FastEvent; rules.XArgs, shared), checked by msgspec as it
 # decodes: a trace that fits them is read alike here; one that does not takes the full path.  One struct for every
 # phase (the fast path reads its phases as a tagged union), stricter where strictness saves a pass in Python
 # (names are strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64): what
 # it accepts the fast path accepts too, with the same values.
-_Id64 = Annotated[int, msgspec.Meta(le=(1 << 63) - 1)]
 _Key = Union[int, Annotated[str, msgspec.Meta(max_length=rules.NAME_MAX_CHARS)]]
 _Phase = Literal["X", "i", "I", "M", "B", "E", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "R", "c",
                  "p", "(", ")"]                 # the phases the fast path decodes or skips
 
 
-class _Args(msgspec.Struct, gc=False, frozen=True):
-    stream: _Id64 = -1
-    correlation: _Id64 = -1
-    ext_id: _Id64 = msgspec.field(default=-1, name="External id")
-    coll_name: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    pg: Any = msgspec.field(default=None, name="Process Group Name")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
-
-
-_NO_ARGS = _Args()
+_NO_ARGS = rules.XArgs()
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -134,7 +118,7 @@ class _Event(msgspec.Struct, gc=False):
     tid: Optional[_Key] = None
     ts: float = float("nan")
     dur: float = float("nan")
-    args: _Args = _NO_ARGS
+    args: rules.XArgs = _NO_ARGS
 
 
 class _Doc(msgspec.Struct):

@@ -38,7 +38,7 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
     plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
-    LEFT_OUT as _LEFT_OUT)
+    LEFT_OUT as _LEFT_OUT, XArgs)
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
@@ -101,25 +101,6 @@ class TailDoc(msgspec.Struct):
     baseTimeNanoseconds: Any = None
     displayTimeUnit: Any = None
     traceName: Any = None
-
-
-class XArgs(msgspec.Struct, gc=False, frozen=True):
-    """The args fields a duration event's columns use, decoded inline with the event (typed ids: a trace
-    whose ids are not plain integers fails validation and is decoded again by the lenient ``Event``/``Args``
-    path).  A smaller struct than FastArgs: it decodes faster."""
-
-    stream: int = -1
-    correlation: int = -1
-    ext_id: int = msgspec.field(default=-1, name="External id")
-    coll_name: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    pg: Any = msgspec.field(default=None, name="Process Group Name")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
 
 
 class FastArgs(XArgs, gc=False, frozen=True):

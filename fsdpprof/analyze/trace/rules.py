@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from itertools import repeat
+from typing import Annotated, Any
 
 import msgspec
 
@@ -29,6 +30,30 @@ ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
 MEMCPY_CATS, MEMSET_CATS, SYNC_CATS = ("gpu_memcpy", "Memcpy"), ("gpu_memset", "Memset"), ("cuda_sync",)
 # CPU events whose args are read (beyond device events): communication ops
 ARGS_NAME_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+
+
+# an integer id (stream, correlation, External id) that fits int64: a bigger one fails msgspec's validation, and
+# the trace is read by the lenient path (decode) / the full path (quick), which keep such ids as -1
+Id64 = Annotated[int, msgspec.Meta(le=(1 << 63) - 1)]
+
+
+class XArgs(msgspec.Struct, gc=False, frozen=True):
+    """The args fields a duration event's columns use, decoded inline with the event by the typed readers
+    (decode's fast path, the quick path).  A trace whose ids are not plain integers fails validation and is
+    read by the lenient path."""
+
+    stream: Id64 = -1
+    correlation: Id64 = -1
+    ext_id: Id64 = msgspec.field(default=-1, name="External id")
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg: Any = msgspec.field(default=None, name="Process Group Name")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
 
 
 def cut_text(text: str) -> str:
