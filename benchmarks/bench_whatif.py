@@ -73,6 +73,22 @@ def fmt_row(name: str, cells: list[str], width: int = 10) -> str:
     return f"{name:>18s} " + " ".join(f"{c:>{width}s}" for c in cells)
 
 
+def ratio_matrix(names: list[str], short: list[str], predicted: dict, measured: dict) -> tuple[int, float]:
+    """Print median predicted / measured per (run predicted from, strategy predicted); (pairs within the step goal,
+    worst ratio or its inverse)."""
+    print(fmt_row("", short))
+    ok, worst = 0, 1.0
+    for a in names:
+        cells = []
+        for b in names:
+            v = statistics.median(predicted[a][b]) / measured[b]
+            cells.append(f"{v:.2f}")
+            worst = max(worst, v, 1 / v) if v > 0 else worst
+            ok += abs(v - 1.0) <= STEP_GOAL
+        print(fmt_row(a, cells))
+    return ok, worst
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2)
@@ -133,7 +149,7 @@ def main(argv=None) -> int:
     short = [b.replace("fsdp2-", "f2-").replace("fsdp1-", "f1-") for b in names]
     print("\npeak memory error, % (row: run predicted from; column: strategy predicted)")
     print(fmt_row("", short))
-    worst_peak, ok_peak, worst_step, ok_step, n = 0.0, 0, 1.0, 0, 0
+    worst_peak, ok_peak, n = 0.0, 0, 0
     for a in names:
         cells = []
         for b in names:
@@ -144,31 +160,14 @@ def main(argv=None) -> int:
             n += 1
         print(fmt_row(a, cells))
     print("\nstep time, predicted / measured")
-    print(fmt_row("", short))
-    for a in names:
-        cells = []
-        for b in names:
-            v = med(pred_step[a][b]) / ms[b]
-            cells.append(f"{v:.2f}")
-            worst_step = max(worst_step, v, 1 / v) if v > 0 else worst_step
-            ok_step += abs(v - 1.0) <= STEP_GOAL
-        print(fmt_row(a, cells))
+    ok_step, worst_step = ratio_matrix(names, short, pred_step, ms)
     print(f"\npeak: {ok_peak}/{n} pairs within {PEAK_GOAL_PCT:.0f} % (worst {worst_peak:.1f} %); "
           f"step: {ok_step}/{n} pairs within {100 * STEP_GOAL:.0f} % (worst ratio x{worst_step:.2f})")
     if all(meas_norm[b] for b in names) and all(pred_norm[a][b] for a in names for b in names):
         mn = {b: med(v) for b, v in meas_norm.items()}
         print("\ndiagnostic: step time / CPU contention, predicted / measured (each recording's load divided out)")
         print("  measured step / contention, ms: " + ", ".join(f"{b} {mn[b] / 1e3:.1f}" for b in names))
-        print(fmt_row("", short))
-        ok_norm, worst_norm = 0, 1.0
-        for a in names:
-            cells = []
-            for b in names:
-                v = med(pred_norm[a][b]) / mn[b]
-                cells.append(f"{v:.2f}")
-                worst_norm = max(worst_norm, v, 1 / v) if v > 0 else worst_norm
-                ok_norm += abs(v - 1.0) <= STEP_GOAL
-            print(fmt_row(a, cells))
+        ok_norm, worst_norm = ratio_matrix(names, short, pred_norm, mn)
         print(f"diagnostic: {ok_norm}/{n} pairs within {100 * STEP_GOAL:.0f} % (worst ratio x{worst_norm:.2f})")
     return 0
 
