@@ -220,11 +220,22 @@ def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     assert p.returncode == 2 and mine.read_text() == "mine" and len(p.stderr.strip().splitlines()) == 1
     for args in (["--strategy", "HYBRID_SHARD"], ["--world", "3", "--strategy", "HYBRID_SHARD", "--shard-group", "2"],
                  ["--batch-scale", "0"], ["--strategy", "DDP", "--cpu-offload"], ["--reshard-after-forward", "maybe"],
-                 ["--only"], ["--param-dtype", "int9"]):
+                 ["--only"], ["--param-dtype", "int9"], ["--ranks-per-host", "0"], ["--ranks-per-host", "two"],
+                 ["--strategy", "FULL_SHARD", "--world", "4", "--ranks-per-host", "3"]):
         p = run_fsdpprof("whatif", str(run), *args, timeout=300)
         assert p.returncode == 2, (args, p.stdout)
         err = p.stderr.strip()
         assert err.startswith("fsdpprof whatif: error:") and "\n" not in err and "Traceback" not in err, (args, err)
+    # --ranks-per-host: 4 ranks on this run's host contend for its cores more than 2 ranks per host (2 hosts)
+    steps = {}
+    for per_host in ("2", "4"):
+        p = run_fsdpprof("whatif", str(run), "--strategy", "FULL_SHARD", "--world", "4", "--ranks-per-host", per_host,
+                         "--only", "--json", timeout=300)
+        assert p.returncode == 0, p.stderr
+        (x,) = json.loads(p.stdout)["predictions"]
+        assert x["cpu_contention"] >= x["run_cpu_contention"] >= 1.0
+        steps[per_host] = (x["step_us"], x["cpu_contention"])
+    assert steps["4"][1] > steps["2"][1] and steps["4"][0] > steps["2"][0]
     # a trace on its own has no inventory: refused in one line
     p = run_fsdpprof("whatif", str(run / "rank-0" / "trace.json.gz"), timeout=300)
     assert p.returncode == 2 and "inventory" in p.stderr and len(p.stderr.strip().splitlines()) == 1
