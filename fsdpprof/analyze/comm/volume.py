@@ -65,10 +65,11 @@ def _per_rank_collective(events: pd.DataFrame) -> pd.DataFrame:
     col = events["collective"]
     cats = col.cat.categories.to_numpy(dtype=object)
     # a code per collective in name order (missing: after every name)
+    order = np.argsort(cats.astype(str), kind="stable")
     by_name = np.empty(len(cats) + 1, dtype=np.int64)
-    by_name[np.argsort(cats.astype(str), kind="stable")] = np.arange(len(cats))
+    by_name[order] = np.arange(len(cats))
     by_name[-1] = len(cats)
-    names = np.append(cats[np.argsort(cats.astype(str), kind="stable")], np.nan)
+    names = np.append(cats[order], np.nan)
     coll = by_name[col.cat.codes.to_numpy()[rows]]              # (code -1 -> the last slot: missing)
     rank = events["rank"].to_numpy()[rows]
     key = rank.astype(np.int64) * (len(cats) + 1) + coll

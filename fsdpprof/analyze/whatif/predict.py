@@ -101,7 +101,7 @@ class RankModel:
             self.notes.append("no memory record (no [memory] events, no CUDA snapshot): memory not predicted")
         self.host_load = None
         if self.source.device_type == "cpu":
-            layout = self.source.ranks_per_host if self.source.hosts > 1 else self.source.world_size
+            layout = tg.ranks_on_host(self.source, tg.target_of_source(self.source))   # the run's own ranks per host
             self.host_load = ct.host_load((rd.info or {}).get("cpu"), layout)
         self.events = events if events is not None and len(events) else None
         self.tsched, self.fit, self.steps = {}, None, []
@@ -141,7 +141,7 @@ class RankModel:
             steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, self.fit,
                                                        self.source, own, scale)
             kept, assumed = kept + ckept, assumed + cassumed
-            if self.host_load is not None and self.source.device_type == "cpu":
+            if self.host_load is not None:                  # (measured on CPU runs only)
                 out["run_cpu_contention"] = self.host_load.contention
                 out["cpu_contention"] = self.host_load.contention_at(tg.ranks_on_host(self.source, target))
             if steps:

@@ -340,6 +340,7 @@ def _nesting(ts: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 
 def _lanes(events: pd.DataFrame, lanes):
     """Per lane: (ts, te, names, is_op) of its events sorted by start, longest first."""
+    events = events[isin(events["lane"], list(lanes))]      # (names as text only on these lanes)
     names = events["name"].astype(str).to_numpy()
     lane = events["lane"].astype(object).to_numpy()
     is_op = ~isin(events["kind"], [vocab.KIND_ANNOTATION])
@@ -356,7 +357,7 @@ def dtensor_dispatch_us(events: pd.DataFrame) -> float:
     (:data:`fsdpprof.analyze.vocab.TENSOR_SUBCLASS_DISPATCH`) time outside the local ops it runs, with the
     ops (not annotations) whose only child it is (``aten::mul_`` -> PythonSubclass -> ``aten::mul_`` on the
     local shard: all but the inner op)."""
-    hit = (events["name"].astype(str) == vocab.TENSOR_SUBCLASS_DISPATCH).to_numpy()
+    hit = isin(events["name"], [vocab.TENSOR_SUBCLASS_DISPATCH])
     if not hit.any():
         return 0.0
     total = 0.0
@@ -397,7 +398,7 @@ def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> 
     parameter tensors)."""
     ag, rs = gather_reduce_overhead(events, family)
     dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
-    return FamilyOverhead(family, ag, rs, dispatch if family == "fsdp2" else 0.0)
+    return FamilyOverhead(family, ag, rs, dispatch)
 
 
 def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
