@@ -202,6 +202,28 @@ def test_rank_killed_before_its_trace_is_failed(tmp_path, script):
     one_line_error(run_fsdpprof("report", str(out)), "no trace saved")
 
 
+def test_a_loser_waits_for_the_holders_manifest(tmp_path):
+    """The holder creates rank-0/ and only then writes its manifest: a loser that looks in between
+    still names the holder (once it failed on a loaded CI machine with claimed_by null)."""
+    import threading
+
+    from fsdpprof import runfmt
+    from fsdpprof.collect.recorder import _claim_holder
+
+    folder = tmp_path / "rank-0"
+    folder.mkdir()
+    writer = {"role": "rank", "rank": 0, "host": "h", "pid": 4242}
+    late = threading.Timer(0.3, runfmt.write_manifest, (str(folder), writer, [runfmt.RANK_JSON]))
+    late.start()
+    try:
+        assert _claim_holder(str(folder), wait_s=5.0) == {"host": "h", "pid": 4242}
+    finally:
+        late.join()
+    empty = tmp_path / "rank-1"
+    empty.mkdir()
+    assert _claim_holder(str(empty), wait_s=0.1) == {}  # a holder killed before its manifest: nobody named
+
+
 def test_two_processes_claiming_rank_0(tmp_path, script):
     """A job that starts two processes without torch.distributed: both are rank 0. One records,
     the other records nothing; no file of one lies beside the other's; run.json and report name it."""

@@ -222,12 +222,7 @@ class Recorder:
                 except Exception:
                     pass
         self.prof = self.fallback_prof = None
-        holder = {}
-        try:
-            doc = runfmt.read_json(os.path.join(path, runfmt.MANIFEST_JSON))
-            holder = {k: (doc.get("writer") or {}).get(k) for k in ("host", "pid")}
-        except Exception:
-            pass
+        holder = _claim_holder(path)
         host, pid = socket.gethostname(), os.getpid()
         name = f"rank-{self.rank}-{host}-{pid}.json"
         note = {"schema": runfmt.CLASH_SCHEMA, "rank": self.rank, "host": host, "pid": pid,
@@ -691,6 +686,26 @@ class Recorder:
 
 
 # -- helpers ------------------------------------------------------------------------------
+def _claim_holder(path: str, wait_s: float = 2.0) -> dict:
+    """Host and pid of the process that claimed the rank folder ``path``, from its manifest; {} when unknown.
+
+    The holder creates the folder and then writes the manifest: a loser that looks in between
+    waits up to ``wait_s`` seconds (polling) for it rather than naming nobody.
+    """
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            doc = runfmt.read_json(os.path.join(path, runfmt.MANIFEST_JSON))
+            writer = doc.get("writer") or {}
+            return {k: writer.get(k) for k in ("host", "pid")}
+        except Exception:
+            if time.monotonic() >= deadline:
+                return {}
+            time.sleep(0.02)
+
+
 def _optimizer_exists() -> bool:
     import gc
 
