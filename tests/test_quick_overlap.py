@@ -222,6 +222,71 @@ def test_folder_of_ranks(tmp_path):
     assert [o.rank for o in q.overlap] == [0, 1]
 
 
+def _counting_forks(monkeypatch) -> list:
+    from fsdpprof.analyze.comm import quick
+
+    forks = []
+    real = quick._fork_reader
+
+    def fork_reader(jobs, max_bytes):
+        forks.append([r for r, _ in jobs])
+        return real(jobs, max_bytes)
+
+    monkeypatch.setattr(quick, "_fork_reader", fork_reader)
+    return forks
+
+
+def test_ranks_read_in_forked_processes_give_the_same_numbers(monkeypatch):
+    """8 rank files (7 MiB of JSON): read in this process, in as many processes as cores (auto) and in 3; the
+    same result each time, every rank read once."""
+    from fsdpprof.analyze.comm import quick
+    from fsdpprof.analyze.run import max_workers
+
+    path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
+    alone = quick_overlap(path, workers=1)
+    forks = _counting_forks(monkeypatch)
+    assert quick_overlap(path, workers=1) == alone and forks == []
+    assert quick_overlap(path, workers=3) == alone
+    assert len(forks) == max_workers(3, 8) - 1 and all(forks)        # (capped at the CPU cores)
+    forked = [r for f in forks for r in f]
+    assert len(set(forked)) == len(forked) and set(forked) < set(range(8))   # the rest read here
+    forks.clear()
+    assert quick_overlap(path) == alone
+    assert len(forks) == min(8, quick._usable_cores()) - 1
+    assert len(alone.overlap) == 8 and alone.full_path_ranks == []
+
+
+def test_a_failed_reader_and_a_threaded_caller(monkeypatch):
+    """A forked reader that fails: its ranks are read here.  A caller with another thread running: nothing is
+    forked (forking a process with threads is unsafe)."""
+    import threading
+
+    from fsdpprof.analyze.comm import quick
+
+    path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
+    alone = quick_overlap(path, workers=1)
+    forks = _counting_forks(monkeypatch)
+
+    class Broken:
+        def encode(self, obj):
+            raise RuntimeError("cannot send")
+
+    monkeypatch.setattr(quick, "_READS_ENC", Broken())     # (the child's copy fails as it sends)
+    assert quick_overlap(path, workers=2) == alone and len(forks) == 1
+    forks.clear()
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert quick_overlap(path, workers=2) == alone and forks == []
+    finally:
+        stop.set()
+        t.join()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(UserError, match="workers"):
+            quick_overlap(path, workers=bad)
+
+
 def test_bus_factor_is_ring_factor():
     colls = ["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", "barrier",
              "ncclKernel_X", None]
@@ -239,6 +304,11 @@ def test_cli_json_is_the_python_result(tmp_path):
     assert json.loads(p.stdout) == json.loads(json.dumps(quick_overlap(path).to_dict()))
     text = run_fsdpprof("overlap", path)
     assert text.returncode == 0 and "all_reduce" in text.stdout and "overlap %" in text.stdout
+    dlrm = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
+    one, two = (run_fsdpprof("overlap", dlrm, "--json", "--workers", w) for w in ("1", "2"))
+    assert one.returncode == two.returncode == 0 and one.stdout == two.stdout and '"rank": 7' in one.stdout
+    bad = run_fsdpprof("overlap", dlrm, "--workers", "0")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--workers" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("what", ["missing", "not json", "snapshot only"])

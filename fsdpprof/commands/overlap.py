@@ -13,6 +13,9 @@ def add_arguments(p) -> None:
                    help="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
     p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
                    help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes reading ranks (default: one per rank and CPU core when the traces hold 4 MiB "
+                        "of JSON or more; 1: this process only)")
 
 
 def _cell(x, fmt: str) -> str:
@@ -50,8 +53,10 @@ def table(result) -> str:
 
 def run(args) -> int:
     from fsdpprof.analyze.comm.quick import quick_overlap
+    from fsdpprof.analyze.run import check_workers
 
-    result = quick_overlap(args.run, max_trace_bytes=args.max_trace_bytes)
+    check_workers(args.workers, "--workers")
+    result = quick_overlap(args.run, max_trace_bytes=args.max_trace_bytes, workers=args.workers)
     for line in result.warnings:
         print(f"fsdpprof overlap: warning: {line}", file=sys.stderr)
     for label, why in result.missing.items():

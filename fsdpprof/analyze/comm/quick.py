@@ -703,15 +703,136 @@ def _quietly(fn, *args):
             gc.enable()
 
 
-def quick_overlap(path, *, max_trace_bytes: int | None = None) -> QuickResult:
+class _RankRead(msgspec.Struct, array_like=True):
+    """What reading one rank by the quick path gave (sent back from a forked reader as msgpack):
+    ``ok`` False when the full path must read it."""
+
+    rank: int
+    ok: bool
+    overlap: Optional[RankOverlap] = None
+    volume: list[CollectiveVolume] = []
+    defects: dict = {}
+
+
+_READS_ENC = msgspec.msgpack.Encoder()
+_READS_DEC = msgspec.msgpack.Decoder(list[_RankRead])
+PARALLEL_MIN_BYTES = 4 << 20     # read ranks in forked processes too (auto mode) when their traces hold this much JSON
+
+
+def _read_ranks(jobs: list, max_bytes: Optional[int]) -> list:
+    """``jobs``: (rank, trace path) -> one :class:`_RankRead` each, in this process."""
+    out = []
+    for r, path in jobs:
+        defects: dict = {}
+        try:
+            ov, vol = _quietly(_rank_numbers, path, r, max_bytes, defects)
+            out.append(_RankRead(r, True, ov, vol, defects))
+        except Exception:            # _NotQuick, unreadable, or anything the quick reader did not foresee
+            out.append(_RankRead(r, False))
+    return out
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _shares(jobs: list, sizes: list, n: int) -> list[list]:
+    """``jobs`` in ``n`` shares of about equal JSON bytes (largest first, each to the lightest share)."""
+    shares, load = [[] for _ in range(n)], [0] * n
+    for size, job in sorted(zip(sizes, jobs), key=lambda x: -x[0]):
+        k = load.index(min(load))
+        shares[k].append(job)
+        load[k] += size
+    return [sorted(s) for s in shares if s]
+
+
+def _fork_reader(jobs: list, max_bytes: Optional[int]):
+    """(pid, read end of a pipe) of a forked process that reads ``jobs`` and writes their reads as msgpack."""
+    r_fd, w_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                     # the child: read, write, leave at once (no atexit, no buffered output)
+        code = 1
+        try:
+            os.close(r_fd)
+            data = _READS_ENC.encode(_read_ranks(jobs, max_bytes))
+            with os.fdopen(w_fd, "wb") as fh:
+                fh.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w_fd)
+    return pid, r_fd
+
+
+def _collect(pid: int, r_fd: int) -> list:
+    """A forked reader's reads ([] when it failed: its ranks are read again here)."""
+    try:
+        with os.fdopen(r_fd, "rb") as fh:
+            data = fh.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        return []
+    try:
+        return _READS_DEC.decode(data)
+    except msgspec.DecodeError:
+        return []
+
+
+def _read_all(jobs: list, max_bytes: Optional[int], workers: Optional[int]) -> dict:
+    """rank -> :class:`_RankRead` for ``jobs`` ((rank, trace path)): in this process and, where it pays off
+    (``workers`` None: at least PARALLEL_MIN_BYTES of JSON, more than one rank, usable cores, no other thread
+    running, fork available), in forked processes as well; a rank a forked reader did not return is read here."""
+    import sys
+
+    from fsdpprof.analyze.run import inflated_size, max_workers
+
+    threading = sys.modules.get("threading")      # (not imported: no other thread runs)
+    alone = threading is None or threading.active_count() == 1   # (forking a process with threads is unsafe)
+    n, sizes = 1, []
+    if len(jobs) > 1 and hasattr(os, "fork") and alone and workers != 1:
+        sizes = [inflated_size(path) for _, path in jobs]
+        if workers is not None:
+            n = max_workers(workers, len(jobs))
+        elif sum(sizes) >= PARALLEL_MIN_BYTES:
+            n = min(len(jobs), _usable_cores())
+    if n <= 1:
+        return {x.rank: x for x in _read_ranks(jobs, max_bytes)}
+    own, *others = _shares(jobs, sizes, n)
+    readers, left = [], []
+    try:
+        for share in others:
+            try:
+                readers.append((_fork_reader(share, max_bytes), share))
+            except OSError:          # no process to be had: read it here
+                left += share
+        reads = {x.rank: x for x in _read_ranks(own, max_bytes)}
+    finally:
+        for (pid, r_fd), share in readers:
+            got = {x.rank: x for x in _collect(pid, r_fd)}
+            for r, path in share:
+                if r in got:
+                    reads[r] = got[r]
+                else:                # the reader failed: read it here
+                    left.append((r, path))
+    reads.update((x.rank, x) for x in _read_ranks(left, max_bytes))
+    return reads
+
+
+def quick_overlap(path, *, max_trace_bytes: int | None = None, workers: int | None = None) -> QuickResult:
     """Per rank, overall overlap of communication with compute and exposed communication (µs), and per rank
     and collective the volume (count, bytes, time µs, algbw / busbw GB/s) of a run directory, a folder of
     traces or one trace: the numbers of ``overall_overlap`` and ``collective_volume`` on
     ``load_run(path).events()``, without numpy or pandas (see the module docstring).  ``max_trace_bytes``:
-    largest JSON accepted once decompressed (as load_run).  Bad input raises
-    :class:`fsdpprof.errors.UserError` (one line); a rank whose trace is bad is listed in ``missing``."""
-    from fsdpprof.analyze.run import load_run
+    largest JSON accepted once decompressed (as load_run); ``workers``: processes reading ranks (None: more
+    than one only for traces that hold PARALLEL_MIN_BYTES of JSON or more; 1: this process only).  Bad input
+    raises :class:`fsdpprof.errors.UserError` (one line); a rank whose trace is bad is listed in ``missing``."""
+    from fsdpprof.analyze.run import check_workers, load_run
 
+    check_workers(workers)
     run = load_run(path, lazy=True, max_trace_bytes=max_trace_bytes)
     with unexpected_as_user_error(f"{os.fspath(path)}"):
         result = QuickResult(path=run.path, overlap=[], volume=[], missing=dict(run.missing),
@@ -721,13 +842,13 @@ def quick_overlap(path, *, max_trace_bytes: int | None = None) -> QuickResult:
             raise UserError(f"{run.path} holds no profiler trace (only CUDA snapshots or inventories): overlap and "
                             f"collective volume come from traces; give a trace file, a folder of traces or a run "
                             f"directory recorded with its trace")
+        reads = _read_all([(r, rd.trace_path) for r, rd in ranks], max_trace_bytes, workers)
         for r, rd in ranks:
-            defects: dict = {}
-            try:
-                ov, vol = _quietly(_rank_numbers, rd.trace_path, r, max_trace_bytes, defects)
-                result.warnings += rules.defect_warnings(rd.trace_path, defects)
-            except Exception:            # _NotQuick, unreadable, or anything the quick reader did not foresee:
-                                         # the full path reads that rank (its numbers, its one-line errors)
+            read = reads[r]
+            if read.ok:
+                ov, vol = read.overlap, read.volume
+                result.warnings += rules.defect_warnings(rd.trace_path, read.defects)
+            else:                        # the full path reads that rank (its numbers, its one-line errors)
                 got = _full_path_rank(rd.trace_path, r, max_trace_bytes)
                 if got[0] != "ok":
                     result.missing[rd.label] = got[1]
