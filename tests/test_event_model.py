@@ -270,3 +270,30 @@ def test_real_traces_are_recognised_and_stay_within_bounds(rel):
         assert (df["overlap_pct"].dropna() <= 100 + 1e-9).all()
         assert (df["exposed_comm_us"] >= -1e-6).all()
     assert not any(c in ("?", "nan") for c in a.comm_phase["collective"].astype(str))
+
+
+def _as_pd_concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """What pandas gives: pd.concat, then the categorical columns back to categories (sorted union)."""
+    ref = pd.concat(frames, ignore_index=True)
+    for c in vocab.CATEGORICAL_EVENT_COLUMNS:
+        if not isinstance(ref[c].dtype, pd.CategoricalDtype):
+            ref[c] = ref[c].astype("category")
+    return ref
+
+
+def test_concat_events_is_pd_concat_with_categories_kept():
+    """Run.events() joins the ranks' frames without per-row objects: equal to pd.concat + astype("category"), on
+    8 real ranks (names and lanes differ per rank) and on frames whose categories are unused, empty or None."""
+    run = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False)
+    frames = [rd.events for _, rd in sorted(run.ranks.items())]
+    assert len({tuple(f["name"].cat.categories) for f in frames}) > 1          # (the remapping path is taken)
+    pd.testing.assert_frame_equal(labels.concat_events(frames), _as_pd_concat(frames))
+    a, b = frames[0].head(50).copy(), frames[1].head(30).copy()
+    a["name"] = a["name"].cat.add_categories(["never used"])                   # a category no row uses
+    b["unit"] = pd.Categorical([None] * len(b))                                 # only missing values
+    b["pg"] = b["pg"].cat.set_categories(["zz", "0", "a"])                     # another order, some unused
+    got = labels.concat_events([a, b])
+    assert "never used" not in set(got["name"].cat.categories)
+    pd.testing.assert_frame_equal(got.astype({"name": object, "pg": object, "unit": object}),
+                                  _as_pd_concat([a, b]).astype({"name": object, "pg": object, "unit": object}))
+    assert list(got["pg"].cat.categories) == sorted(set(got["pg"].dropna()))

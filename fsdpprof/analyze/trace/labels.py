@@ -319,18 +319,23 @@ def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
         if not isinstance(dtype, pd.CategoricalDtype):
             out[col] = np.concatenate([np.asarray(a) for a in arrays])
             continue
-        if not all(a.dtype is dtype or (isinstance(a.dtype, pd.CategoricalDtype) and a.dtype == dtype) for a in arrays):
-            used = set()
-            for a in arrays:
-                used.update(a.categories[np.unique(a.codes[a.codes >= 0])].tolist())
-            dtype = _dtype(sorted(used)) if used else _NONE_DTYPE
+        if all(a.dtype is dtype or (isinstance(a.dtype, pd.CategoricalDtype) and a.dtype == dtype) for a in arrays):
+            out[col] = _from_codes(np.concatenate([a.codes for a in arrays]), dtype)
+            continue
+        # the union of the categories each frame uses, sorted; each frame's codes mapped into it (a category
+        # a frame does not use maps to -1: no code points at it)
+        cats = [a.categories.tolist() for a in arrays]
+        used = set()
+        for a, c in zip(arrays, cats):
+            seen = np.bincount(a.codes[a.codes >= 0].astype(np.intp), minlength=len(c)).astype(bool).tolist()
+            used.update(x for x, u in zip(c, seen) if u)
+        union = sorted(used)
+        dtype = _dtype(union) if union else _NONE_DTYPE
+        position = {x: i for i, x in enumerate(union)}
         parts = []
-        for a in arrays:
-            if a.dtype is dtype or a.categories.equals(dtype.categories):
-                parts.append(a.codes)
-            else:
-                remap = np.append(dtype.categories.get_indexer(a.categories), -1)
-                parts.append(remap[a.codes])    # (code -1, missing, stays -1: the appended last entry)
+        for a, c in zip(arrays, cats):
+            remap = np.array([position.get(x, -1) for x in c] + [-1], dtype=np.int64)
+            parts.append(remap[a.codes])        # (code -1, missing, stays -1: the appended last entry)
         out[col] = _from_codes(np.concatenate(parts), dtype)
     return pd.DataFrame(out, columns=list(frames[0].columns), copy=False)
 
