@@ -101,8 +101,12 @@ def test_against_fsdp_mem_tracker(tracker):
             assert close(k), (r, k, ours[k], pairs[k])
         # Temporaries are what is alive at one instant: the tracker's own figure at its peak moves between
         # runs of the same code (3.25 and 4.27 MiB seen on rank 1, gloo's threads decide which instant is
-        # its peak), so only the order of magnitude is comparable.
-        assert 0.5 * pairs["temporary"] <= ours["temporary"] <= 2 * pairs["temporary"], (r, ours, pairs)
+        # its peak), and so does ours (usually 3.26 MiB; 0.25 MiB once, when gloo's timing put rank 1's peak
+        # at another all-gather's copy-out). So: at the peak at most twice theirs, and the most alive at one
+        # instant of our record of their order (3.3-7.0 MiB seen over 6 ranks of 3 recordings).
+        assert ours["temporary"] <= 2 * pairs["temporary"], (r, ours, pairs)
+        most = float(m.timeline["temporary"].max())
+        assert 0.5 * pairs["temporary"] <= most <= 3 * pairs["temporary"], (r, most, pairs)
         # Different by design: the peaks are different instants. gloo implements FSDP's reduce-scatter
         # with C++ buffers that a dispatch-level tracker never sees but the allocator does, so on our
         # curve the gradient side is larger and the peak comes later in backward, after more units have

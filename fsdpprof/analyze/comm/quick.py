@@ -732,6 +732,14 @@ def _read_ranks(jobs: list, max_bytes: Optional[int]) -> list:
     return out
 
 
+def _no_other_thread() -> bool:
+    """Does this process run Python code on one thread only?  (Forking a process with threads is unsafe.)"""
+    import sys
+
+    threading = sys.modules.get("threading")      # (not imported: no other thread runs)
+    return threading is None or threading.active_count() == 1
+
+
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -786,14 +794,10 @@ def _read_all(jobs: list, max_bytes: Optional[int], workers: Optional[int]) -> d
     """rank -> :class:`_RankRead` for ``jobs`` ((rank, trace path)): in this process and, where it pays off
     (``workers`` None: at least PARALLEL_MIN_BYTES of JSON, more than one rank, usable cores, no other thread
     running, fork available), in forked processes as well; a rank a forked reader did not return is read here."""
-    import sys
-
     from fsdpprof.analyze.run import inflated_size, max_workers
 
-    threading = sys.modules.get("threading")      # (not imported: no other thread runs)
-    alone = threading is None or threading.active_count() == 1   # (forking a process with threads is unsafe)
     n, sizes = 1, []
-    if len(jobs) > 1 and hasattr(os, "fork") and alone and workers != 1:
+    if len(jobs) > 1 and hasattr(os, "fork") and _no_other_thread() and workers != 1:
         sizes = [inflated_size(path) for _, path in jobs]
         if workers is not None:
             n = max_workers(workers, len(jobs))
