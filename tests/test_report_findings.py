@@ -46,7 +46,7 @@ def test_memory_findings():
     ids = {f.id for f in out}
     assert ids == {"optimizer_state_dominates", "replicated_model_states"}
     rep = next(f for f in out if f.id == "replicated_model_states")
-    assert rep.value == 80 and "ZeRO-3 / FULL_SHARD 1 MiB" in rep.suggestion
+    assert rep.value == 80 and "ZeRO-3 / FULL_SHARD 1.00 MiB" in rep.suggestion
     out = fnd.memory_findings(_bd(activation=60, unsharded_param=35, optimizer_state=5), "FULL_SHARD", 1000,
                               fragmentation_pct=40.0, coverage_pct=50.0)
     assert {f.id for f in out} == {"activations_dominate", "unsharded_params_large", "fragmentation",

@@ -120,3 +120,22 @@ def test_per_unit_memory_tables_in_the_models_order():
     for part in html.split("<h3>")[1:]:
         pos = [part.index(f">{u}<") for u in ("(root)", "layers.2", "layers.10")]
         assert pos == sorted(pos), part[:300]
+
+
+def test_one_byte_formatter():
+    """Bytes are written by one function everywhere (pages, text, messages, the overlap table): binary units at three
+    significant digits, decimal ones on request, a placeholder for what is missing."""
+    from fsdpprof.analyze import theory, vocab
+    from fsdpprof.analyze.memory import oom
+    from fsdpprof.commands import overlap as overlap_cmd
+    from fsdpprof.report import html
+
+    f = vocab.fmt_bytes
+    assert html.fmt_bytes is f and theory.fmt_bytes is f
+    assert [f(x) for x in (0, 1023, 1024, 1536, 10 * 2**20, 123.4 * 2**20, 1023 * 2**20, 1.5 * 2**30, 1234 * 2**30,
+                           -3 * 2**20)] == ["0 B", "1023 B", "1.00 KiB", "1.50 KiB", "10.0 MiB", "123 MiB", "1,023 MiB",
+                                            "1.50 GiB", "1,234 GiB", "-3.00 MiB"]
+    assert [f(x) for x in (None, float("nan"), "x")] == ["-", "-", "-"] and f(None, missing="?") == "?"
+    assert f(1.5e9, decimal=True) == "1.50 GB" and f(999, decimal=True) == "999 B" and f(12_345, decimal=True) == "12.3 kB"
+    assert oom.fmt_bytes(None) == "unknown" and oom.fmt_bytes(2**20) == f(2**20)
+    assert overlap_cmd._size(2.5e6) == f(2.5e6, decimal=True) and overlap_cmd._size(None) == "-"

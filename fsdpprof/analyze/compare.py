@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import diff, theory, vocab
+from fsdpprof.analyze import diff, vocab
 from fsdpprof.analyze.headline import peak_rank, step_medians
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.errors import UserError
@@ -202,14 +202,6 @@ def zero_promise(analyses: list[Analysis], nums: list[dict], labels: list[str]) 
     return p
 
 
-def _mib(x) -> str:
-    """Bytes in words: 41.7 MiB, 123 MiB, 80.0 GiB."""
-    v = x / theory.MIB
-    if v >= 10240:
-        return f"{v / 1024:.3g} GiB"
-    return f"{v:,.0f} MiB" if v >= 100 else f"{v:.3g} MiB"
-
-
 def _ms(x) -> str:
     """µs in words: 84.4 ms, 1234 ms."""
     v = x / 1e3
@@ -231,13 +223,13 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     hi = peaks.loc[peaks["peak_allocated_bytes"].idxmax()]
     if lo["peak_allocated_bytes"] == hi["peak_allocated_bytes"]:
         return "All runs peak at the same memory."
-    saved = (hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]) / theory.MIB
+    saved = hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]
     de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
     cost = ("(exposed communication unknown)" if de != de else
             f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
             f"and exposes {_ms(-de)} less communication per step")
-    line = (f"{_on(lo)} saves {saved:.3g} MiB per rank at the peak compared with {_on(hi)}, {cost} "
-            f"({_mib(lo['peak_allocated_bytes'])} against {_mib(hi['peak_allocated_bytes'])}")
+    line = (f"{_on(lo)} saves {vocab.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
+            f"({vocab.fmt_bytes(lo['peak_allocated_bytes'])} against {vocab.fmt_bytes(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
         line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
     return line + ")."
@@ -261,13 +253,13 @@ def verdict_lines(p: pd.DataFrame) -> list[str]:
             continue
         parts = []
         if r["peak_ratio"] == r["peak_ratio"]:
-            parts.append(f"peak {_mib(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
+            parts.append(f"peak {vocab.fmt_bytes(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
         if r["model_states_measured_ratio"] == r["model_states_measured_ratio"]:
-            parts.append(f"model states {_mib(r['model_states_measured_bytes'])} "
+            parts.append(f"model states {vocab.fmt_bytes(r['model_states_measured_bytes'])} "
                          f"({r['model_states_measured_ratio']:.2f}x, the formula says "
                          f"{r['model_states_theory_ratio']:.2f}x)")
         if r["traffic_measured_vs_ddp"] == r["traffic_measured_vs_ddp"]:
-            parts.append(f"traffic {_mib(r['traffic_measured_bytes'])} per step "
+            parts.append(f"traffic {vocab.fmt_bytes(r['traffic_measured_bytes'])} per step "
                          f"({r['traffic_measured_vs_ddp']:.2f}x DDP's on {r['world_size']} ranks)")
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:

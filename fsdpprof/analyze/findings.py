@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
+from fsdpprof.analyze import vocab
+
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
 EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
 OPTIMIZER_DOMINATES_PCT = 40.0  # optimizer state, % of memory at the peak
@@ -153,7 +155,7 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,
                            "shard them: FULL_SHARD divides them by N, SHARD_GRAD_OP shards grads and optimizer "
                            "state" + (" (model states per rank by theory: " + ", ".join(
-                               f"{k} {v / 2**20:.3g} MiB" for k, v in alternatives.items()) + ")"
+                               f"{k} {vocab.fmt_bytes(v)}" for k, v in alternatives.items()) + ")"
                                       if alternatives else ""), "memory", rank))
     if fragmentation_pct is not None and fragmentation_pct == fragmentation_pct and fragmentation_pct >= FRAGMENTATION_PCT:
         out.append(Finding("fragmentation", "medium", f"{fragmentation_pct:.1f}% of reserved memory is not allocated",

@@ -172,12 +172,12 @@ def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
                 other_act = float(bd.get("activation", 0)) - est.activation_bytes
                 if other_act > 0:
                     left.append(f"activations of the other units and outside any unit alive at the peak "
-                                f"({other_act / theory.MIB:.3g} MiB)")
+                                f"({theory.fmt_bytes(other_act)})")
             for cat in ("unsharded_grad", "temporary", "input", "before_recording", "other"):
                 if float(bd.get(cat, 0)) > 0:
-                    left.append(f"{cat} {bd.get(cat) / theory.MIB:.3g} MiB")
+                    left.append(f"{cat} {theory.fmt_bytes(bd.get(cat))}")
             if float(bd.get("unsharded_param", 0)) > est.max_unit_unsharded_bytes * 1.05:
-                left.append(f"unsharded params of more than one unit ({bd.get('unsharded_param') / theory.MIB:.3g} MiB: "
+                left.append(f"unsharded params of more than one unit ({theory.fmt_bytes(bd.get('unsharded_param'))}: "
                             f"prefetch or no reshard after forward keeps several units gathered)")
         pe["explanation"] = ("the formula leaves out " + ", ".join(left) + ".") if left else \
             "the formula counts model states, one unit's gathered parameters and that unit's activations."

@@ -447,12 +447,7 @@ def parse_ratio(text: str, what: str = "ratio", max_value: float = MAX_COMPRESSI
     return value
 
 
-def fmt_bytes(x: float) -> str:
-    """Bytes as MiB/GiB text for explanations (2**20, 2**30)."""
-    x = float(x)
-    if abs(x) >= GIB:
-        return f"{x / GIB:.3f} GiB"
-    return f"{x / MIB:.2f} MiB"
+fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's; kept here for callers)
 
 
 def _check_positive(**values) -> None:

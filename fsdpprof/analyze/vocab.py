@@ -313,6 +313,28 @@ def dtype_size(value) -> tuple[str | None, float]:
     return name, float(size)
 
 
+_BINARY_UNITS = (("GiB", 2.0 ** 30), ("MiB", 2.0 ** 20), ("KiB", 2.0 ** 10))
+_DECIMAL_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+
+
+def fmt_bytes(x, *, missing: str = "-", decimal: bool = False) -> str:
+    """Bytes as text, the one formatter of every page, table and message: binary units (GiB, MiB, KiB =
+    2**30, 2**20, 2**10; ``decimal``: GB, MB, kB = 1e9, 1e6, 1e3) at three significant digits (1.23 GiB,
+    12.3 MiB, 123 KiB, 1,023 MiB), whole bytes below; ``missing`` for None, NaN or what is not a number."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return missing
+    if v != v:
+        return missing
+    for unit, scale in _DECIMAL_UNITS if decimal else _BINARY_UNITS:
+        if abs(v) >= scale:
+            m = v / scale
+            a = abs(m)
+            return f"{m:,.0f} {unit}" if a >= 100 else f"{m:.1f} {unit}" if a >= 10 else f"{m:.2f} {unit}"
+    return f"{v:.0f} B"
+
+
 # --------------------------------------------------------------------------- memory categories
 class MemoryCategory(str, enum.Enum):
     """What an allocation holds, in FSDP's own terms."""

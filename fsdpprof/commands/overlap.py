@@ -23,12 +23,10 @@ def _cell(x, fmt: str) -> str:
 
 
 def _size(nbytes) -> str:
-    if nbytes is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes:.0f} B"
+    """Decimal units, as the bandwidths beside them (GB/s = 1e9 bytes/s)."""
+    from fsdpprof.analyze.vocab import fmt_bytes
+
+    return fmt_bytes(nbytes, decimal=True)
 
 
 def table(result) -> str:

@@ -71,8 +71,10 @@ def build(args, run) -> tuple[list, object, list[str]]:
 
 def text(result: dict, run_label: str) -> str:
     """The predictions as a terminal table plus what the first one kept and assumed."""
+    from fsdpprof.analyze.vocab import fmt_bytes
+
     m = result["measured"]
-    lines = [f"what if: {run_label} — measured peak {_mib(m.get('peak_allocated_bytes'))} MiB (largest rank), "
+    lines = [f"what if: {run_label} — measured peak {fmt_bytes(m.get('peak_allocated_bytes'))} (largest rank), "
              f"step {_ms(m.get('step_us'))} ms (median)"]
     head = f"{'':2}{'strategy':30s}{'world':>6s}{'peak MiB':>10s}{'step ms':>9s}{'compute':>9s}{'exposed':>9s}{'rest':>9s}"
     lines.append(head)
@@ -95,6 +97,7 @@ def text(result: dict, run_label: str) -> str:
 
 
 def _mib(x) -> str:
+    """A number in the table's MiB column."""
     return "-" if x is None else f"{x / 2**20:.1f}"
 
 

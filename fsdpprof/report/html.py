@@ -20,6 +20,7 @@ import re
 import pandas as pd
 
 from fsdpprof import __version__
+from fsdpprof.analyze import vocab
 from fsdpprof.analyze.headline import headline, peak_rank
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
@@ -185,17 +186,7 @@ def fmt_fixed(x) -> str:
     return "<0.001" if x > 0 else ">-0.001"
 
 
-def fmt_bytes(x) -> str:
-    if _isnan(x):
-        return "-"
-    x = float(x)
-    if abs(x) >= 2**30:
-        return f"{x / 2**30:.3g} GiB"
-    if abs(x) >= 2**20:
-        return f"{fmt_fixed(x / 2**20)} MiB"
-    if abs(x) >= 2**10:
-        return f"{fmt_fixed(x / 2**10)} KiB"
-    return f"{x:.0f} B"
+fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's)
 
 
 def fmt_us(x) -> str:

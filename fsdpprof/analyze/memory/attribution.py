@@ -250,7 +250,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
                  for d in devs}
         device = max(peaks, key=peaks.get) if peaks else 0
         if len(devs) > 1:
-            others = ", ".join(f"cuda:{d} {peaks[d] / 2**20:.1f} MiB" for d in devs if d != device)
+            others = ", ".join(f"cuda:{d} {vocab.fmt_bytes(peaks[d])}" for d in devs if d != device)
             warnings.append(f"{snap.path}: snapshot has {len(devs)} devices; analysed cuda:{device} (largest peak), "
                             f"others peak at {others}; pass device= for another")
     mask = dev_col == device

@@ -145,7 +145,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     annotate_from_events(allocs, events, marks, inventory, ws)
     n_lost, lost_bytes = infer_lost_frees(allocs, ts, labels.fsdp_intervals(events), marks)
     if n_lost:
-        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({lost_bytes / 2**20:.2f} MiB) "
+        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({vocab.fmt_bytes(lost_bytes)}) "
                         f"have no free event in the window (or only one inferred from a later reuse of the address), "
                         f"a free probably on a communication thread the profiler did not record; taken as freed by "
                         f"FSDP's own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "

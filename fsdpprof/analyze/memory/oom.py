@@ -19,19 +19,9 @@ import pandas as pd
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.vocab import MemoryCategory as MC
 
-GIB = float(1 << 30)
-MIB = float(1 << 20)
-
-
 def fmt_bytes(n) -> str:
-    """Bytes as GiB / MiB / KiB / B text."""
-    if n is None or n != n:
-        return "unknown"
-    n = float(n)
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024.0)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
+    """Bytes as text (:func:`fsdpprof.analyze.vocab.fmt_bytes`), "unknown" when missing (said in sentences)."""
+    return vocab.fmt_bytes(n, missing="unknown")
 
 
 def _text(v) -> str | None:
