@@ -569,7 +569,7 @@ _STATE: dict = {}
 
 def _init_worker(trace: str, cpu_trace: str | None, snapshot: str, entries: int | None,
                  trace_events: int | None, base_dir: str) -> None:
-    import fsdpprof.analyze.analysis  # noqa: F401 - imports before the clock of the first case
+    import fsdpprof.analyze.pipeline  # noqa: F401 - imports before the clock of the first case
     import fsdpprof.report.html  # noqa: F401
     _STATE["trace"] = load_trace_doc(trace, trace_events)
     _STATE["cpu_trace"] = load_trace_doc(cpu_trace, trace_events) if cpu_trace else None

@@ -28,21 +28,36 @@ TRACES, SNAPSHOTS = 2000, 1000
 FULL_EVERY = {"trace": 16, "snapshot": 8}
 
 
-def test_fuzz_campaign(recorded_run):
+SHARDS = 4     # the campaign in 4 shards, each a quarter of every kind's cases (consecutive indices: each holds its share
+               # of the report-path cases), run in the test's own process: pytest-xdist spreads them over its workers
+               # (one 2-process campaign held both cores for 2 minutes)
+
+
+def _shard(n: int, shard: int) -> range:
+    return range(shard * n // SHARDS, (shard + 1) * n // SHARDS)
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_fuzz_campaign(recorded_run, shard):
     trace = shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz")
     snapshot = shared_data("cuda-snapshots", "lm-step-user-metadata.pickle")
     # half the trace cases mutate a real CPU recording ([memory] events, gloo), trimmed to the time window of
     # its first 3,000 duration events for speed (the DLRM trace has fewer)
     cpu_trace = recorded_run("fsdp2") / "rank-0" / "trace.json.gz"
+    cases = [(k, i) for k, n in (("trace", TRACES), ("snapshot", SNAPSHOTS)) for i in _shard(n, shard)]
     t0 = time.perf_counter()
-    res = fuzz.run_campaign(TRACES, SNAPSHOTS, seed=SEED, workers=2, trace=trace, cpu_trace=cpu_trace,
-                            snapshot=snapshot, snapshot_entries=600, trace_events=3000, full_every=FULL_EVERY)
+    res = fuzz.run_campaign(TRACES, SNAPSHOTS, seed=SEED, workers=1, trace=trace, cpu_trace=cpu_trace,
+                            snapshot=snapshot, snapshot_entries=600, trace_events=3000, full_every=FULL_EVERY,
+                            only=cases)
     wall = time.perf_counter() - t0
     c = res["counts"]
-    print(f"fuzz: {wall:.1f} s wall; max {res['max_s']:.2f} s per case ({res['slowest']}); counts {c}; "
+    print(f"fuzz shard {shard}: {wall:.1f} s wall; max {res['max_s']:.2f} s per case ({res['slowest']}); counts {c}; "
           f"report path {res['full']}")
-    assert sum(c["trace"].values()) == TRACES and sum(c["snapshot"].values()) == SNAPSHOTS
-    assert res["full"] == {k: n // FULL_EVERY[k] for k, n in (("trace", TRACES), ("snapshot", SNAPSHOTS))}
+    want = {k: len(_shard(n, shard)) for k, n in (("trace", TRACES), ("snapshot", SNAPSHOTS))}
+    assert {k: sum(c[k].values()) for k in want} == want          # (over the 4 shards: every one of the cases)
+    assert res["full"] == {k: sum(1 for i in _shard(n, shard) if i % FULL_EVERY[k] == 0)
+                           for k, n in (("trace", TRACES), ("snapshot", SNAPSHOTS))}
+    assert res["full"]["trace"] > 0 and res["full"]["snapshot"] > 0
     shown = "\n".join(f"{f['kind']}:{f['index']} {f['outcome']} {f['mutations']}\n{f['detail'][-1500:]}"
                       for f in res["failures"][:5])
     assert res["failures"] == [], f"{len(res['failures'])} failures, e.g.:\n{shown}"
