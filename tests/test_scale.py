@@ -147,6 +147,26 @@ def test_distributions_known_answers():
     assert z[:, 0].tolist() == [4.0, 10.0, 16.0, 18.0] and z[:, 1].tolist() == [5.0, 11.0, 17.0, 19.0]
 
 
+def test_distribution_statistics_are_pandas_quantiles():
+    """statistics() (numpy, one pass per column) gives what pandas' Series.quantile / mean give: missing values
+    and text left out, a column without a value NaN, nullable integers read as numbers."""
+    from fsdpprof.analyze import distributions as d
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 33):
+        df = pd.DataFrame({"rank": range(n), "a": rng.normal(size=n), "b": rng.integers(0, 10**12, size=n),
+                           "c": np.where(rng.random(n) < 0.4, np.nan, rng.random(n)), "e": [np.nan] * n,
+                           "t": ["x"] * n, "f": pd.array(rng.integers(0, 5, size=n), dtype="Int64")})
+        df.loc[n // 2, "f"] = pd.NA
+        cols = ["a", "b", "c", "e", "t", "f"]
+        got = d.statistics(df, cols + ["not a column"])
+        v = df[cols].apply(pd.to_numeric, errors="coerce").astype(float)
+        want = pd.DataFrame([{"statistic": name, **{c: v[c].quantile(q) for c in cols}} for name, q in d.STATISTICS]
+                            + [{"statistic": "mean", **{c: v[c].mean() for c in cols}}])
+        want.insert(1, "ranks", int(v.notna().any(axis=1).sum()))
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
+
+
 def test_bench_scale_synthetic_rank_is_a_faithful_copy(tmp_path):
     """Rank 11 of 64 built from DLRM rank 3 with 3 copies: 3 steps, 3x the collectives and kernels, every
     kernel still finds its launch (shifted correlation ids), the same per-copy timings."""

@@ -30,17 +30,22 @@ def _present(df: pd.DataFrame | None, cols: list[str]) -> list[str]:
 
 
 def statistics(per_rank: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame | None:
-    """One row per statistic over the rows of ``per_rank`` (one row per rank) for each column of ``cols``."""
+    """One row per statistic over the rows of ``per_rank`` (one row per rank) for each column of ``cols``
+    (missing values left out, as pandas' quantile and mean do; NaN for a column without any value)."""
     cols = _present(per_rank, cols)
     if per_rank is None or per_rank.empty or not cols:
         return None
-    v = per_rank[cols].apply(pd.to_numeric, errors="coerce").astype(float)
-    rows = []
-    for name, q in STATISTICS:
-        rows.append({"statistic": name, **{c: v[c].quantile(q) for c in cols}})
-    rows.append({"statistic": "mean", **{c: v[c].mean() for c in cols}})
-    out = pd.DataFrame(rows)
-    out.insert(1, "ranks", int(v.notna().any(axis=1).sum()))
+    v = np.column_stack([pd.to_numeric(per_rank[c], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+                         for c in cols])
+    has = ~np.isnan(v)
+    stats = np.full((len(STATISTICS) + 1, len(cols)), np.nan)
+    for j in np.flatnonzero(has.any(axis=0)):
+        x = np.sort(v[has[:, j], j])
+        stats[:-1, j] = np.quantile(x, [q for _, q in STATISTICS], method="linear")
+        stats[-1, j] = x.mean()
+    out = pd.DataFrame(stats, columns=cols)
+    out.insert(0, "statistic", [name for name, _ in STATISTICS] + ["mean"])
+    out.insert(1, "ranks", int(has.any(axis=1).sum()))
     return out
 
 
