@@ -297,6 +297,23 @@ def test_a_failed_reader_and_a_threaded_caller(monkeypatch):
             quick_overlap(path, workers=bad)
 
 
+def test_forked_readers_where_children_are_reaped_by_the_system(monkeypatch):
+    """A caller that ignores SIGCHLD (its children are reaped at once, waitpid finds none): same numbers."""
+    import signal
+
+    path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
+    alone = quick_overlap(path, workers=1)
+    forks = _counting_forks(monkeypatch)
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert quick_overlap(path, workers=2) == alone
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+    from fsdpprof.analyze.run import max_workers
+
+    assert len(forks) == max_workers(2, 8) - 1
+
+
 def test_bus_factor_is_ring_factor():
     colls = ["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", "barrier",
              "ncclKernel_X", None]

@@ -777,11 +777,15 @@ def _fork_reader(jobs: list, max_bytes: Optional[int]):
 
 def _collect(pid: int, r_fd: int) -> list:
     """A forked reader's reads ([] when it failed: its ranks are read again here)."""
+    status = 0
     try:
         with os.fdopen(r_fd, "rb") as fh:
             data = fh.read()
     finally:
-        _, status = os.waitpid(pid, 0)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:    # reaped already (SIGCHLD ignored): the data says whether it finished
+            pass
     if status != 0:
         return []
     try:
