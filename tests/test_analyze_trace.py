@@ -49,7 +49,8 @@ def _same_frames(a: pd.DataFrame, b: pd.DataFrame):
         assert ((x == y) | (pd.isna(x) & pd.isna(y))).all(), c
 
 
-@pytest.mark.parametrize("rel", ["hta-nccl-2rank-a100/rank-0.json.gz", "tracelens-b200-8rank/rank-0.json.gz"])
+@pytest.mark.parametrize("rel", ["hta-nccl-2rank-a100/rank-0.json.gz", "tracelens-b200-8rank/rank-0.json.gz",
+                                 "param-dlrm-8rank-v100/rank-3.json.gz"])     # (the last: 1 MB)
 def test_chunked_decode_equals_whole_parse(rel, tmp_path, monkeypatch):
     src = shared_data("gpu-traces", rel)
     sliced = load_trace(str(src))                       # the default: slices of CHUNK_BYTES
