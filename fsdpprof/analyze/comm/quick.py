@@ -810,15 +810,15 @@ def _read_all(jobs: list, max_bytes: Optional[int], workers: Optional[int]) -> d
     if n <= 1:
         return {x.rank: x for x in _read_ranks(jobs, max_bytes)}
     own, *others = _shares(jobs, sizes, n)
-    readers, left = [], []
+    readers, left, reads = [], [], {}
     try:
         for share in others:
             try:
                 readers.append((_fork_reader(share, max_bytes), share))
             except OSError:          # no process to be had: read it here
                 left += share
-        reads = {x.rank: x for x in _read_ranks(own, max_bytes)}
-    finally:
+        reads.update((x.rank, x) for x in _read_ranks(own, max_bytes))
+    finally:                         # (also when this process's reading is interrupted: no reader left behind)
         for (pid, r_fd), share in readers:
             got = {x.rank: x for x in _collect(pid, r_fd)}
             for r, path in share:
