@@ -653,8 +653,12 @@ def _run_pool(jobs: list, workers: int, init: tuple, record) -> None:
     ctx = multiprocessing.get_context("fork")
     batches = [jobs[i:i + 8] for i in range(0, len(jobs), 8)]
     pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init)
-    futs = {pool.submit(_work_many, b): b for b in batches}
-    left = []
+    futs, left = {}, []
+    for b in batches:
+        try:
+            futs[pool.submit(_work_many, b)] = b
+        except BrokenProcessPool:                 # a worker already died: this batch waits for the one-by-one pass
+            left.append(b)
     for fut in cf.as_completed(futs):
         try:
             for r in fut.result():

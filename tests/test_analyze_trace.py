@@ -169,6 +169,28 @@ def test_one_bad_rank_does_not_hide_others(tmp_path):
     _same_frames(alone.events, run.ranks[2].events)
 
 
+def test_a_pool_broken_while_submitting_costs_only_its_ranks(monkeypatch):
+    """The parse pool breaks while ranks are still being submitted (a worker killed for memory): the ranks
+    not submitted are missing with a one-line reason, the others load, nothing raises."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    class BreaksOnFifthSubmit(ProcessPoolExecutor):
+        submits = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            type(self).submits += 1
+            if type(self).submits >= 5:
+                raise BrokenProcessPool("a child process terminated abruptly")
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", BreaksOnFifthSubmit)
+    run = load_run(shared_data("gpu-traces", "param-dlrm-8rank-v100"), workers=2)
+    assert sorted(run.ranks) == [0, 1, 2, 3] and len(run.missing) == 4
+    assert all("worker failed (BrokenProcessPool" in why and "retry with workers=1" in why and "\n" not in why
+               for why in run.missing.values()), run.missing
+
+
 def test_nothing_usable(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(UserError, match="no run directory"):

@@ -249,6 +249,37 @@ def test_local_pool_retries_the_ranks_of_a_killed_worker():
     assert summary(reduce_run(run, res)) == expected
 
 
+def test_local_pool_survives_a_pool_broken_before_a_submit(monkeypatch):
+    """The pool can break between a wait and the next submit (a worker died meanwhile): submit itself then
+    raises BrokenProcessPool.  The job not yet submitted stays queued for a fresh pool, the jobs in flight are
+    retried alone, and every job yields its result exactly once."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from fsdpprof.analyze import engines
+
+    real = engines.cf.ProcessPoolExecutor
+    pools: list = []
+
+    class BreaksOnThirdSubmit(real):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.submits = 0
+            pools.append(self)
+
+        def submit(self, fn, /, *args, **kwargs):
+            self.submits += 1
+            if len(pools) == 1 and self.submits == 3:
+                raise BrokenProcessPool("a child process terminated abruptly")
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(engines.cf, "ProcessPoolExecutor", BreaksOnThirdSubmit)
+    jobs = [((-k,), {}) for k in range(7)]
+    out = list(engines.map_unordered(abs, jobs, workers=2))
+    assert sorted(i for i, _, _ in out) == list(range(7))
+    assert all(ok for _, ok, _ in out) and {i: v[0] for i, _, v in out} == {k: k for k in range(7)}
+    assert len(pools) >= 2, "the broken pool was not replaced"
+
+
 def test_compare_same_json_on_both_engines(tmp_path, scheduler):
     a = _copy(shared_data(*DLRM), tmp_path / "a")
     b = _copy(shared_data(*DLRM), tmp_path / "b")

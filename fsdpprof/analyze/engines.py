@@ -143,9 +143,15 @@ def _local_pool(fn, jobs, n: int):
             running: dict = {}
             broken = False
             while (queue or running) and not broken:
-                while queue and len(running) <= n:
-                    i = queue.pop(0)
-                    running[pool.submit(measured_call, fn, *jobs[i])] = i
+                while queue and len(running) <= n and not broken:
+                    try:
+                        running[pool.submit(measured_call, fn, *jobs[queue[0]])] = queue[0]
+                    except BrokenProcessPool:   # a worker died since the last wait: the job stays queued
+                        broken = True
+                    else:
+                        queue.pop(0)
+                if not running:
+                    break
                 done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
                     i = running.pop(fut)

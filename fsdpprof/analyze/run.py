@@ -283,14 +283,22 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
 
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
+    def failed(label, exc):
+        return "error", f"{label}: worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
+
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(parse_trace, path, rank, progress, max_bytes): label for label, path, rank in jobs}
+        futs = {}
+        for label, path, rank in jobs:
+            try:
+                futs[pool.submit(parse_trace, path, rank, progress, max_bytes)] = label
+            except Exception as exc:  # the pool broke while jobs were being submitted (a worker was killed)
+                out[label] = failed(label, exc)
         for fut in cf.as_completed(futs):
             label = futs[fut]
             try:
                 out[label] = fut.result()
             except Exception as exc:  # worker died (e.g. killed for memory)
-                out[label] = ("error", f"{label}: worker failed ({type(exc).__name__}: {exc}); retry with workers=1")
+                out[label] = failed(label, exc)
     return out
 
 
