@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdpprof.analyze import analyze_run, load_run, memory_analysis
+from fsdpprof.analyze import analyze_run, load_run, memory_analysis, vocab
 from fsdpprof.analyze.whatif import memory as wm
 from fsdpprof.analyze.whatif import predict as wp
 from fsdpprof.analyze.whatif import targets as tg
@@ -156,7 +156,9 @@ SELF = [("fsdp2", 2), ("fsdp2-no-reshard", 2), ("fsdp1-full", 2), ("fsdp1-no-sha
 
 @pytest.mark.parametrize("strategy,nproc", SELF)
 def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc):
-    """The run's own configuration, replayed: its measured peak within 1 % (the largest rank's)."""
+    """The run's own configuration, replayed: its measured peak within 1 % (the largest rank's), its step time
+    within 10 % (FSDP's blocking collectives replay exactly; DDP's all-reduces run beside the backward and
+    only the training thread's waits are cut and replayed)."""
     run = load_run(str(recorded_run(strategy, nproc=nproc)))
     src = wp.source_of_rank(run.ranks[0])
     me = tg.target_of_source(src)
@@ -170,6 +172,7 @@ def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc):
     assert abs(p["peak_allocated_bytes"] / m["peak_allocated_bytes"] - 1) <= 0.01
     assert sum(p["breakdown"].values()) == p["peak_allocated_bytes"]
     assert p["step_us"] > 0 and 0 <= p["exposed_comm_us"] <= p["step_us"]
+    assert abs(p["step_us"] / m["step_us"] - 1) <= 0.10
     assert p["kept"] and p["assumed"]
 
 
@@ -362,6 +365,64 @@ def test_dtensor_dispatch_and_optimizer_element_work_on_a_hand_built_trace():
     assert timing.optimizer_element_us(ev) == pytest.approx(200.0)
     plain = ev[ev["name"] != "PythonSubclass"]
     assert timing.dtensor_dispatch_us(plain) == 0.0
+
+
+def _cpu_ddp_step() -> pd.DataFrame:
+    """One 1000 us step of DDP on CPU: the training thread t1 runs a backward op 100-400 (compute 100-200 inside
+    it, the rest autograd's own CPU work) and waits 600-800 for the last bucket; gloo's thread g1 all-reduces
+    150-350 (behind the op) and 600-800 (waited for). DDP's reducer on t1: mul_out 120-140 and 300-330,
+    copy_bucket_to_grad 800-850 with a nested range 810-820."""
+    rows = [("ProfilerStep#1", "annotation", "t1", 0, 1000, None, np.nan),
+            ("AddmmBackward0", "cpu_op", "t1", 100, 300, None, np.nan),
+            ("aten::mm", "compute", "t1", 100, 100, None, np.nan),
+            ("gloo:all_reduce", "comm", "g1", 150, 200, "all_reduce", 1000.0),
+            ("gloo:all_reduce", "comm", "g1", 600, 200, "all_reduce", 3000.0),
+            ("torch::distributed::reducer::mul_out", "cpu_op", "t1", 120, 20, None, np.nan),
+            ("torch::distributed::reducer::mul_out", "cpu_op", "t1", 300, 30, None, np.nan),
+            ("torch.distributed.ddp.reducer::copy_bucket_to_grad", "cpu_op", "t1", 800, 50, None, np.nan),
+            ("torch.distributed.ddp.reducer::copy_bucket_to_grad", "cpu_op", "t1", 810, 10, None, np.nan)]
+    ev = pd.DataFrame(rows, columns=["name", "kind", "lane", "ts_us", "dur_us", "collective", "bytes"])
+    ev["rank"] = 0
+    ev["step"] = 1.0
+    ev["group_size"] = 2.0
+    ev["stage"] = pd.Categorical(["backward"] * len(ev), categories=vocab.STAGES)
+    ev["launch_ts_us"] = ev["ts_us"].astype(float)
+    for c in ("name", "kind", "lane", "collective"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    return ev
+
+
+def test_async_host_communication_cuts_only_the_waits():
+    """DDP on CPU: gloo's all-reduce runs beside the training thread. Only where that thread had no work (600-800)
+    did it wait: that is what the replay cuts out (the step is 800 us without it). Judged against compute
+    alone, as for a device or a blocking collective, 200-350 would be cut too (650 us left)."""
+    from fsdpprof.analyze.whatif import timing
+
+    ev = _cpu_ddp_step()
+    sched = {1.0: {}}
+    (sync,) = timing.run_steps(ev, sched)
+    (async_,) = timing.run_steps(ev, sched, async_host_comm=True)
+    assert list(zip(async_.xs, async_.xe)) == [(600.0, 800.0)] and async_.length == 800.0
+    assert list(zip(sync.xs, sync.xe)) == [(200.0, 350.0), (600.0, 800.0)] and sync.length == 650.0
+    assert [b["bytes"] for b in async_.buckets] == [1000.0, 3000.0]
+
+
+def test_ddp_reducer_work_on_a_hand_built_trace():
+    """DDP's reducer ranges of _cpu_ddp_step: 20 + 30 + 50 (the nested copy counted once) = 100 us; a DDP run's
+    overhead carries it per step (2 steps: 50 us), and a family without it has none."""
+    from fsdpprof.analyze.whatif import timing
+
+    ev = _cpu_ddp_step()
+    assert timing.ddp_reducer_us(ev) == pytest.approx(100.0)
+    run = timing.run_overhead(ev, "ddp", params=10, steps=2)
+    assert run.reducer_us_per_step == pytest.approx(50.0) and run.step_us(0.0, 0.0, 10) == pytest.approx(50.0)
+    assert timing.run_overhead(ev, "fsdp2", params=10, steps=2).reducer_us_per_step == 0.0
+    assert timing.ddp_reducer_us(ev[~ev["name"].astype(str).str.contains("reducer")]) == 0.0
+    # the same family keeps it (DDP -> DDP: nothing taken out); another family's target does not have it
+    assert timing.target_overhead(run, "ddp", "cpu", 1.0) is run
+    assert timing.target_overhead(run, "fsdp2", "cpu", 1.0).reducer_us_per_step == 0.0
 
 
 def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():

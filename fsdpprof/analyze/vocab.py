@@ -364,6 +364,9 @@ REPLICATED_LABELS = {MemoryCategory.SHARDED_PARAM.value: "param", MemoryCategory
 # --------------------------------------------------------------------------- what an input is
 INPUT_KINDS = ["fsdp2", "fsdp1", "ddp", "distributed", "single_device", "unknown"]
 DDP_MARKERS = ("DistributedDataParallel.", "Reducer::")
+# DDP's reducer on the training thread (torch 2.x's record_function names): the gradient hooks' division by
+# the world size (mul_out) and the copies out of the buckets after the all-reduce: DDP's own CPU work
+DDP_REDUCER_PREFIXES = ("torch::distributed::reducer::", "torch.distributed.ddp.reducer::")
 
 
 # --------------------------------------------------------------------------- FSDP in stack frames

@@ -277,18 +277,21 @@ class FamilyOverhead:
     reduce_us_per_byte: float | None
     dispatch_us_per_param: float | None
     how: str = "measured"
+    reducer_us_per_step: float = 0.0     # DDP's reducer (gradient division, bucket copies), µs per step
 
     def step_us(self, gathered_bytes: float, reduced_bytes: float, params: int) -> float:
         """This overhead over one step (µs): gathered / reduced bytes, parameter tensors (unknown parts 0)."""
         return ((self.gather_us_per_byte or 0.0) * gathered_bytes + (self.reduce_us_per_byte or 0.0) * reduced_bytes
-                + (self.dispatch_us_per_param or 0.0) * params)
+                + (self.dispatch_us_per_param or 0.0) * params + self.reducer_us_per_step)
 
 
 # For a family the run does not have (a CPU run only), at contention 1: measured by benchmarks/bench_whatif.py
 # on fsdpprof's example (2-core Xeon, torch 2.13, gloo, fp32): the median over every rank of 4 recordings of
 # every strategy of the family (2 invocations; 40 FSDP2 ranks, 32 FSDP1 ranks), each rank's figure divided
-# by its contention from rank.json cpu. DDP gathers and reduces nothing unit by unit (its bucket copies are
-# not charged) and its parameters are plain tensors.
+# by its contention from rank.json cpu. DDP gathers and reduces nothing unit by unit and its parameters are
+# plain tensors; its reducer's work (gradient division, bucket copies) is measured on a DDP run
+# (:func:`ddp_reducer_us`) and taken out for another family's target, but has no figure here: a DDP target
+# of an FSDP run is not charged for it.
 DOCUMENTED_OVERHEAD = {
     "fsdp2": FamilyOverhead("fsdp2", 604e-6, 972e-6, 252.0, "documented"),
     "fsdp1": FamilyOverhead("fsdp1", 318e-6, 676e-6, 0.0, "documented"),
@@ -393,12 +396,26 @@ def optimizer_element_us(events: pd.DataFrame) -> float:
     return element
 
 
+def ddp_reducer_us(events: pd.DataFrame) -> float:
+    """DDP's reducer work on the trace (µs, all steps): the time covered by its record_function ranges
+    (:data:`fsdpprof.analyze.vocab.DDP_REDUCER_PREFIXES`), per lane, nested ranges counted once."""
+    hit = startswith(events["name"], vocab.DDP_REDUCER_PREFIXES)
+    if not hit.any():
+        return 0.0
+    red = events[hit]
+    lane = red["lane"].astype(object).to_numpy()
+    t0 = red["ts_us"].to_numpy(float)
+    t1 = t0 + red["dur_us"].to_numpy(float)
+    return float(sum(intervals.total(t0[lane == ln], t1[lane == ln]) for ln in pd.unique(lane)))
+
+
 def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> FamilyOverhead:
     """The run's own :class:`FamilyOverhead`, measured on its trace (``steps`` recorded steps, ``params``
     parameter tensors)."""
     ag, rs = gather_reduce_overhead(events, family)
     dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
-    return FamilyOverhead(family, ag, rs, dispatch)
+    reducer = ddp_reducer_us(events) / max(steps, 1) if family == "ddp" else 0.0
+    return FamilyOverhead(family, ag, rs, dispatch, reducer_us_per_step=reducer)
 
 
 def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
@@ -406,8 +423,9 @@ def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
     """The target family's overhead: the run's where it is the same family and measured it; else, on a CPU
     run, :data:`DOCUMENTED_OVERHEAD` on the run's clock (x its measured contention, 1 when unknown); None
     (not charged) on an accelerator."""
-    if target_family == run.family and run.gather_us_per_byte is not None and run.reduce_us_per_byte is not None:
-        return run
+    if target_family == run.family and (run.family == "ddp" or run.gather_us_per_byte is not None
+                                        and run.reduce_us_per_byte is not None):
+        return run                     # (DDP: its reducer, all it has, is measured)
     if device_type != "cpu" or target_family not in DOCUMENTED_OVERHEAD:
         return run if target_family == run.family else None
     d, c = DOCUMENTED_OVERHEAD[target_family], contention or 1.0
@@ -415,7 +433,8 @@ def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
         return FamilyOverhead(run.family, run.gather_us_per_byte if run.gather_us_per_byte is not None
                               else d.gather_us_per_byte * c,
                               run.reduce_us_per_byte if run.reduce_us_per_byte is not None
-                              else d.reduce_us_per_byte * c, run.dispatch_us_per_param, "measured+documented")
+                              else d.reduce_us_per_byte * c, run.dispatch_us_per_param, "measured+documented",
+                              run.reducer_us_per_step)
     return FamilyOverhead(target_family, d.gather_us_per_byte * c, d.reduce_us_per_byte * c,
                           d.dispatch_us_per_param * c, "documented")
 
@@ -476,13 +495,23 @@ class RunStep:
         return t - self.w0 - full - inside
 
 
-def run_steps(events: pd.DataFrame, tsched: dict) -> list[RunStep]:
-    """The recorded steps of this rank that have a schedule, as :class:`RunStep` (computed once per rank)."""
+def run_steps(events: pd.DataFrame, tsched: dict, async_host_comm: bool = False) -> list[RunStep]:
+    """The recorded steps of this rank that have a schedule, as :class:`RunStep` (computed once per rank).
+
+    The run's exposed communication (cut out of the step, the replay adds the target's waits) is its
+    communication outside compute; with ``async_host_comm`` (DDP on CPU: gloo's all-reduces run on their own
+    thread while the training thread goes on) outside any work of the training threads (compute and CPU
+    ops): only where the training thread had nothing to do did it wait."""
     win = step_windows(events)
     ts = events["ts_us"].to_numpy(float)
     te = ts + events["dur_us"].to_numpy(float)
     is_comp = isin(events["kind"], [vocab.KIND_COMPUTE])
     is_comm = isin(events["kind"], [vocab.KIND_COMM])
+    busy = is_comp
+    if async_host_comm and is_comm.any():
+        lane = events["lane"].astype(object).to_numpy()
+        comm_lanes = set(lane[is_comm].tolist())
+        busy = isin(events["kind"], [vocab.KIND_COMPUTE, vocab.KIND_CPU_OP]) & ~np.isin(lane, list(comm_lanes))
     coll = events["collective"].astype(object).to_numpy()
     nbytes = events["bytes"].to_numpy(float)
     group = events["group_size"].to_numpy(float)
@@ -497,7 +526,8 @@ def run_steps(events: pd.DataFrame, tsched: dict) -> list[RunStep]:
         comp, comm = inw & is_comp, inw & is_comm
         cs, ce = np.clip(ts[comp], w0, w1), np.clip(te[comp], w0, w1)
         ms, me = np.clip(ts[comm], w0, w1), np.clip(te[comm], w0, w1)
-        xs, xe = _subtract(ms, me, cs, ce)                      # the run's exposed communication
+        work = inw & busy
+        xs, xe = _subtract(ms, me, np.clip(ts[work], w0, w1), np.clip(te[work], w0, w1))   # the run's exposed comm
         cum = np.concatenate([[0.0], np.cumsum(xe - xs)])
         ci = np.flatnonzero(comm)
         ci = ci[np.argsort(ts[ci], kind="stable")]
@@ -633,6 +663,9 @@ def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list
         if target.family != own.run.family:
             out.append(f"{target.family}'s own CPU work (gathers, reductions, DTensor dispatch) not charged and the "
                        f"run's {own.run.family} work kept: no figure for it on {source.device_type}")
+    elif own.target.how != "measured" and own.target.family == "ddp" and own.run.family != "ddp":
+        out.append("DDP's reducer work (gradient division, bucket copies) not charged: no figure for it without a "
+                   "DDP run to measure")
     elif own.target.how != "measured":
         d = DOCUMENTED_OVERHEAD[own.target.family]
         out.append(f"{own.target.family}'s own CPU work from documented figures (the run has none to measure): "
@@ -641,7 +674,8 @@ def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list
                    f"x the run's contention (measured by benchmarks/bench_whatif.py on fsdpprof's example, 2-core "
                    f"Xeon, torch 2.13, gloo)")
     if own.run.family != target.family and own.target is not None:
-        out.append(f"the run's own {own.run.family} CPU work (measured on its annotations) taken out")
+        what = "its reducer's record_function ranges" if own.run.family == "ddp" else "its annotations"
+        out.append(f"the run's own {own.run.family} CPU work (measured on {what}) taken out")
     if abs(own.element_ratio - 1.0) > 1e-9:
         out.append(f"the optimizer's element work (its aten ops) x{own.element_ratio:.2f} with the local parameter "
                    f"elements; its Python loop over tensors kept as measured")
