@@ -215,37 +215,39 @@ def test_one_progress_line_per_rank(engine, scheduler, capsys):
     assert sorted(int(re.search(r"(\d+)/8\)$", x).group(1)) for x in lines) == list(range(1, 9))
 
 
-def test_local_pool_retries_the_ranks_of_a_killed_worker():
-    """A pool worker killed mid-run (SIGKILL) breaks the pool: the ranks it lost run again, each alone in a
-    fresh process, and the results equal an in-process run."""
-    import psutil
+def test_local_pool_retries_the_ranks_of_a_killed_worker(tmp_path, monkeypatch):
+    """A pool worker killed mid-run (SIGKILL: here rank 3's first attempt kills its own process, so the kill
+    falls inside a job whatever the machine's load) breaks the pool: the ranks it lost run again, each alone
+    in a fresh process, and the results equal an in-process run."""
+    import signal
 
+    from fsdpprof.analyze import pipeline
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
     from fsdpprof.analyze.run import load_run
     from fsdpprof.report.summary import summary
 
     run = load_run(shared_data(*DLRM), lazy=True)
     expected = summary(reduce_run(run, map_ranks(run, workers=1)))
-    killed: list[int] = []
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}    # Dask's nannies, resource trackers: not ours
+    marker = tmp_path / "killed"
+    real_job = pipeline.rank_job
 
-    def kill_first_worker():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not killed:
-            kids = [k for k in me.children() if k.pid not in before]   # the pool's forked workers
-            if kids:
-                kids[0].kill()
-                killed.append(kids[0].pid)
-                return
-            time.sleep(0.002)
+    def dying_job(rd, **kw):
+        if rd.rank == 3 and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_job(rd, **kw)
 
-    t = threading.Thread(target=kill_first_worker)
-    t.start()
+    # (the pool's workers are forked after this: they find the patched job where pickle looks for it)
+    dying_job.__module__, dying_job.__qualname__ = real_job.__module__, real_job.__qualname__
+    monkeypatch.setattr(pipeline, "rank_job", dying_job)
     res = map_ranks(run, workers=2, engine="local")
-    t.join()
-    assert killed, "no worker was killed: the test proved nothing"
-    assert not any(r.error for r in res) and killed[0] not in {r.worker["pid"] for r in res}
+    assert marker.exists(), "no worker was killed: the test proved nothing"
+    killed = int(marker.read_text())
+    assert killed != os.getpid() and sorted(r.rank for r in res) == list(range(8))
+    assert not any(r.error for r in res)
+    pids = [r.worker["pid"] for r in res]
+    rerun = next(r for r in res if r.rank == 3).worker["pid"]
+    assert rerun != killed and pids.count(rerun) == 1       # (the killed worker's earlier ranks keep its pid)
     assert summary(reduce_run(run, res)) == expected
 
 
