@@ -283,6 +283,7 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
 
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
+
     def failed(label, exc):
         return "error", f"{label}: worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
 

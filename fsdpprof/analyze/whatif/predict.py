@@ -113,7 +113,7 @@ class RankModel:
             self.tsched = timing.trace_schedule(self.events, self.units, self.msched,
                                                 same_clock=self.memory_kind == "cpu_trace")
             self.steps = timing.run_steps(self.events, self.tsched,
-                                          async_host_comm=timing.async_host_comm(self.source))
+                                          async_host_comm=timing.comm_beside_training_thread(self.source))
             n = max(len(self.steps), 1)
             self.run_overhead = timing.run_overhead(self.events, self.source.family, self.params, n)
             self.optimizer_element_us = timing.optimizer_element_us(self.events) / n

@@ -495,7 +495,7 @@ class RunStep:
         return t - self.w0 - full - inside
 
 
-def async_host_comm(source: tg.Source) -> bool:
+def comm_beside_training_thread(source: tg.Source) -> bool:
     """Whether the run's collectives ran beside its training thread on the host: DDP on CPU (gloo's
     all-reduces on gloo's own thread during the backward); FSDP's gloo collectives on CPU block the thread."""
     return source.device_type == "cpu" and source.strategy == tg.DDP
@@ -626,7 +626,7 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
     if step_scale != 1.0:
         out = [StepTime(s.step_us * step_scale, s.compute_us * step_scale, s.comm_us * step_scale,
                         s.exposed_comm_us * step_scale) for s in out]
-    cut = ("the training thread's waits for communication cut out" if async_host_comm(source)
+    cut = ("the training thread's waits for communication cut out" if comm_beside_training_thread(source)
            else "its exposed communication cut out")
     kept = [f"the run's compute and CPU time per step ({cut})",
             "the measured time of each collective the run had too (same type, size, group and pass)",
