@@ -247,7 +247,7 @@ def test_ranks_read_in_forked_processes_give_the_same_numbers(monkeypatch):
     """8 rank files (7 MiB of JSON): read in this process, in as many processes as cores (auto) and in 3; the
     same result each time, every rank read once."""
     from fsdpprof.analyze.comm import quick
-    from fsdpprof.analyze.run import max_workers
+    from fsdpprof.analyze.run import max_workers, usable_cores
 
     path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
     alone = quick_overlap(path, workers=1)
@@ -259,7 +259,7 @@ def test_ranks_read_in_forked_processes_give_the_same_numbers(monkeypatch):
     assert len(set(forked)) == len(forked) and set(forked) < set(range(8))   # the rest read here
     forks.clear()
     assert quick_overlap(path) == alone
-    assert len(forks) == min(8, quick._usable_cores()) - 1
+    assert len(forks) == min(8, usable_cores()) - 1
     assert len(alone.overlap) == 8 and alone.full_path_ranks == []
 
 

@@ -222,6 +222,15 @@ def _looks_like_trace(path: str) -> bool:
     return b'"traceEvents"' in head or b'"distributedInfo"' in head
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none).  (collect's
+    recorder has its own copy: collect does not import analyze.)"""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def max_workers(requested: int, n_jobs: int) -> int:
     """Processes actually started for ``n_jobs`` traces: never more than the traces or the CPU cores."""
     return max(1, min(int(requested), n_jobs, os.cpu_count() or 1))

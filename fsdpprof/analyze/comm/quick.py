@@ -740,13 +740,6 @@ def _no_other_thread() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _shares(jobs: list, sizes: list, n: int) -> list[list]:
     """``jobs`` in ``n`` shares of about equal JSON bytes (largest first, each to the lightest share)."""
     shares, load = [[] for _ in range(n)], [0] * n
@@ -798,7 +791,7 @@ def _read_all(jobs: list, max_bytes: Optional[int], workers: Optional[int]) -> d
     """rank -> :class:`_RankRead` for ``jobs`` ((rank, trace path)): in this process and, where it pays off
     (``workers`` None: at least PARALLEL_MIN_BYTES of JSON, more than one rank, usable cores, no other thread
     running, fork available), in forked processes as well; a rank a forked reader did not return is read here."""
-    from fsdpprof.analyze.run import inflated_size, max_workers
+    from fsdpprof.analyze.run import inflated_size, max_workers, usable_cores
 
     n, sizes = 1, []
     if len(jobs) > 1 and hasattr(os, "fork") and _no_other_thread() and workers != 1:
@@ -806,7 +799,7 @@ def _read_all(jobs: list, max_bytes: Optional[int], workers: Optional[int]) -> d
         if workers is not None:
             n = max_workers(workers, len(jobs))
         elif sum(sizes) >= PARALLEL_MIN_BYTES:
-            n = min(len(jobs), _usable_cores())
+            n = min(len(jobs), usable_cores())
     if n <= 1:
         return {x.rank: x for x in _read_ranks(jobs, max_bytes)}
     own, *others = _shares(jobs, sizes, n)
