@@ -271,9 +271,26 @@ def test_lost_free_of_all_gather_buffer_is_inferred(recorded_run):
     ag = a[(a["fsdp_phase"] == "all_gather") & (a["category"] == "unsharded_param") & a["free_us"].notna()
            & ~a["free_inferred"] & (a["step_idx"] == a["step_idx"].max()) & (a["stage"] == "backward")]
     me = rd.memory_events
-    # a buffer whose address is not allocated again later (else the re-allocation ends it)
-    reused = [bool(((me["addr"] == r.addr) & (me["bytes"] > 0) & (me["ts_us"] > r.free_us)).any()) for r in ag.itertuples()]
-    victim = ag[~np.array(reused)].iloc[0]
+    # a buffer that FSDP's rule bounds: one with an all-gather after its own copy-out (the last unit's of the
+    # backward has none: its peers' lifetime ends it instead), and whose address is not allocated again
+    # before that all-gather (an earlier re-allocation ends it first). Those alive to the end once their
+    # free is dropped come first; which buffers qualify depends on the allocator's address reuse.
+    iv = labels.fsdp_intervals(rd.events)
+
+    def next_gather(r) -> float:
+        own = iv[(iv["fsdp_phase"] == "all_gather_copy_out") & (iv["unit"] == r["unit"]) & (iv["ts_us"] >= r["alloc_us"])]
+        return iv[(iv["fsdp_phase"] == "all_gather") & (iv["ts_us"] >= own["end_us"].iloc[0])]["ts_us"].min() \
+            if len(own) else np.nan
+
+    def realloc(r) -> float:
+        later = me[(me["addr"] == r["addr"]) & (me["bytes"] > 0) & (me["ts_us"] > r["free_us"])]["ts_us"]
+        return later.min() if len(later) else np.inf
+
+    nxt_of = np.array([next_gather(r) for _, r in ag.iterrows()], dtype=float)
+    re_of = np.array([realloc(r) for _, r in ag.iterrows()], dtype=float)
+    ok = np.isfinite(nxt_of) & (re_of > nxt_of)
+    assert ok.any(), (ag[["unit", "addr"]], nxt_of, re_of)
+    victim = ag.iloc[sorted(np.flatnonzero(ok), key=lambda i: np.isfinite(re_of[i]))[0]]
     drop = (me["addr"] == victim["addr"]) & (me["bytes"] == -victim["bytes"]) & (me["ts_us"] == victim["free_us"])
     assert drop.sum() == 1
     rd.memory_events = me[~drop].reset_index(drop=True)
@@ -283,10 +300,7 @@ def test_lost_free_of_all_gather_buffer_is_inferred(recorded_run):
     fixed = b[(b["addr"] == victim["addr"]) & (b["alloc_us"] == victim["alloc_us"])].iloc[0]
     assert np.isfinite(fixed["free_us"]) and fixed["free_us"] > fixed["alloc_us"] and fixed["free_inferred"]
     # FSDP's rule, from the trace's own annotations: its unit's copy-out, then the next all-gather
-    iv = labels.fsdp_intervals(rd.events)
-    own = iv[(iv["fsdp_phase"] == "all_gather_copy_out") & (iv["unit"] == victim["unit"])
-             & (iv["ts_us"] >= victim["alloc_us"])].iloc[0]
-    nxt = iv[(iv["fsdp_phase"] == "all_gather") & (iv["ts_us"] >= own["end_us"])]["ts_us"].min()
+    nxt = next_gather(victim)
     assert victim["free_us"] <= nxt                 # the real free respected the rule
     assert fixed["free_us"] == nxt
     ts = np.sort(rd.memory_events["ts_us"].to_numpy(float))
