@@ -364,6 +364,40 @@ def test_two_launchers_share_one_run(tmp_path):
     assert meta["status"] == "failed"  # no rank ever made an optimizer step: nothing recorded
 
 
+def test_launchers_ending_together_leave_the_final_status(tmp_path, monkeypatch):
+    """The race CI met: launcher A derives "running" while B has not yet written that it ended, then
+    B finalizes ("failed") and A writes its stale status after it. A must derive again and fix run.json."""
+    from fsdpprof import runfmt
+    from fsdpprof.collect import launcher as launcher_mod
+
+    out = tmp_path / "run"
+    (out / "launchers").mkdir(parents=True)
+    run_json = str(out / "run.json")
+    runfmt.atomic_write_json(run_json, {"schema": runfmt.RUN_SCHEMA, "status": "running", "started_at": "t0"})
+    ended = {"host": "h", "command": ["x"], "exit_code": 0, "ended_at": "t1"}
+    runfmt.atomic_write_json(str(out / "launchers" / "h-1.json"), {**ended, "pid": 1})
+    runfmt.atomic_write_json(str(out / "launchers" / "h-2.json"), {**ended, "pid": 2, "exit_code": None})
+    real_derive = launcher_mod.derive_status
+    calls = []
+
+    def derive_then_b_finishes(run_dir, meta):
+        derived = real_derive(run_dir, meta)
+        calls.append(derived["status"])
+        if len(calls) == 1:  # B ends and finalizes between A's derive and A's write
+            runfmt.atomic_write_json(str(out / "launchers" / "h-2.json"), {**ended, "pid": 2})
+            b_meta = {**runfmt.read_json(run_json), **real_derive(run_dir, meta)}
+            runfmt.atomic_write_json(run_json, b_meta)
+            assert b_meta["status"] == "failed"
+        return derived
+
+    monkeypatch.setattr(launcher_mod, "derive_status", derive_then_b_finishes)
+    meta = launcher_mod._finalize(str(out), run_json)
+    assert calls[0] == "running" and "failed" in calls[1:]
+    on_disk = runfmt.read_json(run_json)
+    assert on_disk["status"] == meta["status"] == "failed" and on_disk["exit_code"] == 0
+    assert on_disk["started_at"] == "t0"
+
+
 def test_stale_running_run_is_not_joined(tmp_path):
     """run.json says running but its launcher is gone (killed hard): a new launcher refuses, it does not join."""
     out = tmp_path / "run"

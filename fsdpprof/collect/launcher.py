@@ -507,13 +507,22 @@ def run(args) -> int:
     return exit_code
 
 
-def _finalize(out: str, run_json: str) -> dict:
-    try:
-        meta = runfmt.read_json(run_json)
-    except Exception:
-        meta = {"schema": runfmt.RUN_SCHEMA}
-    meta.update(derive_status(out, meta))
-    meta["ended_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
-    runfmt.atomic_write_json(run_json, meta)
+def _finalize(out: str, run_json: str, rounds: int = 10) -> dict:
+    """Write run.json's derived fields; re-derive after writing until what is on disk still holds.
+
+    Launchers that end together race: one may derive "running" before the other's launcher file
+    says it ended, yet write after the other's final status. Each launcher writes its own file
+    before run.json, so whoever wrote last sees every ended launcher when it derives again."""
+    for _ in range(rounds):
+        try:
+            meta = runfmt.read_json(run_json)
+        except Exception:
+            meta = {"schema": runfmt.RUN_SCHEMA}
+        derived = derive_status(out, meta)
+        meta.update(derived)
+        meta["ended_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
+        runfmt.atomic_write_json(run_json, meta)
+        if derive_status(out, meta) == derived:
+            break
     return meta
 
