@@ -10,8 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 
 import cloudpickle
 import pytest
