@@ -1,6 +1,6 @@
 """Benchmark: `fsdpprof whatif` against real runs, every strategy predicted from every other.
 
-    python benchmarks/bench_whatif.py [--repeats 5] [--out DIR] [--reuse DIR] [--strategies a,b,...]
+    python benchmarks/bench_whatif.py [--repeats 5] [--out DIR] [--reuse DIR [DIR ...]] [--strategies a,b,...]
 
 Records the example (fsdpprof/examples/train_fsdp.py) under each of its strategies with
 `fsdpprof record` (2 ranks; 4 for HSDP and FSDP1 HYBRID_SHARD; gloo on CPU), ``--repeats`` times, in
@@ -17,7 +17,9 @@ Each cell is the median over the repeats of S and T. Goals (issue 10): |peak err
 pair, step time within 20 % (ratio 0.8 .. 1.2). No assertion: the figures are printed. Five repeats by
 default (45 recordings, about 9 minutes on 2 cores): on this 2-core machine one configuration's step time
 moved by up to 1.42x between recordings minutes apart, and the median of 3 still carried that noise into
-the matrix (72/81 pairs within 20 % from 3 repeats, 76/81 from 5, with the same code).
+the matrix (72/81 pairs within 20 % from 3 repeats, 76/81 from 5, with the same code). ``--reuse`` predicts
+from recordings made before, and pools those of several ``--out`` folders (every ``<strategy>-<n>`` in each):
+the medians of two or three invocations carry less of that noise.
 
 A third matrix, a diagnostic beside the goal, divides out each recording's CPU contention (rank.json
 ``cpu``: 1 + run-queue wait / time on a CPU, the median over ranks): predicted step / the contention the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -96,24 +99,33 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="keep the recordings here (default: a temporary folder)")
-    ap.add_argument("--reuse", default=None, help="predict from recordings made before (a folder --out wrote)")
+    ap.add_argument("--reuse", nargs="+", default=None, metavar="DIR",
+                    help="predict from recordings made before (folders --out wrote; their recordings pooled)")
     ap.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES))
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     wanted = [s.strip() for s in args.strategies.split(",") if s.strip()]
     strategies = [(s, n) for s, n in STRATEGIES if s in wanted]
-    base = Path(args.reuse or args.out or tempfile.mkdtemp(prefix="bench-whatif-"))
-    base.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Path]] = {s: [] for s, _ in strategies}
     t_rec = 0.0
-    for rep in range(args.repeats):
-        for s, n in strategies:
-            out = base / f"{s}-{rep}"
-            if not args.reuse:
+    if args.reuse:
+        where = ", ".join(args.reuse)
+        for s, _ in strategies:
+            for folder in map(Path, args.reuse):
+                found = [p for p in folder.glob(f"{s}-*") if re.fullmatch(rf"{re.escape(s)}-\d+", p.name)]
+                runs[s] += sorted((p for p in found if (p / "run.json").exists()),
+                                  key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    else:
+        base = Path(args.out or tempfile.mkdtemp(prefix="bench-whatif-"))
+        base.mkdir(parents=True, exist_ok=True)
+        where = str(base)
+        for rep in range(args.repeats):
+            for s, n in strategies:
+                out = base / f"{s}-{rep}"
                 t_rec += record(s, n, out)
-            if (out / "run.json").exists():
-                runs[s].append(out)
-    print(f"recordings: {sum(len(v) for v in runs.values())} in {base} ({t_rec:.0f} s)")
+                if (out / "run.json").exists():
+                    runs[s].append(out)
+    print(f"recordings: {sum(len(v) for v in runs.values())} in {where} ({t_rec:.0f} s)")
     info = {s: [analyse(p) for p in paths] for s, paths in runs.items() if paths}
     names = list(info)
     targets = [info[s][0]["target"] for s in names]
@@ -143,7 +155,8 @@ def main(argv=None) -> int:
     med = statistics.median
     mp = {b: med(v) for b, v in meas_peak.items()}
     ms = {b: med(v) for b, v in meas_step.items()}
-    print(f"{n_pred} predictions in {t_pred:.1f} s ({1e3 * t_pred / max(len(names) * args.repeats, 1):.0f} ms per run "
+    n_runs = sum(len(v) for v in info.values())
+    print(f"{n_pred} predictions in {t_pred:.1f} s ({1e3 * t_pred / max(n_runs, 1):.0f} ms per run "
           f"for all {len(names)} targets)\n")
     print("measured (median over repeats): peak MiB / step ms")
     for b in names:

@@ -295,6 +295,30 @@ def test_hand_built_step_time():
     assert (ddp.step_us, ddp.exposed_comm_us) == (1000.0, 200.0)
 
 
+def test_collective_fit_latency_at_most_the_fastest_call():
+    """fit_line: calls on one line keep Theil-Sen's exact fit; a DDP-like run (two bucket sizes, the small one
+    mostly waiting for the peer) gets no latency above its fastest call, and its slope is the median, per wire
+    byte, of each call's time less that latency."""
+    from fsdpprof.analyze.whatif import timing
+
+    x = np.array([1e6, 2e6, 4e6, 8e6])
+    assert timing.fit_line(x, 50.0 + 0.25e-3 * x) == pytest.approx((50.0, 0.25e-3))
+    x = np.array([1e6] * 3 + [13.75e6] * 3)
+    y = np.array([400.0, 6000.0, 19000.0, 12000.0, 13500.0, 19600.0])
+    lat_ts, _ = timing._theil_sen(x, y)
+    assert lat_ts > y.min()                     # (the case: Theil-Sen's intercept is above the fastest call)
+    lat, slope = timing.fit_line(x, y)
+    assert lat == 400.0
+    assert slope == pytest.approx(float(np.median((y - 400.0) / x)))
+    # what an FSDP collective of 1.6 MB on the wire then costs, against Theil-Sen's line
+    assert lat + 1.6e6 * slope < lat_ts + 1.6e6 * timing._theil_sen(x, y)[1]
+    fit = timing.fit_collectives(pd.DataFrame({
+        "kind": pd.Categorical([vocab.KIND_COMM] * 6), "collective": pd.Categorical([vocab.ALL_REDUCE] * 6),
+        "bytes": x, "group_size": np.full(6, 2.0), "dur_us": y}))
+    # (all-reduce on 2 ranks: wire bytes = 2 x 1/2 x bytes, the same x)
+    assert fit.by_type[vocab.ALL_REDUCE][:2] == pytest.approx((lat, slope)) and fit.pooled[:2] == pytest.approx((lat, slope))
+
+
 def test_hand_built_family_and_optimizer_work():
     """The same step as test_hand_built_step_time. FSDP2 -> FSDP1 at SHARD_GRAD_OP (the same 800 B gathered
     and reduced): the run's own work (0.1 us/B gathered, 0.2 us/B reduced, 5 us of DTensor dispatch per
