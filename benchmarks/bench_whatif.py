@@ -16,10 +16,11 @@ predicted from, columns = the strategy predicted:
 Each cell is the median over the repeats of S and T. Goals (issue 10): |peak error| <= 10 % for every
 pair, step time within 20 % (ratio 0.8 .. 1.2). No assertion: the figures are printed. Five repeats by
 default (45 recordings, about 9 minutes on 2 cores): on this 2-core machine one configuration's step time
-moved by up to 1.42x between recordings minutes apart, and the median of 3 still carried that noise into
-the matrix (72/81 pairs within 20 % from 3 repeats, 76/81 from 5, with the same code). ``--reuse`` predicts
-from recordings made before, and pools those of several ``--out`` folders (every ``<strategy>-<n>`` in each):
-the medians of two or three invocations carry less of that noise.
+moved by up to 1.42x between recordings minutes apart, and a median of 5 still carries that noise into the
+matrix: one strategy's measured median low or high puts its whole column high or low (with the fit of
+2026-12-01: 73-79/81 pairs within 20 % over four sets of 5 repeats, 80/81 from one invocation of
+``--repeats 10``, 81/81 from each of three pools of 10-13). ``--reuse`` predicts from recordings made
+before, and pools those of several ``--out`` folders (every ``<strategy>-<n>`` in each).
 
 A third matrix, a diagnostic beside the goal, divides out each recording's CPU contention (rank.json
 ``cpu``: 1 + run-queue wait / time on a CPU, the median over ranks): predicted step / the contention the
