@@ -214,6 +214,8 @@ def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[2].startswith("* HYBRID_SHARD (2x4)")
     assert "assumed:" in p.stdout and "kept:" in p.stdout
+    # the fits the kept line points at, one line a rank
+    assert [ln.split(":", 1)[0] for ln in p.stdout.splitlines() if ln.startswith("fits")] == ["fits, rank 0", "fits, rank 1"]
     html = page.read_text()
     assert 'name="generator" content="fsdpprof' in html and "What if" in html and "HYBRID_SHARD (2x4)" in html
     # an existing file fsdpprof did not write is kept
@@ -302,13 +304,13 @@ def test_collective_fit_latency_at_most_the_fastest_call():
     from fsdpprof.analyze.whatif import timing
 
     x = np.array([1e6, 2e6, 4e6, 8e6])
-    assert timing.fit_line(x, 50.0 + 0.25e-3 * x) == pytest.approx((50.0, 0.25e-3))
+    assert timing.fit_line(x, 50.0 + 0.25e-3 * x) == pytest.approx((50.0, 0.25e-3, False))
     x = np.array([1e6] * 3 + [13.75e6] * 3)
     y = np.array([400.0, 6000.0, 19000.0, 12000.0, 13500.0, 19600.0])
     lat_ts, _ = timing._theil_sen(x, y)
     assert lat_ts > y.min()                     # (the case: Theil-Sen's intercept is above the fastest call)
-    lat, slope = timing.fit_line(x, y)
-    assert lat == 400.0
+    lat, slope, capped = timing.fit_line(x, y)
+    assert capped and lat == 400.0
     assert slope == pytest.approx(float(np.median((y - 400.0) / x)))
     # what an FSDP collective of 1.6 MB on the wire then costs, against Theil-Sen's line
     assert lat + 1.6e6 * slope < lat_ts + 1.6e6 * timing._theil_sen(x, y)[1]
@@ -316,7 +318,10 @@ def test_collective_fit_latency_at_most_the_fastest_call():
         "kind": pd.Categorical([vocab.KIND_COMM] * 6), "collective": pd.Categorical([vocab.ALL_REDUCE] * 6),
         "bytes": x, "group_size": np.full(6, 2.0), "dur_us": y}))
     # (all-reduce on 2 ranks: wire bytes = 2 x 1/2 x bytes, the same x)
-    assert fit.by_type[vocab.ALL_REDUCE][:2] == pytest.approx((lat, slope)) and fit.pooled[:2] == pytest.approx((lat, slope))
+    assert fit.by_type[vocab.ALL_REDUCE][:2] == pytest.approx((lat, slope))
+    assert fit.pooled[:2] == pytest.approx((lat, slope))
+    assert fit.describe() == [f"all_reduce: 400 us + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
+                              f"capped at the fastest call)"]
 
 
 def test_hand_built_family_and_optimizer_work():

@@ -91,9 +91,17 @@ def text(result: dict, run_label: str) -> str:
     if first:
         lines.append(f"{first['label']}: kept: " + "; ".join(first["kept"]))
         lines.append(f"{first['label']}: assumed: " + "; ".join(first["assumed"]))
+    fits = [(r, f) for r, f in (result.get("fits") or {}).items() if f]
+    for r, f in fits[:FIT_RANKS_SHOWN]:
+        lines.append(f"fits, rank {r}: " + "; ".join(f))
+    if len(fits) > FIT_RANKS_SHOWN:
+        lines.append(f"fits of {len(fits) - FIT_RANKS_SHOWN} more ranks: --json")
     for n in result.get("notes") or []:
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
 
 
 def _mib(x) -> str:

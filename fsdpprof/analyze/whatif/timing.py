@@ -54,6 +54,7 @@ class Fit:
 
     by_type: dict = field(default_factory=dict)     # collective -> (latency_us, us_per_byte, samples)
     pooled: tuple | None = None
+    capped: set = field(default_factory=set)        # the types whose latency fit_line capped
 
     def time_us(self, collective: str, nbytes: float, group: int) -> float:
         if group <= 1 or nbytes <= 0:
@@ -65,23 +66,25 @@ class Fit:
         out = []
         for c, (lat, pb, n) in sorted(self.by_type.items()):
             bw = 1.0 / pb / 1e3 if pb > 0 else float("inf")
-            out.append(f"{c}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives)")
+            cap = "; latency capped at the fastest call" if c in self.capped else ""
+            out.append(f"{c}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
         return out
 
 
-def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(latency_us, us_per_wire_byte) of one collective type from its calls (x: wire bytes, y: µs): Theil-Sen,
-    its latency at most the fastest call's time. Every call pays the latency, so none is faster than it; a
-    larger intercept is waiting for peers that a few sizes put into the line (DDP's two bucket sizes on
-    fsdpprof's example, the first bucket waiting for the peer's backward: intercepts of 1-39 ms where the
-    fastest call took 0.8 ms, then charged to each of an FSDP target's many collectives). Capped, the slope
-    is fitted again as the median of (time - latency) / wire bytes: the waits are charged per byte moved."""
+def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, bool]:
+    """(latency_us, us_per_wire_byte, capped) of one collective type from its calls (x: wire bytes, y: µs):
+    Theil-Sen, its latency at most the fastest call's time. Every call pays the latency, so none is faster
+    than it; a larger intercept is waiting for peers that a few sizes put into the line (DDP's two bucket
+    sizes on fsdpprof's example, the first bucket waiting for the peer's backward: intercepts of 1-39 ms
+    where a rank's fastest call mostly took 1-2 ms, then charged to each of an FSDP target's many
+    collectives). Capped, the slope is fitted again as the median of (time - latency) / wire bytes: the
+    waits are charged per byte moved."""
     lat, slope = _theil_sen(x, y)
     fastest = float(np.min(y)) if len(y) else 0.0
-    if lat > fastest:
-        lat = max(fastest, 0.0)
-        slope = float(np.median(np.maximum(y - lat, 0.0) / np.maximum(x, 1.0)))
-    return lat, slope
+    if lat <= fastest:
+        return lat, slope, False
+    lat = max(fastest, 0.0)
+    return lat, float(np.median(np.maximum(y - lat, 0.0) / np.maximum(x, 1.0))), True
 
 
 def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -118,9 +121,11 @@ def fit_collectives(events: pd.DataFrame) -> Fit:
     dur = c["dur_us"].to_numpy(float)[ok]
     for t in np.unique(coll[ok]):
         m = coll[ok] == t
-        lat, pb = fit_line(wire[m], dur[m])
+        lat, pb, capped = fit_line(wire[m], dur[m])
         fit.by_type[str(t)] = (lat, pb, int(m.sum()))
-    lat, pb = fit_line(wire, dur)
+        if capped:
+            fit.capped.add(str(t))
+    lat, pb, _ = fit_line(wire, dur)
     fit.pooled = (lat, pb, int(ok.sum()))
     return fit
 
