@@ -6,6 +6,8 @@ import sys
 
 from fsdpprof.errors import UserError
 
+FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
+
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory recorded by `fsdpprof record` (trace, memory, inventory)")
@@ -99,9 +101,6 @@ def text(result: dict, run_label: str) -> str:
     for n in result.get("notes") or []:
         lines.append(f"note: {n}")
     return "\n".join(lines)
-
-
-FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
 
 
 def _mib(x) -> str:
