@@ -80,11 +80,10 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, bool]:
     collectives). Capped, the slope is fitted again as the median of (time - latency) / wire bytes: the
     waits are charged per byte moved."""
     lat, slope = _theil_sen(x, y)
-    fastest = float(np.min(y)) if len(y) else 0.0
+    fastest = float(np.min(y))
     if lat <= fastest:
         return lat, slope, False
-    lat = max(fastest, 0.0)
-    return lat, float(np.median(np.maximum(y - lat, 0.0) / np.maximum(x, 1.0))), True
+    return fastest, float(np.median((y - fastest) / np.maximum(x, 1.0))), True
 
 
 def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
