@@ -98,7 +98,7 @@ def ratio_matrix(names: list[str], short: list[str], predicted: dict, measured: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="recordings per strategy (not used with --reuse)")
     ap.add_argument("--out", default=None, help="keep the recordings here (default: a temporary folder)")
     ap.add_argument("--reuse", nargs="+", default=None, metavar="DIR",
                     help="predict from recordings made before (folders --out wrote; their recordings pooled)")
