@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 
 import numpy as np
@@ -88,6 +89,54 @@ def test_separator_inside_strings_is_not_a_boundary(tmp_path, monkeypatch):
     assert list(td.events.columns) == vocab.EVENT_COLUMNS
     assert list(td.memory_events.columns) == vocab.MEMORY_EVENT_COLUMNS
     assert td.memory_events["bytes"].tolist() == [400] and td.memory_events["addr"].tolist() == [1234]
+
+
+@pytest.mark.parametrize("where", [0.05, 0.5, 0.995])
+@pytest.mark.parametrize("fault", ["syntax", "layout"])
+def test_bad_event_named_at_its_place_in_the_document_and_found_once(fault, where, tmp_path, monkeypatch):
+    """A malformed byte, or an event that fits no layout (a number beyond float range), in a trace read in
+    slices: the message names its byte / its event in the whole document (not in the slice that held it), as
+    a whole-document parse does, and decoding stops there: no slice is decoded again at earlier boundaries
+    (up to 17 decodes for every slice read to the end of the file, before)."""
+    tricky = [{"ph": "X", "cat": "cpu_op", "name": 'weird"},{"name', "pid": 1, "tid": 1, "ts": 50.0 + i, "dur": 0.5,
+               "args": {"s": "}, {"}} for i in range(400)]
+    doc = _doc(extra=tricky)
+    good = orjson.dumps(doc)
+    i = good.index(b'"ts"', int(len(good) * where))
+    if fault == "syntax":
+        bad = good[:i] + b'"ts"::' + good[i + 5:]
+        want = f"is not valid JSON (JSON is malformed: invalid character (byte {i + 5}))"
+    else:
+        value_end = good.index(b",", i)              # (the event's "ts" value: up to the next ',')
+        bad = good[:i] + b'"ts":1e999' + good[value_end:]
+        k = good[:i].count(b'"ph"') - 1             # the event that holds it (each event has one "ph")
+        want = f"does not have the chrome-trace event layout (Number out of range - at `$.traceEvents[{k}].ts`)"
+    assert want.split("(", 1)[1].split(")")[0] in _whole_error(bad)    # what a whole-document parse says
+    monkeypatch.setattr(trace, "CHUNK_BYTES", 2_000)
+    monkeypatch.setattr(trace, "READ_BYTES", 999)
+    calls = []
+    real = trace._decode_events
+    monkeypatch.setattr(trace, "_decode_events", lambda buf, cols: (calls.append(len(buf)), real(buf, cols))[1])
+    (tmp_path / "good.json").write_bytes(good)
+    load_trace(str(tmp_path / "good.json"))
+    whole_file = len(calls)                              # slices of the good trace (and retries at '},{' in strings)
+    assert whole_file > 20
+    for name, data in (("bad.json", bad), ("bad.json.gz", gzip.compress(bad))):
+        calls.clear()
+        (tmp_path / name).write_bytes(data)
+        msg = _err(tmp_path / name)
+        assert want in msg, msg
+        assert len(calls) <= whole_file * where + 3, (len(calls), whole_file)
+
+
+def _whole_error(data: bytes) -> str:
+    """msgspec's error on the whole document, decoded at once in the lenient layout."""
+    import msgspec
+    try:
+        trace._TAIL_DEC.decode(data)
+    except msgspec.DecodeError as exc:
+        return str(exc)
+    raise AssertionError("decodes")
 
 
 def _err(path) -> str:

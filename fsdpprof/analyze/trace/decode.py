@@ -837,17 +837,19 @@ _PREFIX = b'{"traceEvents":'
 _P = len(_PREFIX)
 
 
-def _decode_events(buf, cols: _Columns) -> None:
+def _decode_events(buf, cols: _Columns) -> int:
     """Decode a JSON array of events into ``cols``: typed fast path, lenient path when it does not fit.
-    Raises msgspec.DecodeError when ``buf`` is not valid JSON (nothing added then)."""
+    Returns how many events the array held.  Raises msgspec.DecodeError when ``buf`` is not valid JSON,
+    msgspec.ValidationError when an element does not fit even the lenient layout (nothing added then)."""
     try:
         events = _FAST_CHUNK_DEC.decode(buf)
         cols.add_fast(events)
-        return
+        return len(events)
     except (msgspec.ValidationError, _NotFast):
         pass
     events = _CHUNK_DEC.decode(buf)
     cols.add(events)
+    return len(events)
 
 
 def _boundaries_backwards(body: bytearray, lo: int):
@@ -887,10 +889,52 @@ def _extend(body: bytearray, data) -> bytearray:
     return body
 
 
-def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
-    """``body`` is ``{"traceEvents":[`` + events...: decode the longest run of whole events, in place
-    (the byte after the last event's '}' becomes ']', the separating ',' becomes the next '['), then
-    drop it from ``body``.  Returns ``body`` (unchanged when no boundary decodes)."""
+class _Refused(Exception):
+    """What makes a whole trace unreadable, found in one slice of its event array: ``reason`` (msgspec's words),
+    ``where`` (the document byte of a syntax error, or the event's path in the document, e.g.
+    ``$.traceEvents[1234].tid``), ``layout`` (True: an event does not fit the chrome-trace layout)."""
+
+    def __init__(self, reason: str, where, layout: bool) -> None:
+        super().__init__(reason)
+        self.reason, self.where, self.layout = reason, where, layout
+
+    def said(self) -> str:
+        """msgspec's words, the byte or the event counted in the whole document."""
+        return f"{self.reason} - at `{self.where}`" if self.layout else f"{self.reason} (byte {self.where})"
+
+    def message(self, path: str) -> str:
+        """The one-line error of :func:`decode_trace` for it (the same as a whole-document parse gives)."""
+        if self.layout:
+            return f"trace {path} does not have the chrome-trace event layout ({self.said()}); is it a PyTorch profiler trace?"
+        return f"trace {path} is not valid JSON ({self.said()}); re-export or re-copy it"
+
+
+_AT_BYTE = re.compile(r"^(JSON is malformed: .*) \(byte (\d+)\)$")
+_AT_EVENT = re.compile(r"^(.*) - at `\$(?:\.traceEvents)?\[(\d+)\](.*)`$")    # (a slice: $[N]; the tail: $.traceEvents[N])
+
+
+def _refused(exc: msgspec.DecodeError, base: int, first_event: int) -> _Refused | None:
+    """msgspec's error on a slice of the event array, or on the tail of the document, as the whole document's
+    (:class:`_Refused`; the slice starts at document byte ``base`` and its first event is the document's
+    number ``first_event``): a syntax error
+    ("JSON is malformed: ... (byte N)") or an event that fits no layout ("... - at `$[N]...`").  None for
+    anything else ("Input data was truncated": the slice was cut inside a string, at a '},{' there)."""
+    if isinstance(exc, msgspec.ValidationError):
+        m = _AT_EVENT.match(str(exc))
+        return _Refused(m.group(1), f"$.traceEvents[{first_event + int(m.group(2))}]{m.group(3)}", True) if m else None
+    m = _AT_BYTE.match(str(exc))
+    return _Refused(m.group(1), base + int(m.group(2)), False) if m else None
+
+
+def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int) -> tuple[bytearray, int, int]:
+    """``body`` is ``{"traceEvents":`` + ``[`` + events..., its ``[`` at document byte ``base``, its first
+    event the document's number ``first_event``: decode the longest run of whole events, in place (the byte
+    after the last event's '}' becomes ']', the separating ',' becomes the next '['), then drop it from
+    ``body``.  Returns ``body`` (unchanged when no boundary decodes), ``base`` and ``first_event`` then.
+
+    A slice cut at a '},{' inside a string ends in an unterminated string ("truncated"): it is tried again
+    at the boundary before.  A syntax error before the slice's end, or an event that fits no layout, is in
+    the document itself: :class:`_Refused` is raised at once (the whole document would fail the same way)."""
     tried = 0
     for m in _boundaries_backwards(body, _P + 1):
         end = m.start() + 1                          # just after the closing brace
@@ -900,10 +944,13 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
         mv = memoryview(body)
         sub = mv[_P: end + 1]
         try:
-            _decode_events(sub, cols)
-        except msgspec.DecodeError:
+            n_events = _decode_events(sub, cols)
+        except msgspec.DecodeError as exc:
             _release(sub, mv)
             body[end] = saved
+            bad = _refused(exc, base, first_event)
+            if bad is not None and (bad.layout or bad.where < base + end - _P):     # (not at the ']' put there)
+                raise bad from None
             tried += 1
             if tried > 16:
                 break
@@ -911,12 +958,13 @@ def _decode_chunk(body: bytearray, cols: _Columns) -> bytearray:
         finally:
             _release(sub, mv)
         body[comma] = 0x5B                           # '['
+        base += comma - _P
         try:
             del body[_P:comma]
         except BufferError:                          # something still views the buffer: copy instead
             body = bytearray(_PREFIX) + body[comma:]
-        return body
-    return body
+        return body, base, first_event + n_events
+    return body, base, first_event
 
 
 def decode_trace(path: str, *, progress: bool | None = None, max_bytes: int | None = None) -> RawTrace:
@@ -969,9 +1017,12 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
             eof = True
         buf += data
     more = b"" if eof else reader.read()
+    tail_base, first_event = 0, 0                    # the tail's first byte and event in the document (less _P)
     if more:
         body = bytearray(_PREFIX)
         body += b"["
+        base = m.end() - 1                           # the document byte of body's '[' (at _P)
+        first_event = 0                              # the document's number of body's first event
         body += memoryview(buf)[m.end():]
         body += more
         del buf, more
@@ -983,9 +1034,12 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
             body = _extend(body, data)
             del data
             if len(body) >= CHUNK_BYTES:
-                body = _decode_chunk(body, cols)
+                try:
+                    body, base, first_event = _decode_chunk(body, cols, base, first_event)
+                except _Refused as bad:
+                    raise UserError(bad.message(path)) from None
         # 4. the remainder: rest of the array, then the trailing keys of the document
-        buf = body
+        buf, tail_base = body, base - _P             # (body's events: the document's from first_event on)
         del body
     # else: the whole document is in buf (a small file): decoded as it is, without a copy
     fast = True
@@ -996,14 +1050,16 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     try:
         if not fast:
             tail = _TAIL_DEC.decode(buf)
-    except msgspec.ValidationError as exc:
-        raise UserError(f"trace {path} does not have the chrome-trace event layout ({exc}); "
-                        f"is it a PyTorch profiler trace?") from None
-    except msgspec.DecodeError as exc:
+    except msgspec.DecodeError as exc:          # (ValidationError too)
+        bad = _refused(exc, tail_base, first_event)
+        if isinstance(exc, msgspec.ValidationError):
+            raise UserError(bad.message(path) if bad else f"trace {path} does not have the chrome-trace event "
+                            f"layout ({exc}); is it a PyTorch profiler trace?") from None
+        said = bad.said() if bad else exc
         stripped = buf.rstrip()
         if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
-            raise UserError(f"trace {path} is truncated or not valid JSON ({exc}); re-export or re-copy it") from None
-        raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
+            raise UserError(f"trace {path} is truncated or not valid JSON ({said}); re-export or re-copy it") from None
+        raise UserError(f"trace {path} is not valid JSON ({said}); re-export or re-copy it") from None
     if fast:
         try:
             cols.add_fast(tail.traceEvents)
