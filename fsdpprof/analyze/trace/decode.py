@@ -916,9 +916,9 @@ _AT_EVENT = re.compile(r"^(.*) - at `\$(?:\.traceEvents)?\[(\d+)\](.*)`$")    # 
 def _refused(exc: msgspec.DecodeError, base: int, first_event: int) -> _Refused | None:
     """msgspec's error on a slice of the event array, or on the tail of the document, as the whole document's
     (:class:`_Refused`; the slice starts at document byte ``base`` and its first event is the document's
-    number ``first_event``): a syntax error
-    ("JSON is malformed: ... (byte N)") or an event that fits no layout ("... - at `$[N]...`").  None for
-    anything else ("Input data was truncated": the slice was cut inside a string, at a '},{' there)."""
+    number ``first_event``): a syntax error ("JSON is malformed: ... (byte N)") or an event that fits no
+    layout ("... - at `$[N]...`").  None for anything else ("Input data was truncated": the slice was cut
+    inside a string, at a '},{' there)."""
     if isinstance(exc, msgspec.ValidationError):
         m = _AT_EVENT.match(str(exc))
         return _Refused(m.group(1), f"$.traceEvents[{first_event + int(m.group(2))}]{m.group(3)}", True) if m else None
@@ -1021,8 +1021,8 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     if more:
         body = bytearray(_PREFIX)
         body += b"["
-        base = m.end() - 1                           # the document byte of body's '[' (at _P)
-        first_event = 0                              # the document's number of body's first event
+        base = m.end() - 1                           # the document byte of body's '[' (at _P); its first
+                                                     # event is the document's number first_event
         body += memoryview(buf)[m.end():]
         body += more
         del buf, more
