@@ -15,8 +15,8 @@ Every measurement runs in a fresh child process.  Two ways, both printed:
   included: what a user waits for.
 Each contender runs ``--repeat`` times, interleaved (ours, orjson, HTA, ours, ...).  The goals are judged on
 the fastest of the runs of each contender (``--stat min``, the default: what the issue measured, "min of 3 fresh
-processes"; on a shared box the slower runs measure the neighbours), and the same table from the medians is
-printed after it (``--stat median`` swaps the two).  Ratios use CPU seconds where the box is shared (wall
+processes"; on a shared box the slower runs measure the neighbours); the same table from the medians is
+printed before it (``--stat median`` swaps the two).  Ratios use CPU seconds where the box is shared (wall
 seconds are printed beside them).  The warm-up leaves no memo of
 event names behind (fsdpprof judges each distinct name once per process): the timed call starts from none.
 
@@ -377,7 +377,7 @@ def cold(kind: str, path: str, tmp: str, timeout: float, tree: str | None = None
 STATS = {"min": min, "median": statistics.median}
 
 
-def med(runs: list[dict], *keys: str, stat: str = "median") -> dict:
+def over_runs(runs: list[dict], *keys: str, stat: str = "median") -> dict:
     """One measurement from its runs: each of ``keys`` by ``stat`` (a key of STATS); the first error if any."""
     bad = [r for r in runs if "error" in r]
     if bad:
@@ -416,7 +416,7 @@ def cli_startup(repeat: int, tree: str | None = None, stat: str = "median") -> l
             if not os.path.exists(argv[0]) or (tree and how == "console script"):
                 continue
             runs = [run_process(argv, 60, tree=tree) for _ in range(repeat)]
-            m = med(runs, "wall", "cpu", "peak_rss_bytes", stat=stat)
+            m = over_runs(runs, "wall", "cpu", "peak_rss_bytes", stat=stat)
             imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", *args], capture_output=True,
                                  text=True, env=env, cwd=tempfile.gettempdir() if tree else None)
             mods, self_us = set(), []
@@ -515,7 +515,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement")
     ap.add_argument("--stat", choices=sorted(STATS), default="min",
                     help="the runs' statistic the goals are judged on (default: min, as the issue measured; the "
-                         "other one's table is printed after it)")
+                         "other one's table is printed before it)")
     ap.add_argument("--only", help="only the inputs whose name contains this")
     ap.add_argument("--profile", action="store_true", help="cProfile / -X importtime of the report per input")
     ap.add_argument("--big-gb", type=float, default=1.0)
@@ -575,9 +575,9 @@ def main() -> None:
                         coldr[m].append({"error": "skipped"})
                         continue
                     coldr[m].append(cold(kind, path, tmp, args.timeout, tree=old if "@" in m else None))
-            w, w_other = ({m: med(r, "seconds", "cpu_seconds", "peak_rss_bytes", "import_seconds", stat=st)
+            w, w_other = ({m: over_runs(r, "seconds", "cpu_seconds", "peak_rss_bytes", "import_seconds", stat=st)
                            for m, r in warm.items()} for st in (args.stat, other))
-            c, c_other = ({m: med(r, "wall", "cpu", "peak_rss_bytes", stat=st) for m, r in coldr.items()}
+            c, c_other = ({m: over_runs(r, "wall", "cpu", "peak_rss_bytes", stat=st) for m, r in coldr.items()}
                           for st in (args.stat, other))
             base = measure("ours-idle", path, args.timeout)
             base_before = measure("ours-idle", path, args.timeout, tree=old) if old else None
