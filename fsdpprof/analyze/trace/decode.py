@@ -892,7 +892,8 @@ def _extend(body: bytearray, data) -> bytearray:
 class _Refused(Exception):
     """What makes a whole trace unreadable, found in one slice of its event array: ``reason`` (msgspec's words),
     ``where`` (the document byte of a syntax error, or the event's path in the document, e.g.
-    ``$.traceEvents[1234].tid``), ``layout`` (True: an event does not fit the chrome-trace layout)."""
+    ``$.traceEvents[1234].tid``; None when msgspec named neither), ``layout`` (True: an event does not fit the
+    chrome-trace layout)."""
 
     def __init__(self, reason: str, where, layout: bool) -> None:
         super().__init__(reason)
@@ -900,6 +901,8 @@ class _Refused(Exception):
 
     def said(self) -> str:
         """msgspec's words, the byte or the event counted in the whole document."""
+        if self.where is None:
+            return self.reason
         return f"{self.reason} - at `{self.where}`" if self.layout else f"{self.reason} (byte {self.where})"
 
     def message(self, path: str) -> str:
@@ -1051,11 +1054,11 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
         if not fast:
             tail = _TAIL_DEC.decode(buf)
     except msgspec.DecodeError as exc:          # (ValidationError too)
-        bad = _refused(exc, tail_base, first_event)
-        if isinstance(exc, msgspec.ValidationError):
-            raise UserError(bad.message(path) if bad else f"trace {path} does not have the chrome-trace event "
-                            f"layout ({exc}); is it a PyTorch profiler trace?") from None
-        said = bad.said() if bad else exc
+        layout = isinstance(exc, msgspec.ValidationError)
+        bad = _refused(exc, tail_base, first_event) or _Refused(str(exc), None, layout)
+        if layout:
+            raise UserError(bad.message(path)) from None
+        said = bad.said()
         stripped = buf.rstrip()
         if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
             raise UserError(f"trace {path} is truncated or not valid JSON ({said}); re-export or re-copy it") from None
