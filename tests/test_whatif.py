@@ -321,7 +321,46 @@ def test_collective_fit_latency_at_most_the_fastest_call():
     assert fit.by_type[vocab.ALL_REDUCE][:2] == pytest.approx((lat, slope))
     assert fit.pooled[:2] == pytest.approx((lat, slope))
     assert fit.describe() == [f"all_reduce: 400 us + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
-                              f"capped at the fastest call)"]
+                              f"capped at the run's fastest call)"]
+
+
+def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
+    """latency_floor: the fastest call of each type on any rank. A rank whose every all-reduce waits for its peer
+    (the same calls as rank 0's, 10 ms later: DDP's rank 1 on the example) fits its latency at rank 0's fastest
+    call, not its own, and its slope as the median per wire byte of the rest; without the floor it keeps
+    Theil-Sen's line through its waits. Types are floored apart; the pooled fit at the fastest call of any type."""
+    from fsdpprof.analyze.whatif import timing
+
+    x = np.array([1e6] * 3 + [13.75e6] * 3)
+    y0 = np.array([400.0, 600.0, 900.0, 3500.0, 3600.0, 4000.0])
+    ar, ag = vocab.ALL_REDUCE, vocab.ALL_GATHER
+    r0 = timing.CollectiveSamples(np.array([ar] * 6 + [ag] * 2), np.r_[x, 2e6, 4e6], np.r_[y0, 300.0, 500.0])
+    r1 = timing.CollectiveSamples(np.array([ar] * 6), x, y0 + 10_000.0)
+    floor = timing.latency_floor([r0, r1])
+    assert floor == {ar: 400.0, ag: 300.0, timing.ANY_COLLECTIVE: 300.0}
+    own = timing.fit_collectives(r1)
+    assert own.by_type[ar][0] > 10_000.0 and ar not in own.capped  # (its own line: the wait is its latency)
+    fit = timing.fit_collectives(r1, floor)
+    lat, slope, n = fit.by_type[ar]
+    assert (lat, n) == (400.0, 6) and ar in fit.capped
+    assert slope == pytest.approx(float(np.median((y0 + 10_000.0 - 400.0) / x)))
+    assert fit.pooled[0] == 300.0
+    # an FSDP target's 100 kB all-reduce on rank 1: 400 us + the wait per byte, against 10.3 ms with its own fit
+    assert fit.time_us(ar, 1e5, 2) < own.time_us(ar, 1e5, 2) / 5
+    # rank 0 is not changed by the floor (its calls are the floor)
+    assert timing.fit_collectives(r0, floor).by_type == timing.fit_collectives(r0).by_type
+
+    # the reduce fits every rank with the floor of all: rank 1's line in the run's fits starts at rank 0's call
+    from fsdpprof.analyze.whatif import predict as wp
+
+    def rank(r, samples):
+        t = wp.RankTiming(r, None, [], samples, {}, [], None, 0.0, 0, None)
+        return {"rank": r, "measured_peak_bytes": None, "measured_steps_us": [], "notes": [], "predictions": [],
+                "timing": t}
+
+    fits = wp.reduce_predictions([], [rank(0, r0), rank(1, r1)])["fits"]
+    assert fits["1"] == fit.describe() and fits["1"][0].startswith("all_reduce: 400 us")
+    assert fits["0"] == timing.fit_collectives(r0, floor).describe()
 
 
 def test_hand_built_family_and_optimizer_work():

@@ -1,11 +1,15 @@
-"""Predictions of one rank (map) and of the run (reduce), as small JSON-ready dicts.
+"""Predictions of one rank (map: small dicts, no frames) and of the run (reduce: JSON-ready dicts).
 
 :func:`rank_predictions` reads one rank's allocations, trace and inventory and returns, per target,
-the replayed peak and its breakdown (:mod:`.memory`) and the step time per recorded step
-(:mod:`.timing`): a few numbers, never the frames. :func:`reduce_predictions` takes the ranks' results:
-the peak is the largest rank's, the step time the median over ranks and steps (as the report's).
+the replayed peak and its breakdown (:mod:`.memory`), and what its step times are replayed from
+(:class:`RankTiming`: collectives, unit boundaries, steps): never the frames. :func:`reduce_predictions`
+takes the ranks' results: it fits each rank's collectives with the run's latency floor (the fastest call of
+each type on any rank), replays each rank's steps (:mod:`.timing`); the peak is the largest rank's, the step
+time the median over ranks and steps (as the report's).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -99,32 +103,24 @@ class RankModel:
         else:
             self.memory_kind = None
             self.notes.append("no memory record (no [memory] events, no CUDA snapshot): memory not predicted")
-        self.host_load = None
+        host_load = None
         if self.source.device_type == "cpu":
             layout = tg.ranks_on_host(self.source, tg.target_of_source(self.source))   # the run's own ranks per host
-            self.host_load = ct.host_load((rd.info or {}).get("cpu"), layout)
-        self.events = events if events is not None and len(events) else None
-        self.tsched, self.fit, self.steps = {}, None, []
-        self.params = parameter_tensors(rd.inventory)
-        self.run_overhead, self.optimizer_element_us = None, 0.0
+            host_load = ct.host_load((rd.info or {}).get("cpu"), layout)
+        self.timing = None
         self.measured_steps = []
-        if self.events is not None:
-            self.fit = timing.fit_collectives(self.events)
-            self.tsched = timing.trace_schedule(self.events, self.units, self.msched,
-                                                same_clock=self.memory_kind == "cpu_trace")
-            self.steps = timing.run_steps(self.events, self.tsched,
-                                          async_host_comm=timing.comm_beside_training_thread(self.source))
-            n = max(len(self.steps), 1)
-            self.run_overhead = timing.run_overhead(self.events, self.source.family, self.params, n)
-            self.optimizer_element_us = timing.optimizer_element_us(self.events) / n
-            self.measured_steps = [s.w1 - s.w0 for s in self.steps]
-            if not self.fit.by_type:
+        if events is not None and len(events):
+            self.timing = rank_timing(self.rank, events, self.source, self.units, parameter_tensors(rd.inventory),
+                                      self.msched, self.memory_kind == "cpu_trace", host_load)
+            self.measured_steps = [s.w1 - s.w0 for s in self.timing.steps]
+            if not len(self.timing.samples.dur_us):
                 self.notes.append("the run has no collectives to fit latency and bandwidth on: time not predicted")
         else:
             self.notes.append("no profiler trace: time not predicted")
 
     def predict(self, target: tg.Target) -> dict:
-        """One target on this rank: small dict (bytes, µs) with what was kept and assumed."""
+        """One target's memory on this rank: small dict (bytes) with what was kept and assumed; its time
+        (:meth:`RankTiming.predict`) comes in the reduce, once every rank's fastest collectives are known."""
         out = {"rank": self.rank, "peak_allocated_bytes": None, "breakdown": {}, "peak_stage": None,
                "host_bytes": 0, "steps_us": [], "compute_us": None, "exposed_comm_us": None, "comm_us": None,
                "run_cpu_contention": None, "cpu_contention": None, "kept": [], "assumed": []}
@@ -135,41 +131,95 @@ class RankModel:
                        host_bytes=p.host_bytes)
             out["kept"] += p.kept
             out["assumed"] += p.assumed
-        if self.events is not None and self.fit is not None and self.fit.by_type and self.tsched:
-            scale, ckept, cassumed = ct.cpu_step_scale(self.host_load, self.source, target)
-            own = timing.own_work_for(self.run_overhead, self.optimizer_element_us, self.params, self.source, target,
-                                      self.units, self.host_load.contention if self.host_load else None)
-            steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, self.fit,
-                                                       self.source, own, scale)
-            kept, assumed = kept + ckept, assumed + cassumed
-            if self.host_load is not None:                  # (measured on CPU runs only)
-                out["run_cpu_contention"] = self.host_load.contention
-                out["cpu_contention"] = self.host_load.contention_at(tg.ranks_on_host(self.source, target))
-            if steps:
-                out["steps_us"] = [s.step_us for s in steps]
-                out["compute_us"] = float(np.median([s.compute_us for s in steps]))
-                out["comm_us"] = float(np.median([s.comm_us for s in steps]))
-                out["exposed_comm_us"] = float(np.median([s.exposed_comm_us for s in steps]))
-                out["kept"] += kept
-                out["assumed"] += assumed
         return out
+
+
+@dataclass
+class RankTiming:
+    """What one rank's trace gives the time predictions, small enough to go from a worker to the reduce:
+    its collectives (to fit on), unit boundaries per step, replayable steps and own CPU work (µs)."""
+
+    rank: int
+    source: tg.Source
+    units: list
+    samples: timing.CollectiveSamples
+    tsched: dict
+    steps: list
+    run_overhead: timing.FamilyOverhead
+    optimizer_element_us: float
+    params: int
+    host_load: ct.HostLoad | None
+
+    def predict(self, target: tg.Target, fit: timing.Fit) -> dict:
+        """One target's step time on this rank with ``fit``: the time keys of a prediction, plus kept/assumed."""
+        out = {"steps_us": [], "compute_us": None, "exposed_comm_us": None, "comm_us": None,
+               "run_cpu_contention": None, "cpu_contention": None, "kept": [], "assumed": []}
+        if not fit.by_type or not self.tsched:
+            return out
+        scale, ckept, cassumed = ct.cpu_step_scale(self.host_load, self.source, target)
+        own = timing.own_work_for(self.run_overhead, self.optimizer_element_us, self.params, self.source, target,
+                                  self.units, self.host_load.contention if self.host_load else None)
+        steps, kept, assumed = timing.predict_time(self.steps, self.tsched, target, self.units, fit, self.source,
+                                                   own, scale)
+        if self.host_load is not None:                  # (measured on CPU runs only)
+            out["run_cpu_contention"] = self.host_load.contention
+            out["cpu_contention"] = self.host_load.contention_at(tg.ranks_on_host(self.source, target))
+        if steps:
+            out.update(steps_us=[s.step_us for s in steps],
+                       compute_us=float(np.median([s.compute_us for s in steps])),
+                       comm_us=float(np.median([s.comm_us for s in steps])),
+                       exposed_comm_us=float(np.median([s.exposed_comm_us for s in steps])),
+                       kept=kept + ckept, assumed=assumed + cassumed)
+        return out
+
+
+def rank_timing(rank: int, events: pd.DataFrame, source: tg.Source, units: list, params: int,
+                memory_schedule: dict | None, same_clock: bool, host_load) -> RankTiming:
+    """One rank's events -> :class:`RankTiming` (the frames are not kept)."""
+    tsched = timing.trace_schedule(events, units, memory_schedule, same_clock=same_clock)
+    steps = timing.run_steps(events, tsched, async_host_comm=timing.comm_beside_training_thread(source))
+    n = max(len(steps), 1)
+    return RankTiming(rank, source, units, timing.collective_samples(events), tsched, steps,
+                      timing.run_overhead(events, source.family, params, n),
+                      timing.optimizer_element_us(events) / n, params, host_load)
 
 
 def rank_predictions(rd, targets: list[tg.Target], memory_result=None, hosts: int = 1,
                      ranks_per_host: int | None = None) -> dict:
     """Map: every target on one rank -> {"rank", "measured_peak_bytes", "measured_steps_us", "notes",
-    "predictions": [per target dict]} (small)."""
+    "predictions": [per target dict, memory only], "timing": :class:`RankTiming` or None} (small; the time is
+    predicted in :func:`reduce_predictions`)."""
     model = RankModel(rd, memory_result, hosts, ranks_per_host)
     return {"rank": model.rank, "source": model.source, "measured_peak_bytes": model.measured_peak,
-            "fits": model.fit.describe() if model.fit is not None else [],
             "measured_steps_us": model.measured_steps, "notes": model.notes,
-            "predictions": [model.predict(t) for t in targets]}
+            "predictions": [model.predict(t) for t in targets], "timing": model.timing}
+
+
+def _with_time(per_rank: list[dict], targets: list[tg.Target]) -> tuple[list[dict], dict]:
+    """The ranks' predictions with their step times: each rank's collectives fitted with the run's latency
+    floor (:func:`fsdpprof.analyze.whatif.timing.latency_floor`) and its steps replayed per target;
+    and the fits' descriptions per rank."""
+    timed = [p["timing"] for p in per_rank if p.get("timing") is not None]
+    floor = timing.latency_floor([t.samples for t in timed])
+    out, fits = [], {}
+    for p in per_rank:
+        t = p.get("timing")
+        fit = timing.fit_collectives(t.samples, floor) if t is not None else None
+        fits[str(p["rank"])] = fit.describe() if fit is not None else []
+        rows = list(p["predictions"])
+        if fit is not None:
+            rows = []
+            for target, row in zip(targets, p["predictions"]):
+                tp = t.predict(target, fit)
+                rows.append({**row, **tp, "kept": row["kept"] + tp["kept"], "assumed": row["assumed"] + tp["assumed"]})
+        out.append({**p, "predictions": rows})
+    return out, fits
 
 
 def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_target: tg.Target | None = None) -> dict:
     """Reduce: the run's predictions (JSON-ready): per target the largest rank's peak and its breakdown,
     the median step time over ranks and steps and its split, what was kept and assumed."""
-    per_rank = [p for p in per_rank if p]
+    per_rank, fits = _with_time([p for p in per_rank if p], targets)
     preds = []
     for i, t in enumerate(targets):
         rows = [p["predictions"][i] for p in per_rank]
@@ -200,7 +250,7 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
     notes = list(dict.fromkeys(n for p in per_rank for n in p["notes"]))
     return {"predictions": preds, "measured": {"peak_allocated_bytes": measured_peak,
                                                "step_us": float(np.median(msteps)) if msteps else None},
-            "fits": {str(p["rank"]): p["fits"] for p in per_rank}, "notes": notes}
+            "fits": fits, "notes": notes}
 
 
 def hosts_of(run) -> tuple[int, int | None]:

@@ -3,7 +3,8 @@
 1. Fit, per collective type, ``time = latency + wire_bytes / bandwidth`` from the run's own collectives
    (wire bytes = message bytes x :func:`fsdpprof.analyze.vocab.ring_factor`; a type the run lacks uses
    the fit of all its collectives together). Robust (Theil-Sen) because a collective's time includes
-   waiting for the slowest peer; its latency at most the fastest call's time (:func:`fit_line`).
+   waiting for the slowest peer; its latency at most the fastest call of its type on any rank of the run
+   (:func:`fit_line`, :func:`latency_floor`).
 2. Per recorded step, cut the run's exposed communication (its comm time not covered by compute) out of
    the step: what is left is compute and the rest (Python, hooks, idle), on a compressed clock.
 3. Derive the target's collectives (count, bytes, group, and the unit boundary that issues and waits
@@ -66,24 +67,24 @@ class Fit:
         out = []
         for c, (lat, pb, n) in sorted(self.by_type.items()):
             bw = 1.0 / pb / 1e3 if pb > 0 else float("inf")
-            cap = "; latency capped at the fastest call" if c in self.capped else ""
+            cap = "; latency capped at the run's fastest call" if c in self.capped else ""
             out.append(f"{c}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
         return out
 
 
-def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, bool]:
+def fit_line(x: np.ndarray, y: np.ndarray, floor_us: float = np.inf) -> tuple[float, float, bool]:
     """(latency_us, us_per_wire_byte, capped) of one collective type from its calls (x: wire bytes, y: µs):
-    Theil-Sen, its latency at most the fastest call's time. Every call pays the latency, so none is faster
-    than it; a larger intercept is waiting for peers that a few sizes put into the line (DDP's two bucket
-    sizes on fsdpprof's example, the first bucket waiting for the peer's backward: intercepts of 1-39 ms
-    where a rank's fastest call mostly took 1-2 ms, then charged to each of an FSDP target's many
-    collectives). Capped, the slope is fitted again as the median of (time - latency) / wire bytes: the
-    waits are charged per byte moved."""
+    Theil-Sen, its latency at most the fastest call's time and at most ``floor_us`` (the fastest call of the
+    type on any rank, :func:`latency_floor`). Every call pays the latency, so none is faster than it; a larger
+    intercept is waiting for peers that a few sizes put into the line (DDP's two bucket sizes on fsdpprof's
+    example, the first bucket waiting for the peer's backward: intercepts of 1-39 ms where a rank's fastest
+    call mostly took 1-2 ms, then charged to each of an FSDP target's many collectives). Capped, the slope is
+    fitted again as the median of (time - latency) / wire bytes: the waits are charged per byte moved."""
     lat, slope = _theil_sen(x, y)
-    fastest = float(np.min(y))
-    if lat <= fastest:
+    cap = min(float(np.min(y)), float(floor_us))
+    if lat <= cap:
         return lat, slope, False
-    return fastest, float(np.median((y - fastest) / np.maximum(x, 1.0))), True
+    return cap, float(np.median((y - cap) / np.maximum(x, 1.0))), True
 
 
 def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -105,27 +106,61 @@ def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return lat, slope
 
 
-def fit_collectives(events: pd.DataFrame) -> Fit:
-    """The run's collectives (this rank) -> :class:`Fit` (point-to-point and unknown sizes left out)."""
+FIT_COLLECTIVES = (vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE, vocab.BROADCAST, vocab.ALL_TO_ALL)
+ANY_COLLECTIVE = "*"   # latency_floor's key for the fastest call of any type (the pooled fit's floor)
+
+
+@dataclass(frozen=True)
+class CollectiveSamples:
+    """One rank's collectives a :class:`Fit` is made of (point-to-point and unknown sizes left out): type,
+    wire bytes (message bytes x :func:`fsdpprof.analyze.vocab.ring_factor`), time (µs)."""
+
+    collective: np.ndarray
+    wire_bytes: np.ndarray
+    dur_us: np.ndarray
+
+
+def collective_samples(events: pd.DataFrame) -> CollectiveSamples:
+    """The rank's collectives (its events frame) -> :class:`CollectiveSamples`."""
     c = events[isin(events["kind"], [vocab.KIND_COMM])]
     coll = c["collective"].astype(object).to_numpy()
     nb = c["bytes"].to_numpy(float)
     gs = c["group_size"].to_numpy(float)
-    ok = np.isin(coll, [vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE, vocab.BROADCAST,
-                        vocab.ALL_TO_ALL]) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
+    ok = np.isin(coll, FIT_COLLECTIVES) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
+    return CollectiveSamples(coll[ok].astype(str), nb[ok] * vocab.ring_factor(coll[ok], gs[ok]),
+                             c["dur_us"].to_numpy(float)[ok])
+
+
+def latency_floor(samples: list[CollectiveSamples]) -> dict[str, float]:
+    """Per collective type, the fastest call of that type on any rank (µs; :data:`ANY_COLLECTIVE`: of any
+    type). The latency is the group's, the same on every rank; a rank whose every call waits for a slower
+    peer (DDP's rank 1 on fsdpprof's example: its fastest all-reduce 10.6 ms, rank 0's 1.2 ms) never shows it
+    on its own, and its fit would charge that wait to each of a target's many smaller collectives."""
+    out: dict[str, float] = {}
+    for s in samples:
+        for t in np.unique(s.collective):
+            out[str(t)] = min(out.get(str(t), np.inf), float(s.dur_us[s.collective == t].min()))
+    if out:
+        out[ANY_COLLECTIVE] = min(out.values())
+    return out
+
+
+def fit_collectives(events: pd.DataFrame | CollectiveSamples, floor: dict[str, float] | None = None) -> Fit:
+    """One rank's collectives (its events frame, or :class:`CollectiveSamples`) -> :class:`Fit`, each type's
+    latency at most ``floor``'s (:func:`latency_floor` over the run's ranks; None: this rank's alone)."""
+    s = events if isinstance(events, CollectiveSamples) else collective_samples(events)
+    floor = floor or {}
     fit = Fit()
-    if not ok.any():
+    if not len(s.dur_us):
         return fit
-    wire = nb[ok] * vocab.ring_factor(coll[ok], gs[ok])
-    dur = c["dur_us"].to_numpy(float)[ok]
-    for t in np.unique(coll[ok]):
-        m = coll[ok] == t
-        lat, pb, capped = fit_line(wire[m], dur[m])
+    for t in np.unique(s.collective):
+        m = s.collective == t
+        lat, pb, capped = fit_line(s.wire_bytes[m], s.dur_us[m], floor.get(str(t), np.inf))
         fit.by_type[str(t)] = (lat, pb, int(m.sum()))
         if capped:
             fit.capped.add(str(t))
-    lat, pb, _ = fit_line(wire, dur)
-    fit.pooled = (lat, pb, int(ok.sum()))
+    lat, pb, _ = fit_line(s.wire_bytes, s.dur_us, floor.get(ANY_COLLECTIVE, np.inf))
+    fit.pooled = (lat, pb, len(s.dur_us))
     return fit
 
 
@@ -649,7 +684,8 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
            else "its exposed communication cut out")
     kept = [f"the run's compute and CPU time per step ({cut})",
             "the measured time of each collective the run had too (same type, size, group and pass)",
-            "for the others, latency and bandwidth fitted on the rank's own collectives of that type (see fits)"]
+            "for the others, latency and bandwidth fitted on the rank's own collectives of that type, the latency "
+            "at most the fastest such call on any rank (see fits)"]
     assumed = []
     if target.strategy == tg.DDP:
         assumed.append("DDP's bucket all-reduces run behind the backward and are waited for at its end")
