@@ -112,7 +112,7 @@ ANY_COLLECTIVE = "*"   # latency_floor's key for the fastest call of any type (t
 
 @dataclass(frozen=True)
 class CollectiveSamples:
-    """One rank's collectives a :class:`Fit` is made of (point-to-point and unknown sizes left out): type,
+    """One rank's collectives a :class:`Fit` is made of (point-to-point, unknown sizes and times left out): type,
     wire bytes (message bytes x :func:`fsdpprof.analyze.vocab.ring_factor`), time (µs)."""
 
     collective: np.ndarray
@@ -126,9 +126,10 @@ def collective_samples(events: pd.DataFrame) -> CollectiveSamples:
     coll = c["collective"].astype(object).to_numpy()
     nb = c["bytes"].to_numpy(float)
     gs = c["group_size"].to_numpy(float)
-    ok = np.isin(coll, FIT_COLLECTIVES) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
-    return CollectiveSamples(coll[ok].astype(str), nb[ok] * vocab.ring_factor(coll[ok], gs[ok]),
-                             c["dur_us"].to_numpy(float)[ok])
+    dur = c["dur_us"].to_numpy(float)
+    ok = (np.isin(coll, FIT_COLLECTIVES) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
+          & np.isfinite(dur) & (dur > 0))      # (a call of no time measures no latency: it would floor every rank)
+    return CollectiveSamples(coll[ok].astype(str), nb[ok] * vocab.ring_factor(coll[ok], gs[ok]), dur[ok])
 
 
 def latency_floor(samples: list[CollectiveSamples]) -> dict[str, float]:
