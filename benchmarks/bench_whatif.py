@@ -13,17 +13,18 @@ predicted from, columns = the strategy predicted:
 - step time: predicted / measured, measured = the median step time of T's run (ranks x steps), all
   recorded in this invocation.
 
-Each cell is the median over the repeats of S and T. Goals (issue 10): |peak error| <= 10 % for every
-pair, step time within 20 % (ratio 0.8 .. 1.2). No assertion: the figures are printed. Ten repeats by
-default (90 recordings, about 20 minutes on 2 cores): on this 2-core machine one configuration's step time
-moves by up to 1.9x between recordings minutes apart (FSDP2 without reshard: 132-256 ms), and a median of
-5 carries that noise into the matrix: one strategy's measured median low or high puts its whole column
-high or low. Two disjoint halves of one 10-repeat invocation (2026-12-01, every one of the 252 splits)
-gave medians of the same strategy 0.80-1.25x apart (FSDP2 with CPU offload; 43 % of the splits beyond
-10 %), so 5 repeats cannot judge a 20 % goal. With the fit of 2026-12-01 (latency at most the fastest call of
-its type on any rank): 75-80/81 pairs within 20 % over four sets of 3-5 repeats, 80/81 and 81/81 from two
-invocations of ``--repeats 10``, 81/81 from each of three pools of 10-13. ``--reuse`` predicts from
-recordings made before, and pools those of several ``--out`` folders (every ``<strategy>-<n>`` in each).
+Each cell is the median over the repeats of S and T. Goals (issue 10): |peak error| <= 10 % for every pair,
+step time within 20 % (ratio 0.8 .. 1.2). No assertion: the figures are printed. Ten repeats by default (90
+recordings, about 20 minutes on 2 cores): on this 2-core machine one configuration's step time moves by up
+to 1.9x between recordings minutes apart (FSDP2 without reshard: 132-256 ms), and a median of 5 carries that
+noise into the matrix: one strategy's measured median low or high puts its whole column high or low. Two
+disjoint halves of one 10-repeat invocation (2026-12-01, every one of the 252 splits) gave medians of the
+same strategy 0.80-1.25x apart (FSDP2 with CPU offload; 43 % of the splits beyond 10 %), so 5 repeats cannot
+judge a 20 % goal. With the fit of 2026-12-01 (latency at most the fastest call of its type on any rank):
+75-80/81 pairs within 20 % over four sets of 3-5 repeats, 77-81/81 from three invocations of
+``--repeats 10`` (one measured strategy's median still moves its column by up to 15 %), 81/81 from each of
+three pools of 10-13. ``--reuse`` predicts from recordings made before, and pools those of several ``--out``
+folders (every ``<strategy>-<n>`` in each).
 
 A third matrix, a diagnostic beside the goal, divides out each recording's CPU contention (rank.json
 ``cpu``: 1 + run-queue wait / time on a CPU, the median over ranks): predicted step / the contention the
