@@ -206,14 +206,16 @@ def _with_time(per_rank: list[dict], targets: list[tg.Target]) -> tuple[list[dic
         t = p.get("timing")
         fit = timing.fit_collectives(t.samples, floor) if t is not None else None
         fits[str(p["rank"])] = fit.describe() if fit is not None else []
-        rows = list(p["predictions"])
+        rows = p["predictions"]
         if fit is not None:
-            rows = []
-            for target, row in zip(targets, p["predictions"]):
-                tp = t.predict(target, fit)
-                rows.append({**row, **tp, "kept": row["kept"] + tp["kept"], "assumed": row["assumed"] + tp["assumed"]})
+            rows = [_add_time(row, t.predict(target, fit)) for target, row in zip(targets, rows)]
         out.append({**p, "predictions": rows})
     return out, fits
+
+
+def _add_time(row: dict, time: dict) -> dict:
+    """A rank's memory prediction of one target with its time prediction (kept / assumed: memory's, then time's)."""
+    return {**row, **time, "kept": row["kept"] + time["kept"], "assumed": row["assumed"] + time["assumed"]}
 
 
 def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_target: tg.Target | None = None) -> dict:
