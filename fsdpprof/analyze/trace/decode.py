@@ -1056,13 +1056,10 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     except msgspec.DecodeError as exc:          # (ValidationError too)
         layout = isinstance(exc, msgspec.ValidationError)
         bad = _refused(exc, tail_base, first_event) or _Refused(str(exc), None, layout)
-        if layout:
-            raise UserError(bad.message(path)) from None
-        said = bad.said()
-        stripped = buf.rstrip()
-        if stripped.endswith(b"]") is False and not stripped.endswith(b"}"):
-            raise UserError(f"trace {path} is truncated or not valid JSON ({said}); re-export or re-copy it") from None
-        raise UserError(f"trace {path} is not valid JSON ({said}); re-export or re-copy it") from None
+        if not layout and not buf.rstrip().endswith((b"]", b"}")):
+            raise UserError(f"trace {path} is truncated or not valid JSON ({bad.said()}); "
+                            f"re-export or re-copy it") from None
+        raise UserError(bad.message(path)) from None
     if fast:
         try:
             cols.add_fast(tail.traceEvents)
