@@ -4,7 +4,9 @@ Two measurements, each giving a ratio within this one run:
 
 1. in-process (precise): the example's model trained in one process, alternating blocks of steps
    with fsdpprof's recorder hooks installed (window not reached) and without them, so slow drift
-   of a shared machine cancels out;
+   of a shared machine cancels out;  and the window's own end: saving its trace, fsdpprof's export
+   (``recorder.export_trace_gz``) against torch's ``export_chrome_trace`` of a .gz path, CPU seconds
+   on the same profiler, alternated;
 2. end to end (noisy on a shared machine): runs the example (torchrun, 2 ranks, gloo, FSDP2 by default) alternately without fsdpprof and
 under ``fsdpprof record`` whose window lies after the measured steps, several times, and prints
 the median step time of each and their ratio (goal: <= 1.01). The first steps (warm-up, the
@@ -94,10 +96,47 @@ def in_process(blocks: int, block_steps: int) -> tuple[list[float], list[float]]
     return with_rec, without, pair_ratios, hook_us
 
 
+def export_cost(repeats: int) -> tuple[float, float, int, int]:
+    """CPU seconds (min of ``repeats``) to save one window's trace as .json.gz: torch's export of a .gz path
+    and fsdpprof's (recorder.export_trace_gz), alternated on one profiler of 2 steps of the example's
+    model recorded as the recorder records (shapes, memory); and the two files' sizes (bytes)."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from fsdpprof.collect.recorder import export_trace_gz
+    from fsdpprof.examples.train_fsdp import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(1024, 256, 4, 4, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                profile_memory=True) as prof:
+        for _ in range(2):
+            tokens = torch.randint(0, 1024, (4, 65))
+            F.cross_entropy(model(tokens[:, :-1]).reshape(-1, 1024), tokens[:, 1:].reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    theirs, ours = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = os.path.join(tmp, "torch.json.gz"), os.path.join(tmp, "ours.json.gz")
+        for i in range(repeats):
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                t0 = time.process_time()
+                if which == 0:
+                    prof.export_chrome_trace(a)
+                else:
+                    export_trace_gz(prof, os.path.join(tmp, "ours.json"), b)
+                (theirs if which == 0 else ours).append(time.process_time() - t0)
+        return min(theirs), min(ours), os.path.getsize(a), os.path.getsize(b)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=100, help="in-process: alternating blocks of steps")
     ap.add_argument("--block-steps", type=int, default=2)
+    ap.add_argument("--export-repeats", type=int, default=5, help="in-process: saves of the window's trace, each way")
     ap.add_argument("--pairs", type=int, default=2, help="end to end: baseline/recorded pairs, interleaved (0: skip)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--measure-from", type=int, default=5, help="first measured step (earlier ones: warm-up)")
@@ -112,6 +151,10 @@ def main() -> int:
           f"ratio {r / b:.4f}; median of ABBA-group ratios {statistics.median(pair_ratios):.4f} (goal <= 1.01)")
     print(f"hooks alone: {hook_us:.2f} us per optimizer step = ratio {1 + hook_us / 1000 / b:.6f} on this "
           f"{b:.1f} ms step")
+    t_torch, t_ours, n_torch, n_ours = export_cost(args.export_repeats)
+    print(f"saving the window's trace (.json.gz, CPU s, min of {args.export_repeats}): torch's export_chrome_trace "
+          f"{t_torch:.3f} s ({n_torch / 1e6:.2f} MB), fsdpprof's export {t_ours:.3f} s ({n_ours / 1e6:.2f} MB): "
+          f"ratio {t_ours / t_torch:.2f}")
     if args.pairs <= 0:
         return 0
     env = dict(os.environ, OMP_NUM_THREADS="1")
