@@ -703,3 +703,22 @@ def test_demo_reuses_its_own_run_folder_only(tmp_path):
     assert _previous_run(str(tmp_path / "absent")) is False
     (tmp_path / "empty").mkdir()
     assert _previous_run(str(tmp_path / "empty")) is False
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "{missing}"], ["report", "{empty}"], ["report", "{empty}", "-o", "{empty}/a/b/report.html"],
+    ["compare", "{empty}", "{missing}"], ["compare", "{empty}", "{empty}", "--iteration", "last"],
+    ["whatif", "{missing}"], ["whatif", "{empty}"]], ids=lambda a: "-".join(a).replace("{", "").replace("}", ""))
+def test_bad_path_refused_before_the_analysis_is_imported(tmp_path, argv):
+    """A path or option that is refused before any trace is read is refused before pandas (and the analysis
+    behind it, half a second of imports) is loaded."""
+    (tmp_path / "empty").mkdir()
+    args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty") for a in argv]
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", *args], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert p.returncode == 2
+    lines = [x for x in p.stderr.splitlines() if not x.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith(f"fsdpprof {argv[0]}: error: "), lines
+    imported = {x.split("|")[-1].strip().split(".")[0] for x in p.stderr.splitlines() if x.startswith("import time:")}
+    assert "fsdpprof" in imported and not imported & {"numpy", "pandas", "torch", "plotly"}, \
+        sorted(imported & {"numpy", "pandas", "torch", "plotly"})

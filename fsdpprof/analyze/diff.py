@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
 from fsdpprof.errors import UserError
 
-SCOPE_MEDIAN, SCOPE_FIRST, SCOPE_ALL = "median", "first", "all"
 OPS_NAME_CHARS = 200        # longer operator / kernel names are cut (with a hash of the full name, kept distinct)
 OPS_ROWS_MAX = 50_000       # rows of one rank's operator table; the names with least time past it -> "(other)"
 OTHER_OPS = "(other)"
@@ -86,36 +86,6 @@ def op_table(events: pd.DataFrame, rows_max: int = OPS_ROWS_MAX) -> pd.DataFrame
     g.insert(0, "rank", int(events["rank"].iloc[0]))
     g["count"] = g["count"].astype(np.int64)
     return g.sort_values(["step", "total_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------- the scope
-@dataclass
-class Scope:
-    """Which steps and ranks are compared: ``iteration`` is ``median`` | ``first`` | ``all`` | a step number;
-    ``rank`` one rank of every input (None: all ranks, medians across them)."""
-
-    iteration: str | int = SCOPE_MEDIAN
-    rank: int | None = None
-
-    def describe(self) -> str:
-        it = self.iteration
-        what = {SCOPE_MEDIAN: "per-step medians over the recorded steps",
-                SCOPE_FIRST: "the first ProfilerStep (CPU operators and GPU kernels together, as HTA's compare_traces)",
-                SCOPE_ALL: "all recorded steps summed"}.get(it, f"step {it} (ProfilerStep#{it})")
-        if self.rank is not None:
-            return f"{what}, rank {self.rank}"
-        return what + (", the first rank" if it == SCOPE_FIRST else ", medians across ranks")
-
-
-def parse_iteration(text) -> str | int:
-    """``--iteration`` as a Scope.iteration: first | all | median | a step number (>= 0)."""
-    t = str(text).strip().lower()
-    if t in (SCOPE_FIRST, SCOPE_ALL, SCOPE_MEDIAN):
-        return t
-    if t.isdigit() and len(t) <= 12:
-        return int(t)
-    raise UserError(f"--iteration {text!r} is not first, all, median or a step number (ProfilerStep#N); "
-                    f"e.g. --iteration first")
 
 
 def _steps_of(a) -> dict[int, list[float]]:

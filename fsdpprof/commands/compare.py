@@ -47,15 +47,15 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
     latest) and a note naming it; any other path is returned as it is."""
     import os
 
-    from fsdpprof.analyze import diff
     from fsdpprof.analyze.run import iteration_folders
+    from fsdpprof.analyze.scope import SCOPE_FIRST
 
     if not os.path.isdir(path):
         return path, None
     windows = iteration_folders(path)
     if not windows:
         return path, None
-    if iteration == diff.SCOPE_FIRST:
+    if iteration == SCOPE_FIRST:
         s = min(windows)
     elif isinstance(iteration, int):
         after = [w for w in windows if w > iteration]
@@ -67,20 +67,17 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze import diff
-    from fsdpprof.analyze.compare import compare_analyses
+    # (pandas and the analysis are imported once the runs are found: see report.run)
     from fsdpprof.analyze.engines import check_engine, shared_scheduler
-    from fsdpprof.analyze.pipeline import analyze_run, rank_list
     from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.scope import SCOPE_FIRST, Scope, parse_iteration
     from fsdpprof.commands.report import check_workers_option
-    from fsdpprof.report.diff import diff_text
     from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
-    from fsdpprof.report.text import compare_text
 
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     check_workers_option(args.workers)
-    scope = diff.Scope(diff.parse_iteration(args.iteration), args.rank)
+    scope = Scope(parse_iteration(args.iteration), args.rank)
     if args.rank is not None and args.rank < 0:
         raise UserError(f"--rank {args.rank} is not a rank (0 or more); leave it out to compare all ranks")
     engine = check_engine(args.engine, args.scheduler)
@@ -98,14 +95,20 @@ def run(args) -> int:
         keep = None
         if scope.rank is not None:
             if scope.rank not in run_.ranks:
+                from fsdpprof.analyze.pipeline import rank_list
                 raise UserError(f"rank {scope.rank} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "
                                 f"one of those, or leave --rank out to compare all ranks")
             keep = scope.rank
-        elif scope.iteration == diff.SCOPE_FIRST:   # HTA's default scope: the first rank only
+        elif scope.iteration == SCOPE_FIRST:   # HTA's default scope: the first rank only
             keep = min((r for r, rd in run_.ranks.items() if rd.trace_path), default=None)
         if keep is not None:
             run_.ranks = {keep: run_.ranks[keep]}
         runs.append(run_)
+    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.report.diff import diff_text
+    from fsdpprof.report.text import compare_text
+
     # one Dask cluster for every run (a LocalCluster when no --scheduler)
     with shared_scheduler(engine, args.scheduler, args.workers, max(len(r.ranks) for r in runs)) as scheduler:
         while runs:

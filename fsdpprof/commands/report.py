@@ -85,12 +85,11 @@ def check_workers_option(workers) -> None:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.pipeline import analyze_run
+    # (pandas and the analysis are imported once the input and the outputs are known good: a bad argument
+    # is refused in a tenth of a second, not after half a second of imports)
+    from fsdpprof.analyze.engines import check_engine
     from fsdpprof.analyze.run import load_run
     from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
-    from fsdpprof.report.text import summary_text
-
-    from fsdpprof.analyze.engines import check_engine
 
     check_workers_option(args.workers)
     engine = check_engine(args.engine, args.scheduler)
@@ -103,6 +102,9 @@ def run(args) -> int:
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
     run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.report.text import summary_text
+
     a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     del run_

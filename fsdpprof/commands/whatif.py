@@ -113,8 +113,8 @@ def _ms(x) -> str:
 
 
 def run(args) -> int:
+    # (pandas and the analysis are imported once the run is found: see report.run)
     from fsdpprof.analyze.run import load_run, with_inventory
-    from fsdpprof.analyze.whatif import predict as wp
     from fsdpprof.errors import unexpected_as_user_error
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
 
@@ -130,6 +130,8 @@ def run(args) -> int:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
                       input_folders=run_.record_folders(), fix=fix)
     targets, run_target, notes = build(args, run_)
+    from fsdpprof.analyze.whatif import predict as wp
+
     with unexpected_as_user_error(f"what-if of {args.run}"):
         result = wp.predict_run(run_, targets, run_target)
     result["notes"] = list(dict.fromkeys(notes + result["notes"]))
