@@ -40,6 +40,9 @@ EXAMPLE = ROOT / "fsdpprof" / "examples" / "train_fsdp.py"
 # Small, fast model for tests (fp32, CPU): the example's own defaults are sized for this.
 DEFAULT_TRAIN_ARGS = ("--steps", "5")
 DEFAULT_RECORD_ARGS = ("--skip-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
+# the suite's one recording with CPU offload and the one with bf16 mixed precision, the same recording
+# (FSDP2, CPUOffloadPolicy, MixedPrecisionPolicy(bf16 params, fp32 reduce)): recorded_run(*OFFLOAD_BF16)
+OFFLOAD_BF16 = ("fsdp2-offload", 2, (), ("--mixed-precision", "bf16"))
 
 
 def shared_data(*parts: str) -> Path:

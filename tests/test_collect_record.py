@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from conftest import OFFLOAD_BF16
 from fsdpprof.examples.train_fsdp import Block, TinyTransformer
 
 # (strategy, nproc, train_args, framework, strategy name, shard group, replicate group)
@@ -165,12 +166,11 @@ def test_strategy_inventory_matches_model(recorded_run, strategy, nproc, train_a
 
 @pytest.mark.slow
 def test_bf16_mixed_precision_and_cpu_offload(recorded_run):
-    """The one small bf16 case: FSDP2 with a bf16 param dtype and CPU offload (pin_memory=False)."""
-    sizes = dict(layers=1, dim=64)
-    run = recorded_run("fsdp2", train_args=("--mixed-precision", "bf16", "--cpu-offload", "--layers", "1",
-                                            "--dim", "64"))
+    """The bf16 case: FSDP2 with a bf16 param dtype and CPU offload (pin_memory=False), the example's own
+    fsdp2-offload strategy (the suite's one recording of both: conftest.OFFLOAD_BF16)."""
+    run = recorded_run(*OFFLOAD_BF16)
     invs = check_run_dir(run, 2)
-    expected = model_params(**sizes)
+    expected = model_params()
     for inv in invs.values():
         assert inv["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
         assert inv["cpu_offload"] is True

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import run_fsdpprof, shared_data
+from conftest import OFFLOAD_BF16, run_fsdpprof, shared_data
 
 
 def _report(path, out_dir, *extra):
@@ -164,8 +164,9 @@ def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_ru
 
 def test_mixed_precision_all_gather_in_param_dtype_reduce_scatter_in_reduce_dtype(recorded_run, tmp_path):
     """FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): all-gathers move 2 bytes per
-    parameter, reduce-scatters 4, and the theory says so before the measurement confirms it."""
-    run = recorded_run("fsdp2", train_args=("--mixed-precision", "bf16"))
+    parameter, reduce-scatters 4, and the theory says so before the measurement confirms it (the run offloads
+    its sharded states to the CPU too: conftest.OFFLOAD_BF16)."""
+    run = recorded_run(*OFFLOAD_BF16)
     _, s, _ = _report(run, tmp_path)
     t = s["theory"]
     assert (t["unsharded_param_dtype"], t["reduce_dtype"]) == ("bfloat16", "float32")

@@ -16,7 +16,7 @@ from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif.units import Unit
 from fsdpprof.errors import UserError
 
-from conftest import run_fsdpprof
+from conftest import OFFLOAD_BF16, run_fsdpprof
 
 EPS = wm.EPS_US
 NEVER = np.iinfo(np.int64).max
@@ -150,16 +150,16 @@ def test_targets_refused_in_one_line():
 
 
 # --------------------------------------------------------------------------- real recordings
-SELF = [("fsdp2", 2), ("fsdp2-no-reshard", 2), ("fsdp1-full", 2), ("fsdp1-no-shard", 2), ("ddp", 2), ("hsdp", 4),
-        ("fsdp2-offload", 2)]
+SELF = [("fsdp2", 2, ()), ("fsdp2-no-reshard", 2, ()), ("fsdp1-full", 2, ()), ("fsdp1-no-shard", 2, ()), ("ddp", 2, ()),
+        ("hsdp", 4, ()), (OFFLOAD_BF16[0], OFFLOAD_BF16[1], OFFLOAD_BF16[3])]     # (offload: with bf16 params)
 
 
-@pytest.mark.parametrize("strategy,nproc", SELF)
-def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc):
+@pytest.mark.parametrize("strategy,nproc,train_args", SELF, ids=[f"{s}-{n}" + ("-bf16" if a else "") for s, n, a in SELF])
+def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc, train_args):
     """The run's own configuration, replayed: its measured peak within 1 % (the largest rank's), its step time
     within 10 % (FSDP's blocking collectives replay exactly; DDP's all-reduces run beside the backward and
     only the training thread's waits are cut and replayed)."""
-    run = load_run(str(recorded_run(strategy, nproc=nproc)))
+    run = load_run(str(recorded_run(strategy, nproc=nproc, train_args=train_args)))
     src = wp.source_of_rank(run.ranks[0])
     me = tg.target_of_source(src)
     if strategy == "fsdp2-offload":
