@@ -190,3 +190,36 @@ def test_bench_scale_synthetic_rank_is_a_faithful_copy(tmp_path):
     assert syn.volume["count"].sum() == 3 * orig.volume["count"].sum()
     assert syn.steps["step_us"].tolist() == pytest.approx(orig.steps["step_us"].tolist() * 3)
     assert syn.steps["exposed_comm_us"].tolist() == pytest.approx(orig.steps["exposed_comm_us"].tolist() * 3)
+
+
+def test_what_if_replays_of_many_ranks_in_a_pool_are_the_replays_in_the_parent(recorded_run, monkeypatch):
+    """From predict.REPLAY_POOL_MIN_RANKS ranks on, the what-if reduce replays the ranks in a local pool: the
+    predictions are those of the replays in the parent, and a chunk whose worker fails is replayed in the
+    parent."""
+    from fsdpprof.analyze import engines
+    from fsdpprof.analyze.pipeline import map_ranks
+    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.whatif import predict as wp
+
+    run = load_run(recorded_run("fsdp2"), lazy=True)
+    n = wp.REPLAY_POOL_MIN_RANKS
+    whatifs = [r.whatif for r in _replicated(run, map_ranks(run, workers=1), n)[1]]
+    assert all(w and w["timing"] is not None for w in whatifs)
+    calls = []
+    real_map = engines.map_unordered
+
+    def spy(fn, jobs, **kw):
+        calls.append(len(jobs))
+        for k, ok, value in real_map(fn, jobs, **kw):
+            yield (k, False, "worker failed (test)") if k == 0 else (k, ok, value)
+
+    monkeypatch.setattr(engines, "map_unordered", spy)
+    pooled = wp.report_reduce(whatifs)
+    assert calls and calls[0] > 1                           # the pool ran, in chunks
+    monkeypatch.setattr(wp, "REPLAY_POOL_MIN_RANKS", n + 1)
+    calls.clear()
+    here = wp.report_reduce(whatifs)
+    assert calls == []                                      # one rank fewer than the threshold: no pool
+    assert json.dumps(pooled, sort_keys=True, default=str) == json.dumps(here, sort_keys=True, default=str)
+    assert set(pooled["fits"]) == {str(w["rank"]) for w in whatifs} and all(pooled["fits"].values())
+    assert all(p["step_us"] and p["step_us"] > 0 for p in pooled["predictions"])

@@ -195,20 +195,54 @@ def rank_predictions(rd, targets: list[tg.Target], memory_result=None, hosts: in
             "predictions": [model.predict(t) for t in targets], "timing": model.timing}
 
 
+REPLAY_POOL_MIN_RANKS = 64    # from this many ranks on, the replays run in a pool of processes (~10 ms a rank)
+
+
+def _rank_times(t: RankTiming, targets: list[tg.Target], floor: dict) -> tuple[list[str], list[dict]]:
+    """One rank's fit with the run's latency floor (its description) and its time prediction per target."""
+    fit = timing.fit_collectives(t.samples, floor)
+    return fit.describe(), [t.predict(target, fit) for target in targets]
+
+
+def _ranks_times(timed: list[tuple[int, RankTiming]], targets: list[tg.Target], floor: dict) -> list[tuple]:
+    return [(i, *_rank_times(t, targets, floor)) for i, t in timed]
+
+
+def _replays(timed: list[tuple[int, RankTiming]], targets: list[tg.Target], floor: dict) -> dict:
+    """index -> (fit description, time per target) of every timed rank: in this process, or, from
+    REPLAY_POOL_MIN_RANKS ranks on a machine with several cores, in a local pool (chunks of ranks; a chunk
+    whose worker fails is replayed here)."""
+    import multiprocessing
+    import os
+
+    from fsdpprof.analyze import engines
+
+    cores = os.cpu_count() or 1
+    if len(timed) < REPLAY_POOL_MIN_RANKS or cores < 2 or multiprocessing.current_process().daemon:
+        return {i: rest for i, *rest in _ranks_times(timed, targets, floor)}
+    n_chunks = min(len(timed), 4 * cores)
+    chunks = [timed[k::n_chunks] for k in range(n_chunks)]
+    out: dict = {}
+    for k, ok, value in engines.map_unordered(_ranks_times, [((c, targets, floor), {}) for c in chunks]):
+        for i, *rest in (value[0] if ok else _ranks_times(chunks[k], targets, floor)):
+            out[i] = rest
+    return out
+
+
 def _with_time(per_rank: list[dict], targets: list[tg.Target]) -> tuple[list[dict], dict]:
     """The ranks' predictions with their step times: each rank's collectives fitted with the run's latency
     floor (:func:`fsdpprof.analyze.whatif.timing.latency_floor`) and its steps replayed per target;
     and the fits' descriptions per rank."""
-    timed = [p["timing"] for p in per_rank if p.get("timing") is not None]
-    floor = timing.latency_floor([t.samples for t in timed])
+    timed = [(i, p["timing"]) for i, p in enumerate(per_rank) if p.get("timing") is not None]
+    floor = timing.latency_floor([t.samples for _, t in timed])
+    replays = _replays(timed, targets, floor)
     out, fits = [], {}
-    for p in per_rank:
-        t = p.get("timing")
-        fit = timing.fit_collectives(t.samples, floor) if t is not None else None
-        fits[str(p["rank"])] = fit.describe() if fit is not None else []
+    for i, p in enumerate(per_rank):
+        described, times = replays.get(i, ([], None))
+        fits[str(p["rank"])] = described
         rows = p["predictions"]
-        if fit is not None:
-            rows = [_add_time(row, t.predict(target, fit)) for target, row in zip(targets, rows)]
+        if times is not None:
+            rows = [_add_time(row, time) for row, time in zip(rows, times)]
         out.append({**p, "predictions": rows})
     return out, fits
 
