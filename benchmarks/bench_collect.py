@@ -98,31 +98,37 @@ def in_process(blocks: int, block_steps: int) -> tuple[list[float], list[float]]
 
 def export_cost(repeats: int) -> tuple[float, float, int, int]:
     """CPU seconds (min of ``repeats``) to save one window's trace as .json.gz: torch's export of a .gz path
-    and fsdpprof's (recorder.export_trace_gz), alternated on one profiler of 2 steps of the example's
-    model recorded as the recorder records (shapes, memory); and the two files' sizes (bytes)."""
+    and fsdpprof's (recorder.export_trace_gz), alternated, each on a fresh profiler of 2 steps of the example's
+    model recorded as the recorder records (shapes, memory; kineto saves a trace once); and the two files'
+    sizes (bytes)."""
     import time
 
     import torch
     import torch.nn.functional as F
 
-    from fsdpprof.collect.recorder import export_trace_gz
+    from fsdpprof.collect.recorder import _quiet_kineto, export_trace_gz
     from fsdpprof.examples.train_fsdp import TinyTransformer
 
     torch.manual_seed(0)
     model = TinyTransformer(1024, 256, 4, 4, 64)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-                                profile_memory=True) as prof:
-        for _ in range(2):
-            tokens = torch.randint(0, 1024, (4, 65))
-            F.cross_entropy(model(tokens[:, :-1]).reshape(-1, 1024), tokens[:, 1:].reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+
+    def profiled():
+        with _quiet_kineto(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                    profile_memory=True) as prof:
+            for _ in range(2):
+                tokens = torch.randint(0, 1024, (4, 65))
+                F.cross_entropy(model(tokens[:, :-1]).reshape(-1, 1024), tokens[:, 1:].reshape(-1)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return prof
+
     theirs, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
         a, b = os.path.join(tmp, "torch.json.gz"), os.path.join(tmp, "ours.json.gz")
         for i in range(repeats):
             for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                prof = profiled()
                 t0 = time.process_time()
                 if which == 0:
                     prof.export_chrome_trace(a)
