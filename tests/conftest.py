@@ -12,7 +12,7 @@ Every test that records (or runs torchrun) is marked ``slow`` here, automaticall
 (itself or through another fixture), or when its code, a fixture it uses, a parameter it is given or a function of the
 test modules it calls names a recording: the ``record`` / ``demo`` sub-command, ``torch.distributed.run``
 / ``torchrun``, or ``fsdpprof.record(...)``; or one of the suite's other heavy jobs: HTA, the oracle
-(``hta.trace_analysis``, ``report --hta``), a Dask cluster (the ``scheduler`` fixture, ``--engine dask``) or a
+(``hta.trace_analysis``, an import of any ``hta.*`` module, ``report --hta``), a Dask cluster (the ``scheduler`` fixture, ``--engine dask``) or a
 real browser.  What that reading misses is caught when it
 happens: a test not marked slow that records through ``run_fsdpprof`` or ``recorded_run`` fails and says so.
 """
@@ -61,6 +61,7 @@ RECORDING_TEXT = ("torch.distributed.run", "torchrun", "fsdpprof.record(", "impo
 # the other heavy jobs of the suite, slow too: HTA (the oracle, whole real traces through its pandas code)
 # and a real browser (a global holding the path of one, e.g. shutil.which("chromium"))
 HEAVY_CONSTANTS = frozenset({"hta.trace_analysis", "--hta", "dask"})   # ("dask": the engine, a LocalCluster)
+HEAVY_MODULE_PREFIX = "hta."                                    # `from hta.trace_diff import ...` and the like
 HEAVY_FIXTURES = frozenset({"scheduler"})                      # test_engines' Dask LocalCluster
 BROWSERS = frozenset({"chromium", "chromium-browser", "google-chrome", "chrome", "firefox"})
 _CURRENT: dict = {}                                          # the test running now (for the guard below)
@@ -87,6 +88,8 @@ def _code_records(code: types.CodeType, names: dict, seen: set, depth: int) -> b
         if isinstance(c, types.CodeType) and _code_records(c, names, seen, depth):
             return True
     for n in code.co_names:
+        if n.startswith(HEAVY_MODULE_PREFIX):          # (an import of one of HTA's modules: its dotted name)
+            return True
         v = names.get(n)
         if isinstance(v, str) and os.path.basename(v) in BROWSERS:
             return True
