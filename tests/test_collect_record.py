@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 
 import pytest
 
@@ -223,3 +224,44 @@ def test_traces_open_in_hta(recorded_run, tmp_path):
         names = set(analysis.t.symbol_table.sym_table[i] for i in df["name"].unique())
         assert "ProfilerStep#2" in names and "aten::mm" in names  # (HTA leaves out the last ProfilerStep)
         assert len(df) > 1000
+
+
+def test_trace_export_leaves_the_gzip_only(tmp_path, monkeypatch):
+    """recorder.export_trace_gz: kineto's JSON gzipped (the same bytes), the JSON removed; when the export or
+    the compression fails, neither file is left behind and the error reaches the recorder (which logs it)."""
+    from fsdpprof.collect.recorder import export_trace_gz
+
+    body = b'{"traceEvents": [' + b",\n".join(b'{"ph": "X", "name": "op%d", "ts": %d, "dur": 1}' % (i, i)
+                                             for i in range(50_000)) + b"]}"
+
+    class Prof:
+        def __init__(self, fail=False):
+            self.fail = fail
+
+        def export_chrome_trace(self, path):
+            with open(path, "wb") as fh:
+                fh.write(body[: len(body) // 2] if self.fail else body)
+            if self.fail:
+                raise RuntimeError("disk full")
+
+    js, gz = tmp_path / "t.json", tmp_path / "t.json.gz"
+    export_trace_gz(Prof(), str(js), str(gz))
+    assert gzip.decompress(gz.read_bytes()) == body and not js.exists()
+    assert len(gz.read_bytes()) < len(body) / 5
+    gz.unlink()
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_trace_gz(Prof(fail=True), str(js), str(gz))
+    assert sorted(tmp_path.iterdir()) == []
+    with pytest.raises(OSError):                       # the .gz cannot be written: its folder is missing
+        export_trace_gz(Prof(), str(js), str(tmp_path / "missing" / "t.json.gz"))
+    assert sorted(tmp_path.iterdir()) == []
+
+    def half_then_full(fin, fout, length):             # the disk fills up halfway through the .gz
+        fout.write(fin.read(len(body) // 2))
+        fout.flush()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfileobj", half_then_full)
+    with pytest.raises(OSError, match="No space"):
+        export_trace_gz(Prof(), str(js), str(gz))
+    assert sorted(tmp_path.iterdir()) == []            # no half-written trace.json.gz

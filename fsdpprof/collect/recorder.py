@@ -854,15 +854,18 @@ def export_trace_gz(prof, json_path: str, gz_path: str, level: int = TRACE_GZIP_
     import gzip
     import shutil
 
+    done = False
     try:
         prof.export_chrome_trace(json_path)
         with open(json_path, "rb") as fin, gzip.open(gz_path, "wb", compresslevel=level) as fout:
             shutil.copyfileobj(fin, fout, 1 << 20)
+        done = True
     finally:
-        try:
-            os.unlink(json_path)
-        except OSError:
-            pass
+        for path in (json_path,) if done else (json_path, gz_path):   # (no half-written .gz is left behind)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _trace_base_time_ns(path: str):
