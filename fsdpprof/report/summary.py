@@ -33,12 +33,30 @@ def _scalar(x):
     return str(x)
 
 
+def _column_values(col: pd.Series) -> list:
+    """One column's values, JSON-safe: json_safe of each value, a column at a time (numpy numbers and bools
+    by ``tolist``, NaN and infinities as None; any other column value by value)."""
+    dt = col.dtype
+    if isinstance(dt, np.dtype) and dt.kind in "fiub":
+        a = col.to_numpy()
+        values = a.tolist()
+        if dt.kind == "f":
+            finite = np.isfinite(a)
+            if not finite.all():
+                values = [v if ok else None for v, ok in zip(values, finite.tolist())]
+        return values
+    return [json_safe(v) for v in col.tolist()]
+
+
 def records(df: pd.DataFrame | None) -> list[dict] | None:
     """A DataFrame as a list of JSON-safe row dicts (None stays None)."""
     if df is None:
         return None
     cols = [str(c) for c in df.columns]
-    return [{c: json_safe(v) for c, v in zip(cols, row)} for row in df.itertuples(index=False, name=None)]
+    if not cols:
+        return [{} for _ in range(len(df))]
+    columns = [_column_values(df.iloc[:, j]) for j in range(len(cols))]
+    return [dict(zip(cols, row)) for row in zip(*columns)]
 
 
 def json_safe(x):
