@@ -201,3 +201,36 @@ def test_summary_json_written_key_by_key_is_json_dumps():
            "inf": {"k": [float("inf")]}, "none": None}
     assert json_bytes(odd) == json.dumps(json_safe(odd), indent=1, allow_nan=False).encode()
     assert json_bytes({}) == b"{}" and json.loads(json_bytes(odd))["f"][1]["x"] is None
+
+
+def test_records_a_column_at_a_time_equal_json_safe_of_each_value():
+    """summary.records converts a column at a time; every kind of column gives what json_safe of each value
+    (row by row, as itertuples yields them) gives: NaN / infinities as null, numpy numbers as plain ones."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from fsdpprof.report.summary import json_safe, records
+
+    def row_by_row(df):
+        cols = [str(c) for c in df.columns]
+        return [{c: json_safe(v) for c, v in zip(cols, row)} for row in df.itertuples(index=False, name=None)]
+
+    nan, inf = float("nan"), float("inf")
+    df = pd.DataFrame({
+        "f": [1.5, nan, inf, -inf], "f32": np.array([1.1, 2.2, nan, 4.4], dtype=np.float32),
+        "i": np.array([1, -2, 3, 2**62], dtype=np.int64), "u8": np.array([1, 2, 3, 250], dtype=np.uint8),
+        "b": [True, False, True, False], "o": ["x", None, nan, 3], "c": pd.Categorical(["a", None, "b", "a"]),
+        "t": pd.to_datetime(["2024-01-01", None, "2024-01-02", "2024-01-03"]),
+        "n": pd.array([1, None, 3, 4], dtype="Int64"), "F": pd.array([1.5, None, nan, 3.5], dtype="Float64"),
+        "s": pd.array(["a", None, "c", "d"], dtype="string"), 7: [np.int32(1), np.float64(nan), {"k": nan}, [inf]]})
+    dup = pd.DataFrame([[1, 2.0], [3, nan]], columns=["a", "a"])
+    for frame in (df, dup, df.iloc[:0], pd.DataFrame(index=range(3)), df[["o", "f"]].iloc[::-1]):
+        got, want = records(frame), row_by_row(frame)
+        assert got == want or repr(got) == repr(want), (got, want)
+    out = records(df)
+    assert [r["f"] for r in out] == [1.5, None, None, None] and all(type(r["i"]) is int for r in out)
+    assert [r["b"] for r in out] == [True, False, True, False] and out[0]["f32"] == float(np.float32(1.1))
+    assert not any(isinstance(v, float) and not math.isfinite(v) for r in out for v in r.values())
+    assert records(None) is None
