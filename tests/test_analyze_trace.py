@@ -453,3 +453,30 @@ def test_decode_while_something_else_holds_the_decoded_events(tmp_path, monkeypa
     held = load_trace(str(src))
     assert len(kept) >= 3                # several chunks were decoded while earlier ones were held
     _same_frames(whole.events, held.events)
+
+
+def test_gc_paused_while_a_trace_loads_and_restored_after(tmp_path, monkeypatch):
+    """load_trace pauses the cyclic collector while it decodes (each collection would rescan the events being
+    built) and restores its state afterwards: enabled stays enabled, disabled stays disabled, also when the
+    trace is refused."""
+    import gc
+    seen = []
+    real = trace._load_trace
+    monkeypatch.setattr(trace, "_load_trace", lambda *a: (seen.append(gc.isenabled()), real(*a))[1])
+    good = _write(tmp_path / "t.json.gz", _doc())
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [ {"ph": "X", ')
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        assert len(load_trace(str(good)).events) > 0
+        assert gc.isenabled()
+        with pytest.raises(UserError):
+            load_trace(str(bad))
+        assert gc.isenabled()
+        gc.disable()
+        load_trace(str(good))
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False, False, False]

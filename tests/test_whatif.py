@@ -395,10 +395,59 @@ def test_hand_built_family_and_optimizer_work():
     assert timing.target_overhead(run, "fsdp2", "cpu", 2.0) is run
     doc = timing.target_overhead(run, "fsdp1", "cpu", 2.0)
     assert doc.how == "documented" and doc.gather_us_per_byte == pytest.approx(
-        2.0 * timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte)
+        2.0 * timing.machine_factor(run, 2.0) * timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte)
     assert timing.target_overhead(run, "fsdp1", "cuda", 2.0) is None
-    part = timing.target_overhead(timing.FamilyOverhead("fsdp1", None, 0.3, 0.0), "fsdp1", "cpu", None)
-    assert part.reduce_us_per_byte == 0.3 and part.gather_us_per_byte == timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte
+    part_run = timing.FamilyOverhead("fsdp1", None, 0.3, 0.0)
+    part = timing.target_overhead(part_run, "fsdp1", "cpu", None)
+    assert part.reduce_us_per_byte == 0.3 and part.gather_us_per_byte == pytest.approx(
+        timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte * 0.3 / timing.DOCUMENTED_OVERHEAD["fsdp1"].reduce_us_per_byte)
+
+
+def test_documented_figures_scaled_by_the_runs_own_work_against_the_reference_machine():
+    """A run's FSDP work measured at k x the reference machine's figures (x its contention) makes a family it
+    does not have cost k x that family's figures: the geometric mean over what it measured; a run that measured
+    nothing to compare takes the reference machine's figures as they are."""
+    from fsdpprof.analyze.whatif import timing
+
+    doc = timing.DOCUMENTED_OVERHEAD
+    f1, f2 = doc["fsdp1"], doc["fsdp2"]
+    # FSDP1 FULL_SHARD at 2x the reference (gather) and 8x (reduce), contention 1.5: factor sqrt(2 x 8) = 4
+    run = timing.FamilyOverhead("fsdp1", 2 * 1.5 * f1.gather_us_per_byte, 8 * 1.5 * f1.reduce_us_per_byte, 0.0)
+    assert timing.machine_factor(run, 1.5) == pytest.approx(4.0)
+    t = timing.target_overhead(run, "fsdp2", "cpu", 1.5)
+    assert (t.gather_us_per_byte, t.reduce_us_per_byte, t.dispatch_us_per_param) == (
+        pytest.approx(6 * f2.gather_us_per_byte), pytest.approx(6 * f2.reduce_us_per_byte),
+        pytest.approx(6 * f2.dispatch_us_per_param))
+    # exactly the reference machine: factor 1
+    same = timing.FamilyOverhead("fsdp2", f2.gather_us_per_byte, f2.reduce_us_per_byte, f2.dispatch_us_per_param)
+    assert timing.machine_factor(same, None) == pytest.approx(1.0)
+    # NO_SHARD (no gather, no reduce-scatter) compares its all-reduce's own work; DDP its reducer's
+    no_shard = timing.FamilyOverhead("fsdp1", None, None, 0.0, allreduce_us_per_byte=3 * f1.allreduce_us_per_byte)
+    assert timing.machine_factor(no_shard, 1.0) == pytest.approx(3.0)
+    assert timing.target_overhead(no_shard, "fsdp2", "cpu", 1.0).dispatch_us_per_param == pytest.approx(
+        3 * f2.dispatch_us_per_param)
+    # same family, measured in part: the missing figure scaled too
+    assert timing.target_overhead(no_shard, "fsdp1", "cpu", 1.0).gather_us_per_byte == pytest.approx(
+        3 * f1.gather_us_per_byte)
+    ddp = timing.FamilyOverhead("ddp", None, None, 0.0, allreduce_us_per_byte=doc["ddp"].allreduce_us_per_byte)
+    assert timing.machine_factor(ddp, 2.0) == pytest.approx(0.5)      # (as fast as the reference at contention 2)
+    assert timing.target_overhead(ddp, "fsdp1", "cpu", 2.0).reduce_us_per_byte == pytest.approx(f1.reduce_us_per_byte)
+    # nothing measured: the reference figures x contention, and "assumed" says so
+    bare = timing.FamilyOverhead("fsdp1", None, None, 0.0)
+    assert timing.machine_factor(bare, 1.0) is None
+    assert timing.target_overhead(bare, "fsdp2", "cpu", 1.25).gather_us_per_byte == pytest.approx(
+        1.25 * f2.gather_us_per_byte)
+    src = source(tg.FULL_SHARD, family="fsdp1")
+    said = " ".join(timing.own_work_assumed(timing.own_work_for(run, 0.0, 10, src, tg.make_target(src, "FULL_SHARD",
+                                                                                                  family="fsdp2"),
+                                                                [], 1.5), src, tg.make_target(src, "FULL_SHARD",
+                                                                                              family="fsdp2")))
+    assert "x 4.00, the time the run's own fsdp1 work took" in said
+    said = " ".join(timing.own_work_assumed(timing.own_work_for(bare, 0.0, 10, src, tg.make_target(src, "FULL_SHARD",
+                                                                                                   family="fsdp2"),
+                                                                [], 1.0), src, tg.make_target(src, "FULL_SHARD",
+                                                                                              family="fsdp2")))
+    assert "as on the reference machine (the run measured no fsdp1 work to compare)" in said
 
 
 def test_a_snapshot_window_is_split_into_steps():
@@ -491,6 +540,9 @@ def test_ddp_reducer_work_on_a_hand_built_trace():
     # the same family keeps it (DDP -> DDP: nothing taken out); another family's target does not have it
     assert timing.target_overhead(run, "ddp", "cpu", 1.0) is run
     assert timing.target_overhead(run, "fsdp2", "cpu", 1.0).reducer_us_per_step == 0.0
+    # its reducer per byte all-reduced (1000 + 3000 B): the yardstick of the machine, not charged per byte
+    assert timing.allreduce_overhead(ev, "ddp") == pytest.approx(100.0 / 4000.0) == run.allreduce_us_per_byte
+    assert timing.allreduce_overhead(ev, "fsdp2") is None
 
 
 def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
@@ -512,4 +564,12 @@ def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
     ag, rs = timing.gather_reduce_overhead(ev, "fsdp1")
     assert (ag, rs) == (pytest.approx(0.06), pytest.approx(0.16))
     assert timing.gather_reduce_overhead(ev, "fsdp2") == (None, None)
+    # the run has a reduce-scatter: its all-reduce's own work is not a figure; NO_SHARD's (the same hook around an
+    # all-reduce) is: 80 us / 500 B
+    assert timing.allreduce_overhead(ev, "fsdp1") is None
+    no_shard = ev.copy()
+    no_shard["collective"] = no_shard["collective"].astype(object).replace(
+        {"all_gather": None, "reduce_scatter": "all_reduce"}).astype("category")
+    no_shard = no_shard[no_shard["name"].astype(str) != "gloo:all_gather"]
+    assert timing.allreduce_overhead(no_shard, "fsdp1") == pytest.approx(0.16)
     assert timing.run_overhead(ev, "fsdp1", params=10, steps=1).dispatch_us_per_param == 0.0

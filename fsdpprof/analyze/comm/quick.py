@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.analyze.trace import rules
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -690,19 +691,6 @@ def _full_path_rank(trace_path: str, rank: int, max_bytes: int | None):
     return "ok", ov, vol, list(val.warnings)
 
 
-def _quietly(fn, *args):
-    """``fn(*args)`` with the cyclic garbage collector paused: reading a trace makes many objects and no cycles."""
-    import gc
-
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        return fn(*args)
-    finally:
-        if was:
-            gc.enable()
-
-
 class _RankRead(msgspec.Struct, array_like=True):
     """What reading one rank by the quick path gave (sent back from a forked reader as msgpack):
     ``ok`` False when the full path must read it."""
@@ -725,7 +713,8 @@ def _read_ranks(jobs: list, max_bytes: Optional[int]) -> list:
     for r, path in jobs:
         defects: dict = {}
         try:
-            ov, vol = _quietly(_rank_numbers, path, r, max_bytes, defects)
+            with gc_paused():
+                ov, vol = _rank_numbers(path, r, max_bytes, defects)
             out.append(_RankRead(r, True, ov, vol, defects))
         except Exception:            # _NotQuick, unreadable, or anything the quick reader did not foresee
             out.append(_RankRead(r, False))

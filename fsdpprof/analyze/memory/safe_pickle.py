@@ -7,13 +7,12 @@ user's file is ever imported or executed. gzip-compressed pickles are recognised
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import io
 import os
 import pickle
 import zlib
 
+from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.errors import UserError
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -35,20 +34,6 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise UserError(
             f"{self._label}: refusing pickle persistent id (only plain data is allowed in a memory snapshot)")
 
-
-@contextlib.contextmanager
-def gc_paused():
-    """Pause the cyclic garbage collector while a block builds many containers that stay alive (an
-    unpickled snapshot: ~10^5-10^6 dicts and lists). Otherwise each collection rescans all of them
-    for cycles there cannot be (about a third of a 2.5 MiB snapshot's load time). Reference counting
-    still frees memory; the collector's previous state is restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _gunzip(data: bytes, label: str, max_bytes: int | None) -> bytes:

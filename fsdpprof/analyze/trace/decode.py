@@ -39,6 +39,7 @@ from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, n
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
     plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
     LEFT_OUT as _LEFT_OUT, XArgs)
+from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
@@ -1190,7 +1191,7 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
     Bad input raises :class:`fsdpprof.errors.UserError` (one line, naming the file); malformed events
     are left out and said so in ``TraceData.warnings``, one line per kind."""
     path = os.fspath(path)
-    with unexpected_as_user_error(f"trace {path}"):
+    with unexpected_as_user_error(f"trace {path}"), gc_paused():
         return _load_trace(path, rank, progress, max_bytes)
 
 

@@ -325,7 +325,10 @@ class FamilyOverhead:
     copy-out, chunk-cat, flat-parameter padding: inside its gather and reduce annotations, minus the
     communication waited for there) and µs of DTensor dispatch per parameter tensor per step (FSDP2's
     parameters are DTensors: each optimizer op on one goes through ``__torch_dispatch__``). None: unknown.
-    ``how``: "measured" (on the run) or "documented" (:data:`DOCUMENTED_OVERHEAD`)."""
+    ``how``: "measured" (on the run) or "documented" (:data:`DOCUMENTED_OVERHEAD`).
+    ``allreduce_us_per_byte``: where gradients are reduced by all-reduce alone (FSDP1 NO_SHARD, DDP), the
+    reduction's own work per byte all-reduced (FSDP1's post-backward hook less the communication in it, DDP's
+    reducer ranges): not charged (DDP's reducer is, per step), a yardstick of the machine (:func:`machine_factor`)."""
 
     family: str
     gather_us_per_byte: float | None
@@ -333,6 +336,7 @@ class FamilyOverhead:
     dispatch_us_per_param: float | None
     how: str = "measured"
     reducer_us_per_step: float = 0.0     # DDP's reducer (gradient division, bucket copies), µs per step
+    allreduce_us_per_byte: float | None = None
 
     def step_us(self, gathered_bytes: float, reduced_bytes: float, params: int) -> float:
         """This overhead over one step (µs): gathered / reduced bytes, parameter tensors (unknown parts 0)."""
@@ -340,42 +344,83 @@ class FamilyOverhead:
                 + (self.dispatch_us_per_param or 0.0) * params + self.reducer_us_per_step)
 
 
-# For a family the run does not have (a CPU run only), at contention 1: measured by benchmarks/bench_whatif.py
-# on fsdpprof's example (2-core Xeon, torch 2.13, gloo, fp32): the median over every rank of 4 recordings of
-# every strategy of the family (2 invocations; 40 FSDP2 ranks, 32 FSDP1 ranks), each rank's figure divided
-# by its contention from rank.json cpu. DDP gathers and reduces nothing unit by unit and its parameters are
-# plain tensors; its reducer's work (gradient division, bucket copies) is measured on a DDP run
-# (:func:`ddp_reducer_us`) and taken out for another family's target, but has no figure here: a DDP target
-# of an FSDP run is not charged for it.
+# For a family the run does not have (a CPU run only), at contention 1, on the reference machine: measured by
+# benchmarks/bench_whatif.py on fsdpprof's example (2-core AMD EPYC, torch 2.13, gloo, fp32; 2026-12-01): the
+# median over every rank of REF_RECORDINGS, each rank's figure divided by its contention from rank.json cpu.
+# Another machine does the same work faster or slower (a 2-core Xeon did FSDP2's in 0.43-0.53x the time,
+# FSDP1's in 0.40-0.52x): the figures are scaled by :func:`machine_factor`, the run's own work against these.
+# DDP gathers and reduces nothing unit by unit and its parameters are plain tensors; its reducer's work
+# (gradient division, bucket copies) is measured on a DDP run (:func:`ddp_reducer_us`) and taken out for
+# another family's target, but is not charged to a DDP target of an FSDP run.
+REF_RECORDINGS = ("6 recordings each of FSDP2, FSDP1 FULL_SHARD, FSDP1 NO_SHARD and DDP (2 ranks)")
 DOCUMENTED_OVERHEAD = {
-    "fsdp2": FamilyOverhead("fsdp2", 604e-6, 972e-6, 252.0, "documented"),
-    "fsdp1": FamilyOverhead("fsdp1", 318e-6, 676e-6, 0.0, "documented"),
-    "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented"),
+    "fsdp2": FamilyOverhead("fsdp2", 1.406e-3, 3.281e-3, 481.0, "documented"),
+    "fsdp1": FamilyOverhead("fsdp1", 0.616e-3, 1.712e-3, 0.0, "documented", allreduce_us_per_byte=0.480e-3),
+    "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented", allreduce_us_per_byte=0.543e-3),
 }
+
+
+def machine_factor(run: FamilyOverhead, contention: float | None) -> float | None:
+    """How much longer the run's machine takes for FSDP's own work than the reference machine of
+    :data:`DOCUMENTED_OVERHEAD`: the geometric mean, over the figures the run measured that its family has
+    documented (gather, reduce, dispatch per parameter, all-reduce's own work), of measured / (documented x the
+    run's contention, 1 when unknown). None when the run measured none of them."""
+    doc = DOCUMENTED_OVERHEAD.get(run.family)
+    if doc is None:
+        return None
+    c = contention or 1.0
+    logs = [np.log(m / (d * c)) for m, d in ((run.gather_us_per_byte, doc.gather_us_per_byte),
+                                             (run.reduce_us_per_byte, doc.reduce_us_per_byte),
+                                             (run.dispatch_us_per_param, doc.dispatch_us_per_param),
+                                             (run.allreduce_us_per_byte, doc.allreduce_us_per_byte))
+            if m is not None and d and m > 0 and np.isfinite(m)]
+    return float(np.exp(np.mean(logs))) if logs else None
 
 
 def gather_reduce_overhead(events: pd.DataFrame, family: str) -> tuple[float | None, float | None]:
     """The family's CPU time per gathered byte and per reduced byte (µs/byte): its gather and reduce
     annotations (:data:`GATHER_OVERHEAD_PHASES`, :data:`REDUCE_OVERHEAD_PHASES`) minus the communication
     waited for inside them, over the bytes they moved; None where the run has none."""
-    ann = labels.fsdp_intervals(events)
-    if family not in GATHER_OVERHEAD_PHASES or not len(ann):
+    if family not in GATHER_OVERHEAD_PHASES:
         return None, None
-    ann = ann[ann["family"] == family]
+    return (_annotated_work_per_byte(events, family, GATHER_OVERHEAD_PHASES[family], vocab.ALL_GATHER),
+            _annotated_work_per_byte(events, family, REDUCE_OVERHEAD_PHASES[family], vocab.REDUCE_SCATTER))
+
+
+def allreduce_overhead(events: pd.DataFrame, family: str) -> float | None:
+    """Where the run reduces gradients by all-reduce alone (no reduce-scatter): the reduction's own CPU time per
+    byte all-reduced (µs/byte): FSDP1's post-backward hooks less the communication waited for in them (NO_SHARD),
+    DDP's reducer ranges (:func:`ddp_reducer_us`); None otherwise (FSDP2 has no such strategy)."""
     comm = events[isin(events["kind"], [vocab.KIND_COMM])]
+    if isin(comm["collective"], [vocab.REDUCE_SCATTER]).any():
+        return None
+    nbytes = float(comm.loc[isin(comm["collective"], [vocab.ALL_REDUCE]), "bytes"].sum())
+    if not nbytes > 0:
+        return None
+    if family == "ddp":
+        us = ddp_reducer_us(events)
+        return us / nbytes if us > 0 else None
+    if family != "fsdp1":
+        return None
+    return _annotated_work_per_byte(events, family, REDUCE_OVERHEAD_PHASES[family], vocab.ALL_REDUCE)
+
+
+def _annotated_work_per_byte(events: pd.DataFrame, family: str, phases: tuple, collective: str) -> float | None:
+    """The time covered by the family's annotations of ``phases`` less the communication inside them (µs), over
+    the bytes of the run's ``collective`` calls; None where either is missing."""
+    ann = labels.fsdp_intervals(events)
+    if not len(ann):
+        return None
+    ann = ann[ann["family"] == family]
+    sel = ann[ann["fsdp_phase"].isin(phases)]
+    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
+    nbytes = comm.loc[isin(comm["collective"], [collective]), "bytes"].sum()
+    if not len(sel) or not nbytes:
+        return None
     cs, ce = comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)
-    out = []
-    for phases, coll in ((GATHER_OVERHEAD_PHASES[family], vocab.ALL_GATHER),
-                         (REDUCE_OVERHEAD_PHASES[family], vocab.REDUCE_SCATTER)):
-        sel = ann[ann["fsdp_phase"].isin(phases)]
-        nbytes = comm.loc[isin(comm["collective"], [coll]), "bytes"].sum()
-        if not len(sel) or not nbytes:
-            out.append(None)
-            continue
-        s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
-        busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, cs, ce).sum())
-        out.append(max(busy, 0.0) / float(nbytes))
-    return out[0], out[1]
+    s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
+    busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, cs, ce).sum())
+    return max(busy, 0.0) / float(nbytes)
 
 
 def _nesting(ts: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -470,26 +515,29 @@ def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> 
     ag, rs = gather_reduce_overhead(events, family)
     dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
     reducer = ddp_reducer_us(events) / max(steps, 1) if family == "ddp" else 0.0
-    return FamilyOverhead(family, ag, rs, dispatch, reducer_us_per_step=reducer)
+    return FamilyOverhead(family, ag, rs, dispatch, reducer_us_per_step=reducer,
+                          allreduce_us_per_byte=allreduce_overhead(events, family))
 
 
 def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
                     contention: float | None) -> FamilyOverhead | None:
     """The target family's overhead: the run's where it is the same family and measured it; else, on a CPU
-    run, :data:`DOCUMENTED_OVERHEAD` on the run's clock (x its measured contention, 1 when unknown); None
-    (not charged) on an accelerator."""
+    run, :data:`DOCUMENTED_OVERHEAD` on the run's clock: x its measured contention (1 when unknown) x
+    :func:`machine_factor` (1 when the run measured nothing to compare), ``how`` "documented"; None (not
+    charged) on an accelerator."""
     if target_family == run.family and (run.family == "ddp" or run.gather_us_per_byte is not None
                                         and run.reduce_us_per_byte is not None):
         return run                     # (DDP: its reducer, all it has, is measured)
     if device_type != "cpu" or target_family not in DOCUMENTED_OVERHEAD:
         return run if target_family == run.family else None
-    d, c = DOCUMENTED_OVERHEAD[target_family], contention or 1.0
+    d = DOCUMENTED_OVERHEAD[target_family]
+    c = (contention or 1.0) * (machine_factor(run, contention) or 1.0)
     if target_family == run.family:   # measured what it could
         return FamilyOverhead(run.family, run.gather_us_per_byte if run.gather_us_per_byte is not None
                               else d.gather_us_per_byte * c,
                               run.reduce_us_per_byte if run.reduce_us_per_byte is not None
                               else d.reduce_us_per_byte * c, run.dispatch_us_per_param, "measured+documented",
-                              run.reducer_us_per_step)
+                              run.reducer_us_per_step, run.allreduce_us_per_byte)
     return FamilyOverhead(target_family, d.gather_us_per_byte * c, d.reduce_us_per_byte * c,
                           d.dispatch_us_per_param * c, "documented")
 
@@ -499,13 +547,14 @@ class OwnWork:
     """The run's CPU work that the target changes, per step: FSDP's own work (``run`` measured, ``target``:
     :func:`target_overhead`, None: not charged) over the model's ``params`` parameter tensors, and the
     optimizer's element work (µs, :func:`optimizer_element_us`) with the target's local parameter elements
-    over the run's (``element_ratio``)."""
+    over the run's (``element_ratio``); ``machine``: :func:`machine_factor` of the run (None: nothing to compare)."""
 
     run: FamilyOverhead
     target: FamilyOverhead | None
     params: int
     optimizer_element_us: float
     element_ratio: float
+    machine: float | None = None
 
 
 @dataclass
@@ -717,7 +766,7 @@ def own_work_for(run: FamilyOverhead, optimizer_element_us: float, params: int, 
     run_local = local(source.shard_group if source.sharded else 1)
     ratio = local(target.shard_group if target.sharded else 1) / run_local if run_local else 1.0
     return OwnWork(run, target_overhead(run, target.family, source.device_type, contention), params,
-                   optimizer_element_us, ratio)
+                   optimizer_element_us, ratio, machine_factor(run, contention))
 
 
 def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list[str]:
@@ -732,11 +781,14 @@ def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list
                    "DDP run to measure")
     elif own.target.how != "measured":
         d = DOCUMENTED_OVERHEAD[own.target.family]
+        machine = (f"x {own.machine:.2f}, the time the run's own {own.run.family} work took against the same "
+                   f"figures of the reference machine" if own.machine is not None else
+                   f"as on the reference machine (the run measured no {own.run.family} work to compare)")
         out.append(f"{own.target.family}'s own CPU work from documented figures (the run has none to measure): "
                    f"{d.gather_us_per_byte * 1e6:.0f} µs per MB gathered, {d.reduce_us_per_byte * 1e6:.0f} µs per MB "
-                   f"reduced, {d.dispatch_us_per_param:.0f} µs of DTensor dispatch per parameter tensor and step, "
-                   f"x the run's contention (measured by benchmarks/bench_whatif.py on fsdpprof's example, 2-core "
-                   f"Xeon, torch 2.13, gloo)")
+                   f"reduced, {d.dispatch_us_per_param:.0f} µs of DTensor dispatch per parameter tensor and step on "
+                   f"the reference machine (benchmarks/bench_whatif.py on fsdpprof's example, 2-core AMD EPYC, torch "
+                   f"2.13, gloo), x the run's contention, {machine}")
     if own.run.family != target.family and own.target is not None:
         what = "its reducer's record_function ranges" if own.run.family == "ddp" else "its annotations"
         out.append(f"the run's own {own.run.family} CPU work (measured on {what}) taken out")
