@@ -573,3 +573,27 @@ def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
     no_shard = no_shard[no_shard["name"].astype(str) != "gloo:all_gather"]
     assert timing.allreduce_overhead(no_shard, "fsdp1") == pytest.approx(0.16)
     assert timing.run_overhead(ev, "fsdp1", params=10, steps=1).dispatch_us_per_param == 0.0
+
+
+def test_fsdp2_own_work_includes_the_hooks_that_issue_its_collectives():
+    """FSDP2's own work, as FSDP1's, is its hooks too: a pre-forward (0-100 us) around an all-gather annotation
+    (10-60) around a 1000 B all-gather waited for 20-40 -> 80 us, 0.08 us/B (the all-gather annotation alone:
+    30 us); a post-backward reduce (200-250) around a 500 B reduce-scatter 210-230, and the root's post-backward
+    callback (300-340) -> 70 us, 0.14 us/B."""
+    from fsdpprof.analyze.whatif import timing
+
+    rows = [("FSDP::pre_forward (layers.0)", "annotation", 0, 100, None, np.nan),
+            ("FSDP::all_gather (layers.0)", "annotation", 10, 50, None, np.nan),
+            ("gloo:all_gather", "comm", 20, 20, "all_gather", 1000.0),
+            ("FSDP::post_backward_reduce (layers.0)", "annotation", 200, 50, None, np.nan),
+            ("gloo:reduce_scatter", "comm", 210, 20, "reduce_scatter", 500.0),
+            ("FSDP::root_post_backward_callback", "annotation", 300, 40, None, np.nan)]
+    ev = pd.DataFrame(rows, columns=["name", "kind", "ts_us", "dur_us", "collective", "bytes"])
+    ev["lane"] = "t1"
+    for c in ("name", "kind", "lane", "collective"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    ag, rs = timing.gather_reduce_overhead(ev, "fsdp2")
+    assert (ag, rs) == (pytest.approx(0.08), pytest.approx(0.14))
+    assert timing.gather_reduce_overhead(ev, "fsdp1") == (None, None)

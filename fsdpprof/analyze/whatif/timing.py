@@ -41,12 +41,16 @@ from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
-# the FSDP annotations (vocab.parse_fsdp phases) around each family's own CPU work for a gather / a reduction
+# the FSDP annotations (vocab.parse_fsdp phases) around each family's own CPU work for a gather / a reduction:
+# the hooks that issue them too (FSDP2's pre-forward / pre-backward / post-forward around its all-gathers, its
+# root post-backward callback, reshard and gradient accumulation beside its reductions), as FSDP1's hooks are
 GATHER_OVERHEAD_PHASES = {"fsdp2": ("all_gather", "all_gather_copy_out", "foreach_all_gather",
-                                    "foreach_all_gather_copy_out"),
+                                    "foreach_all_gather_copy_out", "pre_forward", "pre_backward", "post_forward"),
                           "fsdp1": ("pre_forward", "pre_forward_prefetch", "pre_backward", "pre_backward_prefetch",
                                     "post_backward_prefetch")}
-REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce"), "fsdp1": ("post_backward",)}
+REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce", "root_post_backward_callback",
+                                    "post_backward_reshard", "post_backward_accumulate", "post_backward_rs_wait"),
+                          "fsdp1": ("post_backward",)}
 
 
 @dataclass
@@ -346,15 +350,15 @@ class FamilyOverhead:
 
 # For a family the run does not have (a CPU run only), at contention 1, on the reference machine: measured by
 # benchmarks/bench_whatif.py on fsdpprof's example (2-core AMD EPYC, torch 2.13, gloo, fp32; 2026-12-01): the
-# median over every rank of REF_RECORDINGS, each rank's figure divided by its contention from rank.json cpu.
-# Another machine does the same work faster or slower (a 2-core Xeon did FSDP2's in 0.43-0.53x the time,
-# FSDP1's in 0.40-0.52x): the figures are scaled by :func:`machine_factor`, the run's own work against these.
+# median over every rank of 6 recordings each of FSDP2, FSDP1 FULL_SHARD, FSDP1 NO_SHARD and DDP (2 ranks; 12
+# ranks a strategy), each rank's figure divided by its contention from rank.json cpu. Another machine does the
+# same work faster or slower (a 2-core Xeon did FSDP2's gathers, reductions and dispatch in 0.30-0.52x the time,
+# FSDP1's in 0.39-0.52x): the figures are scaled by :func:`machine_factor`, the run's own work against them.
 # DDP gathers and reduces nothing unit by unit and its parameters are plain tensors; its reducer's work
 # (gradient division, bucket copies) is measured on a DDP run (:func:`ddp_reducer_us`) and taken out for
 # another family's target, but is not charged to a DDP target of an FSDP run.
-REF_RECORDINGS = ("6 recordings each of FSDP2, FSDP1 FULL_SHARD, FSDP1 NO_SHARD and DDP (2 ranks)")
 DOCUMENTED_OVERHEAD = {
-    "fsdp2": FamilyOverhead("fsdp2", 1.406e-3, 3.281e-3, 481.0, "documented"),
+    "fsdp2": FamilyOverhead("fsdp2", 1.565e-3, 3.450e-3, 481.0, "documented"),
     "fsdp1": FamilyOverhead("fsdp1", 0.616e-3, 1.712e-3, 0.0, "documented", allreduce_us_per_byte=0.480e-3),
     "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented", allreduce_us_per_byte=0.543e-3),
 }
