@@ -23,8 +23,10 @@ same strategy 0.80-1.25x apart (FSDP2 with CPU offload; 43 % of the splits beyon
 judge a 20 % goal. With the fit of 2026-12-01 (latency at most the fastest call of its type on any rank):
 75-80/81 pairs within 20 % over four sets of 3-5 repeats, 77-81/81 from three invocations of
 ``--repeats 10`` (one measured strategy's median still moves its column by up to 15 %), 81/81 from each of
-three pools of 10-13. ``--reuse`` predicts from recordings made before, and pools those of several ``--out``
-folders (every ``<strategy>-<n>`` in each).
+three pools of 10-13 (a 2-core Xeon). On a 2-core AMD EPYC, where FSDP's own CPU work takes 2-3.5x as long
+(2026-12-01, 8 repeats, about 21 minutes): 66/81 with the Xeon's documented figures, 80/81 with figures scaled
+to the run's machine (timing.machine_factor) on a set not used to measure them. ``--reuse`` predicts from
+recordings made before, and pools those of several ``--out`` folders (every ``<strategy>-<n>`` in each).
 
 A third matrix, a diagnostic beside the goal, divides out each recording's CPU contention (rank.json
 ``cpu``: 1 + run-queue wait / time on a CPU, the median over ranks): predicted step / the contention the

@@ -545,6 +545,17 @@ def test_ddp_reducer_work_on_a_hand_built_trace():
     assert timing.allreduce_overhead(ev, "fsdp2") is None
 
 
+def _one_lane_trace(rows: list) -> pd.DataFrame:
+    """Events on one thread from (name, kind, ts_us, dur_us, collective, bytes) rows."""
+    ev = pd.DataFrame(rows, columns=["name", "kind", "ts_us", "dur_us", "collective", "bytes"])
+    ev["lane"] = "t1"
+    for c in ("name", "kind", "lane", "collective"):
+        ev[c] = ev[c].astype("category")
+    ev["ts_us"] = ev["ts_us"].astype(float)
+    ev["dur_us"] = ev["dur_us"].astype(float)
+    return ev
+
+
 def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
     """FSDP1's own work: its pre-forward (0-100 us) around a 1000 B all-gather waited for 20-60 -> 60 us, 0.06
     us/B; its post-backward hook (200-300) around a 500 B reduce-scatter 220-240 -> 80 us, 0.16 us/B. The
@@ -555,12 +566,7 @@ def test_fsdp1_gather_and_reduce_work_on_a_hand_built_trace():
             ("gloo:all_gather", "comm", 20, 40, "all_gather", 1000.0),
             ("FullyShardedDataParallel._post_backward_hook", "annotation", 200, 100, None, np.nan),
             ("gloo:reduce_scatter", "comm", 220, 20, "reduce_scatter", 500.0)]
-    ev = pd.DataFrame(rows, columns=["name", "kind", "ts_us", "dur_us", "collective", "bytes"])
-    ev["lane"] = "t1"
-    for c in ("name", "kind", "lane", "collective"):
-        ev[c] = ev[c].astype("category")
-    ev["ts_us"] = ev["ts_us"].astype(float)
-    ev["dur_us"] = ev["dur_us"].astype(float)
+    ev = _one_lane_trace(rows)
     ag, rs = timing.gather_reduce_overhead(ev, "fsdp1")
     assert (ag, rs) == (pytest.approx(0.06), pytest.approx(0.16))
     assert timing.gather_reduce_overhead(ev, "fsdp2") == (None, None)
@@ -588,12 +594,7 @@ def test_fsdp2_own_work_includes_the_hooks_that_issue_its_collectives():
             ("FSDP::post_backward_reduce (layers.0)", "annotation", 200, 50, None, np.nan),
             ("gloo:reduce_scatter", "comm", 210, 20, "reduce_scatter", 500.0),
             ("FSDP::root_post_backward_callback", "annotation", 300, 40, None, np.nan)]
-    ev = pd.DataFrame(rows, columns=["name", "kind", "ts_us", "dur_us", "collective", "bytes"])
-    ev["lane"] = "t1"
-    for c in ("name", "kind", "lane", "collective"):
-        ev[c] = ev[c].astype("category")
-    ev["ts_us"] = ev["ts_us"].astype(float)
-    ev["dur_us"] = ev["dur_us"].astype(float)
+    ev = _one_lane_trace(rows)
     ag, rs = timing.gather_reduce_overhead(ev, "fsdp2")
     assert (ag, rs) == (pytest.approx(0.08), pytest.approx(0.14))
     assert timing.gather_reduce_overhead(ev, "fsdp1") == (None, None)
