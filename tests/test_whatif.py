@@ -438,16 +438,14 @@ def test_documented_figures_scaled_by_the_runs_own_work_against_the_reference_ma
     assert timing.target_overhead(bare, "fsdp2", "cpu", 1.25).gather_us_per_byte == pytest.approx(
         1.25 * f2.gather_us_per_byte)
     src = source(tg.FULL_SHARD, family="fsdp1")
-    said = " ".join(timing.own_work_assumed(timing.own_work_for(run, 0.0, 10, src, tg.make_target(src, "FULL_SHARD",
-                                                                                                  family="fsdp2"),
-                                                                [], 1.5), src, tg.make_target(src, "FULL_SHARD",
-                                                                                              family="fsdp2")))
-    assert "x 4.00, the time the run's own fsdp1 work took" in said
-    said = " ".join(timing.own_work_assumed(timing.own_work_for(bare, 0.0, 10, src, tg.make_target(src, "FULL_SHARD",
-                                                                                                   family="fsdp2"),
-                                                                [], 1.0), src, tg.make_target(src, "FULL_SHARD",
-                                                                                              family="fsdp2")))
-    assert "as on the reference machine (the run measured no fsdp1 work to compare)" in said
+    to_fsdp2 = tg.make_target(src, "FULL_SHARD", family="fsdp2")
+
+    def said(run_overhead, contention):
+        own = timing.own_work_for(run_overhead, 0.0, 10, src, to_fsdp2, [], contention)
+        return " ".join(timing.own_work_assumed(own, src, to_fsdp2))
+
+    assert "x 4.00, the time the run's own fsdp1 work took" in said(run, 1.5)
+    assert "as on the reference machine (the run measured no fsdp1 work to compare)" in said(bare, 1.0)
 
 
 def test_a_snapshot_window_is_split_into_steps():
