@@ -480,3 +480,44 @@ def test_gc_paused_while_a_trace_loads_and_restored_after(tmp_path, monkeypatch)
     finally:
         (gc.enable if was else gc.disable)()
     assert seen == [False, False, False]
+
+
+def test_frame_of_is_the_plain_constructors_frame_without_copies():
+    """frames.frame_of (the events and memory frames of every trace): the frame pd.DataFrame(columns, columns=order,
+    copy=False) makes, dtypes and values alike, its numpy columns the arrays given (not copied, not consolidated);
+    an object column takes the plain constructor (pandas' own inference). column_arrays gives each column's array."""
+    from fsdpprof.analyze.frames import column_arrays, frame_of
+
+    n = 5
+    cols = {"rank": np.zeros(n, dtype=np.int32), "ts_us": np.arange(n, dtype=float),
+            "lane": pd.Categorical(["thread:1", "stream:7"] * 2 + ["thread:1"]), "bytes": np.full(n, np.nan),
+            "dur_us": np.ones(n)}
+    order = ["ts_us", "lane", "rank", "dur_us", "bytes"]
+    got = frame_of(cols, order)
+    pd.testing.assert_frame_equal(got, pd.DataFrame(cols, columns=order, copy=False))
+    assert list(got.columns) == order and np.shares_memory(got["ts_us"].to_numpy(), cols["ts_us"])
+    for a, c in zip(column_arrays(got), order):
+        assert pd.Series(np.asarray(a)).equals(pd.Series(np.asarray(cols[c]))) and a.dtype == got[c].dtype
+    with_text = {**cols, "name": np.array(["a", "b", "c", "d", "e"], dtype=object)}
+    pd.testing.assert_frame_equal(frame_of(with_text, order + ["name"]),
+                                  pd.DataFrame(with_text, columns=order + ["name"], copy=False))
+    assert len(frame_of({"x": np.zeros(0)}, ["x"])) == 0
+
+
+def test_comm_rows_judged_once_per_distinct_args_read_per_row():
+    """classify._comm_info judges rows that differ only in their sequence number once: each row keeps its own
+    number, and args equal in value but not in type (1 and True as the group size: a bool is no count) are told
+    apart."""
+    from types import SimpleNamespace
+
+    from fsdpprof.analyze.trace import classify
+
+    row = ("allreduce", 10, 10, 1, "Float", "0")
+    rt = SimpleNamespace(cols={"name": np.zeros(4, dtype=np.int32)}, comm_rows=[
+        (0, *row, 1, b"", b""), (1, *row, 2, b"", b""), (2, *row[:3], True, *row[4:], 3, b"", b""),
+        (3, *row[:3], 1.0, *row[4:], None, b"", b"")])
+    info = classify._comm_info(rt, ["record_param_comms"])
+    assert list(info["idx"]) == [0, 1, 2, 3]
+    assert info["seq"][:3].tolist() == [1.0, 2.0, 3.0] and np.isnan(info["seq"][3])
+    assert info["bytes"].tolist() == [40.0] * 4 and list(info["collective"]) == ["all_reduce"] * 4
+    assert info["group_size"][[0, 1, 3]].tolist() == [1.0, 1.0, 1.0] and np.isnan(info["group_size"][2])

@@ -39,9 +39,24 @@ def _comm_info(rt, name_cats: list) -> dict:
     # missing values are None (NaN, as a table of the args would hold them, is read the same: "not given")
     name_codes = rt.cols["name"]
     out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
+    # rows that differ only in their sequence number say the same (a step repeats its collectives): judged
+    # once per distinct (name, args), the number read per row
+    memo: dict = {}
     for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in rt.comm_rows:
-        coll, nbytes, dtype, gs, pg, seq, shard = rules.comm_row_info(
-            name_cats[name_codes[idx]], cname, inn, outn, gs, dt, pg, seq, dims, types)
+        name_code = int(name_codes[idx])
+        try:
+            args = (cname, inn, outn, gs, dt, pg)
+            key = (name_code, dims, types, args, tuple(map(type, args)))    # (types too: 1, 1.0 and True are equal keys)
+            said = memo.get(key)
+        except TypeError:             # a list or an object among the args: judged on its own
+            key = said = None
+        if said is None:
+            said = rules.comm_row_info(name_cats[name_code], cname, inn, outn, gs, dt, pg, None, dims, types)
+            if key is not None:
+                memo[key] = said
+        coll, nbytes, dtype, gs, pg, _, shard = said
+        seq = rules.given(seq)
+        seq = float("nan") if seq is None else float(seq)
         out["idx"].append(idx)
         out["collective"].append(coll)
         out["bytes"].append(nbytes)

@@ -39,6 +39,7 @@ from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, n
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
     plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
     LEFT_OUT as _LEFT_OUT, XArgs)
+from fsdpprof.analyze.frames import frame_of
 from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -1153,7 +1154,7 @@ def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
         ok &= ~dup
     if not ok.all():
         out = {c: v[ok] for c, v in out.items()}
-    return pd.DataFrame(out, columns=vocab.MEMORY_EVENT_COLUMNS, copy=False)
+    return frame_of(out, vocab.MEMORY_EVENT_COLUMNS)
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:

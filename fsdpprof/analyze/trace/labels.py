@@ -20,7 +20,7 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import isin, on_device
+from fsdpprof.analyze.frames import column_arrays, frame_of, isin, on_device
 from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS, per_name
 
 
@@ -302,7 +302,7 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "unit": _categorical_of_table(c["fsdp_name"], c["unit"]),
         "launch_ts_us": c["launch_ts_us"],
     }
-    return pd.DataFrame(cols, columns=vocab.EVENT_COLUMNS, copy=False)
+    return frame_of(cols, vocab.EVENT_COLUMNS)
 
 
 def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -313,8 +313,11 @@ def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
     if len(frames) == 1:
         return frames[0]
     out = {}
-    for col in frames[0].columns:
-        arrays = [f[col].array for f in frames]           # (numpy-backed or Categorical: no copies)
+    columns = list(frames[0].columns)
+    per_frame = [column_arrays(f) if list(f.columns) == columns else [f[c].array for c in columns]
+                 for f in frames]                        # (numpy or Categorical: no copies)
+    for i, col in enumerate(columns):
+        arrays = [a[i] for a in per_frame]
         dtype = arrays[0].dtype
         if not isinstance(dtype, pd.CategoricalDtype):
             out[col] = np.concatenate([np.asarray(a) for a in arrays])
@@ -337,7 +340,7 @@ def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
             remap = np.array([position.get(x, -1) for x in c] + [-1], dtype=np.int64)
             parts.append(remap[a.codes])        # (code -1, missing, stays -1: the appended last entry)
         out[col] = _from_codes(np.concatenate(parts), dtype)
-    return pd.DataFrame(out, columns=list(frames[0].columns), copy=False)
+    return frame_of(out, columns)
 
 
 def cpu_side(events: pd.DataFrame) -> np.ndarray:
