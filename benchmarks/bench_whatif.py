@@ -109,6 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", nargs="+", default=None, metavar="DIR",
                     help="predict from recordings made before (folders --out wrote; their recordings pooled)")
     ap.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES))
+    ap.add_argument("--components", action="store_true",
+                    help="also print each part of the step (compute, exposed communication, the rest) predicted / "
+                         "measured: where a step's error comes from")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     wanted = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -140,6 +143,9 @@ def main(argv=None) -> int:
     pred_peak = {a: {b: [] for b in names} for a in names}
     pred_step = {a: {b: [] for b in names} for a in names}
     pred_norm = {a: {b: [] for b in names} for a in names}
+    parts = ("compute_us", "exposed_comm_us", "rest_us")
+    pred_part = {k: {a: {b: [] for b in names} for a in names} for k in parts}
+    meas_part = {k: {b: [] for b in names} for k in parts}
     meas_norm = {b: [] for b in names}
     meas_peak = {b: [] for b in names}
     meas_step = {b: [] for b in names}
@@ -150,11 +156,15 @@ def main(argv=None) -> int:
             meas_peak[a].append(res["measured"]["peak_allocated_bytes"])
             meas_step[a].append(res["measured"]["step_us"])
             own = next(p for p in res["predictions"] if p["is_run"])
+            for k in parts:
+                meas_part[k][a].append(own[k])
             if own.get("run_cpu_contention"):
                 meas_norm[a].append(res["measured"]["step_us"] / own["run_cpu_contention"])
             for b, p in zip(names, res["predictions"]):
                 pred_peak[a][b].append(p["peak_allocated_bytes"])
                 pred_step[a][b].append(p["step_us"])
+                for k in parts:
+                    pred_part[k][a][b].append(p[k])
                 if p.get("cpu_contention"):
                     pred_norm[a][b].append(p["step_us"] / p["cpu_contention"])
                 n_pred += 1
@@ -192,6 +202,12 @@ def main(argv=None) -> int:
         print("  measured step / contention, ms: " + ", ".join(f"{b} {mn[b] / 1e3:.1f}" for b in names))
         ok_norm, worst_norm = ratio_matrix(names, short, pred_norm, mn)
         print(f"diagnostic: {ok_norm}/{n} pairs within {100 * STEP_GOAL:.0f} % (worst ratio x{worst_norm:.2f})")
+    if args.components:
+        for k in parts:
+            mk = {b: med(v) for b, v in meas_part[k].items()}
+            print(f"\ndiagnostic: {k[:-3].replace('_', ' ')} per step, predicted / measured (measured medians, ms: "
+                  + ", ".join(f"{b} {mk[b] / 1e3:.1f}" for b in names) + ")")
+            ratio_matrix(names, short, pred_part[k], mk)
     return 0
 
 

@@ -315,13 +315,40 @@ def test_collective_fit_latency_at_most_the_fastest_call():
     # what an FSDP collective of 1.6 MB on the wire then costs, against Theil-Sen's line
     assert lat + 1.6e6 * slope < lat_ts + 1.6e6 * timing._theil_sen(x, y)[1]
     fit = timing.fit_collectives(pd.DataFrame({
-        "kind": pd.Categorical([vocab.KIND_COMM] * 6), "collective": pd.Categorical([vocab.ALL_REDUCE] * 6),
-        "bytes": x, "group_size": np.full(6, 2.0), "dur_us": y}))
+        "kind": pd.Categorical([vocab.KIND_COMM] * 6), "name": pd.Categorical(["nccl:all_reduce"] * 6),
+        "collective": pd.Categorical([vocab.ALL_REDUCE] * 6), "bytes": x, "group_size": np.full(6, 2.0), "dur_us": y}))
     # (all-reduce on 2 ranks: wire bytes = 2 x 1/2 x bytes, the same x)
     assert fit.by_type[vocab.ALL_REDUCE][:2] == pytest.approx((lat, slope))
     assert fit.pooled[:2] == pytest.approx((lat, slope))
     assert fit.describe() == [f"all_reduce: 400 us + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
                               f"capped at the run's fastest call)"]
+
+
+def test_gloo_reduce_scatter_moves_what_an_all_reduce_of_its_input_moves():
+    """gloo has no reduce-scatter of its own: c10d runs it as gloo's all-reduce of the whole input (the work on
+    the trace is gloo:all_reduce), which moves 2(n-1)/n of it, not (n-1)/n. A gloo run's reduce-scatters (4 MB
+    in 10 ms) then predict an all-reduce of 4 MB in 10 ms too; read with the ring factors (an NCCL run) the same
+    calls predict 20 ms on 2 ranks (what made DDP's exposed communication predicted from an FSDP run on CPU about
+    twice the measured)."""
+    from fsdpprof.analyze.whatif import timing
+
+    assert list(vocab.wire_factor([vocab.REDUCE_SCATTER, vocab.ALL_GATHER, vocab.ALL_REDUCE], 4, gloo=True)) == \
+        [1.5, 0.75, 1.5]
+    assert list(vocab.wire_factor([vocab.REDUCE_SCATTER, vocab.ALL_REDUCE], 4)) == [0.75, 1.5]
+    x = np.array([1e6, 2e6, 4e6, 8e6])
+
+    def fit_of(name):
+        return timing.fit_collectives(pd.DataFrame({
+            "kind": pd.Categorical([vocab.KIND_COMM] * 4), "name": pd.Categorical([name] * 4),
+            "collective": pd.Categorical([vocab.REDUCE_SCATTER] * 4), "bytes": x, "group_size": np.full(4, 2.0),
+            "dur_us": 2.5e-3 * x}))
+
+    gloo, nccl = fit_of("gloo:all_reduce"), fit_of("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm *)")
+    assert gloo.gloo and not nccl.gloo
+    assert gloo.time_us(vocab.REDUCE_SCATTER, 4e6, 2) == pytest.approx(10_000.0)
+    assert gloo.time_us(vocab.ALL_REDUCE, 4e6, 2) == pytest.approx(10_000.0)
+    assert nccl.time_us(vocab.REDUCE_SCATTER, 4e6, 2) == pytest.approx(10_000.0)
+    assert nccl.time_us(vocab.ALL_REDUCE, 4e6, 2) == pytest.approx(20_000.0)
 
 
 def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
@@ -401,6 +428,40 @@ def test_hand_built_family_and_optimizer_work():
     part = timing.target_overhead(part_run, "fsdp1", "cpu", None)
     assert part.reduce_us_per_byte == 0.3 and part.gather_us_per_byte == pytest.approx(
         timing.DOCUMENTED_OVERHEAD["fsdp1"].gather_us_per_byte * 0.3 / timing.DOCUMENTED_OVERHEAD["fsdp1"].reduce_us_per_byte)
+
+
+def test_own_work_taken_out_of_compute_and_rest_by_its_compute_share():
+    """The step of test_hand_built_family_and_optimizer_work with 200 us of the rest (compute 0-100, 200-400,
+    700-1000). DDP from FSDP2 SHARD_GRAD_OP: the run's own work (80 us per 800 B gathered, 160 per 800 B reduced,
+    50 of dispatch) is taken out, the optimizer's element work (100 us, compute) paid twice. With compute shares
+    of 0.5 (gather) and 1.0 (reduce), 40 + 160 us of it leave the compute and 40 + 50 the rest: compute 600 + 100
+    - 200 = 500, rest 200 - 90 = 110. Of an unknown share, all 290 us leave the rest first (200), the 90 left
+    the compute: 610 and 0. The step is the same either way: 1000 + 100 - 290 = 810."""
+    from fsdpprof.analyze.whatif import timing
+
+    units = [Unit("", 200, 0)]
+    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 400.0, 1000.0]),
+                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
+                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
+                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
+    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
+          "bwd_end": 700.0}
+    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
+    src = source(tg.SHARD_GRAD_OP)
+    ddp_t = tg.make_target(src, "DDP")
+    shared = timing.FamilyOverhead("fsdp2", 0.1, 0.2, 5.0, gather_compute_share=0.5, reduce_compute_share=1.0)
+    assert shared.step_us(800.0, 800.0, 10) == pytest.approx(290.0)
+    assert shared.compute_us(800.0, 800.0) == pytest.approx(200.0)
+    got = {}
+    for name, run in (("shares", shared), ("unknown", timing.FamilyOverhead("fsdp2", 0.1, 0.2, 5.0))):
+        own = timing.own_work_for(run, 100.0, 10, src, ddp_t, units, contention=2.0)
+        got[name] = timing.predict_step(rs, sc, ddp_t, units, fit, src, own, sync=False)
+    exposed = got["shares"].exposed_comm_us
+    assert got["unknown"].exposed_comm_us == exposed
+    assert got["shares"].step_us == pytest.approx(810.0) == got["unknown"].step_us
+    assert got["shares"].compute_us == pytest.approx(500.0) and got["unknown"].compute_us == pytest.approx(610.0)
+    assert got["shares"].step_us - got["shares"].compute_us - exposed == pytest.approx(110.0)
+    assert got["unknown"].step_us - got["unknown"].compute_us - exposed == pytest.approx(0.0)
 
 
 def test_documented_figures_scaled_by_the_runs_own_work_against_the_reference_machine():
@@ -531,7 +592,10 @@ def test_ddp_reducer_work_on_a_hand_built_trace():
 
     ev = _cpu_ddp_step()
     assert timing.ddp_reducer_us(ev) == pytest.approx(100.0)
+    # of it, compute: mul_out 120-140 inside aten::mm (20 of the 100 us)
+    assert timing.compute_shares(ev, "ddp") == (None, None, pytest.approx(0.2))
     run = timing.run_overhead(ev, "ddp", params=10, steps=2)
+    assert run.reducer_compute_share == pytest.approx(0.2) and run.compute_us(0.0, 0.0) == pytest.approx(10.0)
     assert run.reducer_us_per_step == pytest.approx(50.0) and run.step_us(0.0, 0.0, 10) == pytest.approx(50.0)
     assert timing.run_overhead(ev, "fsdp2", params=10, steps=2).reducer_us_per_step == 0.0
     assert timing.ddp_reducer_us(ev[~ev["name"].astype(str).str.contains("reducer")]) == 0.0
@@ -596,3 +660,14 @@ def test_fsdp2_own_work_includes_the_hooks_that_issue_its_collectives():
     ag, rs = timing.gather_reduce_overhead(ev, "fsdp2")
     assert (ag, rs) == (pytest.approx(0.08), pytest.approx(0.14))
     assert timing.gather_reduce_overhead(ev, "fsdp1") == (None, None)
+    # the compute inside that work (copy-out 60-80 of the 80 us gather work; a chunk-cat 235-249 and an add 310-331
+    # of the 70 us reduce work; a matmul outside every annotation counts for neither): 20/80 and 35/70
+    with_ops = _one_lane_trace(rows + [("aten::copy_", "compute", 60, 20, None, np.nan),
+                                       ("aten::_chunk_cat", "compute", 235, 14, None, np.nan),
+                                       ("aten::add_", "compute", 310, 21, None, np.nan),
+                                       ("aten::mm", "compute", 500, 100, None, np.nan)])
+    assert timing.compute_shares(with_ops, "fsdp2") == (pytest.approx(0.25), pytest.approx(0.5), None)
+    assert timing.compute_shares(ev, "fsdp2") == (0.0, 0.0, None)
+    own = timing.run_overhead(with_ops, "fsdp2", params=1, steps=1)
+    assert (own.gather_compute_share, own.reduce_compute_share) == (pytest.approx(0.25), pytest.approx(0.5))
+    assert own.compute_us(1000.0, 500.0) == pytest.approx(20.0 + 35.0)

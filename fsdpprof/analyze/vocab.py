@@ -248,6 +248,12 @@ _RING_FACTOR = {ALL_GATHER: "frac", REDUCE_SCATTER: "frac", ALL_TO_ALL: "frac", 
                 BROADCAST: 1.0, SEND_RECV: 1.0, BARRIER: 0.0}
 
 
+# gloo has no reduce-scatter of its own: c10d runs one as gloo's all-reduce of the whole input (the work its trace
+# shows, ``gloo:all_reduce``), then keeps the rank's chunk
+GLOO_RUNS_AS = {REDUCE_SCATTER: ALL_REDUCE}
+GLOO_PREFIX = "gloo:"      # gloo's work on its own threads: gloo:all_gather, gloo:all_reduce, ...
+
+
 def bus_factor(collective, n: float) -> float:
     """Bytes each rank sends per byte of the message, ring algorithms over ``n`` ranks; it is also
     nccl-tests' bus-bandwidth factor: all_gather, reduce_scatter, all_to_all (n-1)/n; all_reduce
@@ -280,6 +286,21 @@ def ring_factor(collective, n):
         if not isinstance(r, str):
             f = np.where(coll == c, r, f)
     return f
+
+
+def wire_factor(collective, n, gloo: bool = False):
+    """Bytes each rank moves per message byte, as the backend runs the collective (numpy, per element):
+    :func:`ring_factor`, except on gloo, where a reduce-scatter moves what an all-reduce of its input moves
+    (:data:`GLOO_RUNS_AS`: 2(n-1)/n, not (n-1)/n). What a collective's time is made of, as opposed to the
+    ring traffic the ZeRO formulas count."""
+    import numpy as np
+
+    if gloo:
+        coll = np.asarray(collective, dtype=object)
+        for c, runs_as in GLOO_RUNS_AS.items():
+            coll = np.where(coll == c, runs_as, coll)
+        collective = coll
+    return ring_factor(collective, n)
 
 
 # --------------------------------------------------------------------------- dtypes

@@ -178,7 +178,7 @@ def name_flags_of(x: str) -> int:
     low = x.lower()
     return ((N_COMM if vocab.is_comm_kernel(x) else 0) | (N_MEMCPY if low.startswith(("memcpy", "dma")) else 0)
             | (N_MEMSET if low.startswith("memset") else 0) | (N_SYNC if vocab.is_sync_kernel(x) else 0)
-            | (N_GLOO if x.startswith("gloo:") else 0)
+            | (N_GLOO if x.startswith(vocab.GLOO_PREFIX) else 0)
             | (N_C10D if x.startswith("c10d::") or x in COMM_CPU_NAMES or x in WAIT_NAMES else 0)
             | (N_NCCL_OP if low.startswith("nccl:") else 0))
 
@@ -195,7 +195,7 @@ def unknown_type_label(name: str) -> str:
 
 # --------------------------------------------------------------------------- message sizes (bytes)
 # gloo op each c10d op runs as (for pairing)
-GLOO_AS = {"reduce_scatter": "all_reduce"}
+GLOO_AS = vocab.GLOO_RUNS_AS
 
 
 def numel(dims, depth: int = 0) -> float:
@@ -285,7 +285,7 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
         dtype = dtype or dtype2
         if gs is None and group == group:
             gs = group
-    elif name.startswith("gloo:"):
+    elif name.startswith(vocab.GLOO_PREFIX):
         # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
         # all_reduce (also what reduce_scatter runs as) the whole array
         nbytes, dtype2, _ = c10d_sizes(None, dims, types)

@@ -1,8 +1,9 @@
 """Step time of another strategy: the run's compute timeline with the target's collectives placed on it.
 
 1. Fit, per collective type, ``time = latency + wire_bytes / bandwidth`` from the run's own collectives
-   (wire bytes = message bytes x :func:`fsdpprof.analyze.vocab.ring_factor`; a type the run lacks uses
-   the fit of all its collectives together). Robust (Theil-Sen) because a collective's time includes
+   (wire bytes = message bytes x :func:`fsdpprof.analyze.vocab.wire_factor`, what the run's backend moves:
+   on gloo a reduce-scatter is an all-reduce of its input; a type the run lacks uses the fit of all its
+   collectives together). Robust (Theil-Sen) because a collective's time includes
    waiting for the slowest peer; its latency at most the fastest call of its type on any rank of the run
    (:func:`fit_line`, :func:`latency_floor`).
 2. Per recorded step, cut the run's exposed communication (its comm time not covered by compute) out of
@@ -19,7 +20,9 @@ The run's own CPU work that the target changes (:class:`OwnWork`): each FSDP fam
 reduced byte (FSDP2's copy-in, copy-out, chunk-cat; FSDP1's flat-parameter padding: inside its gather and
 reduce annotations, minus the communication waited for there) and FSDP2's DTensor dispatch per parameter
 are measured on the run and replaced by the target family's (the run's own when the same family, else
-:data:`DOCUMENTED_OVERHEAD`); the optimizer's element work scales with the local parameter elements.
+:data:`DOCUMENTED_OVERHEAD`); the optimizer's element work scales with the local parameter elements. What
+changes is compute as far as it is aten ops (the element work, each family's measured or documented compute
+share), the rest otherwise.
 The CPU contention of the target's host layout (:mod:`.contention`) stretches the whole step on a CPU run.
 Times in µs, sizes in bytes.
 """
@@ -55,17 +58,19 @@ REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce", "r
 
 @dataclass
 class Fit:
-    """latency_us + wire_bytes * us_per_byte, per collective type; ``pooled`` for types the run lacks."""
+    """latency_us + wire_bytes * us_per_byte, per collective type; ``pooled`` for types the run lacks;
+    ``gloo``: the run's collectives ran on gloo (wire bytes: :func:`fsdpprof.analyze.vocab.wire_factor`)."""
 
     by_type: dict = field(default_factory=dict)     # collective -> (latency_us, us_per_byte, samples)
     pooled: tuple | None = None
     capped: set = field(default_factory=set)        # the types whose latency fit_line capped
+    gloo: bool = False
 
     def time_us(self, collective: str, nbytes: float, group: int) -> float:
         if group <= 1 or nbytes <= 0:
             return 0.0
         lat, per_byte, _ = self.by_type.get(collective) or self.pooled or (0.0, 0.0, 0)
-        return float(lat + float(vocab.ring_factor(collective, group)) * nbytes * per_byte)
+        return float(lat + float(vocab.wire_factor(collective, group, self.gloo)) * nbytes * per_byte)
 
     def describe(self) -> list[str]:
         out = []
@@ -117,11 +122,13 @@ ANY_COLLECTIVE = "*"   # latency_floor's key for the fastest call of any type (t
 @dataclass(frozen=True)
 class CollectiveSamples:
     """One rank's collectives a :class:`Fit` is made of (point-to-point, unknown sizes and times left out): type,
-    wire bytes (message bytes x :func:`fsdpprof.analyze.vocab.ring_factor`), time (µs)."""
+    wire bytes (message bytes x :func:`fsdpprof.analyze.vocab.wire_factor`), time (µs); ``gloo``: they ran on
+    gloo (its work, ``gloo:*``, is on the trace)."""
 
     collective: np.ndarray
     wire_bytes: np.ndarray
     dur_us: np.ndarray
+    gloo: bool = False
 
 
 def collective_samples(events: pd.DataFrame) -> CollectiveSamples:
@@ -133,7 +140,8 @@ def collective_samples(events: pd.DataFrame) -> CollectiveSamples:
     dur = c["dur_us"].to_numpy(float)
     ok = (np.isin(coll, FIT_COLLECTIVES) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
           & np.isfinite(dur) & (dur > 0))      # (a call of no time measures no latency: it would floor every rank)
-    return CollectiveSamples(coll[ok].astype(str), nb[ok] * vocab.ring_factor(coll[ok], gs[ok]), dur[ok])
+    gloo = bool(startswith(c["name"], (vocab.GLOO_PREFIX,)).any())
+    return CollectiveSamples(coll[ok].astype(str), nb[ok] * vocab.wire_factor(coll[ok], gs[ok], gloo), dur[ok], gloo)
 
 
 def latency_floor(samples: list[CollectiveSamples]) -> dict[str, float]:
@@ -155,7 +163,7 @@ def fit_collectives(events: pd.DataFrame | CollectiveSamples, floor: dict[str, f
     latency at most ``floor``'s (:func:`latency_floor` over the run's ranks; None: this rank's alone)."""
     s = events if isinstance(events, CollectiveSamples) else collective_samples(events)
     floor = floor or {}
-    fit = Fit()
+    fit = Fit(gloo=s.gloo)
     if not len(s.dur_us):
         return fit
     for t in np.unique(s.collective):
@@ -341,11 +349,22 @@ class FamilyOverhead:
     how: str = "measured"
     reducer_us_per_step: float = 0.0     # DDP's reducer (gradient division, bucket copies), µs per step
     allreduce_us_per_byte: float | None = None
+    # the share of the gather / reduce / reducer work that is compute (its aten ops: copy-in, copy-out, chunk-cat,
+    # gradient division; on CPU the report's compute), the rest being Python; the DTensor dispatch is none
+    gather_compute_share: float | None = None
+    reduce_compute_share: float | None = None
+    reducer_compute_share: float | None = None
 
     def step_us(self, gathered_bytes: float, reduced_bytes: float, params: int) -> float:
         """This overhead over one step (µs): gathered / reduced bytes, parameter tensors (unknown parts 0)."""
         return ((self.gather_us_per_byte or 0.0) * gathered_bytes + (self.reduce_us_per_byte or 0.0) * reduced_bytes
                 + (self.dispatch_us_per_param or 0.0) * params + self.reducer_us_per_step)
+
+    def compute_us(self, gathered_bytes: float, reduced_bytes: float) -> float:
+        """The compute part of :meth:`step_us` (µs; an unknown share counts as none)."""
+        return ((self.gather_us_per_byte or 0.0) * gathered_bytes * (self.gather_compute_share or 0.0)
+                + (self.reduce_us_per_byte or 0.0) * reduced_bytes * (self.reduce_compute_share or 0.0)
+                + self.reducer_us_per_step * (self.reducer_compute_share or 0.0))
 
 
 # For a family the run does not have (a CPU run only), at contention 1, on the reference machine: measured by
@@ -356,10 +375,14 @@ class FamilyOverhead:
 # FSDP1's in 0.39-0.52x): the figures are scaled by :func:`machine_factor`, the run's own work against them.
 # DDP gathers and reduces nothing unit by unit and its parameters are plain tensors; its reducer's work
 # (gradient division, bucket copies) is measured on a DDP run (:func:`ddp_reducer_us`) and taken out for
-# another family's target, but is not charged to a DDP target of an FSDP run.
+# another family's target, but is not charged to a DDP target of an FSDP run. The compute shares (the same
+# recordings, median over ranks; they are ratios, not a machine's speed): FSDP2 0.36 of its gather work, 0.63 of
+# its reduce work; FSDP1 0.08 and 0.62.
 DOCUMENTED_OVERHEAD = {
-    "fsdp2": FamilyOverhead("fsdp2", 1.565e-3, 3.450e-3, 481.0, "documented"),
-    "fsdp1": FamilyOverhead("fsdp1", 0.616e-3, 1.712e-3, 0.0, "documented", allreduce_us_per_byte=0.480e-3),
+    "fsdp2": FamilyOverhead("fsdp2", 1.565e-3, 3.450e-3, 481.0, "documented",
+                            gather_compute_share=0.36, reduce_compute_share=0.63),
+    "fsdp1": FamilyOverhead("fsdp1", 0.616e-3, 1.712e-3, 0.0, "documented", allreduce_us_per_byte=0.480e-3,
+                            gather_compute_share=0.08, reduce_compute_share=0.62),
     "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented", allreduce_us_per_byte=0.543e-3),
 }
 
@@ -412,19 +435,59 @@ def allreduce_overhead(events: pd.DataFrame, family: str) -> float | None:
 def _annotated_work_per_byte(events: pd.DataFrame, family: str, phases: tuple, collective: str) -> float | None:
     """The time covered by the family's annotations of ``phases`` less the communication inside them (µs), over
     the bytes of the run's ``collective`` calls; None where either is missing."""
+    work = _annotated_work(events, family, phases)
+    if work is None:
+        return None
+    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
+    nbytes = comm.loc[isin(comm["collective"], [collective]), "bytes"].sum()
+    return max(work[0], 0.0) / float(nbytes) if nbytes else None
+
+
+def _annotated_work(events: pd.DataFrame, family: str, phases: tuple) -> tuple[float, float] | None:
+    """(µs covered by the family's annotations of ``phases`` less the communication inside them, µs of compute
+    inside them); None where the run has no such annotation."""
     ann = labels.fsdp_intervals(events)
     if not len(ann):
         return None
     ann = ann[ann["family"] == family]
     sel = ann[ann["fsdp_phase"].isin(phases)]
-    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
-    nbytes = comm.loc[isin(comm["collective"], [collective]), "bytes"].sum()
-    if not len(sel) or not nbytes:
+    if not len(sel):
         return None
-    cs, ce = comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)
     s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
+    return _work_in(events, s, e)
+
+
+def _work_in(events: pd.DataFrame, s: np.ndarray, e: np.ndarray) -> tuple[float, float]:
+    """(µs of the disjoint intervals s..e less the communication inside them, µs of compute inside them)."""
+    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
+    cs, ce = comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)
+    comp = events[isin(events["kind"], [vocab.KIND_COMPUTE])]
+    ps, pe = intervals.union(comp["ts_us"].to_numpy(float), (comp["ts_us"] + comp["dur_us"]).to_numpy(float))
     busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, cs, ce).sum())
-    return max(busy, 0.0) / float(nbytes)
+    i_s, i_e = intervals.intersect(s, e, ps, pe)
+    return busy, float((i_e - i_s).sum())
+
+
+def compute_shares(events: pd.DataFrame, family: str) -> tuple[float | None, float | None, float | None]:
+    """The share of the family's own work that is compute (:class:`FamilyOverhead`): of its gather work, of its
+    reduce work (their annotations less the communication inside them) and of DDP's reducer ranges; None where
+    the run has none of that work."""
+    out = []
+    for phases in (GATHER_OVERHEAD_PHASES.get(family), REDUCE_OVERHEAD_PHASES.get(family)):
+        work = _annotated_work(events, family, phases) if phases else None
+        out.append(min(work[1] / work[0], 1.0) if work and work[0] > 0 else None)
+    reducer = None
+    if family == "ddp":
+        hit = startswith(events["name"], vocab.DDP_REDUCER_PREFIXES)
+        busy = comp = 0.0
+        for ln in pd.unique(events.loc[hit, "lane"].astype(object)):
+            on_lane = events[(events["lane"].astype(object) == ln).to_numpy()]
+            red = on_lane[startswith(on_lane["name"], vocab.DDP_REDUCER_PREFIXES)]
+            s, e = intervals.union(red["ts_us"].to_numpy(float), (red["ts_us"] + red["dur_us"]).to_numpy(float))
+            b, c = _work_in(on_lane, s, e)
+            busy, comp = busy + b, comp + c
+        reducer = min(comp / busy, 1.0) if busy > 0 else None
+    return out[0], out[1], reducer
 
 
 def _nesting(ts: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -519,8 +582,10 @@ def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> 
     ag, rs = gather_reduce_overhead(events, family)
     dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
     reducer = ddp_reducer_us(events) / max(steps, 1) if family == "ddp" else 0.0
+    g_share, r_share, red_share = compute_shares(events, family)
     return FamilyOverhead(family, ag, rs, dispatch, reducer_us_per_step=reducer,
-                          allreduce_us_per_byte=allreduce_overhead(events, family))
+                          allreduce_us_per_byte=allreduce_overhead(events, family), gather_compute_share=g_share,
+                          reduce_compute_share=r_share, reducer_compute_share=red_share)
 
 
 def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
@@ -537,13 +602,15 @@ def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
     d = DOCUMENTED_OVERHEAD[target_family]
     c = (contention or 1.0) * (machine_factor(run, contention) or 1.0)
     if target_family == run.family:   # measured what it could
-        return FamilyOverhead(run.family, run.gather_us_per_byte if run.gather_us_per_byte is not None
-                              else d.gather_us_per_byte * c,
-                              run.reduce_us_per_byte if run.reduce_us_per_byte is not None
-                              else d.reduce_us_per_byte * c, run.dispatch_us_per_param, "measured+documented",
-                              run.reducer_us_per_step, run.allreduce_us_per_byte)
+        g, r = run.gather_us_per_byte is not None, run.reduce_us_per_byte is not None
+        return FamilyOverhead(run.family, run.gather_us_per_byte if g else d.gather_us_per_byte * c,
+                              run.reduce_us_per_byte if r else d.reduce_us_per_byte * c, run.dispatch_us_per_param,
+                              "measured+documented", run.reducer_us_per_step, run.allreduce_us_per_byte,
+                              run.gather_compute_share if g else d.gather_compute_share,
+                              run.reduce_compute_share if r else d.reduce_compute_share, run.reducer_compute_share)
     return FamilyOverhead(target_family, d.gather_us_per_byte * c, d.reduce_us_per_byte * c,
-                          d.dispatch_us_per_param * c, "documented")
+                          d.dispatch_us_per_param * c, "documented", gather_compute_share=d.gather_compute_share,
+                          reduce_compute_share=d.reduce_compute_share)
 
 
 @dataclass(frozen=True)
@@ -708,18 +775,27 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     # the rest can only shrink to nothing (a step is at least its compute and exposed communication)
     step_us = max(step_us, compute_us + exposed)
     # FSDP's own CPU work (per byte gathered / reduced, DTensor dispatch per parameter): the target family's
-    # instead of the run's; the optimizer's element work with the target's local parameter elements. Work
-    # added goes to the rest; work taken out leaves the rest first, then the compute
+    # instead of the run's; the optimizer's element work with the target's local parameter elements. What
+    # changes is compute (the aten ops: the optimizer's element work, the compute share of FSDP's work) or the
+    # rest (Python: the other share, the dispatch, and work of an unknown share); work taken out of one part
+    # beyond what it holds leaves the other
     tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == vocab.ALL_GATHER)
     tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == vocab.REDUCE_SCATTER)
-    delta = own.optimizer_element_us * (own.element_ratio - 1.0)
+    d_compute = own.optimizer_element_us * (own.element_ratio - 1.0)
+    d_rest = 0.0
     if own.target is not None:
-        delta += own.target.step_us(tgt_ag, tgt_rs, own.params) - own.run.step_us(rs.run_ag_bytes, rs.run_rs_bytes,
-                                                                                   own.params)
-    if delta < 0:
-        compute_us -= min(max(-delta - (step_us - compute_us - exposed), 0.0), compute_us)
-    step_us = max(step_us + delta, compute_us + exposed)
-    return StepTime(step_us, compute_us, comm_us, exposed)
+        t_all, t_comp = own.target.step_us(tgt_ag, tgt_rs, own.params), own.target.compute_us(tgt_ag, tgt_rs)
+        r_all = own.run.step_us(rs.run_ag_bytes, rs.run_rs_bytes, own.params)
+        r_comp = own.run.compute_us(rs.run_ag_bytes, rs.run_rs_bytes)
+        d_compute += t_comp - r_comp
+        d_rest += (t_all - t_comp) - (r_all - r_comp)
+    rest_us = step_us - compute_us - exposed + d_rest
+    compute_us += d_compute
+    if compute_us < 0:
+        rest_us, compute_us = rest_us + compute_us, 0.0
+    if rest_us < 0:
+        compute_us, rest_us = max(compute_us + rest_us, 0.0), 0.0
+    return StepTime(compute_us + exposed + rest_us, compute_us, comm_us, exposed)
 
 
 def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
@@ -748,6 +824,9 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
     else:
         assumed.append("forward all-gathers prefetched one unit ahead, backward ones one unit ahead (FSDP's "
                        "default), reductions waited for at the end of backward")
+    if fit.gloo:
+        assumed.append("gloo runs a reduce-scatter as an all-reduce of its whole input: timed by the bytes that "
+                       "all-reduce moves, 2(n-1)/n of the input, in the fit and in the target")
     missing = [c for c in {vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE} - set(fit.by_type)]
     if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and vocab.ALL_REDUCE not in fit.by_type):
         assumed.append("collective types the run lacks use the fit of all its collectives together")
@@ -795,7 +874,8 @@ def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list
                    f"2.13, gloo), x the run's contention, {machine}")
     if own.run.family != target.family and own.target is not None:
         what = "its reducer's record_function ranges" if own.run.family == "ddp" else "its annotations"
-        out.append(f"the run's own {own.run.family} CPU work (measured on {what}) taken out")
+        out.append(f"the run's own {own.run.family} CPU work (measured on {what}) taken out, of the compute as much "
+                   f"as its aten ops took (the compute inside it), of the rest the others")
     if abs(own.element_ratio - 1.0) > 1e-9:
         out.append(f"the optimizer's element work (its aten ops) x{own.element_ratio:.2f} with the local parameter "
                    f"elements; its Python loop over tensors kept as measured")
