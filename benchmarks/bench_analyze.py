@@ -272,6 +272,9 @@ def child(mode: str, path: str) -> None:
             except ImportError:         # (a tree from before rules.py: the memo was classify's)
                 from fsdpprof.analyze.trace import classify as _classify
                 getattr(_classify, "_MEMO", {}).clear()
+            if mode != "quick":         # nor a category dtype it built (shared by the ranks of one load)
+                from fsdpprof.analyze.trace import labels as _labels
+                getattr(_labels, "_SMALL_DTYPES", {}).clear()
 
     def cpu() -> float:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

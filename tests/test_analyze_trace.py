@@ -521,3 +521,18 @@ def test_comm_rows_judged_once_per_distinct_args_read_per_row():
     assert info["seq"][:3].tolist() == [1.0, 2.0, 3.0] and np.isnan(info["seq"][3])
     assert info["bytes"].tolist() == [40.0] * 4 and list(info["collective"]) == ["all_reduce"] * 4
     assert info["group_size"][[0, 1, 3]].tolist() == [1.0, 1.0, 1.0] and np.isnan(info["group_size"][2])
+
+
+def test_ranks_share_the_dtype_of_a_few_string_categories():
+    """Two ranks' frames: their kind / collective columns (a few strings) have one dtype object, built once, so
+    that concat_events keeps their codes as they are; their names (many) each their own, equal to pandas' own."""
+    from fsdpprof.analyze.trace import labels, load_trace
+
+    a, b = (load_trace(str(shared_data("gpu-traces", "param-dlrm-8rank-v100", f"rank-{r}.json.gz"))).events
+            for r in (0, 1))
+    for col in ("kind", "collective", "stage"):
+        assert a[col].dtype is b[col].dtype, col
+    assert a["kind"].dtype == pd.CategoricalDtype(sorted(set(a["kind"].astype(str))))
+    both = labels.concat_events([a, b])
+    assert both["kind"].dtype is a["kind"].dtype
+    assert both["kind"].astype(str).tolist() == a["kind"].astype(str).tolist() + b["kind"].astype(str).tolist()

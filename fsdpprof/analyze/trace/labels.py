@@ -215,8 +215,32 @@ _NONE_DTYPE = pd.Categorical(np.full(1, None, dtype=object)).dtype   # what pd.C
 _FROM_FASTPATH = getattr(pd.CategoricalDtype, "_from_fastpath", None)
 
 
+_SMALL_DTYPES: dict = {}      # tuple of a few string categories -> its dtype, shared by every frame that has them
+_SMALL_MAX = 64               # categories in a shared dtype (kinds, collectives, dtypes, groups, phases, units)
+
+
 def _dtype(categories) -> pd.CategoricalDtype:
-    """pd.CategoricalDtype(categories) of categories known to be distinct (no check of that: faster)."""
+    """pd.CategoricalDtype(categories) of categories known to be distinct (no check of that: faster). A few
+    strings (what most columns but the names hold) get one shared dtype per process: built once, and
+    concat_events then finds the ranks' dtypes the same object."""
+    key = None
+    if not isinstance(categories, pd.Index) and len(categories) <= _SMALL_MAX:
+        key = tuple(categories)
+        if all(type(x) is str for x in key):
+            hit = _SMALL_DTYPES.get(key)
+            if hit is not None:
+                return hit
+        else:
+            key = None
+    dtype = _new_dtype(categories)
+    if key is not None:
+        if len(_SMALL_DTYPES) >= 4096:
+            _SMALL_DTYPES.clear()
+        _SMALL_DTYPES[key] = dtype
+    return dtype
+
+
+def _new_dtype(categories) -> pd.CategoricalDtype:
     if _FROM_FASTPATH is not None:
         try:
             return _FROM_FASTPATH(pd.Index(categories), False)
