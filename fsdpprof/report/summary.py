@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from fsdpprof.analyze.frames import column_arrays
+
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
 SKEW_ROWS_MAX = 200
@@ -33,12 +35,12 @@ def _scalar(x):
     return str(x)
 
 
-def _column_values(col: pd.Series) -> list:
-    """One column's values, JSON-safe: json_safe of each value, a column at a time (numpy numbers and bools
-    by ``tolist``, NaN and infinities as None; any other column value by value)."""
+def _column_values(col) -> list:
+    """One column's values (a Series or a column's array), JSON-safe: json_safe of each value, a column at a
+    time (numpy numbers and bools by ``tolist``, NaN and infinities as None; any other column value by value)."""
     dt = col.dtype
     if isinstance(dt, np.dtype) and dt.kind in "fiub":
-        a = col.to_numpy()
+        a = np.asarray(col)
         values = a.tolist()
         if dt.kind == "f":
             finite = np.isfinite(a)
@@ -55,13 +57,22 @@ def records(df: pd.DataFrame | None) -> list[dict] | None:
     cols = [str(c) for c in df.columns]
     if not cols:
         return [{} for _ in range(len(df))]
-    columns = [_column_values(df.iloc[:, j]) for j in range(len(cols))]
+    columns = [_column_values(a) for a in column_arrays(df)]
     return [dict(zip(cols, row)) for row in zip(*columns)]
 
 
 def json_safe(x):
     """Any nesting of dicts, lists, DataFrames and numpy/pandas scalars as plain JSON values (NaN, inf -> None):
     what summary.json, compare.json and ``plan --json`` are written from."""
+    t = type(x)                        # (the plain values first: most of a summary's million values are)
+    if t is str or t is int or t is bool or x is None:
+        return x
+    if t is float:
+        return x if math.isfinite(x) else None
+    if t is dict:
+        return {k if type(k) is str else str(k): json_safe(v) for k, v in x.items()}
+    if t is list:
+        return [json_safe(v) for v in x]
     if isinstance(x, dict):
         return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
