@@ -271,16 +271,8 @@ def test_hand_built_step_time():
     at 600 of 50 + 800 x 1/2 x 0.25 = 150 us (fit) -> 1150; the measured times are kept for the others."""
     from fsdpprof.analyze.whatif import timing
 
-    units = [Unit("", 200, 0)]
-    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 600.0, 1000.0]),
-                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
-                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
-                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
+    units, rs, sc, fit, src = _sgo_step(compute_end_2=600.0)
     assert rs.length == 800 and list(rs.squeeze([100, 150, 200, 650, 1000])) == [100, 100, 100, 500, 800]
-    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
-          "bwd_end": 700.0}
-    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
-    src = source(tg.SHARD_GRAD_OP)
     none = timing.OwnWork(timing.FamilyOverhead("fsdp2", None, None, 0.0), None, 1, 0.0, 1.0)
     same = timing.predict_step(rs, sc, tg.target_of_source(src), units, fit, src, none, sync=True)
     assert (same.step_us, same.exposed_comm_us, same.compute_us) == (1000.0, 200.0, 800.0)
@@ -390,6 +382,23 @@ def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
     assert fits["0"] == timing.fit_collectives(r0, floor).describe()
 
 
+def _sgo_step(compute_end_2: float):
+    """(units, RunStep, schedule, fit, source) of the hand-built SHARD_GRAD_OP step of test_hand_built_step_time:
+    one unit, 1000 us, compute 0-100, 200-``compute_end_2`` and 700-1000, an 800 B all-gather and reduce-scatter
+    of 100 us each, exposed at 100-200 and 600-700."""
+    from fsdpprof.analyze.whatif import timing
+
+    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]),
+                        ce=np.array([100.0, compute_end_2, 1000.0]), xs=np.array([100.0, 600.0]),
+                        xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
+                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
+                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
+    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
+          "bwd_end": 700.0}
+    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
+    return [Unit("", 200, 0)], rs, sc, fit, source(tg.SHARD_GRAD_OP)
+
+
 def test_hand_built_family_and_optimizer_work():
     """The same step as test_hand_built_step_time. FSDP2 -> FSDP1 at SHARD_GRAD_OP (the same 800 B gathered
     and reduced): the run's own work (0.1 us/B gathered, 0.2 us/B reduced, 5 us of DTensor dispatch per
@@ -398,15 +407,7 @@ def test_hand_built_family_and_optimizer_work():
     element work (100 us) is paid twice, and DDP's own work is none: 1000 - 290 + 100 = 810."""
     from fsdpprof.analyze.whatif import timing
 
-    units = [Unit("", 200, 0)]
-    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 600.0, 1000.0]),
-                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
-                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
-                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
-    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
-          "bwd_end": 700.0}
-    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
-    src = source(tg.SHARD_GRAD_OP)
+    units, rs, sc, fit, src = _sgo_step(compute_end_2=600.0)
     run = timing.FamilyOverhead("fsdp2", 0.1, 0.2, 5.0)
     fsdp1 = timing.FamilyOverhead("fsdp1", 0.05, 0.05, 0.0, "documented")
     t1 = tg.make_target(src, "SHARD_GRAD_OP", family="fsdp1")
@@ -439,15 +440,7 @@ def test_own_work_taken_out_of_compute_and_rest_by_its_compute_share():
     the compute: 610 and 0. The step is the same either way: 1000 + 100 - 290 = 810."""
     from fsdpprof.analyze.whatif import timing
 
-    units = [Unit("", 200, 0)]
-    rs = timing.RunStep(step=1.0, w0=0.0, w1=1000.0, cs=np.array([0.0, 200.0, 700.0]), ce=np.array([100.0, 400.0, 1000.0]),
-                        xs=np.array([100.0, 600.0]), xe=np.array([200.0, 700.0]), cum=np.array([0.0, 100.0, 200.0]),
-                        pool=[(("all_gather", 800, 2, "f"), 100.0), (("reduce_scatter", 800, 2, "b"), 100.0)],
-                        buckets=[], run_ag_bytes=800.0, run_rs_bytes=800.0)
-    sc = {"units": {"": {"F0": 100.0, "F1": 600.0, "B0": 600.0, "B1": 600.0}}, "fwd_order": [""], "bwd_order": [""],
-          "bwd_end": 700.0}
-    fit = timing.Fit(by_type={"all_gather": (50.0, 0.25, 1)}, pooled=(0.0, 0.25, 1))
-    src = source(tg.SHARD_GRAD_OP)
+    units, rs, sc, fit, src = _sgo_step(compute_end_2=400.0)
     ddp_t = tg.make_target(src, "DDP")
     shared = timing.FamilyOverhead("fsdp2", 0.1, 0.2, 5.0, gather_compute_share=0.5, reduce_compute_share=1.0)
     assert shared.step_us(800.0, 800.0, 10) == pytest.approx(290.0)
