@@ -205,3 +205,33 @@ def test_volume_per_rank_and_collective_edge_cases():
     assert list(fast["rank"]) == [0, 0, 1, 1, 1] and fast["collective"].isna().tolist() == [False, True, False, False, True]
     ag0 = fast.iloc[0]
     assert ag0["count"] == 2 and ag0["bytes"] == 40.0 and ag0["algbw_gbps"] == pytest.approx(40.0 / 4e3)
+
+
+def test_grouped_overlap_equals_a_loop_over_the_groups():
+    """comm_overlap by several keys (one grouping, every group's intervals merged at once) against a plain loop:
+    for each of its rows, the union of that group's comm events and its intersection with the rank's compute
+    (missing keys a group of their own), on a real 8-rank GPU input; every comm event is in one row."""
+    from fsdpprof.analyze import vocab
+    from fsdpprof.analyze.comm import intervals
+    from fsdpprof.analyze.run import load_run
+
+    ev = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False).events()
+    comm = ev[(ev["kind"] == vocab.KIND_COMM).to_numpy()]
+    comp = ev[(ev["kind"] == vocab.KIND_COMPUTE).to_numpy()]
+    for by in (("rank", "step"), ("rank", "step", "collective", "pg"), ("rank", "stage", "fsdp_phase")):
+        got = overlap.comm_overlap(ev, by=by)
+        assert list(got.columns[:len(by)]) == list(by) and len(got) > 1
+        rows = 0
+        for _, row in got.iterrows():
+            sel = np.ones(len(comm), dtype=bool)
+            for k in by:
+                col = comm[k].astype(object)
+                sel &= (col.isna() if pd.isna(row[k]) else col == row[k]).to_numpy()
+            rows += int(sel.sum())
+            c = comm[sel]
+            s, e = c["ts_us"].to_numpy(float), (c["ts_us"] + c["dur_us"]).to_numpy(float)
+            p = comp[(comp["rank"] == row["rank"]).to_numpy()]
+            i_s, i_e = intervals.intersect(s, e, p["ts_us"].to_numpy(float), (p["ts_us"] + p["dur_us"]).to_numpy(float))
+            assert row["comm_us"] == pytest.approx(intervals.total(s, e), abs=1e-6)
+            assert row["overlapped_comm_us"] == pytest.approx(float((i_e - i_s).sum()), abs=1e-6)
+        assert rows == len(comm)

@@ -24,49 +24,40 @@ from fsdpprof.analyze import vocab
 OVERLAP_COLUMNS = ["comm_us", "overlapped_comm_us", "exposed_comm_us", "overlap_pct"]
 
 
-def _group_union(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Merge each group's intervals (columns start, end) into disjoint ones, vectorised over groups."""
-    if len(df) == 0:
-        return df
-    df = df.sort_values(keys + ["start"], kind="mergesort")
-    g = df.groupby(keys, sort=False, dropna=False, observed=True)
-    run_end = g["end"].cummax()
-    prev_end = run_end.groupby([df[k] for k in keys], sort=False, dropna=False, observed=True).shift(1)
-    new = prev_end.isna().to_numpy() | (df["start"].to_numpy() > prev_end.to_numpy())
-    df = df.assign(_run_end=run_end.to_numpy(), _gid=np.cumsum(new))
-    return (df.groupby("_gid", sort=False)
-              .agg(**{k: (k, "first") for k in keys}, start=("start", "first"), end=("_run_end", "max"))
-              .reset_index(drop=True))
-
-
 def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     """Per group of ``by`` (rank and optionally step, collective, phase, unit, ...):
-    comm_us, overlapped_comm_us, exposed_comm_us, overlap_pct (see module docstring)."""
+    comm_us, overlapped_comm_us, exposed_comm_us, overlap_pct (see module docstring). Groups sorted by their
+    keys (categorical keys as their values), missing keys a group of their own."""
     by = list(by)
     if "rank" not in by:
         by = ["rank"] + by
     if by == ["rank"]:
         return _per_rank(events)
-    comm = events.loc[isin(events["kind"], [vocab.KIND_COMM]), by + ["ts_us", "dur_us"]]
-    comm = comm.assign(start=comm["ts_us"], end=comm["ts_us"] + comm["dur_us"]).drop(columns=["ts_us", "dur_us"])
-    for k in by:
-        if isinstance(comm[k].dtype, pd.CategoricalDtype):
-            comm[k] = comm[k].astype(object)
-    merged = _group_union(comm, by)
-    if len(merged) == 0:
+    is_comm = isin(events["kind"], [vocab.KIND_COMM])
+    keys = events.loc[is_comm, by]
+    if len(keys) == 0:
         return pd.DataFrame({**{k: [] for k in by}, **{c: [] for c in OVERLAP_COLUMNS}})
-    ov = np.zeros(len(merged))
-    comp_mask = isin(events["kind"], [vocab.KIND_COMPUTE])
-    ranks_c = events["rank"].to_numpy()
-    for r in pd.unique(merged["rank"]):
-        sel = np.flatnonzero(merged["rank"].to_numpy() == r)
-        cm = comp_mask & (ranks_c == r)
-        cs = events["ts_us"].to_numpy()[cm]
-        ce = cs + events["dur_us"].to_numpy()[cm]
-        ov[sel] = intervals.overlap_with(merged["start"].to_numpy()[sel], merged["end"].to_numpy()[sel], cs, ce)
-    merged["comm_us"] = merged["end"] - merged["start"]
-    merged["overlapped_comm_us"] = ov
-    out = merged.groupby(by, sort=True, dropna=False)[["comm_us", "overlapped_comm_us"]].sum().reset_index()
+    keys = keys.assign(**{k: keys[k].astype(object) for k in by if isinstance(keys[k].dtype, pd.CategoricalDtype)})
+    # one group number per row, in the order of the sorted keys; each group's intervals merged at once
+    grouped = keys.groupby(by, sort=True, dropna=False)
+    gid = grouped.ngroup().to_numpy(np.int64)
+    n_groups = int(gid.max()) + 1
+    first_row = np.unique(gid, return_index=True)[1]
+    ts = events["ts_us"].to_numpy(np.float64)
+    te = ts + events["dur_us"].to_numpy(np.float64)
+    g, ms, me = intervals.grouped_union(gid, ts[is_comm], te[is_comm])
+    group_rank = keys["rank"].to_numpy()[first_row]
+    ov = np.zeros(len(ms))
+    comp = isin(events["kind"], [vocab.KIND_COMPUTE])
+    ranks = events["rank"].to_numpy()
+    merged_rank = group_rank[g]
+    for r in pd.unique(merged_rank):
+        sel = np.flatnonzero(merged_rank == r)
+        cm = comp & (ranks == r)
+        ov[sel] = intervals.overlap_with(ms[sel], me[sel], ts[cm], te[cm])
+    out = grouped.size().index.to_frame(index=False)      # (the groups' keys, in ngroup's order)
+    out["comm_us"] = np.bincount(g, weights=me - ms, minlength=n_groups)
+    out["overlapped_comm_us"] = np.bincount(g, weights=ov, minlength=n_groups)
     out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
     with np.errstate(invalid="ignore", divide="ignore"):
         out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
