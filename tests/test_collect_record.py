@@ -13,7 +13,6 @@ import shutil
 import pytest
 
 from conftest import OFFLOAD_BF16
-from fsdpprof.examples.train_fsdp import Block, TinyTransformer
 
 # (strategy, nproc, train_args, framework, strategy name, shard group, replicate group)
 CASES = [
@@ -32,6 +31,8 @@ ACTIVE_STEPS = [2, 3]
 
 
 def model_params(**sizes) -> dict[str, int]:
+    from fsdpprof.examples.train_fsdp import TinyTransformer    # (torch: imported where it runs, not to collect)
+
     kw = dict(vocab=1024, dim=256, layers=4, heads=4, seq=64)
     kw.update(sizes)
     return {name: p.numel() for name, p in TinyTransformer(**kw).named_parameters()}
@@ -182,6 +183,8 @@ def test_bf16_mixed_precision_and_cpu_offload(recorded_run):
 
 
 def test_example_blocks_are_units():
+    from fsdpprof.examples.train_fsdp import Block, TinyTransformer
+
     model = TinyTransformer(1024, 256, 4, 4, 64)
     assert sum(isinstance(m, Block) for m in model.modules()) == 4
     assert 3_000_000 < sum(p.numel() for p in model.parameters()) < 5_000_000  # "a few M params"

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import fsdp_snapshots as fs
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.memory import safe_pickle, snapshot_memory
 from fsdpprof.analyze.memory.snapshot import load_snapshot, parse_snapshot
@@ -81,6 +80,8 @@ def memory_viz_peak(snap: dict, device: int) -> int:
 
 
 def _hand_built():
+    import fsdp_snapshots as fs     # (torch's FSDP modules: imported where the snapshots are built, not to collect)
+
     out = {}
     for fam in ("fsdp2", "fsdp1"):
         out[fam] = fs.build(fs.Model(family=fam))

@@ -15,7 +15,7 @@ import socket
 import sys
 
 from fsdpprof import runfmt
-from fsdpprof.collect import launcher, recorder
+from fsdpprof.collect import launcher
 from fsdpprof.errors import UserError
 
 
@@ -27,6 +27,8 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
                         ("max_memory_entries", max_memory_entries)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UserError(f"fsdpprof.record: {name} must be a positive integer (got {value!r})")
+    from fsdpprof.collect import recorder       # (torch: after the arguments are judged)
+
     if recorder.active_recorder() is not None:  # already under `fsdpprof record`
         sys.stderr.write("fsdpprof: record() inside `fsdpprof record`: the launcher's recording is used\n")
         yield None
