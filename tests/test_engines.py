@@ -13,7 +13,6 @@ import sys
 
 import cloudpickle
 import pytest
-from distributed.diagnostics.plugin import WorkerPlugin
 
 from conftest import run_fsdpprof, shared_data
 
@@ -97,24 +96,30 @@ def test_dask_runs_each_rank_on_the_workers(scheduler):
     assert all(r.worker["peak_rss_bytes"] >= r.worker["start_rss_bytes"] > 0 for r in res)
 
 
-class _KillOnce(WorkerPlugin):
-    """Worker plugin: the first worker that starts the task whose key ends with ``suffix`` dies at once
-    (os._exit: what the OOM killer or a lost node does to a worker), once per marker file."""
+def _kill_once(marker: str, suffix: str):
+    """A worker plugin (dask's, imported here: not to collect the tests)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
 
-    name = "fsdpprof-test-kill-once"
+    class _KillOnce(WorkerPlugin):
+        """Worker plugin: the first worker that starts the task whose key ends with ``suffix`` dies at once
+        (os._exit: what the OOM killer or a lost node does to a worker), once per marker file."""
 
-    def __init__(self, marker: str, suffix: str):
-        self.marker, self.suffix = marker, suffix
+        name = "fsdpprof-test-kill-once"
 
-    def transition(self, key, start, finish, **kwargs):
-        if finish == "executing" and str(key).startswith("fsdpprof-") and str(key).endswith(self.suffix):
-            try:
-                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                return
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            os._exit(17)
+        def __init__(self, marker: str, suffix: str):
+            self.marker, self.suffix = marker, suffix
+
+        def transition(self, key, start, finish, **kwargs):
+            if finish == "executing" and str(key).startswith("fsdpprof-") and str(key).endswith(self.suffix):
+                try:
+                    fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    return
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os._exit(17)
+
+    return _KillOnce(marker, suffix)
 
 
 def test_a_worker_that_dies_mid_run_is_retried_by_dask(tmp_path, scheduler):
@@ -128,14 +133,14 @@ def test_a_worker_that_dies_mid_run_is_retried_by_dask(tmp_path, scheduler):
     run = load_run(path, lazy=True)
     expected = summary(reduce_run(run, map_ranks(run, workers=1)))
     marker = tmp_path / "killed"
-    plugin = _KillOnce(str(marker), "-3")         # the job of rank 3
+    plugin = _kill_once(str(marker), "-3")        # the job of rank 3
     cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers need not import this file
     with Client(scheduler, set_as_default=False) as client:
-        client.register_plugin(plugin, name=_KillOnce.name)
+        client.register_plugin(plugin, name=plugin.name)
         try:
             res = map_ranks(run, engine="dask", scheduler=scheduler)
         finally:
-            client.unregister_worker_plugin(_KillOnce.name)
+            client.unregister_worker_plugin(plugin.name)
         client.wait_for_workers(2, timeout=60)                     # the nanny restarted it
     assert marker.exists(), "no worker was killed: the test proved nothing"
     killed = int(marker.read_text())
