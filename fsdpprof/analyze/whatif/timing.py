@@ -404,17 +404,17 @@ def machine_factor(run: FamilyOverhead, contention: float | None) -> float | Non
     return float(np.exp(np.mean(logs))) if logs else None
 
 
-def gather_reduce_overhead(events: pd.DataFrame, family: str) -> tuple[float | None, float | None]:
+def gather_reduce_overhead(events: pd.DataFrame, family: str,
+                           work: dict | None = None) -> tuple[float | None, float | None]:
     """The family's CPU time per gathered byte and per reduced byte (µs/byte): its gather and reduce
     annotations (:data:`GATHER_OVERHEAD_PHASES`, :data:`REDUCE_OVERHEAD_PHASES`) minus the communication
-    waited for inside them, over the bytes they moved; None where the run has none."""
-    if family not in GATHER_OVERHEAD_PHASES:
-        return None, None
-    return (_annotated_work_per_byte(events, family, GATHER_OVERHEAD_PHASES[family], vocab.ALL_GATHER),
-            _annotated_work_per_byte(events, family, REDUCE_OVERHEAD_PHASES[family], vocab.REDUCE_SCATTER))
+    waited for inside them, over the bytes they moved; None where the run has none. ``work``: the run's
+    :func:`_family_work`, when already known."""
+    work = _family_work(events, family) if work is None else work
+    return (_per_byte(events, work["gather"], vocab.ALL_GATHER), _per_byte(events, work["reduce"], vocab.REDUCE_SCATTER))
 
 
-def allreduce_overhead(events: pd.DataFrame, family: str) -> float | None:
+def allreduce_overhead(events: pd.DataFrame, family: str, work: dict | None = None) -> float | None:
     """Where the run reduces gradients by all-reduce alone (no reduce-scatter): the reduction's own CPU time per
     byte all-reduced (µs/byte): FSDP1's post-backward hooks less the communication waited for in them (NO_SHARD),
     DDP's reducer ranges (:func:`ddp_reducer_us`); None otherwise (FSDP2 has no such strategy)."""
@@ -429,13 +429,32 @@ def allreduce_overhead(events: pd.DataFrame, family: str) -> float | None:
         return us / nbytes if us > 0 else None
     if family != "fsdp1":
         return None
-    return _annotated_work_per_byte(events, family, REDUCE_OVERHEAD_PHASES[family], vocab.ALL_REDUCE)
+    work = _family_work(events, family) if work is None else work
+    return _per_byte(events, work["reduce"], vocab.ALL_REDUCE)
 
 
-def _annotated_work_per_byte(events: pd.DataFrame, family: str, phases: tuple, collective: str) -> float | None:
-    """The time covered by the family's annotations of ``phases`` less the communication inside them (µs), over
-    the bytes of the run's ``collective`` calls; None where either is missing."""
-    work = _annotated_work(events, family, phases)
+def _family_work(events: pd.DataFrame, family: str) -> dict:
+    """The family's own work on the trace, {"gather": w, "reduce": w}, w = (µs covered by its annotations of
+    those phases less the communication inside them, µs of compute inside them) or None where it has none."""
+    out: dict = {"gather": None, "reduce": None}
+    if family not in GATHER_OVERHEAD_PHASES:
+        return out
+    ann = labels.fsdp_intervals(events)
+    if not len(ann):
+        return out
+    ann = ann[ann["family"] == family]
+    comm, comp = _kind_intervals(events)
+    for key, phases in (("gather", GATHER_OVERHEAD_PHASES[family]), ("reduce", REDUCE_OVERHEAD_PHASES[family])):
+        sel = ann[ann["fsdp_phase"].isin(phases)]
+        if len(sel):
+            s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
+            out[key] = _work_in(s, e, comm, comp)
+    return out
+
+
+def _per_byte(events: pd.DataFrame, work: tuple[float, float] | None, collective: str) -> float | None:
+    """A work's µs (:func:`_family_work`) over the bytes of the run's ``collective`` calls; None where either is
+    missing."""
     if work is None:
         return None
     comm = events[isin(events["kind"], [vocab.KIND_COMM])]
@@ -443,39 +462,31 @@ def _annotated_work_per_byte(events: pd.DataFrame, family: str, phases: tuple, c
     return max(work[0], 0.0) / float(nbytes) if nbytes else None
 
 
-def _annotated_work(events: pd.DataFrame, family: str, phases: tuple) -> tuple[float, float] | None:
-    """(µs covered by the family's annotations of ``phases`` less the communication inside them, µs of compute
-    inside them); None where the run has no such annotation."""
-    ann = labels.fsdp_intervals(events)
-    if not len(ann):
-        return None
-    ann = ann[ann["family"] == family]
-    sel = ann[ann["fsdp_phase"].isin(phases)]
-    if not len(sel):
-        return None
-    s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
-    return _work_in(events, s, e)
-
-
-def _work_in(events: pd.DataFrame, s: np.ndarray, e: np.ndarray) -> tuple[float, float]:
-    """(µs of the disjoint intervals s..e less the communication inside them, µs of compute inside them)."""
+def _kind_intervals(events: pd.DataFrame) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(the communication events' (start, end), the union of the compute events' (start, end))."""
     comm = events[isin(events["kind"], [vocab.KIND_COMM])]
-    cs, ce = comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)
     comp = events[isin(events["kind"], [vocab.KIND_COMPUTE])]
-    ps, pe = intervals.union(comp["ts_us"].to_numpy(float), (comp["ts_us"] + comp["dur_us"]).to_numpy(float))
-    busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, cs, ce).sum())
-    i_s, i_e = intervals.intersect(s, e, ps, pe)
+    return ((comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)),
+            intervals.union(comp["ts_us"].to_numpy(float), (comp["ts_us"] + comp["dur_us"]).to_numpy(float)))
+
+
+def _work_in(s: np.ndarray, e: np.ndarray, comm: tuple, comp: tuple) -> tuple[float, float]:
+    """(µs of the disjoint intervals s..e less the communication inside them, µs of compute inside them)."""
+    busy = float((e - s).sum()) - float(intervals.overlap_with(s, e, *comm).sum())
+    i_s, i_e = intervals.intersect(s, e, *comp)
     return busy, float((i_e - i_s).sum())
 
 
-def compute_shares(events: pd.DataFrame, family: str) -> tuple[float | None, float | None, float | None]:
+def _share(work: tuple[float, float] | None) -> float | None:
+    return min(work[1] / work[0], 1.0) if work and work[0] > 0 else None
+
+
+def compute_shares(events: pd.DataFrame, family: str,
+                   work: dict | None = None) -> tuple[float | None, float | None, float | None]:
     """The share of the family's own work that is compute (:class:`FamilyOverhead`): of its gather work, of its
-    reduce work (their annotations less the communication inside them) and of DDP's reducer ranges; None where
-    the run has none of that work."""
-    out = []
-    for phases in (GATHER_OVERHEAD_PHASES.get(family), REDUCE_OVERHEAD_PHASES.get(family)):
-        work = _annotated_work(events, family, phases) if phases else None
-        out.append(min(work[1] / work[0], 1.0) if work and work[0] > 0 else None)
+    reduce work (their annotations less the communication inside them, :func:`_family_work`) and of DDP's reducer
+    ranges; None where the run has none of that work."""
+    work = _family_work(events, family) if work is None else work
     reducer = None
     if family == "ddp":
         hit = startswith(events["name"], vocab.DDP_REDUCER_PREFIXES)
@@ -484,10 +495,10 @@ def compute_shares(events: pd.DataFrame, family: str) -> tuple[float | None, flo
             on_lane = events[(events["lane"].astype(object) == ln).to_numpy()]
             red = on_lane[startswith(on_lane["name"], vocab.DDP_REDUCER_PREFIXES)]
             s, e = intervals.union(red["ts_us"].to_numpy(float), (red["ts_us"] + red["dur_us"]).to_numpy(float))
-            b, c = _work_in(on_lane, s, e)
+            b, c = _work_in(s, e, *_kind_intervals(on_lane))
             busy, comp = busy + b, comp + c
-        reducer = min(comp / busy, 1.0) if busy > 0 else None
-    return out[0], out[1], reducer
+        reducer = _share((busy, comp))
+    return _share(work["gather"]), _share(work["reduce"]), reducer
 
 
 def _nesting(ts: np.ndarray, te: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -579,13 +590,14 @@ def ddp_reducer_us(events: pd.DataFrame) -> float:
 def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> FamilyOverhead:
     """The run's own :class:`FamilyOverhead`, measured on its trace (``steps`` recorded steps, ``params``
     parameter tensors)."""
-    ag, rs = gather_reduce_overhead(events, family)
+    work = _family_work(events, family)          # (once: the three figures below are made of it)
+    ag, rs = gather_reduce_overhead(events, family, work)
     dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
     reducer = ddp_reducer_us(events) / max(steps, 1) if family == "ddp" else 0.0
-    g_share, r_share, red_share = compute_shares(events, family)
+    g_share, r_share, red_share = compute_shares(events, family, work)
     return FamilyOverhead(family, ag, rs, dispatch, reducer_us_per_step=reducer,
-                          allreduce_us_per_byte=allreduce_overhead(events, family), gather_compute_share=g_share,
-                          reduce_compute_share=r_share, reducer_compute_share=red_share)
+                          allreduce_us_per_byte=allreduce_overhead(events, family, work),
+                          gather_compute_share=g_share, reduce_compute_share=r_share, reducer_compute_share=red_share)
 
 
 def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
