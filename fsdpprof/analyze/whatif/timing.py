@@ -489,13 +489,9 @@ def compute_shares(events: pd.DataFrame, family: str,
     work = _family_work(events, family) if work is None else work
     reducer = None
     if family == "ddp":
-        hit = startswith(events["name"], vocab.DDP_REDUCER_PREFIXES)
         busy = comp = 0.0
-        for ln in pd.unique(events.loc[hit, "lane"].astype(object)):
-            on_lane = events[(events["lane"].astype(object) == ln).to_numpy()]
-            red = on_lane[startswith(on_lane["name"], vocab.DDP_REDUCER_PREFIXES)]
-            s, e = intervals.union(red["ts_us"].to_numpy(float), (red["ts_us"] + red["dur_us"]).to_numpy(float))
-            b, c = _work_in(s, e, *_kind_intervals(on_lane))
+        for ln, s, e in _reducer_spans(events):
+            b, c = _work_in(s, e, *_kind_intervals(events[(events["lane"].astype(object) == ln).to_numpy()]))
             busy, comp = busy + b, comp + c
         reducer = _share((busy, comp))
     return _share(work["gather"]), _share(work["reduce"]), reducer
@@ -577,14 +573,20 @@ def optimizer_element_us(events: pd.DataFrame) -> float:
 def ddp_reducer_us(events: pd.DataFrame) -> float:
     """DDP's reducer work on the trace (µs, all steps): the time covered by its record_function ranges
     (:data:`fsdpprof.analyze.vocab.DDP_REDUCER_PREFIXES`), per lane, nested ranges counted once."""
+    return float(sum((e - s).sum() for _, s, e in _reducer_spans(events)))
+
+
+def _reducer_spans(events: pd.DataFrame):
+    """Per lane with DDP reducer ranges: (the lane, the union of its ranges as (start, end) arrays)."""
     hit = startswith(events["name"], vocab.DDP_REDUCER_PREFIXES)
     if not hit.any():
-        return 0.0
+        return
     red = events[hit]
     lane = red["lane"].astype(object).to_numpy()
     t0 = red["ts_us"].to_numpy(float)
     t1 = t0 + red["dur_us"].to_numpy(float)
-    return float(sum(intervals.total(t0[lane == ln], t1[lane == ln]) for ln in pd.unique(lane)))
+    for ln in pd.unique(lane):
+        yield (ln, *intervals.union(t0[lane == ln], t1[lane == ln]))
 
 
 def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> FamilyOverhead:
