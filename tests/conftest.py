@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+import cli_server
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 EXAMPLE = ROOT / "fsdpprof" / "examples" / "train_fsdp.py"
@@ -41,8 +43,12 @@ EXAMPLE = ROOT / "fsdpprof" / "examples" / "train_fsdp.py"
 DEFAULT_TRAIN_ARGS = ("--steps", "5")
 DEFAULT_RECORD_ARGS = ("--skip-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
 # the suite's one recording with CPU offload and the one with bf16 mixed precision, the same recording
-# (FSDP2, CPUOffloadPolicy, MixedPrecisionPolicy(bf16 params, fp32 reduce)): recorded_run(*OFFLOAD_BF16)
-OFFLOAD_BF16 = ("fsdp2-offload", 2, (), ("--mixed-precision", "bf16"))
+# (FSDP2, CPUOffloadPolicy, MixedPrecisionPolicy(bf16 params, fp32 reduce)): recorded_run(*OFFLOAD_BF16).
+# At half the example's width (OFFLOAD_BF16_SIZES): a CPU without bf16 instructions emulates bf16 matmuls,
+# and at the full width this one 2-rank recording took 36 CPU-s (19 at dim 128; an fp32 one takes 17).
+OFFLOAD_BF16_SIZES = {"dim": 128}
+OFFLOAD_BF16 = ("fsdp2-offload", 2, (), ("--mixed-precision", "bf16",
+                                         *(a for k, v in OFFLOAD_BF16_SIZES.items() for a in (f"--{k}", str(v)))))
 
 
 def shared_data(*parts: str) -> Path:
@@ -151,17 +157,38 @@ def pytest_sessionstart(session):
     compileall.compile_dir(str(ROOT / "fsdpprof"), quiet=2)
 
 
+_SERVER: list = []                                            # this worker's CLI fork server, once started
+
+
+def _cli_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
-                 input: str | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (so exit codes and stderr are what a user sees)."""
+                 input: str | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run the real CLI as a process of its own (so exit codes and stderr are what a user sees).
+
+    ``record`` and ``demo`` (which run jobs and handle signals), a call with ``fresh=True`` and a call whose
+    environment changes what an interpreter reads at start-up get a new ``python -m fsdpprof``; every other
+    call a child forked from this worker's CLI server, which has fsdpprof and pandas imported already
+    (tests/cli_server.py: the same process semantics, without ~0.2-0.9 s of start-up a call)."""
     if args and args[0] in RECORDING_COMMANDS:
         _must_be_slow(f"runs `fsdpprof {args[0]}`")
-    full_env = dict(os.environ)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    if env:
-        full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "fsdpprof", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, input=input)
+    base = _cli_env()
+    full_env = dict(base, **(env or {}))
+    if fresh or (args and args[0] in RECORDING_COMMANDS) or cli_server.needs_fresh_process(full_env, base):
+        return subprocess.run([sys.executable, "-m", "fsdpprof", *args], cwd=cwd, env=full_env,
+                              capture_output=True, text=True, timeout=timeout, input=input)
+    if not _SERVER:
+        _SERVER.append(cli_server.ForkServer(base))
+    return _SERVER[0].run(args, cwd, full_env, input, timeout)
+
+
+def pytest_sessionfinish(session):
+    for server in _SERVER:
+        server.close()
 
 
 # --- recordings of the example, once per session each ------------------------------------------------

@@ -13,13 +13,12 @@ Applying those two rules to our events reproduces HTA to 0.05 points, so they ar
 """
 from __future__ import annotations
 
-import logging
-import os
 
 import numpy as np
 import pytest
 
 from conftest import shared_data
+from hta_oracle import hta_overlap_pct
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.classify import classify_arrays
@@ -31,21 +30,6 @@ TRACES = [
     "hta-16rank-a100/rank-0.json.gz",
     "tracelens-b200-8rank/rank-0.json.gz",
 ] + [f"param-dlrm-8rank-v100/rank-{r}.json.gz" for r in range(8)]
-
-
-def _hta_pct(trace: str, tmp_path, include_last: bool) -> float:
-    hta_ta = pytest.importorskip("hta.trace_analysis")
-    logging.disable(logging.WARNING)
-    try:
-        d = tmp_path / ("last" if include_last else "default")
-        d.mkdir()
-        os.symlink(trace, d / os.path.basename(trace))
-        ta = hta_ta.TraceAnalysis(trace_dir=str(d), include_last_profiler_step=include_last)
-        res = ta.get_comm_comp_overlap(visualize=False)
-    finally:
-        logging.disable(logging.NOTSET)
-    assert len(res) == 1
-    return float(res["comp_comm_overlap_pctg"].iloc[0])
 
 
 def _ours(events) -> float:
@@ -73,27 +57,27 @@ def _hta_rules(trace: str, events):
 
 
 @pytest.mark.parametrize("rel", TRACES)
-def test_overlap_matches_hta(rel, tmp_path):
+def test_overlap_matches_hta(rel):
     trace = str(shared_data("gpu-traces", rel))
     run = load_run(trace, workers=1)
     ev = run.events()
     assert (ev["kind"] == "comm").sum() > 0, "every anchor trace has NCCL kernels"
 
     # 1. all steps, as we count them
-    hta_all = _hta_pct(trace, tmp_path, include_last=True)
+    hta_all = hta_overlap_pct(trace, include_last=True)
     ours_all = _ours(ev)
     assert abs(ours_all - hta_all) <= 1.0, (ours_all, hta_all)
     assert abs(_ours(_hta_rules(trace, ev)) - hta_all) <= 0.05
 
     # 2. HTA's default: the last ProfilerStep dropped (only when there are several steps)
-    hta_def = _hta_pct(trace, tmp_path, include_last=False)
+    hta_def = hta_overlap_pct(trace, include_last=False)
     steps = sorted(ev["step"].dropna().unique())
     sub = ev[ev["step"] < steps[-1]] if len(steps) > 1 and ev["name"].astype(str).str.startswith("ProfilerStep#").sum() > 1 else ev
     assert abs(_ours(sub) - hta_def) <= 1.0, (_ours(sub), hta_def)
     assert abs(_ours(_hta_rules(trace, sub)) - hta_def) <= 0.05
 
 
-def test_anchor_value_hta_nccl_2rank(tmp_path):
+def test_anchor_value_hta_nccl_2rank():
     """The figure measured with HTA by hand (14.31 %) and the exact-time figure it rounds away."""
     trace = str(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz"))
     ev = load_run(trace, workers=1).events()

@@ -39,15 +39,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import math
-import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from conftest import shared_data
+from hta_oracle import hta_results
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import breakdown as bd
 from fsdpprof.analyze.frames import isin
@@ -178,39 +177,7 @@ def hta_cpu_ops_on_streams(ev: pd.DataFrame, path: str) -> pd.DataFrame:
     return ev
 
 
-# --- HTA itself -------------------------------------------------------------------------------
-
-_HTA_CACHE: dict = {}
-
-
-def hta_results(target: str, tmp_path_factory, include_last: bool, rounding: bool = True) -> dict:
-    """HTA's three breakdowns for one trace file or a folder of rank files (loaded once per session);
-    ``rounding=False``: with HTA's own switch HTA_DISABLE_NS_ROUNDING=1 (exact times)."""
-    key = (target, include_last, rounding)
-    if key in _HTA_CACHE:
-        return _HTA_CACHE[key]
-    hta_ta = pytest.importorskip("hta.trace_analysis")
-    d = tmp_path_factory.mktemp("hta")
-    files = [os.path.join(target, f) for f in sorted(os.listdir(target))] if os.path.isdir(target) else [target]
-    for f in files:
-        os.symlink(f, d / os.path.basename(f))
-    logging.disable(logging.WARNING)
-    old = os.environ.get("HTA_DISABLE_NS_ROUNDING")
-    os.environ["HTA_DISABLE_NS_ROUNDING"] = "0" if rounding else "1"
-    try:
-        ta = hta_ta.TraceAnalysis(trace_dir=str(d), include_last_profiler_step=include_last)
-        ranks = sorted(ta.t.traces)
-        out = {"temporal": ta.get_temporal_breakdown(visualize=False)}
-        out["kernel_type"], out["kernels"] = ta.get_gpu_kernel_breakdown(visualize=False)
-        out["idle"] = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)[0]
-    finally:
-        logging.disable(logging.NOTSET)
-        if old is None:
-            os.environ.pop("HTA_DISABLE_NS_ROUNDING")
-        else:
-            os.environ["HTA_DISABLE_NS_ROUNDING"] = old
-    _HTA_CACHE[key] = out
-    return out
+# --- HTA itself: tests/hta_oracle.py ----------------------------------------------------------------
 
 
 _EV_CACHE: dict = {}
@@ -321,13 +288,13 @@ MAX_POINTS: dict = {}
 
 @pytest.mark.parametrize("include_last", [True, False], ids=["all-steps", "hta-default"])
 @pytest.mark.parametrize("rel", TARGETS)
-def test_breakdowns_match_hta(rel, include_last, tmp_path_factory):
+def test_breakdowns_match_hta(rel, include_last):
     path = _path(rel)
     ev_all, files = ours(path)
     assert isin(ev_all["kind"], [vocab.KIND_COMM]).any(), "every anchor trace has NCCL kernels"
     assert (rel in FLOAT_TIMES) == _float_times(files[min(files)])
-    hta = hta_results(path, tmp_path_factory, include_last)
-    hta_exact = hta_results(path, tmp_path_factory, include_last, rounding=False) if rel in FLOAT_TIMES else hta
+    hta = hta_results(path, include_last)
+    hta_exact = hta_results(path, include_last, rounding=False) if rel in FLOAT_TIMES else hta
 
     ev = hta_selection(ev_all, include_last)           # quirk 1: the kernels HTA keeps
     quirky = {"temporal": per_rank(ev, files, hta_cpu_ops_on_streams),              # quirk 5
@@ -504,7 +471,7 @@ def _tiny_trace(path) -> None:
         json.dump(doc, fh)
 
 
-def test_tiny_trace_against_hand_and_hta(tmp_path, tmp_path_factory):
+def test_tiny_trace_against_hand_and_hta(tmp_path):
     path = tmp_path / "rank-0.json.gz"
     _tiny_trace(path)
     ev, _ = events_with_launch(str(path))
@@ -516,12 +483,12 @@ def test_tiny_trace_against_hand_and_hta(tmp_path, tmp_path_factory):
     assert idle.loc[7].to_dict() == {"host_wait": 50, "kernel_wait": 5, "other": 40}
     types = bd.kernel_type_breakdown(ev)[0].set_index("kernel_type")["time_us"].to_dict()
     assert types == {"COMPUTATION": 50, "COMMUNICATION": 20, "COMPUTATION overlapping COMMUNICATION": 10, "MEMORY": 5}
-    h = hta_results(str(path), tmp_path_factory, include_last=True)
+    h = hta_results(str(path), include_last=True)
     assert worst(temporal_pcts(ev, h["temporal"])) <= 0.01
     assert worst(kernel_type_pcts(ev, h["kernel_type"])) <= 1e-9
     assert worst(idle_pcts(ev, h["idle"])) <= 1e-9
     # HTA's default drops the kernels launched in the last step: so do we, given those events
-    h = hta_results(str(path), tmp_path_factory, include_last=False)
+    h = hta_results(str(path), include_last=False)
     sub = hta_selection(ev, include_last=False)
     assert len(sub) == len(ev) - 1
     assert worst(temporal_pcts(sub, h["temporal"])) <= 0.01

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from conftest import OFFLOAD_BF16
+from conftest import OFFLOAD_BF16, OFFLOAD_BF16_SIZES
 
 # (strategy, nproc, train_args, framework, strategy name, shard group, replicate group)
 CASES = [
@@ -172,7 +172,7 @@ def test_bf16_mixed_precision_and_cpu_offload(recorded_run):
     fsdp2-offload strategy (the suite's one recording of both: conftest.OFFLOAD_BF16)."""
     run = recorded_run(*OFFLOAD_BF16)
     invs = check_run_dir(run, 2)
-    expected = model_params()
+    expected = model_params(**OFFLOAD_BF16_SIZES)
     for inv in invs.values():
         assert inv["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
         assert inv["cpu_offload"] is True
