@@ -176,13 +176,13 @@ def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env:
     (tests/cli_server.py: the same process semantics, without ~0.2-0.9 s of start-up a call)."""
     if args and args[0] in RECORDING_COMMANDS:
         _must_be_slow(f"runs `fsdpprof {args[0]}`")
-    base = _cli_env()
-    full_env = dict(base, **(env or {}))
-    if fresh or (args and args[0] in RECORDING_COMMANDS) or cli_server.needs_fresh_process(full_env, base):
+    full_env = dict(_cli_env(), **(env or {}))
+    if not _SERVER:
+        _SERVER.append(cli_server.ForkServer(full_env if env is None else _cli_env()))
+    # (compared with the server's own start: a variable a test set since is not in the server)
+    if fresh or (args and args[0] in RECORDING_COMMANDS) or cli_server.needs_fresh_process(full_env, _SERVER[0].env):
         return subprocess.run([sys.executable, "-m", "fsdpprof", *args], cwd=cwd, env=full_env,
                               capture_output=True, text=True, timeout=timeout, input=input)
-    if not _SERVER:
-        _SERVER.append(cli_server.ForkServer(base))
     return _SERVER[0].run(args, cwd, full_env, input, timeout)
 
 
