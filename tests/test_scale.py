@@ -147,6 +147,49 @@ def test_distributions_known_answers():
     assert z[:, 0].tolist() == [4.0, 10.0, 16.0, 18.0] and z[:, 1].tolist() == [5.0, 11.0, 17.0, 19.0]
 
 
+def _grouped_by_pandas(df, keys, value, sums=()):
+    """distributions.grouped as pandas' groupby says it (what it was before numpy): the reference."""
+    d = df[keys + ["rank", value] + [c for c in sums if c in df.columns and c != value]].copy()
+    for k in keys:
+        d[k] = d[k].astype(object)
+    per = d.groupby(keys + ["rank"], sort=False, dropna=False)[value].sum(min_count=1).reset_index()
+    g = per.groupby(keys, sort=False, dropna=False)
+    out = g["rank"].nunique().rename("ranks").reset_index()
+    for c in [c for c in sums if c in d.columns]:
+        out[c] = d.groupby(keys, sort=False, dropna=False)[c].sum(min_count=1).to_numpy()
+    out[f"p50_{value}"] = g[value].quantile(0.5).to_numpy()
+    out[f"p90_{value}"] = g[value].quantile(0.9).to_numpy()
+    out[f"max_{value}"] = g[value].max().to_numpy()
+    top = per.sort_values([value, "rank"], ascending=[False, True], kind="mergesort").drop_duplicates(keys)
+    return out.merge(top[keys + ["rank"]].rename(columns={"rank": "worst_rank"}), on=keys, how="left")
+
+
+def test_grouped_is_pandas_groupby():
+    """grouped() (one factorisation, bincount) gives the frame pandas' groupby gives, dtypes included: groups
+    in order of first appearance, None and NaN keys one group of their own, keys of only missing values,
+    values missing in a whole group or for a rank, ties (the lowest rank), integer values, category keys."""
+    from fsdpprof.analyze import distributions as d
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for trial in range(200):
+        m = int(rng.integers(1, 40))
+        k1 = [None, np.nan] if trial % 7 == 0 else ["ag", "rs", None, np.nan]
+        df = pd.DataFrame({
+            "k1": rng.choice(np.array(k1, dtype=object), m),
+            "k2": pd.Categorical(rng.choice(["fwd", "bwd", "opt"], m)) if trial % 2 else rng.choice([1.0, 2.0, np.nan], m),
+            "rank": rng.integers(0, 6, m),
+            "v": (rng.integers(0, 4, m) if trial % 3 == 0 else
+                  np.where(rng.random(m) < 0.3, np.nan, rng.integers(0, 4, m) * 1.5)),
+            "s": rng.random(m),
+        })
+        for keys, sums in ((["k1", "k2"], ["s", "v"]), (["k1"], []), (["k2"], ["s"])):
+            got, want = d.grouped(df, keys, "v", sums), _grouped_by_pandas(df, keys, "v", sums)
+            pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, atol=0)
+            checked += len(want)
+    assert checked > 1000
+
+
 def test_distribution_statistics_are_pandas_quantiles():
     """statistics() (numpy, one pass per column) gives what pandas' Series.quantile / mean give: missing values
     and text left out, a column without a value NaN, nullable integers read as numbers."""

@@ -62,24 +62,63 @@ def worst(per_rank: pd.DataFrame | None, col: str, largest: bool = True, n: int 
     return d[keep].reset_index(drop=True)
 
 
+def _first_appearance_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    """Per row, the id of its group of ``keys`` (0, 1, ... in order of first appearance; a missing value is a
+    key of its own, as ``groupby(sort=False, dropna=False)`` groups)."""
+    ids = np.zeros(len(df), dtype=np.int64)
+    for k in keys:
+        codes, uniques = pd.factorize(df[k].astype(object), use_na_sentinel=False)
+        ids = ids * (len(uniques) + 1) + codes
+        ids = pd.factorize(ids)[0]
+    return ids
+
+
 def grouped(df: pd.DataFrame | None, keys: list[str], value: str, sums: list[str] = ()) -> pd.DataFrame | None:
     """Per group of ``keys``: ranks, the sums of ``sums`` over all rows, and of ``value`` summed per rank:
-    p50 / p90 / max over ranks (``p50_<value>``, ...) and ``worst_rank`` (the rank at the max)."""
+    p50 / p90 / max over ranks (``p50_<value>``, ...) and ``worst_rank`` (the rank at the max).  Groups in
+    order of first appearance, a missing key a group of its own; sums of only missing values are missing."""
     if df is None or df.empty or value not in df.columns or not set(keys) <= set(df.columns):
         return None
-    d = df[keys + ["rank", value] + [c for c in sums if c in df.columns and c != value]].copy()
-    for k in keys:
-        d[k] = d[k].astype(object)
-    per = d.groupby(keys + ["rank"], sort=False, dropna=False)[value].sum(min_count=1).reset_index()
-    g = per.groupby(keys, sort=False, dropna=False)
-    out = g["rank"].nunique().rename("ranks").reset_index()
-    for c in [c for c in sums if c in d.columns]:
-        out[c] = d.groupby(keys, sort=False, dropna=False)[c].sum(min_count=1).to_numpy()
-    out[f"p50_{value}"] = g[value].quantile(0.5).to_numpy()
-    out[f"p90_{value}"] = g[value].quantile(0.9).to_numpy()
-    out[f"max_{value}"] = g[value].max().to_numpy()
-    top = per.sort_values([value, "rank"], ascending=[False, True], kind="mergesort").drop_duplicates(keys)
-    out = out.merge(top[keys + ["rank"]].rename(columns={"rank": "worst_rank"}), on=keys, how="left")
+    gid = _first_appearance_ids(df, keys)
+    n_groups = int(gid.max()) + 1
+    rank = df["rank"].to_numpy()
+    # (group, rank) pairs: the value summed per rank (missing when the rank has no value in the group)
+    pair = pd.factorize(gid * (int(rank.max()) + 1) + rank)[0]
+    n_pairs = int(pair.max()) + 1
+    v = pd.to_numeric(df[value]).to_numpy(dtype=float, na_value=np.nan)
+    has = ~np.isnan(v)
+    pair_sum = np.bincount(pair, weights=np.where(has, v, 0.0), minlength=n_pairs)
+    pair_sum[np.bincount(pair, weights=has, minlength=n_pairs) == 0] = np.nan
+    first_of_pair = np.full(n_pairs, len(df), dtype=np.int64)
+    np.minimum.at(first_of_pair, pair, np.arange(len(df)))
+    pair_group, pair_rank = gid[first_of_pair], rank[first_of_pair]
+    first_row = np.full(n_groups, len(df), dtype=np.int64)
+    np.minimum.at(first_row, gid, np.arange(len(df)))
+    # the keys as a groupby's result gives them: each column inferred from its values (str where strings)
+    out = pd.DataFrame({k: pd.Index([np.nan if pd.isna(x) else x for x in df[k].astype(object).to_numpy()[first_row]])
+                        for k in keys})
+    out["ranks"] = np.bincount(pair_group, minlength=n_groups).astype(np.int64)
+    sum_cols = list(dict.fromkeys(c for c in sums if c in df.columns))
+    if sum_cols:
+        totals = df[sum_cols].groupby(gid, sort=False).sum(min_count=1)
+        for c in sum_cols:
+            out[c] = totals[c].to_numpy()
+    stats = np.full((n_groups, 3), np.nan)
+    worst_rank = np.empty(n_groups, dtype=rank.dtype)
+    order = np.lexsort((pair_rank, -np.nan_to_num(pair_sum, nan=-np.inf), np.isnan(pair_sum), pair_group))
+    starts = np.searchsorted(pair_group[order], np.arange(n_groups))
+    worst_rank[:] = pair_rank[order[starts]]                  # largest sum first, ties: lowest rank
+    for g in range(n_groups):
+        x = pair_sum[pair_group == g]
+        x = x[~np.isnan(x)]
+        if x.size:
+            stats[g, :2] = np.quantile(x, [0.5, 0.9], method="linear")
+            stats[g, 2] = x.max()
+    out[f"p50_{value}"], out[f"p90_{value}"] = stats[:, 0], stats[:, 1]
+    out[f"max_{value}"] = stats[:, 2]
+    if pd.api.types.is_integer_dtype(df[value].dtype):       # (a sum of integers is one, as pandas keeps it)
+        out[f"max_{value}"] = out[f"max_{value}"].astype(np.int64)
+    out["worst_rank"] = worst_rank
     return out
 
 
