@@ -167,20 +167,20 @@ def _cli_env() -> dict:
 
 
 def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
-                 input: str | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+                 input: str | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI as a process of its own (so exit codes and stderr are what a user sees).
 
-    ``record`` and ``demo`` (which run jobs and handle signals), a call with ``fresh=True`` and a call whose
-    environment changes what an interpreter reads at start-up get a new ``python -m fsdpprof``; every other
+    ``record`` and ``demo`` (which run jobs and handle signals) and a call whose environment changes what an
+    interpreter reads at start-up get a new ``python -m fsdpprof``; every other
     call a child forked from this worker's CLI server, which has fsdpprof and pandas imported already
     (tests/cli_server.py: the same process semantics, without ~0.2-0.9 s of start-up a call)."""
     if args and args[0] in RECORDING_COMMANDS:
         _must_be_slow(f"runs `fsdpprof {args[0]}`")
     full_env = dict(_cli_env(), **(env or {}))
     if not _SERVER:
-        _SERVER.append(cli_server.ForkServer(full_env if env is None else _cli_env()))
+        _SERVER.append(cli_server.ForkServer(_cli_env()))
     # (compared with the server's own start: a variable a test set since is not in the server)
-    if fresh or (args and args[0] in RECORDING_COMMANDS) or cli_server.needs_fresh_process(full_env, _SERVER[0].env):
+    if (args and args[0] in RECORDING_COMMANDS) or cli_server.needs_fresh_process(full_env, _SERVER[0].env):
         return subprocess.run([sys.executable, "-m", "fsdpprof", *args], cwd=cwd, env=full_env,
                               capture_output=True, text=True, timeout=timeout, input=input)
     return _SERVER[0].run(args, cwd, full_env, input, timeout)

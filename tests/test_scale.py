@@ -167,12 +167,12 @@ def _grouped_by_pandas(df, keys, value, sums=()):
 def test_grouped_is_pandas_groupby():
     """grouped() (one factorisation, bincount) gives the frame pandas' groupby gives, dtypes included: groups
     in order of first appearance, None and NaN keys one group of their own, keys of only missing values,
-    values missing in a whole group or for a rank, ties (the lowest rank), integer values, category keys."""
+    values missing in a whole group or for a rank, ties (the lowest rank), integer values, category keys (126 frames)."""
     from fsdpprof.analyze import distributions as d
 
     rng = np.random.default_rng(11)
     checked = 0
-    for trial in range(200):
+    for trial in range(42):            # (every combination of the three cycles below: 7, 2 and 3 trials)
         m = int(rng.integers(1, 40))
         k1 = [None, np.nan] if trial % 7 == 0 else ["ag", "rs", None, np.nan]
         df = pd.DataFrame({
@@ -187,7 +187,7 @@ def test_grouped_is_pandas_groupby():
             got, want = d.grouped(df, keys, "v", sums), _grouped_by_pandas(df, keys, "v", sums)
             pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, atol=0)
             checked += len(want)
-    assert checked > 1000
+    assert checked > 200
 
 
 def test_distribution_statistics_are_pandas_quantiles():

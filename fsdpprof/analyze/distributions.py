@@ -89,11 +89,9 @@ def grouped(df: pd.DataFrame | None, keys: list[str], value: str, sums: list[str
     has = ~np.isnan(v)
     pair_sum = np.bincount(pair, weights=np.where(has, v, 0.0), minlength=n_pairs)
     pair_sum[np.bincount(pair, weights=has, minlength=n_pairs) == 0] = np.nan
-    first_of_pair = np.full(n_pairs, len(df), dtype=np.int64)
-    np.minimum.at(first_of_pair, pair, np.arange(len(df)))
+    first_of_pair = np.unique(pair, return_index=True)[1]     # (ids in order of appearance: sorted = in order)
     pair_group, pair_rank = gid[first_of_pair], rank[first_of_pair]
-    first_row = np.full(n_groups, len(df), dtype=np.int64)
-    np.minimum.at(first_row, gid, np.arange(len(df)))
+    first_row = np.unique(gid, return_index=True)[1]
     # the keys as a groupby's result gives them: each column inferred from its values (str where strings)
     out = pd.DataFrame({k: pd.Index([np.nan if pd.isna(x) else x for x in df[k].astype(object).to_numpy()[first_row]])
                         for k in keys})
@@ -103,11 +101,10 @@ def grouped(df: pd.DataFrame | None, keys: list[str], value: str, sums: list[str
         totals = df[sum_cols].groupby(gid, sort=False).sum(min_count=1)
         for c in sum_cols:
             out[c] = totals[c].to_numpy()
-    stats = np.full((n_groups, 3), np.nan)
-    worst_rank = np.empty(n_groups, dtype=rank.dtype)
+    # per group, the pairs by largest sum first (missing last), ties by lowest rank: the first is the worst
     order = np.lexsort((pair_rank, -np.nan_to_num(pair_sum, nan=-np.inf), np.isnan(pair_sum), pair_group))
-    starts = np.searchsorted(pair_group[order], np.arange(n_groups))
-    worst_rank[:] = pair_rank[order[starts]]                  # largest sum first, ties: lowest rank
+    worst_rank = pair_rank[order[np.searchsorted(pair_group[order], np.arange(n_groups))]]
+    stats = np.full((n_groups, 3), np.nan)
     for g in range(n_groups):
         x = pair_sum[pair_group == g]
         x = x[~np.isnan(x)]
