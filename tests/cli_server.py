@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 # environment variables that Python, numpy or torch read when they start or import, not when a command runs
 START_UP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "LC_", "LANG", "TZ")
@@ -134,7 +135,7 @@ class ForkServer:
             if not line:
                 raise RuntimeError("the suite's CLI fork server died (tests/cli_server.py)")
             answer = json.loads(line)
-            out, err = (open(files[k], encoding="utf-8", errors="replace").read() for k in ("stdout", "stderr"))
+            out, err = (Path(files[k]).read_text(encoding="utf-8", errors="replace") for k in ("stdout", "stderr"))
             cmd = [sys.executable, "-m", "fsdpprof", *args]
             if answer.get("timeout"):
                 raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)

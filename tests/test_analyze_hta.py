@@ -13,7 +13,6 @@ Applying those two rules to our events reproduces HTA to 0.05 points, so they ar
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

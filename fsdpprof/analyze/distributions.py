@@ -103,10 +103,11 @@ def grouped(df: pd.DataFrame | None, keys: list[str], value: str, sums: list[str
             out[c] = totals[c].to_numpy()
     # per group, the pairs by largest sum first (missing last), ties by lowest rank: the first is the worst
     order = np.lexsort((pair_rank, -np.nan_to_num(pair_sum, nan=-np.inf), np.isnan(pair_sum), pair_group))
-    worst_rank = pair_rank[order[np.searchsorted(pair_group[order], np.arange(n_groups))]]
+    bounds = np.searchsorted(pair_group[order], np.arange(n_groups + 1))     # each group's slice of ``order``
+    worst_rank = pair_rank[order[bounds[:-1]]]
     stats = np.full((n_groups, 3), np.nan)
     for g in range(n_groups):
-        x = pair_sum[pair_group == g]
+        x = pair_sum[order[bounds[g]:bounds[g + 1]]]
         x = x[~np.isnan(x)]
         if x.size:
             stats[g, :2] = np.quantile(x, [0.5, 0.9], method="linear")
