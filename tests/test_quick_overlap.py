@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -364,3 +365,75 @@ def test_command_imports_neither_numpy_nor_pandas_nor_torch(tmp_path):
                 if line.startswith("import time:")}
     assert "msgspec" in imported and "fsdpprof" in imported            # (the reading is not empty)
     assert not imported & {"numpy", "pandas", "torch"}, sorted(imported & {"numpy", "pandas", "torch"})
+
+
+_MODULES_AT_EXIT = ("import atexit, runpy, sys\n"
+                    "atexit.register(lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr))\n"
+                    "sys.argv = ['fsdpprof', 'overlap', sys.argv[1]]\n"
+                    "runpy.run_module('fsdpprof', run_name='__main__', alter_sys=True)\n")
+
+
+def test_command_start_up_imports_neither_dataclasses_nor_inspect(tmp_path):
+    """What a cold `fsdpprof overlap` pays before reading (issue 12: no slower than a bare orjson.loads, start-up
+    counted): finding the files builds namespaces, not dataclasses (run.find_files), and msgspec comes without
+    typing_extensions on 3.11+ (analyze.msgspec_import): none of dataclasses / inspect / typing_extensions,
+    ~35 ms of start-up on the 2-core EPYC; the numbers are those of load_run's path (both ranks read)."""
+    for r in (0, 1):
+        _write(tmp_path, _gpu_edge_events(), name=f"rank-{r}.json", distributedInfo={"rank": r, "world_size": 2})
+    p = subprocess.run([sys.executable, "-c", _MODULES_AT_EXIT, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [ln.split() for ln in p.stdout.split("\n\n")[0].splitlines()[2:]]
+    q = quick_overlap(str(tmp_path))
+    assert [(int(r[0]), float(r[2])) for r in rows] == [(o.rank, round(o.comm_us / 1e3, 3)) for o in q.overlap]
+    modules = set(next(ln for ln in p.stderr.splitlines() if ln.startswith("MODULES ")).split()[1:])
+    assert "msgspec" in modules and "fsdpprof.analyze.comm.quick" in modules
+    unwanted = {"dataclasses", "inspect"} | ({"typing_extensions"} if sys.version_info >= (3, 11) else set())
+    assert not modules & unwanted, sorted(modules & unwanted)
+    assert [o.rank for o in q.overlap] == sorted(load_run(str(tmp_path), lazy=True).ranks) == [0, 1]
+
+
+_MSGSPEC_CHECK = """
+import sys
+from fsdpprof.analyze.msgspec_import import import_msgspec
+msgspec = import_msgspec()
+assert "typing_extensions" not in sys.modules or sys.version_info < (3, 11), "imported with msgspec"
+from typing import Annotated
+import typing_extensions                        # the real module, for whoever imports it afterwards
+assert typing_extensions.__file__
+class Args(msgspec.Struct):
+    n: Annotated[int, msgspec.Meta(ge=0)]
+class Doc(typing_extensions.TypedDict):
+    a: int
+    b: typing_extensions.NotRequired[int]
+assert msgspec.json.decode(b'{"n": 3}', type=Args).n == 3
+try:
+    msgspec.json.decode(b'{"n": -1}', type=Args)
+    raise SystemExit("constraint lost")
+except msgspec.ValidationError:
+    pass
+assert msgspec.json.decode(b'{"a": 1}', type=Doc) == {"a": 1}      # b: NotRequired, as typing_extensions says
+try:
+    msgspec.json.decode(b'{"b": 1}', type=Doc)
+    raise SystemExit("required field not required")
+except msgspec.ValidationError:
+    pass
+print("ok")
+"""
+
+
+def test_msgspec_without_typing_extensions_decodes_the_same(tmp_path):
+    """msgspec imported with typing_extensions hidden (msgspec_import) keeps what typing_extensions gives it:
+    Annotated constraints, a typing_extensions TypedDict's NotRequired; typing_extensions is the real module
+    afterwards.  A msgspec that imports typing_extensions unconditionally is imported again, the normal way."""
+    p = subprocess.run([sys.executable, "-c", _MSGSPEC_CHECK], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+    fake = tmp_path / "msgspec"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import typing_extensions\nUSES = typing_extensions.__name__\n")
+    code = ("import sys\nfrom fsdpprof.analyze.msgspec_import import import_msgspec\nm = import_msgspec()\n"
+            "print(m.__file__, m.USES, type(sys.modules['typing_extensions']).__name__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == [str(fake / "__init__.py"), "typing_extensions", "module"], p.stdout

@@ -18,7 +18,7 @@ import sys
 
 # public name -> module that defines it
 _API = {
-    "load_run": "fsdpprof.analyze.run", "Run": "fsdpprof.analyze.run", "RankData": "fsdpprof.analyze.run",
+    "load_run": "fsdpprof.analyze.run", "Run": "fsdpprof.analyze.rundata", "RankData": "fsdpprof.analyze.rundata",
     "analyze_run": "fsdpprof.analyze.pipeline", "Analysis": "fsdpprof.analyze.pipeline",
     "compare_analyses": "fsdpprof.analyze.compare", "Comparison": "fsdpprof.analyze.compare",
     "load_trace": "fsdpprof.analyze.trace.decode", "decode_trace": "fsdpprof.analyze.trace.decode",

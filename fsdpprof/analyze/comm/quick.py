@@ -28,10 +28,9 @@ from math import isfinite
 from operator import add, attrgetter, is_not
 from typing import Annotated, Any, Literal, Optional, Union
 
-import msgspec
-
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.gc_pause import gc_paused
+from fsdpprof.analyze.msgspec_import import import_msgspec
 from fsdpprof.analyze.trace import rules
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -40,6 +39,7 @@ try:                                    # ISA-L's inflate (a dependency): same s
 except ImportError:                     # pragma: no cover
     import zlib as _inflate
 
+msgspec = import_msgspec()
 QUICK_MAX_JSON_BYTES = 512 << 20        # a trace with more JSON than this is read by the full (streaming) path
 
 
@@ -820,10 +820,10 @@ def quick_overlap(path, *, max_trace_bytes: int | None = None, workers: int | No
     largest JSON accepted once decompressed (as load_run); ``workers``: processes reading ranks (None: more
     than one only for traces that hold PARALLEL_MIN_BYTES of JSON or more; 1: this process only).  Bad input
     raises :class:`fsdpprof.errors.UserError` (one line); a rank whose trace is bad is listed in ``missing``."""
-    from fsdpprof.analyze.run import check_workers, load_run
+    from fsdpprof.analyze.run import check_workers, find_files
 
     check_workers(workers)
-    run = load_run(path, lazy=True, max_trace_bytes=max_trace_bytes)
+    run = find_files(path)                   # (what load_run(path, lazy=True) finds, without its dataclasses)
     with unexpected_as_user_error(f"{os.fspath(path)}"):
         result = QuickResult(path=run.path, overlap=[], volume=[], missing=dict(run.missing),
                              warnings=list(run.warnings))

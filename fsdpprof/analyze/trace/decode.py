@@ -24,7 +24,6 @@ from operator import attrgetter
 from itertools import compress
 from typing import Any, ClassVar, Union
 
-import msgspec
 import numpy as np
 import pandas as pd
 
@@ -41,8 +40,10 @@ from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, n
     LEFT_OUT as _LEFT_OUT, XArgs)
 from fsdpprof.analyze.frames import frame_of
 from fsdpprof.analyze.gc_pause import gc_paused
+from fsdpprof.analyze.msgspec_import import import_msgspec
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
+msgspec = import_msgspec()
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
                                 # of 1 MiB and less decode 25 % faster than one 25 MB document; 256 KiB ones
                                 # also spare the allocator fresh pages; memory stays small)

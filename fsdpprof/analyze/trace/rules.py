@@ -12,9 +12,10 @@ import math
 from itertools import repeat
 from typing import Annotated, Any
 
-import msgspec
-
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.msgspec_import import import_msgspec
+
+msgspec = import_msgspec()
 
 NAME_MAX_CHARS = 4096           # longer names (thread ids, process group names, ...) are cut: real kernel
                                 # names reach 1,817 characters (C++ templates, hta-16rank-a100)
