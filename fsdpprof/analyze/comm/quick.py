@@ -26,7 +26,7 @@ from collections import Counter
 from itertools import compress, repeat
 from math import isfinite
 from operator import add, attrgetter, is_not
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.gc_pause import gc_paused
@@ -99,10 +99,11 @@ class _NotQuick(Exception):
 
 
 # The types of the decoder's fast path (fsdpprof.analyze.trace.decode: FastEvent; rules.XArgs, shared), checked by msgspec as it
-# decodes: a trace that fits them is read alike here; one that does not takes the full path.  One struct for every
-# phase (the fast path reads its phases as a tagged union), stricter where strictness saves a pass in Python
-# (names are strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64): what
-# it accepts the fast path accepts too, with the same values.
+# decodes: a trace that fits them is read alike here; one that does not takes the full path.  The phases as a
+# tagged union, as the fast path reads them: duration events (X) in full, stricter where strictness saves a pass
+# in Python (names are strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64),
+# every other phase with its fields skipped (no other phase counts here: the flow events of a GPU trace, a third
+# of its events, cost no struct of their own); what it accepts the fast path accepts too, with the same values.
 _Key = Union[int, Annotated[str, msgspec.Meta(max_length=rules.NAME_MAX_CHARS)]]
 _Phase = Literal["X", "i", "I", "M", "B", "E", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "R", "c",
                  "p", "(", ")"]                 # the phases the fast path decodes or skips
@@ -111,8 +112,11 @@ _Phase = Literal["X", "i", "I", "M", "B", "E", "C", "b", "n", "e", "s", "t", "f"
 _NO_ARGS = rules.XArgs()
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: _Phase
+class _Base(msgspec.Struct, gc=False, tag_field="ph"):
+    cat: ClassVar[Any] = None           # (only duration events decode theirs: no other phase is kept)
+
+
+class _Event(_Base, tag="X"):
     name: str = ""
     cat: Any = None
     pid: Optional[_Key] = None
@@ -122,8 +126,12 @@ class _Event(msgspec.Struct, gc=False):
     args: rules.XArgs = _NO_ARGS
 
 
+# every other phase of _Phase: its fields skipped (an unknown phase fails, as in the fast path)
+_SKIPPED = tuple(type(f"_Skip{ord(ph)}", (_Base,), {}, tag=ph) for ph in get_args(_Phase) if ph != "X")
+
+
 class _Doc(msgspec.Struct):
-    traceEvents: list[_Event]
+    traceEvents: list[Union[(_Event,) + _SKIPPED]]
     distributedInfo: Any = None
     deviceProperties: Any = None
 
@@ -194,8 +202,8 @@ class _Row:
                  "corr", "coll", "nbytes", "dtype", "gs", "pg", "seq", "shard", "launch_tid", "launch_ts")
 
 
-_GET_PH, _GET_NAME, _GET_CAT, _GET_TS, _GET_DUR, _GET_ARGS = (
-    attrgetter(k) for k in ("ph", "name", "cat", "ts", "dur", "args"))
+_GET_NAME, _GET_CAT, _GET_TS, _GET_DUR, _GET_ARGS = (
+    attrgetter(k) for k in ("name", "cat", "ts", "dur", "args"))
 _GET_STREAM, _GET_CORR, _GET_EXT, _GET_COLL, _GET_INN = (
     attrgetter(k) for k in ("stream", "correlation", "ext_id", "coll_name", "in_nelems"))
 # what a name can make an event: comm work, or an op that carries a collective (judged per distinct name)
@@ -225,12 +233,9 @@ def _rank_numbers(path: str, rank: int, max_bytes: Optional[int] = None, defects
     except TypeError:                                # a category that is a list or an object
         raise _NotQuick from None
     del events
+    if not xs:
+        raise _NotQuick                              # no duration event: the full path says so (or reads memory)
     cats = list(map(_GET_CAT, xs))
-    if set(map(_GET_PH, xs)) != {"X"}:              # (instants and metadata with a kept category; or none)
-        ok = [e.ph == "X" for e in xs]
-        xs, cats = _select(ok, xs, cats)
-        if not xs:
-            raise _NotQuick                          # no duration event: the full path says so (or reads memory)
     ts = list(map(_GET_TS, xs))
     dur = list(map(_GET_DUR, xs))
     # implausible times left out (the sums are NaN / inf when one is NaN / inf)
