@@ -26,7 +26,7 @@ from collections import Counter
 from itertools import compress, repeat
 from math import isfinite
 from operator import add, attrgetter, is_not
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args
+from typing import Annotated, Any, ClassVar, Optional, Union
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.gc_pause import gc_paused
@@ -105,8 +105,6 @@ class _NotQuick(Exception):
 # every other phase with its fields skipped (no other phase counts here: the flow events of a GPU trace, a third
 # of its events, cost no struct of their own); what it accepts the fast path accepts too, with the same values.
 _Key = Union[int, Annotated[str, msgspec.Meta(max_length=rules.NAME_MAX_CHARS)]]
-_Phase = Literal["X", "i", "I", "M", "B", "E", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "R", "c",
-                 "p", "(", ")"]                 # the phases the fast path decodes or skips
 
 
 _NO_ARGS = rules.XArgs()
@@ -126,8 +124,8 @@ class _Event(_Base, tag="X"):
     args: rules.XArgs = _NO_ARGS
 
 
-# every other phase of _Phase: its fields skipped (an unknown phase fails, as in the fast path)
-_SKIPPED = tuple(type(f"_Skip{ord(ph)}", (_Base,), {}, tag=ph) for ph in get_args(_Phase) if ph != "X")
+# every other phase the fast path takes: its fields skipped (an unknown phase fails, as there)
+_SKIPPED = tuple(type(f"_Skip{ord(ph)}", (_Base,), {}, tag=ph) for ph in rules.TRACE_PHASES if ph != "X")
 
 
 class _Doc(msgspec.Struct):

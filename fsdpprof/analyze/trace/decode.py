@@ -37,7 +37,7 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
     plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
-    LEFT_OUT as _LEFT_OUT, XArgs)
+    LEFT_OUT as _LEFT_OUT, SKIPPED_PHASES, XArgs)
 from fsdpprof.analyze.frames import frame_of
 from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.analyze.msgspec_import import import_msgspec
@@ -164,7 +164,7 @@ class _FastSkip(_FastBase):
     """A phase we do not use."""
 
 
-_SKIP_TYPES = tuple(type(f"_FastSkip{ord(ph)}", (_FastSkip,), {}, tag=ph) for ph in "BECbnestfPONDRcp()")
+_SKIP_TYPES = tuple(type(f"_FastSkip{ord(ph)}", (_FastSkip,), {}, tag=ph) for ph in SKIPPED_PHASES)
 _FAST_UNION = Union[(FastEvent, _FastInstant, _FastInstantOld, _FastMeta) + _SKIP_TYPES]
 # kept categories in a fixed order: a category's code is its position (codes are renumbered by first
 # appearance in _Columns.arrays); _CAT_KEEP_CODE: category -> code + 1 (falsy 0 for instants / metadata)

@@ -23,6 +23,12 @@ TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; flo
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
 NUMEL_MAX = 2.0 ** 53           # element / byte counts beyond this (8 Pi) are not real messages
 
+# Event phases (``ph``) the typed readers take: duration events (X), instants (i, I) and metadata (M), which the
+# decoder's fast path reads, and SKIPPED_PHASES, whose fields neither typed reader decodes; any other phase fails
+# their validation (the lenient path reads such a trace).
+TRACE_PHASES = ("X", "i", "I", "M", *"BECbnestfPONDRcp()")
+SKIPPED_PHASES = TRACE_PHASES[4:]
+
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | vocab.DEVICE_EVENT_CATS | vocab.RUNTIME_CATS
 # categories of CPU ops and annotations, and the device-event categories that are copies, sets and waits
