@@ -27,20 +27,27 @@ def _grid(starts, ends, n=2000):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_intervals_match_brute_force(seed):
+@pytest.mark.parametrize("offset", [0.0, -1000.0, -1e6])
+def test_intervals_match_brute_force(seed, offset):
+    """Against a grid of the same intervals; ``offset`` moves every interval (lengths do not change): part or all
+    of them before time 0, as a trace's timestamps may be (the union once ended such a group at 0)."""
     rng = np.random.default_rng(seed)
     a_s = rng.integers(0, 1900, 60).astype(float)
     a_e = a_s + rng.integers(0, 100, 60)
     b_s = rng.integers(0, 1900, 40).astype(float)
     b_e = b_s + rng.integers(0, 100, 40)
     ga, gb = _grid(a_s, a_e), _grid(b_s, b_e)
+    a_s, a_e, b_s, b_e = a_s + offset, a_e + offset, b_s + offset, b_e + offset
     assert intervals.total(a_s, a_e) == ga.sum()
     s, e = intervals.intersect(a_s, a_e, b_s, b_e)
     assert (e - s).sum() == (ga & gb).sum()
     assert (np.diff(s) > 0).all() and (s[1:] >= e[:-1]).all()          # disjoint and sorted
     per = intervals.overlap_with(a_s, a_e, b_s, b_e)
-    want = [gb[int(x):int(y)].sum() for x, y in zip(a_s, a_e)]
+    want = [gb[int(x - offset):int(y - offset)].sum() for x, y in zip(a_s, a_e)]
     assert np.allclose(per, want)
+    g, gs, ge = intervals.grouped_union(np.zeros(a_s.size, dtype=np.int64), a_s, a_e)
+    us, ue = intervals.union(a_s, a_e)
+    assert gs.tolist() == us.tolist() and ge.tolist() == ue.tolist()
 
 
 def test_innermost_nested():

@@ -25,7 +25,7 @@ def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     new[1:] = s[1:] > run_end[:-1]
     gid = np.cumsum(new) - 1
     out_s = s[new]
-    out_e = np.zeros(out_s.size)
+    out_e = np.full(out_s.size, -np.inf)           # (not zeros: a group that ends before time 0 keeps its end)
     np.maximum.at(out_e, gid, run_end)
     return out_s, out_e
 
