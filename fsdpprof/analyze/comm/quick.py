@@ -99,11 +99,12 @@ class _NotQuick(Exception):
 
 
 # The types of the decoder's fast path (fsdpprof.analyze.trace.decode: FastEvent; rules.XArgs, shared), checked by msgspec as it
-# decodes: a trace that fits them is read alike here; one that does not takes the full path.  The phases as a
-# tagged union, as the fast path reads them: duration events (X) in full, stricter where strictness saves a pass
-# in Python (names are strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64),
-# every other phase with its fields skipped (no other phase counts here: the flow events of a GPU trace, a third
-# of its events, cost no struct of their own); what it accepts the fast path accepts too, with the same values.
+# decodes: a trace that fits them is read alike here; one that does not takes the full path.  The phases as the
+# same tagged union: duration events (X) in full, stricter where strictness saves a pass in Python (names are
+# strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64); instants and metadata
+# as the fast path types them (none counts here, but what fails there must fail here); the other phases with their
+# fields skipped, as there (a GPU trace's flow events, a third of its events, cost no struct of their own).  What it
+# accepts the fast path accepts too, with the same values.
 _Key = Union[int, Annotated[str, msgspec.Meta(max_length=rules.NAME_MAX_CHARS)]]
 
 
@@ -124,12 +125,32 @@ class _Event(_Base, tag="X"):
     args: rules.XArgs = _NO_ARGS
 
 
-# every other phase the fast path takes: its fields skipped (an unknown phase fails, as there)
-_SKIPPED = tuple(type(f"_Skip{ord(ph)}", (_Base,), {}, tag=ph) for ph in rules.TRACE_PHASES if ph != "X")
+class _Instant(_Base, tag="i"):
+    """Instants and metadata (no row of their own here) with the fields and types the fast path decodes: what
+    fails its validation fails here too (the full path then reads the trace, leniently)."""
+
+    name: Any = ""
+    ts: float = float("nan")
+    args: rules.FastArgs | None = None
+
+
+class _InstantOld(_Instant, tag="I"):
+    pass
+
+
+class _Meta(_Base, tag="M"):
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    args: rules.FastArgs | None = None
+
+
+# the phases whose fields the fast path skips too (an unknown phase fails, as there)
+_SKIPPED = tuple(type(f"_Skip{ord(ph)}", (_Base,), {}, tag=ph) for ph in rules.SKIPPED_PHASES)
 
 
 class _Doc(msgspec.Struct):
-    traceEvents: list[Union[(_Event,) + _SKIPPED]]
+    traceEvents: list[Union[(_Event, _Instant, _InstantOld, _Meta) + _SKIPPED]]
     distributedInfo: Any = None
     deviceProperties: Any = None
 

@@ -37,7 +37,7 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
     plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
-    LEFT_OUT as _LEFT_OUT, SKIPPED_PHASES, XArgs)
+    LEFT_OUT as _LEFT_OUT, SKIPPED_PHASES, FastArgs, XArgs)
 from fsdpprof.analyze.frames import frame_of
 from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.analyze.msgspec_import import import_msgspec
@@ -104,18 +104,6 @@ class TailDoc(msgspec.Struct):
     baseTimeNanoseconds: Any = None
     displayTimeUnit: Any = None
     traceName: Any = None
-
-
-class FastArgs(XArgs, gc=False, frozen=True):
-    """Every args field we use: XArgs plus the [memory] and thread-name fields of instant and metadata events."""
-
-    addr: Any = msgspec.field(default=None, name="Addr")
-    nbytes: Any = msgspec.field(default=None, name="Bytes")
-    total_alloc: Any = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
-    device_type: Any = msgspec.field(default=None, name="Device Type")
-    device_id: Any = msgspec.field(default=None, name="Device Id")
-    name: Any = None
 
 
 class _FastBase(msgspec.Struct, gc=False, tag_field="ph"):

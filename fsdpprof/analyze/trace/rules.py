@@ -23,11 +23,10 @@ TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; flo
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
 NUMEL_MAX = 2.0 ** 53           # element / byte counts beyond this (8 Pi) are not real messages
 
-# Event phases (``ph``) the typed readers take: duration events (X), instants (i, I) and metadata (M), which the
-# decoder's fast path reads, and SKIPPED_PHASES, whose fields neither typed reader decodes; any other phase fails
-# their validation (the lenient path reads such a trace).
-TRACE_PHASES = ("X", "i", "I", "M", *"BECbnestfPONDRcp()")
-SKIPPED_PHASES = TRACE_PHASES[4:]
+# Event phases (``ph``) whose fields the typed readers (the decoder's fast path, the quick reader) skip; they decode
+# duration events (X), instants (i, I) and metadata (M), and any other phase fails their validation (the lenient
+# path reads such a trace).
+SKIPPED_PHASES = tuple("BECbnestfPONDRcp()")
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | vocab.DEVICE_EVENT_CATS | vocab.RUNTIME_CATS
@@ -61,6 +60,18 @@ class XArgs(msgspec.Struct, gc=False, frozen=True):
     seq: Any = msgspec.field(default=None, name="Seq")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
+
+
+class FastArgs(XArgs, gc=False, frozen=True):
+    """Every args field we use: XArgs plus the [memory] and thread-name fields of instant and metadata events."""
+
+    addr: Any = msgspec.field(default=None, name="Addr")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    total_alloc: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    name: Any = None
 
 
 def cut_text(text: str) -> str:
