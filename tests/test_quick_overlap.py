@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -197,10 +198,41 @@ def test_the_size_limit_is_the_full_paths(tmp_path):
 def test_mutated_real_traces_give_the_full_paths_numbers_or_its_error(tmp_path, seed):
     """The fuzz campaign's mutations (benchmarks/fuzz.py: swapped, deleted, duplicated, nested, long, odd numbers,
     truncated) of a real trace: the quick path gives the full path's numbers, or fails with a UserError as it does."""
+    _check_mutations(shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz"), seed, tmp_path)
+
+
+@pytest.mark.parametrize("odd", ["instant time out of range", "metadata id not an int", "instant id not an int"])
+def test_instants_and_metadata_the_fast_path_rejects_make_the_quick_reader_give_way(tmp_path, odd):
+    """No instant or metadata event counts in the quick reader's numbers, but one the decoder's fast path rejects
+    must make it give way as well: a timestamp beyond float range (the full path refuses the trace: so does the
+    quick path), an id that is no integer (the full path reads the trace leniently: the quick path hands the rank
+    to it).  A quick reader that skipped those phases read such traces itself (found by the fuzz campaign's
+    mutations of a recorded CPU trace: one refused trace read, a duplicate count off by one)."""
+    extra = {"instant time out of range": '{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1e400}',
+             "metadata id not an int": '{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, '
+                                       '"args": {"name": "main", "correlation": "x"}}',
+             "instant id not an int": '{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5, '
+                                      '"args": {"Addr": 1, "Bytes": 8, "stream": [7]}}'}[odd]
+    good = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
+    text = Path(good).read_bytes()
+    assert text.endswith(b"]}")
+    path = tmp_path / "odd" / "rank-0.json"
+    path.parent.mkdir()
+    path.write_bytes(text[:-2] + b"," + extra.encode() + b"]}")
+    if odd == "instant time out of range":
+        with pytest.raises(UserError, match="out of range"):
+            load_run(str(path))
+        with pytest.raises(UserError, match="out of range"):
+            quick_overlap(str(path))
+    else:
+        assert assert_same_as_full_path(str(path)).full_path_ranks == [0]
+
+
+def _check_mutations(trace, seed: int, tmp_path) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import fuzz
 
-    doc = fuzz.load_trace_doc(shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz"), events=800)
+    doc = fuzz.load_trace_doc(trace, events=800)
     rng = __import__("random").Random(seed)
     for case in range(15):
         data, suffix, what = fuzz.mutate_trace(doc, rng)
