@@ -26,7 +26,7 @@ from collections import Counter
 from itertools import compress, repeat
 from math import isfinite
 from operator import add, attrgetter, is_not
-from typing import Annotated, Any, ClassVar, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.gc_pause import gc_paused
@@ -103,19 +103,16 @@ class _NotQuick(Exception):
 # same tagged union: duration events (X) in full, stricter where strictness saves a pass in Python (names are
 # strings, thread / process ids ints or strings of at most NAME_MAX_CHARS, ids within int64); instants and metadata
 # as the fast path types them (none counts here, but what fails there must fail here); the other phases with their
-# fields skipped, as there (a GPU trace's flow events, a third of its events, cost no struct of their own).  What it
-# accepts the fast path accepts too, with the same values.
+# fields skipped, as there (a GPU trace's flow events, a third of its events, cost no struct of their own): both
+# readers' unions take those from rules.OTHER_PHASE_TYPES.  What it accepts the fast path accepts too, with the
+# same values.
 _Key = Union[int, Annotated[str, msgspec.Meta(max_length=rules.NAME_MAX_CHARS)]]
 
 
 _NO_ARGS = rules.XArgs()
 
 
-class _Base(msgspec.Struct, gc=False, tag_field="ph"):
-    cat: ClassVar[Any] = None           # (only duration events decode theirs: no other phase is kept)
-
-
-class _Event(_Base, tag="X"):
+class _Event(rules.PhaseEvent, tag="X"):
     name: str = ""
     cat: Any = None
     pid: Optional[_Key] = None
@@ -125,32 +122,8 @@ class _Event(_Base, tag="X"):
     args: rules.XArgs = _NO_ARGS
 
 
-class _Instant(_Base, tag="i"):
-    """Instants and metadata (no row of their own here) with the fields and types the fast path decodes: what
-    fails its validation fails here too (the full path then reads the trace, leniently)."""
-
-    name: Any = ""
-    ts: float = float("nan")
-    args: rules.FastArgs | None = None
-
-
-class _InstantOld(_Instant, tag="I"):
-    pass
-
-
-class _Meta(_Base, tag="M"):
-    name: Any = ""
-    pid: Any = None
-    tid: Any = None
-    args: rules.FastArgs | None = None
-
-
-# the phases whose fields the fast path skips too (an unknown phase fails, as there)
-_SKIPPED = tuple(type(f"_Skip{ord(ph)}", (_Base,), {}, tag=ph) for ph in rules.SKIPPED_PHASES)
-
-
 class _Doc(msgspec.Struct):
-    traceEvents: list[Union[(_Event, _Instant, _InstantOld, _Meta) + _SKIPPED]]
+    traceEvents: list[Union[(_Event,) + rules.OTHER_PHASE_TYPES]]
     distributedInfo: Any = None
     deviceProperties: Any = None
 

@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
 from itertools import compress
-from typing import Any, ClassVar, Union
+from typing import Any, Union
 
 import numpy as np
 import pandas as pd
@@ -34,10 +34,11 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.trace import rules
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
     plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
-    LEFT_OUT as _LEFT_OUT, SKIPPED_PHASES, FastArgs, XArgs)
+    LEFT_OUT as _LEFT_OUT, OTHER_CAT as _OTHER_CAT, FastMeta as _FastMeta, XArgs)
 from fsdpprof.analyze.frames import frame_of
 from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.analyze.msgspec_import import import_msgspec
@@ -106,20 +107,10 @@ class TailDoc(msgspec.Struct):
     traceName: Any = None
 
 
-class _FastBase(msgspec.Struct, gc=False, tag_field="ph"):
-    """Events decoded by their phase ``ph`` (a tagged union): durations (X) in full, instants (i/I,
-    for [memory]) and metadata (M, for thread names) with what they need, every other phase as an
-    empty object (its fields skipped).  A phase outside the chrome-trace spec fails validation and the
-    chunk is decoded again by the lenient ``Event`` path.  Times in us, NaN when absent."""
-
-    cat: ClassVar[Any] = None        # only duration events decode their category
-
-
 _NO_X_ARGS = XArgs()
-_OTHER_CAT = object()               # the "category" of the instant and metadata events the fast path reads
 
 
-class FastEvent(_FastBase, tag="X"):
+class FastEvent(rules.PhaseEvent, tag="X"):
     name: Any = ""
     cat: Any = None
     pid: Any = None
@@ -129,31 +120,7 @@ class FastEvent(_FastBase, tag="X"):
     args: XArgs = _NO_X_ARGS        # ("args": null fails validation: the lenient path takes it)
 
 
-class _FastInstant(_FastBase, tag="i"):
-    cat: ClassVar[Any] = _OTHER_CAT  # (not decoded: tells instants and metadata apart in one pass, see add_fast)
-    name: Any = ""
-    ts: float = float("nan")
-    args: FastArgs | None = None
-
-
-class _FastInstantOld(_FastInstant, tag="I"):
-    pass
-
-
-class _FastMeta(_FastBase, tag="M"):
-    cat: ClassVar[Any] = _OTHER_CAT
-    name: Any = ""
-    pid: Any = None
-    tid: Any = None
-    args: FastArgs | None = None
-
-
-class _FastSkip(_FastBase):
-    """A phase we do not use."""
-
-
-_SKIP_TYPES = tuple(type(f"_FastSkip{ord(ph)}", (_FastSkip,), {}, tag=ph) for ph in SKIPPED_PHASES)
-_FAST_UNION = Union[(FastEvent, _FastInstant, _FastInstantOld, _FastMeta) + _SKIP_TYPES]
+_FAST_UNION = Union[(FastEvent,) + rules.OTHER_PHASE_TYPES]
 # kept categories in a fixed order: a category's code is its position (codes are renumbered by first
 # appearance in _Columns.arrays); _CAT_KEEP_CODE: category -> code + 1 (falsy 0 for instants / metadata)
 _KEEP_ORDER = tuple(sorted(KEEP_CATS))

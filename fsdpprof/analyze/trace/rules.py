@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from itertools import repeat
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.msgspec_import import import_msgspec
@@ -24,8 +24,8 @@ RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this 
 NUMEL_MAX = 2.0 ** 53           # element / byte counts beyond this (8 Pi) are not real messages
 
 # Event phases (``ph``) whose fields the typed readers (the decoder's fast path, the quick reader) skip; they decode
-# duration events (X), instants (i, I) and metadata (M), and any other phase fails their validation (the lenient
-# path reads such a trace).
+# duration events (X), instants (i, I) and metadata (M) (see PhaseEvent), and any other phase fails their validation
+# (the lenient path reads such a trace).
 SKIPPED_PHASES = tuple("BECbnestfPONDRcp()")
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
@@ -72,6 +72,49 @@ class FastArgs(XArgs, gc=False, frozen=True):
     device_type: Any = msgspec.field(default=None, name="Device Type")
     device_id: Any = msgspec.field(default=None, name="Device Id")
     name: Any = None
+
+
+class PhaseEvent(msgspec.Struct, gc=False, tag_field="ph"):
+    """The typed readers' events (the decoder's fast path, the quick reader), decoded by their phase ``ph`` as a
+    tagged union: each reader's duration event (X, a subclass of this) in full, OTHER_PHASE_TYPES for the rest,
+    the same for both readers, so that what fails one's validation fails the other's.  A phase outside the
+    chrome-trace spec fails validation (the lenient path reads such a trace).  Times in us, NaN when absent."""
+
+    cat: ClassVar[Any] = None        # only duration events decode their category
+
+
+OTHER_CAT = object()                # the "category" of the instant and metadata events the fast path reads
+
+
+class FastInstant(PhaseEvent, tag="i"):
+    """An instant ([memory] events): what the fast path reads of it."""
+
+    cat: ClassVar[Any] = OTHER_CAT   # (not decoded: tells instants and metadata apart in one pass, see add_fast)
+    name: Any = ""
+    ts: float = float("nan")
+    args: FastArgs | None = None
+
+
+class FastInstantOld(FastInstant, tag="I"):
+    pass
+
+
+class FastMeta(PhaseEvent, tag="M"):
+    """A metadata event (thread names): what the fast path reads of it."""
+
+    cat: ClassVar[Any] = OTHER_CAT
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    args: FastArgs | None = None
+
+
+class FastSkip(PhaseEvent):
+    """A phase neither reader uses: its fields skipped."""
+
+
+OTHER_PHASE_TYPES = (FastInstant, FastInstantOld, FastMeta) + tuple(
+    type(f"FastSkip{ord(ph)}", (FastSkip,), {}, tag=ph) for ph in SKIPPED_PHASES)
 
 
 def cut_text(text: str) -> str:
