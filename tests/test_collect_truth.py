@@ -362,7 +362,8 @@ def _stderr_lines(proc) -> list[str]:
 
 def test_no_kineto_lines_added_to_the_jobs_stderr(tmp_path, script):
     """torch's `USDT ... profiler_start/stop` lines are silenced for fsdpprof's own profiler calls; the
-    only lines fsdpprof adds are its own `fsdpprof:` lines and the CPUAllocator warning that README lists.
+    only lines fsdpprof adds are its own `fsdpprof:` lines and the CPUAllocator warning that docs/recording.md
+    lists (README points there).
     The job's own profiler still prints its lines, as it does without fsdpprof."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     plain = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
@@ -373,8 +374,9 @@ def test_no_kineto_lines_added_to_the_jobs_stderr(tmp_path, script):
     allocator = [line for line in added if "CPUAllocator.cpp" in line and "Memory block of unknown size" in line]
     assert len(ours) == 2 and not [line for line in added if line not in ours + allocator], added
     assert "profiler_start" not in recorded.stderr and "USDT" not in recorded.stderr
-    readme = (ROOT / "README.md").read_text()
-    assert "Memory block of unknown size was allocated before the profiling started" in readme
+    recording_doc = (ROOT / "docs" / "recording.md").read_text()
+    assert "Memory block of unknown size was allocated before the profiling started" in recording_doc
+    assert "docs/recording.md" in (ROOT / "README.md").read_text()
     # the job's own profiler (started inside fsdpprof's window) logs exactly as without fsdpprof
     own_plain = subprocess.run([sys.executable, str(script), "late-profiler"], env=env, capture_output=True,
                                text=True, timeout=300)

@@ -32,6 +32,69 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test_command in ci_lines
 
 
+README_LINES_MAX = 200
+DOC_PAGES = ("recording.md", "run-directory.md", "reading.md", "metrics.md", "whatif-model.md", "architecture.md")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _relative_links(path: Path) -> list[str]:
+    """Targets of the Markdown links and images of ``path`` that are not URLs."""
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", path.read_text()) if not re.match(r"[a-z]+:", t)]
+
+
+def test_readme_is_short_and_links_every_doc_page():
+    text = (ROOT / "README.md").read_text()
+    assert text.count("\n") <= README_LINES_MAX, "README is for users: the details go to docs/"
+    links = _relative_links(ROOT / "README.md")
+    assert [p for p in DOC_PAGES if f"docs/{p}" not in links] == []
+    assert any(t.startswith("reports/screenshots/") and t.endswith(".png") for t in links), "a screenshot of the report"
+
+
+def test_links_of_readme_and_docs_resolve():
+    """Every relative link (and image) of README.md and docs/*.md names a file that exists, and an anchor
+    (#section) a heading of that page."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in _relative_links(page):
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md":
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)}
+                if anchor not in headings:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_readme_python_api_imports():
+    """The Python API README documents exists: every name its code blocks import, and every name it lists
+    as exported by fsdpprof.analyze."""
+    import importlib
+
+    text = (ROOT / "README.md").read_text()
+    missing = []
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fsdpprof":
+                module = importlib.import_module(node.module)
+                missing += [f"{node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)]
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    importlib.import_module(a.name)
+    exports = re.search(r"`fsdpprof\.analyze` also exports (.*?)\.\n", text, re.S)
+    assert exports, "README lists the other names fsdpprof.analyze exports"
+    analyze = importlib.import_module("fsdpprof.analyze")
+    names = re.findall(r"`(\w+)`", exports.group(1))
+    assert len(names) >= 5
+    missing += [f"fsdpprof.analyze.{n}" for n in names if not hasattr(analyze, n)]
+    assert missing == []
+
+
 def _imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
