@@ -29,10 +29,6 @@ def _d(a, name: str):
     return (getattr(a, "rank_distributions", None) or {}).get(name)
 
 
-def _n_ranks(a) -> int:
-    return int((a.overview or {}).get("ranks_analysed") or 0)
-
-
 def _stats_block(a, name: str, what: str) -> str:
     d = _d(a, name)
     if d is None:
