@@ -536,7 +536,7 @@ def _run_paths(kind: str, path: str, full: bool, render_cache: set) -> tuple[str
     from fsdpprof.analyze.run import load_run
     from fsdpprof.analyze.memory.snapshot import load_snapshot
     from fsdpprof.analyze.trace import load_trace
-    from fsdpprof.report.html import render_report
+    from fsdpprof.report.run_page import render_report
     from fsdpprof.report.summary import summary as summary_of
     from fsdpprof.report.text import summary_text
 
@@ -570,7 +570,7 @@ _STATE: dict = {}
 def _init_worker(trace: str, cpu_trace: str | None, snapshot: str, entries: int | None,
                  trace_events: int | None, base_dir: str) -> None:
     import fsdpprof.analyze.pipeline  # noqa: F401 - imports before the clock of the first case
-    import fsdpprof.report.html  # noqa: F401
+    import fsdpprof.report.run_page  # noqa: F401
     _STATE["trace"] = load_trace_doc(trace, trace_events)
     _STATE["cpu_trace"] = load_trace_doc(cpu_trace, trace_events) if cpu_trace else None
     _STATE["snapshot"] = load_snapshot_obj(snapshot, entries)

@@ -38,7 +38,7 @@ import atexit, runpy, threading
 import fsdpprof.cli
 for name in ("fsdpprof.commands.report", "fsdpprof.commands.compare", "fsdpprof.commands.whatif",
              "fsdpprof.commands.overlap", "fsdpprof.commands.plan", "fsdpprof.analyze.pipeline",
-             "fsdpprof.report.html", "fsdpprof.report.summary", "fsdpprof.report.text"):
+             "fsdpprof.report.run_page", "fsdpprof.report.compare_page", "fsdpprof.report.summary", "fsdpprof.report.text"):
     __import__(name)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_fsdpprof, shared_data
-from fsdpprof.report.html import fmt_bytes
+from fsdpprof.report.page import fmt_bytes
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -186,7 +186,7 @@ def test_every_kind_of_figure_renders(tmp_path):
     import pandas as pd
 
     from fsdpprof.report import figures
-    from fsdpprof.report.html import Page, document
+    from fsdpprof.report.page import Page, document
 
     page = Page()
     bars = figures.Figure()

@@ -353,7 +353,7 @@ def test_compare_trace_folders_without_inventory(recorded_run, tmp_path):
 
 def test_render_diff_escapes_trace_strings(tmp_path):
     from fsdpprof.report.diff import diff_text, render_diff
-    from fsdpprof.report.html import Page
+    from fsdpprof.report.page import Page
 
     a, b = _edited_pair(tmp_path)
     c, ours = _ours(a, b)

@@ -127,8 +127,8 @@ def test_nan_and_numpy_scalars_are_json():
 def test_rendering_a_report_imports_no_plotly(tmp_path):
     """The figures go into the page without plotly's Python package (its import and validation cost more than the
     rest of the rendering)."""
-    code = ("import sys\nfrom fsdpprof.report import figures, html\n"
+    code = ("import sys\nfrom fsdpprof.report import figures, page, run_page, compare_page\n"
             "f = figures.Figure(figures.bar(x=['a'], y=[1.0])).update_layout(title='t')\n"
-            "html.Page().fig(f, 300)\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'plotly'))")
+            "page.Page().fig(f, 300)\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'plotly'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

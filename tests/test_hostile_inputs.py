@@ -23,7 +23,7 @@ from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.memory.snapshot import load_snapshot, parse_snapshot
 from fsdpprof.analyze.trace import load_trace
 from fsdpprof.errors import BUG_MARK, UserError
-from fsdpprof.report.html import render_report
+from fsdpprof.report.run_page import render_report
 from fsdpprof.report.summary import summary as summary_of
 from fsdpprof.report.text import summary_text
 

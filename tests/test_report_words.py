@@ -9,8 +9,8 @@ import pytest
 
 from conftest import shared_data
 from fsdpprof.analyze.trace.labels import lane_names
-from fsdpprof.report.html import (_fill_rows, column_label, fmt_fixed, fmt_us, short_name, table, unit_order,
-                                  value_label)
+from fsdpprof.report.glance import _fill_rows
+from fsdpprof.report.page import column_label, fmt_fixed, fmt_us, short_name, table, unit_order, value_label
 
 KERNEL = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
           "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)")
@@ -128,10 +128,10 @@ def test_one_byte_formatter():
     from fsdpprof.analyze import theory, vocab
     from fsdpprof.analyze.memory import oom
     from fsdpprof.commands import overlap as overlap_cmd
-    from fsdpprof.report import html
+    from fsdpprof.report import page
 
     f = vocab.fmt_bytes
-    assert html.fmt_bytes is f and theory.fmt_bytes is f
+    assert page.fmt_bytes is f and theory.fmt_bytes is f
     assert [f(x) for x in (0, 1023, 1024, 1536, 10 * 2**20, 123.4 * 2**20, 1023 * 2**20, 1.5 * 2**30, 1234 * 2**30,
                            -3 * 2**20)] == ["0 B", "1023 B", "1.00 KiB", "1.50 KiB", "10.0 MiB", "123 MiB", "1,023 MiB",
                                             "1.50 GiB", "1,234 GiB", "-3.00 MiB"]

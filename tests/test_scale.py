@@ -48,7 +48,8 @@ def test_report_and_summary_bounded_at_1024_ranks(recorded_run, source):
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
     from fsdpprof.analyze.run import load_run
     from fsdpprof.report import many_ranks
-    from fsdpprof.report.html import Page, render_report
+    from fsdpprof.report.page import Page
+    from fsdpprof.report.run_page import render_report
     from fsdpprof.report.outputs import json_bytes
     from fsdpprof.report.summary import summary
 
@@ -102,7 +103,7 @@ def test_above_16_ranks_one_rank_keeps_its_detail(recorded_run, tmp_path):
     from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX, map_ranks, reduce_run
     from fsdpprof.analyze.run import load_run
     from fsdpprof.report import many_ranks
-    from fsdpprof.report.html import Page
+    from fsdpprof.report.page import Page
 
     n = DETAIL_RANKS_MAX + 2
     run = load_run(_trace_folder_of(recorded_run("fsdp2"), n, tmp_path / "traces"), lazy=True)

@@ -249,7 +249,7 @@ def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
 
 def test_report_has_the_what_if_numbers(recorded_run):
     """analyze_run carries the predictions of the standard strategies; the section renders them, escaped."""
-    from fsdpprof.report.html import Page
+    from fsdpprof.report.page import Page
     from fsdpprof.report.whatif import whatif_section
 
     a = analyze_run(load_run(str(recorded_run("fsdp2-no-reshard"))))

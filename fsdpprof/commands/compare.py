@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
 
 def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
     """Write compare HTML and JSON, both or neither (callers check the paths first: outputs.check_outputs)."""
-    from fsdpprof.report.html import render_compare
+    from fsdpprof.report.compare_page import render_compare
     from fsdpprof.report.outputs import compare_paths, json_bytes, write_files
     from fsdpprof.report.summary import compare_summary
 

@@ -47,7 +47,7 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
 
     No check of what is at those paths: callers run :func:`fsdpprof.report.outputs.check_outputs` first.
     """
-    from fsdpprof.report.html import render_report
+    from fsdpprof.report.run_page import render_report
     from fsdpprof.report.outputs import json_bytes, summary_for, write_files
     from fsdpprof.report.summary import summary
 

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from fsdpprof.report import figures
-from fsdpprof.report.html import esc, fmt_bytes, fmt_num, fmt_us, label
+from fsdpprof.report.page import esc, fmt_bytes, fmt_num, fmt_us, is_missing, label
 
 TOP_ROWS = 25          # rows per table in the page (compare.json has them all)
 NAME_CHARS = 90        # operator / kernel names shown in tables (the full name on hover)
@@ -19,16 +19,9 @@ CHANGE_TEXT = {"added": "added (only in the run)", "deleted": "deleted (only in 
                "unchanged": "unchanged count"}
 
 
-def _nan(x) -> bool:
-    try:
-        return x is None or pd.isna(x)
-    except (TypeError, ValueError):
-        return False
-
-
 def _signed(fmt, x) -> str:
     """A difference with its sign: +1.20 ms, -3.0 MiB, 0."""
-    if _nan(x):
+    if is_missing(x):
         return "-"
     x = float(x)
     if x == 0:
@@ -37,11 +30,11 @@ def _signed(fmt, x) -> str:
 
 
 def _pct(x) -> str:
-    return "-" if _nan(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
+    return "-" if is_missing(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
 
 
 def _count(x) -> str:
-    return fmt_num(float(x)) if not _nan(x) else "-"
+    return fmt_num(float(x)) if not is_missing(x) else "-"
 
 
 def _name_cell(name) -> str:
@@ -64,7 +57,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
             if f == "name":
                 tds.append(_name_cell(v))
             elif f == "text":
-                tds.append(f'<td class="l" style="white-space:nowrap">{esc("-" if _nan(v) else v)}</td>')
+                tds.append(f'<td class="l" style="white-space:nowrap">{esc("-" if is_missing(v) else v)}</td>')
             else:
                 tds.append(f'<td style="white-space:nowrap">{esc(f(v))}</td>')
         body.append(f"<tr>{''.join(tds)}</tr>")
@@ -73,7 +66,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
 
 
 def _unit_text(u) -> str:
-    if _nan(u) or u == "-":
+    if is_missing(u) or u == "-":
         return "-"
     return "(root)" if u == "" else str(u)
 
@@ -155,7 +148,7 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame) -> str:
 
 def render_diff(c, page) -> str:
     """The 'What changed' section of compare.html (``<section id="diff">``) for a Comparison with a diff
-    (fsdpprof.analyze.compare.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.html.Page."""
+    (fsdpprof.analyze.compare.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.page.Page."""
     d = getattr(c, "diff", None)
     if d is None:
         return ""

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from fsdpprof.errors import UserError
+
 MARGIN = {"l": 60, "r": 20, "t": 40, "b": 40}
 CONFIG = {"displaylogo": False, "responsive": True}
 # prefixes that plotly's "magic underscore" keyword arguments expand into nested dicts (marker_color ->
@@ -140,7 +142,6 @@ def _plotly_data(*parts: str) -> str:
     """A data file of the installed plotly package (found without importing it)."""
     spec = importlib.util.find_spec("plotly")
     if spec is None or not spec.submodule_search_locations:
-        from fsdpprof.errors import UserError
         raise UserError("the plotly package is not installed; install fsdpprof with its dependencies "
                         "(pip install fsdpprof)")
     return os.path.join(list(spec.submodule_search_locations)[0], "package_data", *parts)

@@ -6,8 +6,9 @@ The per-rank rows stay in summary.json.
 
 Rendering only: the numbers are ``Analysis.rank_distributions``
 (:func:`fsdpprof.analyze.distributions.rank_distributions`).  Each function takes the Analysis and the
-page's :class:`fsdpprof.report.html.Page` and returns an HTML fragment ("" when there is nothing to show);
-:func:`is_many` says when to use them instead of the per-rank blocks of :mod:`fsdpprof.report.html`.
+page's :class:`fsdpprof.report.page.Page` and returns an HTML fragment ("" when there is nothing to show);
+:func:`is_many` says when to use them instead of the per-rank blocks of the sections
+(:mod:`fsdpprof.report.memory`, ...).
 """
 from __future__ import annotations
 
@@ -16,14 +17,7 @@ import numpy as np
 from fsdpprof.analyze.distributions import WORST_N, exposed_heatmap
 from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX
 from fsdpprof.report import figures
-
-MIB = float(2**20)
-
-
-def _h():
-    from fsdpprof.report import html   # html imports this module: resolved at call time
-
-    return html
+from fsdpprof.report.page import MIB, esc, fmt_num, table
 
 
 def is_many(a) -> bool:
@@ -35,15 +29,11 @@ def _d(a, name: str):
     return (getattr(a, "rank_distributions", None) or {}).get(name)
 
 
-def _n_ranks(a) -> int:
-    return int((a.overview or {}).get("ranks_analysed") or 0)
-
-
 def _stats_block(a, name: str, what: str) -> str:
     d = _d(a, name)
     if d is None:
         return ""
-    return f"<h4>{_h().esc(what)}: distribution over {_ranks_in(d)} ranks</h4>" + _h().table(d, left=("statistic",))
+    return f"<h4>{esc(what)}: distribution over {_ranks_in(d)} ranks</h4>" + table(d, left=("statistic",))
 
 
 def _ranks_in(stats) -> int:
@@ -54,7 +44,7 @@ def _worst_block(a, name: str, what: str) -> str:
     d = _d(a, name)
     if d is None:
         return ""
-    return f"<h4>The {min(WORST_N, len(d))} ranks with {_h().esc(what)}</h4>" + _h().table(d)
+    return f"<h4>The {min(WORST_N, len(d))} ranks with {esc(what)}</h4>" + table(d)
 
 
 def _histogram(page, values, title: str, xaxis: str, color: str = "#1f77b4") -> str:
@@ -77,7 +67,7 @@ def _distribution(a, page, values, title: str, xaxis: str, name: str, what: str,
 
 # --------------------------------------------------------------------------- sections
 def memory_peaks(a, page) -> str:
-    """Instead of the per-rank peak bar chart and the memory_peaks table (html._memory)."""
+    """Instead of the per-rank peak bar chart and the memory_peaks table (memory.memory_section)."""
     mp = a.memory_peaks
     if mp is None or mp.empty:
         return ""
@@ -86,17 +76,18 @@ def memory_peaks(a, page) -> str:
 
 
 def comm_phase(a, page) -> str:
-    """Instead of the comm_phase table (one row per rank, collective, stage, FSDP phase) in html._comm."""
+    """Instead of the comm_phase table (one row per rank, collective, stage, FSDP phase) in
+    communication.communication_section."""
     d = _d(a, "comm_phase")
     if d is None:
         return ""
     return ("<h4>Per collective, stage and FSDP phase, all ranks: totals, and the exposed time per rank "
             "(p50, p90, max; worst_rank has the max)</h4>"
-            + _h().table(d, left=("collective", "stage", "fsdp_phase")))
+            + table(d, left=("collective", "stage", "fsdp_phase")))
 
 
 def overlap_per_rank(a, page) -> str:
-    """Instead of the 'Overall overlap per rank' table in html._comm."""
+    """Instead of the 'Overall overlap per rank' table in communication.communication_section."""
     ov = a.overlap_overall
     if ov is None or ov.empty:
         return ""
@@ -107,7 +98,8 @@ def overlap_per_rank(a, page) -> str:
 
 
 def traffic(a, page) -> str:
-    """Instead of table(a.traffic) (one row per rank and collective) in html._comm; the formula above it stays."""
+    """Instead of table(a.traffic) (one row per rank and collective) in communication.communication_section;
+    the formula above it stays."""
     d = _d(a, "traffic")
     if d is None:
         return ""
@@ -119,11 +111,11 @@ def traffic(a, page) -> str:
         d = d.merge(th, on="collective", how="left")
         theory = " beside the theory"
     return (f"<h4>Bytes on the wire per rank and step, distribution over ranks{theory}</h4>"
-            + _h().table(d, left=("collective",)))
+            + table(d, left=("collective",)))
 
 
 def steps(a, page) -> str:
-    """Instead of the per-(rank, step) bar chart and table(a.steps) in html._steps."""
+    """Instead of the per-(rank, step) bar chart and table(a.steps) in steps.steps_section."""
     s = a.steps
     if s is None or s.empty:
         return ""
@@ -131,11 +123,11 @@ def steps(a, page) -> str:
     per_step = _d(a, "steps_per_step")
     if per_step is not None:
         out.append("<h4>Per step, over ranks (slowest_rank: the rank with the longest step)</h4>"
-                   + _h().table(per_step, max_rows=100))
+                   + table(per_step, max_rows=100))
     hm = exposed_heatmap(s)
     if hm is not None:
         z, rows, cols = hm
-        fig = figures.Figure(figures.heatmap(z=(z / 1e3).astype(np.float32), x=[_h().fmt_num(c) for c in cols], y=rows,
+        fig = figures.Figure(figures.heatmap(z=(z / 1e3).astype(np.float32), x=[fmt_num(c) for c in cols], y=rows,
                                    colorscale="Reds", colorbar=dict(title="ms"),
                                    hovertemplate="%{y}, step %{x}: %{z:.3f} ms exposed<extra></extra>"))
         fig.update_layout(title=f"Exposed communication per rank and step ({len(s['rank'].unique())} ranks)",
@@ -147,7 +139,7 @@ def steps(a, page) -> str:
 
 
 def stragglers(a, page) -> str:
-    """Instead of table(a.stragglers) (one row per rank) in html._ranks."""
+    """Instead of table(a.stragglers) (one row per rank) in ranks.ranks_section."""
     st = a.stragglers
     if st is None or st.empty:
         return ""
@@ -157,7 +149,7 @@ def stragglers(a, page) -> str:
 
 
 def temporal(a, page) -> str:
-    """Instead of the per-rank temporal bar chart and table(tb) in html._device."""
+    """Instead of the per-rank temporal bar chart and table(tb) in device.device_section."""
     tb = a.temporal
     if tb is None or tb.empty:
         return ""
@@ -166,18 +158,18 @@ def temporal(a, page) -> str:
 
 
 def idle(a, page) -> str:
-    """Instead of table(a.idle, max_rows=60) (one row per rank, stream, category) in html._device."""
+    """Instead of table(a.idle, max_rows=60) (one row per rank, stream, category) in device.device_section."""
     d = _d(a, "idle")
     if d is None:
         return ""
     return ("<h4>Idle time per category, summed per rank over its streams: distribution over ranks</h4>"
-            + _h().table(d, left=("idle_category",)))
+            + table(d, left=("idle_category",)))
 
 
 def top_kernels(a, page) -> str:
-    """Instead of the 'Kernels with the most time' table (rows per rank) in html._device."""
+    """Instead of the 'Kernels with the most time' table (rows per rank) in device.device_section."""
     d = _d(a, "top_kernels")
     if d is None:
         return ""
     return ("<h3>Kernels with the most time, summed over ranks</h3>"
-            + _h().table(d, left=("kernel_type", "name")))
+            + table(d, left=("kernel_type", "name")))

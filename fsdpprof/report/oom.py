@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpprof.report.html import esc, fmt_bytes, table, unit_order
+from fsdpprof.report.page import esc, fmt_bytes, kv_table, table, unit_order
 
 
 def render_oom(m) -> str:
@@ -30,10 +30,9 @@ def render_oom(m) -> str:
              ("FSDP buffer", o.get("fsdp_role")), ("allocated then", fmt_bytes(o.get("allocated_bytes"))),
              ("reserved then", fmt_bytes(o.get("reserved_bytes"))),
              ("cached but free then", fmt_bytes(o.get("cached_free_bytes"))), ("requested at", o.get("frames"))]
-    rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in where
-                   if v not in (None, "", "-"))
-    if rows:
-        out.append(f"<table>{rows}</table>")
+    shown = [(k, v) for k, v in where if v not in (None, "", "-")]
+    if shown:
+        out.append(kv_table(shown))
     sugg = o.get("suggestions") or []
     if sugg:
         out.append("<h3>What would free enough</h3>")

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze.frames import column_arrays
+from fsdpprof.analyze.headline import headline
 
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
@@ -115,8 +116,6 @@ def summary(a, plain: bool = True) -> dict:
     """The content of summary.json for one Analysis: plain JSON values, or with ``plain=False`` its tables still
     as DataFrames (what :func:`fsdpprof.report.outputs.json_bytes` turns into JSON one key at a time, so that
     the plain values of a run of many ranks are never all alive at once)."""
-    from fsdpprof.analyze.headline import headline
-
     return (json_safe if plain else dict)({
         "schema": SUMMARY_SCHEMA, "path": a.path, "source": a.source, "overview": a.overview,
         "missing": dict(a.missing), "warnings": list(a.warnings), "notes": dict(a.notes),

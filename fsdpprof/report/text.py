@@ -1,7 +1,8 @@
 """Terminal summary of an Analysis or a Comparison (rendering only; words and units as in the HTML)."""
 from __future__ import annotations
 
-from fsdpprof.report.html import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
+from fsdpprof.analyze.headline import headline
+from fsdpprof.report.page import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
                                   metric_label)
 
 
@@ -11,8 +12,6 @@ def _plain(text: str) -> str:
 
 
 def summary_text(a) -> str:
-    from fsdpprof.analyze.headline import headline
-
     o = a.overview
     h = headline(a)
     lines = [f"fsdpprof report: {a.path} ({a.source})",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 from fsdpprof.report import figures
-from fsdpprof.report.html import CATEGORY_COLORS, MIB, Page, document, esc, fmt_bytes, fmt_us, label
+from fsdpprof.report.page import CATEGORY_COLORS, MIB, Page, document, esc, fmt_bytes, fmt_us, label
 
 
 def _table(result: dict) -> str:

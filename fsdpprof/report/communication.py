@@ -1,0 +1,78 @@
+"""The "Communication" section: per collective count, size, time and bandwidth; hidden vs exposed time per
+collective and stage; point-to-point and out-of-step communication; overlap per rank; measured volume against
+the formula; what ran where in one step; the operations with the most time."""
+from __future__ import annotations
+
+import re
+
+from fsdpprof.report import figures, many_ranks
+from fsdpprof.report.page import (KIND_COLORS, KIND_LABELS, Page, esc, fmt_bytes, fmt_num, fmt_us, hover_name, label,
+                                  notes_html, table, value_label)
+
+
+def _lanes_chart(a, page: Page) -> str:
+    ln = a.lanes
+    if ln is None or ln.empty:
+        return ""
+    ln = ln.copy()
+    ln["who"] = ln["lane_name"].fillna(ln["lane"]) if "lane_name" in ln else ln["lane"]
+    order = list(dict.fromkeys(ln["who"]))
+    order.sort(key=lambda w: (not str(w).startswith("main"),
+                              [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(w)) if p]))
+    fig = figures.Figure()
+    for kind, g in ln.groupby("kind"):
+        fig.add_trace(figures.bar(base=g["start_us"] / 1e3, x=g["dur_us"] / 1e3, y=[label(x) for x in g["who"]],
+                             orientation="h", name=label(KIND_LABELS.get(kind, kind)),
+                             marker_color=KIND_COLORS.get(kind, "#999"),
+                             hovertext=[f"{hover_name(n)}<br>{fmt_us(d)}" for n, d in zip(g["name"], g["dur_us"])],
+                             hoverinfo="text", width=0.6, opacity=0.6 if kind == "cpu_op" else 1.0))
+    fig.update_layout(barmode="overlay", title=f"What ran where in step {fmt_num(a.lanes_step)} of the first rank",
+                      xaxis_title="ms from step start",
+                      yaxis=dict(categoryorder="array", categoryarray=[label(w) for w in reversed(order)]))
+    return page.fig(fig, 180 + 40 * len(order))
+
+
+def communication_section(a, page: Page) -> str:
+    out = ['<section id="communication"><h2>Communication</h2>', notes_html(a, "communication")]
+    if a.volume is not None and not a.volume.empty:
+        out.append("<h3>Per collective: count, size, time, bandwidth (algorithm bandwidth; bus bandwidth with "
+                   "nccl-tests' factors)</h3>")
+        out.append(table(a.volume))
+    if a.comm_phase is not None and not a.comm_phase.empty:
+        op = a.comm_phase
+        g = op.copy()
+        g["key"] = [f"{value_label('collective', c)} in {s}" for c, s in zip(g["collective"], g["stage"])]
+        g = g.groupby("key", as_index=False)[["overlapped_comm_us", "exposed_comm_us"]].sum()
+        fig = figures.Figure([figures.bar(x=[label(k) for k in g["key"]], y=g["overlapped_comm_us"] / 1e3,
+                                name="hidden behind compute", marker_color="#93c5fd"),
+                         figures.bar(x=[label(k) for k in g["key"]], y=g["exposed_comm_us"] / 1e3, name="exposed",
+                                marker_color="#dc2626")])
+        fig.update_layout(barmode="stack", title="Communication time, hidden vs exposed (all ranks, all steps)",
+                          yaxis_title="ms")
+        out.append(page.fig(fig, 320))
+        out.append("<h3>Per collective, stage (forward / backward / optimizer, from the CPU op that launched it) "
+                   "and FSDP phase: volume, bandwidth, overlap with compute, exposed time</h3>")
+        out.append(many_ranks.comm_phase(a, page) if many_ranks.is_many(a) else table(op))
+    if a.p2p is not None and not a.p2p.empty:
+        out.append("<h3>Point-to-point transfers (send / recv): not matched across ranks, not in skew</h3>")
+        out.append(table(a.p2p))
+    if a.comm_outside_steps is not None and not a.comm_outside_steps.empty:
+        out.append("<h3>Communication launched outside every profiler step (not counted per step)</h3>")
+        out.append(table(a.comm_outside_steps))
+    if a.overlap_overall is not None and not a.overlap_overall.empty:
+        out.append(many_ranks.overlap_per_rank(a, page) if many_ranks.is_many(a)
+                   else "<h3>Overall overlap per rank</h3>" + table(a.overlap_overall))
+    if a.traffic is not None and not a.traffic.empty:
+        tr = (a.theory or {}).get("traffic")
+        out.append("<h3>Measured volume vs theory (bytes each rank sends per step, ring)</h3>")
+        if tr:
+            out.append(f'<div class="formula">{esc(tr["label"])}: {esc(tr["formula"])}\n  = {esc(tr["substituted"])}\n'
+                       f'  = {esc(fmt_bytes(tr["total_bytes"]))} per rank per step</div>')
+        out.append(many_ranks.traffic(a, page) if many_ranks.is_many(a)
+                   else table(a.traffic, labels={"diff_pct": "measured vs formula"}))
+    out.append(_lanes_chart(a, page))
+    if a.top_ops is not None and not a.top_ops.empty:
+        out.append(f"<h3>Operations with the most time in step {esc(fmt_num(a.lanes_step))} of the first rank</h3>")
+        out.append(table(a.top_ops, left=("name", "kind")))
+    out.append("</section>")
+    return "".join(out)

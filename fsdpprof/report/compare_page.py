@@ -1,0 +1,98 @@
+"""The page of several runs (compare.html): the verdict, what ZeRO promises (fsdpprof.report.promise), the
+memory and step time per run, what changed (fsdpprof.report.diff) and the runs side by side."""
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdpprof.report import diff, figures, promise
+from fsdpprof.report.page import (CATEGORY_COLORS, HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, Page, category_label,
+                                  column_unit, document, esc, fmt_fixed, fmt_num, fmt_params, idle_words, is_missing,
+                                  label, mem_scale, metric_label)
+
+
+def _compare_host(c) -> bool:
+    p = c.promise
+    return p is None or p.empty or all((d or "cpu") == "cpu" for d in p["device_type"])
+
+
+def _verdict(c) -> str:
+    lines = c.verdict_lines or [c.verdict]
+    first, rest = lines[0], lines[1:]
+    items = "".join(f"<li>{esc(x)}</li>" for x in rest)
+    return (f'<section id="verdict"><h2>Verdict</h2><p class="verdict">{esc(first)}</p>'
+            + (f'<ul class="costs">{items}</ul>' if items else "") + "</section>")
+
+
+def _compare_time(c, page: Page) -> str:
+    tm = c.time
+    if tm is None or tm.empty:
+        return ""
+    host = _compare_host(c)
+    fig = figures.Figure()
+    for col, name, color in (("compute_us", "compute", SPLIT_COLORS["compute"]),
+                             ("exposed_comm_us", "exposed communication", SPLIT_COLORS["exposed_comm"]),
+                             ("idle_us", idle_words(host), SPLIT_COLORS["idle"])):
+        if col in tm:
+            fig.add_trace(figures.bar(x=[label(x) for x in tm["run"]], y=tm[col] / 1e3, name=name, marker_color=color))
+    fig.update_layout(barmode="stack", title="Step time (median per step over ranks)", yaxis_title="ms")
+    words = (f"On CPU traces {HOST_TIME} is {HOST_TIME_WHAT}: time of the step covered by no operator and no "
+             "collective." if host else "Idle: time of the step in which the device ran nothing.")
+    return f'<section id="time"><h2>Step time</h2>{page.fig(fig, 360)}<p class="note">{esc(words)}</p></section>'
+
+
+def _compare_table(c) -> str:
+    t = c.table
+    runs = [col for col in t.columns if col not in ("metric",)]
+    host = _compare_host(c)
+    byte_rows = t[[column_unit(m) == "bytes" for m in t["metric"]]]
+    max_bytes = pd.to_numeric(byte_rows[runs].stack(), errors="coerce").max() if len(byte_rows) else float("nan")
+    head = '<th class="l">metric</th>' + "".join(f"<th>{esc(r)}</th>" for r in runs)
+    rows = []
+    for row in t.itertuples(index=False, name=None):
+        metric, vals = row[0], row[1:]
+        unit = column_unit(metric)
+        if metric in ("framework", "strategy") or unit is None:
+            cells = [esc(fmt_params(v) if metric == "psi" else v if isinstance(v, str) else fmt_num(v)) for v in vals]
+            name = metric_label(metric)
+        else:
+            scale, unit_text = mem_scale(max_bytes) if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
+            cells = [esc(fmt_fixed(v / scale) if not is_missing(v) else "-") for v in vals]
+            name = metric_label(metric, unit_text, host)
+        tds = "".join(f"<td>{x}</td>" for x in cells)
+        rows.append(f'<tr><th class="l">{esc(name)}</th>{tds}</tr>')
+    return (f'<section id="table"><h2>Runs side by side</h2><table><tr>{head}</tr>{"".join(rows)}</table>'
+            '<p class="note">Memory per rank (the first rank of each run); formulas with each run\'s numbers; '
+            "exposed communication and step time per step (median over ranks). The same numbers are in "
+            "compare.json.</p></section>")
+
+
+def _compare_memory(c, page: Page) -> str:
+    """Kept for pages without a promise table (no inventory): the memory at the peak by category."""
+    cats = c.categories
+    p = c.promise
+    if (p is not None and not p.empty and p["model_states_theory_bytes"].notna().any()) or cats is None or cats.empty:
+        return ""
+    fig = figures.Figure()
+    sc, unit = mem_scale(cats.groupby("run")["bytes"].sum().max())
+    for cat, g in cats.groupby("category", observed=True):
+        fig.add_trace(figures.bar(x=[label(x) for x in g["run"]], y=g["bytes"] / sc, name=label(category_label(cat)),
+                             marker_color=CATEGORY_COLORS.get(str(cat))))
+    fig.update_layout(barmode="stack", title="Memory at the peak by category (the rank with the highest peak)",
+                      yaxis_title=unit)
+    return f'<section id="memory"><h2>Peak memory by category</h2>{page.fig(fig, 380)}</section>'
+
+
+COMPARE_NAV = [("verdict", "Verdict"), ("promise", "ZeRO: promised and measured"), ("memory", "Memory"),
+               ("time", "Step time"), ("diff", "What changed"), ("table", "Side by side")]
+
+
+def render_compare(c) -> str:
+    """The HTML of a Comparison (fsdpprof.analyze.compare.compare_analyses): one function per section."""
+    page = Page()
+    warn = "".join(f'<div class="banner">{esc(w)}</div>' for w in c.warnings)
+    sections = [warn, _verdict(c), promise.promise_section(c, page), _compare_memory(c, page), _compare_time(c, page),
+                diff.render_diff(c, page), _compare_table(c)]
+    body = "".join(sections)
+    nav = [(i, t) for i, t in COMPARE_NAV if f'id="{i}"' in body]
+    ctx = " · ".join(c.labels)
+    return document(f"fsdpprof compare: {len(c.labels)} runs", " | ".join(c.paths), nav, body, ctx)

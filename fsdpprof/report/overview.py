@@ -1,0 +1,76 @@
+"""What the input is: the line under the title (strategy, ranks, model, device), the banner of a partial
+run or of warnings, and the "Overview" section (command, ranks, model, device)."""
+from __future__ import annotations
+
+from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us, kv_table
+
+
+INPUT_KIND_TEXT = {"fsdp2": "FSDP2 (fully_shard)", "fsdp1": "FSDP1 (FullyShardedDataParallel)",
+                   "ddp": "DDP (DistributedDataParallel): nothing sharded",
+                   "distributed": "distributed job of another framework (not FSDP)",
+                   "single_device": "one device, no communication", "unknown": "unknown"}
+INPUT_KIND_SHORT = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "ddp": "DDP", "distributed": "distributed",
+                    "single_device": "one device"}
+
+
+def context_line(a) -> str:
+    """One line under the title: strategy, framework, ranks, model size, optimizer, dtypes, device."""
+    o, t = a.overview, a.theory or {}
+    bits = []
+    if o.get("strategy"):
+        bits.append(str(o["strategy"]))
+    if INPUT_KIND_SHORT.get(o.get("input_kind")) and o.get("input_kind") != "ddp":
+        bits.append(INPUT_KIND_SHORT[o["input_kind"]])
+    if o.get("world_size"):
+        n = o["world_size"]
+        group = (f" (shard group {o['shard_group_size']} x replicas {o['replicate_group_size']})"
+                 if (o.get("replicate_group_size") or 1) > 1 else "")
+        bits.append(f"{n} rank{'s' if n != 1 else ''}{group}")
+    if o.get("psi"):
+        bits.append(f"Ψ = {fmt_params(o['psi'])} parameters")
+    if o.get("optimizer"):
+        bits.append(str(o["optimizer"]))
+    if t.get("param_dtype"):
+        mp = o.get("mixed_precision")
+        bits.append(f"{t['param_dtype']}" + (f", compute {mp.get('param_dtype')}" if mp else ""))
+    dev = " ".join(str(x) for x in (o.get("device_type"), o.get("backend")) if x)
+    if dev:
+        bits.append(dev)
+    return " · ".join(bits)
+
+
+SOURCE_TEXT = {"run_dir": "fsdpprof run directory", "trace_folder": "folder of profiler traces",
+               "trace_file": "profiler trace", "snapshot_file": "CUDA memory snapshot",
+               "snapshot_folder": "folder of CUDA memory snapshots"}
+
+
+def overview_section(a) -> str:
+    o = a.overview
+    mp = o.get("mixed_precision")
+    items = [
+        ("input", f"{a.path} ({SOURCE_TEXT.get(a.source, a.source)})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
+        ("strategy", f"{o.get('strategy') or '-'} ({o.get('framework') or 'unknown framework'})"),
+        ("what ran", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind") or "-")),
+        ("world size", o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
+        ("shard / replicate group", f"{o.get('shard_group_size') or '-'} / {o.get('replicate_group_size') or '-'}"),
+        ("Ψ (parameters)", f"{fmt_params(o.get('psi'))} ({fmt_num(o.get('psi'))})" if o.get("psi") else "-"),
+        ("mixed precision", f"param {mp.get('param_dtype')}, reduce {mp.get('reduce_dtype')}" if mp else "none"),
+        ("optimizer", o.get("optimizer") or "-"), ("CPU offload", "yes" if o.get("cpu_offload") else "no"),
+        ("device", f"{o.get('device_type') or '-'} {o.get('device_name') or ''}"),
+        ("backend", o.get("backend") or "-"), ("hosts", ", ".join(o.get("hosts") or []) or "-"),
+        ("steps recorded", ", ".join(map(str, o.get("steps_recorded") or [])) or "-"),
+        ("median step time", fmt_us(o.get("step_time_us"))),
+    ]
+    return (f'<section id="overview"><h2>Overview</h2><details><summary>the run: command, ranks, model, device '
+            f'({esc(o.get("status") or "-")})</summary>{kv_table(items)}</details></section>')
+
+
+def banner(a) -> str:
+    out = []
+    if a.missing:
+        lst = "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items()))
+        out.append(f'<div class="banner"><b>Partial run</b>: missing ranks/files: {esc(lst)}. '
+                   f"The numbers below cover the ranks that were recorded.</div>")
+    for w in a.warnings or []:
+        out.append(f'<div class="banner">{esc(w)}</div>')
+    return "".join(out)

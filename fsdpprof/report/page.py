@@ -1,0 +1,472 @@
+"""The page every report section is drawn on: formatters, the words the page uses, one table renderer and
+the page shell (CSS, header, navigation; plotly.js once per page).
+
+Rendering only: every number comes from ``fsdpprof.analyze``. Every string that may come from a trace goes
+through ``esc`` (html.escape) in tables and text, and through ``label`` in plot labels; plotly's JSON in
+<script> escapes ``</`` itself.
+
+What a person reads: the words for columns, metrics and categories live in one place here
+(COLUMN_LABELS, CATEGORY_LABELS, METRIC_LABELS); tables pick one unit per column (MiB, ms, %) from
+the column's name and values, so summary.json keeps its keys (``*_bytes``, ``*_us``, ``*_pct``)
+while the page shows "peak allocated (MiB)". The sections are modules on top of this one (overview,
+glance, findings, memory, per_unit, communication, steps, whatif, ranks, device; promise and diff for
+compare), put together by :mod:`fsdpprof.report.run_page` and :mod:`fsdpprof.report.compare_page`.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+
+import pandas as pd
+
+from fsdpprof import __version__
+from fsdpprof.analyze import vocab
+from fsdpprof.report import figures
+from fsdpprof.report.outputs import generator_meta
+
+MIB = float(2**20)
+CATEGORY_COLORS = {
+    "sharded_param": "#1f77b4", "param": "#1f77b4", "unsharded_param": "#aec7e8", "sharded_grad": "#ff7f0e",
+    "grad": "#ff7f0e", "unsharded_grad": "#ffbb78", "optimizer_state": "#2ca02c", "activation": "#d62728",
+    "temporary": "#9467bd", "input": "#8c564b", "before_recording": "#bcbd22", "other": "#7f7f7f",
+}
+KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "memcpy": "#2ca02c",
+               "memset": "#17becf", "sync": "#7f7f7f"}
+SPLIT_COLORS = {"compute": "#1f77b4", "exposed_comm": "#dc2626", "idle": "#d1d5db", "residual": "#fde68a"}
+
+# --- words and units: the one place for what the page calls things ---------------------------------
+CATEGORY_LABELS = {
+    "sharded_param": "sharded params", "unsharded_param": "gathered params",
+    "sharded_grad": "sharded grads", "unsharded_grad": "unsharded grads",
+    "param": "params", "grad": "grads", "optimizer_state": "optimizer states", "activation": "activations",
+    "temporary": "temporaries", "input": "inputs", "before_recording": "allocated before recording",
+    "other": "other",
+}
+KIND_LABELS = {"compute": "compute", "cpu_op": "CPU operator", "comm": "communication", "memcpy": "memory copy",
+               "memset": "memset", "sync": "synchronisation", "annotation": "annotation"}
+COLUMN_LABELS = {
+    # memory
+    "peak_allocated_bytes": "peak allocated", "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
+    "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "reserved_bytes": "reserved",
+    "fragmentation_pct": "fragmentation", "source": "memory source", "addr": "address", "alloc_us": "allocated at",
+    "free_us": "freed at", "frames": "allocated by", "category": "category", "unit": "FSDP unit",
+    "role": "model state", "measured_bytes": "measured", "theory_bytes": "formula", "diff_bytes": "measured - formula",
+    "diff_pct": "difference", "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params",
+    "grad_bytes": "grads", "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
+    "traffic_bytes": "traffic per rank per step",
+    # communication
+    "collective": "collective", "count": "count", "bytes": "size", "time_us": "time", "algbw_gbps": "algorithm bandwidth",
+    "busbw_gbps": "bus bandwidth", "stage": "stage", "fsdp_phase": "FSDP phase", "comm_us": "communication",
+    "overlapped_comm_us": "hidden behind compute", "exposed_comm_us": "exposed communication",
+    "overlap_pct": "hidden behind compute", "comp_comm_overlap_pct": "communication hidden behind compute",
+    "payload_bytes": "payload", "wire_bytes": "on the wire", "steps": "steps", "payload_per_step_bytes": "payload per step",
+    "wire_per_step_bytes": "on the wire per step", "theory_wire_per_step_bytes": "formula per step",
+    "name": "name", "kind": "kind", "total_us": "total time", "max_us": "longest", "step": "step", "rank": "rank",
+    # steps
+    "step_us": "step", "compute_us": "compute", "idle_us": "idle", "residual_us": "copies, memsets, syncs only",
+    "model_step_us": "T_comp + T_comm - T_overlap", "unexplained_us": "step - formula",
+    # ranks
+    "pg": "process group", "seq": "sequence number", "n_ranks": "ranks", "start_skew_us": "start skew",
+    "end_skew_us": "end skew", "last_rank": "last to arrive", "times_last": "times last", "share_last_pct": "share last",
+    "mean_start_lag_us": "mean start lag", "clock_offset_us": "clock offset",
+    # device
+    "span_us": "span", "idle_time_us": "idle", "compute_time_us": "compute", "non_compute_time_us": "non-compute",
+    "idle_time_pct": "idle", "compute_time_pct": "compute", "non_compute_time_pct": "non-compute",
+    "kernel_type": "kernel type", "pct": "share", "sum_us": "total time", "mean_us": "mean", "min_us": "shortest",
+    "std_us": "standard deviation", "type_pct": "share of its type", "stream": "stream", "idle_category": "cause",
+    # compare
+    "run": "run", "strategy": "strategy", "world_size": "N (ranks)", "shard_group_size": "shard group",
+    "exposed_comm_pct": "of the step",
+}
+# host time on a CPU trace: what "idle" is when the profiler sees operators only
+HOST_TIME = "host time outside operators"
+HOST_TIME_WHAT = "Python, the dispatcher, FSDP's hooks"
+VALUE_COLUMNS = frozenset({"category", "collective", "role", "fsdp_phase", "peak_fsdp_phase", "kind", "idle_category",
+                           "stage", "peak_stage", "source"})
+NAME_COLUMNS = frozenset({"name", "frames"})
+NAME_MAX = 64   # characters of a trace name shown in tables and charts (the full name on hover)
+
+
+def esc(x) -> str:
+    """HTML-escape any value for text and attributes."""
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def label(x) -> str:
+    """A string from a trace, made safe for plotly's pseudo-HTML labels."""
+    return html.escape("" if x is None else str(x), quote=False)
+
+
+def is_missing(x) -> bool:
+    """True for None, NaN and pandas' missing values (a table's empty cell)."""
+    try:
+        return x is None or (isinstance(x, float) and math.isnan(x)) or pd.isna(x)
+    except (TypeError, ValueError):
+        return False
+
+
+def category_label(c) -> str:
+    """A memory category as the page says it ("optimizer states")."""
+    return CATEGORY_LABELS.get(str(c), str(c).replace("_", " "))
+
+
+def value_label(col: str, v) -> str:
+    """A vocabulary value in a table cell: memory categories in words, all_gather -> all-gather, snake_case
+    words spaced; anything else unchanged."""
+    if is_missing(v):
+        return "-"
+    s = str(v)
+    if col == "category":
+        return category_label(s)
+    if col == "kind":
+        return KIND_LABELS.get(s, s)
+    if col == "collective":
+        return s.replace("_", "-")
+    if col == "role":
+        return category_label(s)
+    return s.replace("_", " ") if re.fullmatch(r"[a-z0-9_]+", s) else s
+
+
+def short_name(name, limit: int = NAME_MAX) -> str:
+    """A long trace name (templated C++ kernels span lines) shortened for tables and charts: no leading
+    ``void``, no argument list, template arguments folded to ``<…>``, then cut at ``limit`` characters."""
+    s = " ".join(str(name).split())
+    if len(s) <= limit:
+        return s
+    if " < " in s:                            # a call stack (innermost first): its first frame
+        return short_name(s.split(" < ", 1)[0], limit - 4) + " < …"
+    if s.startswith("void "):
+        s = s[5:]
+    for _ in range(2):                        # a signature (and a "(file:line)"): drop the last (...) group
+        if not s.endswith(")"):
+            break
+        depth = 0
+        for i in range(len(s) - 1, 0, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                s = s[:i].rstrip()
+                break
+    out, depth = [], 0
+    for i, ch in enumerate(s):               # fold template arguments that follow an identifier
+        if ch == "<" and (depth or (i > 0 and (s[i - 1].isalnum() or s[i - 1] in "_:"))):
+            if depth == 0:
+                out.append("<…>")
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    s = "".join(out).strip()
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def hover_name(name, width: int = 100) -> str:
+    """The full name for a chart's hover, escaped, wrapped every ``width`` characters."""
+    s = " ".join(str(name).split())
+    return "<br>".join(label(s[i:i + width]) for i in range(0, len(s), width)) or "-"
+
+
+# --- numbers --------------------------------------------------------------------------------------
+def fmt_fixed(x) -> str:
+    """A number at a sensible precision: 1,234 / 12.3 / 1.23 / 0.123; 0 as 0."""
+    if is_missing(x):
+        return "-"
+    x = float(x)
+    a = abs(x)
+    if a == 0:
+        return "0"
+    if a >= 100:
+        return f"{x:,.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 1:
+        return f"{x:.2f}"
+    if a >= 0.001:
+        return f"{x:.3f}"
+    return "<0.001" if x > 0 else ">-0.001"
+
+
+fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's)
+
+
+def fmt_us(x) -> str:
+    """A time given in µs, in s, ms or µs."""
+    if is_missing(x):
+        return "-"
+    x = float(x)
+    if x == 0:
+        return "0 ms"
+    if abs(x) >= 1e6:
+        return f"{fmt_fixed(x / 1e6)} s"
+    if abs(x) >= 1e3:
+        return f"{fmt_fixed(x / 1e3)} ms"
+    return f"{fmt_fixed(x)} µs"
+
+
+def fmt_pct(x) -> str:
+    return "-" if is_missing(x) else f"{float(x):.0f}%" if abs(float(x)) >= 10 else f"{float(x):.1f}%"
+
+
+def fmt_num(x, digits: int = 4) -> str:
+    if is_missing(x):
+        return "-"
+    if isinstance(x, (int,)) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15):
+        return f"{int(x):,}"
+    try:
+        return f"{float(x):.{digits}g}"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def fmt_params(x) -> str:
+    """A parameter count: 3.66 M."""
+    if is_missing(x):
+        return "-"
+    x = float(x)
+    for div, word in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g} {word}"
+    return f"{x:.0f}"
+
+
+def mem_scale(max_bytes) -> tuple[float, str]:
+    """The unit of a memory chart or table whose largest value is ``max_bytes``: GiB from 10 GiB, else MiB."""
+    return (2.0**30, "GiB") if not is_missing(max_bytes) and float(max_bytes) >= 10 * 2**30 else (MIB, "MiB")
+
+
+def column_unit(col: str) -> str | None:
+    """What a column's name says its values are: bytes, time (µs), pct, gbps, or None."""
+    if col.endswith("_bytes") or col == "bytes":
+        return "bytes"
+    if col.endswith("_us"):
+        return "time"
+    if col.endswith("_pct") or col == "pct":
+        return "pct"
+    if col.endswith("_gbps"):
+        return "gbps"
+    return None
+
+
+def _scale_for(unit: str, values) -> tuple[float, str]:
+    """One unit for a whole column (from its largest value): bytes in GiB/MiB/KiB, times in s/ms/µs."""
+    vals = [abs(float(v)) for v in values if not is_missing(v)]
+    top = max(vals) if vals else 0.0
+    if unit == "bytes":
+        if top >= 10 * 2**30:
+            return 2.0**30, "GiB"
+        if top >= 2**20 or top == 0:
+            return 2.0**20, "MiB"
+        return (2.0**10, "KiB") if top >= 2**10 else (1.0, "B")
+    if unit == "time":
+        if top >= 100e6:
+            return 1e6, "s"
+        return (1e3, "ms") if top >= 100 or top == 0 else (1.0, "µs")
+    if unit == "pct":
+        return 1.0, "%"
+    if unit == "gbps":
+        return 1.0, "GB/s"
+    return 1.0, ""
+
+
+def column_label(col: str, unit_text: str = "") -> str:
+    """The header of a column: its words (COLUMN_LABELS, else the name without its unit suffix and
+    underscores) and the unit in brackets."""
+    base = COLUMN_LABELS.get(col)
+    if base is None:
+        base = re.sub(r"_(bytes|us|pct|gbps)$", "", col).replace("_", " ")
+    return f"{base} ({unit_text})" if unit_text else base
+
+
+def _numeric(s: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
+
+
+def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
+    if isinstance(v, (list, tuple, dict)):
+        return str(v)
+    if is_missing(v):
+        return "-"
+    if col == "addr":
+        try:
+            return hex(int(v))
+        except (TypeError, ValueError):
+            return str(v)
+    if unit == "pct":
+        return f"{float(v):.1f}"
+    if unit == "gbps":
+        return f"{float(v):.3g}"
+    if unit is not None:
+        return fmt_fixed(float(v) / scale)
+    if col in VALUE_COLUMNS:
+        return value_label(col, v)
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{int(v):,}" if v.is_integer() and abs(v) < 1e15 else fmt_num(v)
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10000 else str(v)
+    return str(v)
+
+
+def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int = 200, left: tuple = (),
+          labels: dict | None = None, names: tuple = ()) -> str:
+    """An HTML table: every cell escaped; one unit per column from its name (``*_bytes`` -> MiB ...,
+    ``*_us`` -> ms, ``*_pct`` -> %) shown in the header; headers in words (COLUMN_LABELS, or ``labels``
+    for this table); trace names (``name``, ``frames`` and ``names``) shortened with the full name on hover."""
+    if df is None or len(df) == 0:
+        return '<p class="note">no rows</p>'
+    cols = [c for c in (cols or list(df.columns)) if c in df.columns]
+    shown = df[cols].head(max_rows)
+    labels = labels or {}
+    name_cols = NAME_COLUMNS | set(names)
+    heads, specs = [], []
+    for c in cols:
+        unit = column_unit(c)
+        scale, unit_text = _scale_for(unit, shown[c]) if unit else (1.0, "")
+        is_left = c in left or c in name_cols or not _numeric(df[c])
+        words = labels.get(c)
+        head = f"{words} ({unit_text})" if words and unit_text else words or column_label(c, unit_text)
+        heads.append(f'<th class="{"l" if is_left else ""}">{esc(head)}</th>')
+        specs.append((c, unit, scale, is_left))
+    rows = []
+    for row in shown.itertuples(index=False, name=None):
+        tds = []
+        for (c, unit, scale, is_left), v in zip(specs, row):
+            text = _plain_cell(c, v, scale, unit)
+            if c in name_cols and not is_missing(v):
+                short = short_name(text)
+                title = f' title="{esc(text)}"' if short != text else ""
+                tds.append(f'<td class="l name"{title}>{esc(short)}</td>')
+            else:
+                tds.append(f'<td class="{"l" if is_left else ""}">{esc(text)}</td>')
+        rows.append(f"<tr>{''.join(tds)}</tr>")
+    more = f'<p class="note">{len(df) - max_rows} more rows in summary.json</p>' if len(df) > max_rows else ""
+    return f"<div class=\"tbl\"><table><tr>{''.join(heads)}</tr>{''.join(rows)}</table></div>{more}"
+
+
+def kv_table(items: list[tuple[str, object]]) -> str:
+    rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in items)
+    return f"<table>{rows}</table>"
+
+
+def unit_order(units) -> list:
+    """FSDP units in the model's order: the root first, then by name with numbers compared as numbers
+    (layers.2 before layers.10)."""
+    def key(u):
+        u = str(u)
+        if u in ("", "(root)"):
+            return (0, [])
+        return (1, [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"[.]", u)])
+    return sorted(dict.fromkeys(units), key=key)
+
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#1f2937;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
+header .sub{color:#cbd5e1;font-size:13px;margin-top:4px;word-break:break-all}
+header .ctx{color:#e5e7eb;font-size:14px;margin-top:4px}
+nav{padding:6px 24px;background:#e5e7eb;font-size:13px;position:sticky;top:0;z-index:10}
+nav a{margin-right:14px;color:#1f2937}
+main{padding:8px 24px 40px;max-width:1400px}
+section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:10px 18px;margin:14px 0}
+h2{font-size:17px;margin:6px 0 10px}h3{font-size:14px;margin:14px 0 6px}
+table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
+td,th{border:1px solid #e5e7eb;padding:3px 8px;text-align:right;vertical-align:top;max-width:640px;overflow-wrap:break-word}
+.tbl{overflow-x:auto;max-width:100%}
+th{background:#f3f4f6;font-weight:600}td.l,th.l{text-align:left}td.name{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+td[title]{cursor:help;text-decoration:underline dotted #9ca3af}
+tr.base td{background:#f8fafc}th.grp{text-align:center;background:#e5e7eb}
+.banner{background:#fef3c7;border:1px solid #f59e0b;padding:10px 14px;border-radius:6px;margin:12px 0}
+.note{color:#6b7280;font-size:13px;font-style:italic}
+.finding{border-left:4px solid #9ca3af;padding:4px 10px;margin:8px 0}
+.finding.high{border-color:#dc2626}.finding.medium{border-color:#f59e0b}.finding.info{border-color:#3b82f6}
+.formula{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;background:#f8fafc;padding:6px 10px;
+border:1px solid #e2e8f0;border-radius:4px;margin:4px 0;white-space:pre-wrap}
+.verdict{font-size:15px;font-weight:600;margin:8px 0}ul.costs{margin:4px 0 8px 0;padding-left:20px;font-size:14px}
+ul.costs li{margin:3px 0}
+.plot{min-height:200px;min-width:0}
+.grid2{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:14px;align-items:start}
+@media (max-width:900px){.grid2{grid-template-columns:minmax(0,1fr)}}
+.tiles{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:12px}
+.tile{border:1px solid #e5e7eb;border-radius:6px;padding:10px 14px;background:#fcfcfd}
+.tile .big{font-size:26px;font-weight:700;color:#111827}.tile .what{font-size:13px;color:#374151;margin-top:2px}
+.tile .sub{font-size:12.5px;color:#6b7280;margin-top:4px}.tile.wide{grid-column:span 2}
+.tile .big.text{font-size:15px;line-height:1.35;font-weight:600}
+.split{display:flex;height:22px;border-radius:4px;overflow:hidden;margin:8px 0 6px}
+.split div{height:100%}.legend{font-size:13px;color:#374151}
+.legend span.sw{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 4px 0 10px;vertical-align:baseline}
+.legend span.sw:first-child{margin-left:0}
+details>summary{cursor:pointer;color:#374151;font-size:13px;margin:6px 0}
+"""
+
+
+class Page:
+    """Collects figures: plotly.js goes into the page once, with the first figure."""
+
+    def __init__(self) -> None:
+        self.n_figs = 0
+
+    def fig(self, fig: figures.Figure | dict, height: int = 360) -> str:
+        """A figure (figures.Figure, or a plain plotly.js figure dict) as HTML; see report.figures."""
+        self.n_figs += 1
+        return figures.figure_html(fig, height, f"plot-{self.n_figs}", include_plotlyjs=(self.n_figs == 1))
+
+
+def side_by_side(*blocks: str) -> str:
+    """Two charts (or tables) beside each other; one above the other on a narrow screen."""
+    blocks = [b for b in blocks if b]
+    if len(blocks) < 2:
+        return "".join(blocks)
+    return '<div class="grid2">' + "".join(f"<div>{b}</div>" for b in blocks) + "</div>"
+
+
+def document(title: str, subtitle: str, nav: list[tuple[str, str]], body: str, context: str = "") -> str:
+    links = "".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in nav)
+    ctx = f'<div class="ctx">{esc(context)}</div>' if context else ""
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">{generator_meta()}"
+            f"<title>{esc(title)}</title>"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><style>{CSS}</style></head>"
+            f"<body><header><h1>{esc(title)}</h1>{ctx}<div class=\"sub\">{esc(subtitle)}</div></header>"
+            f"<nav>{links}</nav><main>{body}</main>"
+            f"<footer style=\"padding:10px 24px;color:#6b7280;font-size:12px\">fsdpprof {esc(__version__)}</footer>"
+            f"</body></html>")
+
+
+def notes_html(a, section: str) -> str:
+    n = a.notes.get(section)
+    return f'<p class="note">{esc(n)}</p>' if n else ""
+
+
+def idle_words(host: bool) -> str:
+    """What the step breakdown's idle time is: device idle on a GPU trace, host time on a CPU trace."""
+    return HOST_TIME if host else "device idle"
+
+
+def finding_title(title: str) -> str:
+    """A finding's title as the page shows it: collective names as words (all_gather -> all-gather)."""
+    return re.sub(r"\b(all_gather|reduce_scatter|all_reduce|all_to_all|send_recv)\b",
+                  lambda m: m.group(1).replace("_", "-"), str(title))
+
+
+# the rows of compare's side-by-side table (and of its terminal text)
+METRIC_LABELS = {
+    "psi": "Ψ (parameters)", "framework": "framework", "world_size": "N (ranks)", "strategy": "strategy",
+    "peak_allocated_bytes": "peak allocated per rank", "model_states_measured_bytes": "model states per rank, measured",
+    "model_states_theory_bytes": "model states per rank, formula",
+    "traffic_measured_bytes": "traffic per rank per step, measured",
+    "traffic_theory_bytes": "traffic per rank per step, formula", "step_us": "step time", "compute_us": "compute",
+    "exposed_comm_us": "exposed communication", "idle_us": "idle",
+}
+
+
+def metric_label(metric: str, unit_text: str = "", host: bool = False) -> str:
+    """A row of the side-by-side table in words, with its unit."""
+    if metric == "idle_us":
+        words = idle_words(host)
+    elif metric.startswith("peak_") and metric.endswith("_bytes") and metric != "peak_allocated_bytes":
+        words = "at the peak: " + category_label(metric[len("peak_"):-len("_bytes")])
+    else:
+        words = METRIC_LABELS.get(metric) or column_label(metric)
+    return f"{words} ({unit_text})" if unit_text else words
+

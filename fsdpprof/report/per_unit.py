@@ -1,0 +1,74 @@
+"""The "Per unit" section: per FSDP unit, the memory at the peak beside the exposed communication, units in
+the model's order."""
+from __future__ import annotations
+
+from fsdpprof.analyze.headline import peak_rank
+from fsdpprof.report import figures
+from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, label, mem_scale, side_by_side,
+                                  table, unit_order, value_label)
+
+
+def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
+    """Memory by FSDP unit at the peak of the first rank, units in the model's order (chart, note)."""
+    if not a.memory:
+        return "", ""
+    r0 = peak_rank(a)
+    bu = a.memory[r0].by_unit_at_peak
+    if bu is None or bu.empty or not bu["unit"].notna().any():
+        return "", ""
+    bu = bu.copy()
+    none = float(bu.loc[bu["unit"].isna(), "bytes"].sum())
+    bu = bu[bu["unit"].notna() & (bu["bytes"] > 0)]
+    bu["unit"] = bu["unit"].astype(str).replace("", "(root)")
+    units = unit_order(bu["unit"])
+    sc, unit = mem_scale(bu.groupby("unit")["bytes"].sum().max())
+    fig = figures.Figure()
+    order = {c: i for i, c in enumerate(CATEGORY_COLORS)}
+    for cat in sorted(bu["category"].astype(str).unique(), key=lambda c: order.get(c, 99)):
+        g = bu[bu["category"].astype(str) == cat].groupby("unit")["bytes"].sum()
+        fig.add_trace(figures.bar(x=[label(u) for u in units], y=[g.get(u, 0.0) / sc for u in units],
+                             name=label(category_label(cat)), marker_color=CATEGORY_COLORS.get(cat)))
+    fig.update_layout(barmode="stack", title=f"Memory per unit at the peak, rank {r0}", yaxis_title=unit,
+                      xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
+                      legend=dict(orientation="h", y=-0.2, font=dict(size=11)))
+    note = (f'<p class="note">{esc(fmt_bytes(none))} at the peak belong to no unit (inputs, tensors made outside '
+            f"every FSDP unit).</p>" if none > 0.01 * a.memory[r0].peak_allocated_bytes else "")
+    return page.fig(fig, 400), note
+
+
+def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
+    """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step, mean over
+    ranks and steps (communication launched inside a step only). Returns (chart, table)."""
+    cu = a.comm_unit_step
+    if cu is None or cu.empty or not cu["unit"].notna().any():
+        return "", ""
+    c = cu[cu["step"].notna() & cu["unit"].notna()].copy()
+    if c.empty:
+        return "", ""
+    per = c.groupby(["rank", "step", "unit", "collective", "stage"], as_index=False)["exposed_comm_us"].sum()
+    g = per.groupby(["unit", "collective", "stage"], as_index=False)["exposed_comm_us"].mean()
+    g["unit"] = g["unit"].astype(str).replace("", "(root)")
+    units = unit_order(g["unit"])
+    fig = figures.Figure()
+    for (coll, stage), s in g.groupby(["collective", "stage"]):
+        by = s.set_index("unit")["exposed_comm_us"]
+        fig.add_trace(figures.bar(x=[label(u) for u in units], y=[by.get(u, 0.0) / 1e3 for u in units],
+                             name=label(f"{value_label('collective', coll)} in {stage}")))
+    fig.update_layout(barmode="group", title="Exposed communication per unit (ms per step)",
+                      yaxis_title="ms", xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
+                      legend=dict(orientation="h", y=-0.2, font=dict(size=11)))
+    top = g.sort_values("exposed_comm_us", ascending=False).head(12)
+    return page.fig(fig, 400), table(top, left=("unit", "collective", "stage"),
+                                     labels={"exposed_comm_us": "exposed per step"})
+
+
+def per_unit_section(a, page: Page) -> str:
+    """Per FSDP unit: the memory at the peak beside the exposed communication, units in the model's order."""
+    mem, note = _unit_memory_chart(a, page)
+    exp, tab = _exposed_per_unit(a, page)
+    if not mem and not exp:   # DDP, one device, a trace of another framework: no units, no section
+        return ""
+    return ('<section id="units"><h2>Per FSDP unit: memory at the peak and exposed communication</h2>'
+            + side_by_side(mem, exp) + note
+            + (f"<details><summary>the units with the most exposed communication</summary>{tab}</details>" if tab else "")
+            + "</section>")
