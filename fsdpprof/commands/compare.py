@@ -79,7 +79,7 @@ def run(args) -> int:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     check_workers_option(args.workers)
     scope = Scope(parse_iteration(args.iteration), args.rank)
-    engine = check_engine(args.engine, args.scheduler)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
     outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]

@@ -101,7 +101,7 @@ def run(args) -> int:
     from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
 
     check_workers_option(args.workers)
-    engine = check_engine(args.engine, args.scheduler)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     if args.hta:
         check_hta_installed()
     check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary})
