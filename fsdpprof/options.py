@@ -69,7 +69,8 @@ class Number:
             if suffix and not self.units:
                 num, suffix = s, ""           # (float() knows 'inf' and 'nan'; anything else: not a number)
             if suffix and suffix not in self.units:
-                raise ValueError(f"has an unknown unit {shown(suffix, 12)} (use {', '.join(u for u in self.units if u)})")
+                known = ", ".join(u for u in self.units if u)
+                raise ValueError(f"has an unknown unit {shown(suffix, 12)} (use {known})")
             try:
                 value = int(num)              # exact, however long
             except ValueError:
@@ -116,7 +117,7 @@ MEMORY_ENTRIES = Number(1, 10**9)
 # analysis
 TRACE_BYTES = Number(1, 10**15, unit=" bytes", units=SIZE_UNITS, example="8GiB")  # --max-trace-bytes
 STEP_NUMBER = Number(0, 10**12)           # compare --iteration N (ProfilerStep#N)
-CONNECT_TIMEOUT_S = Number(0.01, 3600, whole=False, unit=" seconds", example="10")
+CONNECT_TIMEOUT_S = Number(0.01, 3600, whole=False, unit=" seconds")
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # plan (a model that does not exist yet)
 PARAMS = Number(1, 10**15, whole=False, unit=" parameters", units=COUNT_UNITS, example="7.5e9 or 7.5B")
@@ -140,7 +141,8 @@ def _ranks(text) -> list[int] | None:
 
 
 def _ranks_hint(text) -> str:
-    return f"{shown(text)} is not a list of ranks: give 'all' or comma-separated ranks, each {RANK.describe()}, e.g. 0,1"
+    return (f"{shown(text)} is not a list of ranks: give 'all' or comma-separated ranks, each {RANK.describe()}, "
+            f"e.g. 0,1")
 
 
 def ranks_list(text) -> list[int] | None:
