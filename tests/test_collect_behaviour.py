@@ -245,7 +245,7 @@ def test_python_api_rejects_bad_window():
     import fsdpprof
     from fsdpprof.errors import UserError
 
-    with pytest.raises(UserError, match="active_steps must be a positive integer"):
+    with pytest.raises(UserError, match="active_steps 0 is too small: give a whole number from 1 to"):
         with fsdpprof.record(out="unused", active_steps=0):
             pass
 
@@ -253,10 +253,12 @@ def test_python_api_rejects_bad_window():
 BAD_USES = [
     ([], "no command"),
     (["--"], "no command after --"),
-    (["--skip-steps", "0"], "--skip-steps must be a positive integer"),
-    (["--warmup-steps", "-1"], "--warmup-steps must be a positive integer"),
-    (["--active-steps", "two"], "--active-steps must be a positive integer"),
-    (["--ranks", "a,b"], "--ranks must be"),
+    (["--skip-steps", "0"], "--skip-steps: '0' is too small: give a whole number from 1 to 1e9"),
+    (["--warmup-steps", "-1"], "--warmup-steps: '-1' is too small: give a whole number from 1 to"),
+    (["--warmup-steps", "99999999999999999999999"], "--warmup-steps: '99999999999999999999999' is too large"),
+    (["--active-steps", "two"], "--active-steps: 'two' is not a number"),
+    (["--ranks", "a,b"], "--ranks: 'a,b' is not a list of ranks"),
+    (["--ranks", ""], "--ranks: '' is not a list of ranks: give 'all' or comma-separated ranks"),
 ]
 
 

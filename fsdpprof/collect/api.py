@@ -23,10 +23,8 @@ from fsdpprof.errors import UserError
 def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1, active_steps: int = 3,
            ranks=None, memory: bool = True, with_stack: bool = False, max_memory_entries: int = 100_000):
     """Record the optimizer-step window of the code inside the block into run directory ``out``."""
-    for name, value in (("skip_steps", skip_steps), ("warmup_steps", warmup_steps), ("active_steps", active_steps),
-                        ("max_memory_entries", max_memory_entries)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"fsdpprof.record: {name} must be a positive integer (got {value!r})")
+    window = launcher.window_options(skip_steps, warmup_steps, active_steps, max_memory_entries, ranks,
+                                     prefix="fsdpprof.record: ")
     from fsdpprof.collect import recorder       # (torch: after the arguments are judged)
 
     if recorder.active_recorder() is not None:  # already under `fsdpprof record`
@@ -43,9 +41,7 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
             raise UserError(f"fsdpprof.record: {out} already holds a run (status {meta.get('status')}): choose a new "
                             "out folder or remove that run first")
     os.makedirs(out, exist_ok=True)
-    options = {"skip_steps": skip_steps, "warmup_steps": warmup_steps, "active_steps": active_steps,
-               "ranks": list(ranks) if ranks is not None else None, "memory": bool(memory),
-               "with_stack": bool(with_stack), "max_memory_entries": max_memory_entries}
+    options = dict(window, memory=bool(memory), with_stack=bool(with_stack))
     cmd = [sys.executable, *sys.argv]
     started = _dt.datetime.now(_dt.timezone.utc).isoformat()
     meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,

@@ -25,6 +25,7 @@ import sys
 import threading
 
 from fsdpprof import __version__, runfmt
+from fsdpprof import options as opt
 from fsdpprof.errors import UserError
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
@@ -34,42 +35,35 @@ DEFAULTS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "max_memory_e
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run directory (default: a new timestamped folder under ./fsdpprof-runs/)")
-    p.add_argument("--skip-steps", default=str(DEFAULTS["skip_steps"]), metavar="N",
+    p.add_argument("--skip-steps", default=str(DEFAULTS["skip_steps"]), metavar="N", type=opt.SKIP_STEPS,
                    help="optimizer steps to run before the profiler starts (default %(default)s)")
-    p.add_argument("--warmup-steps", default=str(DEFAULTS["warmup_steps"]), metavar="N",
+    p.add_argument("--warmup-steps", default=str(DEFAULTS["warmup_steps"]), metavar="N", type=opt.WINDOW_STEPS,
                    help="profiler warm-up steps, not recorded (default %(default)s)")
-    p.add_argument("--active-steps", default=str(DEFAULTS["active_steps"]), metavar="N",
+    p.add_argument("--active-steps", default=str(DEFAULTS["active_steps"]), metavar="N", type=opt.WINDOW_STEPS,
                    help="optimizer steps recorded (default %(default)s)")
-    p.add_argument("--ranks", default="all", help="comma-separated global ranks that record (default all)")
+    p.add_argument("--ranks", default="all", type=opt.ranks_list,
+                   help="comma-separated global ranks that record (default all)")
     p.add_argument("--no-memory", action="store_true", help="no memory profiling (profile_memory, CUDA history)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks in the trace (bigger, slower)")
     p.add_argument("--max-memory-entries", default=str(DEFAULTS["max_memory_entries"]), metavar="N",
+                   type=opt.MEMORY_ENTRIES,
                    help="CUDA memory history entries kept (default %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing run in --out")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the training command, after --")
 
 
-def _positive_int(value: str, option: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise UserError(f"{option} must be a positive integer (got {value!r})")
-    return number
+def window_options(skip_steps, warmup_steps, active_steps, max_memory_entries, ranks, prefix: str = "--") -> dict:
+    """The recording window and limits, checked (options' ranges); UserError naming the range otherwise.
+    ``prefix``: how the names are said ('--' on the command line, 'fsdpprof.record: ' in the Python API)."""
+    def name(n: str) -> str:
+        return prefix + (n.replace("_", "-") if prefix == "--" else n)
 
-
-def _parse_ranks(value: str):
-    if value is None or value.strip().lower() in ("", "all"):
-        return None
-    try:
-        ranks = sorted({int(v) for v in value.split(",") if v.strip()})
-    except ValueError:
-        ranks = []
-    if not ranks or min(ranks) < 0:
-        raise UserError(f"--ranks must be 'all' or comma-separated ranks >= 0, e.g. 0,1 (got {value!r})")
-    return ranks
+    return {"skip_steps": opt.SKIP_STEPS.parse(skip_steps, name("skip_steps")),
+            "warmup_steps": opt.WINDOW_STEPS.parse(warmup_steps, name("warmup_steps")),
+            "active_steps": opt.WINDOW_STEPS.parse(active_steps, name("active_steps")),
+            "max_memory_entries": opt.MEMORY_ENTRIES.parse(max_memory_entries, name("max_memory_entries")),
+            "ranks": opt.parse_ranks(ranks, name("ranks"))}
 
 
 def validate(args) -> tuple[list[str], dict]:
@@ -81,16 +75,9 @@ def validate(args) -> tuple[list[str], dict]:
     cmd = cmd[1:]
     if not cmd:
         raise UserError("no command after --: e.g. fsdpprof record -- torchrun --nproc-per-node=2 train.py")
-    options = {
-        "skip_steps": _positive_int(args.skip_steps, "--skip-steps"),
-        "warmup_steps": _positive_int(args.warmup_steps, "--warmup-steps"),
-        "active_steps": _positive_int(args.active_steps, "--active-steps"),
-        "max_memory_entries": _positive_int(args.max_memory_entries, "--max-memory-entries"),
-        "ranks": _parse_ranks(args.ranks),
-        "memory": not args.no_memory,
-        "with_stack": bool(args.with_stack),
-    }
-    return cmd, options
+    opts = window_options(args.skip_steps, args.warmup_steps, args.active_steps, args.max_memory_entries, args.ranks)
+    opts.update(memory=not args.no_memory, with_stack=bool(args.with_stack))
+    return cmd, opts
 
 
 def _default_out() -> str:

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import sys
 
+from fsdpprof import options
+
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory, folder of profiler traces, or trace file (.json[.gz])")
     p.add_argument("--json", action="store_true",
                    help="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
-    p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
-                   help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")
-    p.add_argument("--workers", type=int, default=None,
+    from fsdpprof.commands.report import add_max_trace_bytes
+
+    add_max_trace_bytes(p)
+    p.add_argument("--workers", type=options.WORKERS, default=None,
                    help="processes reading ranks (default: one per rank and CPU core when the traces hold 4 MiB "
                         "of JSON or more; 1: this process only)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from fsdpprof import options
 from fsdpprof.errors import UserError
 
 FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
@@ -13,16 +14,17 @@ def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory recorded by `fsdpprof record` (trace, memory, inventory)")
     p.add_argument("--strategy", default=None,
                    help="target: DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD (default: the run's)")
-    p.add_argument("--shard-group", default=None, metavar="K", help="HYBRID_SHARD: ranks each parameter is sharded over")
-    p.add_argument("--world", default=None, metavar="N", help="target world size (default: the run's)")
+    p.add_argument("--shard-group", default=None, metavar="K", type=options.WORLD, help="HYBRID_SHARD: ranks each parameter is sharded over")
+    p.add_argument("--world", default=None, metavar="N", type=options.WORLD, help="target world size (default: the run's)")
     p.add_argument("--reshard-after-forward", default=None, metavar="true|false|INT",
+                   type=options.reshard_after_forward,
                    help="free unsharded parameters after forward (true), keep them (false), or reshard to INT ranks")
     p.add_argument("--param-dtype", default=None, help="mixed precision: dtype of unsharded parameters and compute")
     p.add_argument("--reduce-dtype", default=None, help="mixed precision: dtype of the gradient reduction")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP CPU offload of the sharded states")
-    p.add_argument("--batch-scale", default="1", metavar="X",
+    p.add_argument("--batch-scale", default="1", metavar="X", type=options.BATCH_SCALE,
                    help="local batch x X: activations and compute time scale with it (default 1)")
-    p.add_argument("--ranks-per-host", default=None, metavar="R",
+    p.add_argument("--ranks-per-host", default=None, metavar="R", type=options.WORLD,
                    help="CPU runs: ranks of the target on one host, sharing its cores (default: the run's layout; "
                         "a run on one host puts all the target's ranks on it)")
     p.add_argument("--fsdp-version", default=None, choices=["1", "2"],
@@ -37,7 +39,7 @@ def add_arguments(p) -> None:
 def _target_given(args) -> bool:
     return any(getattr(args, k) is not None for k in ("strategy", "shard_group", "world", "reshard_after_forward",
                                                         "param_dtype", "reduce_dtype", "fsdp_version", "ranks_per_host")) \
-        or args.cpu_offload or str(args.batch_scale).strip() not in ("1", "1.0")
+        or args.cpu_offload or float(args.batch_scale) != 1
 
 
 def build(args, run) -> tuple[list, object, list[str]]:
