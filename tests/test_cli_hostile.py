@@ -469,6 +469,7 @@ PLAN_BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd,setup,words,unprivileged", CASES,
                          ids=[f"{c[0]}-{c[1].__name__.strip('_')}" for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_nothing_changes(tmp_path, recorded_run, cmd, setup, words, unprivileged):
@@ -628,6 +629,7 @@ def test_workers_bounded_by_ranks_and_cores(monkeypatch):
         run_mod.load_run(shared_data(*DLRM), workers=0)
 
 
+@pytest.mark.slow
 def test_run_json_without_our_schema_is_ignored_with_a_warning(tmp_path, recorded_run):
     c = Ctx(tmp_path)
     run = c.run_dir(recorded_run)
@@ -645,6 +647,7 @@ def test_run_json_without_our_schema_is_ignored_with_a_warning(tmp_path, recorde
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_compare_json_is_strict_json(tmp_path, recorded_run):
     """A trace folder (no memory numbers) beside a run: the missing numbers are null, not NaN."""
     c = Ctx(tmp_path)
