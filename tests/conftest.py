@@ -82,12 +82,16 @@ def shared_data(*parts: str) -> Path:
 
 # --- the slow marker's guard -------------------------------------------------------------------------
 RECORDING_COMMANDS = frozenset({"record", "demo"})          # CLI sub-commands that record the example
+RECORDING_FIXTURES = frozenset({"recorded_run", "demo_out"})
 _CURRENT: dict = {}                                          # the test running now (for the guard below)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _CURRENT["item"] = item
+    used = sorted(RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if used:
+        _must_be_slow(f"uses {', '.join(used)}")
 
 
 def pytest_runtest_teardown(item):

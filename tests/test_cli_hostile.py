@@ -3,7 +3,8 @@ stderr (``fsdpprof <cmd>: error: ...``), no traceback, and nothing created or ch
 folder or beside the input. Then the good cases next to them: where the outputs go, that fsdpprof
 replaces only its own files (or with --force), never an input, and writes both files of a pair or neither.
 
-Real CLI in a subprocess, real profiler traces (../shared/data), real recordings (``recorded_run``).
+The real CLI (``run_fsdpprof``: in the test's process; the unreadable-path cases in a process of their own),
+real profiler traces (tests/data), real recordings (``recorded_run``).
 Unreadable paths: as root, the CLI runs without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (setpriv), so
 that mode 000 means what it means for everyone else.
 """
