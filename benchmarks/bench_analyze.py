@@ -3,7 +3,7 @@
     python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--repeat 3] [--only NAME] [--profile]
                                        [--big-gb 1.0] [--skip-hta-big] [--no-big] [--out DIR] [--before REF]
 
-Inputs, measured in one run: every folder of real GPU traces in ../shared/data/gpu-traces (a folder of
+Inputs, measured in one run: every folder of real GPU traces in tests/data/gpu-traces (a folder of
 several rank files, param-dlrm-8rank-v100, is one input of 8 ranks), a recorded CPU (gloo) run
 (``--cpu-run``; default: recorded here with the example, 2 ranks) and, unless ``--no-big``, a >= 1 GB
 (decompressed, plain) trace built by replicating the largest real GPU trace.
@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "gpu-traces"
+SHARED = ROOT / "tests" / "data" / "gpu-traces"   # (the real GPU traces, licensed copies)
 WARMUP = SHARED / "param-dlrm-8rank-v100" / "rank-0.json.gz"
 GOALS = {"hta_x": 10.0, "orjson_x": 1.0, "report_x": 1.5, "cli_s": 0.3, "rss_x": 2.0}
 

@@ -3,7 +3,8 @@ stderr (``fsdpprof <cmd>: error: ...``), no traceback, and nothing created or ch
 folder or beside the input. Then the good cases next to them: where the outputs go, that fsdpprof
 replaces only its own files (or with --force), never an input, and writes both files of a pair or neither.
 
-Real CLI in a subprocess, real profiler traces (../shared/data), real recordings (``recorded_run``).
+The real CLI (``run_fsdpprof``: in the test's process; the unreadable-path cases in a process of their own),
+real profiler traces (tests/data), real recordings (``recorded_run``).
 Unreadable paths: as root, the CLI runs without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (setpriv), so
 that mode 000 means what it means for everyone else.
 """
@@ -469,6 +470,7 @@ PLAN_BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd,setup,words,unprivileged", CASES,
                          ids=[f"{c[0]}-{c[1].__name__.strip('_')}" for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_nothing_changes(tmp_path, recorded_run, cmd, setup, words, unprivileged):
@@ -628,6 +630,7 @@ def test_workers_bounded_by_ranks_and_cores(monkeypatch):
         run_mod.load_run(shared_data(*DLRM), workers=0)
 
 
+@pytest.mark.slow
 def test_run_json_without_our_schema_is_ignored_with_a_warning(tmp_path, recorded_run):
     c = Ctx(tmp_path)
     run = c.run_dir(recorded_run)
@@ -645,6 +648,7 @@ def test_run_json_without_our_schema_is_ignored_with_a_warning(tmp_path, recorde
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_compare_json_is_strict_json(tmp_path, recorded_run):
     """A trace folder (no memory numbers) beside a run: the missing numbers are null, not NaN."""
     c = Ctx(tmp_path)

@@ -189,7 +189,9 @@ def test_the_core_works_without_hta(tmp_path):
     import subprocess
     import sys
 
-    trace = ROOT.parent / "shared" / "data" / "gpu-traces" / "hta-nccl-2rank-a100" / "rank-0.json.gz"
+    from conftest import shared_data
+
+    trace = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
     code = ("import sys; sys.modules['hta'] = None\n"          # any `import hta` now fails
             "from fsdpprof.cli import main\n"
             f"sys.exit(main(['report', {str(trace)!r}, '-o', {str(tmp_path / 'r.html')!r}]))")

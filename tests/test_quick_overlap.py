@@ -66,6 +66,7 @@ def test_real_gpu_traces_give_the_full_paths_numbers(name):
     assert q.overlap and all(r.comm_us > 0 for r in q.overlap)
 
 
+@pytest.mark.slow
 def test_recorded_gloo_run_gives_the_full_paths_numbers(recorded_run):
     q = assert_same_as_full_path(str(recorded_run("fsdp2")))
     assert q.full_path_ranks == [] and [r.rank for r in q.overlap] == [0, 1]

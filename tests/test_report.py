@@ -11,9 +11,9 @@ import pytest
 from conftest import OFFLOAD_BF16, run_fsdpprof, shared_data
 
 
-def _report(path, out_dir, *extra):
+def _report(path, out_dir, *extra, fresh_process=False):
     out = out_dir / "report.html"
-    p = run_fsdpprof("report", str(path), "-o", str(out), *extra, timeout=300)
+    p = run_fsdpprof("report", str(path), "-o", str(out), *extra, timeout=300, fresh_process=fresh_process)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out_dir / "summary.json").read_text())
     return out.read_text(), summary, p.stdout
@@ -31,9 +31,10 @@ def _assert_self_contained(html: str):
         assert f'id="{section}"' in html
 
 
+@pytest.mark.slow
 def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     run = recorded_run("fsdp2")
-    html, s, stdout = _report(run, tmp_path, "--hta")
+    html, s, stdout = _report(run, tmp_path, "--hta", fresh_process=True)   # (one `report` end to end)
     _assert_self_contained(html)
     inv = json.loads((run / "rank-0" / "inventory.json").read_text())
     t = s["theory"]
@@ -71,6 +72,7 @@ def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     assert "fsdpprof report" in stdout and "report:" in stdout
 
 
+@pytest.mark.slow
 def test_ddp_and_shard_grad_op_theory(recorded_run, tmp_path):
     d = tmp_path / "ddp"
     d.mkdir()
@@ -92,6 +94,7 @@ def test_ddp_and_shard_grad_op_theory(recorded_run, tmp_path):
     assert "SHARD_GRAD_OP keeps parameters unsharded" in t2["model_states_explanation"]
 
 
+@pytest.mark.slow
 def test_partial_run_gets_a_banner(recorded_run, tmp_path):
     src = recorded_run("fsdp2")
     run = tmp_path / "partial"
@@ -112,6 +115,7 @@ def test_cuda_snapshot_report(tmp_path):
     assert "inventory" in s["notes"]["theory"] and "no trace events" in s["notes"]["communication"]
 
 
+@pytest.mark.slow
 def test_gpu_traces_get_device_breakdowns_and_hta_on_request(tmp_path):
     folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
     plain = tmp_path / "plain"
@@ -151,6 +155,7 @@ def test_report_bad_input_one_line(tmp_path, make):
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_run, tmp_path):
     _, s, _ = _report(recorded_run("fsdp1-no-shard"), tmp_path)
     t = s["theory"]
@@ -162,6 +167,7 @@ def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_ru
     assert any(f["id"] == "replicated_model_states" for f in s["findings"])
 
 
+@pytest.mark.slow
 def test_mixed_precision_all_gather_in_param_dtype_reduce_scatter_in_reduce_dtype(recorded_run, tmp_path):
     """FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): all-gathers move 2 bytes per
     parameter, reduce-scatters 4, and the theory says so before the measurement confirms it (the run offloads

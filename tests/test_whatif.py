@@ -154,6 +154,7 @@ SELF = [("fsdp2", 2, ()), ("fsdp2-no-reshard", 2, ()), ("fsdp1-full", 2, ()), ("
         ("hsdp", 4, ()), (OFFLOAD_BF16[0], OFFLOAD_BF16[1], OFFLOAD_BF16[3])]     # (offload: with bf16 params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy,nproc,train_args", SELF, ids=[f"{s}-{n}" + ("-bf16" if a else "") for s, n, a in SELF])
 def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc, train_args):
     """The run's own configuration, replayed: its measured peak within 1 % (the largest rank's), its step time
@@ -176,6 +177,7 @@ def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc, train_ar
     assert p["kept"] and p["assumed"]
 
 
+@pytest.mark.slow
 def test_ordering_by_predicted_peak_matches_the_measured_one(recorded_run):
     """FULL_SHARD < SHARD_GRAD_OP < DDP as measured on the three recordings, and as predicted from each."""
     runs = {s: load_run(str(recorded_run(s))) for s in ("fsdp2", "fsdp2-no-reshard", "ddp")}
@@ -194,6 +196,7 @@ def test_ordering_by_predicted_peak_matches_the_measured_one(recorded_run):
         assert sorted(predicted, key=predicted.get) == order, (name, predicted)
 
 
+@pytest.mark.slow
 def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     run = recorded_run("fsdp2")
     p = run_fsdpprof("whatif", str(run), "--json", timeout=300)
@@ -247,6 +250,7 @@ def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     assert p.returncode == 2 and "inventory" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_report_has_the_what_if_numbers(recorded_run):
     """analyze_run carries the predictions of the standard strategies; the section renders them, escaped."""
     from fsdpprof.report.page import Page
