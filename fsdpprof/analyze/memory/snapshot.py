@@ -35,6 +35,11 @@ ALLOC_COLUMNS = ["addr", "bytes", "alloc_us", "free_us", "alloc_seq", "free_seq"
                  "before_trace", "free_inferred", "user_metadata", "frames", "free_frames"]
 SEGMENT_COLUMNS = ["device", "address", "total_bytes", "allocated_bytes", "active_bytes", "stream",
                    "is_expandable", "n_blocks", "requested_bytes"]
+# every block of every segment at snapshot time (fragmentation.py reads the free ones): segment_type is the
+# allocator's pool ("small": requests up to 1 MiB, "large"; "" when the snapshot does not say), state one of
+# BLOCK_STATES
+BLOCK_COLUMNS = ["device", "segment_address", "segment_type", "is_expandable", "address", "size", "state"]
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 
 
 @dataclass
@@ -46,7 +51,7 @@ class SnapshotData:
     segments: pd.DataFrame             # SEGMENT_COLUMNS, state at snapshot time
     ooms: list[dict]                   # device, requested_bytes, free_bytes, ts_us, frames
     annotations: pd.DataFrame          # device, name, start_us, end_us (external_annotations)
-    segment_events: pd.DataFrame       # device, seq, delta_bytes: cudaMalloc/free and map/unmap in the trace
+    segment_events: pd.DataFrame       # device, seq, delta_bytes, address, action: cudaMalloc/free and map/unmap
     has_history: dict[int, bool]       # device -> trace had alloc/free entries
     has_time: bool                     # trace entries carry time_us
     devices: list[int]                 # devices with segments or trace entries
@@ -54,6 +59,7 @@ class SnapshotData:
     warnings: list[str] = field(default_factory=list)
     defects: list[str] = field(default_factory=list)   # the warnings about malformed input (also in warnings)
     objects_visited: int = 0           # segments, blocks, entries and frames the parse visited (see OBJECTS_PER_BYTE)
+    blocks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCK_COLUMNS))  # BLOCK_COLUMNS
 
 
 # Limits on what a snapshot file may make us do (real snapshots are far below them).
@@ -174,9 +180,11 @@ def _text(v, chk: _Checker) -> str:
     return v
 
 
-def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
-    """Segment rows (SEGMENT_COLUMNS) and the blocks alive at snapshot time, malformed ones left out."""
+def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
+    """Segment rows (SEGMENT_COLUMNS), the blocks alive at snapshot time and every block's row
+    (BLOCK_COLUMNS), malformed ones left out."""
     seg_rows = []
+    block_rows = []
     live_blocks: dict[tuple[int, int], dict] = {}
     for s in segments_raw:
         if type(s) is not dict:
@@ -191,6 +199,8 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
             continue
         chk.visit(len(blocks))
         requested = 0
+        seg_type = s.get("segment_type") if s.get("segment_type") in ("small", "large") else ""
+        expandable = s.get("is_expandable", False) is True
         b_addr = addr
         for b in blocks:
             if type(b) is not dict:
@@ -201,7 +211,12 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
             b_size = b.get("size", 0)
             if _int_ok(b_size, 0, SIZE_MAX):
                 b_addr += b_size
-            if b.get("state") == "active_allocated":
+            if b.get("state") != "active_allocated":
+                if _int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX) and b.get("state") in BLOCK_STATES:
+                    block_rows.append((dev, addr, seg_type, expandable, b_at, b_size, b["state"]))
+                else:
+                    chk.bad("block")
+            else:
                 fr = b.get("frames")
                 if not (_int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX)):
                     chk.bad("block")
@@ -212,13 +227,14 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
                     fr = fr if type(fr) is list else None
                 if fr is not None:
                     chk.visit(len(fr))
+                block_rows.append((dev, addr, seg_type, expandable, b_at, b_size, "active_allocated"))
                 req = _requested_size(b)
                 requested += req
                 live_blocks[(dev, b_at)] = {"size": req, "block_size": b_size, "frames": fr, "_stream": stream}
         seg_req = s.get("requested_size")
-        seg_rows.append((dev, addr, *sizes, stream, bool(s.get("is_expandable", False) is True), len(blocks),
+        seg_rows.append((dev, addr, *sizes, stream, expandable, len(blocks),
                          seg_req if _int_ok(seg_req, 0, SIZE_MAX) else requested))
-    return seg_rows, live_blocks
+    return seg_rows, live_blocks, block_rows
 
 
 def _requested_size(b: dict) -> int:
@@ -262,7 +278,7 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
     warnings: list[str] = []
 
     # ---- segments (state at snapshot time) and the blocks alive then
-    seg_rows, live_blocks = _segments(segments_raw, chk)
+    seg_rows, live_blocks, block_rows = _segments(segments_raw, chk)
     segments = pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS)
 
     # ---- device traces: one pass over each trace reads the actions; alloc/free entries are then
@@ -297,8 +313,9 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
                 frames = e.get("frames")
                 ooms.append({"device": dev, "requested_bytes": size, "free_bytes": free, "ts_us": float(t), "seq": i,
                              "frames": frames if type(frames) is list else []})
-            else:
-                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * size))
+            else:       # (address -1: not a plausible one)
+                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * size,
+                               e["addr"] if _int_ok(e.get("addr"), 0, NEVER) else -1, e.get("action")))
         parts.append(_device_allocations(dev, trace, live_blocks, has_time, code, chk))
     # devices that appear only in segments (no trace at all)
     for dev in sorted({d for d, _ in live_blocks} - set(range(len(traces)))):
@@ -347,13 +364,14 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
                         f"(addresses, sizes or times that are missing or not plausible numbers); it is not a snapshot "
                         f"fsdpprof can read: is the file corrupt?")
     defects = chk.warnings()
-    segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes"])
+    segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes", "address", "action"])
     settings = snap.get("allocator_settings")
     return SnapshotData(path=label, allocations=allocs, segments=segments, segment_events=segment_events,
                         ooms=ooms, annotations=annotations,
                         has_history=has_history, has_time=has_time, devices=devices,
                         allocator_settings=dict(settings) if type(settings) is dict else {},
-                        warnings=defects + warnings, defects=defects, objects_visited=chk.visited)
+                        warnings=defects + warnings, defects=defects, objects_visited=chk.visited,
+                        blocks=pd.DataFrame(block_rows, columns=BLOCK_COLUMNS))
 
 
 def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> dict:
