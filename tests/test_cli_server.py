@@ -20,8 +20,8 @@ def fresh(*args, cwd):
 @pytest.mark.parametrize("args", [
     ("plan", "--params", "7.5e9", "--world", "8", "--json"),        # exit 0, stdout
     ("plan", "--params", "1e400", "--world", "8"),                  # a UserError: exit 2, one line
-    ("report", "/dev/null", "--no-hta"),                            # refused after the command's imports
-    ("report", "missing-folder", "--no-hta"),                       # a path relative to the call's folder
+    ("report", "/dev/null"),                            # refused after the command's imports
+    ("report", "missing-folder"),                       # a path relative to the call's folder
     ("--version",),                                                 # argparse's SystemExit(0)
     ("nosuchcommand",),                                             # argparse's error: exit 2
     (),                                                             # the help on stderr, exit 2
