@@ -242,7 +242,7 @@ def test_decompressed_size_limit_names_the_flag(tmp_path):
     assert trace.MAX_TRACE_BYTES == 8 << 30
     err = _one_line_error(load_run, str(gz), max_trace_bytes=1000)
     assert "--max-trace-bytes" in str(err)
-    p = run_fsdpprof("report", str(gz), "--max-trace-bytes", "1000", "--no-hta", "-o", str(tmp_path / "r.html"))
+    p = run_fsdpprof("report", str(gz), "--max-trace-bytes", "1000", "-o", str(tmp_path / "r.html"))
     assert p.returncode == 2 and "--max-trace-bytes" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "r.html").exists()
 

@@ -3,7 +3,7 @@
 Handles every layout seen in the wild: legacy (no ``time_us``), newer (``time_us``,
 ``compile_context``, ``user_metadata``), expandable segments (``segment_map``/``segment_unmap``),
 ``oom`` entries, several devices, gzipped files, and snapshots recorded without history
-(segments only). Loading goes through :mod:`fsdpprof.analyze.safe_pickle` (no pickle globals).
+(segments only). Loading goes through :mod:`fsdpprof.analyze.memory.safe_pickle` (no pickle globals).
 
 Allocations frame columns (one row per allocation; bytes are the sizes the tensors requested, torch's
 convention: the trace records requested sizes, and blocks alive before the history began count with their
