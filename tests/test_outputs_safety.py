@@ -150,6 +150,7 @@ def test_stdout_on_a_full_disk_is_one_line_exit_1(tmp_path, cmd):
     _assert_stdout_full(argv, tmp_path)
 
 
+@pytest.mark.slow
 @needs_dev_full
 @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
 def test_whatif_stdout_on_a_full_disk_is_one_line_exit_1(tmp_path, recorded_run, json_flag):
