@@ -115,6 +115,7 @@ def quiet_hooks(monkeypatch):
     signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.slow   # (34 profiler windows in this process: about 15 CPU-seconds)
 def test_every_recorder_write_may_fail(tmp_path, monkeypatch, quiet_hooks, capfd):
     """Write N fails (once; or from N on, a disk that stays full), for every N of a recording: the loop's
     losses are those of a clean run, nothing raises, nothing half-written or unlisted is left, and a

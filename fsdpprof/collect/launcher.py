@@ -420,7 +420,10 @@ def build_env(out: str, options: dict) -> dict:
 def run(args) -> int:
     cmd, options = validate(args)
     out = os.path.abspath(args.out or _default_out())
-    joining = prepare_out(out, cmd, bool(args.force))
+    try:
+        joining = prepare_out(out, cmd, bool(args.force))
+    except OSError as exc:  # a folder that cannot be listed or read: nothing has run yet
+        raise UserError(f"--out {out} cannot be used ({runfmt.write_error_text(exc)}): choose another folder")
     host, pid = socket.gethostname(), os.getpid()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat()
     meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
