@@ -28,6 +28,7 @@ from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import diff, model_states, theory, vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.run import no_usable_rank
 from fsdpprof.analyze.trace import labels
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -344,7 +345,7 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
     for what, path in (("trace", rd.trace_path), ("snapshot", rd.snapshot_path)):
         if path and not os.path.lexists(path):
             return RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}),
-                              error=f"{rd.label}: its {what} {path} is not there on {socket.gethostname()} (deleted, "
+                              error=f"its {what} {path} is not there on {socket.gethostname()} (deleted, "
                                     f"or not on storage this worker sees: Dask workers must see the run at the same "
                                     f"path)")
     return analyze_rank(rd, source=source, lanes=lanes, progress=progress, max_bytes=max_bytes, timeline=timeline,
@@ -399,7 +400,7 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
             res, stats = value
             res.worker = stats
         else:
-            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=f"{rd.label}: {value}")
+            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=str(value))
         done(rd, res)
     return [out[r] for r in sorted(out)]
 
@@ -454,7 +455,8 @@ def _rank_notes(results: list[RankResult]) -> dict:
 
 def _overview(run, results: list[RankResult]) -> dict:
     meta = run.meta or {}
-    ranks = [r.rank for r in results if not r.error]
+    # analysed: neither failed here nor named missing (a rank kept for its inventory or snapshot lacks its trace)
+    ranks = [r.rank for r in results if not r.error and r.label not in run.missing]
     r0 = next((r for r in results if not r.error), results[0] if results else None)
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     infos = [r.info or {} for r in results]
@@ -564,8 +566,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             missing[r.label] = r.error
     ok = [r for r in results if not r.error]
     if not ok:
-        first = next(iter(missing.values()), "no rank recorded")
-        raise UserError(first if len(missing) == 1 else f"no usable rank in {run.path}: {first}")
+        raise no_usable_rank(missing, f"no usable rank in {run.path}", "no rank recorded")
     warnings = list(run.warnings) + [w for r in ok for w in r.warnings]
     a = Analysis(path=str(run.path), source=str(run.source), overview=_overview(run, results), missing=missing,
                  warnings=list(dict.fromkeys(warnings)))
