@@ -428,19 +428,6 @@ def _input_kind(framework: str | None, results: list[RankResult], world_size) ->
     return "unknown"
 
 
-def rank_list(ranks) -> str:
-    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
-    rs = sorted(set(int(r) for r in ranks))
-    parts, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
-
-
 def _rank_notes(results: list[RankResult]) -> dict:
     """The ranks' notes, one line per distinct text naming the ranks it holds for."""
     by_text: dict[tuple, list] = {}
@@ -449,7 +436,7 @@ def _rank_notes(results: list[RankResult]) -> dict:
             by_text.setdefault((section, text), []).append(r.rank)
     out: dict[str, str] = {}
     for (section, text), ranks in by_text.items():
-        _note(out, section, f"{rank_list(ranks)}: {text}" if len(results) > 1 else text)
+        _note(out, section, f"{vocab.rank_list(ranks)}: {text}" if len(results) > 1 else text)
     return out
 
 

@@ -305,7 +305,8 @@ def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = Tru
     line = why if str(label) in why else f"{label}: {why}"
     if len(missing) == 1:
         return UserError(line if one_alone else f"{what}: {line}")
-    return UserError(f"{what}: {line} (and {len(missing) - 1} more)")
+    more = len(missing) - 1
+    return UserError(f"{what}: {line}; {more} more rank{'s' if more > 1 else ''} left out")
 
 
 def _info_from_meta(rank: int, meta: dict) -> dict:
@@ -610,6 +611,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     infos: dict[int, dict] = {}
     inventories: dict[int, dict | None] = {}
     inventory_paths: dict[int, str] = {}
+    unreadable: dict[int, str] = {}     # rank -> its inventory.json that cannot be used (with_inventory says why)
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
         inputs += _files_under(d)
@@ -629,6 +631,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
                 inventories[r] = _read_json(inv_path, "inventory")
             except UserError as exc:
                 warnings.append(str(exc))
+                unreadable[r] = inv_path
             schema_version(inventories[r], "fsdpprof.inventory", inv_path)
             if lazy and inventories[r] is not None:
                 inventories[r], inventory_paths[r] = None, inv_path
@@ -642,7 +645,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
         if os.path.isfile(tpath):
             ranks[r] = _Found(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
                               memory_events=None, snapshot_path=snap, label=label,
-                              inventory_path=inventory_paths.get(r))
+                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
             continue
         st = info.get("status")
         reason = _NOT_SAVED_YET.get(recording) or info.get("error") or (f"status {st}" if st else "no trace file")
@@ -653,7 +656,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
             # still useful for memory attribution
             ranks[r] = _Found(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
                               memory_events=None, snapshot_path=snap, trace_meta={}, label=label,
-                              inventory_path=inventory_paths.get(r))
+                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
     expected = meta.get("ranks_expected")
     ws = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
     if ws is None:

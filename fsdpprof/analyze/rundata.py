@@ -31,6 +31,7 @@ class RankData:
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
     label: str = ""                      # rank-3, or the file's name: how messages name this rank
     inventory_path: str | None = None    # lazily loaded run: inventory.json, read where the rank is analysed
+                                         # (also an unreadable one: with_inventory says why)
 
 
 @dataclass
