@@ -30,7 +30,7 @@ from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import diff, model_states, theory, vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
-from fsdpprof.analyze.run import check_workers, inflated_size, parse_trace, with_inventory
+from fsdpprof.analyze.run import check_workers, inflated_size, no_usable_rank, parse_trace, with_inventory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -354,7 +354,7 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
     for what, path in (("trace", rd.trace_path), ("snapshot", rd.snapshot_path)):
         if path and not os.path.lexists(path):
             return RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}),
-                              error=f"{rd.label}: its {what} {path} is not there on {socket.gethostname()} (deleted, "
+                              error=f"its {what} {path} is not there on {socket.gethostname()} (deleted, "
                                     f"or not on storage this worker sees: Dask workers must see the run at the same "
                                     f"path)")
     return analyze_rank(rd, source=source, lanes=lanes, progress=progress, max_bytes=max_bytes, timeline=timeline,
@@ -410,7 +410,7 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
             res, stats = value
             res.worker = stats
         else:
-            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=f"{rd.label}: {value}")
+            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=str(value))
         done(rd, res)
     return [out[r] for r in sorted(out)]
 
@@ -438,19 +438,6 @@ def _input_kind(framework: str | None, results: list[RankResult], world_size) ->
     return "unknown"
 
 
-def rank_list(ranks) -> str:
-    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
-    rs = sorted(set(int(r) for r in ranks))
-    parts, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
-
-
 def _rank_notes(results: list[RankResult]) -> dict:
     """The ranks' notes, one line per distinct text naming the ranks it holds for."""
     by_text: dict[tuple, list] = {}
@@ -459,13 +446,14 @@ def _rank_notes(results: list[RankResult]) -> dict:
             by_text.setdefault((section, text), []).append(r.rank)
     out: dict[str, str] = {}
     for (section, text), ranks in by_text.items():
-        _note(out, section, f"{rank_list(ranks)}: {text}" if len(results) > 1 else text)
+        _note(out, section, f"{vocab.rank_list(ranks)}: {text}" if len(results) > 1 else text)
     return out
 
 
 def _overview(run, results: list[RankResult]) -> dict:
     meta = run.meta or {}
-    ranks = [r.rank for r in results if not r.error]
+    # analysed: neither failed here nor named missing (a rank kept for its inventory or snapshot lacks its trace)
+    ranks = [r.rank for r in results if not r.error and r.label not in run.missing]
     r0 = next((r for r in results if not r.error), results[0] if results else None)
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     infos = [r.info or {} for r in results]
@@ -576,8 +564,7 @@ def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], lis
             missing[r.label] = r.error
     ok = [r for r in results if not r.error]
     if not ok:
-        first = next(iter(missing.values()), "no rank recorded")
-        raise UserError(first if len(missing) == 1 else f"no usable rank in {run.path}: {first}")
+        raise no_usable_rank(missing, f"no usable rank in {run.path}", "no rank recorded")
     return missing, ok, list(dict.fromkeys(list(run.warnings) + [w for r in ok for w in r.warnings]))
 
 

@@ -296,7 +296,7 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
     out = {}
 
     def failed(label, exc):
-        return "error", f"{label}: worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
+        return "error", f"worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
 
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futs = {}
@@ -339,9 +339,22 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
         if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
             del run.ranks[r]
     if not run.ranks:
-        first = next(iter(run.missing.values()), "no trace")
-        raise UserError(first if len(run.missing) == 1 else f"no usable trace in {run.path}: {first}")
+        raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
     return run
+
+
+def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = True) -> UserError:
+    """The error for an input none of whose ranks can be used, from ``missing`` (label -> why, as
+    ``Run.missing``): ``what: <the first reason>`` (``nothing`` when there is none), the reason naming its
+    label unless it does already; ``one_alone``: a single reason is the whole line."""
+    if not missing:
+        return UserError(f"{what}: {nothing}")
+    label, why = next(iter(missing.items()))
+    line = why if str(label) in why else f"{label}: {why}"
+    if len(missing) == 1:
+        return UserError(line if one_alone else f"{what}: {line}")
+    more = len(missing) - 1
+    return UserError(f"{what}: {line}; {more} more rank{'s' if more > 1 else ''} left out")
 
 
 def _info_from_meta(rank: int, meta: dict) -> dict:
@@ -566,22 +579,28 @@ def _load_traces(root: str, traces: list[str], source: str) -> Run:
                   world_size=world_size, inputs=list(traces))
 
 
-def _liveness(root: str, meta: dict, warnings: list[str]) -> dict:
+def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | None]:
     """run.json as the report shows it: a run left ``running`` by a launcher that is gone (killed) is
-    ``interrupted``, with a warning line; the file itself is not changed."""
+    ``interrupted``, with a warning line; the file itself is not changed.  Also the run's state when run.json
+    says running: "alive" (still being recorded), "unknown" (its launcher is on another host), else None."""
     if meta.get("status") != runfmt.STATUS_RUNNING:
-        return meta
+        return meta, None
     state, launchers = runfmt.run_liveness(root)
     if state == "gone":
         warnings.append(f"run.json says running, but no launcher of this run is alive ({launchers}): the run was "
                         "interrupted (its launcher was killed); showing what the ranks saved")
-        return dict(meta, status=runfmt.STATUS_INTERRUPTED)
+        return dict(meta, status=runfmt.STATUS_INTERRUPTED), None
     if state == "unknown":
         warnings.append(f"run.json says running; its launcher ({launchers}) runs on another host and cannot be "
                         "checked from here: the run may still be going or may have been interrupted")
     else:
         warnings.append(f"the run is still being recorded ({launchers}): the figures cover what was saved so far")
-    return meta
+    return meta, state
+
+
+# why a rank has saved nothing (yet), by the run's state (_liveness): still recording, perhaps, or not
+_NOT_SAVED_YET = {"alive": "not saved yet: the run is still being recorded",
+                  "unknown": "not saved yet, or never: the run may still be being recorded on another host"}
 
 
 def _files_under(directory: str) -> list[str]:
@@ -600,7 +619,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     warnings: list[str] = [run_json_note] if run_json_note else []
     missing: dict[str, str] = {}
     inputs = [os.path.join(root, runfmt.RUN_JSON)] + _files_under(os.path.join(root, runfmt.LAUNCHERS_DIR))
-    meta = _liveness(root, meta, warnings)
+    meta, recording = _liveness(root, meta, warnings)
     warnings += [runfmt.clash_text(doc) for doc in runfmt.read_clashes(root)]
     rank_dirs: dict[int, str] = {}
     for e in entries:
@@ -611,6 +630,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     infos: dict[int, dict] = {}
     inventories: dict[int, dict | None] = {}
     inventory_paths: dict[int, str] = {}
+    unreadable: dict[int, str] = {}     # rank -> its inventory.json that cannot be used (with_inventory says why)
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
         inputs += _files_under(d)
@@ -630,6 +650,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
                 inventories[r] = _read_json(inv_path, "inventory")
             except UserError as exc:
                 warnings.append(str(exc))
+                unreadable[r] = inv_path
             schema_version(inventories[r], "fsdpprof.inventory", inv_path)
             if lazy and inventories[r] is not None:
                 inventories[r], inventory_paths[r] = None, inv_path
@@ -643,18 +664,18 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
         if os.path.isfile(tpath):
             ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
                               memory_events=None, snapshot_path=snap, label=label,
-                              inventory_path=inventory_paths.get(r))
+                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
             continue
         st = info.get("status")
-        reason = info.get("error") or (f"status {st}" if st else "no trace file")
+        reason = _NOT_SAVED_YET.get(recording) or info.get("error") or (f"status {st}" if st else "no trace file")
         if not os.access(d, os.R_OK | os.X_OK):
             reason = f"folder {d} cannot be read: permission denied"
-        missing[label] = f"{label}: no {runfmt.TRACE_FILE} ({reason})"
+        missing[label] = f"no {runfmt.TRACE_FILE} ({reason})"
         if snap is not None or inventories[r] is not None or r in inventory_paths:
             # still useful for memory attribution
             ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
                               memory_events=None, snapshot_path=snap, trace_meta={}, label=label,
-                              inventory_path=inventory_paths.get(r))
+                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
     expected = meta.get("ranks_expected")
     ws = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
     if ws is None:
@@ -668,7 +689,8 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     if isinstance(n_expected, int):
         for r in range(n_expected):
             if r not in rank_dirs:
-                missing.setdefault(f"rank-{r}", f"rank-{r}: no rank directory (the rank did not record or died early)")
+                why = _NOT_SAVED_YET.get(recording) or "the rank did not record or died early"
+                missing.setdefault(f"rank-{r}", f"no rank directory ({why})")
     sizes = {info.get("world_size") for info in infos.values() if isinstance(info.get("world_size"), int)}
     if len(sizes) > 1:
         raise UserError(f"run directory {root} mixes ranks of different runs (world sizes {sorted(sizes)}); "
@@ -681,7 +703,6 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
         warnings.append(f"fsdpprof stepped aside on rank{'s' if len(aside) > 1 else ''} {', '.join(map(str, aside))}: "
                         "the job ran its own torch.profiler there, so those ranks have no trace")
     if not ranks:
-        first = next(iter(missing.values()), "no rank recorded")
-        raise UserError(f"run directory {root} has no usable rank: {first}")
+        raise no_usable_rank(missing, f"run directory {root} has no usable rank", "no rank recorded", one_alone=False)
     return Run(path=root, source=SOURCE_RUN_DIR, meta=meta, ranks=ranks, missing=missing, warnings=warnings,
                   world_size=ws, inputs=inputs)

@@ -351,6 +351,19 @@ def fmt_bytes(x, *, missing: str = "-", decimal: bool = False) -> str:
     return f"{v:.0f} B"
 
 
+def rank_list(ranks) -> str:
+    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
 # --------------------------------------------------------------------------- memory categories
 class MemoryCategory(str, enum.Enum):
     """What an allocation holds, in FSDP's own terms."""
