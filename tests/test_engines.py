@@ -306,6 +306,21 @@ def test_compare_same_json_on_both_engines(tmp_path, scheduler):
     assert out["local"]["table"] and out["dask"] == out["local"]
 
 
+@pytest.mark.slow
+def test_whatif_same_predictions_on_both_engines(recorded_run, tmp_path, scheduler):
+    """whatif maps its ranks like report does: each rank loaded and predicted in a local pool or on Dask
+    workers gives the predictions of this process, rank by rank (fits) and for the run."""
+    run = recorded_run("fsdp2")
+    out = {}
+    for engine, extra in (("here", ["--workers", "1"]), ("local", ["--engine", "local", "--workers", "2"]),
+                          ("dask", ["--scheduler", scheduler])):
+        p = run_fsdpprof("whatif", str(run), "--json", *extra, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[engine] = json.loads(p.stdout)
+    assert out["here"]["ranks_predicted"] == [0, 1] and out["here"]["predictions"]
+    assert out["local"] == out["here"] and out["dask"] == out["here"]
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--engine", "local", "--scheduler", "tcp://127.0.0.1:8786"], ["use it with --engine dask"]),
     (["--scheduler", "tcp://127.0.0.1:1"], ["cannot reach the Dask scheduler", "127.0.0.1:1"]),
@@ -313,8 +328,9 @@ def test_compare_same_json_on_both_engines(tmp_path, scheduler):
     (["--scheduler", "127.0.0.1"], ["is not HOST:PORT"]),
     (["--engine", "spark"], ["invalid choice"]),
 ])
-def test_engine_options_bad_input_one_line(tmp_path, args, needles):
-    p = run_fsdpprof("report", str(shared_data(*DLRM)), "-o", str(tmp_path / "r.html"), *args, timeout=120)
+@pytest.mark.parametrize("command", ["report", "whatif"])
+def test_engine_options_bad_input_one_line(tmp_path, args, needles, command):
+    p = run_fsdpprof(command, str(shared_data(*DLRM)), "-o", str(tmp_path / "r.html"), *args, timeout=120)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]

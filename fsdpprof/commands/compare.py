@@ -24,8 +24,6 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
     from fsdpprof.commands.report import add_engine_arguments
 
     add_engine_arguments(p)

@@ -20,8 +20,6 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="overwrite output files that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--open", action="store_true", help="open the report in a browser")
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
     add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
@@ -34,7 +32,10 @@ def add_max_trace_bytes(p) -> None:
 
 
 def add_engine_arguments(p) -> None:
-    """--engine / --scheduler: where the per-rank analysis runs (fsdpprof.analyze.engines)."""
+    """--workers / --engine / --scheduler / --connect-timeout: where the per-rank work runs
+    (fsdpprof.analyze.engines); report, compare, overlap and whatif take them alike."""
+    p.add_argument("--workers", type=options.WORKERS, default=None,
+                   help="processes for loading ranks (at most one per rank and per CPU core)")
     p.add_argument("--engine", choices=("local", "dask"), default=None,
                    help="where each rank is analysed: local (default; this machine, a pool of --workers processes "
                         "for big traces) or dask (a Dask cluster: --scheduler, else a LocalCluster of --workers "
@@ -86,7 +87,7 @@ def check_hta_installed() -> None:
 
 
 def check_workers_option(workers) -> None:
-    from fsdpprof.analyze.run import check_workers
+    from fsdpprof.analyze.engines import check_workers
 
     check_workers(workers, "--workers")
 

@@ -5,6 +5,7 @@ import os
 import sys
 
 from fsdpprof import options
+from fsdpprof.commands.report import add_engine_arguments, check_workers_option
 from fsdpprof.errors import UserError
 
 FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
@@ -34,6 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", default=None, metavar="HTML",
                    help="also write an HTML page of the predictions (a folder: whatif.html in it)")
     p.add_argument("--force", action="store_true", help="overwrite an -o file that fsdpprof did not write")
+    add_engine_arguments(p)
 
 
 def _target_given(args) -> bool:
@@ -115,10 +117,13 @@ def _ms(x) -> str:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the run is found: see report.run)
+    from fsdpprof.analyze.engines import check_engine
     from fsdpprof.analyze.run import load_run
     from fsdpprof.errors import unexpected_as_user_error
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
 
+    check_workers_option(args.workers)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     check_not_empty(**{"RUN": args.run, "-o": args.output})
     fix = "choose another path with -o"
     if args.output and os.path.isdir(args.output):
@@ -133,7 +138,8 @@ def run(args) -> int:
     from fsdpprof.analyze.whatif import predict as wp
 
     with unexpected_as_user_error(f"what-if of {args.run}"):
-        result = wp.predict_run(run_, targets, run_target)
+        result = wp.predict_run(run_, targets, run_target, engine=engine, workers=args.workers,
+                                scheduler=args.scheduler)
     result["notes"] = list(dict.fromkeys(notes + result["notes"]))
     result["target_first"] = _target_given(args)
     result["run"] = {"path": run_.path, "strategy": run_target.strategy, "world_size": run_target.world_size,
