@@ -233,6 +233,7 @@ def assert_disk_full_recorded(run: Path, ranks: list[int], said: str) -> None:
     assert "Traceback" not in said and "OSError" not in said
 
 
+@pytest.mark.slow
 def test_example_on_a_full_disk_single_process(small_fs):
     """`record -- python -m fsdpprof.examples.train_fsdp` into 1 MiB: the trace does not fit; the job's output and
     exit code are those of the job alone, the rank says "disk full: <path>", nothing half-written is left."""
@@ -247,6 +248,7 @@ def test_example_on_a_full_disk_single_process(small_fs):
     assert_disk_full_recorded(run, [0], proc.stderr)
 
 
+@pytest.mark.slow
 def test_example_on_a_full_disk_two_ranks(small_fs):
     """The same under torchrun with 2 ranks sharing the 1 MiB."""
     run = small_fs / "run"
@@ -262,6 +264,7 @@ def _record_cmd(out: Path, job: str) -> list[str]:
     return [sys.executable, "-m", "fsdpprof", "record", "--out", str(out), "--", sys.executable, "-c", job]
 
 
+@pytest.mark.slow
 def test_launcher_on_a_full_or_read_only_disk_and_a_lost_stderr(small_fs):
     """The job fills the disk, or makes --out read-only, then exits 6: `record` exits 6, run.json says how the
     job ended (written in place when no temporary file fits) or the one line says why it could not; with

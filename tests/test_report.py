@@ -106,6 +106,7 @@ def test_partial_run_gets_a_banner(recorded_run, tmp_path):
     assert s["overview"]["ranks_present"] == [0]
 
 
+@pytest.mark.slow
 def test_partial_run_words_count_and_name_what_was_analysed(recorded_run, tmp_path):
     """rank 1 kept for its inventory but without its trace: not counted as analysed; each missing rank named
     once (before: "ranks analysed 2" beside "PARTIAL: missing rank-1", and "rank-1: rank-1: no ...")."""
@@ -120,6 +121,7 @@ def test_partial_run_words_count_and_name_what_was_analysed(recorded_run, tmp_pa
     assert "rank-1: rank-1" not in stdout and "rank-1: rank-1" not in html
 
 
+@pytest.mark.slow
 def test_run_still_being_recorded_is_said_so(recorded_run, tmp_path):
     """run.json ``running`` with a launcher alive: a rank not saved yet is "still being recorded", not "did not
     record or died early"."""
