@@ -9,7 +9,7 @@ from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import steps
 from fsdpprof.analyze.comm import volume
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 
 pytestmark = pytest.mark.slow  # every test reads real torchrun/gloo recordings
 

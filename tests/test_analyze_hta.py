@@ -21,7 +21,7 @@ from hta_oracle import hta_overlap_pct
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.classify import classify_arrays
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.trace import decode_trace
 
 TRACES = [

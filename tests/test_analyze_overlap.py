@@ -14,7 +14,7 @@ from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.comm import steps
 from fsdpprof.analyze.comm import volume
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.trace import load_trace
 
 
@@ -220,7 +220,7 @@ def test_grouped_overlap_equals_a_loop_over_the_groups():
     (missing keys a group of their own), on a real 8-rank GPU input; every comm event is in one row."""
     from fsdpprof.analyze import vocab
     from fsdpprof.analyze.comm import intervals
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     ev = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False).events()
     comm = ev[(ev["kind"] == vocab.KIND_COMM).to_numpy()]

@@ -16,7 +16,7 @@ from conftest import shared_data
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.trace import load as loader
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.trace import decode_trace, load_trace
 from fsdpprof.errors import UserError
 
@@ -221,7 +221,7 @@ def test_one_bad_rank_does_not_hide_others(tmp_path):
 
 
 def test_a_pool_broken_while_submitting_costs_only_its_ranks(monkeypatch):
-    """The parse pool (fsdpprof.analyze.engines') breaks while ranks are still being submitted (a worker killed
+    """The parse pool (fsdpprof.analyze.load.engines') breaks while ranks are still being submitted (a worker killed
     for memory): the ranks done before load, those lost run again alone in a fresh process and, where that
     breaks too, are missing with a one-line reason; nothing raises, nothing hangs."""
     from concurrent.futures import ProcessPoolExecutor
@@ -489,7 +489,7 @@ def test_frame_of_is_the_plain_constructors_frame_without_copies():
     """frames.frame_of (the events and memory frames of every trace): the frame pd.DataFrame(columns, columns=order,
     copy=False) makes, dtypes and values alike, its numpy columns the arrays given (not copied, not consolidated);
     an object column takes the plain constructor (pandas' own inference). column_arrays gives each column's array."""
-    from fsdpprof.analyze.frames import column_arrays, frame_of
+    from fsdpprof.analyze.load.frames import column_arrays, frame_of
 
     n = 5
     cols = {"rank": np.zeros(n, dtype=np.int32), "ts_us": np.arange(n, dtype=float),

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from conftest import run_fsdpprof, shared_data
-from fsdpprof.analyze import diff
-from fsdpprof.analyze.compare import compare_analyses
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.compare.runs import compare_analyses
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.errors import UserError
 
 V100 = ("gpu-traces", "param-dlrm-8rank-v100")

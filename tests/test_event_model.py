@@ -14,7 +14,7 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.trace import load_trace, labels
 
 

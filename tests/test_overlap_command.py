@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, run_fsdpprof, shared_data
 from fsdpprof.analyze.comm import overlap, volume
 from fsdpprof.analyze.pipeline import analyze_run, overlap_summary
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.errors import UserError
 
 OVERLAP_FIELDS = ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "comp_comm_overlap_pct")

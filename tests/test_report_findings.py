@@ -1,7 +1,7 @@
 """Findings fire on the numbers that should trigger them, and name those numbers."""
 import pandas as pd
 
-from fsdpprof.analyze import findings as fnd
+from fsdpprof.analyze.summary import findings as fnd
 
 
 def _steps(step_us=1000.0, exposed=0.0, ranks=(0, 1)):

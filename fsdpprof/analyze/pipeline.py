@@ -25,14 +25,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import diff, distributions, engines, model_states, theory, vocab
-from fsdpprof.analyze import findings as fnd
-from fsdpprof.analyze import hta as hta_tables
+from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
-from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.load import engines
+from fsdpprof.analyze.load import hta as hta_tables
+from fsdpprof.analyze.load.frames import isin
+from fsdpprof.analyze.load.rank import load_rank, unread_trace_bytes
+from fsdpprof.analyze.load.run import no_usable_rank
 from fsdpprof.analyze.memory.attribution import memory_analysis
-from fsdpprof.analyze.rank import load_rank, unread_trace_bytes
-from fsdpprof.analyze.run import no_usable_rank
+from fsdpprof.analyze.summary import distributions, model_states, theory
+from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -291,7 +294,7 @@ def _memory_part(res: RankResult, rd, source: str):
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
                  max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
                  overlap_only: bool = False) -> RankResult:
-    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
+    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.run.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
     ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
     operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
@@ -337,7 +340,7 @@ def _say(progress: bool, text: str) -> None:
 
 
 # what a worker imports once before its first rank (so that a rank's measured memory is its own)
-RANK_JOB_MODULES = ("fsdpprof.analyze.rank", "fsdpprof.analyze.memory.attribution")
+RANK_JOB_MODULES = ("fsdpprof.analyze.load.rank", "fsdpprof.analyze.memory.attribution")
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
@@ -356,7 +359,7 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
               scheduler: str | None = None, ops: bool = True, overlap_only: bool = False) -> list[RankResult]:
-    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.engines` runs it: ``engine``
+    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.load.engines` runs it: ``engine``
     ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
     ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
     are already loaded are analysed in this process.  One progress line per rank when ``progress``.
@@ -618,7 +621,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
 
 def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None,
                 engine: str | None = None, scheduler: str | None = None, ops: bool = True) -> Analysis:
-    """All numbers of one Run (:func:`fsdpprof.analyze.run.load_run`): map (on ``engine``, see
+    """All numbers of one Run (:func:`fsdpprof.analyze.load.run.load_run`): map (on ``engine``, see
     :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``).
     ``ops=False`` leaves out the per-step operator table (``op_stats``: what compare diffs, the largest
     per-rank result; the report does not show it)."""
@@ -668,7 +671,7 @@ class OverlapSummary:
 def overlap_summary(run, *, workers: int | None = None, engine: str | None = None,
                     scheduler: str | None = None) -> OverlapSummary:
     """The overall overlap of communication with compute per rank, and the collective volume per rank and
-    collective, of a Run (:func:`fsdpprof.analyze.run.load_run`, lazily loaded or not): the map and reduce of
+    collective, of a Run (:func:`fsdpprof.analyze.load.run.load_run`, lazily loaded or not): the map and reduce of
     :func:`analyze_run` restricted to those two tables (the same numbers, warnings and errors), on ``engine``
     (see :func:`map_ranks`).  Ranks without a trace are left out (a run of CUDA snapshots only: UserError)."""
     engines.check_workers(workers)

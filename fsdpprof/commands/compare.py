@@ -46,8 +46,8 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
     latest) and a note naming it; any other path is returned as it is."""
     import os
 
-    from fsdpprof.analyze.run import iteration_folders
-    from fsdpprof.analyze.scope import SCOPE_FIRST
+    from fsdpprof.analyze.load.run import iteration_folders
+    from fsdpprof.analyze.compare.scope import SCOPE_FIRST
 
     if not os.path.isdir(path):
         return path, None
@@ -67,9 +67,9 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the runs are found: see report.run)
-    from fsdpprof.analyze.engines import check_engine, shared_scheduler
-    from fsdpprof.analyze.run import load_run
-    from fsdpprof.analyze.scope import SCOPE_FIRST, Scope, parse_iteration
+    from fsdpprof.analyze.load.engines import check_engine, shared_scheduler
+    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
     from fsdpprof.commands.report import check_workers_option
     from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
 
@@ -101,7 +101,7 @@ def run(args) -> int:
         if keep is not None:
             run_.ranks = {keep: run_.ranks[keep]}
         runs.append(run_)
-    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.compare.runs import compare_analyses
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.diff import diff_text
     from fsdpprof.report.text import compare_text

@@ -45,8 +45,8 @@ def table(result) -> str:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.engines import check_engine
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.engines import check_engine
+    from fsdpprof.analyze.load.run import load_run
 
     check_workers_option(args.workers)
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)

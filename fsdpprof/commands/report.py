@@ -33,7 +33,7 @@ def add_max_trace_bytes(p) -> None:
 
 def add_engine_arguments(p) -> None:
     """--workers / --engine / --scheduler / --connect-timeout: where the per-rank work runs
-    (fsdpprof.analyze.engines); report, compare, overlap and whatif take them alike."""
+    (fsdpprof.analyze.load.engines); report, compare, overlap and whatif take them alike."""
     p.add_argument("--workers", type=options.WORKERS, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
     p.add_argument("--engine", choices=("local", "dask"), default=None,
@@ -70,7 +70,7 @@ def analyse_path(path: str, workers: int | None = None, hta: bool = False, progr
     """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
     operator table that compare diffs)."""
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
     return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
@@ -87,7 +87,7 @@ def check_hta_installed() -> None:
 
 
 def check_workers_option(workers) -> None:
-    from fsdpprof.analyze.engines import check_workers
+    from fsdpprof.analyze.load.engines import check_workers
 
     check_workers(workers, "--workers")
 
@@ -95,8 +95,8 @@ def check_workers_option(workers) -> None:
 def run(args) -> int:
     # (pandas and the analysis are imported once the input and the outputs are known good: a bad argument
     # is refused in a tenth of a second, not after half a second of imports)
-    from fsdpprof.analyze.engines import check_engine
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.engines import check_engine
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
 
     check_workers_option(args.workers)

@@ -87,7 +87,7 @@ COMPARE_NAV = [("verdict", "Verdict"), ("promise", "ZeRO: promised and measured"
 
 
 def render_compare(c) -> str:
-    """The HTML of a Comparison (fsdpprof.analyze.compare.compare_analyses): one function per section."""
+    """The HTML of a Comparison (fsdpprof.analyze.compare.runs.compare_analyses): one function per section."""
     page = Page()
     warn = "".join(f'<div class="banner">{esc(w)}</div>' for w in c.warnings)
     sections = [warn, _verdict(c), promise.promise_section(c, page), _compare_memory(c, page), _compare_time(c, page),

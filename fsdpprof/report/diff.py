@@ -1,5 +1,5 @@
 """The diff section of compare.html and its terminal lines: each run against the baseline (the first run),
-from :class:`fsdpprof.analyze.diff.Diff` (``Comparison.diff``).  Rendering only; every string escaped."""
+from :class:`fsdpprof.analyze.compare.diff.Diff` (``Comparison.diff``).  Rendering only; every string escaped."""
 from __future__ import annotations
 
 import math
@@ -148,7 +148,7 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame) -> str:
 
 def render_diff(c, page) -> str:
     """The 'What changed' section of compare.html (``<section id="diff">``) for a Comparison with a diff
-    (fsdpprof.analyze.compare.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.page.Page."""
+    (fsdpprof.analyze.compare.runs.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.page.Page."""
     d = getattr(c, "diff", None)
     if d is None:
         return ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpprof.analyze.headline import peak_rank
+from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label,
                                   mem_scale, notes_html, side_by_side, table, value_label)

@@ -25,7 +25,7 @@ import threading
 import time
 
 from fsdpprof import __version__, runfmt
-from fsdpprof.analyze.run import OUTPUT_JSON_MARK, file_kind
+from fsdpprof.analyze.load.run import OUTPUT_JSON_MARK, file_kind
 from fsdpprof.errors import UserError
 
 GENERATOR = "fsdpprof"

@@ -1,6 +1,6 @@
 """Memory attribution per rank: peak, breakdown by category and FSDP unit, timeline, fragmentation, OOM.
 
-``memory_analysis(rank)`` takes a :class:`fsdpprof.analyze.run.RankData` (run dir rank, bare trace
+``memory_analysis(rank)`` takes a :class:`fsdpprof.analyze.load.run.RankData` (run dir rank, bare trace
 or bare CUDA snapshot). A CUDA snapshot is preferred when the rank has one; otherwise the trace's
 ``[memory]`` events plus inventory.json (CPU runs). All sizes in bytes, times in µs on the source's
 clock (a legacy snapshot without ``time_us`` uses trace entry indices, see ``warnings``).

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.frames import startswith
+from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free

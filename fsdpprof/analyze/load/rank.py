@@ -1,9 +1,9 @@
 """Load one rank: its inventory read and its trace parsed (:func:`load_rank`), the one way every analysis
 (report, compare, overlap, what-if) reads a rank's files; and every rank of a run at once
 (:func:`load_events`, what ``load_run(path)`` and ``Run.events()`` do), each where
-:mod:`fsdpprof.analyze.engines` runs it.
+:mod:`fsdpprof.analyze.load.engines` runs it.
 
-Finding the files is :mod:`fsdpprof.analyze.run` (no numpy, no pandas: a bad path is refused before they are
+Finding the files is :mod:`fsdpprof.analyze.load.run` (no numpy, no pandas: a bad path is refused before they are
 imported); this module decodes traces (:func:`fsdpprof.analyze.trace.load.load_trace`).
 """
 from __future__ import annotations
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from fsdpprof.analyze import engines, vocab
-from fsdpprof.analyze.run import SOURCE_RUN_DIR, RankData, Run, inflated_size, no_usable_rank, with_inventory
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.load import engines
+from fsdpprof.analyze.load.run import SOURCE_RUN_DIR, RankData, Run, inflated_size, no_usable_rank, with_inventory
 from fsdpprof.analyze.trace.labels import concat_events
 from fsdpprof.analyze.trace.load import load_trace
 from fsdpprof.errors import UserError
@@ -67,7 +68,7 @@ def unread_trace_bytes(rds) -> int:
 
 def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:
     """Parse the traces of a lazily loaded run into its RankData (in place; on the local engine: in this process,
-    or processes for big traces, :func:`fsdpprof.analyze.engines.local_workers`); a rank whose trace fails moves
+    or processes for big traces, :func:`fsdpprof.analyze.load.engines.local_workers`); a rank whose trace fails moves
     to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
     rds = [rd for _, rd in sorted(run.ranks.items()) if rd.events is None and rd.trace_path]
     jobs = [((rd,), {"max_bytes": run.max_trace_bytes, "progress": progress, "inventory": False}) for rd in rds]

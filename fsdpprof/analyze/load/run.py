@@ -1,8 +1,8 @@
 """Find a run's files: our run directory, a folder of profiler traces, one trace, or CUDA snapshots.
 
 ``load_run(path)`` finds each rank's files and returns a :class:`Run`; with ``lazy=False`` (the
-default) it also parses every trace into an events frame (:func:`fsdpprof.analyze.rank.load_events`: one
-:func:`fsdpprof.analyze.rank.load_rank` per rank).  ``lazy=True`` only finds the files, so that the per-rank
+default) it also parses every trace into an events frame (:func:`fsdpprof.analyze.load.rank.load_events`: one
+:func:`fsdpprof.analyze.load.rank.load_rank` per rank).  ``lazy=True`` only finds the files, so that the per-rank
 analysis (:func:`fsdpprof.analyze.pipeline.analyze_rank`) loads each rank where it runs.  A rank whose files
 are bad is listed in ``Run.missing`` with a one-line reason; the others are analysed.  Nothing usable at all
 -> :class:`fsdpprof.errors.UserError`.  No numpy or pandas here: a bad path is refused before they are imported.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
-from fsdpprof.analyze.engines import check_workers
+from fsdpprof.analyze.load.engines import check_workers
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 if TYPE_CHECKING:   # (numpy, pandas and the decoder are imported where traces are read: a bad path is refused first)
@@ -81,14 +81,14 @@ class Run:
 
     def events(self) -> pd.DataFrame:
         """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept; a lazily loaded run
-        parses its traces now (and keeps them): :func:`fsdpprof.analyze.rank.run_events`."""
+        parses its traces now (and keeps them): :func:`fsdpprof.analyze.load.rank.run_events`."""
         return _rank_loader().run_events(self)
 
 
 def _rank_loader():
-    """:mod:`fsdpprof.analyze.rank`, imported where traces are first read: finding the files needs neither the
+    """:mod:`fsdpprof.analyze.load.rank`, imported where traces are first read: finding the files needs neither the
     decoder nor numpy and pandas, so a bad path is refused before they are imported."""
-    from fsdpprof.analyze import rank
+    from fsdpprof.analyze.load import rank
 
     return rank
 
