@@ -2,7 +2,7 @@
 
 Data flows one way: collect -> run_dir -> analyze -> report.
 """
-__version__ = "0.1.0"
+from fsdpprof.version import __version__  # noqa: F401
 
 
 def record(*args, **kwargs):

@@ -21,7 +21,7 @@ from hta_oracle import hta_overlap_pct
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.classify import classify_arrays
-from fsdpprof.analyze.load.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import decode_trace
 
 TRACES = [
@@ -60,7 +60,7 @@ def _hta_rules(trace: str, events):
 def test_overlap_matches_hta(rel):
     trace = str(shared_data("gpu-traces", rel))
     run = load_run(trace, workers=1)
-    ev = run.events()
+    ev = run_events(run)
     assert (ev["kind"] == "comm").sum() > 0, "every anchor trace has NCCL kernels"
 
     # 1. all steps, as we count them
@@ -80,7 +80,7 @@ def test_overlap_matches_hta(rel):
 def test_anchor_value_hta_nccl_2rank():
     """The figure measured with HTA by hand (14.31 %) and the exact-time figure it rounds away."""
     trace = str(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz"))
-    ev = load_run(trace, workers=1).events()
+    ev = run_events(load_run(trace, workers=1))
     sub = ev[ev["step"] < ev["step"].max()]
     assert abs(_ours(sub) - 14.31) <= 1.0
     assert abs(_ours(_hta_rules(trace, sub)) - 14.31) <= 0.05

@@ -16,7 +16,7 @@ from conftest import shared_data
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.trace import load as loader
-from fsdpprof.analyze.load.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import decode_trace, load_trace
 from fsdpprof.errors import UserError
 
@@ -213,7 +213,7 @@ def test_one_bad_rank_does_not_hide_others(tmp_path):
     assert sorted(run.ranks) == [0, 1, 2, 3, 4, 6, 7]
     assert list(run.missing) == ["rank-5.json.gz"] and "rank-5.json.gz" in run.missing["rank-5.json.gz"]
     assert run.world_size == 8 and run.source == "trace_folder"
-    ev = run.events()
+    ev = run_events(run)
     assert sorted(ev["rank"].unique()) == [0, 1, 2, 3, 4, 6, 7]
     # every rank alone gives the same events as in the parallel load
     alone = load_trace(str(d / "rank-2.json.gz"))
@@ -271,7 +271,7 @@ def test_sources(tmp_path):
     r = load_run(t)
     assert r.source == "trace_file" and r.world_size == 2 and r.ranks[0].trace_meta["device_type"] == "cuda"
     assert r.ranks[0].info["backend"] == "nccl"
-    ev = r.events()
+    ev = run_events(r)
     assert list(ev.columns) == vocab.EVENT_COLUMNS
     assert set(ev["kind"].astype(str)) <= set(vocab.KINDS)
     assert set(ev["collective"].dropna().astype(str)) <= set(vocab.COLLECTIVES)

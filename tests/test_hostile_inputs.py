@@ -15,7 +15,7 @@ import pytest
 
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.trace import classify
-from fsdpprof.analyze.load import run as runmod
+from fsdpprof.analyze.load import files as runmod
 from fsdpprof.analyze.memory import snapshot as snapmod
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.pipeline import analyze_run

@@ -16,7 +16,8 @@ import importlib
 
 # public name -> module that defines it
 _API = {
-    "load_run": "fsdpprof.analyze.load.run", "Run": "fsdpprof.analyze.load.run", "RankData": "fsdpprof.analyze.load.run",
+    "load_run": "fsdpprof.analyze.load.run", "run_events": "fsdpprof.analyze.load.run",
+    "find_run": "fsdpprof.analyze.load.files", "Run": "fsdpprof.analyze.load.files", "RankData": "fsdpprof.analyze.load.files",
     "analyze_run": "fsdpprof.analyze.pipeline", "Analysis": "fsdpprof.analyze.pipeline",
     "overlap_summary": "fsdpprof.analyze.pipeline", "OverlapSummary": "fsdpprof.analyze.pipeline",
     "compare_analyses": "fsdpprof.analyze.compare.runs", "Comparison": "fsdpprof.analyze.compare.runs",

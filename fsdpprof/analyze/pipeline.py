@@ -31,8 +31,8 @@ from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
-from fsdpprof.analyze.load.rank import load_rank, unread_trace_bytes
-from fsdpprof.analyze.load.run import no_usable_rank
+from fsdpprof.analyze.load.files import no_usable_rank
+from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
@@ -294,7 +294,7 @@ def _memory_part(res: RankResult, rd, source: str):
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
                  max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
                  overlap_only: bool = False) -> RankResult:
-    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.run.RankData`).  Its trace is
+    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.files.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
     ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
     operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
@@ -340,7 +340,7 @@ def _say(progress: bool, text: str) -> None:
 
 
 # what a worker imports once before its first rank (so that a rank's measured memory is its own)
-RANK_JOB_MODULES = ("fsdpprof.analyze.load.rank", "fsdpprof.analyze.memory.attribution")
+RANK_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,

@@ -46,7 +46,7 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
     latest) and a note naming it; any other path is returned as it is."""
     import os
 
-    from fsdpprof.analyze.load.run import iteration_folders
+    from fsdpprof.analyze.load.files import iteration_folders
     from fsdpprof.analyze.compare.scope import SCOPE_FIRST
 
     if not os.path.isdir(path):
@@ -68,7 +68,7 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 def run(args) -> int:
     # (pandas and the analysis are imported once the runs are found: see report.run)
     from fsdpprof.analyze.load.engines import check_engine, shared_scheduler
-    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.load.files import find_run
     from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
     from fsdpprof.commands.report import check_workers_option
     from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
@@ -87,7 +87,7 @@ def run(args) -> int:
         path, note = profiling_window(path, scope.iteration)
         if note:
             window_notes.append(note)
-        run_ = load_run(path, workers=args.workers, lazy=True)
+        run_ = find_run(path, workers=args.workers)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
         keep = None
         if scope.rank is not None:

@@ -47,7 +47,7 @@ def _previous_run(run_dir: str) -> bool:
     """True when ``run_dir`` holds an earlier fsdpprof run (re-recorded with ``record --force``); False when
     it is absent or an empty folder; UserError when something else is there (it is never removed)."""
     from fsdpprof import runfmt
-    from fsdpprof.analyze.load.run import read_run_json
+    from fsdpprof.analyze.load.files import read_run_json
 
     if not os.path.lexists(run_dir):
         return False

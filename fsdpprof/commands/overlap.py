@@ -46,11 +46,11 @@ def table(result) -> str:
 
 def run(args) -> int:
     from fsdpprof.analyze.load.engines import check_engine
-    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.load.files import find_run
 
     check_workers_option(args.workers)
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
-    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
+    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     from fsdpprof.analyze.pipeline import overlap_summary
 
     result = overlap_summary(run_, workers=args.workers, engine=engine, scheduler=args.scheduler)

@@ -67,12 +67,12 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
                  max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
                  ops: bool = False):
-    """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
+    """find_run (each rank's trace is read where it is analysed) + analyze_run (``ops``: with the
     operator table that compare diffs)."""
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.load.files import find_run
 
-    run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
+    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes)
     return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                        ops=ops)
 
@@ -96,7 +96,7 @@ def run(args) -> int:
     # (pandas and the analysis are imported once the input and the outputs are known good: a bad argument
     # is refused in a tenth of a second, not after half a second of imports)
     from fsdpprof.analyze.load.engines import check_engine
-    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.load.files import find_run
     from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
 
     check_workers_option(args.workers)
@@ -108,7 +108,7 @@ def run(args) -> int:
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
                                                                       "the summary")]
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
-    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
+    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text

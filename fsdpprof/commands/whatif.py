@@ -118,7 +118,7 @@ def _ms(x) -> str:
 def run(args) -> int:
     # (pandas and the analysis are imported once the run is found: see report.run)
     from fsdpprof.analyze.load.engines import check_engine
-    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.load.files import find_run
     from fsdpprof.errors import unexpected_as_user_error
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
 
@@ -130,7 +130,7 @@ def run(args) -> int:
         args.output = os.path.join(args.output, "whatif.html")
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
-    run_ = load_run(args.run, lazy=True)      # (each rank's inventory and trace are read where it is predicted)
+    run_ = find_run(args.run)      # (each rank's inventory and trace are read where it is predicted)
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
                       input_folders=run_.record_folders(), fix=fix)

@@ -24,9 +24,10 @@ import stat
 import threading
 import time
 
-from fsdpprof import __version__, runfmt
-from fsdpprof.analyze.load.run import OUTPUT_JSON_MARK, file_kind
+from fsdpprof import runfmt
+from fsdpprof.analyze.load.files import OUTPUT_JSON_MARK, file_kind
 from fsdpprof.errors import UserError
+from fsdpprof.version import __version__
 
 GENERATOR = "fsdpprof"
 _HEAD_BYTES = 4096

@@ -20,7 +20,7 @@ import re
 
 import pandas as pd
 
-from fsdpprof import __version__
+from fsdpprof.version import __version__
 from fsdpprof.analyze import vocab
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta

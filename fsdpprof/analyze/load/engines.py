@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 
 from fsdpprof.errors import UserError
+from fsdpprof.version import __version__
 
 ENGINES = ("local", "dask")
 DASK_WAIT_FOR_WORKERS_S = 60.0     # how long a job waits for the first worker of an external scheduler
@@ -378,8 +379,6 @@ def shared_scheduler(engine: str, scheduler: str | None, workers: int | None, n_
 
 def _check_workers_import_fsdpprof(client) -> None:
     """UserError unless every worker of the cluster can import this fsdpprof (the same version)."""
-    import fsdpprof
-
     try:
         client.wait_for_workers(1, timeout=DASK_WAIT_FOR_WORKERS_S)
     except (TimeoutError, OSError):
@@ -389,17 +388,15 @@ def _check_workers_import_fsdpprof(client) -> None:
         versions = client.run(_fsdpprof_version)
     except Exception as exc:
         raise UserError(f"the Dask workers cannot run fsdpprof ({type(exc).__name__}: {exc}); install fsdpprof "
-                        f"{fsdpprof.__version__} on every worker") from None
-    other = {str(v) for v in versions.values()} - {fsdpprof.__version__}
+                        f"{__version__} on every worker") from None
+    other = {str(v) for v in versions.values()} - {__version__}
     if other:
         raise UserError(f"the Dask workers run fsdpprof {', '.join(sorted(other))}, this is "
-                        f"{fsdpprof.__version__}; install the same version on every worker")
+                        f"{__version__}; install the same version on every worker")
 
 
 def _fsdpprof_version() -> str:
-    import fsdpprof
-
-    return fsdpprof.__version__
+    return __version__
 
 
 def _dask(fn, jobs, workers, scheduler):

@@ -19,8 +19,8 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import attribution, cpu_events
-from fsdpprof.analyze.load.rank import load_rank, unread_trace_bytes
-from fsdpprof.analyze.load.run import no_usable_rank, with_inventory
+from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
+from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
@@ -340,7 +340,7 @@ def source_rank(run):
 def predict_rank(rd, targets: list[tg.Target], *, hosts: int = 1, ranks_per_host: int | None = None,
                  max_bytes: int | None = None, known_why: str | None = None) -> tuple[dict | None, str | None]:
     """Map job of :func:`predict_run` (this process, a local worker or a Dask worker): one rank's inventory and
-    trace loaded (:func:`fsdpprof.analyze.load.rank.load_rank`) and its :func:`rank_predictions`; and why the rank
+    trace loaded (:func:`fsdpprof.analyze.load.run.load_rank`) and its :func:`rank_predictions`; and why the rank
     is left out (or its trace is: with a snapshot, its memory is still predicted from), else None.
     ``known_why``: why discovery listed the rank as missing."""
     rd, why = with_inventory(rd)          # (first: a rank without a usable inventory is not worth its trace)
@@ -354,7 +354,7 @@ def predict_rank(rd, targets: list[tg.Target], *, hosts: int = 1, ranks_per_host
 
 
 # what a worker imports once before its first rank
-PREDICT_JOB_MODULES = ("fsdpprof.analyze.load.rank", "fsdpprof.analyze.memory.attribution")
+PREDICT_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")
 
 
 def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress=None, *,
