@@ -156,7 +156,7 @@ _TAIL_DEC = msgspec.json.Decoder(TailDoc)
 _LAST_SEP_RE = re.compile(rb".*\}\s*,\s*\{", re.S)
 _KEY = b'"traceEvents"'
 _HEADER_MAX_BYTES = 256 << 20     # the "traceEvents" key must come within this many bytes
-_NOT_BLANK = re.compile(rb"[^ \t\r\n]")
+_NOT_BLANK = re.compile(rb"[^ \t\n\r\x0b\x0c]")          # (what bytes.strip leaves)
 _VALUE_START = frozenset(b'{["-0123456789tfn')    # the bytes a JSON value can start with
 
 # Extra columns of the raw frame (beyond EVENT_COLUMNS' basics), used to link events.
