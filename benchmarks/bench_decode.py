@@ -39,28 +39,34 @@ def _event(i: int, **kw) -> bytes:
     return json.dumps({**_EVENT, "ts": 10 * i, **kw}).encode()
 
 
+def hostile_middle(kind: str, nbytes: int) -> bytes:
+    """About ``nbytes`` of a hostile layout (``kind`` one of KINDS), to go after an event's ``,`` and before the next
+    event: blanks, an event with a long name (and its ``,``), empty events, an event with deep args, zero bytes."""
+    if kind == "zeros":
+        return bytes(nbytes)
+    if kind == "blanks":
+        return b" " * nbytes
+    if kind == "name":
+        return _event(99, name="}" * nbytes) + b","
+    if kind == "seps":
+        return _event(99, name="},{" * (nbytes // 3)) + b","
+    if kind == "braces":
+        return _event(99, name=("}" * 1022 + "{,") * (nbytes // 1024)) + b","
+    if kind == "tiny":
+        return b"{}," * (nbytes // 3)
+    if kind == "nesting":
+        depth = nbytes // 6
+        return _event(99)[:-1] + b', "args": ' + b'{"a":' * depth + b"0" + b"}" * depth + b"},"
+    raise ValueError(kind)
+
+
 def hostile_json(kind: str, nbytes: int) -> bytes:
-    """The JSON of a hostile trace of about ``nbytes`` bytes (decompressed); ``kind`` one of KINDS."""
+    """The JSON of a hostile trace of about ``nbytes`` bytes (decompressed): 99 small events, ``hostile_middle``,
+    one more event (``zeros``: only zero bytes)."""
     if kind == "zeros":
         return bytes(nbytes)
     head = b'{"traceEvents": [' + b", ".join(_event(i) for i in range(99)) + b","
-    last = _event(100) + b"]}"
-    if kind == "blanks":
-        middle = b" " * nbytes
-    elif kind == "name":
-        middle = _event(99, name="}" * nbytes) + b","
-    elif kind == "seps":
-        middle = _event(99, name="},{" * (nbytes // 3)) + b","
-    elif kind == "braces":
-        middle = _event(99, name=("}" * 1022 + "{,") * (nbytes // 1024)) + b","
-    elif kind == "tiny":
-        middle = b"{}," * (nbytes // 3)
-    elif kind == "nesting":
-        depth = nbytes // 6
-        middle = _event(99)[:-1] + b', "args": ' + b'{"a":' * depth + b"0" + b"}" * depth + b"},"
-    else:
-        raise ValueError(kind)
-    return head + middle + last
+    return head + hostile_middle(kind, nbytes) + _event(100) + b"]}"
 
 
 def hostile_trace(kind: str, nbytes: int, path: str | os.PathLike) -> int:
