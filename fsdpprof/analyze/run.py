@@ -505,7 +505,8 @@ def _discover(path, workers, lazy: bool = False) -> SimpleNamespace:
             if r in ranks:
                 raise UserError(f"folder {path} has two snapshots for rank {r} ({os.path.basename(ranks[r].snapshot_path)}, "
                                 f"{os.path.basename(f)}); keep one per rank")
-            ranks[r] = _Found(rank=r, info={"rank": r}, inventory=None, trace_path=None, events=None,
+            ranks[r] = _Found(rank=r, info={"rank": r, "snapshots_given": len(snaps)}, inventory=None, trace_path=None,
+                              events=None,
                               memory_events=None, snapshot_path=f, trace_meta={"device_type": "cuda"},
                               label=os.path.basename(f))
         return _Found(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,

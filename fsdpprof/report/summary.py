@@ -100,7 +100,7 @@ def memory_summary(m) -> dict:
         # the activations each unit keeps (A_l), what was alive before the history began (by size), and the
         # allocator's rounding (block minus requested bytes) at snapshot time
         "fsdp_family": getattr(m, "fsdp_family", None), "fsdp_units": list(getattr(m, "fsdp_units", None) or []),
-        "world_size": getattr(m, "world_size", None),
+        "world_size": getattr(m, "world_size", None), "world_size_source": getattr(m, "world_size_source", None),
         "by_role_at_peak": getattr(m, "by_role_at_peak", None),
         "activation_by_unit": getattr(m, "activation_by_unit", None),
         "before_recording_sizes": _head(getattr(m, "before_recording_sizes", None), 50),
