@@ -20,7 +20,7 @@ COMMANDS = {
     "report": ("fsdpprof.commands.report", "analyse a run directory (or traces/snapshots) into report.html"),
     "compare": ("fsdpprof.commands.compare", "put several runs side by side in compare.html"),
     "overlap": ("fsdpprof.commands.overlap", "per rank, communication overlapped with compute and exposed; per "
-                                             "collective, volume and bandwidth (quick: no pandas)"),
+                                             "collective, volume and bandwidth"),
     "plan": ("fsdpprof.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
     "whatif": ("fsdpprof.commands.whatif", "predict peak memory and step time of a run under another strategy"),
     "demo": ("fsdpprof.commands.demo", "record the built-in CPU example under several strategies and report"),

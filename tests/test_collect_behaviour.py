@@ -393,8 +393,8 @@ def test_launchers_ending_together_leave_the_final_status(tmp_path, monkeypatch)
     real_derive = launcher_mod.derive_status
     calls = []
 
-    def derive_then_b_finishes(run_dir, meta):
-        derived = real_derive(run_dir, meta)
+    def derive_then_b_finishes(run_dir, meta, own=None):
+        derived = real_derive(run_dir, meta, own)
         calls.append(derived["status"])
         if len(calls) == 1:  # B ends and finalizes between A's derive and A's write
             runfmt.atomic_write_json(str(out / "launchers" / "h-2.json"), {**ended, "pid": 2})
@@ -404,7 +404,8 @@ def test_launchers_ending_together_leave_the_final_status(tmp_path, monkeypatch)
         return derived
 
     monkeypatch.setattr(launcher_mod, "derive_status", derive_then_b_finishes)
-    meta = launcher_mod._finalize(str(out), run_json)
+    meta, unwritten = launcher_mod._finalize(str(out), run_json)
+    assert unwritten is None
     assert calls[0] == "running" and "failed" in calls[1:]
     on_disk = runfmt.read_json(run_json)
     assert on_disk["status"] == meta["status"] == "failed" and on_disk["exit_code"] == 0

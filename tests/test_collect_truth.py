@@ -154,6 +154,46 @@ def test_force_replaces_a_run_of_the_previous_version(tmp_path, script):
 
 
 @pytest.mark.slow
+def test_force_never_removes_a_user_file_inside_a_rank_folder(tmp_path, script):
+    """rank-0/my_notes.txt of the user's in an old run: with its manifest intact, without a manifest (a run
+    recorded before them) or with one damaged (emptied, not JSON, not ours), --force refuses in one line and
+    removes nothing; it never removes a whole rank folder."""
+    import shutil
+
+    recorded = tmp_path / "recorded"
+    assert record(recorded, script).returncode == 0
+    cases = {"intact": None, "no manifest": "remove", "emptied": b"", "not JSON": b"{\"schema\": ",
+             "not ours": b'{"files": ["my_notes.txt"]}'}
+    for case, manifest in cases.items():
+        out = tmp_path / case.replace(" ", "-")
+        shutil.copytree(recorded, out)
+        if manifest == "remove":
+            (out / "rank-0" / "manifest.json").unlink()
+        elif manifest is not None:
+            (out / "rank-0" / "manifest.json").write_bytes(manifest)
+        (out / "rank-0" / "my_notes.txt").write_text("mine")
+        before = tree(out)
+        proc = record(out, script, force=True)
+        if manifest is None or manifest == "remove":
+            one_line_error(proc, "rank-0/my_notes.txt", "did not write", "nothing was removed")
+        else:
+            one_line_error(proc, "rank-0/manifest.json is damaged", "nothing", "rank-0/")
+        assert tree(out) == before, case
+    # without the user's file, an old run without manifests is replaced: fsdpprof's own files only
+    out = tmp_path / "no-manifest"
+    (out / "rank-0" / "my_notes.txt").unlink()
+    (out / "rank-0" / ".trace.123.tmp.json.gz").write_bytes(b"left by a killed export")
+    assert record(out, script, force=True).returncode == 0
+    assert load(out / "rank-0" / "manifest.json")["files"] and not (out / "rank-0" / ".trace.123.tmp.json.gz").exists()
+    # a damaged manifest beside nothing of the user's still stops --force: it proves nothing
+    out = tmp_path / "emptied"
+    (out / "rank-0" / "my_notes.txt").unlink()
+    before = tree(out)
+    one_line_error(record(out, script, force=True), "rank-0/manifest.json is damaged (empty)")
+    assert tree(out) == before
+
+
+@pytest.mark.slow
 def test_run_files_readable_like_the_traces(tmp_path, script):
     """run.json and inventory.json used to be 0600 (mkstemp): every file now follows the umask as open() does."""
     out = tmp_path / "run"

@@ -13,7 +13,7 @@ NUMERIC = {
     "record": {"--skip-steps", "--warmup-steps", "--active-steps", "--max-memory-entries", "--ranks"},
     "report": {"--workers", "--max-trace-bytes", "--connect-timeout"},
     "compare": {"--rank", "--workers", "--connect-timeout"},
-    "overlap": {"--workers", "--max-trace-bytes"},
+    "overlap": {"--workers", "--max-trace-bytes", "--connect-timeout"},
     "plan": {"--params", "--world", "--shard-group", "--compression", "--gpu-mem"},
     "whatif": {"--world", "--shard-group", "--ranks-per-host", "--batch-scale", "--reshard-after-forward"},
     "demo": {"--nproc"},

@@ -94,7 +94,7 @@ def fsync_then_wait(fd):        # the first temporary is written: say so, then w
     open({mark!r}, "w").close()
     time.sleep(120)
 os.fsync = fsync_then_wait
-sys.exit(cli.main(["report", {trace!r}, "-o", {out!r}, "--no-hta"]))
+sys.exit(cli.main(["report", {trace!r}, "-o", {out!r}]))
 """
 
 
@@ -144,12 +144,13 @@ needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no 
 @pytest.mark.parametrize("cmd", ["report", "overlap", "plan", "plan-json"])
 def test_stdout_on_a_full_disk_is_one_line_exit_1(tmp_path, cmd):
     trace = str(shared_data(*DLRM))
-    argv = {"report": ["report", trace, "-o", str(tmp_path / "r.html"), "--no-hta"],
+    argv = {"report": ["report", trace, "-o", str(tmp_path / "r.html")],
             "overlap": ["overlap", trace], "plan": ["plan", "--params", "7B", "--world", "8"],
             "plan-json": ["plan", "--params", "7B", "--world", "8", "--json"]}[cmd]
     _assert_stdout_full(argv, tmp_path)
 
 
+@pytest.mark.slow
 @needs_dev_full
 @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
 def test_whatif_stdout_on_a_full_disk_is_one_line_exit_1(tmp_path, recorded_run, json_flag):

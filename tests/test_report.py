@@ -106,6 +106,49 @@ def test_partial_run_gets_a_banner(recorded_run, tmp_path):
     assert s["overview"]["ranks_present"] == [0]
 
 
+@pytest.mark.slow
+def test_partial_run_words_count_and_name_what_was_analysed(recorded_run, tmp_path):
+    """rank 1 kept for its inventory but without its trace: not counted as analysed; each missing rank named
+    once (before: "ranks analysed 2" beside "PARTIAL: missing rank-1", and "rank-1: rank-1: no ...")."""
+    src = recorded_run("fsdp2")
+    run = tmp_path / "no-trace"
+    shutil.copytree(src, run, ignore=shutil.ignore_patterns("report.html", "summary.json"))
+    (run / "rank-1" / "trace.json.gz").unlink()
+    html, s, stdout = _report(run, tmp_path)
+    assert s["overview"]["ranks_present"] == [0] and s["overview"]["ranks_analysed"] == 1
+    assert "ranks analysed 1," in stdout and "PARTIAL: missing rank-1: no trace.json.gz" in stdout, stdout
+    assert s["missing"] == {"rank-1": "no trace.json.gz (status complete)"}
+    assert "rank-1: rank-1" not in stdout and "rank-1: rank-1" not in html
+
+
+@pytest.mark.slow
+def test_run_still_being_recorded_is_said_so(recorded_run, tmp_path):
+    """run.json ``running`` with a launcher alive: a rank not saved yet is "still being recorded", not "did not
+    record or died early"."""
+    import os
+
+    src = recorded_run("fsdp2")
+    run = tmp_path / "running"
+    shutil.copytree(src, run, ignore=shutil.ignore_patterns("report.html", "summary.json"))
+    shutil.rmtree(run / "rank-1")
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(status="running", exit_code=None, ended_at=None)
+    (run / "run.json").write_text(json.dumps(meta))
+    launcher = next((run / "launchers").glob("*.json"))
+    doc = json.loads(launcher.read_text())
+    doc.update(exit_code=None, pid=os.getpid(), pid_start=None)     # this test's process: alive
+    launcher.write_text(json.dumps(doc))
+    html, s, stdout = _report(run, tmp_path / "alive")
+    assert s["missing"]["rank-1"] == "no rank directory (not saved yet: the run is still being recorded)"
+    assert "still being recorded" in stdout and "did not record" not in stdout and "died early" not in stdout
+    assert "rank-1: rank-1" not in stdout
+    # the same run once its launcher is gone: interrupted, and the rank did not record
+    doc.update(pid=2 ** 22 + 12345)
+    launcher.write_text(json.dumps(doc))
+    _, s, stdout = _report(run, tmp_path / "gone")
+    assert "did not record or died early" in s["missing"]["rank-1"] and "still being recorded" not in stdout
+
+
 def test_cuda_snapshot_report(tmp_path):
     snap = shared_data("cuda-snapshots", "multi-device-expandable-oom.pickle")
     html, s, _ = _report(snap, tmp_path)

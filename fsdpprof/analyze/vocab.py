@@ -210,8 +210,17 @@ _COLL_PATTERNS = [  # order matters: "reducescatter" before "allreduce"/"reduce"
     ("isendirecv", SEND_RECV), ("send", SEND_RECV), ("recv", SEND_RECV), ("barrier", BARRIER),
 ]
 _NON_ALPHA = re.compile(r"[^a-z]")
-_COMM_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl", "nccl:", "gloo:", "c10d::", "c10d_functional::",
-                  "_c10d_functional::")
+# the names of communication ops and work, by their prefix (each written here once)
+C10D_PREFIX = "c10d::"               # c10d's calls on the issuing thread: c10d::allreduce_, c10d::_allgather_base_
+NCCL_OP_PREFIX = "nccl:"             # NCCL's CPU-side ops: nccl:all_reduce, nccl:_all_gather_base
+GLOO_PREFIX = "gloo:"                # gloo's work on its own threads: gloo:all_gather, gloo:all_reduce, ...
+RECORD_PARAM_COMMS = "record_param_comms"    # the op c10d records around a collective, with its sizes in args
+FUNCTIONAL_PREFIXES = ("c10d_functional::", "_c10d_functional::")     # functional collectives (DTensor, FSDP2)
+COMM_KERNEL_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl")      # device kernels (lower case)
+# CPU ops whose args say a collective's type and sizes: the decoder reads their args
+COMM_OP_PREFIXES = (C10D_PREFIX, GLOO_PREFIX, NCCL_OP_PREFIX, RECORD_PARAM_COMMS)
+# cut from a lower-cased name before its collective type is looked for (the first that matches)
+_COLLECTIVE_NAME_PREFIXES = COMM_KERNEL_PREFIXES + (NCCL_OP_PREFIX, GLOO_PREFIX, C10D_PREFIX) + FUNCTIONAL_PREFIXES
 
 
 def collective_of(name) -> str | None:
@@ -219,7 +228,7 @@ def collective_of(name) -> str | None:
     if not isinstance(name, str) or not name:
         return None
     s = name.split("(", 1)[0].lower()
-    for prefix in _COMM_PREFIXES:
+    for prefix in _COLLECTIVE_NAME_PREFIXES:
         if s.startswith(prefix):
             s = s[len(prefix):]
             break
@@ -251,27 +260,13 @@ _RING_FACTOR = {ALL_GATHER: "frac", REDUCE_SCATTER: "frac", ALL_TO_ALL: "frac", 
 # gloo has no reduce-scatter of its own: c10d runs one as gloo's all-reduce of the whole input (the work its trace
 # shows, ``gloo:all_reduce``), then keeps the rank's chunk
 GLOO_RUNS_AS = {REDUCE_SCATTER: ALL_REDUCE}
-GLOO_PREFIX = "gloo:"      # gloo's work on its own threads: gloo:all_gather, gloo:all_reduce, ...
-
-
-def bus_factor(collective, n: float) -> float:
-    """Bytes each rank sends per byte of the message, ring algorithms over ``n`` ranks; it is also
-    nccl-tests' bus-bandwidth factor: all_gather, reduce_scatter, all_to_all (n-1)/n; all_reduce
-    2(n-1)/n; broadcast, send_recv 1; barrier 0; NaN for an unknown type (or n NaN where it counts)."""
-    rule = _RING_FACTOR.get(collective) if isinstance(collective, str) else None
-    if rule is None:
-        return float("nan")
-    if not isinstance(rule, str):
-        return rule
-    n = float(n)
-    if n != n:
-        return float("nan")
-    frac = (n - 1) / n if n else float("-inf")        # (numpy's -1/0)
-    return frac if rule == "frac" else 2 * frac
 
 
 def ring_factor(collective, n):
-    """:func:`bus_factor` over arrays (numpy): one factor per (collective, n)."""
+    """Bytes each rank sends per byte of the message, ring algorithms over ``n`` ranks (numpy, one factor per
+    (collective, n)); it is also nccl-tests' bus-bandwidth factor: all_gather, reduce_scatter, all_to_all
+    (n-1)/n; all_reduce 2(n-1)/n; broadcast, send_recv 1; barrier 0; NaN for an unknown type (or n NaN where
+    it counts)."""
     import numpy as np
 
     coll = np.asarray(collective, dtype=object)
@@ -354,6 +349,19 @@ def fmt_bytes(x, *, missing: str = "-", decimal: bool = False) -> str:
             a = abs(m)
             return f"{m:,.0f} {unit}" if a >= 100 else f"{m:.1f} {unit}" if a >= 10 else f"{m:.2f} {unit}"
     return f"{v:.0f} B"
+
+
+def rank_list(ranks) -> str:
+    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
 
 
 # --------------------------------------------------------------------------- memory categories

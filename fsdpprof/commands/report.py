@@ -1,7 +1,6 @@
 """``fsdpprof report RUN``: analyse a run directory (or traces / a snapshot) into report.html + summary.json."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import webbrowser
@@ -26,7 +25,6 @@ def add_arguments(p) -> None:
     add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
-    p.add_argument("--no-hta", action="store_true", help=argparse.SUPPRESS)
     add_max_trace_bytes(p)  # the default since 0.2; kept for scripts
 
 
@@ -114,7 +112,7 @@ def run(args) -> int:
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text
 
-    a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty(),
+    a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     del run_
     write_report(a, html_path, summary_path)

@@ -50,11 +50,7 @@ def build(args, run) -> tuple[list, object, list[str]]:
     if not run.ranks:
         raise UserError(f"{args.run}: no rank recorded anything to predict from")
     hosts, per_host = wp.hosts_of(run)
-    rd = run.ranks[min(run.ranks)]
-    if not rd.inventory:
-        raise UserError(f"{args.run}: no inventory.json (parameter sizes, units and strategy are unknown); record the "
-                        f"run with `fsdpprof record` to predict other strategies")
-    source = wp.source_of_rank(rd, hosts, per_host)
+    source = wp.source_of_rank(wp.source_rank(run), hosts, per_host)
     run_target = tg.target_of_source(source)
     scale = tg.parse_batch_scale(args.batch_scale)
     family = {"1": "fsdp1", "2": "fsdp2", None: None}[args.fsdp_version]
@@ -75,11 +71,14 @@ def build(args, run) -> tuple[list, object, list[str]]:
 
 def text(result: dict, run_label: str) -> str:
     """The predictions as a terminal table plus what the first one kept and assumed."""
-    from fsdpprof.analyze.vocab import fmt_bytes
+    from fsdpprof.analyze.vocab import fmt_bytes, rank_list
 
     m = result["measured"]
     lines = [f"what if: {run_label} — measured peak {fmt_bytes(m.get('peak_allocated_bytes'))} (largest rank), "
              f"step {_ms(m.get('step_us'))} ms (median)"]
+    if result.get("missing"):
+        lines.append(f"PARTIAL: predicted from {rank_list(result.get('ranks_predicted') or [])} only; missing "
+                     + "; ".join(f"{k}: {v}" for k, v in sorted(result["missing"].items())))
     head = f"{'':2}{'strategy':30s}{'world':>6s}{'peak MiB':>10s}{'step ms':>9s}{'compute':>9s}{'exposed':>9s}{'rest':>9s}"
     lines.append(head)
     for i, p in enumerate(result["predictions"]):
@@ -116,7 +115,7 @@ def _ms(x) -> str:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the run is found: see report.run)
-    from fsdpprof.analyze.run import load_run, with_inventory
+    from fsdpprof.analyze.run import load_run
     from fsdpprof.errors import unexpected_as_user_error
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
 
@@ -126,8 +125,7 @@ def run(args) -> int:
         args.output = os.path.join(args.output, "whatif.html")
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
-    run_ = load_run(args.run, lazy=True)
-    run_.ranks = {r: with_inventory(rd)[0] for r, rd in run_.ranks.items()}   # (a lazy run holds their paths)
+    run_ = load_run(args.run, lazy=True)      # (each rank's inventory and trace are read where it is predicted)
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
                       input_folders=run_.record_folders(), fix=fix)
