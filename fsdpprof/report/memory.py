@@ -7,9 +7,9 @@ import pandas as pd
 
 from fsdpprof.analyze.headline import peak_rank
 from fsdpprof.report import figures, many_ranks, oom
-from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label,
-                                  mem_scale, moment_label, notes_html, side_by_side, size_class_label, table,
-                                  value_label)
+from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
+                                  category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
+                                  notes_html, side_by_side, size_class_label, table, value_label)
 
 
 def _theory_block(a) -> str:
@@ -71,6 +71,37 @@ def _drop_empty(df: pd.DataFrame, cols=()) -> pd.DataFrame:
     """Leave out columns with no value in any row (e.g. reserved bytes on a CPU trace)."""
     empty = [c for c in (cols or df.columns) if c in df and (df[c].isna() | (df[c].astype(str) == "")).all()]
     return df.drop(columns=empty)
+
+
+def _process_block(a) -> str:
+    """The process's memory beside the allocator's, per rank (rank.json's samples; "" when no rank has them)."""
+    rows, notes = [], []
+    for r, m in sorted(a.memory.items()):
+        p = getattr(m, "process", None)
+        if not p:
+            continue
+        rows.append({"rank": r, "source_words": p.get("source_words"), "used_peak_bytes": p.get("used_peak_bytes"),
+                     "allocator_reserved_peak_bytes": p.get("allocator_reserved_peak_bytes"),
+                     "outside_allocator_peak_bytes": p.get("outside_allocator_peak_bytes")})
+        if p.get("note") and p["note"] not in notes:
+            notes.append(p["note"])
+    if not rows:
+        return ""
+    first = next(m.process for _, m in sorted(a.memory.items()) if getattr(m, "process", None))
+    cpu = first.get("source") == "proc_status"
+    what = ("Python's objects, the interpreter and the libraries (the allocator's peak: what the profiler's memory "
+            "events show)" if cpu else "the CUDA context, NCCL's buffers and other libraries (the allocator's peak: "
+            "torch.cuda.max_memory_reserved)")
+    out = [f"<h3>The process's memory beside the allocator's</h3><p class='note'>{esc(OUTSIDE_ALLOCATOR_LABEL)}: "
+           f"{esc(what)}; sampled at the end of every step of the window.</p>"]
+    df = pd.DataFrame(rows)
+    if many_ranks.is_many(a) and len(df) > 16:
+        df = df.sort_values("outside_allocator_peak_bytes", ascending=False, kind="stable").head(16)
+        out.append('<p class="note">the 16 ranks with the most outside the allocator; every rank in '
+                   "summary.json</p>")
+    out.append(table(df, left=("source_words",)))
+    out.extend(f'<p class="note">{esc(n)}</p>' for n in notes)
+    return "".join(out)
 
 
 MOMENT_COLORS = {"peak": "#1f77b4", "oom": "#dc2626", "end": "#9ca3af"}
@@ -178,9 +209,20 @@ def memory_section(a, page: Page) -> str:
             fig = figures.Figure(figures.bar(x=[label(category_label(c)) for c in bd["category"]], y=bd["bytes"] / sc,
                                    marker_color=[CATEGORY_COLORS.get(str(c), "#7f7f7f") for c in bd["category"]],
                                    text=[f"{fmt_fixed(b / sc)} {unit}<br>{p:.0f}%" for b, p in zip(bd["bytes"], bd["pct"])],
-                                   textposition="outside", cliponaxis=False))
+                                   textposition="outside", cliponaxis=False, name="at the peak", showlegend=False))
+            outside = (getattr(m, "process", None) or {}).get("outside_allocator_peak_bytes")
+            if outside is not None and outside > 0:     # the process's memory beyond the allocator's: its own bar
+                # cut when it would flatten the categories (a CPU process's RSS dwarfs its tensors): its value said
+                top = float(bd["bytes"].max()) if len(bd) else 0.0
+                cut = top > 0 and outside > 2.5 * top
+                fig.add_trace(figures.bar(x=[label(OUTSIDE_ALLOCATOR_LABEL)], y=[(1.5 * top if cut else outside) / sc],
+                                          marker_color=OUTSIDE_ALLOCATOR_COLOR, marker_pattern_shape="/",
+                                          text=[f"{fmt_fixed(outside / sc)} {unit}<br>"
+                                                + ("process (bar cut)" if cut else "process")],
+                                          textposition="outside", cliponaxis=False,
+                                          name=label(OUTSIDE_ALLOCATOR_LABEL), showlegend=False))
             fig.update_layout(title=f"At the peak, rank {r0} ({label(value_label('stage', m.peak_stage))}, "
-                                    f"{m.coverage_pct:.0f}% attributed)", yaxis_title=unit)
+                                    f"{m.coverage_pct:.0f}% attributed)", yaxis_title=unit, barmode="overlay")
             charts.append(page.fig(fig, 360))
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
@@ -198,6 +240,7 @@ def memory_section(a, page: Page) -> str:
                               else "ms from window start", yaxis_title=unit, legend=dict(font=dict(size=11)))
             charts.append(page.fig(fig, 360))
         out.append(side_by_side(*charts))
+        out.append(_process_block(a))
         if a.overview.get("sharded"):
             out.append('<p class="note">gathered params: a unit\'s parameters all-gathered for its forward or backward; '
                        "unsharded grads: a unit's full gradients waiting for their reduce-scatter; sharded params, "

@@ -60,6 +60,8 @@ COLUMN_LABELS = {
     "largest_free_block_bytes": "largest free block", "largest_request_after_bytes": "largest request that followed",
     "free_small_bytes": "free, small pool (requests up to 1 MiB)", "free_large_bytes": "free, large pool",
     "expandable_segments": "expandable segments", "size_class": "free block size",
+    "used_peak_bytes": "process peak (device used / RSS)", "allocator_reserved_peak_bytes": "allocator peak",
+    "outside_allocator_peak_bytes": "outside the allocator", "source_words": "measured as",
     # communication
     "collective": "collective", "count": "count", "bytes": "size", "time_us": "time", "algbw_gbps": "algorithm bandwidth",
     "busbw_gbps": "bus bandwidth", "stage": "stage", "fsdp_phase": "FSDP phase", "comm_us": "communication",
@@ -84,6 +86,9 @@ COLUMN_LABELS = {
     "run": "run", "strategy": "strategy", "world_size": "N (ranks)", "shard_group_size": "shard group",
     "exposed_comm_pct": "of the step",
 }
+# the process's memory beyond the allocator's, as a bar beside the memory categories
+OUTSIDE_ALLOCATOR_LABEL = "outside the allocator"
+OUTSIDE_ALLOCATOR_COLOR = "#4b5563"
 # the moments of the allocator's cache (fsdpprof.analyze.memory.fragmentation)
 MOMENT_LABELS = {"peak": "at the peak", "oom": "at the out-of-memory error", "end": "at the end of the snapshot"}
 # host time on a CPU trace: what "idle" is when the profiler sees operators only

@@ -110,6 +110,9 @@ def memory_summary(m) -> dict:
         # fsdpprof.analyze.memory.fragmentation.FragmentationAt), and why a moment is missing
         "fragmentation": frag.to_list() if frag is not None else None,
         "fragmentation_notes": list(frag.notes) if frag is not None else [],
+        # the process's memory beside the allocator's (rank.json, see fsdpprof.analyze.memory.process): source,
+        # used_peak_bytes, allocator_reserved_peak_bytes, outside_allocator_peak_bytes, steps ...
+        "process": getattr(m, "process", None),
     }
 
 

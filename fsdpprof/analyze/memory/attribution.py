@@ -19,6 +19,7 @@ from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events, fsdp_units
 from fsdpprof.analyze.memory.fragmentation import Fragmentation, fragmentation
 from fsdpprof.analyze.memory import oom as oom_mod
+from fsdpprof.analyze.memory.process import process_memory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.vocab import MemoryCategory as MC
 from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
@@ -62,6 +63,7 @@ class MemoryResult:
     world_size_source: str | None = None  # where world_size comes from ("the run", "the inventory", inferred: ...)
     rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at snapshot time
     fragmentation: Fragmentation | None = None  # snapshot: the allocator's free blocks at the peak / OOM / end
+    process: dict | None = None          # the process's memory beside the allocator's (analyze.memory.process)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -76,9 +78,10 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     snap_path = getattr(rank, "snapshot_path", None)
     if snap_path:
         snap = load_snapshot(snap_path)
-        return snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
-                               inventory=inventory, top_n=top_n, timeline_points=timeline_points,
-                               world_size=info.get("world_size"), snapshots_given=info.get("snapshots_given"))
+        res = snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
+                              inventory=inventory, top_n=top_n, timeline_points=timeline_points,
+                              world_size=info.get("world_size"), snapshots_given=info.get("snapshots_given"))
+        return _with_process(res, info)
     me = getattr(rank, "memory_events", None)
     if me is None and getattr(rank, "events", None) is None:
         raise UserError(f"rank {r}: no profiler trace and no CUDA snapshot: no memory data to analyse")
@@ -96,6 +99,13 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
         res.peak_stage = cpu_events.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events))[0]
         res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), labels.fsdp_intervals(events), "fsdp_phase")[0]
     res.warnings = warns + res.warnings
+    return _with_process(res, info)
+
+
+def _with_process(res: MemoryResult, info: dict) -> MemoryResult:
+    """``res`` with the process's memory from rank.json beside the allocator's peak."""
+    res.process, notes = process_memory(info, res.peak_allocated_bytes)
+    res.warnings = list(res.warnings or []) + notes
     return res
 
 
