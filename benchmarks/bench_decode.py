@@ -8,7 +8,7 @@ Inputs, each a gzipped trace built here (``hostile_trace``): ``{"traceEvents": [
 ("name"); N MiB of zero bytes ("zeros", refused); an event whose name is ``},{`` repeated ("seps": a boundary at
 every third byte, all inside a string); a name of ``}`` with ``{,`` every KiB ("braces": the boundary search's
 worst case, every byte searched by a regular expression, none found); 8 MiB of empty events ``{}`` ("tiny"); an event whose args nest 2 MiB of
-objects ("nesting", refused); and the real GPU traces of ../shared/data/gpu-traces.  Each goes through
+objects ("nesting", refused); and the real GPU traces of tests/data/gpu-traces.  Each goes through
 ``decode_trace`` (refused ones: to their one-line error); MiB/s = decompressed bytes / the fastest of ``--repeat``
 calls (CPU seconds of this process, its inflating thread included: this machine is shared, and wall time
 measures the neighbours; after a warm-up decode).  ``--before REF`` runs the same cases in a child process
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "gpu-traces"
+SHARED = ROOT / "tests" / "data" / "gpu-traces"   # the licensed real traces, in the repository
 MIB = 1 << 20
 
 _EVENT = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 0, "dur": 1, "args": {}}
@@ -79,7 +79,7 @@ def hostile_trace(kind: str, nbytes: int, path: str | os.PathLike) -> int:
 
 
 def real_traces() -> list[tuple[str, Path]]:
-    """(name, path) of the biggest real GPU trace of each folder of ../shared/data/gpu-traces."""
+    """(name, path) of the biggest real GPU trace of each folder of tests/data/gpu-traces."""
     out = []
     for d in sorted(SHARED.glob("*")):
         files = sorted(d.glob("*.json.gz"), key=lambda p: p.stat().st_size)
