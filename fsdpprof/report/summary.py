@@ -131,6 +131,7 @@ def summary(a, plain: bool = True) -> dict:
         "memory_peaks": a.memory_peaks, "theory": a.theory, "model_states": a.model_states,
         "volume": a.volume, "comm_phase": a.comm_phase, "comm_unit_step": a.comm_unit_step, "p2p": a.p2p,
         "comm_outside_steps": a.comm_outside_steps, "overlap_overall": a.overlap_overall, "steps": a.steps,
+        "step_stalls": getattr(a, "step_stalls", None),
         "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
         "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops,
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
