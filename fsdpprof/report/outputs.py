@@ -141,7 +141,7 @@ def page_items(html_path: str, render, self_contained: bool = False) -> list[tup
     if src is not None and f'src="{src}"' in text:
         js_path, data = plotly_path(html_path), plotly_file_bytes()
         if not _same_bytes(js_path, data):
-            items.insert(0, (js_path, data))      # (renamed into place before the page that loads it)
+            items.append((js_path, data))
     return items
 
 
@@ -512,7 +512,11 @@ def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable pa
             except OSError:
                 pass
         if isinstance(exc, OSError):
-            failed = getattr(exc, "output_path", failed)
+            locked = getattr(exc, "output_path", None)
+            if locked is not None:   # a lock not made: its folder is at fault; named by the first output in it
+                folder = os.path.dirname(locked)
+                failed = next(p for p in [p for p, _ in items] + [locked]
+                              if os.path.dirname(os.path.abspath(p)) == folder)
             raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
         raise
     _remove(b for _, b in done if b)
