@@ -165,7 +165,7 @@ def test_diff_tables_show_the_top_rows_and_the_rest_under_details(n):
     elif n <= diff.TOP_ROWS:
         assert f"<summary>show all {n}</summary>" in rest and "compare.json" not in rest
     else:
-        assert f"<summary>show {diff.TOP_ROWS - diff.SHOWN_ROWS} more (the first {diff.TOP_ROWS} of {n})" in rest
+        assert f"<summary>show the top {diff.TOP_ROWS} of {n} (all {n} in compare.json)</summary>" in rest
         assert f"{n - diff.TOP_ROWS} more rows in compare.json" in rest
     assert "<script" not in html
 

@@ -68,7 +68,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
     rest = body[shown:]
     if rest:
         n = len(df)
-        what = f"show all {n}" if n <= rows else f"show {len(rest)} more (the first {rows} of {n})"
+        what = f"show all {n}" if n <= rows else f"show the top {rows} of {n} (all {n} in compare.json)"
         more = f'<p class="note">{n - rows} more rows in compare.json</p>' if n > rows else ""
         out += (f"<details><summary>{esc(what)}</summary><table><tr>{head}</tr>{''.join(rest)}</table>{more}"
                 "</details>")

@@ -226,7 +226,7 @@ def _ids(paths) -> dict[tuple[int, int], str]:
     return out
 
 
-def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs=(), defer_under=(),
+def check_outputs(outputs: list[tuple[str, ...]], *, force: bool = False, inputs=(), defer_under=(),
                   input_folders=(), fix: str = "") -> None:
     """Refuse, before anything is written, an output that would lose something.
 
