@@ -10,6 +10,10 @@ HTA (holistictraceanalysis) differs from us in two documented ways, both asserte
    correlation: 705 kernels still running from before the window in hta-16rank-a100), which we keep
    because they did run on the device in the window.
 Applying those two rules to our events reproduces HTA to 0.05 points, so they are the whole difference.
+3. Which kernels are communication: HTA's are named ``^nccl.*Kernel``; ours are also the kernels launched
+   inside a collective op whatever their name (tracelens-b200: the 73 ``multimem_all_reduce_kernel``
+   launches under ``symm_mem::multimem_all_reduce_``).  The comparison gives HTA's kind to exactly those
+   kernels (``hta_comm_by_name`` of test_breakdowns, which checks they are those and only those).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import pytest
 
 from conftest import shared_data
 from hta_oracle import hta_overlap_pct
+from test_breakdowns import hta_comm_by_name
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.classify import classify_arrays
@@ -60,7 +65,7 @@ def _hta_rules(trace: str, events):
 def test_overlap_matches_hta(rel):
     trace = str(shared_data("gpu-traces", rel))
     run = load_run(trace, workers=1)
-    ev = run.events()
+    ev = hta_comm_by_name(run.events(), rel)          # 3. HTA's communication kernels
     assert (ev["kind"] == "comm").sum() > 0, "every anchor trace has NCCL kernels"
 
     # 1. all steps, as we count them

@@ -65,6 +65,7 @@ class RankResult:
     comm_unit_step: pd.DataFrame | None = None   # UNIT_STEP_KEYS: volume + overlap
     overall: pd.DataFrame | None = None          # overall_overlap (one row)
     steps: pd.DataFrame | None = None            # step_breakdown rows
+    stalls: pd.DataFrame | None = None           # steps.step_stalls: device idle by cause, syncs, DataLoader
     records: pd.DataFrame | None = None          # skew.collective_records (p2p left out)
     traffic: pd.DataFrame | None = None          # rank, collective: in-step count, payload and wire bytes, steps
     lanes: pd.DataFrame | None = None
@@ -101,6 +102,8 @@ class Analysis:
     comm_outside_steps: pd.DataFrame | None = None            # rank, collective: comm launched outside any step
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
+    step_stalls: pd.DataFrame | None = None                   # rank, step: device idle by cause, host syncs,
+                                                              # DataLoader time (steps.step_stalls)
     skew: pd.DataFrame | None = None
     stragglers: pd.DataFrame | None = None
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
@@ -235,6 +238,8 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
+    res.stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
+                      steps.step_stalls, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
@@ -539,11 +544,14 @@ def _findings(a: Analysis) -> list:
     o = a.overview
     fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
     items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
+    device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, vocab.DEVICE_CPU)
+    items += fnd.device_findings(a.steps, a.step_stalls, device=device)
     strat = o.get("strategy")
     for r, m in sorted(a.memory.items()):
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
                                      m.coverage_pct, r, alts, input_kind=o.get("input_kind"))
+        items += fnd.process_findings(getattr(m, "process", None), r)
         break  # one rank is representative; ranks differ little in FSDP
     if fsdp:
         items += fnd.topology_findings(strat, len(o.get("hosts") or []), int(o.get("world_size") or 1))
@@ -592,6 +600,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         a.comm_unit_step = _concat(r.comm_unit_step for r in traced)
         a.overlap_overall = _concat(r.overall for r in traced)
         a.steps = _concat(r.steps for r in traced)
+        a.step_stalls = _concat(r.stalls for r in traced)
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:

@@ -12,7 +12,7 @@ kind           category   one of KINDS
 name           category   event name (interned)
 ts_us          float64    start, profiler clock, microseconds (the *execution* interval)
 dur_us         float64    duration, microseconds
-collective     category   one of COLLECTIVES (or the kernel name when the type is unknown)
+collective     category   one of COLLECTIVES, or UNKNOWN_COLLECTIVE for a comm kernel whose type is not told
 bytes          float64    message size in bytes (NaN unknown); all_gather: the whole gathered
                           output, reduce_scatter: the whole input, others: the input
 dtype          category   element dtype of the message when known
@@ -29,7 +29,11 @@ launch_ts_us   float64    the launch point: a device event's runtime call, a glo
 
 Labels come from the launch, intervals from the execution: a device kernel takes step, stage,
 FSDP phase, unit, collective type and process group from the CPU op that launched it; overlap
-and exposure use its execution interval. The memory frames use the same ``stage``,
+and exposure use its execution interval.  A kernel launched inside a collective op
+(:func:`is_collective_op`) is communication (kind comm) whatever its name; a comm kernel whose launch is
+not in the trace takes its type from its name (:func:`collective_of`), else UNKNOWN_COLLECTIVE.  The
+runtime calls that block the host (SYNC_CALLS) are rows of kind cpu_op on their thread; the other
+runtime calls are only used to find the launch points. The memory frames use the same ``stage``,
 ``fsdp_phase`` and ``unit`` columns with the same meanings (at the allocation; ``free_stage`` /
 ``free_fsdp_phase`` at the free).
 """
@@ -104,13 +108,26 @@ TENSOR_SUBCLASS_DISPATCH = "PythonSubclass"
 # the first of these in a step starts its forward (before it: the data stage)
 FORWARD_MARKERS = ("FSDP::root_pre_forward", "FSDP::pre_forward", "FullyShardedDataParallel._root_pre_forward",
                    "FullyShardedDataParallel._pre_forward", "FullyShardedDataParallel.forward",
-                   "DistributedDataParallel.forward")
+                   "DistributedDataParallel.forward", "## forward ##")
+# the forward markers that span a whole forward (not a hook at its start): the last end of one of these that
+# starts before the step's backward ends its forward; FSDP2's markers are hooks, so its forward has no end
+FORWARD_SPAN_MARKERS = ("FullyShardedDataParallel.forward", "DistributedDataParallel.forward", "## forward ##")
 # the first of these in a step starts its backward
 BACKWARD_MARKERS = ("autograd::engine::evaluate_function", "FSDP::pre_backward", "FSDP::post_backward",
                     "FullyShardedDataParallel._pre_backward", "FullyShardedDataParallel._post_backward",
                     "## backward ##")
 
-STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies)
+# runtime calls that block the host until the device (a stream, an event) is done, and the ops that read a
+# device scalar on the host (``tensor.item()``: a copy to the host and a stream synchronisation)
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                        "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize"})
+SCALAR_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item")
+# torch.utils.data's annotation around each batch fetched: enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+
+STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies), and the
+                                 # collectives between the end of its forward and its backward (input
+                                 # distribution: TorchRec's sparse data all-to-alls)
 STAGE_FORWARD = "forward"
 STAGE_BACKWARD = "backward"      # from the step's first backward marker
 STAGE_OPTIMIZER = "optimizer"    # from the first Optimizer.step# to the end of the last one
@@ -119,30 +136,36 @@ STAGE_OUTSIDE = "outside_step"   # launched outside every ProfilerStep
 STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the trace
 STAGES = [STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER, STAGE_POST_STEP, STAGE_OUTSIDE, STAGE_UNKNOWN]
 STEP_STAGES = STAGES[:5]         # the stages inside a step, in order
-STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us"]
+STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "fwd_end_us", "bwd_us", "opt_us", "opt_end_us"]
 
 
-def stage_at(ts, marks):
+def stage_at(ts, marks, collective=None):
     """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (columns STEP_MARK_COLUMNS,
     one row per ProfilerStep, sorted by start_us; NaN where a step lacks that marker):
 
     data before the step's first forward marker (none: the step starts in forward), forward until
     its first backward marker, backward until the first Optimizer.step#, optimizer until the end of
-    the last one, post_step after it; ``outside_step`` outside every step."""
+    the last one, post_step after it; ``outside_step`` outside every step.  ``collective`` (bool per
+    time, optional): the time launches a collective; a collective launched after the step's forward ended
+    (``fwd_end_us``: FORWARD_SPAN_MARKERS) and before its backward is data (input distribution), not
+    forward."""
     import numpy as np
 
-    return np.array(STAGES, dtype=object)[stage_codes_at(ts, marks)]
+    return np.array(STAGES, dtype=object)[stage_codes_at(ts, marks, collective)]
 
 
-def stage_codes_at(ts, marks):
-    """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns)."""
+def stage_codes_at(ts, marks, collective=None):
+    """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns; a
+    missing ``fwd_end_us`` column: no forward ends before the backward)."""
     import numpy as np
 
     ts = np.asarray(ts, dtype=np.float64)
     out = np.full(ts.size, STAGES.index(STAGE_OUTSIDE), dtype=np.int8)
     if "start_us" not in marks or not len(marks["start_us"]) or not ts.size:
         return out
-    col = {c: np.asarray(marks[c], dtype=np.float64) for c in STEP_MARK_COLUMNS}
+    n_marks = len(marks["start_us"])
+    col = {c: (np.asarray(marks[c], dtype=np.float64) if c in marks else np.full(n_marks, np.nan))
+           for c in STEP_MARK_COLUMNS}
     idx = np.searchsorted(col["start_us"], ts, side="right") - 1
     ii = np.maximum(idx, 0)
     inside = (idx >= 0) & (ts <= col["end_us"][ii])
@@ -155,6 +178,10 @@ def stage_codes_at(ts, marks):
     st = np.select([ts < fwd, ts < bwd, ts < opt, ts <= opt_end],
                    [STAGES.index(x) for x in (STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER)],
                    STAGES.index(STAGE_POST_STEP))
+    if collective is not None:
+        fwd_end = np.where(np.isnan(m["fwd_end_us"]), inf, m["fwd_end_us"])
+        between = np.asarray(collective, dtype=bool) & (st == STAGES.index(STAGE_FORWARD)) & (ts >= fwd_end)
+        st = np.where(between, STAGES.index(STAGE_DATA), st)
     out[inside] = st[inside]
     return out
 
@@ -201,6 +228,8 @@ FSDP1_RESHARD_PHASES = frozenset({"post_forward", "post_backward", "post_backwar
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
 BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER = "broadcast", "all_to_all", "send_recv", "barrier"
 COLLECTIVES = [ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER]
+# the type of a communication kernel that neither its launching op nor its name tells (never a kernel's name)
+UNKNOWN_COLLECTIVE = "unknown collective"
 # point-to-point: no matching across ranks, no skew, no straggler blame (their own table)
 P2P = frozenset({SEND_RECV})
 
@@ -217,8 +246,30 @@ GLOO_PREFIX = "gloo:"                # gloo's work on its own threads: gloo:all_
 RECORD_PARAM_COMMS = "record_param_comms"    # the op c10d records around a collective, with its sizes in args
 FUNCTIONAL_PREFIXES = ("c10d_functional::", "_c10d_functional::")     # functional collectives (DTensor, FSDP2)
 COMM_KERNEL_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl")      # device kernels (lower case)
+SYMM_MEM_PREFIX = "symm_mem::"       # torch's symmetric-memory collectives: symm_mem::multimem_all_reduce_, ...
 # CPU ops whose args say a collective's type and sizes: the decoder reads their args
-COMM_OP_PREFIXES = (C10D_PREFIX, GLOO_PREFIX, NCCL_OP_PREFIX, RECORD_PARAM_COMMS)
+COMM_OP_PREFIXES = (C10D_PREFIX, GLOO_PREFIX, NCCL_OP_PREFIX, RECORD_PARAM_COMMS, SYMM_MEM_PREFIX) + FUNCTIONAL_PREFIXES
+# a library's own collective op, ``<namespace>::<op>`` (vllm::all_reduce, _C_custom_ar::all_reduce,
+# trtllm::allreduce): an op of another namespace than these whose op name holds one of these words
+_CUSTOM_COLLECTIVE_WORDS = ("allreduce", "allgather", "reducescatter", "alltoall")
+_NOT_COLLECTIVE_NAMESPACES = frozenset({"aten", "prim", "profiler", "autograd", "cuda", "inductor", "triton"})
+
+
+def is_collective_op(name) -> bool:
+    """A CPU op that runs a collective: c10d's calls, NCCL's and gloo's ops, ``record_param_comms``, functional
+    collectives, symmetric-memory ops (``symm_mem::*``) and libraries' own collectives (``vllm::all_reduce``):
+    a device kernel launched inside one is that collective's communication, whatever the kernel is called."""
+    if not isinstance(name, str):
+        return False
+    if name.startswith(COMM_OP_PREFIXES):
+        return True
+    ns, sep, op = name.partition("::")
+    if not sep or ns.lower() in _NOT_COLLECTIVE_NAMESPACES:
+        return False
+    op = _NON_ALPHA.sub("", op.lower())
+    return any(w in op for w in _CUSTOM_COLLECTIVE_WORDS)
+
+
 # cut from a lower-cased name before its collective type is looked for (the first that matches)
 _COLLECTIVE_NAME_PREFIXES = COMM_KERNEL_PREFIXES + (NCCL_OP_PREFIX, GLOO_PREFIX, C10D_PREFIX) + FUNCTIONAL_PREFIXES
 
