@@ -24,19 +24,23 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
-    from fsdpprof.commands.report import add_engine_arguments
+    from fsdpprof.commands.report import add_engine_arguments, add_self_contained
 
+    add_self_contained(p)
     add_engine_arguments(p)
 
 
-def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
-    """Write compare HTML and JSON, both or neither (callers check the paths first: outputs.check_outputs)."""
+def write_compare(comparison, out_html: str, out_json: str | None = None,
+                  self_contained: bool = False) -> tuple[str, str]:
+    """Write compare HTML and JSON, both or neither (with the plotly.js file beside the page, unless
+    ``self_contained`` or already there); callers check the paths first: outputs.check_outputs."""
     from fsdpprof.report.compare_page import render_compare
-    from fsdpprof.report.outputs import compare_paths, json_bytes, write_files
+    from fsdpprof.report.outputs import compare_paths, json_bytes, page_items, write_files
     from fsdpprof.report.summary import compare_summary
 
     out_html, out_json = compare_paths(out_html, out_json)
-    write_files([(out_html, render_compare(comparison).encode("utf-8")), (out_json, json_bytes(compare_summary(comparison)))])
+    page = page_items(out_html, lambda src: render_compare(comparison, src), self_contained)
+    write_files(page + [(out_json, json_bytes(compare_summary(comparison)))])
     return out_html, out_json
 
 
@@ -71,7 +75,7 @@ def run(args) -> int:
     from fsdpprof.analyze.load.files import find_run
     from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
     from fsdpprof.commands.report import check_workers_option
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths, plotly_output
 
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
@@ -80,7 +84,8 @@ def run(args) -> int:
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
-    outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]
+    outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON"),
+               *plotly_output(html_path, args.self_contained)]
     check_outputs(outputs, force=args.force, defer_under=args.runs)
     analyses, runs, window_notes = [], [], []
     for path in args.runs:
@@ -114,7 +119,7 @@ def run(args) -> int:
             del run_
     c = compare_analyses(analyses, allow_different_models=args.force, scope=scope)
     c.notes[:0] = window_notes
-    write_compare(c, html_path, json_path)
+    write_compare(c, html_path, json_path, self_contained=args.self_contained)
     print(compare_text(c))
     print(diff_text(c))
     print(f"comparison: {html_path}\njson: {json_path}")

@@ -20,10 +20,19 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="overwrite output files that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--open", action="store_true", help="open the report in a browser")
+    add_self_contained(p)
     add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
     add_max_trace_bytes(p)  # the default since 0.2; kept for scripts
+
+
+def add_self_contained(p) -> None:
+    """--self-contained: plotly.js embedded in each HTML page instead of one file beside the pages."""
+    p.add_argument("--self-contained", action="store_true",
+                   help="embed plotly.js (4.8 MB) in the HTML page; by default the page loads it from "
+                        "plotly-<version>.min.js, written once beside the pages of its folder (keep the two "
+                        "together); either way the page works offline")
 
 
 def add_max_trace_bytes(p) -> None:
@@ -50,17 +59,20 @@ def add_engine_arguments(p) -> None:
                         f"{options.DEFAULT_CONNECT_TIMEOUT_S:g}; {options.CONNECT_TIMEOUT_S.describe()})")
 
 
-def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
-    """Render and write the report HTML and its summary JSON, both or neither; returns both paths.
+def write_report(analysis, out_html: str, out_summary: str | None = None,
+                 self_contained: bool = False) -> tuple[str, str]:
+    """Render and write the report HTML and its summary JSON, both or neither (with the plotly.js file beside
+    the page, unless ``self_contained`` or already there: outputs.page_items); returns both paths.
 
     No check of what is at those paths: callers run :func:`fsdpprof.report.outputs.check_outputs` first.
     """
     from fsdpprof.report.run_page import render_report
-    from fsdpprof.report.outputs import json_bytes, summary_for, write_files
+    from fsdpprof.report.outputs import json_bytes, page_items, summary_for, write_files
     from fsdpprof.report.summary import summary
 
     out_summary = out_summary or summary_for(out_html)
-    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(summary(analysis, plain=False)))])
+    page = page_items(out_html, lambda src: render_report(analysis, src), self_contained)
+    write_files(page + [(out_summary, json_bytes(summary(analysis, plain=False)))])
     return out_html, out_summary
 
 
@@ -97,7 +109,7 @@ def run(args) -> int:
     # is refused in a tenth of a second, not after half a second of imports)
     from fsdpprof.analyze.load.engines import check_engine
     from fsdpprof.analyze.load.files import find_run
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, plotly_output, report_paths
 
     check_workers_option(args.workers)
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
@@ -107,6 +119,7 @@ def run(args) -> int:
     html_path, summary_path = report_paths(args.run, args.output, args.summary)
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
                                                                       "the summary")]
+    outputs += plotly_output(html_path, args.self_contained)
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
     run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
@@ -116,7 +129,7 @@ def run(args) -> int:
     a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     del run_
-    write_report(a, html_path, summary_path)
+    write_report(a, html_path, summary_path, self_contained=args.self_contained)
     print(summary_text(a))
     print(f"report: {html_path}\nsummary: {summary_path}")
     if args.open:

@@ -19,9 +19,10 @@ def _whatif(a, page: Page) -> str:
     return whatif.whatif_section(a, page)
 
 
-def render_report(a) -> str:
-    """The HTML of one run's report: one function per section, in reading order."""
-    page = Page()
+def render_report(a, plotly_src: str | None = None) -> str:
+    """The HTML of one run's report: one function per section, in reading order; plotly.js embedded, or loaded
+    from ``plotly_src`` beside the page (see :class:`fsdpprof.report.page.Page`)."""
+    page = Page(plotly_src)
     o = a.overview
     sections = [overview.banner(a), glance.glance_section(a, headline(a)), findings.findings_section(a),
                 overview.overview_section(a), memory.memory_section(a, page), per_unit.per_unit_section(a, page),
