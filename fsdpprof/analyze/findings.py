@@ -11,6 +11,7 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.vocab import MemoryCategory as MC
 
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
 EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
@@ -228,10 +229,12 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
 def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
                     rank: int | None = None, alternatives: dict | None = None,
-                    input_kind: str | None = "fsdp2") -> list[Finding]:
+                    input_kind: str | None = "fsdp2", units: list[str] | None = None) -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
     model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (vocab.INPUT_KINDS):
-    sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device."""
+    sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device.
+    ``units``: the model's FSDP units (blocks), those keeping the most activations first; the activation
+    advice names blocks only when the input has them (an FSDP input, or units a snapshot's frames show)."""
     out: list[Finding] = []
     if breakdown is None or breakdown.empty:
         return out
@@ -248,10 +251,20 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "memory", rank))
     act = get("activation")
     if act >= ACTIVATIONS_DOMINATE_PCT:
+        if units:
+            named = ", ".join(units[:3]) + (" ..." if len(units) > 3 else "")
+            advice = (f"activation checkpointing of the FSDP units that keep the most ({named}), a smaller "
+                      f"micro-batch, or sequence parallelism; sharding does not reduce activations")
+        elif input_kind in ("fsdp2", "fsdp1"):
+            advice = ("activation checkpointing of the FSDP units (the model's blocks), a smaller micro-batch, or "
+                      "sequence parallelism; sharding does not reduce activations")
+        else:   # nothing says the model has blocks: advice for any model
+            advice = ("a smaller micro-batch (gradient accumulation keeps the global batch), or activation "
+                      "checkpointing (torch.utils.checkpoint) of the modules whose forward keeps the most; "
+                      "sharding does not reduce activations")
         out.append(Finding("activations_dominate", "medium", f"Activations are {act:.1f}% of memory at the peak",
-                           "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT,
-                           "activation checkpointing of the transformer blocks, a smaller micro-batch, or "
-                           "sequence parallelism; sharding does not reduce activations", "memory", rank))
+                           "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT, advice,
+                           "memory", rank))
     unsh = get("unsharded_param")
     if unsh >= UNSHARDED_PARAM_PCT and input_kind in ("fsdp2", "fsdp1"):
         out.append(Finding("unsharded_params_large", "medium",
@@ -273,10 +286,18 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "fragmentation_pct", float(fragmentation_pct), "%", FRAGMENTATION_PCT,
                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "memory", rank))
     if coverage_pct is not None and coverage_pct == coverage_pct and coverage_pct < COVERAGE_LOW_PCT:
+        before, other = get(MC.BEFORE_RECORDING.value), get(MC.OTHER.value)
+        rest = []
+        if before > 0:
+            rest.append(f"{before:.1f}% was allocated before recording (alive before the allocation history began: "
+                        f"start torch.cuda.memory._record_memory_history before the model is built, or record with "
+                        f"fsdpprof record, whose inventory names parameters and optimizer state by address)")
+        if other > 0 or not rest:
+            rest.append(f"{other:.1f}% is other (no frame, tag or inventory names it: record with the inventory "
+                        f"(fsdpprof record) so parameters, gradients and optimizer state are matched by address)")
         out.append(Finding("low_attribution", "info", f"Only {coverage_pct:.1f}% of the peak has a named category",
-                           "coverage_pct", float(coverage_pct), "%", COVERAGE_LOW_PCT,
-                           "the rest is 'other': record with the inventory (fsdpprof record) so parameters, "
-                           "gradients and optimizer state are matched by address", "memory", rank))
+                           "coverage_pct", float(coverage_pct), "%", COVERAGE_LOW_PCT, "; ".join(rest), "memory",
+                           rank))
     return out
 
 

@@ -30,6 +30,7 @@ from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import diff, model_states, theory, vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.headline import peak_rank
 from fsdpprof.analyze.run import check_workers, inflated_size, no_usable_rank, parse_trace, with_inventory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -513,7 +514,9 @@ def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
         if not a.overview.get("sharded"):
             m = _relabel_replicated(m)
         a.memory[res.rank] = m
-        rows.append({"rank": res.rank, "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
+        dev = getattr(m, "device", None)
+        rows.append({"rank": res.rank, "device": f"cuda:{dev}" if dev is not None else None,
+                     "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
                      "peak_ts_us": m.peak_ts_us, "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase,
                      "baseline_bytes": m.baseline_bytes, "coverage_pct": m.coverage_pct,
                      "reserved_bytes": m.reserved_bytes, "fragmentation_pct": m.fragmentation_pct})
@@ -547,12 +550,15 @@ def _findings(a: Analysis) -> list:
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, vocab.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device)
     strat = o.get("strategy")
-    for r, m in sorted(a.memory.items()):
+    r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
+    if r is not None:
+        m = a.memory[r]
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
+        act = getattr(m, "activation_by_unit", None)
+        units = [str(u) for u in act["unit"]] if act is not None and len(act) else list(getattr(m, "fsdp_units", None) or [])
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
-                                     m.coverage_pct, r, alts, input_kind=o.get("input_kind"))
+                                     m.coverage_pct, r, alts, input_kind=o.get("input_kind"), units=units)
         items += fnd.process_findings(getattr(m, "process", None), r)
-        break  # one rank is representative; ranks differ little in FSDP
     if fsdp:
         items += fnd.topology_findings(strat, len(o.get("hosts") or []), int(o.get("world_size") or 1))
     if a.stragglers is not None and a.skew is not None:

@@ -26,9 +26,10 @@ def add_arguments(p) -> None:
                         "that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--workers", type=options.WORKERS, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
-    from fsdpprof.commands.report import add_engine_arguments
+    from fsdpprof.commands.report import add_device_argument, add_engine_arguments
 
     add_engine_arguments(p)
+    add_device_argument(p)
 
 
 def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
@@ -91,6 +92,10 @@ def run(args) -> int:
             window_notes.append(note)
         run_ = load_run(path, workers=args.workers, lazy=True)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+        if args.device is not None:
+            from fsdpprof.analyze.memory.attribution import choose_device
+
+            run_ = choose_device(run_, args.device)
         keep = None
         if scope.rank is not None:
             if scope.rank not in run_.ranks:

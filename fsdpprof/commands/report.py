@@ -26,6 +26,14 @@ def add_arguments(p) -> None:
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
     add_max_trace_bytes(p)  # the default since 0.2; kept for scripts
+    add_device_argument(p)
+
+
+def add_device_argument(p) -> None:
+    p.add_argument("--device", type=options.device_choice, default=None, metavar="N|all",
+                   help="the CUDA device of a snapshot to analyse: N for cuda:N, 'all' for every device of one snapshot "
+                        "file, each on its own (default: the rank's device, else the device with the largest peak; "
+                        "the report names it)")
 
 
 def add_max_trace_bytes(p) -> None:
@@ -65,13 +73,14 @@ def write_report(analysis, out_html: str, out_summary: str | None = None) -> tup
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
                  max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
-                 ops: bool = False):
+                 ops: bool = False, device=None):
     """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
-    operator table that compare diffs)."""
+    operator table that compare diffs; ``device``: a snapshot's CUDA device, see --device)."""
+    from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.run import load_run
 
-    run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
+    run = choose_device(load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes), device)
     return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                        ops=ops)
 
@@ -109,7 +118,10 @@ def run(args) -> int:
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
     run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+    from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.pipeline import analyze_run
+
+    run_ = choose_device(run_, args.device)
     from fsdpprof.report.text import summary_text
 
     a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),

@@ -34,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", default=None, metavar="HTML",
                    help="also write an HTML page of the predictions (a folder: whatif.html in it)")
     p.add_argument("--force", action="store_true", help="overwrite an -o file that fsdpprof did not write")
+    from fsdpprof.commands.report import add_device_argument
+
+    add_device_argument(p)
 
 
 def _target_given(args) -> bool:
@@ -129,6 +132,9 @@ def run(args) -> int:
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
                       input_folders=run_.record_folders(), fix=fix)
+    from fsdpprof.analyze.memory.attribution import choose_device
+
+    run_ = choose_device(run_, args.device)
     targets, run_target, notes = build(args, run_)
     from fsdpprof.analyze.whatif import predict as wp
 
