@@ -12,7 +12,7 @@ import pytest
 
 import fsdp_snapshots as fs
 from conftest import run_fsdpprof, shared_data
-from fsdpprof.analyze import findings as fnd
+from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.memory import safe_pickle, snapshot_memory
 from fsdpprof.analyze.memory.attribution import BEFORE_HISTORY
 from fsdpprof.analyze.memory.snapshot import NEVER, parse_snapshot

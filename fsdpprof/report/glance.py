@@ -1,5 +1,5 @@
 """The "At a glance" section: the peak per rank against the formula's model states, exposed communication as a
-share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.headline)."""
+share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
 from fsdpprof.report.memory import memory_owner
@@ -61,7 +61,7 @@ def oom_parts(a, o: dict | None) -> tuple[str, str]:
 def glance_section(a, h: dict) -> str:
     """At a glance: an out-of-memory error first, then the peak per rank against the formula's model states,
     exposed communication as a share of the step, the step's split and the first finding (numbers from
-    analyze.headline)."""
+    analyze.summary.headline)."""
     tiles = []
     peak, ms = h["peak_bytes"], h["model_states_theory_bytes"]
     n_ranks = len(a.memory_peaks) if a.memory_peaks is not None else 0

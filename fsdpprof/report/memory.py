@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpprof.analyze.headline import peak_rank
+from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.analyze.memory.attribution import DEVICE_CHOICE_LARGEST
-from fsdpprof.analyze.run import SOURCE_SNAPSHOT_FILE
+from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
                                   category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
