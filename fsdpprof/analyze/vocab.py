@@ -503,3 +503,7 @@ FSDP_FRAME_ROLES = [
 # unit whose pre-forward hook unshards it.
 MODULE_CALL_FUNCTIONS = ("_call_impl",)
 MODULE_CALL_FILE = "torch/nn/modules/module.py"
+# FSDP2's pre-forward hook of a unit of several modules (fully_shard([norm, output])): function and file in the
+# all-gather's stack.  The unit runs from that all-gather (in its first module's call) to its post-forward (in its last
+# module's), through sibling module calls
+FSDP2_GROUP_PRE_HOOK = ("wrapped_pre_hook", "_fsdp_state.py")
