@@ -174,3 +174,37 @@ def test_fsdp_snapshot_advice_names_its_units(tmp_path):
     act = next(f for f in s["findings"] if f["id"] == "activations_dominate")
     top = [u["unit"] for u in m["activation_by_unit"]][:3]
     assert len(top) == 3 and ", ".join(top) + " ..." in act["suggestion"]
+
+
+def test_world_size_of_the_snapshots_given_is_the_runs_said_as_inferred(tmp_path):
+    """A 4-way FSDP2 job's four snapshots (it died in its first forward: no reduce-scatter to read the shard group
+    from): the run reads N = 4, in the terminal, the overview and summary.json, said as inferred; one of them alone
+    reads the smallest world size its shards fit, also said as inferred, with the others that would fit."""
+    snap, _, _ = fs.build(fs.Model(family="fsdp2", world=4), steps=1, oom_layer=3)
+    folder = tmp_path / "snaps"
+    folder.mkdir()
+    for r in range(4):
+        (folder / f"rank{r}_memory_snapshot.pickle").write_bytes(pickle.dumps(snap))
+    proc, s, page = _report(tmp_path, folder)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    o = s["overview"]
+    assert o["world_size"] == 4 and "number of snapshots given" in o["world_size_source"]
+    assert all(m["world_size"] == 4 for m in s["memory"].values()) and len(s["memory"]) == 4
+    assert f"world size 4 (inferred from {o['world_size_source']})" in proc.stdout
+    assert f"4 (inferred from {o['world_size_source']})" in page.replace("&#x27;", "'")
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "rank0_memory_snapshot.pickle").write_bytes(pickle.dumps(snap))
+    proc, s, _ = _report(one, one / "rank0_memory_snapshot.pickle")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    o = s["overview"]
+    assert o["world_size"] == 2 and o["world_size_source"].startswith("the sizes of the blocks")
+    assert "N = 4 or 8 would fit" in o["world_size_source"] and "world size 2 (inferred from" in proc.stdout
+
+
+def test_a_recorded_world_size_is_not_inferred(tmp_path):
+    trace = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
+    proc, s, _ = _report(tmp_path, trace)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert s["overview"]["world_size"] == 2 and s["overview"]["world_size_source"] == "the run"
+    assert "inferred" not in proc.stdout.splitlines()[1]

@@ -517,6 +517,24 @@ def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
         _note(a.notes, "memory", "no rank has memory data (no [memory] events in the trace and no CUDA snapshot).")
 
 
+def _world_size_from_memory(a: Analysis) -> None:
+    """``overview.world_size_source``: where the world size comes from: "the run" (run.json, rank.json, the traces'
+    distributedInfo), else, when nothing recorded it, what the ranks' CUDA snapshots show (fsdp_units: the
+    reduce-scatters, the snapshots given, one per rank, or the shards' sizes), and then ``world_size`` is that one,
+    said as inferred (fsdp_units.world_size_said)."""
+    o = a.overview
+    if o.get("world_size"):
+        o["world_size_source"] = "the run"
+        return
+    o["world_size_source"] = None
+    shown = {r: m for r, m in sorted(a.memory.items()) if getattr(m, "world_size", None)}
+    if not shown or len({m.world_size for m in shown.values()}) != 1:
+        return
+    r = peak_rank(a)
+    m = shown.get(r) or next(iter(shown.values()))
+    o["world_size"], o["world_size_source"] = int(m.world_size), m.world_size_source
+
+
 def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame | None:
     """Per rank and collective: bytes per step (payload and on the wire) beside the theory."""
     if traffic is None or traffic.empty:
@@ -581,6 +599,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
     for section, text in _rank_notes(ok).items():
         _note(a.notes, section, text)
     _memory_tables(a, ok)
+    _world_size_from_memory(a)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},
                                          {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size)

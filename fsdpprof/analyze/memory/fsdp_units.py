@@ -448,11 +448,19 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
                 break
 
 
+RECORDED_WORLD_SIZE_SOURCES = (None, "the run", "the inventory")   # world_size_source of a world size not inferred
+
+
+def world_size_inferred(overview: dict) -> bool:
+    """The run's world size (``overview``: Analysis.overview) was inferred from its snapshots, not recorded."""
+    return bool(overview.get("world_size")) and overview.get("world_size_source") not in RECORDED_WORLD_SIZE_SOURCES
+
+
 def world_size_said(ws: int | None, source: str | None) -> str:
     """"N = 4 from the run" / "N = 2 inferred from ..." ("" when unknown): a world size with where it comes from."""
     if not ws:
         return ""
-    if source in (None, "the run", "the inventory"):
+    if source in RECORDED_WORLD_SIZE_SOURCES:
         return f"N = {ws}" + (f" from {source}" if source else "")
     return f"N = {ws} inferred from {source}"
 
