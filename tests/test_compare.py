@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from conftest import run_fsdpprof
-from fsdpprof.analyze import compare as cmp
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.compare import compare_analyses
+from fsdpprof.analyze.compare import runs as cmp
+from fsdpprof.analyze.compare.runs import compare_analyses
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.whatif.contention import host_load
 from fsdpprof.report.compare_page import render_compare
 from fsdpprof.report.diff import diff_text

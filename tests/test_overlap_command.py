@@ -1,7 +1,7 @@
 """`fsdpprof overlap` (fsdpprof.analyze.pipeline.overlap_summary): the report's overlap and volume numbers.
 
 Every input is read both ways: overlap_summary(load_run(path, lazy=True)), the pipeline's map and reduce restricted
-to those two tables, against overall_overlap + collective_volume on load_run(path).events(), value by value
+to those two tables, against overall_overlap + collective_volume on run_events(load_run(path)), value by value
 (relative tolerance 1e-9), and the same errors.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, run_fsdpprof, shared_data
 from fsdpprof.analyze.comm import overlap, volume
 from fsdpprof.analyze.pipeline import analyze_run, overlap_summary
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.errors import UserError
 
 OVERLAP_FIELDS = ("compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "comp_comm_overlap_pct")
@@ -47,7 +47,7 @@ def assert_same_as_full_path(path) -> object:
     q = s.to_dict()
     assert json.loads(json.dumps(q)) == q                    # JSON-ready
     run = load_run(path)
-    ev = run.events()
+    ev = run_events(run)
     assert set(s.warnings) == set(run.warnings), set(s.warnings) ^ set(run.warnings)
     full_o = overlap.overall_overlap(ev).to_dict("records")
     full_v = volume.collective_volume(ev).to_dict("records")
@@ -259,7 +259,7 @@ def _check_mutations(trace, seed: int, tmp_path) -> None:
         path.parent.mkdir()
         path.write_bytes(data)
         try:
-            load_run(str(path)).events()
+            run_events(load_run(str(path)))
         except UserError:
             with pytest.raises(UserError):
                 overlap_of(str(path))

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.frames import column_arrays
-from fsdpprof.analyze.headline import headline
+from fsdpprof.analyze.load.frames import column_arrays
+from fsdpprof.analyze.summary.headline import headline
 
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
@@ -145,7 +145,7 @@ def summary(a, plain: bool = True) -> dict:
 
 
 def diff_summary(d) -> dict | None:
-    """A Comparison's diff (fsdpprof.analyze.diff.Diff): each run against the baseline, in one scope."""
+    """A Comparison's diff (fsdpprof.analyze.compare.diff.Diff): each run against the baseline, in one scope."""
     if d is None:
         return None
     return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,

@@ -1,8 +1,8 @@
 """Several runs side by side: one column per run, the memory at the peak by category and by role, the step
-time with its spread, a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.diff`).  Works
+time with its spread, a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Works
 from Analyses only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in bytes, times in µs.
 
-Every number is the report's statistic (:mod:`fsdpprof.analyze.headline`): memory from the rank whose peak is
+Every number is the report's statistic (:mod:`fsdpprof.analyze.summary.headline`): memory from the rank whose peak is
 highest (``peak_rank``, named); times per step, each rank's mean over its steps, then the median over ranks, with
 the spread (min-max over every rank and step) and the slowest rank beside it (``step_spread``).  Runs of
 different strategies are compared by role (:data:`fsdpprof.analyze.vocab.MemoryRole`: params, sharded or gathered
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import diff, vocab
-from fsdpprof.analyze.headline import peak_rank, step_medians, step_spread
+from fsdpprof.analyze import vocab
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.analyze.whatif.contention import host_load
 from fsdpprof.errors import UserError
@@ -41,7 +42,7 @@ class Comparison:
     verdict: str
     warnings: list
     comparable: bool
-    diff: diff.Diff | None = None  # every run against the first (fsdpprof.analyze.diff)
+    diff: diff.Diff | None = None  # every run against the first (fsdpprof.analyze.compare.diff)
     notes: list = field(default_factory=list)   # what is left out and why (e.g. formulas of unknown models)
     models_known: bool = True      # every run has an inventory (its model, Psi, is known)
     promise: pd.DataFrame | None = None   # per run: the ZeRO formulas' promise beside the measurement (zero_promise)
@@ -146,7 +147,7 @@ def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
 
 def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False,
                      scope: diff.Scope | None = None) -> Comparison:
-    """Put runs side by side, and each against the first in ``scope`` (:class:`fsdpprof.analyze.diff.Scope`,
+    """Put runs side by side, and each against the first in ``scope`` (:class:`fsdpprof.analyze.compare.diff.Scope`,
     default per-step medians over ranks).  UserError for fewer than two runs, or when both models are known
     and differ (unless allow_different_models, which turns that into a warning).  A run whose model is unknown
     (no inventory) is compared on what was measured; the formulas are left out, with a note."""

@@ -13,14 +13,14 @@ The scope (:class:`Scope`) says which steps and ranks are compared:
 
 - ``median`` (default): per-step medians over each rank's recorded steps, then the median across ranks (the
   step decomposition: each rank's mean over its steps, then the median across ranks: the report's headline,
-  :func:`fsdpprof.analyze.headline.step_medians`);
+  :func:`fsdpprof.analyze.summary.headline.step_medians`);
 - ``first``: the first rank's first ProfilerStep, CPU operators and GPU kernels together (the scope of
   HTA's ``compare_traces`` defaults);
 - ``all``: every recorded step summed, per rank, then the median across ranks;
 - a step number N: ProfilerStep#N of every rank, median across ranks.
 
 ``rank`` restricts every input to that rank.  Memory at the peak is the rank whose peak is highest among the
-scope's ranks (:func:`fsdpprof.analyze.headline.peak_rank`, as the report).  Per-rank numbers come from the small per-rank tables
+scope's ranks (:func:`fsdpprof.analyze.summary.headline.peak_rank`, as the report).  Per-rank numbers come from the small per-rank tables
 of the map (:func:`op_table` is the operator table); nothing here needs events.  Units: bytes, µs.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.headline import peak_rank, step_medians
-from fsdpprof.analyze.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
+from fsdpprof.analyze.compare.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.errors import UserError
 
 OPS_NAME_CHARS = 200        # longer operator / kernel names are cut (with a hash of the full name, kept distinct)
