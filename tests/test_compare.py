@@ -50,6 +50,17 @@ def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
     assert re.search(r"(more exposed communication|exposes [\d.e+-]+ ms less communication) per step", c["verdict"])
     html = out.read_text()
     assert c["verdict"].split(",")[0] in html and "verdict:" in p.stdout
+    # compare.json: the roles (they add up to each run's peak), the spread of the step times, the noise said
+    roles = {}
+    for r in c["roles"]:
+        roles[r["run"]] = roles.get(r["run"], 0.0) + r["bytes"]
+    assert roles == pytest.approx({k: table["peak_allocated_bytes"][k] for k in (la, lb)})
+    spread = {(r["run"], r["metric"]): r for r in c["spread"]}
+    for lab in (la, lb):
+        s = spread[(lab, "step_us")]
+        assert s["min"] <= table["step_us"][lab] <= s["max"] and s["ranks"] == 2 and s["steps"] >= 2
+    assert isinstance(c["noise"], list) and len(c["diff"]["memory_roles"]) == len(vocab.MEMORY_ROLES)
+    assert re.search(r"memory at the peak: [+-][\d.]+ \S+ = params ", p.stdout), p.stdout
 
 
 @pytest.mark.slow

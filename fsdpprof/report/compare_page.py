@@ -83,6 +83,8 @@ def _compare_table(c) -> str:
         if metric.startswith("peak_") and unit == "bytes" and metric != "peak_allocated_bytes" and all(
                 is_missing(v) or not v for v in vals):
             continue      # a category no run has at its peak
+        if all(is_missing(v) for v in vals):
+            continue      # measured in no run (CPU contention of accelerator runs, memory of traces without it)
         if metric in SPREAD_ROWS:
             scale, unit_text = (1e3, "ms") if unit == "time" else (1.0, "×")
             cells = [esc(fmt_spread(v, *spread_of(c, r, metric), scale=scale)) for r, v in zip(runs, vals)]

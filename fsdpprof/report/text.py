@@ -81,7 +81,8 @@ def compare_text(c) -> str:
     runs = list(c.table.columns[1:])
     rows = [row for row in c.table.itertuples(index=False, name=None)
             if not (str(row[0]).startswith("peak_") and str(row[0]).endswith("_bytes") and row[0] != "peak_allocated_bytes"
-                    and all(v != v or not v for v in row[1:]))]     # a category no run has at its peak
+                    and all(v != v or not v for v in row[1:]))     # a category no run has at its peak
+            and not all(v is None or v != v for v in row[1:])]          # measured in no run
     names = [metric_label(row[0], host=host) for row in rows]
     width = max(len(n) for n in names)
     cells = [[_spread_cell(c, r, row[0], v) if row[0] in SPREAD_ROWS else _cell(row[0], v)
