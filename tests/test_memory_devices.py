@@ -59,6 +59,7 @@ def test_oom_comes_first_on_the_device_that_failed(tmp_path, multi):
     assert f"on cuda:{dev} " in mem and "rank 0" not in mem and "--device N or all" in mem
     assert m["device_choice"] == "largest peak" and max(m["device_peaks"], key=m["device_peaks"].get) == str(dev)
     assert "pass device=" not in page and "pass device=" not in json.dumps(s)
+    assert f"analysed cuda:{dev}, " in lines[2] and f"CUDA memory snapshot, cuda:{dev} analysed</title>" in page
     # At a glance opens with the OOM, before any tile
     g = _glance(page)
     assert g.index('class="banner oom"') < g.index('class="tiles"')
@@ -75,6 +76,8 @@ def test_device_option_chooses_one_or_every_device(tmp_path, multi):
     assert proc.returncode == 0, proc.stderr[-2000:]
     peaks = {m["device"]: m["peak_allocated_bytes"] for m in s_all["memory"].values()}
     assert len(peaks) == 3 and {int(k) for k in s_all["memory"]} == set(peaks)
+    said = ", ".join(f"cuda:{d}" for d in sorted(peaks))
+    assert f"analysed {said}, " in proc.stdout and f"{said} analysed</title>" in page
     # 'all' analyses each device as the default analyses it: the default's peaks per device are the same figures
     proc, s_one, _ = _report(tmp_path, path)
     assert {int(d): b for d, b in s_one["memory"]["0"]["device_peaks"].items()} == peaks

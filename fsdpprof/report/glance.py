@@ -2,7 +2,7 @@
 share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
-from fsdpprof.report.memory import memory_owner
+from fsdpprof.report.memory import devices_analysed, memory_owner
 from fsdpprof.report.page import (HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, esc, finding_title, fmt_bytes, fmt_pct,
                                   fmt_us, idle_words, value_label)
 
@@ -74,7 +74,8 @@ def glance_section(a, h: dict) -> str:
         where = where.rstrip(", ")
         sub = (f"the formula's model states are {esc(fmt_pct(h['model_states_theory_pct_of_peak']))} of it"
                if ms == ms else "no inventory: no formula to compare with")
-        tiles.append(_tile(esc(fmt_bytes(peak)), f"peak memory per rank{' (' + esc(where) + ')' if where else ''}", sub))
+        what = "peak memory" if devices_analysed(a) else "peak memory per rank"
+        tiles.append(_tile(esc(fmt_bytes(peak)), f"{what}{' (' + esc(where) + ')' if where else ''}", sub))
     if ms == ms:
         meas = h["model_states_measured_bytes"]
         tiles.append(_tile(esc(fmt_bytes(ms)), f"model states per rank, {esc(h['model_states_label'])} formula "

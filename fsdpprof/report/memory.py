@@ -23,6 +23,15 @@ def memory_owner(a, r) -> str:
     return f"cuda:{dev}" if a.source == SOURCE_SNAPSHOT_FILE else f"rank {r}, cuda:{dev}"
 
 
+def devices_analysed(a) -> str:
+    """"cuda:1" / "cuda:0, cuda:1, cuda:2": the devices of one snapshot file analysed ("" for any other input, whose
+    ranks are what is analysed)."""
+    if a.source != SOURCE_SNAPSHOT_FILE:
+        return ""
+    devs = sorted({m.device for m in (a.memory or {}).values() if getattr(m, "device", None) is not None})
+    return ", ".join(f"cuda:{d}" for d in devs)
+
+
 def other_devices_said(m) -> str:
     """"" or, for a snapshot of several devices analysed on the default one, the others with their peaks and how to
     choose one ("the snapshot's other devices: cuda:0 7.88 GiB, cuda:2 20.1 GiB; --device N or all for them")."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from fsdpprof.analyze.summary.headline import headline
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
 from fsdpprof.report.glance import oom_line
-from fsdpprof.report.memory import memory_owner, other_devices_said
+from fsdpprof.report.memory import devices_analysed, memory_owner, other_devices_said
 from fsdpprof.report.compare_page import SPREAD_ROWS
 from fsdpprof.report.page import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
                                   metric_label)
@@ -23,7 +23,9 @@ def summary_text(a) -> str:
     lines = [f"fsdpprof report: {a.path} ({a.source})"] + ([f"  {oom}"] if oom else []) + [
              f"  strategy {o.get('strategy') or '-'} ({o.get('framework') or '-'}), world size {o.get('world_size') or '?'}"
              + (f" (inferred from {o['world_size_source']})" if world_size_inferred(o) else "") + ", "
-             f"ranks analysed {len(o.get('ranks_present') or [])}, Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
+             + (f"analysed {devices_analysed(a)}, " if devices_analysed(a) else
+                f"ranks analysed {len(o.get('ranks_present') or [])}, ")
+             + f"Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
              f"median step {fmt_us(o.get('step_time_us'))}"]
     lines += [f"  warning: {w}" for w in a.warnings or []]
     if a.missing:
