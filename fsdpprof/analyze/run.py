@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import vocab
+from fsdpprof.analyze.trace.timeline_file import is_timeline, rank_parts, timeline_meta
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 if TYPE_CHECKING:   # (numpy, pandas and the decoder are imported where traces are read: a bad path is refused first)
@@ -58,6 +59,7 @@ class RankData:
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
     label: str = ""                      # rank-3, or the file's name: how messages name this rank
     inventory_path: str | None = None    # lazily loaded run: inventory.json, read where the rank is analysed
+    trace_pid: int | None = None         # the rank's process in a merged timeline (trace_path holds every rank)
 
 
 @dataclass
@@ -223,7 +225,7 @@ def _looks_like_trace(path: str) -> bool:
     if base.startswith("rank-") or ".pt.trace.json" in base:
         return True
     head = _head(path)
-    return b'"traceEvents"' in head or b'"distributedInfo"' in head
+    return b'"traceEvents"' in head or b'"distributedInfo"' in head or is_timeline(head)
 
 
 def usable_cores() -> int:
@@ -317,6 +319,7 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
 def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:
     """Parse the traces of a lazily loaded run into its RankData (in place); a rank whose trace fails moves
     to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
+    load_parts(run, progress=progress)
     jobs = [(rd.label, rd.trace_path, r) for r, rd in sorted(run.ranks.items())
             if rd.events is None and rd.trace_path]
     results = _parse_all(jobs, workers, progress, run.max_trace_bytes)
@@ -338,6 +341,34 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
         rd.trace_path = None
         if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
             del run.ranks[r]
+    if not run.ranks:
+        raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
+    return run
+
+
+def load_parts(run: Run, *, progress: bool | None = None) -> Run:
+    """Parse the merged timelines of a run (ranks with a ``trace_pid``): each file once, in this process, every
+    rank of it at once (in place; a file that fails moves its ranks to ``run.missing``).  Returns ``run``."""
+    from fsdpprof.analyze.trace.load import load_trace_parts
+
+    files: dict[str, list[RankData]] = {}
+    for rd in run.ranks.values():
+        if rd.events is None and rd.trace_path and rd.trace_pid is not None:
+            files.setdefault(rd.trace_path, []).append(rd)
+    for path, rds in files.items():
+        try:
+            parts = load_trace_parts(path, {rd.trace_pid: (rd.rank, rd.trace_meta) for rd in rds},
+                                     progress=progress, max_bytes=run.max_trace_bytes)
+        except UserError as exc:
+            for rd in rds:
+                run.missing[rd.label] = str(exc)
+                del run.ranks[rd.rank]
+            continue
+        for rd in rds:
+            val = parts[rd.rank]
+            run.warnings += [w for w in val.warnings if w not in run.warnings]
+            rd.events, rd.memory_events = val.events, val.memory_events
+            rd.trace_meta = {**val.meta, **rd.trace_meta}
     if not run.ranks:
         raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
     return run
@@ -480,7 +511,8 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None, 
     with unexpected_as_user_error(f"{os.fspath(path)}"):
         run = _discover(path, workers, lazy)
         run.max_trace_bytes = max_trace_bytes
-        return run if lazy else load_events(run, workers=workers, progress=progress)
+        # (a merged timeline is parsed here, once for all its ranks: a rank's analysis cannot parse its part alone)
+        return load_parts(run, progress=progress) if lazy else load_events(run, workers=workers, progress=progress)
 
 
 def _discover(path, workers, lazy: bool = False) -> Run:
@@ -553,6 +585,23 @@ def _load_traces(root: str, traces: list[str], source: str) -> Run:
     world_sizes: dict[int, list[str]] = {}
     for i, f in enumerate(traces):
         label = os.path.basename(f)
+        merged = timeline_meta(f)
+        if merged is not None:
+            for part in rank_parts(merged):
+                rank = part["rank"]
+                if rank in ranks:
+                    raise UserError(f"folder {root} has two traces for rank {rank} ({ranks[rank].label}, {label}): "
+                                    f"it mixes runs; keep one trace per rank")
+                meta = dict(part.get("trace") or {})
+                info = dict(part.get("info") or {}) or _info_from_meta(rank, meta)
+                ws = (meta.get("distributedInfo") or {}).get("world_size") if isinstance(
+                    meta.get("distributedInfo"), dict) else None
+                if isinstance(ws, int):
+                    world_sizes.setdefault(ws, []).append(label)
+                ranks[rank] = RankData(rank=rank, info=info, inventory=None, trace_path=f, events=None,
+                                       memory_events=None, snapshot_path=None, trace_meta=meta,
+                                       label=f"{label}:rank-{rank}", trace_pid=part["pid"])
+            continue
         dist = distributed_info_head(f)
         rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) \
             else None
