@@ -41,8 +41,8 @@ SOURCE_SNAPSHOT_FOLDER = "snapshot_folder"
 _RANK_IN_NAME = [re.compile(p, re.I) for p in (r"(?<![a-z])rank[-_]?(\d+)(?!\d)", r"(?<![a-z])worker[-_]?(\d+)(?!\d)")]
 _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
-# the start of summary.json / compare.json (what fsdpprof report / compare write): never read as a trace
-OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare)/[0-9]+"')
+# the start of summary.json / compare.json / tables.json (what fsdpprof report / compare write): never a trace
+OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare|tables)/[0-9]+"')
 
 
 @dataclass

@@ -15,13 +15,12 @@ import math
 import msgspec
 
 from fsdpprof import __version__
-from fsdpprof.analyze.trace.timeline_file import META_KEY, TIMELINE_SCHEMA, TRACK_CAT, TRACK_TID_BASE
+from fsdpprof.analyze.trace.timeline_file import (META_KEY, PARTS_KEY, TIMELINE_SCHEMA, TRACE_META_KEYS,
+                                                  TRACK_CAT, TRACK_TID_BASE)
 from fsdpprof.errors import UserError
 
 WARN_BYTES = 10**9              # a timeline bigger than this (JSON) is slow in Perfetto (its limit is about 2 GB)
 BATCH_EVENTS = 20_000           # events encoded at a time
-# the rank's trace metadata kept in the timeline's otherData (what a rank's analysis reads of it)
-TRACE_META_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
 _PROCESS_META = frozenset({"process_name", "process_labels", "process_sort_index"})
 # fsdpprof's tracks, in the order they are shown above the rank's own threads
 TRACK_STEP, TRACK_STAGE, TRACK_PHASE, TRACK_UNIT, TRACK_EXPOSED, TRACK_MEMORY, TRACK_FINDINGS = (
@@ -74,11 +73,16 @@ def _keep(e: dict, window) -> bool:
     return ts <= window[1] and ts + dur >= window[0]
 
 
-def rank_events(path: str, pid: int, off: float, window=None, part_pid: int | None = None):
+def rank_events(path: str, pid: int, off: float, window=None, part_pid: int | None = None, kept: dict | None = None):
     """The events of one rank's trace as the timeline holds them: its process metadata left out (the
     timeline names the process), the others with process id ``pid`` and times less ``off``; only those in
     ``window`` (µs on the rank's own clock, None: all).  ``part_pid``: ``path`` is a timeline itself, the rank
-    is its process ``part_pid`` (its original events only, not the tracks fsdpprof added)."""
+    is its process ``part_pid`` (its original events only, not the tracks fsdpprof added).  ``kept`` gets what
+    the timeline does not hold as it was: ``pids`` ([thread id, its original process id] pairs) and
+    ``process_events`` ([position among the events kept, event]: the process metadata left out), so that the rank's own file can be made again."""
+    kept = {} if kept is None else kept
+    pids, process_events = kept.setdefault("pids", {}), kept.setdefault("process_events", [])
+    n_kept = 0
     with open(path, "rb") as fh:
         raw = fh.read()
     if raw[:2] == b"\x1f\x8b":
@@ -89,17 +93,24 @@ def rank_events(path: str, pid: int, off: float, window=None, part_pid: int | No
         raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
     del raw
     for e in (doc.get("traceEvents") or []) if isinstance(doc, dict) else []:
-        if not isinstance(e, dict) or (e.get("ph") == "M" and e.get("name") in _PROCESS_META):
+        if not isinstance(e, dict):
             continue
         if part_pid is not None and (e.get("pid") != part_pid or e.get("cat") == TRACK_CAT or (
                 type(e.get("tid")) is int and e["tid"] >= TRACK_TID_BASE)):
             continue
+        if e.get("ph") == "M" and e.get("name") in _PROCESS_META:
+            if part_pid is None:            # (where it was among the events kept: readers care about the order)
+                process_events.append([n_kept, e])
+            continue
+        if part_pid is None and type(e.get("tid")) in (int, str):
+            pids.setdefault(e["tid"], e.get("pid"))
         if not _keep(e, window):
             continue
         e["pid"] = pid
         ts = e.get("ts")
         if isinstance(ts, (int, float)) and not isinstance(ts, bool):
             e["ts"] = _shift(ts, off)
+        n_kept += 1
         yield e
 
 
@@ -202,6 +213,7 @@ def timeline_writer(run, tl, wanted_steps=None, sizes: dict | None = None):
 
     def write(fh) -> None:
         n = 0
+        kept: dict = {}
         with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=3, mtime=0) as gz:
             def put(b: bytes) -> None:
                 nonlocal n
@@ -230,13 +242,18 @@ def timeline_writer(run, tl, wanted_steps=None, sizes: dict | None = None):
                 batch(head + track_events(t, pid, tl.findings, tl.places))
                 buf: list = []
                 rd = run.ranks[r]
-                for e in rank_events(rd.trace_path, pid, t.offset_us, t.window, rd.trace_pid):
+                kept[r] = {}
+                for e in rank_events(rd.trace_path, pid, t.offset_us, t.window, rd.trace_pid, kept[r]):
                     buf.append(e)
                     if len(buf) >= BATCH_EVENTS:
                         batch(buf)
                         buf = []
                 batch(buf)
-            put(b"]}\n")
+            # after the events: per rank, its threads' original process ids and process metadata (what its own
+            # file needs, timeline_file.write_rank_part)
+            put(b'],"' + PARTS_KEY.encode() + b'":' + _ENC.encode(
+                {str(r): {"pids": [[t, p] for t, p in k.get("pids", {}).items()],
+                          "process_events": k.get("process_events", [])} for r, k in kept.items()}) + b"}\n")
         sizes["json_bytes"] = n
 
     return write

@@ -17,10 +17,13 @@ from fsdpprof.errors import UserError
 
 TIMELINE_SCHEMA = "fsdpprof.timeline/1"
 META_KEY = "otherData"              # chrome-trace's own key for a trace's metadata
+PARTS_KEY = "fsdpprofParts"          # after the events: per rank its threads' original process ids, process metadata
 TRACK_CAT = "fsdpprof"              # the category of every event fsdpprof adds
 TRACK_TID_BASE = 2_000_000_000      # the thread ids of fsdpprof's tracks (beyond any thread or stream id)
 _MARK = re.compile(rb'\s*\{\s*"otherData"\s*:\s*\{\s*"schema"\s*:\s*"fsdpprof\.timeline/([0-9]+)"')
 HEAD_MAX_BYTES = 64 << 20           # the metadata must end within this many bytes of JSON
+# a rank's own trace metadata, kept per rank in otherData (what the rank's analysis reads of it)
+TRACE_META_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
 
 
 def _open(path: str):
@@ -77,8 +80,9 @@ def rank_parts(meta: dict) -> list[dict]:
 
 def write_rank_part(path: str, part: dict, out_path: str) -> None:
     """One rank's original events of a merged timeline as a trace file of their own (gzip), as its profiler
-    wrote it but on the timeline's clock: its distributedInfo and other metadata back at the top; fsdpprof's tracks
-    left out.  What HTA (one file per rank) reads."""
+    wrote it but on the timeline's clock: its process ids, process metadata, distributedInfo and other metadata
+    back; fsdpprof's tracks left out.  What HTA (one file per rank) reads.  ``part``: an entry of
+    :func:`rank_parts` (rank, pid, trace)."""
     import msgspec
 
     with _open(path) as src:
@@ -86,9 +90,24 @@ def write_rank_part(path: str, part: dict, out_path: str) -> None:
     pid = part["pid"]
     events = [e for e in doc.get("traceEvents") or []
               if isinstance(e, dict) and e.get("pid") == pid and e.get("cat") != TRACK_CAT
-              and not (isinstance(e.get("tid"), int) and e["tid"] >= TRACK_TID_BASE)]
-    out = {**(part.get("trace") or {}), "traceEvents": events}
+              and not (isinstance(e.get("tid"), int) and e["tid"] >= TRACK_TID_BASE)
+              and not (e.get("ph") == "M" and e.get("name") in ("process_name", "process_labels",
+                                                                 "process_sort_index"))]
+    # the original process ids and process metadata back (HTA tells the host from the device by them)
+    kept = ((doc.get(PARTS_KEY) or {}) if isinstance(doc.get(PARTS_KEY), dict) else {}).get(str(part.get("rank")))
+    if isinstance(kept, dict):
+        pids = {t: p for t, p in kept.get("pids") or [] if type(t) in (int, str)}
+        for e in events:
+            if e.get("tid") in pids:
+                e["pid"] = pids[e["tid"]]
+        for k, (at, e) in enumerate(x for x in kept.get("process_events") or []
+                                    if isinstance(x, list) and len(x) == 2 and type(x[0]) is int):
+            events.insert(at + k, e)
+    meta = part.get("trace") or {}
+    head = {k: meta[k] for k in TRACE_META_KEYS if k in meta}
     tmp = out_path + ".part"
     with gzip.open(tmp, "wb", compresslevel=1) as fh:
-        fh.write(msgspec.json.encode(out))
+        # the metadata as json writes it ('"rank": 3', with the blank HTA's reader looks for), then the events
+        fh.write(json.dumps(head)[:-1].encode() + (b", " if head else b"") + b'"traceEvents": '
+                 + msgspec.json.encode(events) + b"}")
     os.replace(tmp, out_path)
