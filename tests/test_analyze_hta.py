@@ -26,7 +26,7 @@ from test_breakdowns import hta_comm_by_name
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.trace.classify import classify_arrays
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import decode_trace
 
 TRACES = [
@@ -65,7 +65,7 @@ def _hta_rules(trace: str, events):
 def test_overlap_matches_hta(rel):
     trace = str(shared_data("gpu-traces", rel))
     run = load_run(trace, workers=1)
-    ev = hta_comm_by_name(run.events(), rel)          # 3. HTA's communication kernels
+    ev = hta_comm_by_name(run_events(run), rel)          # 3. HTA's communication kernels
     assert (ev["kind"] == "comm").sum() > 0, "every anchor trace has NCCL kernels"
 
     # 1. all steps, as we count them
@@ -85,7 +85,7 @@ def test_overlap_matches_hta(rel):
 def test_anchor_value_hta_nccl_2rank():
     """The figure measured with HTA by hand (14.31 %) and the exact-time figure it rounds away."""
     trace = str(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz"))
-    ev = load_run(trace, workers=1).events()
+    ev = run_events(load_run(trace, workers=1))
     sub = ev[ev["step"] < ev["step"].max()]
     assert abs(_ours(sub) - 14.31) <= 1.0
     assert abs(_ours(_hta_rules(trace, sub)) - 14.31) <= 0.05

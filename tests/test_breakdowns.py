@@ -55,8 +55,8 @@ from conftest import shared_data
 from hta_oracle import hta_results
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import breakdown as bd
-from fsdpprof.analyze.frames import isin
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.frames import isin
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.trace import decode_trace
 
 SINGLE = ["hta-nccl-2rank-a100/rank-0.json.gz", "hta-16rank-a100/rank-0.json.gz",

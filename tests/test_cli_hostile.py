@@ -633,7 +633,7 @@ def test_workers_bounded_by_ranks_and_cores(monkeypatch):
     """--workers 100000 starts at most min(ranks, cores) processes (the pool is watched, not replaced)."""
     import concurrent.futures as cf
 
-    from fsdpprof.analyze import run as run_mod
+    from fsdpprof.analyze.load import run as run_mod
 
     asked = []
 

@@ -14,7 +14,7 @@ from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import load_trace, labels
 
 
@@ -182,7 +182,7 @@ def test_point_to_point_stays_out_of_skew_and_stragglers(tmp_path):
         t.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", 21, 30 + 40 * r, 5, stream=21)  # 40 us apart
         paths.append(t.write(tmp_path / f"rank-{r}.json"))
     run = load_run(str(tmp_path))
-    rec = skew.collective_records(run.events())
+    rec = skew.collective_records(run_events(run))
     assert set(rec["collective"]) == {"all_reduce"}
     a = analyze_run(run)
     assert len(a.skew) == 1 and a.skew.iloc[0]["start_skew_us"] < 5
@@ -342,7 +342,7 @@ def test_attribution_passes_fill_only_what_is_open():
 
 # --------------------------------------------------------------------------- the real GPU traces
 def test_real_sendrecv_kernels_take_the_type_of_the_op_that_launched_them():
-    ev = load_run(str(shared_data("gpu-traces", "hta-16rank-a100"))).events()
+    ev = run_events(load_run(str(shared_data("gpu-traces", "hta-16rank-a100"))))
     c = ev[ev["kind"] == "comm"]
     launched = c[c["stage"] != "unknown"]
     # every SendRecv kernel with its launch in the trace was launched by an all_to_all, all_reduce,
@@ -380,7 +380,7 @@ def _as_pd_concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def test_concat_events_is_pd_concat_with_categories_kept():
-    """Run.events() joins the ranks' frames without per-row objects: equal to pd.concat + astype("category"), on
+    """run_events(run) joins the ranks' frames without per-row objects: equal to pd.concat + astype("category"), on
     8 real ranks (names and lanes differ per rank) and on frames whose categories are unused, empty or None."""
     run = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False)
     frames = [rd.events for _, rd in sorted(run.ranks.items())]

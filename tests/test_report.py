@@ -243,7 +243,7 @@ def test_summary_json_written_key_by_key_is_json_dumps():
     import pandas as pd
 
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.outputs import json_bytes
     from fsdpprof.report.summary import json_safe, summary
 

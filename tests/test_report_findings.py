@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdpprof.analyze import findings as fnd
+from fsdpprof.analyze.summary import findings as fnd
 
 
 def _steps(step_us=1000.0, exposed=0.0, ranks=(0, 1)):
@@ -109,7 +109,7 @@ def _stall_trace(tmp_path) -> str:
 def test_device_idle_syncs_and_data_loader_from_a_hand_built_step(tmp_path):
     from fsdpprof.analyze.comm import steps as st
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.analyze.trace import load_trace
 
     ev = load_trace(_stall_trace(tmp_path)).events
@@ -159,7 +159,7 @@ def test_real_traces_say_the_device_is_idle_first(rel, idle_pct, cause):
     the time at stake (it used to be "nothing stands out" / a 6.7 % all-reduce finding)."""
     from conftest import shared_data
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     a = analyze_run(load_run(str(shared_data("gpu-traces", rel)), lazy=True))
     first = a.findings[0]

@@ -25,13 +25,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import distributions
-from fsdpprof.analyze import findings as fnd
-from fsdpprof.analyze import diff, model_states, theory, vocab
+from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
-from fsdpprof.analyze.frames import isin
-from fsdpprof.analyze.run import check_workers, inflated_size, no_usable_rank, parse_trace, with_inventory
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.load import engines
+from fsdpprof.analyze.load import hta as hta_tables
+from fsdpprof.analyze.load.frames import isin
+from fsdpprof.analyze.load.files import no_usable_rank
+from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
+from fsdpprof.analyze.memory.attribution import memory_analysis
+from fsdpprof.analyze.summary import distributions, model_states, theory
+from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.trace import labels
+from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 LANE_EVENTS_MAX = 4000
@@ -120,6 +126,8 @@ class Analysis:
     whatif: dict | None = None                                # predictions of the standard strategies (JSON-ready)
     rank_distributions: dict = field(default_factory=dict)    # name -> DataFrame: per-rank tables over ranks
                                                               # (distributions.rank_distributions)
+    cpu_load: dict = field(default_factory=dict)              # rank -> rank.json "cpu" (the host's cores, the
+                                                              # rank's CPU time and run-queue wait, µs)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -261,8 +269,6 @@ NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); 
 
 def _memory_part(res: RankResult, rd, source: str):
     """The rank's MemoryResult (with its allocations, for the what-if replay) into ``res``; None without."""
-    from fsdpprof.analyze.memory.attribution import memory_analysis
-
     if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
         _note(res.notes, "memory", NO_MEMORY_EVENTS)
         return
@@ -295,25 +301,20 @@ def _memory_part(res: RankResult, rd, source: str):
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
                  max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
                  overlap_only: bool = False) -> RankResult:
-    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
+    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.files.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
     ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
     operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
     volume and overall overlap alone (no inventory, memory or what-if)."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
-    if not overlap_only:
-        rd, why = with_inventory(rd)   # a lazily loaded run: its inventory is read here, where the rank is analysed
-        if why:
-            res.warnings.append(why)
-    if rd.events is None and rd.trace_path:
-        status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes)
-        if status != "ok":
-            res.error = val
-        else:
-            res.warnings += val.warnings
-            res.trace_meta = {**val.meta, **res.trace_meta}
-            rd = replace(rd, events=val.events, memory_events=val.memory_events, trace_meta=res.trace_meta)
-        if res.error and (overlap_only or (rd.snapshot_path is None and rd.inventory is None)):
+    loaded = load_rank(rd, max_bytes=max_bytes, progress=progress, inventory=not overlap_only)
+    rd = loaded.rank
+    res.warnings += [loaded.inventory_error] if loaded.inventory_error else []
+    res.warnings += loaded.warnings
+    res.trace_meta = dict(rd.trace_meta or {})
+    if loaded.trace_error:
+        res.error = loaded.trace_error
+        if overlap_only or (rd.snapshot_path is None and rd.inventory is None):
             return res
     if overlap_only:
         if rd.events is not None and len(rd.events):
@@ -329,8 +330,6 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
     if rd.events is not None or rd.snapshot_path:
         m = _memory_part(res, rd, source)
         if rd.inventory and rd.events is not None and len(rd.events):
-            from fsdpprof.analyze.whatif.predict import report_rank
-
             res.whatif = _try(res.notes, "whatif", "what-if predictions", report_rank, rd, m)
         if res.memory is not None and not timeline:
             res.memory = replace(res.memory, timeline=None)
@@ -338,7 +337,6 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
 
 
 # --------------------------------------------------------------------------- running the map
-POOL_MIN_BYTES = 64 << 20   # analyse ranks in worker processes (auto) only when their traces hold this much JSON
 DETAIL_RANKS_MAX = 16       # above this many ranks, one rank's detail (memory timeline) is kept, and the
                             # report shows distributions over ranks instead of per-rank tables
 
@@ -349,7 +347,7 @@ def _say(progress: bool, text: str) -> None:
 
 
 # what a worker imports once before its first rank (so that a rank's measured memory is its own)
-RANK_JOB_MODULES = ("fsdpprof.analyze.run", "fsdpprof.analyze.trace.load", "fsdpprof.analyze.memory.attribution")
+RANK_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
@@ -368,13 +366,11 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
               scheduler: str | None = None, ops: bool = True, overlap_only: bool = False) -> list[RankResult]:
-    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.engines` runs it: ``engine``
+    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.load.engines` runs it: ``engine``
     ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
     ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
     are already loaded are analysed in this process.  One progress line per rank when ``progress``.
     ``ops``, ``overlap_only``: see :func:`analyze_rank`."""
-    from fsdpprof.analyze import engines
-
     engine = engines.check_engine(engine, scheduler)
     rds = [run.ranks[r] for r in sorted(run.ranks)]
     lanes_rank = rds[0].rank if rds else None
@@ -387,13 +383,10 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
     here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
     away = [rd for rd in rds if rd.events is None]
     if engine == "local":
-        if workers is None:
-            lazy = [rd.trace_path for rd in away if rd.trace_path]
-            big = sum(inflated_size(p) for p in lazy) >= POOL_MIN_BYTES
-            workers = min(len(lazy), os.cpu_count() or 1) if big else 1
+        workers = engines.local_workers(workers, len(away), unread_trace_bytes(away))
         if workers <= 1 or len(away) <= 1:
             here, away = rds, []
-    preload = RANK_JOB_MODULES[:2] if overlap_only else RANK_JOB_MODULES    # (no memory analysis to import)
+    preload = RANK_JOB_MODULES[:1] if overlap_only else RANK_JOB_MODULES    # (no memory analysis to import)
     say = bool(progress) and len(rds) > 1
     out: dict[int, RankResult] = {}
     t0 = time.perf_counter()
@@ -583,6 +576,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                  warnings=warnings)
     for section, text in _rank_notes(ok).items():
         _note(a.notes, section, text)
+    a.cpu_load = {r.rank: (r.info or {})["cpu"] for r in ok if isinstance((r.info or {}).get("cpu"), dict)}
     _memory_tables(a, ok)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},
@@ -631,8 +625,6 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
     a.findings = _findings(a)
-    from fsdpprof.analyze.whatif.predict import report_reduce
-
     a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     a.rank_distributions = _try(a.notes, "ranks", "distributions over ranks", distributions.rank_distributions,
                                 a) or {}
@@ -641,15 +633,13 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
 
 def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None,
                 engine: str | None = None, scheduler: str | None = None, ops: bool = True) -> Analysis:
-    """All numbers of one Run (:func:`fsdpprof.analyze.run.load_run`): map (on ``engine``, see
+    """All numbers of one Run (:func:`fsdpprof.analyze.load.run.load_run`): map (on ``engine``, see
     :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``).
     ``ops=False`` leaves out the per-step operator table (``op_stats``: what compare diffs, the largest
     per-rank result; the report does not show it)."""
     a = reduce_run(run, map_ranks(run, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                                   ops=ops))
     if hta:
-        from fsdpprof.analyze import hta as hta_tables
-
         if not any(d.trace_path for d in run.ranks.values()):
             _note(a.notes, "hta", "no profiler trace in this input, so HTA's breakdowns are left out.")
         elif a.overview.get("device_type") in (None, vocab.DEVICE_CPU):
@@ -693,10 +683,10 @@ class OverlapSummary:
 def overlap_summary(run, *, workers: int | None = None, engine: str | None = None,
                     scheduler: str | None = None) -> OverlapSummary:
     """The overall overlap of communication with compute per rank, and the collective volume per rank and
-    collective, of a Run (:func:`fsdpprof.analyze.run.load_run`, lazily loaded or not): the map and reduce of
+    collective, of a Run (:func:`fsdpprof.analyze.load.run.load_run`, lazily loaded or not): the map and reduce of
     :func:`analyze_run` restricted to those two tables (the same numbers, warnings and errors), on ``engine``
     (see :func:`map_ranks`).  Ranks without a trace are left out (a run of CUDA snapshots only: UserError)."""
-    check_workers(workers)
+    engines.check_workers(workers)
     traced = {r: rd for r, rd in run.ranks.items() if rd.trace_path or rd.events is not None}
     if not traced:
         raise UserError(f"{run.path} holds no profiler trace (only CUDA snapshots or inventories): overlap and "

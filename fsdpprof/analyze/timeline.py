@@ -4,7 +4,7 @@
 the alignment of the ranks on one clock (:func:`fsdpprof.analyze.comm.skew.align_ranks`), and per rank its
 steps, stages, FSDP phase and unit spans (:mod:`fsdpprof.analyze.trace.spans`), exposed communication spans
 (:func:`fsdpprof.analyze.comm.overlap.exposed_comm_spans`), memory by category over time (the memory
-analysis' timeline) and where each finding points (:func:`fsdpprof.analyze.findings.finding_places`).  Every
+analysis' timeline) and where each finding points (:func:`fsdpprof.analyze.summary.findings.finding_places`).  Every
 time is on the rank's own clock (µs); subtract the rank's ``offset_us`` to put it on the common one.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import findings as fnd
+from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.comm import overlap, skew, steps
 from fsdpprof.analyze.trace import spans
 from fsdpprof.errors import UserError
@@ -100,7 +100,7 @@ def _window(events: pd.DataFrame, wanted: list, r: int) -> tuple[float, float]:
 
 
 def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str | None = None) -> Timeline:
-    """The Timeline of a run whose events are loaded (:func:`fsdpprof.analyze.run.load_run`) and of its Analysis
+    """The Timeline of a run whose events are loaded (:func:`fsdpprof.analyze.load.run.load_run`) and of its Analysis
     (:func:`fsdpprof.analyze.pipeline.analyze_run`).  ``wanted_steps``: keep those steps only (UserError for a
     rank without any of them); ``align``: skew.ALIGN_ANCHOR or skew.ALIGN_COLLECTIVES to prefer that way of
     aligning the clocks (None: the anchor where fsdpprof recorded one, see :func:`skew.align_ranks`)."""

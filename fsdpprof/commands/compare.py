@@ -24,8 +24,6 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
     from fsdpprof.commands.report import add_engine_arguments, add_self_contained
 
     add_self_contained(p)
@@ -52,8 +50,8 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
     latest) and a note naming it; any other path is returned as it is."""
     import os
 
-    from fsdpprof.analyze.run import iteration_folders
-    from fsdpprof.analyze.scope import SCOPE_FIRST
+    from fsdpprof.analyze.load.files import iteration_folders
+    from fsdpprof.analyze.compare.scope import SCOPE_FIRST
 
     if not os.path.isdir(path):
         return path, None
@@ -73,9 +71,9 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the runs are found: see report.run)
-    from fsdpprof.analyze.engines import check_engine, shared_scheduler
-    from fsdpprof.analyze.run import load_run
-    from fsdpprof.analyze.scope import SCOPE_FIRST, Scope, parse_iteration
+    from fsdpprof.analyze.load.engines import check_engine, shared_scheduler
+    from fsdpprof.analyze.load.files import find_run
+    from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
     from fsdpprof.commands.report import check_workers_option
     from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths, plotly_output
 
@@ -94,7 +92,7 @@ def run(args) -> int:
         path, note = profiling_window(path, scope.iteration)
         if note:
             window_notes.append(note)
-        run_ = load_run(path, workers=args.workers, lazy=True)
+        run_ = find_run(path, workers=args.workers)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
         keep = None
         if scope.rank is not None:
@@ -108,7 +106,7 @@ def run(args) -> int:
         if keep is not None:
             run_.ranks = {keep: run_.ranks[keep]}
         runs.append(run_)
-    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.compare.runs import compare_analyses
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.diff import diff_text
     from fsdpprof.report.text import compare_text

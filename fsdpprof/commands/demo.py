@@ -50,7 +50,7 @@ def _previous_run(run_dir: str) -> bool:
     """True when ``run_dir`` holds an earlier fsdpprof run (re-recorded with ``record --force``); False when
     it is absent or an empty folder; UserError when something else is there (it is never removed)."""
     from fsdpprof import runfmt
-    from fsdpprof.analyze.run import read_run_json
+    from fsdpprof.analyze.load.files import read_run_json
 
     if not os.path.lexists(run_dir):
         return False
@@ -87,7 +87,7 @@ def record_example(out_dir: str, strategy: str, nproc: int = 2, replace: bool = 
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.compare.runs import compare_analyses
     from fsdpprof.commands.compare import write_compare
     from fsdpprof.commands.report import analyse_path, write_report
     from fsdpprof.report.outputs import check_not_empty, check_outputs, plotly_output, plotly_path

@@ -21,8 +21,6 @@ def add_arguments(p) -> None:
                    help="overwrite output files that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--open", action="store_true", help="open the report in a browser")
     add_self_contained(p)
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
     add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
@@ -46,7 +44,10 @@ def add_max_trace_bytes(p) -> None:
 
 
 def add_engine_arguments(p) -> None:
-    """--engine / --scheduler: where the per-rank analysis runs (fsdpprof.analyze.engines)."""
+    """--workers / --engine / --scheduler / --connect-timeout: where the per-rank work runs
+    (fsdpprof.analyze.load.engines); report, compare, overlap and whatif take them alike."""
+    p.add_argument("--workers", type=options.WORKERS, default=None,
+                   help="processes for loading ranks (at most one per rank and per CPU core)")
     p.add_argument("--engine", choices=("local", "dask"), default=None,
                    help="where each rank is analysed: local (default; this machine, a pool of --workers processes "
                         "for big traces) or dask (a Dask cluster: --scheduler, else a LocalCluster of --workers "
@@ -100,12 +101,12 @@ def table_outputs(analysis, directory: str, force: bool, inputs=()) -> list:
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
                  max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
                  ops: bool = False):
-    """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
+    """find_run (each rank's trace is read where it is analysed) + analyze_run (``ops``: with the
     operator table that compare diffs)."""
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.files import find_run
 
-    run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
+    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes)
     return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                        ops=ops)
 
@@ -120,7 +121,7 @@ def check_hta_installed() -> None:
 
 
 def check_workers_option(workers) -> None:
-    from fsdpprof.analyze.run import check_workers
+    from fsdpprof.analyze.load.engines import check_workers
 
     check_workers(workers, "--workers")
 
@@ -128,8 +129,8 @@ def check_workers_option(workers) -> None:
 def run(args) -> int:
     # (pandas and the analysis are imported once the input and the outputs are known good: a bad argument
     # is refused in a tenth of a second, not after half a second of imports)
-    from fsdpprof.analyze.engines import check_engine
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.engines import check_engine
+    from fsdpprof.analyze.load.files import find_run
     from fsdpprof.report.outputs import check_not_empty, check_outputs, plotly_output, report_paths
 
     check_workers_option(args.workers)
@@ -142,7 +143,7 @@ def run(args) -> int:
                                                                       "the summary")]
     outputs += plotly_output(html_path, args.self_contained)
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
-    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
+    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text

@@ -46,7 +46,7 @@ def run(args) -> int:
     out = timeline_path(args.run, args.output)
     how = "-o" if args.output else "the timeline"
     check_outputs([(out, how)], force=args.force, defer_under=[args.run])
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     run_ = load_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     check_outputs([(out, how)], force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())

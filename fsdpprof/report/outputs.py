@@ -30,11 +30,12 @@ import threading
 import time
 import zlib
 
-from fsdpprof import __version__, runfmt
-from fsdpprof.analyze.run import OUTPUT_JSON_MARK, file_kind
+from fsdpprof import runfmt
+from fsdpprof.analyze.load.files import OUTPUT_JSON_MARK, file_kind
 from fsdpprof.analyze.trace.timeline_file import is_timeline
 from fsdpprof.errors import UserError
 from fsdpprof.report import plotly_bundle
+from fsdpprof.version import __version__
 
 GENERATOR = "fsdpprof"
 _HEAD_BYTES = 4096

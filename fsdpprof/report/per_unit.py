@@ -2,7 +2,7 @@
 the model's order."""
 from __future__ import annotations
 
-from fsdpprof.analyze.headline import peak_rank
+from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, label, mem_scale, side_by_side,
                                   table, unit_order, value_label)

@@ -1,7 +1,7 @@
 """The report of one run (report.html): its sections in reading order on one page."""
 from __future__ import annotations
 
-from fsdpprof.analyze.headline import headline
+from fsdpprof.analyze.summary.headline import headline
 from fsdpprof.report import communication, device, findings, glance, memory, overview, per_unit, ranks, steps, whatif
 from fsdpprof.report.page import Page, document
 

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.frames import column_arrays
-from fsdpprof.analyze.headline import headline
+from fsdpprof.analyze.load.frames import column_arrays
+from fsdpprof.analyze.summary.headline import headline
 
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
@@ -145,11 +145,12 @@ def summary(a, plain: bool = True) -> dict:
 
 
 def diff_summary(d) -> dict | None:
-    """A Comparison's diff (fsdpprof.analyze.diff.Diff): each run against the baseline, in one scope."""
+    """A Comparison's diff (fsdpprof.analyze.compare.diff.Diff): each run against the baseline, in one scope."""
     if d is None:
         return None
     return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,
-            "memory": d.memory, "memory_units": d.memory_units, "notes": list(d.notes)}
+            "memory": d.memory, "memory_roles": d.memory_roles, "memory_units": d.memory_units,
+            "notes": list(d.notes)}
 
 
 def compare_summary(c) -> dict:
@@ -158,4 +159,5 @@ def compare_summary(c) -> dict:
                       "categories": c.categories, "time": c.time, "verdict": c.verdict, "warnings": c.warnings,
                       "comparable": c.comparable, "models_known": getattr(c, "models_known", None),
                       "notes": list(getattr(c, "notes", []) or []), "diff": diff_summary(getattr(c, "diff", None)),
-                      "verdict_lines": c.verdict_lines, "promise": c.promise, "formula_categories": c.formula})
+                      "verdict_lines": c.verdict_lines, "promise": c.promise, "formula_categories": c.formula,
+                      "spread": c.spread, "roles": c.roles, "noise": list(c.noise or [])})

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import re
 
-from fsdpprof.report.outputs import json_bytes
+import pandas as pd
+
+from fsdpprof.report.outputs import json_bytes, written_by_fsdpprof
 
 TABLES_SCHEMA = "fsdpprof.tables/1"
 INDEX_NAME = "tables.json"
@@ -45,8 +48,6 @@ def parquet_available() -> bool:
 def table_files(doc: dict, directory: str) -> list[tuple[str, bytes]]:
     """(path, bytes) of every table of ``doc`` in ``directory``: a CSV each (a Parquet file too with pyarrow),
     and the index ``tables.json`` (what was written, for scripts and for writing over them next time)."""
-    import pandas as pd
-
     items, index = [], []
     parquet = parquet_available()
     for name, rows in summary_tables(doc).items():
@@ -70,10 +71,6 @@ def table_files(doc: dict, directory: str) -> list[tuple[str, bytes]]:
 
 def listed_files(directory: str) -> set[str]:
     """The files the ``tables.json`` that fsdpprof wrote in ``directory`` lists (empty when there is none)."""
-    import json
-
-    from fsdpprof.report.outputs import written_by_fsdpprof
-
     index = os.path.join(directory, INDEX_NAME)
     if not written_by_fsdpprof(index):
         return set()

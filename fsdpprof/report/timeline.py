@@ -14,7 +14,7 @@ import math
 
 import msgspec
 
-from fsdpprof import __version__
+from fsdpprof.version import __version__
 from fsdpprof.analyze.trace.timeline_file import (META_KEY, PARTS_KEY, TIMELINE_SCHEMA, TRACE_META_KEYS,
                                                   TRACK_CAT, TRACK_TID_BASE)
 from fsdpprof.errors import UserError

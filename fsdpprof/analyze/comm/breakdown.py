@@ -36,7 +36,7 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import isin, on_device
+from fsdpprof.analyze.load.frames import isin, on_device
 
 TEMPORAL_COLUMNS = ["rank", "span_us", "idle_time_us", "compute_time_us", "non_compute_time_us",
                     "idle_time_pct", "compute_time_pct", "non_compute_time_pct"]

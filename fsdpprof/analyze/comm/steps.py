@@ -20,7 +20,7 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import breakdown, intervals
-from fsdpprof.analyze.frames import isin, on_device, startswith
+from fsdpprof.analyze.load.frames import isin, on_device, startswith
 
 STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us",
                 "idle_us", "residual_us", "model_step_us", "unexplained_us"]

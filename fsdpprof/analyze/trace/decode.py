@@ -36,7 +36,7 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import vocab
-from fsdpprof.analyze.frames import frame_of
+from fsdpprof.analyze.load.frames import frame_of
 from fsdpprof.errors import UserError
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices

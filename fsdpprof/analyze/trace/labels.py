@@ -22,7 +22,7 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import column_arrays, frame_of, isin, on_device
+from fsdpprof.analyze.load.frames import column_arrays, frame_of, isin, on_device
 from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS, per_name
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from fsdpprof.analyze import vocab
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.trace import labels
 
 STEP_SPAN_COLUMNS = ["step", "start_us", "end_us"]
