@@ -15,6 +15,7 @@ import math
 import msgspec
 
 from fsdpprof.version import __version__
+from fsdpprof.analyze.load.files import SOURCE_RUN_DIR
 from fsdpprof.analyze.trace.timeline_file import (META_KEY, PARTS_KEY, TIMELINE_SCHEMA, TRACE_META_KEYS,
                                                   TRACK_CAT, TRACK_TID_BASE)
 from fsdpprof.errors import UserError
@@ -194,7 +195,7 @@ def timeline_meta(run, tl, wanted_steps) -> dict:
         rd = run.ranks[r]
         part = {"rank": r, "pid": rank_pid(r), "label": rd.label, "offset_us": _num(t.offset_us),
                 "residual_us": _num(t.residual_us), "trace": _shifted_meta(rd.trace_meta or {}, t.offset_us)}
-        if run.source == "run_dir":
+        if run.source == SOURCE_RUN_DIR:
             part["info"] = _shifted_info(rd.info, t.offset_us)
         ranks.append(part)
     method = str(al["method"].iat[0]) if len(al) else None
