@@ -193,6 +193,18 @@ def parse_device(value, what: str = "--device") -> int | str | None:
         raise UserError(f"{what} {exc}") from None
 
 
+def steps_list(text) -> list[int]:
+    """timeline ``--steps`` (argparse ``type=``): '2,3' -> [2, 3] (ProfilerStep numbers, each STEP_NUMBER)."""
+    items = [v.strip() for v in str(text).split(",")]
+    try:
+        if not all(items):
+            raise ValueError
+        return sorted({STEP_NUMBER.check(v) for v in items})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a list of steps: give comma-separated step numbers, "
+                                         f"each {STEP_NUMBER.describe()}, e.g. 2,3") from None
+
+
 def reshard_after_forward(text):
     """whatif ``--reshard-after-forward``: true | false | a whole number of ranks (FSDP2 resharding)."""
     t = str(text).strip().lower()

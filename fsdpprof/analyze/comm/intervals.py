@@ -54,6 +54,24 @@ def intersect(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
     return seg_s[keep], seg_e[keep]
 
 
+def difference(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the union of A not covered by the union of B: disjoint sorted (start, end)."""
+    as_, ae = union(a_start, a_end)
+    bs, be = union(b_start, b_end)
+    if as_.size == 0 or bs.size == 0:
+        return as_, ae
+    # sweep: +1/-1 for A, +2/-2 for B; the segments covered by A alone are where the level is 1
+    t = np.concatenate([as_, ae, bs, be])
+    d = np.concatenate([np.ones(as_.size), -np.ones(ae.size), 2 * np.ones(bs.size), -2 * np.ones(be.size)])
+    order = np.lexsort((d, t))        # at equal times apply ends (negative) before starts
+    t, d = t[order], d[order]
+    level = np.cumsum(d)
+    only_a = level[:-1] == 1
+    seg_s, seg_e = t[:-1][only_a], t[1:][only_a]
+    keep = seg_e > seg_s
+    return union(seg_s[keep], seg_e[keep])
+
+
 def overlap_with(start, end, other_start, other_end) -> np.ndarray:
     """Per interval i of (start, end): how long it overlaps the union of ``other`` (us)."""
     start = np.asarray(start, dtype=np.float64)

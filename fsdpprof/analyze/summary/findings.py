@@ -370,3 +370,42 @@ def sort_findings(items: list[Finding]) -> list[Finding]:
         return (1, order.get(f.severity, 3), -abs(f.value if f.value == f.value else 0))
 
     return sorted(items, key=key)
+
+
+PLACE_COLUMNS = ["number", "rank", "start_us", "end_us"]
+
+
+def finding_places(items: list[Finding], ranks, step_windows: pd.DataFrame | None,
+                   exposed_spans: pd.DataFrame | None, peak_ts_us: dict | None) -> pd.DataFrame:
+    """Where on a rank's clock (µs) each finding points (``number``: its position in ``items`` from 1, as
+    summary.json's ``findings`` list holds them): a memory finding at the rank's memory peak; an exposed
+    collective at the longest exposed span of that collective (any collective for the total); anything else at
+    the rank's longest step (``step_windows``: rank, step, start_us, end_us).  ``rank`` is the finding's, else
+    the first of ``ranks``; a finding with nowhere to go is left out."""
+    ranks = sorted(int(r) for r in ranks)
+    rows = []
+    win = step_windows if step_windows is not None and len(step_windows) else None
+    exp = exposed_spans if exposed_spans is not None and len(exposed_spans) else None
+    for i, f in enumerate(items, start=1):
+        r = int(f.rank) if f.rank is not None and int(f.rank) in ranks else (ranks[0] if ranks else None)
+        if r is None:
+            continue
+        place = None
+        if f.section == "memory" and peak_ts_us and peak_ts_us.get(r) is not None:
+            place = (peak_ts_us[r], peak_ts_us[r])
+        elif f.id.startswith("exposed_") and exp is not None:
+            e = exp[exp["rank"] == r]
+            coll = next((c for c in vocab.COLLECTIVES if f.id.startswith(f"exposed_{c}_")), None)
+            if coll is not None:
+                e = e[e["collective"] == coll]
+            if len(e):
+                k = (e["end_us"] - e["start_us"]).to_numpy().argmax()
+                place = (float(e["start_us"].iat[k]), float(e["end_us"].iat[k]))
+        if place is None and win is not None:
+            w = win[win["rank"] == r]
+            if len(w):
+                k = (w["end_us"] - w["start_us"]).to_numpy().argmax()
+                place = (float(w["start_us"].iat[k]), float(w["end_us"].iat[k]))
+        if place is not None:
+            rows.append((i, r, place[0], place[1]))
+    return pd.DataFrame(rows, columns=PLACE_COLUMNS)
