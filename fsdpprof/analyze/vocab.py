@@ -441,6 +441,34 @@ SHARDED_CATEGORIES = frozenset({MemoryCategory.UNSHARDED_PARAM.value, MemoryCate
 # how the categories of the rank's own model states read when nothing is sharded (DDP, one device)
 REPLICATED_LABELS = {MemoryCategory.SHARDED_PARAM.value: "param", MemoryCategory.SHARDED_GRAD.value: "grad"}
 
+
+class MemoryRole(str, enum.Enum):
+    """What memory is for, whatever the strategy: the roles runs of different strategies are compared by
+    (FSDP's sharded and gathered params are both params, as DDP's whole ones)."""
+
+    PARAMS = "params"
+    GRADS = "grads"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    OTHER = "other"
+
+
+_C, _R = MemoryCategory, MemoryRole
+# every category (and the replicated names) in exactly one role: the roles add up to the allocated bytes
+ROLE_OF_CATEGORY = {
+    _C.SHARDED_PARAM.value: _R.PARAMS, _C.UNSHARDED_PARAM.value: _R.PARAMS, "param": _R.PARAMS,
+    _C.SHARDED_GRAD.value: _R.GRADS, _C.UNSHARDED_GRAD.value: _R.GRADS, "grad": _R.GRADS,
+    _C.OPTIMIZER_STATE.value: _R.OPTIMIZER_STATE, _C.ACTIVATION.value: _R.ACTIVATIONS,
+    _C.TEMPORARY.value: _R.TEMPORARIES,
+    _C.INPUT.value: _R.OTHER, _C.BEFORE_RECORDING.value: _R.OTHER, _C.OTHER.value: _R.OTHER}
+MEMORY_ROLES = [r.value for r in MemoryRole]
+
+
+def memory_role(category) -> str:
+    """The role (MemoryRole value) of a memory category; an unknown category is ``other``."""
+    return ROLE_OF_CATEGORY.get(str(category), MemoryRole.OTHER).value
+
 # --------------------------------------------------------------------------- what an input is
 INPUT_KINDS = ["fsdp2", "fsdp1", "ddp", "distributed", "single_device", "unknown"]
 DDP_MARKERS = ("DistributedDataParallel.", "Reducer::")
@@ -503,3 +531,7 @@ FSDP_FRAME_ROLES = [
 # unit whose pre-forward hook unshards it.
 MODULE_CALL_FUNCTIONS = ("_call_impl",)
 MODULE_CALL_FILE = "torch/nn/modules/module.py"
+# FSDP2's pre-forward hook of a unit of several modules (fully_shard([norm, output])): function and file in the
+# all-gather's stack.  The unit runs from that all-gather (in its first module's call) to its post-forward (in its last
+# module's), through sibling module calls
+FSDP2_GROUP_PRE_HOOK = ("wrapped_pre_hook", "_fsdp_state.py")
