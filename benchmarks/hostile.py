@@ -886,7 +886,8 @@ def group_values(fx: Fixtures, args) -> None:
     base = {"record": lambda: ["record", "--out", d / "rec"], "report": lambda: ["report", trace, "-o",
             d / "r.html"], "compare": lambda: ["compare", DLRM, DLRM, "-o", d / "c.html"],
             "overlap": lambda: ["overlap", trace], "plan": lambda: ["plan", "--params", "7B", "--world", "8"],
-            "whatif": lambda: ["whatif", run1], "demo": lambda: ["demo", "--out", d / "demo"]}
+            "whatif": lambda: ["whatif", run1], "demo": lambda: ["demo", "--out", d / "demo"],
+            "timeline": lambda: ["timeline", DLRM, "-o", d / "t.json.gz"]}
     tail = {"record": job}
     named = [("record", ["--warmup-steps", "99999999999999999999999"]), ("record", ["--ranks", ""]),
              ("plan", ["--params", "1e-300"]), ("report", ["--max-trace-bytes", "-1"]),
@@ -901,6 +902,8 @@ def group_values(fx: Fixtures, args) -> None:
                 cases += [(cmd, [opt, v], "range") for v in _bad_values(action.type)]
             elif action.type is options.ranks_list:
                 cases += [(cmd, [opt, v], "range") for v in ("", ",", "0,,1", "-1", "10000000", "x", "0-3", "1.5")]
+            elif action.type is getattr(options, "steps_list", None):
+                cases += [(cmd, [opt, v], "range") for v in ("", ",", "2,,3", "-1", "1e13", "x", "2-3", "1.5")]
             elif action.type is options.reshard_after_forward:
                 cases += [(cmd, [opt, v], "range") for v in ("maybe", "1e8", "2.5", "-1", "nan", "")]
     cases += [("compare", ["--iteration", v], "range") for v in ("-1", "1e13", "2.5", "last", "nan", "")]
