@@ -29,6 +29,21 @@ COLLECTOR_LOG = "collector.log"
 MANIFEST_JSON = "manifest.json"   # in each rank-<R>/: the files that rank's recorder wrote there
 CLASHES_DIR = "clashes"           # clashes/rank-<R>-<host>-<pid>.json: a process that found rank R taken
 
+# Stages of a training step (the analysis labels every event and allocation with one). collect tags the CUDA
+# memory history with forward / backward / optimizer (``phase=<stage>``), so both sides take the names from here.
+STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies)
+STAGE_FORWARD = "forward"
+STAGE_BACKWARD = "backward"      # from the step's first backward marker
+STAGE_OPTIMIZER = "optimizer"    # from the first Optimizer.step# to the end of the last one
+STAGE_POST_STEP = "post_step"    # after the optimizer (zero_grad, logging)
+STAGE_OUTSIDE = "outside_step"   # launched outside every ProfilerStep
+STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the trace
+
+# inventory.json: the role of each tensor listed
+ROLE_PARAM = "param"
+ROLE_GRAD = "grad"
+ROLE_OPTIMIZER_STATE = "optimizer_state"
+
 # run.json status values
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import shared_data
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.trace import decode_trace, load_trace
@@ -86,8 +86,8 @@ def test_separator_inside_strings_is_not_a_boundary(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "READ_BYTES", 999)
     td = load_trace(str(_write(tmp_path / "t.json", doc, gz=False)))
     assert (td.events["name"].astype(str) == 'weird"},{"name').sum() == 400
-    assert list(td.events.columns) == vocab.EVENT_COLUMNS
-    assert list(td.memory_events.columns) == vocab.MEMORY_EVENT_COLUMNS
+    assert list(td.events.columns) == model.EVENT_COLUMNS
+    assert list(td.memory_events.columns) == model.MEMORY_EVENT_COLUMNS
     assert td.memory_events["bytes"].tolist() == [400] and td.memory_events["addr"].tolist() == [1234]
 
 
@@ -269,9 +269,9 @@ def test_sources(tmp_path):
     assert r.source == "trace_file" and r.world_size == 2 and r.ranks[0].trace_meta["device_type"] == "cuda"
     assert r.ranks[0].info["backend"] == "nccl"
     ev = r.events()
-    assert list(ev.columns) == vocab.EVENT_COLUMNS
-    assert set(ev["kind"].astype(str)) <= set(vocab.KINDS)
-    assert set(ev["collective"].dropna().astype(str)) <= set(vocab.COLLECTIVES)
+    assert list(ev.columns) == model.EVENT_COLUMNS
+    assert set(ev["kind"].astype(str)) <= set(model.KINDS)
+    assert set(ev["collective"].dropna().astype(str)) <= set(model.COLLECTIVES)
 
 
 def test_gpu_classification_and_sizes():
@@ -298,7 +298,7 @@ def test_gpu_classification_and_sizes():
 
 
 def test_collective_names():
-    from fsdpprof.analyze.vocab import collective_of
+    from fsdpprof.analyze.model import collective_of
     cases = {
         "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)": "all_reduce",
         "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_gather",

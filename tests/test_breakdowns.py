@@ -47,7 +47,7 @@ import pytest
 
 from conftest import shared_data
 from hta_oracle import hta_results
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown as bd
 from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.run import load_run
@@ -58,7 +58,7 @@ SINGLE = ["hta-nccl-2rank-a100/rank-0.json.gz", "hta-16rank-a100/rank-0.json.gz"
 DLRM = "param-dlrm-8rank-v100"
 POINTS = 0.5         # the goal: every percentage within this many points of HTA
 EXACT = 0.011        # with HTA's quirks applied to our events (HTA rounds temporal pct to 0.01)
-_RUNTIME_CATS = list(vocab.RUNTIME_CATS)
+_RUNTIME_CATS = list(model.RUNTIME_CATS)
 
 
 # --- helpers: our events with the launch time, and HTA's rules applied to them -----------------------
@@ -173,7 +173,7 @@ def hta_cpu_ops_on_streams(ev: pd.DataFrame, path: str) -> pd.DataFrame:
         assert hit.size == 1, (name, t)
         assert not name.startswith(("nccl", "Memcpy", "Memset", "dma")) and "Sync" not in name
         ev.iloc[hit[0], ev.columns.get_loc("lane")] = lane
-        ev.iloc[hit[0], ev.columns.get_loc("kind")] = vocab.KIND_COMPUTE
+        ev.iloc[hit[0], ev.columns.get_loc("kind")] = model.KIND_COMPUTE
     return ev
 
 
@@ -291,7 +291,7 @@ MAX_POINTS: dict = {}
 def test_breakdowns_match_hta(rel, include_last):
     path = _path(rel)
     ev_all, files = ours(path)
-    assert isin(ev_all["kind"], [vocab.KIND_COMM]).any(), "every anchor trace has NCCL kernels"
+    assert isin(ev_all["kind"], [model.KIND_COMM]).any(), "every anchor trace has NCCL kernels"
     assert (rel in FLOAT_TIMES) == _float_times(files[min(files)])
     hta = hta_results(path, include_last)
     hta_exact = hta_results(path, include_last, rounding=False) if rel in FLOAT_TIMES else hta
@@ -341,7 +341,7 @@ def test_max_points_summary():
 def _frame(rows: list[tuple]) -> pd.DataFrame:
     """Events from (rank, lane, kind, name, ts_us, dur_us, launch_ts_us) rows."""
     df = pd.DataFrame(rows, columns=["rank", "lane", "kind", "name", "ts_us", "dur_us", "launch_ts_us"])
-    for c in vocab.EVENT_COLUMNS:
+    for c in model.EVENT_COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
     df["rank"] = df["rank"].astype(np.int32)

@@ -6,7 +6,7 @@ import re
 import shutil
 
 from conftest import run_fsdpprof
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 
 
 def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
@@ -31,7 +31,7 @@ def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
     saved = table["peak_allocated_bytes"][hi] - table["peak_allocated_bytes"][lo]
     m = re.search(r"^(\S+) on \d+ ranks? saves (.+?) per rank", c["verdict"])
     assert m and m.group(1) == table["strategy"][lo], c["verdict"]
-    assert m.group(2) == vocab.fmt_bytes(saved)
+    assert m.group(2) == model.fmt_bytes(saved)
     assert re.search(r"(more exposed communication|exposes [\d.e+-]+ ms less communication) per step", c["verdict"])
     html = out.read_text()
     assert c["verdict"].split(",")[0] in html and "verdict:" in p.stdout

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import shared_data
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.pipeline import analyze_run
@@ -190,13 +190,13 @@ def test_rank_from_distributed_info_then_explicit_name_then_position(tmp_path):
 
 
 def test_one_fsdp_parser_for_events_and_memory():
-    assert vocab.parse_fsdp("FullyShardedDataParallel._pre_backward_hook") == ("pre_backward", None, "fsdp1")
-    assert vocab.parse_fsdp("FullyShardedDataParallel._post_backward_hook_reshard_only")[0] == \
+    assert model.parse_fsdp("FullyShardedDataParallel._pre_backward_hook") == ("pre_backward", None, "fsdp1")
+    assert model.parse_fsdp("FullyShardedDataParallel._post_backward_hook_reshard_only")[0] == \
         "post_backward_reshard_only"
-    assert vocab.parse_fsdp("FSDP::backward_prefetch for layers.1") == ("backward_prefetch", "layers.1", "fsdp2")
-    assert vocab.parse_fsdp("FSDP::pre_forward") == ("pre_forward", "", "fsdp2")            # the root unit
-    assert vocab.parse_fsdp("FSDP::root_pre_forward") == ("root_pre_forward", None, "fsdp2")
-    assert vocab.parse_fsdp("aten::mm") == (None, None, None)
+    assert model.parse_fsdp("FSDP::backward_prefetch for layers.1") == ("backward_prefetch", "layers.1", "fsdp2")
+    assert model.parse_fsdp("FSDP::pre_forward") == ("pre_forward", "", "fsdp2")            # the root unit
+    assert model.parse_fsdp("FSDP::root_pre_forward") == ("root_pre_forward", None, "fsdp2")
+    assert model.parse_fsdp("aten::mm") == (None, None, None)
     # the memory side reads the same annotations through the same parser
     events = pd.DataFrame({"name": pd.Categorical(["FullyShardedDataParallel._pre_backward_hook",
                                                    "FSDP::backward_prefetch for layers.1"]),
@@ -211,7 +211,7 @@ def test_stage_at_step_marks():
                           "fwd_us": [10.0, np.nan], "bwd_us": [40.0, 140.0], "opt_us": [70.0, np.nan],
                           "opt_end_us": [80.0, np.nan]})
     ts = np.array([-5, 5, 10, 39, 40, 69, 70, 80, 85, 100, 139, 150, 250.0])
-    assert vocab.stage_at(ts, marks).tolist() == [
+    assert model.stage_at(ts, marks).tolist() == [
         "outside_step", "data", "forward", "forward", "backward", "backward", "optimizer", "optimizer", "post_step",
         "forward", "forward", "backward", "outside_step"]
 
@@ -249,7 +249,7 @@ def test_real_sendrecv_kernels_take_the_type_of_the_op_that_launched_them():
     launched = c[c["stage"] != "unknown"]
     # every SendRecv kernel with its launch in the trace was launched by an all_to_all, all_reduce,
     # all_gather or reduce_scatter op: none of them is point-to-point
-    assert len(launched) >= 70 and not launched["collective"].isin(vocab.P2P).any()
+    assert len(launched) >= 70 and not launched["collective"].isin(model.P2P).any()
     assert set(launched["collective"]) == {"all_to_all", "all_reduce", "all_gather", "reduce_scatter"}
     # DDP's all-reduce is launched in backward (the report used to stage it 'optimizer' from its execution)
     assert set(launched.loc[launched["collective"] == "all_reduce", "stage"]) == {"backward"}
@@ -275,7 +275,7 @@ def test_real_traces_are_recognised_and_stay_within_bounds(rel):
 def _as_pd_concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """What pandas gives: pd.concat, then the categorical columns back to categories (sorted union)."""
     ref = pd.concat(frames, ignore_index=True)
-    for c in vocab.CATEGORICAL_EVENT_COLUMNS:
+    for c in model.CATEGORICAL_EVENT_COLUMNS:
         if not isinstance(ref[c].dtype, pd.CategoricalDtype):
             ref[c] = ref[c].astype("category")
     return ref

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from conftest import ROOT, run_fsdpprof, shared_data
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import overlap, volume
 from fsdpprof.analyze.comm import quick as quick_module
 from fsdpprof.analyze.comm.quick import quick_overlap
@@ -351,9 +351,9 @@ def test_bus_factor_is_ring_factor():
     colls = ["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", "barrier",
              "ncclKernel_X", None]
     for n in (1, 2, 8, float("nan")):
-        full = vocab.ring_factor(colls, [n] * len(colls))
+        full = model.ring_factor(colls, [n] * len(colls))
         for c, f in zip(colls, full.tolist()):
-            assert _same(None if vocab.bus_factor(c, n) != vocab.bus_factor(c, n) else vocab.bus_factor(c, n), f)
+            assert _same(None if model.bus_factor(c, n) != model.bus_factor(c, n) else model.bus_factor(c, n), f)
 
 
 # ----------------------------------------------------------------------------------------- the command

@@ -125,12 +125,12 @@ def test_per_unit_memory_tables_in_the_models_order():
 def test_one_byte_formatter():
     """Bytes are written by one function everywhere (pages, text, messages, the overlap table): binary units at three
     significant digits, decimal ones on request, a placeholder for what is missing."""
-    from fsdpprof.analyze import theory, vocab
+    from fsdpprof.analyze import model, theory
     from fsdpprof.analyze.memory import oom
     from fsdpprof.commands import overlap as overlap_cmd
     from fsdpprof.report import page
 
-    f = vocab.fmt_bytes
+    f = model.fmt_bytes
     assert page.fmt_bytes is f and theory.fmt_bytes is f
     assert [f(x) for x in (0, 1023, 1024, 1536, 10 * 2**20, 123.4 * 2**20, 1023 * 2**20, 1.5 * 2**30, 1234 * 2**30,
                            -3 * 2**20)] == ["0 B", "1023 B", "1.00 KiB", "1.50 KiB", "10.0 MiB", "123 MiB", "1,023 MiB",

@@ -3,7 +3,7 @@
 Never imports ``fsdpprof.report``; never needs a GPU or torch.distributed.  The folders read like
 the features: ``trace/`` (decode, classify, label every event from its launch), ``comm/`` (intervals,
 overlap, volume, steps, skew), ``memory/`` (snapshots, CPU memory events, attribution), plus
-``vocab`` (the one vocabulary of an FSDP step), ``theory``, ``findings``, ``compare`` and
+``model`` (the one vocabulary of an FSDP step), ``theory``, ``findings``, ``compare`` and
 ``pipeline`` (per-rank map, cross-rank reduce).
 
 The public Python API is importable from here (``from fsdpprof.analyze import load_run,
@@ -48,7 +48,7 @@ MOVED_MODULES = {
     "overlap": "fsdpprof.analyze.comm.overlap", "volume": "fsdpprof.analyze.comm.volume",
     "steps": "fsdpprof.analyze.comm.steps", "ranks": "fsdpprof.analyze.comm.skew",
     "intervals": "fsdpprof.analyze.comm.intervals", "classify": "fsdpprof.analyze.trace.classify",
-    "phases": "fsdpprof.analyze.trace.labels", "schema": "fsdpprof.analyze.vocab",
+    "phases": "fsdpprof.analyze.trace.labels", "schema": "fsdpprof.analyze.model",
     "analysis": "fsdpprof.analyze.pipeline", "snapshot": "fsdpprof.analyze.memory.snapshot",
     "safe_pickle": "fsdpprof.analyze.memory.safe_pickle", "memory_trace": "fsdpprof.analyze.memory.cpu_events",
     "categorize": "fsdpprof.analyze.memory.categorize",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import diff, vocab
+from fsdpprof.analyze import diff, model
 from fsdpprof.analyze.headline import peak_rank, step_medians
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.errors import UserError
@@ -49,7 +49,7 @@ def run_numbers(a: Analysis) -> dict:
     cats = {}
     if m is not None and m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
         cats = m.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum().to_dict()
-    for c in vocab.MEMORY_CATEGORIES + list(vocab.REPLICATED_LABELS.values()):
+    for c in model.MEMORY_CATEGORIES + list(model.REPLICATED_LABELS.values()):
         d[f"peak_{c}_bytes"] = float(cats.get(c, 0.0)) if m is not None else np.nan
     ms = t.get("model_states") or {}
     d["model_states_measured_bytes"] = t.get("measured_model_states_bytes", np.nan)
@@ -228,8 +228,8 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     cost = ("(exposed communication unknown)" if de != de else
             f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
             f"and exposes {_ms(-de)} less communication per step")
-    line = (f"{_on(lo)} saves {vocab.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
-            f"({vocab.fmt_bytes(lo['peak_allocated_bytes'])} against {vocab.fmt_bytes(hi['peak_allocated_bytes'])}")
+    line = (f"{_on(lo)} saves {model.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
+            f"({model.fmt_bytes(lo['peak_allocated_bytes'])} against {model.fmt_bytes(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
         line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
     return line + ")."
@@ -253,13 +253,13 @@ def verdict_lines(p: pd.DataFrame) -> list[str]:
             continue
         parts = []
         if r["peak_ratio"] == r["peak_ratio"]:
-            parts.append(f"peak {vocab.fmt_bytes(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
+            parts.append(f"peak {model.fmt_bytes(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
         if r["model_states_measured_ratio"] == r["model_states_measured_ratio"]:
-            parts.append(f"model states {vocab.fmt_bytes(r['model_states_measured_bytes'])} "
+            parts.append(f"model states {model.fmt_bytes(r['model_states_measured_bytes'])} "
                          f"({r['model_states_measured_ratio']:.2f}x, the formula says "
                          f"{r['model_states_theory_ratio']:.2f}x)")
         if r["traffic_measured_vs_ddp"] == r["traffic_measured_vs_ddp"]:
-            parts.append(f"traffic {vocab.fmt_bytes(r['traffic_measured_bytes'])} per step "
+            parts.append(f"traffic {model.fmt_bytes(r['traffic_measured_bytes'])} per step "
                          f"({r['traffic_measured_vs_ddp']:.2f}x DDP's on {r['world_size']} ranks)")
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:

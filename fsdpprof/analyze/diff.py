@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
 from fsdpprof.errors import UserError
 
@@ -49,7 +49,7 @@ def op_name(name: str) -> str:
     """The name an operator or kernel is compared under: ``ProfilerStep#N`` -> ``ProfilerStep`` (the step
     is a column); names longer than OPS_NAME_CHARS cut, ending in a hash of the full name (stay distinct)."""
     name = str(name)
-    if name.startswith(vocab.STEP_PREFIX) and name[len(vocab.STEP_PREFIX):].isdigit():
+    if name.startswith(model.STEP_PREFIX) and name[len(model.STEP_PREFIX):].isdigit():
         return STEP_OP
     if len(name) <= OPS_NAME_CHARS:
         return name

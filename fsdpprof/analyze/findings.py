@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
 EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
@@ -119,7 +119,7 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                     rank: int | None = None, alternatives: dict | None = None,
                     input_kind: str | None = "fsdp2") -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
-    model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (vocab.INPUT_KINDS):
+    model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (model.INPUT_KINDS):
     sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device."""
     out: list[Finding] = []
     if breakdown is None or breakdown.empty:
@@ -155,7 +155,7 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,
                            "shard them: FULL_SHARD divides them by N, SHARD_GRAD_OP shards grads and optimizer "
                            "state" + (" (model states per rank by theory: " + ", ".join(
-                               f"{k} {vocab.fmt_bytes(v)}" for k, v in alternatives.items()) + ")"
+                               f"{k} {model.fmt_bytes(v)}" for k, v in alternatives.items()) + ")"
                                       if alternatives else ""), "memory", rank))
     if fragmentation_pct is not None and fragmentation_pct == fragmentation_pct and fragmentation_pct >= FRAGMENTATION_PCT:
         out.append(Finding("fragmentation", "medium", f"{fragmentation_pct:.1f}% of reserved memory is not allocated",

@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 
 STEP_PARTS = ("compute_us", "exposed_comm_us", "idle_us", "residual_us")
 
@@ -71,7 +71,7 @@ def headline(a) -> dict:
                                             if peak == peak and peak > 0 else math.nan)
     d.update(step_split(a.steps))
     d["device_type"] = o.get("device_type")
-    d["idle_is_host"] = (o.get("device_type") or vocab.DEVICE_CPU) == vocab.DEVICE_CPU
+    d["idle_is_host"] = (o.get("device_type") or model.DEVICE_CPU) == model.DEVICE_CPU
     f = a.findings[0] if a.findings else None
     d["first_finding"] = f.title if f else None
     d["first_finding_severity"] = f.severity if f else None

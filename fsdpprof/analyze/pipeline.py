@@ -25,7 +25,7 @@ import pandas as pd
 
 from fsdpprof.analyze import distributions
 from fsdpprof.analyze import findings as fnd
-from fsdpprof.analyze import diff, model_states, theory, vocab
+from fsdpprof.analyze import diff, model, model_states, theory
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
 from fsdpprof.analyze.trace import labels
@@ -151,15 +151,15 @@ def comm_table(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     """Per rank and collective, comm launched inside a step: count, payload bytes, bytes on the wire
-    (ring: vocab.ring_factor) and the number of steps they are spread over."""
+    (ring: model.ring_factor) and the number of steps they are spread over."""
     in_step = events["step"].notna().to_numpy()
-    c = events[isin(events["kind"], [vocab.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
+    c = events[isin(events["kind"], [model.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
     if c.empty or c["bytes"].isna().all():
         return None
     coll = c["collective"].astype(object).to_numpy()
     payload = c["bytes"].to_numpy(np.float64)
     d = pd.DataFrame({"rank": c["rank"].to_numpy(), "collective": coll, "payload_bytes": payload,
-                      "wire_bytes": payload * vocab.ring_factor(coll, c["group_size"].to_numpy(np.float64))})
+                      "wire_bytes": payload * model.ring_factor(coll, c["group_size"].to_numpy(np.float64))})
     g = d.groupby(["rank", "collective"])
     out = g.size().rename("count").reset_index()
     out["payload_bytes"] = g["payload_bytes"].sum(min_count=1).to_numpy()
@@ -171,7 +171,7 @@ def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
 def _outside_steps(comm_phase: pd.DataFrame | None) -> pd.DataFrame | None:
     if comm_phase is None or comm_phase.empty:
         return None
-    o = comm_phase[comm_phase["stage"].astype(object) == vocab.STAGE_OUTSIDE]
+    o = comm_phase[comm_phase["stage"].astype(object) == model.STAGE_OUTSIDE]
     if o.empty:
         return None
     return o.groupby(["rank", "collective"], as_index=False)[["count", "comm_us", "exposed_comm_us"]].sum()
@@ -186,16 +186,16 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     stps = sorted(e["step"].unique())
     step = stps[1] if len(stps) > 2 else stps[0]  # avoid the first (warm-up effects) when possible
     e = e[e["step"] == step]
-    kinds = vocab.DEVICE_KINDS
+    kinds = model.DEVICE_KINDS
     sel = e[isin(e["kind"], kinds)]
-    if not isin(sel["kind"], [vocab.KIND_COMPUTE]).any():  # CPU traces: ops are cpu_op
-        sel = e[isin(e["kind"], kinds + [vocab.KIND_CPU_OP])]
+    if not isin(sel["kind"], [model.KIND_COMPUTE]).any():  # CPU traces: ops are cpu_op
+        sel = e[isin(e["kind"], kinds + [model.KIND_CPU_OP])]
     if len(sel) > LANE_EVENTS_MAX:
         sel = sel.nlargest(LANE_EVENTS_MAX, "dur_us")
     if sel.empty:
         return None
     t0 = float(e["ts_us"].min())
-    ops = e[~isin(e["kind"], [vocab.KIND_ANNOTATION])]
+    ops = e[~isin(e["kind"], [model.KIND_ANNOTATION])]
     top = (ops.groupby(["name", "kind"], observed=True)["dur_us"].agg(count="size", total_us="sum", max_us="max")
            .reset_index().sort_values("total_us", ascending=False).head(25).reset_index(drop=True))
     top["name"] = top["name"].astype(str)
@@ -207,7 +207,7 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
                         "stage": sel["stage"].astype(object).to_numpy(),
                         "fsdp_phase": sel["fsdp_phase"].astype(object).to_numpy()})
     tm = trace_meta or {}
-    comm = out[out["kind"] == vocab.KIND_COMM]
+    comm = out[out["kind"] == model.KIND_COMM]
     nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
     names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), set(nccl["lane"]), tm.get("thread_names"),
                               tm.get("device_type"))
@@ -220,9 +220,9 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     n = res.notes
     res.has_trace = True
     res.framework = labels.framework_of(events)
-    dev = isin(events["kind"], vocab.DEVICE_KINDS) & ~labels.cpu_side(events)
+    dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
-                   "unknown_launch": int((dev & isin(events["stage"], [vocab.STAGE_UNKNOWN])).sum())}
+                   "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum())}
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
@@ -487,8 +487,8 @@ def _overview(run, results: list[RankResult]) -> dict:
 
 def _relabel_replicated(m):
     """Memory categories of an input whose model states are not sharded (DDP, one device): the rank's
-    parameters and gradients are plain ``param`` / ``grad`` (vocab.REPLICATED_LABELS)."""
-    ren = vocab.REPLICATED_LABELS
+    parameters and gradients are plain ``param`` / ``grad`` (model.REPLICATED_LABELS)."""
+    ren = model.REPLICATED_LABELS
 
     def fix(df, col="category"):
         if df is None or col not in df:
@@ -591,7 +591,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
-            a.p2p = _concat([a.comm_phase[isin(a.comm_phase["collective"], vocab.P2P)]])
+            a.p2p = _concat([a.comm_phase[isin(a.comm_phase["collective"], model.P2P)]])
             a.comm_outside_steps = _outside_steps(a.comm_phase)
         a.traffic = _traffic_vs_theory(_concat(r.traffic for r in traced), a.theory)
         if a.steps is not None and "step_us" in a.steps:
@@ -639,7 +639,7 @@ def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress:
 
         if not any(d.trace_path for d in run.ranks.values()):
             _note(a.notes, "hta", "no profiler trace in this input, so HTA's breakdowns are left out.")
-        elif a.overview.get("device_type") in (None, vocab.DEVICE_CPU):
+        elif a.overview.get("device_type") in (None, model.DEVICE_CPU):
             _note(a.notes, "hta", "HTA's kernel, temporal and idle-time breakdowns need GPU kernels: this is a "
                                   f"{a.overview.get('device_type') or 'non-GPU'} trace, so they are left out.")
         else:

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 if TYPE_CHECKING:              # (pandas is imported where frames are made: finding the files needs none)
@@ -47,8 +47,8 @@ OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|co
 def empty_events() -> pd.DataFrame:
     import pandas as pd
 
-    df = pd.DataFrame({c: [] for c in vocab.EVENT_COLUMNS})
-    for c in vocab.CATEGORICAL_EVENT_COLUMNS:
+    df = pd.DataFrame({c: [] for c in model.EVENT_COLUMNS})
+    for c in model.CATEGORICAL_EVENT_COLUMNS:
         df[c] = df[c].astype("category")
     return df
 

@@ -25,8 +25,8 @@ class RankData:
     info: dict                           # rank.json, or derived from the trace's distributedInfo
     inventory: dict | None               # inventory.json
     trace_path: str | None
-    events: pd.DataFrame | None          # vocab.EVENT_COLUMNS
-    memory_events: pd.DataFrame | None   # vocab.MEMORY_EVENT_COLUMNS
+    events: pd.DataFrame | None          # model.EVENT_COLUMNS
+    memory_events: pd.DataFrame | None   # model.MEMORY_EVENT_COLUMNS
     snapshot_path: str | None            # CUDA snapshot of this rank
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
     label: str = ""                      # rank-3, or the file's name: how messages name this rank
@@ -55,7 +55,7 @@ class Run:
         return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
 
     def events(self) -> pd.DataFrame:
-        """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept; a lazily loaded run
+        """All ranks' events concatenated (model.EVENT_COLUMNS), categoricals kept; a lazily loaded run
         parses its traces now (and keeps them)."""
         if any(r.events is None and r.trace_path for r in self.ranks.values()):
             load_events(self)

@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.errors import UserError
 
 GB = 1e9
@@ -54,7 +54,7 @@ def canonical_strategy(strategy: str) -> str:
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a dtype name ('bf16', 'torch.float32', 'float16', ...)."""
-    _, size = vocab.dtype_size(str(dtype))
+    _, size = model.dtype_size(str(dtype))
     if size != size:
         raise UserError(f"unknown dtype {shown(dtype)}: use one of fp32, bf16, fp16, fp8, fp64")
     return int(size)
@@ -447,7 +447,7 @@ def parse_ratio(text: str, what: str = "ratio", max_value: float = MAX_COMPRESSI
     return value
 
 
-fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's; kept here for callers)
+fmt_bytes = model.fmt_bytes      # (the one formatter for bytes: the model's; kept here for callers)
 
 
 def _check_positive(**values) -> None:

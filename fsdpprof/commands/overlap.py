@@ -24,7 +24,7 @@ def _cell(x, fmt: str) -> str:
 
 def _size(nbytes) -> str:
     """Decimal units, as the bandwidths beside them (GB/s = 1e9 bytes/s)."""
-    from fsdpprof.analyze.vocab import fmt_bytes
+    from fsdpprof.analyze.model import fmt_bytes
 
     return fmt_bytes(nbytes, decimal=True)
 

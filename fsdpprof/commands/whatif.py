@@ -73,7 +73,7 @@ def build(args, run) -> tuple[list, object, list[str]]:
 
 def text(result: dict, run_label: str) -> str:
     """The predictions as a terminal table plus what the first one kept and assumed."""
-    from fsdpprof.analyze.vocab import fmt_bytes
+    from fsdpprof.analyze.model import fmt_bytes
 
     m = result["measured"]
     lines = [f"what if: {run_label} — measured peak {fmt_bytes(m.get('peak_allocated_bytes'))} (largest rank), "

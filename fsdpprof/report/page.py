@@ -21,7 +21,7 @@ import re
 import pandas as pd
 
 from fsdpprof import __version__
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
@@ -187,7 +187,7 @@ def fmt_fixed(x) -> str:
     return "<0.001" if x > 0 else ">-0.001"
 
 
-fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's)
+fmt_bytes = model.fmt_bytes      # (the one formatter for bytes: the model's)
 
 
 def fmt_us(x) -> str:

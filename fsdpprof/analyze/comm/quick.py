@@ -28,7 +28,7 @@ from math import isfinite
 from operator import add, attrgetter, is_not
 from typing import Annotated, Any, Optional, Union
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model as vocab
 from fsdpprof.analyze.gc_pause import gc_paused
 from fsdpprof.analyze.msgspec_import import import_msgspec
 from fsdpprof.analyze.trace import rules

@@ -3,7 +3,7 @@
 Per rank (the map): :func:`collective_records` reduces a rank's events to one row per collective
 call.  Across ranks (the reduce, records only): calls are matched by (process group, collective,
 sequence number); when the trace has no ``Seq``, by their order within (rank, process group,
-collective).  Point-to-point transfers (send/recv, batched p2p: :data:`fsdpprof.analyze.vocab.P2P`)
+collective).  Point-to-point transfers (send/recv, batched p2p: :data:`fsdpprof.analyze.model.P2P`)
 are left out: a send has no peer call of the same kind on every rank, so matching them by order
 would blame innocent ranks.  Rank clocks are aligned on the ends of matched collectives (a collective
 ends at about the same moment on every rank): each rank's offset is the median of (its end - the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.frames import isin
 
 RECORD_COLUMNS = ["rank", "pg", "collective", "key", "by_seq", "ts_us", "end_us"]
@@ -28,7 +28,7 @@ _KEYS = ["pg", "collective", "key"]
 def collective_records(events: pd.DataFrame) -> pd.DataFrame:
     """One row per collective call (RECORD_COLUMNS) of the comm events, point-to-point left out;
     several kernels of one call share (rank, pg, seq) when seq is known."""
-    comm = isin(events["kind"], [vocab.KIND_COMM]) & ~isin(events["collective"], vocab.P2P)
+    comm = isin(events["kind"], [model.KIND_COMM]) & ~isin(events["collective"], model.P2P)
     c = events.loc[comm, ["rank", "ts_us", "dur_us", "collective", "pg", "seq"]].copy()
     if not len(c):
         return pd.DataFrame({k: [] for k in RECORD_COLUMNS})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.frames import isin, on_device, startswith
 
@@ -29,8 +29,8 @@ STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """rank, step, start_us, end_us of every step window (see module docstring)."""
     on_stream = on_device(events["lane"])
-    is_ps = startswith(events["name"], (vocab.STEP_PREFIX,)) & ~on_stream
-    is_dev = isin(events["kind"], vocab.DEVICE_KINDS)
+    is_ps = startswith(events["name"], (model.STEP_PREFIX,)) & ~on_stream
+    is_dev = isin(events["kind"], model.DEVICE_KINDS)
     rows = []
     for r, ev in events.groupby("rank", sort=True):
         idx = events.index.get_indexer(ev.index)
@@ -57,8 +57,8 @@ def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
     win = step_windows(events)
     if len(win) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    is_comp, is_comm = isin(events["kind"], [vocab.KIND_COMPUTE]), isin(events["kind"], [vocab.KIND_COMM])
-    is_dev = isin(events["kind"], vocab.DEVICE_KINDS)
+    is_comp, is_comm = isin(events["kind"], [model.KIND_COMPUTE]), isin(events["kind"], [model.KIND_COMM])
+    is_dev = isin(events["kind"], model.DEVICE_KINDS)
     ts = events["ts_us"].to_numpy()
     end = ts + events["dur_us"].to_numpy()
     ranks = events["rank"].to_numpy()

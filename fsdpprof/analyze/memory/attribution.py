@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events, fsdp_units
 from fsdpprof.analyze.memory import oom as oom_mod
 from fsdpprof.analyze.trace import labels
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
 from fsdpprof.errors import UserError
 
@@ -38,7 +38,7 @@ class MemoryResult:
     by_unit_at_peak: pd.DataFrame        # unit, category, bytes
     timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value (bytes)
     top_allocations: pd.DataFrame        # addr, bytes, category, stage, unit, alloc_us, free_us, frames (str)
-    coverage_pct: float                  # % of bytes alive at the peak in a named category (vocab.UNNAMED_CATEGORIES:
+    coverage_pct: float                  # % of bytes alive at the peak in a named category (model.UNNAMED_CATEGORIES:
                                          # not other, not before_recording)
     reserved_bytes: int | None           # snapshot: reserved (cudaMalloc'd) at the peak; None on CPU
     fragmentation_pct: float | None      # reserved but not allocated at the peak, % of reserved
@@ -148,9 +148,9 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
     # tags give the coarse phase; FSDP's own collectives show in the frames
     fsdp_ff = cz.frame_fsdp_phase(sig)
     tag_fine = _like_column(tag_phase).copy()
-    tag_fine[cz._isin(tag_fine, vocab.STEP_STAGES)] = np.nan
+    tag_fine[cz._isin(tag_fine, model.STEP_STAGES)] = np.nan
     fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
-    tag_coarse = np.where(cz._isin(tag_phase, vocab.STEP_STAGES), tag_phase, None)
+    tag_coarse = np.where(cz._isin(tag_phase, model.STEP_STAGES), tag_phase, None)
     ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
     ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "backward|reduce"), "backward", ph)
     ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "forward|all_gather|unshard"), "forward", ph)
@@ -250,7 +250,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
                  for d in devs}
         device = max(peaks, key=peaks.get) if peaks else 0
         if len(devs) > 1:
-            others = ", ".join(f"cuda:{d} {vocab.fmt_bytes(peaks[d])}" for d in devs if d != device)
+            others = ", ".join(f"cuda:{d} {model.fmt_bytes(peaks[d])}" for d in devs if d != device)
             warnings.append(f"{snap.path}: snapshot has {len(devs)} devices; analysed cuda:{device} (largest peak), "
                             f"others peak at {others}; pass device= for another")
     mask = dev_col == device
@@ -457,7 +457,7 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
                               "pct": 100.0 * bd / peak if peak else np.zeros(len(bd))})
     unit = df["unit"].to_numpy(object)
     by_unit = _by_unit(unit[ai], codes_at, b_at, cat_names)
-    unnamed = int(sum(bd[CATEGORIES.index(c)] for c in vocab.UNNAMED_CATEGORIES))
+    unnamed = int(sum(bd[CATEGORIES.index(c)] for c in model.UNNAMED_CATEGORIES))
     coverage = 100.0 * (peak - unnamed) / peak if peak else 100.0
     top = ai[np.argsort(-b_at, kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
     frames = df["frames"].to_numpy(object)

@@ -17,7 +17,7 @@ filling only what is still unknown, and recording which pass decided in ``catego
 5. ``before_recording``  alive before the history / window began and named by nothing above
 6. ``other``       what is left
 
-Labels (:mod:`fsdpprof.analyze.vocab`, the same as the events frame's): ``stage`` at the allocation
+Labels (:mod:`fsdpprof.analyze.model`, the same as the events frame's): ``stage`` at the allocation
 (data, forward, backward, optimizer, post_step; None outside any step or before the window),
 ``fsdp_phase`` the innermost FSDP annotation/tag (all_gather, all_gather_copy_out, pre_forward,
 post_backward_reduce, ...), ``unit`` the FSDP unit fqn; ``free_stage`` / ``free_fsdp_phase`` at the
@@ -31,10 +31,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 
-CATEGORIES = vocab.MEMORY_CATEGORIES
+CATEGORIES = model.MEMORY_CATEGORIES
 NEVER = np.iinfo(np.int64).max
 
 ROLE_TO_CATEGORY = {"param": MC.SHARDED_PARAM.value, "grad": MC.SHARDED_GRAD.value,
@@ -260,11 +260,11 @@ def _role_pattern(functions: tuple[str, ...], file: str) -> str:
     return rf"(?:^|\|)(?:{names})@[^|]*{re.escape(file.lower())}(?:\||$)"
 
 
-_ROLE_RULES = [(role, _role_pattern(fns, file), (file.lower(),)) for role, fns, file in vocab.FSDP_FRAME_ROLES]
+_ROLE_RULES = [(role, _role_pattern(fns, file), (file.lower(),)) for role, fns, file in model.FSDP_FRAME_ROLES]
 
 
 def frame_fsdp_role(sig) -> np.ndarray:
-    """FSDP role of each allocation (vocab.FSDP_FRAME_ROLES: all-gather input / output, copy-out, reduce-scatter,
+    """FSDP role of each allocation (model.FSDP_FRAME_ROLES: all-gather input / output, copy-out, reduce-scatter,
     sharded param) from the FSDP2 / FSDP1 function in its stack frames; None where no FSDP function made it."""
     if not len(sig) or not _contains(sig, r"_fsdp_|flat_param|_runtime_utils",
                                      need=("_fsdp_", "flat_param", "_runtime_utils")).any():
@@ -274,8 +274,8 @@ def frame_fsdp_role(sig) -> np.ndarray:
 
 
 def fsdp_family_of_frames(sig) -> str | None:
-    """``fsdp2`` / ``fsdp1`` when allocations were made under FSDP2 / FSDP1 source files (vocab.*_FRAME_FILES)."""
-    for fam, files in (("fsdp2", vocab.FSDP2_FRAME_FILES), ("fsdp1", vocab.FSDP1_FRAME_FILES)):
+    """``fsdp2`` / ``fsdp1`` when allocations were made under FSDP2 / FSDP1 source files (model.*_FRAME_FILES)."""
+    for fam, files in (("fsdp2", model.FSDP2_FRAME_FILES), ("fsdp1", model.FSDP1_FRAME_FILES)):
         pat = r"@[^|]*(?:" + "|".join(re.escape(f) for f in files) + r")(?:\||$)"
         if _contains(sig, pat, need=tuple(files)).any():
             return fam
@@ -401,20 +401,20 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     scratch = ag & same_step
     scratch[scratch] = _eq(free_fp_v[scratch], fp_v[scratch])
     _fill(lab, scratch, MC.TEMPORARY.value, "tags")
-    _fill(lab, fp.isin(vocab.UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, fp.isin(model.UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
-    fsdp1_unshard = fp.isin(vocab.FSDP1_UNSHARD_PHASES) & (free_fp.isin(vocab.FSDP1_RESHARD_PHASES) | ~same_step)
+    fsdp1_unshard = fp.isin(model.FSDP1_UNSHARD_PHASES) & (free_fp.isin(model.FSDP1_RESHARD_PHASES) | ~same_step)
     is_fsdp1 = _Codes(_col(df, "fsdp_family")).eq("fsdp1") if "fsdp_family" in df else np.zeros(n, bool)
     _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
-    in_reduce = fp.isin(vocab.UNSHARDED_GRAD_PHASES)
+    in_reduce = fp.isin(model.UNSHARDED_GRAD_PHASES)
     freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_stage")).eq("backward")
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
     # grads produced in backward and released by the unit's post-backward reduce
-    rs_in |= _Codes(_col(df, "stage")).eq("backward") & free_fp.isin(vocab.UNSHARDED_GRAD_PHASES) & ~in_reduce
+    rs_in |= _Codes(_col(df, "stage")).eq("backward") & free_fp.isin(model.UNSHARDED_GRAD_PHASES) & ~in_reduce
     _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
 
 
-ROLE_CATEGORY = dict(vocab.FSDP_ROLE_CATEGORY, optimizer_state=MC.OPTIMIZER_STATE.value)
+ROLE_CATEGORY = dict(model.FSDP_ROLE_CATEGORY, optimizer_state=MC.OPTIMIZER_STATE.value)
 
 
 def pass_fsdp_roles(df, lab: _Labels) -> None:
@@ -429,7 +429,7 @@ def pass_fsdp_roles(df, lab: _Labels) -> None:
     rc = _Codes(role)
     if not rc.notna().any():
         return
-    rs_out = rc.eq(vocab.FSDP_ROLE_REDUCE_SCATTER_OUTPUT)
+    rs_out = rc.eq(model.FSDP_ROLE_REDUCE_SCATTER_OUTPUT)
     short = rs_out & ~pd.isna(_col(df, "free_us")) & (_col(df, "free_step_idx") == _col(df, "step_idx")) \
         & _Codes(_col(df, "free_stage")).eq("backward")
     _fill(lab, short, MC.TEMPORARY.value, "frames")

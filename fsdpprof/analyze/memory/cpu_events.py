@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.trace import labels
@@ -119,7 +119,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     })
     # reference times for the inventory: the optimizer steps in the window
     marks = labels.step_marks(events)
-    opt = events[startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))] if events is not None and len(events) else None
+    opt = events[startswith(events["name"], (model.OPTIMIZER_PREFIX,))] if events is not None and len(events) else None
     opt_starts = np.sort(opt["ts_us"].to_numpy(float)) if opt is not None and len(opt) else np.array([])
     opt_ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float)) if opt is not None and len(opt) else np.array([])
     t_end = float(ts[-1]) if len(ts) else 0.0
@@ -145,7 +145,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     annotate_from_events(allocs, events, marks, inventory, ws)
     n_lost, lost_bytes = infer_lost_frees(allocs, ts, labels.fsdp_intervals(events), marks)
     if n_lost:
-        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({vocab.fmt_bytes(lost_bytes)}) "
+        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({model.fmt_bytes(lost_bytes)}) "
                         f"have no free event in the window (or only one inferred from a later reuse of the address), "
                         f"a free probably on a communication thread the profiler did not record; taken as freed by "
                         f"FSDP's own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "
@@ -185,7 +185,7 @@ def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarra
     co_by_unit = {u: g.sort_values("ts_us")[["ts_us", "end_us"]].to_numpy(float)
                   for u, g in co_iv.groupby(co_iv["unit"].astype(object).fillna("\0"))}
     is_ag = cz._Codes(fp).isin(TRANSIENT_PHASES) & ~pre
-    is_unsh = (cz._Codes(fp).isin(COPY_OUT_PHASES) | cz._Codes(fp).isin(vocab.FSDP1_UNSHARD_PHASES)) & ~pre
+    is_unsh = (cz._Codes(fp).isin(COPY_OUT_PHASES) | cz._Codes(fp).isin(model.FSDP1_UNSHARD_PHASES)) & ~pre
     for i in np.flatnonzero((is_ag | is_unsh) & pd.notna(unit)):
         u = unit[i]
         nxt = ag_by_unit.get(u)
@@ -218,7 +218,7 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
     (µs, sorted): a moved free is ordered just before the first event at or after its time.
     Returns (count, bytes) fixed (in place)."""
     fp = allocs["fsdp_phase"].astype(object)
-    unsh = cz._Codes(fp.to_numpy()).isin(TRANSIENT_PHASES + COPY_OUT_PHASES + tuple(vocab.FSDP1_UNSHARD_PHASES))
+    unsh = cz._Codes(fp.to_numpy()).isin(TRANSIENT_PHASES + COPY_OUT_PHASES + tuple(model.FSDP1_UNSHARD_PHASES))
     buf = unsh & ~allocs["before_trace"].to_numpy()
     # reduce phases: their buffers are transient when their peers die in the step that made them (the
     # reduce-scatter input, held by the collective's work object, is often freed on gloo's thread); the new
@@ -285,8 +285,8 @@ def _collective_launches(events: pd.DataFrame, coll: str) -> pd.DataFrame:
     """One row per launch of a collective with its bytes (device / gloo work when the trace has it, else
     the c10d op), sorted by launch time: launch_us, bytes, stage."""
     e = events[(events["collective"] == coll) & events["bytes"].notna() & events["launch_ts_us"].notna()]
-    if (e["kind"] == vocab.KIND_COMM).any():
-        e = e[e["kind"] == vocab.KIND_COMM]
+    if (e["kind"] == model.KIND_COMM).any():
+        e = e[e["kind"] == model.KIND_COMM]
     e = e.drop_duplicates("launch_ts_us").sort_values("launch_ts_us", kind="stable")
     return pd.DataFrame({"launch_us": e["launch_ts_us"].to_numpy(float), "bytes": e["bytes"].to_numpy(float),
                          "stage": e["stage"].astype(object).to_numpy()})
@@ -304,7 +304,7 @@ def _inventory_template(inventory: dict | None, world_size: int | None) -> tuple
     names, sizes = [], []
     for u in units:
         numel = int(u.get("unsharded_numel") or 0)
-        _, el = vocab.dtype_size(str(mp or u.get("dtype") or "float32"))
+        _, el = model.dtype_size(str(mp or u.get("dtype") or "float32"))
         names.append(str(u.get("fqn") or ""))
         sizes.append(float(-(-numel // w) * w * el))
     return names, sizes
@@ -321,10 +321,10 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
     from fsdpprof.analyze.memory import fsdp_units as fu
     if events is None or not len(events):
         return None
-    ag = _collective_launches(events, vocab.ALL_GATHER)
+    ag = _collective_launches(events, model.ALL_GATHER)
     if not len(ag):
         return None
-    fwd = (ag["stage"] != vocab.STAGE_BACKWARD).to_numpy()
+    fwd = (ag["stage"] != model.STAGE_BACKWARD).to_numpy()
     runs = fu._runs(["f" if f else "b" for f in fwd])
     sig = ag["bytes"].tolist()
     tmpl = _inventory_template(inventory, world_size)
@@ -352,7 +352,7 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
         if j < len(launch) and launch[j] <= e0 and unit[j] is not None:
             rows.append((s0, e0, unit[j]))
     # backward: from the previous reduce-scatter (or the backward's start) to the end of this one's hook
-    rs = _collective_launches(events, vocab.REDUCE_SCATTER)
+    rs = _collective_launches(events, model.REDUCE_SCATTER)
     if len(rs):
         rsig = rs["bytes"].tolist()
         tset = sorted(set(sizes))
@@ -413,7 +413,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     if f1 is not None and len(f1.ag_launch_us):
         # FSDP1's unsharded flat parameter: allocated by the unshard just before its all-gather is launched
         fp_codes = cz._Codes(fp)
-        uns = fp_codes.isin(vocab.FSDP1_UNSHARD_PHASES) & ~pre
+        uns = fp_codes.isin(model.FSDP1_UNSHARD_PHASES) & ~pre
         j = np.searchsorted(f1.ag_launch_us, at[uns], side="left")
         ok = j < len(f1.ag_launch_us)
         idx = np.flatnonzero(uns)[ok]
@@ -434,7 +434,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
 
 
 def stage_at(ts: np.ndarray, marks: pd.DataFrame) -> np.ndarray:
-    """vocab.stage_at for memory: outside every step (or before the window) there is no stage (None)."""
-    st = vocab.stage_at(ts, marks)
-    st[st == vocab.STAGE_OUTSIDE] = None
+    """model.stage_at for memory: outside every step (or before the window) there is no stage (None)."""
+    st = model.stage_at(ts, marks)
+    st[st == model.STAGE_OUTSIDE] = None
     return st

@@ -1,7 +1,7 @@
 """FSDP units, buffers and shards recovered from a CUDA snapshot's stack frames, with no inventory.
 
 A snapshot of an FSDP2 / FSDP1 job (torchtitan writes one per rank) names no module, but FSDP's own
-functions are in the frames of every allocation they make (vocab.FSDP_FRAME_ROLES):
+functions are in the frames of every allocation they make (model.FSDP_FRAME_ROLES):
 
 - the all-gathers, in the order they happen, are the units: in each forward the k-th all-gather is
   unit k (forward order, unit 0 the root); a backward gathers the units again in reverse order
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.memory.snapshot import NEVER
 
-AG_OUT, AG_IN, COPY_OUT = vocab.FSDP_ROLE_ALL_GATHER_OUTPUT, vocab.FSDP_ROLE_ALL_GATHER_INPUT, vocab.FSDP_ROLE_COPY_OUT
-RS, RS_IN, RS_OUT = vocab.FSDP_ROLE_REDUCE_SCATTER, vocab.FSDP_ROLE_REDUCE_SCATTER_INPUT, vocab.FSDP_ROLE_REDUCE_SCATTER_OUTPUT
+AG_OUT, AG_IN, COPY_OUT = model.FSDP_ROLE_ALL_GATHER_OUTPUT, model.FSDP_ROLE_ALL_GATHER_INPUT, model.FSDP_ROLE_COPY_OUT
+RS, RS_IN, RS_OUT = model.FSDP_ROLE_REDUCE_SCATTER, model.FSDP_ROLE_REDUCE_SCATTER_INPUT, model.FSDP_ROLE_REDUCE_SCATTER_OUTPUT
 WORLD_MAX = 1 << 16
 DTYPE_RATIOS = (1.0, 2.0, 4.0, 0.5)      # stored shard bytes / gathered bytes per element (fp32 vs bf16, fp8 ...)
 
@@ -75,7 +75,7 @@ def _py_frames(stack) -> tuple:
 
 
 def _is_module_call(fr: tuple) -> bool:
-    return fr[0] in vocab.MODULE_CALL_FUNCTIONS and str(fr[1]).replace("\\", "/").endswith(vocab.MODULE_CALL_FILE)
+    return fr[0] in model.MODULE_CALL_FUNCTIONS and str(fr[1]).replace("\\", "/").endswith(model.MODULE_CALL_FILE)
 
 
 class _Stacks:
@@ -497,7 +497,7 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
     for s, us in need_by_size.items():
         blocks = by_size.get(s, [])
         for r, u in zip(blocks, us):
-            rec.role[r], rec.role_source[r], rec.unit[r] = vocab.FSDP_ROLE_SHARDED_PARAM, "sizes", u
+            rec.role[r], rec.role_source[r], rec.unit[r] = model.FSDP_ROLE_SHARDED_PARAM, "sizes", u
             n_param += 1
         rest = blocks[len(us):len(us) * (1 + k_opt)]
         for i, r in enumerate(rest):

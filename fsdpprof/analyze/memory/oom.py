@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 
 def fmt_bytes(n) -> str:
-    """Bytes as text (:func:`fsdpprof.analyze.vocab.fmt_bytes`), "unknown" when missing (said in sentences)."""
-    return vocab.fmt_bytes(n, missing="unknown")
+    """Bytes as text (:func:`fsdpprof.analyze.model.fmt_bytes`), "unknown" when missing (said in sentences)."""
+    return model.fmt_bytes(n, missing="unknown")
 
 
 def _text(v) -> str | None:
@@ -159,7 +159,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
     up = a[(a["category"] == MC.UNSHARDED_PARAM.value) & a["unit"].notna()]
     if len(up):
         busy = {unit} if unit else set()
-        ag = df[(df["fsdp_role"] == vocab.FSDP_ROLE_ALL_GATHER_OUTPUT).to_numpy() & (df["alloc_seq"] < seq).to_numpy()] \
+        ag = df[(df["fsdp_role"] == model.FSDP_ROLE_ALL_GATHER_OUTPUT).to_numpy() & (df["alloc_seq"] < seq).to_numpy()] \
             if "fsdp_role" in df else df.iloc[:0]
         if len(ag):
             busy.add(str(ag.sort_values("alloc_seq")["unit"].iloc[-1]))

@@ -1,8 +1,8 @@
 """Classify decoded trace events: kind (compute, comm, memcpy, memset, sync, cpu_op, annotation),
 collective type and message size (bytes), on GPU (NCCL/RCCL kernels) and CPU (gloo) traces.
 
-Device events (kernels on a stream): :func:`fsdpprof.analyze.vocab.is_comm_kernel` ones are comm;
-Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.vocab.is_sync_kernel`
+Device events (kernels on a stream): :func:`fsdpprof.analyze.model.is_comm_kernel` ones are comm;
+Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.model.is_sync_kernel`
 ones are sync; other kernels are compute.  A comm kernel's collective type (and process group) comes
 from the CPU op that launched it (the innermost ``nccl:*`` / ``c10d::*`` / ``record_param_comms``
 around its runtime call), its name second, else the type is shown by its kernel name.  Sizes come
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.trace import rules
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (the rules, defined once there; their old names here)
@@ -88,16 +88,16 @@ def name_flags(names: list) -> np.ndarray:
     return np.array(per_name(_name_flags, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
 
 
-# kind codes of classify_arrays: positions in vocab.KINDS
-KIND_LABELS = np.array(vocab.KINDS, dtype=object)
+# kind codes of classify_arrays: positions in model.KINDS
+KIND_LABELS = np.array(model.KINDS, dtype=object)
 K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
-    vocab.KINDS.index(k) for k in (vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET,
-                                    vocab.KIND_SYNC, vocab.KIND_CPU_OP, vocab.KIND_ANNOTATION))
+    model.KINDS.index(k) for k in (model.KIND_COMPUTE, model.KIND_COMM, model.KIND_MEMCPY, model.KIND_MEMSET,
+                                    model.KIND_SYNC, model.KIND_CPU_OP, model.KIND_ANNOTATION))
 
 
 def classify_arrays(rt) -> dict:
     """Classified events as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
-    kind int8 codes into KIND_LABELS (vocab.KINDS), collective/dtype/pg object arrays, tid/launch_tid int
+    kind int8 codes into KIND_LABELS (model.KINDS), collective/dtype/pg object arrays, tid/launch_tid int
     thread codes (-1: none; the launch thread of a kernel whose launch is not in the trace), times float64
     us; runtime calls dropped."""
     rc = rt.cols
@@ -111,9 +111,9 @@ def classify_arrays(rt) -> dict:
         return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
 
     stream = rc["stream"]
-    gpu_cat = cat_is(*vocab.DEVICE_EVENT_CATS)
+    gpu_cat = cat_is(*model.DEVICE_EVENT_CATS)
     on_gpu = (stream >= 0) & gpu_cat
-    is_runtime = cat_is(*vocab.RUNTIME_CATS)
+    is_runtime = cat_is(*model.RUNTIME_CATS)
     is_cpu_op = cat_is(*rules.CPU_OP_CATS)
     is_annot = cat_is(*rules.ANNOTATION_CATS)
     is_memcpy_cat, is_memset_cat, is_sync_cat = (cat_is(*rules.MEMCPY_CATS), cat_is(*rules.MEMSET_CATS),
@@ -163,7 +163,7 @@ def classify_arrays(rt) -> dict:
     if relevant.any():           # parsed once per distinct name of the rows that carry a collective
         used = np.unique(codes[relevant])
         coll_by_cat = np.full(len(cats), None, dtype=object)
-        coll_by_cat[used] = per_name(vocab.collective_of, [cats[i] for i in used.tolist()])
+        coll_by_cat[used] = per_name(model.collective_of, [cats[i] for i in used.tolist()])
         collective[relevant] = coll_by_cat[codes[relevant]]
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
@@ -334,7 +334,7 @@ def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.
     names = o["name_cats"]
     as_by_name = {}
     work = np.flatnonzero(gloo_comm)
-    work_as = np.array([as_by_name.setdefault(c, vocab.collective_of(str(names[c]))) for c in o["name"][work].tolist()],
+    work_as = np.array([as_by_name.setdefault(c, model.collective_of(str(names[c]))) for c in o["name"][work].tolist()],
                        dtype=object)
     known = ~_isna(work_as)
     work, work_as = work[known], work_as[known]

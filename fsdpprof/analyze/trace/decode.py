@@ -33,7 +33,7 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
     _inflate_mod = zlib
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model as vocab
 from fsdpprof.analyze.trace import rules
 from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
     KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,

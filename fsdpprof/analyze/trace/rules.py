@@ -12,7 +12,7 @@ import math
 from itertools import repeat
 from typing import Annotated, Any, ClassVar
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model as vocab
 from fsdpprof.analyze.msgspec_import import import_msgspec
 
 msgspec = import_msgspec()

@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
 
 EPS_US = 1e-3                                   # orders events at one anchor: frees, then allocations
 FLAT_PHASES = frozenset({"all_gather", "foreach_all_gather"})
-GATHER_PHASES = vocab.UNSHARDED_PARAM_PHASES | vocab.FSDP1_UNSHARD_PHASES
+GATHER_PHASES = model.UNSHARDED_PARAM_PHASES | model.FSDP1_UNSHARD_PHASES
 KEEP_SCALED = frozenset({MC.ACTIVATION.value, MC.TEMPORARY.value, MC.INPUT.value})
 # gloo's all-gather / emulated reduce-scatter copy their buffer once more while they run (measured on
 # this project's gloo runs); NCCL works in its own buffers, outside the caching allocator
@@ -77,8 +77,8 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
     ph = pd.Series(phase, dtype=object)
     in_gather = ph.isin(GATHER_PHASES).to_numpy()
     in_flat = ph.isin(FLAT_PHASES).to_numpy()
-    in_reduce = ph.isin(vocab.UNSHARDED_GRAD_PHASES).to_numpy()
-    opt_stage = pd.Series(stage, dtype=object).isin([vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP]).to_numpy()
+    in_reduce = ph.isin(model.UNSHARDED_GRAD_PHASES).to_numpy()
+    opt_stage = pd.Series(stage, dtype=object).isin([model.STAGE_OPTIMIZER, model.STAGE_POST_STEP]).to_numpy()
     conds = [cat == MC.SHARDED_PARAM.value, cat == MC.OPTIMIZER_STATE.value, cat == MC.SHARDED_GRAD.value,
              (cat == MC.UNSHARDED_PARAM.value) & in_flat & (family == "fsdp2"),
              cat == MC.UNSHARDED_PARAM.value,
@@ -108,8 +108,8 @@ def steps_from_stages(stage: np.ndarray, alloc_seq: np.ndarray) -> np.ndarray:
     st = pd.Series(np.asarray(stage, dtype=object))
     order = np.argsort(alloc_seq, kind="stable")
     s = st.to_numpy(object)[order]
-    kind = np.where(pd.Series(s).isin([vocab.STAGE_DATA, vocab.STAGE_FORWARD]).to_numpy(), 1,
-                    np.where(pd.Series(s).isin([vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP]).to_numpy(), 2, 0))
+    kind = np.where(pd.Series(s).isin([model.STAGE_DATA, model.STAGE_FORWARD]).to_numpy(), 1,
+                    np.where(pd.Series(s).isin([model.STAGE_OPTIMIZER, model.STAGE_POST_STEP]).to_numpy(), 2, 0))
     last = pd.Series(np.where(kind > 0, kind, np.nan)).ffill().shift(1).to_numpy()
     start = (kind == 1) & (last == 2)
     idx = np.cumsum(start)
@@ -177,8 +177,8 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     numel = {u.fqn: u.numel for u in units}
     first_by = fin.groupby(["step", "stage"])["t0"].min()
-    last_bwd = fin[stage == vocab.STAGE_BACKWARD].groupby("step")["t0"].max()
-    opt_first = fin[np.isin(stage, [vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP])].groupby("step")["t0"].min()
+    last_bwd = fin[stage == model.STAGE_BACKWARD].groupby("step")["t0"].max()
+    opt_first = fin[np.isin(stage, [model.STAGE_OPTIMIZER, model.STAGE_POST_STEP])].groupby("step")["t0"].min()
     # per (step, unit): the anchors the allocations give
     named = fin[fin["unit"].notna()]
     nst = named["stage"].to_numpy(object)
@@ -186,20 +186,20 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
     gath = np.isin(nrole, ["ag_held", "ag_flat"])
     held = nrole == "ag_held"
     keys = ["step", "unit"]
-    f0 = named[gath & (nst == vocab.STAGE_FORWARD)].groupby(keys)["t0"].min()
-    b0i = named[gath & (nst == vocab.STAGE_BACKWARD)].groupby(keys)["t0"].min()
-    b0 = named[held & (nst == vocab.STAGE_BACKWARD)].groupby(keys)["t0"].min()
+    f0 = named[gath & (nst == model.STAGE_FORWARD)].groupby(keys)["t0"].min()
+    b0i = named[gath & (nst == model.STAGE_BACKWARD)].groupby(keys)["t0"].min()
+    b0 = named[held & (nst == model.STAGE_BACKWARD)].groupby(keys)["t0"].min()
     rs_first = named[nrole == "rs"].groupby(keys)["t0"].min()
     for s in sorted(set(fin["step"].unique().tolist())):
-        fwd_start = first_by.get((s, vocab.STAGE_FORWARD), np.nan)
-        bwd_start = first_by.get((s, vocab.STAGE_BACKWARD), np.nan)
+        fwd_start = first_by.get((s, model.STAGE_FORWARD), np.nan)
+        bwd_start = first_by.get((s, model.STAGE_BACKWARD), np.nan)
         if np.isnan(fwd_start) or np.isnan(bwd_start):
             continue
         bwd_end = float(opt_first.get(s, last_bwd.get(s, bwd_start)))
         sel = named["step"].to_numpy() == s
         after = named["t0"].to_numpy(float) >= bwd_start
         grads = named[sel & (nrole == "grad") & after]
-        f1_rows = named[sel & held & (nst == vocab.STAGE_FORWARD) & np.isfinite(named["t1"].to_numpy(float))
+        f1_rows = named[sel & held & (nst == model.STAGE_FORWARD) & np.isfinite(named["t1"].to_numpy(float))
                         & (named["t1"].to_numpy(float) < bwd_start)]
         f1 = f1_rows.groupby("unit")["t1"].median()
         g_first, g_last = grads.groupby("unit")["t0"].min(), grads.groupby("unit")["t0"].max()
@@ -383,17 +383,17 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             u = unit[i]
             if not isinstance(u, str):
                 continue
-            if stage[i] == vocab.STAGE_FORWARD:
+            if stage[i] == model.STAGE_FORWARD:
                 keep_root = target.family == "fsdp1" and u == ROOT
                 key = "B1" if (raf_t is False or keep_root) else "F1"
                 t1[i] = anchor(step[i], u, key, t1[i]) - EPS_US
-            elif stage[i] == vocab.STAGE_BACKWARD:
+            elif stage[i] == model.STAGE_BACKWARD:
                 if raf_t is False:
                     keep[i] = False
         if raf_t is False:
-            keep[gath & (stage == vocab.STAGE_BACKWARD)] = False
+            keep[gath & (stage == model.STAGE_BACKWARD)] = False
         if target.family == "fsdp1":      # FSDP1 keeps the root unit's parameters from forward to backward
-            keep[gath & (stage == vocab.STAGE_BACKWARD) & (unit == ROOT)] = False
+            keep[gath & (stage == model.STAGE_BACKWARD) & (unit == ROOT)] = False
     family_rows = None
     if sharded_s and sharded_t and source.family != target.family:
         family_rows = _family_change(r, sched, keep, t0_all, t1, b, source, target)
@@ -457,17 +457,17 @@ def _family_change(r, sched, keep, t0, t1, b, source, target) -> pd.DataFrame | 
                 if len(rs):
                     done = float(t0[rs].max()) + EPS_US
                     t1[rs] = np.maximum(np.minimum(t1[rs], done), t0[rs] + EPS_US)
-                flat = np.flatnonzero(m & (role == "ag_flat") & (stage == vocab.STAGE_BACKWARD))
-                held = np.flatnonzero(m & keep & (role == "ag_held") & (stage == vocab.STAGE_BACKWARD))
+                flat = np.flatnonzero(m & (role == "ag_flat") & (stage == model.STAGE_BACKWARD))
+                held = np.flatnonzero(m & keep & (role == "ag_held") & (stage == model.STAGE_BACKWARD))
                 if len(flat) and len(held):
                     t0[held] = np.minimum(t0[held], float(t0[flat].min()))
                 continue
-            for pass_ in (vocab.STAGE_FORWARD, vocab.STAGE_BACKWARD):
+            for pass_ in (model.STAGE_FORWARD, model.STAGE_BACKWARD):
                 g = np.flatnonzero(m & keep & (role == "ag_held") & (stage == pass_))
                 if not len(g):
                     continue
                 start = float(t0[g].min())
-                if pass_ == vocab.STAGE_FORWARD:
+                if pass_ == model.STAGE_FORWARD:
                     i = fwd.index(u)
                     free = (a[fwd[i + 1]]["F0"] + 4 * EPS_US) if i + 1 < len(fwd) else sc["bwd_start"]
                 else:
@@ -520,7 +520,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 continue
             keep_root = target.family == "fsdp1" and u.is_root
             rule_f = an["B1"] if (raf is False or keep_root) else an["F1"]
-            if ("gather", s, u.fqn, vocab.STAGE_FORWARD) not in have:
+            if ("gather", s, u.fqn, model.STAGE_FORWARD) not in have:
                 i = fwd.index(u.fqn)
                 nxt = a[fwd[i + 1]]["F0"] if i + 1 < len(fwd) else sc["bwd_start"]
                 t = an["F0"]
@@ -532,7 +532,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 if on_host:
                     add(local_numel(u.numel, kt) * tg.dtype_bytes(source.stored_dtype), t, t + EPS_US,
                         MC.TEMPORARY.value, "host-to-device copy of the shard")
-            if (raf is not False and not keep_root and ("gather", s, u.fqn, vocab.STAGE_BACKWARD) not in have):
+            if (raf is not False and not keep_root and ("gather", s, u.fqn, model.STAGE_BACKWARD) not in have):
                 # prefetched at the previous unit's pre-backward (FSDP2's default, FSDP1's BACKWARD_PRE)
                 order = [v for v in bwd if not (keep_all_root and v == ROOT)]
                 j = order.index(u.fqn)
@@ -613,14 +613,14 @@ def predict_memory(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.S
     peak, tp, alive = sweep(rows)
     cats = rows["category"].to_numpy(object)[alive]
     byc = pd.Series(rows["bytes"].to_numpy(float)[alive]).groupby(cats).sum()
-    breakdown = {c: int(round(float(byc.get(c, 0.0)))) for c in vocab.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
+    breakdown = {c: int(round(float(byc.get(c, 0.0)))) for c in model.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
     if not target.sharded:
-        breakdown = {vocab.REPLICATED_LABELS.get(c, c): v for c, v in breakdown.items()}
+        breakdown = {model.REPLICATED_LABELS.get(c, c): v for c, v in breakdown.items()}
     stage = None
     if np.isfinite(tp):
         for sc in sched.values():
             if sc["fwd_start"] <= tp <= sc["zero"] or sc["fwd_start"] <= tp <= sc["bwd_end"] + 1:
-                stage = (vocab.STAGE_FORWARD if tp < sc["bwd_start"] else vocab.STAGE_BACKWARD if tp < sc["bwd_end"]
-                         else vocab.STAGE_OPTIMIZER)
+                stage = (model.STAGE_FORWARD if tp < sc["bwd_start"] else model.STAGE_BACKWARD if tp < sc["bwd_end"]
+                         else model.STAGE_OPTIMIZER)
                 break
     return MemoryPrediction(int(round(peak)), breakdown, stage, int(round(host)), kept, assumed)

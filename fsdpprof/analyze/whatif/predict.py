@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.frames import startswith
 from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
@@ -42,7 +42,7 @@ def _inventory_names(allocs: pd.DataFrame, inventory: dict, events: pd.DataFrame
     from fsdpprof.analyze.memory import attribution, cpu_events
 
     if kind == "cpu_trace" and events is not None:
-        opt = events[startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))]
+        opt = events[startswith(events["name"], (model.OPTIMIZER_PREFIX,))]
         starts = np.sort(opt["ts_us"].to_numpy(float))
         ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float))
         t_end = float(np.nanmax(allocs["alloc_us"].to_numpy(float))) if len(allocs) else 0.0
@@ -189,10 +189,10 @@ def rank_predictions(rd, targets: list[tg.Target], memory_result=None, hosts: in
     """Map: every target on one rank -> {"rank", "measured_peak_bytes", "measured_steps_us", "notes",
     "predictions": [per target dict, memory only], "timing": :class:`RankTiming` or None} (small; the time is
     predicted in :func:`reduce_predictions`)."""
-    model = RankModel(rd, memory_result, hosts, ranks_per_host)
-    return {"rank": model.rank, "source": model.source, "measured_peak_bytes": model.measured_peak,
-            "measured_steps_us": model.measured_steps, "notes": model.notes,
-            "predictions": [model.predict(t) for t in targets], "timing": model.timing}
+    rank_model = RankModel(rd, memory_result, hosts, ranks_per_host)
+    return {"rank": rank_model.rank, "source": rank_model.source, "measured_peak_bytes": rank_model.measured_peak,
+            "measured_steps_us": rank_model.measured_steps, "notes": rank_model.notes,
+            "predictions": [rank_model.predict(t) for t in targets], "timing": rank_model.timing}
 
 
 REPLAY_POOL_MIN_RANKS = 64    # from this many ranks on, the replays run in a pool of processes (~10 ms a rank)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.errors import UserError
 
 DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD = "DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"
@@ -37,14 +37,14 @@ def strategy_name(text) -> str:
 
 def dtype_name(text, what: str) -> str:
     """torch dtype name (float32, bfloat16, ...) of a spelling, refusing unknown ones."""
-    name, size = vocab.dtype_size(str(text))
+    name, size = model.dtype_size(str(text))
     if size != size or name is None:
         raise UserError(f"{what} {str(text)[:40]!r} is not a dtype: use fp32, bf16 or fp16")
     return name
 
 
 def dtype_bytes(name: str) -> float:
-    size = vocab.dtype_size(str(name))[1]
+    size = model.dtype_size(str(name))[1]
     return 4.0 if size != size else size
 
 
@@ -134,10 +134,10 @@ def source_of(inventory: dict | None, info: dict | None, device_type: str | None
     stored = next((u.get("dtype") for u in units if u.get("dtype")), None)
     if stored is None:
         stored = next((t.get("dtype") for t in inv.get("tensors") or [] if t.get("role") == "param"), "float32")
-    stored = vocab.dtype_size(str(stored))[0] or "float32"
+    stored = model.dtype_size(str(stored))[0] or "float32"
     mp = inv.get("mixed_precision") or {}
-    param_dtype = vocab.dtype_size(str(mp.get("param_dtype") or stored))[0] or stored
-    reduce_dtype = vocab.dtype_size(str(mp.get("reduce_dtype") or param_dtype))[0] or param_dtype
+    param_dtype = model.dtype_size(str(mp.get("param_dtype") or stored))[0] or stored
+    reduce_dtype = model.dtype_size(str(mp.get("reduce_dtype") or param_dtype))[0] or param_dtype
     raf = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}.get(strategy)
     dev = device_type or str(info.get("device") or "cpu").split(":")[0] or "cpu"
     return Source(family=family, strategy=strategy, world_size=max(world, 1), shard_group=max(shard, 1),
