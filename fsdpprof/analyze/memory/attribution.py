@@ -90,7 +90,7 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     res = _summarise(df, r, "cpu_trace", top_n, timeline_points, has_history=True)
     events = getattr(rank, "events", None)
     if res.peak_ts_us is not None:
-        res.peak_stage = cpu_events.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events))[0]
+        res.peak_stage = model.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events), outside=None)[0]
         res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), labels.fsdp_intervals(events), "fsdp_phase")[0]
     res.warnings = warns + res.warnings
     return res
@@ -152,17 +152,17 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
     fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
     tag_coarse = np.where(cz._isin(tag_phase, model.STEP_STAGES), tag_phase, None)
     ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
-    ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "backward|reduce"), "backward", ph)
-    ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "forward|all_gather|unshard"), "forward", ph)
+    for stage, pattern in model.PHASE_STAGE_PATTERNS:
+        ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, pattern), stage, ph)
     # allocations with no frames while others have Python frames come from the autograd engine's
     # threads (no Python stack): backward
     py = cz._contains(sig, ".py", regex=False)
     before = np.asarray(cols["before_trace"], dtype=bool)
     if py.any():
         nof = (cats[codes] == "") & ~before & pd.isna(ph)
-        ph = np.where(nof, "backward", ph)
+        ph = np.where(nof, model.STAGE_BACKWARD, ph)
         # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
-        ph = np.where(pd.isna(ph) & py, "forward", ph)
+        ph = np.where(pd.isna(ph) & py, model.STAGE_FORWARD, ph)
     ph = _like_column(np.where(before, None, ph))
     # stage at the free: the stage of the latest allocation at or before it (trace order)
     alloc_seq = np.asarray(cols["alloc_seq"])
@@ -218,7 +218,7 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
         return None
     t_end = float(np.nanmax(df["alloc_us"].to_numpy())) + 1 if len(df) else 0.0
     order = df[df["alloc_seq"] >= 0].sort_values("alloc_seq")
-    is_opt = (order["stage"] == "optimizer").to_numpy()
+    is_opt = (order["stage"] == model.STAGE_OPTIMIZER).to_numpy()
     if is_opt.any():
         t = order["alloc_us"].to_numpy(float)
         prev = np.concatenate([[False], is_opt[:-1]])
@@ -370,10 +370,10 @@ def _levels(df):
     seq = np.concatenate([alloc_seq[ai], free_seq[fi]])
     delta = np.concatenate([b[ai], -b[fi]])
     row = np.concatenate([ai, fi])
-    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))  # frees first at a tie
-    if not len(o):
+    if not len(row):
         return np.array([base], dtype=np.int64), np.array([-1]), np.array([-1])
-    return base + np.cumsum(delta[o]), seq[o], row[o]
+    levels, o = model.sweep(base, delta, seq, np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]))  # frees first
+    return levels, seq[o], row[o]
 
 
 def _fmt_frames(fr, limit: int = 6) -> str:

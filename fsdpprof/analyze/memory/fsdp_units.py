@@ -184,7 +184,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     rec.n_all_gathers = len(ag)
     if not len(ag):
         return rec
-    is_bwd = [stage[r] == "backward" for r in ag]
+    is_bwd = [stage[r] == model.STAGE_BACKWARD for r in ag]
     ag_sig = [int(nbytes[r]) for r in ag]
     ag_dep = [st.depth(int(codes[r])) for r in ag]
     runs = _runs(["b" if b else "f" for b in is_bwd])
@@ -297,7 +297,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         rs_first = np.array([pos_of[g[0]] for g, _ in rs_calls], dtype=np.int64)
         rs_unit = [rec.unit[g[0]] for g, _ in rs_calls]
         fwd_pos = np.array([p for p, b in zip(ag_pos, is_bwd) if not b], dtype=np.int64)
-        for r in order[(role_o == None) & (stage[order] == "backward")]:  # noqa: E711 (object array)
+        for r in order[(role_o == None) & (stage[order] == model.STAGE_BACKWARD)]:  # noqa: E711 (object array)
             if rec.unit[r] is not None:
                 continue
             p = pos_of[r]
@@ -366,7 +366,7 @@ def _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, f
     hi = np.where(after < len(trace_seq), trace_seq[np.minimum(after, len(trace_seq) - 1)], NEVER)
     for (g, _), u in zip(rs_calls, units):
         rec.unit[g] = u
-    cand = order[(stage[order] == "backward") & (fseq[order] != NEVER)]
+    cand = order[(stage[order] == model.STAGE_BACKWARD) & (fseq[order] != NEVER)]
     j = np.searchsorted(lo, fseq[cand], side="right") - 1
     ok = j >= 0
     jj = np.maximum(j, 0)
@@ -396,7 +396,7 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
         if keys[j] is not None:
             key_of_unit.setdefault(ag_unit[i], keys[j])
     cache: dict[tuple[int, int], bool] = {}
-    cand = order[(role_o == None) & (stage[order] == "forward")]  # noqa: E711
+    cand = order[(role_o == None) & (stage[order] == model.STAGE_FORWARD)]  # noqa: E711
     for r in cand:
         p = pos_of[r]
         j = int(np.searchsorted(f_pos, p, side="right")) - 1
@@ -501,7 +501,7 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
             n_param += 1
         rest = blocks[len(us):len(us) * (1 + k_opt)]
         for i, r in enumerate(rest):
-            rec.role[r], rec.role_source[r], rec.unit[r] = "optimizer_state", "sizes", us[i % len(us)]
+            rec.role[r], rec.role_source[r], rec.unit[r] = model.FSDP_ROLE_OPTIMIZER_STATE, "sizes", us[i % len(us)]
             n_opt += 1
     rec.notes.append(f"{n_param} block(s) alive before the history began have the sizes of the sharded "
                      f"parameters the all-gathers imply (world size {w} from {ws_src}, stored/gathered dtype "

@@ -60,7 +60,7 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
                .sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True))
     sugg = _suggestions(res, a, df, seq, req, short, unit, stage, role)
 
-    what = ("FSDP's " + role.replace("_", " ")) if role else ("an activation" if stage == "forward" else "a tensor")
+    what = ("FSDP's " + role.replace("_", " ")) if role else ("an activation" if stage == model.STAGE_FORWARD else "a tensor")
     where = (f", in the {stage} of {unit}" if unit and stage else f", in {unit}" if unit
              else f", in the {stage}" if stage else "")
     if phase:
@@ -144,7 +144,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
                                   f" in all) and recomputes the rest in backward"})
     # a smaller micro-batch: activations (and an activation request) shrink in proportion
     a_bytes = int(act["bytes"].sum())
-    req_act = req if (stage == "forward" and not role) else 0
+    req_act = req if (stage == model.STAGE_FORWARD and not role) else 0
     scalable = a_bytes + req_act
     if scalable > 0:
         half = scalable // 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fsdpprof.analyze.model.memory import MemoryCategory
+from fsdpprof.runfmt import STAGE_BACKWARD, STAGE_FORWARD
 
 __all__ = [
     "FSDP1_PREFIX", "FSDP2_PREFIX", "FAMILY_FSDP2", "FAMILY_FSDP1", "FAMILY_DDP", "parse_fsdp",
@@ -16,10 +17,10 @@ __all__ = [
     "PHASE_PRE_BACKWARD_PREFETCH", "PHASE_POST_BACKWARD_PREFETCH", "PHASE_POST_BACKWARD_RESHARD_ONLY",
     "FSDP_PHASES", "FLAT_GATHER_PHASES", "COPY_OUT_PHASES", "UNSHARDED_PARAM_PHASES", "UNSHARDED_GRAD_PHASES",
     "FSDP1_UNSHARD_PHASES", "FSDP1_RESHARD_PHASES", "GATHER_PHASES", "POST_FORWARD_PHASES", "POST_BACKWARD_PHASES",
-    "GATHER_OVERHEAD_PHASES", "REDUCE_OVERHEAD_PHASES",
+    "GATHER_OVERHEAD_PHASES", "REDUCE_OVERHEAD_PHASES", "PHASE_STAGE_PATTERNS",
     "FSDP2_FRAME_FILES", "FSDP1_FRAME_FILES", "FSDP_ROLE_ALL_GATHER_INPUT", "FSDP_ROLE_ALL_GATHER_OUTPUT",
     "FSDP_ROLE_COPY_OUT", "FSDP_ROLE_COPY_OUT_TEMP", "FSDP_ROLE_REDUCE_SCATTER", "FSDP_ROLE_REDUCE_SCATTER_INPUT",
-    "FSDP_ROLE_REDUCE_SCATTER_OUTPUT", "FSDP_ROLE_SHARDED_PARAM", "FSDP_ROLE_CATEGORY", "FSDP_FRAME_ROLES",
+    "FSDP_ROLE_REDUCE_SCATTER_OUTPUT", "FSDP_ROLE_SHARDED_PARAM", "FSDP_ROLE_OPTIMIZER_STATE", "FSDP_ROLE_CATEGORY", "FSDP_FRAME_ROLES",
     "FSDP_PHASE_FRAME_RULES", "MODULE_CALL_FUNCTIONS", "MODULE_CALL_FILE", "ROOT_UNIT", "ROOT_UNIT_TEXT",
     "unit_order",
 ]
@@ -120,6 +121,10 @@ REDUCE_OVERHEAD_PHASES = {
                    PHASE_POST_BACKWARD_RESHARD, PHASE_POST_BACKWARD_ACCUMULATE, PHASE_POST_BACKWARD_RS_WAIT),
     FAMILY_FSDP1: (PHASE_POST_BACKWARD,)}
 
+# The stage a phase belongs to when nothing else says it (a snapshot's untagged allocation): the first regex
+# that the phase's name matches (pre_backward, post_backward_reduce: backward; all_gather, unshard: forward).
+PHASE_STAGE_PATTERNS = [(STAGE_BACKWARD, r"backward|reduce"), (STAGE_FORWARD, r"forward|all_gather|unshard")]
+
 
 # --------------------------------------------------------------------------- FSDP in stack frames
 # The source files of FSDP2 (torch/distributed/fsdp/_fully_shard/) and FSDP1 (torch/distributed/fsdp/)
@@ -139,6 +144,7 @@ FSDP_ROLE_REDUCE_SCATTER = "reduce_scatter"          # FSDP2 foreach_reduce / FS
 FSDP_ROLE_REDUCE_SCATTER_INPUT = "reduce_scatter_input"    # (the largest of one call: the padded unsharded grads)
 FSDP_ROLE_REDUCE_SCATTER_OUTPUT = "reduce_scatter_output"  # (the others: the new sharded grad, its cast)
 FSDP_ROLE_SHARDED_PARAM = "sharded_param"            # the shard itself (made at fully_shard / FSDP init)
+FSDP_ROLE_OPTIMIZER_STATE = "optimizer_state"        # blocks alive before the history with the sizes of the states
 FSDP_ROLE_CATEGORY = {
     FSDP_ROLE_ALL_GATHER_INPUT: MemoryCategory.TEMPORARY.value,
     FSDP_ROLE_ALL_GATHER_OUTPUT: MemoryCategory.UNSHARDED_PARAM.value,
@@ -147,6 +153,7 @@ FSDP_ROLE_CATEGORY = {
     FSDP_ROLE_REDUCE_SCATTER_INPUT: MemoryCategory.UNSHARDED_GRAD.value,
     FSDP_ROLE_REDUCE_SCATTER_OUTPUT: MemoryCategory.SHARDED_GRAD.value,
     FSDP_ROLE_SHARDED_PARAM: MemoryCategory.SHARDED_PARAM.value,
+    FSDP_ROLE_OPTIMIZER_STATE: MemoryCategory.OPTIMIZER_STATE.value,
 }
 # (role, functions, file) in the order they are tried: the first rule with one of ``functions`` defined
 # in ``file`` somewhere in the stack decides.  Function names are torch's own (torch 2.13:

@@ -8,7 +8,7 @@ role            what it is, and what the target does with it
 ==============  ============================================================================
 param_state     this rank's parameters (sharded, or whole when replicated): x local share per unit
 opt_state       optimizer state: x local share per unit
-grad            the gradient the optimizer reads (sharded grad, or DDP's whole grad): x local share;
+grad_state      the gradient the optimizer reads (sharded grad, or DDP's whole grad): x local share;
                 a replicated run's whole grads become a sharded target's autograd grads (freed
                 at the unit's post-backward) and vice versa (kept until zero_grad)
 auto_grad       autograd's whole grads of an FSDP run, freed when copied into the reduce buffer
@@ -42,8 +42,6 @@ from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
 
 EPS_US = 1e-3                                   # orders events at one anchor: frees, then allocations
-FLAT_PHASES = frozenset({"all_gather", "foreach_all_gather"})
-GATHER_PHASES = model.UNSHARDED_PARAM_PHASES | model.FSDP1_UNSHARD_PHASES
 KEEP_SCALED = frozenset({MC.ACTIVATION.value, MC.TEMPORARY.value, MC.INPUT.value})
 # gloo's all-gather / emulated reduce-scatter copy their buffer once more while they run (measured on
 # this project's gloo runs); NCCL works in its own buffers, outside the caching allocator
@@ -75,8 +73,8 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
     phase = _str_or_none(allocs["fsdp_phase"])
     stage = _str_or_none(allocs["stage"])
     ph = pd.Series(phase, dtype=object)
-    in_gather = ph.isin(GATHER_PHASES).to_numpy()
-    in_flat = ph.isin(FLAT_PHASES).to_numpy()
+    in_gather = ph.isin(model.GATHER_PHASES).to_numpy()
+    in_flat = ph.isin(model.FLAT_GATHER_PHASES).to_numpy()
     in_reduce = ph.isin(model.UNSHARDED_GRAD_PHASES).to_numpy()
     opt_stage = pd.Series(stage, dtype=object).isin([model.STAGE_OPTIMIZER, model.STAGE_POST_STEP]).to_numpy()
     conds = [cat == MC.SHARDED_PARAM.value, cat == MC.OPTIMIZER_STATE.value, cat == MC.SHARDED_GRAD.value,
@@ -84,7 +82,7 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
              cat == MC.UNSHARDED_PARAM.value,
              (cat == MC.UNSHARDED_GRAD.value) & in_reduce, cat == MC.UNSHARDED_GRAD.value,
              (cat == MC.TEMPORARY.value) & in_gather, (cat == MC.TEMPORARY.value) & opt_stage]
-    role = np.select(conds, ["param_state", "opt_state", "grad", "ag_flat", "ag_held", "rs", "auto_grad",
+    role = np.select(conds, ["param_state", "opt_state", "grad_state", "ag_flat", "ag_held", "rs", "auto_grad",
                              "ag_scratch", "opt_tmp"], "keep").astype(object)
     aseq = allocs["alloc_seq"].to_numpy(np.int64)
     fseq = allocs["free_seq"].to_numpy(np.int64)
@@ -135,7 +133,7 @@ def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float]
     stage = r["stage"].to_numpy(object)
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     for s in np.unique(step[step >= 0]):
-        for pass_, order in (("forward", fwd_order), ("backward", fwd_order[:1] + fwd_order[1:][::-1])):
+        for pass_, order in ((model.STAGE_FORWARD, fwd_order), (model.STAGE_BACKWARD, fwd_order[:1] + fwd_order[1:][::-1])):
             idx = np.flatnonzero((role == "ag_held") & (step == s) & (stage == pass_) & pd.isna(unit))
             idx = idx[np.argsort(t0[idx], kind="stable")]
             k = 0
@@ -154,7 +152,7 @@ def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float]
             j = np.searchsorted(t0[held], t0[i], side="right") - 1
             if j >= 0:
                 unit[i] = unit[held[j]]
-        grads = np.flatnonzero(sel & (role == "grad") & pd.notna(unit))
+        grads = np.flatnonzero(sel & (role == "grad_state") & pd.notna(unit))
         grads = grads[np.argsort(t0[grads], kind="stable")]
         # FSDP1 allocates the new gradient shard first, then reduces into it: the grad at or before
         for i in np.flatnonzero(sel & np.isin(role, ["rs", "auto_grad"]) & pd.isna(unit)):
@@ -198,12 +196,12 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
         bwd_end = float(opt_first.get(s, last_bwd.get(s, bwd_start)))
         sel = named["step"].to_numpy() == s
         after = named["t0"].to_numpy(float) >= bwd_start
-        grads = named[sel & (nrole == "grad") & after]
+        grads = named[sel & (nrole == "grad_state") & after]
         f1_rows = named[sel & held & (nst == model.STAGE_FORWARD) & np.isfinite(named["t1"].to_numpy(float))
                         & (named["t1"].to_numpy(float) < bwd_start)]
         f1 = f1_rows.groupby("unit")["t1"].median()
         g_first, g_last = grads.groupby("unit")["t0"].min(), grads.groupby("unit")["t0"].max()
-        gfree = r["t1"].to_numpy(float)[(r["step"].to_numpy() == s) & (r["role"].to_numpy(object) == "grad")
+        gfree = r["t1"].to_numpy(float)[(r["step"].to_numpy() == s) & (r["role"].to_numpy(object) == "grad_state")
                                         & np.isfinite(r["t1"].to_numpy(float)) & (r["t0"].to_numpy(float) >= bwd_start)]
         zero = float(np.median(gfree)) if gfree.size else np.inf
         anchors = {}
@@ -345,7 +343,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         a = v["units"].get(u)
         return a[key] if a is not None else default
 
-    g = role == "grad"
+    g = role == "grad_state"
     if sharded_s == sharded_t:
         b[g] *= by_unit[g]
     elif sharded_t:                       # a replicated run's whole grads: autograd's, freed at post-backward
@@ -403,7 +401,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             "a flat all-gather output beside each unit's unsharded parameters; the reduce-scatter input held "
             "until the next unit's post-backward"))
     if on_host:
-        states = np.isin(role, ["param_state", "opt_state"]) | ((role == "grad") & sharded_t)
+        states = np.isin(role, ["param_state", "opt_state"]) | ((role == "grad_state") & sharded_t)
         host = float(b[states & keep].sum())
         keep[states] = False
         assumed.append("CPU offload: sharded parameters, gradients and optimizer state live on the host")
@@ -589,8 +587,7 @@ def sweep(rows: pd.DataFrame) -> tuple[float, float, np.ndarray]:
     delta = np.concatenate([b[ai], -b[fi]])
     if not len(t):
         return base, np.nan, np.isneginf(t0) & np.isinf(t1)
-    o = np.lexsort((seq, kind, t))
-    level = base + np.cumsum(delta[o])
+    level, o = model.sweep(base, delta, t, kind, seq)
     k = int(np.argmax(level))
     peak, tp = float(level[k]), float(t[o][k])
     if base >= peak:
@@ -613,14 +610,15 @@ def predict_memory(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.S
     peak, tp, alive = sweep(rows)
     cats = rows["category"].to_numpy(object)[alive]
     byc = pd.Series(rows["bytes"].to_numpy(float)[alive]).groupby(cats).sum()
-    breakdown = {c: int(round(float(byc.get(c, 0.0)))) for c in model.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
-    if not target.sharded:
-        breakdown = {model.REPLICATED_LABELS.get(c, c): v for c, v in breakdown.items()}
+    breakdown = {model.category_name(c, target.sharded): int(round(float(byc.get(c, 0.0))))
+                 for c in model.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
     stage = None
-    if np.isfinite(tp):
-        for sc in sched.values():
-            if sc["fwd_start"] <= tp <= sc["zero"] or sc["fwd_start"] <= tp <= sc["bwd_end"] + 1:
-                stage = (model.STAGE_FORWARD if tp < sc["bwd_start"] else model.STAGE_BACKWARD if tp < sc["bwd_end"]
-                         else model.STAGE_OPTIMIZER)
-                break
+    if np.isfinite(tp) and sched:
+        # the schedule's steps as step marks: forward from fwd_start, backward from bwd_start, the optimizer from
+        # bwd_end to the step's end (its gradients freed, or just after bwd_end)
+        sc = [sched[s] for s in sorted(sched)]
+        marks = {"step": sorted(sched), "start_us": [x["fwd_start"] for x in sc], "fwd_us": [x["fwd_start"] for x in sc],
+                 "end_us": [max(x["zero"], x["bwd_end"] + 1) for x in sc], "bwd_us": [x["bwd_start"] for x in sc],
+                 "opt_us": [x["bwd_end"] for x in sc], "opt_end_us": [np.nan] * len(sc)}
+        stage = model.stage_at([tp], marks, outside=None)[0]
     return MemoryPrediction(int(round(peak)), breakdown, stage, int(round(host)), kept, assumed)

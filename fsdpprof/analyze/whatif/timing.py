@@ -44,16 +44,6 @@ from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
-# the FSDP annotations (model.parse_fsdp phases) around each family's own CPU work for a gather / a reduction:
-# the hooks that issue them too (FSDP2's pre-forward / pre-backward / post-forward around its all-gathers, its
-# root post-backward callback, reshard and gradient accumulation beside its reductions), as FSDP1's hooks are
-GATHER_OVERHEAD_PHASES = {"fsdp2": ("all_gather", "all_gather_copy_out", "foreach_all_gather",
-                                    "foreach_all_gather_copy_out", "pre_forward", "pre_backward", "post_forward"),
-                          "fsdp1": ("pre_forward", "pre_forward_prefetch", "pre_backward", "pre_backward_prefetch",
-                                    "post_backward_prefetch")}
-REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce", "root_post_backward_callback",
-                                    "post_backward_reshard", "post_backward_accumulate", "post_backward_rs_wait"),
-                          "fsdp1": ("post_backward",)}
 
 
 @dataclass
@@ -290,7 +280,7 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
         return out
     if target.strategy == tg.NO_SHARD:
         for u in bwd:
-            add(model.ALL_REDUCE, by[u].numel * rt, n, a[u]["B1"], end_bwd, "post_backward")
+            add(model.ALL_REDUCE, by[u].numel * rt, n, a[u]["B1"], end_bwd, model.PHASE_POST_BACKWARD)
         return out
     raf = target.reshard_after_forward
     keep_root = target.family == "fsdp1"
@@ -306,7 +296,8 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
             add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, bgroup, issue, a[u]["B0"],
                 "backward all_gather")
     for u in bwd[1:] + bwd[:1]:
-        add(model.REDUCE_SCATTER, padded_numel(by[u].numel, k) * rt, k, a[u]["B1"], end_bwd, "post_backward_reduce")
+        add(model.REDUCE_SCATTER, padded_numel(by[u].numel, k) * rt, k, a[u]["B1"], end_bwd,
+            model.PHASE_POST_BACKWARD_REDUCE)
         if target.replicas > 1:
             add(model.ALL_REDUCE, local_numel(by[u].numel, k) * rt, target.replicas, a[u]["B1"], end_bwd,
                 "hsdp all_reduce")
@@ -407,7 +398,7 @@ def machine_factor(run: FamilyOverhead, contention: float | None) -> float | Non
 def gather_reduce_overhead(events: pd.DataFrame, family: str,
                            work: dict | None = None) -> tuple[float | None, float | None]:
     """The family's CPU time per gathered byte and per reduced byte (µs/byte): its gather and reduce
-    annotations (:data:`GATHER_OVERHEAD_PHASES`, :data:`REDUCE_OVERHEAD_PHASES`) minus the communication
+    annotations (:data:`fsdpprof.analyze.model.GATHER_OVERHEAD_PHASES`, :data:`fsdpprof.analyze.model.REDUCE_OVERHEAD_PHASES`) minus the communication
     waited for inside them, over the bytes they moved; None where the run has none. ``work``: the run's
     :func:`_family_work`, when already known."""
     work = _family_work(events, family) if work is None else work
@@ -437,14 +428,14 @@ def _family_work(events: pd.DataFrame, family: str) -> dict:
     """The family's own work on the trace, {"gather": w, "reduce": w}, w = (µs covered by its annotations of
     those phases less the communication inside them, µs of compute inside them) or None where it has none."""
     out: dict = {"gather": None, "reduce": None}
-    if family not in GATHER_OVERHEAD_PHASES:
+    if family not in model.GATHER_OVERHEAD_PHASES:
         return out
     ann = labels.fsdp_intervals(events)
     if not len(ann):
         return out
     ann = ann[ann["family"] == family]
     comm, comp = _kind_intervals(events)
-    for key, phases in (("gather", GATHER_OVERHEAD_PHASES[family]), ("reduce", REDUCE_OVERHEAD_PHASES[family])):
+    for key, phases in (("gather", model.GATHER_OVERHEAD_PHASES[family]), ("reduce", model.REDUCE_OVERHEAD_PHASES[family])):
         sel = ann[ann["fsdp_phase"].isin(phases)]
         if len(sel):
             s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
@@ -751,7 +742,7 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     colls = target_collectives(target, units, sc, source.stored_dtype, sync, rs.buckets if same_ddp else None)
     for j in sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"]):
         c = colls[j]
-        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith("forward") else "b")
+        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith(model.STAGE_FORWARD) else "b")
         c["measured"] = bool(pool.get(key))
         c["dur_us"] = pool[key].pop(0) if c["measured"] else fit.time_us(c["collective"], c["bytes"], c["group"])
     # one communication stream in issue order; a wait that is not done delays everything after it
