@@ -3,7 +3,7 @@
     python benchmarks/bench_analyze.py [--cpu-run RUN_DIR] [--repeat 3] [--only NAME] [--profile]
                                        [--big-gb 1.0] [--skip-hta-big] [--no-big] [--out DIR] [--before REF]
 
-Inputs, measured in one run: every folder of real GPU traces in ../shared/data/gpu-traces (a folder of
+Inputs, measured in one run: every folder of real GPU traces in tests/data/gpu-traces (a folder of
 several rank files, param-dlrm-8rank-v100, is one input of 8 ranks), a recorded CPU (gloo) run
 (``--cpu-run``; default: recorded here with the example, 2 ranks) and, unless ``--no-big``, a >= 1 GB
 (decompressed, plain) trace built by replicating the largest real GPU trace.
@@ -32,11 +32,9 @@ prints a before/after table: the per-call CPU time of ours and every goal's rati
 Goals (issue 12), checked in the closing table:
 (a) ours (load + overall overlap + collective volume) >= 10x faster than HTA (TraceAnalysis load +
     get_comm_comp_overlap);
-(b) ours no slower than a bare ``orjson.loads`` of the same bytes (read + gunzip + loads), warm and cold; cold
-    (a whole process: start-up and imports count) the contender is the quick path (``quick_overlap``, the same
-    numbers without numpy or pandas, what ``fsdpprof overlap`` runs); the full path's cold ratio is printed
-    beside it (info: its pandas + numpy imports alone take longer than orjson on a small trace);
-(c) ``fsdpprof report --no-hta`` end to end <= 1.5x the analysis alone (load_run + analyze_run(hta=False),
+(b) ours no slower than a bare ``orjson.loads`` of the same bytes (read + gunzip + loads), warm (the cold goal,
+    start-up and imports counted, is withdrawn: issue 29);
+(c) ``fsdpprof report`` end to end <= 1.5x the analysis alone (load_run + analyze_run(hta=False),
     whole processes both; CPU seconds);
 (d) ``fsdpprof --help`` and ``fsdpprof plan --params 7e9 --world 8`` < 0.3 s wall, without importing
     pandas or torch (python -X importtime);
@@ -62,7 +60,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "gpu-traces"
+SHARED = ROOT / "tests" / "data" / "gpu-traces"   # (the real GPU traces, licensed copies)
 WARMUP = SHARED / "param-dlrm-8rank-v100" / "rank-0.json.gz"
 GOALS = {"hta_x": 10.0, "orjson_x": 1.0, "report_x": 1.5, "cli_s": 0.3, "rss_x": 2.0}
 
@@ -166,12 +164,6 @@ def _ours(path: str) -> dict:
     return {"overlap_pct": float(o["comp_comm_overlap_pct"].iloc[0]), "events": len(ev)}
 
 
-def _quick(path: str) -> dict:
-    from fsdpprof.analyze.comm.quick import quick_overlap
-    q = quick_overlap(path)
-    return {"overlap_pct": q.overlap[0].comp_comm_overlap_pct or 0.0, "events": len(q.overlap)}
-
-
 def _orjson(path: str) -> dict:
     import orjson
     n = 0
@@ -238,7 +230,7 @@ def _stages(path: str) -> dict:
 
 
 _LOADED: dict = {}
-WORK = {"ours": _ours, "quick": _quick, "orjson": _orjson, "hta": _hta, "breakdowns": _breakdowns, "stages": _stages}
+WORK = {"ours": _ours, "orjson": _orjson, "hta": _hta, "breakdowns": _breakdowns, "stages": _stages}
 
 
 # a warm child times its call again, up to INNER_MAX calls while they take under INNER_BUDGET_S in all, and
@@ -258,8 +250,6 @@ def child(mode: str, path: str) -> None:
         from fsdpprof.analyze.comm import breakdown, overlap, volume  # noqa: F401
         from fsdpprof.analyze.run import load_run
         from fsdpprof.analyze.trace import classify, decode, labels  # noqa: F401
-    elif mode == "quick":
-        from fsdpprof.analyze.comm import quick  # noqa: F401
     elif mode == "orjson":
         import orjson  # noqa: F401
     elif mode == "hta":
@@ -277,7 +267,7 @@ def child(mode: str, path: str) -> None:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
-    walls, cpus, again = [], [], mode in ("ours", "quick", "orjson", "hta") and not idle
+    walls, cpus, again = [], [], mode in ("ours", "orjson", "hta") and not idle
     while True:
         c0, t0 = cpu(), time.perf_counter()
         result = {"events": 0} if idle else WORK[mode](path)
@@ -293,16 +283,12 @@ def child(mode: str, path: str) -> None:
 def _forget(mode: str) -> None:
     """No name judged in an earlier call is remembered for the timed one (fsdpprof judges each distinct name
     once per process), nor a category dtype it built (shared by the ranks of one load)."""
-    if mode in ("ours", "stages", "quick"):
-        try:
-            from fsdpprof.analyze.trace import rules as _rules
-            _rules.NAME_MEMO.clear()
-        except ImportError:         # (a tree from before rules.py: the memo was classify's)
-            from fsdpprof.analyze.trace import classify as _classify
-            getattr(_classify, "_MEMO", {}).clear()
-        if mode != "quick":
-            from fsdpprof.analyze.trace import labels as _labels
-            getattr(_labels, "_SMALL_DTYPES", {}).clear()
+    if mode in ("ours", "stages"):
+        from fsdpprof.analyze.trace import classify as _classify
+        from fsdpprof.analyze.trace import labels as _labels
+        for memo in ("NAME_MEMO", "_MEMO"):      # (_MEMO: the same memo in trees of before issue 29)
+            getattr(_classify, memo, {}).clear()
+        getattr(_labels, "_SMALL_DTYPES", {}).clear()
 
 
 # ----------------------------------------------------------------------------------------- running
@@ -366,9 +352,6 @@ def measure(mode: str, path: str, timeout: float, tree: str | None = None) -> di
 PY_OURS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.comm import overlap, volume\n"
            "ev = load_run(sys.argv[1], progress=False).events()\noverlap.overall_overlap(ev)\n"
            "volume.collective_volume(ev)\n")
-PY_QUICK = "import sys\nfrom fsdpprof.analyze.comm.quick import quick_overlap\nquick_overlap(sys.argv[1])\n"
-PY_ORJSON = ("import sys, gzip, orjson\nfor f in sys.argv[1:]:\n    d = open(f, 'rb').read()\n"
-             "    orjson.loads(gzip.decompress(d) if d[:2] == b'\\x1f\\x8b' else d)\n")
 PY_HTA = ("import sys, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis\n"
           "TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True).get_comm_comp_overlap(visualize=False)\n")
 PY_ANALYSIS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.pipeline import analyze_run\n"
@@ -380,17 +363,13 @@ def cold(kind: str, path: str, tmp: str, timeout: float, tree: str | None = None
     py = sys.executable
     if kind == "ours":
         argv = [py, "-c", PY_OURS, path]
-    elif kind == "quick":
-        argv = [py, "-c", PY_QUICK, path]
-    elif kind == "orjson":
-        argv = [py, "-c", PY_ORJSON, *trace_files(path)]
     elif kind == "hta":
         argv = [py, "-c", PY_HTA, hta_dir(path, tmp)]
     elif kind == "analysis":
         argv = [py, "-c", PY_ANALYSIS, path]
     elif kind == "report":
         out = tempfile.mkdtemp(dir=tmp, prefix="report-")
-        argv = [py, "-m", "fsdpprof", "report", path, "--no-hta", "-o", os.path.join(out, "report.html")]
+        argv = [py, "-m", "fsdpprof", "report", path, "-o", os.path.join(out, "report.html")]
     else:
         raise SystemExit(kind)
     return run_process(argv, timeout, tree=tree)
@@ -457,12 +436,12 @@ def cli_startup(repeat: int, tree: str | None = None, stat: str = "median") -> l
 
 
 def profile_report(path: str, tmp: str) -> None:
-    """Where `fsdpprof report --no-hta` spends its time: cProfile (cumulative, fsdpprof's functions and the
+    """Where `fsdpprof report` spends its time: cProfile (cumulative, fsdpprof's functions and the
     biggest others) and the slowest imports."""
     import pstats
     prof = os.path.join(tmp, "report.prof")
     out = tempfile.mkdtemp(dir=tmp, prefix="report-prof-")
-    subprocess.run([sys.executable, "-m", "cProfile", "-o", prof, "-m", "fsdpprof", "report", path, "--no-hta", "-o",
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", prof, "-m", "fsdpprof", "report", path, "-o",
                     os.path.join(out, "report.html")], capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     st = pstats.Stats(prof)
     total = max(v[3] for v in st.stats.values())
@@ -470,12 +449,12 @@ def profile_report(path: str, tmp: str) -> None:
     for (fname, line, func), (cc, nc, tt, ct, callers) in st.stats.items():
         if "fsdpprof" in fname:
             rows.append((ct, tt, nc, f"{os.path.relpath(fname, ROOT) if 'fsdpprof' in fname else fname}:{line} {func}"))
-    print(f"   cProfile of `fsdpprof report {os.path.basename(path)} --no-hta` (total {total:.2f} s; cumulative, "
+    print(f"   cProfile of `fsdpprof report {os.path.basename(path)}` (total {total:.2f} s; cumulative, "
           f"fsdpprof's functions >= 3 %):")
     for ct, tt, nc, name in sorted(rows, reverse=True):
         if ct >= 0.03 * total and "<module>" not in name:
             print(f"     {ct:6.3f} s cum {tt:6.3f} s self {nc:6d} calls  {name}")
-    imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", "report", path, "--no-hta", "-o",
+    imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", "report", path, "-o",
                           os.path.join(out, "report2.html")], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"))
     roots, ours_self = [], []
@@ -510,19 +489,12 @@ def before_tree(ref: str, tmp: str) -> str:
 def row_of(name: str, w: dict, c: dict, base: dict, size: int, at: str = "") -> dict:
     """The goals' ratios of one input from the warm (w) and cold (c) medians; ``at``: "" (now) or "@before"."""
     ours, cold_ours = w.get("ours" + at, {"error": "-"}), c.get("ours" + at, {"error": "-"})
-    quick, cold_quick = w.get("quick" + at, {"error": "-"}), c.get("quick" + at, {"error": "-"})
     row = {"input": name,
            "ours_cpu": None if "error" in ours else ours["cpu_seconds"],
            "hta_x": ratio(w["hta"], ours, "cpu_seconds"), "hta_x_wall": ratio(w["hta"], ours, "seconds"),
            "hta_x_cold": ratio(c["hta"], cold_ours, "cpu"),
            "orjson_x": ratio(w["orjson"], ours, "cpu_seconds"),
            "orjson_x_wall": ratio(w["orjson"], ours, "seconds"),
-           "orjson_x_quick": ratio(w["orjson"], quick, "cpu_seconds"),
-           "orjson_x_quick_wall": ratio(w["orjson"], quick, "seconds"),
-           "orjson_x_cold": ratio(c["orjson"], cold_quick, "wall"),          # goal (b) cold: the quick path
-           "orjson_x_cold_cpu": ratio(c["orjson"], cold_quick, "cpu"),
-           "orjson_x_cold_full": ratio(c["orjson"], cold_ours, "wall"),      # the full path, cold (info)
-           "orjson_x_cold_full_cpu": ratio(c["orjson"], cold_ours, "cpu"),
            "report_x": ratio(c.get("report" + at, {"error": "-"}), c.get("analysis" + at, {"error": "-"}), "cpu"),
            "report_x_wall": ratio(c.get("report" + at, {"error": "-"}), c.get("analysis" + at, {"error": "-"}), "wall")}
     if "error" not in ours and "error" not in base:
@@ -582,8 +554,8 @@ def main() -> None:
             n_files = len(trace_files(path))
             print(f"\n== {name}: {path}\n   {n_files} trace file(s), {size / 2**20:.1f} MiB decompressed", flush=True)
             reps = 1 if path == big else repeat
-            warm = {m: [] for m in ("ours", *(f"ours{a}" for a in at_before), "quick", "orjson", "hta")}
-            coldr = {m: [] for m in ("ours", "quick", "orjson", "hta", "analysis", "report",
+            warm = {m: [] for m in ("ours", *(f"ours{a}" for a in at_before), "orjson", "hta")}
+            coldr = {m: [] for m in ("ours", "hta", "analysis", "report",
                                      *(f"{k}{a}" for a in at_before for k in ("ours", "analysis", "report")))}
             for _ in range(reps):        # interleaved
                 for m in warm:
@@ -606,7 +578,7 @@ def main() -> None:
             bdk = measure("breakdowns", path, args.timeout)
             stages = measure("stages", path, args.timeout)
             for m, label in (("ours", "ours (load_run+overlap+volume)"),
-                             ("ours@before", f"ours at {args.before}"), ("quick", "quick path (quick_overlap)"),
+                             ("ours@before", f"ours at {args.before}"),
                              ("orjson", "orjson.loads (read+gunzip+loads)"),
                              ("hta", "HTA (load+get_comm_comp_overlap)")):
                 if m not in w:
@@ -618,9 +590,8 @@ def main() -> None:
                     extra = f"  overlap {r['overlap_pct']:.2f} %" if "overlap_pct" in r else ""
                     print(f"   warm {label[:36]:36s} {r['seconds']:7.3f} s wall {r['cpu_seconds']:7.3f} s CPU  peak RSS "
                           f"{r['peak_rss_bytes'] / 2**20:5.0f} MiB  (imports {r['import_seconds']:.2f} s, untimed){extra}")
-            for m, label in (("ours", "ours, full path (load_run+overlap+volume)"),
-                             ("quick", "quick path (quick_overlap)"), ("orjson", "orjson.loads"), ("hta", "HTA"),
-                             ("analysis", "analysis (load_run+analyze_run)"), ("report", "fsdpprof report --no-hta"),
+            for m, label in (("ours", "ours (load_run+overlap+volume)"), ("hta", "HTA"),
+                             ("analysis", "analysis (load_run+analyze_run)"), ("report", "fsdpprof report"),
                              ("ours@before", f"ours at {args.before}"), ("analysis@before", f"analysis at {args.before}"),
                              ("report@before", f"report at {args.before}")):
                 if m not in c:
@@ -664,17 +635,12 @@ def main() -> None:
 
     def goal_table(rows: list[dict], stat: str, note: str = "") -> None:
         print(f"\n== ratios against the goals of issue 12, from the {stat} of each contender's runs{note} (CPU-second "
-              "ratios; wall in brackets; cold orjson: wall, CPU in brackets; cold (b): the quick path, quick_overlap; "
-              "full path cold: info, not a goal)")
-        print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'orjson/quick warm':>19s} "
-              f"{'orjson/quick >=1 cold':>28s} {'orjson/full cold':>18s} {'report/analysis <=1.5':>22s} "
+              "ratios; wall in brackets)")
+        print(f"   {'input':34s} {'HTA/ours >=10':>22s} {'orjson/ours >=1 warm':>22s} {'report/analysis <=1.5':>22s} "
               f"{'RSS-base/trace <=2':>19s}")
         for r in rows:
             print(f"   {r['input'][:34]:34s} {ok(r['hta_x'], GOALS['hta_x'])}{fmt_ratio(r['hta_x'])} ({fmt_ratio(r['hta_x_wall'])}) "
                   f"    {ok(r['orjson_x'], 1)}{fmt_ratio(r['orjson_x'])} ({fmt_ratio(r['orjson_x_wall'])})"
-                  f"   {fmt_ratio(r['orjson_x_quick'])} ({fmt_ratio(r['orjson_x_quick_wall'])})"
-                  f"    {ok(r['orjson_x_cold'], 1)}{fmt_ratio(r['orjson_x_cold'])} ({fmt_ratio(r['orjson_x_cold_cpu'])})"
-                  f"   {fmt_ratio(r['orjson_x_cold_full'])} ({fmt_ratio(r['orjson_x_cold_full_cpu'])})"
                   f"     {ok(r['report_x'], GOALS['report_x'], False)}{fmt_ratio(r['report_x'])} ({fmt_ratio(r['report_x_wall'])})"
                   f"   {ok(r.get('rss_x'), GOALS['rss_x'], False)}{fmt_ratio(r.get('rss_x'))}")
 
@@ -689,7 +655,7 @@ def main() -> None:
     if old:
         print(f"\n== before ({args.before}) -> now, measured interleaved in this run (CPU seconds; ratios as above)")
         print(f"   {'input':34s} {'ours warm CPU s':>18s} {'HTA/ours':>15s} {'orjson/ours warm':>17s} "
-              f"{'orjson/full cold':>17s} {'report/analysis':>16s} {'RSS-base/trace':>15s}")
+              f"{'report/analysis':>16s} {'RSS-base/trace':>15s}")
 
         def pair(a, b, fmt="{:.2f}"):
             f = (lambda x: "n/a" if x is None else fmt.format(x))
@@ -697,7 +663,7 @@ def main() -> None:
         for rb, ra in zip(table_before, table):
             print(f"   {ra['input'][:34]:34s} {pair(rb['ours_cpu'], ra['ours_cpu'], '{:.3f}'):>18s} "
                   f"{pair(rb['hta_x'], ra['hta_x']):>15s} {pair(rb['orjson_x'], ra['orjson_x']):>17s} "
-                  f"{pair(rb['orjson_x_cold_full'], ra['orjson_x_cold_full']):>17s} {pair(rb['report_x'], ra['report_x']):>16s} "
+                  f"{pair(rb['report_x'], ra['report_x']):>16s} "
                   f"{pair(rb.get('rss_x'), ra.get('rss_x')):>15s}")
         now_by_label = {r["label"]: r for r in cli}
         for rb in cli_before:

@@ -3,7 +3,8 @@
     python benchmarks/bench_memory.py [--snapshot FILE] [--run RUN_DIR] [--repeat N]
 
 Times (median and best of N, the two tools' runs interleaved so a busy machine slows both alike) on
-every public snapshot in ../shared/data/cuda-snapshots, smallest first:
+every public snapshot, smallest first: tests/data/cuda-snapshots (licensed copies) and, where present,
+../shared/data/cuda-snapshots (the ones without a licence to copy):
   ours:        safe load + allocations frame + categorisation + peak/breakdown/timeline, every device
   _memory_viz: load + segsum + trace (text) + trace_plot (the HTML it builds), i.e. what
                torch's tool does in Python with the same file (its timeline is then drawn by
@@ -31,7 +32,7 @@ from fsdpprof.analyze.memory import memory_analysis, snapshot_memory  # noqa: E4
 from fsdpprof.analyze.run import load_run  # noqa: E402
 from fsdpprof.analyze.memory.snapshot import load_snapshot  # noqa: E402
 
-SNAP_DIR = ROOT.parent / "shared" / "data" / "cuda-snapshots"
+SNAP_DIRS = (ROOT / "tests" / "data" / "cuda-snapshots", ROOT.parent / "shared" / "data" / "cuda-snapshots")
 
 
 def best(fn, repeat):
@@ -82,9 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--run", help="CPU run directory (default: /tmp/fsdpprof-sample/fsdp2 when present)")
     ap.add_argument("--repeat", type=int, default=7)
     a = ap.parse_args(argv)
-    snaps = [Path(a.snapshot)] if a.snapshot else sorted(SNAP_DIR.glob("*.pickle"), key=lambda p: p.stat().st_size)
+    found = {p.name: p for d in reversed(SNAP_DIRS) for p in d.glob("*.pickle")}    # (tests/data's copy first)
+    snaps = [Path(a.snapshot)] if a.snapshot else sorted(found.values(), key=lambda p: p.stat().st_size)
     if not snaps:
-        print(f"no snapshot found (looked in {SNAP_DIR})")
+        print(f"no snapshot found (looked in {', '.join(map(str, SNAP_DIRS))})")
         return 1
     for path in snaps:
         t_ours, t_viz = interleaved([lambda: ours(path), lambda: memory_viz(path)], a.repeat)

@@ -4,7 +4,7 @@
                                      [--workers 2] [--hta-max-ranks 64] [--sizes 1024] [--tmp DIR] [--keep]
 
 Inputs (written under --tmp, default /tmp/fsdpprof-scale, removed at the end unless --keep): synthetic N-rank
-runs built from the 8 real DLRM traces in ../shared/data/gpu-traces/param-dlrm-8rank-v100 (V100, NCCL, one
+runs built from the 8 real DLRM traces in tests/data/gpu-traces/param-dlrm-8rank-v100 (V100, NCCL, one
 step each).  Rank i is rank i % 8's trace, its events replicated with shifted times, correlation / external /
 flow ids and ProfilerStep numbers until the trace holds --mb MB of JSON, distributedInfo.rank = i and
 world_size = N, and a per-rank clock offset of (i * 37) % 1000 µs (the skew analysis must align it).
@@ -42,7 +42,7 @@ import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ROOT.parent / "shared" / "data" / "gpu-traces" / "param-dlrm-8rank-v100"
+SOURCES = ROOT / "tests" / "data" / "gpu-traces" / "param-dlrm-8rank-v100"
 GOALS = {"big_wall_s": 120.0, "parent_rss_mb": 500.0, "worker_x": 2.0}
 HTA_TIMEOUT_S = 600.0
 HTA_MAX_BYTES = 16 << 30

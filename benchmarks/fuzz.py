@@ -4,10 +4,10 @@
                               [--trace PATH] [--cpu-trace PATH] [--snapshot PATH] [--snapshot-entries 600]
 
 Each case is one mutated file: a real profiler trace (``--trace``, default the DLRM rank-0 trace of
-../shared/data; ``--cpu-trace`` adds a CPU recording's trace with ``[memory]`` events, every other
+tests/data; ``--cpu-trace`` adds a CPU recording's trace with ``[memory]`` events, every other
 trace case then mutates that one) or a real CUDA snapshot (``--snapshot``, default
-lm-step-user-metadata.pickle, trimmed to its first ``--snapshot-entries`` trace entries and segments so
-that a case stays cheap).  Mutations, 1-3 per case: type swaps (str/list/dict/number/null/bool),
+../shared/data's lm-step-user-metadata.pickle where present, else tests/data's flexgen-opt1.3b-legacy.pickle,
+trimmed to its first ``--snapshot-entries`` trace entries and segments so that a case stays cheap).  Mutations, 1-3 per case: type swaps (str/list/dict/number/null/bool),
 NaN/inf/huge integers/negative numbers, key deletion, duplication (copies and shared references),
 truncation (of the JSON/pickle text or of its gzip), deep nesting, very long strings.
 
@@ -45,9 +45,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-SHARED = ROOT.parent / "shared" / "data"
-DEFAULT_TRACE = SHARED / "gpu-traces" / "param-dlrm-8rank-v100" / "rank-0.json.gz"
-DEFAULT_SNAPSHOT = SHARED / "cuda-snapshots" / "lm-step-user-metadata.pickle"
+TEST_DATA = ROOT / "tests" / "data"                   # real data with a licence, in the repository
+SHARED = ROOT.parent / "shared" / "data"             # the team's folder (also the snapshots without one)
+DEFAULT_TRACE = TEST_DATA / "gpu-traces" / "param-dlrm-8rank-v100" / "rank-0.json.gz"
+# the newest snapshot layout (5,163 trace entries) where ../shared/data is, else the licensed legacy one
+DEFAULT_SNAPSHOT = next((p for p in (SHARED / "cuda-snapshots" / "lm-step-user-metadata.pickle",)
+                         if p.exists()), TEST_DATA / "cuda-snapshots" / "flexgen-opt1.3b-legacy.pickle")
 
 FAILURES = ("exception", "internal", "warning", "multiline", "implausible", "hang", "crash")
 OUTCOMES = ("ok", "user_error") + FAILURES

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from fsdpprof import __version__
@@ -19,7 +20,7 @@ COMMANDS = {
     "report": ("fsdpprof.commands.report", "analyse a run directory (or traces/snapshots) into report.html"),
     "compare": ("fsdpprof.commands.compare", "put several runs side by side in compare.html"),
     "overlap": ("fsdpprof.commands.overlap", "per rank, communication overlapped with compute and exposed; per "
-                                             "collective, volume and bandwidth (quick: no pandas)"),
+                                             "collective, volume and bandwidth"),
     "plan": ("fsdpprof.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
     "whatif": ("fsdpprof.commands.whatif", "predict peak memory and step time of a run under another strategy"),
     "demo": ("fsdpprof.commands.demo", "record the built-in CPU example under several strategies and report"),
@@ -74,19 +75,80 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help(sys.stderr)
         return 2
+    real_stdout, sys.stdout = sys.stdout, _WatchedStdout(sys.stdout)
     try:
-        return int(args._module.run(args) or 0)
+        code = int(args._module.run(args) or 0)
+        sys.stdout.flush()          # (a full disk behind stdout says so here, not at exit)
+        return code
     except UserError as exc:
-        print(f"fsdpprof {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        _say(f"fsdpprof {args.command}: error: {one_line(str(exc))}")
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"fsdpprof {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:        # Ctrl-C; SIGTERM / SIGHUP while outputs are written (Terminated)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        _say(f"fsdpprof {args.command}: {'interrupted' if signum == signal.SIGINT else 'terminated'}")
+        return 128 + signum
     except BrokenPipeError:
         # `fsdpprof report ... | head`: the reader went away; nothing more to say.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _drop_stdout(real_stdout)
         return 141
+    except StdoutError as exc:
+        # stdout on a full disk (`> /dev/full`), a closed or revoked terminal, ...: one line, exit 1
+        _drop_stdout(real_stdout)
+        _say(f"fsdpprof {args.command}: error: cannot write to standard output ({exc.strerror or exc}); "
+             f"free space where it goes or redirect it elsewhere")
+        return 1
+    finally:
+        sys.stdout = real_stdout
+
+
+class StdoutError(OSError):
+    """Writing to stdout failed (told apart from the OSErrors of the command's own files)."""
+
+
+class _WatchedStdout:
+    """``sys.stdout`` during a command: the same stream, its write errors raised as StdoutError (a broken
+    pipe stays a BrokenPipeError)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc.errno, exc.strerror) from None
+
+    def write(self, text):
+        return self._call(self._stream.write, text)
+
+    def writelines(self, lines):
+        return self._call(self._stream.writelines, lines)
+
+    def flush(self):
+        return self._call(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_stdout(stream) -> None:
+    """Point ``stream`` (stdout) at /dev/null: what is left in its buffer goes nowhere at exit (no second error)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _say(line: str) -> None:
+    """One line on stderr, unless stderr cannot take it (``2>/dev/full``, closed): the exit code still says it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ See ../shared/DESIGN.md for the contract itself.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import re
+import sys
 import time
 
 RUN_SCHEMA = "fsdpprof.run/1"
@@ -28,6 +31,12 @@ SNAPSHOT_FILE = "memory_snapshot.pickle"
 COLLECTOR_LOG = "collector.log"
 MANIFEST_JSON = "manifest.json"   # in each rank-<R>/: the files that rank's recorder wrote there
 CLASHES_DIR = "clashes"           # clashes/rank-<R>-<host>-<pid>.json: a process that found rank R taken
+TRACE_TEMP_FMT = ".trace.{pid}.tmp.json"   # kineto's export, gzipped into <it>.gz, then renamed to trace.json.gz
+# the names of the files a rank's recorder writes (a rank folder recorded before manifests existed: `--force`
+# removes these, and the temporaries of their writes, nothing else)
+RANK_FILES = (MANIFEST_JSON, RANK_JSON, TRACE_FILE, INVENTORY_JSON, SNAPSHOT_FILE, COLLECTOR_LOG)
+RANK_TEMP_RE = re.compile(r"\.trace\.\d+\.tmp\.json(\.gz|\.tmp)?$|\.(" + "|".join(
+    re.escape(n) for n in RANK_FILES) + r")\.\d+\.[0-9a-f]+\.tmp$")
 
 # Stages of a training step (the analysis labels every event and allocation with one). collect tags the CUDA
 # memory history with forward / backward / optimizer (``phase=<stage>``), so both sides take the names from here.
@@ -88,14 +97,65 @@ def temp_siblings(directory: str, name: str) -> list[str]:
     return glob.glob(os.path.join(glob.escape(directory), "." + glob.escape(name) + ".*.tmp"))
 
 
+# -- writing (inside the user's job: a failed write is reported, never fatal) ----------------------
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to file descriptor ``fd``.  Every byte fsdpprof writes (run directory, its
+    ``fsdpprof:`` lines) goes through here, so that tests can make any one write fail."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_error_text(exc: BaseException, path: str | None = None) -> str:
+    """What a failed write means, in words, with the file: ``disk full: <path>``, ``read-only file system:
+    <path>``... (``path``: the file meant, when ``exc`` names none or only a temporary file)."""
+    named = getattr(exc, "filename", None)
+    if not named or (path and os.path.basename(str(named)).startswith(".")):  # (fsdpprof's temporaries are hidden)
+        named = path
+    path = named or "?"
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC:
+        what = "disk full"
+    elif code == getattr(errno, "EDQUOT", None):
+        what = "disk quota exceeded"
+    elif code == errno.EROFS:
+        what = "read-only file system"
+    elif code in (errno.EACCES, errno.EPERM):
+        what = "permission denied"
+    elif isinstance(exc, OSError) and exc.strerror:
+        what = exc.strerror[:1].lower() + exc.strerror[1:]
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+    return f"{what}: {path}"
+
+
+def _failed_write(exc: OSError, path: str) -> OSError:
+    """``exc`` naming ``path`` (the file meant, not a temporary one) when it named no file or another one."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.filename != path:
+        return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), path)
+    return exc
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place.
 
     The file is created as ``open()`` would create it (mode 0666 less the umask), so a run
-    directory is as readable as the user's other files.
+    directory is as readable as the user's other files.  On any failure (a full disk, a read-only
+    folder) the temporary file is removed and the ``OSError`` raised names ``path``; ``path`` itself
+    is left as it was.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise _failed_write(exc, path) from exc
     while True:
         tmp = os.path.join(directory, temp_name(os.path.basename(path)))
         try:
@@ -103,22 +163,170 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             break
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise _failed_write(exc, path) from exc
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        remove_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise _failed_write(exc, path) from exc
         raise
 
 
 def atomic_write_json(path: str, obj) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=False, default=str).encode())
+
+
+def write_json_in_place(path: str, obj) -> None:
+    """Last resort for a status file (run.json, launchers/*.json, rank.json) when a full disk refuses the
+    temporary file of :func:`atomic_write_json`: overwrite ``path`` itself, compact, when the new text fits
+    in the blocks the file already holds (so no new block is needed); the old bytes are put back if the
+    write fails.  Raises the ``OSError`` when it cannot."""
+    data = json.dumps(obj, separators=(",", ":"), default=str).encode()
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _failed_write(exc, path) from exc
+    try:
+        st = os.fstat(fd)
+        room = max(st.st_size, getattr(st, "st_blocks", 0) * 512)
+        if len(data) > room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        old = os.pread(fd, st.st_size, 0)
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            write_all(fd, data)
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.lseek(fd, 0, os.SEEK_SET)
+                write_all(fd, old)
+                os.ftruncate(fd, len(old))
+            except OSError:
+                pass
+            raise _failed_write(exc, path) from exc
+    finally:
+        os.close(fd)
+
+
+def write_status_json(path: str, obj) -> None:
+    """A status file (run.json, launchers/*.json, rank.json): written atomically, or, when the disk is
+    too full for a temporary file, in place (:func:`write_json_in_place`).  Raises the first ``OSError``
+    when neither works."""
+    try:
+        atomic_write_json(path, obj)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) or not os.path.isfile(path):
+            raise
+        try:
+            write_json_in_place(path, obj)
+        except OSError:
+            raise exc from None
+
+
+def exclusive_create_json(path: str, obj) -> bool:
+    """Create ``path`` holding ``obj`` only if it does not exist (False when it does), never half-written:
+    through a temporary file and a hard link where the filesystem has them.  Raises ``OSError`` (naming
+    ``path``) when it cannot be written; nothing is left behind then."""
+    data = json.dumps(obj, indent=1, default=str).encode()
+    tmp = os.path.join(os.path.dirname(path), temp_name(os.path.basename(path)))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if the file exists
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EROFS, errno.EACCES):
+                raise
+        try:  # filesystems without hard links
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            return False
+        try:
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+        except BaseException:
+            remove_quietly(path)
+            raise
+        return True
+    except OSError as exc:
+        raise _failed_write(exc, path) from exc
+    finally:
+        remove_quietly(tmp)
+
+
+def append_bytes(path: str, data: bytes) -> None:
+    """Append ``data`` to ``path`` (created when missing), all of it or nothing: a failed append (a full
+    disk) cuts the file back to its old length.  Raises the ``OSError`` (naming ``path``)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        raise _failed_write(exc, path) from exc
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            raise _failed_write(exc, path) from exc
+    finally:
+        os.close(fd)
+
+
+def out_of_space(directory: str) -> bool:
+    """Is the filesystem of ``directory`` full (under 64 KiB left to this user)?  For writes of others
+    (kineto's trace export) that fail without saying why."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024 or (st.f_files > 0 and st.f_favail == 0)
+
+
+def say(line: str) -> bool:
+    """Write one line (fsdpprof's ``fsdpprof: ...``) on stderr when it can take it: never raises, and leaves
+    nothing queued that could fail later (a full or closed stderr would otherwise change the exit code of
+    the interpreter at its end).  False when the line could not be written."""
+    stream = sys.stderr
+    if stream is None:
+        return False
+    text = line.rstrip("\n") + "\n"
+    try:
+        fd = stream.fileno()
+    except Exception:
+        fd = None
+    try:
+        if fd is None:  # a stream without a file (e.g. replaced by a test harness)
+            stream.write(text)
+            stream.flush()
+            return True
+        try:
+            stream.flush()  # what the job wrote before, in order
+        except Exception:
+            pass
+        write_all(fd, text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace"))
+        return True
+    except Exception:
+        return False
 
 
 def read_json(path: str):
@@ -130,11 +338,27 @@ def read_json(path: str):
 def read_manifest(directory: str) -> list[str] | None:
     """File names listed in ``directory``'s manifest.json (None: no readable manifest of ours)."""
     try:
-        doc = read_json(os.path.join(directory, MANIFEST_JSON))
-    except (OSError, ValueError):
+        return manifest_files(directory)
+    except ValueError:
         return None
+
+
+def manifest_files(directory: str) -> list[str] | None:
+    """File names listed in ``directory``'s manifest.json; None when there is no manifest.json.
+    Raises ValueError (saying what is wrong) for a manifest.json that is there but not a manifest of ours."""
+    path = os.path.join(directory, MANIFEST_JSON)
+    if not os.path.lexists(path):
+        return None
+    try:
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise ValueError("not a file")
+        doc = read_json(path)
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    except ValueError as exc:
+        raise ValueError("empty" if not os.path.getsize(path) else f"not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA or not isinstance(doc.get("files"), list):
-        return None
+        raise ValueError(f"not an {MANIFEST_SCHEMA} document")
     return [f for f in doc["files"] if isinstance(f, str) and f and os.path.basename(f) == f and f not in (".", "..")]
 
 
@@ -145,7 +369,16 @@ def claim_dir(path: str, writer: dict, files: list[str]) -> bool:
         os.mkdir(path)
     except FileExistsError:
         return False
-    write_manifest(path, writer, files)
+    except OSError as exc:
+        raise _failed_write(exc, path) from exc
+    try:
+        write_manifest(path, writer, files)
+    except BaseException:
+        try:
+            os.rmdir(path)  # not claimed after all: a later try (or another writer) may have it
+        except OSError:
+            pass
+        raise
     return True
 
 

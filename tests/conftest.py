@@ -1,42 +1,58 @@
-"""Shared fixtures: real multi-process recordings of the example, each made once per session.
+"""Shared helpers and fixtures of the suite.
 
-`recorded_run(strategy, nproc=2, record_args=(), train_args=())` runs
+Real profiler data: ``shared_data("gpu-traces", ...)`` is a file of tests/data (licensed copies, in the
+repository: see tests/data/README.md); the three CUDA snapshots without a licence are read from
+``../shared/data`` instead, and a test that needs one is skipped, with the reason, where that is absent.
+
+The CLI: ``run_fsdpprof(*args)`` runs ``fsdpprof`` and returns a ``subprocess.CompletedProcess``
+(returncode, stdout, stderr).  It calls ``fsdpprof.cli.main(argv)`` in this process by default, with the
+call's own folder, environment, stdin, and file descriptors 1 and 2 sent to files (so the exit code, the
+one-line errors and what child processes print are what a user sees); ``record`` and ``demo`` (which run jobs
+and handle signals), a call given ``fresh_process=True``, and a call whose ``env`` changes what an interpreter
+reads at start-up run a real ``python -m fsdpprof`` instead.
+
+Recordings: ``recorded_run(strategy, nproc=2, record_args=(), train_args=())`` runs
 ``fsdpprof record --out DIR -- python -m torch.distributed.run --standalone --nproc-per-node N
 fsdpprof/examples/train_fsdp.py --strategy S ...`` for real (gloo on CPU) and returns DIR.
 Identical requests share one recording, so collect, analyze, memory and report tests all read
 the same run directories and the suite stays fast; the session's one ``fsdpprof demo`` (``demo_out``)
 is shared by test_demo's tests.
 
-Every test that records (or runs torchrun) is marked ``slow`` here, automatically: the fast lane is
-``pytest -m "not slow"``.  A test is slow when it uses the ``recorded_run`` or ``demo_out`` fixture
-(itself or through another fixture), or when its code, a fixture it uses, a parameter it is given or a function of the
-test modules it calls names a recording: the ``record`` / ``demo`` sub-command, ``torch.distributed.run``
-/ ``torchrun``, or ``fsdpprof.record(...)``; or one of the suite's other heavy jobs: HTA, the oracle
-(``hta.trace_analysis``, an import of any ``hta.*`` module, ``report --hta``), a Dask cluster (the ``scheduler`` fixture, ``--engine dask``) or a
-real browser.  What that reading misses is caught when it
-happens: a test not marked slow that records through ``run_fsdpprof`` or ``recorded_run`` fails and says so.
+Slow tests are marked where they are written (``pytestmark = pytest.mark.slow`` or ``@pytest.mark.slow``):
+every test that records the example or runs torchrun, HTA, a Dask cluster or a browser.  The fast lane is
+``pytest -m "not slow"``.  A test not marked slow that records (``recorded_run``, ``demo_out``, or
+``run_fsdpprof("record" / "demo", ...)``) fails and says so.
 """
 from __future__ import annotations
 
-import compileall
 import contextlib
+import compileall
 import fcntl
 import hashlib
-import inspect
+import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import types
+import tempfile
+import threading
+import traceback
+import warnings
 from pathlib import Path
 
 import pytest
 
-import cli_server
+from fsdpprof import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+TEST_DATA = ROOT / "tests" / "data"               # licensed real data, in the repository
+SHARED_DATA = ROOT.parent / "shared" / "data"     # the team's folder, for what has no licence to be copied
+# the CUDA snapshots without a clear licence (not in tests/data): read from SHARED_DATA, skipped without it
+UNLICENSED = frozenset({("cuda-snapshots", "lm-step-user-metadata.pickle"),
+                        ("cuda-snapshots", "qlora-tinyllama-legacy.pickle"),
+                        ("cuda-snapshots", "multi-device-expandable-oom.pickle")})
 EXAMPLE = ROOT / "fsdpprof" / "examples" / "train_fsdp.py"
 
 # Small, fast model for tests (fp32, CPU): the example's own defaults are sized for this.
@@ -52,92 +68,30 @@ OFFLOAD_BF16 = ("fsdp2-offload", 2, (), ("--mixed-precision", "bf16",
 
 
 def shared_data(*parts: str) -> Path:
-    """Path under ../shared/data; skips the test with a reason when the folder is absent."""
+    """Path of real profiler data: under tests/data (``shared_data("gpu-traces", "hta-nccl-2rank-a100")``),
+    or, for the unlicensed CUDA snapshots, under ../shared/data, skipping the test with the reason when it is
+    not there."""
+    if tuple(parts[:2]) not in UNLICENSED:
+        return TEST_DATA.joinpath(*parts)
     path = SHARED_DATA.joinpath(*parts)
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real profiler data not found at {SHARED_DATA} (see shared/data/README.md)")
+    if not path.exists():
+        pytest.skip(f"{'/'.join(parts)} (a CUDA snapshot without a licence to copy into tests/data) "
+                    f"not found at {SHARED_DATA}: see tests/data/README.md")
     return path
 
 
-# --- the slow marker ---------------------------------------------------------------------------------
-TESTS = Path(__file__).resolve().parent
-RECORDING_FIXTURES = frozenset({"recorded_run", "demo_out"})
+# --- the slow marker's guard -------------------------------------------------------------------------
 RECORDING_COMMANDS = frozenset({"record", "demo"})          # CLI sub-commands that record the example
-RECORDING_TEXT = ("torch.distributed.run", "torchrun", "fsdpprof.record(", "import record", "record(out=")
-# the other heavy jobs of the suite, slow too: HTA (the oracle, whole real traces through its pandas code)
-# and a real browser (a global holding the path of one, e.g. shutil.which("chromium"))
-HEAVY_CONSTANTS = frozenset({"hta.trace_analysis", "--hta", "dask"})   # ("dask": the engine, a LocalCluster)
-HEAVY_MODULE_PREFIX = "hta."                                    # `from hta.trace_diff import ...` and the like
-HEAVY_FIXTURES = frozenset({"scheduler"})                      # test_engines' Dask LocalCluster
-BROWSERS = frozenset({"chromium", "chromium-browser", "google-chrome", "chrome", "firefox"})
+RECORDING_FIXTURES = frozenset({"recorded_run", "demo_out"})
 _CURRENT: dict = {}                                          # the test running now (for the guard below)
-
-
-def _ours(obj) -> bool:
-    """A function or class defined in tests/."""
-    try:
-        return Path(inspect.getsourcefile(obj) or "").resolve().is_relative_to(TESTS)
-    except (TypeError, OSError):
-        return False
-
-
-def _code_records(code: types.CodeType, names: dict, seen: set, depth: int) -> bool:
-    if code in seen:
-        return False
-    seen.add(code)
-    # (pytest's assertion rewriting adds the names of an assert's variables as strings: those are no commands)
-    own_names = set(code.co_varnames) | set(code.co_names) | set(code.co_cellvars) | set(code.co_freevars)
-    for c in code.co_consts:
-        if isinstance(c, str) and c not in own_names and (
-                c in RECORDING_COMMANDS or c in HEAVY_CONSTANTS or any(t in c for t in RECORDING_TEXT)):
-            return True
-        if isinstance(c, types.CodeType) and _code_records(c, names, seen, depth):
-            return True
-    for n in code.co_names:
-        if n.startswith(HEAVY_MODULE_PREFIX):          # (an import of one of HTA's modules: its dotted name)
-            return True
-        v = names.get(n)
-        if isinstance(v, str) and os.path.basename(v) in BROWSERS:
-            return True
-    return depth < 4 and any(_records(names.get(n), seen, depth + 1) for n in code.co_names)
-
-
-def _records(obj, seen: set, depth: int = 0) -> bool:
-    """Does this function of the tests (or one it names, its nested code, a class's methods) record?"""
-    obj = getattr(obj, "__wrapped__", obj)
-    if isinstance(obj, type):
-        return _ours(obj) and any(_records(v, seen, depth + 1) for v in vars(obj).values()
-                                  if isinstance(v, types.FunctionType))
-    if not isinstance(obj, types.FunctionType) or not _ours(obj):
-        return False
-    names = dict(vars(__import__("builtins")), **obj.__globals__)
-    return _code_records(obj.__code__, names, seen, depth)
-
-
-def records(item) -> bool:
-    """Whether a collected test records a run (see the module's docstring)."""
-    if (RECORDING_FIXTURES | HEAVY_FIXTURES) & set(getattr(item, "fixturenames", ())):
-        return True
-    seen: set = set()
-    roots = [getattr(item, "function", None)]
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
-        roots += [d.func for d in defs]
-    callspec = getattr(item, "callspec", None)
-    roots += [v for v in (callspec.params.values() if callspec else ()) if callable(v)]
-    return any(_records(r, seen) for r in roots)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("slow") is None and records(item):
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _CURRENT["item"] = item
+    used = sorted(RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if used:
+        _must_be_slow(f"uses {', '.join(used)}")
 
 
 def pytest_runtest_teardown(item):
@@ -147,8 +101,8 @@ def pytest_runtest_teardown(item):
 def _must_be_slow(what: str) -> None:
     item = _CURRENT.get("item")
     if item is not None and item.get_closest_marker("slow") is None:
-        pytest.fail(f"{item.nodeid} {what} but is not marked slow; conftest.records() did not see it: "
-                    f"mark it @pytest.mark.slow or name the recording where records() looks", pytrace=False)
+        pytest.fail(f"{item.nodeid} {what} but is not marked slow: mark it @pytest.mark.slow "
+                    f"(or its module pytestmark = pytest.mark.slow)", pytrace=False)
 
 
 def pytest_sessionstart(session):
@@ -157,38 +111,127 @@ def pytest_sessionstart(session):
     compileall.compile_dir(str(ROOT / "fsdpprof"), quiet=2)
 
 
-_SERVER: list = []                                            # this worker's CLI fork server, once started
+# --- the CLI -----------------------------------------------------------------------------------------
+# environment variables that Python, numpy or torch read when they start or import, not when a command runs:
+# a call that changes one of them gets a fresh interpreter
+START_UP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "LC_", "LANG", "TZ")
+# the warning filters of a fresh interpreter (no -W, no PYTHONWARNINGS), which a call in this process gets
+FRESH_WARNING_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                         ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                         ("ignore", ResourceWarning, ""))
 
 
-def _cli_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+class _CallTimedOut(BaseException):
+    """Raised in a call run in this process when its timeout expires (not an Exception: nothing catches it)."""
+
+
+def needs_fresh_process(env: dict | None) -> bool:
+    """A call whose ``env`` changes a variable read at start-up (compared with this process's environment)."""
+    return any(k.startswith(START_UP_PREFIXES) and os.environ.get(k) != v for k, v in (env or {}).items())
+
+
+def _subprocess_env(env: dict | None) -> dict:
+    full = dict(os.environ)
+    full.setdefault("OMP_NUM_THREADS", "1")
+    full.update(env or {})
+    return full
+
+
+def _print_warning(msg) -> None:
+    """What a fresh interpreter does with a warning: print it on (this call's) stderr."""
+    (msg.file or sys.stderr).write(warnings.formatwarning(msg.message, msg.category, msg.filename, msg.lineno,
+                                                          msg.line))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The exit status an interpreter gives a SystemExit (printing a non-integer code on stderr)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _in_process(args: tuple, cwd, env: dict | None, input: str | None, timeout: float | None
+                ) -> subprocess.CompletedProcess:
+    """``fsdpprof.cli.main(args)`` here, as a process of its own would run it: its folder, its environment, a
+    stdin holding ``input``, file descriptors 1 and 2 on files (also for the processes it starts), the warning
+    filters of a fresh interpreter; an exception it lets out is a traceback on stderr and exit code 1."""
+    cmd = [sys.executable, "-m", "fsdpprof", *args]
+    saved = (dict(os.environ), os.getcwd(), sys.stdin, sys.stdout, sys.stderr, os.dup(1), os.dup(2))
+    alarm = timeout is not None and threading.current_thread() is threading.main_thread()
+    old_handler, code, timed_out = None, 1, False
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, warnings.catch_warnings():
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        try:
+            os.environ.update(env or {})
+            os.chdir(cwd if cwd is not None else saved[1])
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            # (never closed: a logging handler made during the call may keep one; it writes to fd 1 / 2,
+            # which are pytest's again after the call)
+            sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stdin = io.StringIO(input or "")
+            warnings.resetwarnings()
+            for action, category, module in FRESH_WARNING_FILTERS:
+                warnings.filterwarnings(action, category=category, module=module, append=True)
+            warnings.showwarning = warnings._showwarning_orig   # (not pytest's recorder: what a user sees)
+            warnings._showwarnmsg_impl = _print_warning
+            if alarm:
+                def _expired(signum, frame):
+                    raise _CallTimedOut()
+                old_handler = signal.signal(signal.SIGALRM, _expired)
+                signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                code = int(cli.main(list(args)) or 0) & 0xFF
+            except SystemExit as exc:
+                code = _exit_code(exc)
+            except _CallTimedOut:
+                timed_out = True
+            except BaseException:                      # as the interpreter does with an uncaught exception
+                traceback.print_exc()
+                code = 1
+            finally:
+                if alarm:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.signal(signal.SIGALRM, old_handler)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os.environ.clear()
+            os.environ.update(saved[0])
+            os.chdir(saved[1])
+            sys.stdin, sys.stdout, sys.stderr = saved[2:5]
+            os.dup2(saved[5], 1)
+            os.dup2(saved[6], 2)
+            os.close(saved[5])
+            os.close(saved[6])
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", errors="replace"))
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout, output=texts[0], stderr=texts[1])
+    return subprocess.CompletedProcess(cmd, code, texts[0], texts[1])
 
 
 def run_fsdpprof(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
-                 input: str | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI as a process of its own (so exit codes and stderr are what a user sees).
+                 input: str | None = None, fresh_process: bool = False) -> subprocess.CompletedProcess:
+    """Run the CLI; (returncode, stdout, stderr) as a user sees them, as ``subprocess.run(..., text=True)``.
 
-    ``record`` and ``demo`` (which run jobs and handle signals) and a call whose environment changes what an
-    interpreter reads at start-up get a new ``python -m fsdpprof``; every other
-    call a child forked from this worker's CLI server, which has fsdpprof and pandas imported already
-    (tests/cli_server.py: the same process semantics, without ~0.2-0.9 s of start-up a call)."""
+    In this process (``fsdpprof.cli.main``, see ``_in_process``) unless ``fresh_process``, the command is
+    ``record`` or ``demo``, or ``env`` changes a variable read at start-up: those run ``python -m fsdpprof``.
+    ``env`` adds to this process's environment for the one call."""
     if args and args[0] in RECORDING_COMMANDS:
         _must_be_slow(f"runs `fsdpprof {args[0]}`")
-    full_env = dict(_cli_env(), **(env or {}))
-    if not _SERVER:
-        _SERVER.append(cli_server.ForkServer(_cli_env()))
-    # (compared with the server's own start: a variable a test set since is not in the server)
-    if (args and args[0] in RECORDING_COMMANDS) or cli_server.needs_fresh_process(full_env, _SERVER[0].env):
-        return subprocess.run([sys.executable, "-m", "fsdpprof", *args], cwd=cwd, env=full_env,
+    if fresh_process or (args and args[0] in RECORDING_COMMANDS) or needs_fresh_process(env):
+        return subprocess.run([sys.executable, "-m", "fsdpprof", *args], cwd=cwd, env=_subprocess_env(env),
                               capture_output=True, text=True, timeout=timeout, input=input)
-    return _SERVER[0].run(args, cwd, full_env, input, timeout)
-
-
-def pytest_sessionfinish(session):
-    for server in _SERVER:
-        server.close()
+    return _in_process(args, cwd, env, input, timeout)
 
 
 # --- recordings of the example, once per session each ------------------------------------------------

@@ -235,7 +235,7 @@ class Allocator:
         pool = "small" if size <= MIB else "large"
         best = None
         for si, s in enumerate(self.segs):
-            if s["pool"] != pool or s["stream"] != stream:
+            if s["pool"] != pool or s["stream"] != stream or s.get("released"):
                 continue
             for b in s["blocks"]:
                 if b.free and b.size >= size and (best is None or b.size < best.size):
@@ -270,9 +270,17 @@ class Allocator:
             seg[i - 1].size += seg.pop(i).size
         return b
 
+    def empty_cache(self, record) -> None:
+        """cudaFree every segment whose blocks are all free (``torch.cuda.empty_cache()``)."""
+        for s in self.segs:
+            if not s.get("released") and all(b.free for b in s["blocks"]):
+                s["released"] = True
+                record({"action": "segment_free", "addr": s["address"], "size": s["size"], "stream": s["stream"],
+                        "frames": []})
+
     def segments(self, device: int) -> list[dict]:
         out = []
-        for s in self.segs:
+        for s in (s for s in self.segs if not s.get("released")):
             blocks = [{"address": b.addr, "size": b.size, "requested_size": b.requested if not b.free else 0,
                        "state": "inactive" if b.free else "active_allocated", "frames": [] if b.free else b.frames}
                       for b in s["blocks"]]

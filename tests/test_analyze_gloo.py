@@ -11,6 +11,8 @@ from fsdpprof.analyze.comm import steps
 from fsdpprof.analyze.comm import volume
 from fsdpprof.analyze.run import load_run
 
+pytestmark = pytest.mark.slow  # every test reads real torchrun/gloo recordings
+
 
 @pytest.fixture(scope="module")
 def fsdp2_run(recorded_run):

@@ -55,6 +55,7 @@ def _hta_rules(trace: str, events):
     return ev
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", TRACES)
 def test_overlap_matches_hta(rel):
     trace = str(shared_data("gpu-traces", rel))

@@ -15,6 +15,7 @@ import pytest
 from conftest import shared_data
 from fsdpprof.analyze import model
 from fsdpprof.analyze.trace import decode as trace
+from fsdpprof.analyze.trace import load as loader
 from fsdpprof.analyze.run import load_run
 from fsdpprof.analyze.trace import decode_trace, load_trace
 from fsdpprof.errors import UserError
@@ -461,8 +462,8 @@ def test_gc_paused_while_a_trace_loads_and_restored_after(tmp_path, monkeypatch)
     trace is refused."""
     import gc
     seen = []
-    real = trace._load_trace
-    monkeypatch.setattr(trace, "_load_trace", lambda *a: (seen.append(gc.isenabled()), real(*a))[1])
+    real = loader._load_trace
+    monkeypatch.setattr(loader, "_load_trace", lambda *a: (seen.append(gc.isenabled()), real(*a))[1])
     good = _write(tmp_path / "t.json.gz", _doc())
     bad = tmp_path / "bad.json"
     bad.write_text('{"traceEvents": [ {"ph": "X", ')

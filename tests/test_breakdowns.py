@@ -286,6 +286,7 @@ TARGETS = SINGLE + [DLRM]
 MAX_POINTS: dict = {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("include_last", [True, False], ids=["all-steps", "hta-default"])
 @pytest.mark.parametrize("rel", TARGETS)
 def test_breakdowns_match_hta(rel, include_last):
@@ -471,6 +472,7 @@ def _tiny_trace(path) -> None:
         json.dump(doc, fh)
 
 
+@pytest.mark.slow
 def test_tiny_trace_against_hand_and_hta(tmp_path):
     path = tmp_path / "rank-0.json.gz"
     _tiny_trace(path)

@@ -115,6 +115,7 @@ def test_gpu_trace_report_renders(tmp_path):
     assert "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t" in {short for _, short in hover}
 
 
+@pytest.mark.slow
 def test_recorded_reports_and_compare_render(tmp_path, recorded_run):
     runs = [recorded_run("fsdp2"), recorded_run("ddp"), recorded_run("fsdp2-no-reshard")]
     pages = []

@@ -72,6 +72,7 @@ def no_temp_files(run) -> bool:
     return not [p for p in run.rglob(".*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_passthrough_and_cheap_bootstrap(tmp_path):
     """stdout, stdin and exit code pass through; a process that never imports torch stays torch-free."""
     out = tmp_path / "run"
@@ -86,6 +87,7 @@ def test_passthrough_and_cheap_bootstrap(tmp_path):
     assert launcher["exit_code"] == 7 and launcher["command"][0] == sys.executable
 
 
+@pytest.mark.slow
 def test_single_process_with_own_sitecustomize(tmp_path, script):
     """No torch.distributed, user's sitecustomize on PYTHONPATH: it still runs, and we record rank 0."""
     site = tmp_path / "site"
@@ -113,6 +115,7 @@ def test_single_process_with_own_sitecustomize(tmp_path, script):
     assert len(ours) == 2  # one line for the rank, one for the run
 
 
+@pytest.mark.slow
 def test_no_optimizer_script(tmp_path, script):
     out = tmp_path / "run"
     proc = run_fsdpprof("record", "--out", str(out), *WINDOW, "--", sys.executable, str(script), "no-optimizer")
@@ -126,6 +129,7 @@ def test_no_optimizer_script(tmp_path, script):
     assert meta["status"] == "partial" and meta["exit_code"] == 0
 
 
+@pytest.mark.slow
 def test_own_profiler_steps_aside(tmp_path, script):
     out = tmp_path / "run"
     own = tmp_path / "own.json"
@@ -146,6 +150,7 @@ def test_own_profiler_steps_aside(tmp_path, script):
     assert "stepped aside" in report.stderr and "own torch.profiler" in report.stderr
 
 
+@pytest.mark.slow
 def test_profiler_started_inside_window_wins(tmp_path, script):
     """The job starts its own profiler while fsdpprof's runs: ours stops first (saving), theirs works."""
     out = tmp_path / "run"
@@ -189,6 +194,7 @@ def test_crash_at_step_2_keeps_partial_data(tmp_path):
     assert no_temp_files(out)
 
 
+@pytest.mark.slow
 def test_sigterm_in_window_saves_and_passes_through(tmp_path, script):
     out = tmp_path / "run"
     ready = tmp_path / "ready"
@@ -216,6 +222,7 @@ def test_sigterm_in_window_saves_and_passes_through(tmp_path, script):
     assert no_temp_files(out)
 
 
+@pytest.mark.slow
 def test_python_api(tmp_path):
     out = tmp_path / "api-run"
     code = textwrap.dedent(f'''
@@ -245,7 +252,7 @@ def test_python_api_rejects_bad_window():
     import fsdpprof
     from fsdpprof.errors import UserError
 
-    with pytest.raises(UserError, match="active_steps must be a positive integer"):
+    with pytest.raises(UserError, match="active_steps 0 is too small: give a whole number from 1 to"):
         with fsdpprof.record(out="unused", active_steps=0):
             pass
 
@@ -253,13 +260,16 @@ def test_python_api_rejects_bad_window():
 BAD_USES = [
     ([], "no command"),
     (["--"], "no command after --"),
-    (["--skip-steps", "0"], "--skip-steps must be a positive integer"),
-    (["--warmup-steps", "-1"], "--warmup-steps must be a positive integer"),
-    (["--active-steps", "two"], "--active-steps must be a positive integer"),
-    (["--ranks", "a,b"], "--ranks must be"),
+    (["--skip-steps", "0"], "--skip-steps: '0' is too small: give a whole number from 1 to 1e9"),
+    (["--warmup-steps", "-1"], "--warmup-steps: '-1' is too small: give a whole number from 1 to"),
+    (["--warmup-steps", "99999999999999999999999"], "--warmup-steps: '99999999999999999999999' is too large"),
+    (["--active-steps", "two"], "--active-steps: 'two' is not a number"),
+    (["--ranks", "a,b"], "--ranks: 'a,b' is not a list of ranks"),
+    (["--ranks", ""], "--ranks: '' is not a list of ranks: give 'all' or comma-separated ranks"),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", BAD_USES, ids=[m for _, m in BAD_USES])
 def test_bad_use_one_line_exit_2_nothing_runs(tmp_path, args, message):
     marker = tmp_path / "ran"
@@ -274,6 +284,7 @@ def test_bad_use_one_line_exit_2_nothing_runs(tmp_path, args, message):
     assert not marker.exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_out_not_writable_or_a_file(tmp_path):
     marker = tmp_path / "ran"
     cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
@@ -285,6 +296,7 @@ def test_out_not_writable_or_a_file(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_existing_run_refused_without_force(tmp_path):
     out = tmp_path / "run"
     ok = run_fsdpprof("record", "--out", str(out), "--", sys.executable, "-c", "print(1)")
@@ -334,6 +346,7 @@ def test_cuda_phase_tags_follow_units():
     assert tags == want
 
 
+@pytest.mark.slow
 def test_two_launchers_share_one_run(tmp_path):
     """Multi-node style: a second launcher of the same command joins the running run (no refusal);
     each writes its own launcher file and run.json is created once and derived from both."""
@@ -380,8 +393,8 @@ def test_launchers_ending_together_leave_the_final_status(tmp_path, monkeypatch)
     real_derive = launcher_mod.derive_status
     calls = []
 
-    def derive_then_b_finishes(run_dir, meta):
-        derived = real_derive(run_dir, meta)
+    def derive_then_b_finishes(run_dir, meta, own=None):
+        derived = real_derive(run_dir, meta, own)
         calls.append(derived["status"])
         if len(calls) == 1:  # B ends and finalizes between A's derive and A's write
             runfmt.atomic_write_json(str(out / "launchers" / "h-2.json"), {**ended, "pid": 2})
@@ -391,13 +404,15 @@ def test_launchers_ending_together_leave_the_final_status(tmp_path, monkeypatch)
         return derived
 
     monkeypatch.setattr(launcher_mod, "derive_status", derive_then_b_finishes)
-    meta = launcher_mod._finalize(str(out), run_json)
+    meta, unwritten = launcher_mod._finalize(str(out), run_json)
+    assert unwritten is None
     assert calls[0] == "running" and "failed" in calls[1:]
     on_disk = runfmt.read_json(run_json)
     assert on_disk["status"] == meta["status"] == "failed" and on_disk["exit_code"] == 0
     assert on_disk["started_at"] == "t0"
 
 
+@pytest.mark.slow
 def test_stale_running_run_is_not_joined(tmp_path):
     """run.json says running but its launcher is gone (killed hard): a new launcher refuses, it does not join."""
     out = tmp_path / "run"

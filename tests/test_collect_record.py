@@ -8,11 +8,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 
 import pytest
 
 from conftest import OFFLOAD_BF16, OFFLOAD_BF16_SIZES
+from fsdpprof import runfmt
 
 # (strategy, nproc, train_args, framework, strategy name, shard group, replicate group)
 CASES = [
@@ -259,12 +259,22 @@ def test_trace_export_leaves_the_gzip_only(tmp_path, monkeypatch):
         export_trace_gz(Prof(), str(js), str(tmp_path / "missing" / "t.json.gz"))
     assert sorted(tmp_path.iterdir()) == []
 
-    def half_then_full(fin, fout, length):             # the disk fills up halfway through the .gz
-        fout.write(fin.read(len(body) // 2))
-        fout.flush()
+    real_write = runfmt.write_all
+
+    def half_then_full(fd, data):                      # the disk fills up halfway through the .gz
+        real_write(fd, data[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shutil, "copyfileobj", half_then_full)
+    monkeypatch.setattr(runfmt, "write_all", half_then_full)
     with pytest.raises(OSError, match="No space"):
         export_trace_gz(Prof(), str(js), str(gz))
     assert sorted(tmp_path.iterdir()) == []            # no half-written trace.json.gz
+
+    class KinetoOnAFullDisk:                           # kineto's export: <path>.tmp cut short, no error raised
+        def export_chrome_trace(self, path):
+            with open(path + ".tmp", "wb") as fh:
+                fh.write(body[:1000])
+
+    with pytest.raises(OSError, match="the profiler wrote no trace file"):
+        export_trace_gz(KinetoOnAFullDisk(), str(js), str(gz))
+    assert sorted(tmp_path.iterdir()) == []            # kineto's temporary removed too

@@ -91,6 +91,7 @@ def user_files(folder: Path) -> dict[str, bytes]:
 
 # -- 1. nothing of the user's is lost ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_force_never_removes_user_files(tmp_path, script):
     out = tmp_path / "out"
     mine = user_files(out)
@@ -124,6 +125,7 @@ def test_force_never_removes_user_files(tmp_path, script):
     assert tree(other) == {"run.json": b'{"my": "config"}'}
 
 
+@pytest.mark.slow
 def test_force_replaces_a_run_of_the_previous_version(tmp_path, script):
     """A run without manifests (recorded before them): --force removes run.json, launchers/ and the
     rank-<R>/ folders that hold fsdpprof's rank.json, nothing else."""
@@ -151,6 +153,47 @@ def test_force_replaces_a_run_of_the_previous_version(tmp_path, script):
     assert (out / "rank-0" / "manifest.json").exists()
 
 
+@pytest.mark.slow
+def test_force_never_removes_a_user_file_inside_a_rank_folder(tmp_path, script):
+    """rank-0/my_notes.txt of the user's in an old run: with its manifest intact, without a manifest (a run
+    recorded before them) or with one damaged (emptied, not JSON, not ours), --force refuses in one line and
+    removes nothing; it never removes a whole rank folder."""
+    import shutil
+
+    recorded = tmp_path / "recorded"
+    assert record(recorded, script).returncode == 0
+    cases = {"intact": None, "no manifest": "remove", "emptied": b"", "not JSON": b"{\"schema\": ",
+             "not ours": b'{"files": ["my_notes.txt"]}'}
+    for case, manifest in cases.items():
+        out = tmp_path / case.replace(" ", "-")
+        shutil.copytree(recorded, out)
+        if manifest == "remove":
+            (out / "rank-0" / "manifest.json").unlink()
+        elif manifest is not None:
+            (out / "rank-0" / "manifest.json").write_bytes(manifest)
+        (out / "rank-0" / "my_notes.txt").write_text("mine")
+        before = tree(out)
+        proc = record(out, script, force=True)
+        if manifest is None or manifest == "remove":
+            one_line_error(proc, "rank-0/my_notes.txt", "did not write", "nothing was removed")
+        else:
+            one_line_error(proc, "rank-0/manifest.json is damaged", "nothing", "rank-0/")
+        assert tree(out) == before, case
+    # without the user's file, an old run without manifests is replaced: fsdpprof's own files only
+    out = tmp_path / "no-manifest"
+    (out / "rank-0" / "my_notes.txt").unlink()
+    (out / "rank-0" / ".trace.123.tmp.json.gz").write_bytes(b"left by a killed export")
+    assert record(out, script, force=True).returncode == 0
+    assert load(out / "rank-0" / "manifest.json")["files"] and not (out / "rank-0" / ".trace.123.tmp.json.gz").exists()
+    # a damaged manifest beside nothing of the user's still stops --force: it proves nothing
+    out = tmp_path / "emptied"
+    (out / "rank-0" / "my_notes.txt").unlink()
+    before = tree(out)
+    one_line_error(record(out, script, force=True), "rank-0/manifest.json is damaged (empty)")
+    assert tree(out) == before
+
+
+@pytest.mark.slow
 def test_run_files_readable_like_the_traces(tmp_path, script):
     """run.json and inventory.json used to be 0600 (mkstemp): every file now follows the umask as open() does."""
     out = tmp_path / "run"
@@ -170,6 +213,7 @@ def test_run_files_readable_like_the_traces(tmp_path, script):
 
 # -- 2. truthful statuses ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_short_job_is_complete_with_a_note(tmp_path, script):
     """The job ends cleanly after step 2, inside the window 2-3: complete, the cut window noted."""
     out = tmp_path / "run"
@@ -190,6 +234,7 @@ def test_short_job_is_complete_with_a_note(tmp_path, script):
     assert load(early / "run.json")["status"] == "failed"
 
 
+@pytest.mark.slow
 def test_rank_killed_before_its_trace_is_failed(tmp_path, script):
     out = tmp_path / "run"
     proc = record(out, script, "kill-in-window")
@@ -224,6 +269,7 @@ def test_a_loser_waits_for_the_holders_manifest(tmp_path):
     assert _claim_holder(str(empty), wait_s=0.1) == {}  # a holder killed before its manifest: nobody named
 
 
+@pytest.mark.slow
 def test_two_processes_claiming_rank_0(tmp_path, script):
     """A job that starts two processes without torch.distributed: both are rank 0. One records,
     the other records nothing; no file of one lies beside the other's; run.json and report name it."""
@@ -255,6 +301,7 @@ def test_two_processes_claiming_rank_0(tmp_path, script):
     assert len(warning) == 1 and warning[0].startswith("  warning:") and str(loser) in warning[0]
 
 
+@pytest.mark.slow
 def test_two_launchers_of_one_single_process_job(tmp_path, script):
     """Two `fsdpprof record -- python train.py` on one --out at once: the second launcher joins the
     run, its process finds rank 0 taken and records nothing."""
@@ -286,6 +333,7 @@ def test_two_launchers_of_one_single_process_job(tmp_path, script):
     assert len(list((out / "launchers").glob("*.json"))) == 2
 
 
+@pytest.mark.slow
 def test_killed_launcher_is_reported_as_interrupted(tmp_path, script):
     """SIGKILL to the launcher leaves run.json `running` for ever: report sees no live launcher and
     shows the run as interrupted, with one warning line (run.json itself is not changed)."""
@@ -325,6 +373,7 @@ def test_killed_launcher_is_reported_as_interrupted(tmp_path, script):
     assert (out / "run.json").read_bytes() == run_json
 
 
+@pytest.mark.slow
 def test_a_live_launcher_is_not_interrupted(tmp_path):
     """The other side of staleness: while the launcher runs, report does not call the run interrupted."""
     from fsdpprof import runfmt
@@ -360,6 +409,7 @@ def _stderr_lines(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_no_kineto_lines_added_to_the_jobs_stderr(tmp_path, script):
     """torch's `USDT ... profiler_start/stop` lines are silenced for fsdpprof's own profiler calls; the
     only lines fsdpprof adds are its own `fsdpprof:` lines and the CPUAllocator warning that docs/recording.md
@@ -386,6 +436,7 @@ def test_no_kineto_lines_added_to_the_jobs_stderr(tmp_path, script):
     assert usdt[0] == usdt[1] == [" profiler_start", " profiler_stop"]
 
 
+@pytest.mark.slow
 def test_python_api_keeps_a_finished_run(tmp_path):
     """`fsdpprof.record(out=...)` into a folder that already holds a finished run is refused (it used to
     write its rank files over the old ones); a run.json that is not fsdpprof's is never touched."""

@@ -5,14 +5,19 @@ import json
 import re
 import shutil
 
+import pytest
+
 from conftest import run_fsdpprof
 from fsdpprof.analyze import model
+
+pytestmark = pytest.mark.slow  # compares real torchrun/gloo recordings
 
 
 def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
     a, b = recorded_run("fsdp2"), recorded_run("ddp")
     out = tmp_path / "compare.html"
-    p = run_fsdpprof("compare", str(a), str(b), "-o", str(out), timeout=300)
+    # (the suite's one `compare` end to end in a process of its own; the others run in the test's process)
+    p = run_fsdpprof("compare", str(a), str(b), "-o", str(out), timeout=300, fresh_process=True)
     assert p.returncode == 0, p.stderr[-3000:]
     c = json.loads((tmp_path / "compare.json").read_text())
     assert c["comparable"] and len(c["labels"]) == 2

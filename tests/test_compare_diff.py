@@ -110,6 +110,7 @@ def _assert_same_as_hta(ours, df, cats):
     return ref
 
 
+@pytest.mark.slow
 def test_op_diff_equals_hta_on_two_v100_ranks(tmp_path):
     a, b = tmp_path / "rank0", tmp_path / "rank1"
     a.mkdir()
@@ -141,6 +142,7 @@ def _edited_pair(tmp_path):
     return a, b
 
 
+@pytest.mark.slow
 def test_op_diff_equals_hta_on_an_edited_trace(tmp_path):
     a, b = _edited_pair(tmp_path)
     df, ops, cats = _hta(a, b)
@@ -172,6 +174,7 @@ def test_op_diff_equals_hta_on_an_edited_trace(tmp_path):
     assert ours.index[0] in ("aten::copy_", diff.STEP_OP)
 
 
+@pytest.mark.slow
 def test_hta_rounding_of_nanosecond_traces_reproduced(tmp_path, monkeypatch):
     """Traces with sub-microsecond timestamps: HTA rounds each event inward to whole microseconds (start up,
     end down: hta.common.trace_parser.round_down_time_stamps) unless HTA_DISABLE_NS_ROUNDING=1.  Without the
@@ -261,6 +264,7 @@ def _json(path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_compare_cli_fsdp2_vs_no_reshard(recorded_run, tmp_path):
     """Real recordings end to end: FULL_SHARD against reshard_after_forward=False (SHARD_GRAD_OP)."""
     a, b = recorded_run("fsdp2"), recorded_run("fsdp2-no-reshard")
@@ -309,6 +313,7 @@ def test_compare_cli_fsdp2_vs_no_reshard(recorded_run, tmp_path):
     assert len(units) and set(units["run"]) == {run_label}
 
 
+@pytest.mark.slow
 def test_compare_trace_folders_without_inventory(recorded_run, tmp_path):
     """A run directory against its own traces laid out as torchtitan writes them (no inventory): compared
     without --force, formulas left out with a note, every measured difference zero; the window is chosen by

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import run_fsdpprof
 
+pytestmark = pytest.mark.slow  # runs `fsdpprof demo` (records the example)
+
 
 def test_demo_writes_reports_and_comparison(demo_out):
     """The demo's story, measured: model states per rank falling as 1/N (DDP -> FULL_SHARD on 2 -> on 4 ranks)

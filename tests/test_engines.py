@@ -58,6 +58,7 @@ def _both(run, tmp_path, scheduler, *args):
     return local, dask
 
 
+@pytest.mark.slow
 def test_recorded_run_same_summary_on_both_engines(recorded_run, tmp_path, scheduler):
     run = recorded_run("fsdp2")
     (s_local, html_local, _), (s_dask, html_dask, _) = _both(run, tmp_path, scheduler)
@@ -68,6 +69,7 @@ def test_recorded_run_same_summary_on_both_engines(recorded_run, tmp_path, sched
     assert html_dask == html_local
 
 
+@pytest.mark.slow
 def test_gpu_traces_same_summary_on_both_engines(tmp_path, scheduler):
     path = shared_data(*DLRM)
     (s_local, html_local, _), (s_dask, html_dask, _) = _both(path, tmp_path, scheduler)
@@ -78,6 +80,7 @@ def test_gpu_traces_same_summary_on_both_engines(tmp_path, scheduler):
     assert html_dask == html_local
 
 
+@pytest.mark.slow
 def test_dask_runs_each_rank_on_the_workers(scheduler):
     """The ranks run in the cluster's worker processes, and only the small results come back."""
     from distributed import Client
@@ -122,6 +125,7 @@ def _kill_once(marker: str, suffix: str):
     return _KillOnce(marker, suffix)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_run_is_retried_by_dask(tmp_path, scheduler):
     from distributed import Client
 
@@ -155,6 +159,7 @@ def _copy(path, dst):
     return dst
 
 
+@pytest.mark.slow
 def test_an_unreadable_rank_is_missing_not_fatal(tmp_path, scheduler):
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
     from fsdpprof.analyze.run import load_run
@@ -170,6 +175,7 @@ def test_an_unreadable_rank_is_missing_not_fatal(tmp_path, scheduler):
     assert s_dask == s_local
 
 
+@pytest.mark.slow
 def test_a_file_the_workers_cannot_see_is_missing(tmp_path, scheduler):
     """Discovered here, gone where the rank runs (not on the workers' storage): that rank is missing, with
     the reason; the other ranks are analysed."""
@@ -184,6 +190,7 @@ def test_a_file_the_workers_cannot_see_is_missing(tmp_path, scheduler):
     assert "is not there on" in a.missing["rank-6.json.gz"] and "same path" in a.missing["rank-6.json.gz"]
 
 
+@pytest.mark.slow
 def test_mode_000_trace_is_missing_on_a_local_cluster_started_by_the_cli(tmp_path):
     """`--engine dask` without --scheduler: a LocalCluster here.  A trace nobody may read (mode 000, root
     without DAC override) is missing, not fatal."""
@@ -204,6 +211,7 @@ def test_mode_000_trace_is_missing_on_a_local_cluster_started_by_the_cli(tmp_pat
     assert s["overview"]["ranks_analysed"] == 7 and "permission denied" in s["missing"]["rank-2.json.gz"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["local", "dask"])
 def test_one_progress_line_per_rank(engine, scheduler, capsys):
     from fsdpprof.analyze.pipeline import map_ranks
@@ -285,6 +293,7 @@ def test_local_pool_survives_a_pool_broken_before_a_submit(monkeypatch):
     assert len(pools) >= 2, "the broken pool was not replaced"
 
 
+@pytest.mark.slow
 def test_compare_same_json_on_both_engines(tmp_path, scheduler):
     a = _copy(shared_data(*DLRM), tmp_path / "a")
     b = _copy(shared_data(*DLRM), tmp_path / "b")

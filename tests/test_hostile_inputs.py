@@ -242,7 +242,7 @@ def test_decompressed_size_limit_names_the_flag(tmp_path):
     assert trace.MAX_TRACE_BYTES == 8 << 30
     err = _one_line_error(load_run, str(gz), max_trace_bytes=1000)
     assert "--max-trace-bytes" in str(err)
-    p = run_fsdpprof("report", str(gz), "--max-trace-bytes", "1000", "--no-hta", "-o", str(tmp_path / "r.html"))
+    p = run_fsdpprof("report", str(gz), "--max-trace-bytes", "1000", "-o", str(tmp_path / "r.html"))
     assert p.returncode == 2 and "--max-trace-bytes" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "r.html").exists()
 
@@ -341,11 +341,79 @@ def test_snapshot_malformed_fields_are_left_out_and_counted(tmp_path):
     assert sorted(snap.allocations["addr"].tolist()) == [0x1000, 0x1200, 0x2500] + [0x10000 + 64 * i for i in range(20)]
     w = "\n".join(snap.warnings)
     assert "3 segment(s) malformed" in w and "2 block(s) of segments malformed" in w
-    assert "9 trace entries malformed" in w and "3 trace entry field(s) of the wrong type" in w
+    # (the entry whose action is not a string counts too: an entry without an action says nothing)
+    assert "10 trace entries malformed" in w and "3 trace entry field(s) of the wrong type" in w
     assert all(x.startswith(str(path)) for x in snap.defects) and len(snap.defects) == 4
     a, summary, text, page = _report(str(path))
     assert a.memory[0].peak_allocated_bytes == 1024 + 64 + 20 * 64          # A was freed before the others
-    assert "9 trace entries malformed" in text and "9 trace entries malformed" in page
+    assert "10 trace entries malformed" in text and "10 trace entries malformed" in page
+
+
+def _real_snapshot(name: str = "lm-step-user-metadata.pickle"):
+    from fsdpprof.analyze.memory import safe_pickle
+
+    return safe_pickle.load_sized(str(shared_data("cuda-snapshots", name)), max_bytes=1 << 30)[0]
+
+
+def _emptied(snap):
+    """Every segment and every trace entry of ``snap`` an empty dict."""
+    return dict(snap, segments=[{} for _ in snap["segments"]],
+                device_traces=[[{} for _ in t] for t in snap["device_traces"]])
+
+
+_NO_ADDRESS = {k: v for k, v in _snap()["segments"][0].items() if k != "address"}
+
+
+@pytest.mark.parametrize("case", ["hand-built emptied", "real emptied", "no address and a bad entry",
+                                  "a few bad parts, no allocation left"])
+def test_snapshot_with_no_allocation_left_is_exit_2(tmp_path, case):
+    """Once its malformed parts are left out nothing is allocated: one line saying what was malformed, exit 2
+    (before: a report of "peak 0 B", once with the finding "100 % of reserved memory is not allocated ->
+    expandable_segments")."""
+    content = {
+        "hand-built emptied": lambda: _emptied(_snap()),
+        "real emptied": lambda: _emptied(_real_snapshot()),
+        "no address and a bad entry": lambda: {"segments": [_NO_ADDRESS],
+                                               "device_traces": [[{"action": "alloc", "size": -3}]]},
+        # a minority malformed (1 segment, 1 entry of 5): the rest holds segment events but no allocation
+        "a few bad parts, no allocation left": lambda: {
+            "segments": [_NO_ADDRESS], "device_traces": [[_entry("segment_alloc", 0x1000 * i, 2 << 20, float(i))
+                                                           for i in range(1, 4)] + [{"size": 5}]]},
+    }[case]()
+    path = _pickle(tmp_path / "broken.pickle", content)
+    err = str(_one_line_error(load_snapshot, str(path)))
+    assert str(path) in err and "malformed" in err and "is the file corrupt?" in err, err
+    assert "segment(s) malformed" in err and "trace entries malformed" in err, err
+    p = run_fsdpprof("report", str(path), "-o", str(tmp_path / "r.html"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "broken.pickle" in p.stderr, p.stderr
+    assert "peak 0 B" not in p.stdout and "expandable_segments" not in p.stdout + p.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_snapshot_without_block_sizes_warns_and_keeps_its_peak(tmp_path):
+    """Every live block without its size: the size its tensor requested stands for it, with a warning (before:
+    no warning, the peak of lm-step-user-metadata 12.0 GiB instead of 13.0 GiB); a block with neither size is
+    left out as malformed."""
+    real = _real_snapshot()
+    whole = _pickle(tmp_path / "whole.pickle", real)
+    sizeless = dict(real, segments=[dict(seg, blocks=[{k: v for k, v in b.items() if k != "size"}
+                                                      for b in seg["blocks"]]) for seg in real["segments"]])
+    cut = _pickle(tmp_path / "no-sizes.pickle", sizeless)
+    a_whole, a_cut = (analyze_run(load_run(str(p)), hta=False) for p in (whole, cut))
+    live = sum(1 for seg in real["segments"] for b in seg["blocks"] if b.get("state") == "active_allocated")
+    assert a_cut.memory[0].peak_allocated_bytes == a_whole.memory[0].peak_allocated_bytes > 12.5 * 2 ** 30
+    assert any(f"{live:,} live block(s) of segments have no size" in w for w in a_cut.warnings), a_cut.warnings
+    assert not any("have no size" in w for w in a_whole.warnings)
+    # hand-built: the live block of 1024 B, without a size, with and without the size it requested
+    snap = _snap()
+    block = snap["segments"][0]["blocks"][0]
+    del block["size"]
+    block["requested_size"] = 1000
+    got = load_snapshot(str(_pickle(tmp_path / "requested.pickle", snap)))
+    assert "1 live block(s) of segments have no size" in "\n".join(got.warnings)
+    del block["requested_size"]
+    got = load_snapshot(str(_pickle(tmp_path / "neither.pickle", snap)))
+    assert "1 block(s) of segments malformed" in "\n".join(got.warnings)
 
 
 @pytest.mark.parametrize("content", [

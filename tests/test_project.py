@@ -5,6 +5,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -189,7 +191,9 @@ def test_the_core_works_without_hta(tmp_path):
     import subprocess
     import sys
 
-    trace = ROOT.parent / "shared" / "data" / "gpu-traces" / "hta-nccl-2rank-a100" / "rank-0.json.gz"
+    from conftest import shared_data
+
+    trace = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
     code = ("import sys; sys.modules['hta'] = None\n"          # any `import hta` now fails
             "from fsdpprof.cli import main\n"
             f"sys.exit(main(['report', {str(trace)!r}, '-o', {str(tmp_path / 'r.html')!r}]))")
@@ -202,27 +206,15 @@ def test_the_core_works_without_hta(tmp_path):
     assert p.returncode == 2 and "pip install 'fsdpprof[hta]'" in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 
-def test_the_public_api_of_0_1_still_imports():
-    """README's API of fsdpprof 0.1 keeps working after the restructure; moved modules warn where they went."""
+def test_the_public_api_imports():
+    """Every name of the public API (``from fsdpprof.analyze import ...``) resolves to where it is defined; the
+    flat module names of fsdpprof 0.1 (``fsdpprof.analyze.overlap`` ...) are gone, with no alias left."""
     import importlib
-    import subprocess
-    import sys
 
-    code = ("import warnings; warnings.simplefilter('error', FutureWarning)\n"
-            "from fsdpprof.analyze.run import load_run\n"
-            "from fsdpprof.analyze.memory import memory_analysis\n"
-            "from fsdpprof.analyze import load_run as a, comm_overlap as b, memory_analysis as c, analyze_run as d\n"
-            "try:\n"
-            "    from fsdpprof.analyze.overlap import comm_overlap\n"
-            "except FutureWarning as w:\n"
-            "    print('WARNED', w)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert "WARNED fsdpprof.analyze.overlap is deprecated: it moved to fsdpprof.analyze.comm.overlap" in p.stdout
-    import warnings
+    import fsdpprof.analyze as api
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        old = importlib.import_module("fsdpprof.analyze.overlap")
-        from fsdpprof.analyze.comm import overlap as new
-    assert old is new and old.comm_overlap is new.comm_overlap
+    for name in api.__all__:
+        assert getattr(api, name) is getattr(importlib.import_module(api._API[name]), name)
+    for old in ("overlap", "schema", "analysis", "rundata", "msgspec_import", "comm.quick", "trace.rules"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"fsdpprof.analyze.{old}")

@@ -11,9 +11,9 @@ import pytest
 from conftest import OFFLOAD_BF16, run_fsdpprof, shared_data
 
 
-def _report(path, out_dir, *extra):
+def _report(path, out_dir, *extra, fresh_process=False):
     out = out_dir / "report.html"
-    p = run_fsdpprof("report", str(path), "-o", str(out), *extra, timeout=300)
+    p = run_fsdpprof("report", str(path), "-o", str(out), *extra, timeout=300, fresh_process=fresh_process)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out_dir / "summary.json").read_text())
     return out.read_text(), summary, p.stdout
@@ -31,9 +31,10 @@ def _assert_self_contained(html: str):
         assert f'id="{section}"' in html
 
 
+@pytest.mark.slow
 def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     run = recorded_run("fsdp2")
-    html, s, stdout = _report(run, tmp_path, "--hta")
+    html, s, stdout = _report(run, tmp_path, "--hta", fresh_process=True)   # (one `report` end to end)
     _assert_self_contained(html)
     inv = json.loads((run / "rank-0" / "inventory.json").read_text())
     t = s["theory"]
@@ -71,6 +72,7 @@ def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     assert "fsdpprof report" in stdout and "report:" in stdout
 
 
+@pytest.mark.slow
 def test_ddp_and_shard_grad_op_theory(recorded_run, tmp_path):
     d = tmp_path / "ddp"
     d.mkdir()
@@ -92,6 +94,7 @@ def test_ddp_and_shard_grad_op_theory(recorded_run, tmp_path):
     assert "SHARD_GRAD_OP keeps parameters unsharded" in t2["model_states_explanation"]
 
 
+@pytest.mark.slow
 def test_partial_run_gets_a_banner(recorded_run, tmp_path):
     src = recorded_run("fsdp2")
     run = tmp_path / "partial"
@@ -103,6 +106,49 @@ def test_partial_run_gets_a_banner(recorded_run, tmp_path):
     assert s["overview"]["ranks_present"] == [0]
 
 
+@pytest.mark.slow
+def test_partial_run_words_count_and_name_what_was_analysed(recorded_run, tmp_path):
+    """rank 1 kept for its inventory but without its trace: not counted as analysed; each missing rank named
+    once (before: "ranks analysed 2" beside "PARTIAL: missing rank-1", and "rank-1: rank-1: no ...")."""
+    src = recorded_run("fsdp2")
+    run = tmp_path / "no-trace"
+    shutil.copytree(src, run, ignore=shutil.ignore_patterns("report.html", "summary.json"))
+    (run / "rank-1" / "trace.json.gz").unlink()
+    html, s, stdout = _report(run, tmp_path)
+    assert s["overview"]["ranks_present"] == [0] and s["overview"]["ranks_analysed"] == 1
+    assert "ranks analysed 1," in stdout and "PARTIAL: missing rank-1: no trace.json.gz" in stdout, stdout
+    assert s["missing"] == {"rank-1": "no trace.json.gz (status complete)"}
+    assert "rank-1: rank-1" not in stdout and "rank-1: rank-1" not in html
+
+
+@pytest.mark.slow
+def test_run_still_being_recorded_is_said_so(recorded_run, tmp_path):
+    """run.json ``running`` with a launcher alive: a rank not saved yet is "still being recorded", not "did not
+    record or died early"."""
+    import os
+
+    src = recorded_run("fsdp2")
+    run = tmp_path / "running"
+    shutil.copytree(src, run, ignore=shutil.ignore_patterns("report.html", "summary.json"))
+    shutil.rmtree(run / "rank-1")
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(status="running", exit_code=None, ended_at=None)
+    (run / "run.json").write_text(json.dumps(meta))
+    launcher = next((run / "launchers").glob("*.json"))
+    doc = json.loads(launcher.read_text())
+    doc.update(exit_code=None, pid=os.getpid(), pid_start=None)     # this test's process: alive
+    launcher.write_text(json.dumps(doc))
+    html, s, stdout = _report(run, tmp_path / "alive")
+    assert s["missing"]["rank-1"] == "no rank directory (not saved yet: the run is still being recorded)"
+    assert "still being recorded" in stdout and "did not record" not in stdout and "died early" not in stdout
+    assert "rank-1: rank-1" not in stdout
+    # the same run once its launcher is gone: interrupted, and the rank did not record
+    doc.update(pid=2 ** 22 + 12345)
+    launcher.write_text(json.dumps(doc))
+    _, s, stdout = _report(run, tmp_path / "gone")
+    assert "did not record or died early" in s["missing"]["rank-1"] and "still being recorded" not in stdout
+
+
 def test_cuda_snapshot_report(tmp_path):
     snap = shared_data("cuda-snapshots", "multi-device-expandable-oom.pickle")
     html, s, _ = _report(snap, tmp_path)
@@ -112,6 +158,7 @@ def test_cuda_snapshot_report(tmp_path):
     assert "inventory" in s["notes"]["theory"] and "no trace events" in s["notes"]["communication"]
 
 
+@pytest.mark.slow
 def test_gpu_traces_get_device_breakdowns_and_hta_on_request(tmp_path):
     folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
     plain = tmp_path / "plain"
@@ -151,6 +198,7 @@ def test_report_bad_input_one_line(tmp_path, make):
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_run, tmp_path):
     _, s, _ = _report(recorded_run("fsdp1-no-shard"), tmp_path)
     t = s["theory"]
@@ -162,6 +210,7 @@ def test_fsdp1_no_shard_all_reduce_volume_matches_2_n_minus_1_over_n(recorded_ru
     assert any(f["id"] == "replicated_model_states" for f in s["findings"])
 
 
+@pytest.mark.slow
 def test_mixed_precision_all_gather_in_param_dtype_reduce_scatter_in_reduce_dtype(recorded_run, tmp_path):
     """FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): all-gathers move 2 bytes per
     parameter, reduce-scatters 4, and the theory says so before the measurement confirms it (the run offloads

@@ -86,6 +86,7 @@ def test_gpu_trace_lanes_are_named_streams():
     assert names["stream:40"] == "CUDA stream 40 (NCCL)" and names["stream:7"] == "CUDA stream 7", names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp2"])
 def test_cpu_run_headline_and_lanes(recorded_run, strategy):
     from fsdpprof.analyze.headline import headline

@@ -42,6 +42,7 @@ def _replicated(run, results, n: int):
     return run_n, [_renumbered(results[r % len(results)], r, r == 0) for r in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["recorded fsdp2 run", "8-rank GPU traces"])
 def test_report_and_summary_bounded_at_1024_ranks(recorded_run, source):
     """Real per-rank results (a recorded CPU run; the DLRM GPU traces) copied to 64 and 1024 ranks."""
@@ -97,6 +98,7 @@ def _trace_folder_of(run_dir: Path, n: int, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_above_16_ranks_one_rank_keeps_its_detail(recorded_run, tmp_path):
     """The parent holds small results: the memory timeline and the lanes of one rank only above 16 ranks;
     the report's distributions name the worst ranks."""
@@ -236,6 +238,7 @@ def test_bench_scale_synthetic_rank_is_a_faithful_copy(tmp_path):
     assert syn.steps["exposed_comm_us"].tolist() == pytest.approx(orig.steps["exposed_comm_us"].tolist() * 3)
 
 
+@pytest.mark.slow
 def test_what_if_replays_of_many_ranks_in_a_pool_are_the_replays_in_the_parent(recorded_run, monkeypatch):
     """From predict.REPLAY_POOL_MIN_RANKS ranks on, the what-if reduce replays the ranks in a local pool: the
     predictions are those of the replays in the parent, and a chunk whose worker fails is replayed in the

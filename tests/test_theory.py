@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from fsdpprof import options
 from fsdpprof.analyze import theory
 from fsdpprof.errors import UserError
 
@@ -98,14 +99,14 @@ def test_peak_estimate():
 @pytest.mark.parametrize("bad", ["0", "-3", "abc", "nan", "inf", "1e9xb"])
 def test_parse_rejects(bad):
     with pytest.raises(UserError):
-        theory.parse_count(bad)
+        options.PARAMS.parse(bad, "--params")
     with pytest.raises(UserError):
-        theory.parse_size_bytes(bad)
+        options.GPU_MEM.parse(bad, "--gpu-mem")
 
 
 def test_parse_accepts():
-    assert theory.parse_count("7.5B") == 7.5e9
-    assert theory.parse_count("350M") == 350e6
-    assert theory.parse_size_bytes("40GB") == 40e9
-    assert theory.parse_size_bytes("80GiB") == 80 * 2**30
-    assert math.isclose(theory.parse_size_bytes("1.5e9"), 1.5e9)
+    assert options.PARAMS.parse("7.5B", "--params") == 7.5e9
+    assert options.PARAMS.parse("350M", "--params") == 350e6
+    assert options.GPU_MEM.parse("40GB", "--gpu-mem") == 40e9
+    assert options.GPU_MEM.parse("80GiB", "--gpu-mem") == 80 * 2**30
+    assert math.isclose(options.GPU_MEM.parse("1.5e9", "--gpu-mem"), 1.5e9)

@@ -154,6 +154,7 @@ SELF = [("fsdp2", 2, ()), ("fsdp2-no-reshard", 2, ()), ("fsdp1-full", 2, ()), ("
         ("hsdp", 4, ()), (OFFLOAD_BF16[0], OFFLOAD_BF16[1], OFFLOAD_BF16[3])]     # (offload: with bf16 params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy,nproc,train_args", SELF, ids=[f"{s}-{n}" + ("-bf16" if a else "") for s, n, a in SELF])
 def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc, train_args):
     """The run's own configuration, replayed: its measured peak within 1 % (the largest rank's), its step time
@@ -176,6 +177,7 @@ def test_prediction_of_a_run_from_itself(recorded_run, strategy, nproc, train_ar
     assert p["kept"] and p["assumed"]
 
 
+@pytest.mark.slow
 def test_ordering_by_predicted_peak_matches_the_measured_one(recorded_run):
     """FULL_SHARD < SHARD_GRAD_OP < DDP as measured on the three recordings, and as predicted from each."""
     runs = {s: load_run(str(recorded_run(s))) for s in ("fsdp2", "fsdp2-no-reshard", "ddp")}
@@ -194,6 +196,7 @@ def test_ordering_by_predicted_peak_matches_the_measured_one(recorded_run):
         assert sorted(predicted, key=predicted.get) == order, (name, predicted)
 
 
+@pytest.mark.slow
 def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     run = recorded_run("fsdp2")
     p = run_fsdpprof("whatif", str(run), "--json", timeout=300)
@@ -247,6 +250,83 @@ def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     assert p.returncode == 2 and "inventory" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+def _damaged(src, dst, damage: str):
+    """A copy of the recorded run ``src`` at ``dst`` with one of its ranks damaged."""
+    import gzip
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("report.html", "summary.json"))
+    if damage == "truncated-trace-1":
+        t = dst / "rank-1" / "trace.json.gz"
+        t.write_bytes(t.read_bytes()[: len(t.read_bytes()) // 2])
+        with pytest.raises((EOFError, OSError)):
+            gzip.decompress(t.read_bytes())
+    elif damage == "no-trace-1":
+        (dst / "rank-1" / "trace.json.gz").unlink()
+    elif damage.startswith("garbage-inventory-"):
+        (dst / f"rank-{damage[-1]}" / "inventory.json").write_text("garbage{")
+    elif damage == "no-rank-1":
+        shutil.rmtree(dst / "rank-1")
+    return dst
+
+
+def _whatif_json(run) -> dict:
+    p = run_fsdpprof("whatif", str(run), "--json", timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _numbers(doc: dict) -> list:
+    return [(x["strategy"], x["peak_allocated_bytes"], x["step_us"], x["exposed_comm_us"]) for x in doc["predictions"]]
+
+
+@pytest.mark.slow
+def test_one_bad_rank_is_left_out_and_named(recorded_run, tmp_path):
+    """A rank whose trace is truncated or missing, or whose inventory.json is garbage: whatif predicts from the
+    others, as report analyses them, and names the one left out with its reason.  Before: the whole run refused
+    (truncated trace), "no memory record ... / no profiler trace" notes under a full table and rank 1 never named
+    (missing trace), "no inventory.json" (garbage inventory)."""
+    src = recorded_run("fsdp2")
+    ref = _whatif_json(_damaged(src, tmp_path / "no-rank-1", "no-rank-1"))   # what rank 0 alone predicts
+    assert ref["ranks_predicted"] == [0] and list(ref["missing"]) == ["rank-1"]
+    assert all(x["peak_allocated_bytes"] and x["step_us"] for x in ref["predictions"])
+    reasons = {"truncated-trace-1": "truncated gzip", "no-trace-1": "no trace.json.gz",
+               "garbage-inventory-1": "inventory.json is unreadable"}
+    for damage, why in reasons.items():
+        run = _damaged(src, tmp_path / damage, damage)
+        doc = _whatif_json(run)
+        assert doc["ranks_predicted"] == [0] and list(doc["missing"]) == ["rank-1"], (damage, doc["missing"])
+        assert why in doc["missing"]["rank-1"], (damage, doc["missing"])
+        assert _numbers(doc) == _numbers(ref), damage
+        assert not any("not predicted" in n for n in doc["notes"]), (damage, doc["notes"])
+    p = run_fsdpprof("whatif", str(tmp_path / "no-trace-1"), "-o", str(tmp_path / "w.html"), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "PARTIAL: predicted from rank 0 only; missing rank-1: no trace.json.gz" in p.stdout, p.stdout
+    assert "not predicted" not in p.stdout
+    assert "Partial run" in (tmp_path / "w.html").read_text()
+    # rank 0's inventory is the garbage one: predicted from rank 1
+    doc = _whatif_json(_damaged(src, tmp_path / "garbage-inventory-0", "garbage-inventory-0"))
+    assert doc["ranks_predicted"] == [1] and "inventory.json is unreadable" in doc["missing"]["rank-0"]
+    assert all(x["peak_allocated_bytes"] and x["step_us"] for x in doc["predictions"])
+    # no rank left: one line naming the first reason
+    run = _damaged(src, tmp_path / "both", "garbage-inventory-0")
+    (run / "rank-1" / "inventory.json").write_text("[1]")
+    p = run_fsdpprof("whatif", str(run), timeout=300)
+    err = p.stderr.strip()
+    assert p.returncode == 2 and "\n" not in err and "Traceback" not in err, err
+    assert "rank-0/inventory.json is unreadable" in err and "1 more rank left out" in err, err
+
+
+def test_notes_of_some_ranks_name_them():
+    """A note every rank has is said once; one only some ranks have names them."""
+    def rank(r, notes):
+        return {"rank": r, "notes": notes, "predictions": [], "timing": None, "measured_peak_bytes": None,
+                "measured_steps_us": []}
+    out = wp.reduce_predictions([], [rank(0, ["all", "memory"]), rank(1, ["all", "time"]), rank(2, ["all", "memory"])])
+    assert out["notes"] == ["all", "ranks 0, 2: memory", "rank 1: time"]
+
+
+@pytest.mark.slow
 def test_report_has_the_what_if_numbers(recorded_run):
     """analyze_run carries the predictions of the standard strategies; the section renders them, escaped."""
     from fsdpprof.report.page import Page

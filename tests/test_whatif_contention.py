@@ -62,6 +62,7 @@ def test_step_scale_by_target_layout():
         tg.make_target(src, "FULL_SHARD", world_size=4, ranks_per_host=3)
 
 
+@pytest.mark.slow
 def test_recorded_run_with_and_without_cpu_load(recorded_run):
     """A real recording carries rank.json cpu: 4 ranks on its host predict a longer step than 2, by the model's
     ratio, and say what they kept and assumed. The same ranks with the field removed (as recorded before it)

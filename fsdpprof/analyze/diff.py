@@ -110,15 +110,13 @@ def _fmt_steps(steps) -> str:
 def select(a, label: str, scope: Scope) -> tuple[dict[int, list[float]], str]:
     """(rank -> steps compared, one line saying what they are) of one input; UserError when the scope's rank
     or step is not in it."""
-    from fsdpprof.analyze.pipeline import rank_list
-
     steps = _steps_of(a)
     if not steps:
         return {}, f"{label}: no profiler steps (no trace events)"
     ranks = sorted(steps)
     if scope.rank is not None:
         if scope.rank not in steps:
-            raise UserError(f"rank {scope.rank} has no trace in {a.path} ({rank_list(ranks)}); pass --rank with one "
+            raise UserError(f"rank {scope.rank} has no trace in {a.path} ({model.rank_list(ranks)}); pass --rank with one "
                             f"of those, or leave --rank out to compare all ranks")
         ranks = [scope.rank]
     elif scope.iteration == SCOPE_FIRST:
@@ -136,7 +134,7 @@ def select(a, label: str, scope: Scope) -> tuple[dict[int, list[float]], str]:
         sel = {r: steps[r] for r in ranks}
     all_steps = sorted({s for v in sel.values() for s in v})
     how = {SCOPE_MEDIAN: "median per step over steps", SCOPE_ALL: "sum over steps"}.get(it, "step")
-    text = f"{label}: {rank_list(sel)}, {how} {_fmt_steps(all_steps)}"
+    text = f"{label}: {model.rank_list(sel)}, {how} {_fmt_steps(all_steps)}"
     if len(sel) > 1:
         text += " (median across ranks)"
     return sel, text

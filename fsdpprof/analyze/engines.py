@@ -26,6 +26,7 @@ import logging
 import multiprocessing
 import os
 import socket
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,7 +36,6 @@ from fsdpprof.errors import UserError
 
 ENGINES = ("local", "dask")
 DASK_WAIT_FOR_WORKERS_S = 60.0     # how long a job waits for the first worker of an external scheduler
-DASK_CONNECT_TIMEOUT_S = 15.0
 
 
 # --------------------------------------------------------------------------- one job, measured
@@ -79,9 +79,10 @@ def measured_call(fn, args: tuple = (), kwargs: dict | None = None, preload: tup
 
 
 # --------------------------------------------------------------------------- options
-def check_engine(engine: str | None, scheduler: str | None) -> str:
+def check_engine(engine: str | None, scheduler: str | None, connect_timeout_s: float | None = None) -> str:
     """The engine to use (``dask`` when only a scheduler is given, else ``local``); UserError when the two
-    disagree or dask is not installed."""
+    disagree, dask is not installed, or no Dask scheduler answers at ``scheduler`` within
+    ``connect_timeout_s`` (which becomes Dask's connect timeout; default: Dask's; see check_scheduler)."""
     if engine is None:
         engine = "dask" if scheduler else "local"
     if engine not in ENGINES:
@@ -93,6 +94,10 @@ def check_engine(engine: str | None, scheduler: str | None) -> str:
                         "to start a Dask LocalCluster on this machine")
     if engine == "dask" and not _have_distributed():
         raise UserError("--engine dask needs dask.distributed: pip install 'fsdpprof[dask]'")
+    if scheduler is not None:
+        if connect_timeout_s is not None:
+            set_connect_timeout(connect_timeout_s)
+        check_scheduler(scheduler)
     return engine
 
 
@@ -177,28 +182,111 @@ def _local_pool(fn, jobs, n: int):
 
 
 _SCHEMES = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
+HANDSHAKE_MAX_BYTES = 1 << 16    # a Dask handshake is ~100 bytes: a peer announcing more is not Dask
+HANDSHAKE_MAX_FRAMES = 64
+_FIX = "check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here"
 
 
-def _check_reachable(scheduler: str) -> None:
-    """UserError (at once, rather than after the connect timeout) when the address is not one Dask reads or
-    nothing listens there; schemes other than tcp/tls are left to Dask."""
+def connect_timeout_s() -> float:
+    """Seconds to wait for a scheduler to connect and answer: Dask's ``distributed.comm.timeouts.connect``
+    (the CLI sets it from --connect-timeout)."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="s"))
+
+
+def set_connect_timeout(seconds: float) -> None:
+    """Dask's connect timeout for this process (``--connect-timeout``): the probe and the Client use it."""
+    import dask.config
+
+    dask.config.set({"distributed.comm.timeouts.connect": f"{float(seconds)}s"})
+
+
+def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
+    """UserError, in one line naming the address and within about ``timeout_s`` (default:
+    :func:`connect_timeout_s`), unless a Dask scheduler answers there.
+
+    tcp://: connect, then read the handshake a Dask scheduler sends first, with a bounded read (at most
+    HANDSHAKE_MAX_BYTES, whatever the peer's bytes announce) and a deadline: a port that accepts and says
+    nothing, or says something else, is refused here, before distributed.Client (which would wait on it
+    without a bound, or allocate what a garbage length claims).  tls://: the connection only.  inproc:// is
+    refused (it lives inside one Python process); ws, wss and ucx are left to Dask.
+    """
     addr = str(scheduler).strip()
+    timeout_s = connect_timeout_s() if timeout_s is None else float(timeout_s)
     scheme, _, rest = addr.rpartition("://")
-    what = (f"check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here")
     if scheme and scheme not in _SCHEMES:
         raise UserError(f"--scheduler {addr}: {scheme}:// is not a Dask address scheme (one of "
-                        f"{', '.join(_SCHEMES)}); {what}")
+                        f"{', '.join(_SCHEMES)}); {_FIX}")
+    if scheme == "inproc":
+        raise UserError(f"--scheduler {addr}: an inproc:// scheduler exists only inside the Python process that "
+                        f"started it; give its tcp:// address, or leave --scheduler out to start a LocalCluster here")
     if scheme not in ("", "tcp", "tls"):
         return
     host, sep, port = rest.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--scheduler {addr} is not HOST:PORT; {what}")
+        raise UserError(f"--scheduler {addr} is not HOST:PORT; {_FIX}")
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host, int(port)), timeout=DASK_CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except TimeoutError:
+        raise UserError(f"cannot reach the Dask scheduler at {addr}: no connection within {timeout_s:g} s "
+                        f"(--connect-timeout); {_FIX}") from None
     except OSError as exc:
         raise UserError(f"cannot reach the Dask scheduler at {addr} ({exc.strerror or type(exc).__name__}); "
-                        f"{what}") from None
+                        f"{_FIX}") from None
+    with sock:
+        if scheme == "tls":
+            return
+        why = _dask_handshake_problem(sock, deadline, timeout_s)
+    if why:
+        raise UserError(f"the Dask scheduler at {addr} {why}; {_FIX}")
+
+
+def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes | None:
+    """``n`` bytes from ``sock`` before ``deadline``; None when the peer closes first; TimeoutError after it."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        chunk = sock.recv(min(n - len(buf), 1 << 16))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _dask_handshake_problem(sock: socket.socket, deadline: float, timeout_s: float) -> str | None:
+    """None when the peer's first message is a Dask handshake (distributed.comm.tcp's framing: a uint64
+    total, a uint64 frame count, the frame lengths, then msgpack naming the handshake's keys); else what
+    is wrong, in a few words (``timeout_s``: the wait it had, said).  Never reads more than
+    HANDSHAKE_MAX_BYTES."""
+    try:
+        head = _recv_exactly(sock, 8, deadline)
+        if head is None:
+            return "closed the connection without a word (a Dask scheduler sends a handshake first)"
+        (total,) = struct.unpack("<Q", head)
+        if not 16 <= total <= HANDSHAKE_MAX_BYTES:
+            return (f"answered bytes that are not Dask's protocol (a first message of {total} bytes: is this "
+                    f"a Dask scheduler's port?)")
+        body = _recv_exactly(sock, total, deadline)
+    except TimeoutError:
+        return (f"accepted the connection but did not answer within {timeout_s:g} s (a Dask scheduler sends a "
+                f"handshake first; a slow one: raise --connect-timeout)")
+    except OSError as exc:
+        return f"broke the connection ({exc.strerror or type(exc).__name__})"
+    if body is None:
+        return "closed the connection in the middle of its first message"
+    (n_frames,) = struct.unpack_from("<Q", body)
+    if 1 <= n_frames <= HANDSHAKE_MAX_FRAMES and 8 * (1 + n_frames) <= total:
+        lengths = struct.unpack_from(f"<{n_frames}Q", body, 8)
+        if 8 * (1 + n_frames) + sum(lengths) == total and (b"compression" in body or b"pickle-protocol" in body):
+            return None
+    return "answered bytes that are not Dask's protocol (no Dask handshake: is this a Dask scheduler's port?)"
 
 
 def _local_cluster(workers: int | None, n_jobs: int):
@@ -216,9 +304,10 @@ def dask_client(scheduler: str | None = None, workers: int | None = None, n_jobs
     from distributed import Client
 
     if scheduler:
-        _check_reachable(scheduler)
+        timeout_s = connect_timeout_s()
+        check_scheduler(scheduler, timeout_s)
         try:
-            client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT_S, set_as_default=False)
+            client = Client(scheduler, timeout=timeout_s, set_as_default=False)
         except (OSError, TimeoutError, ValueError, TypeError) as exc:
             raise UserError(f"cannot reach the Dask scheduler at {scheduler} ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); check the address "

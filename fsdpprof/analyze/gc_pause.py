@@ -4,7 +4,7 @@ Decoding a trace or unpickling a snapshot makes 10^4-10^6 containers that stay a
 cycles; each collection the allocations trigger rescans them (and every module object of numpy and
 pandas) for cycles there cannot be: about a third of a 2.5 MiB snapshot's load time, 15-19 % of
 loading DLRM's eight traces. Reference counting still frees memory while paused; the collector's
-previous state is restored on exit. Standard library only (the quick path imports it).
+previous state is restored on exit.
 """
 from __future__ import annotations
 

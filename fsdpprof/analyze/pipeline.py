@@ -6,6 +6,8 @@
 - :func:`reduce_run` (reduce): works only from the RankResults and the run's metadata: skew,
   stragglers, run totals, theory vs measured, findings -> :class:`Analysis`.
 - :func:`analyze_run` = map (in this process, or a bounded process pool for big traces) + reduce.
+- :func:`overlap_summary` = the same map and reduce restricted to what ``fsdpprof overlap`` prints: per
+  rank, the overall overlap of communication with compute; per rank and collective, its volume.
 
 A part that cannot be computed for an input (no trace, no inventory, ...) leaves a one-line note in
 ``notes[section]`` instead of failing.  summary.json is written from an Analysis by
@@ -28,6 +30,7 @@ from fsdpprof.analyze import findings as fnd
 from fsdpprof.analyze import diff, model, model_states, theory
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.run import check_workers, inflated_size, no_usable_rank, parse_trace, with_inventory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -215,10 +218,16 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step), top
 
 
-def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_ops: bool = True) -> None:
-    """The trace analyses of one rank into ``res`` (the operator table only with ``want_ops``)."""
+def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_ops: bool = True,
+                overlap_only: bool = False) -> None:
+    """The trace analyses of one rank into ``res`` (the operator table only with ``want_ops``; only the
+    collective volume and the overall overlap with ``overlap_only``)."""
     n = res.notes
     res.has_trace = True
+    res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
+    res.overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
+    if overlap_only:
+        return
     res.framework = labels.framework_of(events)
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
@@ -226,7 +235,6 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
-    res.overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
@@ -281,20 +289,19 @@ def _memory_part(res: RankResult, rd, source: str):
 
 
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
-                 max_bytes: int | None = None, timeline: bool = True, ops: bool = True) -> RankResult:
+                 max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
+                 overlap_only: bool = False) -> RankResult:
     """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
     ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
-    operator table per step (diff.op_table, what compare diffs)."""
+    operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
+    volume and overall overlap alone (no inventory, memory or what-if)."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
-    from fsdpprof.analyze.run import with_inventory
-
-    rd, why = with_inventory(rd)   # a lazily loaded run: its inventory is read here, where the rank is analysed
-    if why:
-        res.warnings.append(why)
+    if not overlap_only:
+        rd, why = with_inventory(rd)   # a lazily loaded run: its inventory is read here, where the rank is analysed
+        if why:
+            res.warnings.append(why)
     if rd.events is None and rd.trace_path:
-        from fsdpprof.analyze.run import parse_trace
-
         status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes)
         if status != "ok":
             res.error = val
@@ -302,8 +309,12 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
             res.warnings += val.warnings
             res.trace_meta = {**val.meta, **res.trace_meta}
             rd = replace(rd, events=val.events, memory_events=val.memory_events, trace_meta=res.trace_meta)
-        if res.error and rd.snapshot_path is None and rd.inventory is None:
+        if res.error and (overlap_only or (rd.snapshot_path is None and rd.inventory is None)):
             return res
+    if overlap_only:
+        if rd.events is not None and len(rd.events):
+            _trace_part(res, rd.events, False, False, overlap_only=True)
+        return res
     if rd.inventory:
         res.inventory = model_states.inventory_summary(rd.inventory)
         res.measured = _try(res.notes, "theory", "measured model states", model_states.measured_model_states,
@@ -334,31 +345,31 @@ def _say(progress: bool, text: str) -> None:
 
 
 # what a worker imports once before its first rank (so that a rank's measured memory is its own)
-RANK_JOB_MODULES = ("fsdpprof.analyze.run", "fsdpprof.analyze.trace", "fsdpprof.analyze.memory.attribution")
+RANK_JOB_MODULES = ("fsdpprof.analyze.run", "fsdpprof.analyze.trace.load", "fsdpprof.analyze.memory.attribution")
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
-             progress: bool | None = False, ops: bool = True) -> RankResult:
+             progress: bool | None = False, ops: bool = True, overlap_only: bool = False) -> RankResult:
     """The map's job where it runs (this process, a local worker or a Dask worker): analyze_rank on the files
     of one rank as this machine sees them."""
     for what, path in (("trace", rd.trace_path), ("snapshot", rd.snapshot_path)):
         if path and not os.path.lexists(path):
             return RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}),
-                              error=f"{rd.label}: its {what} {path} is not there on {socket.gethostname()} (deleted, "
+                              error=f"its {what} {path} is not there on {socket.gethostname()} (deleted, "
                                     f"or not on storage this worker sees: Dask workers must see the run at the same "
                                     f"path)")
     return analyze_rank(rd, source=source, lanes=lanes, progress=progress, max_bytes=max_bytes, timeline=timeline,
-                        ops=ops)
+                        ops=ops, overlap_only=overlap_only)
 
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
-              scheduler: str | None = None, ops: bool = True) -> list[RankResult]:
+              scheduler: str | None = None, ops: bool = True, overlap_only: bool = False) -> list[RankResult]:
     """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.engines` runs it: ``engine``
     ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
     ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
-    are already loaded are analysed in this process.  One progress line per rank when ``progress``."""
+    are already loaded are analysed in this process.  One progress line per rank when ``progress``.
+    ``ops``, ``overlap_only``: see :func:`analyze_rank`."""
     from fsdpprof.analyze import engines
-    from fsdpprof.analyze.run import inflated_size
 
     engine = engines.check_engine(engine, scheduler)
     rds = [run.ranks[r] for r in sorted(run.ranks)]
@@ -367,7 +378,7 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
 
     def kwargs(rd) -> dict:
         return {"source": run.source, "lanes": rd.rank == lanes_rank, "max_bytes": run.max_trace_bytes,
-                "timeline": all_timelines or rd.rank == lanes_rank, "ops": ops}
+                "timeline": all_timelines or rd.rank == lanes_rank, "ops": ops, "overlap_only": overlap_only}
 
     here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
     away = [rd for rd in rds if rd.events is None]
@@ -378,6 +389,7 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
             workers = min(len(lazy), os.cpu_count() or 1) if big else 1
         if workers <= 1 or len(away) <= 1:
             here, away = rds, []
+    preload = RANK_JOB_MODULES[:2] if overlap_only else RANK_JOB_MODULES    # (no memory analysis to import)
     say = bool(progress) and len(rds) > 1
     out: dict[int, RankResult] = {}
     t0 = time.perf_counter()
@@ -388,18 +400,18 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
         _say(say, f"rank {rd.rank} {state} ({time.perf_counter() - t0:.1f} s, {len(out)}/{len(rds)})")
 
     for rd in here:
-        res, stats = engines.measured_call(rank_job, (rd,), dict(kwargs(rd), progress=progress), RANK_JOB_MODULES)
+        res, stats = engines.measured_call(rank_job, (rd,), dict(kwargs(rd), progress=progress), preload)
         res.worker = stats
         done(rd, res)
     jobs = [((rd,), kwargs(rd)) for rd in away]
     for i, ok, value in engines.map_unordered(rank_job, jobs, engine=engine, workers=workers, scheduler=scheduler,
-                                              preload=RANK_JOB_MODULES):
+                                              preload=preload):
         rd = away[i]
         if ok:
             res, stats = value
             res.worker = stats
         else:
-            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=f"{rd.label}: {value}")
+            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=str(value))
         done(rd, res)
     return [out[r] for r in sorted(out)]
 
@@ -427,19 +439,6 @@ def _input_kind(framework: str | None, results: list[RankResult], world_size) ->
     return "unknown"
 
 
-def rank_list(ranks) -> str:
-    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
-    rs = sorted(set(int(r) for r in ranks))
-    parts, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
-
-
 def _rank_notes(results: list[RankResult]) -> dict:
     """The ranks' notes, one line per distinct text naming the ranks it holds for."""
     by_text: dict[tuple, list] = {}
@@ -448,13 +447,14 @@ def _rank_notes(results: list[RankResult]) -> dict:
             by_text.setdefault((section, text), []).append(r.rank)
     out: dict[str, str] = {}
     for (section, text), ranks in by_text.items():
-        _note(out, section, f"{rank_list(ranks)}: {text}" if len(results) > 1 else text)
+        _note(out, section, f"{model.rank_list(ranks)}: {text}" if len(results) > 1 else text)
     return out
 
 
 def _overview(run, results: list[RankResult]) -> dict:
     meta = run.meta or {}
-    ranks = [r.rank for r in results if not r.error]
+    # analysed: neither failed here nor named missing (a rank kept for its inventory or snapshot lacks its trace)
+    ranks = [r.rank for r in results if not r.error and r.label not in run.missing]
     r0 = next((r for r in results if not r.error), results[0] if results else None)
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     infos = [r.info or {} for r in results]
@@ -553,8 +553,9 @@ def _findings(a: Analysis) -> list:
     return fnd.sort_findings(items)
 
 
-def reduce_run(run, results: list[RankResult]) -> Analysis:
-    """Reduce: the Analysis of a run from its RankResults (no events needed)."""
+def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], list[str]]:
+    """(what is missing and why, the ranks that were analysed, the warnings: the run's and theirs, each once)
+    of the map's results; UserError for an input that must stop the report, or when no rank is usable."""
     fatal = next((r.fatal for r in results if r.fatal), None)
     if fatal:
         raise UserError(fatal)
@@ -564,11 +565,15 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             missing[r.label] = r.error
     ok = [r for r in results if not r.error]
     if not ok:
-        first = next(iter(missing.values()), "no rank recorded")
-        raise UserError(first if len(missing) == 1 else f"no usable rank in {run.path}: {first}")
-    warnings = list(run.warnings) + [w for r in ok for w in r.warnings]
+        raise no_usable_rank(missing, f"no usable rank in {run.path}", "no rank recorded")
+    return missing, ok, list(dict.fromkeys(list(run.warnings) + [w for r in ok for w in r.warnings]))
+
+
+def reduce_run(run, results: list[RankResult]) -> Analysis:
+    """Reduce: the Analysis of a run from its RankResults (no events needed)."""
+    missing, ok, warnings = _usable(run, results)
     a = Analysis(path=str(run.path), source=str(run.source), overview=_overview(run, results), missing=missing,
-                 warnings=list(dict.fromkeys(warnings)))
+                 warnings=warnings)
     for section, text in _rank_notes(ok).items():
         _note(a.notes, section, text)
     _memory_tables(a, ok)
@@ -647,3 +652,55 @@ def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress:
             if res:
                 a.hta = res
     return a
+
+
+# --------------------------------------------------------------------------- fsdpprof overlap
+OVERALL_COLUMNS = ["rank", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us", "comp_comm_overlap_pct"]
+VOLUME_COLUMNS = ["rank", "collective", "count", "bytes", "time_us", "algbw_gbps", "busbw_gbps"]
+
+
+@dataclass
+class OverlapSummary:
+    """What ``fsdpprof overlap`` prints.  ``overlap``: one row per rank (rank, compute_us, comm_us,
+    overlapped_comm_us, exposed_comm_us: µs; comp_comm_overlap_pct: % of comm_us, NaN without communication;
+    :func:`fsdpprof.analyze.comm.overlap.overall_overlap`); ``volume``: one row per rank and collective (count,
+    bytes, time_us, algbw_gbps, busbw_gbps: :func:`fsdpprof.analyze.comm.volume.collective_volume`);
+    ``missing``: rank or file label -> why it has no numbers; ``warnings``: one line each."""
+
+    path: str
+    overlap: pd.DataFrame
+    volume: pd.DataFrame
+    missing: dict
+    warnings: list
+
+    def to_dict(self) -> dict:
+        """Plain dicts and lists (JSON-ready: None where a number or a collective is not known)."""
+        def records(df: pd.DataFrame) -> list[dict]:
+            return [{k: None if pd.isna(v) else v for k, v in row.items()} for row in df.to_dict("records")]
+
+        return {"path": self.path, "overlap": records(self.overlap), "volume": records(self.volume),
+                "missing": dict(self.missing), "warnings": list(self.warnings)}
+
+
+def overlap_summary(run, *, workers: int | None = None, engine: str | None = None,
+                    scheduler: str | None = None) -> OverlapSummary:
+    """The overall overlap of communication with compute per rank, and the collective volume per rank and
+    collective, of a Run (:func:`fsdpprof.analyze.run.load_run`, lazily loaded or not): the map and reduce of
+    :func:`analyze_run` restricted to those two tables (the same numbers, warnings and errors), on ``engine``
+    (see :func:`map_ranks`).  Ranks without a trace are left out (a run of CUDA snapshots only: UserError)."""
+    check_workers(workers)
+    traced = {r: rd for r, rd in run.ranks.items() if rd.trace_path or rd.events is not None}
+    if not traced:
+        raise UserError(f"{run.path} holds no profiler trace (only CUDA snapshots or inventories): overlap and "
+                        f"collective volume come from traces; give a trace file, a folder of traces or a run "
+                        f"directory recorded with its trace")
+    run = replace(run, ranks=traced)
+    missing, ok, warnings = _usable(run, map_ranks(run, workers=workers, engine=engine, scheduler=scheduler,
+                                                   progress=False, overlap_only=True))
+    note = _rank_notes(ok).get("communication")
+    overall = _concat(r.overall for r in ok)
+    vol = _concat(r.volume for r in ok)
+    return OverlapSummary(
+        path=str(run.path), missing=missing, warnings=warnings + ([note] if note else []),
+        overlap=overall if overall is not None else pd.DataFrame(columns=OVERALL_COLUMNS),
+        volume=vol if vol is not None else pd.DataFrame(columns=VOLUME_COLUMNS))

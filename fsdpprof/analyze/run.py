@@ -2,7 +2,7 @@
 
 ``load_run(path)`` finds each rank's files and returns a :class:`Run`; with ``lazy=False`` (the
 default) it also parses every trace into an events frame (in parallel processes for big traces: one
-pure function per rank, :func:`fsdpprof.analyze.trace.load_trace`).  ``lazy=True`` only finds the
+pure function per rank, :func:`fsdpprof.analyze.trace.load.load_trace`).  ``lazy=True`` only finds the
 files, so that the per-rank analysis (:func:`fsdpprof.analyze.pipeline.analyze_rank`) parses each
 trace where it runs.  A rank whose files are bad is listed in ``Run.missing`` with a one-line reason;
 the others are analysed.  Nothing usable at all -> :class:`fsdpprof.errors.UserError`.
@@ -12,24 +12,24 @@ A trace's rank comes from its ``distributedInfo``, else from an explicit pattern
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import errno
 import gzip
 import json
+import multiprocessing
 import os
 import re
 import stat
 import zlib
-from types import SimpleNamespace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
-if TYPE_CHECKING:              # (pandas is imported where frames are made: finding the files needs none)
+if TYPE_CHECKING:   # (numpy, pandas and the decoder are imported where traces are read: a bad path is refused first)
     import pandas as pd
-
-    from fsdpprof.analyze.rundata import RankData, Run
 
 SOURCE_RUN_DIR = "run_dir"
 SOURCE_TRACE_FOLDER = "trace_folder"
@@ -42,6 +42,56 @@ _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
 # the start of summary.json / compare.json (what fsdpprof report / compare write): never read as a trace
 OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare)/[0-9]+"')
+
+
+@dataclass
+class RankData:
+    """One rank's files, and its frames once parsed (``events`` None: not parsed yet, or no trace)."""
+
+    rank: int
+    info: dict                           # rank.json, or derived from the trace's distributedInfo
+    inventory: dict | None               # inventory.json
+    trace_path: str | None
+    events: pd.DataFrame | None          # model.EVENT_COLUMNS
+    memory_events: pd.DataFrame | None   # model.MEMORY_EVENT_COLUMNS
+    snapshot_path: str | None            # CUDA snapshot of this rank
+    trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
+    label: str = ""                      # rank-3, or the file's name: how messages name this rank
+    inventory_path: str | None = None    # lazily loaded run: inventory.json, read where the rank is analysed
+
+
+@dataclass
+class Run:
+    """A loaded run: where it came from, its ranks, what is missing and why, warnings (one line each)."""
+
+    path: str
+    source: str                          # run_dir | trace_folder | trace_file | snapshot_file | snapshot_folder
+    meta: dict                           # run.json ({} when not ours)
+    ranks: dict[int, RankData]
+    missing: dict[str, str]              # rank or file label -> one-line reason
+    warnings: list[str]
+    world_size: int | None
+    inputs: list[str] = field(default_factory=list)   # every file read (or offered) as input: never an output
+    max_trace_bytes: int | None = None   # largest trace JSON accepted once decompressed (None: the default)
+
+    def record_folders(self) -> list[str]:
+        """Folders of a run directory that hold what ``fsdpprof record`` wrote (rank-*/, launchers/): outputs
+        never go there (a new recording replaces them)."""
+        if self.source != SOURCE_RUN_DIR:
+            return []
+        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
+
+    def events(self) -> pd.DataFrame:
+        """All ranks' events concatenated (model.EVENT_COLUMNS), categoricals kept; a lazily loaded run
+        parses its traces now (and keeps them)."""
+        if any(r.events is None and r.trace_path for r in self.ranks.values()):
+            load_events(self)
+        frames = [r.events for _, r in sorted(self.ranks.items()) if r.events is not None]
+        if not frames:
+            return empty_events()
+        from fsdpprof.analyze.trace.labels import concat_events
+
+        return concat_events(frames)
 
 
 def empty_events() -> pd.DataFrame:
@@ -116,7 +166,7 @@ def distributed_info_head(path: str) -> dict:
                 return {}
     if doc is _MISSING:
         return {}
-    from fsdpprof.analyze.trace.rules import check_distributed_info
+    from fsdpprof.analyze.trace.decode import check_distributed_info
 
     meta = {"distributedInfo": doc}
     check_distributed_info(meta, {})          # implausible ranks and sizes left out, as the full parse does
@@ -201,7 +251,8 @@ def check_workers(workers, what: str = "workers") -> None:
 
 def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None):
     """Load one rank's trace (a worker's job); returns ('ok', TraceData) or ('error', one-line message)."""
-    from fsdpprof.analyze.trace import load_trace
+    from fsdpprof.analyze.trace.load import load_trace
+
     if not os.access(path, os.R_OK):
         return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
     try:
@@ -241,14 +292,11 @@ def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, pro
     workers = max_workers(workers, len(jobs))
     if workers <= 1 or len(jobs) == 1:
         return {label: parse_trace(path, rank, progress, max_bytes) for label, path, rank in jobs}
-    import concurrent.futures as cf          # (here: finding the files, fsdpprof overlap, needs no pool)
-    import multiprocessing
-
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     out = {}
 
     def failed(label, exc):
-        return "error", f"{label}: worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
+        return "error", f"worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
 
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futs = {}
@@ -291,9 +339,22 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
         if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
             del run.ranks[r]
     if not run.ranks:
-        first = next(iter(run.missing.values()), "no trace")
-        raise UserError(first if len(run.missing) == 1 else f"no usable trace in {run.path}: {first}")
+        raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
     return run
+
+
+def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = True) -> UserError:
+    """The error for an input none of whose ranks can be used, from ``missing`` (label -> why, as
+    ``Run.missing``): ``what: <the first reason>`` (``nothing`` when there is none), the reason naming its
+    label unless it does already; ``one_alone``: a single reason is the whole line."""
+    if not missing:
+        return UserError(f"{what}: {nothing}")
+    label, why = next(iter(missing.items()))
+    line = why if str(label) in why else f"{label}: {why}"
+    if len(missing) == 1:
+        return UserError(line if one_alone else f"{what}: {line}")
+    more = len(missing) - 1
+    return UserError(f"{what}: {line}; {more} more rank{'s' if more > 1 else ''} left out")
 
 
 def _info_from_meta(rank: int, meta: dict) -> dict:
@@ -317,13 +378,11 @@ def read_inventory(path: str) -> tuple[dict | None, str | None]:
     return doc, None
 
 
-def with_inventory(rd: "RankData") -> tuple["RankData", str | None]:
+def with_inventory(rd: RankData) -> tuple[RankData, str | None]:
     """The rank with its inventory read (a lazily loaded run keeps only its path) and a line saying why it
     cannot be used, if so; the rank as it is when it has one or has none at all."""
     if rd.inventory is not None or not rd.inventory_path:
         return rd, None
-    from dataclasses import replace
-
     inv, why = read_inventory(rd.inventory_path)
     return replace(rd, inventory=inv), why
 
@@ -419,39 +478,12 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None, 
     trace JSON accepted once decompressed (default trace.decode.MAX_TRACE_BYTES).  Bad input raises
     :class:`fsdpprof.errors.UserError`, never another exception."""
     with unexpected_as_user_error(f"{os.fspath(path)}"):
-        run = as_run(_discover(path, workers, lazy))
+        run = _discover(path, workers, lazy)
         run.max_trace_bytes = max_trace_bytes
         return run if lazy else load_events(run, workers=workers, progress=progress)
 
 
-def find_files(path) -> SimpleNamespace:
-    """The files of what ``load_run(path, lazy=True)`` loads, found the same way (same errors, warnings and
-    missing ranks), as a namespace with the fields of :class:`Run` (its ``ranks``: namespaces with the
-    fields of :class:`RankData` that were found); no ``dataclasses`` imported (the quick path's start-up)."""
-    with unexpected_as_user_error(f"{os.fspath(path)}"):
-        return _discover(path, None, lazy=True)
-
-
-_Found = SimpleNamespace        # what discovery finds: as_run makes the Run and RankData of it
-
-
-def as_run(found: SimpleNamespace) -> Run:
-    """The :class:`Run` (and :class:`RankData`) of what discovery found (fields it did not set: their defaults)."""
-    from fsdpprof.analyze.rundata import RankData, Run
-
-    return Run(**{**vars(found), "ranks": {r: RankData(**vars(rd)) for r, rd in found.ranks.items()}})
-
-
-def __getattr__(name: str):
-    """``Run`` and ``RankData`` (defined in fsdpprof.analyze.rundata) are importable from here too."""
-    if name in ("Run", "RankData"):
-        from fsdpprof.analyze import rundata
-
-        return getattr(rundata, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _discover(path, workers, lazy: bool = False) -> SimpleNamespace:
+def _discover(path, workers, lazy: bool = False) -> Run:
     check_workers(workers)
     if not str(os.fspath(path)).strip():
         raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
@@ -460,10 +492,10 @@ def _discover(path, workers, lazy: bool = False) -> SimpleNamespace:
         if _is_snapshot(path):
             r = rank_from_name(path)
             rank = r if r is not None and re.search(r"rank", os.path.basename(path), re.I) else 0
-            rd = _Found(rank=rank, info={"rank": rank}, inventory=None, trace_path=None, events=None,
+            rd = RankData(rank=rank, info={"rank": rank}, inventory=None, trace_path=None, events=None,
                         memory_events=None, snapshot_path=path, trace_meta={"device_type": "cuda"},
                         label=os.path.basename(path))
-            return _Found(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: rd}, missing={}, warnings=[],
+            return Run(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: rd}, missing={}, warnings=[],
                           world_size=None, inputs=[path])
         return _load_traces(path, [path], SOURCE_TRACE_FILE)
     try:
@@ -505,18 +537,18 @@ def _discover(path, workers, lazy: bool = False) -> SimpleNamespace:
             if r in ranks:
                 raise UserError(f"folder {path} has two snapshots for rank {r} ({os.path.basename(ranks[r].snapshot_path)}, "
                                 f"{os.path.basename(f)}); keep one per rank")
-            ranks[r] = _Found(rank=r, info={"rank": r}, inventory=None, trace_path=None, events=None,
+            ranks[r] = RankData(rank=r, info={"rank": r}, inventory=None, trace_path=None, events=None,
                               memory_events=None, snapshot_path=f, trace_meta={"device_type": "cuda"},
                               label=os.path.basename(f))
-        return _Found(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,
+        return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,
                       world_size=None, inputs=snaps)
     raise UserError(f"{path} holds no run directory (run.json, rank-*/), no profiler traces (*.json[.gz] with "
                     f"traceEvents) and no CUDA snapshots (*.pickle); point fsdpprof at one of those")
 
 
-def _load_traces(root: str, traces: list[str], source: str) -> SimpleNamespace:
+def _load_traces(root: str, traces: list[str], source: str) -> Run:
     """Ranks of trace files from their distributedInfo (first MiB), else the file name, else their position."""
-    ranks: dict[int, SimpleNamespace] = {}
+    ranks: dict[int, RankData] = {}
     warnings: list[str] = []
     world_sizes: dict[int, list[str]] = {}
     for i, f in enumerate(traces):
@@ -536,33 +568,39 @@ def _load_traces(root: str, traces: list[str], source: str) -> SimpleNamespace:
         if rank in ranks:
             raise UserError(f"folder {root} has two traces for rank {rank} ({ranks[rank].label}, {label}): it mixes "
                             f"runs; keep one trace per rank")
-        ranks[rank] = _Found(rank=rank, info=_info_from_meta(rank, {"distributedInfo": dist}), inventory=None,
+        ranks[rank] = RankData(rank=rank, info=_info_from_meta(rank, {"distributedInfo": dist}), inventory=None,
                              trace_path=f, events=None, memory_events=None, snapshot_path=None,
                              trace_meta={"distributedInfo": dist} if dist else {}, label=label)
     if len(world_sizes) > 1:
         desc = "; ".join(f"world_size {ws}: {', '.join(sorted(ls)[:3])}" for ws, ls in sorted(world_sizes.items()))
         raise UserError(f"folder {root} mixes traces of different runs ({desc}); put each run's traces in its own folder")
     world_size = next(iter(world_sizes), None)
-    return _Found(path=root, source=source, meta={}, ranks=ranks, missing={}, warnings=warnings,
+    return Run(path=root, source=source, meta={}, ranks=ranks, missing={}, warnings=warnings,
                   world_size=world_size, inputs=list(traces))
 
 
-def _liveness(root: str, meta: dict, warnings: list[str]) -> dict:
+def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | None]:
     """run.json as the report shows it: a run left ``running`` by a launcher that is gone (killed) is
-    ``interrupted``, with a warning line; the file itself is not changed."""
+    ``interrupted``, with a warning line; the file itself is not changed.  Also the run's state when run.json
+    says running: "alive" (still being recorded), "unknown" (its launcher is on another host), else None."""
     if meta.get("status") != runfmt.STATUS_RUNNING:
-        return meta
+        return meta, None
     state, launchers = runfmt.run_liveness(root)
     if state == "gone":
         warnings.append(f"run.json says running, but no launcher of this run is alive ({launchers}): the run was "
                         "interrupted (its launcher was killed); showing what the ranks saved")
-        return dict(meta, status=runfmt.STATUS_INTERRUPTED)
+        return dict(meta, status=runfmt.STATUS_INTERRUPTED), None
     if state == "unknown":
         warnings.append(f"run.json says running; its launcher ({launchers}) runs on another host and cannot be "
                         "checked from here: the run may still be going or may have been interrupted")
     else:
         warnings.append(f"the run is still being recorded ({launchers}): the figures cover what was saved so far")
-    return meta
+    return meta, state
+
+
+# why a rank has saved nothing (yet), by the run's state (_liveness): still recording, perhaps, or not
+_NOT_SAVED_YET = {"alive": "not saved yet: the run is still being recorded",
+                  "unknown": "not saved yet, or never: the run may still be being recorded on another host"}
 
 
 def _files_under(directory: str) -> list[str]:
@@ -574,14 +612,14 @@ def _files_under(directory: str) -> list[str]:
 
 
 def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_json_note: str | None = None,
-                  lazy: bool = False) -> SimpleNamespace:
+                  lazy: bool = False) -> Run:
     """``lazy``: each inventory is checked here and then dropped (its path kept): the rank's analysis reads it
     where it runs, so that this process does not hold every rank's tensor list."""
     meta = meta or {}
     warnings: list[str] = [run_json_note] if run_json_note else []
     missing: dict[str, str] = {}
     inputs = [os.path.join(root, runfmt.RUN_JSON)] + _files_under(os.path.join(root, runfmt.LAUNCHERS_DIR))
-    meta = _liveness(root, meta, warnings)
+    meta, recording = _liveness(root, meta, warnings)
     warnings += [runfmt.clash_text(doc) for doc in runfmt.read_clashes(root)]
     rank_dirs: dict[int, str] = {}
     for e in entries:
@@ -592,6 +630,7 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     infos: dict[int, dict] = {}
     inventories: dict[int, dict | None] = {}
     inventory_paths: dict[int, str] = {}
+    unreadable: dict[int, str] = {}     # rank -> its inventory.json that cannot be used (with_inventory says why)
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
         inputs += _files_under(d)
@@ -611,10 +650,11 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
                 inventories[r] = _read_json(inv_path, "inventory")
             except UserError as exc:
                 warnings.append(str(exc))
+                unreadable[r] = inv_path
             schema_version(inventories[r], "fsdpprof.inventory", inv_path)
             if lazy and inventories[r] is not None:
                 inventories[r], inventory_paths[r] = None, inv_path
-    ranks: dict[int, SimpleNamespace] = {}
+    ranks: dict[int, RankData] = {}
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
         info = infos[r]
@@ -622,20 +662,20 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
         snap = snap if os.path.isfile(snap) else None
         tpath = os.path.join(d, runfmt.TRACE_FILE)
         if os.path.isfile(tpath):
-            ranks[r] = _Found(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
+            ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
                               memory_events=None, snapshot_path=snap, label=label,
-                              inventory_path=inventory_paths.get(r))
+                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
             continue
         st = info.get("status")
-        reason = info.get("error") or (f"status {st}" if st else "no trace file")
+        reason = _NOT_SAVED_YET.get(recording) or info.get("error") or (f"status {st}" if st else "no trace file")
         if not os.access(d, os.R_OK | os.X_OK):
             reason = f"folder {d} cannot be read: permission denied"
-        missing[label] = f"{label}: no {runfmt.TRACE_FILE} ({reason})"
+        missing[label] = f"no {runfmt.TRACE_FILE} ({reason})"
         if snap is not None or inventories[r] is not None or r in inventory_paths:
             # still useful for memory attribution
-            ranks[r] = _Found(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
+            ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
                               memory_events=None, snapshot_path=snap, trace_meta={}, label=label,
-                              inventory_path=inventory_paths.get(r))
+                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
     expected = meta.get("ranks_expected")
     ws = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
     if ws is None:
@@ -649,7 +689,8 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     if isinstance(n_expected, int):
         for r in range(n_expected):
             if r not in rank_dirs:
-                missing.setdefault(f"rank-{r}", f"rank-{r}: no rank directory (the rank did not record or died early)")
+                why = _NOT_SAVED_YET.get(recording) or "the rank did not record or died early"
+                missing.setdefault(f"rank-{r}", f"no rank directory ({why})")
     sizes = {info.get("world_size") for info in infos.values() if isinstance(info.get("world_size"), int)}
     if len(sizes) > 1:
         raise UserError(f"run directory {root} mixes ranks of different runs (world sizes {sorted(sizes)}); "
@@ -662,7 +703,6 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
         warnings.append(f"fsdpprof stepped aside on rank{'s' if len(aside) > 1 else ''} {', '.join(map(str, aside))}: "
                         "the job ran its own torch.profiler there, so those ranks have no trace")
     if not ranks:
-        first = next(iter(missing.values()), "no rank recorded")
-        raise UserError(f"run directory {root} has no usable rank: {first}")
-    return _Found(path=root, source=SOURCE_RUN_DIR, meta=meta, ranks=ranks, missing=missing, warnings=warnings,
+        raise no_usable_rank(missing, f"run directory {root} has no usable rank", "no rank recorded", one_alone=False)
+    return Run(path=root, source=SOURCE_RUN_DIR, meta=meta, ranks=ranks, missing=missing, warnings=warnings,
                   world_size=ws, inputs=inputs)

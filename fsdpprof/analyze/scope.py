@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdpprof.errors import UserError
+from fsdpprof.options import STEP_NUMBER, shown
 
 SCOPE_MEDIAN, SCOPE_FIRST, SCOPE_ALL = "median", "first", "all"
 
@@ -33,7 +34,9 @@ def parse_iteration(text) -> str | int:
     t = str(text).strip().lower()
     if t in (SCOPE_FIRST, SCOPE_ALL, SCOPE_MEDIAN):
         return t
-    if t.isdigit() and len(t) <= 12:
-        return int(t)
-    raise UserError(f"--iteration {text!r} is not first, all, median or a step number (ProfilerStep#N); "
-                    f"e.g. --iteration first")
+    try:
+        return STEP_NUMBER.check(t)
+    except ValueError as exc:
+        why = "is not first, all, median or a step number (ProfilerStep#N)" if str(exc) == "is not a number" else exc
+        raise UserError(f"--iteration {shown(text)} {why}: give first, all, median or {STEP_NUMBER.describe()}"
+                        ) from None

@@ -12,10 +12,10 @@ N = ranks the states are sharded over. All sizes are bytes; GB = 1e9 bytes, GiB 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 
 from fsdpprof.analyze import model
+from fsdpprof.options import shown
 from fsdpprof.errors import UserError
 
 GB = 1e9
@@ -365,86 +365,6 @@ def strategy_from_inventory(inv: dict) -> str:
         return canonical_strategy(s)
     except UserError:
         return "DDP"
-
-
-# --- parsing helpers for the CLI -----------------------------------------------------------
-
-_SIZE_UNITS = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-               "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30, "tib": 2.0**40}
-_COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-
-def _split_number(text: str) -> tuple[float, str]:
-    s = str(text).strip().replace("_", "").replace(",", "")
-    i = len(s)
-    while i > 0 and s[i - 1].isalpha():
-        i -= 1
-    num, suffix = s[:i].strip(), s[i:].strip().lower()
-    try:
-        value = float(num)
-    except ValueError:
-        raise ValueError(text) from None
-    return value, suffix
-
-
-# Largest values the CLI accepts: far beyond any real job, small enough that every derived number
-# (bytes per rank, traffic, ratios) stays a finite float that prints and serialises as JSON.
-MAX_PARAMS = 1e15            # parameters (the largest models today have ~2e12)
-MAX_WORLD = 10**7            # ranks
-MAX_SIZE_BYTES = 1e18        # memory per GPU (an exabyte)
-MAX_COMPRESSION = 1e6        # gradient compression ratio
-
-
-def shown(text, limit: int = 40) -> str:
-    """``repr(text)`` cut to ``limit`` characters, for one-line error messages."""
-    r = repr(text)
-    return r if len(r) <= limit else r[: limit - 4] + "...'"
-
-
-def _checked(value: float, text, what: str, max_value: float, unit: str, example: str) -> float:
-    if math.isnan(value):
-        raise UserError(f"{what} {shown(text)} is not a number: write e.g. {example}")
-    if value > max_value:
-        raise UserError(f"{what} {shown(text)} is too large (max {re.sub(r'e[+]0*', 'e', f'{max_value:g}')}{unit})")
-    if value <= 0:
-        raise UserError(f"{what} {shown(text)} must be positive, e.g. {example}")
-    return value
-
-
-def parse_size_bytes(text: str, what: str = "size", max_bytes: float = MAX_SIZE_BYTES) -> float:
-    """'40GB' -> 4e10, '80GiB' -> 80*2**30, '1.5e9' -> 1.5e9; UserError unless positive and at most max_bytes."""
-    try:
-        value, suffix = _split_number(text)
-    except ValueError:
-        raise UserError(f"{what} {shown(text)} is not a number: write e.g. 40GB, 80GiB or 4e10") from None
-    if suffix not in _SIZE_UNITS:
-        raise UserError(f"{what} {shown(text)} has an unknown unit {shown(suffix, 12)}: use B, KB, MB, GB, TB or "
-                        f"KiB, MiB, GiB, TiB")
-    return _checked(value * _SIZE_UNITS[suffix], text, what, max_bytes, " bytes", "40GB")
-
-
-def parse_count(text: str, what: str = "count", max_value: float = MAX_PARAMS, unit: str = " parameters",
-                example: str = "7.5e9 or 7.5B") -> float:
-    """'7.5e9', '7.5B', '70b', '350M' -> a positive count of at most max_value; UserError otherwise."""
-    try:
-        value, suffix = _split_number(text)
-    except ValueError:
-        raise UserError(f"{what} {shown(text)} is not a number: write e.g. {example}") from None
-    if suffix not in _COUNT_UNITS:
-        raise UserError(f"{what} {shown(text)} has an unknown suffix {shown(suffix, 12)}: use K, M, B or T")
-    return _checked(value * _COUNT_UNITS[suffix], text, what, max_value, unit, example)
-
-
-def parse_ratio(text: str, what: str = "ratio", max_value: float = MAX_COMPRESSION) -> float:
-    """A plain number from 1 to max_value (e.g. a compression ratio that divides traffic)."""
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        raise UserError(f"{what} {shown(text)} is not a number: write e.g. 4") from None
-    _checked(value, text, what, max_value, "", "4")
-    if value < 1:
-        raise UserError(f"{what} {shown(text)} must be at least 1 (it divides the bytes: 4 sends a quarter)")
-    return value
 
 
 fmt_bytes = model.fmt_bytes      # (the one formatter for bytes: the model's; kept here for callers)

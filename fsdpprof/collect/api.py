@@ -23,14 +23,12 @@ from fsdpprof.errors import UserError
 def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1, active_steps: int = 3,
            ranks=None, memory: bool = True, with_stack: bool = False, max_memory_entries: int = 100_000):
     """Record the optimizer-step window of the code inside the block into run directory ``out``."""
-    for name, value in (("skip_steps", skip_steps), ("warmup_steps", warmup_steps), ("active_steps", active_steps),
-                        ("max_memory_entries", max_memory_entries)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"fsdpprof.record: {name} must be a positive integer (got {value!r})")
+    window = launcher.window_options(skip_steps, warmup_steps, active_steps, max_memory_entries, ranks,
+                                     prefix="fsdpprof.record: ")
     from fsdpprof.collect import recorder       # (torch: after the arguments are judged)
 
     if recorder.active_recorder() is not None:  # already under `fsdpprof record`
-        sys.stderr.write("fsdpprof: record() inside `fsdpprof record`: the launcher's recording is used\n")
+        runfmt.say("fsdpprof: record() inside `fsdpprof record`: the launcher's recording is used")
         yield None
         return
     out = os.path.abspath(out or os.path.join(os.getcwd(), "fsdpprof-runs",
@@ -42,10 +40,7 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
         if meta.get("status") != runfmt.STATUS_RUNNING:  # a finished run; a running one is joined (other ranks)
             raise UserError(f"fsdpprof.record: {out} already holds a run (status {meta.get('status')}): choose a new "
                             "out folder or remove that run first")
-    os.makedirs(out, exist_ok=True)
-    options = {"skip_steps": skip_steps, "warmup_steps": warmup_steps, "active_steps": active_steps,
-               "ranks": list(ranks) if ranks is not None else None, "memory": bool(memory),
-               "with_stack": bool(with_stack), "max_memory_entries": max_memory_entries}
+    options = dict(window, memory=bool(memory), with_stack=bool(with_stack))
     cmd = [sys.executable, *sys.argv]
     started = _dt.datetime.now(_dt.timezone.utc).isoformat()
     meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
@@ -55,12 +50,22 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
     run_json = os.path.join(out, runfmt.RUN_JSON)
     name = f"{socket.gethostname()}-{os.getpid()}.json"
     launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
-    created = launcher._exclusive_create_json(run_json, meta)
-    entry = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": runfmt.process_start_ticks(os.getpid()),
-             "command": cmd, "started_at": started, "ended_at": None, "exit_code": None, "api": True,
-             # what this process writes in the run directory besides its rank folder (--force removes only that)
-             "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
-    runfmt.atomic_write_json(launcher_path, entry)
+    created = False
+    try:
+        os.makedirs(out, exist_ok=True)
+        created = runfmt.exclusive_create_json(run_json, meta)
+        entry = {"host": socket.gethostname(), "pid": os.getpid(),
+                 "pid_start": runfmt.process_start_ticks(os.getpid()), "command": cmd, "started_at": started,
+                 "ended_at": None, "exit_code": None, "api": True,
+                 # what this process writes in the run directory besides its rank folder (--force removes only that)
+                 "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
+        runfmt.atomic_write_json(launcher_path, entry)
+    except OSError as exc:  # never harm the job: its block runs unrecorded
+        if created:
+            runfmt.remove_quietly(run_json)
+        runfmt.say(f"fsdpprof: not recording: {out} cannot be written ({runfmt.write_error_text(exc)})")
+        yield None
+        return
     rec = recorder.Recorder(out, options)
     rec.install()
     recorder._API_RECORDERS.append(rec)
@@ -78,7 +83,8 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
             if rec in recorder._API_RECORDERS:
                 recorder._API_RECORDERS.remove(rec)
             entry.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat())
-            runfmt.atomic_write_json(launcher_path, entry)
-            launcher._finalize(out, run_json)
+            _, unwritten = launcher._end_run(out, run_json, launcher_path, entry)
+            if unwritten:
+                runfmt.say(f"fsdpprof: run directory {out} not finished: {'; '.join(unwritten)}")
         except Exception as exc:  # never harm the job
-            sys.stderr.write(f"fsdpprof: could not finish the run directory {out}: {exc}\n")
+            runfmt.say(f"fsdpprof: could not finish the run directory {out}: {runfmt.write_error_text(exc)}")

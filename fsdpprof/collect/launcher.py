@@ -17,14 +17,13 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 
 from fsdpprof import __version__, runfmt
+from fsdpprof import options as opt
 from fsdpprof.errors import UserError
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
@@ -34,42 +33,35 @@ DEFAULTS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "max_memory_e
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run directory (default: a new timestamped folder under ./fsdpprof-runs/)")
-    p.add_argument("--skip-steps", default=str(DEFAULTS["skip_steps"]), metavar="N",
+    p.add_argument("--skip-steps", default=str(DEFAULTS["skip_steps"]), metavar="N", type=opt.SKIP_STEPS,
                    help="optimizer steps to run before the profiler starts (default %(default)s)")
-    p.add_argument("--warmup-steps", default=str(DEFAULTS["warmup_steps"]), metavar="N",
+    p.add_argument("--warmup-steps", default=str(DEFAULTS["warmup_steps"]), metavar="N", type=opt.WINDOW_STEPS,
                    help="profiler warm-up steps, not recorded (default %(default)s)")
-    p.add_argument("--active-steps", default=str(DEFAULTS["active_steps"]), metavar="N",
+    p.add_argument("--active-steps", default=str(DEFAULTS["active_steps"]), metavar="N", type=opt.WINDOW_STEPS,
                    help="optimizer steps recorded (default %(default)s)")
-    p.add_argument("--ranks", default="all", help="comma-separated global ranks that record (default all)")
+    p.add_argument("--ranks", default="all", type=opt.ranks_list,
+                   help="comma-separated global ranks that record (default all)")
     p.add_argument("--no-memory", action="store_true", help="no memory profiling (profile_memory, CUDA history)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks in the trace (bigger, slower)")
     p.add_argument("--max-memory-entries", default=str(DEFAULTS["max_memory_entries"]), metavar="N",
+                   type=opt.MEMORY_ENTRIES,
                    help="CUDA memory history entries kept (default %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing run in --out")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the training command, after --")
 
 
-def _positive_int(value: str, option: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise UserError(f"{option} must be a positive integer (got {value!r})")
-    return number
+def window_options(skip_steps, warmup_steps, active_steps, max_memory_entries, ranks, prefix: str = "--") -> dict:
+    """The recording window and limits, checked (options' ranges); UserError naming the range otherwise.
+    ``prefix``: how the names are said ('--' on the command line, 'fsdpprof.record: ' in the Python API)."""
+    def name(n: str) -> str:
+        return prefix + (n.replace("_", "-") if prefix == "--" else n)
 
-
-def _parse_ranks(value: str):
-    if value is None or value.strip().lower() in ("", "all"):
-        return None
-    try:
-        ranks = sorted({int(v) for v in value.split(",") if v.strip()})
-    except ValueError:
-        ranks = []
-    if not ranks or min(ranks) < 0:
-        raise UserError(f"--ranks must be 'all' or comma-separated ranks >= 0, e.g. 0,1 (got {value!r})")
-    return ranks
+    return {"skip_steps": opt.SKIP_STEPS.parse(skip_steps, name("skip_steps")),
+            "warmup_steps": opt.WINDOW_STEPS.parse(warmup_steps, name("warmup_steps")),
+            "active_steps": opt.WINDOW_STEPS.parse(active_steps, name("active_steps")),
+            "max_memory_entries": opt.MEMORY_ENTRIES.parse(max_memory_entries, name("max_memory_entries")),
+            "ranks": opt.parse_ranks(ranks, name("ranks"))}
 
 
 def validate(args) -> tuple[list[str], dict]:
@@ -81,16 +73,9 @@ def validate(args) -> tuple[list[str], dict]:
     cmd = cmd[1:]
     if not cmd:
         raise UserError("no command after --: e.g. fsdpprof record -- torchrun --nproc-per-node=2 train.py")
-    options = {
-        "skip_steps": _positive_int(args.skip_steps, "--skip-steps"),
-        "warmup_steps": _positive_int(args.warmup_steps, "--warmup-steps"),
-        "active_steps": _positive_int(args.active_steps, "--active-steps"),
-        "max_memory_entries": _positive_int(args.max_memory_entries, "--max-memory-entries"),
-        "ranks": _parse_ranks(args.ranks),
-        "memory": not args.no_memory,
-        "with_stack": bool(args.with_stack),
-    }
-    return cmd, options
+    opts = window_options(args.skip_steps, args.warmup_steps, args.active_steps, args.max_memory_entries, args.ranks)
+    opts.update(memory=not args.no_memory, with_stack=bool(args.with_stack))
+    return cmd, opts
 
 
 def _default_out() -> str:
@@ -168,42 +153,60 @@ def _is_legacy_rank_dir(path: str) -> bool:
     return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("fsdpprof.rank/")
 
 
+def _recorded_files(out: str, name: str) -> list[str] | None:
+    """Files of the rank folder ``out/name`` that fsdpprof can prove it wrote (what ``--force`` may remove):
+    those its manifest lists, with the temporaries of their writes; in a folder recorded before manifests
+    existed (it holds fsdpprof's rank.json), those of fsdpprof's own names.  None: none of them (a folder
+    of the user's).  A manifest.json that is there but damaged (emptied, not JSON, not ours) proves
+    nothing: UserError, before anything is removed."""
+    path = os.path.join(out, name)
+    try:
+        listed = runfmt.manifest_files(path)
+    except ValueError as exc:
+        raise UserError(f"--out {out} holds an old run whose {name}/{runfmt.MANIFEST_JSON} is damaged ({exc}): "
+                        f"fsdpprof cannot tell the files it wrote in {name}/ from yours, so --force removed "
+                        f"nothing; move {name}/ away or choose a new folder")
+    present = sorted(os.listdir(path))
+    if listed is not None:
+        keep = set(listed) | {os.path.basename(t) for n in listed for t in runfmt.temp_siblings(path, n)}
+        return [f for f in present if f in keep]
+    if _is_legacy_rank_dir(path):
+        return [f for f in present if f in runfmt.RANK_FILES or runfmt.RANK_TEMP_RE.match(f)]
+    return None
+
+
 def remove_recorded(out: str) -> None:
     """Remove the run in ``out`` (its run.json carries fsdpprof's schema): only what fsdpprof wrote.
 
-    rank-<R>/ folders: the files their manifest lists (and temporaries of those); run folders recorded
-    before manifests existed: the folder when it holds fsdpprof's rank.json. launchers/ and clashes/:
-    the files each launcher or clash note lists (launchers/ in full for an old run without lists).
-    run.json itself. A folder is removed only once empty: anything else in it stays.
+    rank-<R>/ folders: the files fsdpprof can prove it wrote there (:func:`_recorded_files`), never a whole
+    folder. launchers/ and clashes/: the files each launcher or clash note lists (the launcher files
+    themselves for an old run without lists). run.json itself. A folder is removed only once empty:
+    anything else in it stays.
     """
-    for name in sorted(os.listdir(out)):
+    ranks = {}
+    for name in sorted(os.listdir(out)):   # (every rank folder judged before anything is removed)
         path = os.path.join(out, name)
-        if not (RANK_DIR_RE.match(name) and os.path.isdir(path) and not os.path.islink(path)):
-            continue
-        listed = runfmt.read_manifest(path)
-        if listed is not None:
-            _remove_listed(path, listed)
-        elif _is_legacy_rank_dir(path):
-            shutil.rmtree(path)
-        else:
-            try:
-                os.rmdir(path)  # an empty folder (a rank killed as it claimed it): nothing to lose
-            except OSError:
-                pass
+        if RANK_DIR_RE.match(name) and os.path.isdir(path) and not os.path.islink(path):
+            ranks[path] = _recorded_files(out, name)
+    for path, files in ranks.items():
+        for f in files or []:
+            _remove_file(os.path.join(path, f))
+        try:
+            os.rmdir(path)  # once empty (or an empty folder: a rank killed as it claimed it): nothing to lose
+        except OSError:
+            pass  # not empty: it holds something fsdpprof did not write
     launchers_dir = os.path.join(out, runfmt.LAUNCHERS_DIR)
     docs = runfmt.launcher_docs(out)
     if os.path.isdir(launchers_dir) and not os.path.islink(launchers_dir):
-        if docs and not any("files" in doc for _, doc in docs):
-            shutil.rmtree(launchers_dir)  # a run recorded before launchers listed their files
-        else:
-            for doc_path, doc in docs:
-                files = doc.get("files") if isinstance(doc.get("files"), list) else []
-                for rel in files:
-                    target = _inside(out, rel)
-                    if target is not None and os.path.dirname(target) in (out, launchers_dir):
-                        _remove_listed(os.path.dirname(target), [os.path.basename(target)], rmdir=False)
-                _remove_file(doc_path)
-            _remove_listed(launchers_dir, [])
+        old_run = docs and not any("files" in doc for _, doc in docs)  # recorded before launchers listed files
+        for doc_path, doc in docs:
+            files = doc.get("files") if isinstance(doc.get("files"), list) and not old_run else []
+            for rel in files:
+                target = _inside(out, rel)
+                if target is not None and os.path.dirname(target) in (out, launchers_dir):
+                    _remove_listed(os.path.dirname(target), [os.path.basename(target)], rmdir=False)
+            _remove_file(doc_path)
+        _remove_listed(launchers_dir, [])
     clashes_dir = os.path.join(out, runfmt.CLASHES_DIR)
     if os.path.isdir(clashes_dir) and not os.path.islink(clashes_dir):
         for doc in runfmt.read_clashes(out):
@@ -235,13 +238,12 @@ def _in_the_way(out: str, after_removal: bool = False) -> list[str]:
             if not after_removal or not os.path.isdir(path) or os.path.islink(path):
                 names.append(name)
                 continue
-            listed = runfmt.read_manifest(path)
-            if listed is None:
-                if not _is_legacy_rank_dir(path) and os.listdir(path):
+            recorded = _recorded_files(out, name)
+            if recorded is None:
+                if os.listdir(path):
                     names.append(name)
                 continue
-            keep = set(listed) | {os.path.basename(t) for n in listed for t in runfmt.temp_siblings(path, n)}
-            names += [f"{name}/{f}" for f in sorted(os.listdir(path)) if f not in keep]
+            names += [f"{name}/{f}" for f in sorted(os.listdir(path)) if f not in recorded]
     return _listing(out, names)
 
 
@@ -349,9 +351,15 @@ def _rank_statuses(out: str) -> dict[int, dict]:
     return ranks
 
 
-def derive_status(out: str, meta: dict) -> dict:
-    """run.json fields derived from every launcher file, rank.json and clash note in ``out``."""
-    launchers = [doc for _, doc in runfmt.launcher_docs(out)]
+def derive_status(out: str, meta: dict, own: tuple[str, dict] | None = None) -> dict:
+    """run.json fields derived from every launcher file, rank.json and clash note in ``out``.
+
+    ``own``: (path, document) of the calling launcher's file, taken as it is in memory (its last write
+    may have failed on a full disk: a launcher that ended must not read as running)."""
+    docs = dict(runfmt.launcher_docs(out))
+    if own is not None:
+        docs[own[0]] = own[1]
+    launchers = list(docs.values())
     ranks = _rank_statuses(out)
     still_running = any(launch.get("exit_code") is None for launch in launchers)
     codes = [launch.get("exit_code") for launch in launchers if launch.get("exit_code") is not None]
@@ -372,7 +380,8 @@ def derive_status(out: str, meta: dict) -> dict:
         status = runfmt.STATUS_PARTIAL
     else:
         status = runfmt.STATUS_FAILED
-    notes = [f"rank {r}: {ranks[r]['note']}" for r in sorted(ranks) if ranks[r].get("note")]
+    notes = [f"rank {r}: {ranks[r][key]}" for r in sorted(ranks) for key in ("write_error", "note")
+             if ranks[r].get(key)]
     aside = [r for r in sorted(ranks) if ranks[r].get("status") == runfmt.RANK_STEPPED_ASIDE]
     if aside:
         notes.append(f"fsdpprof stepped aside on rank{'s' if len(aside) > 1 else ''} "
@@ -382,30 +391,6 @@ def derive_status(out: str, meta: dict) -> dict:
     return {"status": status, "exit_code": exit_code, "ranks_seen": sorted(ranks),
             "rank_status": {str(r): ranks[r].get("status") for r in sorted(ranks)}, "notes": notes,
             "clashes": [{k: doc.get(k) for k in ("rank", "host", "pid", "claimed_by")} for doc in clashes]}
-
-
-def _exclusive_create_json(path: str, obj) -> bool:
-    data = json.dumps(obj, indent=1, default=str).encode()
-    tmp = os.path.join(os.path.dirname(path), runfmt.temp_name(os.path.basename(path)))
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(tmp, path)  # atomic and exclusive: fails if run.json exists
-        return True
-    except FileExistsError:
-        return False
-    except OSError:  # filesystems without hard links
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        return True
-    finally:
-        os.unlink(tmp)
 
 
 def build_env(out: str, options: dict) -> dict:
@@ -422,7 +407,10 @@ def build_env(out: str, options: dict) -> dict:
 def run(args) -> int:
     cmd, options = validate(args)
     out = os.path.abspath(args.out or _default_out())
-    joining = prepare_out(out, cmd, bool(args.force))
+    try:
+        joining = prepare_out(out, cmd, bool(args.force))
+    except OSError as exc:  # a folder that cannot be listed or read: nothing has run yet
+        raise UserError(f"--out {out} cannot be used ({runfmt.write_error_text(exc)}): choose another folder")
     host, pid = socket.gethostname(), os.getpid()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat()
     meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
@@ -431,24 +419,29 @@ def run(args) -> int:
                                                           options["active_steps"]]},
             "ranks_expected": expected_ranks(cmd), "ranks_seen": []}
     run_json = os.path.join(out, runfmt.RUN_JSON)
-    created = False
-    if not joining:
-        created = _exclusive_create_json(run_json, meta)
     name = f"{host}-{pid}.json"
     launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
-    launcher = {"host": host, "pid": pid, "pid_start": runfmt.process_start_ticks(pid), "command": cmd,
-                "started_at": started, "ended_at": None, "exit_code": None, "heartbeat_s": runfmt.HEARTBEAT_S,
-                # what this launcher writes in the run directory (--force removes only that)
-                "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
-    runfmt.atomic_write_json(launcher_path, launcher)
+    created = False
+    try:
+        if not joining:
+            created = runfmt.exclusive_create_json(run_json, meta)
+        launcher = {"host": host, "pid": pid, "pid_start": runfmt.process_start_ticks(pid), "command": cmd,
+                    "started_at": started, "ended_at": None, "exit_code": None, "heartbeat_s": runfmt.HEARTBEAT_S,
+                    # what this launcher writes in the run directory (--force removes only that)
+                    "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
+        runfmt.atomic_write_json(launcher_path, launcher)
+    except OSError as exc:  # nothing has run yet: leave nothing behind and refuse in one line
+        if created:
+            runfmt.remove_quietly(run_json)
+        raise UserError(f"--out {out} cannot be written ({runfmt.write_error_text(exc)}): nothing was run; "
+                        "free some space or choose another folder")
 
     try:
         child = subprocess.Popen(cmd, env=build_env(out, options))
     except OSError as exc:
         launcher.update(exit_code=127, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
                         error=f"could not start {cmd[0]}: {exc}")
-        runfmt.atomic_write_json(launcher_path, launcher)
-        _finalize(out, run_json)
+        _end_run(out, run_json, launcher_path, launcher)
         raise UserError(f"could not start {cmd[0]!r}: {exc.strerror or exc}")
 
     def forward(signum, frame):
@@ -493,36 +486,58 @@ def run(args) -> int:
             except (ValueError, OSError, TypeError):
                 pass
     exit_code = code if code >= 0 else 128 - code
-    launcher.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-                    ranks=sorted(_rank_statuses(out)))
-    runfmt.atomic_write_json(launcher_path, launcher)
-    meta = _finalize(out, run_json)
-    status = meta["status"].replace("_", " ")
-    if meta["status"] == runfmt.STATUS_STEPPED_ASIDE:
-        status += " (the job ran its own torch.profiler: fsdpprof recorded no trace)"
-    elif meta.get("notes"):
-        status += " (" + "; ".join(meta["notes"]) + ")"
-    sys.stderr.write(f"fsdpprof: run {status} -> {out}  (next: fsdpprof report {out})\n")
-    sys.stderr.flush()
+    try:  # from here on nothing may change the job's exit code: a failure is one line, at most
+        launcher.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+                        ranks=sorted(_rank_statuses(out)))
+        meta, unwritten = _end_run(out, run_json, launcher_path, launcher)
+        status = meta["status"].replace("_", " ")
+        if meta["status"] == runfmt.STATUS_STEPPED_ASIDE:
+            status += " (the job ran its own torch.profiler: fsdpprof recorded no trace)"
+        elif meta.get("notes"):
+            status += " (" + "; ".join(meta["notes"]) + ")"
+        if unwritten:
+            status += f"; not written: {'; '.join(unwritten)}"
+        runfmt.say(f"fsdpprof: run {status} -> {out}  (next: fsdpprof report {out})")
+    except Exception as exc:
+        runfmt.say(f"fsdpprof: could not finish the run directory {out}: {runfmt.write_error_text(exc)}")
     return exit_code
 
 
-def _finalize(out: str, run_json: str, rounds: int = 10) -> dict:
+def _end_run(out: str, run_json: str, launcher_path: str, launcher: dict) -> tuple[dict, list[str]]:
+    """Write this launcher's final file, then run.json's final status (:func:`_finalize`); a write that fails
+    (a full disk) is skipped and named.  Returns (run.json as derived, what could not be written, in words)."""
+    unwritten = []
+    try:
+        runfmt.write_status_json(launcher_path, launcher)
+    except OSError as exc:
+        unwritten.append(runfmt.write_error_text(exc, launcher_path))
+    meta, error = _finalize(out, run_json, own=(launcher_path, launcher))
+    if error:
+        unwritten.append(error)
+    return meta, unwritten
+
+
+def _finalize(out: str, run_json: str, rounds: int = 10, own: tuple[str, dict] | None = None):
     """Write run.json's derived fields; re-derive after writing until what is on disk still holds.
+    Returns (run.json as derived, None or why it could not be written: "disk full: <path>").
 
     Launchers that end together race: one may derive "running" before the other's launcher file
     says it ended, yet write after the other's final status. Each launcher writes its own file
-    before run.json, so whoever wrote last sees every ended launcher when it derives again."""
+    before run.json, so whoever wrote last sees every ended launcher when it derives again.
+    ``own``: this launcher's (path, file) as it is in memory (see :func:`derive_status`)."""
     for _ in range(rounds):
         try:
             meta = runfmt.read_json(run_json)
         except Exception:
             meta = {"schema": runfmt.RUN_SCHEMA}
-        derived = derive_status(out, meta)
+        derived = derive_status(out, meta, own)
         meta.update(derived)
         meta["ended_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
-        runfmt.atomic_write_json(run_json, meta)
-        if derive_status(out, meta) == derived:
+        try:
+            runfmt.write_status_json(run_json, meta)
+        except OSError as exc:
+            return meta, runfmt.write_error_text(exc, run_json)
+        if derive_status(out, meta, own) == derived:
             break
-    return meta
+    return meta, None
 

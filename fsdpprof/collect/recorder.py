@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
+import errno
 import json
 import os
 import signal
@@ -32,6 +33,8 @@ DEFAULT_OPTIONS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "ranks
                    "with_stack": False, "max_memory_entries": 100_000}
 
 _RECORDER = None
+LOG_LINES_KEPT = 200        # collector.log lines held in memory while the file cannot be written
+KINETO_TMP_SUFFIX = ".tmp"  # kineto exports a trace to <path>.tmp, renamed to <path> once complete
 _OURS = threading.local()  # set while fsdpprof itself starts a profiler
 
 
@@ -113,6 +116,9 @@ class Recorder:
         self.pending_signal = None
         self.cpu_start = None      # _cpu_sample() at the start of the first active step
         self.cpu_window = None     # rank.json "cpu": the host's cores and this process's CPU use over the active steps
+        self.write_error = None    # the first write of a file of the run that failed, in words ("disk full: <path>")
+        self.log_error = None      # collector.log could not take every line (why)
+        self.log_lost = False      # lines were dropped while collector.log could not be written
 
     # -- installation ---------------------------------------------------------------------
     def install(self, optimizer_module=None) -> None:
@@ -149,17 +155,29 @@ class Recorder:
     # -- logging and files ----------------------------------------------------------------
     def _log(self, message: str) -> None:
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {message}"
+        if len(self.log_lines) >= LOG_LINES_KEPT:   # (lines are kept while the log cannot be written: a few)
+            self.log_lines, self.log_lost = self.log_lines[1:], True
         self.log_lines.append(line)
         if self.rdir:
+            path = os.path.join(self.rdir, runfmt.COLLECTOR_LOG)
             try:
-                with open(os.path.join(self.rdir, runfmt.COLLECTOR_LOG), "a") as fh:
-                    fh.write("\n".join(self.log_lines) + "\n")
+                runfmt.append_bytes(path, ("\n".join(self.log_lines) + "\n").encode("utf-8", "backslashreplace"))
                 self.log_lines = []
-            except Exception:
-                pass
+                if not self.log_lost:
+                    self.log_error = None   # what failed before is written now
+            except Exception as exc:
+                if self.log_error is None:
+                    self.log_error = runfmt.write_error_text(exc, path)
 
-    def _fail(self, where: str, exc: BaseException) -> None:
-        self.error = f"{where}: {type(exc).__name__}: {exc}"
+    def _fail(self, where: str, exc: BaseException, path: str | None = None) -> None:
+        """An error of ours, logged; a failed write (``OSError``) also becomes the rank's ``write_error``
+        ("disk full: <path> (where)"), ``path`` naming the file meant when ``exc`` names a temporary one."""
+        if isinstance(exc, OSError):
+            self.error = f"{runfmt.write_error_text(exc, path)} ({where})"
+            if self.write_error is None:
+                self.write_error = self.error
+        else:
+            self.error = f"{where}: {type(exc).__name__}: {exc}"
         self._log(f"ERROR {self.error}\n{traceback.format_exc()}")
 
     def _identify(self) -> None:
@@ -189,24 +207,50 @@ class Recorder:
             return True
         if self.clashed:
             return False
+        if self.state == "failed":
+            return False
         path = runfmt.rank_dir(self.run_dir, self.rank)
-        os.makedirs(self.run_dir, exist_ok=True)
         writer = {"role": "rank", "rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
                   "pid_start": runfmt.process_start_ticks(os.getpid())}
         files = [runfmt.MANIFEST_JSON, runfmt.COLLECTOR_LOG, runfmt.RANK_JSON]
-        if not runfmt.claim_dir(path, writer, files):
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            claimed = runfmt.claim_dir(path, writer, files)
+        except OSError as exc:  # a full disk, a read-only folder: this rank records nothing, the job goes on
+            self._unwritable(path, exc)
+            return False
+        if not claimed:
             self._clash(path)
             return False
         self.rdir, self.manifest_writer, self.manifest_files = path, writer, files
         self._log(f"rank {self.rank}/{self.world_size} recording into {self.rdir} with options {self.options}")
         return True
 
-    def _will_write(self, name: str) -> None:
-        """List ``name`` in the rank's manifest before creating it (``record --force`` removes only listed files)."""
-        if self.rdir is None or name in self.manifest_files:
+    def _will_write(self, *names: str) -> None:
+        """List ``names`` in the rank's manifest before creating them (``record --force`` removes only listed
+        files); raises the ``OSError`` when the manifest cannot be written (then they must not be written)."""
+        new = [n for n in names if n not in self.manifest_files]
+        if self.rdir is None or not new:
             return
-        self.manifest_files.append(name)
-        runfmt.write_manifest(self.rdir, self.manifest_writer, self.manifest_files)
+        runfmt.write_manifest(self.rdir, self.manifest_writer, self.manifest_files + new)
+        self.manifest_files.extend(new)
+
+    def _unwritable(self, path: str, exc: OSError) -> None:
+        """The rank folder cannot be made: record nothing more, stop our profilers, say so in one line."""
+        self.error = self.write_error = f"{runfmt.write_error_text(exc, path)} (creating the rank folder)"
+        self.state = "failed"
+        self.uninstall()
+        for prof in (self.prof, self.fallback_prof):
+            if prof is not None:
+                try:
+                    prof.on_trace_ready = None
+                    with _quiet_kineto():
+                        prof.stop()
+                except Exception:
+                    pass
+        self.prof = self.fallback_prof = None
+        if self.announce:
+            runfmt.say(f"fsdpprof: rank {self.rank} recorded nothing: {self.write_error}")
 
     def _clash(self, path: str) -> None:
         """Another process holds rank-<R>/: record nothing, write a clash note, say so in one line."""
@@ -228,18 +272,15 @@ class Recorder:
         note = {"schema": runfmt.CLASH_SCHEMA, "rank": self.rank, "host": host, "pid": pid,
                 "claimed_by": holder or None, "at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
                 "files": [f"{runfmt.CLASHES_DIR}/{name}"]}
+        unwritten = ""
         try:
             runfmt.atomic_write_json(os.path.join(self.run_dir, runfmt.CLASHES_DIR, name), note)
-        except Exception:
-            pass
+        except Exception as exc:
+            unwritten = f" (its note not written: {runfmt.write_error_text(exc)})"
         if self.announce:
-            try:
-                by = f"pid {holder.get('pid')} on {holder.get('host')}" if holder.get("pid") else "another process"
-                sys.stderr.write(f"fsdpprof: rank {self.rank} is already recorded by {by} in {path}: "
-                                 f"this process (pid {pid}) records nothing\n")
-                sys.stderr.flush()
-            except Exception:
-                pass
+            by = f"pid {holder.get('pid')} on {holder.get('host')}" if holder.get("pid") else "another process"
+            runfmt.say(f"fsdpprof: rank {self.rank} is already recorded by {by} in {path}: "
+                       f"this process (pid {pid}) records nothing{unwritten}")
 
     # -- hooks ----------------------------------------------------------------------------
     def _first_forward(self, module, args):
@@ -407,13 +448,21 @@ class Recorder:
             if not self._open_rank_dir():
                 return
             final = os.path.join(self.rdir, runfmt.TRACE_FILE)
-            json_name = f".trace.{os.getpid()}.tmp.json"
+        except Exception as exc:
+            self._fail("exporting the trace", exc)
+            return
+        try:
+            json_name = runfmt.TRACE_TEMP_FMT.format(pid=os.getpid())
             tmp_name = json_name + ".gz"
-            for name in (json_name, tmp_name, runfmt.TRACE_FILE):
-                self._will_write(name)
+            # (kineto writes <json>.tmp and renames it: listed too, so that --force may remove what a crash left)
+            self._will_write(json_name, json_name + KINETO_TMP_SUFFIX, tmp_name, runfmt.TRACE_FILE)
             tmp_json, tmp = os.path.join(self.rdir, json_name), os.path.join(self.rdir, tmp_name)
             export_trace_gz(prof, tmp_json, tmp)
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except BaseException:
+                runfmt.remove_quietly(tmp)
+                raise
             self.trace_written = True
             self.trace_steps_done = self.steps_done
             self._complete_clock_anchor(final)
@@ -424,7 +473,7 @@ class Recorder:
                 self._write_rank_json("partial", "trace saved; the process ended or was killed before fsdpprof "
                                                  "wrote the inventory and this file's final status")
         except Exception as exc:
-            self._fail("exporting the trace", exc)
+            self._fail("exporting the trace", exc, final)
 
     def _complete_clock_anchor(self, trace_path: str) -> None:
         """Trace ts (us) + baseTimeNanoseconds/1000 is the Unix time in kineto traces: anchor with it."""
@@ -466,42 +515,52 @@ class Recorder:
         self._restore_signal_handlers()
         error = error or self.error
         if self.cuda is not None:
+            path = os.path.join(self.rdir, runfmt.SNAPSHOT_FILE)
             try:
                 self._will_write(runfmt.SNAPSHOT_FILE)
-                path = self.cuda.finish(self.rdir)
-                if path:
-                    self.files.append(os.path.basename(path))
+                written = self.cuda.finish(self.rdir)
+                if written:
+                    self.files.append(os.path.basename(written))
             except Exception as exc:
-                self._fail("writing the CUDA memory snapshot", exc)
+                self._fail("writing the CUDA memory snapshot", exc, path)
                 error = error or self.error
             self.cuda = None
         if self.info is not None:
+            path = os.path.join(self.rdir, runfmt.INVENTORY_JSON)
             try:
                 tensors = self.tensors_params + self.tensors_grads + self.tensors_opt
                 doc = inv.build_inventory(self.info, rank=self.rank, world_size=self.world_size,
                                           optimizers=self._optimizers(), tensors=tensors,
                                           status="complete" if status == "complete" else "partial", error=error)
                 self._will_write(runfmt.INVENTORY_JSON)
-                runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.INVENTORY_JSON), doc)
+                runfmt.atomic_write_json(path, doc)
                 self.files.append(runfmt.INVENTORY_JSON)
             except Exception as exc:
-                self._fail("writing the inventory", exc)
+                self._fail("writing the inventory", exc, path)
                 error = error or self.error
                 if status == "complete":
                     status = "partial"
         if status == "complete" and not self.trace_written:
             status, error = "partial", error or "no trace was written"
-        self._write_rank_json(status, error)
+        if self.write_error:  # a file of the run could not be written: say which and why, first
+            if status == "complete":
+                status = "partial"
+            if not error or self.write_error not in error:
+                error = f"{self.write_error}; {error}" if error else self.write_error
+        unwritten = self._write_rank_json(status, error)
         if self.announce:
             try:
                 steps = self._steps_recorded()
                 what = (f"steps {steps[0]}-{steps[-1]}" if steps else "trace" if self.trace_written else "no trace")
                 if self.note:
                     what += f"; {self.note}"
+                if self.write_error:
+                    what += f"; {self.write_error}"
+                if unwritten:
+                    what += f"; rank.json not written: {unwritten}"
                 label = "stepped aside for the job's own torch.profiler" if status == runfmt.RANK_STEPPED_ASIDE \
                     else status
-                sys.stderr.write(f"fsdpprof: rank {self.rank} {label} ({what}) -> {self.rdir}\n")
-                sys.stderr.flush()
+                runfmt.say(f"fsdpprof: rank {self.rank} {label} ({what}) -> {self.rdir}")
             except Exception:
                 pass
 
@@ -518,9 +577,11 @@ class Recorder:
         except Exception:
             self.state = "failed"
 
-    def _write_rank_json(self, status: str, error) -> None:
+    def _write_rank_json(self, status: str, error) -> str | None:
+        """Write rank.json (never raises); returns None, or why it could not be written ("disk full: <path>")."""
         if self.rdir is None:
-            return
+            return None
+        path = os.path.join(self.rdir, runfmt.RANK_JSON)
         try:
             device, device_name, backend = "cpu", socket.gethostname(), None
             if torch.cuda.is_available():
@@ -539,12 +600,21 @@ class Recorder:
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
                    "clock_anchor": self.clock_anchor, **({"cpu": self.cpu_window} if self.cpu_window else {}),
-                   "status": status, "error": error, "note": self.note,
+                   "status": status, "error": error, "note": self._note_text(),
+                   **({"write_error": self.write_error} if self.write_error else {}),
                    "files": sorted(set(self.files + [runfmt.COLLECTOR_LOG])), "fsdpprof_version": __version__}
-            runfmt.atomic_write_json(os.path.join(self.rdir, runfmt.RANK_JSON), doc)
+            runfmt.write_status_json(path, doc)
             self._log(f"rank.json: status {status}" + (f" ({error})" if error else ""))
+            return None
         except Exception as exc:
-            self._log(f"writing rank.json failed: {exc!r}")
+            why = runfmt.write_error_text(exc, path)
+            self._log(f"writing rank.json failed: {why}")
+            return why
+
+    def _note_text(self):
+        """rank.json's "note": the window cut short, collector.log incomplete (None when neither)."""
+        notes = [n for n in (self.note, self.log_error and f"collector.log incomplete: {self.log_error}") if n]
+        return "; ".join(notes) or None
 
     def _end_cpu_window(self) -> None:
         """rank.json's "cpu" from the samples at the start and the end of the active steps (never raises)."""
@@ -851,21 +921,35 @@ def export_trace_gz(prof, json_path: str, gz_path: str, level: int = TRACE_GZIP_
     uses level 9 and one write per line of JSON, about 8x the CPU (0.76 s against 0.09 s on a 5.9 MB
     CPU trace), spent inside the optimizer step that closes the window; the file is 13 % larger than
     at level 9.  ``benchmarks/bench_collect.py`` measures both."""
-    import gzip
-    import shutil
+    import zlib
 
     done = False
     try:
         prof.export_chrome_trace(json_path)
-        with open(json_path, "rb") as fin, gzip.open(gz_path, "wb", compresslevel=level) as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
+        if not os.path.exists(json_path):  # kineto reports a failed write on its log only: say why
+            code = errno.ENOSPC if runfmt.out_of_space(os.path.dirname(os.path.abspath(json_path))) else errno.EIO
+            raise OSError(code, "the profiler wrote no trace file", json_path)
+        gzip = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)   # (16 +: the gzip format)
+        fd = os.open(gz_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            with open(json_path, "rb") as fin:
+                for block in iter(lambda: fin.read(1 << 20), b""):
+                    runfmt.write_all(fd, gzip.compress(block))
+            runfmt.write_all(fd, gzip.flush())
+        finally:
+            os.close(fd)
         done = True
     finally:
-        for path in (json_path,) if done else (json_path, gz_path):   # (no half-written .gz is left behind)
+        # no half-written .gz is left behind, nor kineto's own temporary of a failed export: emptied first, as
+        # kineto keeps that file open until the profiler is freed (the blocks of an unlinked open file stay taken)
+        kineto_tmp = json_path + KINETO_TMP_SUFFIX
+        if os.path.isfile(kineto_tmp) and not os.path.islink(kineto_tmp):
             try:
-                os.unlink(path)
+                os.truncate(kineto_tmp, 0)
             except OSError:
                 pass
+        for path in (json_path, kineto_tmp) + (() if done else (gz_path,)):
+            runfmt.remove_quietly(path)
 
 
 def _trace_base_time_ns(path: str):

@@ -4,6 +4,7 @@ step's decomposition, operators and kernels, memory at the peak.  Inputs: run di
 of any source (HTA folders, torchtitan's ``iteration_<s>/rank<r>_trace.json``), or a mix."""
 from __future__ import annotations
 
+from fsdpprof import options
 from fsdpprof.errors import UserError
 
 
@@ -18,12 +19,12 @@ def add_arguments(p) -> None:
                    help="steps compared: 'first' = the first rank's first ProfilerStep, CPU operators and GPU "
                         "kernels together (HTA's compare_traces default); N = ProfilerStep#N; 'all' = every "
                         "recorded step summed; default: per-step medians over the recorded steps")
-    p.add_argument("--rank", type=int, default=None, metavar="R",
+    p.add_argument("--rank", type=options.RANK, default=None, metavar="R",
                    help="compare rank R of every input (default: all ranks, medians across ranks)")
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=options.WORKERS, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
     from fsdpprof.commands.report import add_engine_arguments
 
@@ -78,9 +79,7 @@ def run(args) -> int:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     check_workers_option(args.workers)
     scope = Scope(parse_iteration(args.iteration), args.rank)
-    if args.rank is not None and args.rank < 0:
-        raise UserError(f"--rank {args.rank} is not a rank (0 or more); leave it out to compare all ranks")
-    engine = check_engine(args.engine, args.scheduler)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
     outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]
@@ -95,7 +94,7 @@ def run(args) -> int:
         keep = None
         if scope.rank is not None:
             if scope.rank not in run_.ranks:
-                from fsdpprof.analyze.pipeline import rank_list
+                from fsdpprof.analyze.model import rank_list
                 raise UserError(f"rank {scope.rank} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "
                                 f"one of those, or leave --rank out to compare all ranks")
             keep = scope.rank

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from fsdpprof import options
 from fsdpprof.errors import UserError
 
 # (strategy of the example, ranks): DDP, SHARD_GRAD_OP and FULL_SHARD on 2 ranks, FULL_SHARD and HSDP on 4
@@ -33,13 +34,13 @@ def add_arguments(p) -> None:
     p.add_argument("--strategies", default=",".join(f"{s}:{n}" for s, n in RUNS),
                    help="comma-separated strategies of the example, each optionally with its number of processes "
                         f"as STRATEGY:N (default {','.join(f'{s}:{n}' for s, n in RUNS)})")
-    p.add_argument("--nproc", type=int, default=2,
+    p.add_argument("--nproc", type=options.DEMO_NPROC, default=2,
                    help=f"processes for a strategy given without :N (default 2, at most {MAX_NPROC})")
     p.add_argument("--force", action="store_true",
                    help="overwrite report/compare files in --out that fsdpprof did not write")
 
 
-MAX_NPROC = 16  # CPU processes per recording (gloo); more only slows the demo down
+MAX_NPROC = options.MAX_DEMO_NPROC
 
 
 def _previous_run(run_dir: str) -> bool:
@@ -89,8 +90,7 @@ def run(args) -> int:
     from fsdpprof.report.outputs import check_not_empty, check_outputs
     from fsdpprof.report.text import compare_text
 
-    if not 1 <= args.nproc <= MAX_NPROC:
-        raise UserError(f"--nproc {args.nproc} must be between 1 and {MAX_NPROC}")
+    options.DEMO_NPROC.parse(args.nproc, "--nproc")
     runs = parse_runs(args.strategies, args.nproc)
     names = [run_name(s, n, args.nproc) for s, n in runs]
     check_not_empty(**{"--out": args.out})
@@ -147,16 +147,7 @@ def parse_runs(spec: str, nproc: int) -> list[tuple[str, int]]:
         s = s.strip()
         if s not in known:
             raise UserError(f"--strategies {s[:40]!r} is not a strategy of the example: use some of {','.join(known)}")
-        if sep:
-            try:
-                k = int(n)
-            except ValueError:
-                raise UserError(f"--strategies {item[:40]!r}: the number of processes after ':' must be a whole "
-                                f"number, e.g. fsdp2:4") from None
-        else:
-            k = nproc
-        if not 1 <= k <= MAX_NPROC:
-            raise UserError(f"--strategies {item[:40]!r}: processes must be between 1 and {MAX_NPROC}")
+        k = options.DEMO_NPROC.parse(n, f"--strategies {item[:40]!r}: the processes after ':'") if sep else nproc
         if s in ("hsdp", "fsdp1-hybrid") and (k < 2 or k % 2):
             raise UserError(f"--strategies {item[:40]!r}: hybrid sharding needs an even number of processes, e.g. {s}:4")
         runs.append((s, k))

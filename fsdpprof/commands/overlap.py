@@ -1,60 +1,62 @@
 """``fsdpprof overlap RUN``: per rank, how much communication overlaps compute and how much is exposed; per
-collective, its volume and bandwidth.  The quick path (:mod:`fsdpprof.analyze.comm.quick`): no numpy, no
-pandas, no torch, so a script can run it over many traces (or a CI check on one) at little start-up cost."""
+collective, its volume and bandwidth: the report's analysis restricted to those two tables
+(:func:`fsdpprof.analyze.pipeline.overlap_summary`), for scripts and CI checks."""
 from __future__ import annotations
 
 import json
+import math
 import sys
+
+from fsdpprof import options
+from fsdpprof.analyze.model import fmt_bytes
+from fsdpprof.commands.report import add_engine_arguments, add_max_trace_bytes, check_workers_option
 
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory, folder of profiler traces, or trace file (.json[.gz])")
     p.add_argument("--json", action="store_true",
                    help="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
-    p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
-                   help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes reading ranks (default: one per rank and CPU core when the traces hold 4 MiB "
-                        "of JSON or more; 1: this process only)")
+    add_max_trace_bytes(p)
+    p.add_argument("--workers", type=options.WORKERS, default=None,
+                   help="processes for loading ranks (at most one per rank and per CPU core)")
+    add_engine_arguments(p)
 
 
 def _cell(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _size(nbytes) -> str:
-    """Decimal units, as the bandwidths beside them (GB/s = 1e9 bytes/s)."""
-    from fsdpprof.analyze.model import fmt_bytes
-
-    return fmt_bytes(nbytes, decimal=True)
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
 def table(result) -> str:
-    """The two tables as text: overlap per rank (ms), volume per rank and collective."""
+    """The two tables of an OverlapSummary as text: overlap per rank (ms), volume per rank and collective."""
     lines = ["communication overlapped with compute, per rank (ms of the profiled window):",
              f"{'rank':>5} {'compute':>11} {'comm':>11} {'overlapped':>11} {'exposed':>11} {'overlap %':>9}"]
-    for r in result.overlap:
+    for r in result.overlap.itertuples(index=False):
         lines.append(f"{r.rank:>5} {r.compute_us / 1e3:>11.3f} {r.comm_us / 1e3:>11.3f} "
                      f"{r.overlapped_comm_us / 1e3:>11.3f} {r.exposed_comm_us / 1e3:>11.3f} "
                      f"{_cell(r.comp_comm_overlap_pct, '.1f'):>9}")
     lines += ["", "collective volume and bandwidth, per rank (busbw: nccl-tests' bus bandwidth):",
               f"{'rank':>5} {'collective':<16} {'count':>6} {'bytes':>10} {'time ms':>10} {'algbw GB/s':>10} "
               f"{'busbw GB/s':>10}"]
-    for v in result.volume:
-        coll = "(unknown)" if v.collective is None else v.collective
-        lines.append(f"{v.rank:>5} {coll[:16]:<16} {v.count:>6} {_size(v.bytes):>10} {v.time_us / 1e3:>10.3f} "
+    for v in result.volume.itertuples(index=False):
+        coll = v.collective if isinstance(v.collective, str) else "(unknown)"
+        size = fmt_bytes(v.bytes, decimal=True)       # decimal units, as the bandwidths beside them (GB/s)
+        lines.append(f"{v.rank:>5} {coll[:16]:<16} {v.count:>6} {size:>10} {v.time_us / 1e3:>10.3f} "
                      f"{_cell(v.algbw_gbps, '.2f'):>10} {_cell(v.busbw_gbps, '.2f'):>10}")
-    if not result.volume:
+    if not len(result.volume):
         lines.append("      (no communication in the trace)")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.comm.quick import quick_overlap
-    from fsdpprof.analyze.run import check_workers
+    from fsdpprof.analyze.engines import check_engine
+    from fsdpprof.analyze.run import load_run
 
-    check_workers(args.workers, "--workers")
-    result = quick_overlap(args.run, max_trace_bytes=args.max_trace_bytes, workers=args.workers)
+    check_workers_option(args.workers)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
+    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
+    from fsdpprof.analyze.pipeline import overlap_summary
+
+    result = overlap_summary(run_, workers=args.workers, engine=engine, scheduler=args.scheduler)
     for line in result.warnings:
         print(f"fsdpprof overlap: warning: {line}", file=sys.stderr)
     for label, why in result.missing.items():

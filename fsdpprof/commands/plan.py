@@ -4,31 +4,26 @@ from __future__ import annotations
 import json
 import math
 
+from fsdpprof import options
 from fsdpprof.analyze import theory
 from fsdpprof.errors import UserError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--params", required=True, help="parameter count Psi, e.g. 7.5e9 or 7.5B")
-    p.add_argument("--world", required=True, help="number of ranks N")
+    p.add_argument("--params", required=True, type=options.PARAMS,
+                   help=f"parameter count Psi, e.g. 7.5e9 or 7.5B ({options.PARAMS.describe()})")
+    p.add_argument("--world", required=True, type=options.WORLD, help="number of ranks N")
     p.add_argument("--optimizer", default="adam", help="adam (default), adamw, sgd, sgd-momentum, adagrad, none")
     p.add_argument("--param-dtype", default="bf16", help="dtype parameters are stored and all-gathered in (bf16)")
     p.add_argument("--grad-dtype", default=None, help="dtype of gradients / reduce-scatter (default: param dtype)")
     p.add_argument("--state-dtype", default="fp32", help="dtype of optimizer states and master copy (fp32)")
-    p.add_argument("--shard-group", default=None, help="HYBRID_SHARD shard-group size N_s (adds an HSDP row)")
+    p.add_argument("--shard-group", default=None, type=options.WORLD, help="HYBRID_SHARD shard-group size N_s (adds an HSDP row)")
     p.add_argument("--offload", default="none", choices=["none", "optimizer", "params"],
                    help="CPU offload: optimizer state, or params+grads+optimizer state (FSDP CPUOffload)")
-    p.add_argument("--compression", default="1", help="gradient compression ratio (divides gradient traffic)")
-    p.add_argument("--gpu-mem", default=None, help="memory per GPU, e.g. 40GB or 80GiB: says whether each fits")
+    p.add_argument("--compression", default="1", type=options.COMPRESSION, help="gradient compression ratio (divides gradient traffic)")
+    p.add_argument("--gpu-mem", default=None, type=options.GPU_MEM, help="memory per GPU, e.g. 40GB or 80GiB: says whether each fits")
     p.add_argument("--units", default="GB", choices=["GB", "GiB"], help="print GB (1e9 bytes, default) or GiB (2^30)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-
-
-def _int_arg(text, what: str) -> int:
-    v = theory.parse_count(text, what, max_value=theory.MAX_WORLD, unit=" ranks", example="8")
-    if v != int(v):
-        raise UserError(f"{what} {theory.shown(text)} must be a whole number")
-    return int(v)
 
 
 def _check_finite(x, where: str = "") -> None:
@@ -50,13 +45,13 @@ def plan(args) -> dict:
         if value is not None and not str(value).strip():
             raise UserError(f"--{name.replace('_', '-')} is empty: give e.g. "
                             f"{'adam' if name == 'optimizer' else 'bf16 or fp32'}")
-    psi = theory.parse_count(args.params, "--params")
-    world = _int_arg(args.world, "--world")
-    shard_group = _int_arg(args.shard_group, "--shard-group") if args.shard_group is not None else None
+    psi = options.PARAMS.parse(args.params, "--params")
+    world = options.WORLD.parse(args.world, "--world")
+    shard_group = options.checked(args.shard_group, "--shard-group", options.WORLD)
     if shard_group and (shard_group > world or world % shard_group):
         raise UserError(f"--shard-group {shard_group} must divide --world {world}")
-    compression = theory.parse_ratio(args.compression, "--compression")
-    gpu = theory.parse_size_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
+    compression = options.COMPRESSION.parse(args.compression, "--compression")
+    gpu = options.checked(args.gpu_mem, "--gpu-mem", options.GPU_MEM)
     k = theory.bytes_per_param(args.param_dtype, args.grad_dtype, args.optimizer, state_dtype=args.state_dtype)
     rows = []
     ddp_traffic = theory.fsdp_traffic(psi, "DDP", world, args.param_dtype, k.grad_dtype,

@@ -1,11 +1,11 @@
 """``fsdpprof report RUN``: analyse a run directory (or traces / a snapshot) into report.html + summary.json."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import webbrowser
 
+from fsdpprof import options
 from fsdpprof.errors import UserError
 
 
@@ -20,14 +20,17 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="overwrite output files that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--open", action="store_true", help="open the report in a browser")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=options.WORKERS, default=None,
                    help="processes for loading ranks (at most one per rank and per CPU core)")
     add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
-    p.add_argument("--no-hta", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--max-trace-bytes", type=int, default=None, metavar="BYTES",
-                   help="largest trace accepted, in bytes of JSON once decompressed (default 8 GiB)")  # the default since 0.2; kept for scripts
+    add_max_trace_bytes(p)  # the default since 0.2; kept for scripts
+
+
+def add_max_trace_bytes(p) -> None:
+    p.add_argument("--max-trace-bytes", type=options.TRACE_BYTES, default=None, metavar="BYTES",
+                   help="largest trace accepted, in bytes of JSON once decompressed, e.g. 16GiB (default 8 GiB)")
 
 
 def add_engine_arguments(p) -> None:
@@ -40,6 +43,10 @@ def add_engine_arguments(p) -> None:
                    help="address of a running dask.distributed scheduler (tcp://HOST:8786; implies --engine dask): "
                         "its workers read each rank's files at the same path (shared storage), only small results "
                         "come back")
+    p.add_argument("--connect-timeout", type=options.CONNECT_TIMEOUT_S, default=options.DEFAULT_CONNECT_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help=f"--scheduler: seconds to wait for the scheduler to connect and answer (default "
+                        f"{options.DEFAULT_CONNECT_TIMEOUT_S:g}; {options.CONNECT_TIMEOUT_S.describe()})")
 
 
 def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
@@ -92,7 +99,7 @@ def run(args) -> int:
     from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
 
     check_workers_option(args.workers)
-    engine = check_engine(args.engine, args.scheduler)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     if args.hta:
         check_hta_installed()
     check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary})
@@ -105,7 +112,7 @@ def run(args) -> int:
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text
 
-    a = analyze_run(run_, hta=args.hta and not args.no_hta, workers=args.workers, progress=sys.stderr.isatty(),
+    a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     del run_
     write_report(a, html_path, summary_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from fsdpprof import options
 from fsdpprof.errors import UserError
 
 FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
@@ -13,16 +14,17 @@ def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory recorded by `fsdpprof record` (trace, memory, inventory)")
     p.add_argument("--strategy", default=None,
                    help="target: DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD (default: the run's)")
-    p.add_argument("--shard-group", default=None, metavar="K", help="HYBRID_SHARD: ranks each parameter is sharded over")
-    p.add_argument("--world", default=None, metavar="N", help="target world size (default: the run's)")
+    p.add_argument("--shard-group", default=None, metavar="K", type=options.WORLD, help="HYBRID_SHARD: ranks each parameter is sharded over")
+    p.add_argument("--world", default=None, metavar="N", type=options.WORLD, help="target world size (default: the run's)")
     p.add_argument("--reshard-after-forward", default=None, metavar="true|false|INT",
+                   type=options.reshard_after_forward,
                    help="free unsharded parameters after forward (true), keep them (false), or reshard to INT ranks")
     p.add_argument("--param-dtype", default=None, help="mixed precision: dtype of unsharded parameters and compute")
     p.add_argument("--reduce-dtype", default=None, help="mixed precision: dtype of the gradient reduction")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP CPU offload of the sharded states")
-    p.add_argument("--batch-scale", default="1", metavar="X",
+    p.add_argument("--batch-scale", default="1", metavar="X", type=options.BATCH_SCALE,
                    help="local batch x X: activations and compute time scale with it (default 1)")
-    p.add_argument("--ranks-per-host", default=None, metavar="R",
+    p.add_argument("--ranks-per-host", default=None, metavar="R", type=options.WORLD,
                    help="CPU runs: ranks of the target on one host, sharing its cores (default: the run's layout; "
                         "a run on one host puts all the target's ranks on it)")
     p.add_argument("--fsdp-version", default=None, choices=["1", "2"],
@@ -37,7 +39,7 @@ def add_arguments(p) -> None:
 def _target_given(args) -> bool:
     return any(getattr(args, k) is not None for k in ("strategy", "shard_group", "world", "reshard_after_forward",
                                                         "param_dtype", "reduce_dtype", "fsdp_version", "ranks_per_host")) \
-        or args.cpu_offload or str(args.batch_scale).strip() not in ("1", "1.0")
+        or args.cpu_offload or float(args.batch_scale) != 1
 
 
 def build(args, run) -> tuple[list, object, list[str]]:
@@ -48,11 +50,7 @@ def build(args, run) -> tuple[list, object, list[str]]:
     if not run.ranks:
         raise UserError(f"{args.run}: no rank recorded anything to predict from")
     hosts, per_host = wp.hosts_of(run)
-    rd = run.ranks[min(run.ranks)]
-    if not rd.inventory:
-        raise UserError(f"{args.run}: no inventory.json (parameter sizes, units and strategy are unknown); record the "
-                        f"run with `fsdpprof record` to predict other strategies")
-    source = wp.source_of_rank(rd, hosts, per_host)
+    source = wp.source_of_rank(wp.source_rank(run), hosts, per_host)
     run_target = tg.target_of_source(source)
     scale = tg.parse_batch_scale(args.batch_scale)
     family = {"1": "fsdp1", "2": "fsdp2", None: None}[args.fsdp_version]
@@ -73,11 +71,14 @@ def build(args, run) -> tuple[list, object, list[str]]:
 
 def text(result: dict, run_label: str) -> str:
     """The predictions as a terminal table plus what the first one kept and assumed."""
-    from fsdpprof.analyze.model import fmt_bytes
+    from fsdpprof.analyze.model import fmt_bytes, rank_list
 
     m = result["measured"]
     lines = [f"what if: {run_label} — measured peak {fmt_bytes(m.get('peak_allocated_bytes'))} (largest rank), "
              f"step {_ms(m.get('step_us'))} ms (median)"]
+    if result.get("missing"):
+        lines.append(f"PARTIAL: predicted from {rank_list(result.get('ranks_predicted') or [])} only; missing "
+                     + "; ".join(f"{k}: {v}" for k, v in sorted(result["missing"].items())))
     head = f"{'':2}{'strategy':30s}{'world':>6s}{'peak MiB':>10s}{'step ms':>9s}{'compute':>9s}{'exposed':>9s}{'rest':>9s}"
     lines.append(head)
     for i, p in enumerate(result["predictions"]):
@@ -114,7 +115,7 @@ def _ms(x) -> str:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the run is found: see report.run)
-    from fsdpprof.analyze.run import load_run, with_inventory
+    from fsdpprof.analyze.run import load_run
     from fsdpprof.errors import unexpected_as_user_error
     from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
 
@@ -124,8 +125,7 @@ def run(args) -> int:
         args.output = os.path.join(args.output, "whatif.html")
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
-    run_ = load_run(args.run, lazy=True)
-    run_.ranks = {r: with_inventory(rd)[0] for r, rd in run_.ranks.items()}   # (a lazy run holds their paths)
+    run_ = load_run(args.run, lazy=True)      # (each rank's inventory and trace are read where it is predicted)
     if args.output:
         check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
                       input_folders=run_.record_folders(), fix=fix)

@@ -12,15 +12,19 @@
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import secrets
+import signal
 import stat
-import tempfile
+import threading
+import time
 
-from fsdpprof import __version__
+from fsdpprof import __version__, runfmt
 from fsdpprof.analyze.run import OUTPUT_JSON_MARK, file_kind
 from fsdpprof.errors import UserError
 
@@ -245,58 +249,153 @@ def _remove(paths) -> None:
             pass
 
 
+# --- locks, interrupts, stale temporaries ------------------------------------------------------
+
+STALE_TEMP_S = 600.0       # a temporary of ours this old, for an output we hold the lock of, is a dead write's
+
+
+def lock_path(path: str) -> str:
+    """The lock file of output ``path``: ``.<name>.lock`` beside it (removed by the writer that holds it)."""
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.lock")
+
+
+def _lock(path: str):
+    """Hold the exclusive flock of ``path``'s lock file (waiting for another writer of the same output to
+    finish); returns the descriptor, or None where the filesystem has no locks."""
+    name = lock_path(path)
+    while True:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                _remove([name])
+                return None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            here = os.stat(name, follow_symlinks=False)
+            mine = os.fstat(fd)
+            if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)        # the writer we waited for removed that lock file: lock the one there now
+
+
+def _unlock(path: str, fd) -> None:
+    if fd is None:
+        return
+    _remove([lock_path(path)])   # (before the close: a writer waiting on it sees it gone and locks anew)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def output_locks(paths):
+    """The outputs' locks, taken in one order (no deadlock between two commands writing the same pair):
+    two commands writing the same files write them one after the other, never a mix of both."""
+    held: list = []
+    try:
+        for path in sorted({os.path.abspath(p) for p in paths}):
+            try:
+                held.append((path, _lock(path)))
+            except OSError as exc:
+                exc.output_path = path      # (the output it was for, to say in the error)
+                raise
+        yield
+    finally:
+        for path, fd in reversed(held):
+            _unlock(path, fd)
+
+
+def _temp_re(name: str) -> re.Pattern:
+    """fsdpprof's temporaries of output ``name``: runfmt.temp_name's ``.<name>.<pid>.<8 hex>.tmp``, and
+    ``.<name>.<8 of [a-z0-9_]>.tmp`` (tempfile's, which earlier versions used)."""
+    n = re.escape(name)
+    return re.compile(rf"\.{n}\.(?:[0-9]+\.[0-9a-f]{{8}}|[a-z0-9_]{{8}})\.tmp\Z")
+
+
+def remove_stale_temps(path: str, now: float | None = None) -> list[str]:
+    """Remove the temporaries a killed write of ``path`` left beside it (fsdpprof's own names only, regular
+    files older than STALE_TEMP_S); the caller holds ``path``'s lock, so no live writer of ours owns them.
+    Returns the paths removed."""
+    d, base = os.path.split(os.path.abspath(path))
+    pattern, now = _temp_re(base), time.time() if now is None else now
+    removed = []
+    try:
+        names = [n for n in os.listdir(d) if pattern.match(n)]
+    except OSError:
+        return removed
+    for n in names:
+        p = os.path.join(d, n)
+        try:
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TEMP_S:
+                os.unlink(p)
+                removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM / SIGHUP while outputs are written: unwinds like Ctrl-C (temporaries removed) and ends the
+    command with 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_unwind():
+    """While outputs are written, SIGTERM and SIGHUP raise :class:`Terminated` (as SIGINT raises
+    KeyboardInterrupt) so that the write removes what it half-made; the handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    def raise_terminated(signum, frame):
+        raise Terminated(signum)
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, raise_terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _new_temp(path: str) -> tuple[int, str]:
+    directory, base = os.path.split(os.path.abspath(path))
+    while True:
+        tmp = os.path.join(directory, runfmt.temp_name(base))
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), tmp
+        except FileExistsError:
+            continue
+
+
 def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable path with -o / --summary") -> None:
     """Write every (path, bytes) or none, each readable by everyone (0644).
 
-    Each goes to a temporary file beside its path first; only when all are written are they renamed into
-    place. If a rename fails, the renames already done are undone (a file that was there comes back), the
-    temporaries and the folders made for them are removed, and the error names the path that failed.
+    Under the outputs' locks (:func:`output_locks`), after removing temporaries that killed writes of these
+    paths left (:func:`remove_stale_temps`): each goes to a temporary file beside its path first; only when
+    all are written are they renamed into place. If a rename fails, or the command is interrupted (SIGINT,
+    SIGTERM, SIGHUP), the renames already done are undone (a file that was there comes back), the
+    temporaries and the folders made for them are removed; a failure says which path failed.
     """
     temps: list[tuple[str, str]] = []
     made: list[str] = []
-    failed = None
-    try:
-        for path, data in items:
-            failed = path
-            directory = os.path.dirname(os.path.abspath(path))
-            made += _make_parents(directory)
-            fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-            temps.append((tmp, path))
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-    except OSError as exc:
-        _remove(t for t, _ in temps)
-        for d in reversed(made):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
-        raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
     done: list[tuple[str, str | None]] = []   # (path, backup of the file it replaced)
-    try:
-        for tmp, path in temps:
-            failed = path
-            backup = None
-            if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):  # a folder: replace fails
-                backup = os.path.join(os.path.dirname(os.path.abspath(path)),
-                                      f".{os.path.basename(path)}.{secrets.token_hex(6)}.old")
-                try:
-                    os.link(path, backup, follow_symlinks=False)
-                except OSError:
-                    os.rename(path, backup)
-            try:
-                os.replace(tmp, path)
-            except OSError:
-                if backup is not None and not os.path.lexists(path):
-                    os.rename(backup, path)
-                elif backup is not None:
-                    os.unlink(backup)
-                raise
-            done.append((path, backup))
-    except OSError as exc:
+    failed = None
+
+    def undo() -> None:
         for path, backup in reversed(done):
             try:
                 if backup is None:
@@ -306,10 +405,52 @@ def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable pa
             except OSError:
                 pass
         _remove(t for t, _ in temps)
+
+    try:
+        with _signals_unwind():
+            for path, _ in items:
+                failed = path
+                made += _make_parents(os.path.dirname(os.path.abspath(path)))
+            failed = None
+            with output_locks([p for p, _ in items]):
+                for path, data in items:
+                    failed = path
+                    remove_stale_temps(path)
+                    fd, tmp = _new_temp(path)
+                    temps.append((tmp, path))
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(data)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    os.chmod(tmp, 0o644)
+                for tmp, path in temps:
+                    failed = path
+                    backup = None
+                    if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):  # a folder: replace fails
+                        backup = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                              f".{os.path.basename(path)}.{secrets.token_hex(6)}.old")
+                        try:
+                            os.link(path, backup, follow_symlinks=False)
+                        except OSError:
+                            os.rename(path, backup)
+                    try:
+                        os.replace(tmp, path)
+                    except BaseException:
+                        if backup is not None and not os.path.lexists(path):
+                            os.rename(backup, path)
+                        elif backup is not None:
+                            os.unlink(backup)
+                        raise
+                    done.append((path, backup))
+    except BaseException as exc:
+        undo()
         for d in reversed(made):
             try:
                 os.rmdir(d)
             except OSError:
                 pass
-        raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
+        if isinstance(exc, OSError):
+            failed = getattr(exc, "output_path", failed)
+            raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
+        raise
     _remove(b for _, b in done if b)

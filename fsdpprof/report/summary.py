@@ -88,6 +88,7 @@ def memory_summary(m) -> dict:
     of the failed request (requested_bytes, free_bytes, device, ts_us) and beside them what the analysis
     made of it: ``explanation`` (text) and ``suggestions`` (change, saves_bytes, enough, detail), see
     fsdpprof.analyze.memory.oom.explain_oom."""
+    frag = getattr(m, "fragmentation", None)
     return {
         "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes, "peak_ts_us": m.peak_ts_us,
         "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase, "baseline_bytes": m.baseline_bytes,
@@ -105,6 +106,10 @@ def memory_summary(m) -> dict:
         "before_recording_sizes": _head(getattr(m, "before_recording_sizes", None), 50),
         "rounding_end_bytes": getattr(m, "rounding_end_bytes", None),
         "reserved_end_bytes": getattr(m, "reserved_end_bytes", None),
+        # snapshot: the allocator's free blocks, one entry per moment ("peak", "oom", "end"; see
+        # fsdpprof.analyze.memory.fragmentation.FragmentationAt), and why a moment is missing
+        "fragmentation": frag.to_list() if frag is not None else None,
+        "fragmentation_notes": list(frag.notes) if frag is not None else [],
     }
 
 

@@ -6,6 +6,7 @@ Input: the dict :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` retur
 from __future__ import annotations
 
 
+from fsdpprof.analyze.model import rank_list
 from fsdpprof.report import figures
 from fsdpprof.report.page import CATEGORY_COLORS, MIB, Page, document, esc, fmt_bytes, fmt_us, label
 
@@ -76,6 +77,10 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
                "under the strategy's rules (the peak is the maximum of the replayed timeline, per rank; the "
                "largest rank shown), and its compute timeline with the strategy's collectives placed on it "
                "(latency and bandwidth fitted on the run's own collectives).</p>")
+    if result.get("missing"):
+        left = "; ".join(f"{k}: {v}" for k, v in sorted(result["missing"].items()))
+        out.append(f'<div class="banner"><b>Partial run</b>: predicted from '
+                   f'{esc(rank_list(result.get("ranks_predicted") or []))} only; missing: {esc(left)}.</div>')
     out.append(_table(result))
     out.append(_figure(result, page))
     out.append(_story(result))

@@ -17,6 +17,7 @@ import pandas as pd
 from fsdpprof.analyze import model
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events, fsdp_units
+from fsdpprof.analyze.memory.fragmentation import Fragmentation, fragmentation
 from fsdpprof.analyze.memory import oom as oom_mod
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.model import MemoryCategory as MC
@@ -59,6 +60,7 @@ class MemoryResult:
     fsdp_units: list[str] = field(default_factory=list)  # units recovered from the all-gathers, forward order
     world_size: int | None = None        # FSDP shard group size read from the snapshot (see warnings for how)
     rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at snapshot time
+    fragmentation: Fragmentation | None = None  # snapshot: the allocator's free blocks at the peak / OOM / end
 
 
 # --------------------------------------------------------------------------- entry point
@@ -328,6 +330,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
         seg_m = seg_dev == device
         res.rounding_end_bytes = int(snap.segments["allocated_bytes"].to_numpy()[seg_m].sum()
                                      - snap.segments["requested_bytes"].to_numpy()[seg_m].sum())
+    res.fragmentation = fragmentation(snap, device, res.peak_seq)
     if ooms:
         o = ooms[0]
         res.oom = {"requested_bytes": o["requested_bytes"], "free_bytes": o["free_bytes"], "device": device,

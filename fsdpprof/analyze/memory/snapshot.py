@@ -3,7 +3,7 @@
 Handles every layout seen in the wild: legacy (no ``time_us``), newer (``time_us``,
 ``compile_context``, ``user_metadata``), expandable segments (``segment_map``/``segment_unmap``),
 ``oom`` entries, several devices, gzipped files, and snapshots recorded without history
-(segments only). Loading goes through :mod:`fsdpprof.analyze.safe_pickle` (no pickle globals).
+(segments only). Loading goes through :mod:`fsdpprof.analyze.memory.safe_pickle` (no pickle globals).
 
 Allocations frame columns (one row per allocation; bytes are the sizes the tensors requested, torch's
 convention: the trace records requested sizes, and blocks alive before the history began count with their
@@ -35,6 +35,11 @@ ALLOC_COLUMNS = ["addr", "bytes", "alloc_us", "free_us", "alloc_seq", "free_seq"
                  "before_trace", "free_inferred", "user_metadata", "frames", "free_frames"]
 SEGMENT_COLUMNS = ["device", "address", "total_bytes", "allocated_bytes", "active_bytes", "stream",
                    "is_expandable", "n_blocks", "requested_bytes"]
+# every block of every segment at snapshot time (fragmentation.py reads the free ones): segment_type is the
+# allocator's pool ("small": requests up to 1 MiB, "large"; "" when the snapshot does not say), state one of
+# BLOCK_STATES
+BLOCK_COLUMNS = ["device", "segment_address", "segment_type", "is_expandable", "address", "size", "state"]
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 
 
 @dataclass
@@ -46,7 +51,7 @@ class SnapshotData:
     segments: pd.DataFrame             # SEGMENT_COLUMNS, state at snapshot time
     ooms: list[dict]                   # device, requested_bytes, free_bytes, ts_us, frames
     annotations: pd.DataFrame          # device, name, start_us, end_us (external_annotations)
-    segment_events: pd.DataFrame       # device, seq, delta_bytes: cudaMalloc/free and map/unmap in the trace
+    segment_events: pd.DataFrame       # device, seq, delta_bytes, address, action: cudaMalloc/free and map/unmap
     has_history: dict[int, bool]       # device -> trace had alloc/free entries
     has_time: bool                     # trace entries carry time_us
     devices: list[int]                 # devices with segments or trace entries
@@ -54,6 +59,7 @@ class SnapshotData:
     warnings: list[str] = field(default_factory=list)
     defects: list[str] = field(default_factory=list)   # the warnings about malformed input (also in warnings)
     objects_visited: int = 0           # segments, blocks, entries and frames the parse visited (see OBJECTS_PER_BYTE)
+    blocks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCK_COLUMNS))  # BLOCK_COLUMNS
 
 
 # Limits on what a snapshot file may make us do (real snapshots are far below them).
@@ -122,13 +128,15 @@ class _Checker:
 
 
 _SNAP_DEFECTS = {
-    "segment": "{n:,} segment(s) malformed (not a dict, or an address / size / device that is not a plausible "
-               "integer): left out",
-    "block": "{n:,} block(s) of segments malformed (not a dict, or an address / size that is not a plausible "
-             "integer): left out",
+    "segment": "{n:,} segment(s) malformed (not a dict, or an address / size / device that is missing or not a "
+               "plausible integer): left out",
+    "block": "{n:,} block(s) of segments malformed (not a dict, or an address / size that is missing or not a "
+             "plausible integer): left out",
+    "block_size": "{n:,} live block(s) of segments have no size: the size their tensor requested taken instead "
+                  "(the allocator's rounding up to 512 B unknown)",
     "trace": "{n:,} device trace(s) are not lists: read as empty",
-    "entry": "{n:,} trace entries malformed (not a dict, or an address / size / time that is missing or not a "
-             "plausible number): left out",
+    "entry": "{n:,} trace entries malformed (not a dict, no action, or an address / size / time that is missing "
+             "or not a plausible number): left out",
     "field": "{n:,} trace entry field(s) of the wrong type (stream, frames, user_metadata, device_free): ignored",
     "long": "{n:,} user_metadata / annotation text(s) longer than {max:,} characters were cut",
     "annotation": "{n:,} external annotation(s) malformed: left out",
@@ -174,16 +182,19 @@ def _text(v, chk: _Checker) -> str:
     return v
 
 
-def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
-    """Segment rows (SEGMENT_COLUMNS) and the blocks alive at snapshot time, malformed ones left out."""
+def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
+    """Segment rows (SEGMENT_COLUMNS), the blocks alive at snapshot time and every block's row
+    (BLOCK_COLUMNS), malformed ones left out."""
     seg_rows = []
+    block_rows = []
     live_blocks: dict[tuple[int, int], dict] = {}
     for s in segments_raw:
         if type(s) is not dict:
             chk.bad("segment")
             continue
-        dev, addr, stream = s.get("device", 0), s.get("address", 0), s.get("stream", 0)
-        sizes = [s.get(k, 0) for k in ("total_size", "allocated_size", "active_size")]
+        # (every torch version writes a segment's address and total size: one without them is malformed)
+        dev, addr, stream = s.get("device", 0), s.get("address"), s.get("stream", 0)
+        sizes = [s.get("total_size")] + [s.get(k, 0) for k in ("allocated_size", "active_size")]
         blocks = s.get("blocks") or []
         if not (_int_ok(dev, 0, DEVICE_MAX) and _int_ok(addr, 0, NEVER) and _int_ok(stream, -NEVER - 1, NEVER)
                 and all(_int_ok(x, 0, SIZE_MAX) for x in sizes) and type(blocks) is list):
@@ -191,6 +202,8 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
             continue
         chk.visit(len(blocks))
         requested = 0
+        seg_type = s.get("segment_type") if s.get("segment_type") in ("small", "large") else ""
+        expandable = s.get("is_expandable", False) is True
         b_addr = addr
         for b in blocks:
             if type(b) is not dict:
@@ -199,9 +212,21 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
             # legacy blocks carry no address: torch's tools lay them out from the segment's address
             b_at = b.get("address", b_addr)
             b_size = b.get("size", 0)
+            live = b.get("state") == "active_allocated"
+            if "size" not in b and live:
+                # no block size: the size its tensor requested stands for it (the allocator rounds it up to
+                # 512 B; the peak counts requested sizes anyway)
+                b_size = _requested_size(b, None)
+                if b_size is not None:
+                    chk.bad("block_size")
             if _int_ok(b_size, 0, SIZE_MAX):
                 b_addr += b_size
-            if b.get("state") == "active_allocated":
+            if not live:
+                if _int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX) and b.get("state") in BLOCK_STATES:
+                    block_rows.append((dev, addr, seg_type, expandable, b_at, b_size, b["state"]))
+                else:
+                    chk.bad("block")
+            else:
                 fr = b.get("frames")
                 if not (_int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX)):
                     chk.bad("block")
@@ -212,23 +237,26 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict]:
                     fr = fr if type(fr) is list else None
                 if fr is not None:
                     chk.visit(len(fr))
-                req = _requested_size(b)
+                block_rows.append((dev, addr, seg_type, expandable, b_at, b_size, "active_allocated"))
+                req = _requested_size(b, b_size)
                 requested += req
                 live_blocks[(dev, b_at)] = {"size": req, "block_size": b_size, "frames": fr, "_stream": stream}
         seg_req = s.get("requested_size")
-        seg_rows.append((dev, addr, *sizes, stream, bool(s.get("is_expandable", False) is True), len(blocks),
+        seg_rows.append((dev, addr, *sizes, stream, expandable, len(blocks),
                          seg_req if _int_ok(seg_req, 0, SIZE_MAX) else requested))
-    return seg_rows, live_blocks
+    return seg_rows, live_blocks, block_rows
 
 
-def _requested_size(b: dict) -> int:
+def _requested_size(b: dict, size: int | None) -> int | None:
     """Bytes a live block's tensor asked for, as torch's own tools read it (torch/cuda/_memory_viz.py
     ``_block_extra``, MemoryViz.js ``annotate_snapshot``): ``requested_size``; in legacy snapshots the
-    first history entry's ``real_size``; else the block size (the allocator rounds requests up to 512 B)."""
-    size = b.get("size", 0)
+    first history entry's ``real_size``; else the block ``size`` (the allocator rounds requests up to 512 B).
+    ``size`` None (the block has none): the requested size alone, None without one."""
     req = b.get("requested_size")
     if req is None and type(b.get("history")) is list and b["history"] and type(b["history"][0]) is dict:
         req = b["history"][0].get("real_size")
+    if size is None:
+        return req if _int_ok(req, 1, SIZE_MAX) else None
     return req if _int_ok(req, 0, size) and req > 0 else size
 
 
@@ -262,7 +290,7 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
     warnings: list[str] = []
 
     # ---- segments (state at snapshot time) and the blocks alive then
-    seg_rows, live_blocks = _segments(segments_raw, chk)
+    seg_rows, live_blocks, block_rows = _segments(segments_raw, chk)
     segments = pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS)
 
     # ---- device traces: one pass over each trace reads the actions; alloc/free entries are then
@@ -276,11 +304,15 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
     if type(first) is dict and "time_us" in first:
         has_time = True
     for dev, trace in enumerate(traces):
+        n0 = len(trace)
         if set(map(type, trace)) - {dict}:
-            n0 = len(trace)
             trace = [e for e in trace if type(e) is dict]
-            chk.bad("entry", n0 - len(trace))
-        code = np.fromiter(map(_action_code, [e.get("action") for e in trace]), dtype=np.int8, count=len(trace))
+        actions = [e.get("action") for e in trace]
+        if set(map(type, actions)) - {str}:          # an entry without an action says nothing
+            trace = [e for e, a in zip(trace, actions) if type(a) is str]
+            actions = [e["action"] for e in trace]
+        chk.bad("entry", n0 - len(trace))
+        code = np.fromiter(map(_action_code, actions), dtype=np.int8, count=len(trace))
         has_history[dev] = bool((code == 1).any()) or bool(((code[:1000] == 2) | (code[:1000] == 3)).any())
         for i in np.flatnonzero(code >= _SEG_MAP).tolist():
             e = trace[i]
@@ -297,8 +329,9 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
                 frames = e.get("frames")
                 ooms.append({"device": dev, "requested_bytes": size, "free_bytes": free, "ts_us": float(t), "seq": i,
                              "frames": frames if type(frames) is list else []})
-            else:
-                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * size))
+            else:       # (address -1: not a plausible one)
+                seg_ev.append((dev, i, (1 if code[i] == _SEG_MAP else -1) * size,
+                               e["addr"] if _int_ok(e.get("addr"), 0, NEVER) else -1, e.get("action")))
         parts.append(_device_allocations(dev, trace, live_blocks, has_time, code, chk))
     # devices that appear only in segments (no trace at all)
     for dev in sorted({d for d, _ in live_blocks} - set(range(len(traces)))):
@@ -342,18 +375,22 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
         warnings.append(f"{label}: legacy snapshot without time_us: times are trace entry indices")
     n_items = len(segments_raw) + sum(map(len, traces))
     n_bad = chk.defects.get("segment", 0) + chk.defects.get("entry", 0)
-    if n_bad and 2 * n_bad > n_items:
-        raise UserError(f"{label}: {n_bad:,} of its {n_items:,} segments and trace entries are malformed "
-                        f"(addresses, sizes or times that are missing or not plausible numbers); it is not a snapshot "
-                        f"fsdpprof can read: is the file corrupt?")
     defects = chk.warnings()
-    segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes"])
+    said = "; ".join(d[len(label) + 2:] for d in defects)       # what was malformed, without the label
+    if n_bad and 2 * n_bad > n_items:
+        raise UserError(f"{label}: {n_bad:,} of its {n_items:,} segments and trace entries are malformed ({said}); it "
+                        f"is not a snapshot fsdpprof can read: is the file corrupt?")
+    if len(allocs) == 0 and any(chk.defects.get(k) for k in ("segment", "block", "entry")):
+        raise UserError(f"{label}: no allocation is left once its malformed parts are left out ({said}); it is not "
+                        f"a snapshot fsdpprof can read: is the file corrupt?")
+    segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes", "address", "action"])
     settings = snap.get("allocator_settings")
     return SnapshotData(path=label, allocations=allocs, segments=segments, segment_events=segment_events,
                         ooms=ooms, annotations=annotations,
                         has_history=has_history, has_time=has_time, devices=devices,
                         allocator_settings=dict(settings) if type(settings) is dict else {},
-                        warnings=defects + warnings, defects=defects, objects_visited=chk.visited)
+                        warnings=defects + warnings, defects=defects, objects_visited=chk.visited,
+                        blocks=pd.DataFrame(block_rows, columns=BLOCK_COLUMNS))
 
 
 def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> dict:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from fsdpprof.errors import UserError
+from fsdpprof.options import shown
 
-__all__ = ["dtype_size", "dtype_bytes", "fmt_bytes", "shown"]
+__all__ = ["dtype_size", "dtype_bytes", "fmt_bytes"]
 
 # spellings (traces, torch, the CLI) -> (torch name, bytes per element)
 _DTYPES = {
@@ -34,12 +35,6 @@ def dtype_size(value) -> tuple[str | None, float]:
         key = key[6:]
     name, size = _DTYPES.get(key, (value, float("nan")))
     return name, float(size)
-
-
-def shown(text, limit: int = 40) -> str:
-    """``repr(text)`` cut to ``limit`` characters, for one-line error messages."""
-    r = repr(text)
-    return r if len(r) <= limit else r[: limit - 4] + "...'"
 
 
 def dtype_bytes(dtype) -> int:

@@ -7,7 +7,7 @@ from fsdpprof.analyze.model.strategy import DDP, NO_SHARD, NONE
 
 __all__ = ["INPUT_DISTRIBUTED", "INPUT_SINGLE_DEVICE", "INPUT_UNKNOWN", "INPUT_KINDS", "FSDP_KINDS",
            "FRAMEWORK_NONE", "DDP_MARKERS", "DDP_REDUCER_PREFIXES", "input_kind", "input_sharded", "describe_input",
-           "INPUT_KIND_SHORT"]
+           "INPUT_KIND_SHORT", "rank_list"]
 
 INPUT_DISTRIBUTED = "distributed"       # a distributed job of another framework (not FSDP, not DDP)
 INPUT_SINGLE_DEVICE = "single_device"   # one device, no communication
@@ -57,3 +57,16 @@ def describe_input(kind: str | None, strategy: str | None, world_size) -> str:
     if strategy and strategy != NONE:
         return f"{strategy} ({short + ', ' if short else ''}{ranks})"
     return f"{short or 'unknown input'} ({ranks})"
+
+
+def rank_list(ranks) -> str:
+    """'rank 3', 'ranks 0-7', 'ranks 0-2, 5' (ranges of consecutive ranks)."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)

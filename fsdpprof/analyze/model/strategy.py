@@ -2,8 +2,8 @@
 each implements (what the formulas of :mod:`fsdpprof.analyze.theory` take)."""
 from __future__ import annotations
 
-from fsdpprof.analyze.model.dtypes import shown
 from fsdpprof.errors import UserError
+from fsdpprof.options import shown
 
 __all__ = ["DDP", "NO_SHARD", "ZERO1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD", "NONE", "STANDARD", "SHARDED",
            "REPLICATED", "STRATEGY_ALIASES", "strategy_name", "ZERO_STAGES", "ZERO_STAGE", "zero_stage"]

@@ -19,20 +19,206 @@ and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that 
 """
 from __future__ import annotations
 
+import math
+from itertools import repeat
+
+import msgspec
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.trace import rules
-from fsdpprof.analyze.trace.rules import (  # noqa: F401  (the rules, defined once there; their old names here)
-    GLOO_AS as _GLOO_AS, N_C10D, N_COMM, N_GLOO, N_MEMCPY, N_MEMSET, N_NCCL_OP, N_SYNC, NUMEL_MAX, as_text,
-    c10d_sizes as _c10d_sizes, collective_of_name as _collective_of, default_group_size as _default_group_size,
-    dtype_of as _dtype, given as _given, name_flags_of as _name_flags, numel as _numel, per_name)
+from fsdpprof.analyze.trace.decode import RANK_MAX, as_text, cut_text, plausible_count
 
-_MEMO = rules.NAME_MEMO        # per-name memo of every test (see rules.per_name)
+NUMEL_MAX = 2.0 ** 53           # element / byte counts beyond this (8 Pi) are not real messages
+# categories of CPU ops and annotations, and the device-event categories that are copies, sets and waits
+CPU_OP_CATS = ("cpu_op",)
+ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+MEMCPY_CATS, MEMSET_CATS, SYNC_CATS = ("gpu_memcpy", "Memcpy"), ("gpu_memset", "Memset"), ("cuda_sync",)
 
 
+# --------------------------------------------------------------------------- what a name says
+# tests of an event name, judged once per distinct name and process (the ranks of a job share names)
+_MISS = object()
+NAME_MEMO: dict = {}
+_MEMO_MAX = 200_000          # names remembered per test (then forgotten, all at once)
+
+
+def per_name(fn, names: list) -> list:
+    """``[fn(x) for x in names]``, each distinct name computed once per process (``fn`` must be pure)."""
+    memo = NAME_MEMO.get(fn)
+    if memo is None or len(memo) > _MEMO_MAX:
+        memo = NAME_MEMO[fn] = {}
+    out = list(map(memo.get, names, repeat(_MISS, len(names))))
+    if out.count(_MISS):
+        for i, v in enumerate(out):
+            if v is _MISS:
+                out[i] = memo[names[i]] = fn(names[i])
+    return out
+
+
+WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
+N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP = (1 << i for i in range(7))
+
+
+def name_flags_of(x: str) -> int:
+    """Bit set of what a name says: comm kernel, memcpy, memset, sync, gloo work, c10d call, nccl op."""
+    low = x.lower()
+    return ((N_COMM if model.is_comm_kernel(x) else 0) | (N_MEMCPY if low.startswith(("memcpy", "dma")) else 0)
+            | (N_MEMSET if low.startswith("memset") else 0) | (N_SYNC if model.is_sync_kernel(x) else 0)
+            | (N_GLOO if x.startswith(model.GLOO_PREFIX) else 0)
+            | (N_C10D if x.startswith(model.C10D_PREFIX) or x == model.RECORD_PARAM_COMMS or x in WAIT_NAMES else 0)
+            | (N_NCCL_OP if low.startswith(model.NCCL_OP_PREFIX) else 0))
+
+
+def collective_of_name(name: str):
+    """model.collective_of, memoised per distinct name."""
+    return per_name(model.collective_of, [name])[0]
+
+
+def unknown_type_label(name: str) -> str:
+    """The collective shown for a comm kernel whose type neither its launch nor its name tells: its name."""
+    return str(name).split("(", 1)[0][:80]
+
+
+# --------------------------------------------------------------------------- message sizes (bytes)
+def numel(dims, depth: int = 0) -> float:
+    """Elements of a tensor shape ``[d0, d1, ...]`` or, for a list of shapes (TensorList), their sum;
+    NaN when it is neither (negative or huge sizes, nesting deeper than a TensorList)."""
+    if not isinstance(dims, list) or not dims or depth > 2:
+        return float("nan")
+    if all(type(d) is int for d in dims):
+        if min(dims) < 0:
+            return float("nan")
+        n = float(math.prod(float(d) for d in dims))
+        return n if n <= NUMEL_MAX else float("nan")
+    # list of tensors (TensorList): sum of their numels
+    vals = [numel(d, depth + 1) for d in dims if isinstance(d, list)]
+    vals = [v for v in vals if v == v]
+    return float(sum(vals)) if vals else float("nan")
+
+
+def c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[float, str | None, float]:
+    """(bytes of the whole array, dtype, group size implied by the shapes or NaN) from a c10d op's
+    Input Dims / Input type (all_gather: output/input numel; reduce_scatter: input/output numel)."""
+    try:
+        dims = msgspec.json.decode(dims_raw) if dims_raw else None
+        types = msgspec.json.decode(types_raw) if types_raw else None
+    except (msgspec.DecodeError, RecursionError):
+        return float("nan"), None, float("nan")
+    if not isinstance(dims, list) or not dims:
+        return float("nan"), None, float("nan")
+    dtype, size = (None, float("nan"))
+    if isinstance(types, list):
+        for t in types:
+            dtype, size = dtype_of(t)
+            if size == size:
+                break
+    n0 = numel(dims[0])
+    n1 = numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
+    group = float("nan")
+    if coll in ("all_gather", "reduce_scatter"):
+        n = max(n0 if n0 == n0 else n1, n1 if n1 == n1 else n0)
+        if n0 == n0 and n1 == n1 and min(n0, n1) > 0 and max(n0, n1) % min(n0, n1) == 0:
+            group = max(n0, n1) / min(n0, n1)
+    else:
+        n = n0
+    return n * size, dtype, group
+
+
+def dtype_of(value) -> tuple[str | None, float]:
+    """model.dtype_size of a trace's dtype text; an unknown one is kept, cut to a readable length."""
+    name, size = model.dtype_size(value)
+    return (cut_text(name) if isinstance(name, str) and size != size else name), size
+
+
+def given(x, low: float = 0.0):
+    """A number from the trace's args, or None when absent or not a plausible count (not a number, a
+    bool, NaN, inf, below ``low`` or beyond NUMEL_MAX)."""
+    t = type(x)
+    if (t is int or t is float) and low <= x <= NUMEL_MAX:
+        return x
+    return None
+
+
+def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, types: bytes) -> tuple:
+    """What one event's comm args say: (collective or None, bytes or NaN, dtype or None, group_size or NaN,
+    pg or None, seq or NaN, shard).  ``name``: the event's name as shown; the others: its args ``Collective
+    name``, ``In msg nelems``, ``Out msg nelems``, ``Group size``, ``dtype``, ``Process Group Name``, ``Seq``
+    and the raw JSON of ``Input Dims`` / ``Input type``.  shard: the bytes are one shard of the array (gloo
+    all_gather work), to be multiplied by the group size once that is known."""
+    coll = (collective_of_name(cname) if type(cname) is str else model.collective_of(cname)) or collective_of_name(name)
+    dtype, size = dtype_of(dt)
+    shard = False
+    nbytes = float("nan")
+    inn, outn, gs, seq = given(inn), given(outn), given(gs, 1), given(seq)
+    if gs is not None and gs > RANK_MAX:
+        gs = None
+    if inn is not None or outn is not None:
+        inn_f = float(inn) if inn is not None else float("nan")
+        out_f = float(outn) if outn is not None else float("nan")
+        if coll == "all_gather":
+            n = out_f if out_f == out_f else inn_f
+        elif coll == "reduce_scatter":
+            n = inn_f if inn_f == inn_f else out_f
+        else:
+            n = inn_f if inn_f == inn_f else out_f
+        nbytes = n * size
+    elif name.startswith(model.C10D_PREFIX):
+        nbytes, dtype2, group = c10d_sizes(coll, dims, types)
+        dtype = dtype or dtype2
+        if gs is None and group == group:
+            gs = group
+    elif name.startswith(model.GLOO_PREFIX):
+        # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
+        # all_reduce (also what reduce_scatter runs as) the whole array
+        nbytes, dtype2, _ = c10d_sizes(None, dims, types)
+        dtype = dtype or dtype2
+        shard = coll == "all_gather"  # only a shard here: times the group size once that is known
+    pg = None if pg is None or (type(pg) is float and pg != pg) else as_text(pg)
+    return (coll, nbytes, dtype, float("nan") if gs is None else float(gs), pg,
+            float("nan") if seq is None else float(seq), shard)
+
+
+def default_group_size(dist: dict) -> float:
+    """Group size of a comm event that says none: the only process group's size, else the world size, else NaN."""
+    if not isinstance(dist, dict):
+        return float("nan")
+    cfg = dist.get("pg_config")
+    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and plausible_count(cfg[0].get("pg_size")):
+        return float(cfg[0]["pg_size"])
+    ws = dist.get("world_size")
+    return float(ws) if plausible_count(ws) else float("nan")
+
+
+def other_group_sizes(meta: dict) -> tuple[list[float], object]:
+    """(sizes of this rank's non-default process groups, the name of the only process group or None), from
+    the trace's distributedInfo: what gloo work whose call told no size falls back on."""
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank, cfg = dist.get("rank"), dist.get("pg_config")
+    other_sizes: list[float] = []
+    if isinstance(cfg, list) and len(cfg) > 1:
+        for g in cfg:
+            if not isinstance(g, dict) or g.get("pg_desc") == "default_pg" or not plausible_count(g.get("pg_size")):
+                continue
+            if isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"]:
+                continue
+            other_sizes.append(float(g["pg_size"]))
+    only = None
+    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
+        only = as_text(cfg[0]["pg_name"])
+    return other_sizes, only
+
+
+def fallback_group_size(other_sizes: list[float], known_sizes) -> float:
+    """Group size of gloo work on a thread where no size is known: the one non-default size no other thread
+    claimed (``known_sizes``: the sizes known on other threads), else the only non-default size, else NaN."""
+    left = set(other_sizes) - set(known_sizes)
+    return (left.pop() if len(left) == 1 else
+            (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
+
+
+# --------------------------------------------------------------------------- classifying the columns
 def _comm_info(rt, name_cats: list) -> dict:
     """Per raw row with comm args (numpy columns): idx, collective, bytes, dtype, group_size, pg, seq,
     shard (this row's bytes are one shard of the array, to be multiplied by the group size)."""
@@ -51,11 +237,11 @@ def _comm_info(rt, name_cats: list) -> dict:
         except TypeError:             # a list or an object among the args: judged on its own
             key = said = None
         if said is None:
-            said = rules.comm_row_info(name_cats[name_code], cname, inn, outn, gs, dt, pg, None, dims, types)
+            said = comm_row_info(name_cats[name_code], cname, inn, outn, gs, dt, pg, None, dims, types)
             if key is not None:
                 memo[key] = said
         coll, nbytes, dtype, gs, pg, _, shard = said
-        seq = rules.given(seq)
+        seq = given(seq)
         seq = float("nan") if seq is None else float(seq)
         out["idx"].append(idx)
         out["collective"].append(coll)
@@ -84,8 +270,8 @@ def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def name_flags(names: list) -> np.ndarray:
-    """:func:`_name_flags` of each name (uint8 bit sets)."""
-    return np.array(per_name(_name_flags, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
+    """:func:`name_flags_of` of each name (uint8 bit sets)."""
+    return np.array(per_name(name_flags_of, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
 
 
 # kind codes of classify_arrays: positions in model.KINDS
@@ -114,10 +300,10 @@ def classify_arrays(rt) -> dict:
     gpu_cat = cat_is(*model.DEVICE_EVENT_CATS)
     on_gpu = (stream >= 0) & gpu_cat
     is_runtime = cat_is(*model.RUNTIME_CATS)
-    is_cpu_op = cat_is(*rules.CPU_OP_CATS)
-    is_annot = cat_is(*rules.ANNOTATION_CATS)
-    is_memcpy_cat, is_memset_cat, is_sync_cat = (cat_is(*rules.MEMCPY_CATS), cat_is(*rules.MEMSET_CATS),
-                                                 cat_is(*rules.SYNC_CATS))
+    is_cpu_op = cat_is(*CPU_OP_CATS)
+    is_annot = cat_is(*ANNOTATION_CATS)
+    is_memcpy_cat, is_memset_cat, is_sync_cat = (cat_is(*MEMCPY_CATS), cat_is(*MEMSET_CATS),
+                                                 cat_is(*SYNC_CATS))
 
     # --- kind -------------------------------------------------------------------------------
     # name-level tests once per distinct name, broadcast to rows through the codes
@@ -226,7 +412,7 @@ def classify_arrays(rt) -> dict:
     comm_rows = (o["kind"] == K_COMM) | k_c10d
     miss = comm_rows & np.isnan(gs)
     if miss.any():
-        gs[miss] = _default_group_size(dist)
+        gs[miss] = default_group_size(dist)
     # gloo all_gather work that kept its own (shard) size: the whole array is shard * group size
     if shard.any():
         o["bytes"][shard] = o["bytes"][shard] * gs[shard]
@@ -265,7 +451,7 @@ def _unknown_type_by_name(o: dict, on_gpu: np.ndarray) -> None:
     rows = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"]))
     if rows.size:
         names = o["name_cats"]
-        o["collective"][rows] = [rules.unknown_type_label(names[c]) for c in o["name"][rows].tolist()]
+        o["collective"][rows] = [unknown_type_label(names[c]) for c in o["name"][rows].tolist()]
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
@@ -328,9 +514,9 @@ def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.
     ts = o["ts_us"]
     coll = o["collective"]
     calls = np.flatnonzero(c10d_call & ~_isna(coll))
-    call_as = np.array([_GLOO_AS.get(x, x) for x in coll[calls]], dtype=object)
+    call_as = np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
     calls, call_ord = _order_in_group(call_as, calls, ts)
-    call_as = np.array([_GLOO_AS.get(x, x) for x in coll[calls]], dtype=object)
+    call_as = np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
     names = o["name_cats"]
     as_by_name = {}
     work = np.flatnonzero(gloo_comm)
@@ -384,8 +570,8 @@ def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     for lane in np.unique(lanes[sel]).tolist():
         vals, counts = np.unique(gs[sel & (lanes == lane)], return_counts=True)
         known[lane] = float(vals[np.argmax(counts)])
-    other_sizes, only_pg = rules.other_group_sizes(meta)
-    fallback = rules.fallback_group_size(other_sizes, known.values())
+    other_sizes, only_pg = other_group_sizes(meta)
+    fallback = fallback_group_size(other_sizes, known.values())
     fill = np.flatnonzero(gloo_comm & np.isnan(gs))
     gs[fill] = [known.get(lane, fallback) for lane in lanes[fill].tolist()]
     # with a single process group, that is the group of every collective

@@ -7,8 +7,9 @@ once and its Python objects dropped, so memory stays bounded on multi-GB traces 
 of text plus the kept columns).  A small file (at most CHUNK_BYTES of JSON) is read, inflated and
 decoded in one piece, with no thread and no copy.  Events are decoded by a typed fast path (args
 inline, phases we do not use skipped); a trace that does not fit its types takes the lenient path.
-``load_trace(path)`` adds classification and FSDP phases and returns the events frame of
-:mod:`fsdpprof.analyze.schema`.
+What an event holds is defined once here (the args fields, the phases, the document's keys), as are
+the limits of plausible values and the defects counted while reading.
+(:func:`fsdpprof.analyze.trace.load.load_trace` adds classification and labels.)
 
 Times are microseconds on the profiler clock (``ts_us``, ``dur_us``).
 """
@@ -22,8 +23,9 @@ import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter
 from itertools import compress
-from typing import Any, Union
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, Union
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -33,18 +35,10 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
     _inflate_mod = zlib
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
-from fsdpprof.analyze import model as vocab
-from fsdpprof.analyze.trace import rules
-from fsdpprof.analyze.trace.rules import (  # noqa: F401  (defined once there, numpy-free; their names here too)
-    KEEP_CATS, NAME_MAX_CHARS, RANK_MAX, TIME_MAX_US, as_text, check_distributed_info, cut_text, defect_warnings,
-    plausible_count, unique_labels as _unique_cats, ARGS_NAME_PREFIXES as _COMM_PREFIXES, DEFECTS as _DEFECTS,
-    LEFT_OUT as _LEFT_OUT, OTHER_CAT as _OTHER_CAT, FastMeta as _FastMeta, XArgs)
+from fsdpprof.analyze import model
 from fsdpprof.analyze.frames import frame_of
-from fsdpprof.analyze.gc_pause import gc_paused
-from fsdpprof.analyze.msgspec_import import import_msgspec
-from fsdpprof.errors import UserError, unexpected_as_user_error
+from fsdpprof.errors import UserError
 
-msgspec = import_msgspec()
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
                                 # of 1 MiB and less decode 25 % faster than one 25 MB document; 256 KiB ones
                                 # also spare the allocator fresh pages; memory stays small)
@@ -54,14 +48,31 @@ SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size are inflated in thi
                                 # blocks ahead in a background thread (the inflater releases the GIL)
 MAX_TRACE_BYTES = 8 << 30       # default limit on one trace's JSON (decompressed), checked while inflating
 MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an allocation
+NAME_MAX_CHARS = 4096           # longer names (thread ids, process group names, ...) are cut: real kernel
+                                # names reach 1,817 characters (C++ templates, hta-16rank-a100)
+TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; floats lose whole us there) are not times
+RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
+
+# Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
+KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | model.DEVICE_EVENT_CATS | model.RUNTIME_CATS
+# Event phases (``ph``) whose fields the typed fast path skips; it decodes duration events (X), instants (i, I) and
+# metadata (M) (see PhaseEvent), and any other phase fails its validation (the lenient path reads such a trace).
+SKIPPED_PHASES = tuple("BECbnestfPONDRcp()")
 
 
-class Args(msgspec.Struct):
-    """The args fields we use; decoded lazily, only for the events that need them."""
+# --------------------------------------------------------------------------- what an event holds
+# an integer id (stream, correlation, External id) that fits int64: a bigger one fails the fast path's validation,
+# and the trace is read by the lenient path, which keeps such ids as -1
+Id64 = Annotated[int, msgspec.Meta(le=(1 << 63) - 1)]
 
-    stream: Any = None
-    correlation: Any = None
-    ext_id: Any = msgspec.field(default=None, name="External id")
+
+class XArgs(msgspec.Struct, gc=False, frozen=True):
+    """The args fields a duration event's columns use, decoded inline with the event by the fast path.  A trace
+    whose ids are not plain integers fails validation and is read by the lenient path (:data:`Args`)."""
+
+    stream: Id64 = -1
+    correlation: Id64 = -1
+    ext_id: Id64 = msgspec.field(default=-1, name="External id")
     coll_name: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -69,6 +80,13 @@ class Args(msgspec.Struct):
     dtype: Any = None
     pg: Any = msgspec.field(default=None, name="Process Group Name")
     seq: Any = msgspec.field(default=None, name="Seq")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
+
+
+class FastArgs(XArgs, gc=False, frozen=True):
+    """Every args field we use: XArgs plus the [memory] and thread-name fields of instant and metadata events."""
+
     addr: Any = msgspec.field(default=None, name="Addr")
     nbytes: Any = msgspec.field(default=None, name="Bytes")
     total_alloc: Any = msgspec.field(default=None, name="Total Allocated")
@@ -76,17 +94,23 @@ class Args(msgspec.Struct):
     device_type: Any = msgspec.field(default=None, name="Device Type")
     device_id: Any = msgspec.field(default=None, name="Device Id")
     name: Any = None
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
 
 
-class LinkArgs(msgspec.Struct):
-    """What a runtime call needs (its correlation id)."""
+def _lenient(typed: type, name: str, only: tuple = ()) -> type:
+    """``typed``'s fields (those named in ``only``, else all: same names, keys and defaults), each taking any
+    JSON value: the lenient path's args, which judges a bad value itself rather than failing the decoding."""
+    return msgspec.defstruct(name, [(f.name, msgspec.Raw if f.type is msgspec.Raw else Any,
+                                     msgspec.field(default=f.default, name=f.encode_name))
+                                    for f in msgspec.structs.fields(typed) if not only or f.name in only])
 
-    correlation: Any = None
+
+Args = _lenient(FastArgs, "Args")                             # decoded lazily, only for the events that need them
+LinkArgs = _lenient(XArgs, "LinkArgs", only=("correlation",))  # what a runtime call needs
 
 
 class Event(msgspec.Struct):
+    """An event of any phase as the lenient path reads it (its args kept as raw JSON, decoded where used)."""
+
     ph: Any = None
     name: Any = ""
     cat: Any = None
@@ -97,20 +121,19 @@ class Event(msgspec.Struct):
     args: msgspec.Raw = msgspec.Raw(b"null")
 
 
-class TailDoc(msgspec.Struct):
-    traceEvents: list[Event]
-    schemaVersion: Any = None
-    distributedInfo: Any = None
-    deviceProperties: Any = None
-    baseTimeNanoseconds: Any = None
-    displayTimeUnit: Any = None
-    traceName: Any = None
+class PhaseEvent(msgspec.Struct, gc=False, tag_field="ph"):
+    """The fast path's events, decoded by their phase ``ph`` as a tagged union: duration events (X) in full,
+    instants and metadata as far as we use them, the other phases with their fields skipped.  A phase outside the
+    chrome-trace spec fails validation (the lenient path reads such a trace).  Times in us, NaN when absent."""
+
+    cat: ClassVar[Any] = None        # only duration events decode their category
 
 
+OTHER_CAT = object()                # the "category" of the instant and metadata events the fast path reads
 _NO_X_ARGS = XArgs()
 
 
-class FastEvent(rules.PhaseEvent, tag="X"):
+class FastEvent(PhaseEvent, tag="X"):
     name: Any = ""
     cat: Any = None
     pid: Any = None
@@ -120,18 +143,42 @@ class FastEvent(rules.PhaseEvent, tag="X"):
     args: XArgs = _NO_X_ARGS        # ("args": null fails validation: the lenient path takes it)
 
 
-_FAST_UNION = Union[(FastEvent,) + rules.OTHER_PHASE_TYPES]
-# kept categories in a fixed order: a category's code is its position (codes are renumbered by first
-# appearance in _Columns.arrays); _CAT_KEEP_CODE: category -> code + 1 (falsy 0 for instants / metadata)
-_KEEP_ORDER = tuple(sorted(KEEP_CATS))
-_CAT_KEEP_CODE = {**{c: i + 1 for i, c in enumerate(_KEEP_ORDER)}, _OTHER_CAT: 0}
-_IS_OTHER = frozenset({0})
-_CAT_GPU = np.array([c in vocab.DEVICE_EVENT_CATS for c in _KEEP_ORDER], dtype=bool)
-_CAT_RT = np.array([c in vocab.RUNTIME_CATS for c in _KEEP_ORDER], dtype=bool)
+class FastInstant(PhaseEvent, tag="i"):
+    """An instant ([memory] events): what the fast path reads of it."""
+
+    cat: ClassVar[Any] = OTHER_CAT   # (not decoded: tells instants and metadata apart in one pass, see add_fast)
+    name: Any = ""
+    ts: float = float("nan")
+    args: FastArgs | None = None
 
 
-class FastTailDoc(msgspec.Struct):
-    traceEvents: list[_FAST_UNION]
+class FastInstantOld(FastInstant, tag="I"):
+    pass
+
+
+class FastMeta(PhaseEvent, tag="M"):
+    """A metadata event (thread names): what the fast path reads of it."""
+
+    cat: ClassVar[Any] = OTHER_CAT
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    args: FastArgs | None = None
+
+
+class FastSkip(PhaseEvent):
+    """A phase the fast path does not use: its fields skipped."""
+
+
+_FAST_UNION = Union[(FastEvent, FastInstant, FastInstantOld, FastMeta) + tuple(
+    type(f"FastSkip{ord(ph)}", (FastSkip,), {}, tag=ph) for ph in SKIPPED_PHASES)]
+_EVENT = TypeVar("_EVENT")
+
+
+class TailDoc(msgspec.Struct, Generic[_EVENT]):
+    """The document from ``traceEvents`` on: its events (fast: _FAST_UNION, lenient: Event) and the keys we keep."""
+
+    traceEvents: list[_EVENT]
     schemaVersion: Any = None
     distributedInfo: Any = None
     deviceProperties: Any = None
@@ -140,19 +187,121 @@ class FastTailDoc(msgspec.Struct):
     traceName: Any = None
 
 
+# kept categories in a fixed order: a category's code is its position (codes are renumbered by first
+# appearance in _Columns.arrays); _CAT_KEEP_CODE: category -> code + 1 (falsy 0 for instants / metadata)
+_KEEP_ORDER = tuple(sorted(KEEP_CATS))
+_CAT_KEEP_CODE = {**{c: i + 1 for i, c in enumerate(_KEEP_ORDER)}, OTHER_CAT: 0}
+_IS_OTHER = frozenset({0})
+_CAT_GPU = np.array([c in model.DEVICE_EVENT_CATS for c in _KEEP_ORDER], dtype=bool)
+_CAT_RT = np.array([c in model.RUNTIME_CATS for c in _KEEP_ORDER], dtype=bool)
+
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
 _FAST_CHUNK_DEC = msgspec.json.Decoder(list[_FAST_UNION])
-_FAST_TAIL_DEC = msgspec.json.Decoder(FastTailDoc)
+_FAST_TAIL_DEC = msgspec.json.Decoder(TailDoc[_FAST_UNION])
 _ARGS_DEC = msgspec.json.Decoder(Args | None)
 _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
 _ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
 _LINK_LIST_DEC = msgspec.json.Decoder(list[LinkArgs | None])
 _NO_ARGS = Args()
-_GPU_CATS = vocab.DEVICE_EVENT_CATS
-_RUNTIME_CATS = vocab.RUNTIME_CATS
-_TAIL_DEC = msgspec.json.Decoder(TailDoc)
+_GPU_CATS = model.DEVICE_EVENT_CATS
+_RUNTIME_CATS = model.RUNTIME_CATS
+_TAIL_DEC = msgspec.json.Decoder(TailDoc[Event])
 _SEP_RE = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
+
+
+# --------------------------------------------------------------------------- values as shown, defects counted
+def cut_text(text: str) -> str:
+    """``text`` cut to NAME_MAX_CHARS characters with a marker saying how long it was."""
+    if len(text) <= NAME_MAX_CHARS:
+        return text
+    return f"{text[:NAME_MAX_CHARS]}... [cut: {len(text):,} characters]"
+
+
+def as_text(value) -> str:
+    """A trace value shown as text: a string as it is, anything else as its JSON text; cut to
+    NAME_MAX_CHARS."""
+    if type(value) is not str:
+        try:
+            value = msgspec.json.encode(value).decode()
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+            value = f"<{type(value).__name__}>"
+    return cut_text(value)
+
+
+def unique_labels(labels: list[str]) -> list[str]:
+    """Labels made unique (a repeat gets ``#1``, ``#2`` ...): two distinct raw keys (1 and "1") can read alike."""
+    seen: dict = {}
+    out = []
+    for c in labels:
+        if c in seen:
+            seen[c] += 1
+            c = f"{c}#{seen[c]}"
+        else:
+            seen[c] = 0
+        out.append(c)
+    return out
+
+
+def plausible_count(value, low: int = 1) -> bool:
+    """An int (not a bool) in [low, RANK_MAX]: a world size, group size (low=1) or rank (low=0)."""
+    return type(value) is int and low <= value <= RANK_MAX
+
+
+def check_distributed_info(meta: dict, defects: dict) -> None:
+    """Leave out distributedInfo's rank / world_size and process groups' pg_size that are not plausible
+    numbers (a string, a negative or huge number, ...), in place; counted in ``defects``."""
+    dist = meta.get("distributedInfo")
+    if dist is None:
+        return
+    if not isinstance(dist, dict):
+        meta.pop("distributedInfo")
+        defects["dist_info"] = defects.get("dist_info", 0) + 1
+        return
+    dist = meta["distributedInfo"] = dict(dist)
+    for key, low in (("rank", 0), ("world_size", 1)):
+        if key in dist and dist[key] is not None and not plausible_count(dist[key], low):
+            dist.pop(key)
+            defects["dist_info"] = defects.get("dist_info", 0) + 1
+    if isinstance(dist.get("rank"), int) and isinstance(dist.get("world_size"), int) and dist["rank"] >= dist["world_size"]:
+        dist.pop("rank")
+        defects["dist_info"] = defects.get("dist_info", 0) + 1
+    cfg = dist.get("pg_config")
+    if cfg is not None:
+        good = [g for g in cfg if isinstance(g, dict)] if isinstance(cfg, list) else []
+        for g in good:
+            if "pg_size" in g and g["pg_size"] is not None and not plausible_count(g["pg_size"]):
+                g.pop("pg_size")
+                defects["dist_info"] = defects.get("dist_info", 0) + 1
+        if not isinstance(cfg, list) or len(good) != len(cfg):
+            defects["dist_info"] = defects.get("dist_info", 0) + 1
+        dist["pg_config"] = good
+
+
+# defect kind -> what the warning says (one line per kind and trace)
+DEFECTS = {
+    "time_missing": "{n:,} events without a timestamp or duration (missing or not a number) were left out",
+    "time_beyond": "{n:,} events with an infinite or implausible timestamp or duration (beyond 2^53 us) were left out",
+    "negative_dur": "{n:,} events with a negative duration were left out",
+    "duplicate": "{n:,} duplicated events (identical to an earlier event) were left out",
+    "duplicate_memory": "{n:,} duplicated [memory] events (same time, address, bytes and totals) were left out",
+    "bad_memory": "{n:,} [memory] events with a missing or invalid time, address or size were left out",
+    "type_name": "{n:,} event names were not strings: shown as their JSON text",
+    "long_name": "{n:,} event names longer than {max:,} characters were cut",
+    "type_tid": "{n:,} thread ids were lists or objects: shown as their JSON text",
+    "long_tid": "{n:,} thread ids longer than {max:,} characters were cut",
+    "type_pid": "{n:,} process ids were lists or objects: shown as their JSON text",
+    "long_pid": "{n:,} process ids longer than {max:,} characters were cut",
+    "dist_info": "distributedInfo holds {n:,} value(s) that are not plausible ranks or sizes: left out",
+}
+_LEFT_OUT = ("time_missing", "time_beyond", "negative_dur", "duplicate", "duplicate_memory", "bad_memory")
+
+
+def defect_warnings(path: str, defects: dict) -> list[str]:
+    """One warning line per kind of defect found while decoding ``path``, the numbers computed without them."""
+    return [f"trace {path}: " + DEFECTS[k].format(n=defects[k], max=NAME_MAX_CHARS)
+            for k in DEFECTS if defects.get(k)]
+
 
 # Extra columns of the raw frame (beyond EVENT_COLUMNS' basics), used to link events.
 RAW_COLUMNS = ["cat", "name", "pid", "tid", "ts_us", "dur_us", "stream", "correlation", "ext_id"]
@@ -341,7 +490,7 @@ class _Columns:
                 if a is not None and _is_int64(a.correlation):
                     corr[i] = a.correlation
         full_idx = [i for i, e in enumerate(keep) if e.cat in _GPU_CATS or (
-            type(name_list[i]) is str and name_list[i].startswith(_COMM_PREFIXES))]
+            type(name_list[i]) is str and name_list[i].startswith(model.COMM_OP_PREFIXES))]
         if full_idx:
             for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
                 if a is None:
@@ -372,12 +521,12 @@ class _Columns:
         """Like :meth:`add` for events of the typed fast decoder (args inline), one pass per column.
         Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
         # (selections by C-level map/compress; one pass reads every category: kept ones map to their code + 1,
-        # instants / metadata (their class's _OTHER_CAT) to 0, the rest to None)
+        # instants / metadata (their class's OTHER_CAT) to 0, the rest to None)
         cat_codes1 = list(map(_GET_CAT, events))
         try:
             cat_codes1 = list(map(_CAT_KEEP_CODE.get, cat_codes1))
         except TypeError:          # a category that is a list or an object: not one we keep
-            cat_codes1 = [_CAT_KEEP_CODE.get(c) if type(c) is str or c is _OTHER_CAT else None for c in cat_codes1]
+            cat_codes1 = [_CAT_KEEP_CODE.get(c) if type(c) is str or c is OTHER_CAT else None for c in cat_codes1]
         keep = list(compress(events, cat_codes1))
         n = len(keep)
         args = list(map(_GET_ARGS, keep))
@@ -404,7 +553,7 @@ class _Columns:
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
         # per distinct name: comm op name?  per category (fixed table): device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
-            self.name_comm.append(type(k) is str and k.startswith(_COMM_PREFIXES))
+            self.name_comm.append(type(k) is str and k.startswith(model.COMM_OP_PREFIXES))
         gpu = _CAT_GPU[cat_codes]
         full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
         runtime = _CAT_RT[cat_codes]
@@ -450,7 +599,7 @@ class _Columns:
 
     def _add_other_fast(self, events) -> None:
         for e in events:
-            if type(e) is not _FastMeta:
+            if type(e) is not FastMeta:
                 if e.name == "[memory]" and e.args is not None:
                     a = e.args
                     self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
@@ -506,7 +655,7 @@ class _Columns:
             for code, kind in self.bad_names.items():
                 self.defects[kind] = self.defects.get(kind, 0) + int(per_code[code])
         del cols["args_key"]
-        cols["name_cats"] = _unique_cats(list(names))
+        cols["name_cats"] = unique_labels(list(names))
         cols["cat_cats"] = cat_cats
         # tid/pid: keep the original values (int or str) through a lookup table
         tid_values = [_as_key(k) for k in self.threads]
@@ -1028,8 +1177,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     if not fast:
         cols.add(tail.traceEvents)
     meta = dict(header) if isinstance(header, dict) else {}
-    for key in ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds",
-                "displayTimeUnit", "traceName"):
+    for key in TailDoc.__struct_fields__[1:]:     # (the document's keys after traceEvents)
         val = getattr(tail, key)
         if val is not None:
             meta[key] = val
@@ -1047,18 +1195,18 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
 
 
 def _device_type(arrays: dict, meta: dict) -> str:
-    """vocab.device_type of a decoded trace: its categories, runtime-call names and device names."""
+    """model.device_type of a decoded trace: its categories, runtime-call names and device names."""
     if not (arrays["stream"] >= 0).any():
-        return vocab.DEVICE_CPU
+        return model.DEVICE_CPU
     cats = arrays["cat_cats"]
     used = np.flatnonzero(np.bincount(arrays["cat"], minlength=len(cats))).tolist()
-    is_rt = np.array([c in vocab.RUNTIME_CATS for c in cats], dtype=bool)
+    is_rt = np.array([c in model.RUNTIME_CATS for c in cats], dtype=bool)
     names = arrays["name_cats"]
     rt_rows = arrays["name"][is_rt[arrays["cat"]]]
     rt_names = [str(names[i]) for i in np.flatnonzero(np.bincount(rt_rows, minlength=len(names))).tolist()]
     props = meta.get("deviceProperties")
     devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
-    return vocab.device_type([str(cats[i]) for i in used], rt_names, devs)
+    return model.device_type([str(cats[i]) for i in used], rt_names, devs)
 
 
 def _decode_header(path: str, header_bytes: bytes) -> dict:
@@ -1087,7 +1235,7 @@ def _raise_no_events_key(path: str, buf: bytes) -> None:
 
 
 def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
-    """[memory] events as vocab.MEMORY_EVENT_COLUMNS.  Events whose time, address or size is missing,
+    """[memory] events as model.MEMORY_EVENT_COLUMNS.  Events whose time, address or size is missing,
     not an integer or implausible (beyond TIME_MAX_US / MEMORY_BYTES_MAX) and exact duplicates (same time,
     address, size, totals and device) are left out, counted in ``defects``; other bad fields read as 0."""
     cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
@@ -1110,7 +1258,7 @@ def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
         ok &= ~dup
     if not ok.all():
         out = {c: v[ok] for c, v in out.items()}
-    return frame_of(out, vocab.MEMORY_EVENT_COLUMNS)
+    return frame_of(out, model.MEMORY_EVENT_COLUMNS)
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -1128,47 +1276,3 @@ def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
             int(v) if type(v) is float and v.is_integer() and info.min <= v <= info.max else None for v in values]
     valid = np.fromiter((v is not None for v in ints), dtype=bool, count=len(ints))
     return np.fromiter((0 if v is None else v for v in ints), dtype=dtype, count=len(ints)), valid
-
-
-@dataclass
-class TraceData:
-    """One rank's trace: classified events, memory events and trace metadata."""
-
-    path: str
-    events: pd.DataFrame
-    memory_events: pd.DataFrame
-    meta: dict
-    warnings: list[str] = field(default_factory=list)
-
-
-def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None,
-               max_bytes: int | None = None) -> TraceData:
-    """Decode, classify and label one trace file. ``rank`` overrides distributedInfo's rank;
-    ``max_bytes``: largest JSON accepted once decompressed (default MAX_TRACE_BYTES).
-    Bad input raises :class:`fsdpprof.errors.UserError` (one line, naming the file); malformed events
-    are left out and said so in ``TraceData.warnings``, one line per kind."""
-    path = os.fspath(path)
-    with unexpected_as_user_error(f"trace {path}"), gc_paused():
-        return _load_trace(path, rank, progress, max_bytes)
-
-
-def _load_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None) -> TraceData:
-    from fsdpprof.analyze.trace import classify, labels
-
-    rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
-    warnings: list[str] = defect_warnings(rt.path, rt.defects)
-    dist = rt.meta.get("distributedInfo") or {}
-    if rank is None:
-        rank = dist.get("rank") if isinstance(dist, dict) else None
-        if not isinstance(rank, int):
-            rank = 0
-    c = classify.classify_arrays(rt)
-    rt.cols = None                     # classify copied what it needs: free the raw columns early
-    rt.comm_rows = None
-    c, w = labels.assign_arrays(c, rt)
-    warnings += w
-    events = labels.events_frame(c, rank)
-    mem = rt.memory_events
-    mem["rank"] = np.int32(rank)
-    meta = {**rt.meta, "thread_names": labels.thread_name_records(rt.thread_names)}  # lanes' readable names
-    return TraceData(path=rt.path, events=events, memory_events=mem, meta=meta, warnings=warnings)

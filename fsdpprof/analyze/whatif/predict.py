@@ -283,10 +283,20 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
     measured_peak = max((p["measured_peak_bytes"] for p in per_rank if p["measured_peak_bytes"] is not None),
                         default=None)
     msteps = [s for p in per_rank for s in p["measured_steps_us"]]
-    notes = list(dict.fromkeys(n for p in per_rank for n in p["notes"]))
+    notes = _notes_by_rank(per_rank)
     return {"predictions": preds, "measured": {"peak_allocated_bytes": measured_peak,
                                                "step_us": float(np.median(msteps)) if msteps else None},
             "fits": fits, "notes": notes}
+
+
+def _notes_by_rank(per_rank: list[dict]) -> list[str]:
+    """The ranks' notes, each once; one that holds for some of the ranks only names them ("rank 1: ...")."""
+    ranks_of: dict[str, list[int]] = {}
+    for p in per_rank:
+        for n in p["notes"]:
+            ranks_of.setdefault(n, []).append(p["rank"])
+    every = len(per_rank)
+    return [n if len(set(rs)) == every else f"{model.rank_list(rs)}: {n}" for n, rs in ranks_of.items()]
 
 
 def hosts_of(run) -> tuple[int, int | None]:
@@ -300,26 +310,75 @@ def hosts_of(run) -> tuple[int, int | None]:
     return n, per
 
 
+NO_INVENTORY = ("no inventory.json (parameter sizes, units and strategy are unknown); record the run with "
+                "`fsdpprof record` to predict other strategies")
+
+
+def _why_not(rd, missing: dict) -> str | None:
+    """Why a rank (its inventory read) gives nothing to predict from, or None: an unreadable or absent
+    inventory, or neither a trace nor a snapshot (the reason discovery gave, in ``missing``)."""
+    if not rd.inventory:
+        return NO_INVENTORY
+    if rd.events is None and not rd.trace_path and not rd.snapshot_path:
+        return missing.get(rd.label) or "no trace and no CUDA snapshot"
+    return None
+
+
+def source_rank(run):
+    """The run's first rank (its inventory read) that the predictions can start from: its configuration is
+    the run's (:func:`source_of_rank`).  UserError naming why when none can: no inventory.json anywhere, or
+    each rank's own reason (an unreadable inventory, no trace)."""
+    from fsdpprof.analyze.run import no_usable_rank, with_inventory
+
+    missing = {}
+    for r in sorted(run.ranks):
+        rd, why = with_inventory(run.ranks[r])
+        why = why or _why_not(rd, run.missing)
+        if why is None:
+            return rd
+        missing[rd.label] = why
+    if all(w == NO_INVENTORY for w in missing.values()):
+        raise UserError(f"{run.path}: {NO_INVENTORY}")
+    raise no_usable_rank({**run.missing, **missing}, f"nothing to predict from in {run.path}", "no rank",
+                         one_alone=False)
+
+
 def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress=None) -> dict:
-    """Every target for a loaded (or lazily loaded) Run, one rank at a time."""
+    """Every target for a loaded (or lazily loaded) Run, one rank at a time.  A rank that cannot be predicted
+    from (unreadable trace or inventory, none of them) is left out and named with its reason in the result's
+    ``missing`` (label -> why, beside those of ``run.missing``), as the report names its missing ranks; the
+    others are predicted from (``ranks_predicted``).  UserError when none is left."""
     from dataclasses import replace
 
-    from fsdpprof.analyze.run import parse_trace
+    from fsdpprof.analyze.run import no_usable_rank, parse_trace, with_inventory
 
     hosts, per_host = hosts_of(run)
+    missing = dict(run.missing)
     results = []
     for r in sorted(run.ranks):
-        rd = run.ranks[r]
+        rd, why = with_inventory(run.ranks[r])
+        why = why or _why_not(rd, missing)
+        if why is not None:
+            missing[rd.label] = why
+            continue
         if rd.events is None and rd.trace_path:
             status, val = parse_trace(rd.trace_path, rd.rank, False, run.max_trace_bytes)
             if status != "ok":
-                raise UserError(val)
-            rd = replace(rd, events=val.events, memory_events=val.memory_events,
-                         trace_meta={**val.meta, **(rd.trace_meta or {})})
+                missing[rd.label] = val
+                if not rd.snapshot_path:
+                    continue                # (with a snapshot, its memory is still predicted from)
+                rd = replace(rd, trace_path=None)
+            else:
+                rd = replace(rd, events=val.events, memory_events=val.memory_events,
+                             trace_meta={**val.meta, **(rd.trace_meta or {})})
         results.append(rank_predictions(rd, targets, hosts=hosts, ranks_per_host=per_host))
         if progress:
             progress(r)
-    return reduce_predictions(targets, results, run_target)
+    if not results:
+        raise no_usable_rank(missing, f"nothing to predict from in {run.path}", "no rank", one_alone=False)
+    out = reduce_predictions(targets, results, run_target)
+    out.update(ranks_predicted=[p["rank"] for p in results], missing=missing)
+    return out
 
 
 def report_rank(rd, memory_result=None) -> dict:

@@ -26,11 +26,14 @@ def _fsdpprof_chain_sitecustomize():
         sys.modules["sitecustomize"] = module
         spec.loader.exec_module(module)
     except Exception as err:  # same message as site.execsitecustomize
-        if sys.flags.verbose:
-            sys.excepthook(*sys.exc_info())
-        else:
-            sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
-                             "%s: %s\n" % (err.__class__.__name__, err))
+        try:
+            if sys.flags.verbose:
+                sys.excepthook(*sys.exc_info())
+            else:
+                sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+                                 "%s: %s\n" % (err.__class__.__name__, err))
+        except Exception:  # a closed or full stderr
+            pass
 
 
 class _FsdpprofOptimHook:

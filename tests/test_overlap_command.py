@@ -1,25 +1,24 @@
-"""The quick path (fsdpprof.analyze.comm.quick, `fsdpprof overlap`): the full path's numbers without numpy/pandas.
+"""`fsdpprof overlap` (fsdpprof.analyze.pipeline.overlap_summary): the report's overlap and volume numbers.
 
-Every input is read both ways: quick_overlap(path) against overall_overlap + collective_volume on
-load_run(path).events(), value by value (relative tolerance 1e-9: the sums are added in another order).
+Every input is read both ways: overlap_summary(load_run(path, lazy=True)), the pipeline's map and reduce restricted
+to those two tables, against overall_overlap + collective_volume on load_run(path).events(), value by value
+(relative tolerance 1e-9), and the same errors.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
+import pandas as pd
 import pytest
 
 from conftest import ROOT, run_fsdpprof, shared_data
-from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import overlap, volume
-from fsdpprof.analyze.comm import quick as quick_module
-from fsdpprof.analyze.comm.quick import quick_overlap
+from fsdpprof.analyze.pipeline import analyze_run, overlap_summary
 from fsdpprof.analyze.run import load_run
 from fsdpprof.errors import UserError
 
@@ -29,32 +28,46 @@ REAL_INPUTS = ("hta-nccl-2rank-a100/rank-0.json.gz", "hta-16rank-a100/rank-0.jso
                "tracelens-b200-8rank/rank-0.json.gz")
 
 
-def _same(quick_value, full_value) -> bool:
-    """None (quick) is NaN (full); numbers agree to 1e-9 relative."""
-    if quick_value is None or full_value != full_value:
-        return quick_value is None and full_value != full_value
-    return math.isclose(quick_value, full_value, rel_tol=1e-9, abs_tol=1e-9)
+def overlap_of(path, **kwargs):
+    return overlap_summary(load_run(path, lazy=True), **kwargs)
+
+
+def _same(value, full_value) -> bool:
+    """None (JSON) is NaN (frame); numbers agree to 1e-9 relative."""
+    if value is None or full_value != full_value:
+        return value is None and full_value != full_value
+    return math.isclose(value, full_value, rel_tol=1e-9, abs_tol=1e-9)
 
 
 def assert_same_as_full_path(path) -> object:
-    """quick_overlap(path) equals the full path on every rank and collective, and says only warnings the full path
-    says too; returns the quick result."""
-    q = quick_overlap(path)
+    """overlap_summary on the lazily loaded run equals overall_overlap + collective_volume on the events of the
+    eagerly loaded one on every rank and collective, and says the same warnings; returns its result as
+    to_dict() gives it (rows with attributes), the JSON that `fsdpprof overlap --json` prints."""
+    s = overlap_of(path)
+    q = s.to_dict()
+    assert json.loads(json.dumps(q)) == q                    # JSON-ready
     run = load_run(path)
     ev = run.events()
-    assert set(q.warnings) <= set(run.warnings), set(q.warnings) - set(run.warnings)
+    assert set(s.warnings) == set(run.warnings), set(s.warnings) ^ set(run.warnings)
     full_o = overlap.overall_overlap(ev).to_dict("records")
     full_v = volume.collective_volume(ev).to_dict("records")
-    assert [r.rank for r in q.overlap] == [int(r["rank"]) for r in full_o]
-    for qr, fr in zip(q.overlap, full_o):
+    assert [r["rank"] for r in q["overlap"]] == [int(r["rank"]) for r in full_o]
+    for qr, fr in zip(q["overlap"], full_o):
         for k in OVERLAP_FIELDS:
-            assert _same(getattr(qr, k), fr[k]), (qr.rank, k, getattr(qr, k), fr[k])
-    assert [(v.rank, v.collective) for v in q.volume] == \
+            assert _same(qr[k], fr[k]), (qr["rank"], k, qr[k], fr[k])
+    assert [(v["rank"], v["collective"]) for v in q["volume"]] == \
         [(int(r["rank"]), r["collective"] if isinstance(r["collective"], str) else None) for r in full_v]
-    for qv, fv in zip(q.volume, full_v):
+    for qv, fv in zip(q["volume"], full_v):
         for k in VOLUME_FIELDS:
-            assert _same(getattr(qv, k), fv[k]), (qv.rank, qv.collective, k, getattr(qv, k), fv[k])
-    return q
+            assert _same(qv[k], fv[k]), (qv["rank"], qv["collective"], k, qv[k], fv[k])
+    return _rows(q)
+
+
+def _rows(q: dict) -> SimpleNamespace:
+    """A to_dict() result with its rows read as attributes (r.rank, v.bytes)."""
+    return SimpleNamespace(overlap=[SimpleNamespace(**r) for r in q["overlap"]],
+                           volume=[SimpleNamespace(**r) for r in q["volume"]], warnings=q["warnings"],
+                           missing=q["missing"])
 
 
 # ----------------------------------------------------------------------------------------- real inputs
@@ -62,13 +75,22 @@ def assert_same_as_full_path(path) -> object:
 def test_real_gpu_traces_give_the_full_paths_numbers(name):
     path = shared_data("gpu-traces", name)
     q = assert_same_as_full_path(str(path))
-    assert q.full_path_ranks == []                      # read by the quick reader itself, not handed over
     assert q.overlap and all(r.comm_us > 0 for r in q.overlap)
 
 
+def test_the_reports_own_tables():
+    """The report's overall-overlap and volume tables (analyze_run) are the overlap command's, row for row."""
+    run = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), lazy=True)
+    a, s = analyze_run(run), overlap_summary(run)
+    pd.testing.assert_frame_equal(a.overlap_overall, s.overlap)
+    pd.testing.assert_frame_equal(a.volume, s.volume)
+    assert s.warnings == a.warnings and s.missing == a.missing and len(s.overlap) == 8
+
+
+@pytest.mark.slow
 def test_recorded_gloo_run_gives_the_full_paths_numbers(recorded_run):
     q = assert_same_as_full_path(str(recorded_run("fsdp2")))
-    assert q.full_path_ranks == [] and [r.rank for r in q.overlap] == [0, 1]
+    assert [r.rank for r in q.overlap] == [0, 1]
     colls = {v.collective for v in q.volume}
     assert {"all_gather", "reduce_scatter"} <= colls and all(v.bytes and v.bytes > 0 for v in q.volume)
 
@@ -177,19 +199,18 @@ def test_gloo_pairing(tmp_path):
     assert v["all_reduce"].count == 2 and v["all_reduce"].bytes == 2000
 
 
-def test_odd_trace_is_read_by_the_full_path(tmp_path):
-    """A correlation id that is not an integer does not fit the typed reader: the full path reads that rank."""
+def test_odd_trace(tmp_path):
+    """A correlation id that is not an integer (the decoder's lenient path reads the trace): the same numbers."""
     ev = _gpu_edge_events()
     ev.append(_x("cudaLaunchKernel", "cuda_runtime", 1, 1, correlation="not a number"))
-    q = assert_same_as_full_path(_write(tmp_path, ev, distributedInfo={"rank": 0, "world_size": 8}))
-    assert q.full_path_ranks == [0]
+    assert_same_as_full_path(_write(tmp_path, ev, distributedInfo={"rank": 0, "world_size": 8}))
 
 
 def test_the_size_limit_is_the_full_paths(tmp_path):
-    """A trace beyond max_trace_bytes is refused with the full path's message (not read quickly regardless)."""
+    """A trace beyond max_trace_bytes is refused with the report's message, in Python and by the command."""
     path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
     with pytest.raises(UserError, match="limit"):
-        quick_overlap(path, max_trace_bytes=100)
+        overlap_summary(load_run(path, lazy=True, max_trace_bytes=100))
     p = run_fsdpprof("overlap", path, "--max-trace-bytes", "100")
     assert p.returncode == 2 and "--max-trace-bytes" in p.stderr and p.stderr.count("\n") == 1
 
@@ -197,17 +218,15 @@ def test_the_size_limit_is_the_full_paths(tmp_path):
 @pytest.mark.parametrize("seed", range(4))
 def test_mutated_real_traces_give_the_full_paths_numbers_or_its_error(tmp_path, seed):
     """The fuzz campaign's mutations (benchmarks/fuzz.py: swapped, deleted, duplicated, nested, long, odd numbers,
-    truncated) of a real trace: the quick path gives the full path's numbers, or fails with a UserError as it does."""
+    truncated) of a real trace: the numbers of the events' own analysis, or a UserError where loading fails."""
     _check_mutations(shared_data("gpu-traces", "param-dlrm-8rank-v100", "rank-0.json.gz"), seed, tmp_path)
 
 
 @pytest.mark.parametrize("odd", ["instant time out of range", "metadata id not an int", "instant id not an int"])
-def test_instants_and_metadata_the_fast_path_rejects_make_the_quick_reader_give_way(tmp_path, odd):
-    """No instant or metadata event counts in the quick reader's numbers, but one the decoder's fast path rejects
-    must make it give way as well: a timestamp beyond float range (the full path refuses the trace: so does the
-    quick path), an id that is no integer (the full path reads the trace leniently: the quick path hands the rank
-    to it).  A quick reader that skipped those phases read such traces itself (found by the fuzz campaign's
-    mutations of a recorded CPU trace: one refused trace read, a duplicate count off by one)."""
+def test_instants_and_metadata_the_fast_path_rejects(tmp_path, odd):
+    """Instants and metadata the decoder's fast path rejects: a timestamp beyond float range (the trace is
+    refused, by the report and the overlap command alike), an id that is no integer (the trace is read leniently:
+    the same numbers)."""
     extra = {"instant time out of range": '{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1e400}',
              "metadata id not an int": '{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, '
                                        '"args": {"name": "main", "correlation": "x"}}',
@@ -223,9 +242,9 @@ def test_instants_and_metadata_the_fast_path_rejects_make_the_quick_reader_give_
         with pytest.raises(UserError, match="out of range"):
             load_run(str(path))
         with pytest.raises(UserError, match="out of range"):
-            quick_overlap(str(path))
+            overlap_of(str(path))
     else:
-        assert assert_same_as_full_path(str(path)).full_path_ranks == [0]
+        assert_same_as_full_path(str(path))
 
 
 def _check_mutations(trace, seed: int, tmp_path) -> None:
@@ -243,7 +262,7 @@ def _check_mutations(trace, seed: int, tmp_path) -> None:
             load_run(str(path)).events()
         except UserError:
             with pytest.raises(UserError):
-                quick_overlap(str(path))
+                overlap_of(str(path))
             continue
         assert_same_as_full_path(str(path)), what
 
@@ -256,104 +275,15 @@ def test_folder_of_ranks(tmp_path):
     assert [o.rank for o in q.overlap] == [0, 1]
 
 
-REAL_NO_OTHER_THREAD = quick_module._no_other_thread
-
-
-def _counting_forks(monkeypatch) -> list:
-    """Forked readers started (their ranks), counted; this test process counts as running no other thread
-    (earlier tests may leave idle ones, e.g. tqdm's monitor; the check itself: test_a_failed_reader...)."""
-    from fsdpprof.analyze.comm import quick
-
-    monkeypatch.setattr(quick, "_no_other_thread", lambda: True)
-    forks = []
-    real = quick._fork_reader
-
-    def fork_reader(jobs, max_bytes):
-        forks.append([r for r, _ in jobs])
-        return real(jobs, max_bytes)
-
-    monkeypatch.setattr(quick, "_fork_reader", fork_reader)
-    return forks
-
-
-def test_ranks_read_in_forked_processes_give_the_same_numbers(monkeypatch):
-    """8 rank files (7 MiB of JSON): read in this process, in as many processes as cores (auto) and in 3; the
-    same result each time, every rank read once."""
-    from fsdpprof.analyze.comm import quick
-    from fsdpprof.analyze.run import max_workers, usable_cores
-
+def test_ranks_in_worker_processes_give_the_same_numbers():
+    """8 rank files read in this process and in a pool of 2 worker processes: the same result; a bad number of
+    workers is refused."""
     path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
-    alone = quick_overlap(path, workers=1)
-    forks = _counting_forks(monkeypatch)
-    assert quick_overlap(path, workers=1) == alone and forks == []
-    assert quick_overlap(path, workers=3) == alone
-    assert len(forks) == max_workers(3, 8) - 1 and all(forks)        # (capped at the CPU cores)
-    forked = [r for f in forks for r in f]
-    assert len(set(forked)) == len(forked) and set(forked) < set(range(8))   # the rest read here
-    forks.clear()
-    assert quick_overlap(path) == alone
-    assert len(forks) == min(8, usable_cores()) - 1
-    assert len(alone.overlap) == 8 and alone.full_path_ranks == []
-
-
-def test_a_failed_reader_and_a_threaded_caller(monkeypatch):
-    """A forked reader that fails: its ranks are read here.  A caller with another thread running: nothing is
-    forked (forking a process with threads is unsafe)."""
-    import threading
-
-    from fsdpprof.analyze.comm import quick
-    from fsdpprof.analyze.run import max_workers
-
-    path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
-    alone = quick_overlap(path, workers=1)
-    forks = _counting_forks(monkeypatch)
-
-    class Broken:
-        def encode(self, obj):
-            raise RuntimeError("cannot send")
-
-    monkeypatch.setattr(quick, "_READS_ENC", Broken())     # (the child's copy fails as it sends)
-    assert quick_overlap(path, workers=2) == alone and len(forks) == max_workers(2, 8) - 1
-    forks.clear()
-    monkeypatch.setattr(quick, "_no_other_thread", REAL_NO_OTHER_THREAD)    # the real check of other threads
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait)
-    t.start()
-    try:
-        assert not quick._no_other_thread()
-        assert quick_overlap(path, workers=2) == alone and forks == []
-    finally:
-        stop.set()
-        t.join()
+    alone, pooled = overlap_of(path, workers=1), overlap_of(path, workers=2)
+    assert alone.to_dict() == pooled.to_dict() and len(alone.overlap) == 8
     for bad in (0, -1, 1.5, True):
         with pytest.raises(UserError, match="workers"):
-            quick_overlap(path, workers=bad)
-
-
-def test_forked_readers_where_children_are_reaped_by_the_system(monkeypatch):
-    """A caller that ignores SIGCHLD (its children are reaped at once, waitpid finds none): same numbers."""
-    import signal
-
-    path = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
-    alone = quick_overlap(path, workers=1)
-    forks = _counting_forks(monkeypatch)
-    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    try:
-        assert quick_overlap(path, workers=2) == alone
-    finally:
-        signal.signal(signal.SIGCHLD, old)
-    from fsdpprof.analyze.run import max_workers
-
-    assert len(forks) == max_workers(2, 8) - 1
-
-
-def test_bus_factor_is_ring_factor():
-    colls = ["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv", "barrier",
-             "ncclKernel_X", None]
-    for n in (1, 2, 8, float("nan")):
-        full = model.ring_factor(colls, [n] * len(colls))
-        for c, f in zip(colls, full.tolist()):
-            assert _same(None if model.bus_factor(c, n) != model.bus_factor(c, n) else model.bus_factor(c, n), f)
+            overlap_of(path, workers=bad)
 
 
 # ----------------------------------------------------------------------------------------- the command
@@ -361,7 +291,7 @@ def test_cli_json_is_the_python_result(tmp_path):
     path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
     p = run_fsdpprof("overlap", path, "--json")
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == json.loads(json.dumps(quick_overlap(path).to_dict()))
+    assert json.loads(p.stdout) == overlap_of(path).to_dict()
     text = run_fsdpprof("overlap", path)
     assert text.returncode == 0 and "all_reduce" in text.stdout and "overlap %" in text.stdout
     dlrm = str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))
@@ -385,87 +315,4 @@ def test_cli_bad_input_is_one_line(tmp_path, what):
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.startswith("fsdpprof overlap: error: ") and p.stderr.count("\n") == 1, p.stderr
     with pytest.raises(UserError):
-        quick_overlap(str(arg))
-
-
-def test_command_imports_neither_numpy_nor_pandas_nor_torch(tmp_path):
-    path = _write(tmp_path, _gpu_edge_events(), distributedInfo={"rank": 0, "world_size": 8})
-    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpprof", "overlap", path], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-2000:]
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in p.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "msgspec" in imported and "fsdpprof" in imported            # (the reading is not empty)
-    assert not imported & {"numpy", "pandas", "torch"}, sorted(imported & {"numpy", "pandas", "torch"})
-
-
-_MODULES_AT_EXIT = ("import atexit, runpy, sys\n"
-                    "atexit.register(lambda: print('MODULES', *sorted(sys.modules), file=sys.stderr))\n"
-                    "sys.argv = ['fsdpprof', 'overlap', sys.argv[1]]\n"
-                    "runpy.run_module('fsdpprof', run_name='__main__', alter_sys=True)\n")
-
-
-def test_command_start_up_imports_neither_dataclasses_nor_inspect(tmp_path):
-    """What a cold `fsdpprof overlap` pays before reading (issue 12: no slower than a bare orjson.loads, start-up
-    counted): finding the files builds namespaces, not dataclasses (run.find_files), and msgspec comes without
-    typing_extensions on 3.11+ (analyze.msgspec_import): none of dataclasses / inspect / typing_extensions,
-    ~35 ms of start-up on the 2-core EPYC; the numbers are those of load_run's path (both ranks read)."""
-    for r in (0, 1):
-        _write(tmp_path, _gpu_edge_events(), name=f"rank-{r}.json", distributedInfo={"rank": r, "world_size": 2})
-    p = subprocess.run([sys.executable, "-c", _MODULES_AT_EXIT, str(tmp_path)], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-2000:]
-    rows = [ln.split() for ln in p.stdout.split("\n\n")[0].splitlines()[2:]]
-    q = quick_overlap(str(tmp_path))
-    assert [(int(r[0]), float(r[2])) for r in rows] == [(o.rank, round(o.comm_us / 1e3, 3)) for o in q.overlap]
-    modules = set(next(ln for ln in p.stderr.splitlines() if ln.startswith("MODULES ")).split()[1:])
-    assert "msgspec" in modules and "fsdpprof.analyze.comm.quick" in modules
-    unwanted = {"dataclasses", "inspect"} | ({"typing_extensions"} if sys.version_info >= (3, 11) else set())
-    assert not modules & unwanted, sorted(modules & unwanted)
-    assert [o.rank for o in q.overlap] == sorted(load_run(str(tmp_path), lazy=True).ranks) == [0, 1]
-
-
-_MSGSPEC_CHECK = """
-import sys
-from fsdpprof.analyze.msgspec_import import import_msgspec
-msgspec = import_msgspec()
-assert "typing_extensions" not in sys.modules or sys.version_info < (3, 11), "imported with msgspec"
-from typing import Annotated
-import typing_extensions                        # the real module, for whoever imports it afterwards
-assert typing_extensions.__file__
-class Args(msgspec.Struct):
-    n: Annotated[int, msgspec.Meta(ge=0)]
-class Doc(typing_extensions.TypedDict):
-    a: int
-    b: typing_extensions.NotRequired[int]
-assert msgspec.json.decode(b'{"n": 3}', type=Args).n == 3
-try:
-    msgspec.json.decode(b'{"n": -1}', type=Args)
-    raise SystemExit("constraint lost")
-except msgspec.ValidationError:
-    pass
-assert msgspec.json.decode(b'{"a": 1}', type=Doc) == {"a": 1}      # b: NotRequired, as typing_extensions says
-try:
-    msgspec.json.decode(b'{"b": 1}', type=Doc)
-    raise SystemExit("required field not required")
-except msgspec.ValidationError:
-    pass
-print("ok")
-"""
-
-
-def test_msgspec_without_typing_extensions_decodes_the_same(tmp_path):
-    """msgspec imported with typing_extensions hidden (msgspec_import) keeps what typing_extensions gives it:
-    Annotated constraints, a typing_extensions TypedDict's NotRequired; typing_extensions is the real module
-    afterwards.  A msgspec that imports typing_extensions unconditionally is imported again, the normal way."""
-    p = subprocess.run([sys.executable, "-c", _MSGSPEC_CHECK], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
-    fake = tmp_path / "msgspec"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("import typing_extensions\nUSES = typing_extensions.__name__\n")
-    code = ("import sys\nfrom fsdpprof.analyze.msgspec_import import import_msgspec\nm = import_msgspec()\n"
-            "print(m.__file__, m.USES, type(sys.modules['typing_extensions']).__name__)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == [str(fake / "__init__.py"), "typing_extensions", "module"], p.stdout
+        overlap_of(str(arg))

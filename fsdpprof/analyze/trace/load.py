@@ -1,0 +1,56 @@
+"""One trace file -> the events frame of :mod:`fsdpprof.analyze.model`: decode (:mod:`.decode`), classify
+(:mod:`.classify`), label every event from its launch (:mod:`.labels`).  Times in µs."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from fsdpprof.analyze.gc_pause import gc_paused
+from fsdpprof.analyze.trace import classify, labels
+from fsdpprof.analyze.trace.decode import decode_trace, defect_warnings
+from fsdpprof.errors import unexpected_as_user_error
+
+
+@dataclass
+class TraceData:
+    """One rank's trace: classified events, memory events and trace metadata."""
+
+    path: str
+    events: pd.DataFrame
+    memory_events: pd.DataFrame
+    meta: dict
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None,
+               max_bytes: int | None = None) -> TraceData:
+    """Decode, classify and label one trace file. ``rank`` overrides distributedInfo's rank;
+    ``max_bytes``: largest JSON accepted once decompressed (default MAX_TRACE_BYTES).
+    Bad input raises :class:`fsdpprof.errors.UserError` (one line, naming the file); malformed events
+    are left out and said so in ``TraceData.warnings``, one line per kind."""
+    path = os.fspath(path)
+    with unexpected_as_user_error(f"trace {path}"), gc_paused():
+        return _load_trace(path, rank, progress, max_bytes)
+
+
+def _load_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None) -> TraceData:
+    rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
+    warnings: list[str] = defect_warnings(rt.path, rt.defects)
+    dist = rt.meta.get("distributedInfo") or {}
+    if rank is None:
+        rank = dist.get("rank") if isinstance(dist, dict) else None
+        if not isinstance(rank, int):
+            rank = 0
+    c = classify.classify_arrays(rt)
+    rt.cols = None                     # classify copied what it needs: free the raw columns early
+    rt.comm_rows = None
+    c, w = labels.assign_arrays(c, rt)
+    warnings += w
+    events = labels.events_frame(c, rank)
+    mem = rt.memory_events
+    mem["rank"] = np.int32(rank)
+    meta = {**rt.meta, "thread_names": labels.thread_name_records(rt.thread_names)}  # lanes' readable names
+    return TraceData(path=rt.path, events=events, memory_events=mem, meta=meta, warnings=warnings)

@@ -1,0 +1,182 @@
+"""The range of every numeric option of every command, in one place.
+
+Each command's parser takes its numbers through a :class:`Number` (argparse ``type=``): a value that is
+not a number, not whole where it must be, or out of range is refused by the parser in one line, exit 2,
+naming the valid range, before anything runs.  :meth:`Number.parse` says the same as a UserError for a
+value given another way (the Python API, a value read later).  Standard library only: ``collect``'s
+launcher uses it before the user's job starts.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from fsdpprof.errors import UserError
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def shown(text, limit: int = 40) -> str:
+    """``repr(text)`` cut to ``limit`` characters, for one-line error messages."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 4] + "...'"
+
+
+def _fmt(x) -> str:
+    """1000000 -> '1000000', 10**15 -> '1e15', 0.001 -> '0.001'."""
+    if isinstance(x, int) and abs(x) <= 10**7:
+        return str(x)
+    return re.sub(r"e\+?0*", "e", f"{x:g}")
+
+
+class Number:
+    """A numeric option: a number from ``lo`` to ``hi`` (both included), a whole one when ``whole``.
+
+    ``units``: suffixes accepted after the number and what they multiply it by (sizes: 40GB, 8GiB; counts:
+    7.5B); ``unit``: what the number counts, said in the range (" bytes", " s").  Called with the
+    option's text (argparse ``type=``) it returns the value (int when whole) or raises ArgumentTypeError.
+    """
+
+    def __init__(self, lo, hi, *, whole: bool = True, unit: str = "", units: dict | None = None,
+                 example: str | None = None):
+        self.lo, self.hi, self.whole, self.unit, self.units = lo, hi, whole, unit, units
+        self.example = example
+        self.__name__ = "number"            # (argparse names a type by it)
+
+    def describe(self) -> str:
+        """'a whole number from 1 to 1000000', 'a number from 1 to 1e15 parameters (e.g. 7.5e9 or 7.5B)'."""
+        kind = "a whole number" if self.whole else "a number"
+        return (f"{kind} from {_fmt(self.lo)} to {_fmt(self.hi)}{self.unit}"
+                + (f" (e.g. {self.example})" if self.example else ""))
+
+    def check(self, text):
+        """The value, or ValueError with what is wrong with ``text`` (a few words)."""
+        if isinstance(text, bool):
+            raise ValueError("is not a number")
+        if isinstance(text, (int, float)):
+            value = text
+        else:
+            s = str(text).strip().replace("_", "").replace(",", "")
+            i = len(s)
+            while i > 0 and s[i - 1].isalpha():
+                i -= 1
+            num, suffix = s[:i].strip(), s[i:].strip().lower()
+            if not num:
+                raise ValueError("is not a number")
+            if suffix and not self.units:
+                num, suffix = s, ""           # (float() knows 'inf' and 'nan'; anything else: not a number)
+            if suffix and suffix not in self.units:
+                known = ", ".join(u for u in self.units if u)
+                raise ValueError(f"has an unknown unit {shown(suffix, 12)} (use {known})")
+            try:
+                value = int(num)              # exact, however long
+            except ValueError:
+                try:
+                    value = float(num)
+                except ValueError:
+                    raise ValueError("is not a number") from None
+            value = value * (self.units or {"": 1})[suffix]
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError("is not a number")
+        if value > self.hi:
+            raise ValueError("is too large")
+        if value < self.lo:
+            raise ValueError("is too small")
+        if self.whole:
+            if value != int(value):
+                raise ValueError("is not a whole number")
+            return int(value)
+        return float(value)
+
+    def __call__(self, text):
+        try:
+            return self.check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{shown(text)} {exc}: give {self.describe()}") from None
+
+    def parse(self, text, what: str):
+        """The value of option ``what`` given as ``text``; UserError naming the range otherwise."""
+        try:
+            return self.check(text)
+        except ValueError as exc:
+            raise UserError(f"{what} {shown(text)} {exc}: give {self.describe()}") from None
+
+
+# --- the ranges: far beyond any real job, small enough that everything derived stays a finite number
+MAX_WORLD = 10**7                 # ranks
+WORLD = Number(1, MAX_WORLD, unit=" ranks", units=COUNT_UNITS, example="8")
+RANK = Number(0, MAX_WORLD - 1)
+WORKERS = Number(1, 10**6, example="4; it is capped at the ranks and the CPU cores")
+# record's profiling window (optimizer steps) and CUDA memory history
+SKIP_STEPS = Number(1, 10**9)
+WINDOW_STEPS = Number(1, 10**6)            # --warmup-steps, --active-steps
+MEMORY_ENTRIES = Number(1, 10**9)
+# analysis
+TRACE_BYTES = Number(1, 10**15, unit=" bytes", units=SIZE_UNITS, example="8GiB")  # --max-trace-bytes
+STEP_NUMBER = Number(0, 10**12)           # compare --iteration N (ProfilerStep#N)
+CONNECT_TIMEOUT_S = Number(0.01, 3600, whole=False, unit=" seconds")
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# plan (a model that does not exist yet)
+PARAMS = Number(1, 10**15, whole=False, unit=" parameters", units=COUNT_UNITS, example="7.5e9 or 7.5B")
+GPU_MEM = Number(1, 10**18, whole=False, unit=" bytes", units=SIZE_UNITS, example="40GB or 80GiB")
+COMPRESSION = Number(1, 10**6, whole=False, example="4: a quarter of the gradient bytes")
+# whatif
+BATCH_SCALE = Number(0.001, 1024, whole=False, example="2 or 0.5")
+# demo
+MAX_DEMO_NPROC = 16                       # CPU processes per recording (gloo); more only slows the demo down
+DEMO_NPROC = Number(1, MAX_DEMO_NPROC)
+
+
+def _ranks(text) -> list[int] | None:
+    t = str(text).strip().lower()
+    if t == "all":
+        return None
+    items = [v.strip() for v in t.split(",")]
+    if not t or not all(items):        # '' would record no rank, or every rank by accident
+        raise ValueError
+    return sorted({RANK.check(v) for v in items})
+
+
+def _ranks_hint(text) -> str:
+    return (f"{shown(text)} is not a list of ranks: give 'all' or comma-separated ranks, each {RANK.describe()}, "
+            f"e.g. 0,1")
+
+
+def ranks_list(text) -> list[int] | None:
+    """record ``--ranks`` (argparse ``type=``): 'all' -> None (every rank), '0,2' -> [0, 2]."""
+    try:
+        return _ranks(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(_ranks_hint(text)) from None
+
+
+def parse_ranks(value, what: str = "--ranks") -> list[int] | None:
+    """:func:`ranks_list` of a string, or a list of ranks, or None (all); UserError otherwise."""
+    if value is None or isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= RANK.hi for v in value):
+        return sorted(set(value)) if value is not None else None
+    try:
+        return _ranks(value)
+    except ValueError:
+        raise UserError(f"{what}: {_ranks_hint(value)}") from None
+
+
+def reshard_after_forward(text):
+    """whatif ``--reshard-after-forward``: true | false | a whole number of ranks (FSDP2 resharding)."""
+    t = str(text).strip().lower()
+    if t in ("true", "yes", "on"):
+        return True
+    if t in ("false", "no", "off", "0"):
+        return False
+    try:
+        return WORLD.check(t)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{shown(text)} {exc}: give true, false or {WORLD.describe()}") from None
+
+
+def checked(value, what: str, number: Number):
+    """``number.parse`` for a value that may also be None (an option left out)."""
+    return None if value is None else number.parse(value, what)
