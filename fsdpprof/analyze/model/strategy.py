@@ -6,7 +6,7 @@ from fsdpprof.errors import UserError
 from fsdpprof.options import shown
 
 __all__ = ["DDP", "NO_SHARD", "ZERO1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD", "NONE", "STANDARD", "SHARDED",
-           "REPLICATED", "STRATEGY_ALIASES", "strategy_name", "ZERO_STAGES", "ZERO_STAGE", "zero_stage"]
+           "REPLICATED", "STRATEGY_ALIASES", "known_strategy", "strategy_name", "ZERO_STAGES", "ZERO_STAGE", "zero_stage"]
 
 # FSDP's ShardingStrategy names, DDP, and ZeRO-1 (optimizer states sharded: no FSDP strategy does only that)
 DDP, NO_SHARD, ZERO1 = "DDP", "NO_SHARD", "ZERO1"
@@ -27,10 +27,15 @@ STRATEGY_ALIASES = {
 }
 
 
+def known_strategy(text) -> str | None:
+    """The strategy a spelling names (``full_shard``, ``HSDP``, ``zero-3`` ...), None when it names none."""
+    return STRATEGY_ALIASES.get(str(text or "").strip().upper().replace(" ", "_").replace("-", "_"))
+
+
 def strategy_name(text, choices=None) -> str:
-    """The strategy a user's spelling names (``full_shard``, ``HSDP``, ``zero-3`` ...); UserError in one line
-    when it names none, or none of ``choices`` (default: every strategy)."""
-    s = STRATEGY_ALIASES.get(str(text or "").strip().upper().replace(" ", "_").replace("-", "_"))
+    """:func:`known_strategy` of a user's spelling; UserError in one line when it names none, or none of
+    ``choices`` (default: every strategy)."""
+    s = known_strategy(text)
     if s is None or (choices is not None and s not in choices):
         allowed = choices if choices is not None else [DDP, NO_SHARD, ZERO1, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD]
         raise UserError(f"unknown strategy {shown(text)}: use one of {', '.join(allowed)}")

@@ -275,7 +275,7 @@ def _fill_anchors(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, 
 def scratch_ratio(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> tuple[float, float, str]:
     """(all-gather scratch, reduce scratch) as a fraction of the unit's unsharded bytes, from the run's own
     gathers when it has some, else the device's default; and where it came from."""
-    unit_bytes = {u.fqn: padded_numel(u.numel, source.shard_group) * tg.dtype_bytes(source.param_dtype)
+    unit_bytes = {u.fqn: padded_numel(u.numel, source.shard_group) * model.dtype_bytes(source.param_dtype)
                   for u in units}
     sc = r[r["role"] == "ag_scratch"]
     if len(sc) and sc["unit"].notna().any():
@@ -297,9 +297,9 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
     category -> bytes of this rank's states a CPU-offload run kept on the host (inventory)."""
     kept, assumed = [], []
     ks, kt = source.shard_group, target.shard_group
-    ps, pt = tg.dtype_bytes(source.param_dtype), tg.dtype_bytes(target.param_dtype)
-    rs_, rt = tg.dtype_bytes(source.reduce_dtype), tg.dtype_bytes(target.reduce_dtype)
-    st = tg.dtype_bytes(source.stored_dtype)
+    ps, pt = model.dtype_bytes(source.param_dtype), model.dtype_bytes(target.param_dtype)
+    rs_, rt = model.dtype_bytes(source.reduce_dtype), model.dtype_bytes(target.reduce_dtype)
+    st = model.dtype_bytes(source.stored_dtype)
     numel = {u.fqn: u.numel for u in units}
     share = {u: local_numel(n, kt) / max(local_numel(n, ks), 1) for u, n in numel.items()}
     total_share = sum(local_numel(n, kt) for n in numel.values()) / max(sum(local_numel(n, ks) for n in numel.values()), 1)
@@ -528,7 +528,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 add(sig_ag * U, t + EPS_US, t + 2 * EPS_US, MC.TEMPORARY.value, "all-gather scratch")
                 add(U, t + 3 * EPS_US, rule_f - EPS_US, MC.UNSHARDED_PARAM.value, "unsharded parameters")
                 if on_host:
-                    add(local_numel(u.numel, kt) * tg.dtype_bytes(source.stored_dtype), t, t + EPS_US,
+                    add(local_numel(u.numel, kt) * model.dtype_bytes(source.stored_dtype), t, t + EPS_US,
                         MC.TEMPORARY.value, "host-to-device copy of the shard")
             if (raf is not False and not keep_root and ("gather", s, u.fqn, model.STAGE_BACKWARD) not in have):
                 # prefetched at the previous unit's pre-backward (FSDP2's default, FSDP1's BACKWARD_PRE)

@@ -70,8 +70,9 @@ class RankModel:
         self.source = source_of_rank(rd, hosts, ranks_per_host)
         self.units, note = model_units(rd.inventory)
         totals = (rd.inventory or {}).get("totals") or {}
-        self.host_states = {"sharded_param": totals.get("param_bytes"), "sharded_grad": totals.get("grad_bytes"),
-                            "optimizer_state": totals.get("optimizer_state_bytes")} \
+        mc = model.MemoryCategory
+        self.host_states = {mc.SHARDED_PARAM.value: totals.get("param_bytes"), mc.SHARDED_GRAD.value:
+                            totals.get("grad_bytes"), mc.OPTIMIZER_STATE.value: totals.get("optimizer_state_bytes")} \
             if self.source.cpu_offload and self.source.device_type != "cpu" else None
         if note:
             self.notes.append(note)
@@ -90,7 +91,7 @@ class RankModel:
             names = None
             if self.source.family not in ("fsdp1", "fsdp2"):
                 names = _inventory_names(m.allocations, rd.inventory, events, m.source)
-            sizes = {u.fqn: padded_numel(u.numel, self.source.shard_group) * tg.dtype_bytes(self.source.param_dtype)
+            sizes = {u.fqn: padded_numel(u.numel, self.source.shard_group) * model.dtype_bytes(self.source.param_dtype)
                      for u in self.units}
             mem.label_units(r, self.units, sizes, names, param_unit_map(rd.inventory, self.units))
             self.rows = r

@@ -252,7 +252,7 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
     the target is DDP over the same ranks."""
     out = []
     a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
-    pt, rt = tg.dtype_bytes(target.param_dtype), tg.dtype_bytes(target.reduce_dtype)
+    pt, rt = model.dtype_bytes(target.param_dtype), model.dtype_bytes(target.reduce_dtype)
     n, k = target.world_size, target.shard_group
     end_bwd = sc["bwd_end"]
 
@@ -738,7 +738,7 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     for key, d in rs.pool:
         pool.setdefault(key, []).append(d)
     same_ddp = (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
-                and tg.dtype_bytes(target.reduce_dtype) == tg.dtype_bytes(source.reduce_dtype))
+                and model.dtype_bytes(target.reduce_dtype) == model.dtype_bytes(source.reduce_dtype))
     colls = target_collectives(target, units, sc, source.stored_dtype, sync, rs.buckets if same_ddp else None)
     for j in sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"]):
         c = colls[j]
@@ -840,7 +840,7 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
         assumed.append("DDP buckets of 25 MiB (the first 1 MiB) filled unit by unit in backward order")
     if target.batch_scale != 1.0:
         assumed.append(f"compute time x{target.batch_scale:g} with the local batch; the rest unchanged")
-    if tg.dtype_bytes(target.param_dtype) != tg.dtype_bytes(source.param_dtype):
+    if model.dtype_bytes(target.param_dtype) != model.dtype_bytes(source.param_dtype):
         assumed.append("compute time kept as measured whatever the compute dtype")
     return out, kept, assumed
 
