@@ -66,6 +66,9 @@ STATUS_INTERRUPTED = "interrupted"
 RANK_STEPPED_ASIDE = "stepped_aside"     # the job ran its own torch.profiler: fsdpprof recorded no trace
 RANK_NO_OPTIMIZER = "no_optimizer"
 
+# run_liveness(): whether the launchers of a run.json that says running are alive
+LIVENESS_ALIVE, LIVENESS_GONE, LIVENESS_UNKNOWN = "alive", "gone", "unknown"
+
 # A running launcher touches its launchers/<host>-<pid>.json this often, so that another host
 # can tell a live launcher from one that was killed.
 HEARTBEAT_S = 30

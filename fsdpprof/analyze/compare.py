@@ -71,16 +71,16 @@ THEORY_METRICS = ("model_states_theory_bytes", "traffic_theory_bytes")
 
 
 def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
-    """One label per run: its strategy when known, else the input's folder name; repeats numbered."""
+    """One label per run: the input as every command describes it (model.describe_input), after the input's folder
+    name when its strategy is not recorded; repeats numbered."""
     names = [os.path.basename(os.path.normpath(a.path)) or a.path for a in analyses]
     if len(set(names)) < len(names):   # e.g. two torchtitan iteration_10 folders: name their parents too
         names = [os.path.join(*os.path.normpath(a.path).split(os.sep)[-2:]) for a in analyses]
     labels, seen = [], {}
     for a, n, name in zip(analyses, nums, names):
-        if n["strategy"] != "-":
-            base = f"{n['strategy']} ({n['framework']}, N={n['world_size']})"
-        else:
-            base = f"{name} ({a.overview.get('input_kind') or 'unknown'}, N={n['world_size'] or '?'})"
+        o = a.overview
+        said = o.get("description") or model.describe_input(o.get("input_kind"), o.get("strategy"), o.get("world_size"))
+        base = said if n["strategy"] != "-" else f"{name}: {said}"
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
     return labels
@@ -136,14 +136,15 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
 
 
 # --------------------------------------------------------------------------- the verdict
-REPLICATED_STRATEGIES = ("DDP", "NO_SHARD")
+REPLICATED_STRATEGIES = (model.DDP, model.NO_SHARD)
 
 
 def _formula_parts(a: Analysis) -> dict:
     """The formula's model states per rank of one run by part (bytes): param, grad, optimizer_state."""
     ms = (a.theory or {}).get("model_states") or {}
-    parts = {"param": ms.get("param_bytes"), "grad": ms.get("grad_bytes"),
-             "optimizer_state": ms.get("optimizer_state_bytes")}
+    mc = model.MemoryCategory
+    parts = {mc.PARAM.value: ms.get("param_bytes"), mc.GRAD.value: ms.get("grad_bytes"),
+             mc.OPTIMIZER_STATE.value: ms.get("optimizer_state_bytes")}
     return {k: float(v) for k, v in parts.items() if v is not None and v == v}
 
 

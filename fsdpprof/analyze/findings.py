@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
 EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
@@ -51,21 +52,21 @@ def _num(x) -> float:
 
 def _exposed_suggestion(collective: str, stage: str, fsdp: bool) -> str:
     if not fsdp:   # not an FSDP input: no FSDP knobs to turn
-        if collective == "all_reduce":
+        if collective == model.ALL_REDUCE:
             return ("all-reduce is exposed: bucket gradients (DDP bucket_cap_mb) so it overlaps with backward, or "
                     "move less per step (gradient accumulation without sync)")
         return "overlap this collective with compute (issue it earlier, on its own stream) or run it less often"
-    if collective == "all_gather" and stage == "forward":
+    if collective == model.ALL_GATHER and stage == model.STAGE_FORWARD:
         return ("prefetch the next unit's all-gather (FSDP2: module.set_modules_to_forward_prefetch; FSDP1: "
                 "forward_prefetch=True), or keep parameters after forward (reshard_after_forward=False / "
                 "SHARD_GRAD_OP) if memory allows")
-    if collective == "all_gather":
+    if collective == model.ALL_GATHER:
         return ("backward prefetch (FSDP1 backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_backward_prefetch) "
                 "or reshard_after_forward=False so backward does not all-gather again")
-    if collective == "reduce_scatter":
+    if collective == model.REDUCE_SCATTER:
         return ("reduce-scatter is not hidden behind backward compute: use fewer, larger FSDP units, a lower "
                 "reduce dtype (MixedPrecision reduce_dtype=bf16) or gradient accumulation without sync")
-    if collective == "all_reduce":
+    if collective == model.ALL_REDUCE:
         return ("all-reduce is exposed: overlap it with backward, or shard (FULL_SHARD / HYBRID_SHARD) to cut "
                 "the volume per rank")
     return "overlap this collective with compute or reduce how often it runs"
@@ -85,7 +86,7 @@ def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | Non
     cu = comm_unit_step
     if cu is not None and not cu.empty and "exposed_comm_us" in cu:
         op = cu[cu["step"].notna()] if "step" in cu else cu
-        op = op.assign(collective=op["collective"].astype(object).fillna("unknown").astype(str),
+        op = op.assign(collective=op["collective"].astype(object).fillna(model.UNKNOWN_COLLECTIVE).astype(str),
                        stage=(op["stage"].astype(object) if "stage" in op else "all"))
         g = op.groupby(["rank", "collective", "stage"])["exposed_comm_us"].sum().reset_index()
         g["per_step_us"] = g["exposed_comm_us"] / g["rank"].map(n_steps).clip(lower=1)
@@ -125,31 +126,31 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
     if breakdown is None or breakdown.empty:
         return out
     pct = breakdown.groupby("category", observed=True)["pct"].sum()
-    get = lambda c: float(pct.get(c, 0.0))  # noqa: E731
-    opt = get("optimizer_state")
+    get = lambda c: float(pct.get(c.value, 0.0))  # noqa: E731
+    opt = get(MC.OPTIMIZER_STATE)
     if opt >= OPTIMIZER_DOMINATES_PCT:
         out.append(Finding("optimizer_state_dominates", "high" if opt >= 60 else "medium",
                            f"Optimizer state is {opt:.1f}% of memory at the peak",
                            "breakdown_at_peak[optimizer_state].pct", opt, "%", OPTIMIZER_DOMINATES_PCT,
                            ("shard it further (FULL_SHARD, or a larger shard group), offload it to CPU "
-                            "(CPUOffload / ZeRO-Offload), or use" if input_kind in ("fsdp2", "fsdp1") or strategy
+                            "(CPUOffload / ZeRO-Offload), or use" if input_kind in model.FSDP_KINDS or strategy
                             else "use") + " an optimizer with less state (8-bit Adam, Adafactor)",
                            "memory", rank))
-    act = get("activation")
+    act = get(MC.ACTIVATION)
     if act >= ACTIVATIONS_DOMINATE_PCT:
         out.append(Finding("activations_dominate", "medium", f"Activations are {act:.1f}% of memory at the peak",
                            "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT,
                            "activation checkpointing of the transformer blocks, a smaller micro-batch, or "
                            "sequence parallelism; sharding does not reduce activations", "memory", rank))
-    unsh = get("unsharded_param")
-    if unsh >= UNSHARDED_PARAM_PCT and input_kind in ("fsdp2", "fsdp1"):
+    unsh = get(MC.UNSHARDED_PARAM)
+    if unsh >= UNSHARDED_PARAM_PCT and input_kind in model.FSDP_KINDS:
         out.append(Finding("unsharded_params_large", "medium",
                            f"All-gathered (unsharded) parameters are {unsh:.1f}% of memory at the peak",
                            "breakdown_at_peak[unsharded_param].pct", unsh, "%", UNSHARDED_PARAM_PCT,
                            "wrap smaller FSDP units so fewer parameters are unsharded at once, and reshard after "
                            "forward (reshard_after_forward=True / FULL_SHARD); limit prefetch depth", "memory", rank))
-    states = get("sharded_param") + get("sharded_grad") + get("param") + get("grad") + get("optimizer_state")
-    if strategy in ("DDP", "NO_SHARD") and input_kind != "single_device" and states >= REPLICATED_STATES_PCT:
+    states = sum(get(c) for c in (MC.SHARDED_PARAM, MC.SHARDED_GRAD, MC.PARAM, MC.GRAD, MC.OPTIMIZER_STATE))
+    if strategy in (model.DDP, model.NO_SHARD) and input_kind != model.INPUT_SINGLE_DEVICE and states >= REPLICATED_STATES_PCT:
         out.append(Finding("replicated_model_states", "high",
                            f"Model states, replicated on every rank by {strategy}, are {states:.1f}% of the peak",
                            "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,

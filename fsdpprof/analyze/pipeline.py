@@ -226,9 +226,9 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.has_trace = True
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
+    res.framework = labels.framework_of(events)
     if overlap_only:
         return
-    res.framework = labels.framework_of(events)
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
                    "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum())}
@@ -422,23 +422,6 @@ def _concat(frames) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _input_kind(framework: str | None, results: list[RankResult], world_size) -> str:
-    """What the input is: fsdp2 | fsdp1 | ddp | distributed (another framework) | single_device | unknown."""
-    if framework in ("fsdp2", "fsdp1", "ddp"):
-        return framework
-    if framework == "none":
-        return "single_device" if (world_size or 1) <= 1 else "distributed"
-    found = {r.framework for r in results if r.framework}
-    # a bare CUDA snapshot: FSDP2 / FSDP1 recognised from its stack frames (memory.fsdp_units)
-    found |= {str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
-    for kind in ("fsdp2", "fsdp1", "ddp", "distributed", "single_device"):
-        if kind in found:
-            if kind == "single_device" and (world_size or 1) > 1:
-                return "distributed"
-            return kind
-    return "unknown"
-
-
 def _rank_notes(results: list[RankResult]) -> dict:
     """The ranks' notes, one line per distinct text naming the ranks it holds for."""
     by_text: dict[tuple, list] = {}
@@ -449,6 +432,15 @@ def _rank_notes(results: list[RankResult]) -> dict:
     for (section, text), ranks in by_text.items():
         _note(out, section, f"{model.rank_list(ranks)}: {text}" if len(results) > 1 else text)
     return out
+
+
+def input_of(results: list[RankResult], world_size) -> tuple[str, str | None]:
+    """(what the input is: one of model.INPUT_KINDS, the inventory's strategy or None) from its ranks' results:
+    inventory.json when a rank has one, else what the traces (or a bare CUDA snapshot's stack frames) show."""
+    inv = next((r.inventory for r in results if r.inventory), None) or {}
+    found = {r.framework for r in results if r.framework} | {
+        str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
+    return model.input_kind(inv.get("framework"), found, world_size), inv.get("strategy")
 
 
 def _overview(run, results: list[RankResult]) -> dict:
@@ -463,15 +455,16 @@ def _overview(run, results: list[RankResult]) -> dict:
     tm = (r0.trace_meta or {}) if r0 else {}
     device_type = tm.get("device_type") or (str(info0.get("device") or "").split(":")[0] or None)
     cmd = meta.get("command")
-    input_kind = _input_kind(inv.get("framework"), results, run.world_size)
+    input_kind, strategy = input_of(results, run.world_size)
     return {
         "command": " ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
         "status": meta.get("status") or ("partial" if run.missing else "complete"),
         "started_at": meta.get("started_at"), "ended_at": meta.get("ended_at"), "exit_code": meta.get("exit_code"),
         "world_size": run.world_size, "ranks_present": ranks, "ranks_analysed": len(ranks),
         "ranks_missing": sorted(map(str, run.missing)), "input_kind": input_kind,
-        "sharded": input_kind in ("fsdp2", "fsdp1") and str(inv.get("strategy") or "") not in ("NO_SHARD", "DDP"),
-        "framework": inv.get("framework") or (input_kind if input_kind in ("fsdp2", "fsdp1") else None),
+        "sharded": model.input_sharded(input_kind, strategy),
+        "description": model.describe_input(input_kind, strategy, run.world_size),
+        "framework": inv.get("framework") or (input_kind if input_kind in model.FSDP_KINDS else None),
         "strategy": inv.get("strategy"),
         "shard_group_size": inv.get("shard_group_size"), "replicate_group_size": inv.get("replicate_group_size"),
         "mixed_precision": inv.get("mixed_precision"), "cpu_offload": inv.get("cpu_offload"),
@@ -487,13 +480,14 @@ def _overview(run, results: list[RankResult]) -> dict:
 
 def _relabel_replicated(m):
     """Memory categories of an input whose model states are not sharded (DDP, one device): the rank's
-    parameters and gradients are plain ``param`` / ``grad`` (model.REPLICATED_LABELS)."""
-    ren = model.REPLICATED_LABELS
+    parameters and gradients are plain ``param`` / ``grad`` (model.category_name)."""
+    def ren(c):
+        return model.category_name(c, sharded=False)
 
     def fix(df, col="category"):
         if df is None or col not in df:
             return df
-        return df.assign(**{col: df[col].astype(object).replace(ren)})
+        return df.assign(**{col: df[col].astype(object).map(ren)})
 
     tl = m.timeline.rename(columns=ren) if m.timeline is not None else None
     return replace(m, breakdown_at_peak=fix(m.breakdown_at_peak), by_unit_at_peak=fix(m.by_unit_at_peak),
@@ -528,8 +522,8 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
     g["wire_per_step_bytes"] = g["wire_bytes"] / g["steps"]
     tr = (th or {}).get("traffic")
     if tr:
-        theory_bytes = {"all_gather": tr["all_gather_bytes"], "reduce_scatter": tr["reduce_scatter_bytes"],
-                        "all_reduce": tr["all_reduce_bytes"]}
+        theory_bytes = {model.ALL_GATHER: tr["all_gather_bytes"], model.REDUCE_SCATTER: tr["reduce_scatter_bytes"],
+                        model.ALL_REDUCE: tr["all_reduce_bytes"]}
         g["theory_wire_per_step_bytes"] = g["collective"].map(theory_bytes).astype(float)
         g["diff_pct"] = 100.0 * (g["wire_per_step_bytes"] - g["theory_wire_per_step_bytes"]) / \
             g["theory_wire_per_step_bytes"].where(g["theory_wire_per_step_bytes"] > 0)
@@ -672,13 +666,14 @@ class OverlapSummary:
     volume: pd.DataFrame
     missing: dict
     warnings: list
+    description: str = ""   # what the input is, in the words of every command (model.describe_input)
 
     def to_dict(self) -> dict:
         """Plain dicts and lists (JSON-ready: None where a number or a collective is not known)."""
         def records(df: pd.DataFrame) -> list[dict]:
             return [{k: None if pd.isna(v) else v for k, v in row.items()} for row in df.to_dict("records")]
 
-        return {"path": self.path, "overlap": records(self.overlap), "volume": records(self.volume),
+        return {"path": self.path, "description": self.description, "overlap": records(self.overlap), "volume": records(self.volume),
                 "missing": dict(self.missing), "warnings": list(self.warnings)}
 
 
@@ -698,9 +693,13 @@ def overlap_summary(run, *, workers: int | None = None, engine: str | None = Non
     missing, ok, warnings = _usable(run, map_ranks(run, workers=workers, engine=engine, scheduler=scheduler,
                                                    progress=False, overlap_only=True))
     note = _rank_notes(ok).get("communication")
+    # the inventory's framework and strategy, as report describes the input (one rank's: the ranks agree)
+    inv = next((rd.inventory for rd in (with_inventory(rd)[0] for rd in run.ranks.values()) if rd.inventory), None)
+    kind, strategy = input_of([replace(r, inventory=inv) for r in ok] if inv else ok, run.world_size)
     overall = _concat(r.overall for r in ok)
     vol = _concat(r.volume for r in ok)
     return OverlapSummary(
         path=str(run.path), missing=missing, warnings=warnings + ([note] if note else []),
+        description=model.describe_input(kind, strategy, run.world_size),
         overlap=overall if overall is not None else pd.DataFrame(columns=OVERALL_COLUMNS),
         volume=vol if vol is not None else pd.DataFrame(columns=VOLUME_COLUMNS))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from fsdpprof import runfmt
 from fsdpprof.analyze import model
 from fsdpprof.options import shown
 from fsdpprof.errors import UserError
@@ -318,15 +319,15 @@ def k_from_inventory(inv: dict) -> BytesPerParam:
         return None
 
     units = inv.get("units") or []
-    pdt = _dtype("param") or (units[0].get("dtype") if units else None) or "float32"
-    gdt = _dtype("grad") or pdt
+    pdt = _dtype(runfmt.ROLE_PARAM) or (units[0].get("dtype") if units else None) or "float32"
+    gdt = _dtype(runfmt.ROLE_GRAD) or pdt
     opt = inv.get("optimizer") or None
     if not opt:
         return bytes_per_param(pdt, gdt, "none", master_copy=False)
     keys = [k for k in (opt.get("state_keys") or []) if k != "step"]
     sdt = None
     for t in tensors:
-        if t.get("role") == "optimizer_state" and not str(t.get("name", "")).endswith("/step") and t.get("dtype"):
+        if t.get("role") == runfmt.ROLE_OPTIMIZER_STATE and not str(t.get("name", "")).endswith("/step") and t.get("dtype"):
             sdt = str(t["dtype"]).replace("torch.", "")
             break
     sdt = sdt or "float32"

@@ -2,30 +2,16 @@
 run or of warnings, and the "Overview" section (command, ranks, model, device)."""
 from __future__ import annotations
 
+from fsdpprof.analyze.model import INPUT_KIND_TEXT
 from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us, kv_table
-
-
-INPUT_KIND_TEXT = {"fsdp2": "FSDP2 (fully_shard)", "fsdp1": "FSDP1 (FullyShardedDataParallel)",
-                   "ddp": "DDP (DistributedDataParallel): nothing sharded",
-                   "distributed": "distributed job of another framework (not FSDP)",
-                   "single_device": "one device, no communication", "unknown": "unknown"}
-INPUT_KIND_SHORT = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "ddp": "DDP", "distributed": "distributed",
-                    "single_device": "one device"}
 
 
 def context_line(a) -> str:
     """One line under the title: strategy, framework, ranks, model size, optimizer, dtypes, device."""
     o, t = a.overview, a.theory or {}
-    bits = []
-    if o.get("strategy"):
-        bits.append(str(o["strategy"]))
-    if INPUT_KIND_SHORT.get(o.get("input_kind")) and o.get("input_kind") != "ddp":
-        bits.append(INPUT_KIND_SHORT[o["input_kind"]])
-    if o.get("world_size"):
-        n = o["world_size"]
-        group = (f" (shard group {o['shard_group_size']} x replicas {o['replicate_group_size']})"
-                 if (o.get("replicate_group_size") or 1) > 1 else "")
-        bits.append(f"{n} rank{'s' if n != 1 else ''}{group}")
+    bits = [str(o["description"])] if o.get("description") else []
+    if (o.get("replicate_group_size") or 1) > 1:
+        bits.append(f"shard group {o['shard_group_size']} x replicas {o['replicate_group_size']}")
     if o.get("psi"):
         bits.append(f"Ψ = {fmt_params(o['psi'])} parameters")
     if o.get("optimizer"):
@@ -49,7 +35,7 @@ def overview_section(a) -> str:
     mp = o.get("mixed_precision")
     items = [
         ("input", f"{a.path} ({SOURCE_TEXT.get(a.source, a.source)})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
-        ("strategy", f"{o.get('strategy') or '-'} ({o.get('framework') or 'unknown framework'})"),
+        ("strategy", o.get("description") or "-"),
         ("what ran", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind") or "-")),
         ("world size", o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
         ("shard / replicate group", f"{o.get('shard_group_size') or '-'} / {o.get('replicate_group_size') or '-'}"),

@@ -22,27 +22,26 @@ import pandas as pd
 
 from fsdpprof import __version__
 from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
 MIB = float(2**20)
-CATEGORY_COLORS = {
-    "sharded_param": "#1f77b4", "param": "#1f77b4", "unsharded_param": "#aec7e8", "sharded_grad": "#ff7f0e",
-    "grad": "#ff7f0e", "unsharded_grad": "#ffbb78", "optimizer_state": "#2ca02c", "activation": "#d62728",
-    "temporary": "#9467bd", "input": "#8c564b", "before_recording": "#bcbd22", "other": "#7f7f7f",
-}
+CATEGORY_COLORS = {c.value: color for c, color in (
+    (MC.SHARDED_PARAM, "#1f77b4"), (MC.PARAM, "#1f77b4"), (MC.UNSHARDED_PARAM, "#aec7e8"), (MC.SHARDED_GRAD, "#ff7f0e"),
+    (MC.GRAD, "#ff7f0e"), (MC.UNSHARDED_GRAD, "#ffbb78"), (MC.OPTIMIZER_STATE, "#2ca02c"), (MC.ACTIVATION, "#d62728"),
+    (MC.TEMPORARY, "#9467bd"), (MC.INPUT, "#8c564b"), (MC.BEFORE_RECORDING, "#bcbd22"), (MC.OTHER, "#7f7f7f"))}
 KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "memcpy": "#2ca02c",
                "memset": "#17becf", "sync": "#7f7f7f"}
 SPLIT_COLORS = {"compute": "#1f77b4", "exposed_comm": "#dc2626", "idle": "#d1d5db", "residual": "#fde68a"}
 
 # --- words and units: the one place for what the page calls things ---------------------------------
-CATEGORY_LABELS = {
-    "sharded_param": "sharded params", "unsharded_param": "gathered params",
-    "sharded_grad": "sharded grads", "unsharded_grad": "unsharded grads",
-    "param": "params", "grad": "grads", "optimizer_state": "optimizer states", "activation": "activations",
-    "temporary": "temporaries", "input": "inputs", "before_recording": "allocated before recording",
-    "other": "other",
-}
+CATEGORY_LABELS = {c.value: text for c, text in (
+    (MC.SHARDED_PARAM, "sharded params"), (MC.UNSHARDED_PARAM, "gathered params"),
+    (MC.SHARDED_GRAD, "sharded grads"), (MC.UNSHARDED_GRAD, "unsharded grads"),
+    (MC.PARAM, "params"), (MC.GRAD, "grads"), (MC.OPTIMIZER_STATE, "optimizer states"), (MC.ACTIVATION, "activations"),
+    (MC.TEMPORARY, "temporaries"), (MC.INPUT, "inputs"), (MC.BEFORE_RECORDING, "allocated before recording"),
+    (MC.OTHER, "other"))}
 KIND_LABELS = {"compute": "compute", "cpu_op": "CPU operator", "comm": "communication", "memcpy": "memory copy",
                "memset": "memset", "sync": "synchronisation", "annotation": "annotation"}
 COLUMN_LABELS = {

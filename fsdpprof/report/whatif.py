@@ -45,8 +45,7 @@ def _figure(result: dict, page: Page) -> str:
     fig = figures.Figure()
     for c in cats:
         fig.add_trace(figures.bar(x=names, y=[(p.get("breakdown") or {}).get(c, 0) / MIB for p in preds], name=label(c),
-                             marker_color=CATEGORY_COLORS.get({"param": "sharded_param", "grad": "sharded_grad"}
-                                                              .get(c, c), "#7f7f7f")))
+                             marker_color=CATEGORY_COLORS.get(c, "#7f7f7f")))
     mpeak = (result.get("measured") or {}).get("peak_allocated_bytes")
     if mpeak:
         fig.add_hline(y=mpeak / MIB, line_dash="dot", annotation_text="this run, measured")
@@ -100,6 +99,6 @@ def render_whatif(result: dict) -> str:
     """The page `fsdpprof whatif -o` writes: the same section on its own."""
     page = Page()
     run = result.get("run") or {}
-    title = f"fsdpprof what if: {run.get('strategy') or 'run'}, {run.get('world_size') or '?'} ranks"
+    title = f"fsdpprof what if: {run.get('description') or run.get('strategy') or 'run'}"
     body = f'<section id="whatif"><h2>What if</h2>{whatif_body(result, page)}</section>'
     return document(title, str(run.get("path") or ""), [("whatif", "What if")], body)

@@ -32,7 +32,7 @@ def collective_records(events: pd.DataFrame) -> pd.DataFrame:
     c = events.loc[comm, ["rank", "ts_us", "dur_us", "collective", "pg", "seq"]].copy()
     if not len(c):
         return pd.DataFrame({k: [] for k in RECORD_COLUMNS})
-    c["collective"] = c["collective"].astype(object).fillna("unknown").astype(str)
+    c["collective"] = c["collective"].astype(object).fillna(model.UNKNOWN_COLLECTIVE).astype(str)
     c["pg"] = c["pg"].astype(object).fillna("default").astype(str)
     c = c.sort_values(["rank", "ts_us"], kind="mergesort")
     order = c.groupby(["rank", "pg", "collective"], sort=False).cumcount().astype(float)

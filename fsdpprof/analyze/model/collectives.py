@@ -5,7 +5,7 @@ import re
 
 __all__ = [
     "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROADCAST", "ALL_TO_ALL", "SEND_RECV", "BARRIER", "COLLECTIVES",
-    "P2P", "C10D_PREFIX", "NCCL_OP_PREFIX", "GLOO_PREFIX", "RECORD_PARAM_COMMS", "FUNCTIONAL_PREFIXES",
+    "P2P", "UNKNOWN_COLLECTIVE", "C10D_PREFIX", "NCCL_OP_PREFIX", "GLOO_PREFIX", "RECORD_PARAM_COMMS", "FUNCTIONAL_PREFIXES",
     "COMM_KERNEL_PREFIXES", "COMM_OP_PREFIXES", "collective_of", "is_comm_kernel", "is_sync_kernel",
     "GLOO_RUNS_AS", "bus_factor", "ring_factor", "wire_factor",
 ]
@@ -15,6 +15,7 @@ BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER = "broadcast", "all_to_all", "send_rec
 COLLECTIVES = [ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER]
 # point-to-point: no matching across ranks, no skew, no straggler blame (their own table)
 P2P = frozenset({SEND_RECV})
+UNKNOWN_COLLECTIVE = "unknown"    # how tables name a collective whose type nothing says
 
 _COLL_PATTERNS = [  # order matters: "reducescatter" before "allreduce"/"reduce"
     ("allgather", ALL_GATHER), ("reducescatter", REDUCE_SCATTER), ("allreduce", ALL_REDUCE),

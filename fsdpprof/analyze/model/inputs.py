@@ -7,7 +7,7 @@ from fsdpprof.analyze.model.strategy import DDP, NO_SHARD, NONE
 
 __all__ = ["INPUT_DISTRIBUTED", "INPUT_SINGLE_DEVICE", "INPUT_UNKNOWN", "INPUT_KINDS", "FSDP_KINDS",
            "FRAMEWORK_NONE", "DDP_MARKERS", "DDP_REDUCER_PREFIXES", "input_kind", "input_sharded", "describe_input",
-           "INPUT_KIND_SHORT", "rank_list"]
+           "INPUT_KIND_SHORT", "INPUT_KIND_TEXT", "rank_list"]
 
 INPUT_DISTRIBUTED = "distributed"       # a distributed job of another framework (not FSDP, not DDP)
 INPUT_SINGLE_DEVICE = "single_device"   # one device, no communication
@@ -17,6 +17,10 @@ FSDP_KINDS = frozenset({FAMILY_FSDP2, FAMILY_FSDP1})
 FRAMEWORK_NONE = "none"                 # inventory.json's framework of a job without data parallelism
 INPUT_KIND_SHORT = {FAMILY_FSDP2: "FSDP2", FAMILY_FSDP1: "FSDP1", FAMILY_DDP: "DDP", INPUT_DISTRIBUTED: "distributed",
                     INPUT_SINGLE_DEVICE: "one device"}
+INPUT_KIND_TEXT = {FAMILY_FSDP2: "FSDP2 (fully_shard)", FAMILY_FSDP1: "FSDP1 (FullyShardedDataParallel)",
+                   FAMILY_DDP: "DDP (DistributedDataParallel): nothing sharded",
+                   INPUT_DISTRIBUTED: "distributed job of another framework (not FSDP)",
+                   INPUT_SINGLE_DEVICE: "one device, no communication", INPUT_UNKNOWN: "unknown"}
 DDP_MARKERS = ("DistributedDataParallel.", "Reducer::")
 # DDP's reducer on the training thread (torch 2.x's record_function names): the gradient hooks' division by
 # the world size (mul_out) and the copies out of the buckets after the all-reduce: DDP's own CPU work

@@ -117,7 +117,7 @@ def c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[flo
     n0 = numel(dims[0])
     n1 = numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
     group = float("nan")
-    if coll in ("all_gather", "reduce_scatter"):
+    if coll in (model.ALL_GATHER, model.REDUCE_SCATTER):
         n = max(n0 if n0 == n0 else n1, n1 if n1 == n1 else n0)
         if n0 == n0 and n1 == n1 and min(n0, n1) > 0 and max(n0, n1) % min(n0, n1) == 0:
             group = max(n0, n1) / min(n0, n1)
@@ -157,9 +157,9 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
     if inn is not None or outn is not None:
         inn_f = float(inn) if inn is not None else float("nan")
         out_f = float(outn) if outn is not None else float("nan")
-        if coll == "all_gather":
+        if coll == model.ALL_GATHER:
             n = out_f if out_f == out_f else inn_f
-        elif coll == "reduce_scatter":
+        elif coll == model.REDUCE_SCATTER:
             n = inn_f if inn_f == inn_f else out_f
         else:
             n = inn_f if inn_f == inn_f else out_f
@@ -174,7 +174,7 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
         # all_reduce (also what reduce_scatter runs as) the whole array
         nbytes, dtype2, _ = c10d_sizes(None, dims, types)
         dtype = dtype or dtype2
-        shard = coll == "all_gather"  # only a shard here: times the group size once that is known
+        shard = coll == model.ALL_GATHER  # only a shard here: times the group size once that is known
     pg = None if pg is None or (type(pg) is float and pg != pg) else as_text(pg)
     return (coll, nbytes, dtype, float("nan") if gs is None else float(gs), pg,
             float("nan") if seq is None else float(seq), shard)

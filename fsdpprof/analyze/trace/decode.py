@@ -841,7 +841,7 @@ class _Reader:
                 f"(Python: max_bytes=)")
 
     def _blocks(self, max_out: int):
-        """Inflate the (possibly multi-member) gzip stream: yields ("data", bytes, file offset), then
+        """Inflate the (possibly multi-member) gzip stream: yields ("chunk", bytes, file offset), then
         ("eof",) or ("error", why); blocks of at most ``max_out`` bytes (0: the whole file in one block
         when it is one small member, else READ_BYTES).  More than ``max_bytes`` in all is an error."""
         total = 0
@@ -862,7 +862,7 @@ class _Reader:
                     except _INFLATE_ERRORS:
                         out = None
                     if out is not None and len(out) == isize and one.eof:
-                        yield ("data", out, len(pending))
+                        yield ("chunk", out, len(pending))
                         yield ("eof",)
                         return
                     del out
@@ -885,7 +885,7 @@ class _Reader:
                     yield ("error", "limit")
                     return
                 if out:
-                    yield ("data", out, self.raw.tell())
+                    yield ("chunk", out, self.raw.tell())
         except _INFLATE_ERRORS as exc:
             yield ("error", f"bad: {exc}")
         except Exception as exc:  # I/O error
@@ -907,11 +907,11 @@ class _Reader:
         else:
             if self._sync is not None:
                 item = self._last if self._last is not None else next(self._sync)
-                if item[0] != "data":
+                if item[0] != "chunk":
                     self._last = item            # stay at EOF / on the error for further reads
             else:
                 item = self._queue.get()
-                if item[0] != "data":
+                if item[0] != "chunk":
                     self._queue.put(item)        # stay at EOF / on the error for further reads
             if item[0] == "eof":
                 return b""

@@ -255,6 +255,12 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
                   ranks_per_host=per_host)
 
 
+def describe_source(source: Source) -> str:
+    """The recorded run in the words every command uses (model.describe_input)."""
+    kind = model.input_kind(source.family, (), source.world_size)
+    return model.describe_input(kind, source.strategy, source.world_size)
+
+
 def target_of_source(source: Source) -> Target:
     """The run itself as a Target (what a prediction of the run from itself must give back)."""
     s = source.strategy if source.strategy in STANDARD else DDP

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fsdpprof import runfmt
 from fsdpprof.errors import UserError
 
 ROOT = ""
@@ -68,10 +69,10 @@ def model_units(inventory: dict | None) -> tuple[list[Unit], str | None]:
             units.append(Unit(n, numel[n], i))
         return units, None
     params = {}
-    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == "param"]
+    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM]
     last = max((s for s in steps if isinstance(s, (int, float))), default=None)
     for t in inv.get("tensors") or []:
-        if t.get("role") != "param" or (last is not None and t.get("step") not in (last, None)):
+        if t.get("role") != runfmt.ROLE_PARAM or (last is not None and t.get("step") not in (last, None)):
             continue
         params.setdefault(str(t.get("name")), int(t.get("numel") or 0))
     if not params:
@@ -110,10 +111,10 @@ def parameter_tensors(inventory: dict | None) -> int:
     rows = inv.get("units") or []
     if rows and all(isinstance(r.get("param_fqns"), list) for r in rows):
         return sum(len(r["param_fqns"]) for r in rows)
-    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == "param"]
+    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM]
     last = max((s for s in steps if isinstance(s, (int, float))), default=None)
     return len({str(t.get("name")) for t in inv.get("tensors") or []
-                if t.get("role") == "param" and (last is None or t.get("step") in (last, None))})
+                if t.get("role") == runfmt.ROLE_PARAM and (last is None or t.get("step") in (last, None))})
 
 
 def param_unit_map(inventory: dict | None, units: list[Unit]) -> dict[str, str]:
