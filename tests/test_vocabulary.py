@@ -8,6 +8,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 from fsdpprof.analyze import model
 
 ROOT = Path(__file__).resolve().parent.parent / "fsdpprof"
@@ -64,10 +66,10 @@ def _skipped(tree: ast.AST) -> set[int]:
 def vocabulary_literals() -> list[tuple[str, int, str, str]]:
     """(file, line, text, concept) of every string literal in fsdpprof/ outside the vocabulary that is a
     vocabulary name."""
-    concept_of = {}
+    concept_of: dict[str, str] = {}
     for concept, names in VOCABULARY.items():
         for n in names:
-            concept_of.setdefault(n, concept)
+            concept_of[n] = f"{concept_of[n]} / {concept}" if n in concept_of else concept
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
@@ -112,3 +114,35 @@ def test_allowed_exceptions_are_exact():
     counts = _counts(vocabulary_literals())
     for key, (n, why) in NOT_THE_CONCEPT.items():
         assert why and counts.get(key) == n, (key, counts.get(key), n)
+
+
+def test_one_description_of_an_input():
+    """Every command describes an input with model.describe_input: the strategy, the framework, the ranks."""
+    d = model.describe_input
+    assert d("fsdp2", "FULL_SHARD", 8) == "FULL_SHARD (FSDP2, 8 ranks)"
+    assert d("ddp", None, 16) == d("ddp", "DDP", 16) == "DDP (16 ranks)"        # traces where DDP ran; inventory
+    assert d("fsdp1", None, 4) == "FSDP1 (4 ranks)" and d("single_device", "NONE", 1) == "one device"
+    assert d(model.input_kind("none", (), 1), "NONE", 1) == "one device"          # inventory.json of one device
+    assert d("unknown", None, None) == "unknown input (world size unknown)"
+
+
+def test_one_strategy_table():
+    """One alias table: theory's ZeRO stage and what-if's strategy come from the same spelling."""
+    from fsdpprof.analyze import theory
+    from fsdpprof.errors import UserError
+
+    for spelling, strategy, stage in (("full_shard", "FULL_SHARD", "ZERO3"), ("ZeRO-2", "SHARD_GRAD_OP", "ZERO2"),
+                                      ("no_shard", "NO_SHARD", "DDP"), ("HSDP", "HYBRID_SHARD", "HYBRID_SHARD"),
+                                      ("zero 1", "ZERO1", "ZERO1")):
+        assert model.strategy_name(spelling) == strategy and model.zero_stage(spelling) == stage
+        assert theory.traffic_per_step(1e9, spelling, 8).strategy == stage
+    assert theory.strategy_from_inventory({"strategy": "NO_SHARD"}) == "DDP"
+    with pytest.raises(UserError, match="use one of DDP, NO_SHARD, SHARD_GRAD_OP"):
+        model.strategy_name("ZERO1", model.STANDARD)      # what-if predicts the FSDP / DDP strategies only
+    with pytest.raises(UserError, match="unknown dtype 'int3'"):
+        model.dtype_bytes("int3")                          # one policy: no size is guessed
+
+
+def test_units_in_one_order():
+    assert model.unit_order(["b", "a", "(root)", "layers.10", "layers.2"], forward=["b", "a"]) == \
+        ["(root)", "b", "a", "layers.2", "layers.10"]

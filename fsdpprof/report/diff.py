@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
 from fsdpprof.report.page import esc, fmt_bytes, fmt_num, fmt_us, is_missing, label
 
@@ -68,7 +69,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
 def _unit_text(u) -> str:
     if is_missing(u) or u == "-":
         return "-"
-    return "(root)" if u == "" else str(u)
+    return ROOT_UNIT_TEXT if u == ROOT_UNIT else str(u)
 
 
 def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdpprof.report.page import esc, fmt_bytes, kv_table, table, unit_order
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
+from fsdpprof.report.page import esc, fmt_bytes, kv_table, table
 
 
 def render_oom(m) -> str:
@@ -56,7 +57,7 @@ def _in_model_order(df: pd.DataFrame | None) -> pd.DataFrame | None:
     if df is None or df.empty or "unit" not in df:
         return df
     df = df.copy()
-    df["unit"] = df["unit"].astype(str).replace({"": "(root)", "None": "-", "nan": "-"})
+    df["unit"] = df["unit"].astype(str).replace({ROOT_UNIT: ROOT_UNIT_TEXT, "None": "-", "nan": "-"})
     rank = {u: i for i, u in enumerate(unit_order(df["unit"]))}
     return df.sort_values("unit", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
 

@@ -349,17 +349,6 @@ def kv_table(items: list[tuple[str, object]]) -> str:
     return f"<table>{rows}</table>"
 
 
-def unit_order(units) -> list:
-    """FSDP units in the model's order: the root first, then by name with numbers compared as numbers
-    (layers.2 before layers.10)."""
-    def key(u):
-        u = str(u)
-        if u in ("", "(root)"):
-            return (0, [])
-        return (1, [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"[.]", u)])
-    return sorted(dict.fromkeys(units), key=key)
-
-
 CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#1f2937;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}

@@ -38,8 +38,9 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.model import ROOT_UNIT
 from fsdpprof.analyze.whatif import targets as tg
-from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
+from fsdpprof.analyze.whatif.units import Unit, local_numel, padded_numel
 
 EPS_US = 1e-3                                   # orders events at one anchor: frees, then allocations
 KEEP_SCALED = frozenset({MC.ACTIVATION.value, MC.TEMPORARY.value, MC.INPUT.value})
@@ -382,7 +383,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             if not isinstance(u, str):
                 continue
             if stage[i] == model.STAGE_FORWARD:
-                keep_root = target.family == "fsdp1" and u == ROOT
+                keep_root = target.family == "fsdp1" and u == ROOT_UNIT
                 key = "B1" if (raf_t is False or keep_root) else "F1"
                 t1[i] = anchor(step[i], u, key, t1[i]) - EPS_US
             elif stage[i] == model.STAGE_BACKWARD:
@@ -391,7 +392,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         if raf_t is False:
             keep[gath & (stage == model.STAGE_BACKWARD)] = False
         if target.family == "fsdp1":      # FSDP1 keeps the root unit's parameters from forward to backward
-            keep[gath & (stage == model.STAGE_BACKWARD) & (unit == ROOT)] = False
+            keep[gath & (stage == model.STAGE_BACKWARD) & (unit == ROOT_UNIT)] = False
     family_rows = None
     if sharded_s and sharded_t and source.family != target.family:
         family_rows = _family_change(r, sched, keep, t0_all, t1, b, source, target)
@@ -532,7 +533,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                         MC.TEMPORARY.value, "host-to-device copy of the shard")
             if (raf is not False and not keep_root and ("gather", s, u.fqn, model.STAGE_BACKWARD) not in have):
                 # prefetched at the previous unit's pre-backward (FSDP2's default, FSDP1's BACKWARD_PRE)
-                order = [v for v in bwd if not (keep_all_root and v == ROOT)]
+                order = [v for v in bwd if not (keep_all_root and v == ROOT_UNIT)]
                 j = order.index(u.fqn)
                 issue = (a[order[j - 1]]["B0"] + EPS_US) if j > 0 else an["B0"]
                 if fsdp2:

@@ -39,8 +39,9 @@ from fsdpprof.analyze.comm.steps import step_windows
 from fsdpprof.analyze.frames import isin, startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.trace import labels
+from fsdpprof.analyze.model import ROOT_UNIT
 from fsdpprof.analyze.whatif import targets as tg
-from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
+from fsdpprof.analyze.whatif.units import Unit, local_numel, padded_numel
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
@@ -290,7 +291,7 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
         add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, k, issue, wait, "forward all_gather")
     if raf is not False:
         bgroup = raf if (isinstance(raf, int) and not isinstance(raf, bool)) else k
-        order = [u for u in bwd if not (keep_root and u == ROOT)]
+        order = [u for u in bwd if not (keep_root and u == ROOT_UNIT)]
         for j, u in enumerate(order):
             issue = a[order[j - 1]]["B0"] if j > 0 else a[u]["B0"]
             add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, bgroup, issue, a[u]["B0"],
