@@ -9,7 +9,12 @@ trace case then mutates that one) or a real CUDA snapshot (``--snapshot``, defau
 ../shared/data's lm-step-user-metadata.pickle where present, else tests/data's flexgen-opt1.3b-legacy.pickle,
 trimmed to its first ``--snapshot-entries`` trace entries and segments so that a case stays cheap).  Mutations, 1-3 per case: type swaps (str/list/dict/number/null/bool),
 NaN/inf/huge integers/negative numbers, key deletion, duplication (copies and shared references),
-truncation (of the JSON/pickle text or of its gzip), deep nesting, very long strings.
+truncation (of the JSON/pickle text or of its gzip), deep nesting, very long strings.  A share of the cases
+(HOSTILE_SHARE, from a random stream of their own: the other cases stay as they were) are hostile layouts of the
+trace instead (up to 16 MiB of blanks, a name of ``}``, empty events, deep nesting, zero bytes, blanks before
+"traceEvents", a file of zero bytes; bench_decode.hostile_middle) or garbage snapshots (zero or random bytes, a
+pickle header claiming a frame / bytes / string of up to 2**64 bytes, gzip of garbage, a real pickle's prefix
+followed by garbage).
 
 Each file goes through the Python API (``load_trace`` / ``load_snapshot``) and, when that accepts it,
 through the full report path (``load_run`` + ``analyze_run`` (HTA off) + ``summary()`` as strict JSON +
@@ -45,6 +50,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_decode import KINDS as HOSTILE_KINDS, hostile_middle  # noqa: E402  (the hostile layouts, defined once)
 TEST_DATA = ROOT / "tests" / "data"                   # real data with a licence, in the repository
 SHARED = ROOT.parent / "shared" / "data"             # the team's folder (also the snapshots without one)
 DEFAULT_TRACE = TEST_DATA / "gpu-traces" / "param-dlrm-8rank-v100" / "rank-0.json.gz"
@@ -443,6 +451,55 @@ def mutate_snapshot(snap, rng: random.Random) -> tuple[bytes, str, list[str]]:
     return data, ".pickle", done
 
 
+# ----------------------------------------------------------------------------------------- hostile layouts
+HOSTILE_SHARE = 0.04        # of the cases of each kind
+
+
+def hostile_trace_layout(doc: dict, rng: random.Random) -> tuple[bytes, str, list[str]]:
+    """(file bytes, suffix, what was done) of ``doc``'s JSON with a hostile layout of 256 KiB - 16 MiB put in
+    (bench_decode.hostile_middle: blanks, a name of ``}`` / ``},{`` / ``}...{,``, empty events, deep nesting, zero
+    bytes) after a random event's ``,``, or blanks before the "traceEvents" key, or the whole file zero bytes."""
+    text = _dumps_json(doc)
+    kind = rng.choice(HOSTILE_KINDS + ("header",))
+    nbytes = rng.choice([256 << 10, 1 << 20, 4 << 20, 16 << 20])
+    if kind == "zeros" and rng.random() < 0.5:
+        text, where = bytes(nbytes), "all"
+    elif kind == "header":
+        text, where = b"{" + b" \n" * (nbytes // 2) + text[1:], "header"
+    else:
+        if kind in ("tiny", "nesting", "seps", "braces"):
+            nbytes = min(nbytes, 4 << 20)       # (a case stays under the hang bound on a slow machine)
+        cuts = [m.end() - 1 for m in re.finditer(rb"\},\s*\{", text)]     # (an event's first byte)
+        at = cuts[rng.randrange(len(cuts))] if cuts else len(text)
+        text, where = text[:at] + hostile_middle(kind, nbytes) + text[at:], str(at)
+    gz = rng.random() < 0.7
+    if gz:
+        text = gzip.compress(text, compresslevel=1)
+    return text, (".json.gz" if gz else ".json"), [f"hostile:{kind}:{nbytes}@{where}"]
+
+
+def garbage_snapshot(snap, rng: random.Random) -> tuple[bytes, str, list[str]]:
+    """(file bytes, suffix, what was done) of a garbage snapshot of up to 4 MiB: zero bytes, random bytes, a pickle
+    header claiming a frame / bytes / string of up to 2**62 bytes, gzip of garbage, a real snapshot's pickle with
+    garbage after a prefix of it."""
+    n = rng.choice([1, 100, 64 << 10, 1 << 20, 4 << 20])
+    kind = rng.choice(["zeros", "random", "frame", "binbytes8", "binunicode8", "gzip", "prefix"])
+    if kind == "zeros":
+        data = bytes(n)
+    elif kind == "random":
+        data = rng.randbytes(n)
+    elif kind in ("frame", "binbytes8", "binunicode8"):
+        op = {"frame": b"\x95", "binbytes8": b"\x8e", "binunicode8": b"\x8d"}[kind]
+        claim = rng.choice([n, 2 * n, 3 << 30, 1 << 62, (1 << 64) - 1])
+        data = b"\x80" + bytes([rng.choice([4, 5])]) + op + claim.to_bytes(8, "little") + rng.randbytes(n)
+    elif kind == "gzip":
+        data = gzip.compress(rng.choice([bytes(n), rng.randbytes(n), b"\x80\x04\x95" + bytes(n)]), compresslevel=1)
+    else:
+        real = pickle.dumps(snap, protocol=4)
+        data = real[: rng.randrange(len(real))] + rng.choice([bytes(n), rng.randbytes(n)])
+    return data, ".pickle", [f"garbage:{kind}:{n}"]
+
+
 # ----------------------------------------------------------------------------------------- running
 class _Hang(Exception):
     pass
@@ -582,10 +639,17 @@ def _init_worker(trace: str, cpu_trace: str | None, snapshot: str, entries: int 
 
 
 def case_input(kind: str, index: int, seed: int) -> tuple[bytes, str, list[str]]:
+    """One case's file: a mutated copy of the source, or (HOSTILE_SHARE of the cases, drawn from their own random
+    stream, so that the other cases stay what they were) a hostile layout of it / a garbage snapshot."""
     rng = random.Random(f"{seed}:{kind}:{index}")
+    hostile = random.Random(f"{seed}:{kind}:{index}:hostile")
     if kind == "trace":
         src = _STATE["cpu_trace"] if _STATE["cpu_trace"] is not None and index % 2 else _STATE["trace"]
+        if hostile.random() < HOSTILE_SHARE:
+            return hostile_trace_layout(src, hostile)
         return mutate_trace(src, rng)
+    if hostile.random() < HOSTILE_SHARE:
+        return garbage_snapshot(_STATE["snapshot"], hostile)
     return mutate_snapshot(_STATE["snapshot"], rng)
 
 

@@ -4,7 +4,10 @@
 - NCCL all-gather and reduce-scatter kernels are found (world size > 1), each staged from its launch
   (forward / backward, not 'unknown'), with its FSDP phase and unit from the launching annotation;
 - the CUDA snapshot's allocations carry fsdpprof's tags, attribution covers the peak (coverage %);
-- the attributed sharded parameters and optimizer state equal the inventory's bytes.
+- the attributed sharded parameters and optimizer state equal the inventory's bytes;
+- the process's memory in rank.json (every step of the window): device used >= reserved >= allocated at each
+  sample, and summary's memory[rank].process has memory outside the allocator (> 0: the CUDA context, and NCCL's
+  buffers when world size > 1), its source (nvml or cuda_mem_get_info) said.
 It copies rank 0's trace.json.gz, memory_snapshot.pickle (gzipped) and inventory.json into OUT_DIR.
 ``gpu_check.py --provenance FILE`` writes the GPU, driver, CUDA, torch and NCCL versions.
 """
@@ -30,6 +33,31 @@ def provenance(path: str) -> None:
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
     print(json.dumps(doc, indent=1))
+
+
+def check_process_memory(rd, m, r: int, world: int, ok) -> None:
+    """rank.json's process_memory and memory[rank].process on a GPU."""
+    pm = (rd.info or {}).get("process_memory")
+    ok(isinstance(pm, dict) and bool(pm.get("samples")), f"rank {r}: rank.json has process memory samples")
+    if not isinstance(pm, dict) or not pm.get("samples"):
+        return
+    steps = [s["step"] for s in pm["samples"]]
+    print(f"rank {r}: process memory from {pm.get('source')} ({pm.get('note') or 'no note'}), steps {steps}, "
+          f"NCCL settings {pm.get('nccl_env') or 'none set'}")
+    ok(pm.get("source") in ("nvml", "cuda_mem_get_info"), f"rank {r}: device memory source {pm.get('source')}")
+    for s in pm["samples"]:
+        ok(s["used_bytes"] >= s["reserved_bytes"] >= s["allocated_bytes"] > 0,
+           f"rank {r} step {s['step']}: device used {s['used_bytes']} >= reserved {s['reserved_bytes']} >= "
+           f"allocated {s['allocated_bytes']} B")
+        ok(s["max_reserved_bytes"] >= s["reserved_bytes"], f"rank {r} step {s['step']}: max reserved >= reserved")
+    p = getattr(m, "process", None) or {}
+    outside = p.get("outside_allocator_peak_bytes")
+    ok(outside is not None and outside > 0,
+       f"rank {r}: {0 if outside is None else outside / 2**20:.0f} MiB outside the allocator"
+       + (" (CUDA context + NCCL buffers)" if world > 1 else " (CUDA context)"))
+    ok((p.get("used_peak_bytes") or 0) >= (p.get("allocator_reserved_peak_bytes") or 0) > 0,
+       f"rank {r}: used peak {p.get('used_peak_bytes')} >= allocator reserved peak "
+       f"{p.get('allocator_reserved_peak_bytes')} B")
 
 
 def check(run_dir: str, out_dir: str) -> int:
@@ -74,6 +102,7 @@ def check(run_dir: str, out_dir: str) -> int:
             got = float(bd.get(cat, 0))
             ok(want > 0 and abs(got - want) <= 0.01 * want, f"rank {r}: {cat} {got:.0f} B vs inventory {want:.0f} B")
         print(f"rank {r}: peak {m.peak_allocated_bytes / 2**20:.1f} MiB, reserved {(m.reserved_bytes or 0) / 2**20:.1f} MiB")
+        check_process_memory(rd, m, r, world, ok)
     os.makedirs(out_dir, exist_ok=True)
     d0 = os.path.join(run_dir, "rank-0")
     for name in ("trace.json.gz", "inventory.json", "rank.json"):

@@ -15,6 +15,10 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: run this on a GPU machine')"
 python3 -m pip install -q --no-deps -e . >/dev/null 2>&1 || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m pip install -q msgspec plotly tqdm >/dev/null 2>&1 || true
+# NVML's per-process device memory for rank.json's process_memory (without it: torch.cuda.mem_get_info)
+python3 -m pip install -q nvidia-ml-py >/dev/null 2>&1 || true
+python3 -c "import pynvml" 2>/dev/null && echo "== NVML importable: per-process device memory" \
+    || echo "== no pynvml: device memory from torch.cuda.mem_get_info"
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 WORLDS="1"; [ "$NGPU" -ge 2 ] && WORLDS="1 2"
 ARGS=(--skip-steps 1 --warmup-steps 1 --active-steps 2)

@@ -68,6 +68,14 @@ RANK_NO_OPTIMIZER = "no_optimizer"
 
 # run_liveness(): whether the launchers of a run.json that says running are alive
 LIVENESS_ALIVE, LIVENESS_GONE, LIVENESS_UNKNOWN = "alive", "gone", "unknown"
+# rank.json "process_memory": the process's memory at every step of the window, and where it comes from
+RANK_PROCESS_MEMORY = "process_memory"
+PROCESS_MEMORY_NVML = "nvml"                      # this process's device memory, NVML's per-process figure
+PROCESS_MEMORY_MEM_GET_INFO = "cuda_mem_get_info"  # the device's used memory (every process on it)
+PROCESS_MEMORY_PROC_STATUS = "proc_status"        # CPU: VmRSS / VmHWM of /proc/self/status
+# the NCCL settings that size its buffers (recorded when set)
+NCCL_BUFFER_ENV = ("NCCL_BUFFSIZE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
+                   "NCCL_NVLS_ENABLE")
 
 # A running launcher touches its launchers/<host>-<pid>.json this often, so that another host
 # can tell a live launcher from one that was killed.

@@ -400,7 +400,7 @@ def build(model: Model | None = None, *, steps: int = 2, oom_layer: int | None =
     truth, info).  The history starts after the model and the optimizer state were created (as when
     ``_record_memory_history`` is turned on at the first profiled step) unless ``history_from_start``.
     ``oom_layer``: the last step fails in the forward of that layer (an OOM entry, then the frees of the
-    exception's unwinding)."""
+    exception's unwinding; ``info["segments_at_oom"]``: the allocator's segments when it failed)."""
     m = model or Model()
     F = Frames()
     rec = Recorder()
@@ -558,6 +558,7 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
             seq = rec.oom(bsh * 4, ALLOC_PREFIX + MM_OP + lin + ffn, device_free)
             info["oom_seq"] = seq
             info["oom_unit"] = unit_label(k)
+            info["segments_at_oom"] = rec.al.segments(rec.device)     # the allocator's state when it failed
             # the exception unwinds: everything of the step is freed
             for kk in list(state["acts"]):
                 for a in state["acts"].pop(kk):

@@ -482,3 +482,47 @@ def test_snapshot_decompressed_size_limit(tmp_path):
     assert load_snapshot(str(path)).allocations.empty
     plain = _pickle(tmp_path / "zeros.pickle", payload)
     assert "limit" in str(_one_line_error(load_snapshot, str(plain), max_bytes=10 << 20))
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read system calls so far (Linux: /proc/self/io)."""
+    try:
+        with open("/proc/self/io") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+    except OSError:
+        pytest.skip("/proc/self/io is not available here: the bytes a process reads cannot be counted")
+
+
+def _sparse_file(path, head: bytes, size: int = 3 << 30):
+    """``head`` then zero bytes up to ``size`` (3 GB; a sparse file: it takes no room on the disk)."""
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(size)
+    return path
+
+
+@pytest.mark.parametrize("head,what", [
+    (b"junk that is no pickle", "not a readable pickle"),
+    (b"\x00", "invalid load key"),
+    (b"\x80\x04\x95" + (1 << 62).to_bytes(8, "little"), "more than a memory snapshot holds"),    # FRAME of 4 EiB
+    (b"\x80\x04\x8e" + (2 << 30).to_bytes(8, "little"), "more than a memory snapshot holds"),    # BINBYTES8 of 2 GiB
+    (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + b"garbage", "gzip data is corrupt"),
+])
+def test_garbage_snapshot_is_refused_without_reading_it_whole(tmp_path, head, what):
+    # a 3 GB garbage file was read whole (3.2 GB of memory) before "invalid load key"; now the unpickler takes it
+    # in 128 KiB windows and a length it claims is checked before it is read
+    path = _sparse_file(tmp_path / "junk.pickle", head)
+    before = _bytes_read()
+    err = _one_line_error(load_snapshot, str(path))
+    read = _bytes_read() - before
+    assert what in str(err) and str(path) in str(err)
+    assert read < 4 << 20, f"{read:,} bytes read to refuse {path.stat().st_size:,} bytes of garbage"
+
+
+def test_zero_bytes_trace_is_refused_without_reading_it_whole(tmp_path):
+    # (256 MiB of zero bytes took 121 s before "no 'traceEvents' key": the header was searched again at every read)
+    path = _sparse_file(tmp_path / "zeros.json", b"")
+    before = _bytes_read()
+    err = _one_line_error(load_trace, str(path))
+    assert _bytes_read() - before < 4 << 20
+    assert "not valid JSON" in str(err) and "byte 0" in str(err)

@@ -243,8 +243,9 @@ def test_oom_explained(hand, results):
     # the root stays gathered (not resharded after forward): resharding it would free its parameters
     root = int(alive[(alive["category"] == "unsharded_param") & (alive["unit"] == "unit 0")]["bytes"].sum())
     assert sugg["reshard after forward"]["saves_bytes"] == root > 0
-    assert [s["saves_bytes"] for s in o["suggestions"]] == sorted((s["saves_bytes"] for s in o["suggestions"]),
-                                                                  reverse=True)
+    # enough on their own first, then by what they cost (an FSDP setting, the batch, more devices), then savings
+    keys = [(not s["enough"], s["cost_rank"], -s["saves_bytes"]) for s in o["suggestions"]]
+    assert keys == sorted(keys)
     text = o["explanation"]
     assert "ran out of memory" in text and info["oom_unit"] in text and "short" in text
     # what the exception's unwinding freed after the OOM still counts as what it was (activations)

@@ -136,7 +136,8 @@ def test_ci_builds_a_fresh_virtual_environment_before_the_tests():
 
 # import name -> distribution name, where the two differ and the package may not be installed here
 _IMPORT_TO_DIST = {"hta": {"holistictraceanalysis", "traceinsight"}, "yaml": {"pyyaml"}, "PIL": {"pillow"},
-                   "sklearn": {"scikit-learn"}, "dask": {"dask"}, "distributed": {"distributed", "dask"}}
+                   "sklearn": {"scikit-learn"}, "dask": {"dask"}, "distributed": {"distributed", "dask"},
+                   "pynvml": {"nvidia-ml-py", "pynvml"}}
 
 
 def _declared_distributions() -> set[str]:

@@ -140,4 +140,4 @@ def test_one_byte_formatter():
     assert [f(x) for x in (None, float("nan"), "x")] == ["-", "-", "-"] and f(None, missing="?") == "?"
     assert f(1.5e9, decimal=True) == "1.50 GB" and f(999, decimal=True) == "999 B" and f(12_345, decimal=True) == "12.3 kB"
     assert oom.fmt_bytes(None) == "unknown" and oom.fmt_bytes(2**20) == f(2**20)
-    assert overlap_cmd.fmt_bytes is f       # (its table writes sizes with decimal=True, beside GB/s)
+    assert overlap_cmd.fmt_bytes is f       # (its table writes sizes in decimal units, beside bandwidths in GB/s)

@@ -119,11 +119,11 @@ def test_allowed_exceptions_are_exact():
 def test_one_description_of_an_input():
     """Every command describes an input with model.describe_input: the strategy, the framework, the ranks."""
     d = model.describe_input
-    assert d("fsdp2", "FULL_SHARD", 8) == "FULL_SHARD (FSDP2, 8 ranks)"
-    assert d("ddp", None, 16) == d("ddp", "DDP", 16) == "DDP (16 ranks)"        # traces where DDP ran; inventory
-    assert d("fsdp1", None, 4) == "FSDP1 (4 ranks)" and d("single_device", "NONE", 1) == "one device"
+    assert d("fsdp2", "FULL_SHARD", 8) == "FULL_SHARD, FSDP2, 8 ranks"
+    assert d("ddp", None, 16) == d("ddp", "DDP", 16) == "DDP, 16 ranks"          # traces where DDP ran; inventory
+    assert d("fsdp1", None, 4) == "FSDP1, 4 ranks" and d("single_device", "NONE", 1) == "one device"
     assert d(model.input_kind("none", (), 1), "NONE", 1) == "one device"          # inventory.json of one device
-    assert d("unknown", None, None) == "unknown input (world size unknown)"
+    assert d("unknown", None, None) == "unknown input, world size unknown"
 
 
 def test_one_strategy_table():

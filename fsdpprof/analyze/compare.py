@@ -80,7 +80,7 @@ def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
     for a, n, name in zip(analyses, nums, names):
         o = a.overview
         said = o.get("description") or model.describe_input(o.get("input_kind"), o.get("strategy"), o.get("world_size"))
-        base = said if n["strategy"] != "-" else f"{name}: {said}"
+        base = said if n["strategy"] != "-" else f"{name} ({said})"
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
     return labels

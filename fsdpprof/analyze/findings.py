@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
+from fsdpprof import runfmt
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
 
@@ -19,6 +20,8 @@ ACTIVATIONS_DOMINATE_PCT = 50.0
 UNSHARDED_PARAM_PCT = 30.0
 REPLICATED_STATES_PCT = 50.0    # DDP / NO_SHARD: model states, % of the peak
 FRAGMENTATION_PCT = 30.0
+OUTSIDE_ALLOCATOR_BYTES = 2 << 30  # device memory outside PyTorch's caching allocator (CUDA context, NCCL, ...)
+NCCL_BUFFSIZE_DEFAULT = "4 MiB"    # NCCL's default NCCL_BUFFSIZE (per channel, per peer, per protocol)
 COVERAGE_LOW_PCT = 70.0
 STRAGGLER_SHARE = 0.5           # last to arrive in at least this share of matched collectives
 
@@ -168,6 +171,34 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "the rest is 'other': record with the inventory (fsdpprof record) so parameters, "
                            "gradients and optimizer state are matched by address", "memory", rank))
     return out
+
+
+def process_findings(process: dict | None, rank: int | None = None) -> list[Finding]:
+    """From one rank's ``memory[rank].process`` (fsdpprof.analyze.memory.process): device memory outside the
+    caching allocator of at least OUTSIDE_ALLOCATOR_BYTES, with the NCCL settings that size NCCL's buffers.  None
+    on CPU (what RSS holds beyond tensors is Python and its libraries, not something to tune)."""
+    if not process or process.get("source") == runfmt.PROCESS_MEMORY_PROC_STATUS:
+        return []
+    outside = process.get("outside_allocator_peak_bytes")
+    if outside is None or outside < OUTSIDE_ALLOCATOR_BYTES:
+        return []
+    env = process.get("nccl_env") or {}
+    said = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or \
+        f"none set: NCCL_BUFFSIZE at its default {NCCL_BUFFSIZE_DEFAULT}, channels as NCCL chooses"
+    dev = process.get("device") or "the device"
+    fb = model.fmt_bytes
+    return [Finding("outside_allocator", "medium",
+                    f"{fb(outside)} of {dev} is outside PyTorch's caching allocator (device used "
+                    f"{fb(process.get('used_peak_bytes'))}, allocator reserved "
+                    f"{fb(process.get('allocator_reserved_peak_bytes'))})",
+                    "process.outside_allocator_peak_bytes", float(outside), "bytes", float(OUTSIDE_ALLOCATOR_BYTES),
+                    "the CUDA context, NCCL's buffers and other libraries hold it. NCCL's buffers grow with "
+                    "NCCL_BUFFSIZE (per channel and peer), the channels (NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS) and "
+                    f"the number of communicators (process groups); this run's settings: {said}. Lower NCCL_BUFFSIZE "
+                    "or NCCL_MAX_NCHANNELS (less bandwidth), or create fewer process groups"
+                    + ("; the figure is the whole device's (every process on it)"
+                       if process.get("source") == runfmt.PROCESS_MEMORY_MEM_GET_INFO else ""),
+                    "memory", rank)]
 
 
 def topology_findings(strategy: str | None, hosts: int, world: int) -> list[Finding]:

@@ -539,6 +539,7 @@ def _findings(a: Analysis) -> list:
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
                                      m.coverage_pct, r, alts, input_kind=o.get("input_kind"))
+        items += fnd.process_findings(getattr(m, "process", None), r)
         break  # one rank is representative; ranks differ little in FSDP
     if fsdp:
         items += fnd.topology_findings(strat, len(o.get("hosts") or []), int(o.get("world_size") or 1))

@@ -537,9 +537,9 @@ def _discover(path, workers, lazy: bool = False) -> Run:
             if r in ranks:
                 raise UserError(f"folder {path} has two snapshots for rank {r} ({os.path.basename(ranks[r].snapshot_path)}, "
                                 f"{os.path.basename(f)}); keep one per rank")
-            ranks[r] = RankData(rank=r, info={"rank": r}, inventory=None, trace_path=None, events=None,
-                              memory_events=None, snapshot_path=f, trace_meta={"device_type": "cuda"},
-                              label=os.path.basename(f))
+            ranks[r] = RankData(rank=r, info={"rank": r, "snapshots_given": len(snaps)}, inventory=None,
+                                trace_path=None, events=None, memory_events=None, snapshot_path=f,
+                                trace_meta={"device_type": "cuda"}, label=os.path.basename(f))
         return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,
                       world_size=None, inputs=snaps)
     raise UserError(f"{path} holds no run directory (run.json, rank-*/), no profiler traces (*.json[.gz] with "

@@ -28,6 +28,7 @@ import torch
 from fsdpprof import __version__
 from fsdpprof import runfmt
 from fsdpprof.collect import inventory as inv
+from fsdpprof.collect.process_memory import ProcessMemory
 
 DEFAULT_OPTIONS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "ranks": None, "memory": True,
                    "with_stack": False, "max_memory_entries": 100_000}
@@ -116,6 +117,8 @@ class Recorder:
         self.pending_signal = None
         self.cpu_start = None      # _cpu_sample() at the start of the first active step
         self.cpu_window = None     # rank.json "cpu": the host's cores and this process's CPU use over the active steps
+        self.process_memory = None  # ProcessMemory: rank.json "process_memory", sampled at every step of the window
+        self.process_memory_error = None  # why sampling stopped
         self.write_error = None    # the first write of a file of the run that failed, in words ("disk full: <path>")
         self.log_error = None      # collector.log could not take every line (why)
         self.log_lost = False      # lines were dropped while collector.log could not be written
@@ -344,6 +347,8 @@ class Recorder:
                 if self.state == "idle" and self.steps_done == self.skip:
                     self._start_window()
                 elif self.state in ("window", "aside"):
+                    if self.state == "window":
+                        self._sample_process_memory(n)
                     if n == self.last_active:
                         self._end_cpu_window()
                     if self.prof is not None:
@@ -600,6 +605,7 @@ class Recorder:
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
                    "clock_anchor": self.clock_anchor, **({"cpu": self.cpu_window} if self.cpu_window else {}),
+                   **self._process_memory_doc(),
                    "status": status, "error": error, "note": self._note_text(),
                    **({"write_error": self.write_error} if self.write_error else {}),
                    "files": sorted(set(self.files + [runfmt.COLLECTOR_LOG])), "fsdpprof_version": __version__}
@@ -623,6 +629,30 @@ class Recorder:
         except Exception as exc:
             self.cpu_window = None
             self._log(f"CPU use over the window not recorded: {exc!r}")
+
+    def _sample_process_memory(self, step: int) -> None:
+        """The process's memory at the end of ``step`` (never raises; after a failure, logged, no more samples:
+        those taken stay)."""
+        if self.process_memory_error:
+            return
+        try:
+            if self.process_memory is None:
+                self.process_memory = ProcessMemory()
+            self.process_memory.sample(step)
+        except Exception as exc:
+            self.process_memory_error = f"process memory not sampled after step {step}: {exc!r}"
+            self._log(self.process_memory_error)
+
+    def _process_memory_doc(self) -> dict:
+        """rank.json's "process_memory" ({} when there is none; never raises)."""
+        try:
+            doc = self.process_memory.to_doc() if self.process_memory else None
+            if self.process_memory_error:
+                doc = dict(doc or {}, error=self.process_memory_error)
+        except Exception as exc:
+            self._log(f"process memory not written: {exc!r}")
+            doc = None
+        return {runfmt.RANK_PROCESS_MEMORY: doc} if doc else {}
 
     def _steps_recorded(self) -> list[int]:
         """Steps whose ProfilerStep the trace holds in full (a crash or an early exit cuts the window short)."""

@@ -28,7 +28,7 @@ def _cell(x, fmt: str) -> str:
 
 def table(result) -> str:
     """The two tables of an OverlapSummary as text: overlap per rank (ms), volume per rank and collective."""
-    lines = [f"fsdpprof overlap: {result.path}: {result.description}",
+    lines = [f"fsdpprof overlap: {result.path} ({result.description})",
              "communication overlapped with compute, per rank (ms of the profiled window):",
              f"{'rank':>5} {'compute':>11} {'comm':>11} {'overlapped':>11} {'exposed':>11} {'overlap %':>9}"]
     for r in result.overlap.itertuples(index=False):

@@ -151,7 +151,7 @@ def run(args) -> int:
 
         sys.stdout.write(json_bytes(result).decode("utf-8") + "\n")
     else:
-        print(text(result, f"{run_.path}: {result['run']['description']}"))
+        print(text(result, f"{run_.path} ({result['run']['description']})"))
         if args.output:
             print(f"page: {args.output}")
     return 0

@@ -1,7 +1,7 @@
 """The "Findings" section: what crossed a threshold of fsdpprof.analyze.findings, with what to try."""
 from __future__ import annotations
 
-from fsdpprof.report.page import esc, finding_title, fmt_num, fmt_pct
+from fsdpprof.report.page import esc, finding_title, fmt_bytes, fmt_num, fmt_pct
 
 
 def findings_section(a) -> str:
@@ -9,6 +9,8 @@ def findings_section(a) -> str:
         body = '<p class="note">Nothing stands out against the thresholds in fsdpprof/analyze/findings.py.</p>'
     else:
         def val(x, unit):
+            if unit == "bytes":
+                return fmt_bytes(x)
             return fmt_pct(x) if unit == "%" else f"{fmt_num(x)}{' ' + unit if unit else ''}"
         body = "".join(
             f'<div class="finding {esc(f.severity)}"><b>{esc(finding_title(f.title))}</b><br>Try: {esc(f.suggestion)}<br>'

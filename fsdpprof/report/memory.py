@@ -8,8 +8,9 @@ import pandas as pd
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.analyze.headline import peak_rank
 from fsdpprof.report import figures, many_ranks, oom
-from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label,
-                                  mem_scale, notes_html, side_by_side, table, value_label)
+from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
+                                  category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
+                                  notes_html, side_by_side, size_class_label, table, value_label)
 
 
 def _theory_block(a) -> str:
@@ -61,6 +62,112 @@ def _drop_empty(df: pd.DataFrame, cols=()) -> pd.DataFrame:
     return df.drop(columns=empty)
 
 
+def _process_block(a) -> str:
+    """The process's memory beside the allocator's, per rank (rank.json's samples; "" when no rank has them)."""
+    rows, notes = [], []
+    for r, m in sorted(a.memory.items()):
+        p = getattr(m, "process", None)
+        if not p:
+            continue
+        rows.append({"rank": r, "source_words": p.get("source_words"), "used_peak_bytes": p.get("used_peak_bytes"),
+                     "allocator_reserved_peak_bytes": p.get("allocator_reserved_peak_bytes"),
+                     "outside_allocator_peak_bytes": p.get("outside_allocator_peak_bytes")})
+        if p.get("note") and p["note"] not in notes:
+            notes.append(p["note"])
+    if not rows:
+        return ""
+    first = next(m.process for _, m in sorted(a.memory.items()) if getattr(m, "process", None))
+    cpu = first.get("source") == "proc_status"
+    what = ("Python's objects, the interpreter and the libraries (the allocator's peak: what the profiler's memory "
+            "events show)" if cpu else "the CUDA context, NCCL's buffers and other libraries (the allocator's peak: "
+            "torch.cuda.max_memory_reserved)")
+    out = [f"<h3>The process's memory beside the allocator's</h3><p class='note'>{esc(OUTSIDE_ALLOCATOR_LABEL)}: "
+           f"{esc(what)}; sampled at the end of every step of the window.</p>"]
+    df = pd.DataFrame(rows)
+    if many_ranks.is_many(a) and len(df) > 16:
+        df = df.sort_values("outside_allocator_peak_bytes", ascending=False, kind="stable").head(16)
+        out.append('<p class="note">the 16 ranks with the most outside the allocator; every rank in '
+                   "summary.json</p>")
+    out.append(table(df, left=("source_words",)))
+    out.extend(f'<p class="note">{esc(n)}</p>' for n in notes)
+    return "".join(out)
+
+
+MOMENT_COLORS = {"peak": "#1f77b4", "oom": "#dc2626", "end": "#9ca3af"}
+
+
+def _fragmentation_block(m, page: Page) -> str:
+    """The CUDA caching allocator's cache of one rank (``m.fragmentation``): reserved vs allocated at the peak,
+    the OOM and the end; its free blocks by size; the largest free block beside the largest request that
+    followed.  "" when the rank has no snapshot."""
+    f = getattr(m, "fragmentation", None)
+    if f is None:
+        return ""
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in f.notes)
+    if not f.entries:
+        return notes
+    dev = getattr(m, "device", None)
+    where = f", cuda:{dev}" if dev is not None else ""
+    title = "The allocator's cache" + where + ": reserved vs allocated"
+    out = [f"<h3>{esc(title)}</h3>",
+           '<p class="note">reserved: memory the CUDA caching allocator holds from the device; allocated: the '
+           "blocks in use; the rest sits free in the cache, usable only by a request that fits in one free block.</p>"]
+    ents = f.entries
+    sc, unit = mem_scale(max(e.reserved_bytes for e in ents))
+    xs = [label(moment_label(e.at)) for e in ents]
+    fig = figures.Figure()
+    fig.add_trace(figures.bar(x=xs, y=[e.allocated_bytes / sc for e in ents], name="allocated", marker_color="#1f77b4"))
+    fig.add_trace(figures.bar(x=xs, y=[e.free_bytes / sc for e in ents], name="free in the cache",
+                              marker_color="#fbbf24",
+                              text=[f"{e.free_blocks:,} blocks" for e in ents], textposition="inside"))
+    fig.update_layout(barmode="stack", title="Reserved = allocated + free in the cache", yaxis_title=unit)
+    charts = [page.fig(fig, 320)]
+    # the free blocks by size at the moment that matters most: the OOM, else the peak, else the end
+    shown = next((e for at in ("oom", "peak", "end") for e in ents if e.at == at and e.free_blocks_by_size), None)
+    if shown is not None:
+        cls = shown.free_blocks_by_size
+        fsc, funit = mem_scale(max(c["bytes"] for c in cls))
+        fig = figures.Figure(figures.bar(x=[label(size_class_label(c["lo_bytes"], c["hi_bytes"])) for c in cls],
+                                         y=[c["bytes"] / fsc for c in cls],
+                                         text=[f"{c['count']:,} block{'s' if c['count'] != 1 else ''}" for c in cls],
+                                         textposition="outside", cliponaxis=False,
+                                         marker_color=MOMENT_COLORS.get(shown.at, "#7f7f7f")))
+        fig.update_layout(title=f"Free blocks by size, {label(moment_label(shown.at))}", yaxis_title=funit,
+                          xaxis_title="free block size")
+        charts.append(page.fig(fig, 320))
+    out.append(side_by_side(*charts))
+    said: list[list] = []      # [moments, entry]: moments with the same figures said once
+    for e in ents:
+        if e.largest_request_after_bytes is None:
+            continue
+        key = (e.largest_free_block_bytes, e.largest_request_after_bytes, e.free_bytes, e.free_blocks)
+        if said and said[-1][2] == key:
+            said[-1][0].append(e.at)
+        else:
+            said.append([[e.at], e, key])
+    for ats, e, _ in said:
+        req = e.largest_request_after_bytes
+        when = " and ".join(moment_label(a) for a in ats)
+        fits = e.largest_free_block_bytes >= req
+        out.append(f"<p>{esc(when[:1].upper() + when[1:])}: the largest free block was "
+                   f"{esc(fmt_bytes(e.largest_free_block_bytes))}, the largest request that followed "
+                   f"{esc(fmt_bytes(req))}: "
+                   + (esc("one free block could have held it.") if fits else
+                      esc(f"no free block could hold it; {fmt_bytes(e.free_bytes)} free in the cache as "
+                          f"{e.free_blocks:,} blocks" + (" (segments already expandable)." if e.expandable_segments
+                                                          else ", in segments that are not expandable.")))
+                   + "</p>")
+    df = pd.DataFrame([{"moment": moment_label(e.at), "reserved_bytes": e.reserved_bytes,
+                        "allocated_bytes": e.allocated_bytes, "free_bytes": e.free_bytes, "free_blocks": e.free_blocks,
+                        "free_small_bytes": e.free_small_bytes, "free_large_bytes": e.free_large_bytes,
+                        "largest_free_block_bytes": e.largest_free_block_bytes,
+                        "largest_request_after_bytes": e.largest_request_after_bytes,
+                        "expandable_segments": e.expandable_segments} for e in ents])
+    out.append(table(df, left=("moment",), labels={"free_bytes": "free in the cache"}))
+    out.append(notes)
+    return "".join(out)
+
+
 def memory_section(a, page: Page) -> str:
     out = ['<section id="memory"><h2>Memory</h2>', notes_html(a, "memory")]
     if a.memory_peaks is not None and not a.memory_peaks.empty:
@@ -91,9 +198,20 @@ def memory_section(a, page: Page) -> str:
             fig = figures.Figure(figures.bar(x=[label(category_label(c)) for c in bd["category"]], y=bd["bytes"] / sc,
                                    marker_color=[CATEGORY_COLORS.get(str(c), "#7f7f7f") for c in bd["category"]],
                                    text=[f"{fmt_fixed(b / sc)} {unit}<br>{p:.0f}%" for b, p in zip(bd["bytes"], bd["pct"])],
-                                   textposition="outside", cliponaxis=False))
+                                   textposition="outside", cliponaxis=False, name="at the peak", showlegend=False))
+            outside = (getattr(m, "process", None) or {}).get("outside_allocator_peak_bytes")
+            if outside is not None and outside > 0:     # the process's memory beyond the allocator's: its own bar
+                # cut when it would flatten the categories (a CPU process's RSS dwarfs its tensors): its value said
+                top = float(bd["bytes"].max()) if len(bd) else 0.0
+                cut = top > 0 and outside > 2.5 * top
+                fig.add_trace(figures.bar(x=[label(OUTSIDE_ALLOCATOR_LABEL)], y=[(1.5 * top if cut else outside) / sc],
+                                          marker_color=OUTSIDE_ALLOCATOR_COLOR, marker_pattern_shape="/",
+                                          text=[f"{fmt_fixed(outside / sc)} {unit}<br>"
+                                                + ("process (bar cut)" if cut else "process")],
+                                          textposition="outside", cliponaxis=False,
+                                          name=label(OUTSIDE_ALLOCATOR_LABEL), showlegend=False))
             fig.update_layout(title=f"At the peak, rank {r0} ({label(value_label('stage', m.peak_stage))}, "
-                                    f"{m.coverage_pct:.0f}% attributed)", yaxis_title=unit)
+                                    f"{m.coverage_pct:.0f}% attributed)", yaxis_title=unit, barmode="overlay")
             charts.append(page.fig(fig, 360))
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
@@ -111,11 +229,13 @@ def memory_section(a, page: Page) -> str:
                               else "ms from window start", yaxis_title=unit, legend=dict(font=dict(size=11)))
             charts.append(page.fig(fig, 360))
         out.append(side_by_side(*charts))
+        out.append(_process_block(a))
         if a.overview.get("sharded"):
             out.append('<p class="note">gathered params: a unit\'s parameters all-gathered for its forward or backward; '
                        "unsharded grads: a unit's full gradients waiting for their reduce-scatter; sharded params, "
                        "sharded grads and optimizer states: this rank's 1/N of the model states.</p>")
         out.append(oom.render_oom(m))           # the OOM explained, with what would free enough
+        out.append(_fragmentation_block(m, page))  # the allocator's cache: reserved vs allocated, its free blocks
         out.append(oom.render_fsdp_memory(m))   # FSDP's buffers by role, A_l per unit (also without an inventory)
         if m.top_allocations is not None and not m.top_allocations.empty:
             out.append(f"<h3>Largest allocations alive at the peak, rank {r0}</h3>")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fsdpprof.analyze.memory.fsdp_units import world_size_said
 from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
 from fsdpprof.report.page import esc, fmt_bytes, kv_table, table
 
@@ -30,16 +31,26 @@ def render_oom(m) -> str:
     where = [("stage", o.get("stage")), ("unit", o.get("unit")), ("FSDP phase", o.get("fsdp_phase")),
              ("FSDP buffer", o.get("fsdp_role")), ("allocated then", fmt_bytes(o.get("allocated_bytes"))),
              ("reserved then", fmt_bytes(o.get("reserved_bytes"))),
-             ("cached but free then", fmt_bytes(o.get("cached_free_bytes"))), ("requested at", o.get("frames"))]
+             ("cached but free then", fmt_bytes(o.get("cached_free_bytes"))),
+             ("largest free block then", fmt_bytes(o.get("largest_free_block_bytes"))),
+             ("free blocks then", None if o.get("free_blocks") is None else f"{o['free_blocks']:,}"),
+             ("expandable segments", None if o.get("expandable_segments") is None
+              else "yes" if o["expandable_segments"] else "no"),
+             ("requested at", o.get("frames"))]
     shown = [(k, v) for k, v in where if v not in (None, "", "-")]
     if shown:
         out.append(kv_table(shown))
     sugg = o.get("suggestions") or []
     if sugg:
         out.append("<h3>What would free enough</h3>")
+        out.append('<p class="note">changes that are enough on their own first, then the others; each in the order of '
+                   'what it costs: an allocator setting, an FSDP setting, the batch or activation checkpointing, '
+                   'more devices</p>')
         out.append(table(pd.DataFrame([{"change": s.get("change"), "saves_bytes": s.get("saves_bytes"),
-                                        "enough": "yes" if s.get("enough") else "no", "detail": s.get("detail")}
-                                       for s in sugg]), left=("change", "enough", "detail")))
+                                        "enough": "yes" if s.get("enough") else "no", "cost": s.get("cost"),
+                                        "detail": s.get("detail")}
+                                       for s in sugg]), left=("change", "enough", "cost", "detail"),
+                         labels={"saves_bytes": "saves", "enough": "enough on its own", "cost": "what it costs"}))
     cats = o.get("alive_by_category") or []
     if cats:
         out.append("<h3>Alive at the OOM, by category</h3>")
@@ -73,7 +84,8 @@ def render_fsdp_memory(m) -> str:
         out.append(f'<p>The snapshot\'s stack frames show {esc(fam.upper())}: {len(units)} unit(s) recovered from '
                    f'the order of the all-gathers (forward order: {esc(", ".join(units[:12]))}'
                    f'{esc(" ...") if len(units) > 12 else ""})'
-                   + (f", shard group of {esc(ws)} ranks" if ws else "") + ".</p>")
+                   + (f", shard group of {esc(ws)} ranks "
+                      f"({esc(world_size_said(ws, getattr(m, 'world_size_source', None)))})" if ws else "") + ".</p>")
     roles = _in_model_order(getattr(m, "by_role_at_peak", None))
     if roles is not None and not roles.empty:
         out.append("<h3>FSDP's buffers at the peak, by what made them</h3>")

@@ -54,6 +54,13 @@ COLUMN_LABELS = {
     "diff_pct": "difference", "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params",
     "grad_bytes": "grads", "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
     "traffic_bytes": "traffic per rank per step",
+    # the allocator's cache (fragmentation) and the process's memory
+    "moment": "when", "allocated_bytes": "allocated", "free_blocks": "free blocks",
+    "largest_free_block_bytes": "largest free block", "largest_request_after_bytes": "largest request that followed",
+    "free_small_bytes": "free, small pool (requests up to 1 MiB)", "free_large_bytes": "free, large pool",
+    "expandable_segments": "expandable segments", "size_class": "free block size",
+    "used_peak_bytes": "process peak (device used / RSS)", "allocator_reserved_peak_bytes": "allocator peak",
+    "outside_allocator_peak_bytes": "outside the allocator", "source_words": "measured as",
     # communication
     "collective": "collective", "count": "count", "bytes": "size", "time_us": "time", "algbw_gbps": "algorithm bandwidth",
     "busbw_gbps": "bus bandwidth", "stage": "stage", "fsdp_phase": "FSDP phase", "comm_us": "communication",
@@ -78,6 +85,11 @@ COLUMN_LABELS = {
     "run": "run", "strategy": "strategy", "world_size": "N (ranks)", "shard_group_size": "shard group",
     "exposed_comm_pct": "of the step",
 }
+# the process's memory beyond the allocator's, as a bar beside the memory categories
+OUTSIDE_ALLOCATOR_LABEL = "outside the allocator"
+OUTSIDE_ALLOCATOR_COLOR = "#4b5563"
+# the moments of the allocator's cache (fsdpprof.analyze.memory.fragmentation)
+MOMENT_LABELS = {"peak": "at the peak", "oom": "at the out-of-memory error", "end": "at the end of the snapshot"}
 # host time on a CPU trace: what "idle" is when the profiler sees operators only
 HOST_TIME = "host time outside operators"
 HOST_TIME_WHAT = "Python, the dispatcher, FSDP's hooks"
@@ -108,6 +120,20 @@ def is_missing(x) -> bool:
 def category_label(c) -> str:
     """A memory category as the page says it ("optimizer states")."""
     return CATEGORY_LABELS.get(str(c), str(c).replace("_", " "))
+
+
+def moment_label(at) -> str:
+    """A moment of the allocator's cache in words ("at the peak")."""
+    return MOMENT_LABELS.get(str(at), str(at))
+
+
+def size_class_label(lo_bytes, hi_bytes) -> str:
+    """A class of free block sizes: "< 1.00 MiB", "2.00 MiB - 4.00 MiB", "≥ 1.00 GiB"."""
+    if not lo_bytes:
+        return f"< {fmt_bytes(hi_bytes)}"
+    if is_missing(hi_bytes):
+        return f"≥ {fmt_bytes(lo_bytes)}"
+    return f"{fmt_bytes(lo_bytes)} - {fmt_bytes(hi_bytes)}"
 
 
 def value_label(col: str, v) -> str:

@@ -100,7 +100,7 @@ def memory_summary(m) -> dict:
         # the activations each unit keeps (A_l), what was alive before the history began (by size), and the
         # allocator's rounding (block minus requested bytes) at snapshot time
         "fsdp_family": getattr(m, "fsdp_family", None), "fsdp_units": list(getattr(m, "fsdp_units", None) or []),
-        "world_size": getattr(m, "world_size", None),
+        "world_size": getattr(m, "world_size", None), "world_size_source": getattr(m, "world_size_source", None),
         "by_role_at_peak": getattr(m, "by_role_at_peak", None),
         "activation_by_unit": getattr(m, "activation_by_unit", None),
         "before_recording_sizes": _head(getattr(m, "before_recording_sizes", None), 50),
@@ -110,6 +110,9 @@ def memory_summary(m) -> dict:
         # fsdpprof.analyze.memory.fragmentation.FragmentationAt), and why a moment is missing
         "fragmentation": frag.to_list() if frag is not None else None,
         "fragmentation_notes": list(frag.notes) if frag is not None else [],
+        # the process's memory beside the allocator's (rank.json, see fsdpprof.analyze.memory.process): source,
+        # used_peak_bytes, allocator_reserved_peak_bytes, outside_allocator_peak_bytes, steps ...
+        "process": getattr(m, "process", None),
     }
 
 

@@ -15,7 +15,7 @@ def summary_text(a) -> str:
     o = a.overview
     h = headline(a)
     lines = [f"fsdpprof report: {a.path} ({a.source})",
-             f"  {o.get('description') or '-'}, ranks analysed {len(o.get('ranks_present') or [])}, Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
+             f"  {o.get('description') or '-'}; ranks analysed {len(o.get('ranks_present') or [])}, Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
              f"median step {fmt_us(o.get('step_time_us'))}"]
     lines += [f"  warning: {w}" for w in a.warnings or []]
     if a.missing:

@@ -19,6 +19,7 @@ from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events, fsdp_units
 from fsdpprof.analyze.memory.fragmentation import Fragmentation, fragmentation
 from fsdpprof.analyze.memory import oom as oom_mod
+from fsdpprof.analyze.memory.process import process_memory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
@@ -59,8 +60,10 @@ class MemoryResult:
     fsdp_family: str | None = None       # fsdp2 / fsdp1 when the snapshot's frames show FSDP (None: not seen / CPU)
     fsdp_units: list[str] = field(default_factory=list)  # units recovered from the all-gathers, forward order
     world_size: int | None = None        # FSDP shard group size read from the snapshot (see warnings for how)
+    world_size_source: str | None = None  # where world_size comes from ("the run", "the inventory", inferred: ...)
     rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at snapshot time
     fragmentation: Fragmentation | None = None  # snapshot: the allocator's free blocks at the peak / OOM / end
+    process: dict | None = None          # the process's memory beside the allocator's (analyze.memory.process)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -75,9 +78,10 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     snap_path = getattr(rank, "snapshot_path", None)
     if snap_path:
         snap = load_snapshot(snap_path)
-        return snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
-                               inventory=inventory, top_n=top_n, timeline_points=timeline_points,
-                               world_size=info.get("world_size"))
+        res = snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
+                              inventory=inventory, top_n=top_n, timeline_points=timeline_points,
+                              world_size=info.get("world_size"), snapshots_given=info.get("snapshots_given"))
+        return _with_process(res, info)
     me = getattr(rank, "memory_events", None)
     if me is None and getattr(rank, "events", None) is None:
         raise UserError(f"rank {r}: no profiler trace and no CUDA snapshot: no memory data to analyse")
@@ -95,6 +99,13 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
         res.peak_stage = model.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events), outside=None)[0]
         res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), labels.fsdp_intervals(events), "fsdp_phase")[0]
     res.warnings = warns + res.warnings
+    return _with_process(res, info)
+
+
+def _with_process(res: MemoryResult, info: dict) -> MemoryResult:
+    """``res`` with the process's memory from rank.json beside the allocator's peak."""
+    res.process, notes = process_memory(info, res.peak_allocated_bytes)
+    res.warnings = list(res.warnings or []) + notes
     return res
 
 
@@ -237,8 +248,10 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
 
 
 def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = None, inventory: dict | None = None,
-                    top_n: int = 20, timeline_points: int = 2000, world_size: int | None = None) -> MemoryResult:
-    """Memory attribution of one device of a CUDA snapshot.
+                    top_n: int = 20, timeline_points: int = 2000, world_size: int | None = None,
+                    snapshots_given: int | None = None) -> MemoryResult:
+    """Memory attribution of one device of a CUDA snapshot.  ``world_size``: the run's (rank.json);
+    ``snapshots_given``: how many ranks' snapshots the input holds (a world size inferred when nothing else says).
 
     Works on the device's columns as numpy arrays and builds the allocations DataFrame once, at the
     end (per-device pandas work used to cost more than the attribution itself)."""
@@ -267,9 +280,11 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     fam = cz.fsdp_family_of_frames(cols["frame_sig"]) if len(cols["addr"]) else None
     rec = None
     if fam:
-        ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size") or world_size
+        inv_ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
         rec = fsdp_units.recover_units(cols, np.asarray(cols["fsdp_role"], dtype=object), stacks, family=fam,
-                                       inventory_units=(inventory or {}).get("units"), world_size=ws)
+                                       inventory_units=(inventory or {}).get("units"), world_size=inv_ws or world_size,
+                                       world_size_source="the inventory" if inv_ws else "the run",
+                                       snapshots_given=snapshots_given)
         cols["fsdp_role"], cols["fsdp_role_source"] = rec.role, rec.role_source
         tag_unit = np.asarray(cols["unit"], dtype=object)
         cols["unit"] = _like_column(np.where(pd.isna(tag_unit), rec.unit, tag_unit))
@@ -308,7 +323,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     res.fsdp_family = fam
     if rec is not None:
         res.fsdp_units = list(rec.unit_names)
-        res.world_size = rec.world_size
+        res.world_size, res.world_size_source = rec.world_size, rec.world_size_source
     res.device = device
     res.timeline_unit = "us" if snap.has_time else "event_index"
     seg_dev = snap.segments["device"].to_numpy()

@@ -160,10 +160,13 @@ def _reverse_match(sizes: list, tmpl: list) -> list:
 
 
 def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list], *, family: str | None,
-                  inventory_units: list[dict] | None = None, world_size: int | None = None) -> FsdpRecovery:
+                  inventory_units: list[dict] | None = None, world_size: int | None = None,
+                  world_size_source: str = "the run", snapshots_given: int | None = None) -> FsdpRecovery:
     """Units, FSDP roles and shards of one device's allocations (``cols``: alloc_seq, free_seq, bytes,
     before_trace, stage, addr as arrays; ``role`` from the frames; ``stacks`` = categorize.stack_codes of
-    the frames).  ``inventory_units`` (forward order) name the units when their count agrees."""
+    the frames).  ``inventory_units`` (forward order) name the units when their count agrees.  World size:
+    ``world_size`` (from ``world_size_source``), else the reduce-scatters' input / output, else the number of
+    snapshots given (one per rank, when more than one), else the sizes of the blocks alive before the history."""
     n_rows = len(role)
     rec = FsdpRecovery(family=family, unit=np.full(n_rows, None, dtype=object), role=role.copy(),
                        role_source=np.where(pd_notna(role), "frames", None).astype(object))
@@ -307,7 +310,9 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
                 rec.unit[r] = rs_unit[j]
 
     # world size and the shards alive since before the history
-    ws, src = _world_size(world_size, rs_calls, nbytes, order, role_o)
+    ws, src = _world_size(world_size, rs_calls, nbytes, order, role_o, world_size_source, snapshots_given)
+    if ws:
+        rec.world_size, rec.world_size_source = ws, src
     if not per_param and family == "fsdp1":      # FSDP1 gathers one flat parameter per unit
         per_param = {names[k]: [tmpl[k]] for k in range(n_units)}
     _match_shards(rec, per_param, names, ws, src, cols, before, fseq, nbytes)
@@ -424,10 +429,21 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
                 break
 
 
-def _world_size(given, rs_calls, nbytes, order, role_o) -> tuple[int | None, str | None]:
-    """World size: given (run info / inventory), else reduce-scatter input / output of one call (FSDP2)."""
+def world_size_said(ws: int | None, source: str | None) -> str:
+    """"N = 4 from the run" / "N = 2 inferred from ..." ("" when unknown): a world size with where it comes from."""
+    if not ws:
+        return ""
+    if source in (None, "the run", "the inventory"):
+        return f"N = {ws}" + (f" from {source}" if source else "")
+    return f"N = {ws} inferred from {source}"
+
+
+def _world_size(given, rs_calls, nbytes, order, role_o, given_source: str = "the run",
+                snapshots_given: int | None = None) -> tuple[int | None, str | None]:
+    """World size: given (run info / inventory), else reduce-scatter input / output of one call (FSDP2), else
+    the number of snapshots given (one per rank) when more than one."""
     if given and int(given) > 0:
-        return int(given), "run"
+        return int(given), given_source
     ratios = Counter()
     for g, r_in in rs_calls:
         if r_in is None:
@@ -438,6 +454,8 @@ def _world_size(given, rs_calls, nbytes, order, role_o) -> tuple[int | None, str
     ratios = Counter({k: v for k, v in ratios.items() if 1 < k <= WORLD_MAX})
     if ratios:
         return ratios.most_common(1)[0][0], "reduce-scatter input / output"
+    if snapshots_given and snapshots_given > 1:
+        return int(snapshots_given), f"the number of snapshots given, one per rank ({snapshots_given})"
     return None, None
 
 
@@ -460,6 +478,7 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
         worlds = sorted({int(b * q // s) for b in big_b for s in big_s for q in DTYPE_RATIOS
                          if s and (b * q) % s == 0 and 2 <= b * q // s <= 4096})
     best = (0, None, None)
+    ties: set[int] = set()      # other world sizes whose shards fit the blocks as well (a stored dtype twice as wide)
     for w in worlds:
         for ratio in DTYPE_RATIOS:
             need = Counter()
@@ -469,7 +488,9 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
                     need[int(s)] += 1
             hit = sum(min(c, len(by_size.get(s, ()))) * s for s, c in need.items())
             if hit > best[0]:
-                best = (hit, w, ratio)
+                best, ties = (hit, w, ratio), set()
+            elif hit and hit == best[0] and w != best[1]:
+                ties.add(w)
     hit, w, ratio = best
     if not hit:
         return
@@ -480,6 +501,9 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
         if n_hit < 0.9 * n_need:
             return
         ws_src = "the sizes of the blocks alive before the history"
+        if ties:
+            ws_src += (f", the smallest that fits them (N = {' or '.join(str(t) for t in sorted(ties))} would fit "
+                       f"them as well, with another stored dtype; give every rank's snapshot to settle it)")
     rec.world_size, rec.world_size_source = w, ws_src
     need_by_size: dict[int, list[str]] = {}
     for u, b in unsharded:

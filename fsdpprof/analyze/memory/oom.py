@@ -9,7 +9,16 @@ The savings are estimates from the snapshot's own allocations at the moment of t
   proportion;
 - reshard after forward frees the unsharded parameters of units that are neither running nor
   prefetched;
-- twice the shards halve the sharded parameters, gradients and optimizer state.
+- twice the shards halve the sharded parameters, gradients and optimizer state (the world size as the
+  snapshot shows it, said when it is inferred);
+- fragmentation decides when the bytes free in the allocator's cache that cannot serve the request (reserved -
+  allocated at the OOM, every free block smaller than the request) exceed the shortfall (request - free on the
+  device): then the first change is ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (or, with segments
+  already expandable, emptying the cache before the failing stage), with those figures.
+
+Changes that are enough on their own come first, then the rest; each group in the order of what a change
+costs the user (``cost_rank``): an allocator setting, an FSDP setting, the batch or activation checkpointing,
+more devices; then the largest saving first.
 """
 from __future__ import annotations
 
@@ -17,7 +26,15 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
+from fsdpprof.analyze.memory.fragmentation import round_request
+from fsdpprof.analyze.memory.fsdp_units import world_size_said
 from fsdpprof.analyze.model import MemoryCategory as MC
+
+# what a change costs the user, cheapest first: (cost_rank, words)
+COST_ALLOCATOR = (0, "an allocator setting")
+COST_FSDP = (1, "an FSDP setting")
+COST_TRAINING = (2, "the batch or activation checkpointing")
+COST_DEVICES = (3, "more devices")
 
 def fmt_bytes(n) -> str:
     """Bytes as text (:func:`fsdpprof.analyze.model.fmt_bytes`), "unknown" when missing (said in sentences)."""
@@ -31,8 +48,10 @@ def _text(v) -> str | None:
 def explain_oom(res, oom: dict, request: dict, snap) -> dict:
     """The keys the rank's ``oom`` object gets beside requested_bytes / free_bytes / device / ts_us:
     stage, fsdp_phase, fsdp_role, unit and frames of the request; allocated / reserved / cached-free and
-    short (deficit) bytes; alive_by_category and alive_by_unit at the OOM; ``explanation`` (text) and
-    ``suggestions`` (change, saves_bytes, enough, detail), largest saving first."""
+    short (deficit) bytes; the allocator's free blocks at the OOM (largest_free_block_bytes, free_blocks,
+    expandable_segments, cached_unusable_bytes, fragmentation_decides: None where the fragmentation at the
+    OOM is unknown); alive_by_category and alive_by_unit at the OOM; ``explanation`` (text) and
+    ``suggestions`` (change, saves_bytes, enough, detail, cost, cost_rank) in the order of the module docstring."""
     from fsdpprof.analyze.memory.attribution import _fmt_frames
 
     df = res.allocations
@@ -58,7 +77,11 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
     by_unit = (a[a["unit"].notna()].assign(unit=lambda x: x["unit"].astype(str))
                .groupby(["unit", "category"])["bytes"].sum().reset_index()
                .sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True))
+    frag = _fragmentation_at_oom(res, req, short)
     sugg = _suggestions(res, a, df, seq, req, short, unit, stage, role)
+    if frag["fragmentation_decides"]:
+        sugg.append(_cache_suggestion(frag, req, short, unit, stage, frames))
+    sugg = sorted(sugg, key=lambda s: (not s["enough"], s["cost_rank"], -s["saves_bytes"]))
 
     what = ("FSDP's " + role.replace("_", " ")) if role else ("an activation" if stage == model.STAGE_FORWARD else "a tensor")
     where = (f", in the {stage} of {unit}" if unit and stage else f", in {unit}" if unit
@@ -75,6 +98,17 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
              + (f" and {fmt_bytes(reserved)} reserved ({fmt_bytes(cached_free)} of it cached by the allocator but "
                 f"not in blocks large enough)" if reserved is not None else "")
              + (f": {cats}{act_txt}." if cats else ".")]
+    if frag["fragmentation_decides"]:
+        parts.append(f"Fragmentation decides: {fmt_bytes(frag['cached_unusable_bytes'])} sat free in the allocator's "
+                     f"cache as {frag['free_blocks']:,} blocks, the largest "
+                     f"{fmt_bytes(frag['largest_free_block_bytes'])}"
+                     f" (smaller than the request), more than the {fmt_bytes(short)} short.")
+    elif frag["fragmentation_decides"] is False and frag["cached_unusable_bytes"] is not None:
+        parts.append(f"Fragmentation does not decide: the {fmt_bytes(frag['cached_unusable_bytes'])} free in the "
+                     f"allocator's cache is less than the {fmt_bytes(short)} short.")
+    elif frag["fragmentation_decides"] is False:
+        parts.append(f"A free block of {fmt_bytes(frag['largest_free_block_bytes'])} in the allocator's cache could "
+                     f"have held the request: the cache was not the obstacle (a block of another stream or pool?).")
     enough = [s for s in sugg if s["enough"]]
     if enough:
         parts.append("Enough on its own: " + "; ".join(f"{s['change']} (saves {fmt_bytes(s['saves_bytes'])})"
@@ -86,7 +120,7 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
         parts.append(f"Requested at: {frames}.")
     return {"stage": stage, "fsdp_phase": phase, "fsdp_role": role, "unit": unit, "frames": frames,
             "allocated_bytes": allocated, "reserved_bytes": reserved, "cached_free_bytes": cached_free,
-            "short_bytes": short,
+            "short_bytes": short, **frag,
             "alive_by_category": [{"category": c, "bytes": int(b)} for c, b in by_cat.items()],
             "alive_by_unit": [{"unit": u, "category": c, "bytes": int(b)}
                               for u, c, b in by_unit[["unit", "category", "bytes"]].itertuples(index=False)],
@@ -138,7 +172,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
                 break
         if chosen:
             out.append({"change": f"activation checkpointing of {_list(chosen)}", "saves_bytes": int(saves),
-                        "enough": saves >= short,
+                        "enough": saves >= short, **_cost(COST_TRAINING),
                         "detail": f"those units hold {fmt_bytes(int(per[chosen].sum()))} of activations at the OOM; "
                                   f"checkpointing keeps each unit's input ({fmt_bytes(sum(kept.get(u, 0) for u in chosen))}"
                                   f" in all) and recomputes the rest in backward"})
@@ -154,7 +188,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
                   + (f"; a micro-batch at most {100 * (1 - need):.0f} % of the current one would fit"
                      if need < 1 else "; even a micro-batch of one sample may not fit"))
         out.append({"change": "half the micro-batch (gradient accumulation keeps the global batch)",
-                    "saves_bytes": int(half), "enough": half >= short, "detail": detail})
+                    "saves_bytes": int(half), "enough": half >= short, "detail": detail, **_cost(COST_TRAINING)})
     # reshard after forward: unsharded parameters of units neither running nor prefetched
     up = a[(a["category"] == MC.UNSHARDED_PARAM.value) & a["unit"].notna()]
     if len(up):
@@ -168,7 +202,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
         if b > 0:
             units = sorted(idle["unit"].astype(str).unique())
             out.append({"change": "reshard after forward (reshard_after_forward=True) for " + _list(units),
-                        "saves_bytes": b, "enough": b >= short,
+                        "saves_bytes": b, "enough": b >= short, **_cost(COST_FSDP),
                         "detail": f"{fmt_bytes(b)} of unsharded parameters of units that are neither running nor "
                                   f"prefetched are alive at the OOM"})
     # more shards: sharded model states halve with twice the ranks
@@ -177,10 +211,56 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
         b = int(ms["bytes"].sum()) // 2
         if b > 0:
             w = res.world_size
+            said = world_size_said(w, getattr(res, "world_size_source", None))
             out.append({"change": f"twice the shards ({w} -> {2 * w} ranks)" if w else "twice the shards",
-                        "saves_bytes": b, "enough": b >= short,
-                        "detail": f"sharded parameters, gradients and optimizer state hold {fmt_bytes(2 * b)} at the OOM"})
-    return sorted(out, key=lambda s: -s["saves_bytes"])
+                        "saves_bytes": b, "enough": b >= short, **_cost(COST_DEVICES),
+                        "detail": f"sharded parameters, gradients and optimizer state hold {fmt_bytes(2 * b)} at the "
+                                  f"OOM" + (f"; {said}" if said else "")})
+    return out
+
+
+def _cost(c: tuple[int, str]) -> dict:
+    return {"cost_rank": c[0], "cost": c[1]}
+
+
+def _fragmentation_at_oom(res, req: int, short: int) -> dict:
+    """The allocator's free blocks at the OOM (fragmentation's "oom" entry) and whether they decide: the bytes free
+    in the cache that cannot serve the request (all of them, when even the largest free block is smaller than
+    the request) exceed the shortfall.  ``cached_unusable_bytes`` is None (and fragmentation_decides False) when a
+    free block could have held the request; everything None where the fragmentation at the OOM is unknown."""
+    f = getattr(res, "fragmentation", None)
+    e = f.at("oom") if f is not None else None
+    if e is None:
+        return {"largest_free_block_bytes": None, "free_blocks": None, "expandable_segments": None,
+                "cached_unusable_bytes": None, "fragmentation_decides": None}
+    fits = e.largest_free_block_bytes >= round_request(req)
+    unusable = None if fits else int(e.free_bytes)
+    return {"largest_free_block_bytes": int(e.largest_free_block_bytes), "free_blocks": int(e.free_blocks),
+            "expandable_segments": bool(e.expandable_segments), "cached_unusable_bytes": unusable,
+            "fragmentation_decides": unusable is not None and unusable > short}
+
+
+def _cache_suggestion(frag: dict, req: int, short: int, unit, stage, frames) -> dict:
+    """The first change when fragmentation decides: expandable segments, or (already expandable) emptying the
+    cache before the failing stage."""
+    cached, largest, n = frag["cached_unusable_bytes"], frag["largest_free_block_bytes"], frag["free_blocks"]
+    figures = (f"{fmt_bytes(cached)} sat free in the allocator's cache at the OOM as {n:,} blocks inside segments "
+               f"still in use, the largest {fmt_bytes(largest)}, smaller than the {fmt_bytes(req)} request: more than "
+               f"the {fmt_bytes(short)} short")
+    if not frag["expandable_segments"]:
+        return {"change": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "saves_bytes": cached, "enough": True,
+                **_cost(COST_ALLOCATOR),
+                "detail": f"{figures}. Expandable segments grow a segment by mapping pages at its end instead of "
+                          f"reserving a new one, and give whole free pages back to the device, so the request would "
+                          f"very likely have fitted with no change to the model or the batch"}
+    point = (f"before the {stage} of {unit}" if unit and stage else f"before {unit}" if unit
+             else f"before the {stage}" if stage else f"before the allocation at {frames.split(' < ')[0]}" if frames
+             else "before the step")
+    return {"change": f"torch.cuda.empty_cache() {point}", "saves_bytes": cached, "enough": True,
+            **_cost(COST_ALLOCATOR),
+            "detail": f"{figures}. The segments are already expandable: emptying the cache at that point gives the "
+                      f"free pages back to the device, so that what follows is laid out again instead of into "
+                      f"the holes (pieces smaller than a page stay cached)"}
 
 
 def _unit_inputs(df: pd.DataFrame, seq: int, units) -> dict:

@@ -36,44 +36,126 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 
-def _gunzip(data: bytes, label: str, max_bytes: int | None) -> bytes:
-    """Inflate gzip ``data`` (all members), stopping with a UserError once more than ``max_bytes`` came out."""
-    out = []
-    total = 0
-    try:
-        while data:
-            d = zlib.decompressobj(wbits=31)
-            while not d.eof:
-                chunk = d.decompress(data, 64 << 20)
-                data = d.unconsumed_tail
-                if not chunk and not data:
-                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
-                total += len(chunk)
-                if max_bytes is not None and total > max_bytes:
-                    raise UserError(f"{label}: inflates to more than {max_bytes / 2**30:.3g} GiB, the limit for a "
-                                    f"memory snapshot; refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
-                out.append(chunk)
-            data = d.unused_data.lstrip(b"\x00")          # another member, or zero padding
-            if data and data[:2] != _GZIP_MAGIC:
-                raise zlib.error("data after the end of the gzip stream")
-    except (zlib.error, EOFError) as exc:
-        raise UserError(f"{label}: gzip data is corrupt or truncated ({exc}); copy the file again") from None
-    return b"".join(out)
+PIECE_BYTES = 1 << 20          # bytes per read of the file, per inflate call and per piece of a long read
+PEEK_BYTES = 1 << 17           # the unpickler's window on the file (what peek gives)
+LINE_MAX_BYTES = 64 << 20      # longest line a text-protocol pickle may hold
+ITEM_MAX_BYTES = 256 << 20     # longest string / bytes / frame a snapshot's pickle may hold (real ones: under 1 MiB)
 
 
-def loads(data: bytes, label: str = "<bytes>", *, max_bytes: int | None = None):
-    """Unpickle ``data`` (plain or gzip) allowing only builtin containers and scalars; a pickle of
-    more than ``max_bytes`` (decompressed) is refused."""
-    if data[:2] == _GZIP_MAGIC:
-        data = _gunzip(data, label, max_bytes)
-    elif max_bytes is not None and len(data) > max_bytes:
-        raise UserError(f"{label}: {len(data) / 2**30:.3g} GiB is more than the limit for a memory snapshot "
-                        f"({max_bytes / 2**30:.3g} GiB); refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
-    if not data:
-        raise UserError(f"{label}: file is empty; expected a pickle from torch.cuda.memory._snapshot()")
+def _too_big(label: str, nbytes: int, max_bytes: int) -> UserError:
+    return UserError(f"{label}: {nbytes / 2**30:.3g} GiB is more than the limit for a memory snapshot "
+                     f"({max_bytes / 2**30:.3g} GiB); refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
+
+
+class _GunzipRaw(io.RawIOBase):
+    """gzip ``fh`` (all members, zero padding after them allowed) inflated as it is read; more than ``max_bytes``
+    out, or corrupt / truncated data: UserError.  ``total``: bytes inflated so far."""
+
+    def __init__(self, fh, label: str, max_bytes: int | None) -> None:
+        super().__init__()
+        self._pieces = self._inflate(fh, label, max_bytes)
+        self._left = memoryview(b"")
+        self.total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._left:
+            piece = next(self._pieces, None)
+            if piece is None:
+                return 0
+            self._left = memoryview(piece)
+        n = min(len(b), len(self._left))
+        b[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+    def _inflate(self, fh, label: str, max_bytes: int | None):
+        data = b""
+        try:
+            while True:
+                d = zlib.decompressobj(wbits=31)
+                while not d.eof:
+                    if not data:
+                        data = fh.read(PIECE_BYTES)
+                        if not data:
+                            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                    piece = d.decompress(data, PIECE_BYTES)
+                    data = d.unconsumed_tail
+                    self.total += len(piece)
+                    if max_bytes is not None and self.total > max_bytes:
+                        raise UserError(f"{label}: inflates to more than {max_bytes / 2**30:.3g} GiB, the limit for a "
+                                        f"memory snapshot; refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
+                    if piece:
+                        yield piece
+                data = d.unused_data.lstrip(b"\x00")           # another member, or zero padding
+                while not data or len(data) < 2 and data == _GZIP_MAGIC[:1]:
+                    more = fh.read(PIECE_BYTES)
+                    if not more:
+                        break
+                    data = (data + more).lstrip(b"\x00")
+                if not data:
+                    return
+                if data[:2] != _GZIP_MAGIC:
+                    raise zlib.error("data after the end of the gzip stream")
+        except (zlib.error, EOFError) as exc:
+            raise UserError(f"{label}: gzip data is corrupt or truncated ({exc}); copy the file again") from None
+
+
+class _Stream:
+    """A snapshot file as the unpickler reads it (``read``, ``readinto``, ``readline``, ``peek``), plain or inflated
+    as read: the unpickler takes it in windows of PEEK_BYTES, so a file that is no pickle is refused after its first
+    window, and a length that a corrupt pickle claims is read in pieces, never allocated ahead of the bytes that
+    are there."""
+
+    def __init__(self, fh, gz: bool, label: str, max_bytes: int | None) -> None:
+        self.raw = _GunzipRaw(fh, label, max_bytes) if gz else fh
+        self.file = io.BufferedReader(self.raw, PEEK_BYTES)
+        self.peek = self.file.peek
+
+    def readinto(self, b) -> int:
+        _check_item(len(b))
+        return self.file.readinto(b)
+
+    def read(self, n: int = -1) -> bytes:
+        if 0 <= n <= PIECE_BYTES:
+            return self.file.read(n)
+        _check_item(n)
+        pieces = []
+        while n < 0 or n > 0:
+            piece = self.file.read(PIECE_BYTES if n < 0 else min(n, PIECE_BYTES))
+            if not piece:
+                break
+            pieces.append(piece)
+            n -= len(piece) if n > 0 else 0
+        return b"".join(pieces)
+
+    def readline(self, n: int = -1) -> bytes:
+        return self.file.readline(LINE_MAX_BYTES if n < 0 else min(n, LINE_MAX_BYTES))
+
+    def drain(self) -> int:
+        """Read the rest (checking it, as inflating does); the bytes read in all."""
+        while self.file.read(PIECE_BYTES):
+            pass
+        return self.raw.total if isinstance(self.raw, _GunzipRaw) else self.raw.tell()
+
+
+def _check_item(nbytes: int) -> None:
+    """A read of ``nbytes`` for one item (a length the pickle claims): more than ITEM_MAX_BYTES is refused before
+    anything is read (a corrupt or hostile length would otherwise read the file whole)."""
+    if nbytes > ITEM_MAX_BYTES:
+        raise pickle.UnpicklingError(f"an item of {nbytes:,} bytes, more than a memory snapshot holds "
+                                     f"({ITEM_MAX_BYTES >> 20} MiB)")
+
+
+def _unpickle(stream: _Stream, label: str):
+    """Restricted-unpickle what ``stream`` holds (see the module's docstring); one-line UserErrors."""
     try:
+        if not stream.peek(1):
+            raise UserError(f"{label}: file is empty; expected a pickle from torch.cuda.memory._snapshot()")
         with gc_paused():
-            return _RestrictedUnpickler(io.BytesIO(data), label).load()
+            return _RestrictedUnpickler(stream, label).load()
     except UserError:
         raise
     except RecursionError:
@@ -83,20 +165,45 @@ def loads(data: bytes, label: str = "<bytes>", *, max_bytes: int | None = None):
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{label}: not a readable pickle (truncated or corrupt: {msg}); "
                         f"expected a file from torch.cuda.memory._dump_snapshot()") from None
+    except OSError as exc:
+        raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
+
+
+def _load_from(fh, size: int, label: str, max_bytes: int | None) -> tuple[object, int]:
+    """(object, bytes of pickle once decompressed) of the binary file object ``fh`` (at its start; ``size`` bytes)."""
+    gz = size >= 2 and fh.read(2) == _GZIP_MAGIC
+    fh.seek(0)
+    if not gz and max_bytes is not None and size > max_bytes:
+        raise _too_big(label, size, max_bytes)          # (before reading it)
+    stream = _Stream(fh, gz, label, max_bytes)
+    try:
+        obj = _unpickle(stream, label)
+        return obj, stream.drain()
+    except OSError as exc:
+        raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
+    finally:
+        stream.file.close()                             # (fh with it)
+
+
+def loads(data: bytes, label: str = "<bytes>", *, max_bytes: int | None = None):
+    """Unpickle ``data`` (plain or gzip) allowing only builtin containers and scalars; a pickle of
+    more than ``max_bytes`` (decompressed) is refused."""
+    return _load_from(io.BytesIO(data), len(data), label, max_bytes)[0]
 
 
 def load_sized(path: str | os.PathLike, *, max_bytes: int | None = None) -> tuple[object, int]:
     """(object, bytes of pickle once decompressed) of the file at ``path`` (plain or gzip), restricted-
-    unpickled; more than ``max_bytes`` decompressed is refused (checked while inflating)."""
+    unpickled as it is read (never read whole first: a file that is no pickle is refused after its first
+    PEEK_BYTES); more than ``max_bytes`` decompressed is refused (a plain file by its size, before reading it;
+    a gzip one while inflating)."""
     label = os.fspath(path)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        fh = open(path, "rb", buffering=0)
+        size = os.fstat(fh.fileno()).st_size
     except OSError as exc:
         raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
-    if data[:2] == _GZIP_MAGIC:
-        data = _gunzip(data, label, max_bytes)
-    return loads(data, label, max_bytes=max_bytes), len(data)
+    with fh:
+        return _load_from(fh, size, label, max_bytes)
 
 
 def load(path: str | os.PathLike, *, max_bytes: int | None = None):

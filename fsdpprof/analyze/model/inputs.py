@@ -49,18 +49,18 @@ def input_sharded(kind: str | None, strategy: str | None) -> bool:
 
 
 def describe_input(kind: str | None, strategy: str | None, world_size) -> str:
-    """The input in a few words, the same in every command: ``FULL_SHARD (FSDP2, 8 ranks)``, ``DDP (16 ranks)``
-    (traces: DDP found in them), ``FSDP1 (4 ranks)`` (the strategy unknown), ``one device``."""
+    """The input in a few words, the same in every command: ``FULL_SHARD, FSDP2, 8 ranks``, ``DDP, 16 ranks``
+    (traces: DDP found in them), ``FSDP1, 4 ranks`` (the strategy unknown), ``one device``."""
     if kind == INPUT_SINGLE_DEVICE or (kind == INPUT_UNKNOWN and strategy == NONE and (world_size or 1) <= 1):
         return INPUT_KIND_SHORT[INPUT_SINGLE_DEVICE]
     n = int(world_size) if world_size else None
     ranks = f"{n} rank{'s' if n != 1 else ''}" if n else "world size unknown"
     if kind == FAMILY_DDP and strategy in (None, "", DDP):
-        return f"{DDP} ({ranks})"
+        return f"{DDP}, {ranks}"
     short = INPUT_KIND_SHORT.get(kind)
     if strategy and strategy != NONE:
-        return f"{strategy} ({short + ', ' if short else ''}{ranks})"
-    return f"{short or 'unknown input'} ({ranks})"
+        return ", ".join([strategy] + ([short] if short else []) + [ranks])
+    return f"{short or 'unknown input'}, {ranks}"
 
 
 def rank_list(ranks) -> str:

@@ -206,8 +206,13 @@ _NO_ARGS = Args()
 _GPU_CATS = model.DEVICE_EVENT_CATS
 _RUNTIME_CATS = model.RUNTIME_CATS
 _TAIL_DEC = msgspec.json.Decoder(TailDoc[Event])
-_SEP_RE = re.compile(rb"\}\s*,\s*\{")
+# the last event boundary ('}', ',', '{' with blanks between) of a slice: '.*' jumps to the slice's end and
+# backtracks, in C, so a search costs the bytes after the boundary it finds
+_LAST_SEP_RE = re.compile(rb".*\}\s*,\s*\{", re.S)
 _KEY = b'"traceEvents"'
+_HEADER_MAX_BYTES = 256 << 20     # the "traceEvents" key must come within this many bytes
+_NOT_BLANK = re.compile(rb"[^ \t\n\r\x0b\x0c]")          # (what bytes.strip leaves)
+_VALUE_START = frozenset(b'{["-0123456789tfn')    # the bytes a JSON value can start with
 
 
 # --------------------------------------------------------------------------- values as shown, defects counted
@@ -959,17 +964,42 @@ def _decode_events(buf, cols: _Columns) -> int:
     return len(events)
 
 
-def _boundaries_backwards(body: bytearray, lo: int):
-    """Matches of _SEP_RE (``}``, ``,``, ``{`` with blanks between) in ``body[lo:]``, the last first: found by
-    searching back from the end for ``}`` (a slice's last boundary is near its end)."""
-    hi = len(body)
+SEARCH_OVERLAP = 64      # bytes of the last round's slice searched again (a boundary cut by the read's end)
+RETRY_GROWTH = 2         # after a round whose boundaries all failed, the next waits until the body is this much bigger
+TRIES_FIRST, TRIES_LATER = 17, 2    # boundaries tried per round: a first round, a round after failed ones
+
+
+class _Search:
+    """Where :func:`_decode_chunk` looks for event boundaries, kept between its rounds so that decoding stays linear
+    in the document's size whatever its layout (long blanks, long strings, many tiny events): each round searches
+    only the bytes that came since the last (``lo``, a document byte), a boundary that failed is never tried again
+    (``dead``: document bytes of their '}': a boundary inside a string or a nested value fails from any later start
+    too), and after a round in which every boundary tried failed, the next one waits until the body has grown
+    RETRY_GROWTH times (``retry_len``: body bytes), so failed tries, each a decode of the whole body, cost a few
+    passes over the body in all."""
+
+    __slots__ = ("lo", "retry_len", "dead")
+
+    def __init__(self) -> None:
+        self.lo = 0
+        self.retry_len = 0
+        self.dead: set[int] = set()
+
+
+def _boundaries_backwards(body: bytearray, lo: int, hi: int):
+    """(``}`` index, ``,`` index) of the event boundaries (``}``, ``,``, ``{`` with blanks between) in
+    ``body[lo:hi]``, the last first; each byte of the slice is searched once, in C (the regular expression only
+    from the last '{' back: it costs more per '}' it passes than rfind per byte)."""
     while True:
-        j = body.rfind(b"}", lo, hi)
-        if j < 0:
+        hi = body.rfind(b"{", lo, hi) + 1
+        if hi <= lo:
             return
-        m = _SEP_RE.match(body, j)
-        if m:
-            yield m
+        m = _LAST_SEP_RE.match(body, lo, hi)
+        if m is None:
+            return
+        brace = m.end() - 1
+        j = body.rfind(b"}", lo, brace)              # (only blanks and the ',' lie between it and the '{')
+        yield j, body.index(b",", j + 1, brace)
         hi = j
 
 
@@ -1036,19 +1066,30 @@ def _refused(exc: msgspec.DecodeError, base: int, first_event: int) -> _Refused 
     return _Refused(m.group(1), base + int(m.group(2)), False) if m else None
 
 
-def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int) -> tuple[bytearray, int, int]:
+def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int,
+                  search: _Search) -> tuple[bytearray, int, int]:
     """``body`` is ``{"traceEvents":`` + ``[`` + events..., its ``[`` at document byte ``base``, its first
     event the document's number ``first_event``: decode the longest run of whole events, in place (the byte
     after the last event's '}' becomes ']', the separating ',' becomes the next '['), then drop it from
     ``body``.  Returns ``body`` (unchanged when no boundary decodes), ``base`` and ``first_event`` then.
+    ``search`` says which bytes were searched already and which boundaries failed (see :class:`_Search`).
 
     A slice cut at a '},{' inside a string ends in an unterminated string ("truncated"): it is tried again
     at the boundary before.  A syntax error before the slice's end, or an event that fits no layout, is in
     the document itself: :class:`_Refused` is raised at once (the whole document would fail the same way)."""
+    n = len(body)
+    if n < search.retry_len:
+        return body, base, first_event
+    lo = max(_P + 1, search.lo - base + _P)
+    search.lo = base + n - _P - SEARCH_OVERLAP       # the next round: the bytes that come, and the last few of these
+    if body.find(b",", lo) < 0 or body.find(b"{", lo) < 0:      # (no boundary can end here: found in C)
+        return body, base, first_event
+    limit = TRIES_LATER if search.retry_len else TRIES_FIRST
     tried = 0
-    for m in _boundaries_backwards(body, _P + 1):
-        end = m.start() + 1                          # just after the closing brace
-        comma = body.index(b",", end, m.end())
+    for j, comma in _boundaries_backwards(body, lo, n):
+        if base + j - _P in search.dead:
+            continue
+        end = j + 1                                  # just after the closing brace
         saved = body[end]
         body[end] = 0x5D                             # ']'
         mv = memoryview(body)
@@ -1061,8 +1102,9 @@ def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int) 
             bad = _refused(exc, base, first_event)
             if bad is not None and (bad.layout or bad.where < base + end - _P):     # (not at the ']' put there)
                 raise bad from None
+            search.dead.add(base + j - _P)
             tried += 1
-            if tried > 16:
+            if tried >= limit:
                 break
             continue
         finally:
@@ -1073,7 +1115,12 @@ def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int) 
             del body[_P:comma]
         except BufferError:                          # something still views the buffer: copy instead
             body = bytearray(_PREFIX) + body[comma:]
+        search.retry_len = 0
+        search.dead = {d for d in search.dead if d > base}
         return body, base, first_event + n_events
+    if tried:
+        search.retry_len = RETRY_GROWTH * n
+    search.dead = {d for d in search.dead if d >= search.lo}
     return body, base, first_event
 
 
@@ -1095,13 +1142,25 @@ def decode_trace(path: str, *, progress: bool | None = None, max_bytes: int | No
 def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     buf = b""
     eof = False
-    # 1. header: everything before the "traceEvents" key
+    # 1. header: everything before the "traceEvents" key; each byte searched once (a bytes object while it is
+    # the first block, which a small file is decoded from without a copy; a growing bytearray after that)
+    searched = 0                                     # buf[:searched] holds no start of the key
+    blank = 0                                        # buf[:blank] is blanks (before the first byte that is not)
     while True:
-        idx = buf.find(_KEY)
+        idx = buf.find(_KEY, searched)
         if idx >= 0:
             break
+        searched = max(0, len(buf) - len(_KEY) + 1)
         if eof:
             _raise_no_events_key(path, buf)
+        if blank is not None and buf:                # a first byte that starts no JSON value: refused at once
+            first = _NOT_BLANK.search(buf, blank)    # (as the whole file would be: "invalid character (byte N)")
+            if first is None:
+                blank = len(buf)
+            else:
+                blank = None
+                if buf[first.start()] not in _VALUE_START:
+                    _raise_no_events_key(path, buf)
         data = reader.read()
         if not data:
             eof = True
@@ -1110,8 +1169,13 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
         if buf == b"" and re.match(rb"\s*\[", data):
             raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
                             f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
-        buf += data
-        if len(buf) > (256 << 20) and buf.find(_KEY) < 0:
+        if not buf:
+            buf = data
+        else:
+            if type(buf) is bytes:
+                buf = bytearray(buf)
+            buf += data
+        if len(buf) > _HEADER_MAX_BYTES and buf.find(_KEY, searched) < 0:
             raise UserError(f"trace {path} has no 'traceEvents' key in its first 256 MB; is it a profiler trace?")
     header = _decode_header(path, buf[:idx].rstrip())
     # 2. skip ':' and '['
@@ -1137,6 +1201,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
         body += more
         del buf, more
         # 3. body in chunks, decoded in place
+        search = _Search()
         while True:
             data = reader.read()
             if not data:
@@ -1145,7 +1210,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
             del data
             if len(body) >= CHUNK_BYTES:
                 try:
-                    body, base, first_event = _decode_chunk(body, cols, base, first_event)
+                    body, base, first_event = _decode_chunk(body, cols, base, first_event, search)
                 except _Refused as bad:
                     raise UserError(bad.message(path)) from None
         # 4. the remainder: rest of the array, then the trailing keys of the document
