@@ -72,7 +72,7 @@ def test_in_process_report_writes_what_the_fresh_process_writes(tmp_path):
                      json.loads(summary))
     assert runs["here"] == runs["fresh"]
     stdout, stderr, files, summary = runs["here"]
-    assert stderr == "" and files == {"report.html", "summary.json"} and "world size 8, ranks analysed 2" in stdout
+    assert stderr == "" and files == {"report.html", "summary.json"} and "DDP, 8 ranks; ranks analysed 2" in stdout
     assert summary["overview"]
 
 
