@@ -157,8 +157,8 @@ def build_big_trace(src: str, target_bytes: int, out_dir: str) -> tuple[str, int
 # ----------------------------------------------------------------------------------------- the work
 def _ours(path: str) -> dict:
     from fsdpprof.analyze.comm import overlap, volume
-    from fsdpprof.analyze.run import load_run
-    ev = load_run(path, progress=False).events()
+    from fsdpprof.analyze.load.run import load_run, run_events
+    ev = run_events(load_run(path, progress=False))
     o = overlap.overall_overlap(ev)
     volume.collective_volume(ev)
     return {"overlap_pct": float(o["comp_comm_overlap_pct"].iloc[0]), "events": len(ev)}
@@ -248,7 +248,7 @@ def child(mode: str, path: str) -> None:
     sys.path.insert(0, os.environ.get(TREE_ENV) or str(ROOT))
     if mode in ("ours", "breakdowns", "stages"):
         from fsdpprof.analyze.comm import breakdown, overlap, volume  # noqa: F401
-        from fsdpprof.analyze.run import load_run
+        from fsdpprof.analyze.load.run import load_run, run_events
         from fsdpprof.analyze.trace import classify, decode, labels  # noqa: F401
     elif mode == "orjson":
         import orjson  # noqa: F401
@@ -258,7 +258,7 @@ def child(mode: str, path: str) -> None:
         from hta.trace_analysis import TraceAnalysis  # noqa: F401
     import_seconds = time.perf_counter() - t_import
     if mode == "breakdowns":
-        _LOADED[path] = load_run(path, progress=False).events()
+        _LOADED[path] = run_events(load_run(path, progress=False))
     elif WARMUP.is_file() and os.path.abspath(path) != str(WARMUP):
         WORK[mode](str(WARMUP))         # the idle child too: its peak RSS then holds what the warm-up left
         _forget(mode)
@@ -349,12 +349,12 @@ def measure(mode: str, path: str, timeout: float, tree: str | None = None) -> di
     return out
 
 
-PY_OURS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.comm import overlap, volume\n"
-           "ev = load_run(sys.argv[1], progress=False).events()\noverlap.overall_overlap(ev)\n"
+PY_OURS = ("import sys\nfrom fsdpprof.analyze.load.run import load_run, run_events\nfrom fsdpprof.analyze.comm import overlap, volume\n"
+           "ev = run_events(load_run(sys.argv[1], progress=False))\noverlap.overall_overlap(ev)\n"
            "volume.collective_volume(ev)\n")
 PY_HTA = ("import sys, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis\n"
           "TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True).get_comm_comp_overlap(visualize=False)\n")
-PY_ANALYSIS = ("import sys\nfrom fsdpprof.analyze.run import load_run\nfrom fsdpprof.analyze.pipeline import analyze_run\n"
+PY_ANALYSIS = ("import sys\nfrom fsdpprof.analyze.load.run import load_run\nfrom fsdpprof.analyze.pipeline import analyze_run\n"
                "analyze_run(load_run(sys.argv[1], progress=False), hta=False)\n")
 
 

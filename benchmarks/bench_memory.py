@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from fsdpprof.analyze.memory import safe_pickle  # noqa: E402
 from fsdpprof.analyze.memory import memory_analysis, snapshot_memory  # noqa: E402
-from fsdpprof.analyze.run import load_run  # noqa: E402
+from fsdpprof.analyze.load.run import load_run  # noqa: E402
 from fsdpprof.analyze.memory.snapshot import load_snapshot  # noqa: E402
 
 SNAP_DIRS = (ROOT / "tests" / "data" / "cuda-snapshots", ROOT.parent / "shared" / "data" / "cuda-snapshots")

@@ -145,7 +145,7 @@ def child_ours(engine: str, path: str, workers: int, out: str) -> None:
     t0 = time.perf_counter()
     sys.path.insert(0, str(ROOT))
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.commands.report import write_report
 
     t_import = time.perf_counter() - t0
@@ -153,7 +153,7 @@ def child_ours(engine: str, path: str, workers: int, out: str) -> None:
     t1 = time.perf_counter()
     start_s = None
     if engine == "dask":           # the LocalCluster that `report --engine dask` starts, timed on its own
-        from fsdpprof.analyze import engines
+        from fsdpprof.analyze.load import engines
 
         with engines.shared_scheduler("dask", None, workers, len(run.ranks)) as address:
             start_s = time.perf_counter() - t1

@@ -56,7 +56,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fsdpprof.analyze.run import load_run, with_inventory  # noqa: E402
+from fsdpprof.analyze.load.files import with_inventory  # noqa: E402
+
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.whatif import predict as wp  # noqa: E402
 from fsdpprof.analyze.whatif import targets as tg  # noqa: E402
 

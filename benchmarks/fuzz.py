@@ -593,7 +593,7 @@ def _run_paths(kind: str, path: str, full: bool, render_cache: set) -> tuple[str
     """The API, then (``full``) the report path: load_run, analyze_run, summary.json (strict JSON), the
     terminal summary and the HTML page. Raises what they raise."""
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.analyze.memory.snapshot import load_snapshot
     from fsdpprof.analyze.trace import load_trace
     from fsdpprof.report.run_page import render_report

@@ -61,7 +61,7 @@ def check_process_memory(rd, m, r: int, world: int, ok) -> None:
 
 
 def check(run_dir: str, out_dir: str) -> int:
-    from fsdpprof.analyze import analyze_run, load_run, memory_analysis
+    from fsdpprof.analyze import analyze_run, load_run, memory_analysis, run_events
 
     failures = []
 
@@ -72,7 +72,7 @@ def check(run_dir: str, out_dir: str) -> int:
 
     run = load_run(run_dir)
     a = analyze_run(run)
-    ev = run.events()
+    ev = run_events(run)
     world = run.world_size or 1
     comm = ev[ev["kind"] == "comm"]
     print(f"world size {world}, {len(ev)} events, {len(comm)} comm kernels, device {a.overview['device_type']}")

@@ -2,7 +2,7 @@
 
 Data flows one way: collect -> run_dir -> analyze -> report.
 """
-__version__ = "0.1.0"
+from fsdpprof.version import __version__  # noqa: F401
 
 
 def record(*args, **kwargs):
@@ -16,7 +16,7 @@ def record(*args, **kwargs):
 
 
 def load_run(path, **kwargs):
-    """Load a run directory, a folder of traces or a snapshot; see :func:`fsdpprof.analyze.run.load_run`."""
-    from fsdpprof.analyze.run import load_run as _load_run
+    """Load a run directory, a folder of traces or a snapshot; see :func:`fsdpprof.analyze.load.run.load_run`."""
+    from fsdpprof.analyze.load.run import load_run as _load_run
 
     return _load_run(path, **kwargs)

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from fsdpprof import __version__
+from fsdpprof.version import __version__
 from fsdpprof.errors import UserError
 
 # sub-command -> (module, one-line help)

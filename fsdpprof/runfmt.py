@@ -40,7 +40,9 @@ RANK_TEMP_RE = re.compile(r"\.trace\.\d+\.tmp\.json(\.gz|\.tmp)?$|\.(" + "|".joi
 
 # Stages of a training step (the analysis labels every event and allocation with one). collect tags the CUDA
 # memory history with forward / backward / optimizer (``phase=<stage>``), so both sides take the names from here.
-STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies)
+STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies), and the
+                                 # collectives between the end of its forward and its backward (input
+                                 # distribution: TorchRec's sparse data all-to-alls)
 STAGE_FORWARD = "forward"
 STAGE_BACKWARD = "backward"      # from the step's first backward marker
 STAGE_OPTIMIZER = "optimizer"    # from the first Optimizer.step# to the end of the last one

@@ -9,7 +9,7 @@ from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import steps
 from fsdpprof.analyze.comm import volume
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 
 pytestmark = pytest.mark.slow  # every test reads real torchrun/gloo recordings
 
@@ -34,7 +34,7 @@ def test_run_dir_loads(fsdp2_run):
 
 
 def test_gloo_collectives_per_step_match_fsdp_units(fsdp2_run):
-    ev = fsdp2_run.events()
+    ev = run_events(fsdp2_run)
     comm = ev[ev["kind"] == "comm"]
     assert comm["name"].astype(str).str.startswith("gloo:").all()
     assert comm["collective"].notna().all() and comm["bytes"].notna().all()
@@ -61,7 +61,7 @@ def test_gloo_collectives_per_step_match_fsdp_units(fsdp2_run):
 
 
 def test_overlap_and_steps_are_consistent(fsdp2_run):
-    ev = fsdp2_run.events()
+    ev = run_events(fsdp2_run)
     tot = overlap.overall_overlap(ev).set_index("rank")
     assert (tot["comm_us"] > 0).all() and (tot["compute_us"] > 0).all()
     assert np.allclose(tot["exposed_comm_us"] + tot["overlapped_comm_us"], tot["comm_us"])
@@ -88,7 +88,7 @@ def test_overlap_and_steps_are_consistent(fsdp2_run):
 
 
 def test_ranks_align_on_gloo(fsdp2_run):
-    ev = fsdp2_run.events()
+    ev = run_events(fsdp2_run)
     sk, lag = skew.collective_skew(skew.collective_records(ev))
     n = ev[ev["kind"] == "comm"].groupby("rank").size()
     assert len(sk) == n.iloc[0] == n.iloc[1] and (sk["n_ranks"] == 2).all()
@@ -111,7 +111,7 @@ def test_bad_or_absent_rank_in_run_dir(recorded_run, tmp_path):
     # rank 1 is listed as missing, but its inventory is still there for memory attribution
     assert "rank-1" in run.missing and "trace.json.gz" in run.missing["rank-1"]
     assert run.ranks[1].events is None and run.ranks[1].inventory is not None
-    assert sorted(run.events()["rank"].unique()) == [0]
+    assert sorted(run_events(run)["rank"].unique()) == [0]
     gone = tmp_path / "gone"
     shutil.copytree(src, gone)
     shutil.rmtree(gone / "rank-1")

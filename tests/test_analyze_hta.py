@@ -10,6 +10,10 @@ HTA (holistictraceanalysis) differs from us in two documented ways, both asserte
    correlation: 705 kernels still running from before the window in hta-16rank-a100), which we keep
    because they did run on the device in the window.
 Applying those two rules to our events reproduces HTA to 0.05 points, so they are the whole difference.
+3. Which kernels are communication: HTA's are named ``^nccl.*Kernel``; ours are also the kernels launched
+   inside a collective op whatever their name (tracelens-b200: the 73 ``multimem_all_reduce_kernel``
+   launches under ``symm_mem::multimem_all_reduce_``).  The comparison gives HTA's kind to exactly those
+   kernels (``hta_comm_by_name`` of test_breakdowns, which checks they are those and only those).
 """
 from __future__ import annotations
 
@@ -18,10 +22,11 @@ import pytest
 
 from conftest import shared_data
 from hta_oracle import hta_overlap_pct
+from test_breakdowns import hta_comm_by_name
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze import model
 from fsdpprof.analyze.trace.classify import classify_arrays
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import decode_trace
 
 TRACES = [
@@ -60,7 +65,7 @@ def _hta_rules(trace: str, events):
 def test_overlap_matches_hta(rel):
     trace = str(shared_data("gpu-traces", rel))
     run = load_run(trace, workers=1)
-    ev = run.events()
+    ev = hta_comm_by_name(run_events(run), rel)          # 3. HTA's communication kernels
     assert (ev["kind"] == "comm").sum() > 0, "every anchor trace has NCCL kernels"
 
     # 1. all steps, as we count them
@@ -80,7 +85,7 @@ def test_overlap_matches_hta(rel):
 def test_anchor_value_hta_nccl_2rank():
     """The figure measured with HTA by hand (14.31 %) and the exact-time figure it rounds away."""
     trace = str(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz"))
-    ev = load_run(trace, workers=1).events()
+    ev = run_events(load_run(trace, workers=1))
     sub = ev[ev["step"] < ev["step"].max()]
     assert abs(_ours(sub) - 14.31) <= 1.0
     assert abs(_ours(_hta_rules(trace, sub)) - 14.31) <= 0.05

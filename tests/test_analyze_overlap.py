@@ -14,7 +14,7 @@ from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.comm import steps
 from fsdpprof.analyze.comm import volume
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import load_trace
 
 
@@ -157,7 +157,7 @@ def test_skew_recovers_known_offsets_and_straggler(tmp_path):
 
 def test_dlrm_8_ranks_alignment():
     run = load_run(shared_data("gpu-traces", "param-dlrm-8rank-v100"), workers=2)
-    ev = run.events()
+    ev = run_events(run)
     sk, lag = skew.collective_skew(skew.collective_records(ev))
     coll = (ev["kind"] == "comm") & ~ev["collective"].isin(model.P2P)   # point-to-point is never matched
     n_comm = ev[coll].groupby("rank").size()
@@ -172,7 +172,7 @@ def test_dlrm_8_ranks_alignment():
 
 
 def test_overlap_groups_add_up_on_real_traces():
-    ev = load_run(shared_data("gpu-traces", "hta-nccl-2rank-a100"), workers=1).events()
+    ev = run_events(load_run(shared_data("gpu-traces", "hta-nccl-2rank-a100"), workers=1))
     tot = overlap.overall_overlap(ev).iloc[0]
     by_step = overlap.comm_overlap(ev, by=("rank", "step"))
     assert by_step["comm_us"].sum() == pytest.approx(tot["comm_us"])           # one comm stream: no cross-step overlap
@@ -191,7 +191,7 @@ def test_overlap_groups_add_up_on_real_traces():
                                   "tracelens-b200-8rank"])
 def test_volume_per_rank_and_collective_is_the_groupby(name):
     """collective_volume's numpy path (by rank and collective, the default) gives the general groupby's frame."""
-    ev = load_run(shared_data("gpu-traces", name), workers=1).events()
+    ev = run_events(load_run(shared_data("gpu-traces", name), workers=1))
     pd.testing.assert_frame_equal(volume.collective_volume(ev), volume._grouped(ev, ["rank", "collective"]))
 
 
@@ -220,9 +220,9 @@ def test_grouped_overlap_equals_a_loop_over_the_groups():
     (missing keys a group of their own), on a real 8-rank GPU input; every comm event is in one row."""
     from fsdpprof.analyze import model
     from fsdpprof.analyze.comm import intervals
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
-    ev = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False).events()
+    ev = run_events(load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False))
     comm = ev[(ev["kind"] == model.KIND_COMM).to_numpy()]
     comp = ev[(ev["kind"] == model.KIND_COMPUTE).to_numpy()]
     for by in (("rank", "step"), ("rank", "step", "collective", "pg"), ("rank", "stage", "fsdp_phase")):

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.report.page import fmt_bytes
+from fsdpprof.report.plotly_bundle import plotly_js_name
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -105,6 +106,7 @@ def test_gpu_trace_report_renders(tmp_path):
     assert n >= 3  # lanes, steps, device temporal (at least)
     assert "Temporal breakdown of device time" in dom
     text = out.read_text()
+    assert re.findall(r"<script[^>]*\ssrc=\"([^\"]*)\"", text) == [plotly_js_name()]   # plotly.js from beside it
     assert_reads_like_a_report(text)
     assert "CUDA stream 84 (NCCL)" in text and "stream:84" not in text     # lanes named, not stream:84
     assert "device idle" in dom and "host time outside operators" not in dom  # idle is the device's on a GPU

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_fsdpprof, shared_data
+from fsdpprof.report.plotly_bundle import plotly_js_name
 
 DLRM = ("gpu-traces", "param-dlrm-8rank-v100")
 USER_FILES = {"report.html": "<html>my own notes</html>", "summary.json": '{"mine": 1}',
@@ -365,6 +366,22 @@ def _demo_user_compare(c, _):
     return ["--out", str(c.inp)]
 
 
+def _plotly_folder_beside(c, _):
+    (c.inp / plotly_js_name()).mkdir()
+    return [str(c.trace()), "-o", str(c.inp / "r.html"), "--force"]
+
+
+def _cmp_user_plotly(c, _):
+    f = c.trace_folder()
+    (c.inp / plotly_js_name()).write_text("// the user's plotly build")
+    return [str(f), str(f), "-o", str(c.inp / "c.html")]
+
+
+def _demo_user_plotly(c, _):
+    (c.inp / plotly_js_name()).write_text("// the user's plotly build")
+    return ["--out", str(c.inp)]
+
+
 def _demo_user_run_folder(c, _):
     (c.inp / "run-fsdp2").mkdir()
     (c.inp / "run-fsdp2" / "analysis.txt").write_text("user's own work")
@@ -402,6 +419,7 @@ CASES = [
     ("report", _same_html_and_json, ["same file"], False),
     ("report", _plain("{inp}", "-o", ""), ["-o", "empty"], False),
     ("report", _o_is_the_trace, ["one of the input files"], False),
+    ("report", _plotly_folder_beside, ["the page's plotly.js", "a directory", "--self-contained"], False),
     ("report", _summary_is_trace_in_folder, ["one of the input files", "rank-1.json.gz"], False),
     *[("report", _summary_in_run(n), ["one of the input files", n.split("/")[-1]], False)
       for n in ("run.json", "rank-0/rank.json", "rank-0/inventory.json", "rank-0/trace.json.gz",
@@ -430,6 +448,7 @@ CASES = [
     ("compare", _cmp_user_json, ["c.json", "not written by fsdpprof"], False),
     ("compare", _cmp_default_in_cwd, ["compare.html", "not written by fsdpprof"], False),
     ("compare", _cmp_html_is_json, ["same file"], False),
+    ("compare", _cmp_user_plotly, ["the page's plotly.js", "not written by fsdpprof", "--self-contained"], False),
     ("compare", _cmp_workers, ["--workers: '-3' is too small", "from 1 to"], False),
     ("compare", _cmp_newer_run, ["newer fsdpprof", "fsdpprof.run/99"], False),
     # demo: refused before anything is recorded
@@ -437,6 +456,7 @@ CASES = [
     ("demo", _demo_user_compare, ["compare.html", "not written by fsdpprof"], False),
     ("demo", _demo_user_run_folder, ["run-fsdp2", "not an fsdpprof run"], False),
     ("demo", _demo_user_summary, ["summary-ddp.json", "not written by fsdpprof"], False),
+    ("demo", _demo_user_plotly, [plotly_js_name(), "not written by fsdpprof", "--self-contained"], False),
     ("demo", _plain("--out", "{inp}/d", "--nproc", "100000"), ["--nproc", "'100000' is too large", "from 1 to 16"], False),
     ("demo", _plain("--out", "{inp}/d", "--nproc", "0"), ["--nproc: '0' is too small"], False),
     ("demo", _plain("--out", "{inp}/d", "--strategies", "fsdp2,../../etc"), ["not a strategy"], False),
@@ -606,14 +626,14 @@ def test_o_folder_writes_inside_it(tmp_path):
     out.mkdir()
     p = run_cli("report", str(t), "-o", str(out), cwd=c.cwd)
     assert p.returncode == 0, p.stderr
-    assert sorted(x.name for x in out.iterdir()) == ["trace.report.html", "trace.summary.json"]
+    assert sorted(x.name for x in out.iterdir()) == [plotly_js_name(), "trace.report.html", "trace.summary.json"]
 
 
 def test_workers_bounded_by_ranks_and_cores(monkeypatch):
     """--workers 100000 starts at most min(ranks, cores) processes (the pool is watched, not replaced)."""
     import concurrent.futures as cf
 
-    from fsdpprof.analyze import run as run_mod
+    from fsdpprof.analyze.load import run as run_mod
 
     asked = []
 

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from conftest import run_fsdpprof, shared_data
-from fsdpprof.analyze import diff
-from fsdpprof.analyze.compare import compare_analyses
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.compare.runs import compare_analyses
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.errors import UserError
 
 V100 = ("gpu-traces", "param-dlrm-8rank-v100")
@@ -194,7 +194,7 @@ def test_hta_rounding_of_nanosecond_traces_reproduced(tmp_path, monkeypatch):
     df_rounded, _, _ = _hta(a, b)
     rounded = _hta_by_our_names(df_rounded, cats)
     assert not np.allclose(rounded["Control_total_duration"], ref["Control_total_duration"])  # it does differ
-    ev = load_run(str(a)).events()
+    ev = run_events(load_run(str(a)))
     first = ev["step"].min()
     ev = ev[ev["step"] == first]
     hta_dur = np.floor(ev["ts_us"] + ev["dur_us"]) - np.ceil(ev["ts_us"])
@@ -205,7 +205,7 @@ def test_hta_rounding_of_nanosecond_traces_reproduced(tmp_path, monkeypatch):
 
 def test_op_table_cap_keeps_totals():
     """Past the row cap the names with least time are summed into (other): counts and time per step kept."""
-    ev = load_run(str(shared_data("gpu-traces", "hta-16rank-a100", "rank-0.json.gz"))).events()
+    ev = run_events(load_run(str(shared_data("gpu-traces", "hta-16rank-a100", "rank-0.json.gz"))))
     full = diff.op_table(ev)
     assert len(full) < diff.OPS_ROWS_MAX   # the real traces fit: the cap does not touch the HTA comparison
     capped = diff.op_table(ev, rows_max=60)
@@ -288,7 +288,7 @@ def test_compare_cli_fsdp2_vs_no_reshard(recorded_run, tmp_path):
     rs = comm[comm["collective"] == "reduce_scatter"]
     assert len(rs) and (rs["baseline_count"] == rs["run_count"]).all()
     # the baseline's numbers, from its own events (first rank, first step): an independent count
-    ev = load_run(str(a)).events()
+    ev = run_events(load_run(str(a)))
     r0 = ev[(ev["rank"] == ev["rank"].min())]
     r0 = r0[r0["step"] == r0["step"].min()]
     coll = r0[(r0["kind"].astype(str) == "comm") & r0["collective"].notna()]

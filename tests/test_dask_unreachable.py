@@ -95,7 +95,7 @@ def test_a_real_scheduler_passes_the_handshake_check():
 
     from distributed import LocalCluster
 
-    from fsdpprof.analyze.engines import check_scheduler
+    from fsdpprof.analyze.load.engines import check_scheduler
 
     with LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None,
                       silence_logs=logging.CRITICAL) as cluster:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,15 @@ def test_demo_writes_reports_and_comparison(demo_out):
             "summary-fsdp2.json"} <= names
     for path in printed:
         assert path.is_file() and path.stat().st_size > 1000
+    # light pages: plotly.js once for the folder, each page alone at most 1.5 MB and loading it by a relative path
+    js = [x for x in out.iterdir() if x.name.startswith("plotly-") and x.name.endswith(".min.js")]
+    assert len(js) == 1 and js[0] in printed and js[0].stat().st_size > 1_000_000
+    pages = [x for x in printed if x.suffix == ".html"]
+    for page in pages:
+        html = page.read_text()
+        assert page.stat().st_size <= 1.5e6, (page.name, page.stat().st_size)
+        assert re.findall(r"<script[^>]*\ssrc=\"([^\"]*)\"", html) == [js[0].name], page.name
+        assert not re.search(r"\* plotly\.js v\d", html), page.name            # the bundle is not in the page
     s = json.loads((out / "summary-fsdp2.json").read_text())
     assert s["overview"]["strategy"] == "FULL_SHARD" and s["theory"]["psi"] > 0
     assert (out / "run-fsdp2" / "run.json").is_file() and (out / "run-fsdp2-4ranks" / "run.json").is_file()

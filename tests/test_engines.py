@@ -86,7 +86,7 @@ def test_dask_runs_each_rank_on_the_workers(scheduler):
     from distributed import Client
 
     from fsdpprof.analyze.pipeline import map_ranks
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     run = load_run(shared_data(*DLRM), lazy=True)
     assert all(rd.events is None for rd in run.ranks.values())     # paths travel, not events
@@ -130,7 +130,7 @@ def test_a_worker_that_dies_mid_run_is_retried_by_dask(tmp_path, scheduler):
     from distributed import Client
 
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.summary import summary
 
     path = shared_data(*DLRM)
@@ -162,7 +162,7 @@ def _copy(path, dst):
 @pytest.mark.slow
 def test_an_unreadable_rank_is_missing_not_fatal(tmp_path, scheduler):
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.summary import summary
 
     d = _copy(shared_data(*DLRM), tmp_path / "traces")
@@ -180,7 +180,7 @@ def test_a_file_the_workers_cannot_see_is_missing(tmp_path, scheduler):
     """Discovered here, gone where the rank runs (not on the workers' storage): that rank is missing, with
     the reason; the other ranks are analysed."""
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     d = _copy(shared_data(*DLRM), tmp_path / "traces")
     run = load_run(d, lazy=True)
@@ -215,7 +215,7 @@ def test_mode_000_trace_is_missing_on_a_local_cluster_started_by_the_cli(tmp_pat
 @pytest.mark.parametrize("engine", ["local", "dask"])
 def test_one_progress_line_per_rank(engine, scheduler, capsys):
     from fsdpprof.analyze.pipeline import map_ranks
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     run = load_run(shared_data(*DLRM), lazy=True)
     kw = {"scheduler": scheduler} if engine == "dask" else {"workers": 2}
@@ -234,7 +234,7 @@ def test_local_pool_retries_the_ranks_of_a_killed_worker(tmp_path, monkeypatch):
 
     from fsdpprof.analyze import pipeline
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.summary import summary
 
     run = load_run(shared_data(*DLRM), lazy=True)
@@ -268,7 +268,7 @@ def test_local_pool_survives_a_pool_broken_before_a_submit(monkeypatch):
     retried alone, and every job yields its result exactly once."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from fsdpprof.analyze import engines
+    from fsdpprof.analyze.load import engines
 
     real = engines.cf.ProcessPoolExecutor
     pools: list = []
@@ -306,6 +306,21 @@ def test_compare_same_json_on_both_engines(tmp_path, scheduler):
     assert out["local"]["table"] and out["dask"] == out["local"]
 
 
+@pytest.mark.slow
+def test_whatif_same_predictions_on_both_engines(recorded_run, tmp_path, scheduler):
+    """whatif maps its ranks like report does: each rank loaded and predicted in a local pool or on Dask
+    workers gives the predictions of this process, rank by rank (fits) and for the run."""
+    run = recorded_run("fsdp2")
+    out = {}
+    for engine, extra in (("here", ["--workers", "1"]), ("local", ["--engine", "local", "--workers", "2"]),
+                          ("dask", ["--scheduler", scheduler])):
+        p = run_fsdpprof("whatif", str(run), "--json", *extra, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[engine] = json.loads(p.stdout)
+    assert out["here"]["ranks_predicted"] == [0, 1] and out["here"]["predictions"]
+    assert out["local"] == out["here"] and out["dask"] == out["here"]
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--engine", "local", "--scheduler", "tcp://127.0.0.1:8786"], ["use it with --engine dask"]),
     (["--scheduler", "tcp://127.0.0.1:1"], ["cannot reach the Dask scheduler", "127.0.0.1:1"]),
@@ -313,8 +328,9 @@ def test_compare_same_json_on_both_engines(tmp_path, scheduler):
     (["--scheduler", "127.0.0.1"], ["is not HOST:PORT"]),
     (["--engine", "spark"], ["invalid choice"]),
 ])
-def test_engine_options_bad_input_one_line(tmp_path, args, needles):
-    p = run_fsdpprof("report", str(shared_data(*DLRM)), "-o", str(tmp_path / "r.html"), *args, timeout=120)
+@pytest.mark.parametrize("command", ["report", "whatif"])
+def test_engine_options_bad_input_one_line(tmp_path, args, needles, command):
+    p = run_fsdpprof(command, str(shared_data(*DLRM)), "-o", str(tmp_path / "r.html"), *args, timeout=120)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]

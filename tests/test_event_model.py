@@ -14,7 +14,7 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import load_trace, labels
 
 
@@ -116,9 +116,59 @@ def test_collective_type_from_the_launching_op_and_kernel_name_fallback(tmp_path
     t.cpu("nccl:send", 30, 2)
     t.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", 31, 40, 5, stream=21)
     t.kernel("ncclDevKernel_Generic(ncclDevKernelArgs)", 50, 60, 5, stream=20)      # RCCL, no args, no op
+    t.kernel("ncclDevKernel_Generic(ncclDevKernelArgs)", None, 70, 5, stream=20)    # launched before the window
+    t.kernel("ncclDevKernel_AllGather_RING_LL(x)", None, 80, 5, stream=20)           # ... its name says the type
     ev = load_trace(t.write(tmp_path / "rank-0.json")).events
     c = ev[ev["kind"] == "comm"].sort_values("ts_us")["collective"].astype(str).tolist()
-    assert c == ["all_to_all", "send_recv", "ncclDevKernel_Generic"]         # never "?"
+    # a kernel's name is never a collective type (it was "ncclDevKernel_Generic" in the volume table)
+    assert c == ["all_to_all", "send_recv", model.UNKNOWN_COLLECTIVE, model.UNKNOWN_COLLECTIVE, "all_gather"]
+
+
+def test_kernels_launched_inside_a_collective_op_are_its_communication(tmp_path):
+    """Whatever the kernel is called: symmetric-memory and custom all-reduces are communication, typed (and
+    sized) from the op that launched them; a tensor op nested in a collective keeps its kernel compute."""
+    bf16 = {"Input Dims": [[1024]], "Input type": ["c10::BFloat16"]}
+    t = Trace()
+    t.cpu("ProfilerStep#1", 0, 300, cat="user_annotation")
+    t.cpu("vllm::all_reduce", 10, 20, **bf16)
+    t.cpu("aten::copy_", 11, 2)
+    t.kernel("void at::native::elementwise_kernel<copy>", 12, 100, 2)                 # the copy into the buffer
+    t.cpu("symm_mem::multimem_all_reduce_", 14, 6, **bf16, **{"External id": 7})
+    t.kernel("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", 15,
+             110, 20, **{"External id": 7})
+    t.cpu("_C_custom_ar::all_reduce", 40, 5)
+    t.kernel("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(x)", 41, 140, 10)
+    t.cpu("aten::broadcast_tensors", 50, 3)                                          # not a collective
+    t.kernel("void broadcast_kernel", 51, 160, 5)
+    t.cpu("c10d::allgather_", 60, 20)
+    t.cpu("nccl:all_gather", 61, 3, cat="user_annotation")
+    t.kernel("ncclDevKernel_AllGather_RING_LL(x)", 62, 170, 5, stream=20)
+    t.cpu("aten::copy_", 70, 3)                                                     # c10d's copy-out of the list
+    t.kernel("void at::native::elementwise_kernel<copy>", 71, 180, 2, stream=20)
+    t.kernel("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", None,
+             190, 5)                                                                  # no launch: its name alone
+    ev = load_trace(t.write(tmp_path / "rank-0.json")).events.sort_values("ts_us")
+    k = ev[ev["lane"].astype(str).str.startswith("stream:")]
+    got = list(zip(k["kind"].astype(str), k["collective"].astype(object).where(k["collective"].notna(), None)))
+    assert got == [("compute", None), ("comm", "all_reduce"), ("comm", "all_reduce"), ("compute", None),
+                   ("comm", "all_gather"), ("compute", None), ("compute", None)]
+    multimem = k.iloc[1]
+    assert multimem["bytes"] == 2048 and multimem["dtype"] == "bfloat16"              # the op's 1024 bf16
+    assert model.is_collective_op("vllm::all_reduce") and model.is_collective_op("trtllm::allreduce")
+    assert model.is_collective_op("symm_mem::one_shot_all_reduce")
+    assert not model.is_collective_op("aten::broadcast_tensors") and not model.is_collective_op("vllm::moe_forward")
+    assert not model.is_collective_op("## all2all_data:kjt splits ##")
+
+
+def test_symmetric_memory_all_reduce_on_b200_is_communication():
+    """tracelens-b200: the 73 multimem_all_reduce_kernel launches under vllm::all_reduce (symm_mem) were counted
+    as compute ("exposed communication 0.0 %")."""
+    a = analyze_run(load_run(str(shared_data("gpu-traces", "tracelens-b200-8rank")), lazy=True))
+    v = a.volume.set_index("collective")
+    assert v.loc["all_reduce", "count"] == 73 and v.loc["all_gather", "count"] == 1
+    assert v.loc["all_reduce", "bytes"] > 0
+    assert float(a.overlap_overall["exposed_comm_us"].sum()) > 0
+    assert set(a.comm_phase["collective"]) <= set(model.COLLECTIVES)
 
 
 def test_point_to_point_stays_out_of_skew_and_stragglers(tmp_path):
@@ -132,7 +182,7 @@ def test_point_to_point_stays_out_of_skew_and_stragglers(tmp_path):
         t.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", 21, 30 + 40 * r, 5, stream=21)  # 40 us apart
         paths.append(t.write(tmp_path / f"rank-{r}.json"))
     run = load_run(str(tmp_path))
-    rec = skew.collective_records(run.events())
+    rec = skew.collective_records(run_events(run))
     assert set(rec["collective"]) == {"all_reduce"}
     a = analyze_run(run)
     assert len(a.skew) == 1 and a.skew.iloc[0]["start_skew_us"] < 5
@@ -214,6 +264,54 @@ def test_stage_at_step_marks():
     assert model.stage_at(ts, marks).tolist() == [
         "outside_step", "data", "forward", "forward", "backward", "backward", "optimizer", "optimizer", "post_step",
         "forward", "forward", "backward", "outside_step"]
+    # step 1's forward ends at 30 (a whole-forward marker): a collective launched after it and before the
+    # backward is input distribution (data); anything else there (the loss) stays forward
+    marks["fwd_end_us"] = [30.0, np.nan]
+    ts = np.array([20, 35, 35, 45, 120, 125.0])
+    coll = np.array([True, True, False, True, True, False])
+    assert model.stage_at(ts, marks, coll).tolist() == ["forward", "data", "forward", "backward", "forward",
+                                                        "forward"]
+    assert model.stage_at(ts, marks).tolist() == ["forward", "forward", "forward", "backward", "forward", "forward"]
+
+
+def test_forward_marker_and_input_distribution_from_the_trace(tmp_path):
+    """``## forward ##`` starts a forward like ``## backward ##`` starts a backward; the all-to-all launched
+    after the forward and before the backward is data."""
+    t = Trace()
+    t.cpu("ProfilerStep#1", 0, 200, cat="user_annotation")
+    t.cpu("## forward ##", 10, 40, cat="user_annotation")
+    t.cpu("nccl:all_to_all", 20, 2, cat="user_annotation")
+    t.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", 21, 30, 5, stream=20)
+    t.kernel("void loss_kernel", 55, 60, 5)                                              # after forward: the loss
+    t.cpu("## sparse_data_dist ##", 60, 20, cat="user_annotation")
+    t.cpu("nccl:all_to_all", 65, 2, cat="user_annotation")
+    t.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", 66, 70, 5, stream=20)
+    t.cpu("## backward ##", 90, 50, cat="user_annotation")
+    t.cpu("nccl:all_reduce", 100, 2, cat="user_annotation")
+    t.kernel("ncclKernel_AllReduce_RING_LL_Sum_float(x)", 101, 110, 5, stream=20)
+    ev = load_trace(t.write(tmp_path / "rank-0.json")).events
+    k = ev[ev["lane"].astype(str).str.startswith("stream:")].sort_values("ts_us")
+    assert k["stage"].astype(str).tolist() == ["forward", "forward", "data", "backward"]
+    marks = labels.step_marks(ev)
+    assert marks[["fwd_us", "fwd_end_us", "bwd_us"]].iloc[0].tolist() == [10.0, 50.0, 90.0]
+
+
+def test_dlrm_sparse_data_distribution_is_data():
+    """param-dlrm: TorchRec's sparse data distribution (## sparse_data_dist ##, three all-to-alls launched
+    after ## forward ## ends and before ## backward ##) is data; the forward's all-to-all stays forward."""
+    for r in (0, 5):
+        ev = load_trace(str(shared_data("gpu-traces", "param-dlrm-8rank-v100", f"rank-{r}.json.gz"))).events
+        marks = labels.step_marks(ev)
+        fwd = ev[ev["name"].astype(str) == "## forward ##"]
+        assert marks["fwd_us"].iloc[0] == fwd["ts_us"].min()
+        assert marks["fwd_end_us"].iloc[0] == (fwd["ts_us"] + fwd["dur_us"]).max()
+        c = ev[(ev["kind"] == "comm") & (ev["stage"] != "unknown")]
+        by_stage = c.groupby("stage", observed=True)["collective"].agg(list).to_dict()
+        assert by_stage["data"] == ["all_to_all"] * 3
+        assert by_stage["forward"] == ["all_to_all"]
+        assert sorted(by_stage["backward"]) == ["all_reduce"] * 3 + ["all_to_all"]
+        launch = c.loc[c["stage"] == "data", "launch_ts_us"]
+        assert (launch > marks["fwd_end_us"].iloc[0]).all() and (launch < marks["bwd_us"].iloc[0]).all()
 
 
 # --------------------------------------------------------------------------- attribution passes
@@ -244,7 +342,7 @@ def test_attribution_passes_fill_only_what_is_open():
 
 # --------------------------------------------------------------------------- the real GPU traces
 def test_real_sendrecv_kernels_take_the_type_of_the_op_that_launched_them():
-    ev = load_run(str(shared_data("gpu-traces", "hta-16rank-a100"))).events()
+    ev = run_events(load_run(str(shared_data("gpu-traces", "hta-16rank-a100"))))
     c = ev[ev["kind"] == "comm"]
     launched = c[c["stage"] != "unknown"]
     # every SendRecv kernel with its launch in the trace was launched by an all_to_all, all_reduce,
@@ -282,7 +380,7 @@ def _as_pd_concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def test_concat_events_is_pd_concat_with_categories_kept():
-    """Run.events() joins the ranks' frames without per-row objects: equal to pd.concat + astype("category"), on
+    """run_events(run) joins the ranks' frames without per-row objects: equal to pd.concat + astype("category"), on
     8 real ranks (names and lanes differ per rank) and on frames whose categories are unused, empty or None."""
     run = load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False)
     frames = [rd.events for _, rd in sorted(run.ranks.items())]

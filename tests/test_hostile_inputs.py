@@ -15,11 +15,11 @@ import pytest
 
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.trace import classify
-from fsdpprof.analyze import run as runmod
+from fsdpprof.analyze.load import files as runmod
 from fsdpprof.analyze.memory import snapshot as snapmod
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.pipeline import analyze_run
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.memory.snapshot import load_snapshot, parse_snapshot
 from fsdpprof.analyze.trace import load_trace
 from fsdpprof.errors import BUG_MARK, UserError

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_fsdpprof
 from fsdpprof.analyze.memory import memory_analysis
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.errors import UserError
 
 pytestmark = pytest.mark.slow  # real torchrun/gloo recordings
@@ -154,7 +154,7 @@ def test_fsdp1_units_recovered(recorded_run):
         at_peak = bu[(bu["category"] == "activation") & bu["unit"].isin(layers)]
         assert at_peak["unit"].nunique() >= 2
         # the peak estimate uses A_l per unit
-        from fsdpprof.analyze.model_states import activations_per_unit
+        from fsdpprof.analyze.summary.model_states import activations_per_unit
         assert activations_per_unit(m)[layers[0]] == act[layers[0]]
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import DEFAULT_RECORD_ARGS, run_fsdpprof
 from fsdpprof import runfmt
-from fsdpprof.analyze import findings as fnd
+from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.memory.process import process_memory
 from fsdpprof.collect.process_memory import ProcessMemory, read_proc_status
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.memory import safe_pickle
 from fsdpprof.analyze.memory import memory_analysis, snapshot_memory
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.model import MEMORY_CATEGORIES
 from fsdpprof.analyze.memory.snapshot import NEVER, load_snapshot
 from fsdpprof.errors import UserError

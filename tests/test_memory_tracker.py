@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 from fsdpprof.analyze.memory import memory_analysis
-from fsdpprof.analyze.run import load_run
+from fsdpprof.analyze.load.run import load_run
 
 pytestmark = pytest.mark.slow  # a real 2-process torchrun job
 

@@ -15,7 +15,8 @@ NUMERIC = {
     "compare": {"--rank", "--workers", "--connect-timeout"},
     "overlap": {"--workers", "--max-trace-bytes", "--connect-timeout"},
     "plan": {"--params", "--world", "--shard-group", "--compression", "--gpu-mem"},
-    "whatif": {"--world", "--shard-group", "--ranks-per-host", "--batch-scale", "--reshard-after-forward"},
+    "whatif": {"--world", "--shard-group", "--ranks-per-host", "--batch-scale", "--reshard-after-forward", "--workers",
+               "--connect-timeout"},
     "demo": {"--nproc"},
 }
 BASE = {  # a command line that parses, before the option under test

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,13 +99,22 @@ def test_readme_python_api_imports():
 
 
 def _imported_modules(path: Path) -> set[str]:
+    """Every name an import statement of ``path`` names, anywhere in it (in a function too): ``import a.b``
+    -> a.b; ``from a import b`` -> a and a.b (b may be a module: ``from fsdpprof import analyze``); a relative
+    import resolved against the file's package."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(ROOT).parent.parts)
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -123,6 +133,19 @@ def test_collect_imports_neither_analyze_nor_report_nor_pandas():
 
 def test_analyze_does_not_import_report():
     assert _violations("analyze", ("fsdpprof.report",)) == []
+
+
+def test_the_layering_check_sees_every_form_of_import(tmp_path, monkeypatch):
+    """The two checks above catch ``from fsdpprof import report``, a relative import and a lazy one."""
+    fake = tmp_path / "fsdpprof" / "collect"
+    fake.mkdir(parents=True)
+    (fake / "a.py").write_text("from fsdpprof import report\n")
+    (fake / "b.py").write_text("from ..analyze import run\n")
+    (fake / "c.py").write_text("def f():\n    import pandas\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert sorted(_violations("collect", ("fsdpprof.analyze", "fsdpprof.report", "pandas"))) == [
+        "fsdpprof/collect/a.py imports fsdpprof.report", "fsdpprof/collect/b.py imports fsdpprof.analyze",
+        "fsdpprof/collect/b.py imports fsdpprof.analyze.run", "fsdpprof/collect/c.py imports pandas"]
 
 
 def test_ci_builds_a_fresh_virtual_environment_before_the_tests():

@@ -1,5 +1,5 @@
 """`fsdpprof report` on real recordings, real GPU traces and CUDA snapshots: numbers beside theory,
-self-contained HTML, partial runs, bad input."""
+offline HTML, partial runs, bad input."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from conftest import OFFLOAD_BF16, run_fsdpprof, shared_data
+from fsdpprof.report.plotly_bundle import plotly_js_name
 
 
 def _report(path, out_dir, *extra, fresh_process=False):
@@ -23,9 +24,11 @@ def _rows(summary, key, **match):
     return [r for r in summary[key] or [] if all(r.get(k) == v for k, v in match.items())]
 
 
-def _assert_self_contained(html: str):
-    assert len(re.findall(r"\* plotly\.js v\d", html)) == 1  # the bundle's banner: embedded once, not linked
-    assert not re.search(r"<script[^>]+src=", html), "a script is loaded from elsewhere"
+def _assert_offline(html: str, folder):
+    """plotly.js loaded from the file written beside the page, by a relative path; nothing from the network."""
+    assert not re.search(r"\* plotly\.js v\d", html)  # the bundle's banner: not in the page
+    srcs = re.findall(r"<script[^>]*\ssrc=\"([^\"]*)\"", html)
+    assert srcs == [plotly_js_name()] and (folder / srcs[0]).is_file(), srcs
     assert not re.search(r"<link[^>]+href=[\"']?https?:", html)
     for section in ("overview", "findings", "memory", "communication", "steps", "ranks", "device"):
         assert f'id="{section}"' in html
@@ -35,7 +38,7 @@ def _assert_self_contained(html: str):
 def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     run = recorded_run("fsdp2")
     html, s, stdout = _report(run, tmp_path, "--hta", fresh_process=True)   # (one `report` end to end)
-    _assert_self_contained(html)
+    _assert_offline(html, tmp_path)
     inv = json.loads((run / "rank-0" / "inventory.json").read_text())
     t = s["theory"]
     assert s["overview"]["strategy"] == "FULL_SHARD" and t["canonical_strategy"] == "ZERO3"
@@ -240,7 +243,7 @@ def test_summary_json_written_key_by_key_is_json_dumps():
     import pandas as pd
 
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.outputs import json_bytes
     from fsdpprof.report.summary import json_safe, summary
 

@@ -1,7 +1,9 @@
 """Findings fire on the numbers that should trigger them, and name those numbers."""
+import numpy as np
 import pandas as pd
+import pytest
 
-from fsdpprof.analyze import findings as fnd
+from fsdpprof.analyze.summary import findings as fnd
 
 
 def _steps(step_us=1000.0, exposed=0.0, ranks=(0, 1)):
@@ -75,3 +77,94 @@ def test_sort_puts_high_first():
     b = fnd.Finding("b", "high", "", "", 5.0, "%", 1, "", "x")
     c = fnd.Finding("c", "high", "", "", 50.0, "%", 1, "", "x")
     assert [f.id for f in fnd.sort_findings([a, b, c])] == ["c", "b", "a"]
+
+
+def test_sort_ranks_by_the_step_time_at_stake():
+    mem = fnd.Finding("mem", "high", "", "", 90.0, "%", 1, "", "memory")
+    small = fnd.Finding("comm", "high", "", "", 30.0, "%", 1, "", "x", 0, 300.0)
+    big = fnd.Finding("idle", "medium", "", "", 12.0, "%", 1, "", "x", 0, 5000.0)
+    assert [f.id for f in fnd.sort_findings([mem, small, big])] == ["idle", "comm", "mem"]
+
+
+def _stall_trace(tmp_path) -> str:
+    """One step on a GPU: the device waits for a DataLoader fetch, a tensor.item() and a
+    torch.cuda.synchronize() (times in us; every gap but one is host wait)."""
+    from test_event_model import Trace
+
+    t = Trace()
+    t.cpu("ProfilerStep#1", 0, 1000, cat="user_annotation")
+    t.kernel("void a", 5, 10, 100)                                         # busy 10-110
+    t.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 120, 200, cat="user_annotation")
+    t.kernel("void b", 325, 330, 10)                                       # idle 110-330: host wait 220
+    t.cpu("aten::item", 341, 29)
+    t.cpu("aten::_local_scalar_dense", 342, 27)
+    t.cpu("cudaStreamSynchronize", 345, 23, cat="cuda_runtime")           # returns at 368, in the gap 340-375
+    t.kernel("void c", 372, 375, 100)                                      # idle 340-375: host wait 35
+    t.cpu("cudaDeviceSynchronize", 500, 10, cat="cuda_runtime")           # returns at 510, in the gap 475-515
+    t.kernel("void d", 512, 515, 85)                                       # idle 475-515: host wait 40
+    t.kernel("void e", 520, 605, 95)                                       # idle 600-605: kernel wait 5
+    return t.write(tmp_path / "rank-0.json")
+
+
+def test_device_idle_syncs_and_data_loader_from_a_hand_built_step(tmp_path):
+    from fsdpprof.analyze.comm import steps as st
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.analyze.load.run import load_run
+    from fsdpprof.analyze.trace import load_trace
+
+    ev = load_trace(_stall_trace(tmp_path)).events
+    s = st.step_stalls(ev).iloc[0]
+    assert (s["idle_host_wait_us"], s["idle_kernel_wait_us"], s["idle_other_us"]) == (295.0, 5.0, 0.0)
+    assert (s["sync_calls"], s["scalar_sync_calls"], s["sync_us"], s["sync_idle_us"]) == (2, 1, 33.0, 75.0)
+    assert (s["data_loader_us"], s["data_loader_idle_us"]) == (200.0, 200.0)
+    step = st.step_breakdown(ev).iloc[0]
+    assert step["idle_us"] == s["idle_host_wait_us"] + s["idle_kernel_wait_us"] + s["idle_other_us"] == 300.0
+
+    a = analyze_run(load_run(_stall_trace(tmp_path)))
+    f = {x.id: x for x in a.findings}
+    assert [x.id for x in a.findings][:3] == ["device_idle", "data_loader", "host_syncs"]      # by time at stake
+    idle = f["device_idle"]
+    assert idle.value == pytest.approx(100 * 300 / 690) and idle.stake_us == 300.0 and idle.severity == "high"
+    assert "98% of it waiting for the host to launch work (host-bound)" in idle.title and "CUDA graphs" in idle.suggestion
+    sync = f["host_syncs"]
+    assert sync.stake_us == 75.0 and sync.value == pytest.approx(100 * 75 / 690)
+    assert sync.title.startswith("2 host synchronisations per step, 1 of them in tensor.item()")
+    assert f["data_loader"].stake_us == 200.0 and "num_workers" in f["data_loader"].suggestion
+    for x in (idle, sync, f["data_loader"]):           # each names its threshold and summary.json keys
+        assert x.threshold > 0 and ("steps." in x.metric or "step_stalls." in x.metric)
+    assert a.step_stalls is not None and len(a.step_stalls) == 1
+
+
+def test_device_findings_thresholds():
+    steps = pd.DataFrame({"rank": [0, 0], "step": [1.0, 2.0], "step_us": [1000.0, 1000.0], "idle_us": [90.0, 90.0]})
+    stalls = pd.DataFrame({"rank": [0, 0], "step": [1.0, 2.0], "idle_host_wait_us": [10.0, 10.0],
+                           "idle_kernel_wait_us": [70.0, 70.0], "idle_other_us": [10.0, 10.0],
+                           "sync_calls": [3, 3], "scalar_sync_calls": [0, 0], "sync_us": [5.0, 5.0],
+                           "sync_idle_us": [19.0, 19.0], "data_loader_us": [60.0, 60.0],
+                           "data_loader_idle_us": [49.0, 49.0]})
+    assert fnd.device_findings(steps, stalls) == []       # 9% idle, 1.9% after syncs, 4.9% loading: below
+    more = fnd.device_findings(steps.assign(idle_us=100.0), stalls.assign(sync_idle_us=20.0, data_loader_idle_us=50.0))
+    assert {x.id for x in more} == {"device_idle", "host_syncs", "data_loader"}
+    idle = next(x for x in more if x.id == "device_idle")
+    assert idle.value == 10.0 and "launch-bound" in idle.title and idle.stake_us == 100.0
+    # a CPU trace: no device idle and no syncs; the DataLoader's host time is what is at stake
+    cpu = fnd.device_findings(steps.assign(idle_us=500.0), stalls.assign(data_loader_idle_us=np.nan), device=False)
+    assert [x.id for x in cpu] == ["data_loader"] and cpu[0].value == 6.0 and "training thread" in cpu[0].title
+
+
+@pytest.mark.parametrize("rel,idle_pct,cause", [("tracelens-b200-8rank", 86.3, "host-bound"),
+                                                ("hta-16rank-a100", 62.6, "other streams")])
+def test_real_traces_say_the_device_is_idle_first(rel, idle_pct, cause):
+    """The B200 trace's device is idle 86 % of the step, hta-16rank 63 %: the first finding says so, why, and
+    the time at stake (it used to be "nothing stands out" / a 6.7 % all-reduce finding)."""
+    from conftest import shared_data
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.analyze.load.run import load_run
+
+    a = analyze_run(load_run(str(shared_data("gpu-traces", rel)), lazy=True))
+    first = a.findings[0]
+    s = a.steps
+    assert first.id == "device_idle" and cause in first.title
+    assert first.value == pytest.approx(100 * s["idle_us"].sum() / s["step_us"].sum()) == pytest.approx(idle_pct, abs=0.1)
+    assert first.stake_us == pytest.approx(s["idle_us"].sum() / s["step"].nunique())
+    assert all(first.stake_us >= f.stake_us for f in a.findings if f.stake_us == f.stake_us)

@@ -90,7 +90,7 @@ def test_gpu_trace_lanes_are_named_streams():
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp2"])
 def test_cpu_run_headline_and_lanes(recorded_run, strategy):
-    from fsdpprof.analyze.headline import headline
+    from fsdpprof.analyze.summary.headline import headline
     from fsdpprof.commands.report import analyse_path
 
     a = analyse_path(str(recorded_run(strategy)))
@@ -127,7 +127,8 @@ def test_per_unit_memory_tables_in_the_models_order():
 def test_one_byte_formatter():
     """Bytes are written by one function everywhere (pages, text, messages, the overlap table): binary units at three
     significant digits, decimal ones on request, a placeholder for what is missing."""
-    from fsdpprof.analyze import model, theory
+    from fsdpprof.analyze import model
+    from fsdpprof.analyze.summary import theory
     from fsdpprof.analyze.memory import oom
     from fsdpprof.commands import overlap as overlap_cmd
     from fsdpprof.report import page

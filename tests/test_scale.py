@@ -47,7 +47,7 @@ def _replicated(run, results, n: int):
 def test_report_and_summary_bounded_at_1024_ranks(recorded_run, source):
     """Real per-rank results (a recorded CPU run; the DLRM GPU traces) copied to 64 and 1024 ranks."""
     from fsdpprof.analyze.pipeline import map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report import many_ranks
     from fsdpprof.report.page import Page
     from fsdpprof.report.run_page import render_report
@@ -103,7 +103,7 @@ def test_above_16_ranks_one_rank_keeps_its_detail(recorded_run, tmp_path):
     """The parent holds small results: the memory timeline and the lanes of one rank only above 16 ranks;
     the report's distributions name the worst ranks."""
     from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX, map_ranks, reduce_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report import many_ranks
     from fsdpprof.report.page import Page
 
@@ -125,7 +125,7 @@ def test_above_16_ranks_one_rank_keeps_its_detail(recorded_run, tmp_path):
 
 
 def test_distributions_known_answers():
-    from fsdpprof.analyze import distributions as d
+    from fsdpprof.analyze.summary import distributions as d
 
     per_rank = pd.DataFrame({"rank": np.arange(100), "step_us": np.arange(100) * 2.0})
     st = d.statistics(per_rank, ["step_us"]).set_index("statistic")
@@ -171,7 +171,7 @@ def test_grouped_is_pandas_groupby():
     """grouped() (one factorisation, bincount) gives the frame pandas' groupby gives, dtypes included: groups
     in order of first appearance, None and NaN keys one group of their own, keys of only missing values,
     values missing in a whole group or for a rank, ties (the lowest rank), integer values, category keys (126 frames)."""
-    from fsdpprof.analyze import distributions as d
+    from fsdpprof.analyze.summary import distributions as d
 
     rng = np.random.default_rng(11)
     checked = 0
@@ -196,7 +196,7 @@ def test_grouped_is_pandas_groupby():
 def test_distribution_statistics_are_pandas_quantiles():
     """statistics() (numpy, one pass per column) gives what pandas' Series.quantile / mean give: missing values
     and text left out, a column without a value NaN, nullable integers read as numbers."""
-    from fsdpprof.analyze import distributions as d
+    from fsdpprof.analyze.summary import distributions as d
 
     rng = np.random.default_rng(7)
     for n in (1, 2, 5, 33):
@@ -220,7 +220,7 @@ def test_bench_scale_synthetic_rank_is_a_faithful_copy(tmp_path):
     import bench_scale
 
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
 
     src = shared_data(*DLRM) / "rank-3.json.gz"
     one = bench_scale._source(3)[3]            # JSON bytes of its events, as written (no white space)
@@ -243,9 +243,9 @@ def test_what_if_replays_of_many_ranks_in_a_pool_are_the_replays_in_the_parent(r
     """From predict.REPLAY_POOL_MIN_RANKS ranks on, the what-if reduce replays the ranks in a local pool: the
     predictions are those of the replays in the parent, and a chunk whose worker fails is replayed in the
     parent."""
-    from fsdpprof.analyze import engines
+    from fsdpprof.analyze.load import engines
     from fsdpprof.analyze.pipeline import map_ranks
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.run import load_run
     from fsdpprof.analyze.whatif import predict as wp
 
     run = load_run(recorded_run("fsdp2"), lazy=True)

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from fsdpprof import options
-from fsdpprof.analyze import theory
+from fsdpprof.analyze.summary import theory
 from fsdpprof.errors import UserError
 
 PSI = 7.5e9

@@ -31,9 +31,9 @@ NOT_THE_CONCEPT = {
     ("report/figures.py", "data"): (5, "plotly's figure field 'data'"),
     ("report/overview.py", "input"): (1, "the Overview table's row naming the input path"),
     ("report/page.py", "other"): (1, "the words the page shows for the category 'other'"),
-    ("analyze/theory.py", "param"): (1, "a spelling of --offload params"),
-    ("analyze/theory.py", "optimizer"): (4, "--offload optimizer, and " + _OPTIMIZER_KEY),
-    ("analyze/model_states.py", "optimizer"): (1, _OPTIMIZER_KEY),
+    ("analyze/summary/theory.py", "param"): (1, "a spelling of --offload params"),
+    ("analyze/summary/theory.py", "optimizer"): (4, "--offload optimizer, and " + _OPTIMIZER_KEY),
+    ("analyze/summary/model_states.py", "optimizer"): (1, _OPTIMIZER_KEY),
     ("analyze/pipeline.py", "optimizer"): (2, _OPTIMIZER_KEY),
     ("collect/inventory.py", "optimizer"): (1, _OPTIMIZER_KEY),
     ("commands/plan.py", "optimizer"): (3, _OPTIMIZER_KEY),
@@ -128,7 +128,7 @@ def test_one_description_of_an_input():
 
 def test_one_strategy_table():
     """One alias table: theory's ZeRO stage and what-if's strategy come from the same spelling."""
-    from fsdpprof.analyze import theory
+    from fsdpprof.analyze.summary import theory
     from fsdpprof.errors import UserError
 
     for spelling, strategy, stage in (("full_shard", "FULL_SHARD", "ZERO3"), ("ZeRO-2", "SHARD_GRAD_OP", "ZERO2"),

@@ -15,6 +15,7 @@ from fsdpprof.analyze.whatif import predict as wp
 from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif.units import Unit
 from fsdpprof.errors import UserError
+from fsdpprof.report.plotly_bundle import plotly_js_name
 
 from conftest import OFFLOAD_BF16, run_fsdpprof
 
@@ -221,6 +222,7 @@ def test_cli_json_text_html_and_errors(recorded_run, tmp_path):
     assert [ln.split(":", 1)[0] for ln in p.stdout.splitlines() if ln.startswith("fits")] == ["fits, rank 0", "fits, rank 1"]
     html = page.read_text()
     assert 'name="generator" content="fsdpprof' in html and "What if" in html and "HYBRID_SHARD (2x4)" in html
+    assert f'src="{plotly_js_name()}"' in html and (tmp_path / plotly_js_name()).is_file()   # plotly.js beside it
     # an existing file fsdpprof did not write is kept
     mine = tmp_path / "mine.html"
     mine.write_text("mine")

@@ -25,13 +25,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import distributions
-from fsdpprof.analyze import findings as fnd
-from fsdpprof.analyze import diff, model, model_states, theory
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
-from fsdpprof.analyze.frames import isin
-from fsdpprof.analyze.run import check_workers, inflated_size, no_usable_rank, parse_trace, with_inventory
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.load import engines
+from fsdpprof.analyze.load import hta as hta_tables
+from fsdpprof.analyze.load.frames import isin
+from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
+from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
+from fsdpprof.analyze.memory.attribution import memory_analysis
+from fsdpprof.analyze.summary import distributions, model_states, theory
+from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.trace import labels
+from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 LANE_EVENTS_MAX = 4000
@@ -65,6 +71,7 @@ class RankResult:
     comm_unit_step: pd.DataFrame | None = None   # UNIT_STEP_KEYS: volume + overlap
     overall: pd.DataFrame | None = None          # overall_overlap (one row)
     steps: pd.DataFrame | None = None            # step_breakdown rows
+    stalls: pd.DataFrame | None = None           # steps.step_stalls: device idle by cause, syncs, DataLoader
     records: pd.DataFrame | None = None          # skew.collective_records (p2p left out)
     traffic: pd.DataFrame | None = None          # rank, collective: in-step count, payload and wire bytes, steps
     lanes: pd.DataFrame | None = None
@@ -101,6 +108,8 @@ class Analysis:
     comm_outside_steps: pd.DataFrame | None = None            # rank, collective: comm launched outside any step
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
+    step_stalls: pd.DataFrame | None = None                   # rank, step: device idle by cause, host syncs,
+                                                              # DataLoader time (steps.step_stalls)
     skew: pd.DataFrame | None = None
     stragglers: pd.DataFrame | None = None
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
@@ -236,6 +245,8 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
+    res.stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
+                      steps.step_stalls, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
@@ -257,8 +268,6 @@ NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); 
 
 def _memory_part(res: RankResult, rd, source: str):
     """The rank's MemoryResult (with its allocations, for the what-if replay) into ``res``; None without."""
-    from fsdpprof.analyze.memory.attribution import memory_analysis
-
     if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
         _note(res.notes, "memory", NO_MEMORY_EVENTS)
         return
@@ -291,25 +300,20 @@ def _memory_part(res: RankResult, rd, source: str):
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
                  max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
                  overlap_only: bool = False) -> RankResult:
-    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.run.RankData`).  Its trace is
+    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.files.RankData`).  Its trace is
     loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
     ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
     operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
     volume and overall overlap alone (no inventory, memory or what-if)."""
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
-    if not overlap_only:
-        rd, why = with_inventory(rd)   # a lazily loaded run: its inventory is read here, where the rank is analysed
-        if why:
-            res.warnings.append(why)
-    if rd.events is None and rd.trace_path:
-        status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes)
-        if status != "ok":
-            res.error = val
-        else:
-            res.warnings += val.warnings
-            res.trace_meta = {**val.meta, **res.trace_meta}
-            rd = replace(rd, events=val.events, memory_events=val.memory_events, trace_meta=res.trace_meta)
-        if res.error and (overlap_only or (rd.snapshot_path is None and rd.inventory is None)):
+    loaded = load_rank(rd, max_bytes=max_bytes, progress=progress, inventory=not overlap_only)
+    rd = loaded.rank
+    res.warnings += [loaded.inventory_error] if loaded.inventory_error else []
+    res.warnings += loaded.warnings
+    res.trace_meta = dict(rd.trace_meta or {})
+    if loaded.trace_error:
+        res.error = loaded.trace_error
+        if overlap_only or (rd.snapshot_path is None and rd.inventory is None):
             return res
     if overlap_only:
         if rd.events is not None and len(rd.events):
@@ -325,8 +329,6 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
     if rd.events is not None or rd.snapshot_path:
         m = _memory_part(res, rd, source)
         if rd.inventory and rd.events is not None and len(rd.events):
-            from fsdpprof.analyze.whatif.predict import report_rank
-
             res.whatif = _try(res.notes, "whatif", "what-if predictions", report_rank, rd, m)
         if res.memory is not None and not timeline:
             res.memory = replace(res.memory, timeline=None)
@@ -334,7 +336,6 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
 
 
 # --------------------------------------------------------------------------- running the map
-POOL_MIN_BYTES = 64 << 20   # analyse ranks in worker processes (auto) only when their traces hold this much JSON
 DETAIL_RANKS_MAX = 16       # above this many ranks, one rank's detail (memory timeline) is kept, and the
                             # report shows distributions over ranks instead of per-rank tables
 
@@ -345,7 +346,7 @@ def _say(progress: bool, text: str) -> None:
 
 
 # what a worker imports once before its first rank (so that a rank's measured memory is its own)
-RANK_JOB_MODULES = ("fsdpprof.analyze.run", "fsdpprof.analyze.trace.load", "fsdpprof.analyze.memory.attribution")
+RANK_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
@@ -364,13 +365,11 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
               scheduler: str | None = None, ops: bool = True, overlap_only: bool = False) -> list[RankResult]:
-    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.engines` runs it: ``engine``
+    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.load.engines` runs it: ``engine``
     ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
     ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
     are already loaded are analysed in this process.  One progress line per rank when ``progress``.
     ``ops``, ``overlap_only``: see :func:`analyze_rank`."""
-    from fsdpprof.analyze import engines
-
     engine = engines.check_engine(engine, scheduler)
     rds = [run.ranks[r] for r in sorted(run.ranks)]
     lanes_rank = rds[0].rank if rds else None
@@ -383,13 +382,10 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
     here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
     away = [rd for rd in rds if rd.events is None]
     if engine == "local":
-        if workers is None:
-            lazy = [rd.trace_path for rd in away if rd.trace_path]
-            big = sum(inflated_size(p) for p in lazy) >= POOL_MIN_BYTES
-            workers = min(len(lazy), os.cpu_count() or 1) if big else 1
+        workers = engines.local_workers(workers, len(away), unread_trace_bytes(away))
         if workers <= 1 or len(away) <= 1:
             here, away = rds, []
-    preload = RANK_JOB_MODULES[:2] if overlap_only else RANK_JOB_MODULES    # (no memory analysis to import)
+    preload = RANK_JOB_MODULES[:1] if overlap_only else RANK_JOB_MODULES    # (no memory analysis to import)
     say = bool(progress) and len(rds) > 1
     out: dict[int, RankResult] = {}
     t0 = time.perf_counter()
@@ -534,6 +530,8 @@ def _findings(a: Analysis) -> list:
     o = a.overview
     fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
     items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
+    device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
+    items += fnd.device_findings(a.steps, a.step_stalls, device=device)
     strat = o.get("strategy")
     for r, m in sorted(a.memory.items()):
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
@@ -588,6 +586,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         a.comm_unit_step = _concat(r.comm_unit_step for r in traced)
         a.overlap_overall = _concat(r.overall for r in traced)
         a.steps = _concat(r.steps for r in traced)
+        a.step_stalls = _concat(r.stalls for r in traced)
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
@@ -618,8 +617,6 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
     a.findings = _findings(a)
-    from fsdpprof.analyze.whatif.predict import report_reduce
-
     a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     a.rank_distributions = _try(a.notes, "ranks", "distributions over ranks", distributions.rank_distributions,
                                 a) or {}
@@ -628,15 +625,13 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
 
 def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None,
                 engine: str | None = None, scheduler: str | None = None, ops: bool = True) -> Analysis:
-    """All numbers of one Run (:func:`fsdpprof.analyze.run.load_run`): map (on ``engine``, see
+    """All numbers of one Run (:func:`fsdpprof.analyze.load.run.load_run`): map (on ``engine``, see
     :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``).
     ``ops=False`` leaves out the per-step operator table (``op_stats``: what compare diffs, the largest
     per-rank result; the report does not show it)."""
     a = reduce_run(run, map_ranks(run, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                                   ops=ops))
     if hta:
-        from fsdpprof.analyze import hta as hta_tables
-
         if not any(d.trace_path for d in run.ranks.values()):
             _note(a.notes, "hta", "no profiler trace in this input, so HTA's breakdowns are left out.")
         elif a.overview.get("device_type") in (None, model.DEVICE_CPU):
@@ -681,10 +676,10 @@ class OverlapSummary:
 def overlap_summary(run, *, workers: int | None = None, engine: str | None = None,
                     scheduler: str | None = None) -> OverlapSummary:
     """The overall overlap of communication with compute per rank, and the collective volume per rank and
-    collective, of a Run (:func:`fsdpprof.analyze.run.load_run`, lazily loaded or not): the map and reduce of
+    collective, of a Run (:func:`fsdpprof.analyze.load.run.load_run`, lazily loaded or not): the map and reduce of
     :func:`analyze_run` restricted to those two tables (the same numbers, warnings and errors), on ``engine``
     (see :func:`map_ranks`).  Ranks without a trace are left out (a run of CUDA snapshots only: UserError)."""
-    check_workers(workers)
+    engines.check_workers(workers)
     traced = {r: rd for r, rd in run.ranks.items() if rd.trace_path or rd.events is not None}
     if not traced:
         raise UserError(f"{run.path} holds no profiler trace (only CUDA snapshots or inventories): overlap and "

@@ -22,9 +22,10 @@ import socket
 import subprocess
 import threading
 
-from fsdpprof import __version__, runfmt
+from fsdpprof import runfmt
 from fsdpprof import options as opt
 from fsdpprof.errors import UserError
+from fsdpprof.version import __version__
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

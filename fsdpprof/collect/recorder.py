@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from fsdpprof import __version__
+from fsdpprof.version import __version__
 from fsdpprof import runfmt
 from fsdpprof.collect import inventory as inv
 from fsdpprof.collect.process_memory import ProcessMemory

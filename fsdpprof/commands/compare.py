@@ -24,21 +24,23 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
-    from fsdpprof.commands.report import add_engine_arguments
+    from fsdpprof.commands.report import add_engine_arguments, add_self_contained
 
+    add_self_contained(p)
     add_engine_arguments(p)
 
 
-def write_compare(comparison, out_html: str, out_json: str | None = None) -> tuple[str, str]:
-    """Write compare HTML and JSON, both or neither (callers check the paths first: outputs.check_outputs)."""
+def write_compare(comparison, out_html: str, out_json: str | None = None,
+                  self_contained: bool = False) -> tuple[str, str]:
+    """Write compare HTML and JSON, both or neither (with the plotly.js file beside the page, unless
+    ``self_contained`` or already there); callers check the paths first: outputs.check_outputs."""
     from fsdpprof.report.compare_page import render_compare
-    from fsdpprof.report.outputs import compare_paths, json_bytes, write_files
+    from fsdpprof.report.outputs import compare_paths, json_bytes, page_items, write_files
     from fsdpprof.report.summary import compare_summary
 
     out_html, out_json = compare_paths(out_html, out_json)
-    write_files([(out_html, render_compare(comparison).encode("utf-8")), (out_json, json_bytes(compare_summary(comparison)))])
+    page = page_items(out_html, lambda src: render_compare(comparison, src), self_contained)
+    write_files(page + [(out_json, json_bytes(compare_summary(comparison)))])
     return out_html, out_json
 
 
@@ -48,8 +50,8 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
     latest) and a note naming it; any other path is returned as it is."""
     import os
 
-    from fsdpprof.analyze.run import iteration_folders
-    from fsdpprof.analyze.scope import SCOPE_FIRST
+    from fsdpprof.analyze.load.files import iteration_folders
+    from fsdpprof.analyze.compare.scope import SCOPE_FIRST
 
     if not os.path.isdir(path):
         return path, None
@@ -69,11 +71,11 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the runs are found: see report.run)
-    from fsdpprof.analyze.engines import check_engine, shared_scheduler
-    from fsdpprof.analyze.run import load_run
-    from fsdpprof.analyze.scope import SCOPE_FIRST, Scope, parse_iteration
+    from fsdpprof.analyze.load.engines import check_engine, shared_scheduler
+    from fsdpprof.analyze.load.files import find_run
+    from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
     from fsdpprof.commands.report import check_workers_option
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths, plotly_output
 
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
@@ -82,14 +84,15 @@ def run(args) -> int:
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
-    outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON")]
+    outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON"),
+               *plotly_output(html_path, args.self_contained)]
     check_outputs(outputs, force=args.force, defer_under=args.runs)
     analyses, runs, window_notes = [], [], []
     for path in args.runs:
         path, note = profiling_window(path, scope.iteration)
         if note:
             window_notes.append(note)
-        run_ = load_run(path, workers=args.workers, lazy=True)
+        run_ = find_run(path, workers=args.workers)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
         keep = None
         if scope.rank is not None:
@@ -103,7 +106,7 @@ def run(args) -> int:
         if keep is not None:
             run_.ranks = {keep: run_.ranks[keep]}
         runs.append(run_)
-    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.compare.runs import compare_analyses
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.diff import diff_text
     from fsdpprof.report.text import compare_text
@@ -116,7 +119,7 @@ def run(args) -> int:
             del run_
     c = compare_analyses(analyses, allow_different_models=args.force, scope=scope)
     c.notes[:0] = window_notes
-    write_compare(c, html_path, json_path)
+    write_compare(c, html_path, json_path, self_contained=args.self_contained)
     print(compare_text(c))
     print(diff_text(c))
     print(f"comparison: {html_path}\njson: {json_path}")

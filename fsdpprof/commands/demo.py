@@ -38,6 +38,9 @@ def add_arguments(p) -> None:
                    help=f"processes for a strategy given without :N (default 2, at most {MAX_NPROC})")
     p.add_argument("--force", action="store_true",
                    help="overwrite report/compare files in --out that fsdpprof did not write")
+    from fsdpprof.commands.report import add_self_contained
+
+    add_self_contained(p)
 
 
 MAX_NPROC = options.MAX_DEMO_NPROC
@@ -47,7 +50,7 @@ def _previous_run(run_dir: str) -> bool:
     """True when ``run_dir`` holds an earlier fsdpprof run (re-recorded with ``record --force``); False when
     it is absent or an empty folder; UserError when something else is there (it is never removed)."""
     from fsdpprof import runfmt
-    from fsdpprof.analyze.run import read_run_json
+    from fsdpprof.analyze.load.files import read_run_json
 
     if not os.path.lexists(run_dir):
         return False
@@ -84,10 +87,10 @@ def record_example(out_dir: str, strategy: str, nproc: int = 2, replace: bool = 
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.compare import compare_analyses
+    from fsdpprof.analyze.compare.runs import compare_analyses
     from fsdpprof.commands.compare import write_compare
     from fsdpprof.commands.report import analyse_path, write_report
-    from fsdpprof.report.outputs import check_not_empty, check_outputs
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, plotly_output, plotly_path
     from fsdpprof.report.text import compare_text
 
     options.DEMO_NPROC.parse(args.nproc, "--nproc")
@@ -101,6 +104,7 @@ def run(args) -> int:
                for f in (f"report-{name}.html", f"summary-{name}.json")]
     if len(runs) >= 2:
         outputs += [(os.path.join(out, "compare.html"), "the demo's"), (os.path.join(out, "compare.json"), "the demo's")]
+    outputs += plotly_output(os.path.join(out, "compare.html"), args.self_contained)   # (one for the folder)
     check_outputs(outputs, force=args.force, fix="choose another --out")
     previous = {name: _previous_run(os.path.join(out, f"run-{name}")) for name in names}
     try:
@@ -121,15 +125,20 @@ def run(args) -> int:
                             f"{' | '.join(tail)}; see {run_dir}")
         a = analyse_path(run_dir, hta=False, ops=True)   # (compared below)
         html_path, summary_path = write_report(a, os.path.join(out, f"report-{name}.html"),
-                                               os.path.join(out, f"summary-{name}.json"))
+                                               os.path.join(out, f"summary-{name}.json"),
+                                               self_contained=args.self_contained)
         analyses.append(a)
         written += [html_path, summary_path]
         print(f"demo: {s} on {n} recorded and reported in {time.time() - t0:.0f} s", flush=True)
     if len(analyses) >= 2:
         c = compare_analyses(analyses, allow_different_models=True)
-        ch, cj = write_compare(c, os.path.join(out, "compare.html"), os.path.join(out, "compare.json"))
+        ch, cj = write_compare(c, os.path.join(out, "compare.html"), os.path.join(out, "compare.json"),
+                               self_contained=args.self_contained)
         written += [ch, cj]
         print(compare_text(c))
+    js = plotly_path(os.path.join(out, "compare.html"))
+    if not args.self_contained and os.path.isfile(js):
+        written.append(js)      # (the pages' plotly.js, written once for the folder)
     print(f"demo: wrote (in {time.time() - t_start:.0f} s)")
     for p in written:
         print(f"  {p}")

@@ -7,7 +7,6 @@ import json
 import math
 import sys
 
-from fsdpprof import options
 from fsdpprof.analyze.model import fmt_bytes
 from fsdpprof.commands.report import add_engine_arguments, add_max_trace_bytes, check_workers_option
 
@@ -17,8 +16,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
     add_max_trace_bytes(p)
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
     add_engine_arguments(p)
 
 
@@ -49,12 +46,12 @@ def table(result) -> str:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.engines import check_engine
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.engines import check_engine
+    from fsdpprof.analyze.load.files import find_run
 
     check_workers_option(args.workers)
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
-    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
+    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     from fsdpprof.analyze.pipeline import overlap_summary
 
     result = overlap_summary(run_, workers=args.workers, engine=engine, scheduler=args.scheduler)

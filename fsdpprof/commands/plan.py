@@ -5,7 +5,7 @@ import json
 import math
 
 from fsdpprof import options
-from fsdpprof.analyze import theory
+from fsdpprof.analyze.summary import theory
 from fsdpprof.errors import UserError
 
 

@@ -20,12 +20,19 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="overwrite output files that fsdpprof did not write (never one of the inputs)")
     p.add_argument("--open", action="store_true", help="open the report in a browser")
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
+    add_self_contained(p)
     add_engine_arguments(p)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
     add_max_trace_bytes(p)  # the default since 0.2; kept for scripts
+
+
+def add_self_contained(p) -> None:
+    """--self-contained: plotly.js embedded in each HTML page instead of one file beside the pages."""
+    p.add_argument("--self-contained", action="store_true",
+                   help="embed plotly.js (4.8 MB) in the HTML page; by default the page loads it from "
+                        "plotly-<version>.min.js, written once beside the pages of its folder (keep the two "
+                        "together); either way the page works offline")
 
 
 def add_max_trace_bytes(p) -> None:
@@ -34,7 +41,10 @@ def add_max_trace_bytes(p) -> None:
 
 
 def add_engine_arguments(p) -> None:
-    """--engine / --scheduler: where the per-rank analysis runs (fsdpprof.analyze.engines)."""
+    """--workers / --engine / --scheduler / --connect-timeout: where the per-rank work runs
+    (fsdpprof.analyze.load.engines); report, compare, overlap and whatif take them alike."""
+    p.add_argument("--workers", type=options.WORKERS, default=None,
+                   help="processes for loading ranks (at most one per rank and per CPU core)")
     p.add_argument("--engine", choices=("local", "dask"), default=None,
                    help="where each rank is analysed: local (default; this machine, a pool of --workers processes "
                         "for big traces) or dask (a Dask cluster: --scheduler, else a LocalCluster of --workers "
@@ -49,29 +59,32 @@ def add_engine_arguments(p) -> None:
                         f"{options.DEFAULT_CONNECT_TIMEOUT_S:g}; {options.CONNECT_TIMEOUT_S.describe()})")
 
 
-def write_report(analysis, out_html: str, out_summary: str | None = None) -> tuple[str, str]:
-    """Render and write the report HTML and its summary JSON, both or neither; returns both paths.
+def write_report(analysis, out_html: str, out_summary: str | None = None,
+                 self_contained: bool = False) -> tuple[str, str]:
+    """Render and write the report HTML and its summary JSON, both or neither (with the plotly.js file beside
+    the page, unless ``self_contained`` or already there: outputs.page_items); returns both paths.
 
     No check of what is at those paths: callers run :func:`fsdpprof.report.outputs.check_outputs` first.
     """
     from fsdpprof.report.run_page import render_report
-    from fsdpprof.report.outputs import json_bytes, summary_for, write_files
+    from fsdpprof.report.outputs import json_bytes, page_items, summary_for, write_files
     from fsdpprof.report.summary import summary
 
     out_summary = out_summary or summary_for(out_html)
-    write_files([(out_html, render_report(analysis).encode("utf-8")), (out_summary, json_bytes(summary(analysis, plain=False)))])
+    page = page_items(out_html, lambda src: render_report(analysis, src), self_contained)
+    write_files(page + [(out_summary, json_bytes(summary(analysis, plain=False)))])
     return out_html, out_summary
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
                  max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
                  ops: bool = False):
-    """load_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
+    """find_run (each rank's trace is read where it is analysed) + analyze_run (``ops``: with the
     operator table that compare diffs)."""
     from fsdpprof.analyze.pipeline import analyze_run
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.files import find_run
 
-    run = load_run(path, workers=workers, lazy=True, max_trace_bytes=max_trace_bytes)
+    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes)
     return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                        ops=ops)
 
@@ -86,7 +99,7 @@ def check_hta_installed() -> None:
 
 
 def check_workers_option(workers) -> None:
-    from fsdpprof.analyze.run import check_workers
+    from fsdpprof.analyze.load.engines import check_workers
 
     check_workers(workers, "--workers")
 
@@ -94,9 +107,9 @@ def check_workers_option(workers) -> None:
 def run(args) -> int:
     # (pandas and the analysis are imported once the input and the outputs are known good: a bad argument
     # is refused in a tenth of a second, not after half a second of imports)
-    from fsdpprof.analyze.engines import check_engine
-    from fsdpprof.analyze.run import load_run
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, report_paths
+    from fsdpprof.analyze.load.engines import check_engine
+    from fsdpprof.analyze.load.files import find_run
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, plotly_output, report_paths
 
     check_workers_option(args.workers)
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
@@ -106,8 +119,9 @@ def run(args) -> int:
     html_path, summary_path = report_paths(args.run, args.output, args.summary)
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
                                                                       "the summary")]
+    outputs += plotly_output(html_path, args.self_contained)
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
-    run_ = load_run(args.run, workers=args.workers, lazy=True, max_trace_bytes=args.max_trace_bytes)
+    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text
@@ -115,7 +129,7 @@ def run(args) -> int:
     a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     del run_
-    write_report(a, html_path, summary_path)
+    write_report(a, html_path, summary_path, self_contained=args.self_contained)
     print(summary_text(a))
     print(f"report: {html_path}\nsummary: {summary_path}")
     if args.open:

@@ -5,6 +5,7 @@ import os
 import sys
 
 from fsdpprof import options
+from fsdpprof.commands.report import add_engine_arguments, add_self_contained, check_workers_option
 from fsdpprof.errors import UserError
 
 FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
@@ -34,6 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", default=None, metavar="HTML",
                    help="also write an HTML page of the predictions (a folder: whatif.html in it)")
     p.add_argument("--force", action="store_true", help="overwrite an -o file that fsdpprof did not write")
+    add_engine_arguments(p)
+    add_self_contained(p)
 
 
 def _target_given(args) -> bool:
@@ -116,26 +119,32 @@ def _ms(x) -> str:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the run is found: see report.run)
-    from fsdpprof.analyze.run import load_run
+    from fsdpprof.analyze.load.engines import check_engine
+    from fsdpprof.analyze.load.files import find_run
     from fsdpprof.errors import unexpected_as_user_error
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, write_files
+    from fsdpprof.report.outputs import check_not_empty, check_outputs, page_items, plotly_output, write_files
 
+    check_workers_option(args.workers)
+    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     check_not_empty(**{"RUN": args.run, "-o": args.output})
+    if args.self_contained and not args.output:
+        raise UserError("--self-contained is for the HTML page of -o: add -o PAGE.html, or leave --self-contained out")
     fix = "choose another path with -o"
     if args.output and os.path.isdir(args.output):
         args.output = os.path.join(args.output, "whatif.html")
-    if args.output:
-        check_outputs([(args.output, "-o")], force=args.force, defer_under=[args.run], fix=fix)
-    run_ = load_run(args.run, lazy=True)      # (each rank's inventory and trace are read where it is predicted)
-    if args.output:
-        check_outputs([(args.output, "-o")], force=args.force, inputs=run_.inputs,
-                      input_folders=run_.record_folders(), fix=fix)
+    outputs = [(args.output, "-o"), *plotly_output(args.output, args.self_contained)] if args.output else []
+    if outputs:
+        check_outputs(outputs, force=args.force, defer_under=[args.run], fix=fix)
+    run_ = find_run(args.run)      # (each rank's inventory and trace are read where it is predicted)
+    if outputs:
+        check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders(), fix=fix)
     targets, run_target, notes, source = build(args, run_)
     from fsdpprof.analyze.whatif import predict as wp
     from fsdpprof.analyze.whatif import targets as tg
 
     with unexpected_as_user_error(f"what-if of {args.run}"):
-        result = wp.predict_run(run_, targets, run_target)
+        result = wp.predict_run(run_, targets, run_target, engine=engine, workers=args.workers,
+                                scheduler=args.scheduler)
     result["notes"] = list(dict.fromkeys(notes + result["notes"]))
     result["target_first"] = _target_given(args)
     result["run"] = {"path": run_.path, "strategy": run_target.strategy, "world_size": run_target.world_size,
@@ -145,7 +154,8 @@ def run(args) -> int:
     if args.output:
         from fsdpprof.report.whatif import render_whatif
 
-        write_files([(args.output, render_whatif(result).encode("utf-8"))], fix="choose a writable path with -o")
+        write_files(page_items(args.output, lambda src: render_whatif(result, src), args.self_contained),
+                    fix="choose a writable path with -o")
     if args.json:
         from fsdpprof.report.outputs import json_bytes
 

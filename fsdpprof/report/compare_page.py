@@ -86,9 +86,10 @@ COMPARE_NAV = [("verdict", "Verdict"), ("promise", "ZeRO: promised and measured"
                ("time", "Step time"), ("diff", "What changed"), ("table", "Side by side")]
 
 
-def render_compare(c) -> str:
-    """The HTML of a Comparison (fsdpprof.analyze.compare.compare_analyses): one function per section."""
-    page = Page()
+def render_compare(c, plotly_src: str | None = None) -> str:
+    """The HTML of a Comparison (fsdpprof.analyze.compare.runs.compare_analyses): one function per section; plotly.js
+    embedded, or loaded from ``plotly_src`` beside the page (see :class:`fsdpprof.report.page.Page`)."""
+    page = Page(plotly_src)
     warn = "".join(f'<div class="banner">{esc(w)}</div>' for w in c.warnings)
     sections = [warn, _verdict(c), promise.promise_section(c, page), _compare_memory(c, page), _compare_time(c, page),
                 diff.render_diff(c, page), _compare_table(c)]

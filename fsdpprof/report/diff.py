@@ -1,5 +1,5 @@
 """The diff section of compare.html and its terminal lines: each run against the baseline (the first run),
-from :class:`fsdpprof.analyze.diff.Diff` (``Comparison.diff``).  Rendering only; every string escaped."""
+from :class:`fsdpprof.analyze.compare.diff.Diff` (``Comparison.diff``).  Rendering only; every string escaped."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,8 @@ from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
 from fsdpprof.report.page import esc, fmt_bytes, fmt_num, fmt_us, is_missing, label
 
-TOP_ROWS = 25          # rows per table in the page (compare.json has them all)
+TOP_ROWS = 50          # rows per table in the page (compare.json has them all)
+SHOWN_ROWS = 10        # of which shown at first, the largest changes; the rest under "show all N"
 NAME_CHARS = 90        # operator / kernel names shown in tables (the full name on hover)
 
 STEP_LABELS = {"step_us": "step", "compute_us": "compute", "comm_us": "communication",
@@ -44,9 +45,11 @@ def _name_cell(name) -> str:
     return f'<td class="l" title="{esc(s)}">{esc(short)}</td>'
 
 
-def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TOP_ROWS) -> str:
+def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TOP_ROWS,
+           shown: int = SHOWN_ROWS) -> str:
     """cols: (column, header, formatter); formatter 'name' shows a shortened name with the full one on hover,
-    'text' plain escaped text."""
+    'text' plain escaped text.  The first ``shown`` rows (the frame's order: the largest change first) are
+    the table; the rest, up to ``rows``, follow under a native ``<details>`` "show all N" (no script)."""
     if df is None or not len(df):
         return '<p class="note">no rows</p>'
     head = "".join(f'<th class="{"l" if f in ("name", "text") else ""}">{esc(h)}</th>' for _, h, f in cols)
@@ -62,8 +65,15 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
             else:
                 tds.append(f'<td style="white-space:nowrap">{esc(f(v))}</td>')
         body.append(f"<tr>{''.join(tds)}</tr>")
-    more = f'<p class="note">{len(df) - rows} more rows in compare.json</p>' if len(df) > rows else ""
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
+    out = f"<table><tr>{head}</tr>{''.join(body[:shown])}</table>"
+    rest = body[shown:]
+    if rest:
+        n = len(df)
+        what = f"show all {n}" if n <= rows else f"show the top {rows} of {n} (all {n} in compare.json)"
+        more = f'<p class="note">{n - rows} more rows in compare.json</p>' if n > rows else ""
+        out += (f"<details><summary>{esc(what)}</summary><table><tr>{head}</tr>{''.join(rest)}</table>{more}"
+                "</details>")
+    return out
 
 
 def _unit_text(u) -> str:
@@ -77,7 +87,8 @@ def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
         return '<p class="note">no step decomposition on one side</p>'
     s = s.assign(metric_text=s["metric"].map(lambda m: STEP_LABELS.get(m, m)))
     tab = _table(s, [("metric_text", "", "text"), ("baseline_us", base, fmt_us), ("run_us", run, fmt_us),
-                     ("diff_us", "change", lambda v: _signed(fmt_us, v)), ("diff_pct", "change %", _pct)])
+                     ("diff_us", "change", lambda v: _signed(fmt_us, v)), ("diff_pct", "change %", _pct)],
+                 shown=TOP_ROWS)
     parts = s[s["metric"].isin(["compute_us", "exposed_comm_us", "idle_us", "step_us"])]
     fig = figures.Figure(figures.bar(x=(parts["diff_us"] / 1e3).tolist(), y=[label(x) for x in parts["metric_text"]],
                            orientation="h", marker_color=["#dc2626" if v > 0 else "#16a34a" for v in parts["diff_us"]]))
@@ -136,7 +147,8 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame) -> str:
         return '<p class="note">memory at the peak: not on both sides</p>'
     m = m[(m["baseline_bytes"] != 0) | (m["run_bytes"] != 0)]
     out = [_table(m, [("category", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
-                      ("run_bytes", "run", fmt_bytes), ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))])]
+                      ("run_bytes", "run", fmt_bytes), ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))],
+                  shown=TOP_ROWS)]
     if u is not None and len(u):
         u = u.assign(unit_text=u["unit"].map(_unit_text))
         u = u.reindex(u["diff_bytes"].abs().sort_values(ascending=False, kind="stable").index)
@@ -149,7 +161,7 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame) -> str:
 
 def render_diff(c, page) -> str:
     """The 'What changed' section of compare.html (``<section id="diff">``) for a Comparison with a diff
-    (fsdpprof.analyze.compare.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.page.Page."""
+    (fsdpprof.analyze.compare.runs.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.page.Page."""
     d = getattr(c, "diff", None)
     if d is None:
         return ""

@@ -7,21 +7,22 @@ plotly.js draws: the same figure plotly's ``go`` objects would give, without the
 costs more than the rest of a report's rendering, and its import more than the report's own code).
 :func:`figure_html` writes a figure as plotly's ``to_html`` would (``full_html=False``): numeric arrays
 as plotly.js typed arrays (base64), the ``plotly_white`` template, every ``<``, ``>`` and ``/`` of the
-JSON escaped (a trace's strings cannot close the script), plotly.js itself embedded with the first figure
-(no network).  plotly.js and the template are read from the installed plotly package's data files.
+JSON escaped (a trace's strings cannot close the script), plotly.js itself with the first figure:
+embedded, or loaded from a file beside the page by a relative path (never from the network).  plotly.js
+(:mod:`fsdpprof.report.plotly_bundle`) and the template are read from the installed plotly package's data
+files.
 A ``go.Figure`` is still accepted (converted with its own ``to_plotly_json``).
 """
 from __future__ import annotations
 
 import base64
-import importlib.util
+import html
 import json
-import os
 from typing import Any
 
 import numpy as np
 
-from fsdpprof.errors import UserError
+from fsdpprof.report.plotly_bundle import plotly_data, plotly_js
 
 MARGIN = {"l": 60, "r": 20, "t": 40, "b": 40}
 CONFIG = {"displaylogo": False, "responsive": True}
@@ -138,29 +139,29 @@ class Figure:
 
 
 # --------------------------------------------------------------------------- into HTML
-def _plotly_data(*parts: str) -> str:
-    """A data file of the installed plotly package (found without importing it)."""
-    spec = importlib.util.find_spec("plotly")
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError("the plotly package is not installed; install fsdpprof with its dependencies "
-                        "(pip install fsdpprof)")
-    return os.path.join(list(spec.submodule_search_locations)[0], "package_data", *parts)
-
-
 def white_template() -> dict:
     """plotly's ``plotly_white`` template (read once per process)."""
     if "template" not in _CACHE:
-        with open(_plotly_data("templates", "plotly_white.json"), encoding="utf-8") as fh:
+        with open(plotly_data("templates", "plotly_white.json"), encoding="utf-8") as fh:
             _CACHE["template"] = json.load(fh)
     return _CACHE["template"]
 
 
-def plotly_js() -> str:
-    """The plotly.js bundle of the installed plotly package (read once per process)."""
-    if "js" not in _CACHE:
-        with open(_plotly_data("plotly.min.js"), encoding="utf-8") as fh:
-            _CACHE["js"] = fh.read()
-    return _CACHE["js"]
+def _load_plotly(include_plotlyjs: bool | str) -> str:
+    """The markup that gives the page plotly.js: the bundle itself (True), ``<script src>`` of a file beside the
+    page (a relative path ending in .js: as plotly's ``to_html`` writes it, then a note shown in the page when
+    that file is not there), or nothing (False)."""
+    if not include_plotlyjs:
+        return ""
+    config = "<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
+    if include_plotlyjs is True:
+        return f"{config}<script>{plotly_js()}</script>"
+    src = str(include_plotlyjs)
+    missing = (f"The charts of this page need {src} in the folder the page is in (fsdpprof wrote it there); "
+               "copy the two together, or write the page with --self-contained.")
+    banner = to_json(f'<p class="banner">{html.escape(missing)}</p>')
+    return (f'{config}<script charset="utf-8" src="{html.escape(src, quote=True)}"></script>'
+            f'<script>window.Plotly || document.currentScript.insertAdjacentHTML("afterend", {banner});</script>')
 
 
 def _typed(v):
@@ -238,13 +239,14 @@ def figure_spec(fig, height: int) -> dict:
     return spec
 
 
-def figure_html(fig, height: int, div_id: str, include_plotlyjs: bool) -> str:
-    """One figure as a ``<div class="plot">`` (with plotly.js itself when ``include_plotlyjs``), the markup
-    of plotly's ``to_html(full_html=False)``."""
+def figure_html(fig, height: int, div_id: str, include_plotlyjs: bool | str) -> str:
+    """One figure as a ``<div class="plot">``, the markup of plotly's ``to_html(full_html=False)``; with
+    plotly.js when ``include_plotlyjs`` is True (embedded) or a relative path ending in .js (a ``<script src>``
+    of that file, as plotly's); drawn only where plotly.js loaded (no script error when its file is missing)."""
     spec = figure_spec(fig, height)
-    load = ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
-            f"<script>{plotly_js()}</script>") if include_plotlyjs else ""
-    script = (f'if (document.getElementById("{div_id}")) {{Plotly.newPlot("{div_id}", {to_json(spec["data"])}, '
+    load = _load_plotly(include_plotlyjs)
+    script = (f'if (window.Plotly && document.getElementById("{div_id}")) {{Plotly.newPlot("{div_id}", '
+              f'{to_json(spec["data"])}, '
               f'{to_json(spec["layout"])}, {json.dumps(CONFIG)})}};')
     return (f'<div class="plot"><div style="height:{height}px; width:100%;">{load}'
             f'<div id="{div_id}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'

@@ -1,4 +1,4 @@
-"""The "Findings" section: what crossed a threshold of fsdpprof.analyze.findings, with what to try."""
+"""The "Findings" section: what crossed a threshold of fsdpprof.analyze.summary.findings, with what to try."""
 from __future__ import annotations
 
 from fsdpprof.report.page import esc, finding_title, fmt_bytes, fmt_num, fmt_pct
@@ -6,7 +6,7 @@ from fsdpprof.report.page import esc, finding_title, fmt_bytes, fmt_num, fmt_pct
 
 def findings_section(a) -> str:
     if not a.findings:
-        body = '<p class="note">Nothing stands out against the thresholds in fsdpprof/analyze/findings.py.</p>'
+        body = '<p class="note">Nothing stands out against the thresholds in fsdpprof/analyze/summary/findings.py.</p>'
     else:
         def val(x, unit):
             if unit == "bytes":

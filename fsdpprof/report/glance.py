@@ -1,5 +1,5 @@
 """The "At a glance" section: the peak per rank against the formula's model states, exposed communication as a
-share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.headline)."""
+share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
 from fsdpprof.report.page import (HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, esc, finding_title, fmt_bytes, fmt_pct,
@@ -36,7 +36,7 @@ def _fill_rows(tiles: list[str], columns: int = 3) -> list[str]:
 
 def glance_section(a, h: dict) -> str:
     """At a glance: the peak per rank against the formula's model states, exposed communication as a share of
-    the step, the step's split and the first finding (numbers from analyze.headline)."""
+    the step, the step's split and the first finding (numbers from analyze.summary.headline)."""
     tiles = []
     peak, ms = h["peak_bytes"], h["model_states_theory_bytes"]
     n_ranks = len(a.memory_peaks) if a.memory_peaks is not None else 0

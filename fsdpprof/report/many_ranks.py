@@ -5,7 +5,7 @@ page stays small (it does not grow with the ranks but for the heat map, at most 
 The per-rank rows stay in summary.json.
 
 Rendering only: the numbers are ``Analysis.rank_distributions``
-(:func:`fsdpprof.analyze.distributions.rank_distributions`).  Each function takes the Analysis and the
+(:func:`fsdpprof.analyze.summary.distributions.rank_distributions`).  Each function takes the Analysis and the
 page's :class:`fsdpprof.report.page.Page` and returns an HTML fragment ("" when there is nothing to show);
 :func:`is_many` says when to use them instead of the per-rank blocks of the sections
 (:mod:`fsdpprof.report.memory`, ...).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fsdpprof.analyze.distributions import WORST_N, exposed_heatmap
+from fsdpprof.analyze.summary.distributions import WORST_N, exposed_heatmap
 from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX
 from fsdpprof.report import figures
 from fsdpprof.report.page import MIB, esc, fmt_num, table

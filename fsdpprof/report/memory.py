@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdpprof.analyze.model import rank_list
-from fsdpprof.analyze.headline import peak_rank
+from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
                                   category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,

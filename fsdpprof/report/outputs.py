@@ -9,12 +9,16 @@
   ``fsdpprof.compare/N`` schema first in the JSON, the generator meta tag in the HTML) or with
   ``--force``; never when it is one of the inputs, and never when it is not a regular file.
 - Both files of a pair are written or neither (:func:`write_files`).
+- A page loads plotly.js from ``plotly-<version>.min.js`` beside it (:func:`page_items`), written with the page
+  when it is not there intact, under the same rules (a first line marks it as fsdpprof's); ``--self-contained``
+  pages embed plotly.js instead.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -24,13 +28,16 @@ import stat
 import threading
 import time
 
-from fsdpprof import __version__, runfmt
-from fsdpprof.analyze.run import OUTPUT_JSON_MARK, file_kind
+from fsdpprof import runfmt
+from fsdpprof.analyze.load.files import OUTPUT_JSON_MARK, file_kind
 from fsdpprof.errors import UserError
+from fsdpprof.report import plotly_bundle
+from fsdpprof.version import __version__
 
 GENERATOR = "fsdpprof"
 _HEAD_BYTES = 4096
 _HTML_MARK = re.compile(rb'<meta name="generator" content="fsdpprof[ "]')
+_JS_MARK = re.compile(rb"/\* fsdpprof: plotly\.js ")          # the first line of the plotly.js file we write
 _HTML_LEGACY_TAIL = re.compile(rb'>fsdpprof [0-9][^<]{0,40}</footer></body></html>\s*\Z')  # reports before the meta tag
 _INPUT_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".pickle.gz", ".pickle",
                    ".pkl.gz", ".pkl")
@@ -42,13 +49,14 @@ def generator_meta() -> str:
 
 
 def written_by_fsdpprof(path: str) -> bool:
-    """True when ``path`` is a regular file (not a link) that fsdpprof wrote: summary/compare JSON or report HTML."""
+    """True when ``path`` is a regular file (not a link) that fsdpprof wrote: summary/compare JSON, report HTML
+    or the pages' plotly.js."""
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False
         with open(path, "rb") as fh:
             head = fh.read(_HEAD_BYTES)
-            if OUTPUT_JSON_MARK.match(head) or _HTML_MARK.search(head):
+            if OUTPUT_JSON_MARK.match(head) or _HTML_MARK.search(head) or _JS_MARK.match(head):
                 return True
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(size - 256, 0))
@@ -84,6 +92,58 @@ def _indented(value) -> str:
         return msgspec.json.format(compact, indent=1)
     except (ImportError, AttributeError):          # pragma: no cover - msgspec is a dependency
         return json.dumps(value, indent=1, allow_nan=False)
+
+
+# --- plotly.js beside the pages ------------------------------------------------------------------
+
+SELF_CONTAINED_FIX = "or pass --self-contained to embed plotly.js in the page instead"
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_file_bytes() -> bytes:
+    """The plotly.js file fsdpprof writes beside its pages: a first line that marks it as fsdpprof's
+    (:func:`written_by_fsdpprof`), then the installed plotly package's bundle."""
+    head = (f"/* fsdpprof: plotly.js v{plotly_bundle.plotly_js_version()} for the fsdpprof pages in this folder "
+            "(pages written with --self-contained embed it instead) */\n")
+    return head.encode("utf-8") + plotly_bundle.plotly_js().encode("utf-8")
+
+
+def plotly_path(html_path: str) -> str:
+    """The plotly.js file a page written at ``html_path`` loads: ``plotly-<version>.min.js`` beside it."""
+    return os.path.join(os.path.dirname(os.path.abspath(html_path)), plotly_bundle.plotly_js_name())
+
+
+def plotly_output(html_path: str, self_contained: bool = False) -> list[tuple[str, str, str]]:
+    """:func:`check_outputs`' entry for the plotly.js file beside the page at ``html_path`` ([] when the page is
+    self-contained)."""
+    return [] if self_contained else [(plotly_path(html_path), "the page's plotly.js", SELF_CONTAINED_FIX)]
+
+
+def _same_bytes(path: str, data: bytes) -> bool:
+    """True when ``path`` is a regular file (not a link) holding exactly ``data``."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+            return False
+        with open(path, "rb") as fh:
+            return fh.read() == data
+    except OSError:
+        return False
+
+
+def page_items(html_path: str, render, self_contained: bool = False) -> list[tuple[str, bytes]]:
+    """:func:`write_files`' items for the HTML page at ``html_path``: ``render(plotly_src)`` makes its HTML, with
+    plotly.js embedded (``plotly_src`` None: ``self_contained``) or loaded from ``plotly-<version>.min.js``
+    beside it by that relative name; that file is one of the items when the page loads it and it is not
+    there already, intact (the same bytes: several pages in one folder share one file, written once)."""
+    src = None if self_contained else plotly_bundle.plotly_js_name()
+    text = render(src)
+    items = [(html_path, text.encode("utf-8"))]
+    if src is not None and f'src="{src}"' in text:
+        js_path, data = plotly_path(html_path), plotly_file_bytes()
+        if not _same_bytes(js_path, data):
+            items.append((js_path, data))
+    return items
 
 
 # --- names -----------------------------------------------------------------------------------
@@ -167,11 +227,12 @@ def _ids(paths) -> dict[tuple[int, int], str]:
     return out
 
 
-def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs=(), defer_under=(),
+def check_outputs(outputs: list[tuple[str, ...]], *, force: bool = False, inputs=(), defer_under=(),
                   input_folders=(), fix: str = "") -> None:
     """Refuse, before anything is written, an output that would lose something.
 
-    outputs: (path, how the user named it, e.g. "-o", "--summary", "the report") pairs.
+    outputs: (path, how the user named it, e.g. "-o", "--summary", "the report") pairs, or (path, how, fix)
+    for an output with its own way out (the pages' plotly.js: :func:`plotly_output`).
     inputs: the files the command reads; none of them is ever replaced, even with ``force``.
     An existing regular file is replaced only when fsdpprof wrote it, or with ``force``.
     input_folders: folders of the input that only fsdpprof record writes (a run's rank-*/): refused.
@@ -184,10 +245,12 @@ def check_outputs(outputs: list[tuple[str, str]], *, force: bool = False, inputs
     input_ids = _ids(inputs)
     defer = [os.path.realpath(p) for p in defer_under]
     folders = [os.path.realpath(d) for d in input_folders]
-    for path, how in outputs:
+    default_fix = fix
+    for path, how, *own_fix in outputs:
+        fix = f"{default_fix}, {own_fix[0]}" if own_fix else default_fix
         real = os.path.realpath(path)
         if real in seen:
-            raise UserError(f"{how} {path} is the same file as {seen[real]}: the HTML and the JSON need two paths")
+            raise UserError(f"{how} {path} is the same file as {seen[real]}: each output needs its own path")
         seen[real] = f"{how} {path}"
         try:
             lst = os.lstat(path)
@@ -450,7 +513,11 @@ def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable pa
             except OSError:
                 pass
         if isinstance(exc, OSError):
-            failed = getattr(exc, "output_path", failed)
+            locked = getattr(exc, "output_path", None)
+            if locked is not None:   # a lock not made: its folder is at fault; named by the first output in it
+                folder = os.path.dirname(locked)
+                failed = next(p for p in [p for p, _ in items] + [locked]
+                              if os.path.dirname(os.path.abspath(p)) == folder)
             raise UserError(f"cannot write {failed}: {exc.strerror or exc}; {fix}") from None
         raise
     _remove(b for _, b in done if b)

@@ -1,5 +1,5 @@
 """The page every report section is drawn on: formatters, the words the page uses, one table renderer and
-the page shell (CSS, header, navigation; plotly.js once per page).
+the page shell (CSS, header, navigation; plotly.js once per page, embedded or from a file beside it).
 
 Rendering only: every number comes from ``fsdpprof.analyze``. Every string that may come from a trace goes
 through ``esc`` (html.escape) in tables and text, and through ``label`` in plot labels; plotly's JSON in
@@ -20,7 +20,7 @@ import re
 
 import pandas as pd
 
-from fsdpprof import __version__
+from fsdpprof.version import __version__
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.report import figures
@@ -416,15 +416,20 @@ details>summary{cursor:pointer;color:#374151;font-size:13px;margin:6px 0}
 
 
 class Page:
-    """Collects figures: plotly.js goes into the page once, with the first figure."""
+    """Collects figures: plotly.js goes into the page once, with the first figure: embedded (``plotly_src``
+    None: a self-contained page), or loaded from ``plotly_src``, a file beside the page (a relative path,
+    :func:`fsdpprof.report.figures.plotly_js_name`; :mod:`fsdpprof.report.outputs` writes it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, plotly_src: str | None = None) -> None:
         self.n_figs = 0
+        self.plotly_src = plotly_src
 
     def fig(self, fig: figures.Figure | dict, height: int = 360) -> str:
         """A figure (figures.Figure, or a plain plotly.js figure dict) as HTML; see report.figures."""
         self.n_figs += 1
-        return figures.figure_html(fig, height, f"plot-{self.n_figs}", include_plotlyjs=(self.n_figs == 1))
+        first = self.n_figs == 1
+        return figures.figure_html(fig, height, f"plot-{self.n_figs}",
+                                   include_plotlyjs=(self.plotly_src or True) if first else False)
 
 
 def side_by_side(*blocks: str) -> str:

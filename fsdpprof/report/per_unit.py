@@ -2,8 +2,8 @@
 the model's order."""
 from __future__ import annotations
 
-from fsdpprof.analyze.headline import peak_rank
 from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
+from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, label, mem_scale, side_by_side,
                                   table, value_label)

@@ -1,7 +1,7 @@
 """The report of one run (report.html): its sections in reading order on one page."""
 from __future__ import annotations
 
-from fsdpprof.analyze.headline import headline
+from fsdpprof.analyze.summary.headline import headline
 from fsdpprof.report import communication, device, findings, glance, memory, overview, per_unit, ranks, steps, whatif
 from fsdpprof.report.page import Page, document
 
@@ -19,9 +19,10 @@ def _whatif(a, page: Page) -> str:
     return whatif.whatif_section(a, page)
 
 
-def render_report(a) -> str:
-    """The HTML of one run's report: one function per section, in reading order."""
-    page = Page()
+def render_report(a, plotly_src: str | None = None) -> str:
+    """The HTML of one run's report: one function per section, in reading order; plotly.js embedded, or loaded
+    from ``plotly_src`` beside the page (see :class:`fsdpprof.report.page.Page`)."""
+    page = Page(plotly_src)
     o = a.overview
     sections = [overview.banner(a), glance.glance_section(a, headline(a)), findings.findings_section(a),
                 overview.overview_section(a), memory.memory_section(a, page), per_unit.per_unit_section(a, page),

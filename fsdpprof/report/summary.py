@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.frames import column_arrays
-from fsdpprof.analyze.headline import headline
+from fsdpprof.analyze.load.frames import column_arrays
+from fsdpprof.analyze.summary.headline import headline
 
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
@@ -131,6 +131,7 @@ def summary(a, plain: bool = True) -> dict:
         "memory_peaks": a.memory_peaks, "theory": a.theory, "model_states": a.model_states,
         "volume": a.volume, "comm_phase": a.comm_phase, "comm_unit_step": a.comm_unit_step, "p2p": a.p2p,
         "comm_outside_steps": a.comm_outside_steps, "overlap_overall": a.overlap_overall, "steps": a.steps,
+        "step_stalls": getattr(a, "step_stalls", None),
         "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
         "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops,
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
@@ -144,7 +145,7 @@ def summary(a, plain: bool = True) -> dict:
 
 
 def diff_summary(d) -> dict | None:
-    """A Comparison's diff (fsdpprof.analyze.diff.Diff): each run against the baseline, in one scope."""
+    """A Comparison's diff (fsdpprof.analyze.compare.diff.Diff): each run against the baseline, in one scope."""
     if d is None:
         return None
     return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,

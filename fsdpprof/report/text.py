@@ -1,7 +1,7 @@
 """Terminal summary of an Analysis or a Comparison (rendering only; words and units as in the HTML)."""
 from __future__ import annotations
 
-from fsdpprof.analyze.headline import headline
+from fsdpprof.analyze.summary.headline import headline
 from fsdpprof.report.page import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
                                   metric_label)
 

@@ -95,9 +95,9 @@ def whatif_section(a, page: Page) -> str:
     return f'<section id="whatif"><h2>What if</h2>{whatif_body(result, page, note)}</section>'
 
 
-def render_whatif(result: dict) -> str:
-    """The page `fsdpprof whatif -o` writes: the same section on its own."""
-    page = Page()
+def render_whatif(result: dict, plotly_src: str | None = None) -> str:
+    """The page `fsdpprof whatif -o` writes: the same section on its own (plotly.js as in render_report)."""
+    page = Page(plotly_src)
     run = result.get("run") or {}
     title = f"fsdpprof what if: {run.get('description') or run.get('strategy') or 'run'}"
     body = f'<section id="whatif"><h2>What if</h2>{whatif_body(result, page)}</section>'

@@ -36,7 +36,7 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import isin, on_device
+from fsdpprof.analyze.load.frames import isin, on_device
 
 TEMPORAL_COLUMNS = ["rank", "span_us", "idle_time_us", "compute_time_us", "non_compute_time_us",
                     "idle_time_pct", "compute_time_pct", "non_compute_time_pct"]
@@ -225,6 +225,51 @@ def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:
     return out.iloc[np.lexsort((okey % (top_n + 1), o_rt))].reset_index(drop=True)[TOP_KERNEL_COLUMNS]
 
 
+def _idle_by_cause(key: np.ndarray, ts: np.ndarray, end: np.ndarray, launch: np.ndarray,
+                   kernel_wait_threshold_us: float) -> tuple[np.ndarray, np.ndarray]:
+    """The idle rule of the module docstring over groups of device events (``key``: int per event; the events of
+    a group form one timeline): (the index of each group's first event in start order, idle time per group
+    and cause: array [groups, IDLE_CATEGORIES], us), groups in key order."""
+    order = np.lexsort((ts, key))
+    key, ts, end, launch = key[order], ts[order], end[order], launch[order]
+    first = np.ones(key.size, dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    # latest end before each event in its group: running max of ends, restarted at every group
+    grp = np.cumsum(first) - 1
+    run_end = pd.Series(end).groupby(grp).cummax().to_numpy()
+    prev_end = np.concatenate([[np.nan], run_end[:-1]])
+    gap = np.where(first, 0.0, np.clip(ts - prev_end, 0, None))    # the first event of a group: no gap
+    host = ~first & (launch > prev_end)                  # NaN launch: False
+    cat = np.where(host, 0, np.where(gap < kernel_wait_threshold_us, 1, 2))
+    n_groups = int(grp[-1]) + 1 if grp.size else 0
+    acc = np.bincount(grp * 3 + cat, weights=gap, minlength=n_groups * 3).reshape(n_groups, 3)
+    return order[np.flatnonzero(first)], acc
+
+
+DEVICE_IDLE_COLUMNS = ["rank", "step", "idle_host_wait_us", "idle_kernel_wait_us", "idle_other_us"]
+
+
+def device_idle_by_cause(events: pd.DataFrame, kernel_wait_threshold_us: float = KERNEL_WAIT_THRESHOLD_US
+                         ) -> pd.DataFrame:
+    """Per rank and step: the device's idle time in the step by cause (us): the gaps between the device events
+    launched in the step, every stream together (what the step's ``idle_us`` counts: no stream runs), each
+    classed by the rule of :func:`idle_time_breakdown`: host wait (the device ran dry waiting for the host to
+    launch: host-bound), kernel wait (under 30 us between back-to-back kernels: launch-bound), other (waiting
+    on kernels or events of another stream, or a wait).  Needs column ``launch_ts_us``."""
+    d = _device(events)
+    step = events["step"].to_numpy(dtype=np.float64)[d["idx"]]
+    ok = ~np.isnan(step)
+    if not ok.any():
+        return pd.DataFrame({c: [] for c in DEVICE_IDLE_COLUMNS})
+    launch = events["launch_ts_us"].to_numpy(dtype=np.float64)[d["idx"]][ok]
+    steps, step_code = np.unique(step[ok], return_inverse=True)
+    rank = d["rank"][ok]
+    key = rank * steps.size + step_code
+    starts, acc = _idle_by_cause(key, d["ts"][ok], d["end"][ok], launch, kernel_wait_threshold_us)
+    return pd.DataFrame({"rank": rank[starts], "step": steps[step_code[starts]], "idle_host_wait_us": acc[:, 0],
+                         "idle_kernel_wait_us": acc[:, 1], "idle_other_us": acc[:, 2]})[DEVICE_IDLE_COLUMNS]
+
+
 def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = KERNEL_WAIT_THRESHOLD_US
                         ) -> pd.DataFrame:
     """Per rank, stream and idle category (host_wait, kernel_wait, other): idle_time_us and idle_time_pct
@@ -242,27 +287,17 @@ def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = 
         if isinstance(lane.dtype, pd.CategoricalDtype) else pd.factorize(lane.to_numpy(dtype=object)[idx])
     rank, ts, end = d["rank"][keep], d["ts"][keep], d["end"][keep]
     launch = events["launch_ts_us"].to_numpy(dtype=np.float64)[idx]
-    order = np.lexsort((ts, lane_codes, rank))
-    rank, lane_codes, ts, end, launch = rank[order], lane_codes[order], ts[order], end[order], launch[order]
-    first = np.ones(rank.size, dtype=bool)
-    first[1:] = (rank[1:] != rank[:-1]) | (lane_codes[1:] != lane_codes[:-1])
-    # latest end before each kernel on its stream: running max of ends, restarted at every stream
-    grp = np.cumsum(first) - 1
-    run_end = pd.Series(end).groupby(grp).cummax().to_numpy()
-    prev_end = np.concatenate([[np.nan], run_end[:-1]])
-    gap = np.where(first, 0.0, np.clip(ts - prev_end, 0, None))    # the first kernel of a stream: no gap
-    host = ~first & (launch > prev_end)                  # NaN launch: False
-    cat = np.where(host, 0, np.where(gap < kernel_wait_threshold_us, 1, 2))
-    n_groups = grp[-1] + 1
-    acc = np.bincount(grp * 3 + cat, weights=gap, minlength=n_groups * 3).reshape(n_groups, 3)
-    starts = np.flatnonzero(first)
+    key = rank * (int(lane_codes.max()) + 1) + lane_codes
+    starts, acc = _idle_by_cause(key, ts, end, launch, kernel_wait_threshold_us)
+    n_groups = starts.size
     total = acc.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         pct = np.where(total > 0, 100.0 * acc / total, np.nan)
+    rank, lane_codes = rank[starts], lane_codes[starts]
     stream_labels = np.asarray([str(x).split(":", 1)[-1] for x in lane_labels], dtype=object)
-    streams = pd.to_numeric(pd.Series(stream_labels[lane_codes[starts]]), errors="coerce").to_numpy()
+    streams = pd.to_numeric(pd.Series(stream_labels[lane_codes]), errors="coerce").to_numpy()
     return pd.DataFrame({
-        "rank": np.repeat(rank[starts], 3), "stream": np.repeat(streams, 3),
+        "rank": np.repeat(rank, 3), "stream": np.repeat(streams, 3),
         "idle_category": np.tile(np.asarray(IDLE_CATEGORIES, dtype=object), n_groups),
         "idle_time_us": acc.ravel(), "idle_time_pct": pct.ravel(),
     })[IDLE_COLUMNS]

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze import model
 
 OVERLAP_COLUMNS = ["comm_us", "overlapped_comm_us", "exposed_comm_us", "overlap_pct"]

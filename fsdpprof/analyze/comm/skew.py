@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.load.frames import isin
 
 RECORD_COLUMNS = ["rank", "pg", "collective", "key", "by_seq", "ts_us", "end_us"]
 SKEW_COLUMNS = ["pg", "seq", "collective", "n_ranks", "start_skew_us", "end_skew_us", "last_rank"]

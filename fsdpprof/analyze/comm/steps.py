@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import isin, on_device, startswith
+from fsdpprof.analyze.comm import breakdown, intervals
+from fsdpprof.analyze.load.frames import isin, on_device, startswith
 
 STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us",
                 "idle_us", "residual_us", "model_step_us", "unexplained_us"]
@@ -84,3 +84,76 @@ def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
     out["model_step_us"] = out["compute_us"] + out["comm_us"] - out["overlapped_comm_us"]
     out["unexplained_us"] = out["step_us"] - out["model_step_us"]
     return out[STEP_COLUMNS]
+
+
+STALL_COLUMNS = breakdown.DEVICE_IDLE_COLUMNS + ["sync_calls", "scalar_sync_calls", "sync_us", "sync_idle_us",
+                                                "data_loader_us", "data_loader_idle_us"]
+
+
+def step_stalls(events: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step, what makes the device wait (us, counts):
+
+    - idle_host_wait_us, idle_kernel_wait_us, idle_other_us: the device's idle time by cause
+      (:func:`fsdpprof.analyze.comm.breakdown.device_idle_by_cause`; NaN without device events);
+    - sync_calls: the host's blocking synchronisations (model.SYNC_CALLS) launched in the step, of which
+      scalar_sync_calls inside ``tensor.item()`` (model.SCALAR_SYNC_OPS); sync_us: the host's time in them;
+      sync_idle_us: the device idle gaps in which a synchronisation returns (each gap once: the device ran dry
+      while the host waited, and stays idle until the host launches again);
+    - data_loader_us: time in the DataLoader's fetches (model.DATALOADER_PREFIX) on the host;
+      data_loader_idle_us: the part of it with the device idle (within the rank's first and last device
+      event; NaN without device events: on a CPU trace the host's time is the step's)."""
+    cpu = ~on_device(events["lane"])
+    dev = ~cpu & isin(events["kind"], model.DEVICE_KINDS)
+    sync = cpu & isin(events["name"], model.SYNC_CALLS)
+    scalar = cpu & isin(events["name"], model.SCALAR_SYNC_OPS)
+    loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
+    idle = breakdown.device_idle_by_cause(events) if dev.any() and "launch_ts_us" in events else None
+    step = events["step"].to_numpy(dtype=np.float64)
+    ts = events["ts_us"].to_numpy(dtype=np.float64)
+    end = ts + events["dur_us"].to_numpy(dtype=np.float64)
+    ranks = events["rank"].to_numpy()
+    lanes = events["lane"].astype(object).to_numpy() if (sync.any() and scalar.any()) else None
+    rows = []
+    for r in np.unique(ranks[(sync | loader) & ~np.isnan(step)]).tolist():
+        on = ranks == r
+        dm = on & dev
+        bs, be = intervals.union(ts[dm], end[dm])
+        has_dev = bs.size > 0
+        si = np.flatnonzero(on & sync & ~np.isnan(step))
+        in_scalar = np.zeros(si.size, dtype=bool)
+        if lanes is not None and si.size:
+            for lane in set(lanes[si].tolist()):
+                ops = np.flatnonzero(on & scalar & (lanes == lane))
+                q = lanes[si] == lane
+                in_scalar[q] = intervals.innermost(ts[ops], end[ops], ts[si][q]) >= 0
+        # the device gap each synchronisation returns in (-1: the device is busy then, or outside its events)
+        gap = np.full(si.size, -1, dtype=np.int64)
+        if has_dev and si.size:
+            j = np.searchsorted(bs, end[si], side="right") - 1
+            jj = np.clip(j, 0, bs.size - 1)
+            gap = np.where((j >= 0) & (j + 1 < bs.size) & (end[si] >= be[jj]), j, -1)
+        li = np.flatnonzero(on & loader & ~np.isnan(step))
+        l_idle = np.full(li.size, np.nan)
+        if has_dev and li.size:
+            s0, e0 = np.clip(ts[li], bs[0], be[-1]), np.clip(end[li], bs[0], be[-1])
+            l_idle = (e0 - s0) - intervals.overlap_with(s0, e0, bs, be)
+        for st in np.unique(np.concatenate([step[si], step[li]])).tolist():
+            ks, kl = step[si] == st, step[li] == st
+            g = np.unique(gap[ks][gap[ks] >= 0])
+            rows.append({"rank": r, "step": st, "sync_calls": int(ks.sum()), "scalar_sync_calls": int(in_scalar[ks].sum()),
+                         "sync_us": float((end[si][ks] - ts[si][ks]).sum()),
+                         "sync_idle_us": float((bs[g + 1] - be[g]).sum()) if has_dev else np.nan,
+                         "data_loader_us": intervals.total(ts[li][kl], end[li][kl]),
+                         "data_loader_idle_us": float(l_idle[kl].sum()) if has_dev else np.nan})
+    host = pd.DataFrame(rows, columns=["rank", "step"] + STALL_COLUMNS[5:])
+    if idle is None or idle.empty:
+        out = host.assign(**{c: np.nan for c in breakdown.DEVICE_IDLE_COLUMNS[2:]})
+    else:
+        out = idle.merge(host, on=["rank", "step"], how="outer")
+        for c in ("sync_calls", "scalar_sync_calls"):
+            out[c] = out[c].fillna(0).astype(np.int64)
+        for c in ("sync_us", "data_loader_us"):
+            out[c] = out[c].fillna(0.0)
+        for c in ("sync_idle_us", "data_loader_idle_us"):       # no sync, no loader, with device events: 0
+            out[c] = out[c].fillna(0.0)
+    return out[STALL_COLUMNS].sort_values(["rank", "step"], kind="mergesort").reset_index(drop=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.frames import isin
+from fsdpprof.analyze.load.frames import isin
 
 
 def _key_values(col: pd.Series, rows: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Memory attribution per rank: peak, breakdown by category and FSDP unit, timeline, fragmentation, OOM.
 
-``memory_analysis(rank)`` takes a :class:`fsdpprof.analyze.run.RankData` (run dir rank, bare trace
+``memory_analysis(rank)`` takes a :class:`fsdpprof.analyze.load.files.RankData` (run dir rank, bare trace
 or bare CUDA snapshot). A CUDA snapshot is preferred when the rank has one; otherwise the trace's
 ``[memory]`` events plus inventory.json (CPU runs). All sizes in bytes, times in µs on the source's
 clock (a legacy snapshot without ``time_us`` uses trace entry indices, see ``warnings``).
@@ -22,7 +22,7 @@ from fsdpprof.analyze.memory import oom as oom_mod
 from fsdpprof.analyze.memory.process import process_memory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.model import MemoryCategory as MC
-from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, load_snapshot
+from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, fmt_frames, load_snapshot
 from fsdpprof.errors import UserError
 
 CATEGORIES = cz.CATEGORIES
@@ -394,35 +394,6 @@ def _levels(df):
     return levels, seq[o], row[o]
 
 
-def _fmt_frames(fr, limit: int = 6) -> str:
-    """The first ``limit`` telling frames of a stack as one line (unknown C frames and the allocator's
-    own frames left out; all frames when none is telling). Stops reading at the ``limit``-th."""
-    if not fr:
-        return ""
-    keep = []
-    for f in fr:
-        if type(f) is not dict:
-            continue
-        name = _frame_text(f.get("name", ""))
-        if (_frame_text(f.get("filename", "")) != "??" or "autograd" in name) and "CUDACachingAllocator" not in name:
-            keep.append(f)
-            if len(keep) == limit:
-                break
-    return " < ".join(f"{_frame_text(f.get('name', ''))} ({os.path.basename(_frame_text(f.get('filename', '')))}:"
-                      f"{_frame_text(f.get('line', 0))})"
-                      if f.get("filename") not in (None, "??") else _frame_text(f.get("name", ""))[:80]
-                      for f in (keep or [f for f in fr[:limit] if type(f) is dict]))
-
-
-def _frame_text(v) -> str:
-    """A frame's name / filename / line as text of at most 1,024 characters (frames come from the file)."""
-    if type(v) is str:
-        return v[:1024]
-    if type(v) in (int, float, bool) or v is None:
-        return str(v)
-    return f"<{type(v).__name__}>"
-
-
 def _by_unit(unit: np.ndarray, codes: np.ndarray, b: np.ndarray, cat_names: np.ndarray) -> pd.DataFrame:
     """Bytes per (unit, category) of the allocations given, largest first: what
     ``groupby(["unit", "category"], observed=True, dropna=False).sum()`` then a descending
@@ -484,7 +455,7 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
         "category": cat_names[codes[top]], "stage": df["stage"].to_numpy(object)[top],
         "unit": unit[top], "alloc_us": df["alloc_us"].to_numpy(float)[top],
         "free_us": df["free_us"].to_numpy(float)[top],
-        "frames": [_fmt_frames(f) for f in frames[top]]})
+        "frames": [fmt_frames(f) for f in frames[top]]})
     timeline = _timeline(df, points) if has_history and peak_seq is not None else None
     br = codes_at == CATEGORIES.index(MC.BEFORE_RECORDING.value)
     sizes = pd.DataFrame({"bytes": b_at[br]}).groupby("bytes").size().rename("count").reset_index()

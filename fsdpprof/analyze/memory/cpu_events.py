@@ -15,8 +15,9 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
-from fsdpprof.analyze.frames import startswith
+from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
+from fsdpprof.analyze.memory import fsdp_units as fu
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free
 from fsdpprof.errors import UserError
@@ -316,7 +317,6 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
     in reverse order (matched by size from the last unit down).  Each ``FullyShardedDataParallel.forward``
     annotation is the unit of the first all-gather launched inside it; a stretch of backward belongs to
     the unit whose reduce-scatter (launched in ``_post_backward_hook``) ends it."""
-    from fsdpprof.analyze.memory import fsdp_units as fu
     if events is None or not len(events):
         return None
     ag = _collective_launches(events, model.ALL_GATHER)

@@ -22,12 +22,15 @@ more devices; then the largest saving first.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.memory.fragmentation import round_request
 from fsdpprof.analyze.memory.fsdp_units import world_size_said
+from fsdpprof.analyze.memory.snapshot import fmt_frames, frame_text
 from fsdpprof.analyze.model import MemoryCategory as MC
 
 # what a change costs the user, cheapest first: (cost_rank, words)
@@ -52,8 +55,6 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
     expandable_segments, cached_unusable_bytes, fragmentation_decides: None where the fragmentation at the
     OOM is unknown); alive_by_category and alive_by_unit at the OOM; ``explanation`` (text) and
     ``suggestions`` (change, saves_bytes, enough, detail, cost, cost_rank) in the order of the module docstring."""
-    from fsdpprof.analyze.memory.attribution import _fmt_frames
-
     df = res.allocations
     seq = int(oom["seq"])
     alive = (df["alloc_seq"].to_numpy() < seq) & (df["free_seq"].to_numpy() > seq)
@@ -70,7 +71,7 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
     stage = _text(request.get("stage"))
     phase = _text(request.get("fsdp_phase"))
     role = _text(request.get("fsdp_role"))
-    frames = _py_frames_text(request.get("frames")) or _fmt_frames(request.get("frames"), limit=6)
+    frames = _py_frames_text(request.get("frames")) or fmt_frames(request.get("frames"), limit=6)
 
     by_cat = a.groupby("category")["bytes"].sum().sort_values(ascending=False)
     by_cat = by_cat[by_cat > 0]
@@ -129,15 +130,12 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
 
 def _py_frames_text(fr, limit: int = 6) -> str:
     """The innermost ``limit`` Python frames of a stack as one line (``name (file.py:line) < ...``)."""
-    import os
-
-    from fsdpprof.analyze.memory.attribution import _frame_text
     out = []
     for f in fr if type(fr) is list else []:
         if type(f) is dict and type(f.get("filename")) is str and f["filename"].endswith(".py"):
-            out.append(f"{_frame_text(f.get('name'))[:200]} "
-                       f"({os.path.basename(_frame_text(f['filename']).replace(chr(92), '/'))}:"
-                       f"{_frame_text(f.get('line'))[:20]})")
+            out.append(f"{frame_text(f.get('name'))[:200]} "
+                       f"({os.path.basename(frame_text(f['filename']).replace(chr(92), '/'))}:"
+                       f"{frame_text(f.get('line'))[:20]})")
             if len(out) == limit:
                 break
     return " < ".join(out)

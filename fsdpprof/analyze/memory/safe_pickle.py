@@ -12,7 +12,7 @@ import os
 import pickle
 import zlib
 
-from fsdpprof.analyze.gc_pause import gc_paused
+from fsdpprof.analyze.load.gc_pause import gc_paused
 from fsdpprof.errors import UserError
 
 _GZIP_MAGIC = b"\x1f\x8b"

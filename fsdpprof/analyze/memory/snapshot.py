@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze.memory import safe_pickle
+from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, cut_text
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 NEVER = np.iinfo(np.int64).max
@@ -123,7 +124,6 @@ class _Checker:
             self.defects[what] = self.defects.get(what, 0) + n
 
     def warnings(self) -> list[str]:
-        from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS
         return [f"{self.label}: {_SNAP_DEFECTS[k].format(n=n, max=NAME_MAX_CHARS)}" for k, n in self.defects.items() if n]
 
 
@@ -173,7 +173,6 @@ def _times(values: list) -> tuple[np.ndarray, np.ndarray]:
 
 def _text(v, chk: _Checker) -> str:
     """A snapshot string (user_metadata, annotation name): cut to NAME_MAX_CHARS characters (counted)."""
-    from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, cut_text
     if type(v) is not str:
         return ""
     if len(v) > NAME_MAX_CHARS:
@@ -544,3 +543,32 @@ def _meta_text(v, chk: _Checker) -> str:
         chk.bad("field")
         return ""
     return _text(v, chk)
+
+
+def fmt_frames(fr, limit: int = 6) -> str:
+    """The first ``limit`` telling frames of a stack as one line (unknown C frames and the allocator's
+    own frames left out; all frames when none is telling). Stops reading at the ``limit``-th."""
+    if not fr:
+        return ""
+    keep = []
+    for f in fr:
+        if type(f) is not dict:
+            continue
+        name = frame_text(f.get("name", ""))
+        if (frame_text(f.get("filename", "")) != "??" or "autograd" in name) and "CUDACachingAllocator" not in name:
+            keep.append(f)
+            if len(keep) == limit:
+                break
+    return " < ".join(f"{frame_text(f.get('name', ''))} ({os.path.basename(frame_text(f.get('filename', '')))}:"
+                      f"{frame_text(f.get('line', 0))})"
+                      if f.get("filename") not in (None, "??") else frame_text(f.get("name", ""))[:80]
+                      for f in (keep or [f for f in fr[:limit] if type(f) is dict]))
+
+
+def frame_text(v) -> str:
+    """A frame's name / filename / line as text of at most 1,024 characters (frames come from the file)."""
+    if type(v) is str:
+        return v[:1024]
+    if type(v) in (int, float, bool) or v is None:
+        return str(v)
+    return f"<{type(v).__name__}>"

@@ -20,7 +20,7 @@ kind           category   one of KINDS
 name           category   event name (interned)
 ts_us          float64    start, profiler clock, microseconds (the *execution* interval)
 dur_us         float64    duration, microseconds
-collective     category   one of COLLECTIVES (or the kernel name when the type is unknown)
+collective     category   one of COLLECTIVES, or UNKNOWN_COLLECTIVE for a comm kernel whose type is not told
 bytes          float64    message size in bytes (NaN unknown); all_gather: the whole gathered
                           output, reduce_scatter: the whole input, others: the input
 dtype          category   element dtype of the message when known
@@ -37,7 +37,11 @@ launch_ts_us   float64    the launch point: a device event's runtime call, a glo
 
 Labels come from the launch, intervals from the execution: a device kernel takes step, stage,
 FSDP phase, unit, collective type and process group from the CPU op that launched it; overlap
-and exposure use its execution interval. The memory frames use the same ``stage``,
+and exposure use its execution interval.  A kernel launched inside a collective op
+(:func:`is_collective_op`) is communication (kind comm) whatever its name; a comm kernel whose launch is
+not in the trace takes its type from its name (:func:`collective_of`), else UNKNOWN_COLLECTIVE.  The
+runtime calls that block the host (SYNC_CALLS) are rows of kind cpu_op on their thread; the other
+runtime calls are only used to find the launch points. The memory frames use the same ``stage``,
 ``fsdp_phase`` and ``unit`` columns with the same meanings (at the allocation; ``free_stage`` /
 ``free_fsdp_phase`` at the free).
 """

@@ -5,8 +5,9 @@ import re
 
 __all__ = [
     "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROADCAST", "ALL_TO_ALL", "SEND_RECV", "BARRIER", "COLLECTIVES",
-    "P2P", "UNKNOWN_COLLECTIVE", "C10D_PREFIX", "NCCL_OP_PREFIX", "GLOO_PREFIX", "RECORD_PARAM_COMMS", "FUNCTIONAL_PREFIXES",
-    "COMM_KERNEL_PREFIXES", "COMM_OP_PREFIXES", "collective_of", "is_comm_kernel", "is_sync_kernel",
+    "P2P", "UNKNOWN_COLLECTIVE", "C10D_PREFIX", "NCCL_OP_PREFIX", "GLOO_PREFIX", "RECORD_PARAM_COMMS",
+    "FUNCTIONAL_PREFIXES", "COMM_KERNEL_PREFIXES", "SYMM_MEM_PREFIX", "COMM_OP_PREFIXES", "is_collective_op",
+    "collective_of", "is_comm_kernel", "is_sync_kernel",
     "GLOO_RUNS_AS", "bus_factor", "ring_factor", "wire_factor",
 ]
 
@@ -15,7 +16,8 @@ BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER = "broadcast", "all_to_all", "send_rec
 COLLECTIVES = [ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, ALL_TO_ALL, SEND_RECV, BARRIER]
 # point-to-point: no matching across ranks, no skew, no straggler blame (their own table)
 P2P = frozenset({SEND_RECV})
-UNKNOWN_COLLECTIVE = "unknown"    # how tables name a collective whose type nothing says
+# the type of a communication kernel that neither its launching op nor its name tells (never a kernel's name)
+UNKNOWN_COLLECTIVE = "unknown collective"
 
 _COLL_PATTERNS = [  # order matters: "reducescatter" before "allreduce"/"reduce"
     ("allgather", ALL_GATHER), ("reducescatter", REDUCE_SCATTER), ("allreduce", ALL_REDUCE),
@@ -30,8 +32,28 @@ GLOO_PREFIX = "gloo:"                # gloo's work on its own threads: gloo:all_
 RECORD_PARAM_COMMS = "record_param_comms"    # the op c10d records around a collective, with its sizes in args
 FUNCTIONAL_PREFIXES = ("c10d_functional::", "_c10d_functional::")     # functional collectives (DTensor, FSDP2)
 COMM_KERNEL_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl")      # device kernels (lower case)
-# CPU ops whose args say a collective's type and sizes
-COMM_OP_PREFIXES = (C10D_PREFIX, GLOO_PREFIX, NCCL_OP_PREFIX, RECORD_PARAM_COMMS)
+SYMM_MEM_PREFIX = "symm_mem::"       # torch's symmetric-memory collectives: symm_mem::multimem_all_reduce_, ...
+# CPU ops whose args say a collective's type and sizes: the decoder reads their args
+COMM_OP_PREFIXES = (C10D_PREFIX, GLOO_PREFIX, NCCL_OP_PREFIX, RECORD_PARAM_COMMS, SYMM_MEM_PREFIX) + FUNCTIONAL_PREFIXES
+# a library's own collective op, ``<namespace>::<op>`` (vllm::all_reduce, _C_custom_ar::all_reduce,
+# trtllm::allreduce): an op of another namespace than these whose op name holds one of these words
+_CUSTOM_COLLECTIVE_WORDS = ("allreduce", "allgather", "reducescatter", "alltoall")
+_NOT_COLLECTIVE_NAMESPACES = frozenset({"aten", "prim", "profiler", "autograd", "cuda", "inductor", "triton"})
+
+
+def is_collective_op(name) -> bool:
+    """A CPU op that runs a collective: c10d's calls, NCCL's and gloo's ops, ``record_param_comms``, functional
+    collectives, symmetric-memory ops (``symm_mem::*``) and libraries' own collectives (``vllm::all_reduce``):
+    a device kernel launched inside one is that collective's communication, whatever the kernel is called."""
+    if not isinstance(name, str):
+        return False
+    if name.startswith(COMM_OP_PREFIXES):
+        return True
+    ns, sep, op = name.partition("::")
+    if not sep or ns.lower() in _NOT_COLLECTIVE_NAMESPACES:
+        return False
+    op = _NON_ALPHA.sub("", op.lower())
+    return any(w in op for w in _CUSTOM_COLLECTIVE_WORDS)
 # cut from a lower-cased name before its collective type is looked for (the first that matches)
 _COLLECTIVE_NAME_PREFIXES = COMM_KERNEL_PREFIXES + (NCCL_OP_PREFIX, GLOO_PREFIX, C10D_PREFIX) + FUNCTIONAL_PREFIXES
 

@@ -13,7 +13,7 @@ __all__ = [
     "DEVICE_CUDA", "DEVICE_ROCM", "DEVICE_MTIA", "DEVICE_XPU", "DEVICE_CPU", "DEVICE_TYPES",
     "DEVICE_EVENT_CATS", "RUNTIME_CATS", "device_type",
     "STEP_PREFIX", "OPTIMIZER_PREFIX", "ZERO_GRAD_PREFIX", "TENSOR_SUBCLASS_DISPATCH", "FORWARD_MARKERS",
-    "BACKWARD_MARKERS",
+    "FORWARD_SPAN_MARKERS", "BACKWARD_MARKERS", "SYNC_CALLS", "SCALAR_SYNC_OPS", "DATALOADER_PREFIX",
     "STAGE_DATA", "STAGE_FORWARD", "STAGE_BACKWARD", "STAGE_OPTIMIZER", "STAGE_POST_STEP", "STAGE_OUTSIDE",
     "STAGE_UNKNOWN", "STAGES", "STEP_STAGES", "STEP_MARK_COLUMNS", "stage_at", "stage_codes_at",
     "STAGE_FRAME_RULES",
@@ -85,41 +85,57 @@ TENSOR_SUBCLASS_DISPATCH = "PythonSubclass"
 # the first of these in a step starts its forward (before it: the data stage)
 FORWARD_MARKERS = ("FSDP::root_pre_forward", "FSDP::pre_forward", "FullyShardedDataParallel._root_pre_forward",
                    "FullyShardedDataParallel._pre_forward", "FullyShardedDataParallel.forward",
-                   "DistributedDataParallel.forward")
+                   "DistributedDataParallel.forward", "## forward ##")
+# the forward markers that span a whole forward (not a hook at its start): the last end of one of these that
+# starts before the step's backward ends its forward; FSDP2's markers are hooks, so its forward has no end
+FORWARD_SPAN_MARKERS = ("FullyShardedDataParallel.forward", "DistributedDataParallel.forward", "## forward ##")
 # the first of these in a step starts its backward
 BACKWARD_MARKERS = ("autograd::engine::evaluate_function", "FSDP::pre_backward", "FSDP::post_backward",
                     "FullyShardedDataParallel._pre_backward", "FullyShardedDataParallel._post_backward",
                     "## backward ##")
+# runtime calls that block the host until the device (a stream, an event) is done, and the ops that read a
+# device scalar on the host (``tensor.item()``: a copy to the host and a stream synchronisation)
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                        "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize"})
+SCALAR_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item")
+# torch.utils.data's annotation around each batch fetched: enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
 
 STAGES = [STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER, STAGE_POST_STEP, STAGE_OUTSIDE, STAGE_UNKNOWN]
 STEP_STAGES = STAGES[:5]         # the stages inside a step, in order
-STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "bwd_us", "opt_us", "opt_end_us"]
+STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "fwd_end_us", "bwd_us", "opt_us", "opt_end_us"]
 
 
-def stage_at(ts, marks, outside=STAGE_OUTSIDE):
+def stage_at(ts, marks, collective=None, outside=STAGE_OUTSIDE):
     """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (columns STEP_MARK_COLUMNS,
     one row per ProfilerStep, sorted by start_us; NaN where a step lacks that marker):
 
     data before the step's first forward marker (none: the step starts in forward), forward until
     its first backward marker, backward until the first Optimizer.step#, optimizer until the end of
-    the last one, post_step after it; ``outside`` (default ``outside_step``; memory: None) outside every step."""
+    the last one, post_step after it; ``outside`` (default ``outside_step``; memory: None) outside every step.
+    ``collective`` (bool per time, optional): the time launches a collective; a collective launched after the
+    step's forward ended (``fwd_end_us``: FORWARD_SPAN_MARKERS) and before its backward is data (input
+    distribution), not forward."""
     import numpy as np  # (numpy and pandas stay out of `fsdpprof plan` and --help)
 
-    st = np.array(STAGES, dtype=object)[stage_codes_at(ts, marks)]
+    st = np.array(STAGES, dtype=object)[stage_codes_at(ts, marks, collective)]
     if outside != STAGE_OUTSIDE:
         st[st == STAGE_OUTSIDE] = outside
     return st
 
 
-def stage_codes_at(ts, marks):
-    """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns)."""
+def stage_codes_at(ts, marks, collective=None):
+    """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns; a
+    missing ``fwd_end_us`` column: no forward ends before the backward)."""
     import numpy as np
 
     ts = np.asarray(ts, dtype=np.float64)
     out = np.full(ts.size, STAGES.index(STAGE_OUTSIDE), dtype=np.int8)
     if "start_us" not in marks or not len(marks["start_us"]) or not ts.size:
         return out
-    col = {c: np.asarray(marks[c], dtype=np.float64) for c in STEP_MARK_COLUMNS}
+    n_marks = len(marks["start_us"])
+    col = {c: (np.asarray(marks[c], dtype=np.float64) if c in marks else np.full(n_marks, np.nan))
+           for c in STEP_MARK_COLUMNS}
     idx = np.searchsorted(col["start_us"], ts, side="right") - 1
     ii = np.maximum(idx, 0)
     inside = (idx >= 0) & (ts <= col["end_us"][ii])
@@ -132,6 +148,10 @@ def stage_codes_at(ts, marks):
     st = np.select([ts < fwd, ts < bwd, ts < opt, ts <= opt_end],
                    [STAGES.index(x) for x in (STAGE_DATA, STAGE_FORWARD, STAGE_BACKWARD, STAGE_OPTIMIZER)],
                    STAGES.index(STAGE_POST_STEP))
+    if collective is not None:
+        fwd_end = np.where(np.isnan(m["fwd_end_us"]), inf, m["fwd_end_us"])
+        between = np.asarray(collective, dtype=bool) & (st == STAGES.index(STAGE_FORWARD)) & (ts >= fwd_end)
+        st = np.where(between, STAGES.index(STAGE_DATA), st)
     out[inside] = st[inside]
     return out
 

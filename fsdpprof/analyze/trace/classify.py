@@ -3,9 +3,11 @@ collective type and message size (bytes), on GPU (NCCL/RCCL kernels) and CPU (gl
 
 Device events (kernels on a stream): :func:`fsdpprof.analyze.model.is_comm_kernel` ones are comm;
 Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.model.is_sync_kernel`
-ones are sync; other kernels are compute.  A comm kernel's collective type (and process group) comes
-from the CPU op that launched it (the innermost ``nccl:*`` / ``c10d::*`` / ``record_param_comms``
-around its runtime call), its name second, else the type is shown by its kernel name.  Sizes come
+ones are sync; other kernels are compute, except those launched inside a collective op
+(:func:`fsdpprof.analyze.model.is_collective_op`: ``symm_mem::multimem_all_reduce_``, ``vllm::all_reduce``
+...), which are that collective's communication.  A comm kernel's collective type (and process group) comes
+from the CPU op that launched it (the innermost collective op around its runtime call), its name second,
+else it is model.UNKNOWN_COLLECTIVE (a kernel's name is never a collective type).  Sizes come
 from the kernel's args (``In msg nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process
 Group Name``, ``Seq``) or, when the kernel has none, from its launching op (same External id).
 
@@ -76,11 +78,6 @@ def collective_of_name(name: str):
     return per_name(model.collective_of, [name])[0]
 
 
-def unknown_type_label(name: str) -> str:
-    """The collective shown for a comm kernel whose type neither its launch nor its name tells: its name."""
-    return str(name).split("(", 1)[0][:80]
-
-
 # --------------------------------------------------------------------------- message sizes (bytes)
 def numel(dims, depth: int = 0) -> float:
     """Elements of a tensor shape ``[d0, d1, ...]`` or, for a list of shapes (TensorList), their sum;
@@ -141,6 +138,10 @@ def given(x, low: float = 0.0):
     return None
 
 
+# comm ops whose sizes come from their own args (nelems) or their own rule (gloo), not from their Input Dims
+_OWN_SIZE_PREFIXES = (model.GLOO_PREFIX, model.NCCL_OP_PREFIX, model.RECORD_PARAM_COMMS) + model.FUNCTIONAL_PREFIXES
+
+
 def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, types: bytes) -> tuple:
     """What one event's comm args say: (collective or None, bytes or NaN, dtype or None, group_size or NaN,
     pg or None, seq or NaN, shard).  ``name``: the event's name as shown; the others: its args ``Collective
@@ -169,6 +170,11 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
         dtype = dtype or dtype2
         if gs is None and group == group:
             gs = group
+    elif not name.startswith(_OWN_SIZE_PREFIXES) and coll not in (model.ALL_GATHER, model.REDUCE_SCATTER):
+        # symmetric-memory and libraries' own collectives (vllm::all_reduce): the message is their input
+        # (an all-gather's or reduce-scatter's whole array is not said: left unknown)
+        nbytes, dtype2, _ = c10d_sizes(coll, dims, types)
+        dtype = dtype or dtype2
     elif name.startswith(model.GLOO_PREFIX):
         # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
         # all_reduce (also what reduce_scatter runs as) the whole array
@@ -367,8 +373,10 @@ def classify_arrays(rt) -> dict:
         launch_tid[gidx[found]] = tcodes[src]
         launch_ts[gidx[found]] = ts[src]
 
-    # --- the columns: every event but the runtime calls ------------------------------------------------
-    kidx = np.flatnonzero(~is_runtime)
+    # --- the columns: every event but the runtime calls (the synchronisations kept) ----------------------
+    # (the runtime calls that block the host until the device is done stay, as CPU ops: model.SYNC_CALLS)
+    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
+    kidx = np.flatnonzero(~is_runtime | sync_call)
     pos = np.full(n, -1, dtype=np.int64)
     pos[kidx] = np.arange(len(kidx))
     k = len(kidx)
@@ -400,8 +408,9 @@ def classify_arrays(rt) -> dict:
         # comm kernels: their type and group from the CPU op that launched them, their sizes (when the
         # kernel has none) from the CPU op with the same External id
         _type_from_launching_op(o, k_on_gpu)
+        _comm_from_launching_op(o, k_on_gpu)
         _fill_from_cpu_side(o, k_on_gpu)
-        _unknown_type_by_name(o, k_on_gpu)
+        _unknown_type(o, k_on_gpu)
 
     # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
     if k_gloo.any():
@@ -446,12 +455,52 @@ def _type_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
             o[c][dst] = np.where(np.isnan(o[c][src]), o[c][dst], o[c][src])
 
 
-def _unknown_type_by_name(o: dict, on_gpu: np.ndarray) -> None:
-    """A comm kernel whose type neither its launch nor its name tells is shown by its kernel name."""
+def _comm_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
+    """A kernel launched inside a collective op (:func:`fsdpprof.analyze.model.is_collective_op`: c10d, NCCL,
+    symmetric-memory ops, custom all-reduces such as ``vllm::all_reduce``) is that collective's communication,
+    whatever it is called (``multimem_all_reduce_kernel``): kind comm, the op's collective type and group.
+    The op must be the innermost CPU op around the launch: a kernel of a tensor op nested in the collective
+    (the copy-out of c10d's all-gather into a list, ``aten::copy_``) stays that op's work.  Copies, sets and
+    waits keep their kind."""
+    kind = o["kind"]
+    ck = np.flatnonzero(on_gpu & (kind == K_COMPUTE) & (o["launch_tid"] >= 0))
+    coll_op = ~on_gpu & (kind != K_COMM) & ~_isna(o["collective"])
+    ops = np.flatnonzero(coll_op)
+    if not ck.size or not ops.size:
+        return
+    ts, end = o["ts_us"], o["ts_us"] + o["dur_us"]
+    cpu_op = np.flatnonzero(~on_gpu & (kind == K_CPU_OP))
+    op_tid, k_tid, cpu_tid = o["tid"][ops], o["launch_tid"][ck], o["tid"][cpu_op]
+    launch = o["launch_ts_us"]
+    for t in np.unique(k_tid).tolist():
+        sel = ops[op_tid == t]
+        if not sel.size:
+            continue
+        q = ck[k_tid == t]
+        k = intervals.innermost(ts[sel], end[sel], launch[q])      # inside a collective op at all?
+        q, src = q[k >= 0], sel[k[k >= 0]]
+        if not q.size:
+            continue
+        # the innermost CPU op (or collective) around those launches: the collective op itself
+        lo, hi = float(launch[q].min()), float(launch[q].max())
+        cand = cpu_op[(cpu_tid == t) & (ts[cpu_op] <= hi) & (end[cpu_op] >= lo)]
+        cand = np.union1d(cand, sel)
+        inner = cand[np.maximum(intervals.innermost(ts[cand], end[cand], launch[q]), 0)]
+        own = coll_op[inner]
+        dst, src = q[own], inner[own]
+        kind[dst] = K_COMM
+        o["collective"][dst] = o["collective"][src]
+        o["pg"][dst] = np.where(_isna(o["pg"][src]), o["pg"][dst], o["pg"][src])
+        for c in ("seq", "group_size"):
+            o[c][dst] = np.where(np.isnan(o[c][src]), o[c][dst], o[c][src])
+
+
+def _unknown_type(o: dict, on_gpu: np.ndarray) -> None:
+    """A comm kernel whose type neither its launching op nor its name tells: model.UNKNOWN_COLLECTIVE (never
+    its kernel name)."""
     rows = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"]))
     if rows.size:
-        names = o["name_cats"]
-        o["collective"][rows] = [unknown_type_label(names[c]) for c in o["name"][rows].tolist()]
+        o["collective"][rows] = model.UNKNOWN_COLLECTIVE
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:

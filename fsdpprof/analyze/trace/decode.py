@@ -36,7 +36,7 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.frames import frame_of
+from fsdpprof.analyze.load.frames import frame_of
 from fsdpprof.errors import UserError
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
@@ -495,7 +495,7 @@ class _Columns:
                 if a is not None and _is_int64(a.correlation):
                     corr[i] = a.correlation
         full_idx = [i for i, e in enumerate(keep) if e.cat in _GPU_CATS or (
-            type(name_list[i]) is str and name_list[i].startswith(model.COMM_OP_PREFIXES))]
+            type(name_list[i]) is str and model.is_collective_op(name_list[i]))]
         if full_idx:
             for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
                 if a is None:
@@ -558,7 +558,7 @@ class _Columns:
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
         # per distinct name: comm op name?  per category (fixed table): device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
-            self.name_comm.append(type(k) is str and k.startswith(model.COMM_OP_PREFIXES))
+            self.name_comm.append(model.is_collective_op(k))
         gpu = _CAT_GPU[cat_codes]
         full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
         runtime = _CAT_RT[cat_codes]

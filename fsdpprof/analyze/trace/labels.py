@@ -9,7 +9,9 @@ it; its execution interval is still what overlap measures.
 - step: the ``ProfilerStep#N`` annotation containing the launch point; none in the trace -> the
   whole trace is step 0, with a warning.
 - stage: :func:`fsdpprof.analyze.model.stage_at` of the launch point against the step marks
-  (:func:`step_marks`); a device kernel whose launch is not in the trace is ``unknown``.
+  (:func:`step_marks`), collectives (comm events and collective ops) marked as such (between the end of
+  the forward and the backward they are input distribution: data); a device kernel whose launch is not
+  in the trace is ``unknown``.
 - fsdp_phase / unit: the innermost FSDP annotation (:func:`fsdpprof.analyze.model.parse_fsdp`) on the
   launching thread that contains the launch point.
 """
@@ -20,7 +22,7 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.frames import column_arrays, frame_of, isin, on_device
+from fsdpprof.analyze.load.frames import column_arrays, frame_of, isin, on_device
 from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS, per_name
 
 
@@ -36,14 +38,15 @@ def _step_number(x: str) -> float:
     return np.nan
 
 
-M_STEP, M_FWD, M_BWD, M_OPT = 1, 2, 4, 8
+M_STEP, M_FWD, M_BWD, M_OPT, M_FWD_SPAN = 1, 2, 4, 8, 16
 
 
 def _mark_flags(x: str) -> int:
-    """Bit set: a ProfilerStep# / forward / backward / Optimizer.step# name."""
+    """Bit set: a ProfilerStep# / forward / backward / Optimizer.step# / whole-forward name."""
     return ((M_STEP if x.startswith(model.STEP_PREFIX) else 0) | (M_FWD if x.startswith(model.FORWARD_MARKERS) else 0)
             | (M_BWD if x.startswith(model.BACKWARD_MARKERS) else 0)
-            | (M_OPT if x.startswith(model.OPTIMIZER_PREFIX) else 0))
+            | (M_OPT if x.startswith(model.OPTIMIZER_PREFIX) else 0)
+            | (M_FWD_SPAN if x.startswith(model.FORWARD_SPAN_MARKERS) else 0))
 
 
 def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
@@ -86,9 +89,20 @@ def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: 
     fwd = np.flatnonzero(((flags & M_FWD) != 0) & cpu_side)
     bwd = np.flatnonzero(((flags & M_BWD) != 0) & cpu_side)
     opt = np.flatnonzero(((flags & M_OPT) != 0) & cpu_side)
+    bwd_us = first_in_step(bwd, ts[bwd])
+    # the forward's end: the last end of a whole-forward marker that starts before the step's backward
+    span = np.flatnonzero(((flags & M_FWD_SPAN) != 0) & cpu_side)
+    k = np.searchsorted(starts, ts[span], side="right") - 1
+    kk = np.maximum(k, 0)
+    with np.errstate(invalid="ignore"):
+        before_bwd = ~(ts[span] >= bwd_us[kk]) if starts.size else np.zeros(0, dtype=bool)
+    keep = (k >= 0) & (ts[span] <= ends[kk]) & before_bwd
+    fwd_end = np.full(starts.size, -np.inf)
+    np.maximum.at(fwd_end, k[keep], end[span][keep])
     return {"step": steps, "start_us": starts, "end_us": ends,
-            "fwd_us": first_in_step(fwd, ts[fwd]), "bwd_us": first_in_step(bwd, ts[bwd]),
-            "opt_us": first_in_step(opt, ts[opt]), "opt_end_us": first_in_step(opt, end[opt], last=True)}
+            "fwd_us": first_in_step(fwd, ts[fwd]), "fwd_end_us": np.where(np.isfinite(fwd_end), fwd_end, np.nan),
+            "bwd_us": bwd_us, "opt_us": first_in_step(opt, ts[opt]),
+            "opt_end_us": first_in_step(opt, end[opt], last=True)}
 
 
 def _cat_codes(col: pd.Series) -> tuple[list[str], np.ndarray]:
@@ -158,6 +172,7 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
 
     # --- steps ----------------------------------------------------------------------------
     marks = _step_mark_columns(cats, codes, ts, end, cpu_side)
+    collective = (c["kind"] == K_COMM) | ~_isna(c["collective"])        # (stage_at: input distribution)
     step = np.full(n, np.nan)
     if marks is not None and len(marks["start_us"]):
         marks_of = np.array(per_name(_mark_flags, cats), dtype=np.uint8)
@@ -165,7 +180,7 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
         step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
         k = intervals.innermost(ts[s_idx], end[s_idx], q_ts)
         step = np.where(k >= 0, step_of[codes[s_idx]][np.clip(k, 0, None)], np.nan)
-        stage = model.stage_codes_at(q_ts, marks)
+        stage = model.stage_codes_at(q_ts, marks, collective)
     else:
         warnings.append(f"trace {rt.path} has no ProfilerStep# annotations: the whole trace is taken as one step "
                         f"(use torch.profiler's schedule and prof.step() to get per-step numbers)")
@@ -174,9 +189,9 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
         whole = pd.DataFrame({"step": [0.0], "start_us": [t0], "end_us": [t1]})
         probe = step_marks_arrays(cats + [model.STEP_PREFIX + "0"], np.append(codes, len(cats)),
                                   np.append(ts, t0), np.append(end, t1), np.append(cpu_side, True))
-        for col in ("fwd_us", "bwd_us", "opt_us", "opt_end_us"):
+        for col in ("fwd_us", "fwd_end_us", "bwd_us", "opt_us", "opt_end_us"):
             whole[col] = probe[col].to_numpy()[:1] if len(probe) else np.nan
-        stage = model.stage_codes_at(q_ts, whole[model.STEP_MARK_COLUMNS])
+        stage = model.stage_codes_at(q_ts, whole[model.STEP_MARK_COLUMNS], collective)
     step[no_launch] = np.nan
     stage[no_launch] = model.STAGES.index(model.STAGE_UNKNOWN)
 

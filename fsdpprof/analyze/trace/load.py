@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze.gc_pause import gc_paused
+from fsdpprof.analyze.load.gc_pause import gc_paused
 from fsdpprof.analyze.trace import classify, labels
 from fsdpprof.analyze.trace.decode import decode_trace, defect_warnings
 from fsdpprof.errors import unexpected_as_user_error

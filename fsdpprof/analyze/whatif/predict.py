@@ -9,13 +9,18 @@ time the median over ranks and steps (as the report's).
 """
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.frames import startswith
+from fsdpprof.analyze.load import engines
+from fsdpprof.analyze.load.frames import startswith
+from fsdpprof.analyze.memory import attribution, cpu_events
+from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
+from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
@@ -39,8 +44,6 @@ def source_of_rank(rd, hosts: int = 1, ranks_per_host: int | None = None) -> tg.
 def _inventory_names(allocs: pd.DataFrame, inventory: dict, events: pd.DataFrame | None,
                      kind: str) -> pd.Series | None:
     """The inventory tensor name (parameter fqn for params and grads) of each allocation it describes."""
-    from fsdpprof.analyze.memory import attribution, cpu_events
-
     if kind == "cpu_trace" and events is not None:
         opt = events[startswith(events["name"], (model.OPTIMIZER_PREFIX,))]
         starts = np.sort(opt["ts_us"].to_numpy(float))
@@ -81,9 +84,7 @@ class RankModel:
         self.measured_peak = None
         m = memory_result if memory_result is not False else None
         if memory_result is None and (rd.snapshot_path or (rd.memory_events is not None and len(rd.memory_events))):
-            from fsdpprof.analyze.memory.attribution import memory_analysis
-
-            m = memory_analysis(rd)
+            m = attribution.memory_analysis(rd)
         if m is not None and getattr(m, "allocations", None) is not None and len(m.allocations):
             self.measured_peak = int(m.peak_allocated_bytes)
             self.memory_kind = m.source
@@ -213,12 +214,7 @@ def _replays(timed: list[tuple[int, RankTiming]], targets: list[tg.Target], floo
     """index -> (fit description, time per target) of every timed rank: in this process, or, from
     REPLAY_POOL_MIN_RANKS ranks on a machine with several cores, in a local pool (chunks of ranks; a chunk
     whose worker fails is replayed here)."""
-    import multiprocessing
-    import os
-
-    from fsdpprof.analyze import engines
-
-    cores = os.cpu_count() or 1
+    cores = engines.usable_cores()
     if len(timed) < REPLAY_POOL_MIN_RANKS or cores < 2 or multiprocessing.current_process().daemon:
         return {i: rest for i, *rest in _ranks_times(timed, targets, floor)}
     n_chunks = min(len(timed), 4 * cores)
@@ -329,8 +325,6 @@ def source_rank(run):
     """The run's first rank (its inventory read) that the predictions can start from: its configuration is
     the run's (:func:`source_of_rank`).  UserError naming why when none can: no inventory.json anywhere, or
     each rank's own reason (an unreadable inventory, no trace)."""
-    from fsdpprof.analyze.run import no_usable_rank, with_inventory
-
     missing = {}
     for r in sorted(run.ranks):
         rd, why = with_inventory(run.ranks[r])
@@ -344,37 +338,57 @@ def source_rank(run):
                          one_alone=False)
 
 
-def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress=None) -> dict:
-    """Every target for a loaded (or lazily loaded) Run, one rank at a time.  A rank that cannot be predicted
-    from (unreadable trace or inventory, none of them) is left out and named with its reason in the result's
-    ``missing`` (label -> why, beside those of ``run.missing``), as the report names its missing ranks; the
-    others are predicted from (``ranks_predicted``).  UserError when none is left."""
-    from dataclasses import replace
+def predict_rank(rd, targets: list[tg.Target], *, hosts: int = 1, ranks_per_host: int | None = None,
+                 max_bytes: int | None = None, known_why: str | None = None) -> tuple[dict | None, str | None]:
+    """Map job of :func:`predict_run` (this process, a local worker or a Dask worker): one rank's inventory and
+    trace loaded (:func:`fsdpprof.analyze.load.run.load_rank`) and its :func:`rank_predictions`; and why the rank
+    is left out (or its trace is: with a snapshot, its memory is still predicted from), else None.
+    ``known_why``: why discovery listed the rank as missing."""
+    rd, why = with_inventory(rd)          # (first: a rank without a usable inventory is not worth its trace)
+    why = why or _why_not(rd, {rd.label: known_why} if known_why else {})
+    if why is not None:
+        return None, why
+    loaded = load_rank(rd, max_bytes=max_bytes)
+    if loaded.trace_error and not loaded.rank.snapshot_path:
+        return None, loaded.trace_error
+    return rank_predictions(loaded.rank, targets, hosts=hosts, ranks_per_host=ranks_per_host), loaded.trace_error
 
-    from fsdpprof.analyze.run import no_usable_rank, parse_trace, with_inventory
 
+# what a worker imports once before its first rank
+PREDICT_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")
+
+
+def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress=None, *,
+                engine: str | None = None, workers: int | None = None, scheduler: str | None = None) -> dict:
+    """Every target for a loaded (or lazily loaded) Run: each rank loaded and predicted where
+    :mod:`fsdpprof.analyze.load.engines` runs it (``engine`` local: this process, or a pool of ``workers`` processes
+    for big traces; dask: the scheduler at ``scheduler``, else a LocalCluster), then the reduce here.  A rank that
+    cannot be predicted from (unreadable trace or inventory, none of them) is left out and named with its reason
+    in the result's ``missing`` (label -> why, beside those of ``run.missing``), as the report names its missing
+    ranks; the others are predicted from (``ranks_predicted``).  UserError when none is left.  ``progress``:
+    called with each rank as it is done."""
+    engine = engines.check_engine(engine, scheduler)
+    engines.check_workers(workers)
     hosts, per_host = hosts_of(run)
+    rds = [run.ranks[r] for r in sorted(run.ranks)]
+    kwargs = {"targets": targets, "hosts": hosts, "ranks_per_host": per_host, "max_bytes": run.max_trace_bytes}
+    jobs = [((rd,), dict(kwargs, known_why=run.missing.get(rd.label))) for rd in rds]
+    if engine == "local":
+        workers = engines.local_workers(workers, len(jobs), unread_trace_bytes(rds))
+    done: dict[int, tuple] = {}
+    for i, ok, value in engines.map_unordered(predict_rank, jobs, engine=engine, workers=workers,
+                                              scheduler=scheduler, preload=PREDICT_JOB_MODULES):
+        done[i] = value[0] if ok else (None, value)
+        if progress:
+            progress(rds[i].rank)
     missing = dict(run.missing)
     results = []
-    for r in sorted(run.ranks):
-        rd, why = with_inventory(run.ranks[r])
-        why = why or _why_not(rd, missing)
+    for i, rd in enumerate(rds):           # (in rank order, whatever order they finished in)
+        prediction, why = done[i]
         if why is not None:
             missing[rd.label] = why
-            continue
-        if rd.events is None and rd.trace_path:
-            status, val = parse_trace(rd.trace_path, rd.rank, False, run.max_trace_bytes)
-            if status != "ok":
-                missing[rd.label] = val
-                if not rd.snapshot_path:
-                    continue                # (with a snapshot, its memory is still predicted from)
-                rd = replace(rd, trace_path=None)
-            else:
-                rd = replace(rd, events=val.events, memory_events=val.memory_events,
-                             trace_meta={**val.meta, **(rd.trace_meta or {})})
-        results.append(rank_predictions(rd, targets, hosts=hosts, ranks_per_host=per_host))
-        if progress:
-            progress(r)
+        if prediction is not None:
+            results.append(prediction)
     if not results:
         raise no_usable_rank(missing, f"nothing to predict from in {run.path}", "no rank", one_alone=False)
     out = reduce_predictions(targets, results, run_target)

@@ -36,7 +36,7 @@ import pandas as pd
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.comm.steps import step_windows
-from fsdpprof.analyze.frames import isin, startswith
+from fsdpprof.analyze.load.frames import isin, startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.model import ROOT_UNIT

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
+from fsdpprof.analyze.compare.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
 from fsdpprof.errors import UserError
 
 OPS_NAME_CHARS = 200        # longer operator / kernel names are cut (with a hash of the full name, kept distinct)

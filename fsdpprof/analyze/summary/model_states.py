@@ -2,7 +2,7 @@
 
 Per rank (map): :func:`measured_model_states` from the inventory's tensors, :func:`inventory_summary`
 (the inventory without its tensor list) and the bytes per parameter the run really used
-(:func:`fsdpprof.analyze.theory.k_from_inventory`).  Across ranks (reduce): :func:`theory_vs_measured`.
+(:func:`fsdpprof.analyze.summary.theory.k_from_inventory`).  Across ranks (reduce): :func:`theory_vs_measured`.
 Sizes in bytes.
 """
 from __future__ import annotations
@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof import runfmt
-from fsdpprof.analyze import model, theory
+from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.summary import theory
 
 
 def measured_model_states(inv: dict) -> dict:

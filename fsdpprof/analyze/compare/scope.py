@@ -1,6 +1,6 @@
 """The scope of a comparison: which steps and ranks ``fsdpprof compare`` puts side by side (no pandas here:
 the command checks ``--iteration`` / ``--rank`` before it imports the analysis).  Re-exported by
-:mod:`fsdpprof.analyze.diff`."""
+:mod:`fsdpprof.analyze.compare.diff`."""
 from __future__ import annotations
 
 from dataclasses import dataclass

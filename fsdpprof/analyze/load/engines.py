@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 
 from fsdpprof.errors import UserError
+from fsdpprof.version import __version__
 
 ENGINES = ("local", "dask")
 DASK_WAIT_FOR_WORKERS_S = 60.0     # how long a job waits for the first worker of an external scheduler
@@ -110,10 +111,41 @@ def _have_distributed() -> bool:
         return False
 
 
+# --------------------------------------------------------------------------- how many processes
+POOL_MIN_BYTES = 64 << 20   # the local engine starts processes (--workers not given) only for this much trace JSON
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none).  (collect's
+    recorder has its own copy: collect does not import analyze.)"""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_workers(workers, what: str = "workers") -> None:
+    """UserError unless ``workers`` is None or a whole number >= 1."""
+    if workers is None:
+        return
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise UserError(f"{what} {workers!r} must be a whole number of at least 1 (it is capped at the number "
+                        f"of ranks and of CPU cores, {usable_cores()} here)")
+
+
 def pool_size(workers: int | None, n_jobs: int) -> int:
     """Processes of the local pool: ``workers`` (default: the CPU cores), never more than the jobs or cores."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, min(int(workers or cores), n_jobs or 1, cores))
+
+
+def local_workers(workers: int | None, n_jobs: int, trace_bytes: int) -> int:
+    """Processes the local engine runs ``n_jobs`` ranks in, whose traces (still on disk) hold ``trace_bytes`` of
+    JSON: ``workers`` when given, else one per rank from POOL_MIN_BYTES on and below it 1 (this process: small
+    traces are read here faster than processes start and send their frames back); at most :func:`pool_size`."""
+    if workers is None:
+        workers = n_jobs if trace_bytes >= POOL_MIN_BYTES else 1
+    return pool_size(workers, n_jobs)
 
 
 # --------------------------------------------------------------------------- the engines
@@ -147,6 +179,7 @@ def _local_pool(fn, jobs, n: int):
         with cf.ProcessPoolExecutor(max_workers=n, mp_context=_fork_context()) as pool:
             running: dict = {}
             broken = False
+            submitted = 0
             while (queue or running) and not broken:
                 while queue and len(running) <= n and not broken:
                     try:
@@ -155,6 +188,7 @@ def _local_pool(fn, jobs, n: int):
                         broken = True
                     else:
                         queue.pop(0)
+                        submitted += 1
                 if not running:
                     break
                 done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
@@ -170,6 +204,9 @@ def _local_pool(fn, jobs, n: int):
                     else:
                         yield i, True, value
             lost += running.values()
+            if broken and not submitted:    # a fresh pool that takes no job: the rest go one by one
+                lost += queue
+                queue = []
     for i in sorted(lost):         # once more, alone in a fresh process: a job that kills it spares the others
         with cf.ProcessPoolExecutor(max_workers=1, mp_context=_fork_context()) as pool:
             try:
@@ -342,8 +379,6 @@ def shared_scheduler(engine: str, scheduler: str | None, workers: int | None, n_
 
 def _check_workers_import_fsdpprof(client) -> None:
     """UserError unless every worker of the cluster can import this fsdpprof (the same version)."""
-    import fsdpprof
-
     try:
         client.wait_for_workers(1, timeout=DASK_WAIT_FOR_WORKERS_S)
     except (TimeoutError, OSError):
@@ -353,17 +388,15 @@ def _check_workers_import_fsdpprof(client) -> None:
         versions = client.run(_fsdpprof_version)
     except Exception as exc:
         raise UserError(f"the Dask workers cannot run fsdpprof ({type(exc).__name__}: {exc}); install fsdpprof "
-                        f"{fsdpprof.__version__} on every worker") from None
-    other = {str(v) for v in versions.values()} - {fsdpprof.__version__}
+                        f"{__version__} on every worker") from None
+    other = {str(v) for v in versions.values()} - {__version__}
     if other:
         raise UserError(f"the Dask workers run fsdpprof {', '.join(sorted(other))}, this is "
-                        f"{fsdpprof.__version__}; install the same version on every worker")
+                        f"{__version__}; install the same version on every worker")
 
 
 def _fsdpprof_version() -> str:
-    import fsdpprof
-
-    return fsdpprof.__version__
+    return __version__
 
 
 def _dask(fn, jobs, workers, scheduler):

@@ -1,5 +1,5 @@
 """Several runs side by side: one column per run, the memory at the peak by category, the step time,
-a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.diff`).  Works from Analyses
+a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Works from Analyses
 only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in bytes, times in µs.
 
 Runs are comparable unless both models are known (an inventory, from ``fsdpprof record``) and differ;
@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import diff, model
-from fsdpprof.analyze.headline import peak_rank, step_medians
+from fsdpprof.analyze import model
+from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.errors import UserError
 
@@ -30,7 +31,7 @@ class Comparison:
     verdict: str
     warnings: list
     comparable: bool
-    diff: diff.Diff | None = None  # every run against the first (fsdpprof.analyze.diff)
+    diff: diff.Diff | None = None  # every run against the first (fsdpprof.analyze.compare.diff)
     notes: list = field(default_factory=list)   # what is left out and why (e.g. formulas of unknown models)
     models_known: bool = True      # every run has an inventory (its model, Psi, is known)
     promise: pd.DataFrame | None = None   # per run: the ZeRO formulas' promise beside the measurement (zero_promise)
@@ -88,7 +89,7 @@ def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
 
 def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False,
                      scope: diff.Scope | None = None) -> Comparison:
-    """Put runs side by side, and each against the first in ``scope`` (:class:`fsdpprof.analyze.diff.Scope`,
+    """Put runs side by side, and each against the first in ``scope`` (:class:`fsdpprof.analyze.compare.diff.Scope`,
     default per-step medians over ranks).  UserError for fewer than two runs, or when both models are known
     and differ (unless allow_different_models, which turns that into a warning).  A run whose model is unknown
     (no inventory) is compared on what was measured; the formulas are left out, with a note."""

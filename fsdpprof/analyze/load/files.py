@@ -1,22 +1,19 @@
-"""Load a run: our run directory, a folder of profiler traces, one trace, or CUDA snapshots.
+"""Find a run's files: our run directory, a folder of profiler traces, one trace, or CUDA snapshots.
 
-``load_run(path)`` finds each rank's files and returns a :class:`Run`; with ``lazy=False`` (the
-default) it also parses every trace into an events frame (in parallel processes for big traces: one
-pure function per rank, :func:`fsdpprof.analyze.trace.load.load_trace`).  ``lazy=True`` only finds the
-files, so that the per-rank analysis (:func:`fsdpprof.analyze.pipeline.analyze_rank`) parses each
-trace where it runs.  A rank whose files are bad is listed in ``Run.missing`` with a one-line reason;
-the others are analysed.  Nothing usable at all -> :class:`fsdpprof.errors.UserError`.
+``find_run(path)`` finds each rank's files (run.json, rank.json, inventory.json, trace, snapshot) and returns a
+:class:`Run` whose ranks are not read yet: :mod:`fsdpprof.analyze.load.run` reads them (``load_rank``, where
+each rank is analysed; ``load_run`` = ``find_run`` + every trace read).  A rank whose files are bad is listed in
+``Run.missing`` with a one-line reason; the others are analysed.  Nothing usable at all ->
+:class:`fsdpprof.errors.UserError`.  No numpy or pandas here: a bad path is refused before they are imported.
 
 A trace's rank comes from its ``distributedInfo``, else from an explicit pattern in its file name
 (``rank-3``, ``rank3_trace``, ``worker3``), else from its position among the files (with a warning).
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import errno
 import gzip
 import json
-import multiprocessing
 import os
 import re
 import stat
@@ -25,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
-from fsdpprof.analyze import model
+from fsdpprof.analyze.load.engines import check_workers
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 if TYPE_CHECKING:   # (numpy, pandas and the decoder are imported where traces are read: a bad path is refused first)
@@ -80,27 +77,6 @@ class Run:
         if self.source != SOURCE_RUN_DIR:
             return []
         return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
-
-    def events(self) -> pd.DataFrame:
-        """All ranks' events concatenated (model.EVENT_COLUMNS), categoricals kept; a lazily loaded run
-        parses its traces now (and keeps them)."""
-        if any(r.events is None and r.trace_path for r in self.ranks.values()):
-            load_events(self)
-        frames = [r.events for _, r in sorted(self.ranks.items()) if r.events is not None]
-        if not frames:
-            return empty_events()
-        from fsdpprof.analyze.trace.labels import concat_events
-
-        return concat_events(frames)
-
-
-def empty_events() -> pd.DataFrame:
-    import pandas as pd
-
-    df = pd.DataFrame({c: [] for c in model.EVENT_COLUMNS})
-    for c in model.CATEGORICAL_EVENT_COLUMNS:
-        df[c] = df[c].astype("category")
-    return df
 
 
 def rank_from_name(path: str) -> int | None:
@@ -226,46 +202,6 @@ def _looks_like_trace(path: str) -> bool:
     return b'"traceEvents"' in head or b'"distributedInfo"' in head
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none).  (collect's
-    recorder has its own copy: collect does not import analyze.)"""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def max_workers(requested: int, n_jobs: int) -> int:
-    """Processes actually started for ``n_jobs`` traces: never more than the traces or the CPU cores."""
-    return max(1, min(int(requested), n_jobs, os.cpu_count() or 1))
-
-
-def check_workers(workers, what: str = "workers") -> None:
-    """UserError unless ``workers`` is None or a whole number >= 1."""
-    if workers is None:
-        return
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise UserError(f"{what} {workers!r} must be a whole number of at least 1 (it is capped at the number "
-                        f"of ranks and of CPU cores, {os.cpu_count() or 1} here)")
-
-
-def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None):
-    """Load one rank's trace (a worker's job); returns ('ok', TraceData) or ('error', one-line message)."""
-    from fsdpprof.analyze.trace.load import load_trace
-
-    if not os.access(path, os.R_OK):
-        return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
-    try:
-        return "ok", load_trace(path, rank=rank, progress=progress, max_bytes=max_bytes)
-    except UserError as exc:
-        return "error", str(exc)
-    except MemoryError:
-        return "error", f"trace {path}: out of memory while decoding; analyse fewer ranks at once (workers=1)"
-
-
-POOL_MIN_BYTES = 64 << 20   # parse in worker processes (auto mode) only when the traces hold this much JSON
-
-
 def inflated_size(path: str) -> int:
     """Bytes of JSON in a trace file: the gzip trailer's size for .gz (last member), else the file size."""
     try:
@@ -277,70 +213,6 @@ def inflated_size(path: str) -> int:
             return max(int.from_bytes(fh.read(4), "little"), size)
     except OSError:
         return 0
-
-
-def _parse_all(jobs: list[tuple[str, str, int | None]], workers: int | None, progress: bool | None,
-               max_bytes: int | None = None) -> dict:
-    """jobs: (label, path, rank). Returns label -> (status, value)."""
-    if not jobs:
-        return {}
-    if workers is None:
-        # processes pay off only when there is enough to parse: their start-up and sending the frames
-        # back cost more than small traces take to parse in this process
-        small = sum(inflated_size(path) for _, path, _ in jobs) < POOL_MIN_BYTES
-        workers = 1 if small else len(jobs)
-    workers = max_workers(workers, len(jobs))
-    if workers <= 1 or len(jobs) == 1:
-        return {label: parse_trace(path, rank, progress, max_bytes) for label, path, rank in jobs}
-    ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
-    out = {}
-
-    def failed(label, exc):
-        return "error", f"worker failed ({type(exc).__name__}: {exc}); retry with workers=1"
-
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {}
-        for label, path, rank in jobs:
-            try:
-                futs[pool.submit(parse_trace, path, rank, progress, max_bytes)] = label
-            except Exception as exc:  # the pool broke while jobs were being submitted (a worker was killed)
-                out[label] = failed(label, exc)
-        for fut in cf.as_completed(futs):
-            label = futs[fut]
-            try:
-                out[label] = fut.result()
-            except Exception as exc:  # worker died (e.g. killed for memory)
-                out[label] = failed(label, exc)
-    return out
-
-
-def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:
-    """Parse the traces of a lazily loaded run into its RankData (in place); a rank whose trace fails moves
-    to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
-    jobs = [(rd.label, rd.trace_path, r) for r, rd in sorted(run.ranks.items())
-            if rd.events is None and rd.trace_path]
-    results = _parse_all(jobs, workers, progress, run.max_trace_bytes)
-    for r, rd in sorted(run.ranks.items()):
-        if rd.label not in results:
-            continue
-        status, val = results[rd.label]
-        if status == "ok":
-            run.warnings += val.warnings
-            meta_rank = (val.meta.get("distributedInfo") or {}).get("rank") \
-                if isinstance(val.meta.get("distributedInfo"), dict) else None
-            if isinstance(meta_rank, int) and meta_rank != r and run.source != SOURCE_RUN_DIR:
-                run.warnings.append(f"trace {rd.trace_path}: its distributedInfo says rank {meta_rank} "
-                                    f"(past its first MiB), analysed as rank {r}")
-            rd.events, rd.memory_events = val.events, val.memory_events
-            rd.trace_meta = {**val.meta, **rd.trace_meta}
-            continue
-        run.missing[rd.label] = val
-        rd.trace_path = None
-        if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
-            del run.ranks[r]
-    if not run.ranks:
-        raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
-    return run
 
 
 def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = True) -> UserError:
@@ -471,16 +343,18 @@ def read_run_json(path: str) -> tuple[dict | None, str | None]:
     return doc, None
 
 
-def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False,
-             max_trace_bytes: int | None = None) -> Run:
-    """Load a run directory, trace folder, single trace, snapshot file or snapshot folder (``lazy``: find
-    the files only; the traces are parsed by whoever analyses each rank).  ``max_trace_bytes``: largest
-    trace JSON accepted once decompressed (default trace.decode.MAX_TRACE_BYTES).  Bad input raises
-    :class:`fsdpprof.errors.UserError`, never another exception."""
+def find_run(path, *, workers: int | None = None, max_trace_bytes: int | None = None,
+             inventories: bool = False) -> Run:
+    """The files of a run directory, a folder of traces, a trace, a CUDA snapshot or a folder of them: a
+    :class:`Run` whose traces are not read yet.  ``inventories``: each inventory.json is kept as read here
+    (else only its path: it is read where its rank is analysed).  ``workers`` is checked only (the commands'
+    --workers); ``max_trace_bytes``: largest trace JSON accepted once decompressed, when the traces are read
+    (default trace.decode.MAX_TRACE_BYTES).  Bad input raises :class:`fsdpprof.errors.UserError`, never another
+    exception."""
     with unexpected_as_user_error(f"{os.fspath(path)}"):
-        run = _discover(path, workers, lazy)
+        run = _discover(path, workers, lazy=not inventories)
         run.max_trace_bytes = max_trace_bytes
-        return run if lazy else load_events(run, workers=workers, progress=progress)
+        return run
 
 
 def _discover(path, workers, lazy: bool = False) -> Run:

@@ -24,12 +24,17 @@ OUTSIDE_ALLOCATOR_BYTES = 2 << 30  # device memory outside PyTorch's caching all
 NCCL_BUFFSIZE_DEFAULT = "4 MiB"    # NCCL's default NCCL_BUFFSIZE (per channel, per peer, per protocol)
 COVERAGE_LOW_PCT = 70.0
 STRAGGLER_SHARE = 0.5           # last to arrive in at least this share of matched collectives
+DEVICE_IDLE_PCT = 10.0          # device idle, % of step time (device traces)
+SYNC_IDLE_PCT = 2.0             # device idle in the gaps where a host synchronisation returns, % of step time
+DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU traces: all of them), % of step time
 
 
 @dataclass
 class Finding:
     """One thing to try. ``metric``/``value``/``unit`` name the number that triggered it;
-    ``section`` is the report section that shows it."""
+    ``section`` is the report section that shows it; ``stake_us``: the step time at stake, µs per step (what
+    fixing it could save at most: the exposed or idle time it names; NaN for findings about memory or
+    placement), what findings are ranked by."""
 
     id: str
     severity: str          # high | medium | info
@@ -41,6 +46,7 @@ class Finding:
     suggestion: str
     section: str
     rank: int | None = None
+    stake_us: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,14 +105,16 @@ def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | Non
             if not r.pct >= EXPOSED_PHASE_PCT:
                 continue
             c, st = str(r.collective), str(r.stage)
-            out.append(Finding(f"exposed_{c}_{st}", "high" if r.pct >= 4 * EXPOSED_PHASE_PCT else "medium",
+            out.append(Finding(f"exposed_{c}_{st}".replace(" ", "_"), "high" if r.pct >= 4 * EXPOSED_PHASE_PCT else "medium",
                                f"Exposed {c} in {st}: {r.per_step_us / 1e3:.3g} ms per step "
                                f"({r.pct:.1f}% of step time, rank {int(r.rank)})",
                                f"exposed_comm_us[{c}, {st}] / step_us", float(r.pct), "%", EXPOSED_PHASE_PCT,
-                               _exposed_suggestion(c, st, fsdp_advice), "communication", int(r.rank)))
+                               _exposed_suggestion(c, st, fsdp_advice), "communication", int(r.rank),
+                               float(r.per_step_us)))
     if "exposed_comm_us" in steps:
         tot = steps.groupby("rank")[["exposed_comm_us", "step_us"]].sum()
         tot["pct"] = 100.0 * tot["exposed_comm_us"] / tot["step_us"]
+        tot["per_step_us"] = tot["exposed_comm_us"] / n_steps.reindex(tot.index).clip(lower=1)
         r = tot["pct"].idxmax() if len(tot) and tot["pct"].notna().any() else None
         if r is not None and tot.loc[r, "pct"] >= EXPOSED_TOTAL_PCT:
             out.append(Finding("exposed_comm_total", "high",
@@ -114,7 +122,107 @@ def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | Non
                                "sum(exposed_comm_us) / sum(step_us)", float(tot.loc[r, "pct"]), "%", EXPOSED_TOTAL_PCT,
                                "more compute per collective (larger batch / sequence, gradient accumulation), "
                                "prefetching, or a strategy that moves fewer bytes (see the traffic table)",
-                               "steps", int(r)))
+                               "steps", int(r), float(tot.loc[r, "per_step_us"])))
+    return out
+
+
+# the device's idle causes (breakdown.device_idle_by_cause, columns of step_stalls): words, advice
+IDLE_CAUSES = {
+    "idle_host_wait_us": ("waiting for the host to launch work (host-bound)",
+                          "the CPU does not launch work fast enough: capture the step in CUDA graphs "
+                          "(torch.compile mode='reduce-overhead'), fuse small ops (torch.compile), take Python-side "
+                          "work (logging, metrics, data preparation) off the training loop, or give each kernel more "
+                          "work (a larger batch)"),
+    "idle_kernel_wait_us": ("in gaps under 30 us between back-to-back kernels (launch-bound)",
+                            "too many small kernels: fuse them (torch.compile, fused optimizers foreach=True / "
+                            "fused=True), capture the step in CUDA graphs, or give each kernel more work"),
+    "idle_other_us": ("waiting on other streams' kernels, events or the host's synchronisations",
+                      "a stream waits on another one or on the host: see the exposed communication and the "
+                      "host synchronisations below, and the lanes of one step"),
+}
+
+
+def _per_rank(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame | None:
+    """Per rank: step_us and n_steps (steps table) beside the sums of ``cols`` of ``table`` over the same steps."""
+    if steps is None or steps.empty or "step_us" not in steps or table is None or table.empty:
+        return None
+    g = steps.groupby("rank").agg(step_us=("step_us", "sum"), n_steps=("step", "nunique"))
+    t = table.merge(steps[["rank", "step"]], on=["rank", "step"], how="inner")
+    if t.empty:
+        return None
+    return g.join(t.groupby("rank")[cols].sum(min_count=1), how="inner")
+
+
+def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, device: bool = True) -> list[Finding]:
+    """What keeps the device waiting, from the steps table and step_stalls (steps.step_stalls): the device idle
+    with its main cause (device traces), the host's synchronisations, the DataLoader.  Each is the worst rank's
+    share of its step time, and its time per step is the stake."""
+    out: list[Finding] = []
+    if steps is None or steps.empty or "step_us" not in steps:
+        return out
+    if device and "idle_us" in steps:
+        g = _per_rank(steps, steps[["rank", "step", "idle_us"]], ["idle_us"])
+        if g is not None:
+            g["pct"] = 100.0 * g["idle_us"] / g["step_us"]
+            r = g["pct"].idxmax() if g["pct"].notna().any() else None
+            if r is not None and g.loc[r, "pct"] >= DEVICE_IDLE_PCT:
+                pct, per_step = float(g.loc[r, "pct"]), float(g.loc[r, "idle_us"] / max(g.loc[r, "n_steps"], 1))
+                causes = _per_rank(steps, stalls, list(IDLE_CAUSES)) if stalls is not None and all(
+                    c in stalls for c in IDLE_CAUSES) else None
+                why, advice = "", ("see the idle-time breakdown by stream in the device section and the lanes of "
+                                   "one step")
+                if causes is not None and r in causes.index and causes.loc[r, list(IDLE_CAUSES)].sum() > 0:
+                    c = causes.loc[r, list(IDLE_CAUSES)].astype(float)
+                    top = str(c.idxmax())
+                    why = f": {100.0 * c[top] / c.sum():.0f}% of it {IDLE_CAUSES[top][0]}"
+                    advice = IDLE_CAUSES[top][1]
+                out.append(Finding("device_idle", "high" if pct >= 3 * DEVICE_IDLE_PCT else "medium",
+                                   f"The device is idle {pct:.1f}% of the step ({per_step / 1e3:.3g} ms per step, "
+                                   f"rank {int(r)}){why}",
+                                   "sum(steps.idle_us) / sum(steps.step_us); cause: step_stalls.idle_*_us", pct, "%",
+                                   DEVICE_IDLE_PCT, advice, "steps", int(r), per_step))
+    if stalls is None or stalls.empty:
+        return out
+    if device and "sync_idle_us" in stalls:
+        g = _per_rank(steps, stalls, ["sync_idle_us", "sync_calls", "scalar_sync_calls"])
+        if g is not None:
+            g["pct"] = 100.0 * g["sync_idle_us"] / g["step_us"]
+            r = g["pct"].idxmax() if g["pct"].notna().any() else None
+            if r is not None and g.loc[r, "pct"] >= SYNC_IDLE_PCT:
+                n = max(float(g.loc[r, "n_steps"]), 1.0)
+                calls, scalar = g.loc[r, "sync_calls"] / n, g.loc[r, "scalar_sync_calls"] / n
+                per_step = float(g.loc[r, "sync_idle_us"]) / n
+                of_item = f", {scalar:.3g} of them in tensor.item()" if scalar > 0 else ""
+                out.append(Finding("host_syncs", "high" if g.loc[r, "pct"] >= 5 * SYNC_IDLE_PCT else "medium",
+                                   f"{calls:.3g} host synchronisations per step{of_item} leave the device idle "
+                                   f"{per_step / 1e3:.3g} ms per step ({g.loc[r, 'pct']:.1f}% of step time, "
+                                   f"rank {int(r)})",
+                                   "sum(step_stalls.sync_idle_us) / sum(steps.step_us)", float(g.loc[r, "pct"]), "%",
+                                   SYNC_IDLE_PCT,
+                                   "keep the host from waiting on the device inside the step: no .item(), .cpu(), "
+                                   "print or if on device tensors in the loop (log every N steps, keep metrics on "
+                                   "the device), no torch.cuda.synchronize(); copy to the host with "
+                                   "non_blocking=True into pinned memory", "steps", int(r), per_step))
+    col = "data_loader_idle_us" if device else "data_loader_us"
+    if col in stalls:
+        g = _per_rank(steps, stalls, [col, "data_loader_us"] if device else [col])
+        if g is not None:
+            g["pct"] = 100.0 * g[col] / g["step_us"]
+            r = g["pct"].idxmax() if g["pct"].notna().any() else None
+            if r is not None and g.loc[r, "pct"] >= DATA_LOADER_PCT:
+                n = max(float(g.loc[r, "n_steps"]), 1.0)
+                per_step = float(g.loc[r, col]) / n
+                what = (f"DataLoader fetches leave the device idle {per_step / 1e3:.3g} ms per step" if device else
+                        f"DataLoader fetches take {per_step / 1e3:.3g} ms per step on the training thread")
+                fetching = (f"; {g.loc[r, 'data_loader_us'] / n / 1e3:.3g} ms fetching" if device else "")
+                out.append(Finding("data_loader", "high" if g.loc[r, "pct"] >= 4 * DATA_LOADER_PCT else "medium",
+                                   f"{what} ({g.loc[r, 'pct']:.1f}% of step time, rank {int(r)}{fetching})",
+                                   f"sum(step_stalls.{col}) / sum(steps.step_us)", float(g.loc[r, "pct"]), "%",
+                                   DATA_LOADER_PCT,
+                                   "load data ahead of the step: DataLoader num_workers > 0 with "
+                                   "persistent_workers=True and prefetch_factor, pin_memory=True and "
+                                   ".to(device, non_blocking=True), preprocessing moved into the workers",
+                                   "steps", int(r), per_step))
     return out
 
 
@@ -231,5 +339,14 @@ def rank_findings(stragglers: pd.DataFrame | None, matched: int, step_us: float 
 
 
 def sort_findings(items: list[Finding]) -> list[Finding]:
+    """Findings about step time first, by the time at stake per step (most first); then the others by
+    severity and value."""
     order = {"high": 0, "medium": 1, "info": 2}
-    return sorted(items, key=lambda f: (order.get(f.severity, 3), -abs(f.value if f.value == f.value else 0)))
+
+    def key(f: Finding):
+        stake = f.stake_us if isinstance(f.stake_us, (int, float)) and f.stake_us == f.stake_us else None
+        if stake is not None:
+            return (0, -float(stake), 0)
+        return (1, order.get(f.severity, 3), -abs(f.value if f.value == f.value else 0))
+
+    return sorted(items, key=key)

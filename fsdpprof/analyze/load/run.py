@@ -1,0 +1,126 @@
+"""Read a run: one rank's inventory and trace (:func:`load_rank`), the one way every analysis (report,
+compare, overlap, what-if) reads a rank, wherever it runs; every trace of a run at once (:func:`load_events`,
+each rank where :mod:`fsdpprof.analyze.load.engines` runs it); :func:`load_run` = find the files
+(:func:`fsdpprof.analyze.load.files.find_run`) and read them; :func:`run_events`: all ranks' events.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+import pandas as pd
+
+from fsdpprof.analyze import model
+from fsdpprof.analyze.load import engines
+from fsdpprof.analyze.load.files import (SOURCE_RUN_DIR, RankData, Run, find_run, inflated_size, no_usable_rank,
+                                         with_inventory)
+from fsdpprof.analyze.trace.labels import concat_events
+from fsdpprof.analyze.trace.load import load_trace
+from fsdpprof.errors import UserError, unexpected_as_user_error
+
+
+@dataclass
+class LoadedRank:
+    """One rank ready to analyse: ``rank`` with its inventory read and its trace parsed (events, memory events,
+    the trace's metadata beneath what discovery found), or without its trace (``trace_path`` None) when that
+    failed; what went wrong, one line each."""
+
+    rank: RankData
+    warnings: list[str] = field(default_factory=list)   # malformed parts of the trace, left out
+    inventory_error: str | None = None                  # why its inventory.json cannot be used
+    trace_error: str | None = None                      # why its trace cannot be used
+
+
+def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None):
+    """One rank's trace; returns ('ok', TraceData) or ('error', one-line message)."""
+    if not os.access(path, os.R_OK):
+        return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
+    try:
+        return "ok", load_trace(path, rank=rank, progress=progress, max_bytes=max_bytes)
+    except UserError as exc:
+        return "error", str(exc)
+    except MemoryError:
+        return "error", f"trace {path}: out of memory while decoding; analyse fewer ranks at once (--workers 1)"
+
+
+def load_rank(rd: RankData, *, max_bytes: int | None = None, progress: bool | None = False,
+              inventory: bool = True) -> LoadedRank:
+    """The rank's inventory read (with ``inventory``; a lazily loaded run keeps only its path) and its trace
+    parsed, unless its events are there already.  ``max_bytes``: largest trace JSON accepted once decompressed."""
+    why_inventory = None
+    if inventory:
+        rd, why_inventory = with_inventory(rd)
+    if rd.events is not None or not rd.trace_path:
+        return LoadedRank(rd, inventory_error=why_inventory)
+    status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes)
+    if status != "ok":
+        return LoadedRank(replace(rd, trace_path=None), inventory_error=why_inventory, trace_error=val)
+    rd = replace(rd, events=val.events, memory_events=val.memory_events, trace_meta={**val.meta, **rd.trace_meta})
+    return LoadedRank(rd, list(val.warnings), why_inventory)
+
+
+def unread_trace_bytes(rds) -> int:
+    """Bytes of JSON in the traces of ``rds`` still to be read."""
+    return sum(inflated_size(rd.trace_path) for rd in rds if rd.events is None and rd.trace_path)
+
+
+def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:
+    """Parse the traces of a lazily loaded run into its RankData (in place; on the local engine: in this process,
+    or processes for big traces, :func:`fsdpprof.analyze.load.engines.local_workers`); a rank whose trace fails moves
+    to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
+    rds = [rd for _, rd in sorted(run.ranks.items()) if rd.events is None and rd.trace_path]
+    jobs = [((rd,), {"max_bytes": run.max_trace_bytes, "progress": progress, "inventory": False}) for rd in rds]
+    workers = engines.local_workers(workers, len(jobs), unread_trace_bytes(rds))
+    loaded: dict[int, LoadedRank | str] = {}
+    for i, ok, value in engines.map_unordered(load_rank, jobs, workers=workers):
+        loaded[rds[i].rank] = value[0] if ok else f"{value}; retry with workers=1"
+    for r, rd in sorted(run.ranks.items()):
+        if r not in loaded:
+            continue
+        lr = loaded[r]
+        if isinstance(lr, LoadedRank) and lr.trace_error is None:
+            run.warnings += lr.warnings
+            dist = lr.rank.trace_meta.get("distributedInfo")
+            meta_rank = dist.get("rank") if isinstance(dist, dict) else None
+            if isinstance(meta_rank, int) and meta_rank != r and run.source != SOURCE_RUN_DIR:
+                run.warnings.append(f"trace {rd.trace_path}: its distributedInfo says rank {meta_rank} "
+                                    f"(past its first MiB), analysed as rank {r}")
+            rd.events, rd.memory_events, rd.trace_meta = lr.rank.events, lr.rank.memory_events, lr.rank.trace_meta
+            continue
+        run.missing[rd.label] = lr.trace_error if isinstance(lr, LoadedRank) else lr
+        rd.trace_path = None
+        if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
+            del run.ranks[r]
+    if not run.ranks:
+        raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
+    return run
+
+
+def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False,
+             max_trace_bytes: int | None = None) -> Run:
+    """A run directory, trace folder, single trace, snapshot file or snapshot folder, its traces read
+    (:func:`load_events`; ``lazy``: not read: :func:`fsdpprof.analyze.load.files.find_run`, each trace is read
+    by whoever analyses its rank).  ``max_trace_bytes``: largest trace JSON accepted once decompressed (default
+    trace.decode.MAX_TRACE_BYTES).  Bad input raises :class:`fsdpprof.errors.UserError`, never another exception."""
+    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes, inventories=not lazy)
+    if lazy:
+        return run
+    with unexpected_as_user_error(f"{os.fspath(path)}"):
+        return load_events(run, workers=workers, progress=progress)
+
+
+def empty_events() -> pd.DataFrame:
+    """An events frame without rows (model.EVENT_COLUMNS, categoricals where they are)."""
+    df = pd.DataFrame({c: [] for c in model.EVENT_COLUMNS})
+    for c in model.CATEGORICAL_EVENT_COLUMNS:
+        df[c] = df[c].astype("category")
+    return df
+
+
+def run_events(run: Run) -> pd.DataFrame:
+    """All ranks' events concatenated (model.EVENT_COLUMNS), categoricals kept; a lazily loaded run parses its
+    traces now (and keeps them)."""
+    if any(r.events is None and r.trace_path for r in run.ranks.values()):
+        load_events(run)
+    frames = [r.events for _, r in sorted(run.ranks.items()) if r.events is not None]
+    return concat_events(frames) if frames else empty_events()
