@@ -29,6 +29,7 @@ NOT_THE_CONCEPT = {
     ("analyze/memory/oom.py", "unknown"): (1, "the word a sentence says for a missing size"),
     ("collect/launcher.py", "unknown"): (1, "the word shown for a run.json without a status"),
     ("report/figures.py", "data"): (5, "plotly's figure field 'data'"),
+    ("report/compare_page.py", "data"): (1, "plotly's error-bar type 'data'"),
     ("report/overview.py", "input"): (1, "the Overview table's row naming the input path"),
     ("report/page.py", "other"): (1, "the words the page shows for the category 'other'"),
     ("analyze/summary/theory.py", "param"): (1, "a spelling of --offload params"),

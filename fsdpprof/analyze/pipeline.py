@@ -126,6 +126,8 @@ class Analysis:
     whatif: dict | None = None                                # predictions of the standard strategies (JSON-ready)
     rank_distributions: dict = field(default_factory=dict)    # name -> DataFrame: per-rank tables over ranks
                                                               # (distributions.rank_distributions)
+    cpu_load: dict = field(default_factory=dict)              # rank -> rank.json "cpu" (the host's cores, the
+                                                              # rank's CPU time and run-queue wait, µs)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -569,6 +571,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                  warnings=warnings)
     for section, text in _rank_notes(ok).items():
         _note(a.notes, section, text)
+    a.cpu_load = {r.rank: (r.info or {})["cpu"] for r in ok if isinstance((r.info or {}).get("cpu"), dict)}
     _memory_tables(a, ok)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},

@@ -5,9 +5,29 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdpprof.report import diff, figures, promise
+from fsdpprof.report.promise import spread_of
 from fsdpprof.report.page import (CATEGORY_COLORS, HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, Page, category_label,
-                                  column_unit, document, esc, fmt_fixed, fmt_num, fmt_params, idle_words, is_missing,
-                                  label, mem_scale, metric_label)
+                                  column_unit, document, esc, fmt_fixed, fmt_num, fmt_params, fmt_spread, idle_words,
+                                  is_missing, label, mem_scale, metric_label)
+
+SPREAD_ROWS = ("step_us", "exposed_comm_us", "cpu_contention")   # shown with their spread (Comparison.spread)
+
+
+def scope_words(c) -> str:
+    """What the compare page's single numbers are over: the report's rules, the ranks and steps of each run."""
+    sp = getattr(c, "spread", None)
+    per = []
+    if sp is not None and not sp.empty:
+        st = sp[sp["metric"] == "step_us"].set_index("run")
+        for run in c.labels:
+            if run in st.index and st.loc[run, "steps"]:
+                r = st.loc[run]
+                per.append(f"{run}: {int(r['ranks'])} rank{'s' if r['ranks'] != 1 else ''}, "
+                           f"{int(r['steps'])} rank-steps")
+    return ("Memory per rank: the rank whose peak is highest (named in the row below). Times per step: each rank's "
+            "mean over its steps, then the median over ranks (as the report's headline), in brackets the min–max "
+            "over every rank and step" + (f" ({'; '.join(per)})" if per else "") + ". CPU contention: the median "
+            "over ranks, in brackets the min–max over ranks (rank.json).")
 
 
 def _compare_host(c) -> bool:
@@ -19,8 +39,9 @@ def _verdict(c) -> str:
     lines = c.verdict_lines or [c.verdict]
     first, rest = lines[0], lines[1:]
     items = "".join(f"<li>{esc(x)}</li>" for x in rest)
+    noise = "".join(f'<p class="note"><b>Noise:</b> {esc(x)}</p>' for x in getattr(c, "noise", None) or [])
     return (f'<section id="verdict"><h2>Verdict</h2><p class="verdict">{esc(first)}</p>'
-            + (f'<ul class="costs">{items}</ul>' if items else "") + "</section>")
+            + (f'<ul class="costs">{items}</ul>' if items else "") + noise + "</section>")
 
 
 def _compare_time(c, page: Page) -> str:
@@ -34,7 +55,15 @@ def _compare_time(c, page: Page) -> str:
                              ("idle_us", idle_words(host), SPLIT_COLORS["idle"])):
         if col in tm:
             fig.add_trace(figures.bar(x=[label(x) for x in tm["run"]], y=tm[col] / 1e3, name=name, marker_color=color))
-    fig.update_layout(barmode="stack", title="Step time (median per step over ranks)", yaxis_title="ms")
+    lo_hi = [spread_of(c, r, "step_us") for r in tm["run"]]
+    if any(not is_missing(lo) for lo, _ in lo_hi):
+        fig.add_trace(figures.scatter(
+            x=[label(x) for x in tm["run"]], y=tm["step_us"] / 1e3, mode="markers", name="step (min–max)",
+            marker=dict(color="#111", symbol="line-ew-open", size=14),
+            error_y=dict(type="data", symmetric=False, array=[(hi - v) / 1e3 for (_, hi), v in zip(lo_hi, tm["step_us"])],
+                         arrayminus=[(v - lo) / 1e3 for (lo, _), v in zip(lo_hi, tm["step_us"])])))
+    fig.update_layout(barmode="stack", title="Step time (each rank's mean per step, median over ranks; bars: "
+                                             "min–max over ranks and steps)", yaxis_title="ms")
     words = (f"On CPU traces {HOST_TIME} is {HOST_TIME_WHAT}: time of the step covered by no operator and no "
              "collective." if host else "Idle: time of the step in which the device ran nothing.")
     return f'<section id="time"><h2>Step time</h2>{page.fig(fig, 360)}<p class="note">{esc(words)}</p></section>'
@@ -51,7 +80,16 @@ def _compare_table(c) -> str:
     for row in t.itertuples(index=False, name=None):
         metric, vals = row[0], row[1:]
         unit = column_unit(metric)
-        if metric in ("framework", "strategy") or unit is None:
+        if metric.startswith("peak_") and unit == "bytes" and metric != "peak_allocated_bytes" and all(
+                is_missing(v) or not v for v in vals):
+            continue      # a category no run has at its peak
+        if all(is_missing(v) for v in vals):
+            continue      # measured in no run (CPU contention of accelerator runs, memory of traces without it)
+        if metric in SPREAD_ROWS:
+            scale, unit_text = (1e3, "ms") if unit == "time" else (1.0, "×")
+            cells = [esc(fmt_spread(v, *spread_of(c, r, metric), scale=scale)) for r, v in zip(runs, vals)]
+            name = metric_label(metric, unit_text, host)
+        elif metric in ("framework", "strategy") or unit is None:
             cells = [esc(fmt_params(v) if metric == "psi" else v if isinstance(v, str) else fmt_num(v)) for v in vals]
             name = metric_label(metric)
         else:
@@ -60,10 +98,11 @@ def _compare_table(c) -> str:
             name = metric_label(metric, unit_text, host)
         tds = "".join(f"<td>{x}</td>" for x in cells)
         rows.append(f'<tr><th class="l">{esc(name)}</th>{tds}</tr>')
-    return (f'<section id="table"><h2>Runs side by side</h2><table><tr>{head}</tr>{"".join(rows)}</table>'
-            '<p class="note">Memory per rank (the first rank of each run); formulas with each run\'s numbers; '
-            "exposed communication and step time per step (median over ranks). The same numbers are in "
-            "compare.json.</p></section>")
+    return (f'<section id="table"><h2>Runs side by side</h2><p class="note">{esc(scope_words(c))}</p>'
+            f'<table><tr>{head}</tr>{"".join(rows)}</table>'
+            '<p class="note">By role, the categories of every strategy add up: params are FSDP\'s sharded and '
+            "gathered params or DDP's whole ones, grads alike; the roles add up to the peak. Formulas with each "
+            "run's numbers. The same numbers are in compare.json.</p></section>")
 
 
 def _compare_memory(c, page: Page) -> str:

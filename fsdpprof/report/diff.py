@@ -8,7 +8,7 @@ import pandas as pd
 
 from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
-from fsdpprof.report.page import esc, fmt_bytes, fmt_num, fmt_us, is_missing, label
+from fsdpprof.report.page import category_label, esc, fmt_bytes, fmt_num, fmt_us, is_missing, label, role_label
 
 TOP_ROWS = 50          # rows per table in the page (compare.json has them all)
 SHOWN_ROWS = 10        # of which shown at first, the largest changes; the rest under "show all N"
@@ -142,13 +142,26 @@ def _ops_html(o: pd.DataFrame) -> str:
     return "".join(out)
 
 
-def _memory_html(m: pd.DataFrame, u: pd.DataFrame) -> str:
+def with_peak(roles: pd.DataFrame) -> pd.DataFrame:
+    """The roles' table (role: baseline_/run_/diff_ bytes) with their total, the peak, as a last row."""
+    cols = ["baseline_bytes", "run_bytes", "diff_bytes"]
+    total = pd.DataFrame([{"role_text": "peak (the roles' sum)", **roles[cols].sum().to_dict()}])
+    return pd.concat([roles.assign(role_text=roles["role"].map(role_label)), total], ignore_index=True)
+
+
+def _memory_html(m: pd.DataFrame, u: pd.DataFrame, roles: pd.DataFrame | None = None) -> str:
     if m is None or not len(m):
         return '<p class="note">memory at the peak: not on both sides</p>'
     m = m[(m["baseline_bytes"] != 0) | (m["run_bytes"] != 0)]
-    out = [_table(m, [("category", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
-                      ("run_bytes", "run", fmt_bytes), ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))],
-                  shown=TOP_ROWS)]
+    change = ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))
+    out = []
+    if roles is not None and len(roles):
+        out.append("<h4>By role (every strategy alike; they add up to the peak)</h4>" + _table(with_peak(roles), [
+            ("role_text", "role", "text"), ("baseline_bytes", "base", fmt_bytes), ("run_bytes", "run", fmt_bytes),
+            change], shown=TOP_ROWS) + "<h4>By category</h4>")
+    m = m.assign(category_text=m["category"].map(category_label))
+    out.append(_table(m, [("category_text", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
+                          ("run_bytes", "run", fmt_bytes), change], shown=TOP_ROWS))
     if u is not None and len(u):
         u = u.assign(unit_text=u["unit"].map(_unit_text))
         u = u.reindex(u["diff_bytes"].abs().sort_values(ascending=False, kind="stable").index)
@@ -168,8 +181,14 @@ def render_diff(c, page) -> str:
     out = [f'<section id="diff"><h2>What changed against {esc(d.baseline)}</h2>']
     out += [f'<p class="note">{esc(n)}</p>' for n in getattr(c, "notes", []) or []]
     per_run = "".join(f"<li>{esc(x)}</li>" for x in d.scope.get("per_run") or [])
+    ranks = d.scope.get("memory_ranks") or {}
+    mem = "; ".join(f"{esc(k)}: rank {v}" for k, v in ranks.items() if v is not None)
     out.append(f"<p>Scope: {esc(d.scope.get('text'))}. Every number below is the run's minus the baseline's "
-               f"(a group absent on one side counts 0).</p><ul>{per_run}</ul>")
+               f"(a group absent on one side counts 0).</p><ul>{per_run}</ul>"
+               + '<p class="note">' + (f"Memory at the peak: the rank whose peak is highest in the scope ({mem}). "
+                                       if mem else "")
+               + "The step decomposition under per-step medians: each rank's mean over its steps, the median over "
+                 "ranks (as the report's headline and the side-by-side table).</p>")
     for run in [lab for lab in c.labels if lab != d.baseline]:
         def of(df):
             return df[df["run"] == run] if df is not None and len(df) else None
@@ -177,7 +196,8 @@ def render_diff(c, page) -> str:
         out.append("<h4>Step decomposition</h4>" + _steps_html(of(d.steps), run, d.baseline, page))
         out.append("<h4>Communication per collective, stage, FSDP phase and unit</h4>" + _comm_html(of(d.comm)))
         out.append("<h4>Operators and kernels</h4>" + _ops_html(of(d.ops)))
-        out.append("<h4>Memory at the peak</h4>" + _memory_html(of(d.memory), of(d.memory_units)))
+        out.append("<h4>Memory at the peak</h4>" + _memory_html(of(d.memory), of(d.memory_units),
+                                                                 of(getattr(d, "memory_roles", None))))
     out.append("</section>")
     return "".join(out)
 
@@ -212,9 +232,9 @@ def diff_text(c) -> str:
             if low["diff_total_us"] < 0:
                 line += f"; saves most: {str(low['name'])[:60]} {_signed(fmt_us, low['diff_total_us'])}"
             lines.append(line)
-        m = d.memory[d.memory["run"] == run] if len(d.memory) else d.memory
+        m = d.memory_roles[d.memory_roles["run"] == run] if len(d.memory_roles) else d.memory_roles
         if len(m):
-            m = m.reindex(m["diff_bytes"].abs().sort_values(ascending=False).index).head(3)
-            lines.append("    memory at the peak: " + ", ".join(f"{r['category']} {_signed(fmt_bytes, r['diff_bytes'])}"
-                                                             for r in m.to_dict("records")))
+            lines.append(f"    memory at the peak: {_signed(fmt_bytes, m['diff_bytes'].sum())} = "
+                         + ", ".join(f"{role_label(r['role']).split(' (')[0]} {_signed(fmt_bytes, r['diff_bytes'])}"
+                                     for r in m.to_dict("records") if r["diff_bytes"]))
     return "\n".join(lines)

@@ -23,6 +23,7 @@ import pandas as pd
 from fsdpprof.version import __version__
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryRole as MR
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
@@ -213,6 +214,15 @@ def fmt_fixed(x) -> str:
 
 
 fmt_bytes = model.fmt_bytes      # (the one formatter for bytes: the model's)
+
+
+def fmt_spread(value, lo, hi, scale: float = 1.0) -> str:
+    """A number with its spread, each divided by ``scale``: 566 (474–630); the number alone without a spread."""
+    if is_missing(value):
+        return "-"
+    if is_missing(lo) or is_missing(hi):
+        return fmt_fixed(value / scale)
+    return f"{fmt_fixed(value / scale)} ({fmt_fixed(lo / scale)}–{fmt_fixed(hi / scale)})"
 
 
 def fmt_us(x) -> str:
@@ -476,13 +486,26 @@ METRIC_LABELS = {
     "traffic_measured_bytes": "traffic per rank per step, measured",
     "traffic_theory_bytes": "traffic per rank per step, formula", "step_us": "step time", "compute_us": "compute",
     "exposed_comm_us": "exposed communication", "idle_us": "idle",
+    "peak_rank": "memory from rank (its peak the highest)", "slowest_rank": "slowest rank (mean step)",
+    "cpu_contention": "CPU contention (runnable / on a CPU)",
 }
+ROLE_LABELS = {r.value: text for r, text in (
+    (MR.PARAMS, "params (sharded + gathered, or whole)"), (MR.GRADS, "grads (sharded + unsharded, or whole)"),
+    (MR.OPTIMIZER_STATE, "optimizer states"), (MR.ACTIVATIONS, "activations"), (MR.TEMPORARIES, "temporaries"),
+    (MR.OTHER, "other (inputs, before recording, unattributed)"))}
+
+
+def role_label(role) -> str:
+    """A memory role (model.MemoryRole) as the page says it."""
+    return ROLE_LABELS.get(str(role), str(role).replace("_", " "))
 
 
 def metric_label(metric: str, unit_text: str = "", host: bool = False) -> str:
     """A row of the side-by-side table in words, with its unit."""
     if metric == "idle_us":
         words = idle_words(host)
+    elif metric.startswith("role_") and metric.endswith("_bytes"):
+        words = "at the peak by role: " + role_label(metric[len("role_"):-len("_bytes")])
     elif metric.startswith("peak_") and metric.endswith("_bytes") and metric != "peak_allocated_bytes":
         words = "at the peak: " + category_label(metric[len("peak_"):-len("_bytes")])
     else:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.report import figures
-from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_fixed, fmt_pct, is_missing, label,
-                                  mem_scale)
+from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_fixed, fmt_pct, fmt_spread, is_missing,
+                                  label, mem_scale)
+
+
+def spread_of(c, run: str, metric: str) -> tuple[float, float]:
+    """(min, max) of a run's metric over ranks and steps (Comparison.spread), NaN when not measured."""
+    sp = getattr(c, "spread", None)
+    if sp is None or sp.empty:
+        return float("nan"), float("nan")
+    s = sp[(sp["run"] == run) & (sp["metric"] == metric)]
+    return (float(s.iloc[0]["min"]), float(s.iloc[0]["max"])) if len(s) else (float("nan"), float("nan"))
 
 
 def _ratio_text(x) -> str:
@@ -36,15 +45,16 @@ def promise_section(c, page: Page) -> str:
                  fmt_fixed(r["model_states_measured_bytes"] / sc), _ratio_text(r["model_states_measured_ratio"]),
                  fmt_fixed(r["peak_allocated_bytes"] / sc), _ratio_text(r["peak_ratio"]),
                  fmt_fixed(r["traffic_theory_bytes"] / sc), fmt_fixed(r["traffic_measured_bytes"] / sc),
-                 _ratio_text(r["traffic_measured_vs_ddp"]), fmt_fixed(r["exposed_comm_us"] / 1e3),
-                 fmt_pct(r["exposed_comm_pct"]), fmt_fixed(r["step_us"] / 1e3)]
+                 _ratio_text(r["traffic_measured_vs_ddp"]),
+                 fmt_spread(r["exposed_comm_us"], *spread_of(c, r["run"], "exposed_comm_us"), scale=1e3),
+                 fmt_pct(r["exposed_comm_pct"]), fmt_spread(r["step_us"], *spread_of(c, r["run"], "step_us"), scale=1e3)]
         tds = "".join(f'<td class="{"l" if i == 0 else ""}">{esc(x) if i > 1 else x}</td>' for i, x in enumerate(cells))
         rows.append(f'<tr class="{"base" if r["baseline"] else ""}">{tds}</tr>')
     note = (f'<p class="note">The formulas: model states per rank = (k_p + k_g + k_o) Ψ / N under FULL_SHARD (ZeRO-3), '
             f"k_p Ψ + (k_g + k_o) Ψ / N under SHARD_GRAD_OP (ZeRO-2), Ψ over the shard group under HSDP; traffic per "
             f"rank per step = 3(N-1)/N S for FULL_SHARD against 2(N-1)/N S for DDP's all-reduce: 1.5x. "
             f"× is the ratio to {esc(base['run'])} (the shaded row), and for traffic the ratio to what DDP's "
-            f"all-reduce moves on as many ranks. The peak adds what the formula leaves out (gathered units, "
+            f"all-reduce moves on as many ranks. Peak: the rank whose peak is highest; times per step: each rank's mean, the median over ranks (min–max over ranks and steps in brackets). The peak adds what the formula leaves out (gathered units, "
             f"gradients waiting for their reduce-scatter, activations).</p>")
     out = [f'<section id="promise"><h2>What ZeRO promises, and what was measured</h2>'
            f"<table><tr>{heads1}</tr><tr>{heads2}</tr>{''.join(rows)}</table>{note}"]

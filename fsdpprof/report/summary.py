@@ -149,7 +149,8 @@ def diff_summary(d) -> dict | None:
     if d is None:
         return None
     return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,
-            "memory": d.memory, "memory_units": d.memory_units, "notes": list(d.notes)}
+            "memory": d.memory, "memory_roles": d.memory_roles, "memory_units": d.memory_units,
+            "notes": list(d.notes)}
 
 
 def compare_summary(c) -> dict:
@@ -158,4 +159,5 @@ def compare_summary(c) -> dict:
                       "categories": c.categories, "time": c.time, "verdict": c.verdict, "warnings": c.warnings,
                       "comparable": c.comparable, "models_known": getattr(c, "models_known", None),
                       "notes": list(getattr(c, "notes", []) or []), "diff": diff_summary(getattr(c, "diff", None)),
-                      "verdict_lines": c.verdict_lines, "promise": c.promise, "formula_categories": c.formula})
+                      "verdict_lines": c.verdict_lines, "promise": c.promise, "formula_categories": c.formula,
+                      "spread": c.spread, "roles": c.roles, "noise": list(c.noise or [])})

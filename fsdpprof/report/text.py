@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from fsdpprof.analyze.summary.headline import headline
+from fsdpprof.report.compare_page import SPREAD_ROWS
 from fsdpprof.report.page import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
                                   metric_label)
+from fsdpprof.report.promise import spread_of
 
 
 def _plain(text: str) -> str:
@@ -59,15 +61,35 @@ def _x(v) -> str:
     return "-" if v != v else f"{v:.2f}x"
 
 
+def _spread_cell(c, run: str, metric: str, v) -> str:
+    """A compare table's step time, exposed communication or CPU contention with its min-max: 566 ms (474-630)."""
+    lo, hi = spread_of(c, run, metric)
+    if metric == "cpu_contention":
+        return "-" if v != v else f"x{v:.2f}" + ("" if lo != lo else f" ({lo:.2f}-{hi:.2f})")
+    if v != v or lo != lo:
+        return _cell(metric, v)
+    scale, unit = (1e6, "s") if abs(hi) >= 1e6 else (1e3, "ms")
+    return f"{fmt_fixed(v / scale)} {unit} ({fmt_fixed(lo / scale)}-{fmt_fixed(hi / scale)})"
+
+
 def compare_text(c) -> str:
     host = c.promise is None or c.promise.empty or all((d or "cpu") == "cpu" for d in c.promise["device_type"])
-    lines = [f"fsdpprof compare: {len(c.paths)} runs"]
+    lines = [f"fsdpprof compare: {len(c.paths)} runs (memory: the rank whose peak is highest; times per step: each "
+             f"rank's mean, the median over ranks, min-max over ranks and steps in brackets)"]
     lines += [f"  warning: {w}" for w in c.warnings]
-    names = [metric_label(m, host=host) for m in c.table["metric"]]
+    runs = list(c.table.columns[1:])
+    rows = [row for row in c.table.itertuples(index=False, name=None)
+            if not (str(row[0]).startswith("peak_") and str(row[0]).endswith("_bytes") and row[0] != "peak_allocated_bytes"
+                    and all(v != v or not v for v in row[1:]))     # a category no run has at its peak
+            and not all(v is None or v != v for v in row[1:])]          # measured in no run
+    names = [metric_label(row[0], host=host) for row in rows]
     width = max(len(n) for n in names)
-    lines.append("  " + " " * width + "  " + "  ".join(str(r)[:26].rjust(26) for r in c.table.columns[1:]))
-    for name, row in zip(names, c.table.itertuples(index=False, name=None)):
-        lines.append(f"  {name.ljust(width)}  " + "  ".join(_cell(row[0], v).rjust(26) for v in row[1:]))
+    cells = [[_spread_cell(c, r, row[0], v) if row[0] in SPREAD_ROWS else _cell(row[0], v)
+              for r, v in zip(runs, row[1:])] for row in rows]
+    widths = [max([len(str(r)[:30])] + [len(cs[i]) for cs in cells]) for i, r in enumerate(runs)]
+    lines.append("  " + " " * width + "  " + "  ".join(str(r)[:30].rjust(w) for r, w in zip(runs, widths)))
+    for name, cs in zip(names, cells):
+        lines.append(f"  {name.ljust(width)}  " + "  ".join(x.rjust(w) for x, w in zip(cs, widths)))
     p = c.promise
     if p is not None and not p.empty and p["model_states_theory_bytes"].notna().any():
         lines.append("  ZeRO promised / measured, per rank (x: ratio to the baseline; traffic: to DDP's formula):")
@@ -81,4 +103,5 @@ def compare_text(c) -> str:
                          + ("  <- baseline" if r["baseline"] else ""))
     lines.append("  verdict: " + (c.verdict_lines[0] if c.verdict_lines else c.verdict))
     lines += [f"    {x}" for x in (c.verdict_lines or [])[1:]]
+    lines += [f"  noise: {x}" for x in getattr(c, "noise", None) or []]
     return _plain("\n".join(lines))

@@ -6,17 +6,21 @@
 - operators and kernels per name: counts and total durations, with the change categories of HTA's
   ``TraceDiff.ops_diff`` (added / deleted / increased / decreased / unchanged: by count) and the time they
   add to the step (slower / faster);
-- memory at the peak by category and by unit (when both runs have memory records).
+- memory at the peak by category, by role (params, grads, optimizer states, activations, temporaries, other:
+  the roles' changes add up to the peak's) and by unit (when both runs have memory records).
 
 The scope (:class:`Scope`) says which steps and ranks are compared:
 
-- ``median`` (default): per-step medians over each rank's recorded steps, then the median across ranks;
+- ``median`` (default): per-step medians over each rank's recorded steps, then the median across ranks (the
+  step decomposition: each rank's mean over its steps, then the median across ranks: the report's headline,
+  :func:`fsdpprof.analyze.summary.headline.step_medians`);
 - ``first``: the first rank's first ProfilerStep, CPU operators and GPU kernels together (the scope of
   HTA's ``compare_traces`` defaults);
 - ``all``: every recorded step summed, per rank, then the median across ranks;
 - a step number N: ProfilerStep#N of every rank, median across ranks.
 
-``rank`` restricts every input to that rank.  Per-rank numbers come from the small per-rank tables
+``rank`` restricts every input to that rank.  Memory at the peak is the rank whose peak is highest among the
+scope's ranks (:func:`fsdpprof.analyze.summary.headline.peak_rank`, as the report).  Per-rank numbers come from the small per-rank tables
 of the map (:func:`op_table` is the operator table); nothing here needs events.  Units: bytes, µs.
 """
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.compare.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.errors import UserError
 
 OPS_NAME_CHARS = 200        # longer operator / kernel names are cut (with a hash of the full name, kept distinct)
@@ -216,26 +221,42 @@ def ops_diff(base: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
     return m.sort_values(["diff_total_us", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
-def _memory_tables(a, scope: Scope) -> tuple[pd.DataFrame | None, pd.DataFrame | None, list[int]]:
-    """Memory at the peak by category and by (unit, category) of the scope's ranks (median across ranks)."""
-    ranks = sorted(a.memory)
+def memory_rank(a, scope: Scope) -> int | None:
+    """The rank whose memory at the peak is compared: the scope's rank, the first rank (HTA's scope), or the rank
+    whose peak is highest (headline.peak_rank, as the report); None without memory records in the scope."""
+    ranks = sorted(a.memory or {})
     if scope.rank is not None:
         ranks = [r for r in ranks if r == scope.rank]
     elif scope.iteration == SCOPE_FIRST:
         ranks = ranks[:1]
     if not ranks:
-        return None, None, []
-    sel = {r: [0.0] for r in ranks}
+        return None
+    return ranks[0] if len(ranks) == 1 else peak_rank(a)
 
-    def stack(attr: str, keys: list[str]) -> pd.DataFrame | None:
-        parts = []
-        for r in ranks:
-            t = getattr(a.memory[r], attr, None)
-            if t is not None and len(t):
-                parts.append(t[keys + ["bytes"]].assign(rank=r, step=0.0))
-        return scoped(pd.concat(parts, ignore_index=True), keys, ["bytes"], sel, SCOPE_ALL) if parts else None
 
-    return stack("breakdown_at_peak", ["category"]), stack("by_unit_at_peak", ["unit", "category"]), ranks
+def _memory_tables(a, scope: Scope) -> tuple[pd.DataFrame | None, pd.DataFrame | None, int | None]:
+    """Memory at the peak by category and by (unit, category) of the rank :func:`memory_rank` picks."""
+    r = memory_rank(a, scope)
+    if r is None:
+        return None, None, None
+
+    def table(attr: str, keys: list[str]) -> pd.DataFrame | None:
+        t = getattr(a.memory[r], attr, None)
+        if t is None or not len(t):
+            return None
+        t = t[keys + ["bytes"]].copy()
+        for k in keys:
+            t[k] = t[k].astype(object).where(t[k].notna(), NO_UNIT)
+        return t.groupby(keys, as_index=False, sort=False)["bytes"].sum()
+
+    return table("breakdown_at_peak", ["category"]), table("by_unit_at_peak", ["unit", "category"]), r
+
+
+def by_role(categories: pd.DataFrame) -> pd.DataFrame:
+    """A memory table by category (category, bytes) -> by role (role, bytes; every role of model.MEMORY_ROLES,
+    in order): the roles add up to the categories' total."""
+    r = categories.assign(role=categories["category"].map(model.memory_role)).groupby("role")["bytes"].sum()
+    return pd.DataFrame({"role": model.MEMORY_ROLES, "bytes": [float(r.get(k, 0.0)) for k in model.MEMORY_ROLES]})
 
 
 # --------------------------------------------------------------------------- the diff
@@ -249,6 +270,7 @@ class Diff:
     steps: pd.DataFrame                           # run, metric: baseline_us, run_us, diff_us, diff_pct
     ops: pd.DataFrame                             # run, name, kind: baseline_/run_/diff_ count, total_us; change, time_change
     memory: pd.DataFrame                          # run, category: baseline_/run_/diff_ bytes
+    memory_roles: pd.DataFrame                    # run, role: baseline_/run_/diff_ bytes (they add up to the peak's)
     memory_units: pd.DataFrame                    # run, unit, category: baseline_/run_/diff_ bytes
     notes: list = field(default_factory=list)
 
@@ -287,6 +309,12 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
         cols = [c for c in STEP_METRICS if t is not None and c in t]
         if t is None or not len(t) or not cols:
             return pd.DataFrame(columns=["metric", "us"])
+        if how == SCOPE_MEDIAN:      # the report's headline numbers (headline.step_medians) of the selected steps
+            pairs = pd.MultiIndex.from_tuples([(r, x) for r, ss in sel.items() for x in ss])
+            t = t[pd.MultiIndex.from_arrays([t["rank"].astype(int), t["step"].astype(float)]).isin(pairs)]
+            med = step_medians(t)
+            return pd.DataFrame({"metric": cols, "us": [med[c] for c in cols]}) if len(t) else \
+                pd.DataFrame(columns=["metric", "us"])
         s = scoped(t.assign(_all="step"), ["_all"], cols, sel, how)
         if s.empty:
             return pd.DataFrame(columns=["metric", "us"])
@@ -300,8 +328,9 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
 
     base, base_sel, base_lab = analyses[0], sels[0], labels[0]
     b_comm, b_steps, b_ops = comm_of(base, base_sel), steps_of(base, base_sel), ops_of(base, base_sel)
-    b_mem, b_units, b_mem_ranks = _memory_tables(base, scope)
-    comm, stp, ops, mem, units = [], [], [], [], []
+    b_mem, b_units, b_mem_rank = _memory_tables(base, scope)
+    comm, stp, ops, mem, roles, units = [], [], [], [], [], []
+    mem_ranks = [b_mem_rank]
     for a, lab, sel in zip(analyses[1:], labels[1:], sels[1:]):
         if not sel or not base_sel:
             missing = [x for x, s in ((base_lab, base_sel), (lab, sel)) if not s]
@@ -317,13 +346,16 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
             order = {m: i for i, m in enumerate(STEP_METRICS)}
             stp.append((lab, s.sort_values("metric", key=lambda c: c.map(order)).reset_index(drop=True)))
             ops.append((lab, ops_diff(b_ops, ops_of(a, sel))))
-        r_mem, r_units, r_mem_ranks = _memory_tables(a, scope)
+        r_mem, r_units, r_mem_rank = _memory_tables(a, scope)
+        mem_ranks.append(r_mem_rank)
         if b_mem is None or r_mem is None:
             missing = [x for x, m in ((base_lab, b_mem), (lab, r_mem)) if m is None]
             notes.append(f"memory at the peak is not compared for {lab}: {' and '.join(missing)} "
                          f"{'has' if len(missing) == 1 else 'have'} no memory records.")
         else:
             mem.append((lab, _pair(b_mem, r_mem, ["category"], ["bytes"])))
+            rl = _pair(by_role(b_mem), by_role(r_mem), ["role"], ["bytes"])
+            roles.append((lab, rl.set_index("role").loc[model.MEMORY_ROLES].reset_index()))
             if b_units is not None and r_units is not None:
                 u = _pair(b_units, r_units, ["unit", "category"], ["bytes"])
                 units.append((lab, u[(u["baseline_bytes"] != 0) | (u["run_bytes"] != 0)]))
@@ -334,10 +366,12 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
                                       kind="stable").reset_index(drop=True)
     return Diff(
         baseline=base_lab,
-        scope={"iteration": how, "rank": scope.rank, "text": scope.describe(), "per_run": per_run},
+        scope={"iteration": how, "rank": scope.rank, "text": scope.describe(), "per_run": per_run,
+               "memory_ranks": dict(zip(labels, mem_ranks))},
         comm=comm_df, steps=_concat_runs(stp, ["metric", "baseline_us", "run_us", "diff_us", "diff_pct"]),
         ops=_concat_runs(ops, ["name", "kind", "baseline_count", "run_count", "diff_count", "baseline_total_us",
                                "run_total_us", "diff_total_us", "change", "time_change"]),
         memory=_concat_runs(mem, ["category", "baseline_bytes", "run_bytes", "diff_bytes"]),
+        memory_roles=_concat_runs(roles, ["role", "baseline_bytes", "run_bytes", "diff_bytes"]),
         memory_units=_concat_runs(units, ["unit", "category", "baseline_bytes", "run_bytes", "diff_bytes"]),
         notes=notes)

@@ -1,6 +1,12 @@
-"""Several runs side by side: one column per run, the memory at the peak by category, the step time,
-a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Works from Analyses
-only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in bytes, times in µs.
+"""Several runs side by side: one column per run, the memory at the peak by category and by role, the step
+time with its spread, a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Works
+from Analyses only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in bytes, times in µs.
+
+Every number is the report's statistic (:mod:`fsdpprof.analyze.summary.headline`): memory from the rank whose peak is
+highest (``peak_rank``, named); times per step, each rank's mean over its steps, then the median over ranks, with
+the spread (min-max over every rank and step) and the slowest rank beside it (``step_spread``).  Runs of
+different strategies are compared by role (:data:`fsdpprof.analyze.model.MemoryRole`: params, sharded or gathered
+or DDP's whole, grads, optimizer states, activations, temporaries, other), which add up to the peak.
 
 Runs are comparable unless both models are known (an inventory, from ``fsdpprof record``) and differ;
 a run whose model is unknown (a trace folder) is compared on everything measured, without the formulas."""
@@ -14,9 +20,14 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.compare import diff
-from fsdpprof.analyze.summary.headline import peak_rank, step_medians
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
 from fsdpprof.analyze.pipeline import Analysis
+from fsdpprof.analyze.whatif.contention import host_load
 from fsdpprof.errors import UserError
+
+SPREAD_METRICS = ("step_us", "exposed_comm_us")   # shown with their spread over ranks and steps
+CPU_CONTENTION = "cpu_contention"                  # rank.json's CPU load: time runnable / time on a CPU (>= 1)
+CONTENTION_DIFFERS = 1.25     # two runs' CPU contention (median over ranks) differ when one is this many times the other
 
 
 @dataclass
@@ -37,19 +48,57 @@ class Comparison:
     promise: pd.DataFrame | None = None   # per run: the ZeRO formulas' promise beside the measurement (zero_promise)
     formula: pd.DataFrame | None = None   # run, category (param, grad, optimizer_state), bytes: the formula's model states
     verdict_lines: list | None = None     # the verdict, one sentence per line (verdict joins them)
+    spread: pd.DataFrame | None = None    # run, metric (step_us, exposed_comm_us, cpu_contention): value, min, max,
+                                          # worst_rank, worst, ranks, steps (headline.step_spread)
+    roles: pd.DataFrame | None = None     # run, role, bytes: the memory at the peak by role (model.MemoryRole)
+    noise: list = field(default_factory=list)   # differences inside the spread, runs under different CPU load
+
+
+def role_bytes(breakdown: pd.DataFrame | None) -> dict:
+    """A breakdown by category (category, bytes) -> bytes per role (model.MEMORY_ROLES, every role present)."""
+    out = dict.fromkeys(model.MEMORY_ROLES, 0.0)
+    if breakdown is not None and len(breakdown):
+        for cat, b in breakdown.groupby("category", observed=True)["bytes"].sum().items():
+            out[model.memory_role(cat)] += float(b)
+    return out
+
+
+def contention_spread(a: Analysis) -> dict:
+    """The run's CPU contention (rank.json "cpu", measured by :func:`fsdpprof.analyze.whatif.contention.host_load`):
+    the median over ranks, min, max and the most contended rank; NaN when no rank measured it (accelerator
+    runs, traces without rank.json, runs recorded before fsdpprof measured it)."""
+    out = {"value": np.nan, "min": np.nan, "max": np.nan, "worst_rank": None, "worst": np.nan, "ranks": 0,
+           "steps": 0}
+    if (a.overview.get("device_type") or model.DEVICE_CPU) != model.DEVICE_CPU:
+        return out
+    loads = {r: host_load(cpu) for r, cpu in sorted((getattr(a, "cpu_load", None) or {}).items())}
+    c = pd.Series({r: x.contention for r, x in loads.items() if x is not None}, dtype=float)
+    if c.empty:
+        return out
+    top = c.max()
+    out.update(value=float(c.median()), min=float(c.min()), max=float(top),
+               worst_rank=int(min(r for r, x in c.items() if x == top)), worst=float(top), ranks=int(c.size),
+               steps=int(c.size))
+    return out
 
 
 def run_numbers(a: Analysis) -> dict:
-    """Per-run numbers for comparison (memory: the rank with the highest peak, what a run must fit; time:
-    medians over ranks)."""
+    """Per-run numbers for comparison, by the report's rules (module docstring): memory of the rank whose peak
+    is highest (``peak_rank``, what a run must fit), by category and by role; times per step, the median over
+    ranks of each rank's mean, with the slowest rank."""
     o, t = a.overview, a.theory or {}
     d = {"strategy": o.get("strategy") or "-", "framework": o.get("framework") or "-",
          "world_size": o.get("world_size"), "psi": o.get("psi")}
-    m = a.memory[peak_rank(a)] if a.memory else None
+    r = peak_rank(a) if a.memory else None
+    m = a.memory[r] if r is not None else None
+    d["peak_rank"] = r
     d["peak_allocated_bytes"] = float(m.peak_allocated_bytes) if m is not None else np.nan
     cats = {}
-    if m is not None and m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
-        cats = m.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum().to_dict()
+    bd = m.breakdown_at_peak if m is not None else None
+    if bd is not None and not bd.empty:
+        cats = bd.groupby("category", observed=True)["bytes"].sum().to_dict()
+    for role, b in role_bytes(bd).items():
+        d[f"role_{role}_bytes"] = b if m is not None else np.nan
     for c in model.MEMORY_CATEGORIES + list(model.REPLICATED_LABELS.values()):
         d[f"peak_{c}_bytes"] = float(cats.get(c, 0.0)) if m is not None else np.nan
     ms = t.get("model_states") or {}
@@ -65,7 +114,16 @@ def run_numbers(a: Analysis) -> dict:
     med = step_medians(a.steps)
     for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us"):
         d[c] = med[c]
+    d["slowest_rank"] = step_spread(a.steps, "step_us")["worst_rank"]
+    d[CPU_CONTENTION] = contention_spread(a)["value"]
     return d
+
+
+def spread_of(a: Analysis) -> dict:
+    """metric -> step_spread (step_us, exposed_comm_us) or contention_spread (cpu_contention) of one run."""
+    out = {c: step_spread(a.steps, c) for c in SPREAD_METRICS}
+    out[CPU_CONTENTION] = contention_spread(a)
+    return out
 
 
 THEORY_METRICS = ("model_states_theory_bytes", "traffic_theory_bytes")
@@ -119,13 +177,19 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
     t = t.astype(object)
     cats = pd.DataFrame([{"run": lab, "category": k[len("peak_"):-len("_bytes")], "bytes": v}
                          for lab, n in zip(labels, nums) for k, v in n.items()
-                         if k.startswith("peak_") and k != "peak_allocated_bytes" and v == v and v])
+                         if k.startswith("peak_") and k.endswith("_bytes") and k != "peak_allocated_bytes"
+                         and v == v and v])
     if cats.empty:
         cats = pd.DataFrame(columns=["run", "category", "bytes"])
     tm = pd.DataFrame([{"run": lab, **{c: n.get(c) for c in ("step_us", "compute_us", "exposed_comm_us", "idle_us")}}
                        for lab, n in zip(labels, nums)])
+    spread = pd.DataFrame([{"run": lab, "metric": k, **v} for lab, a in zip(labels, analyses)
+                           for k, v in spread_of(a).items()])
+    roles = pd.DataFrame([{"run": lab, "role": k[len("role_"):-len("_bytes")], "bytes": v}
+                          for lab, n in zip(labels, nums) for k, v in n.items() if k.startswith("role_")],
+                         columns=["run", "role", "bytes"])
     promise = zero_promise(analyses, nums, labels)
-    lines = verdict_lines(promise)
+    lines = verdict_lines(promise, spread)
     verdict = " ".join(lines) if lines else "Not enough memory data to compare peaks."
     formula = pd.DataFrame([{"run": lab, "category": cat, "bytes": float(b)}
                             for lab, a in zip(labels, analyses)
@@ -133,7 +197,8 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
     d = diff.diff_analyses(analyses, labels, scope)
     return Comparison([a.path for a in analyses], labels, t, cats, tm, verdict, warnings, comparable, diff=d,
                       notes=notes + d.notes, models_known=not unknown,
-                      promise=promise, formula=formula, verdict_lines=lines)
+                      promise=promise, formula=formula, verdict_lines=lines, spread=spread, roles=roles,
+                      noise=noise_lines(promise, spread))
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -217,6 +282,46 @@ def _on(row) -> str:
     return f"{row['strategy']} on {n} rank{'' if n == 1 else 's'}"
 
 
+def _ranks(n) -> str:
+    return f"{n} rank{'' if n == 1 else 's'}"
+
+
+def _n_differs(x, y) -> str:
+    """'' when two runs have the same world size, else '; N differs: 4 ranks against 2'."""
+    nx, ny = x["world_size"], y["world_size"]
+    if nx == ny or nx is None or ny is None or nx != nx or ny != ny:
+        return ""
+    return f"; N differs: {_ranks(nx)} against {ny}"
+
+
+def _spread_row(spread: pd.DataFrame | None, run: str, metric: str) -> dict | None:
+    if spread is None or spread.empty:
+        return None
+    s = spread[(spread["run"] == run) & (spread["metric"] == metric)]
+    if s.empty or s.iloc[0]["min"] != s.iloc[0]["min"]:
+        return None
+    return s.iloc[0].to_dict()
+
+
+def _range_ms(s: dict) -> str:
+    """A spread in words: 474-630 ms."""
+    return f"{_ms(s['min'])[:-3]}-{_ms(s['max'])}"
+
+
+def inside_spread(spread: pd.DataFrame | None, a: str, b: str, metric: str) -> tuple[bool, str] | None:
+    """Whether run b's difference from run a in ``metric`` is inside their spread (their min-max ranges over
+    ranks and steps overlap), and the two ranges in words; None when a run has no spread."""
+    sa, sb = _spread_row(spread, a, metric), _spread_row(spread, b, metric)
+    if sa is None or sb is None:
+        return None
+    inside = max(sa["min"], sb["min"]) <= min(sa["max"], sb["max"])
+    if metric == CPU_CONTENTION:
+        words = f"x{sa['min']:.2f}-{sa['max']:.2f} against x{sb['min']:.2f}-{sb['max']:.2f}"
+    else:
+        words = f"{_range_ms(sa)} against {_range_ms(sb)}"
+    return inside, words
+
+
 def _peak_line(peaks: pd.DataFrame) -> str:
     """The smallest peak against the largest: what it saves, what it costs in exposed communication."""
     if len(peaks) < 2:
@@ -224,7 +329,7 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     lo = peaks.loc[peaks["peak_allocated_bytes"].idxmin()]
     hi = peaks.loc[peaks["peak_allocated_bytes"].idxmax()]
     if lo["peak_allocated_bytes"] == hi["peak_allocated_bytes"]:
-        return "All runs peak at the same memory."
+        return f"{', '.join(_on(r) for _, r in peaks.iterrows())}: the same peak memory."
     saved = hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]
     de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
     cost = ("(exposed communication unknown)" if de != de else
@@ -234,21 +339,38 @@ def _peak_line(peaks: pd.DataFrame) -> str:
             f"({model.fmt_bytes(lo['peak_allocated_bytes'])} against {model.fmt_bytes(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
         line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
-    return line + ")."
+    return line + _n_differs(lo, hi) + ")."
 
 
-def verdict_lines(p: pd.DataFrame) -> list[str]:
-    """The verdict over every run, one sentence each: the smallest peak against the largest (what it saves,
-    what it costs in exposed communication), the fastest and slowest step, then what each run pays
-    against the baseline of :func:`zero_promise` (peak, model states, traffic, exposed communication)."""
+def peak_lines(p: pd.DataFrame) -> list[str]:
+    """The smallest peak against the largest among the runs of one world size (the baseline's first), one line
+    per world size with two runs or more; with none, the smallest against the largest of all, saying that N
+    differs."""
+    peaks = p[p["peak_allocated_bytes"].notna()]
+    base_n = p.loc[p["baseline"], "world_size"].iloc[0] if p["baseline"].any() else None
+    sizes = sorted({n for n in peaks["world_size"] if n is not None and n == n}, key=lambda n: (n != base_n, n))
+    lines = [_peak_line(peaks[peaks["world_size"] == n]) for n in sizes if (peaks["world_size"] == n).sum() >= 2]
+    return lines or [_peak_line(peaks)]
+
+
+def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[str]:
+    """The verdict over every run, one sentence each: the smallest peak against the largest at one world size
+    (what it saves, what it costs in exposed communication), the fastest and slowest step (with their spread,
+    and whether N differs), then what each run pays against the baseline of :func:`zero_promise` (peak, model
+    states, traffic, exposed communication)."""
     if p is None or p.empty:
         return []
-    lines = [_peak_line(p[p["peak_allocated_bytes"].notna()])]
+    lines = peak_lines(p)
     timed = p[p["step_us"].notna()]
     if len(timed) >= 2:
         fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]
-        lines.append(f"Fastest: {_on(fast)}, {_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
-                     f"{_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long).")
+        line = (f"Fastest: {_on(fast)}, {_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
+                f"{_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long")
+        sp = inside_spread(spread, fast["run"], slow["run"], "step_us")
+        if sp is not None:
+            line += (f"; inside the spread of their steps, {sp[1]}" if sp[0] else
+                     f"; their steps range {sp[1]}")
+        lines.append(line + _n_differs(slow, fast) + ").")
     base = p[p["baseline"]].iloc[0]
     for _, r in p.iterrows():
         if r["baseline"]:
@@ -265,8 +387,41 @@ def verdict_lines(p: pd.DataFrame) -> list[str]:
                          f"({r['traffic_measured_vs_ddp']:.2f}x DDP's on {r['world_size']} ranks)")
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:
+            sp = inside_spread(spread, base["run"], r["run"], "exposed_comm_us")
             parts.append(f"exposed communication {_ms(r['exposed_comm_us'])} per step "
-                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{_ms(abs(de))})")
+                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{_ms(abs(de))}"
+                         + (", inside the spread" if sp is not None and sp[0] else "") + ")")
         if parts:
-            lines.append(f"{_on(r)} against {_on(base)}: " + ", ".join(parts) + ".")
+            n = _n_differs(r, base)
+            lines.append(f"{_on(r)} against {_on(base)}: " + ", ".join(parts) + (f" ({n[2:]})" if n else "") + ".")
     return lines
+
+
+def noise_lines(p: pd.DataFrame, spread: pd.DataFrame | None) -> list[str]:
+    """What the measurement's noise says of each run against the baseline: a difference in step time or exposed
+    communication inside the two runs' spread (their min-max over ranks and steps overlap) is not a measured
+    change; CPU runs recorded under CPU contention that differs by CONTENTION_DIFFERS or more are slowed unlike."""
+    if p is None or p.empty or spread is None or spread.empty:
+        return []
+    base = p[p["baseline"]].iloc[0]
+    out = []
+    for _, r in p.iterrows():
+        if r["baseline"]:
+            continue
+        inside = []
+        for metric, words in (("step_us", "step time"), ("exposed_comm_us", "exposed communication")):
+            sp = inside_spread(spread, base["run"], r["run"], metric)
+            if sp is not None and sp[0]:
+                inside.append(f"{words} ({_ms(base[metric])} against {_ms(r[metric])}; over ranks and steps "
+                              f"{sp[1]})")
+        if inside:
+            out.append(f"{_on(r)} against {_on(base)}: the difference in " + " and in ".join(inside)
+                       + " is inside the spread of their steps: not a measured change.")
+        cb, cr = _spread_row(spread, base["run"], CPU_CONTENTION), _spread_row(spread, r["run"], CPU_CONTENTION)
+        if cb is not None and cr is not None and max(cb["value"], cr["value"]) >= CONTENTION_DIFFERS * min(
+                cb["value"], cr["value"]):
+            out.append(f"{_on(r)} and {_on(base)} were recorded under different CPU contention (x{cr['value']:.2f} "
+                       f"against x{cb['value']:.2f}: time runnable over time on a CPU, median over ranks, from "
+                       f"rank.json): their times differ by that much for the host's load alone; record both on "
+                       f"an idle host to compare times.")
+    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 
 __all__ = ["MemoryCategory", "MEMORY_CATEGORIES", "UNNAMED_CATEGORIES", "BEFORE_RECORDING_NOTE",
-           "SHARDED_CATEGORIES", "REPLICATED_LABELS", "REPLICATED_CATEGORIES", "category_name", "sweep"]
+           "SHARDED_CATEGORIES", "REPLICATED_LABELS", "REPLICATED_CATEGORIES", "category_name", "MemoryRole",
+           "ROLE_OF_CATEGORY", "MEMORY_ROLES", "memory_role", "sweep"]
 
 
 class MemoryCategory(str, enum.Enum):
@@ -47,6 +48,34 @@ def category_name(category, sharded: bool = True):
     """The name a category takes on an input whose model states are ``sharded`` or not (DDP, one device:
     ``sharded_param`` -> ``param``, ``sharded_grad`` -> ``grad``); the one place that relabels."""
     return category if sharded else REPLICATED_LABELS.get(category, category)
+
+
+class MemoryRole(str, enum.Enum):
+    """What memory is for, whatever the strategy: the roles runs of different strategies are compared by
+    (FSDP's sharded and gathered params are both params, as DDP's whole ones)."""
+
+    PARAMS = "params"
+    GRADS = "grads"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    OTHER = "other"
+
+
+_R = MemoryRole
+# every category (and the replicated names) in exactly one role: the roles add up to the allocated bytes
+ROLE_OF_CATEGORY = {
+    MC.SHARDED_PARAM.value: _R.PARAMS, MC.UNSHARDED_PARAM.value: _R.PARAMS, MC.PARAM.value: _R.PARAMS,
+    MC.SHARDED_GRAD.value: _R.GRADS, MC.UNSHARDED_GRAD.value: _R.GRADS, MC.GRAD.value: _R.GRADS,
+    MC.OPTIMIZER_STATE.value: _R.OPTIMIZER_STATE, MC.ACTIVATION.value: _R.ACTIVATIONS,
+    MC.TEMPORARY.value: _R.TEMPORARIES,
+    MC.INPUT.value: _R.OTHER, MC.BEFORE_RECORDING.value: _R.OTHER, MC.OTHER.value: _R.OTHER}
+MEMORY_ROLES = [r.value for r in MemoryRole]
+
+
+def memory_role(category) -> str:
+    """The role (MemoryRole value) of a memory category; an unknown category is ``other``."""
+    return ROLE_OF_CATEGORY.get(str(category), MemoryRole.OTHER).value
 
 
 def sweep(base, delta, *keys):

@@ -28,6 +28,26 @@ def step_medians(steps: pd.DataFrame | None) -> dict:
     return {c: float(med.get(c, math.nan)) for c in cols}
 
 
+def step_spread(steps: pd.DataFrame | None, col: str) -> dict:
+    """One column of the step breakdown (µs) as the report states it: ``value`` (step_medians' rule: each
+    rank's mean over its steps, the median over ranks), its spread ``min`` / ``max`` over every rank and step,
+    the ``worst_rank`` (largest mean over its steps, the smallest such rank) with ``worst`` (that mean),
+    and how many ``ranks`` and ``steps`` (rank x step rows) it is over. NaN / None without steps."""
+    out = {"value": math.nan, "min": math.nan, "max": math.nan, "worst_rank": None, "worst": math.nan,
+           "ranks": 0, "steps": 0}
+    if steps is None or steps.empty or col not in steps:
+        return out
+    v = steps[["rank", col]].dropna()
+    if v.empty:
+        return out
+    per_rank = v.groupby("rank")[col].mean()
+    top = per_rank.max()
+    out.update(value=step_medians(steps)[col], min=float(v[col].min()), max=float(v[col].max()),
+               worst_rank=int(min(r for r, x in per_rank.items() if x == top)), worst=float(top),
+               ranks=int(per_rank.size), steps=int(len(v)))
+    return out
+
+
 def step_split(steps: pd.DataFrame | None) -> dict:
     """step_medians plus each part's share of the step (``*_pct``: compute, exposed comm, idle, residual;
     they add up to 100 %)."""
