@@ -14,6 +14,7 @@ import pytest
 
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze import model
 from fsdpprof.analyze.compare.runs import compare_analyses
 from fsdpprof.analyze.pipeline import analyze_run
 from fsdpprof.analyze.load.run import load_run, run_events
@@ -83,20 +84,28 @@ def _ours(control, test, iteration="first"):
     return c, c.diff.ops.set_index("name")
 
 
+def _ours_too(name, cats) -> bool:
+    """A name of HTA's that is a row of ours too: every CPU operator, and of the runtime calls the ones that block the
+    host (model.SYNC_CALLS: events of their own in fsdpprof's frame, the launch point of nothing)."""
+    return cats.get(name) != "cuda_runtime" or name in model.SYNC_CALLS
+
+
 def _hta_by_our_names(df, cats):
-    """HTA's per-name rows without the runtime calls, under our names (diff.op_name): ProfilerStep#N -> one name."""
-    keep = df[[cats.get(n) != "cuda_runtime" for n in df.index]]
+    """HTA's per-name rows without the launching runtime calls, under our names (diff.op_name): ProfilerStep#N ->
+    one name."""
+    keep = df[[_ours_too(n, cats) for n in df.index]]
     keep = keep.groupby(keep.index.map(diff.op_name)).sum()
     return keep[["Control_counts", "Test_counts", "Control_total_duration", "Test_total_duration"]]
 
 
 def _assert_same_as_hta(ours, df, cats):
     """Per name: the same counts and total durations as HTA's compare_traces.  The one difference, explained:
-    HTA also lists the CUDA runtime calls (cudaLaunchKernel, cudaStreamSynchronize, ... and the runtime events
-    its symbol table names INVALID) as CPU operators; in fsdpprof's events a runtime call is the launch point of
-    its kernel, not an event of its own, so those names are not in our table and nothing else is missing."""
+    HTA also lists the CUDA runtime calls that launch work (cudaLaunchKernel, cudaMemcpyAsync, ... and the runtime
+    events its symbol table names INVALID) as CPU operators; in fsdpprof's events such a call is the launch point of
+    its kernel, not an event of its own, so those names are not in our table and nothing else is missing.  The calls
+    that block the host (cudaStreamSynchronize, ...) are rows of both."""
     ref = _hta_by_our_names(df, cats)
-    runtime = {diff.op_name(n) for n in df.index if cats.get(n) == "cuda_runtime"}
+    runtime = {diff.op_name(n) for n in df.index if not _ours_too(n, cats)}
     assert runtime and all(n.startswith("cuda") or n == "INVALID" for n in runtime)
     assert set(ours.index) == set(ref.index), (set(ours.index) ^ set(ref.index))
     assert set(ours.index).isdisjoint(runtime)
@@ -123,7 +132,7 @@ def test_op_diff_equals_hta_on_two_v100_ranks(tmp_path):
     assert len(ref) > 200 and ours["baseline_total_us"].sum() > 0
     # HTA's ops_diff lists, without the runtime calls, are ours
     for cat in ("added", "deleted", "increased", "decreased", "unchanged"):
-        theirs = {diff.op_name(n) for n in ops[cat] if cats.get(n) != "cuda_runtime"}
+        theirs = {diff.op_name(n) for n in ops[cat] if _ours_too(n, cats)}
         assert theirs == set(ours.index[ours["change"] == cat]), cat
     assert (ours["change"] == "increased").sum() >= 1        # rank 1 runs a few more operators
     # the scope: the first rank of each input, its first ProfilerStep
@@ -157,7 +166,7 @@ def test_op_diff_equals_hta_on_an_edited_trace(tmp_path):
     assert ch["aten::copy_"] == "unchanged" and copy_["time_change"] == "slower"
     assert copy_["run_total_us"] == pytest.approx(3 * copy_["baseline_total_us"])
     for cat in ("added", "deleted", "increased", "decreased", "unchanged"):
-        theirs = {diff.op_name(n) for n in ops[cat] if cats.get(n) != "cuda_runtime"}
+        theirs = {diff.op_name(n) for n in ops[cat] if _ours_too(n, cats)}
         mine = set(ours.index[ch == cat])
         if cat in ("added", "deleted"):
             # HTA's one other difference, reproduced: it compares ProfilerStep#10 with ProfilerStep#11 as two
