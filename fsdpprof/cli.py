@@ -22,6 +22,9 @@ COMMANDS = {
     "overlap": ("fsdpprof.commands.overlap", "per rank, communication overlapped with compute and exposed; per "
                                              "collective, volume and bandwidth"),
     "plan": ("fsdpprof.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
+    "timeline": ("fsdpprof.commands.timeline", "every rank on one clock in one chrome trace (Perfetto), with "
+                                               "fsdpprof's steps, stages, FSDP units, exposed communication, "
+                                               "memory and findings as tracks"),
     "whatif": ("fsdpprof.commands.whatif", "predict peak memory and step time of a run under another strategy"),
     "demo": ("fsdpprof.commands.demo", "record the built-in CPU example under several strategies and report"),
 }

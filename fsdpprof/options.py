@@ -125,6 +125,10 @@ GPU_MEM = Number(1, 10**18, whole=False, unit=" bytes", units=SIZE_UNITS, exampl
 COMPRESSION = Number(1, 10**6, whole=False, example="4: a quarter of the gradient bytes")
 # whatif
 BATCH_SCALE = Number(0.001, 1024, whole=False, example="2 or 0.5")
+# the CUDA device of a snapshot (report / compare / whatif --device N|all)
+MAX_CUDA_DEVICE = 1 << 14                 # device indices a snapshot may hold (0 .. MAX_CUDA_DEVICE)
+CUDA_DEVICE = Number(0, MAX_CUDA_DEVICE, example="1")
+ALL_DEVICES = "all"
 # demo
 MAX_DEMO_NPROC = 16                       # CPU processes per recording (gloo); more only slows the demo down
 DEMO_NPROC = Number(1, MAX_DEMO_NPROC)
@@ -162,6 +166,43 @@ def parse_ranks(value, what: str = "--ranks") -> list[int] | None:
         return _ranks(value)
     except ValueError:
         raise UserError(f"{what}: {_ranks_hint(value)}") from None
+
+
+def device_choice(text) -> int | str:
+    """``--device``: a CUDA device index (int) or 'all' (every device of a snapshot), as argparse ``type=``."""
+    t = str(text).strip().lower()
+    if t == ALL_DEVICES:
+        return ALL_DEVICES
+    try:
+        return CUDA_DEVICE.check(t)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{shown(text)} {exc}: give {CUDA_DEVICE.describe()} (the N of cuda:N) "
+                                         f"or '{ALL_DEVICES}'") from None
+
+
+def parse_device(value, what: str = "--device") -> int | str | None:
+    """:func:`device_choice` of a value given another way (the Python API): None (the default choice), an int or
+    'all'; UserError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return CUDA_DEVICE.parse(value, what)
+    try:
+        return device_choice(value)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(f"{what} {exc}") from None
+
+
+def steps_list(text) -> list[int]:
+    """timeline ``--steps`` (argparse ``type=``): '2,3' -> [2, 3] (ProfilerStep numbers, each STEP_NUMBER)."""
+    items = [v.strip() for v in str(text).split(",")]
+    try:
+        if not all(items):
+            raise ValueError
+        return sorted({STEP_NUMBER.check(v) for v in items})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a list of steps: give comma-separated step numbers, "
+                                         f"each {STEP_NUMBER.describe()}, e.g. 2,3") from None
 
 
 def reshard_after_forward(text):

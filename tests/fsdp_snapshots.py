@@ -133,6 +133,8 @@ class Frames:
         self.dyn_fn = {"name": "_fn", "filename": inspect.getsourcefile(eval_frame),
                        "line": _first_line(eval_frame, "return fn(*args, **kwargs)", after="class DisableContext")}
         S, G, C, P = f2s.FSDPState, f2g.FSDPParamGroup, f2c, f2p
+        self.group_pre_hook = tframe(f2s._register_group_forward_hooks, "return pre_hook(*args, **kwargs)",
+                                     name="wrapped_pre_hook")
         self.pre_forward_state = tframe(S._pre_forward, "args, kwargs = fsdp_param_group.pre_forward(module, args, kwargs)")
         self.pre_forward_group_unshard = tframe(G.pre_forward, "self.unshard(self.unshard_async_op)")
         self.pre_forward_group_wait = tframe(G.pre_forward, "self.wait_for_unshard()")
@@ -368,16 +370,30 @@ class Model:
     seq: int = 4096
     gather_bytes: int = 2          # bf16 all-gathers (mixed precision), fp32 storage and reduce
     family: str = "fsdp2"
+    # torchtitan's layout: fully_shard(tok_embeddings) (unit 0), each block, fully_shard([model.norm, model.output]):
+    # the final norm and the output projection one FSDP2 unit of two modules (the last, unit n_layers + 1: gathered in
+    # the norm's pre-forward through FSDP2's group hook, not resharded after forward); the root holds no parameter
+    tail_unit: bool = False
+
+    @property
+    def n_units(self) -> int:
+        return self.n_layers + 1 + (1 if self.tail_unit else 0)
 
     def layer_params(self) -> list[tuple[int, ...]]:
         d, h, kv = self.dim, self.hidden, self.kv_dim
         return [(d,), (d, d), (kv, d), (kv, d), (d, d), (d,), (h, d), (d, h), (h, d)]
 
     def root_params(self) -> list[tuple[int, ...]]:
-        return [(self.vocab, self.dim), (self.dim,), (self.vocab, self.dim)]
+        return [(self.vocab, self.dim)] + ([] if self.tail_unit else self.tail_params())
+
+    def tail_params(self) -> list[tuple[int, ...]]:
+        """The final norm and the output projection."""
+        return [(self.dim,), (self.vocab, self.dim)]
 
     def unit_params(self, k: int) -> list[tuple[int, ...]]:
-        return self.root_params() if k == 0 else self.layer_params()
+        if k == 0:
+            return self.root_params()
+        return self.tail_params() if self.tail_unit and k == self.n_layers + 1 else self.layer_params()
 
     def shard_numel(self, shape: tuple[int, ...]) -> int:
         """FSDP2 pads dim 0 to a multiple of the world size: the numel of one rank's shard."""
@@ -404,7 +420,8 @@ def build(model: Model | None = None, *, steps: int = 2, oom_layer: int | None =
     m = model or Model()
     F = Frames()
     rec = Recorder()
-    n_units = m.n_layers + 1
+    assert m.family == "fsdp2" or not m.tail_unit, "FSDP1 wraps one module per unit"
+    n_units = m.n_units
     info = {"oom_seq": None, "units": [unit_label(k) for k in range(n_units)]}
     sharded: dict[int, list[int]] = {}
     rec.recording = history_from_start
@@ -449,7 +466,7 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
     """One training step (FSDP2 or FSDP1); True when it died of an OOM."""
     f2 = m.family == "fsdp2"
     gb, W, L = m.gather_bytes, m.world, m.n_layers
-    n_units = L + 1
+    n_units = m.n_units
     bsd = m.batch * m.seq * m.dim * gb
     bsh = m.batch * m.seq * m.hidden * gb
     state = {"ag_flat": {}, "unsharded": {}, "deferred": None, "acts": {}, "grads": {}, "rs_in": [], "sharded_grads": []}
@@ -523,7 +540,8 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
 
     # ---------------- forward
     root_hook = _root_call(F, f2)
-    pre_forward(0, root_hook)
+    if not m.tail_unit:
+        pre_forward(0, root_hook)
     # FSDP1 wraps each module: FullyShardedDataParallel.forward calls the wrapped module
     inner = (lambda call: [F.call_impl_fast, F.wrapped, F.f1_forward_body] + call) if not f2 else (lambda call: call)
     root_body = [pyframe("forward", MODEL_PY, 470)] + inner(_root_call(F, False))
@@ -532,8 +550,15 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
         """layer k's call from the root's forward (``for layer in self.layers.values(): h = layer(h)``)"""
         return [F.call_impl_hook if hook else F.call_impl_fwd, F.wrapped, pyframe("forward", MODEL_PY, 480)] + root_body[1:]
 
-    act(0, bsd, [pyframe("forward", "/usr/lib/python3.11/site-packages/torch/nn/modules/sparse.py", 192),
-                 F.call_impl_fast, F.wrapped] + root_body)
+    sparse_py = pyframe("forward", "/usr/lib/python3.11/site-packages/torch/nn/modules/sparse.py", 192)
+    if m.tail_unit:     # torchtitan: the embedding is a unit of its own (the root holds no parameter)
+        emb_at = pyframe("forward", MODEL_PY, 468)
+        pre_forward(0, [F.call_impl_hook, F.wrapped, emb_at] + root_body[1:])
+        act(0, bsd, [sparse_py, F.call_impl_fwd, F.wrapped, emb_at] + root_body[1:])
+        reshard(0, [F.post_forward_group, F.post_forward_state] + fsdp_hook
+                + [F.call_impl_hook, F.wrapped, emb_at] + root_body[1:])
+    else:
+        act(0, bsd, [sparse_py, F.call_impl_fast, F.wrapped] + root_body)
     for k in range(1, L + 1):
         call_hook = layer_call(f2)
         call = layer_call(False)
@@ -577,11 +602,21 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
         if k < L:   # torchtitan: the last block is not resharded after forward
             reshard(k, ([F.post_forward_group, F.post_forward_state] + fsdp_hook + call_hook) if f2 else
                     ([F.f1_post_forward_reshard, F.f1_post_forward, F.f1_forward_post] + call_hook))
-    # the root: final norm and output projection, then the loss (outside the model: no unit)
-    act(0, bsd, [pyframe("forward", MODEL_PY, 62), F.call_impl_fast, F.wrapped] + root_body)
     logits = bsd * m.vocab // m.dim
-    act(0, logits, [pyframe("forward", "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", 125),
-                    F.call_impl_fast, F.wrapped] + root_body)
+    linear_py = pyframe("forward", "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", 125)
+    if m.tail_unit:
+        # fully_shard([norm, output]): the group's pre-forward hook (FSDP2's wrapped_pre_hook) runs in the norm's
+        # call and gathers both; the output's call is the norm's sibling in the root's forward
+        T = L + 1
+        norm_call = [F.call_impl_hook, F.wrapped, pyframe("forward", MODEL_PY, 485)] + root_body[1:]
+        pre_forward(T, fsdp_hook + [F.group_pre_hook] + norm_call)
+        act(T, bsd, [pyframe("forward", MODEL_PY, 62), F.call_impl_fwd, F.wrapped, pyframe("forward", MODEL_PY, 485)]
+            + root_body[1:])
+        act(T, logits, [linear_py, F.call_impl_fwd, F.wrapped, pyframe("forward", MODEL_PY, 486)] + root_body[1:])
+    else:
+        # the root: final norm and output projection, then the loss (outside the model: no unit)
+        act(0, bsd, [pyframe("forward", MODEL_PY, 62), F.call_impl_fast, F.wrapped] + root_body)
+        act(0, logits, [linear_py, F.call_impl_fast, F.wrapped] + root_body)
     if f2 and state["deferred"] is not None:      # the root's post-forward frees the last all-gather output
         rec.free(state["ag_flat"].pop(state["deferred"]), FREE_PREFIX + [F.post_forward_state] + fsdp_hook + root_hook)
         state["deferred"] = None
@@ -596,6 +631,14 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
     temp(None, logits * 2, ENGINE)
     grads_root = [rec.alloc(math.prod(s) * gb, ALLOC_PREFIX + MM_OP[:3] + ENGINE, "unsharded_grad", unit_label(0))
                   for s in m.root_params()]
+    if m.tail_unit:     # the tail unit's backward first: kept unsharded since its forward, reduced first
+        T = L + 1
+        grads_t = [rec.alloc(math.prod(s) * gb, ALLOC_PREFIX + MM_OP[:3] + ENGINE, "unsharded_grad", unit_label(T))
+                   for s in m.tail_params()]
+        for a in state["acts"].pop(T):
+            rec.free(a, FREE_PREFIX + ENGINE)
+        reshard(T, [F.post_backward_reshard, F.post_bwd_fn, F.autograd_apply] + ENGINE)
+        _reduce(m, F, rec, state, T, grads_t, [F.post_backward_reduce, F.post_bwd_fn, F.autograd_apply] + ENGINE)
     root_acts = state["acts"].pop(0)
     for a in root_acts[1:]:
         rec.free(a, FREE_PREFIX + ENGINE)
@@ -621,6 +664,10 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
         reshard(k, [F.post_backward_reshard, F.post_bwd_fn, F.autograd_apply] + ENGINE if f2 else post)
         _reduce(m, F, rec, state, k, grads, post)
     # the root last: its copy-out was kept (not resharded after forward), its reduce ends the backward
+    if m.tail_unit:     # (torchtitan's embedding unit was resharded after forward: gathered again)
+        pre_bwd = [F.pre_backward_state] + fsdp_hook + hook_chain(F.pre_bwd_fn)
+        gather(0, [F.pre_backward_group_wait] + pre_bwd, True)
+        copy_out(0, [F.pre_backward_group_wait] + pre_bwd, True)
     rec.free(root_acts[0], FREE_PREFIX + ENGINE)
     _reduce(m, F, rec, state, 0, grads_root, ([F.post_backward_reduce, F.post_bwd_fn, F.autograd_apply] if f2 else
                                               [F.f1_reduce_grad, F.f1_post_backward]) + ENGINE)

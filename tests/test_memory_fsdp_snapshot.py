@@ -86,6 +86,8 @@ def _hand_built():
     for fam in ("fsdp2", "fsdp1"):
         out[fam] = fs.build(fs.Model(family=fam))
     out["fsdp2-oom"] = fs.build(fs.Model(family="fsdp2"), oom_layer=5)
+    # torchtitan's layout: the embedding a unit, fully_shard([norm, output]) the last, the root without parameters
+    out["fsdp2-titan"] = fs.build(fs.Model(family="fsdp2", tail_unit=True))
     return out
 
 
@@ -113,7 +115,7 @@ def test_peak_is_memory_viz_peak_on_public_snapshots(name):
         assert ours.reserved_bytes >= ours.peak_allocated_bytes
 
 
-@pytest.mark.parametrize("name", ["fsdp2", "fsdp1", "fsdp2-oom"])
+@pytest.mark.parametrize("name", ["fsdp2", "fsdp1", "fsdp2-oom", "fsdp2-titan"])
 def test_peak_is_memory_viz_peak_on_hand_built(hand, results, name):
     snap = hand[name][0]
     assert abs(results[name].peak_allocated_bytes / memory_viz_peak(snap, 0) - 1) <= 0.001
@@ -132,7 +134,7 @@ def _alive(t: pd.DataFrame, seq: int) -> pd.DataFrame:
     return t[(t["seq"] < seq) & (t["free_seq"] > seq) | (t["seq"] == seq)]
 
 
-@pytest.mark.parametrize("name,family", [("fsdp2", "fsdp2"), ("fsdp1", "fsdp1")])
+@pytest.mark.parametrize("name,family", [("fsdp2", "fsdp2"), ("fsdp1", "fsdp1"), ("fsdp2-titan", "fsdp2")])
 def test_fsdp_recognised_without_inventory(hand, results, name, family):
     r = results[name]
     info = hand[name][2]
@@ -175,6 +177,27 @@ def test_fsdp_recognised_without_inventory(hand, results, name, family):
     assert any("sharded parameters the all-gathers imply" in w for w in r.warnings)
     html = render_fsdp_memory(r)
     assert family.upper() in html and "unit 8" in html and "Allocated before recording" in html
+
+
+def test_unit_of_several_modules_owns_its_activations(hand, results):
+    """fully_shard([norm, output]): gathered in the norm's pre-forward (FSDP2's group hook), the logits allocated in
+    the output's call, a sibling of the norm's in the root's forward, belong to that unit; only the loss (outside
+    the model) has none."""
+    import fsdp_snapshots as fs
+
+    r, (_, truth, info) = results["fsdp2-titan"], hand["fsdp2-titan"]
+    m = fs.Model(family="fsdp2", tail_unit=True)
+    tail = info["units"][-1]
+    logits = m.batch * m.seq * m.vocab * m.gather_bytes
+    a = r.allocations
+    fwd = a[(a["category"] == MC.ACTIVATION.value) & (a["stage"] == "forward").to_numpy() & (a["alloc_seq"] >= 0)]
+    got = fwd[fwd["bytes"] == logits]
+    assert len(got) == 2 and (got["unit"] == tail).all()            # one per step
+    act = a[a["category"] == MC.ACTIVATION.value]
+    no_unit = int(act.loc[act["unit"].isna(), "bytes"].sum())
+    want = sum(x["bytes"] for x in truth if x["category"] == "activation" and x["unit"] is None and x["seq"] >= 0)
+    assert no_unit == want == 2 * 2 * logits                        # the loss's two saved tensors, no more
+    assert r.activation_by_unit.set_index("unit").loc[tail, "activation_bytes"] >= logits
 
 
 def test_history_starting_mid_step(hand):

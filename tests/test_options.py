@@ -18,13 +18,15 @@ NUMERIC = {
     "whatif": {"--world", "--shard-group", "--ranks-per-host", "--batch-scale", "--reshard-after-forward", "--workers",
                "--connect-timeout"},
     "demo": {"--nproc"},
+    "timeline": {"--workers", "--max-trace-bytes", "--ranks", "--steps"},
 }
 BASE = {  # a command line that parses, before the option under test
     "record": [], "report": ["RUN"], "compare": ["A", "B"], "overlap": ["RUN"],
     "plan": ["--params", "7B", "--world", "8"], "whatif": ["RUN"], "demo": [],
+    "timeline": ["RUN"],
 }
 TAIL = {"record": ["--", "true"]}
-SPECIAL_TYPES = (options.ranks_list, options.reshard_after_forward)
+SPECIAL_TYPES = (options.ranks_list, options.reshard_after_forward, options.steps_list)
 
 
 def _numeric_actions():

@@ -36,6 +36,7 @@ from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
+from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -501,7 +502,9 @@ def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
         if not a.overview.get("sharded"):
             m = _relabel_replicated(m)
         a.memory[res.rank] = m
-        rows.append({"rank": res.rank, "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
+        dev = getattr(m, "device", None)
+        rows.append({"rank": res.rank, "device": f"cuda:{dev}" if dev is not None else None,
+                     "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
                      "peak_ts_us": m.peak_ts_us, "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase,
                      "baseline_bytes": m.baseline_bytes, "coverage_pct": m.coverage_pct,
                      "reserved_bytes": m.reserved_bytes, "fragmentation_pct": m.fragmentation_pct})
@@ -509,6 +512,24 @@ def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
         a.memory_peaks = pd.DataFrame(rows)
     elif "memory" not in a.notes:
         _note(a.notes, "memory", "no rank has memory data (no [memory] events in the trace and no CUDA snapshot).")
+
+
+def _world_size_from_memory(a: Analysis) -> None:
+    """``overview.world_size_source``: where the world size comes from: "the run" (run.json, rank.json, the traces'
+    distributedInfo), else, when nothing recorded it, what the ranks' CUDA snapshots show (fsdp_units: the
+    reduce-scatters, the snapshots given, one per rank, or the shards' sizes), and then ``world_size`` is that one,
+    said as inferred (fsdp_units.world_size_said)."""
+    o = a.overview
+    if o.get("world_size"):
+        o["world_size_source"] = "the run"
+        return
+    o["world_size_source"] = None
+    shown = {r: m for r, m in sorted(a.memory.items()) if getattr(m, "world_size", None)}
+    if not shown or len({m.world_size for m in shown.values()}) != 1:
+        return
+    r = peak_rank(a)
+    m = shown.get(r) or next(iter(shown.values()))
+    o["world_size"], o["world_size_source"] = int(m.world_size), m.world_size_source
 
 
 def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame | None:
@@ -535,12 +556,15 @@ def _findings(a: Analysis) -> list:
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device)
     strat = o.get("strategy")
-    for r, m in sorted(a.memory.items()):
+    r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
+    if r is not None:
+        m = a.memory[r]
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
+        act = getattr(m, "activation_by_unit", None)
+        units = [str(u) for u in act["unit"]] if act is not None and len(act) else list(getattr(m, "fsdp_units", None) or [])
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
-                                     m.coverage_pct, r, alts, input_kind=o.get("input_kind"))
+                                     m.coverage_pct, r, alts, input_kind=o.get("input_kind"), units=units)
         items += fnd.process_findings(getattr(m, "process", None), r)
-        break  # one rank is representative; ranks differ little in FSDP
     if fsdp:
         items += fnd.topology_findings(strat, len(o.get("hosts") or []), int(o.get("world_size") or 1))
     if a.stragglers is not None and a.skew is not None:
@@ -573,6 +597,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, section, text)
     a.cpu_load = {r.rank: (r.info or {})["cpu"] for r in ok if isinstance((r.info or {}).get("cpu"), dict)}
     _memory_tables(a, ok)
+    _world_size_from_memory(a)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},
                                          {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size)

@@ -238,11 +238,8 @@ class Recorder:
         runfmt.write_manifest(self.rdir, self.manifest_writer, self.manifest_files + new)
         self.manifest_files.extend(new)
 
-    def _unwritable(self, path: str, exc: OSError) -> None:
-        """The rank folder cannot be made: record nothing more, stop our profilers, say so in one line."""
-        self.error = self.write_error = f"{runfmt.write_error_text(exc, path)} (creating the rank folder)"
-        self.state = "failed"
-        self.uninstall()
+    def _drop_profilers(self) -> None:
+        """Stop our profilers without exporting anything (never raises)."""
         for prof in (self.prof, self.fallback_prof):
             if prof is not None:
                 try:
@@ -252,6 +249,13 @@ class Recorder:
                 except Exception:
                     pass
         self.prof = self.fallback_prof = None
+
+    def _unwritable(self, path: str, exc: OSError) -> None:
+        """The rank folder cannot be made: record nothing more, stop our profilers, say so in one line."""
+        self.error = self.write_error = f"{runfmt.write_error_text(exc, path)} (creating the rank folder)"
+        self.state = "failed"
+        self.uninstall()
+        self._drop_profilers()
         if self.announce:
             runfmt.say(f"fsdpprof: rank {self.rank} recorded nothing: {self.write_error}")
 
@@ -260,15 +264,7 @@ class Recorder:
         self.clashed = True
         self.state = "done"
         self.uninstall()
-        for prof in (self.prof, self.fallback_prof):
-            if prof is not None:
-                try:
-                    prof.on_trace_ready = None
-                    with _quiet_kineto():
-                        prof.stop()
-                except Exception:
-                    pass
-        self.prof = self.fallback_prof = None
+        self._drop_profilers()
         holder = _claim_holder(path)
         host, pid = socket.gethostname(), os.getpid()
         name = f"rank-{self.rank}-{host}-{pid}.json"

@@ -24,10 +24,11 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="compare runs of different models anyway (with a warning), and overwrite output files "
                         "that fsdpprof did not write (never one of the inputs)")
-    from fsdpprof.commands.report import add_engine_arguments, add_self_contained
+    from fsdpprof.commands.report import add_device_argument, add_engine_arguments, add_self_contained
 
     add_self_contained(p)
     add_engine_arguments(p)
+    add_device_argument(p)
 
 
 def write_compare(comparison, out_html: str, out_json: str | None = None,
@@ -94,6 +95,10 @@ def run(args) -> int:
             window_notes.append(note)
         run_ = find_run(path, workers=args.workers)
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+        if args.device is not None:
+            from fsdpprof.analyze.memory.attribution import choose_device
+
+            run_ = choose_device(run_, args.device)
         keep = None
         if scope.rank is not None:
             if scope.rank not in run_.ranks:

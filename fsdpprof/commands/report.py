@@ -25,6 +25,17 @@ def add_arguments(p) -> None:
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
     add_max_trace_bytes(p)  # the default since 0.2; kept for scripts
+    p.add_argument("--tables", default=None, metavar="DIR",
+                   help="also write every table of summary.json into DIR, one CSV each (and Parquet with "
+                        "pip install 'fsdpprof[parquet]'), listed in DIR/tables.json")
+    add_device_argument(p)
+
+
+def add_device_argument(p) -> None:
+    p.add_argument("--device", type=options.device_choice, default=None, metavar="N|all",
+                   help="the CUDA device of a snapshot to analyse: N for cuda:N, 'all' for every device of one snapshot "
+                        "file, each on its own (default: the rank's device, else the device with the largest peak; "
+                        "the report names it)")
 
 
 def add_self_contained(p) -> None:
@@ -60,9 +71,10 @@ def add_engine_arguments(p) -> None:
 
 
 def write_report(analysis, out_html: str, out_summary: str | None = None,
-                 self_contained: bool = False) -> tuple[str, str]:
+                 self_contained: bool = False, tables: list | None = None) -> tuple[str, str]:
     """Render and write the report HTML and its summary JSON, both or neither (with the plotly.js file beside
-    the page, unless ``self_contained`` or already there: outputs.page_items); returns both paths.
+    the page, unless ``self_contained`` or already there: outputs.page_items; and ``tables``: the (path, bytes)
+    of --tables, :func:`table_outputs`); returns both paths.
 
     No check of what is at those paths: callers run :func:`fsdpprof.report.outputs.check_outputs` first.
     """
@@ -72,19 +84,38 @@ def write_report(analysis, out_html: str, out_summary: str | None = None,
 
     out_summary = out_summary or summary_for(out_html)
     page = page_items(out_html, lambda src: render_report(analysis, src), self_contained)
-    write_files(page + [(out_summary, json_bytes(summary(analysis, plain=False)))])
+    write_files(page + [(out_summary, json_bytes(summary(analysis, plain=False)))] + list(tables or []))
     return out_html, out_summary
+
+
+def table_outputs(analysis, directory: str, force: bool, inputs=()) -> list:
+    """--tables: the (path, bytes) of every table of the analysis' summary in ``directory``, checked (a file
+    there is replaced when fsdpprof's tables.json lists it, else only with ``force``; never an input)."""
+    from fsdpprof.report.outputs import check_outputs
+    from fsdpprof.report.summary import summary
+    from fsdpprof.report.tables import listed_files, table_files
+
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(f"--tables {directory} is not a folder; give a folder to write the tables in")
+    directory = os.path.abspath(directory)
+    items = table_files(summary(analysis), directory)
+    ours = listed_files(directory)
+    fix = "choose another folder with --tables"
+    check_outputs([(p, "--tables") for p, _ in items if p not in ours], force=force, inputs=inputs, fix=fix)
+    check_outputs([(p, "--tables") for p, _ in items if p in ours], force=True, inputs=inputs, fix=fix)
+    return items
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
                  max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
-                 ops: bool = False):
-    """find_run (each rank's trace is read where it is analysed) + analyze_run (``ops``: with the
-    operator table that compare diffs)."""
+                 ops: bool = False, device=None):
+    """find_run (lazily: each rank's trace is parsed where it is analysed) + analyze_run (``ops``: with the
+    operator table that compare diffs; ``device``: a snapshot's CUDA device, see --device)."""
+    from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.load.files import find_run
 
-    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes)
+    run = choose_device(find_run(path, workers=workers, max_trace_bytes=max_trace_bytes), device)
     return analyze_run(run, hta=hta, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                        ops=ops)
 
@@ -115,7 +146,7 @@ def run(args) -> int:
     engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
     if args.hta:
         check_hta_installed()
-    check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary})
+    check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary, "--tables": args.tables})
     html_path, summary_path = report_paths(args.run, args.output, args.summary)
     outputs = [(html_path, "-o" if args.output else "the report"), (summary_path, "--summary" if args.summary else
                                                                       "the summary")]
@@ -123,15 +154,22 @@ def run(args) -> int:
     check_outputs(outputs, force=args.force, defer_under=[args.run])  # before the long part; again with the inputs
     run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+    from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.pipeline import analyze_run
+
+    run_ = choose_device(run_, args.device)
     from fsdpprof.report.text import summary_text
 
     a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
+    inputs = run_.inputs
     del run_
-    write_report(a, html_path, summary_path, self_contained=args.self_contained)
+    tables = table_outputs(a, args.tables, args.force, inputs) if args.tables else []
+    write_report(a, html_path, summary_path, self_contained=args.self_contained, tables=tables)
     print(summary_text(a))
     print(f"report: {html_path}\nsummary: {summary_path}")
+    if tables:
+        print(f"tables: {sum(p.endswith('.csv') for p, _ in tables)} in {os.path.abspath(args.tables)}")
     if args.open:
         webbrowser.open("file://" + os.path.abspath(html_path))
     return 0

@@ -5,7 +5,7 @@ import os
 import sys
 
 from fsdpprof import options
-from fsdpprof.commands.report import add_engine_arguments, add_self_contained, check_workers_option
+from fsdpprof.commands.report import add_device_argument, add_engine_arguments, add_self_contained, check_workers_option
 from fsdpprof.errors import UserError
 
 FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
@@ -37,6 +37,7 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an -o file that fsdpprof did not write")
     add_engine_arguments(p)
     add_self_contained(p)
+    add_device_argument(p)
 
 
 def _target_given(args) -> bool:
@@ -138,6 +139,9 @@ def run(args) -> int:
     run_ = find_run(args.run)      # (each rank's inventory and trace are read where it is predicted)
     if outputs:
         check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders(), fix=fix)
+    from fsdpprof.analyze.memory.attribution import choose_device
+
+    run_ = choose_device(run_, args.device)
     targets, run_target, notes, source = build(args, run_)
     from fsdpprof.analyze.whatif import predict as wp
     from fsdpprof.analyze.whatif import targets as tg

@@ -2,6 +2,7 @@
 share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
+from fsdpprof.report.memory import devices_analysed, memory_owner
 from fsdpprof.report.page import (HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, esc, finding_title, fmt_bytes, fmt_pct,
                                   fmt_us, idle_words, value_label)
 
@@ -34,18 +35,47 @@ def _fill_rows(tiles: list[str], columns: int = 3) -> list[str]:
     return out
 
 
+def oom_line(a, o: dict | None) -> str:
+    """The out-of-memory error in one sentence (``o``: headline's ``oom``), "" without one: where, what was asked,
+    how short, and the first change that frees enough (plain text: the terminal and the page say it first)."""
+    head, rest = oom_parts(a, o)
+    return f"{head}: {rest}" if head else ""
+
+
+def oom_parts(a, o: dict | None) -> tuple[str, str]:
+    """:func:`oom_line` as (head, rest): "Out of memory on cuda:1" and what follows; ("", "") without an OOM."""
+    if not o:
+        return "", ""
+    head = f"Out of memory on {memory_owner(a, o['rank'])}"
+    at = ", ".join(x for x in ((f"in the {o['stage']}" if o.get("stage") else ""),
+                               (f"in {o['unit']}" if o.get("unit") else "")) if x)
+    text = (f"{fmt_bytes(o.get('requested_bytes'))} requested"
+            + (f" with {fmt_bytes(o.get('free_bytes'))} free ({fmt_bytes(o.get('short_bytes'))} short)"
+               if o.get("free_bytes") is not None else "") + (f", {at}" if at else "") + ".")
+    if o.get("change"):
+        text += (f" First change{' that frees enough' if o.get('enough') else ''}: {o['change']} (saves "
+                 f"{fmt_bytes(o.get('saves_bytes'))}" + (f"; what it costs: {o['cost']}" if o.get("cost") else "") + ").")
+    return head, text
+
+
 def glance_section(a, h: dict) -> str:
-    """At a glance: the peak per rank against the formula's model states, exposed communication as a share of
-    the step, the step's split and the first finding (numbers from analyze.summary.headline)."""
+    """At a glance: an out-of-memory error first, then the peak per rank against the formula's model states,
+    exposed communication as a share of the step, the step's split and the first finding (numbers from
+    analyze.summary.headline)."""
     tiles = []
     peak, ms = h["peak_bytes"], h["model_states_theory_bytes"]
     n_ranks = len(a.memory_peaks) if a.memory_peaks is not None else 0
+    oom_head, oom = oom_parts(a, h.get("oom"))
     if peak == peak:
-        where = (f"rank {h['peak_rank']}, " if n_ranks > 1 else "") + (f"in {value_label('stage', h['peak_stage'])}"
-                                                                          if h.get("peak_stage") else "")
+        owner = memory_owner(a, h["peak_rank"]) if h.get("peak_rank") is not None else ""
+        named = n_ranks > 1 or h.get("peak_device") is not None
+        where = (f"{owner}, " if named and owner else "") + (f"in {value_label('stage', h['peak_stage'])}"
+                                                             if h.get("peak_stage") else "")
+        where = where.rstrip(", ")
         sub = (f"the formula's model states are {esc(fmt_pct(h['model_states_theory_pct_of_peak']))} of it"
                if ms == ms else "no inventory: no formula to compare with")
-        tiles.append(_tile(esc(fmt_bytes(peak)), f"peak memory per rank{' (' + esc(where) + ')' if where else ''}", sub))
+        what = "peak memory" if devices_analysed(a) else "peak memory per rank"
+        tiles.append(_tile(esc(fmt_bytes(peak)), f"{what}{' (' + esc(where) + ')' if where else ''}", sub))
     if ms == ms:
         meas = h["model_states_measured_bytes"]
         tiles.append(_tile(esc(fmt_bytes(ms)), f"model states per rank, {esc(h['model_states_label'])} formula "
@@ -70,6 +100,9 @@ def glance_section(a, h: dict) -> str:
                            cls=f"text finding-{esc(h['first_finding_severity'])}"))
     elif step == step or peak == peak:
         tiles.append(_tile("nothing stands out", "no finding crossed its threshold", cls="text"))
-    if not tiles:
+    if not tiles and not oom:
         return ""
-    return f'<section id="headline"><h2>At a glance</h2><div class="tiles">{"".join(_fill_rows(tiles))}</div></section>'
+    first = (f'<div class="banner oom" id="oom-first"><b>{esc(oom_head)}</b>: {esc(oom)} '
+             f'<a href="#memory">The error explained, with every change</a></div>' if oom else "")
+    return (f'<section id="headline"><h2>At a glance</h2>{first}<div class="tiles">{"".join(_fill_rows(tiles))}</div>'
+            f'</section>')

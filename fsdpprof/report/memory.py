@@ -7,10 +7,40 @@ import pandas as pd
 
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.analyze.summary.headline import peak_rank
+from fsdpprof.analyze.memory.attribution import DEVICE_CHOICE_LARGEST
+from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
                                   category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
                                   notes_html, side_by_side, size_class_label, table, value_label)
+
+
+def memory_owner(a, r) -> str:
+    """Whose memory rank ``r``'s result is, as the report names it: the CUDA device for one snapshot file
+    ("cuda:1": a file names no rank), "rank 3, cuda:3" for a rank's snapshot, "rank 3" otherwise."""
+    dev = getattr((a.memory or {}).get(r), "device", None)
+    if dev is None:
+        return f"rank {r}"
+    return f"cuda:{dev}" if a.source == SOURCE_SNAPSHOT_FILE else f"rank {r}, cuda:{dev}"
+
+
+def devices_analysed(a) -> str:
+    """"cuda:1" / "cuda:0, cuda:1, cuda:2": the devices of one snapshot file analysed ("" for any other input, whose
+    ranks are what is analysed)."""
+    if a.source != SOURCE_SNAPSHOT_FILE:
+        return ""
+    devs = sorted({m.device for m in (a.memory or {}).values() if getattr(m, "device", None) is not None})
+    return ", ".join(f"cuda:{d}" for d in devs)
+
+
+def other_devices_said(m) -> str:
+    """"" or, for a snapshot of several devices analysed on the default one, the others with their peaks and how to
+    choose one ("the snapshot's other devices: cuda:0 7.88 GiB, cuda:2 20.1 GiB; --device N or all for them")."""
+    peaks = getattr(m, "device_peaks", None) or {}
+    if len(peaks) < 2 or getattr(m, "device_choice", None) != DEVICE_CHOICE_LARGEST:
+        return ""
+    others = ", ".join(f"cuda:{d} {fmt_bytes(b)}" for d, b in sorted(peaks.items()) if d != m.device)
+    return f"the largest of the snapshot's {len(peaks)} devices; the others peak at {others} (--device N or all)"
 
 
 def _theory_block(a) -> str:
@@ -177,14 +207,20 @@ def memory_section(a, page: Page) -> str:
         else:
             if len(mp) > 2:   # with one or two ranks the table says it all
                 sc, unit = mem_scale(mp["peak_allocated_bytes"].max())
-                fig = figures.Figure(figures.bar(x=[f"rank {r}" for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
+                fig = figures.Figure(figures.bar(x=[memory_owner(a, r) for r in mp["rank"]], y=mp["peak_allocated_bytes"] / sc,
                                        marker_color="#1f77b4"))
                 fig.update_layout(title="Peak allocated memory per rank", yaxis_title=unit)
                 out.append(page.fig(fig, 300))
-            out.append(table(_drop_empty(mp.drop(columns=["peak_ts_us"], errors="ignore"),
-                                         ("reserved_bytes", "fragmentation_pct"))))
+            # one snapshot file names no rank: its devices name the rows
+            drop = ["peak_ts_us"] + (["rank"] if a.source == SOURCE_SNAPSHOT_FILE else [])
+            out.append(table(_drop_empty(mp.drop(columns=drop, errors="ignore"),
+                                         ("device", "reserved_bytes", "fragmentation_pct"))))
         r0 = peak_rank(a)   # the rank the headline's peak is from
         m = a.memory[r0]
+        owner = memory_owner(a, r0)
+        said = other_devices_said(m)
+        if said:
+            out.append(f'<p class="note">Analysed {esc(owner)}: {esc(said)}.</p>')
         sc, unit = mem_scale(m.peak_allocated_bytes)
         t_origin = (float(m.timeline["ts_us"].min()) if m.timeline is not None and len(m.timeline)
                     and getattr(m, "timeline_unit", "us") != "event_index" else None)
@@ -210,7 +246,7 @@ def memory_section(a, page: Page) -> str:
                                                 + ("process (bar cut)" if cut else "process")],
                                           textposition="outside", cliponaxis=False,
                                           name=label(OUTSIDE_ALLOCATOR_LABEL), showlegend=False))
-            fig.update_layout(title=f"At the peak, rank {r0} ({label(value_label('stage', m.peak_stage))}, "
+            fig.update_layout(title=f"At the peak, {owner} ({label(value_label('stage', m.peak_stage))}, "
                                     f"{m.coverage_pct:.0f}% attributed)", yaxis_title=unit, barmode="overlay")
             charts.append(page.fig(fig, 360))
         tl = m.timeline
@@ -224,7 +260,7 @@ def memory_section(a, page: Page) -> str:
                     continue
                 fig.add_trace(figures.scatter(x=xs, y=tl[c] / sc, name=label(category_label(c)), mode="lines",
                                          stackgroup="one", line=dict(width=0.5, color=CATEGORY_COLORS.get(c))))
-            fig.update_layout(title=f"Memory over the recorded steps, rank {r0}",
+            fig.update_layout(title=f"Memory over the recorded steps, {owner}",
                               xaxis_title="allocation event number (the snapshot has no times)" if by_index
                               else "ms from window start", yaxis_title=unit, legend=dict(font=dict(size=11)))
             charts.append(page.fig(fig, 360))
@@ -238,7 +274,7 @@ def memory_section(a, page: Page) -> str:
         out.append(_fragmentation_block(m, page))  # the allocator's cache: reserved vs allocated, its free blocks
         out.append(oom.render_fsdp_memory(m))   # FSDP's buffers by role, A_l per unit (also without an inventory)
         if m.top_allocations is not None and not m.top_allocations.empty:
-            out.append(f"<h3>Largest allocations alive at the peak, rank {r0}</h3>")
+            out.append(f"<h3>Largest allocations alive at the peak, {esc(owner)}</h3>")
             top = _drop_empty(m.top_allocations.head(15).copy(), ("frames", "unit"))
             if t_origin is not None:  # display times from the window start, like the timeline
                 for col in ("alloc_us", "free_us"):

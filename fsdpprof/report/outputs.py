@@ -19,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import gzip
 import json
 import os
 import re
@@ -27,9 +28,11 @@ import signal
 import stat
 import threading
 import time
+import zlib
 
 from fsdpprof import runfmt
 from fsdpprof.analyze.load.files import OUTPUT_JSON_MARK, file_kind
+from fsdpprof.analyze.trace.timeline_file import is_timeline
 from fsdpprof.errors import UserError
 from fsdpprof.report import plotly_bundle
 from fsdpprof.version import __version__
@@ -50,7 +53,7 @@ def generator_meta() -> str:
 
 def written_by_fsdpprof(path: str) -> bool:
     """True when ``path`` is a regular file (not a link) that fsdpprof wrote: summary/compare JSON, report HTML
-    or the pages' plotly.js."""
+    the pages' plotly.js or a timeline (gzip)."""
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False
@@ -58,6 +61,13 @@ def written_by_fsdpprof(path: str) -> bool:
             head = fh.read(_HEAD_BYTES)
             if OUTPUT_JSON_MARK.match(head) or _HTML_MARK.search(head) or _JS_MARK.match(head):
                 return True
+            if head[:2] == b"\x1f\x8b":       # a timeline (gzip): its first bytes of JSON
+                fh.seek(0)
+                try:
+                    with gzip.GzipFile(fileobj=fh) as gz:
+                        return is_timeline(gz.read(256))
+                except (OSError, EOFError, zlib.error):
+                    return False
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(size - 256, 0))
             return bool(_HTML_LEGACY_TAIL.search(fh.read(256)))
@@ -198,6 +208,23 @@ def report_paths(run_path: str, output: str | None, summary: str | None) -> tupl
         html = os.path.join(beside if writable_dir(beside) else os.getcwd(), input_stem(run_path) + ".report.html")
     html = os.path.abspath(html)
     return html, os.path.abspath(summary) if summary else summary_for(html)
+
+
+def timeline_path(run_path: str, output: str | None) -> str:
+    """timeline's file: -o (a folder: ``timeline.json.gz`` in it); else ``timeline.json.gz`` in a run directory or
+    trace folder, ``X.timeline.json.gz`` beside a file X.json.gz (the current folder when that one is not
+    writable)."""
+    run_path = os.path.abspath(run_path)
+    is_dir = os.path.isdir(run_path)
+    name = "timeline.json.gz" if is_dir else input_stem(run_path) + ".timeline.json.gz"
+    if output and os.path.isdir(output):
+        return os.path.abspath(os.path.join(output, name))
+    if output:
+        return os.path.abspath(output)
+    where = run_path if is_dir else os.path.dirname(run_path)
+    if not writable_dir(where):
+        return os.path.abspath(name if not is_dir else input_stem(run_path) + ".timeline.json.gz")
+    return os.path.join(where, name)
 
 
 def compare_paths(output: str, summary: str | None) -> tuple[str, str]:
@@ -445,7 +472,8 @@ def _new_temp(path: str) -> tuple[int, str]:
 
 
 def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable path with -o / --summary") -> None:
-    """Write every (path, bytes) or none, each readable by everyone (0644).
+    """Write every (path, bytes) or none, each readable by everyone (0644); in place of the bytes, a function
+    that writes them into the binary file it is given.
 
     Under the outputs' locks (:func:`output_locks`), after removing temporaries that killed writes of these
     paths left (:func:`remove_stale_temps`): each goes to a temporary file beside its path first; only when
@@ -482,7 +510,10 @@ def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable pa
                     fd, tmp = _new_temp(path)
                     temps.append((tmp, path))
                     with os.fdopen(fd, "wb") as fh:
-                        fh.write(data)
+                        if callable(data):      # written as it is made (a big file: never all in memory)
+                            data(fh)
+                        else:
+                            fh.write(data)
                         fh.flush()
                         os.fsync(fh.fileno())
                     os.chmod(tmp, 0o644)

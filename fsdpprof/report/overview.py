@@ -2,6 +2,7 @@
 run or of warnings, and the "Overview" section (command, ranks, model, device)."""
 from __future__ import annotations
 
+from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
 from fsdpprof.analyze.model import INPUT_KIND_TEXT
 from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us, kv_table
 
@@ -37,7 +38,8 @@ def overview_section(a) -> str:
         ("input", f"{a.path} ({SOURCE_TEXT.get(a.source, a.source)})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
         ("strategy", o.get("description") or "-"),
         ("what ran", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind") or "-")),
-        ("world size", o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
+        ("world size", f"{o['world_size']} (inferred from {o['world_size_source']})" if world_size_inferred(o)
+         else o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
         ("shard / replicate group", f"{o.get('shard_group_size') or '-'} / {o.get('replicate_group_size') or '-'}"),
         ("Ψ (parameters)", f"{fmt_params(o.get('psi'))} ({fmt_num(o.get('psi'))})" if o.get("psi") else "-"),
         ("mixed precision", f"param {mp.get('param_dtype')}, reduce {mp.get('reduce_dtype')}" if mp else "none"),

@@ -34,5 +34,7 @@ def render_report(a, plotly_src: str | None = None) -> str:
     n = o.get("ranks_analysed") or 0
     of = f" of {o['world_size']}" if o.get("world_size") and o["world_size"] != n else ""
     title = f"fsdpprof report: {o.get('strategy') or what}, {n}{of} rank{'s' if n != 1 or of else ''} analysed"
+    if memory.devices_analysed(a):     # one snapshot file names no rank: its devices
+        title = f"fsdpprof report: {o.get('strategy') or what}, {memory.devices_analysed(a)} analysed"
     nav = [(i, t) for i, t in REPORT_NAV if f'id="{i}"' in body]
     return document(title, a.path, nav, body, overview.context_line(a))

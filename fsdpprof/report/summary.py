@@ -96,6 +96,10 @@ def memory_summary(m) -> dict:
         "oom": m.oom, "breakdown_at_peak": m.breakdown_at_peak, "by_unit_at_peak": m.by_unit_at_peak,
         "top_allocations": m.top_allocations.head(20) if m.top_allocations is not None else None,
         "warnings": list(m.warnings or []),
+        # snapshot: the CUDA device analysed (index N of cuda:N), why (given | largest peak | only device), and the
+        # peak of each of the snapshot's devices when it has several ({"N": bytes})
+        "device": getattr(m, "device", None), "device_choice": getattr(m, "device_choice", None),
+        "device_peaks": {str(d): b for d, b in (getattr(m, "device_peaks", None) or {}).items()},
         # FSDP seen in a snapshot's frames, its units (forward order), its buffers at the peak by role,
         # the activations each unit keeps (A_l), what was alive before the history began (by size), and the
         # allocator's rounding (block minus requested bytes) at snapshot time

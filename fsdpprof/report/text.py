@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from fsdpprof.analyze.summary.headline import headline
+from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
+from fsdpprof.report.glance import oom_line
+from fsdpprof.report.memory import devices_analysed, memory_owner, other_devices_said
 from fsdpprof.report.compare_page import SPREAD_ROWS
 from fsdpprof.report.page import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
                                   metric_label)
@@ -16,17 +19,25 @@ def _plain(text: str) -> str:
 def summary_text(a) -> str:
     o = a.overview
     h = headline(a)
-    lines = [f"fsdpprof report: {a.path} ({a.source})",
-             f"  {o.get('description') or '-'}; ranks analysed {len(o.get('ranks_present') or [])}, Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
+    oom = oom_line(a, h.get("oom"))
+    lines = [f"fsdpprof report: {a.path} ({a.source})"] + ([f"  {oom}"] if oom else []) + [
+             f"  {o.get('description') or '-'}"
+             + (f", world size {o.get('world_size') or '?'} (inferred from {o['world_size_source']})"
+                if world_size_inferred(o) else "") + "; "
+             + (f"analysed {devices_analysed(a)}, " if devices_analysed(a) else
+                f"ranks analysed {len(o.get('ranks_present') or [])}, ")
+             + f"Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
              f"median step {fmt_us(o.get('step_time_us'))}"]
     lines += [f"  warning: {w}" for w in a.warnings or []]
     if a.missing:
         lines.append("  PARTIAL: missing " + "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items())))
     if a.memory_peaks is not None and not a.memory_peaks.empty:
-        mp = a.memory_peaks
-        r = mp.loc[mp["peak_allocated_bytes"].idxmax()]
-        lines.append(f"  memory: peak {fmt_bytes(r['peak_allocated_bytes'])} on rank {int(r['rank'])} "
-                     f"(stage {r['peak_stage']}, {float(r['coverage_pct']):.0f}% attributed, source {r['source']})")
+        r = h["peak_rank"]
+        m = a.memory[r]
+        said = other_devices_said(m)
+        lines.append(f"  memory: peak {fmt_bytes(m.peak_allocated_bytes)} on {memory_owner(a, r)} "
+                     f"(stage {m.peak_stage}, {float(m.coverage_pct):.0f}% attributed, source {m.source})"
+                     + (f"; {said}" if said else ""))
     t = a.theory or {}
     if t.get("model_states"):
         share = h["model_states_theory_pct_of_peak"]

@@ -36,22 +36,34 @@ def total(start: np.ndarray, end: np.ndarray) -> float:
     return float((e - s).sum())
 
 
-def intersect(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
-    """Intersection of two interval sets (each merged first); returns disjoint sorted (start, end)."""
+def _segments_at(a_start, a_end, b_start, b_end, level_wanted: int) -> tuple[np.ndarray, np.ndarray]:
+    """Segments of the merged A and B where A's level (1) plus B's (2) is ``level_wanted``: 3 both, 1 A alone."""
     as_, ae = union(a_start, a_end)
     bs, be = union(b_start, b_end)
-    if as_.size == 0 or bs.size == 0:
-        return np.empty(0), np.empty(0)
-    # sweep: +1/-1 for A, +2/-2 for B; the covered-by-both segments are where the level is 3
     t = np.concatenate([as_, ae, bs, be])
     d = np.concatenate([np.ones(as_.size), -np.ones(ae.size), 2 * np.ones(bs.size), -2 * np.ones(be.size)])
     order = np.lexsort((d, t))        # at equal times apply ends (negative) before starts
     t, d = t[order], d[order]
-    level = np.cumsum(d)
-    both = level[:-1] == 3
-    seg_s, seg_e = t[:-1][both], t[1:][both]
+    at = np.cumsum(d)[:-1] == level_wanted
+    seg_s, seg_e = t[:-1][at], t[1:][at]
     keep = seg_e > seg_s
     return seg_s[keep], seg_e[keep]
+
+
+def intersect(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+    """Intersection of two interval sets (each merged first); returns disjoint sorted (start, end)."""
+    if np.size(a_start) == 0 or np.size(b_start) == 0:
+        return np.empty(0), np.empty(0)
+    return _segments_at(a_start, a_end, b_start, b_end, 3)
+
+
+def difference(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the union of A not covered by the union of B: disjoint sorted (start, end)."""
+    if np.size(b_start) == 0:
+        return union(a_start, a_end)
+    if np.size(a_start) == 0:
+        return np.empty(0), np.empty(0)
+    return union(*_segments_at(a_start, a_end, b_start, b_end, 1))
 
 
 def overlap_with(start, end, other_start, other_end) -> np.ndarray:

@@ -106,3 +106,30 @@ def overall_overlap(events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"rank": ranks, "compute_us": comp_us, "comm_us": np.where(has, comm_us, 0.0),
                          "overlapped_comm_us": np.where(has, ov_us, 0.0),
                          "exposed_comm_us": np.where(has, exposed, 0.0), "comp_comm_overlap_pct": pct})
+
+
+EXPOSED_SPAN_COLUMNS = ["rank", "collective", "start_us", "end_us"]
+
+
+def exposed_comm_spans(events: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and collective: the spans (µs, disjoint, by start) in which that collective's communication runs
+    and no compute does: the union of its comm intervals minus the union of the rank's compute (the same sets as
+    :func:`comm_overlap`, so a rank's spans of one collective add up to its ``exposed_comm_us`` by collective).
+    A comm event of unknown type counts as model.UNKNOWN_COLLECTIVE."""
+    rows = []
+    is_comm, is_comp = isin(events["kind"], [model.KIND_COMM]), isin(events["kind"], [model.KIND_COMPUTE])
+    ts = events["ts_us"].to_numpy(np.float64)
+    end = ts + events["dur_us"].to_numpy(np.float64)
+    rank = events["rank"].to_numpy()
+    coll = events["collective"].astype(object).to_numpy()
+    coll = np.where(pd.isna(coll), model.UNKNOWN_COLLECTIVE, coll)
+    for r in np.unique(rank[is_comm]).tolist():
+        on = rank == r
+        pm = on & is_comp
+        for c in sorted(set(coll[on & is_comm].tolist())):
+            cm = on & is_comm & (coll == c)
+            s, e = intervals.difference(ts[cm], end[cm], ts[pm], end[pm])
+            rows.append(pd.DataFrame({"rank": r, "collective": c, "start_us": s, "end_us": e}))
+    if not rows:
+        return pd.DataFrame({c: [] for c in EXPOSED_SPAN_COLUMNS})
+    return pd.concat(rows, ignore_index=True)[EXPOSED_SPAN_COLUMNS]

@@ -96,3 +96,74 @@ def stragglers(skew: pd.DataFrame, rank_lag: pd.DataFrame) -> pd.DataFrame:
     out["times_last"] = out["times_last"].fillna(0).astype(np.int64)
     out["share_last_pct"] = 100.0 * out["times_last"] / len(skew)
     return out[STRAGGLER_COLUMNS].sort_values("rank").reset_index(drop=True)
+
+
+# how the ranks of a merged timeline were put on one clock (align_ranks)
+ALIGN_ANCHOR = "clock_anchor"          # the clock anchors fsdpprof recorded (rank.json): trace ts + base = Unix time
+ALIGN_COLLECTIVES = "collective_ends"  # the ends of the collectives the ranks share (clock_offsets)
+ALIGN_NONE = "none"                    # neither: the clocks as recorded
+ANCHOR_TOLERANCE_US = 1000.0           # anchors that leave shared collectives this much further apart than their
+                                       # ends' alignment does are not used (a wall clock off, a rounded base time)
+ALIGNMENT_COLUMNS = ["rank", "offset_us", "method", "residual_us"]
+
+
+def end_residuals(records: pd.DataFrame, offsets: pd.Series) -> pd.Series:
+    """Per rank: after subtracting ``offsets`` (µs, by rank) from its times, how far its collectives end from
+    the mean end over the ranks that share them (the median of the distances, µs, >= 0; NaN for a rank that
+    shares none)."""
+    o = records["rank"].map(offsets).fillna(0.0).to_numpy()
+    c = _on_several_ranks(records.assign(end_us=records["end_us"] - o))
+    if len(c) == 0:
+        return pd.Series(np.nan, index=sorted(records["rank"].unique()))
+    dev = (c["end_us"] - c.groupby(_KEYS)["end_us"].transform("mean")).abs()
+    return dev.groupby(c["rank"]).median().reindex(sorted(records["rank"].unique()))
+
+
+def align_ranks(records: pd.DataFrame, ranks, anchors_us: dict | None = None,
+                method: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One clock for ``ranks``: per rank the offset (whole µs) to subtract from its times, the first rank's clock
+    kept (ALIGNMENT_COLUMNS; ``residual_us``: :func:`end_residuals` after it).  ``anchors_us``: rank -> the µs to
+    add to its trace times to get Unix time (fsdpprof's clock anchor), used when every rank has one and they
+    leave the shared collectives no more than ANCHOR_TOLERANCE_US further apart than the collectives' own
+    alignment; otherwise the collectives' ends
+    (:func:`clock_offsets`); neither: offsets 0.  ``method``: ALIGN_COLLECTIVES or ALIGN_ANCHOR to use that one
+    where it can be (None: as said).  Returns (the table, one line per thing to say)."""
+    ranks = sorted(int(r) for r in ranks)
+    notes: list[str] = []
+    wanted = method
+    records = records if records is not None and len(records) else pd.DataFrame({k: [] for k in RECORD_COLUMNS})
+    shared = _on_several_ranks(records) if len(records) else records
+    by_coll = clock_offsets(records) if len(shared) else pd.Series(dtype=float)
+    method, off = ALIGN_NONE, pd.Series(0.0, index=ranks)
+    anchors = {r: anchors_us.get(r) for r in ranks} if anchors_us else {}
+    have_anchors = bool(anchors) and all(a is not None and np.isfinite(a) for a in anchors.values())
+    if wanted == ALIGN_ANCHOR and not have_anchors and len(ranks) > 1:
+        notes.append("not every rank has a recorded clock anchor (a run recorded by fsdpprof has): aligned "
+                     "on the collectives' ends" if len(by_coll) else "not every rank has a recorded clock anchor")
+    if have_anchors and wanted != ALIGN_COLLECTIVES:
+        ref = anchors[ranks[0]]
+        off = pd.Series({r: float(ref - anchors[r]) for r in ranks})
+        method = ALIGN_ANCHOR
+        if len(by_coll):
+            worst = float(end_residuals(records, off).max())
+            best = float(end_residuals(records, by_coll).max())
+            if worst > best + ANCHOR_TOLERANCE_US and wanted != ALIGN_ANCHOR:
+                notes.append(f"the recorded clock anchors leave collectives the ranks share {worst:,.0f} us apart "
+                             f"({best:,.0f} us aligned on their ends): aligned on the collectives' ends instead")
+                method = ALIGN_COLLECTIVES
+    elif len(by_coll):
+        method = ALIGN_COLLECTIVES
+    if method == ALIGN_COLLECTIVES:
+        off = by_coll.reindex(ranks).fillna(0.0)
+        alone = [r for r in ranks if r not in by_coll.index]
+        if alone:
+            notes.append(f"{model.rank_list(alone)} share{'s' if len(alone) == 1 else ''} no collective with the "
+                         f"others: {'its' if len(alone) == 1 else 'their'} clock is left as recorded")
+    elif method == ALIGN_NONE and len(ranks) > 1:
+        notes.append("the ranks share no collective and have no recorded clock anchor: their clocks are left as "
+                     "recorded")
+    off = (off - off.get(ranks[0], 0.0)).round() + 0.0    # whole µs: shifted times stay exact (no -0)
+    res = end_residuals(records, off) if len(by_coll) else pd.Series(np.nan, index=ranks)
+    out = pd.DataFrame({"rank": ranks, "offset_us": off.reindex(ranks).to_numpy(np.float64), "method": method,
+                        "residual_us": res.reindex(ranks).to_numpy(np.float64)})
+    return out[ALIGNMENT_COLUMNS], notes

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from fsdpprof import runfmt
 from fsdpprof.analyze.load.engines import check_workers
+from fsdpprof.analyze.trace.timeline_file import is_timeline, rank_parts, timeline_meta
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 if TYPE_CHECKING:   # (numpy, pandas and the decoder are imported where traces are read: a bad path is refused first)
@@ -37,8 +38,8 @@ SOURCE_SNAPSHOT_FOLDER = "snapshot_folder"
 _RANK_IN_NAME = [re.compile(p, re.I) for p in (r"(?<![a-z])rank[-_]?(\d+)(?!\d)", r"(?<![a-z])worker[-_]?(\d+)(?!\d)")]
 _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
-# the start of summary.json / compare.json (what fsdpprof report / compare write): never read as a trace
-OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare)/[0-9]+"')
+# the start of summary.json / compare.json / tables.json (what fsdpprof report / compare write): never a trace
+OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare|tables)/[0-9]+"')
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RankData:
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
     label: str = ""                      # rank-3, or the file's name: how messages name this rank
     inventory_path: str | None = None    # lazily loaded run: inventory.json, read where the rank is analysed
+    trace_pid: int | None = None         # the rank's process in a merged timeline (trace_path holds every rank)
 
 
 @dataclass
@@ -199,7 +201,7 @@ def _looks_like_trace(path: str) -> bool:
     if base.startswith("rank-") or ".pt.trace.json" in base:
         return True
     head = _head(path)
-    return b'"traceEvents"' in head or b'"distributedInfo"' in head
+    return b'"traceEvents"' in head or b'"distributedInfo"' in head or is_timeline(head)
 
 
 def inflated_size(path: str) -> int:
@@ -427,6 +429,23 @@ def _load_traces(root: str, traces: list[str], source: str) -> Run:
     world_sizes: dict[int, list[str]] = {}
     for i, f in enumerate(traces):
         label = os.path.basename(f)
+        merged = timeline_meta(f)
+        if merged is not None:
+            for part in rank_parts(merged):
+                rank = part["rank"]
+                if rank in ranks:
+                    raise UserError(f"folder {root} has two traces for rank {rank} ({ranks[rank].label}, {label}): "
+                                    f"it mixes runs; keep one trace per rank")
+                meta = dict(part.get("trace") or {})
+                info = dict(part.get("info") or {}) or _info_from_meta(rank, meta)
+                ws = (meta.get("distributedInfo") or {}).get("world_size") if isinstance(
+                    meta.get("distributedInfo"), dict) else None
+                if isinstance(ws, int):
+                    world_sizes.setdefault(ws, []).append(label)
+                ranks[rank] = RankData(rank=rank, info=info, inventory=None, trace_path=f, events=None,
+                                       memory_events=None, snapshot_path=None, trace_meta=meta,
+                                       label=f"{label}:rank-{rank}", trace_pid=part["pid"])
+            continue
         dist = distributed_info_head(f)
         rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) \
             else None

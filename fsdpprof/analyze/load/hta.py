@@ -14,6 +14,8 @@ import tempfile
 
 import pandas as pd
 
+from fsdpprof.analyze.trace.timeline_file import write_rank_part
+
 
 @contextlib.contextmanager
 def _quiet_hta():
@@ -40,7 +42,11 @@ def hta_breakdowns(run) -> dict:
     with tempfile.TemporaryDirectory(prefix="fsdpprof-hta-") as tmp, _quiet_hta():
         ranks = []
         for r, d in sorted(run.ranks.items()):
-            if d.trace_path:
+            if d.trace_path and d.trace_pid is not None:     # a merged timeline: HTA reads one file per rank
+                write_rank_part(d.trace_path, {"rank": r, "pid": d.trace_pid, "trace": d.trace_meta},
+                                os.path.join(tmp, f"rank-{r}.json.gz"))
+                ranks.append(r)
+            elif d.trace_path:
                 ext = ".json.gz" if d.trace_path.endswith(".gz") else ".json"
                 os.symlink(os.path.abspath(d.trace_path), os.path.join(tmp, f"rank-{r}{ext}"))
                 ranks.append(r)

@@ -15,7 +15,7 @@ from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load.files import (SOURCE_RUN_DIR, RankData, Run, find_run, inflated_size, no_usable_rank,
                                          with_inventory)
 from fsdpprof.analyze.trace.labels import concat_events
-from fsdpprof.analyze.trace.load import load_trace
+from fsdpprof.analyze.trace.load import load_trace, load_trace_parts
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 
@@ -31,11 +31,16 @@ class LoadedRank:
     trace_error: str | None = None                      # why its trace cannot be used
 
 
-def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None):
-    """One rank's trace; returns ('ok', TraceData) or ('error', one-line message)."""
+def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None,
+                pid: int | None = None, meta: dict | None = None):
+    """One rank's trace (``pid``: the rank's process in a merged timeline, ``meta`` its trace metadata there);
+    returns ('ok', TraceData) or ('error', one-line message)."""
     if not os.access(path, os.R_OK):
         return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
     try:
+        if pid is not None:
+            return "ok", load_trace_parts(path, {pid: (rank, meta or {})}, progress=progress,
+                                          max_bytes=max_bytes)[rank]
         return "ok", load_trace(path, rank=rank, progress=progress, max_bytes=max_bytes)
     except UserError as exc:
         return "error", str(exc)
@@ -52,7 +57,7 @@ def load_rank(rd: RankData, *, max_bytes: int | None = None, progress: bool | No
         rd, why_inventory = with_inventory(rd)
     if rd.events is not None or not rd.trace_path:
         return LoadedRank(rd, inventory_error=why_inventory)
-    status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes)
+    status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes, rd.trace_pid, rd.trace_meta)
     if status != "ok":
         return LoadedRank(replace(rd, trace_path=None), inventory_error=why_inventory, trace_error=val)
     rd = replace(rd, events=val.events, memory_events=val.memory_events, trace_meta={**val.meta, **rd.trace_meta})
@@ -68,6 +73,7 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
     """Parse the traces of a lazily loaded run into its RankData (in place; on the local engine: in this process,
     or processes for big traces, :func:`fsdpprof.analyze.load.engines.local_workers`); a rank whose trace fails moves
     to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
+    load_parts(run, progress=progress)
     rds = [rd for _, rd in sorted(run.ranks.items()) if rd.events is None and rd.trace_path]
     jobs = [((rd,), {"max_bytes": run.max_trace_bytes, "progress": progress, "inventory": False}) for rd in rds]
     workers = engines.local_workers(workers, len(jobs), unread_trace_bytes(rds))
@@ -103,10 +109,36 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None, 
     by whoever analyses its rank).  ``max_trace_bytes``: largest trace JSON accepted once decompressed (default
     trace.decode.MAX_TRACE_BYTES).  Bad input raises :class:`fsdpprof.errors.UserError`, never another exception."""
     run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes, inventories=not lazy)
-    if lazy:
-        return run
     with unexpected_as_user_error(f"{os.fspath(path)}"):
+        if lazy:    # (a merged timeline is read here, once for all its ranks)
+            return load_parts(run, progress=progress)
         return load_events(run, workers=workers, progress=progress)
+
+
+def load_parts(run: Run, *, progress: bool | None = None) -> Run:
+    """Parse the merged timelines of a run (ranks with a ``trace_pid``): each file once, in this process, every
+    rank of it at once (in place; a file that fails moves its ranks to ``run.missing``).  Returns ``run``."""
+    files: dict[str, list[RankData]] = {}
+    for rd in run.ranks.values():
+        if rd.events is None and rd.trace_path and rd.trace_pid is not None:
+            files.setdefault(rd.trace_path, []).append(rd)
+    for path, rds in files.items():
+        try:
+            parts = load_trace_parts(path, {rd.trace_pid: (rd.rank, rd.trace_meta) for rd in rds},
+                                     progress=progress, max_bytes=run.max_trace_bytes)
+        except UserError as exc:
+            for rd in rds:
+                run.missing[rd.label] = str(exc)
+                del run.ranks[rd.rank]
+            continue
+        for rd in rds:
+            val = parts[rd.rank]
+            run.warnings += [w for w in val.warnings if w not in run.warnings]
+            rd.events, rd.memory_events = val.events, val.memory_events
+            rd.trace_meta = {**val.meta, **rd.trace_meta}
+    if not run.ranks:
+        raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
+    return run
 
 
 def empty_events() -> pd.DataFrame:

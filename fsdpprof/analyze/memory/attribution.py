@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_dc
 
 import numpy as np
 import pandas as pd
 
+from fsdpprof import options
 from fsdpprof.analyze import model
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events, fsdp_units
@@ -26,6 +28,7 @@ from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, fmt_frames, lo
 from fsdpprof.errors import UserError
 
 CATEGORIES = cz.CATEGORIES
+BEFORE_HISTORY = -1       # peak_seq of a peak at the moment before the history's first entry (alloc_seq of what was alive)
 
 
 @dataclass
@@ -50,7 +53,8 @@ class MemoryResult:
     device: int | None = None            # CUDA device of a snapshot
     timeline_unit: str = "us"            # "us", or "event_index" for legacy snapshots
     peak_fsdp_phase: str | None = None   # innermost FSDP annotation / tag at the peak
-    peak_seq: int | None = None          # order key of the event at the peak (see allocations' alloc_seq)
+    peak_seq: int | None = None          # order key of the event at the peak (see allocations' alloc_seq; BEFORE_HISTORY:
+    #                                      the moment before the first entry)
     reserved_end_bytes: int | None = None  # snapshot: reserved at snapshot time (segments)
     input_warnings: list[str] = field(default_factory=list)  # malformed input left out (also in warnings)
     by_role_at_peak: pd.DataFrame | None = None  # unit, fsdp_role, bytes: FSDP's buffers at the peak by what made them
@@ -64,6 +68,14 @@ class MemoryResult:
     rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at snapshot time
     fragmentation: Fragmentation | None = None  # snapshot: the allocator's free blocks at the peak / OOM / end
     process: dict | None = None          # the process's memory beside the allocator's (analyze.memory.process)
+    device_peaks: dict[int, int] = field(default_factory=dict)  # snapshot: peak allocated bytes of each of its devices
+    #                                      (the one analysed too; only when it has several)
+    device_choice: str | None = None     # snapshot: why ``device`` was analysed (DEVICE_CHOICE_*)
+
+
+DEVICE_CHOICE_GIVEN = "given"            # --device N (or the run's device of the rank)
+DEVICE_CHOICE_LARGEST = "largest peak"   # the snapshot's device with the largest peak (the default)
+DEVICE_CHOICE_ONLY = "only device"       # the snapshot holds one device
 
 
 # --------------------------------------------------------------------------- entry point
@@ -80,7 +92,8 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
         snap = load_snapshot(snap_path)
         res = snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
                               inventory=inventory, top_n=top_n, timeline_points=timeline_points,
-                              world_size=info.get("world_size"), snapshots_given=info.get("snapshots_given"))
+                              world_size=info.get("world_size"), snapshots_given=info.get("snapshots_given"),
+                              device_required=device is not None or bool(info.get("device_chosen")))
         return _with_process(res, info)
     me = getattr(rank, "memory_events", None)
     if me is None and getattr(rank, "events", None) is None:
@@ -107,6 +120,38 @@ def _with_process(res: MemoryResult, info: dict) -> MemoryResult:
     res.process, notes = process_memory(info, res.peak_allocated_bytes)
     res.warnings = list(res.warnings or []) + notes
     return res
+
+
+def choose_device(run, device):
+    """``run`` (analyze.run.Run) with the CUDA device of its snapshots chosen: ``device`` as
+    options.parse_device reads it.  None: each snapshot's default (the run's device of the rank, else the device
+    with the largest peak); N: cuda:N of every snapshot (a snapshot without it is refused where it is analysed);
+    'all': every device of one snapshot file, each analysed on its own (keyed by its device index).  UserError for
+    a choice that does not apply to the input."""
+    device = options.parse_device(device)
+    if device is None:
+        return run
+    snaps = {r: rd for r, rd in run.ranks.items() if rd.snapshot_path}
+    if not snaps:
+        raise UserError(f"--device {device}: {run.path} holds no CUDA snapshot, and --device chooses the device of a "
+                        f"snapshot; leave it out")
+    if device == options.ALL_DEVICES:
+        if len(run.ranks) != 1 or len(snaps) != 1:
+            raise UserError(f"--device all: {run.path} holds a snapshot per rank, each analysed on its rank's device; "
+                            f"--device all is for one snapshot file (give a file, or --device N)")
+        (r, rd), = snaps.items()
+        devs = load_snapshot(rd.snapshot_path).devices
+        if len(devs) <= 1:
+            device = devs[0] if devs else None
+        else:
+            ranks = {d: replace_dc(rd, rank=d, info={**rd.info, "rank": d, "device": f"cuda:{d}", "device_chosen": True},
+                                   label=f"{rd.label} cuda:{d}") for d in devs}
+            return replace_dc(run, ranks=ranks)
+        if device is None:
+            return run
+    ranks = {r: replace_dc(rd, info={**(rd.info or {}), "device": f"cuda:{device}", "device_chosen": True})
+             if rd.snapshot_path else rd for r, rd in run.ranks.items()}
+    return replace_dc(run, ranks=ranks)
 
 
 def _info_device(info: dict) -> int | None:
@@ -249,9 +294,11 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
 
 def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = None, inventory: dict | None = None,
                     top_n: int = 20, timeline_points: int = 2000, world_size: int | None = None,
-                    snapshots_given: int | None = None) -> MemoryResult:
-    """Memory attribution of one device of a CUDA snapshot.  ``world_size``: the run's (rank.json);
-    ``snapshots_given``: how many ranks' snapshots the input holds (a world size inferred when nothing else says).
+                    snapshots_given: int | None = None, device_required: bool = False) -> MemoryResult:
+    """Memory attribution of one device of a CUDA snapshot.  ``device``: cuda:N to analyse (None, or one the
+    snapshot does not hold: the device with the largest peak; with ``device_required`` a device it does not hold
+    is a UserError).  ``world_size``: the run's (rank.json); ``snapshots_given``: how many ranks' snapshots the
+    input holds (a world size inferred when nothing else says).
 
     Works on the device's columns as numpy arrays and builds the allocations DataFrame once, at the
     end (per-device pandas work used to cost more than the attribution itself)."""
@@ -259,15 +306,20 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     dev_col = a_all["device"].to_numpy()
     devs = sorted(set(np.unique(dev_col).tolist())) or list(snap.devices) or [0]
     warnings = list(snap.warnings)
+    if device_required and device is not None and device not in set(devs) | set(snap.devices):
+        raise UserError(f"{snap.path}: the snapshot holds no cuda:{device} (it holds "
+                        f"{', '.join(f'cuda:{d}' for d in sorted(set(devs) | set(snap.devices)))}); give one of those "
+                        f"to --device")
+    peaks = {d: _peak_only({c: a_all[c].to_numpy()[dev_col == d] for c in ("alloc_seq", "free_seq", "bytes")})
+             for d in devs} if len(devs) > 1 else {}
+    choice = DEVICE_CHOICE_GIVEN if device in devs else DEVICE_CHOICE_ONLY if len(devs) == 1 else DEVICE_CHOICE_LARGEST
     if device is None or device not in devs:
         # the device with the largest peak (a rank's snapshot normally has one device in use)
-        peaks = {d: _peak_only({c: a_all[c].to_numpy()[dev_col == d] for c in ("alloc_seq", "free_seq", "bytes")})
-                 for d in devs}
-        device = max(peaks, key=peaks.get) if peaks else 0
+        device = max(peaks, key=peaks.get) if peaks else devs[0]
         if len(devs) > 1:
             others = ", ".join(f"cuda:{d} {model.fmt_bytes(peaks[d])}" for d in devs if d != device)
             warnings.append(f"{snap.path}: snapshot has {len(devs)} devices; analysed cuda:{device} (largest peak), "
-                            f"others peak at {others}; pass device= for another")
+                            f"others peak at {others}; --device N analyses cuda:N, --device all every device")
     mask = dev_col == device
     cols = {c: a_all[c].to_numpy()[mask] for c in a_all.columns}
     dtypes = a_all.dtypes
@@ -324,7 +376,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     if rec is not None:
         res.fsdp_units = list(rec.unit_names)
         res.world_size, res.world_size_source = rec.world_size, rec.world_size_source
-    res.device = device
+    res.device, res.device_peaks, res.device_choice = device, peaks, choice
     res.timeline_unit = "us" if snap.has_time else "event_index"
     seg_dev = snap.segments["device"].to_numpy()
     if (seg_dev == device).any():
@@ -372,8 +424,10 @@ def _with_request_rows(cols: dict, ooms: list[dict], has_time: bool) -> dict:
 
 
 def _peak_only(a) -> int:
+    """The peak of the allocated bytes (never below what was alive before the history began)."""
     lv, _, _ = _levels(a)
-    return int(lv.max()) if len(lv) else 0
+    base = int(cz._col(a, "bytes")[cz._col(a, "alloc_seq") < 0].sum())
+    return max(int(lv.max()), base) if len(lv) else base
 
 
 # --------------------------------------------------------------------------- peak, breakdown, timeline
@@ -421,7 +475,12 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
     b = df["bytes"].to_numpy(np.int64)
     base = int(b[alloc_seq < 0].sum())
     levels, seqs, rows = _levels(df)
-    if has_history and len(seqs) and seqs[0] >= 0:
+    if has_history and len(seqs) and seqs[0] >= 0 and base > int(levels.max()):
+        # the history only frees what was there before it (a legacy snapshot whose one entry is a free): the
+        # peak is the moment before its first entry, never below the baseline
+        peak_seq, peak_ts, peak_stage, peak_fsdp = BEFORE_HISTORY, float(df["alloc_us"].min()), None, None
+        alive = alloc_seq < 0
+    elif has_history and len(seqs) and seqs[0] >= 0:
         k = int(np.argmax(levels))
         peak_seq = int(seqs[k])
         peak_row = int(rows[k])

@@ -11,7 +11,10 @@ functions are in the frames of every allocation they make (model.FSDP_FRAME_ROLE
   whose backward it ends (reverse order, matched by size), and so do the gradients it frees;
 - an allocation made in a unit's forward belongs to that unit: it lies between the unit's all-gather and
   the next, and its Python stack runs inside the unit's module call (the innermost ``_call_impl`` of the
-  all-gather's stack: the pre-forward hook that unshards the unit runs there); what runs after a unit's
+  all-gather's stack: the pre-forward hook that unshards the unit runs there); a unit of several modules
+  (``fully_shard([norm, output])``: FSDP2's group pre-hook in the all-gather's stack) owns what is allocated from
+  its all-gather to its post-forward (the free of its unsharded parameters, or of its all-gather output: the next
+  unit's copy-out or the root's post-forward), its sibling modules' calls included; what runs after a unit's
   module call returned (the root's head, the loss) goes to the enclosing unit, or to none;
 - an allocation made in a unit's backward (FSDP2) belongs to the unit whose copy-out last happened;
 - blocks alive before the history began whose sizes are the shards the all-gathers imply (one
@@ -101,6 +104,11 @@ class _Stacks:
 
     def depth(self, code: int) -> int:
         return sum(1 for fr in self.get(code) if _is_module_call(fr))
+
+    def group_hook(self, code: int) -> bool:
+        """The stack runs FSDP2's pre-forward hook of a unit of several modules."""
+        name, file = model.FSDP2_GROUP_PRE_HOOK
+        return any(fr[0] == name and str(fr[1]).replace("\\", "/").endswith(file) for fr in self.get(code))
 
 
 def _inside(py: tuple, key: tuple) -> bool:
@@ -231,6 +239,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     ptr: dict[int, int] = {}
     used: dict[int, set] = {}
     per_param: dict[str, list[int]] = {}
+    copy_free: dict[int, int] = {}      # all-gather -> the first free of its copy-out (FSDP2: the unit resharded)
     for p, kind, i in events:
         if kind == 0:
             r = int(ag[i])
@@ -261,6 +270,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         if hit is not None:
             pending.remove(hit)
             k = ag_unit[hit]
+            copy_free[hit] = int(fseq[g].min())
         else:
             ks = [j for j in range(n_units) if tmpl[j] == total]
             k = ks[0] if len(ks) == 1 else None
@@ -294,7 +304,8 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, fseq, order, stage, before)
 
     # what a unit's forward allocated: between its all-gather and the next, inside its module call
-    _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, names, codes, st, stage)
+    ag_end = [min(int(fseq[r]), copy_free.get(i, NEVER)) for i, r in enumerate(ag)]
+    _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, names, codes, st, stage, seq, ag_end)
     # what a unit's backward allocated: before the reduce-scatter that ends it (FSDP's post-backward)
     if rs_calls:
         rs_first = np.array([pos_of[g[0]] for g, _ in rs_calls], dtype=np.int64)
@@ -381,10 +392,15 @@ def _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, f
             rec.unit[r] = units[k]
 
 
-def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, names, codes, st, stage) -> None:
+def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, names, codes, st, stage, seq,
+                   ag_end) -> None:
+    """Units of the forward's allocations (see the module docstring): inside a unit's module call, or (a unit of
+    several modules) between its all-gather and ``ag_end`` (trace seq of its post-forward free, per all-gather)."""
     fwd = [i for i in range(len(ag)) if not is_bwd[i] and ag_unit[i] is not None]
     if not fwd:
         return
+    # a unit of several modules: until its post-forward (None: one module, bounded by its module call)
+    group_end = [ag_end[i] if st.group_hook(int(codes[ag[i]])) else None for i in fwd]
     f_pos = np.array([ag_pos[i] for i in fwd])
     # a forward ends at the next backward all-gather or reduce-scatter
     stops = np.sort(np.concatenate([np.array([ag_pos[i] for i in range(len(ag)) if is_bwd[i]], dtype=np.int64),
@@ -415,9 +431,12 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
         if not py:
             rec.unit[r] = names[ag_unit[fwd[j]]]
             continue
-        cands = [(keys[jj], ag_unit[fwd[jj]]) for jj in range(j, run_start[j] - 1, -1)]
-        cands += [(key_of_unit.get(k), k) for k in range(ag_unit[fwd[run_start[j]]] - 1, -1, -1)]
-        for key, k in cands:
+        cands = [(keys[jj], ag_unit[fwd[jj]], group_end[jj]) for jj in range(j, run_start[j] - 1, -1)]
+        cands += [(key_of_unit.get(k), k, None) for k in range(ag_unit[fwd[run_start[j]]] - 1, -1, -1)]
+        for key, k, end in cands:
+            if end is not None and seq[r] < end:      # inside a unit of several modules, in any of them
+                rec.unit[r] = names[k]
+                break
             if key is None:
                 continue
             kk = (c, id(key))
@@ -429,11 +448,19 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
                 break
 
 
+RECORDED_WORLD_SIZE_SOURCES = (None, "the run", "the inventory")   # world_size_source of a world size not inferred
+
+
+def world_size_inferred(overview: dict) -> bool:
+    """The run's world size (``overview``: Analysis.overview) was inferred from its snapshots, not recorded."""
+    return bool(overview.get("world_size")) and overview.get("world_size_source") not in RECORDED_WORLD_SIZE_SOURCES
+
+
 def world_size_said(ws: int | None, source: str | None) -> str:
     """"N = 4 from the run" / "N = 2 inferred from ..." ("" when unknown): a world size with where it comes from."""
     if not ws:
         return ""
-    if source in (None, "the run", "the inventory"):
+    if source in RECORDED_WORLD_SIZE_SOURCES:
         return f"N = {ws}" + (f" from {source}" if source else "")
     return f"N = {ws} inferred from {source}"
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fsdpprof import options
 from fsdpprof.analyze.memory import safe_pickle
 from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, cut_text
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -67,7 +68,7 @@ class SnapshotData:
 MAX_SNAPSHOT_BYTES = 8 << 30     # the pickle, decompressed
 SIZE_MAX = 1 << 40               # bytes of one block / segment / allocation (1 TiB: more than any GPU has)
 TIME_MAX_US = float(2 ** 53)     # |time_us| beyond this is not a time
-DEVICE_MAX = 1 << 14
+DEVICE_MAX = options.MAX_CUDA_DEVICE
 # Objects visited (segments, blocks, trace entries and the frames of each, counted every time they are
 # reached, also when pickle's memo shares one object many times): at most OBJECTS_PER_BYTE per byte of
 # decompressed pickle, and never fewer than OBJECTS_MIN.  The densest real snapshot in ../shared/data

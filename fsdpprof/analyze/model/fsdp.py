@@ -21,7 +21,7 @@ __all__ = [
     "FSDP2_FRAME_FILES", "FSDP1_FRAME_FILES", "FSDP_ROLE_ALL_GATHER_INPUT", "FSDP_ROLE_ALL_GATHER_OUTPUT",
     "FSDP_ROLE_COPY_OUT", "FSDP_ROLE_COPY_OUT_TEMP", "FSDP_ROLE_REDUCE_SCATTER", "FSDP_ROLE_REDUCE_SCATTER_INPUT",
     "FSDP_ROLE_REDUCE_SCATTER_OUTPUT", "FSDP_ROLE_SHARDED_PARAM", "FSDP_ROLE_OPTIMIZER_STATE", "FSDP_ROLE_CATEGORY", "FSDP_FRAME_ROLES",
-    "FSDP_PHASE_FRAME_RULES", "MODULE_CALL_FUNCTIONS", "MODULE_CALL_FILE", "ROOT_UNIT", "ROOT_UNIT_TEXT",
+    "FSDP_PHASE_FRAME_RULES", "MODULE_CALL_FUNCTIONS", "MODULE_CALL_FILE", "FSDP2_GROUP_PRE_HOOK", "ROOT_UNIT", "ROOT_UNIT_TEXT",
     "unit_order",
 ]
 
@@ -192,6 +192,10 @@ FSDP_PHASE_FRAME_RULES = [
 # unit whose pre-forward hook unshards it.
 MODULE_CALL_FUNCTIONS = ("_call_impl",)
 MODULE_CALL_FILE = "torch/nn/modules/module.py"
+# FSDP2's pre-forward hook of a unit of several modules (fully_shard([norm, output])): function and file in the
+# all-gather's stack.  The unit runs from that all-gather (in its first module's call) to its post-forward (in its last
+# module's), through sibling module calls
+FSDP2_GROUP_PRE_HOOK = ("wrapped_pre_hook", "_fsdp_state.py")
 
 
 # --------------------------------------------------------------------------- units

@@ -229,10 +229,12 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
 def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
                     rank: int | None = None, alternatives: dict | None = None,
-                    input_kind: str | None = "fsdp2") -> list[Finding]:
+                    input_kind: str | None = "fsdp2", units: list[str] | None = None) -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
     model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (model.INPUT_KINDS):
-    sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device."""
+    sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device.
+    ``units``: the model's FSDP units (blocks), those keeping the most activations first; the activation
+    advice names blocks only when the input has them (an FSDP input, or units a snapshot's frames show)."""
     out: list[Finding] = []
     if breakdown is None or breakdown.empty:
         return out
@@ -249,10 +251,20 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "memory", rank))
     act = get(MC.ACTIVATION)
     if act >= ACTIVATIONS_DOMINATE_PCT:
+        if units:
+            named = ", ".join(units[:3]) + (" ..." if len(units) > 3 else "")
+            advice = (f"activation checkpointing of the FSDP units that keep the most ({named}), a smaller "
+                      f"micro-batch, or sequence parallelism; sharding does not reduce activations")
+        elif input_kind in model.FSDP_KINDS:
+            advice = ("activation checkpointing of the FSDP units (the model's blocks), a smaller micro-batch, or "
+                      "sequence parallelism; sharding does not reduce activations")
+        else:   # nothing says the model has blocks: advice for any model
+            advice = ("a smaller micro-batch (gradient accumulation keeps the global batch), or activation "
+                      "checkpointing (torch.utils.checkpoint) of the modules whose forward keeps the most; "
+                      "sharding does not reduce activations")
         out.append(Finding("activations_dominate", "medium", f"Activations are {act:.1f}% of memory at the peak",
-                           "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT,
-                           "activation checkpointing of the transformer blocks, a smaller micro-batch, or "
-                           "sequence parallelism; sharding does not reduce activations", "memory", rank))
+                           "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT, advice,
+                           "memory", rank))
     unsh = get(MC.UNSHARDED_PARAM)
     if unsh >= UNSHARDED_PARAM_PCT and input_kind in model.FSDP_KINDS:
         out.append(Finding("unsharded_params_large", "medium",
@@ -274,10 +286,18 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "fragmentation_pct", float(fragmentation_pct), "%", FRAGMENTATION_PCT,
                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "memory", rank))
     if coverage_pct is not None and coverage_pct == coverage_pct and coverage_pct < COVERAGE_LOW_PCT:
+        before, other = get(MC.BEFORE_RECORDING.value), get(MC.OTHER.value)
+        rest = []
+        if before > 0:
+            rest.append(f"{before:.1f}% was allocated before recording (alive before the allocation history began: "
+                        f"start torch.cuda.memory._record_memory_history before the model is built, or record with "
+                        f"fsdpprof record, whose inventory names parameters and optimizer state by address)")
+        if other > 0 or not rest:
+            rest.append(f"{other:.1f}% is other (no frame, tag or inventory names it: record with the inventory "
+                        f"(fsdpprof record) so parameters, gradients and optimizer state are matched by address)")
         out.append(Finding("low_attribution", "info", f"Only {coverage_pct:.1f}% of the peak has a named category",
-                           "coverage_pct", float(coverage_pct), "%", COVERAGE_LOW_PCT,
-                           "the rest is 'other': record with the inventory (fsdpprof record) so parameters, "
-                           "gradients and optimizer state are matched by address", "memory", rank))
+                           "coverage_pct", float(coverage_pct), "%", COVERAGE_LOW_PCT, "; ".join(rest), "memory",
+                           rank))
     return out
 
 
@@ -350,3 +370,42 @@ def sort_findings(items: list[Finding]) -> list[Finding]:
         return (1, order.get(f.severity, 3), -abs(f.value if f.value == f.value else 0))
 
     return sorted(items, key=key)
+
+
+PLACE_COLUMNS = ["number", "rank", "start_us", "end_us"]
+
+
+def finding_places(items: list[Finding], ranks, step_windows: pd.DataFrame | None,
+                   exposed_spans: pd.DataFrame | None, peak_ts_us: dict | None) -> pd.DataFrame:
+    """Where on a rank's clock (µs) each finding points (``number``: its position in ``items`` from 1, as
+    summary.json's ``findings`` list holds them): a memory finding at the rank's memory peak; an exposed
+    collective at the longest exposed span of that collective (any collective for the total); anything else at
+    the rank's longest step (``step_windows``: rank, step, start_us, end_us).  ``rank`` is the finding's, else
+    the first of ``ranks``; a finding with nowhere to go is left out."""
+    ranks = sorted(int(r) for r in ranks)
+    rows = []
+    win = step_windows if step_windows is not None and len(step_windows) else None
+    exp = exposed_spans if exposed_spans is not None and len(exposed_spans) else None
+    for i, f in enumerate(items, start=1):
+        r = int(f.rank) if f.rank is not None and int(f.rank) in ranks else (ranks[0] if ranks else None)
+        if r is None:
+            continue
+        place = None
+        if f.section == "memory" and peak_ts_us and peak_ts_us.get(r) is not None:
+            place = (peak_ts_us[r], peak_ts_us[r])
+        elif f.id.startswith("exposed_") and exp is not None:
+            e = exp[exp["rank"] == r]
+            coll = next((c for c in model.COLLECTIVES if f.id.startswith(f"exposed_{c}_")), None)
+            if coll is not None:
+                e = e[e["collective"] == coll]
+            if len(e):
+                k = (e["end_us"] - e["start_us"]).to_numpy().argmax()
+                place = (float(e["start_us"].iat[k]), float(e["end_us"].iat[k]))
+        if place is None and win is not None:
+            w = win[win["rank"] == r]
+            if len(w):
+                k = (w["end_us"] - w["start_us"]).to_numpy().argmax()
+                place = (float(w["start_us"].iat[k]), float(w["end_us"].iat[k]))
+        if place is not None:
+            rows.append((i, r, place[0], place[1]))
+    return pd.DataFrame(rows, columns=PLACE_COLUMNS)

@@ -69,17 +69,45 @@ def peak_rank(a) -> int | None:
     return min(r for r, v in peaks.items() if v == top)
 
 
+def oom_rank(a) -> int | None:
+    """The rank whose snapshot ended in an out-of-memory error (the peak rank when it did, else the smallest such
+    rank); None when none did."""
+    ooms = [r for r, m in sorted((a.memory or {}).items()) if getattr(m, "oom", None)]
+    if not ooms:
+        return None
+    r = peak_rank(a)
+    return r if r in ooms else ooms[0]
+
+
+def oom_headline(a) -> dict | None:
+    """The out-of-memory error a person must read first (:func:`oom_rank`), or None: rank, device (the CUDA device
+    index), requested_bytes, free_bytes, short_bytes, stage, unit, fragmentation_decides and the first change of its
+    advice (change, saves_bytes, enough, cost), from the rank's ``memory.oom`` (analyze.memory.oom.explain_oom)."""
+    r = oom_rank(a)
+    if r is None:
+        return None
+    o = a.memory[r].oom
+    first = (o.get("suggestions") or [None])[0] or {}
+    return {"rank": int(r), "device": o.get("device"), "requested_bytes": o.get("requested_bytes"),
+            "free_bytes": o.get("free_bytes"), "short_bytes": o.get("short_bytes"), "stage": o.get("stage"),
+            "unit": o.get("unit"), "fragmentation_decides": o.get("fragmentation_decides"),
+            "change": first.get("change"), "saves_bytes": first.get("saves_bytes"), "enough": first.get("enough"),
+            "cost": first.get("cost")}
+
+
 def headline(a) -> dict:
     """The report's headline numbers of an Analysis: peak_bytes (of ``peak_rank``),
     model_states_theory_bytes / model_states_measured_bytes and their share of the peak, the step split
-    (step_split), ``idle_is_host`` (True on a CPU trace: idle is host time outside operators) and the
-    first finding's title and severity."""
+    (step_split), ``idle_is_host`` (True on a CPU trace: idle is host time outside operators), the
+    first finding's title and severity, and ``oom`` (:func:`oom_headline`: what comes before everything else)."""
     o, t = a.overview, a.theory or {}
-    d: dict = {"peak_bytes": math.nan, "peak_rank": None, "peak_stage": None}
+    d: dict = {"oom": oom_headline(a), "peak_bytes": math.nan, "peak_rank": None, "peak_device": None,
+               "peak_stage": None}
     r = peak_rank(a)
     if r is not None and a.memory[r].peak_allocated_bytes == a.memory[r].peak_allocated_bytes:
         m = a.memory[r]
-        d.update(peak_bytes=float(m.peak_allocated_bytes), peak_rank=int(r), peak_stage=m.peak_stage)
+        d.update(peak_bytes=float(m.peak_allocated_bytes), peak_rank=int(r), peak_stage=m.peak_stage,
+                 peak_device=getattr(m, "device", None))
     ms = t.get("model_states") or {}
     d["model_states_label"] = ms.get("label")
     d["model_states_formula"] = ms.get("formula")

@@ -148,6 +148,7 @@ class FastInstant(PhaseEvent, tag="i"):
 
     cat: ClassVar[Any] = OTHER_CAT   # (not decoded: tells instants and metadata apart in one pass, see add_fast)
     name: Any = ""
+    pid: Any = None
     ts: float = float("nan")
     args: FastArgs | None = None
 
@@ -332,6 +333,7 @@ class RawTrace:
     meta: dict
     thread_names: dict = field(default_factory=dict)
     defects: dict = field(default_factory=dict)      # kind -> events left out or changed (defect_warnings)
+    memory_pids: np.ndarray | None = None            # the process id of each row of memory_events (split_by_pid)
 
     @property
     def comm_args(self) -> pd.DataFrame:
@@ -608,7 +610,7 @@ class _Columns:
                 if e.name == "[memory]" and e.args is not None:
                     a = e.args
                     self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
-                                          a.device_type, a.device_id))
+                                          a.device_type, a.device_id, _thread_key(e.pid, None)[0]))
             elif e.name == "thread_name":
                 if e.args is not None and e.args.name is not None:
                     self.thread_names[_thread_key(e.pid, e.tid)] = as_text(e.args.name)
@@ -621,7 +623,7 @@ class _Columns:
                     a = _decode_args(_ARGS_DEC, e.args)
                     if a is not None:
                         self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
-                                              a.device_type, a.device_id))
+                                              a.device_type, a.device_id, _thread_key(e.pid, None)[0]))
             elif ph == "M" and e.name == "thread_name":
                 a = _decode_args(_ARGS_DEC, e.args)
                 if a is not None and a.name is not None:
@@ -1247,7 +1249,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
         if val is not None:
             meta[key] = val
     arrays = cols.arrays()
-    mem = _memory_frame(cols.mem_rows, cols.defects)
+    mem, mem_pids = _memory_frame(cols.mem_rows, cols.defects)
     if len(arrays["ts_us"]) == 0 and not len(mem):
         left_out = sum(v for k, v in cols.defects.items() if k in _LEFT_OUT)
         raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events"
@@ -1256,7 +1258,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
     check_distributed_info(meta, cols.defects)
     meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
-                    thread_names=cols.thread_names, defects=cols.defects)
+                    thread_names=cols.thread_names, defects=cols.defects, memory_pids=mem_pids)
 
 
 def _device_type(arrays: dict, meta: dict) -> str:
@@ -1299,8 +1301,8 @@ def _raise_no_events_key(path: str, buf: bytes) -> None:
     raise UserError(f"trace {path} has no 'traceEvents' key; is it a PyTorch profiler chrome trace?")
 
 
-def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
-    """[memory] events as model.MEMORY_EVENT_COLUMNS.  Events whose time, address or size is missing,
+def _memory_frame(rows: list[tuple], defects: dict) -> tuple[pd.DataFrame, np.ndarray]:
+    """([memory] events as model.MEMORY_EVENT_COLUMNS, the process id of each row).  Events whose time, address or size is missing,
     not an integer or implausible (beyond TIME_MAX_US / MEMORY_BYTES_MAX) and exact duplicates (same time,
     address, size, totals and device) are left out, counted in ``defects``; other bad fields read as 0."""
     cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
@@ -1321,9 +1323,11 @@ def _memory_frame(rows: list[tuple], defects: dict) -> pd.DataFrame:
     if dup is not None:
         defects["duplicate_memory"] = defects.get("duplicate_memory", 0) + int(np.count_nonzero(dup))
         ok &= ~dup
+    pids = np.array(list(columns[7]) if rows else [], dtype=object)
     if not ok.all():
         out = {c: v[ok] for c, v in out.items()}
-    return frame_of(out, model.MEMORY_EVENT_COLUMNS)
+        pids = pids[ok]
+    return frame_of(out, model.MEMORY_EVENT_COLUMNS), pids
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -1341,3 +1345,46 @@ def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
             int(v) if type(v) is float and v.is_integer() and info.min <= v <= info.max else None for v in values]
     valid = np.fromiter((v is not None for v in ints), dtype=bool, count=len(ints))
     return np.fromiter((0 if v is None else v for v in ints), dtype=dtype, count=len(ints)), valid
+
+
+def split_by_pid(rt: RawTrace, pids: list) -> dict:
+    """A decoded trace cut into one RawTrace per process id in ``pids`` (a merged timeline: each rank one
+    process): its duration events, [memory] events and thread names, codes renumbered as a trace of that process
+    alone would have them; the defects counted once, on the first part.  pid -> RawTrace."""
+    cols = rt.cols
+    out = {}
+    pid_col = cols["pid"]
+    for i, pid in enumerate(pids):
+        rows = np.flatnonzero(np.fromiter((p == pid for p in pid_col.tolist()), dtype=bool, count=len(pid_col)))
+        part = _take_rows(cols, rows)
+        keep = {int(r): k for k, r in enumerate(rows.tolist())}
+        comm = [(keep[r[0]],) + tuple(r[1:]) for r in rt.comm_rows if r[0] in keep]
+        mem_rows = np.flatnonzero(np.fromiter((p == pid for p in rt.memory_pids.tolist()), dtype=bool,
+                                              count=len(rt.memory_pids))) if rt.memory_pids is not None else []
+        mem = rt.memory_events.iloc[mem_rows].reset_index(drop=True)
+        meta = dict(rt.meta)
+        meta["device_type"] = _device_type(part, meta)
+        out[pid] = RawTrace(path=rt.path, cols=part, comm_rows=comm, memory_events=mem, meta=meta,
+                            thread_names={k: v for k, v in rt.thread_names.items() if k[0] == pid},
+                            defects=dict(rt.defects) if i == 0 else {}, memory_pids=rt.memory_pids[mem_rows]
+                            if rt.memory_pids is not None else None)
+    return out
+
+
+def _compact(codes: np.ndarray, labels: list) -> tuple[np.ndarray, list]:
+    """Codes into ``labels`` renumbered to the labels they use, in order of first use."""
+    used, first = np.unique(codes, return_index=True)
+    order = used[np.argsort(first, kind="stable")]
+    remap = np.zeros(max(len(labels), 1), dtype=codes.dtype)
+    remap[order] = np.arange(len(order), dtype=codes.dtype)
+    return remap[codes] if len(codes) else codes, [labels[i] for i in order.tolist()]
+
+
+def _take_rows(cols: dict, rows: np.ndarray) -> dict:
+    """RawTrace.cols of the given rows, as the decoder makes them for a trace of those rows alone."""
+    out = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in cols.items()
+           if k not in ("name_cats", "cat_cats", "tid_values")}
+    out["name"], out["name_cats"] = _compact(out["name"], list(cols["name_cats"]))
+    out["cat"], out["cat_cats"] = _compact(out["cat"], list(cols["cat_cats"]))
+    out["tid_code"], out["tid_values"] = _compact(out["tid_code"], list(cols["tid_values"]))
+    return out

@@ -10,7 +10,7 @@ import pandas as pd
 
 from fsdpprof.analyze.load.gc_pause import gc_paused
 from fsdpprof.analyze.trace import classify, labels
-from fsdpprof.analyze.trace.decode import decode_trace, defect_warnings
+from fsdpprof.analyze.trace.decode import decode_trace, defect_warnings, split_by_pid
 from fsdpprof.errors import unexpected_as_user_error
 
 
@@ -36,8 +36,27 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
         return _load_trace(path, rank, progress, max_bytes)
 
 
+def load_trace_parts(path: str, parts: dict, *, progress: bool | None = None,
+                     max_bytes: int | None = None) -> dict:
+    """A merged timeline (``fsdpprof timeline``): decoded once, each rank's process loaded as that rank's trace.
+    ``parts``: pid -> (rank, the trace metadata of that rank: distributedInfo, ...).  Returns rank -> TraceData;
+    bad input raises UserError as :func:`load_trace`."""
+    path = os.fspath(path)
+    with unexpected_as_user_error(f"trace {path}"), gc_paused():
+        rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
+        out = {}
+        for pid, part in split_by_pid(rt, list(parts)).items():
+            rank, meta = parts[pid]
+            part.meta = {**part.meta, **meta}
+            out[rank] = _trace_data(part, rank)
+        return out
+
+
 def _load_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None) -> TraceData:
-    rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
+    return _trace_data(decode_trace(path, progress=progress, max_bytes=max_bytes), rank)
+
+
+def _trace_data(rt, rank: int | None) -> TraceData:
     warnings: list[str] = defect_warnings(rt.path, rt.defects)
     dist = rt.meta.get("distributedInfo") or {}
     if rank is None:

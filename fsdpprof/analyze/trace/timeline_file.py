@@ -1,0 +1,113 @@
+"""The merged timeline that ``fsdpprof timeline`` writes, as an input: what marks it, and each rank's part.
+
+The file is a chrome trace (gzip) whose first key is ``otherData`` holding ``schema`` (TIMELINE_SCHEMA) and per
+rank its process id, the offset (µs) subtracted from its times and its own trace metadata (distributedInfo,
+deviceProperties, ...).  Each rank is one process: its original events (process ids replaced, times shifted)
+and fsdpprof's tracks, every one of category TRACK_CAT on threads from TRACK_TID_BASE on (the decoder keeps
+no event of that category, so an analysis of the file sees the original events only).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+
+from fsdpprof.errors import UserError
+
+TIMELINE_SCHEMA = "fsdpprof.timeline/1"
+META_KEY = "otherData"              # chrome-trace's own key for a trace's metadata
+PARTS_KEY = "fsdpprofParts"          # after the events: per rank its threads' original process ids, process metadata
+TRACK_CAT = "fsdpprof"              # the category of every event fsdpprof adds
+TRACK_TID_BASE = 2_000_000_000      # the thread ids of fsdpprof's tracks (beyond any thread or stream id)
+_MARK = re.compile(rb'\s*\{\s*"otherData"\s*:\s*\{\s*"schema"\s*:\s*"fsdpprof\.timeline/([0-9]+)"')
+HEAD_MAX_BYTES = 64 << 20           # the metadata must end within this many bytes of JSON
+# a rank's own trace metadata, kept per rank in otherData (what the rank's analysis reads of it)
+TRACE_META_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
+
+
+def _open(path: str):
+    fh = open(path, "rb")
+    if fh.read(2) == b"\x1f\x8b":
+        fh.seek(0)
+        return gzip.GzipFile(fileobj=fh)
+    fh.seek(0)
+    return fh
+
+
+def is_timeline(head: bytes) -> bool:
+    """The first bytes of a file's JSON are those of a merged timeline."""
+    return bool(_MARK.match(head))
+
+
+def timeline_meta(path: str) -> dict | None:
+    """The ``otherData`` of a merged timeline, or None when ``path`` is not one (or cannot be read: the
+    trace's own parse says why).  UserError for a timeline of a newer schema, or one whose metadata is cut."""
+    try:
+        with _open(path) as src:
+            head = src.read(4096)
+            m = _MARK.match(head)
+            if not m:
+                return None
+            if int(m.group(1)) > 1:
+                raise UserError(f"{path} is a timeline of a newer fsdpprof (schema fsdpprof.timeline/{m.group(1)}); "
+                                f"upgrade fsdpprof")
+            start = head.index(b"{", head.index(b'"otherData"'))
+            dec = json.JSONDecoder()
+            while True:
+                try:
+                    meta, _ = dec.raw_decode(head[start:].decode("utf-8", "replace"))
+                    break
+                except ValueError:
+                    more = src.read(max(len(head), 1 << 20))
+                    if not more or len(head) > HEAD_MAX_BYTES:
+                        raise UserError(f"{path}: its timeline metadata is cut or not valid JSON; write it again "
+                                        f"with fsdpprof timeline") from None
+                    head += more
+    except (OSError, EOFError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def rank_parts(meta: dict) -> list[dict]:
+    """The ranks of a timeline's metadata: rank, pid, label, offset_us, trace (the rank's trace metadata)."""
+    out = []
+    for p in meta.get("ranks") or []:
+        if isinstance(p, dict) and isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int):
+            out.append(p)
+    return out
+
+
+def write_rank_part(path: str, part: dict, out_path: str) -> None:
+    """One rank's original events of a merged timeline as a trace file of their own (gzip), as its profiler
+    wrote it but on the timeline's clock: its process ids, process metadata, distributedInfo and other metadata
+    back; fsdpprof's tracks left out.  What HTA (one file per rank) reads.  ``part``: an entry of
+    :func:`rank_parts` (rank, pid, trace)."""
+    import msgspec
+
+    with _open(path) as src:
+        doc = msgspec.json.decode(src.read())
+    pid = part["pid"]
+    events = [e for e in doc.get("traceEvents") or []
+              if isinstance(e, dict) and e.get("pid") == pid and e.get("cat") != TRACK_CAT
+              and not (isinstance(e.get("tid"), int) and e["tid"] >= TRACK_TID_BASE)
+              and not (e.get("ph") == "M" and e.get("name") in ("process_name", "process_labels",
+                                                                 "process_sort_index"))]
+    # the original process ids and process metadata back (HTA tells the host from the device by them)
+    kept = ((doc.get(PARTS_KEY) or {}) if isinstance(doc.get(PARTS_KEY), dict) else {}).get(str(part.get("rank")))
+    if isinstance(kept, dict):
+        pids = {t: p for t, p in kept.get("pids") or [] if type(t) in (int, str)}
+        for e in events:
+            if e.get("tid") in pids:
+                e["pid"] = pids[e["tid"]]
+        for k, (at, e) in enumerate(x for x in kept.get("process_events") or []
+                                    if isinstance(x, list) and len(x) == 2 and type(x[0]) is int):
+            events.insert(at + k, e)
+    meta = part.get("trace") or {}
+    head = {k: meta[k] for k in TRACE_META_KEYS if k in meta}
+    tmp = out_path + ".part"
+    with gzip.open(tmp, "wb", compresslevel=1) as fh:
+        # the metadata as json writes it ('"rank": 3', with the blank HTA's reader looks for), then the events
+        fh.write(json.dumps(head)[:-1].encode() + (b", " if head else b"") + b'"traceEvents": '
+                 + msgspec.json.encode(events) + b"}")
+    os.replace(tmp, out_path)
