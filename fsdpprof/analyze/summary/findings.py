@@ -286,7 +286,7 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                            "fragmentation_pct", float(fragmentation_pct), "%", FRAGMENTATION_PCT,
                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "memory", rank))
     if coverage_pct is not None and coverage_pct == coverage_pct and coverage_pct < COVERAGE_LOW_PCT:
-        before, other = get(MC.BEFORE_RECORDING.value), get(MC.OTHER.value)
+        before, other = get(MC.BEFORE_RECORDING), get(MC.OTHER)
         rest = []
         if before > 0:
             rest.append(f"{before:.1f}% was allocated before recording (alive before the allocation history began: "
