@@ -32,7 +32,6 @@ NOT_THE_CONCEPT = {
     ("report/compare_page.py", "data"): (1, "plotly's error-bar type 'data'"),
     ("report/overview.py", "input"): (1, "the Overview table's row naming the input path"),
     ("report/timeline.py", "input"): (1, "the timeline file's field naming the input path"),
-    ("report/page.py", "other"): (1, "the words the page shows for the category 'other'"),
     ("analyze/summary/theory.py", "param"): (1, "a spelling of --offload params"),
     ("analyze/summary/theory.py", "optimizer"): (4, "--offload optimizer, and " + _OPTIMIZER_KEY),
     ("analyze/summary/model_states.py", "optimizer"): (1, _OPTIMIZER_KEY),

@@ -36,7 +36,7 @@ from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
-from fsdpprof.analyze.summary.headline import peak_rank
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -622,7 +622,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             a.comm_outside_steps = _outside_steps(a.comm_phase)
         a.traffic = _traffic_vs_theory(_concat(r.traffic for r in traced), a.theory)
         if a.steps is not None and "step_us" in a.steps:
-            a.overview["step_time_us"] = float(a.steps["step_us"].median())
+            a.overview["step_time_us"] = step_medians(a.steps)["step_us"]   # the headline's rule (each rank's mean, median over ranks)
             a.overview["steps_analysed"] = int(a.steps["step"].nunique())
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops

@@ -18,7 +18,7 @@ def spread_of(c, run: str, metric: str) -> tuple[float, float]:
 
 
 def _ratio_text(x) -> str:
-    return "-" if is_missing(x) else f"{float(x):.2f}×"
+    return "" if is_missing(x) else f"{float(x):.2f}×"
 
 
 def promise_section(c, page: Page) -> str:

@@ -87,7 +87,7 @@ def run_numbers(a: Analysis) -> dict:
     is highest (``peak_rank``, what a run must fit), by category and by role; times per step, the median over
     ranks of each rank's mean, with the slowest rank."""
     o, t = a.overview, a.theory or {}
-    d = {"strategy": o.get("strategy") or "-", "framework": o.get("framework") or "-",
+    d = {"strategy": o.get("strategy"), "framework": o.get("framework"),
          "world_size": o.get("world_size"), "psi": o.get("psi")}
     r = peak_rank(a) if a.memory else None
     m = a.memory[r] if r is not None else None
@@ -139,7 +139,7 @@ def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
     for a, n, name in zip(analyses, nums, names):
         o = a.overview
         said = o.get("description") or model.describe_input(o.get("input_kind"), o.get("strategy"), o.get("world_size"))
-        base = said if n["strategy"] != "-" else f"{name} ({said})"
+        base = said if n["strategy"] else f"{name} ({said})"
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
     return labels
@@ -277,7 +277,7 @@ def _ms(x) -> str:
 
 def _on(row) -> str:
     n = row["world_size"]
-    if row["strategy"] == "-":
+    if not row["strategy"]:
         return str(row["run"])
     return f"{row['strategy']} on {n} rank{'' if n == 1 else 's'}"
 

@@ -4,7 +4,8 @@
 FSDP in stack frames, units and their order), ``collectives`` (types, name prefixes, ring / bus / wire
 factors), ``memory`` (memory categories, their names when nothing is sharded, the peak sweep), ``dtypes``
 (dtype sizes, byte formatting), ``strategy`` (strategy names, the one alias table, ZeRO stages), ``inputs``
-(what an input is and how every command describes it). Each name is importable from here
+(what an input is and how every command describes it), ``words`` (memory categories in words, the
+percentage format). Each name is importable from here
 (``from fsdpprof.analyze import model``; ``model.STAGE_FORWARD``). Stage names and inventory roles are the
 run-directory format's (:mod:`fsdpprof.runfmt`), which ``collect`` shares.
 
@@ -54,6 +55,7 @@ from fsdpprof.analyze.model.fsdp import *  # noqa: F401,F403
 from fsdpprof.analyze.model.inputs import *  # noqa: F401,F403
 from fsdpprof.analyze.model.memory import *  # noqa: F401,F403
 from fsdpprof.analyze.model.strategy import *  # noqa: F401,F403
-from fsdpprof.analyze.model import collectives, dtypes, events, fsdp, inputs, memory, strategy  # noqa: E402
+from fsdpprof.analyze.model.words import *  # noqa: F401,F403
+from fsdpprof.analyze.model import collectives, dtypes, events, fsdp, inputs, memory, strategy, words  # noqa: E402
 
-__all__ = sorted({n for m in (collectives, dtypes, events, fsdp, inputs, memory, strategy) for n in m.__all__})
+__all__ = sorted({n for m in (collectives, dtypes, events, fsdp, inputs, memory, strategy, words) for n in m.__all__})

@@ -16,6 +16,7 @@ from fsdpprof import runfmt
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.summary import theory
+from fsdpprof.analyze.summary.headline import peak_rank_of
 
 
 def measured_model_states(inv: dict) -> dict:
@@ -124,7 +125,8 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
                     "the inventory, taken at the optimizer step, sees the sharded parameters (k_p Psi / N = "
                     f"{theory.fmt_bytes(ms.param_bytes / n_for)}) where ZeRO-2's formula counts k_p Psi = "
                     f"{theory.fmt_bytes(ms.param_bytes)}"
-                    + (f"; at the peak the unsharded parameters are there ({theory.fmt_bytes(un)} unsharded_param)."
+                    + (f"; at the peak the unsharded parameters are there ({theory.fmt_bytes(un)} "
+                       f"{model.category_words(MC.UNSHARDED_PARAM)})."
                        if un is not None else "."))
     elif abs(meas_total - ms.total_bytes) > 0.001 * ms.total_bytes:
         expl.append("shards are padded so every rank holds ceil(numel / N) elements of each parameter; "
@@ -132,7 +134,9 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     t["measured_model_states_bytes"] = float(meas_total)
     t["model_states_diff_bytes"] = float(meas_total - ms.total_bytes)
     t["model_states_explanation"] = " ".join(expl) or "measured and formula agree."
-    t["peak_estimate"] = _peak_estimate(inv, s, ms, pdt, memory.get(r0), r0)
+    rp = peak_rank_of(memory)
+    rp = r0 if rp is None else rp     # the measured peak of the rank the headline names (the highest)
+    t["peak_estimate"] = _peak_estimate(inv, s, ms, pdt, memory.get(rp), rp)
     return TheoryResult(theory=t, model_states=df)
 
 
@@ -179,7 +183,7 @@ def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
             for cat in (MC.UNSHARDED_GRAD.value, MC.TEMPORARY.value, MC.INPUT.value, MC.BEFORE_RECORDING.value,
                         MC.OTHER.value):
                 if float(bd.get(cat, 0)) > 0:
-                    left.append(f"{cat} {theory.fmt_bytes(bd.get(cat))}")
+                    left.append(f"{model.category_words(cat)} {theory.fmt_bytes(bd.get(cat))}")
             if float(bd.get(MC.UNSHARDED_PARAM.value, 0)) > est.max_unit_unsharded_bytes * 1.05:
                 left.append(f"unsharded params of more than one unit ({theory.fmt_bytes(bd.get(MC.UNSHARDED_PARAM.value))}: "
                             f"prefetch or no reshard after forward keeps several units gathered)")

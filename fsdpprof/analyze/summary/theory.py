@@ -298,7 +298,8 @@ def fsdp_peak_estimate(model_states_bytes: float, unit_numel: dict[str, float], 
         best_unsharded, best_a, best = 0.0, a, a
     est = model_states_bytes + best
     sub = (f"{_fmt(model_states_bytes)} + ({_fmt(k_unsharded)} * {_fmt(best_unsharded / k_unsharded if k_unsharded else 0)}"
-           f" + {_fmt(best_a)})  [unit {best_u!r}]")
+           f" + {_fmt(best_a)})" + ("" if best_u is None else
+                                    f"  [unit {model.ROOT_UNIT_TEXT if best_u == model.ROOT_UNIT else best_u}]"))
     form = ("model_states / rank + max_l (k_param_unsharded * Psi_l + A_l)" if isinstance(activations, dict) else
             "model_states / rank + max_l (k_param_unsharded * Psi_l) + A   (A = activations alive at the measured peak)")
     return PeakEstimate(form, sub, model_states_bytes,

@@ -196,6 +196,10 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
             raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards nothing (use --strategy HYBRID_SHARD)")
         k = 1
     elif s == HYBRID_SHARD:
+        groups = [k for k in range(2, n) if n % k == 0]
+        if not groups:
+            raise UserError(f"HYBRID_SHARD does not apply at world size {n}: it needs a shard group K that divides "
+                            f"the world size with 1 < K < {n}, and {n} has none")
         if shard_group is not None:
             k = _positive_int(shard_group, "--shard-group")
         elif source.strategy == HYBRID_SHARD and n == source.world_size:
@@ -203,8 +207,8 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
         elif source.hosts > 1 and source.ranks_per_host and n % source.ranks_per_host == 0:
             k = source.ranks_per_host
         else:
-            raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K (K divides the world size {n}, "
-                            f"1 < K < {n}), e.g. the GPUs of one node")
+            raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K, one of "
+                            f"{', '.join(map(str, groups))} (K divides the world size {n}), e.g. the GPUs of one node")
         if n % k or not 1 < k < n:
             raise UserError(f"--shard-group {k} must divide the world size {n} and lie strictly between 1 and {n} "
                             f"(K = {n} is FULL_SHARD, K = 1 is NO_SHARD)")
