@@ -86,8 +86,9 @@ def _unit_text(u) -> str:
 
 
 def _words(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
-    """The frame with its vocabulary columns (collective, stage, fsdp_phase, kind) in words (page.value_label)."""
-    return df.assign(**{c: df[c].map(lambda v, c=c: value_label(c, v)) for c in cols if c in df})
+    """The frame with its vocabulary columns (collective, stage, fsdp_phase, kind) in words (page.value_label); a
+    key the diff filled in for a missing one (NO_UNIT) is an empty cell."""
+    return df.assign(**{c: df[c].map(lambda v, c=c: "" if v == NO_UNIT else value_label(c, v)) for c in cols if c in df})
 
 
 def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
@@ -232,7 +233,8 @@ def diff_text(c) -> str:
             r = cm.loc[cm["diff_exposed_comm_us"].abs().idxmax()]
             where = ", ".join(x for x in (value_label("collective", r["collective"]),
                                           f"in {value_label('stage', r['stage'])}" if not is_missing(r["stage"]) else "",
-                                          value_label("fsdp_phase", r["fsdp_phase"]), _unit_text(r["unit"])) if x)
+                                          "" if r["fsdp_phase"] == NO_UNIT else value_label("fsdp_phase", r["fsdp_phase"]),
+                                          _unit_text(r["unit"])) if x)
             lines.append(f"    communication: largest change in exposed time: {where} "
                          f"{_signed(fmt_us, r['diff_exposed_comm_us'])}")
         o = d.ops[d.ops["run"] == run] if len(d.ops) else d.ops

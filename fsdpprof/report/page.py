@@ -152,7 +152,7 @@ def value_label(col: str, v) -> str:
     if col == "kind":
         return " / ".join(KIND_LABELS.get(k, k) for k in s.split("/"))
     if col == "collective":
-        return s.replace("_", "-")
+        return model.collective_words(s)
     if col == "source":
         return SOURCE_LABELS.get(s, s.replace("_", " "))
     if col in ("stage", "peak_stage"):
@@ -239,7 +239,7 @@ def fmt_us_spread(value, lo, hi) -> str:
     """A time (µs) with its min–max in one unit: "542 ms (455–615)"; the time alone without a spread."""
     if is_missing(value):
         return MISSING
-    if is_missing(lo) or is_missing(hi):
+    if is_missing(lo) or is_missing(hi) or float(lo) == float(hi):
         return fmt_us(value)
     top = max(abs(float(hi)), abs(float(value)))
     scale, unit = (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")

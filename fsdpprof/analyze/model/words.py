@@ -1,4 +1,4 @@
-"""The words every output says for the vocabulary (memory categories) and the one percentage format: the page,
+"""The words every output says for the vocabulary (memory categories, collectives) and the one percentage format: the page,
 the terminal and the sentences the analyses write (findings, explanations) read the same."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 from fsdpprof.analyze.model.memory import MemoryCategory as MC
 
-__all__ = ["CATEGORY_WORDS", "category_words", "fmt_pct", "MISSING_WORD"]
+__all__ = ["CATEGORY_WORDS", "category_words", "collective_words", "fmt_pct", "MISSING_WORD"]
 
 MISSING_WORD = "unknown"          # what a sentence or a cell says for a value that is not there
 
@@ -22,6 +22,11 @@ def category_words(category) -> str:
     """A memory category in words ("optimizer states"); an unknown one with its underscores as spaces."""
     s = str(getattr(category, "value", category))
     return CATEGORY_WORDS.get(s, s.replace("_", " "))
+
+
+def collective_words(collective) -> str:
+    """A collective type as words: all_gather -> all-gather, reduce_scatter -> reduce-scatter."""
+    return str(getattr(collective, "value", collective)).replace("_", "-")
 
 
 def fmt_pct(x, missing: str = MISSING_WORD) -> str:
