@@ -26,7 +26,7 @@ judge a 20 % goal. With the fit of 2026-12-01 (latency at most the fastest call 
 three pools of 10-13 (a 2-core Xeon). On a 2-core AMD EPYC, where FSDP's own CPU work takes 2-3.5x as long
 (2026-12-01, 8 repeats, about 21 minutes): 66/81 with the Xeon's documented figures, 80/81 with figures scaled
 to the run's machine (timing.machine_factor) on a set not used to measure them; with gloo's reduce-scatter timed
-as the all-reduce it runs (vocab.wire_factor; 2026-12-02), 81/81 on that set, on the two sets before it (81/81
+as the all-reduce it runs (model.wire_factor; 2026-12-02), 81/81 on that set, on the two sets before it (81/81
 of 8 repeats, 16/16 of 4 strategies x 6) and on a fresh one (81/81, worst x1.17; 78/81, worst x1.27, before).
 ``--reuse`` predicts from recordings made before, and pools those of several ``--out`` folders (every
 ``<strategy>-<n>`` in each). ``--components`` prints the matrix for each part of the step too (compute, exposed

@@ -38,6 +38,23 @@ RANK_FILES = (MANIFEST_JSON, RANK_JSON, TRACE_FILE, INVENTORY_JSON, SNAPSHOT_FIL
 RANK_TEMP_RE = re.compile(r"\.trace\.\d+\.tmp\.json(\.gz|\.tmp)?$|\.(" + "|".join(
     re.escape(n) for n in RANK_FILES) + r")\.\d+\.[0-9a-f]+\.tmp$")
 
+# Stages of a training step (the analysis labels every event and allocation with one). collect tags the CUDA
+# memory history with forward / backward / optimizer (``phase=<stage>``), so both sides take the names from here.
+STAGE_DATA = "data"              # in a step, before its forward (data loading, host-to-device copies), and the
+                                 # collectives between the end of its forward and its backward (input
+                                 # distribution: TorchRec's sparse data all-to-alls)
+STAGE_FORWARD = "forward"
+STAGE_BACKWARD = "backward"      # from the step's first backward marker
+STAGE_OPTIMIZER = "optimizer"    # from the first Optimizer.step# to the end of the last one
+STAGE_POST_STEP = "post_step"    # after the optimizer (zero_grad, logging)
+STAGE_OUTSIDE = "outside_step"   # launched outside every ProfilerStep
+STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the trace
+
+# inventory.json: the role of each tensor listed
+ROLE_PARAM = "param"
+ROLE_GRAD = "grad"
+ROLE_OPTIMIZER_STATE = "optimizer_state"
+
 # run.json status values
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
@@ -51,6 +68,8 @@ STATUS_INTERRUPTED = "interrupted"
 RANK_STEPPED_ASIDE = "stepped_aside"     # the job ran its own torch.profiler: fsdpprof recorded no trace
 RANK_NO_OPTIMIZER = "no_optimizer"
 
+# run_liveness(): whether the launchers of a run.json that says running are alive
+LIVENESS_ALIVE, LIVENESS_GONE, LIVENESS_UNKNOWN = "alive", "gone", "unknown"
 # rank.json "process_memory": the process's memory at every step of the window, and where it comes from
 RANK_PROCESS_MEMORY = "process_memory"
 PROCESS_MEMORY_NVML = "nvml"                      # this process's device memory, NVML's per-process figure

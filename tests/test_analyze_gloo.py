@@ -6,7 +6,7 @@ import pytest
 
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze.comm import skew
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import steps
 from fsdpprof.analyze.comm import volume
 from fsdpprof.analyze.load.run import load_run, run_events
@@ -26,7 +26,7 @@ def test_run_dir_loads(fsdp2_run):
     for r, rd in run.ranks.items():
         assert rd.inventory is not None and rd.info["rank"] == r
         assert rd.trace_meta["device_type"] == "cpu"
-        assert list(rd.events.columns) == vocab.EVENT_COLUMNS
+        assert list(rd.events.columns) == model.EVENT_COLUMNS
         assert (rd.events["rank"] == r).all()
         assert len(rd.memory_events) > 0 and (rd.memory_events["rank"] == r).all()
         # steps are the optimizer steps the recorder says it profiled

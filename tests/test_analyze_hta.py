@@ -24,7 +24,7 @@ from conftest import shared_data
 from hta_oracle import hta_overlap_pct
 from test_breakdowns import hta_comm_by_name
 from fsdpprof.analyze.comm import overlap
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.trace.classify import classify_arrays
 from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.trace import decode_trace
@@ -44,7 +44,7 @@ def _hta_rules(trace: str, events):
     """Our events with HTA's rounding (ceil start, floor end) and without never-launched kernels."""
     rt = decode_trace(trace)
     cats = np.asarray(rt.cols["cat_cats"], dtype=object)
-    is_rt = np.isin(cats, list(vocab.RUNTIME_CATS))[rt.cols["cat"]]
+    is_rt = np.isin(cats, list(model.RUNTIME_CATS))[rt.cols["cat"]]
     launched = set(rt.cols["correlation"][is_rt].tolist())
     c = classify_arrays(rt)
     lane = np.asarray(c["lane_cats"], dtype=object)[c["lane"]].astype(str)

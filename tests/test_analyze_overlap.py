@@ -5,7 +5,7 @@ import orjson
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 import pytest
 
 from conftest import shared_data
@@ -121,8 +121,8 @@ def test_known_overlap_gpu(tmp_path):
 
 
 def test_ring_factors():
-    """One definition (vocab.ring_factor) serves busbw (volume) and bytes on the wire (traffic)."""
-    f = vocab.ring_factor(["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
+    """One definition (model.ring_factor) serves busbw (volume) and bytes on the wire (traffic)."""
+    f = model.ring_factor(["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send_recv",
                            "barrier", None], [8, 8, 8, 8, 8, 2, 8, 8])
     assert np.allclose(f[:7], [7 / 8, 7 / 8, 14 / 8, 1, 7 / 8, 1, 0]) and np.isnan(f[7])
 
@@ -159,7 +159,7 @@ def test_dlrm_8_ranks_alignment():
     run = load_run(shared_data("gpu-traces", "param-dlrm-8rank-v100"), workers=2)
     ev = run_events(run)
     sk, lag = skew.collective_skew(skew.collective_records(ev))
-    coll = (ev["kind"] == "comm") & ~ev["collective"].isin(vocab.P2P)   # point-to-point is never matched
+    coll = (ev["kind"] == "comm") & ~ev["collective"].isin(model.P2P)   # point-to-point is never matched
     n_comm = ev[coll].groupby("rank").size()
     assert (n_comm == n_comm.iloc[0]).all()                       # every rank ran the same collectives
     assert len(sk) == n_comm.iloc[0] and (sk["n_ranks"] == 8).all()
@@ -218,13 +218,13 @@ def test_grouped_overlap_equals_a_loop_over_the_groups():
     """comm_overlap by several keys (one grouping, every group's intervals merged at once) against a plain loop:
     for each of its rows, the union of that group's comm events and its intersection with the rank's compute
     (missing keys a group of their own), on a real 8-rank GPU input; every comm event is in one row."""
-    from fsdpprof.analyze import vocab
+    from fsdpprof.analyze import model
     from fsdpprof.analyze.comm import intervals
     from fsdpprof.analyze.load.run import load_run
 
     ev = run_events(load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), progress=False))
-    comm = ev[(ev["kind"] == vocab.KIND_COMM).to_numpy()]
-    comp = ev[(ev["kind"] == vocab.KIND_COMPUTE).to_numpy()]
+    comm = ev[(ev["kind"] == model.KIND_COMM).to_numpy()]
+    comp = ev[(ev["kind"] == model.KIND_COMPUTE).to_numpy()]
     for by in (("rank", "step"), ("rank", "step", "collective", "pg"), ("rank", "stage", "fsdp_phase")):
         got = overlap.comm_overlap(ev, by=by)
         assert list(got.columns[:len(by)]) == list(by) and len(got) > 1

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import shared_data
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.trace import load as loader
 from fsdpprof.analyze.load.run import load_run, run_events
@@ -63,7 +63,7 @@ def test_chunked_decode_equals_whole_parse(rel, tmp_path, monkeypatch):
     doc = orjson.loads(raw)
     # reference counts from a generic parse (of the runtime calls, only the host's synchronisations stay)
     ref = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in trace.KEEP_CATS
-              and (e.get("cat") not in ("cuda_runtime", "cuda_driver") or e.get("name") in vocab.SYNC_CALLS))
+              and (e.get("cat") not in ("cuda_runtime", "cuda_driver") or e.get("name") in model.SYNC_CALLS))
     assert len(whole.events) == ref
     n_mem = sum(1 for e in doc["traceEvents"] if e.get("name") == "[memory]")
     assert len(whole.memory_events) == n_mem
@@ -87,8 +87,8 @@ def test_separator_inside_strings_is_not_a_boundary(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "READ_BYTES", 999)
     td = load_trace(str(_write(tmp_path / "t.json", doc, gz=False)))
     assert (td.events["name"].astype(str) == 'weird"},{"name').sum() == 400
-    assert list(td.events.columns) == vocab.EVENT_COLUMNS
-    assert list(td.memory_events.columns) == vocab.MEMORY_EVENT_COLUMNS
+    assert list(td.events.columns) == model.EVENT_COLUMNS
+    assert list(td.memory_events.columns) == model.MEMORY_EVENT_COLUMNS
     assert td.memory_events["bytes"].tolist() == [400] and td.memory_events["addr"].tolist() == [1234]
 
 
@@ -272,9 +272,9 @@ def test_sources(tmp_path):
     assert r.source == "trace_file" and r.world_size == 2 and r.ranks[0].trace_meta["device_type"] == "cuda"
     assert r.ranks[0].info["backend"] == "nccl"
     ev = run_events(r)
-    assert list(ev.columns) == vocab.EVENT_COLUMNS
-    assert set(ev["kind"].astype(str)) <= set(vocab.KINDS)
-    assert set(ev["collective"].dropna().astype(str)) <= set(vocab.COLLECTIVES)
+    assert list(ev.columns) == model.EVENT_COLUMNS
+    assert set(ev["kind"].astype(str)) <= set(model.KINDS)
+    assert set(ev["collective"].dropna().astype(str)) <= set(model.COLLECTIVES)
 
 
 def test_gpu_classification_and_sizes():
@@ -307,7 +307,7 @@ def test_gpu_classification_and_sizes():
 
 
 def test_collective_names():
-    from fsdpprof.analyze.vocab import collective_of
+    from fsdpprof.analyze.model import collective_of
     cases = {
         "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)": "all_reduce",
         "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_gather",

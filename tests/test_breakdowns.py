@@ -53,7 +53,7 @@ import pytest
 
 from conftest import shared_data
 from hta_oracle import hta_results
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown as bd
 from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.run import load_run
@@ -64,7 +64,7 @@ SINGLE = ["hta-nccl-2rank-a100/rank-0.json.gz", "hta-16rank-a100/rank-0.json.gz"
 DLRM = "param-dlrm-8rank-v100"
 POINTS = 0.5         # the goal: every percentage within this many points of HTA
 EXACT = 0.011        # with HTA's quirks applied to our events (HTA rounds temporal pct to 0.01)
-_RUNTIME_CATS = list(vocab.RUNTIME_CATS)
+_RUNTIME_CATS = list(model.RUNTIME_CATS)
 
 
 # --- helpers: our events with the launch time, and HTA's rules applied to them -----------------------
@@ -78,7 +78,7 @@ def launch_ts_us(path: str) -> tuple[np.ndarray, np.ndarray]:
     cats = np.asarray(cols["cat_cats"], dtype=object)
     names = np.asarray(cols["name_cats"], dtype=object)
     # (the runtime calls that block the host stay in the frame, as CPU ops)
-    is_rt = np.isin(cats, _RUNTIME_CATS)[cols["cat"]] & ~np.isin(names, list(vocab.SYNC_CALLS))[cols["name"]]
+    is_rt = np.isin(cats, _RUNTIME_CATS)[cols["cat"]] & ~np.isin(names, list(model.SYNC_CALLS))[cols["name"]]
     corr = cols["correlation"]
     ts = cols["ts_us"]
     rt = is_rt & (corr >= 0)
@@ -143,15 +143,15 @@ def hta_comm_by_name(ev: pd.DataFrame, rel: str) -> pd.DataFrame:
     name (launched inside a collective op) back to computation, after checking they are exactly the expected
     ones: symmetric-memory all-reduce kernels, typed all_reduce from the op that launched them."""
     names = ev["name"].astype(str)
-    other = _on_stream(ev) & (ev["kind"].astype(str) == vocab.KIND_COMM).to_numpy() & \
+    other = _on_stream(ev) & (ev["kind"].astype(str) == model.KIND_COMM).to_numpy() & \
         ~names.str.match(r"^nccl.*Kernel").to_numpy()
     assert int(other.sum()) == NON_NCCL_COMM.get(rel, 0), (rel, names[other].unique())
     if other.any():
         assert names[other].str.contains("multimem_all_reduce_kernel").all()
-        assert set(ev.loc[other, "collective"].astype(str)) == {vocab.ALL_REDUCE}
+        assert set(ev.loc[other, "collective"].astype(str)) == {model.ALL_REDUCE}
         assert not np.isnan(ev.loc[other, "launch_ts_us"].to_numpy()).any()
     kind = ev["kind"].astype(object).to_numpy().copy()
-    kind[other] = vocab.KIND_COMPUTE
+    kind[other] = model.KIND_COMPUTE
     return ev.assign(kind=pd.Categorical(kind))
 
 
@@ -202,7 +202,7 @@ def hta_cpu_ops_on_streams(ev: pd.DataFrame, path: str) -> pd.DataFrame:
         assert hit.size == 1, (name, t)
         assert not name.startswith(("nccl", "Memcpy", "Memset", "dma")) and "Sync" not in name
         ev.iloc[hit[0], ev.columns.get_loc("lane")] = lane
-        ev.iloc[hit[0], ev.columns.get_loc("kind")] = vocab.KIND_COMPUTE
+        ev.iloc[hit[0], ev.columns.get_loc("kind")] = model.KIND_COMPUTE
     return ev
 
 
@@ -321,7 +321,7 @@ MAX_POINTS: dict = {}
 def test_breakdowns_match_hta(rel, include_last):
     path = _path(rel)
     ev_all, files = ours(path)
-    assert isin(ev_all["kind"], [vocab.KIND_COMM]).any(), "every anchor trace has NCCL kernels"
+    assert isin(ev_all["kind"], [model.KIND_COMM]).any(), "every anchor trace has NCCL kernels"
     assert (rel in FLOAT_TIMES) == _float_times(files[min(files)])
     hta = hta_results(path, include_last)
     hta_exact = hta_results(path, include_last, rounding=False) if rel in FLOAT_TIMES else hta
@@ -375,7 +375,7 @@ def test_max_points_summary():
 def _frame(rows: list[tuple]) -> pd.DataFrame:
     """Events from (rank, lane, kind, name, ts_us, dur_us, launch_ts_us) rows."""
     df = pd.DataFrame(rows, columns=["rank", "lane", "kind", "name", "ts_us", "dur_us", "launch_ts_us"])
-    for c in vocab.EVENT_COLUMNS:
+    for c in model.EVENT_COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
     df["rank"] = df["rank"].astype(np.int32)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import run_fsdpprof
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.compare import runs as cmp
 from fsdpprof.analyze.compare.runs import compare_analyses
 from fsdpprof.analyze.load.run import load_run
@@ -46,7 +46,7 @@ def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
     saved = table["peak_allocated_bytes"][hi] - table["peak_allocated_bytes"][lo]
     m = re.search(r"^(\S+) on \d+ ranks? saves (.+?) per rank", c["verdict"])
     assert m and m.group(1) == table["strategy"][lo], c["verdict"]
-    assert m.group(2) == vocab.fmt_bytes(saved)
+    assert m.group(2) == model.fmt_bytes(saved)
     assert re.search(r"(more exposed communication|exposes [\d.e+-]+ ms less communication) per step", c["verdict"])
     html = out.read_text()
     assert c["verdict"].split(",")[0] in html and "verdict:" in p.stdout
@@ -59,7 +59,7 @@ def test_compare_fsdp2_vs_ddp(recorded_run, tmp_path):
     for lab in (la, lb):
         s = spread[(lab, "step_us")]
         assert s["min"] <= table["step_us"][lab] <= s["max"] and s["ranks"] == 2 and s["steps"] >= 2
-    assert isinstance(c["noise"], list) and len(c["diff"]["memory_roles"]) == len(vocab.MEMORY_ROLES)
+    assert isinstance(c["noise"], list) and len(c["diff"]["memory_roles"]) == len(model.MEMORY_ROLES)
     assert re.search(r"memory at the peak: [+-][\d.]+ \S+ = params ", p.stdout), p.stdout
 
 
@@ -105,7 +105,7 @@ def test_roles_add_up_to_the_change_of_the_peak(recorded_run):
     ddp, fsdp = c.labels
     peak_change = table.loc["peak_allocated_bytes", fsdp] - table.loc["peak_allocated_bytes", ddp]
     roles = c.diff.memory_roles
-    assert list(roles["role"]) == vocab.MEMORY_ROLES
+    assert list(roles["role"]) == model.MEMORY_ROLES
     assert roles["diff_bytes"].sum() == pytest.approx(peak_change, abs=1.0)
     assert peak_change != 0
     for lab in (ddp, fsdp):                       # each run's roles add up to its peak
@@ -120,14 +120,14 @@ def test_roles_add_up_to_the_change_of_the_peak(recorded_run):
     # the category rows alone would not add up to the peak's change when param (DDP) is one side only
     assert cats.loc["param", "run_bytes"] == 0 and cats.loc["sharded_param", "baseline_bytes"] == 0
     # the side-by-side table's roles are the diff's
-    for role in vocab.MEMORY_ROLES:
+    for role in model.MEMORY_ROLES:
         assert table.loc[f"role_{role}_bytes", ddp] == r.loc[role, "baseline_bytes"]
         assert table.loc[f"role_{role}_bytes", fsdp] == r.loc[role, "run_bytes"]
     # the terminal says the peak's change as the sum of the roles'
     text = diff_text(c)
     line = next(ln for ln in text.splitlines() if "memory at the peak:" in ln)
     assert line.split("memory at the peak: ")[1].startswith(("+" if peak_change > 0 else "-")
-                                                           + vocab.fmt_bytes(abs(peak_change)) + " = params ")
+                                                           + model.fmt_bytes(abs(peak_change)) + " = params ")
     # CPU contention: rank.json's load, measured by what-if's host_load, the median over ranks
     loads = [host_load(json.loads(p.read_text())["cpu"]) for p in sorted(recorded_run("ddp").glob("rank-*/rank.json"))]
     assert all(x is not None for x in loads)

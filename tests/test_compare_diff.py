@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.compare import diff
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.compare.runs import compare_analyses
 from fsdpprof.analyze.pipeline import analyze_run
 from fsdpprof.analyze.load.run import load_run, run_events
@@ -86,8 +86,8 @@ def _ours(control, test, iteration="first"):
 
 def _ours_too(name, cats) -> bool:
     """A name of HTA's that is a row of ours too: every CPU operator, and of the runtime calls the ones that block the
-    host (vocab.SYNC_CALLS: events of their own in fsdpprof's frame, the launch point of nothing)."""
-    return cats.get(name) != "cuda_runtime" or name in vocab.SYNC_CALLS
+    host (model.SYNC_CALLS: events of their own in fsdpprof's frame, the launch point of nothing)."""
+    return cats.get(name) != "cuda_runtime" or name in model.SYNC_CALLS
 
 
 def _hta_by_our_names(df, cats):

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import shared_data
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.pipeline import analyze_run
@@ -121,7 +121,7 @@ def test_collective_type_from_the_launching_op_and_kernel_name_fallback(tmp_path
     ev = load_trace(t.write(tmp_path / "rank-0.json")).events
     c = ev[ev["kind"] == "comm"].sort_values("ts_us")["collective"].astype(str).tolist()
     # a kernel's name is never a collective type (it was "ncclDevKernel_Generic" in the volume table)
-    assert c == ["all_to_all", "send_recv", vocab.UNKNOWN_COLLECTIVE, vocab.UNKNOWN_COLLECTIVE, "all_gather"]
+    assert c == ["all_to_all", "send_recv", model.UNKNOWN_COLLECTIVE, model.UNKNOWN_COLLECTIVE, "all_gather"]
 
 
 def test_kernels_launched_inside_a_collective_op_are_its_communication(tmp_path):
@@ -154,10 +154,10 @@ def test_kernels_launched_inside_a_collective_op_are_its_communication(tmp_path)
                    ("comm", "all_gather"), ("compute", None), ("compute", None)]
     multimem = k.iloc[1]
     assert multimem["bytes"] == 2048 and multimem["dtype"] == "bfloat16"              # the op's 1024 bf16
-    assert vocab.is_collective_op("vllm::all_reduce") and vocab.is_collective_op("trtllm::allreduce")
-    assert vocab.is_collective_op("symm_mem::one_shot_all_reduce")
-    assert not vocab.is_collective_op("aten::broadcast_tensors") and not vocab.is_collective_op("vllm::moe_forward")
-    assert not vocab.is_collective_op("## all2all_data:kjt splits ##")
+    assert model.is_collective_op("vllm::all_reduce") and model.is_collective_op("trtllm::allreduce")
+    assert model.is_collective_op("symm_mem::one_shot_all_reduce")
+    assert not model.is_collective_op("aten::broadcast_tensors") and not model.is_collective_op("vllm::moe_forward")
+    assert not model.is_collective_op("## all2all_data:kjt splits ##")
 
 
 def test_symmetric_memory_all_reduce_on_b200_is_communication():
@@ -168,7 +168,7 @@ def test_symmetric_memory_all_reduce_on_b200_is_communication():
     assert v.loc["all_reduce", "count"] == 73 and v.loc["all_gather", "count"] == 1
     assert v.loc["all_reduce", "bytes"] > 0
     assert float(a.overlap_overall["exposed_comm_us"].sum()) > 0
-    assert set(a.comm_phase["collective"]) <= set(vocab.COLLECTIVES)
+    assert set(a.comm_phase["collective"]) <= set(model.COLLECTIVES)
 
 
 def test_point_to_point_stays_out_of_skew_and_stragglers(tmp_path):
@@ -240,13 +240,13 @@ def test_rank_from_distributed_info_then_explicit_name_then_position(tmp_path):
 
 
 def test_one_fsdp_parser_for_events_and_memory():
-    assert vocab.parse_fsdp("FullyShardedDataParallel._pre_backward_hook") == ("pre_backward", None, "fsdp1")
-    assert vocab.parse_fsdp("FullyShardedDataParallel._post_backward_hook_reshard_only")[0] == \
+    assert model.parse_fsdp("FullyShardedDataParallel._pre_backward_hook") == ("pre_backward", None, "fsdp1")
+    assert model.parse_fsdp("FullyShardedDataParallel._post_backward_hook_reshard_only")[0] == \
         "post_backward_reshard_only"
-    assert vocab.parse_fsdp("FSDP::backward_prefetch for layers.1") == ("backward_prefetch", "layers.1", "fsdp2")
-    assert vocab.parse_fsdp("FSDP::pre_forward") == ("pre_forward", "", "fsdp2")            # the root unit
-    assert vocab.parse_fsdp("FSDP::root_pre_forward") == ("root_pre_forward", None, "fsdp2")
-    assert vocab.parse_fsdp("aten::mm") == (None, None, None)
+    assert model.parse_fsdp("FSDP::backward_prefetch for layers.1") == ("backward_prefetch", "layers.1", "fsdp2")
+    assert model.parse_fsdp("FSDP::pre_forward") == ("pre_forward", "", "fsdp2")            # the root unit
+    assert model.parse_fsdp("FSDP::root_pre_forward") == ("root_pre_forward", None, "fsdp2")
+    assert model.parse_fsdp("aten::mm") == (None, None, None)
     # the memory side reads the same annotations through the same parser
     events = pd.DataFrame({"name": pd.Categorical(["FullyShardedDataParallel._pre_backward_hook",
                                                    "FSDP::backward_prefetch for layers.1"]),
@@ -261,7 +261,7 @@ def test_stage_at_step_marks():
                           "fwd_us": [10.0, np.nan], "bwd_us": [40.0, 140.0], "opt_us": [70.0, np.nan],
                           "opt_end_us": [80.0, np.nan]})
     ts = np.array([-5, 5, 10, 39, 40, 69, 70, 80, 85, 100, 139, 150, 250.0])
-    assert vocab.stage_at(ts, marks).tolist() == [
+    assert model.stage_at(ts, marks).tolist() == [
         "outside_step", "data", "forward", "forward", "backward", "backward", "optimizer", "optimizer", "post_step",
         "forward", "forward", "backward", "outside_step"]
     # step 1's forward ends at 30 (a whole-forward marker): a collective launched after it and before the
@@ -269,9 +269,9 @@ def test_stage_at_step_marks():
     marks["fwd_end_us"] = [30.0, np.nan]
     ts = np.array([20, 35, 35, 45, 120, 125.0])
     coll = np.array([True, True, False, True, True, False])
-    assert vocab.stage_at(ts, marks, coll).tolist() == ["forward", "data", "forward", "backward", "forward",
+    assert model.stage_at(ts, marks, coll).tolist() == ["forward", "data", "forward", "backward", "forward",
                                                         "forward"]
-    assert vocab.stage_at(ts, marks).tolist() == ["forward", "forward", "forward", "backward", "forward", "forward"]
+    assert model.stage_at(ts, marks).tolist() == ["forward", "forward", "forward", "backward", "forward", "forward"]
 
 
 def test_forward_marker_and_input_distribution_from_the_trace(tmp_path):
@@ -347,7 +347,7 @@ def test_real_sendrecv_kernels_take_the_type_of_the_op_that_launched_them():
     launched = c[c["stage"] != "unknown"]
     # every SendRecv kernel with its launch in the trace was launched by an all_to_all, all_reduce,
     # all_gather or reduce_scatter op: none of them is point-to-point
-    assert len(launched) >= 70 and not launched["collective"].isin(vocab.P2P).any()
+    assert len(launched) >= 70 and not launched["collective"].isin(model.P2P).any()
     assert set(launched["collective"]) == {"all_to_all", "all_reduce", "all_gather", "reduce_scatter"}
     # DDP's all-reduce is launched in backward (the report used to stage it 'optimizer' from its execution)
     assert set(launched.loc[launched["collective"] == "all_reduce", "stage"]) == {"backward"}
@@ -373,7 +373,7 @@ def test_real_traces_are_recognised_and_stay_within_bounds(rel):
 def _as_pd_concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """What pandas gives: pd.concat, then the categorical columns back to categories (sorted union)."""
     ref = pd.concat(frames, ignore_index=True)
-    for c in vocab.CATEGORICAL_EVENT_COLUMNS:
+    for c in model.CATEGORICAL_EVENT_COLUMNS:
         if not isinstance(ref[c].dtype, pd.CategoricalDtype):
             ref[c] = ref[c].astype("category")
     return ref

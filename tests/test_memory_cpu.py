@@ -164,7 +164,7 @@ def test_peak_estimate_per_unit(recorded_run, strategy):
     from fsdpprof.analyze import analyze_run
     a = analyze_run(load_run(str(recorded_run(strategy))))
     pe = a.theory["peak_estimate"]
-    m = a.memory[min(a.memory)]
+    m = a.memory[pe["measured_rank"]]        # the peak rank (the headline's), beside its measured peak
     act = m.activation_by_unit.set_index("unit")["activation_bytes"]
     assert "max_l (k_param_unsharded * Psi_l + A_l)" in pe["formula"] and "measured per unit" in pe["formula"]
     assert pe["activations_per_unit"][pe["max_unit"]] == pe["activation_bytes"] == act.get(pe["max_unit"], 0)

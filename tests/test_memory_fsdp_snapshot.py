@@ -16,7 +16,7 @@ import pytest
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.memory import safe_pickle, snapshot_memory
 from fsdpprof.analyze.memory.snapshot import load_snapshot, parse_snapshot
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.report.oom import render_fsdp_memory, render_oom
 
 SNAP = "cuda-snapshots"

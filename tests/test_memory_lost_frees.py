@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.memory.cpu_events import fsdp_free_bounds, infer_lost_frees
 from fsdpprof.analyze.memory.snapshot import NEVER
 
@@ -71,7 +71,7 @@ def _case():
              fsdp_phase=None, unit="u2"),
     ]
     marks = pd.DataFrame([dict(step=1.0, start_us=0.0, end_us=100.0, fwd_us=5.0, bwd_us=50.0, opt_us=85.0,
-                               opt_end_us=95.0)], columns=vocab.STEP_MARK_COLUMNS)
+                               opt_end_us=95.0)], columns=model.STEP_MARK_COLUMNS)
     return _frame(rows), ts, iv, marks, seq
 
 

@@ -76,7 +76,7 @@ def test_expandable_segments_first_exactly_when_the_cache_exceeds_the_shortfall(
 
 
 def fs_bytes(n: int) -> str:
-    from fsdpprof.analyze.vocab import fmt_bytes
+    from fsdpprof.analyze.model import fmt_bytes
     return fmt_bytes(n)
 
 

@@ -12,7 +12,7 @@ from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.memory import safe_pickle
 from fsdpprof.analyze.memory import memory_analysis, snapshot_memory
 from fsdpprof.analyze.load.run import load_run
-from fsdpprof.analyze.vocab import MemoryCategory
+from fsdpprof.analyze.model import MEMORY_CATEGORIES
 from fsdpprof.analyze.memory.snapshot import NEVER, load_snapshot
 from fsdpprof.errors import UserError
 
@@ -68,13 +68,13 @@ def test_public_snapshot_breakdown(snaps, name, device):
     assert r.coverage_pct >= cov - 0.01
     assert r.peak_stage == phase
     bd = r.breakdown_at_peak
-    assert list(bd["category"]) == [c.value for c in MemoryCategory]
+    assert list(bd["category"]) == MEMORY_CATEGORIES
     assert int(bd["bytes"].sum()) == r.peak_allocated_bytes
     assert abs(bd["pct"].sum() - 100.0) < 1e-6
     # the timeline is downsampled but keeps the peak, and its columns are the categories
     tl = r.timeline
     assert tl is not None and len(tl) <= 2002
-    assert list(tl.columns) == ["ts_us"] + [c.value for c in MemoryCategory]
+    assert list(tl.columns) == ["ts_us"] + MEMORY_CATEGORIES
     assert int(tl.drop(columns="ts_us").sum(axis=1).max()) == r.peak_allocated_bytes
     assert tl["ts_us"].is_monotonic_increasing
     # largest allocations at the peak, biggest first, with frames where the snapshot has them

@@ -25,8 +25,11 @@ def test_exposed_forward_all_gather_suggests_prefetch():
     ids = [f.id for f in out]
     assert ids == ["exposed_all_gather_forward"]
     f = out[0]
-    assert f.value == 10.0 and f.unit == "%" and "prefetch" in f.suggestion and "reshard_after_forward" in f.suggestion
-    assert f.rank == 0 and f.section == "communication"
+    # the report's statistic: each rank's mean per step, the median over ranks (rank 1 has none: 5 %), the worst
+    # rank beside it (rank 0: 10 %), which crosses the threshold
+    assert f.value == 5.0 and f.worst == 10.0 and f.unit == "%"
+    assert "prefetch" in f.suggestion and "reshard_after_forward" in f.suggestion
+    assert f.rank == 0 and f.section == "communication" and "median over 2 ranks, worst rank 0: 10%" in f.title
     # not an FSDP input: no FSDP knobs in the advice
     plain = fnd.comm_findings(op, _steps(), fsdp_advice=False)[0]
     assert "FSDP" not in plain.suggestion and "reshard" not in plain.suggestion

@@ -74,7 +74,7 @@ def test_in_process_report_writes_what_the_fresh_process_writes(tmp_path):
     stdout, stderr, files, summary = runs["here"]
     plotly = {f for f in files if f.startswith("plotly-") and f.endswith(".min.js")}   # (written once beside pages)
     assert len(plotly) == 1 and files - plotly == {"report.html", "summary.json"}
-    assert stderr == "" and "world size 8, ranks analysed 2" in stdout
+    assert stderr == "" and "DDP, 8 ranks; ranks analysed 2" in stdout
     assert summary["overview"]
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from conftest import run_fsdpprof, shared_data
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals, overlap, skew
 from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.pipeline import analyze_run, overlap_summary
@@ -111,9 +111,9 @@ def test_dlrm_added_tracks(dlrm_timeline):
     assert any(n.startswith(f"fsdpprof: {TRACK_EXPOSED}: ") for n in names)
     ours = [e for e in doc["traceEvents"] if e.get("cat") == TRACK_CAT]
     stages = {e["name"] for e in ours if e["ph"] == "X" and e["args"].get("stage")}
-    assert stages and stages <= set(vocab.STEP_STAGES)
+    assert stages and stages <= set(model.STEP_STAGES)
     exposed = [e for e in ours if e["ph"] == "X" and "exposed_us" in e["args"]]
-    assert exposed and {e["args"]["collective"] for e in exposed} <= set(vocab.COLLECTIVES) | {vocab.UNKNOWN_COLLECTIVE}
+    assert exposed and {e["args"]["collective"] for e in exposed} <= set(model.COLLECTIVES) | {model.UNKNOWN_COLLECTIVE}
     assert all(e["pid"] in range(8) for e in ours)
 
 
@@ -136,7 +136,7 @@ def test_exposed_spans_add_up_to_the_exposed_time_per_collective():
     assert len(spans) and (spans["end_us"] > spans["start_us"]).all()
     per = spans.assign(us=spans["end_us"] - spans["start_us"]).groupby(["rank", "collective"])["us"].sum()
     ref = overlap.comm_overlap(ev, by=["rank", "collective"])
-    ref["collective"] = ref["collective"].astype(object).fillna(vocab.UNKNOWN_COLLECTIVE)
+    ref["collective"] = ref["collective"].astype(object).fillna(model.UNKNOWN_COLLECTIVE)
     ref = ref.set_index(["rank", "collective"])["exposed_comm_us"]
     ref = ref[ref > 0]
     assert np.allclose(per.reindex(ref.index).to_numpy(), ref.to_numpy(), rtol=1e-9, atol=1e-6)
@@ -271,7 +271,7 @@ def test_recorded_run_timeline(recorded_run, tmp_path):
     # memory counters by category: their highest total is the report's peak, on each rank
     for r in (0, 1):
         counters = [e["args"] for e in doc["traceEvents"] if e.get("ph") == "C" and e["pid"] == r]
-        assert counters and set(counters[0]) <= set(vocab.MEMORY_CATEGORIES) | set(vocab.REPLICATED_LABELS.values())
+        assert counters and set(counters[0]) <= set(model.MEMORY_CATEGORIES) | set(model.REPLICATED_LABELS.values())
         assert max(sum(c.values()) for c in counters) == a.memory[r].peak_allocated_bytes
     _shared_ends(run_events(load_run(str(tmp_path / "run.json.gz"))), "recorded run, clock anchor")
     # aligned on the collectives' ends instead: they then end together on the file's clock (gloo on a shared CPU

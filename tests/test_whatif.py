@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsdpprof.analyze import analyze_run, load_run, memory_analysis, vocab
+from fsdpprof.analyze import analyze_run, load_run, memory_analysis, model
 from fsdpprof.analyze.whatif import memory as wm
 from fsdpprof.analyze.whatif import predict as wp
 from fsdpprof.analyze.whatif import targets as tg
@@ -389,12 +389,12 @@ def test_collective_fit_latency_at_most_the_fastest_call():
     # what an FSDP collective of 1.6 MB on the wire then costs, against Theil-Sen's line
     assert lat + 1.6e6 * slope < lat_ts + 1.6e6 * timing._theil_sen(x, y)[1]
     fit = timing.fit_collectives(pd.DataFrame({
-        "kind": pd.Categorical([vocab.KIND_COMM] * 6), "name": pd.Categorical(["nccl:all_reduce"] * 6),
-        "collective": pd.Categorical([vocab.ALL_REDUCE] * 6), "bytes": x, "group_size": np.full(6, 2.0), "dur_us": y}))
+        "kind": pd.Categorical([model.KIND_COMM] * 6), "name": pd.Categorical(["nccl:all_reduce"] * 6),
+        "collective": pd.Categorical([model.ALL_REDUCE] * 6), "bytes": x, "group_size": np.full(6, 2.0), "dur_us": y}))
     # (all-reduce on 2 ranks: wire bytes = 2 x 1/2 x bytes, the same x)
-    assert fit.by_type[vocab.ALL_REDUCE][:2] == pytest.approx((lat, slope))
+    assert fit.by_type[model.ALL_REDUCE][:2] == pytest.approx((lat, slope))
     assert fit.pooled[:2] == pytest.approx((lat, slope))
-    assert fit.describe() == [f"all_reduce: 400 us + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
+    assert fit.describe() == [f"all-reduce: 400 us + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
                               f"capped at the run's fastest call)"]
 
 
@@ -406,23 +406,23 @@ def test_gloo_reduce_scatter_moves_what_an_all_reduce_of_its_input_moves():
     twice the measured)."""
     from fsdpprof.analyze.whatif import timing
 
-    assert list(vocab.wire_factor([vocab.REDUCE_SCATTER, vocab.ALL_GATHER, vocab.ALL_REDUCE], 4, gloo=True)) == \
+    assert list(model.wire_factor([model.REDUCE_SCATTER, model.ALL_GATHER, model.ALL_REDUCE], 4, gloo=True)) == \
         [1.5, 0.75, 1.5]
-    assert list(vocab.wire_factor([vocab.REDUCE_SCATTER, vocab.ALL_REDUCE], 4)) == [0.75, 1.5]
+    assert list(model.wire_factor([model.REDUCE_SCATTER, model.ALL_REDUCE], 4)) == [0.75, 1.5]
     x = np.array([1e6, 2e6, 4e6, 8e6])
 
     def fit_of(name):
         return timing.fit_collectives(pd.DataFrame({
-            "kind": pd.Categorical([vocab.KIND_COMM] * 4), "name": pd.Categorical([name] * 4),
-            "collective": pd.Categorical([vocab.REDUCE_SCATTER] * 4), "bytes": x, "group_size": np.full(4, 2.0),
+            "kind": pd.Categorical([model.KIND_COMM] * 4), "name": pd.Categorical([name] * 4),
+            "collective": pd.Categorical([model.REDUCE_SCATTER] * 4), "bytes": x, "group_size": np.full(4, 2.0),
             "dur_us": 2.5e-3 * x}))
 
     gloo, nccl = fit_of("gloo:all_reduce"), fit_of("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm *)")
     assert gloo.gloo and not nccl.gloo
-    assert gloo.time_us(vocab.REDUCE_SCATTER, 4e6, 2) == pytest.approx(10_000.0)
-    assert gloo.time_us(vocab.ALL_REDUCE, 4e6, 2) == pytest.approx(10_000.0)
-    assert nccl.time_us(vocab.REDUCE_SCATTER, 4e6, 2) == pytest.approx(10_000.0)
-    assert nccl.time_us(vocab.ALL_REDUCE, 4e6, 2) == pytest.approx(20_000.0)
+    assert gloo.time_us(model.REDUCE_SCATTER, 4e6, 2) == pytest.approx(10_000.0)
+    assert gloo.time_us(model.ALL_REDUCE, 4e6, 2) == pytest.approx(10_000.0)
+    assert nccl.time_us(model.REDUCE_SCATTER, 4e6, 2) == pytest.approx(10_000.0)
+    assert nccl.time_us(model.ALL_REDUCE, 4e6, 2) == pytest.approx(20_000.0)
 
 
 def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
@@ -434,7 +434,7 @@ def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
 
     x = np.array([1e6] * 3 + [13.75e6] * 3)
     y0 = np.array([400.0, 600.0, 900.0, 3500.0, 3600.0, 4000.0])
-    ar, ag = vocab.ALL_REDUCE, vocab.ALL_GATHER
+    ar, ag = model.ALL_REDUCE, model.ALL_GATHER
     r0 = timing.CollectiveSamples(np.array([ar] * 6 + [ag] * 2), np.r_[x, 2e6, 4e6], np.r_[y0, 300.0, 500.0])
     r1 = timing.CollectiveSamples(np.array([ar] * 6), x, y0 + 10_000.0)
     floor = timing.latency_floor([r0, r1])
@@ -460,7 +460,7 @@ def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
                 "timing": t}
 
     fits = wp.reduce_predictions([], [rank(0, r0), rank(1, r1)])["fits"]
-    assert fits["1"] == fit.describe() and fits["1"][0].startswith("all_reduce: 400 us")
+    assert fits["1"] == fit.describe() and fits["1"][0].startswith("all-reduce: 400 us")
     assert fits["0"] == timing.fit_collectives(r0, floor).describe()
 
 
@@ -636,7 +636,7 @@ def _cpu_ddp_step() -> pd.DataFrame:
     ev["rank"] = 0
     ev["step"] = 1.0
     ev["group_size"] = 2.0
-    ev["stage"] = pd.Categorical(["backward"] * len(ev), categories=vocab.STAGES)
+    ev["stage"] = pd.Categorical(["backward"] * len(ev), categories=model.STAGES)
     ev["launch_ts_us"] = ev["ts_us"].astype(float)
     for c in ("name", "kind", "lane", "collective"):
         ev[c] = ev[c].astype("category")

@@ -5,7 +5,7 @@ the features: ``load/`` (find a run's files, load each rank, where the per-rank 
 (decode, classify, label every event from its launch), ``comm/`` (intervals, overlap, volume, steps, skew),
 ``memory/`` (snapshots, CPU memory events, attribution), ``summary/`` (headline, findings, formulas,
 distributions over ranks), ``whatif/`` (other strategies predicted), ``compare/`` (several runs side by
-side), plus ``vocab`` (the one vocabulary of an FSDP step) and ``pipeline`` (per-rank map, cross-rank reduce).
+side), plus ``model`` (the one vocabulary of an FSDP step) and ``pipeline`` (per-rank map, cross-rank reduce).
 
 The public Python API is importable from here (``from fsdpprof.analyze import load_run,
 comm_overlap, memory_analysis``); names are resolved lazily, so importing this package is cheap.

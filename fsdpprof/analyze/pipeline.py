@@ -25,18 +25,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
-from fsdpprof.analyze.load.files import no_usable_rank
+from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
-from fsdpprof.analyze.summary.headline import peak_rank
+from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -166,15 +166,15 @@ def comm_table(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     """Per rank and collective, comm launched inside a step: count, payload bytes, bytes on the wire
-    (ring: vocab.ring_factor) and the number of steps they are spread over."""
+    (ring: model.ring_factor) and the number of steps they are spread over."""
     in_step = events["step"].notna().to_numpy()
-    c = events[isin(events["kind"], [vocab.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
+    c = events[isin(events["kind"], [model.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
     if c.empty or c["bytes"].isna().all():
         return None
     coll = c["collective"].astype(object).to_numpy()
     payload = c["bytes"].to_numpy(np.float64)
     d = pd.DataFrame({"rank": c["rank"].to_numpy(), "collective": coll, "payload_bytes": payload,
-                      "wire_bytes": payload * vocab.ring_factor(coll, c["group_size"].to_numpy(np.float64))})
+                      "wire_bytes": payload * model.ring_factor(coll, c["group_size"].to_numpy(np.float64))})
     g = d.groupby(["rank", "collective"])
     out = g.size().rename("count").reset_index()
     out["payload_bytes"] = g["payload_bytes"].sum(min_count=1).to_numpy()
@@ -186,7 +186,7 @@ def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
 def _outside_steps(comm_phase: pd.DataFrame | None) -> pd.DataFrame | None:
     if comm_phase is None or comm_phase.empty:
         return None
-    o = comm_phase[comm_phase["stage"].astype(object) == vocab.STAGE_OUTSIDE]
+    o = comm_phase[comm_phase["stage"].astype(object) == model.STAGE_OUTSIDE]
     if o.empty:
         return None
     return o.groupby(["rank", "collective"], as_index=False)[["count", "comm_us", "exposed_comm_us"]].sum()
@@ -201,16 +201,16 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     stps = sorted(e["step"].unique())
     step = stps[1] if len(stps) > 2 else stps[0]  # avoid the first (warm-up effects) when possible
     e = e[e["step"] == step]
-    kinds = vocab.DEVICE_KINDS
+    kinds = model.DEVICE_KINDS
     sel = e[isin(e["kind"], kinds)]
-    if not isin(sel["kind"], [vocab.KIND_COMPUTE]).any():  # CPU traces: ops are cpu_op
-        sel = e[isin(e["kind"], kinds + [vocab.KIND_CPU_OP])]
+    if not isin(sel["kind"], [model.KIND_COMPUTE]).any():  # CPU traces: ops are cpu_op
+        sel = e[isin(e["kind"], kinds + [model.KIND_CPU_OP])]
     if len(sel) > LANE_EVENTS_MAX:
         sel = sel.nlargest(LANE_EVENTS_MAX, "dur_us")
     if sel.empty:
         return None
     t0 = float(e["ts_us"].min())
-    ops = e[~isin(e["kind"], [vocab.KIND_ANNOTATION])]
+    ops = e[~isin(e["kind"], [model.KIND_ANNOTATION])]
     top = (ops.groupby(["name", "kind"], observed=True)["dur_us"].agg(count="size", total_us="sum", max_us="max")
            .reset_index().sort_values("total_us", ascending=False).head(25).reset_index(drop=True))
     top["name"] = top["name"].astype(str)
@@ -222,7 +222,7 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
                         "stage": sel["stage"].astype(object).to_numpy(),
                         "fsdp_phase": sel["fsdp_phase"].astype(object).to_numpy()})
     tm = trace_meta or {}
-    comm = out[out["kind"] == vocab.KIND_COMM]
+    comm = out[out["kind"] == model.KIND_COMM]
     nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
     names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), set(nccl["lane"]), tm.get("thread_names"),
                               tm.get("device_type"))
@@ -238,12 +238,13 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.has_trace = True
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
+    res.framework = labels.framework_of(events)
     if overlap_only:
         return
-    res.framework = labels.framework_of(events)
-    dev = isin(events["kind"], vocab.DEVICE_KINDS) & ~labels.cpu_side(events)
+    dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
-                   "unknown_launch": int((dev & isin(events["stage"], [vocab.STAGE_UNKNOWN])).sum())}
+                   "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum())}
+    res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
@@ -420,23 +421,6 @@ def _concat(frames) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _input_kind(framework: str | None, results: list[RankResult], world_size) -> str:
-    """What the input is: fsdp2 | fsdp1 | ddp | distributed (another framework) | single_device | unknown."""
-    if framework in ("fsdp2", "fsdp1", "ddp"):
-        return framework
-    if framework == "none":
-        return "single_device" if (world_size or 1) <= 1 else "distributed"
-    found = {r.framework for r in results if r.framework}
-    # a bare CUDA snapshot: FSDP2 / FSDP1 recognised from its stack frames (memory.fsdp_units)
-    found |= {str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
-    for kind in ("fsdp2", "fsdp1", "ddp", "distributed", "single_device"):
-        if kind in found:
-            if kind == "single_device" and (world_size or 1) > 1:
-                return "distributed"
-            return kind
-    return "unknown"
-
-
 def _rank_notes(results: list[RankResult]) -> dict:
     """The ranks' notes, one line per distinct text naming the ranks it holds for."""
     by_text: dict[tuple, list] = {}
@@ -445,8 +429,17 @@ def _rank_notes(results: list[RankResult]) -> dict:
             by_text.setdefault((section, text), []).append(r.rank)
     out: dict[str, str] = {}
     for (section, text), ranks in by_text.items():
-        _note(out, section, f"{vocab.rank_list(ranks)}: {text}" if len(results) > 1 else text)
+        _note(out, section, f"{model.rank_list(ranks)}: {text}" if len(results) > 1 else text)
     return out
+
+
+def input_of(results: list[RankResult], world_size) -> tuple[str, str | None]:
+    """(what the input is: one of model.INPUT_KINDS, the inventory's strategy or None) from its ranks' results:
+    inventory.json when a rank has one, else what the traces (or a bare CUDA snapshot's stack frames) show."""
+    inv = next((r.inventory for r in results if r.inventory), None) or {}
+    found = {r.framework for r in results if r.framework} | {
+        str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
+    return model.input_kind(inv.get("framework"), found, world_size), inv.get("strategy")
 
 
 def _overview(run, results: list[RankResult]) -> dict:
@@ -461,15 +454,16 @@ def _overview(run, results: list[RankResult]) -> dict:
     tm = (r0.trace_meta or {}) if r0 else {}
     device_type = tm.get("device_type") or (str(info0.get("device") or "").split(":")[0] or None)
     cmd = meta.get("command")
-    input_kind = _input_kind(inv.get("framework"), results, run.world_size)
+    input_kind, strategy = input_of(results, run.world_size)
     return {
         "command": " ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
         "status": meta.get("status") or ("partial" if run.missing else "complete"),
         "started_at": meta.get("started_at"), "ended_at": meta.get("ended_at"), "exit_code": meta.get("exit_code"),
         "world_size": run.world_size, "ranks_present": ranks, "ranks_analysed": len(ranks),
         "ranks_missing": sorted(map(str, run.missing)), "input_kind": input_kind,
-        "sharded": input_kind in ("fsdp2", "fsdp1") and str(inv.get("strategy") or "") not in ("NO_SHARD", "DDP"),
-        "framework": inv.get("framework") or (input_kind if input_kind in ("fsdp2", "fsdp1") else None),
+        "sharded": model.input_sharded(input_kind, strategy),
+        "description": model.describe_input(input_kind, strategy, run.world_size),
+        "framework": inv.get("framework") or (input_kind if input_kind in model.FSDP_KINDS else None),
         "strategy": inv.get("strategy"),
         "shard_group_size": inv.get("shard_group_size"), "replicate_group_size": inv.get("replicate_group_size"),
         "mixed_precision": inv.get("mixed_precision"), "cpu_offload": inv.get("cpu_offload"),
@@ -485,13 +479,14 @@ def _overview(run, results: list[RankResult]) -> dict:
 
 def _relabel_replicated(m):
     """Memory categories of an input whose model states are not sharded (DDP, one device): the rank's
-    parameters and gradients are plain ``param`` / ``grad`` (vocab.REPLICATED_LABELS)."""
-    ren = vocab.REPLICATED_LABELS
+    parameters and gradients are plain ``param`` / ``grad`` (model.category_name)."""
+    def ren(c):
+        return model.category_name(c, sharded=False)
 
     def fix(df, col="category"):
         if df is None or col not in df:
             return df
-        return df.assign(**{col: df[col].astype(object).replace(ren)})
+        return df.assign(**{col: df[col].astype(object).map(ren)})
 
     tl = m.timeline.rename(columns=ren) if m.timeline is not None else None
     return replace(m, breakdown_at_peak=fix(m.breakdown_at_peak), by_unit_at_peak=fix(m.by_unit_at_peak),
@@ -546,8 +541,8 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
     g["wire_per_step_bytes"] = g["wire_bytes"] / g["steps"]
     tr = (th or {}).get("traffic")
     if tr:
-        theory_bytes = {"all_gather": tr["all_gather_bytes"], "reduce_scatter": tr["reduce_scatter_bytes"],
-                        "all_reduce": tr["all_reduce_bytes"]}
+        theory_bytes = {model.ALL_GATHER: tr["all_gather_bytes"], model.REDUCE_SCATTER: tr["reduce_scatter_bytes"],
+                        model.ALL_REDUCE: tr["all_reduce_bytes"]}
         g["theory_wire_per_step_bytes"] = g["collective"].map(theory_bytes).astype(float)
         g["diff_pct"] = 100.0 * (g["wire_per_step_bytes"] - g["theory_wire_per_step_bytes"]) / \
             g["theory_wire_per_step_bytes"].where(g["theory_wire_per_step_bytes"] > 0)
@@ -558,7 +553,7 @@ def _findings(a: Analysis) -> list:
     o = a.overview
     fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
     items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
-    device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, vocab.DEVICE_CPU)
+    device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device)
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
@@ -623,11 +618,11 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
-            a.p2p = _concat([a.comm_phase[isin(a.comm_phase["collective"], vocab.P2P)]])
+            a.p2p = _concat([a.comm_phase[isin(a.comm_phase["collective"], model.P2P)]])
             a.comm_outside_steps = _outside_steps(a.comm_phase)
         a.traffic = _traffic_vs_theory(_concat(r.traffic for r in traced), a.theory)
         if a.steps is not None and "step_us" in a.steps:
-            a.overview["step_time_us"] = float(a.steps["step_us"].median())
+            a.overview["step_time_us"] = step_medians(a.steps)["step_us"]   # the headline's rule (each rank's mean, median over ranks)
             a.overview["steps_analysed"] = int(a.steps["step"].nunique())
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops
@@ -667,7 +662,7 @@ def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress:
     if hta:
         if not any(d.trace_path for d in run.ranks.values()):
             _note(a.notes, "hta", "no profiler trace in this input, so HTA's breakdowns are left out.")
-        elif a.overview.get("device_type") in (None, vocab.DEVICE_CPU):
+        elif a.overview.get("device_type") in (None, model.DEVICE_CPU):
             _note(a.notes, "hta", "HTA's kernel, temporal and idle-time breakdowns need GPU kernels: this is a "
                                   f"{a.overview.get('device_type') or 'non-GPU'} trace, so they are left out.")
         else:
@@ -695,13 +690,14 @@ class OverlapSummary:
     volume: pd.DataFrame
     missing: dict
     warnings: list
+    description: str = ""   # what the input is, in the words of every command (model.describe_input)
 
     def to_dict(self) -> dict:
         """Plain dicts and lists (JSON-ready: None where a number or a collective is not known)."""
         def records(df: pd.DataFrame) -> list[dict]:
             return [{k: None if pd.isna(v) else v for k, v in row.items()} for row in df.to_dict("records")]
 
-        return {"path": self.path, "overlap": records(self.overlap), "volume": records(self.volume),
+        return {"path": self.path, "description": self.description, "overlap": records(self.overlap), "volume": records(self.volume),
                 "missing": dict(self.missing), "warnings": list(self.warnings)}
 
 
@@ -721,9 +717,13 @@ def overlap_summary(run, *, workers: int | None = None, engine: str | None = Non
     missing, ok, warnings = _usable(run, map_ranks(run, workers=workers, engine=engine, scheduler=scheduler,
                                                    progress=False, overlap_only=True))
     note = _rank_notes(ok).get("communication")
+    # the inventory's framework and strategy, as report describes the input (one rank's: the ranks agree)
+    inv = next((rd.inventory for rd in (with_inventory(rd)[0] for rd in run.ranks.values()) if rd.inventory), None)
+    kind, strategy = input_of([replace(r, inventory=inv) for r in ok] if inv else ok, run.world_size)
     overall = _concat(r.overall for r in ok)
     vol = _concat(r.volume for r in ok)
     return OverlapSummary(
         path=str(run.path), missing=missing, warnings=warnings + ([note] if note else []),
+        description=model.describe_input(kind, strategy, run.world_size),
         overlap=overall if overall is not None else pd.DataFrame(columns=OVERALL_COLUMNS),
         volume=vol if vol is not None else pd.DataFrame(columns=VOLUME_COLUMNS))

@@ -50,7 +50,7 @@ class CudaMemoryRecorder:
             unit = units.get(id(module))
             if unit is not None:
                 self.unit_stack.append(unit)
-                self.set_phase("forward", unit)
+                self.set_phase(runfmt.STAGE_FORWARD, unit)
 
         def post(module, args, output):
             unit = units.get(id(module))
@@ -58,14 +58,14 @@ class CudaMemoryRecorder:
                 return None
             if self.unit_stack:
                 self.unit_stack.pop()
-            self.set_phase("forward", self.unit_stack[-1] if self.unit_stack else None)
+            self.set_phase(runfmt.STAGE_FORWARD, self.unit_stack[-1] if self.unit_stack else None)
             # the gradient w.r.t. this unit's output arrives when its backward starts
             tensors = output if isinstance(output, (tuple, list)) else (output,)
             for t in tensors:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     if not getattr(t, "_fsdpprof_tagged", False):  # an outer unit returning the same tensor
                         t._fsdpprof_tagged = True                     # keeps the innermost unit's tag
-                        t.register_hook(lambda g, _u=unit: (self.set_phase("backward", _u), None)[1])
+                        t.register_hook(lambda g, _u=unit: (self.set_phase(runfmt.STAGE_BACKWARD, _u), None)[1])
                     break
             return None
 

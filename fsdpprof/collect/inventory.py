@@ -12,7 +12,7 @@ import gc
 import torch
 import torch.nn as nn
 
-from fsdpprof.runfmt import INVENTORY_SCHEMA
+from fsdpprof.runfmt import INVENTORY_SCHEMA, ROLE_GRAD, ROLE_OPTIMIZER_STATE, ROLE_PARAM
 
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
@@ -267,7 +267,7 @@ class ModelInfo:
         return self.param_unit.get(id(p))
 
     def param_entries(self, step: int) -> list[dict]:
-        return [tensor_entry("param", name, self.param_unit.get(id(p)), p.detach(), step, "before_step")
+        return [tensor_entry(ROLE_PARAM, name, self.param_unit.get(id(p)), p.detach(), step, "before_step")
                 for name, p in self.params]
 
     def grad_entries(self, params, step: int) -> list[dict]:
@@ -275,7 +275,7 @@ class ModelInfo:
         for p in params:
             g = getattr(p, "grad", None)
             if g is not None:
-                rows.append(tensor_entry("grad", self.name_of(p), self.unit_of(p), g, step, "before_step"))
+                rows.append(tensor_entry(ROLE_GRAD, self.name_of(p), self.unit_of(p), g, step, "before_step"))
         return rows
 
     def optimizer_entries(self, optimizers, step: int) -> list[dict]:
@@ -286,7 +286,7 @@ class ModelInfo:
                     continue
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
-                        rows.append(tensor_entry("optimizer_state", f"{self.name_of(p)}/{key}", self.unit_of(p),
+                        rows.append(tensor_entry(ROLE_OPTIMIZER_STATE, f"{self.name_of(p)}/{key}", self.unit_of(p),
                                                  value, step, "after_step"))
         return rows
 
@@ -335,12 +335,12 @@ def build_inventory(info: ModelInfo, *, rank: int, world_size: int, optimizers, 
     else:
         psi = sum(int(p.numel()) for _, p in info.params)
         unsharded_bytes = sum(int(p.numel()) * int(p.element_size()) for _, p in info.params)
-    last_grad_step = max((t["step"] for t in tensors if t["role"] == "grad"), default=None)
+    last_grad_step = max((t["step"] for t in tensors if t["role"] == ROLE_GRAD), default=None)
     totals = {
         "psi": psi,
-        "param_bytes": sum(t["bytes"] for t in tensors if t["role"] == "param"),
-        "grad_bytes": sum(t["bytes"] for t in tensors if t["role"] == "grad" and t["step"] == last_grad_step),
-        "optimizer_state_bytes": sum(t["bytes"] for t in tensors if t["role"] == "optimizer_state"),
+        "param_bytes": sum(t["bytes"] for t in tensors if t["role"] == ROLE_PARAM),
+        "grad_bytes": sum(t["bytes"] for t in tensors if t["role"] == ROLE_GRAD and t["step"] == last_grad_step),
+        "optimizer_state_bytes": sum(t["bytes"] for t in tensors if t["role"] == ROLE_OPTIMIZER_STATE),
         "unsharded_param_bytes": unsharded_bytes,
     }
     return {"schema": INVENTORY_SCHEMA, "rank": rank, "world_size": world_size, "framework": info.framework,

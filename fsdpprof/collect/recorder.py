@@ -318,7 +318,7 @@ class Recorder:
                     if n == self.last_active and opt is self.primary():
                         self.tensors_params = self.info.param_entries(n)
                 if self.cuda is not None:
-                    self.cuda.set_phase("optimizer", None)
+                    self.cuda.set_phase(runfmt.STAGE_OPTIMIZER, None)
             except Exception as exc:
                 self._fail(f"optimizer pre-step hook (step {self.steps_done})", exc)
                 self._abort()
@@ -339,7 +339,7 @@ class Recorder:
                     return None
                 self.steps_done = n + 1
                 if self.cuda is not None:
-                    self.cuda.set_phase("forward", None)
+                    self.cuda.set_phase(runfmt.STAGE_FORWARD, None)
                 if self.state == "idle" and self.steps_done == self.skip:
                     self._start_window()
                 elif self.state in ("window", "aside"):

@@ -102,7 +102,7 @@ def run(args) -> int:
         keep = None
         if scope.rank is not None:
             if scope.rank not in run_.ranks:
-                from fsdpprof.analyze.vocab import rank_list
+                from fsdpprof.analyze.model import rank_list
                 raise UserError(f"rank {scope.rank} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "
                                 f"one of those, or leave --rank out to compare all ranks")
             keep = scope.rank

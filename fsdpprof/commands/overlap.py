@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from fsdpprof.analyze.vocab import fmt_bytes
+from fsdpprof.analyze.model import fmt_bytes
 from fsdpprof.commands.report import add_engine_arguments, add_max_trace_bytes, check_workers_option
 
 
@@ -25,7 +25,8 @@ def _cell(x, fmt: str) -> str:
 
 def table(result) -> str:
     """The two tables of an OverlapSummary as text: overlap per rank (ms), volume per rank and collective."""
-    lines = ["communication overlapped with compute, per rank (ms of the profiled window):",
+    lines = [f"fsdpprof overlap: {result.path} ({result.description})",
+             "communication overlapped with compute, per rank (ms of the profiled window):",
              f"{'rank':>5} {'compute':>11} {'comm':>11} {'overlapped':>11} {'exposed':>11} {'overlap %':>9}"]
     for r in result.overlap.itertuples(index=False):
         lines.append(f"{r.rank:>5} {r.compute_us / 1e3:>11.3f} {r.comm_us / 1e3:>11.3f} "

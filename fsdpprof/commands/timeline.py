@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
 
 
 def _size(n: int) -> str:
-    from fsdpprof.analyze.vocab import fmt_bytes
+    from fsdpprof.analyze.model import fmt_bytes
 
     return fmt_bytes(n, decimal=True)
 

@@ -46,8 +46,9 @@ def _target_given(args) -> bool:
         or args.cpu_offload or float(args.batch_scale) != 1
 
 
-def build(args, run) -> tuple[list, object, list[str]]:
-    """(targets, the run's own target, notes) from the options; UserError for an impossible target."""
+def build(args, run) -> tuple[list, object, list[str], object]:
+    """(targets, the run's own target, notes, the run's Source) from the options; UserError for an impossible
+    target."""
     from fsdpprof.analyze.whatif import predict as wp
     from fsdpprof.analyze.whatif import targets as tg
 
@@ -70,12 +71,12 @@ def build(args, run) -> tuple[list, object, list[str]]:
         std, left_out = tg.standard_targets(source, out[0] if out else None)
         notes += left_out
         out += [t for t in std if not any(tg.same_config(t, o) for o in out)]
-    return out, run_target, notes
+    return out, run_target, notes, source
 
 
 def text(result: dict, run_label: str) -> str:
     """The predictions as a terminal table plus what the first one kept and assumed."""
-    from fsdpprof.analyze.vocab import fmt_bytes, rank_list
+    from fsdpprof.analyze.model import fmt_bytes, rank_list
 
     m = result["measured"]
     lines = [f"what if: {run_label} — measured peak {fmt_bytes(m.get('peak_allocated_bytes'))} (largest rank), "
@@ -141,8 +142,9 @@ def run(args) -> int:
     from fsdpprof.analyze.memory.attribution import choose_device
 
     run_ = choose_device(run_, args.device)
-    targets, run_target, notes = build(args, run_)
+    targets, run_target, notes, source = build(args, run_)
     from fsdpprof.analyze.whatif import predict as wp
+    from fsdpprof.analyze.whatif import targets as tg
 
     with unexpected_as_user_error(f"what-if of {args.run}"):
         result = wp.predict_run(run_, targets, run_target, engine=engine, workers=args.workers,
@@ -150,7 +152,7 @@ def run(args) -> int:
     result["notes"] = list(dict.fromkeys(notes + result["notes"]))
     result["target_first"] = _target_given(args)
     result["run"] = {"path": run_.path, "strategy": run_target.strategy, "world_size": run_target.world_size,
-                     "family": run_target.family}
+                     "family": run_target.family, "description": tg.describe_source(source)}
     if all(p["peak_allocated_bytes"] is None and p["step_us"] is None for p in result["predictions"]):
         raise UserError(f"{args.run}: nothing to predict from: " + "; ".join(result["notes"] or ["no trace, no memory"]))
     if args.output:
@@ -163,7 +165,7 @@ def run(args) -> int:
 
         sys.stdout.write(json_bytes(result).decode("utf-8") + "\n")
     else:
-        print(text(result, f"{run_.path} ({run_target.strategy}, {run_target.family}, {run_target.world_size} ranks)"))
+        print(text(result, f"{run_.path} ({result['run']['description']})"))
         if args.output:
             print(f"page: {args.output}")
     return 0

@@ -7,7 +7,7 @@ import re
 
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import (KIND_COLORS, KIND_LABELS, Page, esc, fmt_bytes, fmt_num, fmt_us, hover_name, label,
-                                  notes_html, table, value_label)
+                                  notes_html, scope_note, table, value_label)
 
 
 def _lanes_chart(a, page: Page) -> str:
@@ -37,7 +37,7 @@ def communication_section(a, page: Page) -> str:
     if a.volume is not None and not a.volume.empty:
         out.append("<h3>Per collective: count, size, time, bandwidth (algorithm bandwidth; bus bandwidth with "
                    "nccl-tests' factors)</h3>")
-        out.append(table(a.volume))
+        out.append(scope_note(a, "window") + table(a.volume))
     if a.comm_phase is not None and not a.comm_phase.empty:
         op = a.comm_phase
         g = op.copy()
@@ -52,7 +52,7 @@ def communication_section(a, page: Page) -> str:
         out.append(page.fig(fig, 320))
         out.append("<h3>Per collective, stage (forward / backward / optimizer, from the CPU op that launched it) "
                    "and FSDP phase: volume, bandwidth, overlap with compute, exposed time</h3>")
-        out.append(many_ranks.comm_phase(a, page) if many_ranks.is_many(a) else table(op))
+        out.append(scope_note(a, "window") + (many_ranks.comm_phase(a, page) if many_ranks.is_many(a) else table(op)))
     if a.p2p is not None and not a.p2p.empty:
         out.append("<h3>Point-to-point transfers (send / recv): not matched across ranks, not in skew</h3>")
         out.append(table(a.p2p))
@@ -61,13 +61,14 @@ def communication_section(a, page: Page) -> str:
         out.append(table(a.comm_outside_steps))
     if a.overlap_overall is not None and not a.overlap_overall.empty:
         out.append(many_ranks.overlap_per_rank(a, page) if many_ranks.is_many(a)
-                   else "<h3>Overall overlap per rank</h3>" + table(a.overlap_overall))
+                   else "<h3>Overall overlap per rank</h3>" + scope_note(a, "window") + table(a.overlap_overall))
     if a.traffic is not None and not a.traffic.empty:
         tr = (a.theory or {}).get("traffic")
         out.append("<h3>Measured volume vs theory (bytes each rank sends per step, ring)</h3>")
         if tr:
             out.append(f'<div class="formula">{esc(tr["label"])}: {esc(tr["formula"])}\n  = {esc(tr["substituted"])}\n'
                        f'  = {esc(fmt_bytes(tr["total_bytes"]))} per rank per step</div>')
+        out.append(scope_note(a, "window"))
         out.append(many_ranks.traffic(a, page) if many_ranks.is_many(a)
                    else table(a.traffic, labels={"diff_pct": "measured vs formula"}))
     out.append(_lanes_chart(a, page))

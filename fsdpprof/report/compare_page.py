@@ -90,11 +90,12 @@ def _compare_table(c) -> str:
             cells = [esc(fmt_spread(v, *spread_of(c, r, metric), scale=scale)) for r, v in zip(runs, vals)]
             name = metric_label(metric, unit_text, host)
         elif metric in ("framework", "strategy") or unit is None:
-            cells = [esc(fmt_params(v) if metric == "psi" else v if isinstance(v, str) else fmt_num(v)) for v in vals]
+            cells = [esc("" if is_missing(v) else fmt_params(v) if metric == "psi" else str(v).upper()
+                         if metric == "framework" else v if isinstance(v, str) else fmt_num(v)) for v in vals]
             name = metric_label(metric)
         else:
             scale, unit_text = mem_scale(max_bytes) if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
-            cells = [esc(fmt_fixed(v / scale) if not is_missing(v) else "-") for v in vals]
+            cells = [esc(fmt_fixed(v / scale) if not is_missing(v) else "") for v in vals]
             name = metric_label(metric, unit_text, host)
         tds = "".join(f"<td>{x}</td>" for x in cells)
         rows.append(f'<tr><th class="l">{esc(name)}</th>{tds}</tr>')

@@ -3,7 +3,7 @@ HTA's own tables when asked for (--hta)."""
 from __future__ import annotations
 
 from fsdpprof.report import figures, many_ranks
-from fsdpprof.report.page import Page, esc, label, notes_html, table, value_label
+from fsdpprof.report.page import Page, esc, label, notes_html, scope_note, table, value_label
 
 
 def device_section(a, page: Page) -> str:
@@ -20,7 +20,7 @@ def device_section(a, page: Page) -> str:
                                  ("idle_time_us", "idle", "#d1d5db")):
             fig.add_trace(figures.bar(x=[f"rank {r}" for r in tb["rank"]], y=tb[col] / 1e3, name=name, marker_color=color))
         fig.update_layout(barmode="stack", title="Temporal breakdown of device time per rank", yaxis_title="ms")
-        out.append(page.fig(fig, 320) + table(tb))
+        out.append(page.fig(fig, 320) + scope_note(a, "window") + table(tb))
     else:
         out.append('<p class="note">No device kernels in this input: the device time breakdowns need a GPU '
                    '(CUDA, ROCm, MTIA, XPU) trace.</p>')
@@ -30,7 +30,7 @@ def device_section(a, page: Page) -> str:
     if a.top_kernels is not None and not a.top_kernels.empty and many_ranks.is_many(a):
         out.append(many_ranks.top_kernels(a, page))
     elif a.top_kernels is not None and not a.top_kernels.empty:
-        out.append("<h3>Kernels with the most time (hover a name for all of it)</h3>"
+        out.append("<h3>Kernels with the most time (hover a name for all of it)</h3>" + scope_note(a, "window")
                    + table(a.top_kernels.sort_values("sum_us", ascending=False).head(40), left=("kernel_type", "name")))
     if a.idle is not None and not a.idle.empty:
         idle = a.idle.groupby("idle_category", as_index=False)["idle_time_us"].sum()

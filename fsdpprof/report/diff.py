@@ -6,8 +6,11 @@ import math
 
 import pandas as pd
 
+from fsdpprof.analyze.compare.diff import NO_UNIT
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
-from fsdpprof.report.page import category_label, esc, fmt_bytes, fmt_num, fmt_us, is_missing, label, role_label
+from fsdpprof.report.page import (NO_UNIT_TEXT, category_label, esc, fmt_bytes, fmt_num, fmt_us, is_missing, label, role_label,
+                                  value_label)
 
 TOP_ROWS = 50          # rows per table in the page (compare.json has them all)
 SHOWN_ROWS = 10        # of which shown at first, the largest changes; the rest under "show all N"
@@ -23,7 +26,7 @@ CHANGE_TEXT = {"added": "added (only in the run)", "deleted": "deleted (only in 
 def _signed(fmt, x) -> str:
     """A difference with its sign: +1.20 ms, -3.0 MiB, 0."""
     if is_missing(x):
-        return "-"
+        return ""
     x = float(x)
     if x == 0:
         return "0"
@@ -31,11 +34,12 @@ def _signed(fmt, x) -> str:
 
 
 def _pct(x) -> str:
-    return "-" if is_missing(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
+    return "" if is_missing(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
 
 
 def _count(x) -> str:
-    return fmt_num(float(x)) if not is_missing(x) else "-"
+    """A count as a whole number (a median over ranks of counts is rounded to whole calls, half up)."""
+    return fmt_num(math.floor(float(x) + 0.5)) if not is_missing(x) else ""
 
 
 def _name_cell(name) -> str:
@@ -60,7 +64,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
             if f == "name":
                 tds.append(_name_cell(v))
             elif f == "text":
-                tds.append(f'<td class="l" style="white-space:nowrap">{esc("-" if is_missing(v) else v)}</td>')
+                tds.append(f'<td class="l" style="white-space:nowrap">{esc("" if is_missing(v) else v)}</td>')
             else:
                 tds.append(f'<td style="white-space:nowrap">{esc(f(v))}</td>')
         body.append(f"<tr>{''.join(tds)}</tr>")
@@ -76,9 +80,15 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
 
 
 def _unit_text(u) -> str:
-    if is_missing(u) or u == "-":
-        return "-"
-    return "(root)" if u == "" else str(u)
+    if is_missing(u) or u == NO_UNIT:
+        return NO_UNIT_TEXT
+    return ROOT_UNIT_TEXT if u == ROOT_UNIT else str(u)
+
+
+def _words(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """The frame with its vocabulary columns (collective, stage, fsdp_phase, kind) in words (page.value_label); a
+    key the diff filled in for a missing one (NO_UNIT) is an empty cell."""
+    return df.assign(**{c: df[c].map(lambda v, c=c: "" if v == NO_UNIT else value_label(c, v)) for c in cols if c in df})
 
 
 def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
@@ -99,7 +109,7 @@ def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
 def _comm_html(c: pd.DataFrame) -> str:
     if c is None or not len(c):
         return '<p class="note">no collectives on either side</p>'
-    c = c.assign(unit_text=c["unit"].map(_unit_text),
+    c = _words(c, "collective", "stage", "fsdp_phase").assign(unit_text=c["unit"].map(_unit_text),
                  _order=(c["diff_exposed_comm_us"].abs() + c["diff_comm_us"].abs()))
     c = c.sort_values("_order", ascending=False, kind="stable")
     return _table(c, [
@@ -113,8 +123,8 @@ def _comm_html(c: pd.DataFrame) -> str:
 
 
 OPS_COLS = [("name", "operator / kernel", "name"), ("kind", "kind", "text"),
-            ("baseline_count", "calls (base)", _count), ("run_count", "calls (run)", _count),
-            ("diff_count", "calls change", lambda v: _signed(fmt_num, v)),
+            ("baseline_count", "calls per step (base)", _count), ("run_count", "calls per step (run)", _count),
+            ("diff_count", "calls change", lambda v: _signed(_count, v)),
             ("baseline_total_us", "total (base)", fmt_us), ("run_total_us", "total (run)", fmt_us),
             ("diff_total_us", "time added", lambda v: _signed(fmt_us, v))]
 
@@ -122,13 +132,15 @@ OPS_COLS = [("name", "operator / kernel", "name"), ("kind", "kind", "text"),
 def _ops_html(o: pd.DataFrame) -> str:
     if o is None or not len(o):
         return '<p class="note">no operators or kernels on either side</p>'
+    o = _words(o, "kind")
     counts = o["change"].value_counts()
     tc = o["time_change"].value_counts()
     summary = ", ".join(f"{int(counts.get(k, 0))} {v}" for k, v in CHANGE_TEXT.items())
     out = [f"<p>{esc(summary)}; {int(tc.get('slower', 0))} take more time, {int(tc.get('faster', 0))} less "
            f"(categories as HTA's TraceDiff.ops_diff: by number of calls).</p>"
            '<p class="note">Total time per name, as HTA counts it: CPU operators nest, so a parent\'s time '
-           "includes its children's; GPU kernels do not nest.</p>"]
+           "includes its children's; GPU kernels do not nest. Calls per step: the median over ranks of each "
+           "rank's calls per step, rounded to whole calls.</p>"]
     slower = o[o["diff_total_us"] > 0]
     faster = o[o["diff_total_us"] < 0].sort_values("diff_total_us", kind="stable")
     out.append("<h4>Adding the most time</h4>" + _table(slower, OPS_COLS))
@@ -162,7 +174,7 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame, roles: pd.DataFrame | None = 
     out.append(_table(m, [("category_text", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
                           ("run_bytes", "run", fmt_bytes), change], shown=TOP_ROWS))
     if u is not None and len(u):
-        u = u.assign(unit_text=u["unit"].map(_unit_text))
+        u = u.assign(unit_text=u["unit"].map(_unit_text), category=u["category"].map(category_label))
         u = u.reindex(u["diff_bytes"].abs().sort_values(ascending=False, kind="stable").index)
         u = u[u["diff_bytes"] != 0]
         out.append("<h4>By unit</h4>" + _table(u, [
@@ -219,8 +231,12 @@ def diff_text(c) -> str:
         cm = d.comm[d.comm["run"] == run] if len(d.comm) else d.comm
         if len(cm):
             r = cm.loc[cm["diff_exposed_comm_us"].abs().idxmax()]
-            lines.append(f"    communication: largest change in exposed time: {r['collective']} {r['stage']} "
-                         f"{r['fsdp_phase']} unit {_unit_text(r['unit'])} {_signed(fmt_us, r['diff_exposed_comm_us'])}")
+            where = ", ".join(x for x in (value_label("collective", r["collective"]),
+                                          f"in {value_label('stage', r['stage'])}" if not is_missing(r["stage"]) else "",
+                                          "" if r["fsdp_phase"] == NO_UNIT else value_label("fsdp_phase", r["fsdp_phase"]),
+                                          _unit_text(r["unit"])) if x)
+            lines.append(f"    communication: largest change in exposed time: {where} "
+                         f"{_signed(fmt_us, r['diff_exposed_comm_us'])}")
         o = d.ops[d.ops["run"] == run] if len(d.ops) else d.ops
         if len(o):
             n = o["change"].value_counts()

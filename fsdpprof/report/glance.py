@@ -2,9 +2,10 @@
 share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
+from fsdpprof.analyze.summary.headline import step_spread
 from fsdpprof.report.memory import devices_analysed, memory_owner
 from fsdpprof.report.page import (HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, esc, finding_title, fmt_bytes, fmt_pct,
-                                  fmt_us, idle_words, value_label)
+                                  fmt_us, fmt_us_spread, idle_words, step_scope, value_label)
 
 
 def split_bar(parts: list[tuple[str, float, str]]) -> str:
@@ -83,8 +84,10 @@ def glance_section(a, h: dict) -> str:
                            f"measured {esc(fmt_bytes(meas))}" if meas == meas else ""))
     step = h["step_us"]
     if step == step:
+        sp, ex = step_spread(a.steps, "step_us"), step_spread(a.steps, "exposed_comm_us")
         tiles.append(_tile(esc(fmt_pct(h["exposed_comm_pct"])), "of the step is exposed communication",
-                           f"{esc(fmt_us(h['exposed_comm_us']))} of a {esc(fmt_us(step))} step (median over ranks); "
+                           f"{esc(fmt_us_spread(h['exposed_comm_us'], ex['min'], ex['max']))} of a "
+                           f"{esc(fmt_us_spread(step, sp['min'], sp['max']))} step ({esc(step_scope(sp))}); "
                            + (f"{esc(fmt_us(h['overlapped_comm_us']))} more hidden behind compute"
                               if h["overlapped_comm_us"] > 0 else "none of it hidden behind compute")))
         host = h["idle_is_host"]

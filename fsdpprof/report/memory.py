@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fsdpprof.analyze.model import rank_list
 from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.analyze.memory.attribution import DEVICE_CHOICE_LARGEST
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE
@@ -67,8 +68,7 @@ def _theory_block(a) -> str:
                     <= 0.001 * first.abs().max()).all()]
         out.append(table(ms_t[~ms_t["rank"].isin(same)]))
         if same:
-            out.append(f'<p class="note">rank{"s" if len(same) > 1 else ""} {esc(_rank_list(same))}: the same as '
-                       f"rank {esc(r0)}.</p>")
+            out.append(f'<p class="note">{esc(rank_list(same))}: the same as rank {esc(r0)}.</p>')
     out.append("<p>The same model under every strategy (same Ψ, dtypes, optimizer and N):</p>")
     out.append(table(pd.DataFrame(t["all_strategies"]), ["label", "formula", "param_bytes", "grad_bytes",
                                                          "optimizer_state_bytes", "total_bytes", "traffic_bytes"],
@@ -84,17 +84,6 @@ def _theory_block(a) -> str:
                    f'{esc(fmt_bytes(pe.get("measured_peak_bytes")))}; difference {esc(fmt_bytes(diff))}: '
                    f'{esc(pe.get("explanation") or "no memory data to compare")}</div>')
     return "".join(out)
-
-
-def _rank_list(ranks) -> str:
-    """0-3, 5, 7-8"""
-    rs, out = sorted(int(r) for r in ranks), []
-    for r in rs:
-        if out and r == out[-1][1] + 1:
-            out[-1][1] = r
-        else:
-            out.append([r, r])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
 def _drop_empty(df: pd.DataFrame, cols=()) -> pd.DataFrame:

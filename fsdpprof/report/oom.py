@@ -14,7 +14,8 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdpprof.analyze.memory.fsdp_units import world_size_said
-from fsdpprof.report.page import esc, fmt_bytes, kv_table, table, unit_order
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
+from fsdpprof.report.page import MISSING, NO_UNIT_TEXT, esc, fmt_bytes, kv_table, table, value_label
 
 
 def render_oom(m) -> str:
@@ -27,8 +28,9 @@ def render_oom(m) -> str:
            f' with {esc(fmt_bytes(o.get("free_bytes")))} free'
            + (f', {esc(fmt_bytes(o.get("short_bytes")))} short' if o.get("short_bytes") is not None else "") + ".",
            f'<p>{esc(o.get("explanation") or "")}</p>']
-    where = [("stage", o.get("stage")), ("unit", o.get("unit")), ("FSDP phase", o.get("fsdp_phase")),
-             ("FSDP buffer", o.get("fsdp_role")), ("allocated then", fmt_bytes(o.get("allocated_bytes"))),
+    where = [("stage", value_label("stage", o.get("stage"))), ("unit", o.get("unit")),
+             ("FSDP phase", value_label("fsdp_phase", o.get("fsdp_phase"))),
+             ("FSDP buffer", value_label("fsdp_role", o.get("fsdp_role"))), ("allocated then", fmt_bytes(o.get("allocated_bytes"))),
              ("reserved then", fmt_bytes(o.get("reserved_bytes"))),
              ("cached but free then", fmt_bytes(o.get("cached_free_bytes"))),
              ("largest free block then", fmt_bytes(o.get("largest_free_block_bytes"))),
@@ -36,7 +38,7 @@ def render_oom(m) -> str:
              ("expandable segments", None if o.get("expandable_segments") is None
               else "yes" if o["expandable_segments"] else "no"),
              ("requested at", o.get("frames"))]
-    shown = [(k, v) for k, v in where if v not in (None, "", "-")]
+    shown = [(k, v) for k, v in where if v not in (None, "", "-", MISSING)]
     if shown:
         out.append(kv_table(shown))
     sugg = o.get("suggestions") or []
@@ -67,7 +69,7 @@ def _in_model_order(df: pd.DataFrame | None) -> pd.DataFrame | None:
     if df is None or df.empty or "unit" not in df:
         return df
     df = df.copy()
-    df["unit"] = df["unit"].astype(str).replace({"": "(root)", "None": "-", "nan": "-"})
+    df["unit"] = df["unit"].astype(str).replace({ROOT_UNIT: ROOT_UNIT_TEXT, "None": NO_UNIT_TEXT, "nan": NO_UNIT_TEXT})
     rank = {u: i for i, u in enumerate(unit_order(df["unit"]))}
     return df.sort_values("unit", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
 

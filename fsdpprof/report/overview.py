@@ -3,30 +3,17 @@ run or of warnings, and the "Overview" section (command, ranks, model, device)."
 from __future__ import annotations
 
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
-from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us, kv_table
-
-
-INPUT_KIND_TEXT = {"fsdp2": "FSDP2 (fully_shard)", "fsdp1": "FSDP1 (FullyShardedDataParallel)",
-                   "ddp": "DDP (DistributedDataParallel): nothing sharded",
-                   "distributed": "distributed job of another framework (not FSDP)",
-                   "single_device": "one device, no communication", "unknown": "unknown"}
-INPUT_KIND_SHORT = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "ddp": "DDP", "distributed": "distributed",
-                    "single_device": "one device"}
+from fsdpprof.analyze.model import INPUT_KIND_TEXT
+from fsdpprof.analyze.summary.headline import step_spread
+from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us_spread, kv_table, step_scope
 
 
 def context_line(a) -> str:
     """One line under the title: strategy, framework, ranks, model size, optimizer, dtypes, device."""
     o, t = a.overview, a.theory or {}
-    bits = []
-    if o.get("strategy"):
-        bits.append(str(o["strategy"]))
-    if INPUT_KIND_SHORT.get(o.get("input_kind")) and o.get("input_kind") != "ddp":
-        bits.append(INPUT_KIND_SHORT[o["input_kind"]])
-    if o.get("world_size"):
-        n = o["world_size"]
-        group = (f" (shard group {o['shard_group_size']} x replicas {o['replicate_group_size']})"
-                 if (o.get("replicate_group_size") or 1) > 1 else "")
-        bits.append(f"{n} rank{'s' if n != 1 else ''}{group}")
+    bits = [str(o["description"])] if o.get("description") else []
+    if (o.get("replicate_group_size") or 1) > 1:
+        bits.append(f"shard group {o['shard_group_size']} x replicas {o['replicate_group_size']}")
     if o.get("psi"):
         bits.append(f"Ψ = {fmt_params(o['psi'])} parameters")
     if o.get("optimizer"):
@@ -46,25 +33,32 @@ SOURCE_TEXT = {"run_dir": "fsdpprof run directory", "trace_folder": "folder of p
 
 
 def overview_section(a) -> str:
+    """The run in a table; a row without a value is left out (Ψ says it is unknown without an inventory)."""
     o = a.overview
     mp = o.get("mixed_precision")
+    sp = step_spread(a.steps, "step_us")
+    groups = (f"{o['shard_group_size']} / {o['replicate_group_size']}"
+              if o.get("shard_group_size") and o.get("replicate_group_size") else None)
     items = [
-        ("input", f"{a.path} ({SOURCE_TEXT.get(a.source, a.source)})"), ("command", o.get("command") or "-"), ("status", o.get("status")),
-        ("strategy", f"{o.get('strategy') or '-'} ({o.get('framework') or 'unknown framework'})"),
-        ("what ran", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind") or "-")),
+        ("input", f"{a.path} ({SOURCE_TEXT.get(a.source, a.source)})"), ("command", o.get("command")),
+        ("status", o.get("status")), ("strategy", o.get("description")),
+        ("what ran", INPUT_KIND_TEXT.get(o.get("input_kind"), o.get("input_kind"))),
         ("world size", f"{o['world_size']} (inferred from {o['world_size_source']})" if world_size_inferred(o)
          else o.get("world_size")), ("ranks analysed", ", ".join(map(str, o.get("ranks_present") or []))),
-        ("shard / replicate group", f"{o.get('shard_group_size') or '-'} / {o.get('replicate_group_size') or '-'}"),
-        ("Ψ (parameters)", f"{fmt_params(o.get('psi'))} ({fmt_num(o.get('psi'))})" if o.get("psi") else "-"),
+        ("shard / replicate group", groups),
+        ("Ψ (parameters)", f"{fmt_params(o.get('psi'))} ({fmt_num(o.get('psi'))})" if o.get("psi")
+         else "unknown (no inventory)"),
         ("mixed precision", f"param {mp.get('param_dtype')}, reduce {mp.get('reduce_dtype')}" if mp else "none"),
-        ("optimizer", o.get("optimizer") or "-"), ("CPU offload", "yes" if o.get("cpu_offload") else "no"),
-        ("device", f"{o.get('device_type') or '-'} {o.get('device_name') or ''}"),
-        ("backend", o.get("backend") or "-"), ("hosts", ", ".join(o.get("hosts") or []) or "-"),
-        ("steps recorded", ", ".join(map(str, o.get("steps_recorded") or [])) or "-"),
-        ("median step time", fmt_us(o.get("step_time_us"))),
+        ("optimizer", o.get("optimizer")), ("CPU offload", "yes" if o.get("cpu_offload") else "no"),
+        ("device", " ".join(str(x) for x in (o.get("device_type"), o.get("device_name")) if x)),
+        ("backend", o.get("backend")), ("hosts", ", ".join(o.get("hosts") or [])),
+        ("steps recorded", ", ".join(map(str, o.get("steps_recorded") or []))),
+        ("step time", f"{fmt_us_spread(sp['value'], sp['min'], sp['max'])} ({step_scope(sp)})"
+         if sp["value"] == sp["value"] else None),
     ]
-    return (f'<section id="overview"><h2>Overview</h2><details><summary>the run: command, ranks, model, device '
-            f'({esc(o.get("status") or "-")})</summary>{kv_table(items)}</details></section>')
+    status = f" ({o['status']})" if o.get("status") else ""
+    return (f'<section id="overview"><h2>Overview</h2><details><summary>the run: command, ranks, model, device'
+            f'{esc(status)}</summary>{kv_table(items)}</details></section>')
 
 
 def banner(a) -> str:

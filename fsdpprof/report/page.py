@@ -21,30 +21,34 @@ import re
 import pandas as pd
 
 from fsdpprof.version import __version__
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryRole as MR
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
 MIB = float(2**20)
-CATEGORY_COLORS = {
-    "sharded_param": "#1f77b4", "param": "#1f77b4", "unsharded_param": "#aec7e8", "sharded_grad": "#ff7f0e",
-    "grad": "#ff7f0e", "unsharded_grad": "#ffbb78", "optimizer_state": "#2ca02c", "activation": "#d62728",
-    "temporary": "#9467bd", "input": "#8c564b", "before_recording": "#bcbd22", "other": "#7f7f7f",
-}
+CATEGORY_COLORS = {c.value: color for c, color in (
+    (MC.SHARDED_PARAM, "#1f77b4"), (MC.PARAM, "#1f77b4"), (MC.UNSHARDED_PARAM, "#aec7e8"), (MC.SHARDED_GRAD, "#ff7f0e"),
+    (MC.GRAD, "#ff7f0e"), (MC.UNSHARDED_GRAD, "#ffbb78"), (MC.OPTIMIZER_STATE, "#2ca02c"), (MC.ACTIVATION, "#d62728"),
+    (MC.TEMPORARY, "#9467bd"), (MC.INPUT, "#8c564b"), (MC.BEFORE_RECORDING, "#bcbd22"), (MC.OTHER, "#7f7f7f"))}
 KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "memcpy": "#2ca02c",
                "memset": "#17becf", "sync": "#7f7f7f"}
 SPLIT_COLORS = {"compute": "#1f77b4", "exposed_comm": "#dc2626", "idle": "#d1d5db", "residual": "#fde68a"}
 
 # --- words and units: the one place for what the page calls things ---------------------------------
-CATEGORY_LABELS = {
-    "sharded_param": "sharded params", "unsharded_param": "gathered params",
-    "sharded_grad": "sharded grads", "unsharded_grad": "unsharded grads",
-    "param": "params", "grad": "grads", "optimizer_state": "optimizer states", "activation": "activations",
-    "temporary": "temporaries", "input": "inputs", "before_recording": "allocated before recording",
-    "other": "other",
-}
-KIND_LABELS = {"compute": "compute", "cpu_op": "CPU operator", "comm": "communication", "memcpy": "memory copy",
-               "memset": "memset", "sync": "synchronisation", "annotation": "annotation"}
+CATEGORY_LABELS = model.CATEGORY_WORDS     # (the words for memory categories: the model's, which analyze's sentences use)
+KIND_LABELS = {model.KIND_COMPUTE: "compute", model.KIND_CPU_OP: "CPU operator", model.KIND_COMM: "communication",
+               model.KIND_MEMCPY: "memory copy", model.KIND_MEMSET: "memset", model.KIND_SYNC: "synchronisation",
+               model.KIND_ANNOTATION: "annotation"}
+# the stages in words where their names are not words
+STAGE_LABELS = {model.STAGE_OPTIMIZER: "optimizer step", model.STAGE_POST_STEP: "after the optimizer step",
+                model.STAGE_OUTSIDE: "outside the steps", model.STAGE_UNKNOWN: "unknown stage",
+                model.STAGE_DATA: "data (before forward)"}
+# where a rank's memory numbers come from (MemoryResult.source)
+SOURCE_LABELS = {"cpu_trace": "profiler memory events", "cuda_snapshot": "CUDA memory snapshot"}
+NO_UNIT_TEXT = "outside any unit"     # memory or communication of no FSDP unit (the root unit is ROOT_UNIT_TEXT)
+MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table leaves the cell empty)
 COLUMN_LABELS = {
     # memory
     "peak_allocated_bytes": "peak allocated", "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
@@ -95,7 +99,7 @@ MOMENT_LABELS = {"peak": "at the peak", "oom": "at the out-of-memory error", "en
 HOST_TIME = "host time outside operators"
 HOST_TIME_WHAT = "Python, the dispatcher, FSDP's hooks"
 VALUE_COLUMNS = frozenset({"category", "collective", "role", "fsdp_phase", "peak_fsdp_phase", "kind", "idle_category",
-                           "stage", "peak_stage", "source"})
+                           "stage", "peak_stage", "source", "kernel_type"})
 NAME_COLUMNS = frozenset({"name", "frames"})
 NAME_MAX = 64   # characters of a trace name shown in tables and charts (the full name on hover)
 
@@ -118,9 +122,7 @@ def is_missing(x) -> bool:
         return False
 
 
-def category_label(c) -> str:
-    """A memory category as the page says it ("optimizer states")."""
-    return CATEGORY_LABELS.get(str(c), str(c).replace("_", " "))
+category_label = model.category_words     # a memory category as every output says it ("optimizer states")
 
 
 def moment_label(at) -> str:
@@ -138,17 +140,25 @@ def size_class_label(lo_bytes, hi_bytes) -> str:
 
 
 def value_label(col: str, v) -> str:
-    """A vocabulary value in a table cell: memory categories in words, all_gather -> all-gather, snake_case
-    words spaced; anything else unchanged."""
+    """A vocabulary value in words, the one label function of tables, sentences and the terminal (``col`` says
+    what it is: category, role, kind, collective, stage, fsdp_phase, source, kernel_type, ...): memory categories
+    in words, all_gather -> all-gather, a kind "compute/cpu_op" -> "compute / CPU operator", HTA's kernel types
+    in lower case, snake_case words spaced; anything else unchanged; "" for a missing value."""
     if is_missing(v):
-        return "-"
-    s = str(v)
+        return ""
+    s = str(getattr(v, "value", v))
     if col == "category":
         return category_label(s)
     if col == "kind":
-        return KIND_LABELS.get(s, s)
+        return " / ".join(KIND_LABELS.get(k, k) for k in s.split("/"))
     if col == "collective":
-        return s.replace("_", "-")
+        return model.collective_words(s)
+    if col == "source":
+        return SOURCE_LABELS.get(s, s.replace("_", " "))
+    if col in ("stage", "peak_stage"):
+        return STAGE_LABELS.get(s, s.replace("_", " "))
+    if col == "kernel_type":
+        return s.lower()
     if col == "role":
         return category_label(s)
     return s.replace("_", " ") if re.fullmatch(r"[a-z0-9_]+", s) else s
@@ -190,14 +200,14 @@ def short_name(name, limit: int = NAME_MAX) -> str:
 def hover_name(name, width: int = 100) -> str:
     """The full name for a chart's hover, escaped, wrapped every ``width`` characters."""
     s = " ".join(str(name).split())
-    return "<br>".join(label(s[i:i + width]) for i in range(0, len(s), width)) or "-"
+    return "<br>".join(label(s[i:i + width]) for i in range(0, len(s), width))
 
 
 # --- numbers --------------------------------------------------------------------------------------
 def fmt_fixed(x) -> str:
     """A number at a sensible precision: 1,234 / 12.3 / 1.23 / 0.123; 0 as 0."""
     if is_missing(x):
-        return "-"
+        return MISSING
     x = float(x)
     a = abs(x)
     if a == 0:
@@ -213,22 +223,43 @@ def fmt_fixed(x) -> str:
     return "<0.001" if x > 0 else ">-0.001"
 
 
-fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's)
+fmt_bytes = model.fmt_bytes      # (the one formatter for bytes: the model's)
 
 
 def fmt_spread(value, lo, hi, scale: float = 1.0) -> str:
     """A number with its spread, each divided by ``scale``: 566 (474–630); the number alone without a spread."""
     if is_missing(value):
-        return "-"
+        return MISSING
     if is_missing(lo) or is_missing(hi):
         return fmt_fixed(value / scale)
     return f"{fmt_fixed(value / scale)} ({fmt_fixed(lo / scale)}–{fmt_fixed(hi / scale)})"
 
 
+def fmt_us_spread(value, lo, hi) -> str:
+    """A time (µs) with its min–max in one unit: "542 ms (455–615)"; the time alone without a spread."""
+    if is_missing(value):
+        return MISSING
+    if is_missing(lo) or is_missing(hi) or float(lo) == float(hi):
+        return fmt_us(value)
+    top = max(abs(float(hi)), abs(float(value)))
+    scale, unit = (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")
+    return f"{fmt_fixed(value / scale)} {unit} ({fmt_fixed(lo / scale)}–{fmt_fixed(hi / scale)})"
+
+
+def step_scope(sp: dict) -> str:
+    """What a per-step number is over (headline.step_spread's dict): "each rank's mean per step, the median over 8
+    ranks; in brackets the min–max over every rank and step (8 ranks, 8 steps in all)"."""
+    n, k = sp.get("ranks") or 0, sp.get("steps") or 0
+    if n <= 1:
+        return f"the mean over {k} step{'s' if k != 1 else ''}" + ("; in brackets the min–max" if k > 1 else "")
+    return (f"each rank's mean per step, the median over {n} ranks; in brackets the min–max over every rank and step "
+            f"({n} ranks, {k} steps in all)")
+
+
 def fmt_us(x) -> str:
     """A time given in µs, in s, ms or µs."""
     if is_missing(x):
-        return "-"
+        return MISSING
     x = float(x)
     if x == 0:
         return "0 ms"
@@ -239,13 +270,12 @@ def fmt_us(x) -> str:
     return f"{fmt_fixed(x)} µs"
 
 
-def fmt_pct(x) -> str:
-    return "-" if is_missing(x) else f"{float(x):.0f}%" if abs(float(x)) >= 10 else f"{float(x):.1f}%"
+fmt_pct = model.fmt_pct        # (the one percentage format: the model's, which findings use)
 
 
 def fmt_num(x, digits: int = 4) -> str:
     if is_missing(x):
-        return "-"
+        return MISSING
     if isinstance(x, (int,)) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15):
         return f"{int(x):,}"
     try:
@@ -257,7 +287,7 @@ def fmt_num(x, digits: int = 4) -> str:
 def fmt_params(x) -> str:
     """A parameter count: 3.66 M."""
     if is_missing(x):
-        return "-"
+        return MISSING
     x = float(x)
     for div, word in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
@@ -321,7 +351,7 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
     if isinstance(v, (list, tuple, dict)):
         return str(v)
     if is_missing(v):
-        return "-"
+        return ""
     if col == "addr":
         try:
             return hex(int(v))
@@ -348,11 +378,14 @@ def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int 
           labels: dict | None = None, names: tuple = ()) -> str:
     """An HTML table: every cell escaped; one unit per column from its name (``*_bytes`` -> MiB ...,
     ``*_us`` -> ms, ``*_pct`` -> %) shown in the header; headers in words (COLUMN_LABELS, or ``labels``
-    for this table); trace names (``name``, ``frames`` and ``names``) shortened with the full name on hover."""
+    for this table); trace names (``name``, ``frames`` and ``names``) shortened with the full name on hover.
+    A column with no value in any row shown is left out, a missing value is an empty cell."""
     if df is None or len(df) == 0:
         return '<p class="note">no rows</p>'
     cols = [c for c in (cols or list(df.columns)) if c in df.columns]
     shown = df[cols].head(max_rows)
+    cols = [c for c in cols if not shown[c].map(lambda v: is_missing(v) or v == "").all()]
+    shown = shown[cols]
     labels = labels or {}
     name_cols = NAME_COLUMNS | set(names)
     heads, specs = [], []
@@ -381,19 +414,10 @@ def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int 
 
 
 def kv_table(items: list[tuple[str, object]]) -> str:
-    rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in items)
+    """Rows of (words, value); a row without a value (None, NaN, "") is left out."""
+    rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in items
+                   if not is_missing(v) and str(v).strip() != "")
     return f"<table>{rows}</table>"
-
-
-def unit_order(units) -> list:
-    """FSDP units in the model's order: the root first, then by name with numbers compared as numbers
-    (layers.2 before layers.10)."""
-    def key(u):
-        u = str(u)
-        if u in ("", "(root)"):
-            return (0, [])
-        return (1, [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"[.]", u)])
-    return sorted(dict.fromkeys(units), key=key)
 
 
 CSS = """
@@ -478,6 +502,18 @@ def notes_html(a, section: str) -> str:
     return f'<p class="note">{esc(n)}</p>' if n else ""
 
 
+def scope_note(a, per: str) -> str:
+    """A table's scope as a note under its caption: which ranks and steps its rows are. ``per``: "rank_step" (one
+    row per rank and step), "window" (per rank, totals over the recorded window), "rank" (one row per rank)."""
+    ranks = model.rank_list(sorted(int(r) for r in (a.overview.get("ranks_present") or [])))
+    steps = sorted({int(x) for x in a.steps["step"].dropna()}) if a.steps is not None and "step" in a.steps else []
+    said = f"step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps))}" if steps else "the whole trace"
+    words = {"rank_step": f"one row per rank and step: {ranks}, {said}",
+             "window": f"per rank ({ranks}), totals over the recorded window ({said})",
+             "rank": f"one row per rank: {ranks}, over {said}"}[per]
+    return f'<p class="note">Scope: {esc(words)}.</p>'
+
+
 def idle_words(host: bool) -> str:
     """What the step breakdown's idle time is: device idle on a GPU trace, host time on a CPU trace."""
     return HOST_TIME if host else "device idle"
@@ -500,13 +536,14 @@ METRIC_LABELS = {
     "peak_rank": "memory from rank (its peak the highest)", "slowest_rank": "slowest rank (mean step)",
     "cpu_contention": "CPU contention (runnable / on a CPU)",
 }
-ROLE_LABELS = {"params": "params (sharded + gathered, or whole)", "grads": "grads (sharded + unsharded, or whole)",
-               "optimizer_state": "optimizer states", "activations": "activations", "temporaries": "temporaries",
-               "other": "other (inputs, before recording, unattributed)"}
+ROLE_LABELS = {r.value: text for r, text in (
+    (MR.PARAMS, "params (sharded + gathered, or whole)"), (MR.GRADS, "grads (sharded + unsharded, or whole)"),
+    (MR.OPTIMIZER_STATE, "optimizer states"), (MR.ACTIVATIONS, "activations"), (MR.TEMPORARIES, "temporaries"),
+    (MR.OTHER, "other (inputs, before recording, unattributed)"))}
 
 
 def role_label(role) -> str:
-    """A memory role (vocab.MemoryRole) as the page says it."""
+    """A memory role (model.MemoryRole) as the page says it."""
     return ROLE_LABELS.get(str(role), str(role).replace("_", " "))
 
 

@@ -2,10 +2,11 @@
 the model's order."""
 from __future__ import annotations
 
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
 from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, label, mem_scale, side_by_side,
-                                  table, unit_order, value_label)
+                                  table, value_label)
 
 
 def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
@@ -19,7 +20,7 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
     bu = bu.copy()
     none = float(bu.loc[bu["unit"].isna(), "bytes"].sum())
     bu = bu[bu["unit"].notna() & (bu["bytes"] > 0)]
-    bu["unit"] = bu["unit"].astype(str).replace("", "(root)")
+    bu["unit"] = bu["unit"].astype(str).replace(ROOT_UNIT, ROOT_UNIT_TEXT)
     units = unit_order(bu["unit"])
     sc, unit = mem_scale(bu.groupby("unit")["bytes"].sum().max())
     fig = figures.Figure()
@@ -47,7 +48,7 @@ def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
         return "", ""
     per = c.groupby(["rank", "step", "unit", "collective", "stage"], as_index=False)["exposed_comm_us"].sum()
     g = per.groupby(["unit", "collective", "stage"], as_index=False)["exposed_comm_us"].mean()
-    g["unit"] = g["unit"].astype(str).replace("", "(root)")
+    g["unit"] = g["unit"].astype(str).replace(ROOT_UNIT, ROOT_UNIT_TEXT)
     units = unit_order(g["unit"])
     fig = figures.Figure()
     for (coll, stage), s in g.groupby(["collective", "stage"]):

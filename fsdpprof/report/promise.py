@@ -2,6 +2,7 @@
 what was measured, and the memory at the peak by category beside the formula's model states, per run."""
 from __future__ import annotations
 
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_fixed, fmt_pct, fmt_spread, is_missing,
                                   label, mem_scale)
@@ -17,7 +18,7 @@ def spread_of(c, run: str, metric: str) -> tuple[float, float]:
 
 
 def _ratio_text(x) -> str:
-    return "-" if is_missing(x) else f"{float(x):.2f}×"
+    return "" if is_missing(x) else f"{float(x):.2f}×"
 
 
 def promise_section(c, page: Page) -> str:
@@ -82,7 +83,7 @@ def _memory_vs_formula(c, page: Page) -> str:
                                  legendgroup="measured", legendgrouptitle_text="measured at the peak",
                                  marker_color=CATEGORY_COLORS.get(cat)))
     if formula is not None and not formula.empty:
-        for cat in ("param", "grad", "optimizer_state"):
+        for cat in (MC.PARAM.value, MC.GRAD.value, MC.OPTIMIZER_STATE.value):
             g = formula[formula["category"] == cat].groupby("run")["bytes"].sum()
             if g.empty:
                 continue

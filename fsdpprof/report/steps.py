@@ -3,7 +3,8 @@ trace) and the rest: T_step ~ T_comp + T_comm - T_overlap."""
 from __future__ import annotations
 
 from fsdpprof.report import figures, many_ranks
-from fsdpprof.report.page import HOST_TIME_WHAT, SPLIT_COLORS, Page, esc, fmt_num, idle_words, notes_html, table
+from fsdpprof.report.page import (HOST_TIME_WHAT, SPLIT_COLORS, Page, esc, fmt_num, idle_words, notes_html, scope_note,
+                                  table)
 
 
 def _host_time(a) -> bool:
@@ -42,6 +43,6 @@ def steps_section(a, page: Page) -> str:
         fig.update_layout(barmode="stack", title="Step time per rank and step", yaxis_title="ms")
         out.append(page.fig(fig, 340))
         shown = s.drop(columns=["residual_us"]) if "residual_us" in s and not s["residual_us"].abs().gt(0).any() else s
-        out.append(table(shown, labels={"idle_us": idle}))
+        out.append(scope_note(a, "rank_step") + table(shown, labels={"idle_us": idle}))
     out.append("</section>")
     return "".join(out)

@@ -1,32 +1,46 @@
 """Terminal summary of an Analysis or a Comparison (rendering only; words and units as in the HTML)."""
 from __future__ import annotations
 
-from fsdpprof.analyze.summary.headline import headline
+from fsdpprof.analyze.summary.headline import headline, step_spread
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
 from fsdpprof.report.glance import oom_line
 from fsdpprof.report.memory import devices_analysed, memory_owner, other_devices_said
 from fsdpprof.report.compare_page import SPREAD_ROWS
-from fsdpprof.report.page import (HOST_TIME, column_unit, fmt_bytes, fmt_fixed, fmt_num, fmt_params, fmt_pct, fmt_us,
-                                  metric_label)
+from fsdpprof.report.overview import SOURCE_TEXT
+from fsdpprof.report.page import (HOST_TIME, MISSING, column_unit, finding_title, fmt_bytes, fmt_fixed, fmt_num, fmt_params,
+                                  fmt_pct, fmt_us, fmt_us_spread, is_missing, metric_label, value_label)
 from fsdpprof.report.promise import spread_of
 
 
 def _plain(text: str) -> str:
-    """Our own words in ASCII for any terminal (the HTML says Ψ and µs)."""
-    return text.replace("Ψ", "Psi").replace("µs", "us")
+    """Our own words in ASCII for any terminal (the HTML says Ψ, µs, × and –)."""
+    return text.replace("Ψ", "Psi").replace("µs", "us").replace("–", "-").replace("×", "x")
+
+
+def _psi(o: dict) -> str:
+    return f"Psi {fmt_params(o['psi'])}" if o.get("psi") else "Psi unknown (no inventory)"
+
+
+def _short_scope(sp: dict) -> str:
+    """What a step time is over, briefly (page.step_scope says it in full)."""
+    n = sp.get("ranks") or 0
+    return (f" (median over {n} ranks of each rank's mean; min-max over ranks and steps in brackets)" if n > 1
+            else " (mean over the steps; min-max in brackets)" if (sp.get("steps") or 0) > 1 else "")
 
 
 def summary_text(a) -> str:
     o = a.overview
     h = headline(a)
     oom = oom_line(a, h.get("oom"))
-    lines = [f"fsdpprof report: {a.path} ({a.source})"] + ([f"  {oom}"] if oom else []) + [
-             f"  strategy {o.get('strategy') or '-'} ({o.get('framework') or '-'}), world size {o.get('world_size') or '?'}"
-             + (f" (inferred from {o['world_size_source']})" if world_size_inferred(o) else "") + ", "
-             + (f"analysed {devices_analysed(a)}, " if devices_analysed(a) else
-                f"ranks analysed {len(o.get('ranks_present') or [])}, ")
-             + f"Psi {fmt_params(o.get('psi')) if o.get('psi') else '-'}, "
-             f"median step {fmt_us(o.get('step_time_us'))}"]
+    world = o.get("world_size") or MISSING
+    step = step_spread(a.steps, "step_us")
+    lines = [f"fsdpprof report: {a.path} ({SOURCE_TEXT.get(a.source, a.source)})"] + ([f"  {oom}"] if oom else []) + [
+             f"  {o.get('description') or 'unknown input'}"
+             + (f", world size {world} (inferred from {o['world_size_source']})" if world_size_inferred(o) else "")
+             + "; " + (f"analysed {devices_analysed(a)}, " if devices_analysed(a) else
+                       f"ranks analysed {len(o.get('ranks_present') or [])}, ")
+             + _psi(o) + (f", step {fmt_us_spread(h['step_us'], step['min'], step['max'])}" + _short_scope(step)
+                          if h["step_us"] == h["step_us"] else "")]
     lines += [f"  warning: {w}" for w in a.warnings or []]
     if a.missing:
         lines.append("  PARTIAL: missing " + "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items())))
@@ -34,29 +48,34 @@ def summary_text(a) -> str:
         r = h["peak_rank"]
         m = a.memory[r]
         said = other_devices_said(m)
-        lines.append(f"  memory: peak {fmt_bytes(m.peak_allocated_bytes)} on {memory_owner(a, r)} "
-                     f"(stage {m.peak_stage}, {float(m.coverage_pct):.0f}% attributed, source {m.source})"
+        where = ", ".join(x for x in ((f"in {value_label('stage', m.peak_stage)}" if not is_missing(m.peak_stage)
+                                       else ""), f"{fmt_pct(m.coverage_pct)} attributed",
+                                      f"from the {value_label('source', m.source)}") if x)
+        lines.append(f"  memory: peak {fmt_bytes(m.peak_allocated_bytes)} on {memory_owner(a, r)} ({where})"
                      + (f"; {said}" if said else ""))
     t = a.theory or {}
     if t.get("model_states"):
         share = h["model_states_theory_pct_of_peak"]
-        lines.append(f"  model states per rank: measured {fmt_bytes(t.get('measured_model_states_bytes'))}, "
+        lines.append(f"  model states per rank: measured {fmt_bytes(t.get('measured_model_states_bytes'), missing=MISSING)}, "
                      f"theory {fmt_bytes(t['model_states']['total_bytes'])} ({t['model_states']['formula']})"
                      + (f", {fmt_pct(share)} of the peak" if share == share else ""))
     if h["step_us"] == h["step_us"]:
         idle = HOST_TIME if h["idle_is_host"] else "device idle"
-        lines.append(f"  communication: exposed {fmt_us(h['exposed_comm_us'])} per step "
+        exp = step_spread(a.steps, "exposed_comm_us")
+        lines.append(f"  communication: exposed {fmt_us_spread(h['exposed_comm_us'], exp['min'], exp['max'])} per step "
                      f"({fmt_pct(h['exposed_comm_pct'])} of the step)")
         lines.append(f"  step split: compute {fmt_pct(h['compute_pct'])}, exposed communication "
                      f"{fmt_pct(h['exposed_comm_pct'])}, {idle} {fmt_pct(h['idle_pct'])}")
     for f in a.findings[:5]:
-        lines.append(f"  finding [{f.severity}]: {f.title} -> {f.suggestion}")
+        lines.append(f"  finding [{f.severity}]: {finding_title(f.title)} -> {f.suggestion}")
     for sec, n in sorted(a.notes.items()):
         lines.append(f"  note ({sec}): {n}")
     return _plain("\n".join(lines))
 
 
 def _cell(metric: str, v) -> str:
+    if v is None or is_missing(v):
+        return MISSING
     unit = column_unit(metric)
     if unit == "bytes":
         return fmt_bytes(v)
@@ -64,22 +83,21 @@ def _cell(metric: str, v) -> str:
         return fmt_us(v)
     if metric == "psi":
         return fmt_params(v)
+    if metric == "framework":
+        return str(v).upper()
     return fmt_num(v) if isinstance(v, float) else str(v)
 
 
 def _x(v) -> str:
-    return "-" if v != v else f"{v:.2f}x"
+    return MISSING if is_missing(v) else f"{v:.2f}x"
 
 
 def _spread_cell(c, run: str, metric: str, v) -> str:
     """A compare table's step time, exposed communication or CPU contention with its min-max: 566 ms (474-630)."""
     lo, hi = spread_of(c, run, metric)
     if metric == "cpu_contention":
-        return "-" if v != v else f"x{v:.2f}" + ("" if lo != lo else f" ({lo:.2f}-{hi:.2f})")
-    if v != v or lo != lo:
-        return _cell(metric, v)
-    scale, unit = (1e6, "s") if abs(hi) >= 1e6 else (1e3, "ms")
-    return f"{fmt_fixed(v / scale)} {unit} ({fmt_fixed(lo / scale)}-{fmt_fixed(hi / scale)})"
+        return MISSING if is_missing(v) else f"x{v:.2f}" + ("" if lo != lo else f" ({lo:.2f}-{hi:.2f})")
+    return fmt_us_spread(v, lo, hi)
 
 
 def compare_text(c) -> str:
@@ -96,15 +114,16 @@ def compare_text(c) -> str:
     width = max(len(n) for n in names)
     cells = [[_spread_cell(c, r, row[0], v) if row[0] in SPREAD_ROWS else _cell(row[0], v)
               for r, v in zip(runs, row[1:])] for row in rows]
-    widths = [max([len(str(r)[:30])] + [len(cs[i]) for cs in cells]) for i, r in enumerate(runs)]
-    lines.append("  " + " " * width + "  " + "  ".join(str(r)[:30].rjust(w) for r, w in zip(runs, widths)))
+    widths = [max([len(str(r))] + [len(cs[i]) for cs in cells]) for i, r in enumerate(runs)]
+    lines.append("  " + " " * width + "  " + "  ".join(str(r).rjust(w) for r, w in zip(runs, widths)))
     for name, cs in zip(names, cells):
         lines.append(f"  {name.ljust(width)}  " + "  ".join(x.rjust(w) for x, w in zip(cs, widths)))
     p = c.promise
     if p is not None and not p.empty and p["model_states_theory_bytes"].notna().any():
         lines.append("  ZeRO promised / measured, per rank (x: ratio to the baseline; traffic: to DDP's formula):")
+        name_w = max(len(str(x)) for x in p["run"])
         for _, r in p.iterrows():
-            lines.append(f"    {str(r['run'])[:30]:30}  model states {fmt_fixed(r['model_states_theory_bytes'] / 2**20)}"
+            lines.append(f"    {str(r['run']):{name_w}}  model states {fmt_fixed(r['model_states_theory_bytes'] / 2**20)}"
                          f" / {fmt_fixed(r['model_states_measured_bytes'] / 2**20)} MiB"
                          f" ({_x(r['model_states_theory_ratio'])} / {_x(r['model_states_measured_ratio'])})"
                          f"  peak {fmt_fixed(r['peak_allocated_bytes'] / 2**20)} MiB ({_x(r['peak_ratio'])})"

@@ -6,9 +6,14 @@ Input: the dict :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` retur
 from __future__ import annotations
 
 
-from fsdpprof.analyze.vocab import rank_list
+from fsdpprof.analyze.model import rank_list
 from fsdpprof.report import figures
-from fsdpprof.report.page import CATEGORY_COLORS, MIB, Page, document, esc, fmt_bytes, fmt_us, label
+from fsdpprof.report.page import (CATEGORY_COLORS, MIB, Page, category_label, document, esc, fmt_bytes, fmt_us,
+                                  is_missing, label)
+
+
+def _time(x) -> str:
+    return "" if x is None or is_missing(x) else fmt_us(x)
 
 
 def _table(result: dict) -> str:
@@ -19,13 +24,13 @@ def _table(result: dict) -> str:
     rows = []
     for p in result.get("predictions") or []:
         peak, step = p.get("peak_allocated_bytes"), p.get("step_us")
-        dp = f"{100.0 * (peak / mpeak - 1):+.1f}%" if peak and mpeak else "-"
-        ds = f"x{step / mstep:.2f}" if step and mstep else "-"
+        dp = f"{100.0 * (peak / mpeak - 1):+.1f}%" if peak and mpeak else ""
+        ds = f"x{step / mstep:.2f}" if step and mstep else ""
         name = p.get("label") or p.get("strategy")
         if p.get("is_run"):
             name += " (this run's own)"
-        cells = [name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak), dp, fmt_us(step), ds,
-                 fmt_us(p.get("compute_us")), fmt_us(p.get("exposed_comm_us")), fmt_us(p.get("rest_us"))]
+        cells = [name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak, missing=""), dp, _time(step), ds,
+                 _time(p.get("compute_us")), _time(p.get("exposed_comm_us")), _time(p.get("rest_us"))]
         rows.append("<tr>" + "".join(f'<td{" class=l" if i == 0 else ""}>{esc(c)}</td>' for i, c in enumerate(cells))
                     + "</tr>")
     ths = "".join(f'<th{" class=l" if i == 0 else ""}>{esc(h)}</th>' for i, h in enumerate(head))
@@ -44,9 +49,9 @@ def _figure(result: dict, page: Page) -> str:
                 cats.append(c)
     fig = figures.Figure()
     for c in cats:
-        fig.add_trace(figures.bar(x=names, y=[(p.get("breakdown") or {}).get(c, 0) / MIB for p in preds], name=label(c),
-                             marker_color=CATEGORY_COLORS.get({"param": "sharded_param", "grad": "sharded_grad"}
-                                                              .get(c, c), "#7f7f7f")))
+        fig.add_trace(figures.bar(x=names, y=[(p.get("breakdown") or {}).get(c, 0) / MIB for p in preds],
+                                  name=label(category_label(c)),
+                             marker_color=CATEGORY_COLORS.get(c, "#7f7f7f")))
     mpeak = (result.get("measured") or {}).get("peak_allocated_bytes")
     if mpeak:
         fig.add_hline(y=mpeak / MIB, line_dash="dot", annotation_text="this run, measured")
@@ -100,6 +105,6 @@ def render_whatif(result: dict, plotly_src: str | None = None) -> str:
     """The page `fsdpprof whatif -o` writes: the same section on its own (plotly.js as in render_report)."""
     page = Page(plotly_src)
     run = result.get("run") or {}
-    title = f"fsdpprof what if: {run.get('strategy') or 'run'}, {run.get('world_size') or '?'} ranks"
+    title = f"fsdpprof what if: {run.get('description') or run.get('strategy') or 'run'}"
     body = f'<section id="whatif"><h2>What if</h2>{whatif_body(result, page)}</section>'
     return document(title, str(run.get("path") or ""), [("whatif", "What if")], body)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.load.frames import isin, on_device
 
@@ -47,8 +47,8 @@ IDLE_COLUMNS = ["rank", "stream", "idle_category", "idle_time_us", "idle_time_pc
 
 COMPUTATION, COMMUNICATION, MEMORY, OTHER = "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"
 # HTA's kernel types, from our kinds
-KERNEL_TYPE_OF_KIND = {vocab.KIND_COMPUTE: COMPUTATION, vocab.KIND_COMM: COMMUNICATION,
-                       vocab.KIND_MEMCPY: MEMORY, vocab.KIND_MEMSET: MEMORY, vocab.KIND_SYNC: OTHER}
+KERNEL_TYPE_OF_KIND = {model.KIND_COMPUTE: COMPUTATION, model.KIND_COMM: COMMUNICATION,
+                       model.KIND_MEMCPY: MEMORY, model.KIND_MEMSET: MEMORY, model.KIND_SYNC: OTHER}
 # the types of the kernel-type table, in HTA's order (bit i of a "which types run" mask)
 TABLE_TYPES = [COMPUTATION, COMMUNICATION, MEMORY]
 HOST_WAIT, KERNEL_WAIT, OTHER_WAIT = "host_wait", "kernel_wait", "other"
@@ -278,7 +278,7 @@ def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = 
         raise ValueError("idle_time_breakdown needs the CPU launch time of every kernel (column launch_ts_us, "
                          "NaN where the launch is not in the trace)")
     d = _device(events)
-    keep = np.isin(d["kind"], [vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET])
+    keep = np.isin(d["kind"], [model.KIND_COMPUTE, model.KIND_COMM, model.KIND_MEMCPY, model.KIND_MEMSET])
     idx = d["idx"][keep]
     if idx.size == 0:
         return pd.DataFrame({c: [] for c in IDLE_COLUMNS})

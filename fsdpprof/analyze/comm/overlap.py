@@ -19,7 +19,7 @@ import pandas as pd
 
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.load.frames import isin
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 
 OVERLAP_COLUMNS = ["comm_us", "overlapped_comm_us", "exposed_comm_us", "overlap_pct"]
 
@@ -33,7 +33,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
         by = ["rank"] + by
     if by == ["rank"]:
         return _per_rank(events)
-    is_comm = isin(events["kind"], [vocab.KIND_COMM])
+    is_comm = isin(events["kind"], [model.KIND_COMM])
     keys = events.loc[is_comm, by]
     if len(keys) == 0:
         return pd.DataFrame({**{k: [] for k in by}, **{c: [] for c in OVERLAP_COLUMNS}})
@@ -48,7 +48,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     g, ms, me = intervals.grouped_union(gid, ts[is_comm], te[is_comm])
     group_rank = keys["rank"].to_numpy()[first_row]
     ov = np.zeros(len(ms))
-    comp = isin(events["kind"], [vocab.KIND_COMPUTE])
+    comp = isin(events["kind"], [model.KIND_COMPUTE])
     ranks = events["rank"].to_numpy()
     merged_rank = group_rank[g]
     for r in pd.unique(merged_rank):
@@ -70,7 +70,7 @@ def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     rank = events["rank"].to_numpy()
     ts = events["ts_us"].to_numpy(dtype=np.float64)
     end = ts + events["dur_us"].to_numpy(dtype=np.float64)
-    is_comm, is_comp = isin(events["kind"], [vocab.KIND_COMM]), isin(events["kind"], [vocab.KIND_COMPUTE])
+    is_comm, is_comp = isin(events["kind"], [model.KIND_COMM]), isin(events["kind"], [model.KIND_COMPUTE])
     ranks = np.unique(rank)
     comp_us, comm_us, ov_us = np.zeros(ranks.size), np.full(ranks.size, np.nan), np.full(ranks.size, np.nan)
     for i, r in enumerate(ranks):
@@ -115,14 +115,14 @@ def exposed_comm_spans(events: pd.DataFrame) -> pd.DataFrame:
     """Per rank and collective: the spans (µs, disjoint, by start) in which that collective's communication runs
     and no compute does: the union of its comm intervals minus the union of the rank's compute (the same sets as
     :func:`comm_overlap`, so a rank's spans of one collective add up to its ``exposed_comm_us`` by collective).
-    A comm event of unknown type counts as vocab.UNKNOWN_COLLECTIVE."""
+    A comm event of unknown type counts as model.UNKNOWN_COLLECTIVE."""
     rows = []
-    is_comm, is_comp = isin(events["kind"], [vocab.KIND_COMM]), isin(events["kind"], [vocab.KIND_COMPUTE])
+    is_comm, is_comp = isin(events["kind"], [model.KIND_COMM]), isin(events["kind"], [model.KIND_COMPUTE])
     ts = events["ts_us"].to_numpy(np.float64)
     end = ts + events["dur_us"].to_numpy(np.float64)
     rank = events["rank"].to_numpy()
     coll = events["collective"].astype(object).to_numpy()
-    coll = np.where(pd.isna(coll), vocab.UNKNOWN_COLLECTIVE, coll)
+    coll = np.where(pd.isna(coll), model.UNKNOWN_COLLECTIVE, coll)
     for r in np.unique(rank[is_comm]).tolist():
         on = rank == r
         pm = on & is_comp

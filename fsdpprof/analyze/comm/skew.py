@@ -3,7 +3,7 @@
 Per rank (the map): :func:`collective_records` reduces a rank's events to one row per collective
 call.  Across ranks (the reduce, records only): calls are matched by (process group, collective,
 sequence number); when the trace has no ``Seq``, by their order within (rank, process group,
-collective).  Point-to-point transfers (send/recv, batched p2p: :data:`fsdpprof.analyze.vocab.P2P`)
+collective).  Point-to-point transfers (send/recv, batched p2p: :data:`fsdpprof.analyze.model.P2P`)
 are left out: a send has no peer call of the same kind on every rank, so matching them by order
 would blame innocent ranks.  Rank clocks are aligned on the ends of matched collectives (a collective
 ends at about the same moment on every rank): each rank's offset is the median of (its end - the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import isin
 
 RECORD_COLUMNS = ["rank", "pg", "collective", "key", "by_seq", "ts_us", "end_us"]
@@ -28,11 +28,11 @@ _KEYS = ["pg", "collective", "key"]
 def collective_records(events: pd.DataFrame) -> pd.DataFrame:
     """One row per collective call (RECORD_COLUMNS) of the comm events, point-to-point left out;
     several kernels of one call share (rank, pg, seq) when seq is known."""
-    comm = isin(events["kind"], [vocab.KIND_COMM]) & ~isin(events["collective"], vocab.P2P)
+    comm = isin(events["kind"], [model.KIND_COMM]) & ~isin(events["collective"], model.P2P)
     c = events.loc[comm, ["rank", "ts_us", "dur_us", "collective", "pg", "seq"]].copy()
     if not len(c):
         return pd.DataFrame({k: [] for k in RECORD_COLUMNS})
-    c["collective"] = c["collective"].astype(object).fillna("unknown").astype(str)
+    c["collective"] = c["collective"].astype(object).fillna(model.UNKNOWN_COLLECTIVE).astype(str)
     c["pg"] = c["pg"].astype(object).fillna("default").astype(str)
     c = c.sort_values(["rank", "ts_us"], kind="mergesort")
     order = c.groupby(["rank", "pg", "collective"], sort=False).cumcount().astype(float)
@@ -157,7 +157,7 @@ def align_ranks(records: pd.DataFrame, ranks, anchors_us: dict | None = None,
         off = by_coll.reindex(ranks).fillna(0.0)
         alone = [r for r in ranks if r not in by_coll.index]
         if alone:
-            notes.append(f"{vocab.rank_list(alone)} share{'s' if len(alone) == 1 else ''} no collective with the "
+            notes.append(f"{model.rank_list(alone)} share{'s' if len(alone) == 1 else ''} no collective with the "
                          f"others: {'its' if len(alone) == 1 else 'their'} clock is left as recorded")
     elif method == ALIGN_NONE and len(ranks) > 1:
         notes.append("the ranks share no collective and have no recorded clock anchor: their clocks are left as "

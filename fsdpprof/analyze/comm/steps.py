@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, intervals
 from fsdpprof.analyze.load.frames import isin, on_device, startswith
 
@@ -29,8 +29,8 @@ STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """rank, step, start_us, end_us of every step window (see module docstring)."""
     on_stream = on_device(events["lane"])
-    is_ps = startswith(events["name"], (vocab.STEP_PREFIX,)) & ~on_stream
-    is_dev = isin(events["kind"], vocab.DEVICE_KINDS)
+    is_ps = startswith(events["name"], (model.STEP_PREFIX,)) & ~on_stream
+    is_dev = isin(events["kind"], model.DEVICE_KINDS)
     rows = []
     for r, ev in events.groupby("rank", sort=True):
         idx = events.index.get_indexer(ev.index)
@@ -57,8 +57,8 @@ def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
     win = step_windows(events)
     if len(win) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    is_comp, is_comm = isin(events["kind"], [vocab.KIND_COMPUTE]), isin(events["kind"], [vocab.KIND_COMM])
-    is_dev = isin(events["kind"], vocab.DEVICE_KINDS)
+    is_comp, is_comm = isin(events["kind"], [model.KIND_COMPUTE]), isin(events["kind"], [model.KIND_COMM])
+    is_dev = isin(events["kind"], model.DEVICE_KINDS)
     ts = events["ts_us"].to_numpy()
     end = ts + events["dur_us"].to_numpy()
     ranks = events["rank"].to_numpy()
@@ -95,18 +95,18 @@ def step_stalls(events: pd.DataFrame) -> pd.DataFrame:
 
     - idle_host_wait_us, idle_kernel_wait_us, idle_other_us: the device's idle time by cause
       (:func:`fsdpprof.analyze.comm.breakdown.device_idle_by_cause`; NaN without device events);
-    - sync_calls: the host's blocking synchronisations (vocab.SYNC_CALLS) launched in the step, of which
-      scalar_sync_calls inside ``tensor.item()`` (vocab.SCALAR_SYNC_OPS); sync_us: the host's time in them;
+    - sync_calls: the host's blocking synchronisations (model.SYNC_CALLS) launched in the step, of which
+      scalar_sync_calls inside ``tensor.item()`` (model.SCALAR_SYNC_OPS); sync_us: the host's time in them;
       sync_idle_us: the device idle gaps in which a synchronisation returns (each gap once: the device ran dry
       while the host waited, and stays idle until the host launches again);
-    - data_loader_us: time in the DataLoader's fetches (vocab.DATALOADER_PREFIX) on the host;
+    - data_loader_us: time in the DataLoader's fetches (model.DATALOADER_PREFIX) on the host;
       data_loader_idle_us: the part of it with the device idle (within the rank's first and last device
       event; NaN without device events: on a CPU trace the host's time is the step's)."""
     cpu = ~on_device(events["lane"])
-    dev = ~cpu & isin(events["kind"], vocab.DEVICE_KINDS)
-    sync = cpu & isin(events["name"], vocab.SYNC_CALLS)
-    scalar = cpu & isin(events["name"], vocab.SCALAR_SYNC_OPS)
-    loader = cpu & startswith(events["name"], (vocab.DATALOADER_PREFIX,))
+    dev = ~cpu & isin(events["kind"], model.DEVICE_KINDS)
+    sync = cpu & isin(events["name"], model.SYNC_CALLS)
+    scalar = cpu & isin(events["name"], model.SCALAR_SYNC_OPS)
+    loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
     idle = breakdown.device_idle_by_cause(events) if dev.any() and "launch_ts_us" in events else None
     step = events["step"].to_numpy(dtype=np.float64)
     ts = events["ts_us"].to_numpy(dtype=np.float64)

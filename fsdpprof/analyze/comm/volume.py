@@ -3,7 +3,7 @@
 S is the message size in bytes as the events carry it (all_gather: the whole gathered output;
 reduce_scatter: the whole input; others: the input).  For one collective taking t seconds:
 algbw = S / t, busbw = algbw * factor(n), n = process-group size:
-factor = :func:`fsdpprof.analyze.vocab.ring_factor`.
+factor = :func:`fsdpprof.analyze.model.ring_factor`.
 Bandwidths in GB/s (1e9 bytes/s); times in us.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import isin
 
 
@@ -33,13 +33,13 @@ def collective_volume(events: pd.DataFrame, by=("rank", "collective")) -> pd.Dat
 
 def _grouped(events: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """collective_volume for any grouping: one pandas groupby over the comm rows."""
-    rows = np.flatnonzero(isin(events["kind"], [vocab.KIND_COMM]))
+    rows = np.flatnonzero(isin(events["kind"], [model.KIND_COMM]))
     keys = {k: _key_values(events[k], rows) for k in by}
     coll = keys["collective"] if "collective" in keys else _key_values(events["collective"], rows)
     nbytes = events["bytes"].to_numpy(dtype=np.float64)[rows]
     dur = events["dur_us"].to_numpy(dtype=np.float64)[rows]
     known = ~np.isnan(nbytes)
-    bus = np.where(known, nbytes * vocab.ring_factor(coll, events["group_size"].to_numpy(dtype=np.float64)[rows]), 0.0)
+    bus = np.where(known, nbytes * model.ring_factor(coll, events["group_size"].to_numpy(dtype=np.float64)[rows]), 0.0)
     c = pd.DataFrame({**keys, "bytes": nbytes, "dur_us": dur, "_known_t": np.where(known, dur, 0.0),
                       "_bus": np.nan_to_num(bus, nan=0.0), "_bus_t": np.where(known & np.isfinite(bus), dur, 0.0)},
                      copy=False)
@@ -61,7 +61,7 @@ def _grouped(events: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 def _per_rank_collective(events: pd.DataFrame) -> pd.DataFrame:
     """collective_volume(by=("rank", "collective")) on numpy arrays (the common, hot case): groups sorted by rank,
     then collective name, a missing collective last (as the groupby above sorts them); sums by bincount."""
-    rows = np.flatnonzero(isin(events["kind"], [vocab.KIND_COMM]))
+    rows = np.flatnonzero(isin(events["kind"], [model.KIND_COMM]))
     col = events["collective"]
     cats = col.cat.categories.to_numpy(dtype=object)
     # a code per collective in name order (missing: after every name)
@@ -78,7 +78,7 @@ def _per_rank_collective(events: pd.DataFrame) -> pd.DataFrame:
     dur = events["dur_us"].to_numpy(dtype=np.float64)[rows]
     known = ~np.isnan(nbytes)
     coll_names = names[coll]
-    bus = np.where(known, nbytes * vocab.ring_factor(coll_names, events["group_size"].to_numpy(dtype=np.float64)[rows]),
+    bus = np.where(known, nbytes * model.ring_factor(coll_names, events["group_size"].to_numpy(dtype=np.float64)[rows]),
                    0.0)
     n = len(uniq)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.compare.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope, parse_iteration  # noqa: F401
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.errors import UserError
@@ -54,7 +54,7 @@ def op_name(name: str) -> str:
     """The name an operator or kernel is compared under: ``ProfilerStep#N`` -> ``ProfilerStep`` (the step
     is a column); names longer than OPS_NAME_CHARS cut, ending in a hash of the full name (stay distinct)."""
     name = str(name)
-    if name.startswith(vocab.STEP_PREFIX) and name[len(vocab.STEP_PREFIX):].isdigit():
+    if name.startswith(model.STEP_PREFIX) and name[len(model.STEP_PREFIX):].isdigit():
         return STEP_OP
     if len(name) <= OPS_NAME_CHARS:
         return name
@@ -121,7 +121,7 @@ def select(a, label: str, scope: Scope) -> tuple[dict[int, list[float]], str]:
     ranks = sorted(steps)
     if scope.rank is not None:
         if scope.rank not in steps:
-            raise UserError(f"rank {scope.rank} has no trace in {a.path} ({vocab.rank_list(ranks)}); pass --rank with one "
+            raise UserError(f"rank {scope.rank} has no trace in {a.path} ({model.rank_list(ranks)}); pass --rank with one "
                             f"of those, or leave --rank out to compare all ranks")
         ranks = [scope.rank]
     elif scope.iteration == SCOPE_FIRST:
@@ -139,7 +139,7 @@ def select(a, label: str, scope: Scope) -> tuple[dict[int, list[float]], str]:
         sel = {r: steps[r] for r in ranks}
     all_steps = sorted({s for v in sel.values() for s in v})
     how = {SCOPE_MEDIAN: "median per step over steps", SCOPE_ALL: "sum over steps"}.get(it, "step")
-    text = f"{label}: {vocab.rank_list(sel)}, {how} {_fmt_steps(all_steps)}"
+    text = f"{label}: {model.rank_list(sel)}, {how} {_fmt_steps(all_steps)}"
     if len(sel) > 1:
         text += " (median across ranks)"
     return sel, text
@@ -253,10 +253,10 @@ def _memory_tables(a, scope: Scope) -> tuple[pd.DataFrame | None, pd.DataFrame |
 
 
 def by_role(categories: pd.DataFrame) -> pd.DataFrame:
-    """A memory table by category (category, bytes) -> by role (role, bytes; every role of vocab.MEMORY_ROLES,
+    """A memory table by category (category, bytes) -> by role (role, bytes; every role of model.MEMORY_ROLES,
     in order): the roles add up to the categories' total."""
-    r = categories.assign(role=categories["category"].map(vocab.memory_role)).groupby("role")["bytes"].sum()
-    return pd.DataFrame({"role": vocab.MEMORY_ROLES, "bytes": [float(r.get(k, 0.0)) for k in vocab.MEMORY_ROLES]})
+    r = categories.assign(role=categories["category"].map(model.memory_role)).groupby("role")["bytes"].sum()
+    return pd.DataFrame({"role": model.MEMORY_ROLES, "bytes": [float(r.get(k, 0.0)) for k in model.MEMORY_ROLES]})
 
 
 # --------------------------------------------------------------------------- the diff
@@ -355,7 +355,7 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
         else:
             mem.append((lab, _pair(b_mem, r_mem, ["category"], ["bytes"])))
             rl = _pair(by_role(b_mem), by_role(r_mem), ["role"], ["bytes"])
-            roles.append((lab, rl.set_index("role").loc[vocab.MEMORY_ROLES].reset_index()))
+            roles.append((lab, rl.set_index("role").loc[model.MEMORY_ROLES].reset_index()))
             if b_units is not None and r_units is not None:
                 u = _pair(b_units, r_units, ["unit", "category"], ["bytes"])
                 units.append((lab, u[(u["baseline_bytes"] != 0) | (u["run_bytes"] != 0)]))

@@ -5,7 +5,7 @@ from Analyses only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in by
 Every number is the report's statistic (:mod:`fsdpprof.analyze.summary.headline`): memory from the rank whose peak is
 highest (``peak_rank``, named); times per step, each rank's mean over its steps, then the median over ranks, with
 the spread (min-max over every rank and step) and the slowest rank beside it (``step_spread``).  Runs of
-different strategies are compared by role (:data:`fsdpprof.analyze.vocab.MemoryRole`: params, sharded or gathered
+different strategies are compared by role (:data:`fsdpprof.analyze.model.MemoryRole`: params, sharded or gathered
 or DDP's whole, grads, optimizer states, activations, temporaries, other), which add up to the peak.
 
 Runs are comparable unless both models are known (an inventory, from ``fsdpprof record``) and differ;
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
 from fsdpprof.analyze.pipeline import Analysis
@@ -50,16 +50,16 @@ class Comparison:
     verdict_lines: list | None = None     # the verdict, one sentence per line (verdict joins them)
     spread: pd.DataFrame | None = None    # run, metric (step_us, exposed_comm_us, cpu_contention): value, min, max,
                                           # worst_rank, worst, ranks, steps (headline.step_spread)
-    roles: pd.DataFrame | None = None     # run, role, bytes: the memory at the peak by role (vocab.MemoryRole)
+    roles: pd.DataFrame | None = None     # run, role, bytes: the memory at the peak by role (model.MemoryRole)
     noise: list = field(default_factory=list)   # differences inside the spread, runs under different CPU load
 
 
 def role_bytes(breakdown: pd.DataFrame | None) -> dict:
-    """A breakdown by category (category, bytes) -> bytes per role (vocab.MEMORY_ROLES, every role present)."""
-    out = dict.fromkeys(vocab.MEMORY_ROLES, 0.0)
+    """A breakdown by category (category, bytes) -> bytes per role (model.MEMORY_ROLES, every role present)."""
+    out = dict.fromkeys(model.MEMORY_ROLES, 0.0)
     if breakdown is not None and len(breakdown):
         for cat, b in breakdown.groupby("category", observed=True)["bytes"].sum().items():
-            out[vocab.memory_role(cat)] += float(b)
+            out[model.memory_role(cat)] += float(b)
     return out
 
 
@@ -69,7 +69,7 @@ def contention_spread(a: Analysis) -> dict:
     runs, traces without rank.json, runs recorded before fsdpprof measured it)."""
     out = {"value": np.nan, "min": np.nan, "max": np.nan, "worst_rank": None, "worst": np.nan, "ranks": 0,
            "steps": 0}
-    if (a.overview.get("device_type") or vocab.DEVICE_CPU) != vocab.DEVICE_CPU:
+    if (a.overview.get("device_type") or model.DEVICE_CPU) != model.DEVICE_CPU:
         return out
     loads = {r: host_load(cpu) for r, cpu in sorted((getattr(a, "cpu_load", None) or {}).items())}
     c = pd.Series({r: x.contention for r, x in loads.items() if x is not None}, dtype=float)
@@ -87,7 +87,7 @@ def run_numbers(a: Analysis) -> dict:
     is highest (``peak_rank``, what a run must fit), by category and by role; times per step, the median over
     ranks of each rank's mean, with the slowest rank."""
     o, t = a.overview, a.theory or {}
-    d = {"strategy": o.get("strategy") or "-", "framework": o.get("framework") or "-",
+    d = {"strategy": o.get("strategy"), "framework": o.get("framework"),
          "world_size": o.get("world_size"), "psi": o.get("psi")}
     r = peak_rank(a) if a.memory else None
     m = a.memory[r] if r is not None else None
@@ -99,7 +99,7 @@ def run_numbers(a: Analysis) -> dict:
         cats = bd.groupby("category", observed=True)["bytes"].sum().to_dict()
     for role, b in role_bytes(bd).items():
         d[f"role_{role}_bytes"] = b if m is not None else np.nan
-    for c in vocab.MEMORY_CATEGORIES + list(vocab.REPLICATED_LABELS.values()):
+    for c in model.MEMORY_CATEGORIES + list(model.REPLICATED_LABELS.values()):
         d[f"peak_{c}_bytes"] = float(cats.get(c, 0.0)) if m is not None else np.nan
     ms = t.get("model_states") or {}
     d["model_states_measured_bytes"] = t.get("measured_model_states_bytes", np.nan)
@@ -130,16 +130,16 @@ THEORY_METRICS = ("model_states_theory_bytes", "traffic_theory_bytes")
 
 
 def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
-    """One label per run: its strategy when known, else the input's folder name; repeats numbered."""
+    """One label per run: the input as every command describes it (model.describe_input), after the input's folder
+    name when its strategy is not recorded; repeats numbered."""
     names = [os.path.basename(os.path.normpath(a.path)) or a.path for a in analyses]
     if len(set(names)) < len(names):   # e.g. two torchtitan iteration_10 folders: name their parents too
         names = [os.path.join(*os.path.normpath(a.path).split(os.sep)[-2:]) for a in analyses]
     labels, seen = [], {}
     for a, n, name in zip(analyses, nums, names):
-        if n["strategy"] != "-":
-            base = f"{n['strategy']} ({n['framework']}, N={n['world_size']})"
-        else:
-            base = f"{name} ({a.overview.get('input_kind') or 'unknown'}, N={n['world_size'] or '?'})"
+        o = a.overview
+        said = o.get("description") or model.describe_input(o.get("input_kind"), o.get("strategy"), o.get("world_size"))
+        base = said if n["strategy"] else f"{name} ({said})"
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
     return labels
@@ -202,14 +202,15 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
 
 
 # --------------------------------------------------------------------------- the verdict
-REPLICATED_STRATEGIES = ("DDP", "NO_SHARD")
+REPLICATED_STRATEGIES = (model.DDP, model.NO_SHARD)
 
 
 def _formula_parts(a: Analysis) -> dict:
     """The formula's model states per rank of one run by part (bytes): param, grad, optimizer_state."""
     ms = (a.theory or {}).get("model_states") or {}
-    parts = {"param": ms.get("param_bytes"), "grad": ms.get("grad_bytes"),
-             "optimizer_state": ms.get("optimizer_state_bytes")}
+    mc = model.MemoryCategory
+    parts = {mc.PARAM.value: ms.get("param_bytes"), mc.GRAD.value: ms.get("grad_bytes"),
+             mc.OPTIMIZER_STATE.value: ms.get("optimizer_state_bytes")}
     return {k: float(v) for k, v in parts.items() if v is not None and v == v}
 
 
@@ -276,7 +277,7 @@ def _ms(x) -> str:
 
 def _on(row) -> str:
     n = row["world_size"]
-    if row["strategy"] == "-":
+    if not row["strategy"]:
         return str(row["run"])
     return f"{row['strategy']} on {n} rank{'' if n == 1 else 's'}"
 
@@ -334,8 +335,8 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     cost = ("(exposed communication unknown)" if de != de else
             f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
             f"and exposes {_ms(-de)} less communication per step")
-    line = (f"{_on(lo)} saves {vocab.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
-            f"({vocab.fmt_bytes(lo['peak_allocated_bytes'])} against {vocab.fmt_bytes(hi['peak_allocated_bytes'])}")
+    line = (f"{_on(lo)} saves {model.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
+            f"({model.fmt_bytes(lo['peak_allocated_bytes'])} against {model.fmt_bytes(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
         line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
     return line + _n_differs(lo, hi) + ")."
@@ -376,13 +377,13 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[s
             continue
         parts = []
         if r["peak_ratio"] == r["peak_ratio"]:
-            parts.append(f"peak {vocab.fmt_bytes(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
+            parts.append(f"peak {model.fmt_bytes(r['peak_allocated_bytes'])} ({100 * (r['peak_ratio'] - 1):+.0f}%)")
         if r["model_states_measured_ratio"] == r["model_states_measured_ratio"]:
-            parts.append(f"model states {vocab.fmt_bytes(r['model_states_measured_bytes'])} "
+            parts.append(f"model states {model.fmt_bytes(r['model_states_measured_bytes'])} "
                          f"({r['model_states_measured_ratio']:.2f}x, the formula says "
                          f"{r['model_states_theory_ratio']:.2f}x)")
         if r["traffic_measured_vs_ddp"] == r["traffic_measured_vs_ddp"]:
-            parts.append(f"traffic {vocab.fmt_bytes(r['traffic_measured_bytes'])} per step "
+            parts.append(f"traffic {model.fmt_bytes(r['traffic_measured_bytes'])} per step "
                          f"({r['traffic_measured_vs_ddp']:.2f}x DDP's on {r['world_size']} ranks)")
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:

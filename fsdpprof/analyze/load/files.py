@@ -50,8 +50,8 @@ class RankData:
     info: dict                           # rank.json, or derived from the trace's distributedInfo
     inventory: dict | None               # inventory.json
     trace_path: str | None
-    events: pd.DataFrame | None          # vocab.EVENT_COLUMNS
-    memory_events: pd.DataFrame | None   # vocab.MEMORY_EVENT_COLUMNS
+    events: pd.DataFrame | None          # model.EVENT_COLUMNS
+    memory_events: pd.DataFrame | None   # model.MEMORY_EVENT_COLUMNS
     snapshot_path: str | None            # CUDA snapshot of this rank
     trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
     label: str = ""                      # rank-3, or the file's name: how messages name this rank
@@ -479,11 +479,11 @@ def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | N
     if meta.get("status") != runfmt.STATUS_RUNNING:
         return meta, None
     state, launchers = runfmt.run_liveness(root)
-    if state == "gone":
+    if state == runfmt.LIVENESS_GONE:
         warnings.append(f"run.json says running, but no launcher of this run is alive ({launchers}): the run was "
                         "interrupted (its launcher was killed); showing what the ranks saved")
         return dict(meta, status=runfmt.STATUS_INTERRUPTED), None
-    if state == "unknown":
+    if state == runfmt.LIVENESS_UNKNOWN:
         warnings.append(f"run.json says running; its launcher ({launchers}) runs on another host and cannot be "
                         "checked from here: the run may still be going or may have been interrupted")
     else:
@@ -492,8 +492,8 @@ def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | N
 
 
 # why a rank has saved nothing (yet), by the run's state (_liveness): still recording, perhaps, or not
-_NOT_SAVED_YET = {"alive": "not saved yet: the run is still being recorded",
-                  "unknown": "not saved yet, or never: the run may still be being recorded on another host"}
+_NOT_SAVED_YET = {runfmt.LIVENESS_ALIVE: "not saved yet: the run is still being recorded",
+                  runfmt.LIVENESS_UNKNOWN: "not saved yet, or never: the run may still be being recorded on another host"}
 
 
 def _files_under(directory: str) -> list[str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load.files import (SOURCE_RUN_DIR, RankData, Run, find_run, inflated_size, no_usable_rank,
                                          with_inventory)
@@ -142,15 +142,15 @@ def load_parts(run: Run, *, progress: bool | None = None) -> Run:
 
 
 def empty_events() -> pd.DataFrame:
-    """An events frame without rows (vocab.EVENT_COLUMNS, categoricals where they are)."""
-    df = pd.DataFrame({c: [] for c in vocab.EVENT_COLUMNS})
-    for c in vocab.CATEGORICAL_EVENT_COLUMNS:
+    """An events frame without rows (model.EVENT_COLUMNS, categoricals where they are)."""
+    df = pd.DataFrame({c: [] for c in model.EVENT_COLUMNS})
+    for c in model.CATEGORICAL_EVENT_COLUMNS:
         df[c] = df[c].astype("category")
     return df
 
 
 def run_events(run: Run) -> pd.DataFrame:
-    """All ranks' events concatenated (vocab.EVENT_COLUMNS), categoricals kept; a lazily loaded run parses its
+    """All ranks' events concatenated (model.EVENT_COLUMNS), categoricals kept; a lazily loaded run parses its
     traces now (and keeps them)."""
     if any(r.events is None and r.trace_path for r in run.ranks.values()):
         load_events(run)

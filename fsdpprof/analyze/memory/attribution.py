@@ -16,14 +16,14 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof import options
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import cpu_events, fsdp_units
 from fsdpprof.analyze.memory.fragmentation import Fragmentation, fragmentation
 from fsdpprof.analyze.memory import oom as oom_mod
 from fsdpprof.analyze.memory.process import process_memory
 from fsdpprof.analyze.trace import labels
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, fmt_frames, load_snapshot
 from fsdpprof.errors import UserError
 
@@ -43,7 +43,7 @@ class MemoryResult:
     by_unit_at_peak: pd.DataFrame        # unit, category, bytes
     timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value (bytes)
     top_allocations: pd.DataFrame        # addr, bytes, category, stage, unit, alloc_us, free_us, frames (str)
-    coverage_pct: float                  # % of bytes alive at the peak in a named category (vocab.UNNAMED_CATEGORIES:
+    coverage_pct: float                  # % of bytes alive at the peak in a named category (model.UNNAMED_CATEGORIES:
                                          # not other, not before_recording)
     reserved_bytes: int | None           # snapshot: reserved (cudaMalloc'd) at the peak; None on CPU
     fragmentation_pct: float | None      # reserved but not allocated at the peak, % of reserved
@@ -109,7 +109,7 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
     res = _summarise(df, r, "cpu_trace", top_n, timeline_points, has_history=True)
     events = getattr(rank, "events", None)
     if res.peak_ts_us is not None:
-        res.peak_stage = cpu_events.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events))[0]
+        res.peak_stage = model.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events), outside=None)[0]
         res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), labels.fsdp_intervals(events), "fsdp_phase")[0]
     res.warnings = warns + res.warnings
     return _with_process(res, info)
@@ -206,21 +206,21 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
     # tags give the coarse phase; FSDP's own collectives show in the frames
     fsdp_ff = cz.frame_fsdp_phase(sig)
     tag_fine = _like_column(tag_phase).copy()
-    tag_fine[cz._isin(tag_fine, vocab.STEP_STAGES)] = np.nan
+    tag_fine[cz._isin(tag_fine, model.STEP_STAGES)] = np.nan
     fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
-    tag_coarse = np.where(cz._isin(tag_phase, vocab.STEP_STAGES), tag_phase, None)
+    tag_coarse = np.where(cz._isin(tag_phase, model.STEP_STAGES), tag_phase, None)
     ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
-    ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "backward|reduce"), "backward", ph)
-    ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, "forward|all_gather|unshard"), "forward", ph)
+    for stage, pattern in model.PHASE_STAGE_PATTERNS:
+        ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, pattern), stage, ph)
     # allocations with no frames while others have Python frames come from the autograd engine's
     # threads (no Python stack): backward
     py = cz._contains(sig, ".py", regex=False)
     before = np.asarray(cols["before_trace"], dtype=bool)
     if py.any():
         nof = (cats[codes] == "") & ~before & pd.isna(ph)
-        ph = np.where(nof, "backward", ph)
+        ph = np.where(nof, model.STAGE_BACKWARD, ph)
         # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
-        ph = np.where(pd.isna(ph) & py, "forward", ph)
+        ph = np.where(pd.isna(ph) & py, model.STAGE_FORWARD, ph)
     ph = _like_column(np.where(before, None, ph))
     # stage at the free: the stage of the latest allocation at or before it (trace order)
     alloc_seq = np.asarray(cols["alloc_seq"])
@@ -276,7 +276,7 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
         return None
     t_end = float(np.nanmax(df["alloc_us"].to_numpy())) + 1 if len(df) else 0.0
     order = df[df["alloc_seq"] >= 0].sort_values("alloc_seq")
-    is_opt = (order["stage"] == "optimizer").to_numpy()
+    is_opt = (order["stage"] == model.STAGE_OPTIMIZER).to_numpy()
     if is_opt.any():
         t = order["alloc_us"].to_numpy(float)
         prev = np.concatenate([[False], is_opt[:-1]])
@@ -317,7 +317,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
         # the device with the largest peak (a rank's snapshot normally has one device in use)
         device = max(peaks, key=peaks.get) if peaks else devs[0]
         if len(devs) > 1:
-            others = ", ".join(f"cuda:{d} {vocab.fmt_bytes(peaks[d])}" for d in devs if d != device)
+            others = ", ".join(f"cuda:{d} {model.fmt_bytes(peaks[d])}" for d in devs if d != device)
             warnings.append(f"{snap.path}: snapshot has {len(devs)} devices; analysed cuda:{device} (largest peak), "
                             f"others peak at {others}; --device N analyses cuda:N, --device all every device")
     mask = dev_col == device
@@ -442,10 +442,10 @@ def _levels(df):
     seq = np.concatenate([alloc_seq[ai], free_seq[fi]])
     delta = np.concatenate([b[ai], -b[fi]])
     row = np.concatenate([ai, fi])
-    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))  # frees first at a tie
-    if not len(o):
+    if not len(row):
         return np.array([base], dtype=np.int64), np.array([-1]), np.array([-1])
-    return base + np.cumsum(delta[o]), seq[o], row[o]
+    levels, o = model.sweep(base, delta, seq, np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]))  # frees first
+    return levels, seq[o], row[o]
 
 
 def _by_unit(unit: np.ndarray, codes: np.ndarray, b: np.ndarray, cat_names: np.ndarray) -> pd.DataFrame:
@@ -505,7 +505,7 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
                               "pct": 100.0 * bd / peak if peak else np.zeros(len(bd))})
     unit = df["unit"].to_numpy(object)
     by_unit = _by_unit(unit[ai], codes_at, b_at, cat_names)
-    unnamed = int(sum(bd[CATEGORIES.index(c)] for c in vocab.UNNAMED_CATEGORIES))
+    unnamed = int(sum(bd[CATEGORIES.index(c)] for c in model.UNNAMED_CATEGORIES))
     coverage = 100.0 * (peak - unnamed) / peak if peak else 100.0
     top = ai[np.argsort(-b_at, kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
     frames = df["frames"].to_numpy(object)

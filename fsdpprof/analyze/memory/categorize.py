@@ -17,7 +17,7 @@ filling only what is still unknown, and recording which pass decided in ``catego
 5. ``before_recording``  alive before the history / window began and named by nothing above
 6. ``other``       what is left
 
-Labels (:mod:`fsdpprof.analyze.vocab`, the same as the events frame's): ``stage`` at the allocation
+Labels (:mod:`fsdpprof.analyze.model`, the same as the events frame's): ``stage`` at the allocation
 (data, forward, backward, optimizer, post_step; None outside any step or before the window),
 ``fsdp_phase`` the innermost FSDP annotation/tag (all_gather, all_gather_copy_out, pre_forward,
 post_backward_reduce, ...), ``unit`` the FSDP unit fqn; ``free_stage`` / ``free_fsdp_phase`` at the
@@ -31,14 +31,15 @@ import re
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof import runfmt
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 
-CATEGORIES = vocab.MEMORY_CATEGORIES
+CATEGORIES = model.MEMORY_CATEGORIES
 NEVER = np.iinfo(np.int64).max
 
-ROLE_TO_CATEGORY = {"param": MC.SHARDED_PARAM.value, "grad": MC.SHARDED_GRAD.value,
-                    "optimizer_state": MC.OPTIMIZER_STATE.value}
+ROLE_TO_CATEGORY = {runfmt.ROLE_PARAM: MC.SHARDED_PARAM.value, runfmt.ROLE_GRAD: MC.SHARDED_GRAD.value,
+                    runfmt.ROLE_OPTIMIZER_STATE: MC.OPTIMIZER_STATE.value}
 
 
 # --------------------------------------------------------------------------- unit scopes (CPU traces)
@@ -47,9 +48,8 @@ def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
     post_backward*(u).end] per occurrence, so compute between FSDP hooks gets its unit."""
     named = ann[ann["unit"].notna()]
     rows = []
-    for pre, posts in (("pre_forward", ("post_forward",)),
-                       ("pre_backward", ("post_backward_reshard", "post_backward_reduce", "post_backward_accumulate",
-                                         "post_backward"))):
+    for pre, posts in ((model.PHASE_PRE_FORWARD, model.POST_FORWARD_PHASES),
+                       (model.PHASE_PRE_BACKWARD, model.POST_BACKWARD_PHASES)):
         a = named[named["fsdp_phase"] == pre]
         b = named[named["fsdp_phase"].isin(posts)]
         if not len(a) or not len(b):
@@ -236,35 +236,16 @@ def _contains(sig, pat: str, regex: bool = True, need: tuple[str, ...] = ()) -> 
     return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else np.zeros(len(cat), bool)
 
 
-# stack-frame rules: (label, regex over signatures, substrings one of which any match contains)
-_FSDP_FRAME_RULES = [
-    ("all_gather_copy_out", r"foreach_all_gather_copy_out", ("foreach_all_gather_copy_out",)),
-    ("all_gather", r"foreach_all_gather|_all_gather_flat_param|_alloc_padded_unsharded",
-     ("foreach_all_gather", "_all_gather_flat_param", "_alloc_padded_unsharded")),
-    ("unshard", r"(?:^|\|)_?unshard@", ("unshard@",)),
-    ("post_backward_reduce", r"foreach_reduce|_reduce_grad|_post_backward_hook@",
-     ("foreach_reduce", "_reduce_grad", "_post_backward_hook@"))]
-_PHASE_FRAME_RULES = [
-    ("optimizer", r"torch/optim/|optimizer\.step|_multi_tensor_adam|_single_tensor_adam",
-     ("torch/optim/", "optimizer.step", "_multi_tensor_adam", "_single_tensor_adam")),
-    ("backward", r"autograd::engine|evaluate_function|accumulategrad|python_engine|_engine_run_backward"
-                 r"|(?:^|\|)backward@|::backward\b|backward0",
-     ("autograd::engine", "evaluate_function", "accumulategrad", "python_engine", "_engine_run_backward",
-      "backward@", "::backward", "backward0")),
-    ("data", r"torch/utils/data|collate|pin_memory", ("torch/utils/data", "collate", "pin_memory")),
-    ("forward", r"(?:^|\|)forward@|_call_impl", ("forward@", "_call_impl"))]
-
-
 def _role_pattern(functions: tuple[str, ...], file: str) -> str:
     names = "|".join(re.escape(f.lower()) for f in functions)
     return rf"(?:^|\|)(?:{names})@[^|]*{re.escape(file.lower())}(?:\||$)"
 
 
-_ROLE_RULES = [(role, _role_pattern(fns, file), (file.lower(),)) for role, fns, file in vocab.FSDP_FRAME_ROLES]
+_ROLE_RULES = [(role, _role_pattern(fns, file), (file.lower(),)) for role, fns, file in model.FSDP_FRAME_ROLES]
 
 
 def frame_fsdp_role(sig) -> np.ndarray:
-    """FSDP role of each allocation (vocab.FSDP_FRAME_ROLES: all-gather input / output, copy-out, reduce-scatter,
+    """FSDP role of each allocation (model.FSDP_FRAME_ROLES: all-gather input / output, copy-out, reduce-scatter,
     sharded param) from the FSDP2 / FSDP1 function in its stack frames; None where no FSDP function made it."""
     if not len(sig) or not _contains(sig, r"_fsdp_|flat_param|_runtime_utils",
                                      need=("_fsdp_", "flat_param", "_runtime_utils")).any():
@@ -274,8 +255,8 @@ def frame_fsdp_role(sig) -> np.ndarray:
 
 
 def fsdp_family_of_frames(sig) -> str | None:
-    """``fsdp2`` / ``fsdp1`` when allocations were made under FSDP2 / FSDP1 source files (vocab.*_FRAME_FILES)."""
-    for fam, files in (("fsdp2", vocab.FSDP2_FRAME_FILES), ("fsdp1", vocab.FSDP1_FRAME_FILES)):
+    """``fsdp2`` / ``fsdp1`` when allocations were made under FSDP2 / FSDP1 source files (model.*_FRAME_FILES)."""
+    for fam, files in (("fsdp2", model.FSDP2_FRAME_FILES), ("fsdp1", model.FSDP1_FRAME_FILES)):
         pat = r"@[^|]*(?:" + "|".join(re.escape(f) for f in files) + r")(?:\||$)"
         if _contains(sig, pat, need=tuple(files)).any():
             return fam
@@ -284,14 +265,14 @@ def fsdp_family_of_frames(sig) -> str | None:
 
 def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
     """FSDP phase from stack frames (FSDP2 ``_fsdp_collectives.py``, FSDP1 ``flat_param.py``)."""
-    conds = [_contains(sig, pat, need=need) for _, pat, need in _FSDP_FRAME_RULES]
-    return np.select(conds, [r[0] for r in _FSDP_FRAME_RULES], None).astype(object)
+    conds = [_contains(sig, pat, need=need) for _, pat, need in model.FSDP_PHASE_FRAME_RULES]
+    return np.select(conds, [r[0] for r in model.FSDP_PHASE_FRAME_RULES], None).astype(object)
 
 
 def frame_stage(sig: pd.Series) -> np.ndarray:
-    """Coarse phase from stack frames (snapshots without tags)."""
-    conds = [_contains(sig, pat, need=need) for _, pat, need in _PHASE_FRAME_RULES]
-    return np.select(conds, [r[0] for r in _PHASE_FRAME_RULES], None).astype(object)
+    """Stage from stack frames (snapshots without tags): model.STAGE_FRAME_RULES."""
+    conds = [_contains(sig, pat, need=need) for _, pat, need in model.STAGE_FRAME_RULES]
+    return np.select(conds, [r[0] for r in model.STAGE_FRAME_RULES], None).astype(object)
 
 
 # --------------------------------------------------------------------------- the passes
@@ -397,24 +378,21 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     same_step = _col(df, "free_step_idx") == _col(df, "step_idx")
     # scratch of the collective itself (e.g. gloo's list-based all-gather): freed before the
     # all-gather annotation ends, so it is not the output
-    ag = fp.isin(["all_gather", "foreach_all_gather"])
+    ag = fp.isin(model.FLAT_GATHER_PHASES)
     scratch = ag & same_step
     scratch[scratch] = _eq(free_fp_v[scratch], fp_v[scratch])
     _fill(lab, scratch, MC.TEMPORARY.value, "tags")
-    _fill(lab, fp.isin(vocab.UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
+    _fill(lab, fp.isin(model.UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
-    fsdp1_unshard = fp.isin(vocab.FSDP1_UNSHARD_PHASES) & (free_fp.isin(vocab.FSDP1_RESHARD_PHASES) | ~same_step)
+    fsdp1_unshard = fp.isin(model.FSDP1_UNSHARD_PHASES) & (free_fp.isin(model.FSDP1_RESHARD_PHASES) | ~same_step)
     is_fsdp1 = _Codes(_col(df, "fsdp_family")).eq("fsdp1") if "fsdp_family" in df else np.zeros(n, bool)
     _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
-    in_reduce = fp.isin(vocab.UNSHARDED_GRAD_PHASES)
-    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_stage")).eq("backward")
+    in_reduce = fp.isin(model.UNSHARDED_GRAD_PHASES)
+    freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_stage")).eq(model.STAGE_BACKWARD)
     rs_in = in_reduce & (freed_in_bwd | have_inventory_grads)
     # grads produced in backward and released by the unit's post-backward reduce
-    rs_in |= _Codes(_col(df, "stage")).eq("backward") & free_fp.isin(vocab.UNSHARDED_GRAD_PHASES) & ~in_reduce
+    rs_in |= _Codes(_col(df, "stage")).eq(model.STAGE_BACKWARD) & free_fp.isin(model.UNSHARDED_GRAD_PHASES) & ~in_reduce
     _fill(lab, rs_in, MC.UNSHARDED_GRAD.value, "tags")
-
-
-ROLE_CATEGORY = dict(vocab.FSDP_ROLE_CATEGORY, optimizer_state=MC.OPTIMIZER_STATE.value)
 
 
 def pass_fsdp_roles(df, lab: _Labels) -> None:
@@ -429,11 +407,11 @@ def pass_fsdp_roles(df, lab: _Labels) -> None:
     rc = _Codes(role)
     if not rc.notna().any():
         return
-    rs_out = rc.eq(vocab.FSDP_ROLE_REDUCE_SCATTER_OUTPUT)
+    rs_out = rc.eq(model.FSDP_ROLE_REDUCE_SCATTER_OUTPUT)
     short = rs_out & ~pd.isna(_col(df, "free_us")) & (_col(df, "free_step_idx") == _col(df, "step_idx")) \
-        & _Codes(_col(df, "free_stage")).eq("backward")
+        & _Codes(_col(df, "free_stage")).eq(model.STAGE_BACKWARD)
     _fill(lab, short, MC.TEMPORARY.value, "frames")
-    for r, cat in ROLE_CATEGORY.items():
+    for r, cat in model.FSDP_ROLE_CATEGORY.items():
         m = rc.eq(r)
         if m.any():
             for s in ("frames", "sizes"):
@@ -443,7 +421,7 @@ def pass_fsdp_roles(df, lab: _Labels) -> None:
 def pass_before_recording(df, lab: _Labels) -> None:
     """What was alive before the history / window began and no pass could name."""
     if "before_trace" in df:
-        _fill(lab, np.asarray(_col(df, "before_trace"), dtype=bool), MC.BEFORE_RECORDING.value, "before_recording")
+        _fill(lab, np.asarray(_col(df, "before_trace"), dtype=bool), MC.BEFORE_RECORDING.value, MC.BEFORE_RECORDING.value)
 
 
 def pass_frames(df, lab: _Labels) -> None:
@@ -458,7 +436,7 @@ def pass_frames(df, lab: _Labels) -> None:
               MC.OPTIMIZER_STATE.value, "frames")
     _fill(lab, _contains(sig, "accumulategrad|accumulate_grad", need=("accumulategrad", "accumulate_grad")),
           MC.SHARDED_GRAD.value, "frames")
-    _fill(lab, _Codes(_col(df, "stage")).eq("optimizer") & never_freed,
+    _fill(lab, _Codes(_col(df, "stage")).eq(model.STAGE_OPTIMIZER) & never_freed,
           MC.OPTIMIZER_STATE.value, "frames")
     _fill(lab, _contains(sig, r"torch/utils/data|collate|pin_memory", need=("torch/utils/data", "collate", "pin_memory")),
           MC.INPUT.value, "frames")
@@ -475,11 +453,12 @@ def pass_lifetime(df, lab: _Labels) -> None:
     never = ~freed
     later = (~same_step) | never
     has_ph = ph.notna()
-    _fill(lab, ph.eq("forward") & ((fph.isin(["backward", "optimizer", "post_step"]) & same_step)
-                                   | later), MC.ACTIVATION.value, "lifetime")
-    _fill(lab, ph.eq("data") & (~fph.eq("data") | later), MC.INPUT.value, "lifetime")
-    _fill(lab, ph.eq("optimizer") & (~fph.eq("optimizer") | later), MC.OPTIMIZER_STATE.value, "lifetime")
-    _fill(lab, ph.eq("backward") & ((fph.isin(["optimizer", "post_step"]) & same_step) | later),
+    fwd, bwd, opt, post, data = (model.STAGE_FORWARD, model.STAGE_BACKWARD, model.STAGE_OPTIMIZER,
+                                 model.STAGE_POST_STEP, model.STAGE_DATA)
+    _fill(lab, ph.eq(fwd) & ((fph.isin([bwd, opt, post]) & same_step) | later), MC.ACTIVATION.value, "lifetime")
+    _fill(lab, ph.eq(data) & (~fph.eq(data) | later), MC.INPUT.value, "lifetime")
+    _fill(lab, ph.eq(opt) & (~fph.eq(opt) | later), MC.OPTIMIZER_STATE.value, "lifetime")
+    _fill(lab, ph.eq(bwd) & ((fph.isin([opt, post]) & same_step) | later),
           MC.SHARDED_GRAD.value, "lifetime")
     same_phase = freed & same_step & has_ph
     same_phase[same_phase] = _eq(ph_v[same_phase], np.asarray(_col(df, "free_stage"), dtype=object)[same_phase])
@@ -500,7 +479,7 @@ def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.
     pass_frames(cols, lab)
     pass_lifetime(cols, lab)
     pass_before_recording(cols, lab)
-    _fill(lab, np.ones(len(lab.cat), bool), MC.OTHER.value, "other")
+    _fill(lab, np.ones(len(lab.cat), bool), MC.OTHER.value, MC.OTHER.value)
     return lab.cat, lab.src
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof import runfmt
+from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import fsdp_units as fu
@@ -60,8 +61,8 @@ def inventory_tensors(inventory: dict | None, opt_starts: np.ndarray, opt_ends: 
     t = t[t["role"].isin(list(cz.ROLE_TO_CATEGORY))]
     last_opt = float(opt_starts[-1]) if len(opt_starts) else t_end
     last_opt_end = float(opt_ends[-1]) if len(opt_ends) else t_end
-    ref = np.where(t["role"] == "optimizer_state", last_opt_end, last_opt).astype(float)
-    g = (t["role"] == "grad").to_numpy()
+    ref = np.where(t["role"] == runfmt.ROLE_OPTIMIZER_STATE, last_opt_end, last_opt).astype(float)
+    g = (t["role"] == runfmt.ROLE_GRAD).to_numpy()
     if g.any() and len(opt_starts):
         steps = pd.to_numeric(t.loc[g, "step"], errors="coerce")
         uniq = np.sort(steps.dropna().unique())
@@ -120,7 +121,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     })
     # reference times for the inventory: the optimizer steps in the window
     marks = labels.step_marks(events)
-    opt = events[startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))] if events is not None and len(events) else None
+    opt = events[startswith(events["name"], (model.OPTIMIZER_PREFIX,))] if events is not None and len(events) else None
     opt_starts = np.sort(opt["ts_us"].to_numpy(float)) if opt is not None and len(opt) else np.array([])
     opt_ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float)) if opt is not None and len(opt) else np.array([])
     t_end = float(ts[-1]) if len(ts) else 0.0
@@ -146,7 +147,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     annotate_from_events(allocs, events, marks, inventory, ws)
     n_lost, lost_bytes = infer_lost_frees(allocs, ts, labels.fsdp_intervals(events), marks)
     if n_lost:
-        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({vocab.fmt_bytes(lost_bytes)}) "
+        warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({model.fmt_bytes(lost_bytes)}) "
                         f"have no free event in the window (or only one inferred from a later reuse of the address), "
                         f"a free probably on a communication thread the profiler did not record; taken as freed by "
                         f"FSDP's own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "
@@ -154,9 +155,6 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     return allocs, inv_t, warnings
 
 
-TRANSIENT_PHASES = ("all_gather", "foreach_all_gather")
-COPY_OUT_PHASES = ("all_gather_copy_out", "foreach_all_gather_copy_out")
-REDUCE_TRANSIENT_PHASES = ("post_backward_reduce", "foreach_reduce", "reduce_scatter", "post_backward")
 def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarray:
     """The latest time (µs) FSDP can free each all-gather buffer (inf where no rule applies), FSDP's own
     rules (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
@@ -177,16 +175,16 @@ def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarra
     at = allocs["alloc_us"].to_numpy(float)
     stage = allocs["stage"].astype(object).to_numpy()
     pre = allocs["before_trace"].to_numpy(bool)
-    iv = intervals[intervals["fsdp_phase"].isin(TRANSIENT_PHASES + COPY_OUT_PHASES)]
-    ag_iv = iv[iv["fsdp_phase"].isin(TRANSIENT_PHASES)]
-    co_iv = iv[iv["fsdp_phase"].isin(COPY_OUT_PHASES)]
+    iv = intervals[intervals["fsdp_phase"].isin(model.FLAT_GATHER_PHASES | model.COPY_OUT_PHASES)]
+    ag_iv = iv[iv["fsdp_phase"].isin(model.FLAT_GATHER_PHASES)]
+    co_iv = iv[iv["fsdp_phase"].isin(model.COPY_OUT_PHASES)]
     ag_all = np.sort(ag_iv["ts_us"].to_numpy(float))
     co_all = np.sort(co_iv["ts_us"].to_numpy(float))
     ag_by_unit = {u: np.sort(g["ts_us"].to_numpy(float)) for u, g in ag_iv.groupby(ag_iv["unit"].astype(object).fillna("\0"))}
     co_by_unit = {u: g.sort_values("ts_us")[["ts_us", "end_us"]].to_numpy(float)
                   for u, g in co_iv.groupby(co_iv["unit"].astype(object).fillna("\0"))}
-    is_ag = cz._Codes(fp).isin(TRANSIENT_PHASES) & ~pre
-    is_unsh = (cz._Codes(fp).isin(COPY_OUT_PHASES) | cz._Codes(fp).isin(vocab.FSDP1_UNSHARD_PHASES)) & ~pre
+    is_ag = cz._Codes(fp).isin(model.FLAT_GATHER_PHASES) & ~pre
+    is_unsh = cz._Codes(fp).isin(model.COPY_OUT_PHASES | model.FSDP1_UNSHARD_PHASES) & ~pre
     for i in np.flatnonzero((is_ag | is_unsh) & pd.notna(unit)):
         u = unit[i]
         nxt = ag_by_unit.get(u)
@@ -201,7 +199,7 @@ def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarra
                 j = np.searchsorted(co[:, 0], at[i], side="left")
                 if j < len(co):
                     own_end = co[j, 1]
-                    after = ag_all if stage[i] == "backward" else co_all
+                    after = ag_all if stage[i] == model.STAGE_BACKWARD else co_all
                     k = np.searchsorted(after, own_end, side="left")
                     if k < len(after):
                         b = min(b, after[k])
@@ -219,12 +217,12 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
     (µs, sorted): a moved free is ordered just before the first event at or after its time.
     Returns (count, bytes) fixed (in place)."""
     fp = allocs["fsdp_phase"].astype(object)
-    unsh = cz._Codes(fp.to_numpy()).isin(TRANSIENT_PHASES + COPY_OUT_PHASES + tuple(vocab.FSDP1_UNSHARD_PHASES))
+    unsh = cz._Codes(fp.to_numpy()).isin(model.FLAT_GATHER_PHASES | model.COPY_OUT_PHASES | model.FSDP1_UNSHARD_PHASES)
     buf = unsh & ~allocs["before_trace"].to_numpy()
     # reduce phases: their buffers are transient when their peers die in the step that made them (the
     # reduce-scatter input, held by the collective's work object, is often freed on gloo's thread); the new
     # sharded gradient made there lives into the next step and is left alone
-    reduce_ = cz._Codes(fp.to_numpy()).isin(REDUCE_TRANSIENT_PHASES) & ~allocs["before_trace"].to_numpy()
+    reduce_ = cz._Codes(fp.to_numpy()).isin(model.UNSHARDED_GRAD_PHASES) & ~allocs["before_trace"].to_numpy()
     never = allocs["free_seq"].to_numpy() == NEVER
     by_realloc = allocs["free_inferred"].to_numpy(bool) & ~never
     free_us = allocs["free_us"].to_numpy(float)
@@ -233,7 +231,7 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
     fix_b = buf & np.isfinite(bound) & (never | (by_realloc & (free_us > bound)))
     new_us = np.where(fix_b, bound, np.nan)
     # no bound (the window ends first): the peers' usual lifetime
-    gather = fp.isin(TRANSIENT_PHASES).to_numpy() & buf
+    gather = fp.isin(model.FLAT_GATHER_PHASES).to_numpy() & buf
     transient = gather | reduce_
     cand = transient & (never | by_realloc) & ~fix_b
     if cand.any():
@@ -264,7 +262,7 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
     allocs.loc[rows, "free_us"] = t
     allocs.loc[rows, "free_seq"] = pos[sel].astype(np.int64)  # just before the event at that time
     allocs.loc[rows, "free_inferred"] = True
-    allocs.loc[rows, "free_stage"] = stage_at(t, marks)
+    allocs.loc[rows, "free_stage"] = model.stage_at(t, marks, outside=None)
     allocs.loc[rows, "free_fsdp_phase"] = cz.paint(t, intervals, "fsdp_phase")
     starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
     allocs.loc[rows, "free_step_idx"] = np.searchsorted(starts, t, side="right") - 1
@@ -286,8 +284,8 @@ def _collective_launches(events: pd.DataFrame, coll: str) -> pd.DataFrame:
     """One row per launch of a collective with its bytes (device / gloo work when the trace has it, else
     the c10d op), sorted by launch time: launch_us, bytes, stage."""
     e = events[(events["collective"] == coll) & events["bytes"].notna() & events["launch_ts_us"].notna()]
-    if (e["kind"] == vocab.KIND_COMM).any():
-        e = e[e["kind"] == vocab.KIND_COMM]
+    if (e["kind"] == model.KIND_COMM).any():
+        e = e[e["kind"] == model.KIND_COMM]
     e = e.drop_duplicates("launch_ts_us").sort_values("launch_ts_us", kind="stable")
     return pd.DataFrame({"launch_us": e["launch_ts_us"].to_numpy(float), "bytes": e["bytes"].to_numpy(float),
                          "stage": e["stage"].astype(object).to_numpy()})
@@ -305,7 +303,7 @@ def _inventory_template(inventory: dict | None, world_size: int | None) -> tuple
     names, sizes = [], []
     for u in units:
         numel = int(u.get("unsharded_numel") or 0)
-        _, el = vocab.dtype_size(str(mp or u.get("dtype") or "float32"))
+        _, el = model.dtype_size(str(mp or u.get("dtype") or "float32"))
         names.append(str(u.get("fqn") or ""))
         sizes.append(float(-(-numel // w) * w * el))
     return names, sizes
@@ -321,10 +319,10 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
     the unit whose reduce-scatter (launched in ``_post_backward_hook``) ends it."""
     if events is None or not len(events):
         return None
-    ag = _collective_launches(events, vocab.ALL_GATHER)
+    ag = _collective_launches(events, model.ALL_GATHER)
     if not len(ag):
         return None
-    fwd = (ag["stage"] != vocab.STAGE_BACKWARD).to_numpy()
+    fwd = (ag["stage"] != model.STAGE_BACKWARD).to_numpy()
     runs = fu._runs(["f" if f else "b" for f in fwd])
     sig = ag["bytes"].tolist()
     tmpl = _inventory_template(inventory, world_size)
@@ -346,13 +344,13 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
             unit[a:b] = [names[k] if k is not None else None for k in fu._reverse_match(sig[a:b], sizes)]
     launch = ag["launch_us"].to_numpy(float)
     rows = []
-    fw = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == "forward")]
+    fw = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == model.PHASE_FORWARD)]
     for s0, e0 in fw[["ts_us", "end_us"]].to_numpy(float):
         j = int(np.searchsorted(launch, s0, side="left"))
         if j < len(launch) and launch[j] <= e0 and unit[j] is not None:
             rows.append((s0, e0, unit[j]))
     # backward: from the previous reduce-scatter (or the backward's start) to the end of this one's hook
-    rs = _collective_launches(events, vocab.REDUCE_SCATTER)
+    rs = _collective_launches(events, model.REDUCE_SCATTER)
     if len(rs):
         rsig = rs["bytes"].tolist()
         tset = sorted(set(sizes))
@@ -362,7 +360,7 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
             if n > best_n:
                 best_r, best_n = r, n
         rfwd = np.searchsorted(launch[fwd], rs["launch_us"].to_numpy(float)) if fwd.any() else np.zeros(len(rs), int)
-        post = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == "post_backward")]
+        post = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == model.PHASE_POST_BACKWARD)]
         post_iv = post[["ts_us", "end_us"]].to_numpy(float)
         for reg in np.unique(rfwd):
             idx = np.flatnonzero(rfwd == reg)
@@ -403,7 +401,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
         and not ann["unit"].notna().any() else None
     if f1 is not None:
         unit_iv = pd.concat([unit_iv, f1.scopes], ignore_index=True)
-    stage = stage_at(at, marks)
+    stage = model.stage_at(at, marks, outside=None)
     stage[pre] = None
     allocs["stage"] = stage
     fp = cz.paint(at, ann, "fsdp_phase")
@@ -413,7 +411,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     if f1 is not None and len(f1.ag_launch_us):
         # FSDP1's unsharded flat parameter: allocated by the unshard just before its all-gather is launched
         fp_codes = cz._Codes(fp)
-        uns = fp_codes.isin(vocab.FSDP1_UNSHARD_PHASES) & ~pre
+        uns = fp_codes.isin(model.FSDP1_UNSHARD_PHASES) & ~pre
         j = np.searchsorted(f1.ag_launch_us, at[uns], side="left")
         ok = j < len(f1.ag_launch_us)
         idx = np.flatnonzero(uns)[ok]
@@ -421,7 +419,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     un[pre] = None
     allocs["unit"] = un
     ftf = np.where(np.isnan(ft), -np.inf, ft)
-    allocs["free_stage"] = stage_at(ftf, marks)
+    allocs["free_stage"] = model.stage_at(ftf, marks, outside=None)
     allocs["free_fsdp_phase"] = cz.paint(ftf, ann, "fsdp_phase")
     starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
     sidx = np.searchsorted(starts, at, side="right") - 1
@@ -431,10 +429,3 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     allocs["frame_sig"] = ""
     fams = set(ann["family"].dropna()) if len(ann) else set()
     allocs["fsdp_family"] = "fsdp1" if "fsdp1" in fams else ("fsdp2" if "fsdp2" in fams else None)
-
-
-def stage_at(ts: np.ndarray, marks: pd.DataFrame) -> np.ndarray:
-    """vocab.stage_at for memory: outside every step (or before the window) there is no stage (None)."""
-    st = vocab.stage_at(ts, marks)
-    st[st == vocab.STAGE_OUTSIDE] = None
-    return st

@@ -1,7 +1,7 @@
 """FSDP units, buffers and shards recovered from a CUDA snapshot's stack frames, with no inventory.
 
 A snapshot of an FSDP2 / FSDP1 job (torchtitan writes one per rank) names no module, but FSDP's own
-functions are in the frames of every allocation they make (vocab.FSDP_FRAME_ROLES):
+functions are in the frames of every allocation they make (model.FSDP_FRAME_ROLES):
 
 - the all-gathers, in the order they happen, are the units: in each forward the k-th all-gather is
   unit k (forward order, unit 0 the root); a backward gathers the units again in reverse order
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.memory.snapshot import NEVER
 
-AG_OUT, AG_IN, COPY_OUT = vocab.FSDP_ROLE_ALL_GATHER_OUTPUT, vocab.FSDP_ROLE_ALL_GATHER_INPUT, vocab.FSDP_ROLE_COPY_OUT
-RS, RS_IN, RS_OUT = vocab.FSDP_ROLE_REDUCE_SCATTER, vocab.FSDP_ROLE_REDUCE_SCATTER_INPUT, vocab.FSDP_ROLE_REDUCE_SCATTER_OUTPUT
+AG_OUT, AG_IN, COPY_OUT = model.FSDP_ROLE_ALL_GATHER_OUTPUT, model.FSDP_ROLE_ALL_GATHER_INPUT, model.FSDP_ROLE_COPY_OUT
+RS, RS_IN, RS_OUT = model.FSDP_ROLE_REDUCE_SCATTER, model.FSDP_ROLE_REDUCE_SCATTER_INPUT, model.FSDP_ROLE_REDUCE_SCATTER_OUTPUT
 WORLD_MAX = 1 << 16
 DTYPE_RATIOS = (1.0, 2.0, 4.0, 0.5)      # stored shard bytes / gathered bytes per element (fp32 vs bf16, fp8 ...)
 
@@ -78,7 +78,7 @@ def _py_frames(stack) -> tuple:
 
 
 def _is_module_call(fr: tuple) -> bool:
-    return fr[0] in vocab.MODULE_CALL_FUNCTIONS and str(fr[1]).replace("\\", "/").endswith(vocab.MODULE_CALL_FILE)
+    return fr[0] in model.MODULE_CALL_FUNCTIONS and str(fr[1]).replace("\\", "/").endswith(model.MODULE_CALL_FILE)
 
 
 class _Stacks:
@@ -107,7 +107,7 @@ class _Stacks:
 
     def group_hook(self, code: int) -> bool:
         """The stack runs FSDP2's pre-forward hook of a unit of several modules."""
-        name, file = vocab.FSDP2_GROUP_PRE_HOOK
+        name, file = model.FSDP2_GROUP_PRE_HOOK
         return any(fr[0] == name and str(fr[1]).replace("\\", "/").endswith(file) for fr in self.get(code))
 
 
@@ -195,7 +195,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     rec.n_all_gathers = len(ag)
     if not len(ag):
         return rec
-    is_bwd = [stage[r] == "backward" for r in ag]
+    is_bwd = [stage[r] == model.STAGE_BACKWARD for r in ag]
     ag_sig = [int(nbytes[r]) for r in ag]
     ag_dep = [st.depth(int(codes[r])) for r in ag]
     runs = _runs(["b" if b else "f" for b in is_bwd])
@@ -311,7 +311,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         rs_first = np.array([pos_of[g[0]] for g, _ in rs_calls], dtype=np.int64)
         rs_unit = [rec.unit[g[0]] for g, _ in rs_calls]
         fwd_pos = np.array([p for p, b in zip(ag_pos, is_bwd) if not b], dtype=np.int64)
-        for r in order[(role_o == None) & (stage[order] == "backward")]:  # noqa: E711 (object array)
+        for r in order[(role_o == None) & (stage[order] == model.STAGE_BACKWARD)]:  # noqa: E711 (object array)
             if rec.unit[r] is not None:
                 continue
             p = pos_of[r]
@@ -382,7 +382,7 @@ def _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, f
     hi = np.where(after < len(trace_seq), trace_seq[np.minimum(after, len(trace_seq) - 1)], NEVER)
     for (g, _), u in zip(rs_calls, units):
         rec.unit[g] = u
-    cand = order[(stage[order] == "backward") & (fseq[order] != NEVER)]
+    cand = order[(stage[order] == model.STAGE_BACKWARD) & (fseq[order] != NEVER)]
     j = np.searchsorted(lo, fseq[cand], side="right") - 1
     ok = j >= 0
     jj = np.maximum(j, 0)
@@ -417,7 +417,7 @@ def _forward_units(rec, order, role_o, pos_of, ag, ag_pos, is_bwd, ag_unit, name
         if keys[j] is not None:
             key_of_unit.setdefault(ag_unit[i], keys[j])
     cache: dict[tuple[int, int], bool] = {}
-    cand = order[(role_o == None) & (stage[order] == "forward")]  # noqa: E711
+    cand = order[(role_o == None) & (stage[order] == model.STAGE_FORWARD)]  # noqa: E711
     for r in cand:
         p = pos_of[r]
         j = int(np.searchsorted(f_pos, p, side="right")) - 1
@@ -548,11 +548,11 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
     for s, us in need_by_size.items():
         blocks = by_size.get(s, [])
         for r, u in zip(blocks, us):
-            rec.role[r], rec.role_source[r], rec.unit[r] = vocab.FSDP_ROLE_SHARDED_PARAM, "sizes", u
+            rec.role[r], rec.role_source[r], rec.unit[r] = model.FSDP_ROLE_SHARDED_PARAM, "sizes", u
             n_param += 1
         rest = blocks[len(us):len(us) * (1 + k_opt)]
         for i, r in enumerate(rest):
-            rec.role[r], rec.role_source[r], rec.unit[r] = "optimizer_state", "sizes", us[i % len(us)]
+            rec.role[r], rec.role_source[r], rec.unit[r] = model.FSDP_ROLE_OPTIMIZER_STATE, "sizes", us[i % len(us)]
             n_opt += 1
     rec.notes.append(f"{n_param} block(s) alive before the history began have the sizes of the sharded "
                      f"parameters the all-gathers imply (world size {w} from {ws_src}, stored/gathered dtype "

@@ -27,11 +27,11 @@ import os
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.memory.fragmentation import round_request
 from fsdpprof.analyze.memory.fsdp_units import world_size_said
 from fsdpprof.analyze.memory.snapshot import fmt_frames, frame_text
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryCategory as MC
 
 # what a change costs the user, cheapest first: (cost_rank, words)
 COST_ALLOCATOR = (0, "an allocator setting")
@@ -40,8 +40,8 @@ COST_TRAINING = (2, "the batch or activation checkpointing")
 COST_DEVICES = (3, "more devices")
 
 def fmt_bytes(n) -> str:
-    """Bytes as text (:func:`fsdpprof.analyze.vocab.fmt_bytes`), "unknown" when missing (said in sentences)."""
-    return vocab.fmt_bytes(n, missing="unknown")
+    """Bytes as text (:func:`fsdpprof.analyze.model.fmt_bytes`), "unknown" when missing (said in sentences)."""
+    return model.fmt_bytes(n, missing="unknown")
 
 
 def _text(v) -> str | None:
@@ -84,7 +84,7 @@ def explain_oom(res, oom: dict, request: dict, snap) -> dict:
         sugg.append(_cache_suggestion(frag, req, short, unit, stage, frames))
     sugg = sorted(sugg, key=lambda s: (not s["enough"], s["cost_rank"], -s["saves_bytes"]))
 
-    what = ("FSDP's " + role.replace("_", " ")) if role else ("an activation" if stage == "forward" else "a tensor")
+    what = ("FSDP's " + role.replace("_", " ")) if role else ("an activation" if stage == model.STAGE_FORWARD else "a tensor")
     where = (f", in the {stage} of {unit}" if unit and stage else f", in {unit}" if unit
              else f", in the {stage}" if stage else "")
     if phase:
@@ -176,7 +176,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
                                   f" in all) and recomputes the rest in backward"})
     # a smaller micro-batch: activations (and an activation request) shrink in proportion
     a_bytes = int(act["bytes"].sum())
-    req_act = req if (stage == "forward" and not role) else 0
+    req_act = req if (stage == model.STAGE_FORWARD and not role) else 0
     scalable = a_bytes + req_act
     if scalable > 0:
         half = scalable // 2
@@ -191,7 +191,7 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
     up = a[(a["category"] == MC.UNSHARDED_PARAM.value) & a["unit"].notna()]
     if len(up):
         busy = {unit} if unit else set()
-        ag = df[(df["fsdp_role"] == vocab.FSDP_ROLE_ALL_GATHER_OUTPUT).to_numpy() & (df["alloc_seq"] < seq).to_numpy()] \
+        ag = df[(df["fsdp_role"] == model.FSDP_ROLE_ALL_GATHER_OUTPUT).to_numpy() & (df["alloc_seq"] < seq).to_numpy()] \
             if "fsdp_role" in df else df.iloc[:0]
         if len(ag):
             busy.add(str(ag.sort_values("alloc_seq")["unit"].iloc[-1]))

@@ -5,13 +5,15 @@ list of :class:`Finding`. Thresholds are module constants so a reader can see an
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 
 from fsdpprof import runfmt
-from fsdpprof.analyze import vocab
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.summary.headline import share_of_step
 
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
 EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
@@ -34,7 +36,9 @@ class Finding:
     """One thing to try. ``metric``/``value``/``unit`` name the number that triggered it;
     ``section`` is the report section that shows it; ``stake_us``: the step time at stake, µs per step (what
     fixing it could save at most: the exposed or idle time it names; NaN for findings about memory or
-    placement), what findings are ranked by."""
+    placement), what findings are ranked by; ``value`` is the report's statistic (for shares of the step: the
+    median over ranks, as "At a glance") and ``worst`` the value of ``rank``, the worst rank (NaN when the finding
+    is about one rank)."""
 
     id: str
     severity: str          # high | medium | info
@@ -47,6 +51,7 @@ class Finding:
     section: str
     rank: int | None = None
     stake_us: float = float("nan")
+    worst: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,68 +66,99 @@ def _num(x) -> float:
 
 def _exposed_suggestion(collective: str, stage: str, fsdp: bool) -> str:
     if not fsdp:   # not an FSDP input: no FSDP knobs to turn
-        if collective == "all_reduce":
+        if collective == model.ALL_REDUCE:
             return ("all-reduce is exposed: bucket gradients (DDP bucket_cap_mb) so it overlaps with backward, or "
                     "move less per step (gradient accumulation without sync)")
         return "overlap this collective with compute (issue it earlier, on its own stream) or run it less often"
-    if collective == "all_gather" and stage == "forward":
+    if collective == model.ALL_GATHER and stage == model.STAGE_FORWARD:
         return ("prefetch the next unit's all-gather (FSDP2: module.set_modules_to_forward_prefetch; FSDP1: "
                 "forward_prefetch=True), or keep parameters after forward (reshard_after_forward=False / "
                 "SHARD_GRAD_OP) if memory allows")
-    if collective == "all_gather":
+    if collective == model.ALL_GATHER:
         return ("backward prefetch (FSDP1 backward_prefetch=BACKWARD_PRE; FSDP2 set_modules_to_backward_prefetch) "
                 "or reshard_after_forward=False so backward does not all-gather again")
-    if collective == "reduce_scatter":
+    if collective == model.REDUCE_SCATTER:
         return ("reduce-scatter is not hidden behind backward compute: use fewer, larger FSDP units, a lower "
                 "reduce dtype (MixedPrecision reduce_dtype=bf16) or gradient accumulation without sync")
-    if collective == "all_reduce":
+    if collective == model.ALL_REDUCE:
         return ("all-reduce is exposed: overlap it with backward, or shard (FULL_SHARD / HYBRID_SHARD) to cut "
                 "the volume per rank")
     return "overlap this collective with compute or reduce how often it runs"
 
 
+def per_step(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame:
+    """The steps table (rank, step, step_us) beside the sums of ``cols`` of ``table`` in each of those steps (0
+    where a step has none): what :func:`share_of_step` takes. Rows of ``table`` outside every step are left out."""
+    base = steps[["rank", "step", "step_us"]].astype({"step": float})
+    if table is None or table.empty:
+        return base.assign(**{c: 0.0 for c in cols})
+    t = table[table["step"].notna()].astype({"step": float}).groupby(["rank", "step"])[cols].sum(min_count=1)
+    out = base.merge(t.reset_index(), on=["rank", "step"], how="left")
+    return out.fillna({c: 0.0 for c in cols})
+
+
+def rank_words(s: dict) -> str:
+    """Whose share a finding states (:func:`share_of_step`'s dict): "median over 8 ranks, worst rank 1: 60%",
+    or "rank 0" for one rank."""
+    if s["ranks"] > 1:
+        return f"median over {s['ranks']} ranks, worst rank {s['worst_rank']}: {model.fmt_pct(s['worst_pct'])}"
+    return f"rank {s['worst_rank']}"
+
+
+def share_words(s: dict, what: str = "of step time") -> str:
+    """A share as every finding states it: the report's statistic first (as "At a glance"), the worst rank beside
+    it, labelled: "43% of step time; median over 8 ranks, worst rank 1: 60%"."""
+    return f"{model.fmt_pct(s['pct'])} {what}; {rank_words(s)}"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3g} ms"
+
+
+def _fires(s: dict, threshold: float) -> float:
+    """The share a threshold is held against: the median's or the worst rank's, whichever is larger (a rank
+    that waits holds the others at the next collective)."""
+    v = max(x for x in (s["pct"], s["worst_pct"], -1.0) if x == x)
+    return v if v >= threshold else math.nan
+
+
 def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | None,
                   fsdp_advice: bool = True) -> list[Finding]:
     """Exposed collectives per stage, from the per-step communication table (rank, step, collective, stage,
-    exposed_comm_us, ...) and step_breakdown.  Only communication launched inside a step counts: it is
-    averaged over the rank's steps and compared with its mean step time.  ``fsdp_advice``: the input is
-    an FSDP run (FSDP knobs may be suggested)."""
+    exposed_comm_us, ...) and step_breakdown.  Only communication launched inside a step counts.  Each share is
+    the report's statistic (:func:`fsdpprof.analyze.summary.headline.share_of_step`: each rank's mean per step,
+    the median over ranks, over the median step), the worst rank named beside it; it fires when the median or
+    the worst rank crosses the threshold.  ``fsdp_advice``: the input is an FSDP run (FSDP knobs may be
+    suggested)."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
-    n_steps = steps.groupby("rank")["step"].nunique() if "step" in steps else steps.groupby("rank").size()
-    step_us = steps.groupby("rank")["step_us"].mean()
     cu = comm_unit_step
-    if cu is not None and not cu.empty and "exposed_comm_us" in cu:
-        op = cu[cu["step"].notna()] if "step" in cu else cu
-        op = op.assign(collective=op["collective"].astype(object).fillna("unknown").astype(str),
-                       stage=(op["stage"].astype(object) if "stage" in op else "all"))
-        g = op.groupby(["rank", "collective", "stage"])["exposed_comm_us"].sum().reset_index()
-        g["per_step_us"] = g["exposed_comm_us"] / g["rank"].map(n_steps).clip(lower=1)
-        g["pct"] = 100.0 * g["per_step_us"] / g["rank"].map(step_us)
-        worst = g.sort_values("pct", ascending=False).drop_duplicates(["collective", "stage"])
-        for r in worst.itertuples():
-            if not r.pct >= EXPOSED_PHASE_PCT:
+    if cu is not None and not cu.empty and "exposed_comm_us" in cu and "step" in cu:
+        op = cu.assign(collective=cu["collective"].astype(object).fillna(model.UNKNOWN_COLLECTIVE).astype(str),
+                       stage=(cu["stage"].astype(object) if "stage" in cu else "all"))
+        for (c, st), grp in op.groupby(["collective", "stage"], sort=True):
+            s = share_of_step(per_step(steps, grp, ["exposed_comm_us"]), "exposed_comm_us")
+            top = _fires(s, EXPOSED_PHASE_PCT)
+            if top != top:
                 continue
-            c, st = str(r.collective), str(r.stage)
-            out.append(Finding(f"exposed_{c}_{st}".replace(" ", "_"), "high" if r.pct >= 4 * EXPOSED_PHASE_PCT else "medium",
-                               f"Exposed {c} in {st}: {r.per_step_us / 1e3:.3g} ms per step "
-                               f"({r.pct:.1f}% of step time, rank {int(r.rank)})",
-                               f"exposed_comm_us[{c}, {st}] / step_us", float(r.pct), "%", EXPOSED_PHASE_PCT,
-                               _exposed_suggestion(c, st, fsdp_advice), "communication", int(r.rank),
-                               float(r.per_step_us)))
+            out.append(Finding(f"exposed_{c}_{st}".replace(" ", "_"), "high" if top >= 4 * EXPOSED_PHASE_PCT else "medium",
+                               f"Exposed {c} in {st}: {_ms(s['us'])} per step ({share_words(s)})",
+                               f"exposed_comm_us[{c}, {st}] per step / step_us (median over ranks)", s["pct"], "%",
+                               EXPOSED_PHASE_PCT, _exposed_suggestion(c, st, fsdp_advice), "communication",
+                               s["worst_rank"], s["us"], s["worst_pct"]))
     if "exposed_comm_us" in steps:
-        tot = steps.groupby("rank")[["exposed_comm_us", "step_us"]].sum()
-        tot["pct"] = 100.0 * tot["exposed_comm_us"] / tot["step_us"]
-        tot["per_step_us"] = tot["exposed_comm_us"] / n_steps.reindex(tot.index).clip(lower=1)
-        r = tot["pct"].idxmax() if len(tot) and tot["pct"].notna().any() else None
-        if r is not None and tot.loc[r, "pct"] >= EXPOSED_TOTAL_PCT:
+        s = share_of_step(steps, "exposed_comm_us")
+        top = _fires(s, EXPOSED_TOTAL_PCT)
+        if top == top:
             out.append(Finding("exposed_comm_total", "high",
-                               f"{tot.loc[r, 'pct']:.1f}% of step time is communication not hidden behind compute (rank {r})",
-                               "sum(exposed_comm_us) / sum(step_us)", float(tot.loc[r, "pct"]), "%", EXPOSED_TOTAL_PCT,
+                               f"Communication not hidden behind compute is {model.fmt_pct(s['pct'])} of the step "
+                               f"({_ms(s['us'])} per step; {rank_words(s)})",
+                               "steps.exposed_comm_us / steps.step_us (median over ranks)", s["pct"], "%",
+                               EXPOSED_TOTAL_PCT,
                                "more compute per collective (larger batch / sequence, gradient accumulation), "
                                "prefetching, or a strategy that moves fewer bytes (see the traffic table)",
-                               "steps", int(r), float(tot.loc[r, "per_step_us"])))
+                               "steps", s["worst_rank"], s["us"], s["worst_pct"]))
     return out
 
 
@@ -142,87 +178,68 @@ IDLE_CAUSES = {
 }
 
 
-def _per_rank(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame | None:
-    """Per rank: step_us and n_steps (steps table) beside the sums of ``cols`` of ``table`` over the same steps."""
-    if steps is None or steps.empty or "step_us" not in steps or table is None or table.empty:
-        return None
-    g = steps.groupby("rank").agg(step_us=("step_us", "sum"), n_steps=("step", "nunique"))
-    t = table.merge(steps[["rank", "step"]], on=["rank", "step"], how="inner")
-    if t.empty:
-        return None
-    return g.join(t.groupby("rank")[cols].sum(min_count=1), how="inner")
-
-
 def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, device: bool = True) -> list[Finding]:
     """What keeps the device waiting, from the steps table and step_stalls (steps.step_stalls): the device idle
-    with its main cause (device traces), the host's synchronisations, the DataLoader.  Each is the worst rank's
-    share of its step time, and its time per step is the stake."""
+    with its main cause over every rank (device traces), the host's synchronisations, the DataLoader.  Each share
+    is the report's statistic (median over ranks, :func:`share_words`), the worst rank beside it, and its time
+    per step (the median over ranks) is the stake."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
     if device and "idle_us" in steps:
-        g = _per_rank(steps, steps[["rank", "step", "idle_us"]], ["idle_us"])
-        if g is not None:
-            g["pct"] = 100.0 * g["idle_us"] / g["step_us"]
-            r = g["pct"].idxmax() if g["pct"].notna().any() else None
-            if r is not None and g.loc[r, "pct"] >= DEVICE_IDLE_PCT:
-                pct, per_step = float(g.loc[r, "pct"]), float(g.loc[r, "idle_us"] / max(g.loc[r, "n_steps"], 1))
-                causes = _per_rank(steps, stalls, list(IDLE_CAUSES)) if stalls is not None and all(
-                    c in stalls for c in IDLE_CAUSES) else None
-                why, advice = "", ("see the idle-time breakdown by stream in the device section and the lanes of "
-                                   "one step")
-                if causes is not None and r in causes.index and causes.loc[r, list(IDLE_CAUSES)].sum() > 0:
-                    c = causes.loc[r, list(IDLE_CAUSES)].astype(float)
-                    top = str(c.idxmax())
-                    why = f": {100.0 * c[top] / c.sum():.0f}% of it {IDLE_CAUSES[top][0]}"
-                    advice = IDLE_CAUSES[top][1]
-                out.append(Finding("device_idle", "high" if pct >= 3 * DEVICE_IDLE_PCT else "medium",
-                                   f"The device is idle {pct:.1f}% of the step ({per_step / 1e3:.3g} ms per step, "
-                                   f"rank {int(r)}){why}",
-                                   "sum(steps.idle_us) / sum(steps.step_us); cause: step_stalls.idle_*_us", pct, "%",
-                                   DEVICE_IDLE_PCT, advice, "steps", int(r), per_step))
-    if stalls is None or stalls.empty:
+        s = share_of_step(steps, "idle_us")
+        top = _fires(s, DEVICE_IDLE_PCT)
+        if top == top:
+            why, advice = "", "see the idle-time breakdown by stream in the device section and the lanes of one step"
+            if stalls is not None and all(c in stalls for c in IDLE_CAUSES):
+                c = per_step(steps, stalls, list(IDLE_CAUSES))[list(IDLE_CAUSES)].sum().astype(float)
+                if c.sum() > 0:
+                    cause = str(c.idxmax())
+                    why = f": {100.0 * c[cause] / c.sum():.0f}% of it {IDLE_CAUSES[cause][0]}"
+                    advice = IDLE_CAUSES[cause][1]
+            out.append(Finding("device_idle", "high" if top >= 3 * DEVICE_IDLE_PCT else "medium",
+                               f"The device is idle {model.fmt_pct(s['pct'])} of the step ({_ms(s['us'])} per step; "
+                               f"{rank_words(s)}){why}",
+                               "steps.idle_us / steps.step_us (median over ranks); cause: step_stalls.idle_*_us",
+                               s["pct"], "%", DEVICE_IDLE_PCT, advice, "steps", s["worst_rank"], s["us"],
+                               s["worst_pct"]))
+    if stalls is None or stalls.empty or "step" not in stalls:
         return out
     if device and "sync_idle_us" in stalls:
-        g = _per_rank(steps, stalls, ["sync_idle_us", "sync_calls", "scalar_sync_calls"])
-        if g is not None:
-            g["pct"] = 100.0 * g["sync_idle_us"] / g["step_us"]
-            r = g["pct"].idxmax() if g["pct"].notna().any() else None
-            if r is not None and g.loc[r, "pct"] >= SYNC_IDLE_PCT:
-                n = max(float(g.loc[r, "n_steps"]), 1.0)
-                calls, scalar = g.loc[r, "sync_calls"] / n, g.loc[r, "scalar_sync_calls"] / n
-                per_step = float(g.loc[r, "sync_idle_us"]) / n
-                of_item = f", {scalar:.3g} of them in tensor.item()" if scalar > 0 else ""
-                out.append(Finding("host_syncs", "high" if g.loc[r, "pct"] >= 5 * SYNC_IDLE_PCT else "medium",
-                                   f"{calls:.3g} host synchronisations per step{of_item} leave the device idle "
-                                   f"{per_step / 1e3:.3g} ms per step ({g.loc[r, 'pct']:.1f}% of step time, "
-                                   f"rank {int(r)})",
-                                   "sum(step_stalls.sync_idle_us) / sum(steps.step_us)", float(g.loc[r, "pct"]), "%",
-                                   SYNC_IDLE_PCT,
-                                   "keep the host from waiting on the device inside the step: no .item(), .cpu(), "
-                                   "print or if on device tensors in the loop (log every N steps, keep metrics on "
-                                   "the device), no torch.cuda.synchronize(); copy to the host with "
-                                   "non_blocking=True into pinned memory", "steps", int(r), per_step))
+        t = per_step(steps, stalls, ["sync_idle_us", "sync_calls", "scalar_sync_calls"])
+        s = share_of_step(t, "sync_idle_us")
+        top = _fires(s, SYNC_IDLE_PCT)
+        if top == top:
+            calls = t.groupby("rank")[["sync_calls", "scalar_sync_calls"]].mean().median()
+            of_item = (f", {calls['scalar_sync_calls']:.3g} of them in tensor.item()"
+                       if calls["scalar_sync_calls"] > 0 else "")
+            out.append(Finding("host_syncs", "high" if top >= 5 * SYNC_IDLE_PCT else "medium",
+                               f"{calls['sync_calls']:.3g} host synchronisations per step{of_item} leave the device "
+                               f"idle {_ms(s['us'])} per step ({share_words(s)})",
+                               "step_stalls.sync_idle_us / steps.step_us (median over ranks)", s["pct"], "%",
+                               SYNC_IDLE_PCT,
+                               "keep the host from waiting on the device inside the step: no .item(), .cpu(), "
+                               "print or if on device tensors in the loop (log every N steps, keep metrics on "
+                               "the device), no torch.cuda.synchronize(); copy to the host with "
+                               "non_blocking=True into pinned memory", "steps", s["worst_rank"], s["us"],
+                               s["worst_pct"]))
     col = "data_loader_idle_us" if device else "data_loader_us"
     if col in stalls:
-        g = _per_rank(steps, stalls, [col, "data_loader_us"] if device else [col])
-        if g is not None:
-            g["pct"] = 100.0 * g[col] / g["step_us"]
-            r = g["pct"].idxmax() if g["pct"].notna().any() else None
-            if r is not None and g.loc[r, "pct"] >= DATA_LOADER_PCT:
-                n = max(float(g.loc[r, "n_steps"]), 1.0)
-                per_step = float(g.loc[r, col]) / n
-                what = (f"DataLoader fetches leave the device idle {per_step / 1e3:.3g} ms per step" if device else
-                        f"DataLoader fetches take {per_step / 1e3:.3g} ms per step on the training thread")
-                fetching = (f"; {g.loc[r, 'data_loader_us'] / n / 1e3:.3g} ms fetching" if device else "")
-                out.append(Finding("data_loader", "high" if g.loc[r, "pct"] >= 4 * DATA_LOADER_PCT else "medium",
-                                   f"{what} ({g.loc[r, 'pct']:.1f}% of step time, rank {int(r)}{fetching})",
-                                   f"sum(step_stalls.{col}) / sum(steps.step_us)", float(g.loc[r, "pct"]), "%",
-                                   DATA_LOADER_PCT,
-                                   "load data ahead of the step: DataLoader num_workers > 0 with "
-                                   "persistent_workers=True and prefetch_factor, pin_memory=True and "
-                                   ".to(device, non_blocking=True), preprocessing moved into the workers",
-                                   "steps", int(r), per_step))
+        t = per_step(steps, stalls, list(dict.fromkeys([col, "data_loader_us"])))
+        s = share_of_step(t, col)
+        top = _fires(s, DATA_LOADER_PCT)
+        if top == top:
+            what = (f"DataLoader fetches leave the device idle {_ms(s['us'])} per step" if device else
+                    f"DataLoader fetches take {_ms(s['us'])} per step on the training thread")
+            fetching = (f"; {_ms(t.groupby('rank')['data_loader_us'].mean().median())} fetching" if device else "")
+            out.append(Finding("data_loader", "high" if top >= 4 * DATA_LOADER_PCT else "medium",
+                               f"{what} ({share_words(s)}{fetching})",
+                               f"step_stalls.{col} / steps.step_us (median over ranks)", s["pct"], "%",
+                               DATA_LOADER_PCT,
+                               "load data ahead of the step: DataLoader num_workers > 0 with "
+                               "persistent_workers=True and prefetch_factor, pin_memory=True and "
+                               ".to(device, non_blocking=True), preprocessing moved into the workers",
+                               "steps", s["worst_rank"], s["us"], s["worst_pct"]))
     return out
 
 
@@ -231,7 +248,7 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                     rank: int | None = None, alternatives: dict | None = None,
                     input_kind: str | None = "fsdp2", units: list[str] | None = None) -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
-    model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (vocab.INPUT_KINDS):
+    model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (model.INPUT_KINDS):
     sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device.
     ``units``: the model's FSDP units (blocks), those keeping the most activations first; the activation
     advice names blocks only when the input has them (an FSDP input, or units a snapshot's frames show)."""
@@ -239,23 +256,23 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
     if breakdown is None or breakdown.empty:
         return out
     pct = breakdown.groupby("category", observed=True)["pct"].sum()
-    get = lambda c: float(pct.get(c, 0.0))  # noqa: E731
-    opt = get("optimizer_state")
+    get = lambda c: float(pct.get(c.value, 0.0))  # noqa: E731
+    opt = get(MC.OPTIMIZER_STATE)
     if opt >= OPTIMIZER_DOMINATES_PCT:
         out.append(Finding("optimizer_state_dominates", "high" if opt >= 60 else "medium",
                            f"Optimizer state is {opt:.1f}% of memory at the peak",
                            "breakdown_at_peak[optimizer_state].pct", opt, "%", OPTIMIZER_DOMINATES_PCT,
                            ("shard it further (FULL_SHARD, or a larger shard group), offload it to CPU "
-                            "(CPUOffload / ZeRO-Offload), or use" if input_kind in ("fsdp2", "fsdp1") or strategy
+                            "(CPUOffload / ZeRO-Offload), or use" if input_kind in model.FSDP_KINDS or strategy
                             else "use") + " an optimizer with less state (8-bit Adam, Adafactor)",
                            "memory", rank))
-    act = get("activation")
+    act = get(MC.ACTIVATION)
     if act >= ACTIVATIONS_DOMINATE_PCT:
         if units:
             named = ", ".join(units[:3]) + (" ..." if len(units) > 3 else "")
             advice = (f"activation checkpointing of the FSDP units that keep the most ({named}), a smaller "
                       f"micro-batch, or sequence parallelism; sharding does not reduce activations")
-        elif input_kind in ("fsdp2", "fsdp1"):
+        elif input_kind in model.FSDP_KINDS:
             advice = ("activation checkpointing of the FSDP units (the model's blocks), a smaller micro-batch, or "
                       "sequence parallelism; sharding does not reduce activations")
         else:   # nothing says the model has blocks: advice for any model
@@ -265,28 +282,28 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
         out.append(Finding("activations_dominate", "medium", f"Activations are {act:.1f}% of memory at the peak",
                            "breakdown_at_peak[activation].pct", act, "%", ACTIVATIONS_DOMINATE_PCT, advice,
                            "memory", rank))
-    unsh = get("unsharded_param")
-    if unsh >= UNSHARDED_PARAM_PCT and input_kind in ("fsdp2", "fsdp1"):
+    unsh = get(MC.UNSHARDED_PARAM)
+    if unsh >= UNSHARDED_PARAM_PCT and input_kind in model.FSDP_KINDS:
         out.append(Finding("unsharded_params_large", "medium",
                            f"All-gathered (unsharded) parameters are {unsh:.1f}% of memory at the peak",
                            "breakdown_at_peak[unsharded_param].pct", unsh, "%", UNSHARDED_PARAM_PCT,
                            "wrap smaller FSDP units so fewer parameters are unsharded at once, and reshard after "
                            "forward (reshard_after_forward=True / FULL_SHARD); limit prefetch depth", "memory", rank))
-    states = get("sharded_param") + get("sharded_grad") + get("param") + get("grad") + get("optimizer_state")
-    if strategy in ("DDP", "NO_SHARD") and input_kind != "single_device" and states >= REPLICATED_STATES_PCT:
+    states = sum(get(c) for c in (MC.SHARDED_PARAM, MC.SHARDED_GRAD, MC.PARAM, MC.GRAD, MC.OPTIMIZER_STATE))
+    if strategy in (model.DDP, model.NO_SHARD) and input_kind != model.INPUT_SINGLE_DEVICE and states >= REPLICATED_STATES_PCT:
         out.append(Finding("replicated_model_states", "high",
                            f"Model states, replicated on every rank by {strategy}, are {states:.1f}% of the peak",
                            "breakdown_at_peak[param+grad+optimizer_state].pct", states, "%", REPLICATED_STATES_PCT,
                            "shard them: FULL_SHARD divides them by N, SHARD_GRAD_OP shards grads and optimizer "
                            "state" + (" (model states per rank by theory: " + ", ".join(
-                               f"{k} {vocab.fmt_bytes(v)}" for k, v in alternatives.items()) + ")"
+                               f"{k} {model.fmt_bytes(v)}" for k, v in alternatives.items()) + ")"
                                       if alternatives else ""), "memory", rank))
     if fragmentation_pct is not None and fragmentation_pct == fragmentation_pct and fragmentation_pct >= FRAGMENTATION_PCT:
         out.append(Finding("fragmentation", "medium", f"{fragmentation_pct:.1f}% of reserved memory is not allocated",
                            "fragmentation_pct", float(fragmentation_pct), "%", FRAGMENTATION_PCT,
                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "memory", rank))
     if coverage_pct is not None and coverage_pct == coverage_pct and coverage_pct < COVERAGE_LOW_PCT:
-        before, other = get(MC.BEFORE_RECORDING.value), get(MC.OTHER.value)
+        before, other = get(MC.BEFORE_RECORDING), get(MC.OTHER)
         rest = []
         if before > 0:
             rest.append(f"{before:.1f}% was allocated before recording (alive before the allocation history began: "
@@ -314,7 +331,7 @@ def process_findings(process: dict | None, rank: int | None = None) -> list[Find
     said = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or \
         f"none set: NCCL_BUFFSIZE at its default {NCCL_BUFFSIZE_DEFAULT}, channels as NCCL chooses"
     dev = process.get("device") or "the device"
-    fb = vocab.fmt_bytes
+    fb = model.fmt_bytes
     return [Finding("outside_allocator", "medium",
                     f"{fb(outside)} of {dev} is outside PyTorch's caching allocator (device used "
                     f"{fb(process.get('used_peak_bytes'))}, allocator reserved "
@@ -395,7 +412,7 @@ def finding_places(items: list[Finding], ranks, step_windows: pd.DataFrame | Non
             place = (peak_ts_us[r], peak_ts_us[r])
         elif f.id.startswith("exposed_") and exp is not None:
             e = exp[exp["rank"] == r]
-            coll = next((c for c in vocab.COLLECTIVES if f.id.startswith(f"exposed_{c}_")), None)
+            coll = next((c for c in model.COLLECTIVES if f.id.startswith(f"exposed_{c}_")), None)
             if coll is not None:
                 e = e[e["collective"] == coll]
             if len(e):

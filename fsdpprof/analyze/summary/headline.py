@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 
 STEP_PARTS = ("compute_us", "exposed_comm_us", "idle_us", "residual_us")
 
@@ -48,6 +48,27 @@ def step_spread(steps: pd.DataFrame | None, col: str) -> dict:
     return out
 
 
+def share_of_step(steps: pd.DataFrame | None, col: str) -> dict:
+    """One part of the step (``col``, µs; ``steps`` has rank, step_us and ``col`` per step) as the report states
+    it, step_split's rule: ``us`` (each rank's mean over its steps, the median over ranks), ``pct`` (``us`` over
+    the median step, %), beside it the ``worst_rank`` (the largest share of its own mean step, the smallest such
+    rank) with ``worst_pct`` and ``worst_us``, and how many ``ranks``. NaN / None without steps."""
+    out = {"us": math.nan, "pct": math.nan, "worst_rank": None, "worst_pct": math.nan, "worst_us": math.nan,
+           "ranks": 0}
+    if steps is None or steps.empty or col not in steps or "step_us" not in steps:
+        return out
+    per = steps.groupby("rank")[[col, "step_us"]].mean()
+    med = per.median()
+    share = (100.0 * per[col] / per["step_us"].where(per["step_us"] > 0)).dropna()
+    out.update(us=float(med[col]), ranks=int(len(per)),
+               pct=100.0 * float(med[col]) / float(med["step_us"]) if med["step_us"] > 0 else math.nan)
+    if len(share):
+        top = share.max()
+        r = min(x for x, v in share.items() if v == top)
+        out.update(worst_rank=int(r), worst_pct=float(top), worst_us=float(per.loc[r, col]))
+    return out
+
+
 def step_split(steps: pd.DataFrame | None) -> dict:
     """step_medians plus each part's share of the step (``*_pct``: compute, exposed comm, idle, residual;
     they add up to 100 %)."""
@@ -61,10 +82,15 @@ def step_split(steps: pd.DataFrame | None) -> dict:
 def peak_rank(a) -> int | None:
     """The rank whose memory peaks highest (the smallest such rank): what a run must fit, the rank the
     report's headline, memory charts and compare's numbers are from. None without memory data."""
-    peaks = {r: m.peak_allocated_bytes for r, m in (a.memory or {}).items()
+    return peak_rank_of(a.memory)
+
+
+def peak_rank_of(memory: dict | None) -> int | None:
+    """:func:`peak_rank` of the per-rank memory results (rank -> MemoryResult)."""
+    peaks = {r: m.peak_allocated_bytes for r, m in (memory or {}).items()
              if m is not None and m.peak_allocated_bytes == m.peak_allocated_bytes}
     if not peaks:
-        return min(a.memory) if a.memory else None
+        return min(memory) if memory else None
     top = max(peaks.values())
     return min(r for r, v in peaks.items() if v == top)
 
@@ -119,7 +145,7 @@ def headline(a) -> dict:
                                             if peak == peak and peak > 0 else math.nan)
     d.update(step_split(a.steps))
     d["device_type"] = o.get("device_type")
-    d["idle_is_host"] = (o.get("device_type") or vocab.DEVICE_CPU) == vocab.DEVICE_CPU
+    d["idle_is_host"] = (o.get("device_type") or model.DEVICE_CPU) == model.DEVICE_CPU
     f = a.findings[0] if a.findings else None
     d["first_finding"] = f.title if f else None
     d["first_finding_severity"] = f.severity if f else None

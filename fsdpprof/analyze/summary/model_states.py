@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fsdpprof import runfmt
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.summary import theory
+from fsdpprof.analyze.summary.headline import peak_rank_of
 
 
 def measured_model_states(inv: dict) -> dict:
@@ -20,8 +24,8 @@ def measured_model_states(inv: dict) -> dict:
     a role captured at several steps counts only its last capture. Falls back to ``totals``."""
     t = pd.DataFrame(inv.get("tensors") or [])
     totals = inv.get("totals") or {}
-    out = {"param": totals.get("param_bytes"), "grad": totals.get("grad_bytes"),
-           "optimizer_state": totals.get("optimizer_state_bytes")}
+    out = {runfmt.ROLE_PARAM: totals.get("param_bytes"), runfmt.ROLE_GRAD: totals.get("grad_bytes"),
+           runfmt.ROLE_OPTIMIZER_STATE: totals.get("optimizer_state_bytes")}
     if not t.empty and {"role", "bytes"} <= set(t.columns):
         if "step" not in t:
             t["step"] = 0
@@ -88,7 +92,7 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     mp = inv.get("mixed_precision") or {}
     pdt = unsharded_param_dtype(inv)
     rdt = str(mp.get("reduce_dtype") or k.grad_dtype).replace("torch.", "")
-    tr = theory.fsdp_traffic(psi, strategy_name if strategy_name in theory.STRATEGY_ALIASES else s, max(n_for, 1),
+    tr = theory.fsdp_traffic(psi, s, max(n_for, 1),
                              pdt, rdt, ns if s == "HYBRID_SHARD" else None) if n_for > 1 else None
     all_ms = [m.to_dict() for m in theory.all_model_states(psi, k, max(n_for, 1))]
     for d in all_ms:  # the traffic each strategy would move per step, beside its memory
@@ -106,8 +110,8 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     rows = []
     for r in sorted(inventories):
         meas = measured.get(r) or {}
-        for role, th in (("param", ms.param_bytes), ("grad", ms.grad_bytes),
-                         ("optimizer_state", ms.optimizer_state_bytes)):
+        for role, th in ((runfmt.ROLE_PARAM, ms.param_bytes), (runfmt.ROLE_GRAD, ms.grad_bytes),
+                         (runfmt.ROLE_OPTIMIZER_STATE, ms.optimizer_state_bytes)):
             rows.append({"rank": r, "role": role, "measured_bytes": meas.get(role, np.nan), "theory_bytes": th})
     df = pd.DataFrame(rows)
     df["diff_bytes"] = df["measured_bytes"] - df["theory_bytes"]
@@ -116,12 +120,13 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     expl = []
     fw = str(inv.get("framework") or "")
     if s == "ZERO2" and fw.startswith("fsdp"):
-        un = _category_bytes(memory.get(r0), "unsharded_param")
+        un = _category_bytes(memory.get(r0), MC.UNSHARDED_PARAM.value)
         expl.append("FSDP's SHARD_GRAD_OP keeps parameters unsharded only from forward to the end of backward: "
                     "the inventory, taken at the optimizer step, sees the sharded parameters (k_p Psi / N = "
                     f"{theory.fmt_bytes(ms.param_bytes / n_for)}) where ZeRO-2's formula counts k_p Psi = "
                     f"{theory.fmt_bytes(ms.param_bytes)}"
-                    + (f"; at the peak the unsharded parameters are there ({theory.fmt_bytes(un)} unsharded_param)."
+                    + (f"; at the peak the unsharded parameters are there ({theory.fmt_bytes(un)} "
+                       f"{model.category_words(MC.UNSHARDED_PARAM)})."
                        if un is not None else "."))
     elif abs(meas_total - ms.total_bytes) > 0.001 * ms.total_bytes:
         expl.append("shards are padded so every rank holds ceil(numel / N) elements of each parameter; "
@@ -129,7 +134,9 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     t["measured_model_states_bytes"] = float(meas_total)
     t["model_states_diff_bytes"] = float(meas_total - ms.total_bytes)
     t["model_states_explanation"] = " ".join(expl) or "measured and formula agree."
-    t["peak_estimate"] = _peak_estimate(inv, s, ms, pdt, memory.get(r0), r0)
+    rp = peak_rank_of(memory)
+    rp = r0 if rp is None else rp     # the measured peak of the rank the headline names (the highest)
+    t["peak_estimate"] = _peak_estimate(inv, s, ms, pdt, memory.get(rp), rp)
     return TheoryResult(theory=t, model_states=df)
 
 
@@ -154,8 +161,8 @@ def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
     if per_unit and unit_numel:
         act = {u: per_unit.get(u, 0.0) for u in unit_numel}
     else:
-        act = _category_bytes(m, "activation") or 0.0
-    est = theory.fsdp_peak_estimate(ms.device_bytes, unit_numel, theory.dtype_bytes(pdt), act)
+        act = _category_bytes(m, MC.ACTIVATION.value) or 0.0
+    est = theory.fsdp_peak_estimate(ms.device_bytes, unit_numel, model.dtype_bytes(pdt), act)
     pe = est.to_dict()
     if isinstance(act, dict):
         pe["formula"] = (pe["formula"] + "   (A_l = the activations unit l's forward keeps for its backward, "
@@ -169,15 +176,16 @@ def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
         if m.breakdown_at_peak is not None and not m.breakdown_at_peak.empty:
             bd = m.breakdown_at_peak.groupby("category", observed=True)["bytes"].sum()
             if isinstance(act, dict):
-                other_act = float(bd.get("activation", 0)) - est.activation_bytes
+                other_act = float(bd.get(MC.ACTIVATION.value, 0)) - est.activation_bytes
                 if other_act > 0:
                     left.append(f"activations of the other units and outside any unit alive at the peak "
                                 f"({theory.fmt_bytes(other_act)})")
-            for cat in ("unsharded_grad", "temporary", "input", "before_recording", "other"):
+            for cat in (MC.UNSHARDED_GRAD.value, MC.TEMPORARY.value, MC.INPUT.value, MC.BEFORE_RECORDING.value,
+                        MC.OTHER.value):
                 if float(bd.get(cat, 0)) > 0:
-                    left.append(f"{cat} {theory.fmt_bytes(bd.get(cat))}")
-            if float(bd.get("unsharded_param", 0)) > est.max_unit_unsharded_bytes * 1.05:
-                left.append(f"unsharded params of more than one unit ({theory.fmt_bytes(bd.get('unsharded_param'))}: "
+                    left.append(f"{model.category_words(cat)} {theory.fmt_bytes(bd.get(cat))}")
+            if float(bd.get(MC.UNSHARDED_PARAM.value, 0)) > est.max_unit_unsharded_bytes * 1.05:
+                left.append(f"unsharded params of more than one unit ({theory.fmt_bytes(bd.get(MC.UNSHARDED_PARAM.value))}: "
                             f"prefetch or no reshard after forward keeps several units gathered)")
         pe["explanation"] = ("the formula leaves out " + ", ".join(left) + ".") if left else \
             "the formula counts model states, one unit's gathered parameters and that unit's activations."

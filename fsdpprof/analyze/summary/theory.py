@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fsdpprof.analyze import vocab
+from fsdpprof import runfmt
+from fsdpprof.analyze import model
 from fsdpprof.options import shown
 from fsdpprof.errors import UserError
 
@@ -29,35 +30,11 @@ OPTIMIZER_SLOTS = {
     "lion": 1, "adafactor": 0, "none": 0,
 }
 
-# Strategy names accepted, mapped to the canonical ZeRO stage they implement.
-STRATEGIES = ["DDP", "ZERO1", "ZERO2", "ZERO3", "HYBRID_SHARD"]
-STRATEGY_ALIASES = {
-    "DDP": "DDP", "NO_SHARD": "DDP", "NONE": "DDP",
-    "ZERO1": "ZERO1", "ZERO-1": "ZERO1",
-    "ZERO2": "ZERO2", "ZERO-2": "ZERO2", "SHARD_GRAD_OP": "ZERO2",
-    "ZERO3": "ZERO3", "ZERO-3": "ZERO3", "FULL_SHARD": "ZERO3",
-    "HYBRID_SHARD": "HYBRID_SHARD", "HSDP": "HYBRID_SHARD",
-}
+# The formulas take a strategy's ZeRO stage (model.ZERO_STAGES: model.zero_stage of any spelling).
 STRATEGY_LABELS = {
     "DDP": "DDP / NO_SHARD", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2 / SHARD_GRAD_OP",
     "ZERO3": "ZeRO-3 / FULL_SHARD", "HYBRID_SHARD": "HYBRID_SHARD",
 }
-
-
-def canonical_strategy(strategy: str) -> str:
-    """Map a user/FSDP strategy name (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ZeRO-2, ...) to STRATEGIES."""
-    key = str(strategy or "").strip().upper().replace(" ", "_")
-    if key not in STRATEGY_ALIASES:
-        raise UserError(f"unknown strategy {shown(strategy)}: use one of {', '.join(sorted(STRATEGY_ALIASES))}")
-    return STRATEGY_ALIASES[key]
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype name ('bf16', 'torch.float32', 'float16', ...)."""
-    _, size = vocab.dtype_size(str(dtype))
-    if size != size:
-        raise UserError(f"unknown dtype {shown(dtype)}: use one of fp32, bf16, fp16, fp8, fp64")
-    return int(size)
 
 
 @dataclass(frozen=True)
@@ -87,7 +64,7 @@ def bytes_per_param(param_dtype: str = "bf16", grad_dtype: str | None = None, op
     per-parameter state tensors (Adam 2, SGD with momentum 1, ...).
     """
     grad_dtype = grad_dtype or param_dtype
-    kp, kg, ks = dtype_bytes(param_dtype), dtype_bytes(grad_dtype), dtype_bytes(state_dtype)
+    kp, kg, ks = model.dtype_bytes(param_dtype), model.dtype_bytes(grad_dtype), model.dtype_bytes(state_dtype)
     opt = str(optimizer or "none").strip().lower()
     if optimizer_slots is None:
         if opt not in OPTIMIZER_SLOTS:
@@ -144,7 +121,7 @@ def model_states(psi: float, k: BytesPerParam, strategy: str, world: int, shard_
     grads and optimizer state to host); moved bytes count as host_bytes, not device_bytes.
     """
     _check_positive(psi=psi, world=world)
-    s = canonical_strategy(strategy)
+    s = model.zero_stage(strategy)
     n = int(world)
     ns = int(shard_group or n)
     if s == "HYBRID_SHARD":
@@ -189,7 +166,7 @@ def all_model_states(psi: float, k: BytesPerParam, world: int, shard_group: int 
                      offload: str = "none") -> list[ModelStates]:
     """model_states for every strategy (HYBRID_SHARD only when a shard group smaller than N is given)."""
     out = []
-    for s in STRATEGIES:
+    for s in model.ZERO_STAGES:
         if s == "HYBRID_SHARD" and not (shard_group and shard_group < world):
             continue
         out.append(model_states(psi, k, s, world, shard_group, offload))
@@ -232,39 +209,39 @@ def traffic_per_step(psi: float, strategy: str, world: int, param_dtype: str = "
     the gradient collectives (reduce-scatter / all-reduce).
     """
     _check_positive(psi=psi, world=world, compression_ratio=compression_ratio)
-    s = canonical_strategy(strategy)
+    s = model.zero_stage(strategy)
     n = int(world)
     reduce_dtype = reduce_dtype or param_dtype
-    sp = psi * dtype_bytes(param_dtype)          # parameter array in the all-gather dtype
-    sg = psi * dtype_bytes(reduce_dtype) / compression_ratio  # gradient array in the reduce dtype
-    f_n = (n - 1) / n
+    sp = psi * model.dtype_bytes(param_dtype)          # parameter array in the all-gather dtype
+    sg = psi * model.dtype_bytes(reduce_dtype) / compression_ratio  # gradient array in the reduce dtype
+    # bytes each rank sends per byte of the array (ring): all-gather, reduce-scatter (n-1)/n, all-reduce 2(n-1)/n
+    ag_f, rs_f, ar_f = (model.bus_factor(c, n) for c in (model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE))
     ag = rs = ar = 0.0
     c = f" / {_fmt(compression_ratio)}" if compression_ratio != 1 else ""
     if s == "DDP":
-        ar = 2 * f_n * sg
+        ar = ar_f * sg
         formula = "2 (N-1)/N * S_grad"
-        sub = f"2 * {n - 1}/{n} * {_fmt(psi)} * {dtype_bytes(reduce_dtype)}{c}"
+        sub = f"2 * {n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c}"
     elif s == "ZERO1" or s == "ZERO2":
-        rs = f_n * sg
-        ag = f_n * sp
+        rs = rs_f * sg
+        ag = ag_f * sp
         formula = "(N-1)/N * S_grad (reduce-scatter) + (N-1)/N * S_param (all-gather)"
-        sub = (f"{n - 1}/{n} * {_fmt(psi)} * {dtype_bytes(reduce_dtype)}{c} + "
-               f"{n - 1}/{n} * {_fmt(psi)} * {dtype_bytes(param_dtype)}")
+        sub = (f"{n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c} + "
+               f"{n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(param_dtype)}")
     elif s == "ZERO3":
-        ag = 2 * f_n * sp
-        rs = f_n * sg
+        ag = 2 * ag_f * sp                   # forward and backward
+        rs = rs_f * sg
         formula = "2 (N-1)/N * S_param (fwd + bwd all-gather) + (N-1)/N * S_grad (reduce-scatter)  [= 3(N-1)/N * S]"
-        sub = (f"2 * {n - 1}/{n} * {_fmt(psi)} * {dtype_bytes(param_dtype)} + "
-               f"{n - 1}/{n} * {_fmt(psi)} * {dtype_bytes(reduce_dtype)}{c}")
+        sub = (f"2 * {n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(param_dtype)} + "
+               f"{n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c}")
     else:
         ns = int(shard_group or n)
         if ns <= 0 or n % ns:
             raise UserError(f"shard group {ns} must divide the world size {n}")
         r = n // ns
-        f_s = (ns - 1) / ns
-        ag = 2 * f_s * sp
-        rs = f_s * sg
-        ar = 2 * (r - 1) / r * sg / ns
+        ag = 2 * model.bus_factor(model.ALL_GATHER, ns) * sp
+        rs = model.bus_factor(model.REDUCE_SCATTER, ns) * sg
+        ar = model.bus_factor(model.ALL_REDUCE, r) * sg / ns     # the shard, across the R replicas
         formula = ("2 (N_s-1)/N_s * S_param + (N_s-1)/N_s * S_grad + 2 (R-1)/R * S_grad / N_s "
                    "(all-reduce of the shard across replicas)")
         sub = (f"2 * {ns - 1}/{ns} * {_fmt(sp)} + {ns - 1}/{ns} * {_fmt(sg)} + "
@@ -283,7 +260,7 @@ def traffic_shard_grad_op(psi: float, world: int, param_dtype: str = "bf16", red
 def fsdp_traffic(psi: float, strategy: str, world: int, param_dtype: str = "bf16", reduce_dtype: str | None = None,
                  shard_group: int | None = None, compression_ratio: float = 1.0) -> Traffic:
     """Traffic of the strategy as FSDP implements it (SHARD_GRAD_OP: one all-gather per step)."""
-    s = canonical_strategy(strategy)
+    s = model.zero_stage(strategy)
     if s == "ZERO2":
         return traffic_shard_grad_op(psi, world, param_dtype, reduce_dtype, compression_ratio)
     return traffic_per_step(psi, s, world, param_dtype, reduce_dtype, shard_group, compression_ratio)
@@ -321,7 +298,8 @@ def fsdp_peak_estimate(model_states_bytes: float, unit_numel: dict[str, float], 
         best_unsharded, best_a, best = 0.0, a, a
     est = model_states_bytes + best
     sub = (f"{_fmt(model_states_bytes)} + ({_fmt(k_unsharded)} * {_fmt(best_unsharded / k_unsharded if k_unsharded else 0)}"
-           f" + {_fmt(best_a)})  [unit {best_u!r}]")
+           f" + {_fmt(best_a)})" + ("" if best_u is None else
+                                    f"  [unit {model.ROOT_UNIT_TEXT if best_u == model.ROOT_UNIT else best_u}]"))
     form = ("model_states / rank + max_l (k_param_unsharded * Psi_l + A_l)" if isinstance(activations, dict) else
             "model_states / rank + max_l (k_param_unsharded * Psi_l) + A   (A = activations alive at the measured peak)")
     return PeakEstimate(form, sub, model_states_bytes,
@@ -342,15 +320,15 @@ def k_from_inventory(inv: dict) -> BytesPerParam:
         return None
 
     units = inv.get("units") or []
-    pdt = _dtype("param") or (units[0].get("dtype") if units else None) or "float32"
-    gdt = _dtype("grad") or pdt
+    pdt = _dtype(runfmt.ROLE_PARAM) or (units[0].get("dtype") if units else None) or "float32"
+    gdt = _dtype(runfmt.ROLE_GRAD) or pdt
     opt = inv.get("optimizer") or None
     if not opt:
         return bytes_per_param(pdt, gdt, "none", master_copy=False)
     keys = [k for k in (opt.get("state_keys") or []) if k != "step"]
     sdt = None
     for t in tensors:
-        if t.get("role") == "optimizer_state" and not str(t.get("name", "")).endswith("/step") and t.get("dtype"):
+        if t.get("role") == runfmt.ROLE_OPTIMIZER_STATE and not str(t.get("name", "")).endswith("/step") and t.get("dtype"):
             sdt = str(t["dtype"]).replace("torch.", "")
             break
     sdt = sdt or "float32"
@@ -359,15 +337,11 @@ def k_from_inventory(inv: dict) -> BytesPerParam:
 
 
 def strategy_from_inventory(inv: dict) -> str:
-    """Canonical strategy of a recorded run (NO_SHARD and DDP are both 'DDP')."""
-    s = str(inv.get("strategy") or "NONE").upper()
-    try:
-        return canonical_strategy(s)
-    except UserError:
-        return "DDP"
+    """The ZeRO stage of a recorded run's strategy (NO_SHARD and DDP are both 'DDP'; an unknown one too)."""
+    return model.ZERO_STAGE.get(model.known_strategy(inv.get("strategy")), model.ZERO_STAGE[model.DDP])
 
 
-fmt_bytes = vocab.fmt_bytes      # (one formatter for bytes: vocab's; kept here for callers)
+fmt_bytes = model.fmt_bytes      # (the one formatter for bytes: the model's; kept here for callers)
 
 
 def _check_positive(**values) -> None:

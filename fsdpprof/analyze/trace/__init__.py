@@ -5,7 +5,7 @@
 - ``classify``  kind (compute, comm, ...), collective type, message size, process group: what a name and
   a comm op's args say.
 - ``labels``    step, stage, FSDP phase and unit of every event, taken from the CPU point that launched it.
-- ``load``      :func:`load_trace` = decode + classify + labels -> the events frame of :mod:`fsdpprof.analyze.vocab`.
+- ``load``      :func:`load_trace` = decode + classify + labels -> the events frame of :mod:`fsdpprof.analyze.model`.
 
 Importing this package is cheap (no numpy, no pandas): the names below are resolved on first use.
 """

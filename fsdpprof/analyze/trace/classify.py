@@ -1,13 +1,13 @@
 """Classify decoded trace events: kind (compute, comm, memcpy, memset, sync, cpu_op, annotation),
 collective type and message size (bytes), on GPU (NCCL/RCCL kernels) and CPU (gloo) traces.
 
-Device events (kernels on a stream): :func:`fsdpprof.analyze.vocab.is_comm_kernel` ones are comm;
-Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.vocab.is_sync_kernel`
+Device events (kernels on a stream): :func:`fsdpprof.analyze.model.is_comm_kernel` ones are comm;
+Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.model.is_sync_kernel`
 ones are sync; other kernels are compute, except those launched inside a collective op
-(:func:`fsdpprof.analyze.vocab.is_collective_op`: ``symm_mem::multimem_all_reduce_``, ``vllm::all_reduce``
+(:func:`fsdpprof.analyze.model.is_collective_op`: ``symm_mem::multimem_all_reduce_``, ``vllm::all_reduce``
 ...), which are that collective's communication.  A comm kernel's collective type (and process group) comes
 from the CPU op that launched it (the innermost collective op around its runtime call), its name second,
-else it is vocab.UNKNOWN_COLLECTIVE (a kernel's name is never a collective type).  Sizes come
+else it is model.UNKNOWN_COLLECTIVE (a kernel's name is never a collective type).  Sizes come
 from the kernel's args (``In msg nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process
 Group Name``, ``Seq``) or, when the kernel has none, from its launching op (same External id).
 
@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.trace.decode import RANK_MAX, as_text, cut_text, plausible_count
 
@@ -66,16 +66,16 @@ N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP = (1 << i for i in
 def name_flags_of(x: str) -> int:
     """Bit set of what a name says: comm kernel, memcpy, memset, sync, gloo work, c10d call, nccl op."""
     low = x.lower()
-    return ((N_COMM if vocab.is_comm_kernel(x) else 0) | (N_MEMCPY if low.startswith(("memcpy", "dma")) else 0)
-            | (N_MEMSET if low.startswith("memset") else 0) | (N_SYNC if vocab.is_sync_kernel(x) else 0)
-            | (N_GLOO if x.startswith(vocab.GLOO_PREFIX) else 0)
-            | (N_C10D if x.startswith(vocab.C10D_PREFIX) or x == vocab.RECORD_PARAM_COMMS or x in WAIT_NAMES else 0)
-            | (N_NCCL_OP if low.startswith(vocab.NCCL_OP_PREFIX) else 0))
+    return ((N_COMM if model.is_comm_kernel(x) else 0) | (N_MEMCPY if low.startswith(("memcpy", "dma")) else 0)
+            | (N_MEMSET if low.startswith("memset") else 0) | (N_SYNC if model.is_sync_kernel(x) else 0)
+            | (N_GLOO if x.startswith(model.GLOO_PREFIX) else 0)
+            | (N_C10D if x.startswith(model.C10D_PREFIX) or x == model.RECORD_PARAM_COMMS or x in WAIT_NAMES else 0)
+            | (N_NCCL_OP if low.startswith(model.NCCL_OP_PREFIX) else 0))
 
 
 def collective_of_name(name: str):
-    """vocab.collective_of, memoised per distinct name."""
-    return per_name(vocab.collective_of, [name])[0]
+    """model.collective_of, memoised per distinct name."""
+    return per_name(model.collective_of, [name])[0]
 
 
 # --------------------------------------------------------------------------- message sizes (bytes)
@@ -114,7 +114,7 @@ def c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[flo
     n0 = numel(dims[0])
     n1 = numel(dims[1]) if len(dims) > 1 and isinstance(dims[1], list) and dims[1] else float("nan")
     group = float("nan")
-    if coll in ("all_gather", "reduce_scatter"):
+    if coll in (model.ALL_GATHER, model.REDUCE_SCATTER):
         n = max(n0 if n0 == n0 else n1, n1 if n1 == n1 else n0)
         if n0 == n0 and n1 == n1 and min(n0, n1) > 0 and max(n0, n1) % min(n0, n1) == 0:
             group = max(n0, n1) / min(n0, n1)
@@ -124,8 +124,8 @@ def c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[flo
 
 
 def dtype_of(value) -> tuple[str | None, float]:
-    """vocab.dtype_size of a trace's dtype text; an unknown one is kept, cut to a readable length."""
-    name, size = vocab.dtype_size(value)
+    """model.dtype_size of a trace's dtype text; an unknown one is kept, cut to a readable length."""
+    name, size = model.dtype_size(value)
     return (cut_text(name) if isinstance(name, str) and size != size else name), size
 
 
@@ -139,7 +139,7 @@ def given(x, low: float = 0.0):
 
 
 # comm ops whose sizes come from their own args (nelems) or their own rule (gloo), not from their Input Dims
-_OWN_SIZE_PREFIXES = (vocab.GLOO_PREFIX, vocab.NCCL_OP_PREFIX, vocab.RECORD_PARAM_COMMS) + vocab.FUNCTIONAL_PREFIXES
+_OWN_SIZE_PREFIXES = (model.GLOO_PREFIX, model.NCCL_OP_PREFIX, model.RECORD_PARAM_COMMS) + model.FUNCTIONAL_PREFIXES
 
 
 def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, types: bytes) -> tuple:
@@ -148,7 +148,7 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
     name``, ``In msg nelems``, ``Out msg nelems``, ``Group size``, ``dtype``, ``Process Group Name``, ``Seq``
     and the raw JSON of ``Input Dims`` / ``Input type``.  shard: the bytes are one shard of the array (gloo
     all_gather work), to be multiplied by the group size once that is known."""
-    coll = (collective_of_name(cname) if type(cname) is str else vocab.collective_of(cname)) or collective_of_name(name)
+    coll = (collective_of_name(cname) if type(cname) is str else model.collective_of(cname)) or collective_of_name(name)
     dtype, size = dtype_of(dt)
     shard = False
     nbytes = float("nan")
@@ -158,29 +158,29 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
     if inn is not None or outn is not None:
         inn_f = float(inn) if inn is not None else float("nan")
         out_f = float(outn) if outn is not None else float("nan")
-        if coll == "all_gather":
+        if coll == model.ALL_GATHER:
             n = out_f if out_f == out_f else inn_f
-        elif coll == "reduce_scatter":
+        elif coll == model.REDUCE_SCATTER:
             n = inn_f if inn_f == inn_f else out_f
         else:
             n = inn_f if inn_f == inn_f else out_f
         nbytes = n * size
-    elif name.startswith(vocab.C10D_PREFIX):
+    elif name.startswith(model.C10D_PREFIX):
         nbytes, dtype2, group = c10d_sizes(coll, dims, types)
         dtype = dtype or dtype2
         if gs is None and group == group:
             gs = group
-    elif not name.startswith(_OWN_SIZE_PREFIXES) and coll not in (vocab.ALL_GATHER, vocab.REDUCE_SCATTER):
+    elif not name.startswith(_OWN_SIZE_PREFIXES) and coll not in (model.ALL_GATHER, model.REDUCE_SCATTER):
         # symmetric-memory and libraries' own collectives (vllm::all_reduce): the message is their input
         # (an all-gather's or reduce-scatter's whole array is not said: left unknown)
         nbytes, dtype2, _ = c10d_sizes(coll, dims, types)
         dtype = dtype or dtype2
-    elif name.startswith(vocab.GLOO_PREFIX):
+    elif name.startswith(model.GLOO_PREFIX):
         # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
         # all_reduce (also what reduce_scatter runs as) the whole array
         nbytes, dtype2, _ = c10d_sizes(None, dims, types)
         dtype = dtype or dtype2
-        shard = coll == "all_gather"  # only a shard here: times the group size once that is known
+        shard = coll == model.ALL_GATHER  # only a shard here: times the group size once that is known
     pg = None if pg is None or (type(pg) is float and pg != pg) else as_text(pg)
     return (coll, nbytes, dtype, float("nan") if gs is None else float(gs), pg,
             float("nan") if seq is None else float(seq), shard)
@@ -280,16 +280,16 @@ def name_flags(names: list) -> np.ndarray:
     return np.array(per_name(name_flags_of, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
 
 
-# kind codes of classify_arrays: positions in vocab.KINDS
-KIND_LABELS = np.array(vocab.KINDS, dtype=object)
+# kind codes of classify_arrays: positions in model.KINDS
+KIND_LABELS = np.array(model.KINDS, dtype=object)
 K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
-    vocab.KINDS.index(k) for k in (vocab.KIND_COMPUTE, vocab.KIND_COMM, vocab.KIND_MEMCPY, vocab.KIND_MEMSET,
-                                    vocab.KIND_SYNC, vocab.KIND_CPU_OP, vocab.KIND_ANNOTATION))
+    model.KINDS.index(k) for k in (model.KIND_COMPUTE, model.KIND_COMM, model.KIND_MEMCPY, model.KIND_MEMSET,
+                                    model.KIND_SYNC, model.KIND_CPU_OP, model.KIND_ANNOTATION))
 
 
 def classify_arrays(rt) -> dict:
     """Classified events as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
-    kind int8 codes into KIND_LABELS (vocab.KINDS), collective/dtype/pg object arrays, tid/launch_tid int
+    kind int8 codes into KIND_LABELS (model.KINDS), collective/dtype/pg object arrays, tid/launch_tid int
     thread codes (-1: none; the launch thread of a kernel whose launch is not in the trace), times float64
     us; runtime calls dropped."""
     rc = rt.cols
@@ -303,9 +303,9 @@ def classify_arrays(rt) -> dict:
         return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
 
     stream = rc["stream"]
-    gpu_cat = cat_is(*vocab.DEVICE_EVENT_CATS)
+    gpu_cat = cat_is(*model.DEVICE_EVENT_CATS)
     on_gpu = (stream >= 0) & gpu_cat
-    is_runtime = cat_is(*vocab.RUNTIME_CATS)
+    is_runtime = cat_is(*model.RUNTIME_CATS)
     is_cpu_op = cat_is(*CPU_OP_CATS)
     is_annot = cat_is(*ANNOTATION_CATS)
     is_memcpy_cat, is_memset_cat, is_sync_cat = (cat_is(*MEMCPY_CATS), cat_is(*MEMSET_CATS),
@@ -355,7 +355,7 @@ def classify_arrays(rt) -> dict:
     if relevant.any():           # parsed once per distinct name of the rows that carry a collective
         used = np.unique(codes[relevant])
         coll_by_cat = np.full(len(cats), None, dtype=object)
-        coll_by_cat[used] = per_name(vocab.collective_of, [cats[i] for i in used.tolist()])
+        coll_by_cat[used] = per_name(model.collective_of, [cats[i] for i in used.tolist()])
         collective[relevant] = coll_by_cat[codes[relevant]]
 
     # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
@@ -374,8 +374,8 @@ def classify_arrays(rt) -> dict:
         launch_ts[gidx[found]] = ts[src]
 
     # --- the columns: every event but the runtime calls (the synchronisations kept) ----------------------
-    # (the runtime calls that block the host until the device is done stay, as CPU ops: vocab.SYNC_CALLS)
-    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in vocab.SYNC_CALLS])
+    # (the runtime calls that block the host until the device is done stay, as CPU ops: model.SYNC_CALLS)
+    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
     kidx = np.flatnonzero(~is_runtime | sync_call)
     pos = np.full(n, -1, dtype=np.int64)
     pos[kidx] = np.arange(len(kidx))
@@ -456,7 +456,7 @@ def _type_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
 
 
 def _comm_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
-    """A kernel launched inside a collective op (:func:`fsdpprof.analyze.vocab.is_collective_op`: c10d, NCCL,
+    """A kernel launched inside a collective op (:func:`fsdpprof.analyze.model.is_collective_op`: c10d, NCCL,
     symmetric-memory ops, custom all-reduces such as ``vllm::all_reduce``) is that collective's communication,
     whatever it is called (``multimem_all_reduce_kernel``): kind comm, the op's collective type and group.
     The op must be the innermost CPU op around the launch: a kernel of a tensor op nested in the collective
@@ -496,11 +496,11 @@ def _comm_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
 
 
 def _unknown_type(o: dict, on_gpu: np.ndarray) -> None:
-    """A comm kernel whose type neither its launching op nor its name tells: vocab.UNKNOWN_COLLECTIVE (never
+    """A comm kernel whose type neither its launching op nor its name tells: model.UNKNOWN_COLLECTIVE (never
     its kernel name)."""
     rows = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"]))
     if rows.size:
-        o["collective"][rows] = vocab.UNKNOWN_COLLECTIVE
+        o["collective"][rows] = model.UNKNOWN_COLLECTIVE
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
@@ -563,13 +563,13 @@ def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.
     ts = o["ts_us"]
     coll = o["collective"]
     calls = np.flatnonzero(c10d_call & ~_isna(coll))
-    call_as = np.array([vocab.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
+    call_as = np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
     calls, call_ord = _order_in_group(call_as, calls, ts)
-    call_as = np.array([vocab.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
+    call_as = np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
     names = o["name_cats"]
     as_by_name = {}
     work = np.flatnonzero(gloo_comm)
-    work_as = np.array([as_by_name.setdefault(c, vocab.collective_of(str(names[c]))) for c in o["name"][work].tolist()],
+    work_as = np.array([as_by_name.setdefault(c, model.collective_of(str(names[c]))) for c in o["name"][work].tolist()],
                        dtype=object)
     known = ~_isna(work_as)
     work, work_as = work[known], work_as[known]

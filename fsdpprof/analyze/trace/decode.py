@@ -35,7 +35,7 @@ except ImportError:                     # pragma: no cover - isal is a dependenc
     _inflate_mod = zlib
 _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import frame_of
 from fsdpprof.errors import UserError
 
@@ -54,7 +54,7 @@ TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; flo
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
-KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | vocab.DEVICE_EVENT_CATS | vocab.RUNTIME_CATS
+KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | model.DEVICE_EVENT_CATS | model.RUNTIME_CATS
 # Event phases (``ph``) whose fields the typed fast path skips; it decodes duration events (X), instants (i, I) and
 # metadata (M) (see PhaseEvent), and any other phase fails its validation (the lenient path reads such a trace).
 SKIPPED_PHASES = tuple("BECbnestfPONDRcp()")
@@ -193,8 +193,8 @@ class TailDoc(msgspec.Struct, Generic[_EVENT]):
 _KEEP_ORDER = tuple(sorted(KEEP_CATS))
 _CAT_KEEP_CODE = {**{c: i + 1 for i, c in enumerate(_KEEP_ORDER)}, OTHER_CAT: 0}
 _IS_OTHER = frozenset({0})
-_CAT_GPU = np.array([c in vocab.DEVICE_EVENT_CATS for c in _KEEP_ORDER], dtype=bool)
-_CAT_RT = np.array([c in vocab.RUNTIME_CATS for c in _KEEP_ORDER], dtype=bool)
+_CAT_GPU = np.array([c in model.DEVICE_EVENT_CATS for c in _KEEP_ORDER], dtype=bool)
+_CAT_RT = np.array([c in model.RUNTIME_CATS for c in _KEEP_ORDER], dtype=bool)
 
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
 _FAST_CHUNK_DEC = msgspec.json.Decoder(list[_FAST_UNION])
@@ -204,8 +204,8 @@ _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
 _ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
 _LINK_LIST_DEC = msgspec.json.Decoder(list[LinkArgs | None])
 _NO_ARGS = Args()
-_GPU_CATS = vocab.DEVICE_EVENT_CATS
-_RUNTIME_CATS = vocab.RUNTIME_CATS
+_GPU_CATS = model.DEVICE_EVENT_CATS
+_RUNTIME_CATS = model.RUNTIME_CATS
 _TAIL_DEC = msgspec.json.Decoder(TailDoc[Event])
 # the last event boundary ('}', ',', '{' with blanks between) of a slice: '.*' jumps to the slice's end and
 # backtracks, in C, so a search costs the bytes after the boundary it finds
@@ -497,7 +497,7 @@ class _Columns:
                 if a is not None and _is_int64(a.correlation):
                     corr[i] = a.correlation
         full_idx = [i for i, e in enumerate(keep) if e.cat in _GPU_CATS or (
-            type(name_list[i]) is str and vocab.is_collective_op(name_list[i]))]
+            type(name_list[i]) is str and model.is_collective_op(name_list[i]))]
         if full_idx:
             for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
                 if a is None:
@@ -560,7 +560,7 @@ class _Columns:
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
         # per distinct name: comm op name?  per category (fixed table): device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
-            self.name_comm.append(vocab.is_collective_op(k))
+            self.name_comm.append(model.is_collective_op(k))
         gpu = _CAT_GPU[cat_codes]
         full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
         runtime = _CAT_RT[cat_codes]
@@ -848,7 +848,7 @@ class _Reader:
                 f"(Python: max_bytes=)")
 
     def _blocks(self, max_out: int):
-        """Inflate the (possibly multi-member) gzip stream: yields ("data", bytes, file offset), then
+        """Inflate the (possibly multi-member) gzip stream: yields ("chunk", bytes, file offset), then
         ("eof",) or ("error", why); blocks of at most ``max_out`` bytes (0: the whole file in one block
         when it is one small member, else READ_BYTES).  More than ``max_bytes`` in all is an error."""
         total = 0
@@ -869,7 +869,7 @@ class _Reader:
                     except _INFLATE_ERRORS:
                         out = None
                     if out is not None and len(out) == isize and one.eof:
-                        yield ("data", out, len(pending))
+                        yield ("chunk", out, len(pending))
                         yield ("eof",)
                         return
                     del out
@@ -892,7 +892,7 @@ class _Reader:
                     yield ("error", "limit")
                     return
                 if out:
-                    yield ("data", out, self.raw.tell())
+                    yield ("chunk", out, self.raw.tell())
         except _INFLATE_ERRORS as exc:
             yield ("error", f"bad: {exc}")
         except Exception as exc:  # I/O error
@@ -914,11 +914,11 @@ class _Reader:
         else:
             if self._sync is not None:
                 item = self._last if self._last is not None else next(self._sync)
-                if item[0] != "data":
+                if item[0] != "chunk":
                     self._last = item            # stay at EOF / on the error for further reads
             else:
                 item = self._queue.get()
-                if item[0] != "data":
+                if item[0] != "chunk":
                     self._queue.put(item)        # stay at EOF / on the error for further reads
             if item[0] == "eof":
                 return b""
@@ -1262,18 +1262,18 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
 
 
 def _device_type(arrays: dict, meta: dict) -> str:
-    """vocab.device_type of a decoded trace: its categories, runtime-call names and device names."""
+    """model.device_type of a decoded trace: its categories, runtime-call names and device names."""
     if not (arrays["stream"] >= 0).any():
-        return vocab.DEVICE_CPU
+        return model.DEVICE_CPU
     cats = arrays["cat_cats"]
     used = np.flatnonzero(np.bincount(arrays["cat"], minlength=len(cats))).tolist()
-    is_rt = np.array([c in vocab.RUNTIME_CATS for c in cats], dtype=bool)
+    is_rt = np.array([c in model.RUNTIME_CATS for c in cats], dtype=bool)
     names = arrays["name_cats"]
     rt_rows = arrays["name"][is_rt[arrays["cat"]]]
     rt_names = [str(names[i]) for i in np.flatnonzero(np.bincount(rt_rows, minlength=len(names))).tolist()]
     props = meta.get("deviceProperties")
     devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
-    return vocab.device_type([str(cats[i]) for i in used], rt_names, devs)
+    return model.device_type([str(cats[i]) for i in used], rt_names, devs)
 
 
 def _decode_header(path: str, header_bytes: bytes) -> dict:
@@ -1302,7 +1302,7 @@ def _raise_no_events_key(path: str, buf: bytes) -> None:
 
 
 def _memory_frame(rows: list[tuple], defects: dict) -> tuple[pd.DataFrame, np.ndarray]:
-    """([memory] events as vocab.MEMORY_EVENT_COLUMNS, the process id of each row).  Events whose time, address or size is missing,
+    """([memory] events as model.MEMORY_EVENT_COLUMNS, the process id of each row).  Events whose time, address or size is missing,
     not an integer or implausible (beyond TIME_MAX_US / MEMORY_BYTES_MAX) and exact duplicates (same time,
     address, size, totals and device) are left out, counted in ``defects``; other bad fields read as 0."""
     cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
@@ -1327,7 +1327,7 @@ def _memory_frame(rows: list[tuple], defects: dict) -> tuple[pd.DataFrame, np.nd
     if not ok.all():
         out = {c: v[ok] for c, v in out.items()}
         pids = pids[ok]
-    return frame_of(out, vocab.MEMORY_EVENT_COLUMNS), pids
+    return frame_of(out, model.MEMORY_EVENT_COLUMNS), pids
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -8,11 +8,11 @@ it; its execution interval is still what overlap measures.
 
 - step: the ``ProfilerStep#N`` annotation containing the launch point; none in the trace -> the
   whole trace is step 0, with a warning.
-- stage: :func:`fsdpprof.analyze.vocab.stage_at` of the launch point against the step marks
+- stage: :func:`fsdpprof.analyze.model.stage_at` of the launch point against the step marks
   (:func:`step_marks`), collectives (comm events and collective ops) marked as such (between the end of
   the forward and the backward they are input distribution: data); a device kernel whose launch is not
   in the trace is ``unknown``.
-- fsdp_phase / unit: the innermost FSDP annotation (:func:`fsdpprof.analyze.vocab.parse_fsdp`) on the
+- fsdp_phase / unit: the innermost FSDP annotation (:func:`fsdpprof.analyze.model.parse_fsdp`) on the
   launching thread that contains the launch point.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.load.frames import column_arrays, frame_of, isin, on_device
 from fsdpprof.analyze.trace.classify import K_COMM, KIND_LABELS, per_name
@@ -33,8 +33,8 @@ def _name_hits(cats: list[str], test) -> np.ndarray:
 
 def _step_number(x: str) -> float:
     """N of a ``ProfilerStep#N`` name, NaN for any other name."""
-    if x.startswith(vocab.STEP_PREFIX) and x[len(vocab.STEP_PREFIX):].isdigit():
-        return float(x[len(vocab.STEP_PREFIX):])
+    if x.startswith(model.STEP_PREFIX) and x[len(model.STEP_PREFIX):].isdigit():
+        return float(x[len(model.STEP_PREFIX):])
     return np.nan
 
 
@@ -43,20 +43,20 @@ M_STEP, M_FWD, M_BWD, M_OPT, M_FWD_SPAN = 1, 2, 4, 8, 16
 
 def _mark_flags(x: str) -> int:
     """Bit set: a ProfilerStep# / forward / backward / Optimizer.step# / whole-forward name."""
-    return ((M_STEP if x.startswith(vocab.STEP_PREFIX) else 0) | (M_FWD if x.startswith(vocab.FORWARD_MARKERS) else 0)
-            | (M_BWD if x.startswith(vocab.BACKWARD_MARKERS) else 0)
-            | (M_OPT if x.startswith(vocab.OPTIMIZER_PREFIX) else 0)
-            | (M_FWD_SPAN if x.startswith(vocab.FORWARD_SPAN_MARKERS) else 0))
+    return ((M_STEP if x.startswith(model.STEP_PREFIX) else 0) | (M_FWD if x.startswith(model.FORWARD_MARKERS) else 0)
+            | (M_BWD if x.startswith(model.BACKWARD_MARKERS) else 0)
+            | (M_OPT if x.startswith(model.OPTIMIZER_PREFIX) else 0)
+            | (M_FWD_SPAN if x.startswith(model.FORWARD_SPAN_MARKERS) else 0))
 
 
 def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
                       cpu_side: np.ndarray) -> pd.DataFrame:
-    """Step marks (vocab.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into
+    """Step marks (model.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into
     ``cats`` and the events' times (µs); only CPU-side events (``cpu_side``) mark."""
     cols = _step_mark_columns(cats, codes, ts, end, cpu_side)
     if cols is None:
-        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
-    return pd.DataFrame(cols, columns=vocab.STEP_MARK_COLUMNS)
+        return pd.DataFrame(columns=model.STEP_MARK_COLUMNS)
+    return pd.DataFrame(cols, columns=model.STEP_MARK_COLUMNS)
 
 
 def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
@@ -115,7 +115,7 @@ def _cat_codes(col: pd.Series) -> tuple[list[str], np.ndarray]:
 def step_marks(events: pd.DataFrame | None) -> pd.DataFrame:
     """:func:`step_marks_arrays` of an events frame (memory attribution uses the same marks)."""
     if events is None or not len(events):
-        return pd.DataFrame(columns=vocab.STEP_MARK_COLUMNS)
+        return pd.DataFrame(columns=model.STEP_MARK_COLUMNS)
     cats, codes = _cat_codes(events["name"])
     lanes, lane_codes = _cat_codes(events["lane"])
     on_stream = np.array([x.startswith("stream:") for x in lanes] + [False], dtype=bool)
@@ -131,7 +131,7 @@ def fsdp_intervals(events: pd.DataFrame | None) -> pd.DataFrame:
     if events is None or not len(events):
         return pd.DataFrame(columns=cols)
     cats, codes = _cat_codes(events["name"])
-    parsed = [vocab.parse_fsdp(x) for x in cats]
+    parsed = [model.parse_fsdp(x) for x in cats]
     is_f = np.array([p[0] is not None for p in parsed] + [False], dtype=bool)
     rows = np.flatnonzero(is_f[codes])
     sel = codes[rows]
@@ -144,15 +144,15 @@ def fsdp_intervals(events: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _fsdp_phase_of(x: str):
-    return vocab.parse_fsdp(x)[0]
+    return model.parse_fsdp(x)[0]
 
 
 def _fsdp_unit_of(x: str):
-    return vocab.parse_fsdp(x)[1]
+    return model.parse_fsdp(x)[1]
 
 
 def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
-    """Add ``step`` (float64), ``stage`` (int8 codes into vocab.STAGES), ``fsdp_name`` (int: the name code of
+    """Add ``step`` (float64), ``stage`` (int8 codes into model.STAGES), ``fsdp_name`` (int: the name code of
     the FSDP annotation that labels the row, -1 for none) and ``fsdp_phase`` / ``unit`` (per name code:
     lists, None where a name is not an FSDP annotation) to classify_arrays' columns; returns (c, warnings).
     :func:`events_frame` turns them into the frame's columns."""
@@ -180,20 +180,20 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
         step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
         k = intervals.innermost(ts[s_idx], end[s_idx], q_ts)
         step = np.where(k >= 0, step_of[codes[s_idx]][np.clip(k, 0, None)], np.nan)
-        stage = vocab.stage_codes_at(q_ts, marks, collective)
+        stage = model.stage_codes_at(q_ts, marks, collective)
     else:
         warnings.append(f"trace {rt.path} has no ProfilerStep# annotations: the whole trace is taken as one step "
                         f"(use torch.profiler's schedule and prof.step() to get per-step numbers)")
         step[:] = 0.0
         t0, t1 = (float(np.min(q_ts)), float(np.max(np.maximum(end, q_ts)))) if n else (0.0, 0.0)
         whole = pd.DataFrame({"step": [0.0], "start_us": [t0], "end_us": [t1]})
-        probe = step_marks_arrays(cats + [vocab.STEP_PREFIX + "0"], np.append(codes, len(cats)),
+        probe = step_marks_arrays(cats + [model.STEP_PREFIX + "0"], np.append(codes, len(cats)),
                                   np.append(ts, t0), np.append(end, t1), np.append(cpu_side, True))
         for col in ("fwd_us", "fwd_end_us", "bwd_us", "opt_us", "opt_end_us"):
             whole[col] = probe[col].to_numpy()[:1] if len(probe) else np.nan
-        stage = vocab.stage_codes_at(q_ts, whole[vocab.STEP_MARK_COLUMNS], collective)
+        stage = model.stage_codes_at(q_ts, whole[model.STEP_MARK_COLUMNS], collective)
     step[no_launch] = np.nan
-    stage[no_launch] = vocab.STAGES.index(vocab.STAGE_UNKNOWN)
+    stage[no_launch] = model.STAGES.index(model.STAGE_UNKNOWN)
 
     # --- FSDP annotations -> fsdp_phase / unit (as the annotation's name code) ---------------------------
     c_phase = per_name(_fsdp_phase_of, cats)
@@ -317,11 +317,11 @@ def _categorical_of_table(idx: np.ndarray, table: list) -> pd.Categorical:
     return _from_codes(codes, _dtype(cats))
 
 
-_STAGE_DTYPE = pd.CategoricalDtype(vocab.STAGES)
+_STAGE_DTYPE = pd.CategoricalDtype(model.STAGES)
 
 
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
-    """The vocab.EVENT_COLUMNS frame from classified, labelled columns (one DataFrame built, once)."""
+    """The model.EVENT_COLUMNS frame from classified, labelled columns (one DataFrame built, once)."""
     n = len(c["ts_us"])
     cols = {
         "rank": np.full(n, rank, dtype=np.int32),
@@ -341,7 +341,7 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
         "unit": _categorical_of_table(c["fsdp_name"], c["unit"]),
         "launch_ts_us": c["launch_ts_us"],
     }
-    return frame_of(cols, vocab.EVENT_COLUMNS)
+    return frame_of(cols, model.EVENT_COLUMNS)
 
 
 def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -393,18 +393,18 @@ def framework_of(events: pd.DataFrame) -> str:
     cats, codes = _cat_codes(events["name"])
     used = set(np.unique(codes[codes >= 0]).tolist())
     names = [cats[i] for i in used]
-    if any(x.startswith(vocab.FSDP2_PREFIX) for x in names):
+    if any(x.startswith(model.FSDP2_PREFIX) for x in names):
         return "fsdp2"
-    if any(x.startswith(vocab.FSDP1_PREFIX) for x in names):
+    if any(x.startswith(model.FSDP1_PREFIX) for x in names):
         return "fsdp1"
-    if any(x.startswith(vocab.DDP_MARKERS) for x in names):
+    if any(x.startswith(model.DDP_MARKERS) for x in names):
         return "ddp"
-    if isin(events["kind"], [vocab.KIND_COMM]).any():
+    if isin(events["kind"], [model.KIND_COMM]).any():
         return "distributed"
     return "single_device"
 
 
-DEVICE_WORD = {vocab.DEVICE_CUDA: "CUDA", vocab.DEVICE_ROCM: "HIP", vocab.DEVICE_XPU: "XPU", vocab.DEVICE_MTIA: "MTIA"}
+DEVICE_WORD = {model.DEVICE_CUDA: "CUDA", model.DEVICE_ROCM: "HIP", model.DEVICE_XPU: "XPU", model.DEVICE_MTIA: "MTIA"}
 THREAD_ROLES = (("pt_main_thread", "main thread"), ("gloo", "gloo worker"), ("pt_autograd", "autograd thread"),
                 ("nccl_watchdog", "NCCL watchdog"), ("pt_nccl", "NCCL watchdog"))
 THREAD_NAMES_MAX = 4096   # thread_name records carried per trace (a hostile trace may name millions)

@@ -1,4 +1,4 @@
-"""One trace file -> the events frame of :mod:`fsdpprof.analyze.vocab`: decode (:mod:`.decode`), classify
+"""One trace file -> the events frame of :mod:`fsdpprof.analyze.model`: decode (:mod:`.decode`), classify
 (:mod:`.classify`), label every event from its launch (:mod:`.labels`).  Times in µs."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Spans of one rank's labels over time (µs, the trace's clock): its steps, the stages of each step, and the
 regions each FSDP annotation labels (phase and unit), as the events are labelled (:mod:`.labels`): the stage of
-a time is :func:`fsdpprof.analyze.vocab.stage_codes_at` of the step marks, its FSDP phase and unit those of the
+a time is :func:`fsdpprof.analyze.model.stage_codes_at` of the step marks, its FSDP phase and unit those of the
 innermost FSDP annotation on the thread (:func:`fsdpprof.analyze.comm.intervals.innermost`).  What ``fsdpprof
 timeline`` draws as tracks."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.trace import labels
@@ -26,8 +26,8 @@ def step_spans(events: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def stage_spans(events: pd.DataFrame | None) -> pd.DataFrame:
-    """Per step, the stretches of one stage (vocab.STEP_STAGES): step, stage, start_us, end_us.  Each stretch
-    lies between two of the step's marks and takes the stage :func:`vocab.stage_codes_at` gives inside it."""
+    """Per step, the stretches of one stage (model.STEP_STAGES): step, stage, start_us, end_us.  Each stretch
+    lies between two of the step's marks and takes the stage :func:`model.stage_codes_at` gives inside it."""
     marks = labels.step_marks(events)
     if not len(marks):
         return pd.DataFrame({c: [] for c in STAGE_SPAN_COLUMNS})
@@ -39,9 +39,9 @@ def stage_spans(events: pd.DataFrame | None) -> pd.DataFrame:
         if b.size < 2:
             continue
         mid = (b[:-1] + b[1:]) / 2
-        codes = vocab.stage_codes_at(mid, marks)
+        codes = model.stage_codes_at(mid, marks)
         for s, e, c in zip(b[:-1].tolist(), b[1:].tolist(), codes.tolist()):
-            stage = vocab.STAGES[c]
+            stage = model.STAGES[c]
             if rows and rows[-1][0] == m.step and rows[-1][1] == stage and rows[-1][3] == s:
                 rows[-1][3] = e
             else:
@@ -56,9 +56,9 @@ def fsdp_spans(events: pd.DataFrame | None) -> pd.DataFrame:
     if events is None or not len(events):
         return pd.DataFrame({c: [] for c in FSDP_SPAN_COLUMNS})
     names = events["name"].astype(str).to_numpy(object)
-    parsed = {x: vocab.parse_fsdp(x) for x in pd.unique(names)}
+    parsed = {x: model.parse_fsdp(x) for x in pd.unique(names)}
     is_f = np.fromiter((parsed[x][0] is not None for x in names), dtype=bool, count=len(names))
-    is_f &= labels.cpu_side(events) & ~isin(events["kind"], [vocab.KIND_COMM])
+    is_f &= labels.cpu_side(events) & ~isin(events["kind"], [model.KIND_COMM])
     f = events[is_f]
     out = []
     ts_all = f["ts_us"].to_numpy(np.float64)

@@ -8,7 +8,7 @@ role            what it is, and what the target does with it
 ==============  ============================================================================
 param_state     this rank's parameters (sharded, or whole when replicated): x local share per unit
 opt_state       optimizer state: x local share per unit
-grad            the gradient the optimizer reads (sharded grad, or DDP's whole grad): x local share;
+grad_state      the gradient the optimizer reads (sharded grad, or DDP's whole grad): x local share;
                 a replicated run's whole grads become a sharded target's autograd grads (freed
                 at the unit's post-backward) and vice versa (kept until zero_grad)
 auto_grad       autograd's whole grads of an FSDP run, freed when copied into the reduce buffer
@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
-from fsdpprof.analyze.vocab import MemoryCategory as MC
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.model import ROOT_UNIT
 from fsdpprof.analyze.whatif import targets as tg
-from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
+from fsdpprof.analyze.whatif.units import Unit, local_numel, padded_numel
 
 EPS_US = 1e-3                                   # orders events at one anchor: frees, then allocations
-FLAT_PHASES = frozenset({"all_gather", "foreach_all_gather"})
-GATHER_PHASES = vocab.UNSHARDED_PARAM_PHASES | vocab.FSDP1_UNSHARD_PHASES
 KEEP_SCALED = frozenset({MC.ACTIVATION.value, MC.TEMPORARY.value, MC.INPUT.value})
 # gloo's all-gather / emulated reduce-scatter copy their buffer once more while they run (measured on
 # this project's gloo runs); NCCL works in its own buffers, outside the caching allocator
@@ -75,16 +74,16 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
     phase = _str_or_none(allocs["fsdp_phase"])
     stage = _str_or_none(allocs["stage"])
     ph = pd.Series(phase, dtype=object)
-    in_gather = ph.isin(GATHER_PHASES).to_numpy()
-    in_flat = ph.isin(FLAT_PHASES).to_numpy()
-    in_reduce = ph.isin(vocab.UNSHARDED_GRAD_PHASES).to_numpy()
-    opt_stage = pd.Series(stage, dtype=object).isin([vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP]).to_numpy()
+    in_gather = ph.isin(model.GATHER_PHASES).to_numpy()
+    in_flat = ph.isin(model.FLAT_GATHER_PHASES).to_numpy()
+    in_reduce = ph.isin(model.UNSHARDED_GRAD_PHASES).to_numpy()
+    opt_stage = pd.Series(stage, dtype=object).isin([model.STAGE_OPTIMIZER, model.STAGE_POST_STEP]).to_numpy()
     conds = [cat == MC.SHARDED_PARAM.value, cat == MC.OPTIMIZER_STATE.value, cat == MC.SHARDED_GRAD.value,
              (cat == MC.UNSHARDED_PARAM.value) & in_flat & (family == "fsdp2"),
              cat == MC.UNSHARDED_PARAM.value,
              (cat == MC.UNSHARDED_GRAD.value) & in_reduce, cat == MC.UNSHARDED_GRAD.value,
              (cat == MC.TEMPORARY.value) & in_gather, (cat == MC.TEMPORARY.value) & opt_stage]
-    role = np.select(conds, ["param_state", "opt_state", "grad", "ag_flat", "ag_held", "rs", "auto_grad",
+    role = np.select(conds, ["param_state", "opt_state", "grad_state", "ag_flat", "ag_held", "rs", "auto_grad",
                              "ag_scratch", "opt_tmp"], "keep").astype(object)
     aseq = allocs["alloc_seq"].to_numpy(np.int64)
     fseq = allocs["free_seq"].to_numpy(np.int64)
@@ -108,8 +107,8 @@ def steps_from_stages(stage: np.ndarray, alloc_seq: np.ndarray) -> np.ndarray:
     st = pd.Series(np.asarray(stage, dtype=object))
     order = np.argsort(alloc_seq, kind="stable")
     s = st.to_numpy(object)[order]
-    kind = np.where(pd.Series(s).isin([vocab.STAGE_DATA, vocab.STAGE_FORWARD]).to_numpy(), 1,
-                    np.where(pd.Series(s).isin([vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP]).to_numpy(), 2, 0))
+    kind = np.where(pd.Series(s).isin([model.STAGE_DATA, model.STAGE_FORWARD]).to_numpy(), 1,
+                    np.where(pd.Series(s).isin([model.STAGE_OPTIMIZER, model.STAGE_POST_STEP]).to_numpy(), 2, 0))
     last = pd.Series(np.where(kind > 0, kind, np.nan)).ffill().shift(1).to_numpy()
     start = (kind == 1) & (last == 2)
     idx = np.cumsum(start)
@@ -135,7 +134,7 @@ def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float]
     stage = r["stage"].to_numpy(object)
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     for s in np.unique(step[step >= 0]):
-        for pass_, order in (("forward", fwd_order), ("backward", fwd_order[:1] + fwd_order[1:][::-1])):
+        for pass_, order in ((model.STAGE_FORWARD, fwd_order), (model.STAGE_BACKWARD, fwd_order[:1] + fwd_order[1:][::-1])):
             idx = np.flatnonzero((role == "ag_held") & (step == s) & (stage == pass_) & pd.isna(unit))
             idx = idx[np.argsort(t0[idx], kind="stable")]
             k = 0
@@ -154,7 +153,7 @@ def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float]
             j = np.searchsorted(t0[held], t0[i], side="right") - 1
             if j >= 0:
                 unit[i] = unit[held[j]]
-        grads = np.flatnonzero(sel & (role == "grad") & pd.notna(unit))
+        grads = np.flatnonzero(sel & (role == "grad_state") & pd.notna(unit))
         grads = grads[np.argsort(t0[grads], kind="stable")]
         # FSDP1 allocates the new gradient shard first, then reduces into it: the grad at or before
         for i in np.flatnonzero(sel & np.isin(role, ["rs", "auto_grad"]) & pd.isna(unit)):
@@ -177,8 +176,8 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     numel = {u.fqn: u.numel for u in units}
     first_by = fin.groupby(["step", "stage"])["t0"].min()
-    last_bwd = fin[stage == vocab.STAGE_BACKWARD].groupby("step")["t0"].max()
-    opt_first = fin[np.isin(stage, [vocab.STAGE_OPTIMIZER, vocab.STAGE_POST_STEP])].groupby("step")["t0"].min()
+    last_bwd = fin[stage == model.STAGE_BACKWARD].groupby("step")["t0"].max()
+    opt_first = fin[np.isin(stage, [model.STAGE_OPTIMIZER, model.STAGE_POST_STEP])].groupby("step")["t0"].min()
     # per (step, unit): the anchors the allocations give
     named = fin[fin["unit"].notna()]
     nst = named["stage"].to_numpy(object)
@@ -186,24 +185,24 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
     gath = np.isin(nrole, ["ag_held", "ag_flat"])
     held = nrole == "ag_held"
     keys = ["step", "unit"]
-    f0 = named[gath & (nst == vocab.STAGE_FORWARD)].groupby(keys)["t0"].min()
-    b0i = named[gath & (nst == vocab.STAGE_BACKWARD)].groupby(keys)["t0"].min()
-    b0 = named[held & (nst == vocab.STAGE_BACKWARD)].groupby(keys)["t0"].min()
+    f0 = named[gath & (nst == model.STAGE_FORWARD)].groupby(keys)["t0"].min()
+    b0i = named[gath & (nst == model.STAGE_BACKWARD)].groupby(keys)["t0"].min()
+    b0 = named[held & (nst == model.STAGE_BACKWARD)].groupby(keys)["t0"].min()
     rs_first = named[nrole == "rs"].groupby(keys)["t0"].min()
     for s in sorted(set(fin["step"].unique().tolist())):
-        fwd_start = first_by.get((s, vocab.STAGE_FORWARD), np.nan)
-        bwd_start = first_by.get((s, vocab.STAGE_BACKWARD), np.nan)
+        fwd_start = first_by.get((s, model.STAGE_FORWARD), np.nan)
+        bwd_start = first_by.get((s, model.STAGE_BACKWARD), np.nan)
         if np.isnan(fwd_start) or np.isnan(bwd_start):
             continue
         bwd_end = float(opt_first.get(s, last_bwd.get(s, bwd_start)))
         sel = named["step"].to_numpy() == s
         after = named["t0"].to_numpy(float) >= bwd_start
-        grads = named[sel & (nrole == "grad") & after]
-        f1_rows = named[sel & held & (nst == vocab.STAGE_FORWARD) & np.isfinite(named["t1"].to_numpy(float))
+        grads = named[sel & (nrole == "grad_state") & after]
+        f1_rows = named[sel & held & (nst == model.STAGE_FORWARD) & np.isfinite(named["t1"].to_numpy(float))
                         & (named["t1"].to_numpy(float) < bwd_start)]
         f1 = f1_rows.groupby("unit")["t1"].median()
         g_first, g_last = grads.groupby("unit")["t0"].min(), grads.groupby("unit")["t0"].max()
-        gfree = r["t1"].to_numpy(float)[(r["step"].to_numpy() == s) & (r["role"].to_numpy(object) == "grad")
+        gfree = r["t1"].to_numpy(float)[(r["step"].to_numpy() == s) & (r["role"].to_numpy(object) == "grad_state")
                                         & np.isfinite(r["t1"].to_numpy(float)) & (r["t0"].to_numpy(float) >= bwd_start)]
         zero = float(np.median(gfree)) if gfree.size else np.inf
         anchors = {}
@@ -277,7 +276,7 @@ def _fill_anchors(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, 
 def scratch_ratio(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> tuple[float, float, str]:
     """(all-gather scratch, reduce scratch) as a fraction of the unit's unsharded bytes, from the run's own
     gathers when it has some, else the device's default; and where it came from."""
-    unit_bytes = {u.fqn: padded_numel(u.numel, source.shard_group) * tg.dtype_bytes(source.param_dtype)
+    unit_bytes = {u.fqn: padded_numel(u.numel, source.shard_group) * model.dtype_bytes(source.param_dtype)
                   for u in units}
     sc = r[r["role"] == "ag_scratch"]
     if len(sc) and sc["unit"].notna().any():
@@ -299,9 +298,9 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
     category -> bytes of this rank's states a CPU-offload run kept on the host (inventory)."""
     kept, assumed = [], []
     ks, kt = source.shard_group, target.shard_group
-    ps, pt = tg.dtype_bytes(source.param_dtype), tg.dtype_bytes(target.param_dtype)
-    rs_, rt = tg.dtype_bytes(source.reduce_dtype), tg.dtype_bytes(target.reduce_dtype)
-    st = tg.dtype_bytes(source.stored_dtype)
+    ps, pt = model.dtype_bytes(source.param_dtype), model.dtype_bytes(target.param_dtype)
+    rs_, rt = model.dtype_bytes(source.reduce_dtype), model.dtype_bytes(target.reduce_dtype)
+    st = model.dtype_bytes(source.stored_dtype)
     numel = {u.fqn: u.numel for u in units}
     share = {u: local_numel(n, kt) / max(local_numel(n, ks), 1) for u, n in numel.items()}
     total_share = sum(local_numel(n, kt) for n in numel.values()) / max(sum(local_numel(n, ks) for n in numel.values()), 1)
@@ -345,7 +344,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         a = v["units"].get(u)
         return a[key] if a is not None else default
 
-    g = role == "grad"
+    g = role == "grad_state"
     if sharded_s == sharded_t:
         b[g] *= by_unit[g]
     elif sharded_t:                       # a replicated run's whole grads: autograd's, freed at post-backward
@@ -383,17 +382,17 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             u = unit[i]
             if not isinstance(u, str):
                 continue
-            if stage[i] == vocab.STAGE_FORWARD:
-                keep_root = target.family == "fsdp1" and u == ROOT
+            if stage[i] == model.STAGE_FORWARD:
+                keep_root = target.family == "fsdp1" and u == ROOT_UNIT
                 key = "B1" if (raf_t is False or keep_root) else "F1"
                 t1[i] = anchor(step[i], u, key, t1[i]) - EPS_US
-            elif stage[i] == vocab.STAGE_BACKWARD:
+            elif stage[i] == model.STAGE_BACKWARD:
                 if raf_t is False:
                     keep[i] = False
         if raf_t is False:
-            keep[gath & (stage == vocab.STAGE_BACKWARD)] = False
+            keep[gath & (stage == model.STAGE_BACKWARD)] = False
         if target.family == "fsdp1":      # FSDP1 keeps the root unit's parameters from forward to backward
-            keep[gath & (stage == vocab.STAGE_BACKWARD) & (unit == ROOT)] = False
+            keep[gath & (stage == model.STAGE_BACKWARD) & (unit == ROOT_UNIT)] = False
     family_rows = None
     if sharded_s and sharded_t and source.family != target.family:
         family_rows = _family_change(r, sched, keep, t0_all, t1, b, source, target)
@@ -403,7 +402,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             "a flat all-gather output beside each unit's unsharded parameters; the reduce-scatter input held "
             "until the next unit's post-backward"))
     if on_host:
-        states = np.isin(role, ["param_state", "opt_state"]) | ((role == "grad") & sharded_t)
+        states = np.isin(role, ["param_state", "opt_state"]) | ((role == "grad_state") & sharded_t)
         host = float(b[states & keep].sum())
         keep[states] = False
         assumed.append("CPU offload: sharded parameters, gradients and optimizer state live on the host")
@@ -457,17 +456,17 @@ def _family_change(r, sched, keep, t0, t1, b, source, target) -> pd.DataFrame | 
                 if len(rs):
                     done = float(t0[rs].max()) + EPS_US
                     t1[rs] = np.maximum(np.minimum(t1[rs], done), t0[rs] + EPS_US)
-                flat = np.flatnonzero(m & (role == "ag_flat") & (stage == vocab.STAGE_BACKWARD))
-                held = np.flatnonzero(m & keep & (role == "ag_held") & (stage == vocab.STAGE_BACKWARD))
+                flat = np.flatnonzero(m & (role == "ag_flat") & (stage == model.STAGE_BACKWARD))
+                held = np.flatnonzero(m & keep & (role == "ag_held") & (stage == model.STAGE_BACKWARD))
                 if len(flat) and len(held):
                     t0[held] = np.minimum(t0[held], float(t0[flat].min()))
                 continue
-            for pass_ in (vocab.STAGE_FORWARD, vocab.STAGE_BACKWARD):
+            for pass_ in (model.STAGE_FORWARD, model.STAGE_BACKWARD):
                 g = np.flatnonzero(m & keep & (role == "ag_held") & (stage == pass_))
                 if not len(g):
                     continue
                 start = float(t0[g].min())
-                if pass_ == vocab.STAGE_FORWARD:
+                if pass_ == model.STAGE_FORWARD:
                     i = fwd.index(u)
                     free = (a[fwd[i + 1]]["F0"] + 4 * EPS_US) if i + 1 < len(fwd) else sc["bwd_start"]
                 else:
@@ -520,7 +519,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 continue
             keep_root = target.family == "fsdp1" and u.is_root
             rule_f = an["B1"] if (raf is False or keep_root) else an["F1"]
-            if ("gather", s, u.fqn, vocab.STAGE_FORWARD) not in have:
+            if ("gather", s, u.fqn, model.STAGE_FORWARD) not in have:
                 i = fwd.index(u.fqn)
                 nxt = a[fwd[i + 1]]["F0"] if i + 1 < len(fwd) else sc["bwd_start"]
                 t = an["F0"]
@@ -530,11 +529,11 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 add(sig_ag * U, t + EPS_US, t + 2 * EPS_US, MC.TEMPORARY.value, "all-gather scratch")
                 add(U, t + 3 * EPS_US, rule_f - EPS_US, MC.UNSHARDED_PARAM.value, "unsharded parameters")
                 if on_host:
-                    add(local_numel(u.numel, kt) * tg.dtype_bytes(source.stored_dtype), t, t + EPS_US,
+                    add(local_numel(u.numel, kt) * model.dtype_bytes(source.stored_dtype), t, t + EPS_US,
                         MC.TEMPORARY.value, "host-to-device copy of the shard")
-            if (raf is not False and not keep_root and ("gather", s, u.fqn, vocab.STAGE_BACKWARD) not in have):
+            if (raf is not False and not keep_root and ("gather", s, u.fqn, model.STAGE_BACKWARD) not in have):
                 # prefetched at the previous unit's pre-backward (FSDP2's default, FSDP1's BACKWARD_PRE)
-                order = [v for v in bwd if not (keep_all_root and v == ROOT)]
+                order = [v for v in bwd if not (keep_all_root and v == ROOT_UNIT)]
                 j = order.index(u.fqn)
                 issue = (a[order[j - 1]]["B0"] + EPS_US) if j > 0 else an["B0"]
                 if fsdp2:
@@ -589,8 +588,7 @@ def sweep(rows: pd.DataFrame) -> tuple[float, float, np.ndarray]:
     delta = np.concatenate([b[ai], -b[fi]])
     if not len(t):
         return base, np.nan, np.isneginf(t0) & np.isinf(t1)
-    o = np.lexsort((seq, kind, t))
-    level = base + np.cumsum(delta[o])
+    level, o = model.sweep(base, delta, t, kind, seq)
     k = int(np.argmax(level))
     peak, tp = float(level[k]), float(t[o][k])
     if base >= peak:
@@ -613,14 +611,15 @@ def predict_memory(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.S
     peak, tp, alive = sweep(rows)
     cats = rows["category"].to_numpy(object)[alive]
     byc = pd.Series(rows["bytes"].to_numpy(float)[alive]).groupby(cats).sum()
-    breakdown = {c: int(round(float(byc.get(c, 0.0)))) for c in vocab.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
-    if not target.sharded:
-        breakdown = {vocab.REPLICATED_LABELS.get(c, c): v for c, v in breakdown.items()}
+    breakdown = {model.category_name(c, target.sharded): int(round(float(byc.get(c, 0.0))))
+                 for c in model.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
     stage = None
-    if np.isfinite(tp):
-        for sc in sched.values():
-            if sc["fwd_start"] <= tp <= sc["zero"] or sc["fwd_start"] <= tp <= sc["bwd_end"] + 1:
-                stage = (vocab.STAGE_FORWARD if tp < sc["bwd_start"] else vocab.STAGE_BACKWARD if tp < sc["bwd_end"]
-                         else vocab.STAGE_OPTIMIZER)
-                break
+    if np.isfinite(tp) and sched:
+        # the schedule's steps as step marks: forward from fwd_start, backward from bwd_start, the optimizer from
+        # bwd_end to the step's end (its gradients freed, or just after bwd_end)
+        sc = [sched[s] for s in sorted(sched)]
+        marks = {"step": sorted(sched), "start_us": [x["fwd_start"] for x in sc], "fwd_us": [x["fwd_start"] for x in sc],
+                 "end_us": [max(x["zero"], x["bwd_end"] + 1) for x in sc], "bwd_us": [x["bwd_start"] for x in sc],
+                 "opt_us": [x["bwd_end"] for x in sc], "opt_end_us": [np.nan] * len(sc)}
+        stage = model.stage_at([tp], marks, outside=None)[0]
     return MemoryPrediction(int(round(peak)), breakdown, stage, int(round(host)), kept, assumed)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import attribution, cpu_events
@@ -45,7 +45,7 @@ def _inventory_names(allocs: pd.DataFrame, inventory: dict, events: pd.DataFrame
                      kind: str) -> pd.Series | None:
     """The inventory tensor name (parameter fqn for params and grads) of each allocation it describes."""
     if kind == "cpu_trace" and events is not None:
-        opt = events[startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))]
+        opt = events[startswith(events["name"], (model.OPTIMIZER_PREFIX,))]
         starts = np.sort(opt["ts_us"].to_numpy(float))
         ends = np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float))
         t_end = float(np.nanmax(allocs["alloc_us"].to_numpy(float))) if len(allocs) else 0.0
@@ -73,8 +73,9 @@ class RankModel:
         self.source = source_of_rank(rd, hosts, ranks_per_host)
         self.units, note = model_units(rd.inventory)
         totals = (rd.inventory or {}).get("totals") or {}
-        self.host_states = {"sharded_param": totals.get("param_bytes"), "sharded_grad": totals.get("grad_bytes"),
-                            "optimizer_state": totals.get("optimizer_state_bytes")} \
+        mc = model.MemoryCategory
+        self.host_states = {mc.SHARDED_PARAM.value: totals.get("param_bytes"), mc.SHARDED_GRAD.value:
+                            totals.get("grad_bytes"), mc.OPTIMIZER_STATE.value: totals.get("optimizer_state_bytes")} \
             if self.source.cpu_offload and self.source.device_type != "cpu" else None
         if note:
             self.notes.append(note)
@@ -91,7 +92,7 @@ class RankModel:
             names = None
             if self.source.family not in ("fsdp1", "fsdp2"):
                 names = _inventory_names(m.allocations, rd.inventory, events, m.source)
-            sizes = {u.fqn: padded_numel(u.numel, self.source.shard_group) * tg.dtype_bytes(self.source.param_dtype)
+            sizes = {u.fqn: padded_numel(u.numel, self.source.shard_group) * model.dtype_bytes(self.source.param_dtype)
                      for u in self.units}
             mem.label_units(r, self.units, sizes, names, param_unit_map(rd.inventory, self.units))
             self.rows = r
@@ -190,10 +191,10 @@ def rank_predictions(rd, targets: list[tg.Target], memory_result=None, hosts: in
     """Map: every target on one rank -> {"rank", "measured_peak_bytes", "measured_steps_us", "notes",
     "predictions": [per target dict, memory only], "timing": :class:`RankTiming` or None} (small; the time is
     predicted in :func:`reduce_predictions`)."""
-    model = RankModel(rd, memory_result, hosts, ranks_per_host)
-    return {"rank": model.rank, "source": model.source, "measured_peak_bytes": model.measured_peak,
-            "measured_steps_us": model.measured_steps, "notes": model.notes,
-            "predictions": [model.predict(t) for t in targets], "timing": model.timing}
+    rank_model = RankModel(rd, memory_result, hosts, ranks_per_host)
+    return {"rank": rank_model.rank, "source": rank_model.source, "measured_peak_bytes": rank_model.measured_peak,
+            "measured_steps_us": rank_model.measured_steps, "notes": rank_model.notes,
+            "predictions": [rank_model.predict(t) for t in targets], "timing": rank_model.timing}
 
 
 REPLAY_POOL_MIN_RANKS = 64    # from this many ranks on, the replays run in a pool of processes (~10 ms a rank)
@@ -292,7 +293,7 @@ def _notes_by_rank(per_rank: list[dict]) -> list[str]:
         for n in p["notes"]:
             ranks_of.setdefault(n, []).append(p["rank"])
     every = len(per_rank)
-    return [n if len(set(rs)) == every else f"{vocab.rank_list(rs)}: {n}" for n, rs in ranks_of.items()]
+    return [n if len(set(rs)) == every else f"{model.rank_list(rs)}: {n}" for n, rs in ranks_of.items()]
 
 
 def hosts_of(run) -> tuple[int, int | None]:

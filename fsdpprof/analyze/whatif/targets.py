@@ -12,40 +12,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from fsdpprof.analyze import vocab
+from fsdpprof import runfmt
+from fsdpprof.analyze import model
+from fsdpprof.analyze.model import DDP, FULL_SHARD, HYBRID_SHARD, NO_SHARD, SHARD_GRAD_OP, SHARDED, STANDARD
 from fsdpprof.errors import UserError
 
-DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD = "DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"
-STANDARD = [DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD]
-SHARDED = frozenset({SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD})
-ALIASES = {"DDP": DDP, "NO_SHARD": NO_SHARD, "NOSHARD": NO_SHARD, "SHARD_GRAD_OP": SHARD_GRAD_OP,
-           "ZERO2": SHARD_GRAD_OP, "ZERO-2": SHARD_GRAD_OP, "FULL_SHARD": FULL_SHARD, "ZERO3": FULL_SHARD,
-           "ZERO-3": FULL_SHARD, "HYBRID_SHARD": HYBRID_SHARD, "HSDP": HYBRID_SHARD}
 FAMILIES = ("fsdp2", "fsdp1", "ddp")
 MAX_WORLD = 1 << 20
 MAX_BATCH_SCALE = 1024.0
 
 
-def strategy_name(text) -> str:
-    """The canonical strategy of a user's spelling (``full_shard``, ``HSDP``, ``zero3`` ...)."""
-    key = str(text or "").strip().upper().replace(" ", "_").replace("-", "_")
-    key = {"ZERO_2": "ZERO2", "ZERO_3": "ZERO3"}.get(key, key)
-    if key not in ALIASES:
-        raise UserError(f"unknown strategy {str(text)[:40]!r}: use one of {', '.join(STANDARD)}")
-    return ALIASES[key]
-
-
 def dtype_name(text, what: str) -> str:
     """torch dtype name (float32, bfloat16, ...) of a spelling, refusing unknown ones."""
-    name, size = vocab.dtype_size(str(text))
+    name, size = model.dtype_size(str(text))
     if size != size or name is None:
         raise UserError(f"{what} {str(text)[:40]!r} is not a dtype: use fp32, bf16 or fp16")
     return name
-
-
-def dtype_bytes(name: str) -> float:
-    size = vocab.dtype_size(str(name))[1]
-    return 4.0 if size != size else size
 
 
 @dataclass(frozen=True)
@@ -123,21 +105,21 @@ def source_of(inventory: dict | None, info: dict | None, device_type: str | None
     if not inv:
         raise UserError("the run has no inventory.json (parameter sizes, units and strategy are unknown): record it "
                         "with `fsdpprof record` to predict other strategies")
-    family = str(inv.get("framework") or "none")
+    family = str(inv.get("framework") or model.FRAMEWORK_NONE)
     world = int(inv.get("world_size") or info.get("world_size") or 1)
-    raw = str(inv.get("strategy") or "NONE").upper()
-    strategy = {"NONE": "NONE"}.get(raw, ALIASES.get(raw, raw))
+    raw = str(inv.get("strategy") or model.NONE).upper()
+    strategy = model.known_strategy(raw) or raw
     shard = int(inv.get("shard_group_size") or 1)
-    if strategy in (DDP, NO_SHARD, "NONE"):
+    if strategy in model.REPLICATED:
         shard = 1
     units = inv.get("units") or []
     stored = next((u.get("dtype") for u in units if u.get("dtype")), None)
     if stored is None:
-        stored = next((t.get("dtype") for t in inv.get("tensors") or [] if t.get("role") == "param"), "float32")
-    stored = vocab.dtype_size(str(stored))[0] or "float32"
+        stored = next((t.get("dtype") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM), "float32")
+    stored = model.dtype_size(str(stored))[0] or "float32"
     mp = inv.get("mixed_precision") or {}
-    param_dtype = vocab.dtype_size(str(mp.get("param_dtype") or stored))[0] or stored
-    reduce_dtype = vocab.dtype_size(str(mp.get("reduce_dtype") or param_dtype))[0] or param_dtype
+    param_dtype = model.dtype_size(str(mp.get("param_dtype") or stored))[0] or stored
+    reduce_dtype = model.dtype_size(str(mp.get("reduce_dtype") or param_dtype))[0] or param_dtype
     raf = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}.get(strategy)
     dev = device_type or str(info.get("device") or "cpu").split(":")[0] or "cpu"
     return Source(family=family, strategy=strategy, world_size=max(world, 1), shard_group=max(shard, 1),
@@ -194,7 +176,7 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
     Refused in one line (UserError): a shard group that does not divide the world, resharding to a
     group that does not divide the shard group, offload or resharding on a strategy that has no
     sharded parameters, FSDP1 with an int reshard_after_forward, a batch scale out of range."""
-    s = strategy_name(strategy) if strategy is not None else (
+    s = model.strategy_name(strategy, STANDARD) if strategy is not None else (
         source.strategy if source.strategy in STANDARD else DDP)
     n = _positive_int(world_size, "--world") if world_size is not None else source.world_size
     raf = parse_reshard(reshard_after_forward)
@@ -214,6 +196,10 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
             raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards nothing (use --strategy HYBRID_SHARD)")
         k = 1
     elif s == HYBRID_SHARD:
+        groups = [k for k in range(2, n) if n % k == 0]
+        if not groups:
+            raise UserError(f"HYBRID_SHARD does not apply at world size {n}: it needs a shard group K that divides "
+                            f"the world size with 1 < K < {n}, and {n} has none")
         if shard_group is not None:
             k = _positive_int(shard_group, "--shard-group")
         elif source.strategy == HYBRID_SHARD and n == source.world_size:
@@ -221,8 +207,8 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
         elif source.hosts > 1 and source.ranks_per_host and n % source.ranks_per_host == 0:
             k = source.ranks_per_host
         else:
-            raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K (K divides the world size {n}, "
-                            f"1 < K < {n}), e.g. the GPUs of one node")
+            raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K, one of "
+                            f"{', '.join(map(str, groups))} (K divides the world size {n}), e.g. the GPUs of one node")
         if n % k or not 1 < k < n:
             raise UserError(f"--shard-group {k} must divide the world size {n} and lie strictly between 1 and {n} "
                             f"(K = {n} is FULL_SHARD, K = 1 is NO_SHARD)")
@@ -271,6 +257,12 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
     return Target(strategy=s, world_size=n, shard_group=k, reshard_after_forward=raf, family=family,
                   param_dtype=pd_, reduce_dtype=rd_, cpu_offload=off, batch_scale=float(batch_scale),
                   ranks_per_host=per_host)
+
+
+def describe_source(source: Source) -> str:
+    """The recorded run in the words every command uses (model.describe_input)."""
+    kind = model.input_kind(source.family, (), source.world_size)
+    return model.describe_input(kind, source.strategy, source.world_size)
 
 
 def target_of_source(source: Source) -> Target:

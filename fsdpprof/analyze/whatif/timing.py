@@ -1,7 +1,7 @@
 """Step time of another strategy: the run's compute timeline with the target's collectives placed on it.
 
 1. Fit, per collective type, ``time = latency + wire_bytes / bandwidth`` from the run's own collectives
-   (wire bytes = message bytes x :func:`fsdpprof.analyze.vocab.wire_factor`, what the run's backend moves:
+   (wire bytes = message bytes x :func:`fsdpprof.analyze.model.wire_factor`, what the run's backend moves:
    on gloo a reduce-scatter is an all-reduce of its input; a type the run lacks uses the fit of all its
    collectives together). Robust (Theil-Sen) because a collective's time includes
    waiting for the slowest peer; its latency at most the fastest call of its type on any rank of the run
@@ -33,33 +33,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fsdpprof.analyze import vocab
+from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.comm.steps import step_windows
 from fsdpprof.analyze.load.frames import isin, startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.trace import labels
+from fsdpprof.analyze.model import ROOT_UNIT
 from fsdpprof.analyze.whatif import targets as tg
-from fsdpprof.analyze.whatif.units import ROOT, Unit, local_numel, padded_numel
+from fsdpprof.analyze.whatif.units import Unit, local_numel, padded_numel
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
-# the FSDP annotations (vocab.parse_fsdp phases) around each family's own CPU work for a gather / a reduction:
-# the hooks that issue them too (FSDP2's pre-forward / pre-backward / post-forward around its all-gathers, its
-# root post-backward callback, reshard and gradient accumulation beside its reductions), as FSDP1's hooks are
-GATHER_OVERHEAD_PHASES = {"fsdp2": ("all_gather", "all_gather_copy_out", "foreach_all_gather",
-                                    "foreach_all_gather_copy_out", "pre_forward", "pre_backward", "post_forward"),
-                          "fsdp1": ("pre_forward", "pre_forward_prefetch", "pre_backward", "pre_backward_prefetch",
-                                    "post_backward_prefetch")}
-REDUCE_OVERHEAD_PHASES = {"fsdp2": ("post_backward_reduce", "foreach_reduce", "root_post_backward_callback",
-                                    "post_backward_reshard", "post_backward_accumulate", "post_backward_rs_wait"),
-                          "fsdp1": ("post_backward",)}
 
 
 @dataclass
 class Fit:
     """latency_us + wire_bytes * us_per_byte, per collective type; ``pooled`` for types the run lacks;
-    ``gloo``: the run's collectives ran on gloo (wire bytes: :func:`fsdpprof.analyze.vocab.wire_factor`)."""
+    ``gloo``: the run's collectives ran on gloo (wire bytes: :func:`fsdpprof.analyze.model.wire_factor`)."""
 
     by_type: dict = field(default_factory=dict)     # collective -> (latency_us, us_per_byte, samples)
     pooled: tuple | None = None
@@ -70,14 +61,14 @@ class Fit:
         if group <= 1 or nbytes <= 0:
             return 0.0
         lat, per_byte, _ = self.by_type.get(collective) or self.pooled or (0.0, 0.0, 0)
-        return float(lat + float(vocab.wire_factor(collective, group, self.gloo)) * nbytes * per_byte)
+        return float(lat + float(model.wire_factor(collective, group, self.gloo)) * nbytes * per_byte)
 
     def describe(self) -> list[str]:
         out = []
         for c, (lat, pb, n) in sorted(self.by_type.items()):
             bw = 1.0 / pb / 1e3 if pb > 0 else float("inf")
             cap = "; latency capped at the run's fastest call" if c in self.capped else ""
-            out.append(f"{c}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
+            out.append(f"{model.collective_words(c)}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
         return out
 
 
@@ -115,14 +106,14 @@ def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return lat, slope
 
 
-FIT_COLLECTIVES = (vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE, vocab.BROADCAST, vocab.ALL_TO_ALL)
+FIT_COLLECTIVES = (model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE, model.BROADCAST, model.ALL_TO_ALL)
 ANY_COLLECTIVE = "*"   # latency_floor's key for the fastest call of any type (the pooled fit's floor)
 
 
 @dataclass(frozen=True)
 class CollectiveSamples:
     """One rank's collectives a :class:`Fit` is made of (point-to-point, unknown sizes and times left out): type,
-    wire bytes (message bytes x :func:`fsdpprof.analyze.vocab.wire_factor`), time (µs); ``gloo``: they ran on
+    wire bytes (message bytes x :func:`fsdpprof.analyze.model.wire_factor`), time (µs); ``gloo``: they ran on
     gloo (its work, ``gloo:*``, is on the trace)."""
 
     collective: np.ndarray
@@ -133,15 +124,15 @@ class CollectiveSamples:
 
 def collective_samples(events: pd.DataFrame) -> CollectiveSamples:
     """The rank's collectives (its events frame) -> :class:`CollectiveSamples`."""
-    c = events[isin(events["kind"], [vocab.KIND_COMM])]
+    c = events[isin(events["kind"], [model.KIND_COMM])]
     coll = c["collective"].astype(object).to_numpy()
     nb = c["bytes"].to_numpy(float)
     gs = c["group_size"].to_numpy(float)
     dur = c["dur_us"].to_numpy(float)
     ok = (np.isin(coll, FIT_COLLECTIVES) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
           & np.isfinite(dur) & (dur > 0))      # (a call of no time measures no latency: it would floor every rank)
-    gloo = bool(startswith(c["name"], (vocab.GLOO_PREFIX,)).any())
-    return CollectiveSamples(coll[ok].astype(str), nb[ok] * vocab.wire_factor(coll[ok], gs[ok], gloo), dur[ok], gloo)
+    gloo = bool(startswith(c["name"], (model.GLOO_PREFIX,)).any())
+    return CollectiveSamples(coll[ok].astype(str), nb[ok] * model.wire_factor(coll[ok], gs[ok], gloo), dur[ok], gloo)
 
 
 def latency_floor(samples: list[CollectiveSamples]) -> dict[str, float]:
@@ -262,7 +253,7 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
     the target is DDP over the same ranks."""
     out = []
     a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
-    pt, rt = tg.dtype_bytes(target.param_dtype), tg.dtype_bytes(target.reduce_dtype)
+    pt, rt = model.dtype_bytes(target.param_dtype), model.dtype_bytes(target.reduce_dtype)
     n, k = target.world_size, target.shard_group
     end_bwd = sc["bwd_end"]
 
@@ -283,32 +274,33 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dt
             size += by[u].numel * pt
             ready = a[u]["B1"]
             if size >= cap:
-                add(vocab.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
+                add(model.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
                 size, cap = 0.0, DDP_BUCKET_BYTES
         if size:
-            add(vocab.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
+            add(model.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
         return out
     if target.strategy == tg.NO_SHARD:
         for u in bwd:
-            add(vocab.ALL_REDUCE, by[u].numel * rt, n, a[u]["B1"], end_bwd, "post_backward")
+            add(model.ALL_REDUCE, by[u].numel * rt, n, a[u]["B1"], end_bwd, model.PHASE_POST_BACKWARD)
         return out
     raf = target.reshard_after_forward
     keep_root = target.family == "fsdp1"
     for i, u in enumerate(fwd):
         wait = a[u]["F0"]
         issue = wait if (sync or i == 0) else a[fwd[i - 1]]["F0"]
-        add(vocab.ALL_GATHER, padded_numel(by[u].numel, k) * pt, k, issue, wait, "forward all_gather")
+        add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, k, issue, wait, "forward all_gather")
     if raf is not False:
         bgroup = raf if (isinstance(raf, int) and not isinstance(raf, bool)) else k
-        order = [u for u in bwd if not (keep_root and u == ROOT)]
+        order = [u for u in bwd if not (keep_root and u == ROOT_UNIT)]
         for j, u in enumerate(order):
             issue = a[order[j - 1]]["B0"] if j > 0 else a[u]["B0"]
-            add(vocab.ALL_GATHER, padded_numel(by[u].numel, k) * pt, bgroup, issue, a[u]["B0"],
+            add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, bgroup, issue, a[u]["B0"],
                 "backward all_gather")
     for u in bwd[1:] + bwd[:1]:
-        add(vocab.REDUCE_SCATTER, padded_numel(by[u].numel, k) * rt, k, a[u]["B1"], end_bwd, "post_backward_reduce")
+        add(model.REDUCE_SCATTER, padded_numel(by[u].numel, k) * rt, k, a[u]["B1"], end_bwd,
+            model.PHASE_POST_BACKWARD_REDUCE)
         if target.replicas > 1:
-            add(vocab.ALL_REDUCE, local_numel(by[u].numel, k) * rt, target.replicas, a[u]["B1"], end_bwd,
+            add(model.ALL_REDUCE, local_numel(by[u].numel, k) * rt, target.replicas, a[u]["B1"], end_bwd,
                 "hsdp all_reduce")
     return out
 
@@ -407,21 +399,21 @@ def machine_factor(run: FamilyOverhead, contention: float | None) -> float | Non
 def gather_reduce_overhead(events: pd.DataFrame, family: str,
                            work: dict | None = None) -> tuple[float | None, float | None]:
     """The family's CPU time per gathered byte and per reduced byte (µs/byte): its gather and reduce
-    annotations (:data:`GATHER_OVERHEAD_PHASES`, :data:`REDUCE_OVERHEAD_PHASES`) minus the communication
+    annotations (:data:`fsdpprof.analyze.model.GATHER_OVERHEAD_PHASES`, :data:`fsdpprof.analyze.model.REDUCE_OVERHEAD_PHASES`) minus the communication
     waited for inside them, over the bytes they moved; None where the run has none. ``work``: the run's
     :func:`_family_work`, when already known."""
     work = _family_work(events, family) if work is None else work
-    return (_per_byte(events, work["gather"], vocab.ALL_GATHER), _per_byte(events, work["reduce"], vocab.REDUCE_SCATTER))
+    return (_per_byte(events, work["gather"], model.ALL_GATHER), _per_byte(events, work["reduce"], model.REDUCE_SCATTER))
 
 
 def allreduce_overhead(events: pd.DataFrame, family: str, work: dict | None = None) -> float | None:
     """Where the run reduces gradients by all-reduce alone (no reduce-scatter): the reduction's own CPU time per
     byte all-reduced (µs/byte): FSDP1's post-backward hooks less the communication waited for in them (NO_SHARD),
     DDP's reducer ranges (:func:`ddp_reducer_us`); None otherwise (FSDP2 has no such strategy)."""
-    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
-    if isin(comm["collective"], [vocab.REDUCE_SCATTER]).any():
+    comm = events[isin(events["kind"], [model.KIND_COMM])]
+    if isin(comm["collective"], [model.REDUCE_SCATTER]).any():
         return None
-    nbytes = float(comm.loc[isin(comm["collective"], [vocab.ALL_REDUCE]), "bytes"].sum())
+    nbytes = float(comm.loc[isin(comm["collective"], [model.ALL_REDUCE]), "bytes"].sum())
     if not nbytes > 0:
         return None
     if family == "ddp":
@@ -430,21 +422,21 @@ def allreduce_overhead(events: pd.DataFrame, family: str, work: dict | None = No
     if family != "fsdp1":
         return None
     work = _family_work(events, family) if work is None else work
-    return _per_byte(events, work["reduce"], vocab.ALL_REDUCE)
+    return _per_byte(events, work["reduce"], model.ALL_REDUCE)
 
 
 def _family_work(events: pd.DataFrame, family: str) -> dict:
     """The family's own work on the trace, {"gather": w, "reduce": w}, w = (µs covered by its annotations of
     those phases less the communication inside them, µs of compute inside them) or None where it has none."""
     out: dict = {"gather": None, "reduce": None}
-    if family not in GATHER_OVERHEAD_PHASES:
+    if family not in model.GATHER_OVERHEAD_PHASES:
         return out
     ann = labels.fsdp_intervals(events)
     if not len(ann):
         return out
     ann = ann[ann["family"] == family]
     comm, comp = _kind_intervals(events)
-    for key, phases in (("gather", GATHER_OVERHEAD_PHASES[family]), ("reduce", REDUCE_OVERHEAD_PHASES[family])):
+    for key, phases in (("gather", model.GATHER_OVERHEAD_PHASES[family]), ("reduce", model.REDUCE_OVERHEAD_PHASES[family])):
         sel = ann[ann["fsdp_phase"].isin(phases)]
         if len(sel):
             s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
@@ -457,15 +449,15 @@ def _per_byte(events: pd.DataFrame, work: tuple[float, float] | None, collective
     missing."""
     if work is None:
         return None
-    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
+    comm = events[isin(events["kind"], [model.KIND_COMM])]
     nbytes = comm.loc[isin(comm["collective"], [collective]), "bytes"].sum()
     return max(work[0], 0.0) / float(nbytes) if nbytes else None
 
 
 def _kind_intervals(events: pd.DataFrame) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """(the communication events' (start, end), the union of the compute events' (start, end))."""
-    comm = events[isin(events["kind"], [vocab.KIND_COMM])]
-    comp = events[isin(events["kind"], [vocab.KIND_COMPUTE])]
+    comm = events[isin(events["kind"], [model.KIND_COMM])]
+    comp = events[isin(events["kind"], [model.KIND_COMPUTE])]
     return ((comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)),
             intervals.union(comp["ts_us"].to_numpy(float), (comp["ts_us"] + comp["dur_us"]).to_numpy(float)))
 
@@ -520,7 +512,7 @@ def _lanes(events: pd.DataFrame, lanes):
     events = events[isin(events["lane"], list(lanes))]      # (names as text only on these lanes)
     names = events["name"].astype(str).to_numpy()
     lane = events["lane"].astype(object).to_numpy()
-    is_op = ~isin(events["kind"], [vocab.KIND_ANNOTATION])
+    is_op = ~isin(events["kind"], [model.KIND_ANNOTATION])
     t0 = events["ts_us"].to_numpy(float)
     t1 = t0 + events["dur_us"].to_numpy(float)
     for ln in lanes:
@@ -531,16 +523,16 @@ def _lanes(events: pd.DataFrame, lanes):
 
 def dtensor_dispatch_us(events: pd.DataFrame) -> float:
     """DTensor dispatch on the trace (µs, all steps): each tensor-subclass dispatch op's
-    (:data:`fsdpprof.analyze.vocab.TENSOR_SUBCLASS_DISPATCH`) time outside the local ops it runs, with the
+    (:data:`fsdpprof.analyze.model.TENSOR_SUBCLASS_DISPATCH`) time outside the local ops it runs, with the
     ops (not annotations) whose only child it is (``aten::mul_`` -> PythonSubclass -> ``aten::mul_`` on the
     local shard: all but the inner op)."""
-    hit = isin(events["name"], [vocab.TENSOR_SUBCLASS_DISPATCH])
+    hit = isin(events["name"], [model.TENSOR_SUBCLASS_DISPATCH])
     if not hit.any():
         return 0.0
     total = 0.0
     for ts, te, nm, op in _lanes(events, pd.unique(events["lane"].astype(object).to_numpy()[hit])):
         parent, children, inner = _nesting(ts, te)
-        for i in np.flatnonzero(nm == vocab.TENSOR_SUBCLASS_DISPATCH):
+        for i in np.flatnonzero(nm == model.TENSOR_SUBCLASS_DISPATCH):
             top = i
             while parent[top] >= 0 and children[parent[top]] == 1 and op[parent[top]]:
                 top = parent[top]
@@ -550,9 +542,9 @@ def dtensor_dispatch_us(events: pd.DataFrame) -> float:
 
 def optimizer_element_us(events: pd.DataFrame) -> float:
     """The optimizer's element work on the trace (µs, all steps): the self time of the aten ops inside its
-    steps (:data:`fsdpprof.analyze.vocab.OPTIMIZER_PREFIX` annotations), which run over the parameters'
+    steps (:data:`fsdpprof.analyze.model.OPTIMIZER_PREFIX` annotations), which run over the parameters'
     elements (DTensor wrappers left out). The rest of a step, its Python loop over tensors, is not in it."""
-    is_opt = startswith(events["name"], (vocab.OPTIMIZER_PREFIX,))
+    is_opt = startswith(events["name"], (model.OPTIMIZER_PREFIX,))
     opt = events[is_opt]
     if not len(opt):
         return 0.0
@@ -564,7 +556,7 @@ def optimizer_element_us(events: pd.DataFrame) -> float:
     for ts, te, nm, _ in _lanes(inside, pd.unique(opt["lane"].astype(object))):
         parent, _, inner = _nesting(ts, te)
         wraps = np.zeros(len(ts), bool)
-        wraps[parent[(nm == vocab.TENSOR_SUBCLASS_DISPATCH) & (parent >= 0)]] = True
+        wraps[parent[(nm == model.TENSOR_SUBCLASS_DISPATCH) & (parent >= 0)]] = True
         aten = np.char.startswith(nm.astype(str), "aten::") & ~wraps
         element += float(((te - ts) - inner)[aten].sum())
     return element
@@ -572,13 +564,13 @@ def optimizer_element_us(events: pd.DataFrame) -> float:
 
 def ddp_reducer_us(events: pd.DataFrame) -> float:
     """DDP's reducer work on the trace (µs, all steps): the time covered by its record_function ranges
-    (:data:`fsdpprof.analyze.vocab.DDP_REDUCER_PREFIXES`), per lane, nested ranges counted once."""
+    (:data:`fsdpprof.analyze.model.DDP_REDUCER_PREFIXES`), per lane, nested ranges counted once."""
     return float(sum((e - s).sum() for _, s, e in _reducer_spans(events)))
 
 
 def _reducer_spans(events: pd.DataFrame):
     """Per lane with DDP reducer ranges: (the lane, the union of its ranges as (start, end) arrays)."""
-    hit = startswith(events["name"], vocab.DDP_REDUCER_PREFIXES)
+    hit = startswith(events["name"], model.DDP_REDUCER_PREFIXES)
     if not hit.any():
         return
     red = events[hit]
@@ -700,17 +692,17 @@ def run_steps(events: pd.DataFrame, tsched: dict, async_host_comm: bool = False)
     win = step_windows(events)
     ts = events["ts_us"].to_numpy(float)
     te = ts + events["dur_us"].to_numpy(float)
-    is_comp = isin(events["kind"], [vocab.KIND_COMPUTE])
-    is_comm = isin(events["kind"], [vocab.KIND_COMM])
+    is_comp = isin(events["kind"], [model.KIND_COMPUTE])
+    is_comm = isin(events["kind"], [model.KIND_COMM])
     busy = is_comp
     if async_host_comm and is_comm.any():
         lane = events["lane"].astype(object).to_numpy()
         comm_lanes = set(lane[is_comm].tolist())
-        busy = isin(events["kind"], [vocab.KIND_COMPUTE, vocab.KIND_CPU_OP]) & ~np.isin(lane, list(comm_lanes))
+        busy = isin(events["kind"], [model.KIND_COMPUTE, model.KIND_CPU_OP]) & ~np.isin(lane, list(comm_lanes))
     coll = events["collective"].astype(object).to_numpy()
     nbytes = events["bytes"].to_numpy(float)
     group = events["group_size"].to_numpy(float)
-    fwd = (events["stage"].astype(object) == vocab.STAGE_FORWARD).to_numpy()
+    fwd = (events["stage"].astype(object) == model.STAGE_FORWARD).to_numpy()
     launch = events["launch_ts_us"].to_numpy(float)
     out = []
     for row in win.itertuples(index=False):
@@ -731,9 +723,9 @@ def run_steps(events: pd.DataFrame, tsched: dict, async_host_comm: bool = False)
         pool = [(k, float(te[i] - ts[i])) for k, i in zip(keys, ci)]
         buckets = [{"collective": k[0], "bytes": float(k[1]), "group": k[2],
                     "issue_us": float(launch[i] if np.isfinite(launch[i]) else ts[i])}
-                   for k, i in zip(keys, ci) if k[0] == vocab.ALL_REDUCE]
-        ag = float(np.nansum(nbytes[ci][coll[ci] == vocab.ALL_GATHER])) if len(ci) else 0.0
-        rs = float(np.nansum(nbytes[ci][coll[ci] == vocab.REDUCE_SCATTER])) if len(ci) else 0.0
+                   for k, i in zip(keys, ci) if k[0] == model.ALL_REDUCE]
+        ag = float(np.nansum(nbytes[ci][coll[ci] == model.ALL_GATHER])) if len(ci) else 0.0
+        rs = float(np.nansum(nbytes[ci][coll[ci] == model.REDUCE_SCATTER])) if len(ci) else 0.0
         out.append(RunStep(float(row.step), w0, w1, cs, ce, xs, xe, cum, pool, buckets, ag, rs))
     return out
 
@@ -747,11 +739,11 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     for key, d in rs.pool:
         pool.setdefault(key, []).append(d)
     same_ddp = (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
-                and tg.dtype_bytes(target.reduce_dtype) == tg.dtype_bytes(source.reduce_dtype))
+                and model.dtype_bytes(target.reduce_dtype) == model.dtype_bytes(source.reduce_dtype))
     colls = target_collectives(target, units, sc, source.stored_dtype, sync, rs.buckets if same_ddp else None)
     for j in sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"]):
         c = colls[j]
-        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith("forward") else "b")
+        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith(model.STAGE_FORWARD) else "b")
         c["measured"] = bool(pool.get(key))
         c["dur_us"] = pool[key].pop(0) if c["measured"] else fit.time_us(c["collective"], c["bytes"], c["group"])
     # one communication stream in issue order; a wait that is not done delays everything after it
@@ -793,8 +785,8 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     # changes is compute (the aten ops: the optimizer's element work, the compute share of FSDP's work) or the
     # rest (Python: the other share, the dispatch, and work of an unknown share); work taken out of one part
     # beyond what it holds leaves the other
-    tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == vocab.ALL_GATHER)
-    tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == vocab.REDUCE_SCATTER)
+    tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == model.ALL_GATHER)
+    tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == model.REDUCE_SCATTER)
     d_compute = own.optimizer_element_us * (own.element_ratio - 1.0)
     d_rest = 0.0
     if own.target is not None:
@@ -841,15 +833,15 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
     if fit.gloo:
         assumed.append("gloo runs a reduce-scatter as an all-reduce of its whole input: timed by the bytes that "
                        "all-reduce moves, 2(n-1)/n of the input, in the fit and in the target")
-    missing = [c for c in {vocab.ALL_GATHER, vocab.REDUCE_SCATTER, vocab.ALL_REDUCE} - set(fit.by_type)]
-    if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and vocab.ALL_REDUCE not in fit.by_type):
+    missing = [c for c in {model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE} - set(fit.by_type)]
+    if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and model.ALL_REDUCE not in fit.by_type):
         assumed.append("collective types the run lacks use the fit of all its collectives together")
     assumed += own_work_assumed(own, source, target)
     if target.strategy == tg.DDP:
         assumed.append("DDP buckets of 25 MiB (the first 1 MiB) filled unit by unit in backward order")
     if target.batch_scale != 1.0:
         assumed.append(f"compute time x{target.batch_scale:g} with the local batch; the rest unchanged")
-    if tg.dtype_bytes(target.param_dtype) != tg.dtype_bytes(source.param_dtype):
+    if model.dtype_bytes(target.param_dtype) != model.dtype_bytes(source.param_dtype):
         assumed.append("compute time kept as measured whatever the compute dtype")
     return out, kept, assumed
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fsdpprof import runfmt
+from fsdpprof.analyze.model import ROOT_UNIT, unit_order
 from fsdpprof.errors import UserError
 
-ROOT = ""
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Unit:
 
     @property
     def is_root(self) -> bool:
-        return self.fqn == ROOT
+        return self.fqn == ROOT_UNIT
 
 
 def local_numel(numel: int, shard_group: int) -> int:
@@ -45,7 +46,7 @@ def _unit_of_name(name: str) -> str:
     for i, p in enumerate(parts[:-1]):
         if p.isdigit() and i > 0:
             return ".".join(parts[: i + 1])
-    return ROOT
+    return ROOT_UNIT
 
 
 def model_units(inventory: dict | None) -> tuple[list[Unit], str | None]:
@@ -56,8 +57,8 @@ def model_units(inventory: dict | None) -> tuple[list[Unit], str | None]:
     if rows:
         units = []
         names = [str(r.get("fqn") or "") for r in rows]
-        root = ROOT if ROOT in names else min(names, key=len)
-        ordered = [root] + [n for n in names if n != root]
+        root = ROOT_UNIT if ROOT_UNIT in names else min(names, key=len)
+        ordered = [root] + [n for n in unit_order(names, forward=names) if n != root]   # the inventory's: forward
         numel = {str(r.get("fqn") or ""): int(r.get("unsharded_numel") or 0) for r in rows}
         # parameters outside every unit are the root's (FSDP2 root; FSDP1 ignores none in practice)
         psi = int((inv.get("totals") or {}).get("psi") or 0)
@@ -68,10 +69,10 @@ def model_units(inventory: dict | None) -> tuple[list[Unit], str | None]:
             units.append(Unit(n, numel[n], i))
         return units, None
     params = {}
-    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == "param"]
+    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM]
     last = max((s for s in steps if isinstance(s, (int, float))), default=None)
     for t in inv.get("tensors") or []:
-        if t.get("role") != "param" or (last is not None and t.get("step") not in (last, None)):
+        if t.get("role") != runfmt.ROLE_PARAM or (last is not None and t.get("step") not in (last, None)):
             continue
         params.setdefault(str(t.get("name")), int(t.get("numel") or 0))
     if not params:
@@ -84,17 +85,17 @@ def model_units(inventory: dict | None) -> tuple[list[Unit], str | None]:
     # only the container with the most numbered children makes units; the rest is the root's
     containers: dict[str, int] = {}
     for u in groups:
-        if u != ROOT:
+        if u != ROOT_UNIT:
             containers[u.rsplit(".", 1)[0]] = containers.get(u.rsplit(".", 1)[0], 0) + 1
     best = max(containers, key=containers.get) if containers else None
-    units = {ROOT: 0}
-    order = [ROOT]
+    units = {ROOT_UNIT: 0}
+    order = [ROOT_UNIT]
     for u, n in groups.items():
-        if u != ROOT and best is not None and u.rsplit(".", 1)[0] == best and containers[best] >= 2:
+        if u != ROOT_UNIT and best is not None and u.rsplit(".", 1)[0] == best and containers[best] >= 2:
             units[u] = n
             order.append(u)
         else:
-            units[ROOT] += n
+            units[ROOT_UNIT] += n
     note = None
     if len(order) > 1:
         note = (f"the run has no FSDP units: assumed one unit per {best}.N ({len(order) - 1} units) plus the root "
@@ -110,15 +111,15 @@ def parameter_tensors(inventory: dict | None) -> int:
     rows = inv.get("units") or []
     if rows and all(isinstance(r.get("param_fqns"), list) for r in rows):
         return sum(len(r["param_fqns"]) for r in rows)
-    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == "param"]
+    steps = [t.get("step") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM]
     last = max((s for s in steps if isinstance(s, (int, float))), default=None)
     return len({str(t.get("name")) for t in inv.get("tensors") or []
-                if t.get("role") == "param" and (last is None or t.get("step") in (last, None))})
+                if t.get("role") == runfmt.ROLE_PARAM and (last is None or t.get("step") in (last, None))})
 
 
 def param_unit_map(inventory: dict | None, units: list[Unit]) -> dict[str, str]:
     """parameter (and FSDP1 flat parameter) name -> unit fqn."""
-    fqns = sorted((u.fqn for u in units if u.fqn != ROOT), key=len, reverse=True)
+    fqns = sorted((u.fqn for u in units if u.fqn != ROOT_UNIT), key=len, reverse=True)
     out = {}
     for t in (inventory or {}).get("tensors") or []:
         name = str(t.get("name") or "").split("/")[0]
@@ -126,6 +127,6 @@ def param_unit_map(inventory: dict | None, units: list[Unit]) -> dict[str, str]:
             continue
         unit = t.get("unit")
         if unit is None or unit not in {u.fqn for u in units}:
-            unit = next((f for f in fqns if name == f or name.startswith(f + ".")), ROOT)
+            unit = next((f for f in fqns if name == f or name.startswith(f + ".")), ROOT_UNIT)
         out[name] = unit
     return out
