@@ -36,7 +36,7 @@ the timeout), ``file lost`` (a user's file removed or changed: the tree is hashe
 value; also a bad rank analysed without being named), ``other`` (anything else not as the issue asks: two lines,
 another exit code, a temporary left behind, memory unbounded, a missing word).  Prints the table and the failing
 cases; exit 1 when any failure column is not 0.  ``--fuzz-traces/--fuzz-snapshots`` also run benchmarks/fuzz.py's
-seeded campaign and add its counts as a row.  Recordings (the packaged example, ~20 CPU-s each): 7 at most.
+seeded campaign and add its counts as a row.  Recordings (the packaged example, ~20 CPU-s each): 6.
 """
 from __future__ import annotations
 
