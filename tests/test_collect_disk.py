@@ -155,11 +155,13 @@ def test_every_recorder_write_may_fail(tmp_path, monkeypatch, quiet_hooks, capfd
                 assert info["status"] == "complete", case
             elif name.startswith("." + runfmt.RANK_JSON) or name == runfmt.RANK_JSON:
                 assert info["status"] == "complete", case   # (rewritten by the next write of rank.json)
+            elif name.endswith(".tmp.json"):
+                # kineto's failed export says nothing; the disk has room after it (another rank's failed export
+                # freed it, or it was never full): exported once more, the trace recorded
+                assert info["status"] == "complete" and (out / "rank-0" / runfmt.TRACE_FILE).exists(), case
             else:
                 assert info["status"] in ("partial", "failed"), case
-                # (kineto's failed export says nothing: "disk full" where the disk is, which this one is not)
-                why = "the profiler wrote no trace file" if name.endswith(".tmp.json") else "disk full"
-                assert info["write_error"].startswith(f"{why}: {out / 'rank-0'}/"), case
+                assert info["write_error"].startswith(f"disk full: {out / 'rank-0'}/"), case
                 assert info["write_error"] in info["error"] and info["write_error"] in said, case
 
 

@@ -278,3 +278,49 @@ def test_trace_export_leaves_the_gzip_only(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="the profiler wrote no trace file"):
         export_trace_gz(KinetoOnAFullDisk(), str(js), str(gz))
     assert sorted(tmp_path.iterdir()) == []            # kineto's temporary removed too
+
+
+def test_trace_export_tried_again_when_the_disk_has_room_again(tmp_path, monkeypatch):
+    """Ranks sharing a full disk: kineto's export fails on each (its <path>.tmp cut short, no error), the rank
+    that looks first finds the disk full and removes its temporary, so the next one finds room.  That one exports
+    once more (a real profiler): its trace if it fits now; if the retry fails too, the disk is said full when it
+    is (before: "the profiler wrote no trace file" for that rank, 1 of 2 campaign runs on a 1 MiB tmpfs)."""
+    import errno
+
+    import torch
+
+    from fsdpprof.collect.recorder import export_trace_gz
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    real_export = torch.profiler.profile.export_chrome_trace
+    calls = []
+
+    def fails_first(p, path):                          # kineto on a disk full for a moment
+        calls.append(path)
+        if len(calls) == 1:
+            with open(path + ".tmp", "wb") as fh:
+                fh.write(b'{"traceEvents": [')
+            return None
+        return real_export(p, path)
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", fails_first)
+    js, gz = tmp_path / "t.json", tmp_path / "t.json.gz"
+    export_trace_gz(prof, str(js), str(gz))
+    assert len(calls) == 2 and "aten::mm" in gzip.decompress(gz.read_bytes()).decode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.gz"]
+
+    def always_fails(p, path):                          # the retry fills the disk again
+        calls.append(path)
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(b'{"traceEvents": [')
+
+    def full_after_the_retry(folder):
+        return len(calls) > 3
+    gz.unlink()
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", always_fails)
+    monkeypatch.setattr(runfmt, "out_of_space", full_after_the_retry)
+    with pytest.raises(OSError, match="the profiler wrote no trace file") as exc:
+        export_trace_gz(prof, str(js), str(gz))
+    assert len(calls) == 4 and exc.value.errno == errno.ENOSPC
+    assert sorted(tmp_path.iterdir()) == []

@@ -950,10 +950,17 @@ def export_trace_gz(prof, json_path: str, gz_path: str, level: int = TRACE_GZIP_
     import zlib
 
     done = False
+    folder = os.path.dirname(os.path.abspath(json_path))
     try:
         prof.export_chrome_trace(json_path)
+        if not os.path.exists(json_path) and not runfmt.out_of_space(folder):
+            # kineto wrote nothing, yet there is room now: ranks sharing a full disk, another rank's failed
+            # export freed its room after this one failed (that rank looked first and found the disk full).
+            # Once more: the trace if it fits now, else the disk full again, and said so below.
+            _drop_kineto_tmp(json_path)
+            prof.export_chrome_trace(json_path)
         if not os.path.exists(json_path):  # kineto reports a failed write on its log only: say why
-            code = errno.ENOSPC if runfmt.out_of_space(os.path.dirname(os.path.abspath(json_path))) else errno.EIO
+            code = errno.ENOSPC if runfmt.out_of_space(folder) else errno.EIO
             raise OSError(code, "the profiler wrote no trace file", json_path)
         gzip = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)   # (16 +: the gzip format)
         fd = os.open(gz_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -966,16 +973,22 @@ def export_trace_gz(prof, json_path: str, gz_path: str, level: int = TRACE_GZIP_
             os.close(fd)
         done = True
     finally:
-        # no half-written .gz is left behind, nor kineto's own temporary of a failed export: emptied first, as
-        # kineto keeps that file open until the profiler is freed (the blocks of an unlinked open file stay taken)
-        kineto_tmp = json_path + KINETO_TMP_SUFFIX
-        if os.path.isfile(kineto_tmp) and not os.path.islink(kineto_tmp):
-            try:
-                os.truncate(kineto_tmp, 0)
-            except OSError:
-                pass
-        for path in (json_path, kineto_tmp) + (() if done else (gz_path,)):
+        # no half-written .gz is left behind, nor kineto's own temporary of a failed export
+        _drop_kineto_tmp(json_path)
+        for path in (json_path,) + (() if done else (gz_path,)):
             runfmt.remove_quietly(path)
+
+
+def _drop_kineto_tmp(json_path: str) -> None:
+    """Remove kineto's temporary of a failed export of ``json_path``: emptied first, as kineto keeps that file
+    open until the profiler is freed (the blocks of an unlinked open file stay taken)."""
+    kineto_tmp = json_path + KINETO_TMP_SUFFIX
+    if os.path.isfile(kineto_tmp) and not os.path.islink(kineto_tmp):
+        try:
+            os.truncate(kineto_tmp, 0)
+        except OSError:
+            pass
+    runfmt.remove_quietly(kineto_tmp)
 
 
 def _trace_base_time_ns(path: str):

@@ -8,6 +8,7 @@ no event of that category, so an analysis of the file sees the original events o
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -27,13 +28,18 @@ HEAD_MAX_BYTES = 64 << 20           # the metadata must end within this many byt
 TRACE_META_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "traceName")
 
 
+@contextlib.contextmanager
 def _open(path: str):
-    fh = open(path, "rb")
-    if fh.read(2) == b"\x1f\x8b":
+    """The file's bytes (inflated when it is gzipped); the file closed after (a GzipFile does not close the
+    file it was given)."""
+    with open(path, "rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
         fh.seek(0)
-        return gzip.GzipFile(fileobj=fh)
-    fh.seek(0)
-    return fh
+        if gzipped:
+            with gzip.GzipFile(fileobj=fh) as gz:
+                yield gz
+        else:
+            yield fh
 
 
 def is_timeline(head: bytes) -> bool:
