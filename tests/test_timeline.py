@@ -9,6 +9,7 @@ import gzip
 import json
 import math
 import os
+import random
 import warnings
 
 import numpy as np
@@ -280,3 +281,15 @@ def test_recorded_run_timeline(recorded_run, tmp_path):
     _, signed = _shared_ends(run_events(load_run(str(tmp_path / "coll.json.gz"))), "recorded run, collective ends")
     assert len(signed) == 2 and (signed.abs() <= 1.0).all()
     assert os.path.getsize(tmp_path / "run.json.gz") < 10**9
+
+
+def test_gzip_noise_is_no_timeline(tmp_path):
+    """A gzip header followed by noise (zlib's own errors, not OSError) is not a timeline: the trace's own parse
+    says what is wrong with it (a folder with such a rank used to fail whole, 'unexpected error')."""
+    from fsdpprof.analyze.trace.timeline_file import timeline_meta
+
+    rng = random.Random(7)
+    for i in range(200):
+        p = tmp_path / f"noise-{i}.json.gz"
+        p.write_bytes(b"\x1f\x8b\x08\x00" + bytes(rng.randrange(256) for _ in range(512)))
+        assert timeline_meta(str(p)) is None

@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import re
+import zlib
 
 from fsdpprof.errors import UserError
 
@@ -70,7 +71,7 @@ def timeline_meta(path: str) -> dict | None:
                         raise UserError(f"{path}: its timeline metadata is cut or not valid JSON; write it again "
                                         f"with fsdpprof timeline") from None
                     head += more
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):        # (a gzip header, then noise: the trace's own parse says why)
         return None
     return meta if isinstance(meta, dict) else None
 
