@@ -198,32 +198,17 @@ def _numbers(html: str) -> dict:
     """The numbers a report shows twice, each where it stands: At a glance, the findings, Overview, Memory."""
     sec = {m.group(1): m.group(0) for m in re.finditer(r'<section id="(\w+)">.*?</section>', html, re.S)}
     glance, fnd, over = sec.get("headline", ""), sec.get("findings", ""), sec.get("overview", "")
-    out = {}
-    m = re.search(r'<div class="big">([^<]+)</div><div class="what">of the step is exposed communication', glance)
-    if m:
-        out["glance_exposed"] = m.group(1)
-    m = re.search(r"of a ([^<]+?) step \(", glance)
-    if m:
-        out["glance_step"] = m.group(1)
-    m = re.search(r"device idle ([\d.]+%)", glance)
-    if m:
-        out["glance_idle"] = m.group(1)
-    m = re.search(r'<div class="big">([^<]+)</div><div class="what">peak memory', glance)
-    if m:
-        out["glance_peak"] = m.group(1)
-    m = re.search(r"Communication not hidden behind compute is ([\d.]+%)", fnd)
-    if m:
-        out["finding_exposed"] = m.group(1)
-    m = re.search(r"The device is idle ([\d.]+%)", fnd)
-    if m:
-        out["finding_idle"] = m.group(1)
-    m = re.search(r"<th[^>]*>step time</th><td[^>]*>([^<(]+?) \(", over)
-    if m:
-        out["overview_step"] = m.group(1)
-    m = re.search(r"measured peak \(rank \d+\) = ([^;]+);", html)
-    if m:
-        out["memory_peak"] = m.group(1)
-    return out
+    where = {  # key: (the text it is read from, the pattern whose first group is the number)
+        "glance_exposed": (glance, r'<div class="big">([^<]+)</div><div class="what">of the step is exposed communication'),
+        "glance_step": (glance, r"of a ([^<]+?) step \("),
+        "glance_idle": (glance, r"device idle ([\d.]+%)"),
+        "glance_peak": (glance, r'<div class="big">([^<]+)</div><div class="what">peak memory'),
+        "finding_exposed": (fnd, r"Communication not hidden behind compute is ([\d.]+%)"),
+        "finding_idle": (fnd, r"The device is idle ([\d.]+%)"),
+        "overview_step": (over, r"<th[^>]*>step time</th><td[^>]*>([^<(]+?) \("),
+        "memory_peak": (html, r"measured peak \(rank \d+\) = ([^;]+);"),
+    }
+    return {key: m.group(1) for key, (text, pattern) in where.items() if (m := re.search(pattern, text))}
 
 
 def _same_numbers_shown(html: str) -> dict:
