@@ -155,10 +155,23 @@ def build_big_trace(src: str, target_bytes: int, out_dir: str) -> tuple[str, int
 
 
 # ----------------------------------------------------------------------------------------- the work
+# how a tree loads a run, now and before issue 29 (load_run in analyze/run.py, events a Run method): the one
+# piece of --before that must know the old layout
+LOAD_RUN = """
+try:
+    from fsdpprof.analyze.load.run import load_run, run_events
+except ImportError:
+    from fsdpprof.analyze.run import load_run
+    def run_events(run):
+        return run.events()
+"""
+
+
 def _ours(path: str) -> dict:
     from fsdpprof.analyze.comm import overlap, volume
-    from fsdpprof.analyze.load.run import load_run, run_events
-    ev = run_events(load_run(path, progress=False))
+    scope: dict = {}
+    exec(LOAD_RUN, scope)
+    ev = scope["run_events"](scope["load_run"](path, progress=False))
     o = overlap.overall_overlap(ev)
     volume.collective_volume(ev)
     return {"overlap_pct": float(o["comp_comm_overlap_pct"].iloc[0]), "events": len(ev)}
@@ -248,8 +261,9 @@ def child(mode: str, path: str) -> None:
     sys.path.insert(0, os.environ.get(TREE_ENV) or str(ROOT))
     if mode in ("ours", "breakdowns", "stages"):
         from fsdpprof.analyze.comm import breakdown, overlap, volume  # noqa: F401
-        from fsdpprof.analyze.load.run import load_run, run_events
         from fsdpprof.analyze.trace import classify, decode, labels  # noqa: F401
+        exec(LOAD_RUN, scope := {})
+        load_run, run_events = scope["load_run"], scope["run_events"]
     elif mode == "orjson":
         import orjson  # noqa: F401
     elif mode == "hta":
@@ -349,12 +363,12 @@ def measure(mode: str, path: str, timeout: float, tree: str | None = None) -> di
     return out
 
 
-PY_OURS = ("import sys\nfrom fsdpprof.analyze.load.run import load_run, run_events\nfrom fsdpprof.analyze.comm import overlap, volume\n"
+PY_OURS = ("import sys" + LOAD_RUN + "from fsdpprof.analyze.comm import overlap, volume\n"
            "ev = run_events(load_run(sys.argv[1], progress=False))\noverlap.overall_overlap(ev)\n"
            "volume.collective_volume(ev)\n")
 PY_HTA = ("import sys, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis\n"
           "TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True).get_comm_comp_overlap(visualize=False)\n")
-PY_ANALYSIS = ("import sys\nfrom fsdpprof.analyze.load.run import load_run\nfrom fsdpprof.analyze.pipeline import analyze_run\n"
+PY_ANALYSIS = ("import sys" + LOAD_RUN + "from fsdpprof.analyze.pipeline import analyze_run\n"
                "analyze_run(load_run(sys.argv[1], progress=False), hta=False)\n")
 
 
