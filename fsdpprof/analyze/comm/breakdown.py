@@ -1,34 +1,8 @@
-"""GPU time breakdowns per rank: temporal (idle / compute / non-compute), kernel type (computation,
-communication, memory and their overlaps, top kernels) and idle time by cause (host wait, kernel
-wait, other).  Pure functions of the events frame; times in microseconds, percentages 0-100.
-
-The definitions are those of Holistic Trace Analysis (HTA 0.5, ``hta/analyzers/breakdown_analysis.py``:
-``get_temporal_breakdown``, ``get_gpu_kernel_breakdown``, ``get_idle_time_breakdown``), computed on
-our events (exact times, our kinds):
-
-- device events: the events on a CUDA stream lane (``stream:N``): kernels, memcpy, memset, sync.
-- temporal, per rank: span_us = end of the last device event - start of the first; idle_time_us = the
-  part of the span covered by no device event (union over all streams); compute_time_us = |union of
-  compute kernels|; non_compute_time_us = span - idle - compute (time only memcpy/memset/comm/sync
-  run).  Percentages of span_us.  HTA counts every event with a stream as busy, sync included.
-- kernel type: a kernel's type from its kind (comm COMMUNICATION, compute COMPUTATION, memcpy and
-  memset MEMORY, sync OTHER: not in the table, as in HTA).  Per rank, each type's kernels are merged
-  (union) and the time is split by which types run at once: ``COMPUTATION``, ``COMPUTATION
-  overlapping COMMUNICATION``, ...; pct of the time any of the three runs.  Top kernels: per rank and
-  type, the ``top_n`` kernel names with the most total time (count, sum, mean, min, max, sample std of
-  their durations), the rest in one ``others`` row with the same statistics over its kernels.
-- idle time, per rank and stream, over the kernels, memcpys and memsets of the stream in start order:
-  the gap before a kernel (its start - the latest end before it) is host wait when the kernel was
-  launched on the CPU only after that end (the stream ran dry waiting for the host), else kernel wait
-  when shorter than ``kernel_wait_threshold_us`` (30 us, HTA's ``consecutive_kernel_delay``: the cost of
-  launching back-to-back kernels), else other (e.g. waiting for an event of another stream).  This
-  needs each kernel's CPU launch time: column ``launch_ts_us`` (NaN where the launch is not in the
-  trace: never host wait).
-
-Whatever rows are passed are used: HTA by default drops the kernels launched in the last
-ProfilerStep; pass ``events[events["step"] < last]`` for that (see tests/test_breakdowns.py for
-every difference from HTA, measured on real traces).
-"""
+"""GPU time breakdowns per rank, as Holistic Trace Analysis defines them (HTA 0.5 ``breakdown_analysis``):
+temporal (idle / compute / non-compute time of the span), kernel type (COMPUTATION, COMMUNICATION, MEMORY
+and their overlaps; top kernels) and idle time by cause (host wait: the kernel was launched after the stream
+ran dry; kernel wait: a gap under KERNEL_WAIT_THRESHOLD_US; other).  Device events are those on ``stream:N``
+lanes; times in µs, percentages 0-100.  Rows are used as passed (HTA drops the last ProfilerStep's kernels)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,7 +10,7 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.load.frames import isin, on_device
+from fsdpprof.analyze.load.frames import codes_of, isin, on_device
 
 TEMPORAL_COLUMNS = ["rank", "span_us", "idle_time_us", "compute_time_us", "non_compute_time_us",
                     "idle_time_pct", "compute_time_pct", "non_compute_time_pct"]
@@ -57,16 +31,12 @@ KERNEL_WAIT_THRESHOLD_US = 30.0
 
 
 def _device(events: pd.DataFrame) -> dict:
-    """The device events (on a stream lane) as numpy arrays: rank, ts, end, kernel type code
-    (index into TABLE_TYPES, -1 OTHER), kind, lane and name codes."""
+    """The device events (on a stream lane) as numpy arrays; ``type`` indexes TABLE_TYPES (-1: OTHER)."""
     sel = np.flatnonzero(on_device(events["lane"]) & isin(events["kind"], KERNEL_TYPE_OF_KIND))
     ts = events["ts_us"].to_numpy(dtype=np.float64)[sel]
     dur = np.nan_to_num(events["dur_us"].to_numpy(dtype=np.float64)[sel], nan=0.0)
-    col = events["kind"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        kind = np.asarray(col.cat.categories, dtype=object)[col.cat.codes.to_numpy()[sel]]
-    else:
-        kind = col.to_numpy(dtype=object)[sel]
+    codes, kinds = codes_of(events["kind"])
+    kind = np.asarray(kinds + [None], dtype=object)[codes[sel]]
     ktype = np.full(sel.size, -1, dtype=np.int8)
     for k, t in KERNEL_TYPE_OF_KIND.items():       # a loop over the few kinds, not over events
         if t in TABLE_TYPES:
@@ -82,8 +52,7 @@ def _union_by_rank(rank: np.ndarray, start: np.ndarray, end: np.ndarray, ranks: 
 
 
 def temporal_breakdown(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank with device events: span_us, idle_time_us, compute_time_us, non_compute_time_us and their
-    _pct of the span (see module docstring)."""
+    """Per rank: span_us, idle_time_us, compute_time_us, non_compute_time_us and their _pct of the span."""
     d = _device(events)
     ranks = np.unique(d["rank"])
     if ranks.size == 0:
@@ -145,16 +114,12 @@ def kernel_type_time(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernel_type_breakdown(events: pd.DataFrame, top_n: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(kernel types over all ranks: kernel_type, time_us, pct, most time first;
-    top kernels: rank, kernel_type, name, count, sum_us, mean_us, min_us, max_us, std_us, type_pct).
-
-    ``type_pct``: the kernel's share of the total duration of its rank's kernels of that type."""
+    """(:func:`kernel_types_of` over all ranks, :func:`top_kernels`)."""
     return kernel_types_of(kernel_type_time(events)), top_kernels(events, top_n)
 
 
 def kernel_types_of(per_rank: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The per-rank :func:`kernel_type_time` rows summed over ranks: kernel_type, time_us, pct (of all),
-    most time first (what the per-rank map's results reduce to)."""
+    """The per-rank :func:`kernel_type_time` rows summed over ranks: kernel_type, time_us, pct, most time first."""
     if per_rank is None:
         return None
     types = per_rank.groupby("kernel_type", sort=False)["time_us"].sum().reset_index()
@@ -165,17 +130,14 @@ def kernel_types_of(per_rank: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:
-    """Per rank and kernel type (COMPUTATION, COMMUNICATION, MEMORY): the ``top_n`` kernel names with the
-    most total time, then one ``others`` row for the rest (count, sum_us, mean_us, min_us, max_us, std_us
-    of the durations; std is the sample std, 0 for a single kernel, as HTA; type_pct of the type's time)."""
+    """Per rank and kernel type: the ``top_n`` kernel names with the most total time, then one ``others`` row
+    (count, sum_us, mean_us, min_us, max_us, sample std_us as HTA, type_pct of the type's time)."""
     d = _device(events)
     keep = d["type"] >= 0
     idx = d["idx"][keep]
     if idx.size == 0:
         return pd.DataFrame({c: [] for c in TOP_KERNEL_COLUMNS})
-    name = events["name"]
-    name_codes, name_labels = (name.cat.codes.to_numpy()[idx], np.asarray(name.cat.categories, dtype=object)) \
-        if isinstance(name.dtype, pd.CategoricalDtype) else pd.factorize(name.to_numpy(dtype=object)[idx])
+    name_codes, name_labels = codes_of(events["name"].iloc[idx])
     rank, typ, dur = d["rank"][keep], d["type"][keep].astype(np.int64), d["dur"][keep]
     # one group per (rank, type, name): numpy reductions over the group index (no pandas groupby)
     (ranks, rank_i) = np.unique(rank, return_inverse=True)
@@ -215,7 +177,7 @@ def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:
         var = np.where(o_count > 1, o_m2 / (o_count - 1), 0.0)
     _, rt_inv = np.unique(o_rt, return_inverse=True)
     type_total = np.bincount(rt_inv, weights=o_sum)[rt_inv]
-    labels = np.append(name_labels.astype(object), "others")
+    labels = np.asarray(name_labels + ["others"], dtype=object)
     out = pd.DataFrame({
         "rank": ranks[o_rt // n_types], "kernel_type": np.asarray(TABLE_TYPES, dtype=object)[o_rt % n_types],
         "name": labels[o_name], "count": o_count.astype(np.int64), "sum_us": o_sum, "mean_us": mean,
@@ -227,9 +189,8 @@ def top_kernels(events: pd.DataFrame, top_n: int = 10) -> pd.DataFrame:
 
 def _idle_by_cause(key: np.ndarray, ts: np.ndarray, end: np.ndarray, launch: np.ndarray,
                    kernel_wait_threshold_us: float) -> tuple[np.ndarray, np.ndarray]:
-    """The idle rule of the module docstring over groups of device events (``key``: int per event; the events of
-    a group form one timeline): (the index of each group's first event in start order, idle time per group
-    and cause: array [groups, IDLE_CATEGORIES], us), groups in key order."""
+    """The idle rule over groups of device events (``key``: one timeline each): (each group's first event,
+    idle µs per group and IDLE_CATEGORIES cause), groups in key order."""
     order = np.lexsort((ts, key))
     key, ts, end, launch = key[order], ts[order], end[order], launch[order]
     first = np.ones(key.size, dtype=bool)
@@ -251,11 +212,8 @@ DEVICE_IDLE_COLUMNS = ["rank", "step", "idle_host_wait_us", "idle_kernel_wait_us
 
 def device_idle_by_cause(events: pd.DataFrame, kernel_wait_threshold_us: float = KERNEL_WAIT_THRESHOLD_US
                          ) -> pd.DataFrame:
-    """Per rank and step: the device's idle time in the step by cause (us): the gaps between the device events
-    launched in the step, every stream together (what the step's ``idle_us`` counts: no stream runs), each
-    classed by the rule of :func:`idle_time_breakdown`: host wait (the device ran dry waiting for the host to
-    launch: host-bound), kernel wait (under 30 us between back-to-back kernels: launch-bound), other (waiting
-    on kernels or events of another stream, or a wait).  Needs column ``launch_ts_us``."""
+    """Per rank and step: the idle gaps between the device events launched in the step, every stream together,
+    by cause (µs, the rule of :func:`idle_time_breakdown`).  Needs column ``launch_ts_us``."""
     d = _device(events)
     step = events["step"].to_numpy(dtype=np.float64)[d["idx"]]
     ok = ~np.isnan(step)
@@ -272,8 +230,8 @@ def device_idle_by_cause(events: pd.DataFrame, kernel_wait_threshold_us: float =
 
 def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = KERNEL_WAIT_THRESHOLD_US
                         ) -> pd.DataFrame:
-    """Per rank, stream and idle category (host_wait, kernel_wait, other): idle_time_us and idle_time_pct
-    of the stream's idle time (see module docstring).  Needs column ``launch_ts_us``."""
+    """Per rank, stream and idle category: idle_time_us and idle_time_pct of the stream's idle time.  Needs
+    column ``launch_ts_us`` (the kernel's CPU launch, NaN when unknown: never host wait)."""
     if "launch_ts_us" not in events.columns:
         raise ValueError("idle_time_breakdown needs the CPU launch time of every kernel (column launch_ts_us, "
                          "NaN where the launch is not in the trace)")
@@ -282,9 +240,7 @@ def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = 
     idx = d["idx"][keep]
     if idx.size == 0:
         return pd.DataFrame({c: [] for c in IDLE_COLUMNS})
-    lane = events["lane"]
-    lane_codes, lane_labels = (lane.cat.codes.to_numpy()[idx], np.asarray(lane.cat.categories, dtype=object)) \
-        if isinstance(lane.dtype, pd.CategoricalDtype) else pd.factorize(lane.to_numpy(dtype=object)[idx])
+    lane_codes, lane_labels = codes_of(events["lane"].iloc[idx])
     rank, ts, end = d["rank"][keep], d["ts"][keep], d["end"][keep]
     launch = events["launch_ts_us"].to_numpy(dtype=np.float64)[idx]
     key = rank * (int(lane_codes.max()) + 1) + lane_codes

@@ -1,17 +1,7 @@
-"""Communication / computation overlap and exposed communication (times in microseconds).
-
-Definition (per rank, i.e. per device): let C be the union of the rank's compute intervals
-(GPU: compute kernels on any stream; CPU/gloo: leaf CPU ops on non-comm threads) and M_g the
-union of the comm intervals (NCCL kernels / gloo work) of group g.  Then
-
-    comm_us            = |M_g|
-    overlapped_comm_us = |M_g ∩ C|
-    exposed_comm_us    = comm_us - overlapped_comm_us
-    overlap_pct        = 100 * overlapped_comm_us / comm_us
-
-Memcpy, memset and sync are neither compute nor comm.  ``overall_overlap`` is the per-rank figure
-that HTA's ``get_comm_comp_overlap`` reports (``comp_comm_overlap_pct``).
-"""
+"""Communication / computation overlap and exposed communication per rank (µs).  With C the union of the
+rank's compute intervals and M the union of its comm intervals: comm_us = |M|, overlapped_comm_us = |M ∩ C|,
+exposed_comm_us = comm_us - overlapped_comm_us, overlap_pct = 100 * overlapped / comm (HTA's
+``get_comm_comp_overlap``).  Memcpy, memset and sync are neither compute nor comm."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,14 +15,15 @@ OVERLAP_COLUMNS = ["comm_us", "overlapped_comm_us", "exposed_comm_us", "overlap_
 
 
 def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
-    """Per group of ``by`` (rank and optionally step, collective, phase, unit, ...):
-    comm_us, overlapped_comm_us, exposed_comm_us, overlap_pct (see module docstring). Groups sorted by their
-    keys (categorical keys as their values), missing keys a group of their own."""
+    """Per group of ``by`` (rank and optionally step, collective, phase, unit ...): OVERLAP_COLUMNS; groups sorted
+    by their keys, missing keys a group of their own."""
     by = list(by)
     if "rank" not in by:
         by = ["rank"] + by
     if by == ["rank"]:
-        return _per_rank(events)
+        ranks, _, comm_us, ov_us = _per_rank_arrays(events)
+        has = ~np.isnan(comm_us)
+        return _exposed(pd.DataFrame({"rank": ranks[has], "comm_us": comm_us[has], "overlapped_comm_us": ov_us[has]}))
     is_comm = isin(events["kind"], [model.KIND_COMM])
     keys = events.loc[is_comm, by]
     if len(keys) == 0:
@@ -58,6 +49,10 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     out = grouped.size().index.to_frame(index=False)      # (the groups' keys, in ngroup's order)
     out["comm_us"] = np.bincount(g, weights=me - ms, minlength=n_groups)
     out["overlapped_comm_us"] = np.bincount(g, weights=ov, minlength=n_groups)
+    return _exposed(out)
+
+
+def _exposed(out: pd.DataFrame) -> pd.DataFrame:
     out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
     with np.errstate(invalid="ignore", divide="ignore"):
         out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
@@ -65,8 +60,7 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
 
 
 def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per rank (sorted): ranks, compute_us (union), comm_us (union), overlapped_comm_us; comm NaN where
-    the rank has no comm events."""
+    """Per rank (sorted): ranks, compute_us, comm_us (NaN without comm events), overlapped_comm_us."""
     rank = events["rank"].to_numpy()
     ts = events["ts_us"].to_numpy(dtype=np.float64)
     end = ts + events["dur_us"].to_numpy(dtype=np.float64)
@@ -82,17 +76,6 @@ def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
             s, e = intervals.intersect(ts[cm], end[cm], ts[pm], end[pm])
             ov_us[i] = float((e - s).sum())
     return ranks, comp_us, comm_us, ov_us
-
-
-def _per_rank(events: pd.DataFrame) -> pd.DataFrame:
-    """comm_overlap(by=("rank",)) straight on numpy arrays (the common, hot case)."""
-    ranks, _, comm_us, ov_us = _per_rank_arrays(events)
-    has = ~np.isnan(comm_us)
-    out = pd.DataFrame({"rank": ranks[has], "comm_us": comm_us[has], "overlapped_comm_us": ov_us[has]})
-    out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
-    return out
 
 
 def overall_overlap(events: pd.DataFrame) -> pd.DataFrame:
@@ -112,10 +95,8 @@ EXPOSED_SPAN_COLUMNS = ["rank", "collective", "start_us", "end_us"]
 
 
 def exposed_comm_spans(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and collective: the spans (µs, disjoint, by start) in which that collective's communication runs
-    and no compute does: the union of its comm intervals minus the union of the rank's compute (the same sets as
-    :func:`comm_overlap`, so a rank's spans of one collective add up to its ``exposed_comm_us`` by collective).
-    A comm event of unknown type counts as model.UNKNOWN_COLLECTIVE."""
+    """Per rank and collective: the disjoint spans (µs) where it runs and no compute does; they add up to
+    :func:`comm_overlap`'s ``exposed_comm_us`` by collective."""
     rows = []
     is_comm, is_comp = isin(events["kind"], [model.KIND_COMM]), isin(events["kind"], [model.KIND_COMPUTE])
     ts = events["ts_us"].to_numpy(np.float64)

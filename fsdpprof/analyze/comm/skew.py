@@ -1,15 +1,7 @@
-"""Cross-rank alignment, collective skew and stragglers (microseconds).
-
-Per rank (the map): :func:`collective_records` reduces a rank's events to one row per collective
-call.  Across ranks (the reduce, records only): calls are matched by (process group, collective,
-sequence number); when the trace has no ``Seq``, by their order within (rank, process group,
-collective).  Point-to-point transfers (send/recv, batched p2p: :data:`fsdpprof.analyze.model.P2P`)
-are left out: a send has no peer call of the same kind on every rank, so matching them by order
-would blame innocent ranks.  Rank clocks are aligned on the ends of matched collectives (a collective
-ends at about the same moment on every rank): each rank's offset is the median of (its end - the
-mean end over ranks).  After alignment: start_skew_us = latest start - earliest start, end_skew_us =
-latest end - earliest end, last_rank = the rank that started last (the one everybody waited for).
-"""
+"""Cross-rank alignment, collective skew and stragglers (µs).  Each rank's events reduce to one record per
+collective call (the map); calls are matched across ranks by (process group, collective, sequence number, else
+the call's order), point-to-point left out.  Clocks are aligned on the ends of matched collectives: a rank's
+offset is the median of (its end - the mean end over ranks)."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,9 +50,8 @@ def clock_offsets(records: pd.DataFrame) -> pd.Series:
 
 
 def collective_skew(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(skew, rank_lag) from the records of all ranks: skew has one row per collective matched on >= 2
-    ranks (SKEW_COLUMNS), rank_lag per rank its mean start lag after the earliest rank and its clock
-    offset (RANK_LAG_COLUMNS), both after alignment."""
+    """(skew: SKEW_COLUMNS per collective matched on >= 2 ranks, rank_lag: RANK_LAG_COLUMNS per rank), on aligned
+    clocks; last_rank is the rank that started last."""
     empty = (pd.DataFrame(columns=SKEW_COLUMNS), pd.DataFrame(columns=RANK_LAG_COLUMNS))
     c = _on_several_ranks(records)
     if len(c) == 0:
@@ -85,8 +76,7 @@ def collective_skew(records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def stragglers(skew: pd.DataFrame, rank_lag: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: times_last (collectives it started last), share_last_pct, mean_start_lag_us (mean lateness
-    of its start after the earliest rank, aligned clocks) and clock_offset_us."""
+    """Per rank: times_last (collectives it started last), share_last_pct, mean_start_lag_us, clock_offset_us."""
     if len(skew) == 0:
         return pd.DataFrame(columns=STRAGGLER_COLUMNS)
     counts = skew["last_rank"].value_counts()
@@ -108,9 +98,8 @@ ALIGNMENT_COLUMNS = ["rank", "offset_us", "method", "residual_us"]
 
 
 def end_residuals(records: pd.DataFrame, offsets: pd.Series) -> pd.Series:
-    """Per rank: after subtracting ``offsets`` (µs, by rank) from its times, how far its collectives end from
-    the mean end over the ranks that share them (the median of the distances, µs, >= 0; NaN for a rank that
-    shares none)."""
+    """Per rank, with ``offsets`` (µs) subtracted: the median distance of its collectives' ends from the mean end
+    over the ranks sharing them (µs; NaN for a rank that shares none)."""
     o = records["rank"].map(offsets).fillna(0.0).to_numpy()
     c = _on_several_ranks(records.assign(end_us=records["end_us"] - o))
     if len(c) == 0:

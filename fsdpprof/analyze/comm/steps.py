@@ -1,18 +1,8 @@
-"""Step-time decomposition per rank and step (microseconds).
-
-Step window W: the ``ProfilerStep#N`` annotation on CPU traces; on GPU traces the span from the
-first to the last device event (kernel, memcpy, memset, sync) launched in step N; with no
-ProfilerStep in the trace, the span of all events (step 0).  Within W, with C the union of
-compute and M the union of comm intervals of the rank:
-
-    step_us = |W|, compute_us = |C ∩ W|, comm_us = |M ∩ W|, overlapped_comm_us = |C ∩ M ∩ W|,
-    exposed_comm_us = comm_us - overlapped_comm_us,
-    idle_us = time of W covered by no device event at all,
-    residual_us = step_us - (compute_us + comm_us - overlapped_comm_us + idle_us)
-
-so T_step = T_comp + T_comm - T_overlap + idle + residual, where residual is the time taken only by
-memcpy/memset/sync (>= 0; it is checked per step by the tests).
-"""
+"""Step-time decomposition per rank and step (µs).  The step window W is the ``ProfilerStep#N`` annotation on CPU
+traces, on GPU traces the span of the device events launched in step N (no ProfilerStep: all events, step 0).
+With C the union of compute and M of comm intervals: compute_us = |C ∩ W|, comm_us = |M ∩ W|,
+overlapped_comm_us = |C ∩ M ∩ W|, idle_us = time of W with no device event, and residual_us = step_us -
+(compute + comm - overlapped + idle) >= 0 is memcpy/memset/sync alone."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +42,7 @@ def step_windows(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step: step_us, compute_us, comm_us, overlapped_comm_us, exposed_comm_us, idle_us, residual_us,
-    model_step_us (T_comp + T_comm - T_overlap) and unexplained_us (step_us - model_step_us)."""
+    """Per rank and step: STEP_COLUMNS; model_step_us = compute + comm - overlapped, unexplained_us = step - model."""
     win = step_windows(events)
     if len(win) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
@@ -80,7 +69,6 @@ def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True)
     out["residual_us"] = out["step_us"] - (out["compute_us"] + out["comm_us"] - out["overlapped_comm_us"]
                                            + out["idle_us"])
-    # T_step ~ T_comp + T_comm - T_overlap, beside the measured step time
     out["model_step_us"] = out["compute_us"] + out["comm_us"] - out["overlapped_comm_us"]
     out["unexplained_us"] = out["step_us"] - out["model_step_us"]
     return out[STEP_COLUMNS]
@@ -91,17 +79,10 @@ STALL_COLUMNS = breakdown.DEVICE_IDLE_COLUMNS + ["sync_calls", "scalar_sync_call
 
 
 def step_stalls(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step, what makes the device wait (us, counts):
-
-    - idle_host_wait_us, idle_kernel_wait_us, idle_other_us: the device's idle time by cause
-      (:func:`fsdpprof.analyze.comm.breakdown.device_idle_by_cause`; NaN without device events);
-    - sync_calls: the host's blocking synchronisations (model.SYNC_CALLS) launched in the step, of which
-      scalar_sync_calls inside ``tensor.item()`` (model.SCALAR_SYNC_OPS); sync_us: the host's time in them;
-      sync_idle_us: the device idle gaps in which a synchronisation returns (each gap once: the device ran dry
-      while the host waited, and stays idle until the host launches again);
-    - data_loader_us: time in the DataLoader's fetches (model.DATALOADER_PREFIX) on the host;
-      data_loader_idle_us: the part of it with the device idle (within the rank's first and last device
-      event; NaN without device events: on a CPU trace the host's time is the step's)."""
+    """Per rank and step, what makes the device wait (µs, counts): the idle time by cause
+    (:func:`breakdown.device_idle_by_cause`), the host's blocking synchronisations (sync_calls, of which
+    scalar_sync_calls in ``tensor.item()``; sync_us; sync_idle_us: the device gaps in which one returns) and the
+    DataLoader's fetches (data_loader_us; data_loader_idle_us with the device idle, NaN without device events)."""
     cpu = ~on_device(events["lane"])
     dev = ~cpu & isin(events["kind"], model.DEVICE_KINDS)
     sync = cpu & isin(events["name"], model.SYNC_CALLS)
@@ -152,8 +133,6 @@ def step_stalls(events: pd.DataFrame) -> pd.DataFrame:
         out = idle.merge(host, on=["rank", "step"], how="outer")
         for c in ("sync_calls", "scalar_sync_calls"):
             out[c] = out[c].fillna(0).astype(np.int64)
-        for c in ("sync_us", "data_loader_us"):
-            out[c] = out[c].fillna(0.0)
-        for c in ("sync_idle_us", "data_loader_idle_us"):       # no sync, no loader, with device events: 0
+        for c in ("sync_us", "data_loader_us", "sync_idle_us", "data_loader_idle_us"):
             out[c] = out[c].fillna(0.0)
     return out[STALL_COLUMNS].sort_values(["rank", "step"], kind="mergesort").reset_index(drop=True)

@@ -1,28 +1,7 @@
-"""What changed between runs: every run against the first one (the baseline), in one scope.
-
-- per collective x stage x FSDP phase x unit: count, bytes, comm time, exposed time (from
-  ``Analysis.comm_unit_step``);
-- the step decomposition (step, compute, communication, exposed communication, idle / host time);
-- operators and kernels per name: counts and total durations, with the change categories of HTA's
-  ``TraceDiff.ops_diff`` (added / deleted / increased / decreased / unchanged: by count) and the time they
-  add to the step (slower / faster);
-- memory at the peak by category, by role (params, grads, optimizer states, activations, temporaries, other:
-  the roles' changes add up to the peak's) and by unit (when both runs have memory records).
-
-The scope (:class:`Scope`) says which steps and ranks are compared:
-
-- ``median`` (default): per-step medians over each rank's recorded steps, then the median across ranks (the
-  step decomposition: each rank's mean over its steps, then the median across ranks: the report's headline,
-  :func:`fsdpprof.analyze.summary.headline.step_medians`);
-- ``first``: the first rank's first ProfilerStep, CPU operators and GPU kernels together (the scope of
-  HTA's ``compare_traces`` defaults);
-- ``all``: every recorded step summed, per rank, then the median across ranks;
-- a step number N: ProfilerStep#N of every rank, median across ranks.
-
-``rank`` restricts every input to that rank.  Memory at the peak is the rank whose peak is highest among the
-scope's ranks (:func:`fsdpprof.analyze.summary.headline.peak_rank`, as the report).  Per-rank numbers come from the small per-rank tables
-of the map (:func:`op_table` is the operator table); nothing here needs events.  Units: bytes, µs.
-"""
+"""What changed between runs, each against the first (the baseline), in one scope (:class:`Scope`): communication
+per collective x stage x FSDP phase x unit, the step decomposition, operators and kernels per name (HTA's
+``ops_diff`` categories), memory at the peak by category, role and unit.  From the small per-rank tables of the
+map; bytes, µs."""
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +20,6 @@ OPS_ROWS_MAX = 50_000       # rows of one rank's operator table; the names with 
 OTHER_OPS = "(other)"
 NO_UNIT = "-"               # communication outside any FSDP unit (the root unit is "")
 STEP_OP = "ProfilerStep"    # ProfilerStep#N of every step, under one name (the step number is the step column)
-OPS_KEYS = ["rank", "step", "name", "kind"]
 COMM_KEYS = ["collective", "stage", "fsdp_phase", "unit"]
 STEP_METRICS = ["step_us", "compute_us", "comm_us", "exposed_comm_us", "idle_us"]
 # HTA's ops_diff categories, by count (hta.trace_diff.TraceDiff.ops_diff)
@@ -51,8 +29,8 @@ SLOWER, FASTER, SAME = "slower", "faster", "same"
 
 # --------------------------------------------------------------------------- the per-rank operator table (map)
 def op_name(name: str) -> str:
-    """The name an operator or kernel is compared under: ``ProfilerStep#N`` -> ``ProfilerStep`` (the step
-    is a column); names longer than OPS_NAME_CHARS cut, ending in a hash of the full name (stay distinct)."""
+    """The name an operator or kernel is compared under: ``ProfilerStep#N`` -> ``ProfilerStep``; a name longer than
+    OPS_NAME_CHARS cut, ending in a hash of the whole."""
     name = str(name)
     if name.startswith(model.STEP_PREFIX) and name[len(model.STEP_PREFIX):].isdigit():
         return STEP_OP
@@ -63,9 +41,8 @@ def op_name(name: str) -> str:
 
 
 def op_table(events: pd.DataFrame, rows_max: int = OPS_ROWS_MAX) -> pd.DataFrame | None:
-    """One rank's operators and kernels per step (the step of their launch): rank, step, name, kind, count,
-    total_us (sum of durations), max_us.  Events outside every step are left out.  At most ``rows_max``
-    rows: the names with the least total time beyond that are summed into ``(other)`` per step and kind."""
+    """One rank's operators and kernels per step: rank, step, name, kind, count, total_us, max_us; past ``rows_max``
+    rows, the names with the least time summed into ``(other)``."""
     e = events[events["step"].notna().to_numpy()]
     if e.empty:
         return None
@@ -147,9 +124,8 @@ def select(a, label: str, scope: Scope) -> tuple[dict[int, list[float]], str]:
 
 def scoped(df: pd.DataFrame | None, keys: list[str], values: list[str], sel: dict[int, list[float]],
            how: str | int) -> pd.DataFrame:
-    """One number per group of ``keys`` from a per-rank, per-step table: for each rank, the median over its
-    selected steps (``how`` == median; a step without the group counts 0) or their sum (otherwise); then the
-    median across the selected ranks (a rank without the group counts 0)."""
+    """One number per group of ``keys``: per rank the median (``how`` median) or sum over its selected steps, then
+    the median across ranks (a step or rank without the group counts 0)."""
     empty = pd.DataFrame(columns=keys + values)
     if df is None or not len(df) or not sel:
         return empty
@@ -174,8 +150,7 @@ def scoped(df: pd.DataFrame | None, keys: list[str], values: list[str], sel: dic
 
 # --------------------------------------------------------------------------- the pairs
 def _pair(base: pd.DataFrame, run: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
-    """Outer join of the baseline's and a run's groups (a group missing on one side: 0) with the differences:
-    baseline_<v>, run_<v>, diff_<v> for each value."""
+    """Outer join of the baseline's and a run's groups (missing: 0): baseline_<v>, run_<v>, diff_<v>."""
     b = base.set_index(keys)[values].add_prefix("baseline_")
     r = run.set_index(keys)[values].add_prefix("run_")
     m = b.join(r, how="outer").fillna(0.0)
@@ -187,8 +162,7 @@ def _pair(base: pd.DataFrame, run: pd.DataFrame, keys: list[str], values: list[s
 
 
 def change_of(baseline_count: np.ndarray, run_count: np.ndarray) -> np.ndarray:
-    """HTA's ops_diff category of each name, by count: added (only in the run), deleted (only in the baseline),
-    increased / decreased (in both, more / fewer in the run), unchanged."""
+    """HTA's ops_diff category of each name, by count: added, deleted, increased, decreased, unchanged."""
     b, r = np.asarray(baseline_count, dtype=float), np.asarray(run_count, dtype=float)
     return np.select([(b == 0) & (r > 0), (b > 0) & (r == 0), (b > 0) & (r > b), (r > 0) & (r < b)],
                      [ADDED, DELETED, INCREASED, DECREASED], UNCHANGED).astype(object)
@@ -206,9 +180,8 @@ def _kinds_by_name(tables: list[pd.DataFrame]) -> pd.Series:
 
 
 def ops_diff(base: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
-    """Per name (HTA's compare_traces groups by name alone): kind(s), baseline_/run_/diff_ count and total_us,
-    ``change`` (HTA's ops_diff categories, by count) and ``time_change`` (slower / faster / same), ranked by
-    the time the name adds to the step (diff_total_us, largest first)."""
+    """Per name: kind(s), baseline_/run_/diff_ count and total_us, ``change`` (:func:`change_of`) and
+    ``time_change``, most time added first."""
     def by_name(t: pd.DataFrame) -> pd.DataFrame:
         if t.empty:
             return pd.DataFrame(columns=["name", "count", "total_us"])
@@ -222,8 +195,7 @@ def ops_diff(base: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_rank(a, scope: Scope) -> int | None:
-    """The rank whose memory at the peak is compared: the scope's rank, the first rank (HTA's scope), or the rank
-    whose peak is highest (headline.peak_rank, as the report); None without memory records in the scope."""
+    """The rank whose memory at the peak is compared: the scope's, the first (scope first), else ``peak_rank``."""
     ranks = sorted(a.memory or {})
     if scope.rank is not None:
         ranks = [r for r in ranks if r == scope.rank]
@@ -253,8 +225,7 @@ def _memory_tables(a, scope: Scope) -> tuple[pd.DataFrame | None, pd.DataFrame |
 
 
 def by_role(categories: pd.DataFrame) -> pd.DataFrame:
-    """A memory table by category (category, bytes) -> by role (role, bytes; every role of model.MEMORY_ROLES,
-    in order): the roles add up to the categories' total."""
+    """A memory table by category -> by role (every role of model.MEMORY_ROLES, in order; same total)."""
     r = categories.assign(role=categories["category"].map(model.memory_role)).groupby("role")["bytes"].sum()
     return pd.DataFrame({"role": model.MEMORY_ROLES, "bytes": [float(r.get(k, 0.0)) for k in model.MEMORY_ROLES]})
 
@@ -287,8 +258,7 @@ def _concat_runs(parts: list[tuple[str, pd.DataFrame]], columns: list[str]) -> p
 
 
 def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None) -> Diff:
-    """Each run against the first one (the baseline) in ``scope`` (default: per-step medians over the recorded
-    steps, medians across ranks).  UserError when the scope's rank or step is missing from an input."""
+    """Each run against the first one in ``scope``; UserError when its rank or step is missing from an input."""
     scope = scope or Scope()
     how = scope.iteration
     notes: list[str] = []

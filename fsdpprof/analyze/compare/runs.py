@@ -1,15 +1,7 @@
-"""Several runs side by side: one column per run, the memory at the peak by category and by role, the step
-time with its spread, a verdict, and what changed against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Works
-from Analyses only (:func:`fsdpprof.analyze.pipeline.analyze_run`).  Sizes in bytes, times in µs.
-
-Every number is the report's statistic (:mod:`fsdpprof.analyze.summary.headline`): memory from the rank whose peak is
-highest (``peak_rank``, named); times per step, each rank's mean over its steps, then the median over ranks, with
-the spread (min-max over every rank and step) and the slowest rank beside it (``step_spread``).  Runs of
-different strategies are compared by role (:data:`fsdpprof.analyze.model.MemoryRole`: params, sharded or gathered
-or DDP's whole, grads, optimizer states, activations, temporaries, other), which add up to the peak.
-
-Runs are comparable unless both models are known (an inventory, from ``fsdpprof record``) and differ;
-a run whose model is unknown (a trace folder) is compared on everything measured, without the formulas."""
+"""Several runs side by side from their Analyses: memory at the peak by category and by role (the rank whose peak is
+highest), step times (each rank's mean, the median over ranks) with their spread, a verdict, and what changed
+against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Runs are comparable unless both models are known
+and differ.  Bytes, µs."""
 from __future__ import annotations
 
 import os
@@ -64,9 +56,8 @@ def role_bytes(breakdown: pd.DataFrame | None) -> dict:
 
 
 def contention_spread(a: Analysis) -> dict:
-    """The run's CPU contention (rank.json "cpu", measured by :func:`fsdpprof.analyze.whatif.contention.host_load`):
-    the median over ranks, min, max and the most contended rank; NaN when no rank measured it (accelerator
-    runs, traces without rank.json, runs recorded before fsdpprof measured it)."""
+    """The run's CPU contention (rank.json's "cpu", :func:`host_load`) as :func:`step_spread` states a column; NaN
+    when no rank measured it."""
     out = {"value": np.nan, "min": np.nan, "max": np.nan, "worst_rank": None, "worst": np.nan, "ranks": 0,
            "steps": 0}
     if (a.overview.get("device_type") or model.DEVICE_CPU) != model.DEVICE_CPU:
@@ -83,9 +74,8 @@ def contention_spread(a: Analysis) -> dict:
 
 
 def run_numbers(a: Analysis) -> dict:
-    """Per-run numbers for comparison, by the report's rules (module docstring): memory of the rank whose peak
-    is highest (``peak_rank``, what a run must fit), by category and by role; times per step, the median over
-    ranks of each rank's mean, with the slowest rank."""
+    """Per-run numbers for comparison, by the report's rules: memory of ``peak_rank`` by category and role, times
+    per step with the slowest rank."""
     o, t = a.overview, a.theory or {}
     d = {"strategy": o.get("strategy"), "framework": o.get("framework"),
          "world_size": o.get("world_size"), "psi": o.get("psi")}
@@ -130,8 +120,7 @@ THEORY_METRICS = ("model_states_theory_bytes", "traffic_theory_bytes")
 
 
 def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
-    """One label per run: the input as every command describes it (model.describe_input), after the input's folder
-    name when its strategy is not recorded; repeats numbered."""
+    """One label per run: model.describe_input, after the folder name when the strategy is not recorded."""
     names = [os.path.basename(os.path.normpath(a.path)) or a.path for a in analyses]
     if len(set(names)) < len(names):   # e.g. two torchtitan iteration_10 folders: name their parents too
         names = [os.path.join(*os.path.normpath(a.path).split(os.sep)[-2:]) for a in analyses]
@@ -147,10 +136,8 @@ def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
 
 def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False,
                      scope: diff.Scope | None = None) -> Comparison:
-    """Put runs side by side, and each against the first in ``scope`` (:class:`fsdpprof.analyze.compare.diff.Scope`,
-    default per-step medians over ranks).  UserError for fewer than two runs, or when both models are known
-    and differ (unless allow_different_models, which turns that into a warning).  A run whose model is unknown
-    (no inventory) is compared on what was measured; the formulas are left out, with a note."""
+    """Put runs side by side, and each against the first in ``scope``.  UserError for fewer than two runs, or for
+    known models that differ (unless allow_different_models: a warning); unknown models leave the formulas out."""
     if len(analyses) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     nums = [run_numbers(a) for a in analyses]
@@ -228,12 +215,9 @@ def _ratio(x, y) -> float:
 
 
 def zero_promise(analyses: list[Analysis], nums: list[dict], labels: list[str]) -> pd.DataFrame:
-    """Per run, what the ZeRO formulas promise beside what was measured (bytes per rank, µs per step):
-    model states (formula, measured, each as a ratio to the baseline run's), the peak (and its ratio),
-    traffic per rank per step (formula, measured, each as a ratio to DDP's formula for the same model
-    and N: 1.5 for FULL_SHARD), exposed communication (µs and % of the step) and the step time.
-    The baseline is the unsharded run (DDP / NO_SHARD) with the fewest ranks, else the run with the
-    largest formula model states; ``baseline`` marks it."""
+    """Per run, the ZeRO formulas' promise beside the measurement (bytes per rank, µs per step), as ratios to the
+    baseline run (marked ``baseline``: the unsharded run with the fewest ranks, else the largest formula model
+    states) and, for traffic, to DDP's formula."""
     rows = []
     for a, n, lab in zip(analyses, nums, labels):
         o = a.overview
@@ -309,8 +293,7 @@ def _range_ms(s: dict) -> str:
 
 
 def inside_spread(spread: pd.DataFrame | None, a: str, b: str, metric: str) -> tuple[bool, str] | None:
-    """Whether run b's difference from run a in ``metric`` is inside their spread (their min-max ranges over
-    ranks and steps overlap), and the two ranges in words; None when a run has no spread."""
+    """(whether runs a and b's min-max ranges of ``metric`` overlap, the ranges in words), or None."""
     sa, sb = _spread_row(spread, a, metric), _spread_row(spread, b, metric)
     if sa is None or sb is None:
         return None
@@ -343,9 +326,7 @@ def _peak_line(peaks: pd.DataFrame) -> str:
 
 
 def peak_lines(p: pd.DataFrame) -> list[str]:
-    """The smallest peak against the largest among the runs of one world size (the baseline's first), one line
-    per world size with two runs or more; with none, the smallest against the largest of all, saying that N
-    differs."""
+    """:func:`_peak_line` per world size with two runs or more (the baseline's first), else over all runs."""
     peaks = p[p["peak_allocated_bytes"].notna()]
     base_n = p.loc[p["baseline"], "world_size"].iloc[0] if p["baseline"].any() else None
     sizes = sorted({n for n in peaks["world_size"] if n is not None and n == n}, key=lambda n: (n != base_n, n))
@@ -354,10 +335,8 @@ def peak_lines(p: pd.DataFrame) -> list[str]:
 
 
 def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[str]:
-    """The verdict over every run, one sentence each: the smallest peak against the largest at one world size
-    (what it saves, what it costs in exposed communication), the fastest and slowest step (with their spread,
-    and whether N differs), then what each run pays against the baseline of :func:`zero_promise` (peak, model
-    states, traffic, exposed communication)."""
+    """The verdict, one sentence each: peaks, fastest against slowest step, then each run against the baseline
+    of :func:`zero_promise`."""
     if p is None or p.empty:
         return []
     lines = peak_lines(p)
@@ -398,9 +377,8 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[s
 
 
 def noise_lines(p: pd.DataFrame, spread: pd.DataFrame | None) -> list[str]:
-    """What the measurement's noise says of each run against the baseline: a difference in step time or exposed
-    communication inside the two runs' spread (their min-max over ranks and steps overlap) is not a measured
-    change; CPU runs recorded under CPU contention that differs by CONTENTION_DIFFERS or more are slowed unlike."""
+    """Each run against the baseline: differences inside their spread (not a measured change), and CPU runs
+    recorded under CPU contention differing by CONTENTION_DIFFERS or more."""
     if p is None or p.empty or spread is None or spread.empty:
         return []
     base = p[p["baseline"]].iloc[0]

@@ -42,9 +42,8 @@ _NOT_COLLECTIVE_NAMESPACES = frozenset({"aten", "prim", "profiler", "autograd", 
 
 
 def is_collective_op(name) -> bool:
-    """A CPU op that runs a collective: c10d's calls, NCCL's and gloo's ops, ``record_param_comms``, functional
-    collectives, symmetric-memory ops (``symm_mem::*``) and libraries' own collectives (``vllm::all_reduce``):
-    a device kernel launched inside one is that collective's communication, whatever the kernel is called."""
+    """A CPU op that runs a collective (c10d, NCCL, gloo, functional, symm_mem and libraries' own ``ns::all_reduce``
+    ops): a device kernel launched inside one is that collective's communication."""
     if not isinstance(name, str):
         return False
     if name.startswith(COMM_OP_PREFIXES):
@@ -75,14 +74,12 @@ def collective_of(name) -> str | None:
 
 
 def is_comm_kernel(name: str) -> bool:
-    """A device kernel of a communication library: NCCL (``ncclKernel_*``, ``ncclDevKernel_*``, which
-    RCCL uses too) or RCCL's own ``rccl*`` names. HTA's ``^nccl.*Kernel`` is the same on real traces."""
+    """A device kernel of NCCL or RCCL (``nccl*``, ``rccl*``; HTA's ``^nccl.*Kernel`` on real traces)."""
     return name[:4].lower() in ("nccl", "rccl")
 
 
 def is_sync_kernel(name: str) -> bool:
-    """A device event that waits (``... Sync ...``, case-sensitive as in HTA, which counts it neither as
-    compute nor as communication): not compute. ``recat_copy_async_kernel`` is compute."""
+    """A device event that waits (``... Sync ...``, case-sensitive as in HTA): neither compute nor communication."""
     return "Sync" in name
 
 
@@ -98,9 +95,8 @@ GLOO_RUNS_AS = {REDUCE_SCATTER: ALL_REDUCE}
 
 
 def bus_factor(collective, n: float) -> float:
-    """Bytes each rank sends per byte of the message, ring algorithms over ``n`` ranks; it is also
-    nccl-tests' bus-bandwidth factor: all_gather, reduce_scatter, all_to_all (n-1)/n; all_reduce
-    2(n-1)/n; broadcast, send_recv 1; barrier 0; NaN for an unknown type (or n NaN where it counts)."""
+    """Bytes each rank sends per message byte, ring algorithms over ``n`` ranks (nccl-tests' bus factor):
+    (n-1)/n all_gather, reduce_scatter, all_to_all; 2(n-1)/n all_reduce; 1 broadcast, send_recv; 0 barrier; else NaN."""
     rule = _RING_FACTOR.get(collective) if isinstance(collective, str) else None
     if rule is None:
         return float("nan")
@@ -132,10 +128,8 @@ def ring_factor(collective, n):
 
 
 def wire_factor(collective, n, gloo: bool = False):
-    """Bytes each rank moves per message byte, as the backend runs the collective (numpy, per element):
-    :func:`ring_factor`, except on gloo, where a reduce-scatter moves what an all-reduce of its input moves
-    (:data:`GLOO_RUNS_AS`: 2(n-1)/n, not (n-1)/n). What a collective's time is made of, as opposed to the
-    ring traffic the ZeRO formulas count."""
+    """:func:`ring_factor` as the backend runs the collective: on gloo a reduce-scatter is an all-reduce
+    (:data:`GLOO_RUNS_AS`)."""
     import numpy as np
 
     if gloo:

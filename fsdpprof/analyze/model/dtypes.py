@@ -25,9 +25,8 @@ _DTYPES = {
 
 
 def dtype_size(value) -> tuple[str | None, float]:
-    """(torch dtype name, bytes per element) of a dtype spelling (``torch.bfloat16``, ``c10::Half``,
-    ``bf16``, ``float`` ...); (the text, NaN) when unknown, (None, NaN) when not a string. For what a
-    trace says (an unknown dtype there is data); a size the arithmetic needs takes :func:`dtype_bytes`."""
+    """(torch dtype name, bytes per element) of a dtype spelling (``torch.bfloat16``, ``c10::Half``, ``bf16``);
+    (the text, NaN) when unknown, (None, NaN) for a non-string."""
     if not isinstance(value, str):
         return None, float("nan")
     key = value.strip().lower()
@@ -51,9 +50,8 @@ _DECIMAL_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
 
 
 def fmt_bytes(x, *, missing: str = "-", decimal: bool = False) -> str:
-    """Bytes as text, the one formatter of every page, table and message: binary units (GiB, MiB, KiB =
-    2**30, 2**20, 2**10; ``decimal``: GB, MB, kB = 1e9, 1e6, 1e3) at three significant digits (1.23 GiB,
-    12.3 MiB, 123 KiB, 1,023 MiB), whole bytes below; ``missing`` for None, NaN or what is not a number."""
+    """Bytes as text, the one formatter of every output: GiB / MiB / KiB (``decimal``: GB / MB / kB) at three
+    significant digits, whole bytes below; ``missing`` for None, NaN or a non-number."""
     try:
         v = float(x)
     except (TypeError, ValueError):

@@ -107,15 +107,10 @@ STEP_MARK_COLUMNS = ["step", "start_us", "end_us", "fwd_us", "fwd_end_us", "bwd_
 
 
 def stage_at(ts, marks, collective=None, outside=STAGE_OUTSIDE):
-    """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (columns STEP_MARK_COLUMNS,
-    one row per ProfilerStep, sorted by start_us; NaN where a step lacks that marker):
-
-    data before the step's first forward marker (none: the step starts in forward), forward until
-    its first backward marker, backward until the first Optimizer.step#, optimizer until the end of
-    the last one, post_step after it; ``outside`` (default ``outside_step``; memory: None) outside every step.
-    ``collective`` (bool per time, optional): the time launches a collective; a collective launched after the
-    step's forward ended (``fwd_end_us``: FORWARD_SPAN_MARKERS) and before its backward is data (input
-    distribution), not forward."""
+    """Stage (object array) of each CPU time ``ts`` (µs) from the step marks (STEP_MARK_COLUMNS, sorted by start):
+    data before the first forward marker, forward until the first backward marker, backward until the first
+    Optimizer.step#, optimizer until its last end, post_step after; ``outside`` outside every step.  A
+    ``collective`` launched after the forward's end (``fwd_end_us``) and before backward is data."""
     import numpy as np  # (numpy and pandas stay out of `fsdpprof plan` and --help)
 
     st = np.array(STAGES, dtype=object)[stage_codes_at(ts, marks, collective)]

@@ -35,12 +35,9 @@ _FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
 
 
 def parse_fsdp(name: str) -> tuple[str | None, str | None, str | None]:
-    """(fsdp_phase, unit, family) of an FSDP annotation name; (None, None, None) when it is not one.
-
-    FSDP2 ``FSDP::<phase> (<fqn>)`` / ``FSDP::<phase>_prefetch for <fqn>`` / ``FSDP::<phase>`` (the
-    root unit, fqn ""; ``root_*`` annotations name no unit); FSDP1 ``FullyShardedDataParallel._<phase>``
-    whose phase drops the leading underscore and ``_hook`` (``_pre_backward_hook`` -> ``pre_backward``)
-    and names no unit. family: ``fsdp2`` | ``fsdp1``."""
+    """(fsdp_phase, unit, family) of an FSDP annotation, else (None, None, None): FSDP2 ``FSDP::<phase> (<fqn>)`` /
+    ``FSDP::<phase>_prefetch for <fqn>`` / ``FSDP::<phase>`` (the root unit ""; ``root_*`` name none); FSDP1
+    ``FullyShardedDataParallel._<phase>[_hook]`` (no unit)."""
     if not isinstance(name, str):
         return None, None, None
     m = _FSDP2.match(name)

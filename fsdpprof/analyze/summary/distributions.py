@@ -1,19 +1,7 @@
-"""Per-rank tables as distributions over ranks: what a report of hundreds of ranks shows instead of one
-row per rank.  Pure functions of an Analysis's small per-rank tables; their size does not grow with the
-number of ranks (a few statistics, the ``WORST_N`` worst ranks, one row per collective / step / category).
-
-- a *statistics* table has one row per statistic (``STATISTICS``: min, p10, p50, p90, p99, max, mean over
-  ranks, linear interpolation as ``pandas.Series.quantile``) and the measured columns with their units
-  (``step_us``, ``peak_allocated_bytes``, ...); column ``ranks`` counts the ranks with a value.
-- a *worst* table holds the per-rank rows of the ``WORST_N`` worst ranks for one column, worst first
-  (ties: lowest rank first).
-- a *grouped* table has one row per group (collective / stage / FSDP phase, step, idle category, kernel):
-  totals over ranks and the per-rank p50 / p90 / max with the rank at the max (``worst_rank``).
-
-:func:`rank_distributions` gives every table (name -> DataFrame) for summary.json (key
-``rank_distributions``) and the report; :func:`exposed_heatmap` the rank x step matrix of exposed
-communication, rank bins when there are more ranks than ``max_rows``.
-"""
+"""Per-rank tables as distributions over ranks, of a size that does not grow with the ranks: *statistics* (one
+row per STATISTICS over ranks, plus the mean; ``ranks`` counts ranks with a value), *worst* (the WORST_N worst
+ranks' rows for one column) and *grouped* (per collective / step / category: totals, p50 / p90 / max over
+ranks and the ``worst_rank``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +18,7 @@ def _present(df: pd.DataFrame | None, cols: list[str]) -> list[str]:
 
 
 def statistics(per_rank: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame | None:
-    """One row per statistic over the rows of ``per_rank`` (one row per rank) for each column of ``cols``
-    (missing values left out, as pandas' quantile and mean do; NaN for a column without any value)."""
+    """One row per statistic over the ranks' rows for each of ``cols`` (missing values left out)."""
     cols = _present(per_rank, cols)
     if per_rank is None or per_rank.empty or not cols:
         return None
@@ -63,8 +50,7 @@ def worst(per_rank: pd.DataFrame | None, col: str, largest: bool = True, n: int 
 
 
 def _first_appearance_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:
-    """Per row, the id of its group of ``keys`` (0, 1, ... in order of first appearance; a missing value is a
-    key of its own, as ``groupby(sort=False, dropna=False)`` groups)."""
+    """Per row, its group of ``keys`` numbered in order of first appearance (missing: a key of its own)."""
     ids = np.zeros(len(df), dtype=np.int64)
     for k in keys:
         codes, uniques = pd.factorize(df[k].astype(object), use_na_sentinel=False)
@@ -74,9 +60,8 @@ def _first_appearance_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:
 
 
 def grouped(df: pd.DataFrame | None, keys: list[str], value: str, sums: list[str] = ()) -> pd.DataFrame | None:
-    """Per group of ``keys``: ranks, the sums of ``sums`` over all rows, and of ``value`` summed per rank:
-    p50 / p90 / max over ranks (``p50_<value>``, ...) and ``worst_rank`` (the rank at the max).  Groups in
-    order of first appearance, a missing key a group of its own; sums of only missing values are missing."""
+    """Per group of ``keys`` (in order of first appearance, missing keys a group): ranks, the sums of ``sums``, and
+    of ``value`` summed per rank p50 / p90 / max over ranks and ``worst_rank`` (the rank at the max)."""
     if df is None or df.empty or value not in df.columns or not set(keys) <= set(df.columns):
         return None
     gid = _first_appearance_ids(df, keys)
@@ -192,8 +177,8 @@ def rank_distributions(a) -> dict:
 
 
 def exposed_heatmap(steps: pd.DataFrame | None, max_rows: int = HEATMAP_ROWS_MAX):
-    """(matrix of exposed_comm_us [rank or rank bin, step], row labels, steps) from the steps table; more
-    ranks than ``max_rows``: consecutive ranks in bins, each cell the max over its bin.  None without data."""
+    """(exposed_comm_us [rank or rank bin, step], row labels, steps); past ``max_rows`` ranks, bins of consecutive
+    ranks hold their max.  None without data."""
     if steps is None or steps.empty or "exposed_comm_us" not in steps:
         return None
     w = steps.pivot_table(index="rank", columns="step", values="exposed_comm_us", aggfunc="sum")

@@ -1,8 +1,5 @@
-"""Findings: what to try next, each pointing at the number that triggered it.
-
-``findings(...)`` takes the small per-run result tables (never the raw events) and returns a
-list of :class:`Finding`. Thresholds are module constants so a reader can see and change them.
-"""
+"""Findings: what to try next, each pointing at the number that triggered it, from the small per-run tables.
+Thresholds are the module's constants."""
 from __future__ import annotations
 
 import math
@@ -33,12 +30,9 @@ DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU t
 
 @dataclass
 class Finding:
-    """One thing to try. ``metric``/``value``/``unit`` name the number that triggered it;
-    ``section`` is the report section that shows it; ``stake_us``: the step time at stake, µs per step (what
-    fixing it could save at most: the exposed or idle time it names; NaN for findings about memory or
-    placement), what findings are ranked by; ``value`` is the report's statistic (for shares of the step: the
-    median over ranks, as "At a glance") and ``worst`` the value of ``rank``, the worst rank (NaN when the finding
-    is about one rank)."""
+    """One thing to try: ``metric`` / ``value`` / ``unit`` the number that triggered it (a share of the step: the
+    median over ranks; ``worst``: the value of ``rank``, the worst rank), ``section`` the report section showing
+    it, ``stake_us`` the step time at stake per step (µs; NaN for memory or placement), what findings rank by."""
 
     id: str
     severity: str          # high | medium | info
@@ -87,8 +81,7 @@ def _exposed_suggestion(collective: str, stage: str, fsdp: bool) -> str:
 
 
 def per_step(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame:
-    """The steps table (rank, step, step_us) beside the sums of ``cols`` of ``table`` in each of those steps (0
-    where a step has none): what :func:`share_of_step` takes. Rows of ``table`` outside every step are left out."""
+    """The steps table (rank, step, step_us) beside the sums of ``cols`` of ``table`` in each step (0 for none)."""
     base = steps[["rank", "step", "step_us"]].astype({"step": float})
     if table is None or table.empty:
         return base.assign(**{c: 0.0 for c in cols})
@@ -98,16 +91,14 @@ def per_step(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -
 
 
 def rank_words(s: dict) -> str:
-    """Whose share a finding states (:func:`share_of_step`'s dict): "median over 8 ranks, worst rank 1: 60%",
-    or "rank 0" for one rank."""
+    """Whose share a finding states: "median over 8 ranks, worst rank 1: 60%", or "rank 0"."""
     if s["ranks"] > 1:
         return f"median over {s['ranks']} ranks, worst rank {s['worst_rank']}: {model.fmt_pct(s['worst_pct'])}"
     return f"rank {s['worst_rank']}"
 
 
 def share_words(s: dict, what: str = "of step time") -> str:
-    """A share as every finding states it: the report's statistic first (as "At a glance"), the worst rank beside
-    it, labelled: "43% of step time; median over 8 ranks, worst rank 1: 60%"."""
+    """A share as every finding states it: "43% of step time; median over 8 ranks, worst rank 1: 60%"."""
     return f"{model.fmt_pct(s['pct'])} {what}; {rank_words(s)}"
 
 
@@ -116,20 +107,22 @@ def _ms(us: float) -> str:
 
 
 def _fires(s: dict, threshold: float) -> float:
-    """The share a threshold is held against: the median's or the worst rank's, whichever is larger (a rank
-    that waits holds the others at the next collective)."""
+    """The larger of the median's and the worst rank's share when it crosses ``threshold``, else NaN."""
     v = max(x for x in (s["pct"], s["worst_pct"], -1.0) if x == x)
     return v if v >= threshold else math.nan
 
 
+def _share_finding(fid: str, severity: str, title: str, metric: str, s: dict, threshold: float, suggestion: str,
+                   section: str = "steps") -> Finding:
+    """A finding about a share of the step (:func:`share_of_step`'s ``s``): its µs per step is the stake."""
+    return Finding(fid, severity, title, metric, s["pct"], "%", threshold, suggestion, section, s["worst_rank"],
+                   s["us"], s["worst_pct"])
+
+
 def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | None,
                   fsdp_advice: bool = True) -> list[Finding]:
-    """Exposed collectives per stage, from the per-step communication table (rank, step, collective, stage,
-    exposed_comm_us, ...) and step_breakdown.  Only communication launched inside a step counts.  Each share is
-    the report's statistic (:func:`fsdpprof.analyze.summary.headline.share_of_step`: each rank's mean per step,
-    the median over ranks, over the median step), the worst rank named beside it; it fires when the median or
-    the worst rank crosses the threshold.  ``fsdp_advice``: the input is an FSDP run (FSDP knobs may be
-    suggested)."""
+    """Exposed collectives per stage (communication launched inside a step) and in all, as shares of the step
+    (:func:`share_of_step`).  ``fsdp_advice``: an FSDP input (FSDP knobs may be suggested)."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
@@ -142,23 +135,21 @@ def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | Non
             top = _fires(s, EXPOSED_PHASE_PCT)
             if top != top:
                 continue
-            out.append(Finding(f"exposed_{c}_{st}".replace(" ", "_"), "high" if top >= 4 * EXPOSED_PHASE_PCT else "medium",
-                               f"Exposed {c} in {st}: {_ms(s['us'])} per step ({share_words(s)})",
-                               f"exposed_comm_us[{c}, {st}] per step / step_us (median over ranks)", s["pct"], "%",
-                               EXPOSED_PHASE_PCT, _exposed_suggestion(c, st, fsdp_advice), "communication",
-                               s["worst_rank"], s["us"], s["worst_pct"]))
+            out.append(_share_finding(f"exposed_{c}_{st}".replace(" ", "_"),
+                                      "high" if top >= 4 * EXPOSED_PHASE_PCT else "medium",
+                                      f"Exposed {c} in {st}: {_ms(s['us'])} per step ({share_words(s)})",
+                                      f"exposed_comm_us[{c}, {st}] per step / step_us (median over ranks)", s,
+                                      EXPOSED_PHASE_PCT, _exposed_suggestion(c, st, fsdp_advice), "communication"))
     if "exposed_comm_us" in steps:
         s = share_of_step(steps, "exposed_comm_us")
         top = _fires(s, EXPOSED_TOTAL_PCT)
         if top == top:
-            out.append(Finding("exposed_comm_total", "high",
-                               f"Communication not hidden behind compute is {model.fmt_pct(s['pct'])} of the step "
-                               f"({_ms(s['us'])} per step; {rank_words(s)})",
-                               "steps.exposed_comm_us / steps.step_us (median over ranks)", s["pct"], "%",
-                               EXPOSED_TOTAL_PCT,
-                               "more compute per collective (larger batch / sequence, gradient accumulation), "
-                               "prefetching, or a strategy that moves fewer bytes (see the traffic table)",
-                               "steps", s["worst_rank"], s["us"], s["worst_pct"]))
+            out.append(_share_finding("exposed_comm_total", "high",
+                                      f"Communication not hidden behind compute is {model.fmt_pct(s['pct'])} of the "
+                                      f"step ({_ms(s['us'])} per step; {rank_words(s)})",
+                                      "steps.exposed_comm_us / steps.step_us (median over ranks)", s, EXPOSED_TOTAL_PCT,
+                                      "more compute per collective (larger batch / sequence, gradient accumulation), "
+                                      "prefetching, or a strategy that moves fewer bytes (see the traffic table)"))
     return out
 
 
@@ -179,10 +170,8 @@ IDLE_CAUSES = {
 
 
 def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, device: bool = True) -> list[Finding]:
-    """What keeps the device waiting, from the steps table and step_stalls (steps.step_stalls): the device idle
-    with its main cause over every rank (device traces), the host's synchronisations, the DataLoader.  Each share
-    is the report's statistic (median over ranks, :func:`share_words`), the worst rank beside it, and its time
-    per step (the median over ranks) is the stake."""
+    """What keeps the device waiting, from the steps table and step_stalls: the device idle with its main cause
+    (device traces), the host's synchronisations, the DataLoader; shares of the step as in :func:`share_words`."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
@@ -197,12 +186,11 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
                     cause = str(c.idxmax())
                     why = f": {100.0 * c[cause] / c.sum():.0f}% of it {IDLE_CAUSES[cause][0]}"
                     advice = IDLE_CAUSES[cause][1]
-            out.append(Finding("device_idle", "high" if top >= 3 * DEVICE_IDLE_PCT else "medium",
-                               f"The device is idle {model.fmt_pct(s['pct'])} of the step ({_ms(s['us'])} per step; "
-                               f"{rank_words(s)}){why}",
-                               "steps.idle_us / steps.step_us (median over ranks); cause: step_stalls.idle_*_us",
-                               s["pct"], "%", DEVICE_IDLE_PCT, advice, "steps", s["worst_rank"], s["us"],
-                               s["worst_pct"]))
+            out.append(_share_finding("device_idle", "high" if top >= 3 * DEVICE_IDLE_PCT else "medium",
+                                      f"The device is idle {model.fmt_pct(s['pct'])} of the step ({_ms(s['us'])} per "
+                                      f"step; {rank_words(s)}){why}",
+                                      "steps.idle_us / steps.step_us (median over ranks); cause: step_stalls.idle_*_us",
+                                      s, DEVICE_IDLE_PCT, advice))
     if stalls is None or stalls.empty or "step" not in stalls:
         return out
     if device and "sync_idle_us" in stalls:
@@ -213,16 +201,14 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
             calls = t.groupby("rank")[["sync_calls", "scalar_sync_calls"]].mean().median()
             of_item = (f", {calls['scalar_sync_calls']:.3g} of them in tensor.item()"
                        if calls["scalar_sync_calls"] > 0 else "")
-            out.append(Finding("host_syncs", "high" if top >= 5 * SYNC_IDLE_PCT else "medium",
-                               f"{calls['sync_calls']:.3g} host synchronisations per step{of_item} leave the device "
-                               f"idle {_ms(s['us'])} per step ({share_words(s)})",
-                               "step_stalls.sync_idle_us / steps.step_us (median over ranks)", s["pct"], "%",
-                               SYNC_IDLE_PCT,
-                               "keep the host from waiting on the device inside the step: no .item(), .cpu(), "
-                               "print or if on device tensors in the loop (log every N steps, keep metrics on "
-                               "the device), no torch.cuda.synchronize(); copy to the host with "
-                               "non_blocking=True into pinned memory", "steps", s["worst_rank"], s["us"],
-                               s["worst_pct"]))
+            out.append(_share_finding("host_syncs", "high" if top >= 5 * SYNC_IDLE_PCT else "medium",
+                                      f"{calls['sync_calls']:.3g} host synchronisations per step{of_item} leave the "
+                                      f"device idle {_ms(s['us'])} per step ({share_words(s)})",
+                                      "step_stalls.sync_idle_us / steps.step_us (median over ranks)", s, SYNC_IDLE_PCT,
+                                      "keep the host from waiting on the device inside the step: no .item(), .cpu(), "
+                                      "print or if on device tensors in the loop (log every N steps, keep metrics on "
+                                      "the device), no torch.cuda.synchronize(); copy to the host with "
+                                      "non_blocking=True into pinned memory"))
     col = "data_loader_idle_us" if device else "data_loader_us"
     if col in stalls:
         t = per_step(steps, stalls, list(dict.fromkeys([col, "data_loader_us"])))
@@ -232,14 +218,12 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
             what = (f"DataLoader fetches leave the device idle {_ms(s['us'])} per step" if device else
                     f"DataLoader fetches take {_ms(s['us'])} per step on the training thread")
             fetching = (f"; {_ms(t.groupby('rank')['data_loader_us'].mean().median())} fetching" if device else "")
-            out.append(Finding("data_loader", "high" if top >= 4 * DATA_LOADER_PCT else "medium",
-                               f"{what} ({share_words(s)}{fetching})",
-                               f"step_stalls.{col} / steps.step_us (median over ranks)", s["pct"], "%",
-                               DATA_LOADER_PCT,
-                               "load data ahead of the step: DataLoader num_workers > 0 with "
-                               "persistent_workers=True and prefetch_factor, pin_memory=True and "
-                               ".to(device, non_blocking=True), preprocessing moved into the workers",
-                               "steps", s["worst_rank"], s["us"], s["worst_pct"]))
+            out.append(_share_finding("data_loader", "high" if top >= 4 * DATA_LOADER_PCT else "medium",
+                                      f"{what} ({share_words(s)}{fetching})",
+                                      f"step_stalls.{col} / steps.step_us (median over ranks)", s, DATA_LOADER_PCT,
+                                      "load data ahead of the step: DataLoader num_workers > 0 with "
+                                      "persistent_workers=True and prefetch_factor, pin_memory=True and "
+                                      ".to(device, non_blocking=True), preprocessing moved into the workers"))
     return out
 
 
@@ -247,11 +231,8 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
                     rank: int | None = None, alternatives: dict | None = None,
                     input_kind: str | None = "fsdp2", units: list[str] | None = None) -> list[Finding]:
-    """From one rank's breakdown at the peak (category, bytes, pct). ``alternatives``: strategy label ->
-    model-state bytes per rank from theory, quoted in the suggestion. ``input_kind`` (model.INPUT_KINDS):
-    sharding advice needs a recorded strategy (DDP / NO_SHARD) or an FSDP input; none for one device.
-    ``units``: the model's FSDP units (blocks), those keeping the most activations first; the activation
-    advice names blocks only when the input has them (an FSDP input, or units a snapshot's frames show)."""
+    """From one rank's breakdown at the peak (category, bytes, pct).  ``alternatives``: strategy label -> model-state
+    bytes per rank, quoted; ``units``: the FSDP units keeping the most activations first (named in the advice)."""
     out: list[Finding] = []
     if breakdown is None or breakdown.empty:
         return out
@@ -319,9 +300,8 @@ def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_b
 
 
 def process_findings(process: dict | None, rank: int | None = None) -> list[Finding]:
-    """From one rank's ``memory[rank].process`` (fsdpprof.analyze.memory.process): device memory outside the
-    caching allocator of at least OUTSIDE_ALLOCATOR_BYTES, with the NCCL settings that size NCCL's buffers.  None
-    on CPU (what RSS holds beyond tensors is Python and its libraries, not something to tune)."""
+    """Device memory outside the caching allocator (``memory[rank].process``) of at least OUTSIDE_ALLOCATOR_BYTES,
+    with the NCCL settings that size NCCL's buffers; none on CPU."""
     if not process or process.get("source") == runfmt.PROCESS_MEMORY_PROC_STATUS:
         return []
     outside = process.get("outside_allocator_peak_bytes")
@@ -376,8 +356,7 @@ def rank_findings(stragglers: pd.DataFrame | None, matched: int, step_us: float 
 
 
 def sort_findings(items: list[Finding]) -> list[Finding]:
-    """Findings about step time first, by the time at stake per step (most first); then the others by
-    severity and value."""
+    """Findings about step time first, most time at stake first; then the others by severity and value."""
     order = {"high": 0, "medium": 1, "info": 2}
 
     def key(f: Finding):
@@ -394,11 +373,8 @@ PLACE_COLUMNS = ["number", "rank", "start_us", "end_us"]
 
 def finding_places(items: list[Finding], ranks, step_windows: pd.DataFrame | None,
                    exposed_spans: pd.DataFrame | None, peak_ts_us: dict | None) -> pd.DataFrame:
-    """Where on a rank's clock (µs) each finding points (``number``: its position in ``items`` from 1, as
-    summary.json's ``findings`` list holds them): a memory finding at the rank's memory peak; an exposed
-    collective at the longest exposed span of that collective (any collective for the total); anything else at
-    the rank's longest step (``step_windows``: rank, step, start_us, end_us).  ``rank`` is the finding's, else
-    the first of ``ranks``; a finding with nowhere to go is left out."""
+    """Where on a rank's clock (µs) each finding (``number`` from 1) points: a memory finding at the memory peak, an
+    exposed collective at its longest exposed span, anything else at the rank's longest step."""
     ranks = sorted(int(r) for r in ranks)
     rows = []
     win = step_windows if step_windows is not None and len(step_windows) else None

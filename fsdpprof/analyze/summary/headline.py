@@ -1,11 +1,6 @@
-"""The few numbers a person reads first: peak per rank against the formula's model states, the step's
-split (compute, exposed communication, the rest) and the first finding.  From an Analysis only
-(bytes, µs, % of the step).
-
-On a CPU trace the profiler sees operators only: "compute" is time inside leaf operators and the
-step's time outside every operator and collective (``idle_us`` of the step breakdown) is host time:
-Python, the dispatcher, FSDP's hooks.  On a GPU trace the same column is device idle time.
-"""
+"""The numbers a person reads first, from an Analysis (bytes, µs, % of the step): the peak per rank against the
+formula's model states, the step's split (compute, exposed communication, the rest), the first finding.  On a
+CPU trace a step's ``idle_us`` is host time outside every operator (Python, dispatcher, FSDP's hooks)."""
 from __future__ import annotations
 
 import math
@@ -18,8 +13,7 @@ STEP_PARTS = ("compute_us", "exposed_comm_us", "idle_us", "residual_us")
 
 
 def step_medians(steps: pd.DataFrame | None) -> dict:
-    """Per step, the mean over each rank's steps, then the median over ranks: step_us, compute_us, comm_us,
-    overlapped_comm_us, exposed_comm_us, idle_us, residual_us (NaN when there are no steps)."""
+    """Each rank's mean over its steps, then the median over ranks, of the step columns (µs; NaN without steps)."""
     cols = ["step_us", "compute_us", "comm_us", "overlapped_comm_us"] + [c for c in STEP_PARTS if c != "compute_us"]
     if steps is None or steps.empty:
         return {c: math.nan for c in cols}
@@ -29,10 +23,8 @@ def step_medians(steps: pd.DataFrame | None) -> dict:
 
 
 def step_spread(steps: pd.DataFrame | None, col: str) -> dict:
-    """One column of the step breakdown (µs) as the report states it: ``value`` (step_medians' rule: each
-    rank's mean over its steps, the median over ranks), its spread ``min`` / ``max`` over every rank and step,
-    the ``worst_rank`` (largest mean over its steps, the smallest such rank) with ``worst`` (that mean),
-    and how many ``ranks`` and ``steps`` (rank x step rows) it is over. NaN / None without steps."""
+    """One step column (µs): ``value`` (:func:`step_medians`), ``min`` / ``max`` over every rank and step, the
+    ``worst_rank`` (largest mean over its steps) with ``worst``, and how many ``ranks`` and ``steps``."""
     out = {"value": math.nan, "min": math.nan, "max": math.nan, "worst_rank": None, "worst": math.nan,
            "ranks": 0, "steps": 0}
     if steps is None or steps.empty or col not in steps:
@@ -49,10 +41,8 @@ def step_spread(steps: pd.DataFrame | None, col: str) -> dict:
 
 
 def share_of_step(steps: pd.DataFrame | None, col: str) -> dict:
-    """One part of the step (``col``, µs; ``steps`` has rank, step_us and ``col`` per step) as the report states
-    it, step_split's rule: ``us`` (each rank's mean over its steps, the median over ranks), ``pct`` (``us`` over
-    the median step, %), beside it the ``worst_rank`` (the largest share of its own mean step, the smallest such
-    rank) with ``worst_pct`` and ``worst_us``, and how many ``ranks``. NaN / None without steps."""
+    """One part of the step (``col``, µs): ``us`` (:func:`step_medians`), ``pct`` of the median step, the
+    ``worst_rank`` (largest share of its own mean step) with ``worst_pct`` and ``worst_us``, and ``ranks``."""
     out = {"us": math.nan, "pct": math.nan, "worst_rank": None, "worst_pct": math.nan, "worst_us": math.nan,
            "ranks": 0}
     if steps is None or steps.empty or col not in steps or "step_us" not in steps:
@@ -70,8 +60,7 @@ def share_of_step(steps: pd.DataFrame | None, col: str) -> dict:
 
 
 def step_split(steps: pd.DataFrame | None) -> dict:
-    """step_medians plus each part's share of the step (``*_pct``: compute, exposed comm, idle, residual;
-    they add up to 100 %)."""
+    """step_medians plus each STEP_PARTS' share of the step (``*_pct``, adding up to 100 %)."""
     d = step_medians(steps)
     s = d["step_us"]
     for c in STEP_PARTS:
@@ -80,8 +69,7 @@ def step_split(steps: pd.DataFrame | None) -> dict:
 
 
 def peak_rank(a) -> int | None:
-    """The rank whose memory peaks highest (the smallest such rank): what a run must fit, the rank the
-    report's headline, memory charts and compare's numbers are from. None without memory data."""
+    """The rank whose memory peaks highest (the smallest such rank), the one every memory number is from."""
     return peak_rank_of(a.memory)
 
 
@@ -96,8 +84,7 @@ def peak_rank_of(memory: dict | None) -> int | None:
 
 
 def oom_rank(a) -> int | None:
-    """The rank whose snapshot ended in an out-of-memory error (the peak rank when it did, else the smallest such
-    rank); None when none did."""
+    """The rank whose snapshot ended in an out-of-memory error (the peak rank first), or None."""
     ooms = [r for r, m in sorted((a.memory or {}).items()) if getattr(m, "oom", None)]
     if not ooms:
         return None
@@ -106,26 +93,20 @@ def oom_rank(a) -> int | None:
 
 
 def oom_headline(a) -> dict | None:
-    """The out-of-memory error a person must read first (:func:`oom_rank`), or None: rank, device (the CUDA device
-    index), requested_bytes, free_bytes, short_bytes, stage, unit, fragmentation_decides and the first change of its
-    advice (change, saves_bytes, enough, cost), from the rank's ``memory.oom`` (analyze.memory.oom.explain_oom)."""
+    """The out-of-memory error to read first (:func:`oom_rank`'s ``memory.oom``) with its first advice, or None."""
     r = oom_rank(a)
     if r is None:
         return None
     o = a.memory[r].oom
     first = (o.get("suggestions") or [None])[0] or {}
-    return {"rank": int(r), "device": o.get("device"), "requested_bytes": o.get("requested_bytes"),
-            "free_bytes": o.get("free_bytes"), "short_bytes": o.get("short_bytes"), "stage": o.get("stage"),
-            "unit": o.get("unit"), "fragmentation_decides": o.get("fragmentation_decides"),
-            "change": first.get("change"), "saves_bytes": first.get("saves_bytes"), "enough": first.get("enough"),
-            "cost": first.get("cost")}
+    return {"rank": int(r), **{k: o.get(k) for k in ("device", "requested_bytes", "free_bytes", "short_bytes", "stage",
+                                                       "unit", "fragmentation_decides")},
+            **{k: first.get(k) for k in ("change", "saves_bytes", "enough", "cost")}}
 
 
 def headline(a) -> dict:
-    """The report's headline numbers of an Analysis: peak_bytes (of ``peak_rank``),
-    model_states_theory_bytes / model_states_measured_bytes and their share of the peak, the step split
-    (step_split), ``idle_is_host`` (True on a CPU trace: idle is host time outside operators), the
-    first finding's title and severity, and ``oom`` (:func:`oom_headline`: what comes before everything else)."""
+    """The report's headline numbers: the peak (of ``peak_rank``), the model states (formula, measured, share of
+    the peak), :func:`step_split`, ``idle_is_host`` (a CPU trace), the first finding and ``oom``."""
     o, t = a.overview, a.theory or {}
     d: dict = {"oom": oom_headline(a), "peak_bytes": math.nan, "peak_rank": None, "peak_device": None,
                "peak_stage": None}
@@ -147,8 +128,7 @@ def headline(a) -> dict:
     d["device_type"] = o.get("device_type")
     d["idle_is_host"] = (o.get("device_type") or model.DEVICE_CPU) == model.DEVICE_CPU
     f = a.findings[0] if a.findings else None
-    d["first_finding"] = f.title if f else None
-    d["first_finding_severity"] = f.severity if f else None
-    d["first_finding_section"] = f.section if f else None
+    for k in ("title", "severity", "section"):
+        d["first_finding" + ("" if k == "title" else "_" + k)] = getattr(f, k) if f else None
     d["findings"] = len(a.findings)
     return d

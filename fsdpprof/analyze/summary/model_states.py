@@ -1,10 +1,5 @@
-"""Model states: the ZeRO formulas filled in with a run's own numbers, beside what the run measured.
-
-Per rank (map): :func:`measured_model_states` from the inventory's tensors, :func:`inventory_summary`
-(the inventory without its tensor list) and the bytes per parameter the run really used
-(:func:`fsdpprof.analyze.summary.theory.k_from_inventory`).  Across ranks (reduce): :func:`theory_vs_measured`.
-Sizes in bytes.
-"""
+"""Model states: the ZeRO formulas filled in with a run's own numbers (inventory, bytes per parameter), beside
+what the run measured (bytes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,8 +15,7 @@ from fsdpprof.analyze.summary.headline import peak_rank_of
 
 
 def measured_model_states(inv: dict) -> dict:
-    """Bytes per role (param, grad, optimizer_state) this rank holds, from the inventory's tensors;
-    a role captured at several steps counts only its last capture. Falls back to ``totals``."""
+    """Bytes per role this rank holds, from the inventory's tensors (a role's last capture), else ``totals``."""
     t = pd.DataFrame(inv.get("tensors") or [])
     totals = inv.get("totals") or {}
     out = {runfmt.ROLE_PARAM: totals.get("param_bytes"), runfmt.ROLE_GRAD: totals.get("grad_bytes"),
@@ -39,7 +33,7 @@ def measured_model_states(inv: dict) -> dict:
 
 
 def inventory_summary(inv: dict) -> dict:
-    """The inventory without its per-tensor list (what the cross-rank reduce needs: small)."""
+    """The inventory without its per-tensor list (small: what the cross-rank reduce needs)."""
     return {k: v for k, v in inv.items() if k != "tensors"}
 
 
@@ -54,8 +48,7 @@ def unsharded_param_dtype(inv: dict) -> str:
 
 @dataclass
 class TheoryResult:
-    """``theory``: the formulas and their numbers (JSON-ready dict); ``model_states``: per rank and role,
-    measured_bytes, theory_bytes, diff_bytes, diff_pct; ``note``: why nothing could be filled in."""
+    """The formulas with their numbers (JSON-ready), per rank and role measured / theory bytes, or why not."""
 
     theory: dict = field(default_factory=dict)
     model_states: pd.DataFrame | None = None
@@ -71,8 +64,8 @@ def _category_bytes(memory_result, category: str) -> float | None:
 
 def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memory: dict,
                        world_size: int | None) -> TheoryResult:
-    """The formulas with the run's numbers: ``inventories`` rank -> inventory summary, ``measured`` rank ->
-    :func:`measured_model_states`, ``k_by_rank`` rank -> BytesPerParam, ``memory`` rank -> MemoryResult."""
+    """The formulas with the run's numbers, from per-rank inventory summaries, measured model states,
+    BytesPerParam and MemoryResults."""
     if not inventories:
         return TheoryResult(note="no inventory.json in this input: Psi and the dtypes are unknown, so the ZeRO "
                                  "formulas cannot be filled in (record with `fsdpprof record`).")
@@ -141,9 +134,8 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
 
 
 def activations_per_unit(m) -> dict[str, float] | None:
-    """A_l per FSDP unit (bytes): the most of unit l's activations alive at once, from the by-unit
-    attribution of the rank's memory (``MemoryResult.activation_by_unit``); None when no activation has a
-    unit (no FSDP units seen, or no memory data)."""
+    """A_l per FSDP unit: the most of unit l's activations alive at once (bytes); None when no activation has
+    a unit."""
     t = getattr(m, "activation_by_unit", None)
     if t is None or t.empty:
         return None
@@ -151,13 +143,11 @@ def activations_per_unit(m) -> dict[str, float] | None:
 
 
 def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
-    """FSDP peak estimate beside the measured peak of the same rank: model states per rank + max over units
-    of (unit l's gathered parameters + A_l), A_l measured per unit (:func:`activations_per_unit`); without
-    per-unit activations, the activations alive at the measured peak stand in for every A_l (said so)."""
-    unit_numel = {str(u.get("fqn")): float(u.get("unsharded_numel") or 0) for u in inv.get("units") or []}
+    """The FSDP peak estimate beside the measured peak of the same rank; without per-unit activations, the
+    activations alive at the peak stand in for every A_l."""
+    unit_numel = {} if s == "DDP" else {str(u.get("fqn")): float(u.get("unsharded_numel") or 0)
+                                         for u in inv.get("units") or []}
     per_unit = activations_per_unit(m)
-    if s == "DDP":
-        unit_numel = {}
     if per_unit and unit_numel:
         act = {u: per_unit.get(u, 0.0) for u in unit_numel}
     else:

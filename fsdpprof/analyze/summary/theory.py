@@ -1,17 +1,10 @@
-"""ZeRO / FSDP theory: model-state bytes per rank, FSDP peak estimate, traffic per step.
-
-Pure functions of a few numbers (no trace needed), used by ``fsdpprof plan`` before anything
-runs and by the report to put the formulas beside what a run measured.
-
-Notation (ZeRO paper): Psi = unsharded parameter count; per parameter the run keeps
-k_param bytes of parameters, k_grad bytes of gradients and k_opt bytes of optimizer state
-(fp32 master copy when the stored parameters are not fp32, plus one fp32 slot per optimizer
-state such as Adam's exp_avg and exp_avg_sq). Textbook mixed-precision Adam: 2 + 2 + 12 = 16.
-N = ranks the states are sharded over. All sizes are bytes; GB = 1e9 bytes, GiB = 2**30.
-"""
+"""ZeRO / FSDP theory from a few numbers (``fsdpprof plan``, and beside what a run measured): model-state bytes
+per rank, the FSDP peak estimate, traffic per step.  Notation of the ZeRO paper: Psi parameters; k_param, k_grad,
+k_opt bytes per parameter (mixed-precision Adam: 2 + 2 + 12 = 16); N ranks.  Bytes; GB = 1e9, GiB = 2**30."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from fsdpprof import runfmt
@@ -21,7 +14,6 @@ from fsdpprof.errors import UserError
 
 GB = 1e9
 GIB = float(2**30)
-MIB = float(2**20)
 
 # optimizer name -> number of per-parameter state slots (scalars like Adam's `step` not counted)
 OPTIMIZER_SLOTS = {
@@ -57,12 +49,9 @@ class BytesPerParam:
 def bytes_per_param(param_dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
                     state_dtype: str = "fp32", master_copy: bool | None = None,
                     optimizer_slots: int | None = None) -> BytesPerParam:
-    """k_param, k_grad, k_opt from dtypes and optimizer.
-
-    master_copy (an fp32 copy of the parameters kept by the optimizer) defaults to True when the
-    stored parameters are narrower than ``state_dtype``; optimizer_slots overrides the count of
-    per-parameter state tensors (Adam 2, SGD with momentum 1, ...).
-    """
+    """k_param, k_grad, k_opt from dtypes and optimizer; ``master_copy`` (an fp32 copy kept by the optimizer)
+    defaults to True when the parameters are narrower than ``state_dtype``; ``optimizer_slots`` overrides
+    OPTIMIZER_SLOTS."""
     grad_dtype = grad_dtype or param_dtype
     kp, kg, ks = model.dtype_bytes(param_dtype), model.dtype_bytes(grad_dtype), model.dtype_bytes(state_dtype)
     opt = str(optimizer or "none").strip().lower()
@@ -84,7 +73,7 @@ def bytes_per_param(param_dtype: str = "bf16", grad_dtype: str | None = None, op
 
 @dataclass(frozen=True)
 class ModelStates:
-    """Model-state bytes per rank for one strategy (device = accelerator memory, host = CPU offload)."""
+    """Model-state bytes per rank for one strategy (host: CPU offload)."""
 
     strategy: str
     label: str
@@ -110,16 +99,21 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+# ZeRO stage -> what each of params, grads, optimizer states is divided by (1, N or the shard group N_s), formula
+_STATE_FORMULAS = {
+    "DDP": ("1", "1", "1", "(k_p + k_g + k_o) * Psi"),
+    "ZERO1": ("1", "1", "N", "(k_p + k_g) * Psi + k_o * Psi / N"),
+    "ZERO2": ("1", "N", "N", "k_p * Psi + (k_g + k_o) * Psi / N"),
+    "ZERO3": ("N", "N", "N", "(k_p + k_g + k_o) * Psi / N"),
+    "HYBRID_SHARD": ("N_s", "N_s", "N_s", "(k_p + k_g + k_o) * Psi / N_s"),
+}
+
+
 def model_states(psi: float, k: BytesPerParam, strategy: str, world: int, shard_group: int | None = None,
                  offload: str = "none") -> ModelStates:
-    """Model-state bytes per rank.
-
-    DDP/NO_SHARD (k_p+k_g+k_o)Psi; ZeRO-1 (k_p+k_g)Psi + k_o Psi/N; ZeRO-2/SHARD_GRAD_OP
-    k_p Psi + (k_g+k_o)Psi/N; ZeRO-3/FULL_SHARD (k_p+k_g+k_o)Psi/N; HYBRID_SHARD shards like
-    ZeRO-3 within a shard group of N_s ranks and replicates it R = N/N_s times: (k_p+k_g+k_o)Psi/N_s.
-    offload: 'none', 'optimizer' (optimizer state to host) or 'params' (FSDP CPUOffload: params,
-    grads and optimizer state to host); moved bytes count as host_bytes, not device_bytes.
-    """
+    """Model-state bytes per rank (_STATE_FORMULAS; HYBRID_SHARD shards like ZeRO-3 within a shard group of N_s
+    ranks, replicated R = N / N_s times).  ``offload``: none, optimizer (its state on the host) or params (FSDP
+    CPUOffload: every state on the host); host bytes are not device bytes."""
     _check_positive(psi=psi, world=world)
     s = model.zero_stage(strategy)
     n = int(world)
@@ -127,27 +121,15 @@ def model_states(psi: float, k: BytesPerParam, strategy: str, world: int, shard_
     if s == "HYBRID_SHARD":
         if ns <= 0 or n % ns:
             raise UserError(f"shard group {ns} must divide the world size {n}")
-    kp, kg, ko = k.k_param, k.k_grad, k.k_opt
-    if s == "DDP":
-        p, g, o = kp * psi, kg * psi, ko * psi
-        f = "(k_p + k_g + k_o) * Psi"
-        sub = f"({_fmt(kp)} + {_fmt(kg)} + {_fmt(ko)}) * {_fmt(psi)}"
-    elif s == "ZERO1":
-        p, g, o = kp * psi, kg * psi, ko * psi / n
-        f = "(k_p + k_g) * Psi + k_o * Psi / N"
-        sub = f"({_fmt(kp)} + {_fmt(kg)}) * {_fmt(psi)} + {_fmt(ko)} * {_fmt(psi)} / {n}"
-    elif s == "ZERO2":
-        p, g, o = kp * psi, kg * psi / n, ko * psi / n
-        f = "k_p * Psi + (k_g + k_o) * Psi / N"
-        sub = f"{_fmt(kp)} * {_fmt(psi)} + ({_fmt(kg)} + {_fmt(ko)}) * {_fmt(psi)} / {n}"
-    elif s == "ZERO3":
-        p, g, o = kp * psi / n, kg * psi / n, ko * psi / n
-        f = "(k_p + k_g + k_o) * Psi / N"
-        sub = f"({_fmt(kp)} + {_fmt(kg)} + {_fmt(ko)}) * {_fmt(psi)} / {n}"
-    else:
-        p, g, o = kp * psi / ns, kg * psi / ns, ko * psi / ns
-        f = "(k_p + k_g + k_o) * Psi / N_s   (N_s = shard group, R = N / N_s replicas)"
-        sub = f"({_fmt(kp)} + {_fmt(kg)} + {_fmt(ko)}) * {_fmt(psi)} / {ns}   (R = {n // ns})"
+    *div, f = _STATE_FORMULAS[s]
+    by = {"N": n, "N_s": ns}
+    p, g, o = (kx * psi / by[d] if d in by else kx * psi for kx, d in zip((k.k_param, k.k_grad, k.k_opt), div))
+    text = {"k_p": _fmt(k.k_param), "k_g": _fmt(k.k_grad), "k_o": _fmt(k.k_opt), "Psi": _fmt(psi), "N_s": str(ns),
+            "N": str(n)}
+    sub = re.sub(r"k_[pgo]|Psi|N_s|N", lambda m: text[m.group()], f)
+    if s == "HYBRID_SHARD":
+        f += "   (N_s = shard group, R = N / N_s replicas)"
+        sub += f"   (R = {n // ns})"
     off = str(offload or "none").lower()
     if off in ("none", "false", "0"):
         host = 0.0
@@ -198,42 +180,32 @@ class Traffic:
 def traffic_per_step(psi: float, strategy: str, world: int, param_dtype: str = "bf16",
                      reduce_dtype: str | None = None, shard_group: int | None = None,
                      compression_ratio: float = 1.0) -> Traffic:
-    """Per-rank bytes on the wire per step (ring): a collective over n ranks of an S-byte array moves
-    (n-1)/n * S for all-gather / reduce-scatter and 2(n-1)/n * S for all-reduce.
-
-    DDP/NO_SHARD and ZeRO-1/2 (reduce-scatter + all-gather of updated params): 2(N-1)/N * S;
-    FULL_SHARD: forward all-gather + backward all-gather (param dtype) + reduce-scatter (reduce
-    dtype) = 3(N-1)/N * S when the dtypes agree; SHARD_GRAD_OP keeps params after forward: one
-    all-gather + reduce-scatter; HYBRID_SHARD: FULL_SHARD within N_s plus an all-reduce of the
-    gradient shard across R = N/N_s replicas, 2(R-1)/R * S_grad / N_s. compression_ratio divides
-    the gradient collectives (reduce-scatter / all-reduce).
-    """
+    """Per-rank bytes on the wire per step (ring: (n-1)/n * S per all-gather / reduce-scatter, 2(n-1)/n * S per
+    all-reduce): DDP 2(N-1)/N * S; ZeRO-1/2 a reduce-scatter and an all-gather; FULL_SHARD two all-gathers and a
+    reduce-scatter; HYBRID_SHARD FULL_SHARD within N_s plus an all-reduce of the shard across R = N/N_s replicas.
+    ``compression_ratio`` divides the gradient collectives."""
     _check_positive(psi=psi, world=world, compression_ratio=compression_ratio)
     s = model.zero_stage(strategy)
     n = int(world)
     reduce_dtype = reduce_dtype or param_dtype
     sp = psi * model.dtype_bytes(param_dtype)          # parameter array in the all-gather dtype
     sg = psi * model.dtype_bytes(reduce_dtype) / compression_ratio  # gradient array in the reduce dtype
-    # bytes each rank sends per byte of the array (ring): all-gather, reduce-scatter (n-1)/n, all-reduce 2(n-1)/n
     ag_f, rs_f, ar_f = (model.bus_factor(c, n) for c in (model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE))
     ag = rs = ar = 0.0
     c = f" / {_fmt(compression_ratio)}" if compression_ratio != 1 else ""
+    frac, s_param = f"{n - 1}/{n}", f"{_fmt(psi)} * {model.dtype_bytes(param_dtype)}"
+    s_grad = f"{_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c}"
     if s == "DDP":
         ar = ar_f * sg
-        formula = "2 (N-1)/N * S_grad"
-        sub = f"2 * {n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c}"
+        formula, sub = "2 (N-1)/N * S_grad", f"2 * {frac} * {s_grad}"
     elif s == "ZERO1" or s == "ZERO2":
-        rs = rs_f * sg
-        ag = ag_f * sp
+        rs, ag = rs_f * sg, ag_f * sp
         formula = "(N-1)/N * S_grad (reduce-scatter) + (N-1)/N * S_param (all-gather)"
-        sub = (f"{n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c} + "
-               f"{n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(param_dtype)}")
+        sub = f"{frac} * {s_grad} + {frac} * {s_param}"
     elif s == "ZERO3":
-        ag = 2 * ag_f * sp                   # forward and backward
-        rs = rs_f * sg
+        ag, rs = 2 * ag_f * sp, rs_f * sg                   # all-gathers in forward and backward
         formula = "2 (N-1)/N * S_param (fwd + bwd all-gather) + (N-1)/N * S_grad (reduce-scatter)  [= 3(N-1)/N * S]"
-        sub = (f"2 * {n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(param_dtype)} + "
-               f"{n - 1}/{n} * {_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c}")
+        sub = f"2 * {frac} * {s_param} + {frac} * {s_grad}"
     else:
         ns = int(shard_group or n)
         if ns <= 0 or n % ns:
@@ -249,21 +221,15 @@ def traffic_per_step(psi: float, strategy: str, world: int, param_dtype: str = "
     return Traffic(s, STRATEGY_LABELS[s], formula, sub, ag, rs, ar)
 
 
-def traffic_shard_grad_op(psi: float, world: int, param_dtype: str = "bf16", reduce_dtype: str | None = None,
-                          compression_ratio: float = 1.0) -> Traffic:
-    """FSDP SHARD_GRAD_OP: one all-gather (forward; params stay unsharded for backward) + reduce-scatter."""
-    t = traffic_per_step(psi, "ZERO2", world, param_dtype, reduce_dtype, compression_ratio=compression_ratio)
-    return Traffic("ZERO2", "SHARD_GRAD_OP", "(N-1)/N * S_param (one all-gather) + (N-1)/N * S_grad (reduce-scatter)",
-                   t.substituted, t.all_gather_bytes, t.reduce_scatter_bytes, 0.0)
-
-
 def fsdp_traffic(psi: float, strategy: str, world: int, param_dtype: str = "bf16", reduce_dtype: str | None = None,
                  shard_group: int | None = None, compression_ratio: float = 1.0) -> Traffic:
-    """Traffic of the strategy as FSDP implements it (SHARD_GRAD_OP: one all-gather per step)."""
+    """Traffic of the strategy as FSDP implements it (SHARD_GRAD_OP keeps params after forward: one all-gather)."""
     s = model.zero_stage(strategy)
-    if s == "ZERO2":
-        return traffic_shard_grad_op(psi, world, param_dtype, reduce_dtype, compression_ratio)
-    return traffic_per_step(psi, s, world, param_dtype, reduce_dtype, shard_group, compression_ratio)
+    t = traffic_per_step(psi, s, world, param_dtype, reduce_dtype, shard_group, compression_ratio)
+    if s != "ZERO2":
+        return t
+    return Traffic("ZERO2", "SHARD_GRAD_OP", "(N-1)/N * S_param (one all-gather) + (N-1)/N * S_grad (reduce-scatter)",
+                   t.substituted, t.all_gather_bytes, t.reduce_scatter_bytes, 0.0)
 
 
 @dataclass(frozen=True)
@@ -284,9 +250,8 @@ class PeakEstimate:
 
 def fsdp_peak_estimate(model_states_bytes: float, unit_numel: dict[str, float], k_unsharded: float,
                        activations: dict[str, float] | float = 0.0) -> PeakEstimate:
-    """16 Psi / N + max_l (2 Psi_l + A_l): model states per rank plus, for the unit l that maximises it,
-    its all-gathered parameters (k_unsharded bytes per parameter, 2 for bf16) and its activations
-    A_l (bytes; a dict per unit, or one number applied to every unit)."""
+    """Model states per rank + max over units l of (k_unsharded * Psi_l + A_l): the unit's all-gathered params and
+    its activations (bytes; a dict per unit, or one number for every unit)."""
     best_u, best_unsharded, best_a, best = None, 0.0, 0.0, -1.0
     for u, numel in unit_numel.items():
         a = activations.get(u, 0.0) if isinstance(activations, dict) else float(activations)
@@ -302,20 +267,17 @@ def fsdp_peak_estimate(model_states_bytes: float, unit_numel: dict[str, float], 
                                     f"  [unit {model.ROOT_UNIT_TEXT if best_u == model.ROOT_UNIT else best_u}]"))
     form = ("model_states / rank + max_l (k_param_unsharded * Psi_l + A_l)" if isinstance(activations, dict) else
             "model_states / rank + max_l (k_param_unsharded * Psi_l) + A   (A = activations alive at the measured peak)")
-    return PeakEstimate(form, sub, model_states_bytes,
-                        best_u, best_unsharded, best_a, est)
+    return PeakEstimate(form, sub, model_states_bytes, best_u, best_unsharded, best_a, est)
 
-
-# --- from a recorded inventory -------------------------------------------------------------
 
 def k_from_inventory(inv: dict) -> BytesPerParam:
-    """k_param, k_grad, k_opt that the run really used, from its inventory (stored dtypes and
-    optimizer state keys; per-parameter state slots are the state keys other than ``step``)."""
+    """k_param, k_grad, k_opt the run used, from its inventory's dtypes and optimizer state keys (but ``step``)."""
     tensors = inv.get("tensors") or []
 
     def _dtype(role):
         for t in tensors:
-            if t.get("role") == role and t.get("dtype"):
+            step = role == runfmt.ROLE_OPTIMIZER_STATE and str(t.get("name", "")).endswith("/step")
+            if t.get("role") == role and t.get("dtype") and not step:
                 return str(t["dtype"]).replace("torch.", "")
         return None
 
@@ -326,12 +288,7 @@ def k_from_inventory(inv: dict) -> BytesPerParam:
     if not opt:
         return bytes_per_param(pdt, gdt, "none", master_copy=False)
     keys = [k for k in (opt.get("state_keys") or []) if k != "step"]
-    sdt = None
-    for t in tensors:
-        if t.get("role") == runfmt.ROLE_OPTIMIZER_STATE and not str(t.get("name", "")).endswith("/step") and t.get("dtype"):
-            sdt = str(t["dtype"]).replace("torch.", "")
-            break
-    sdt = sdt or "float32"
+    sdt = _dtype(runfmt.ROLE_OPTIMIZER_STATE) or "float32"
     cls = str(opt.get("class") or "optimizer")
     return bytes_per_param(pdt, gdt, cls, state_dtype=sdt, master_copy=False, optimizer_slots=len(keys))
 
