@@ -39,7 +39,7 @@ def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: n
     """Step marks (model.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into ``cats``
     and the events' times (µs); only CPU-side events (``cpu_side``) mark."""
     cols = _step_mark_columns(cats, codes, ts, end, cpu_side)
-    return pd.DataFrame(cols, columns=model.STEP_MARK_COLUMNS) if cols else pd.DataFrame(columns=model.STEP_MARK_COLUMNS)
+    return pd.DataFrame(cols or None, columns=model.STEP_MARK_COLUMNS)
 
 
 def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
@@ -297,7 +297,8 @@ def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
         union = sorted(used)
         position = {x: i for i, x in enumerate(union)}
         # each frame's codes mapped into the union (-1, missing, stays -1: the appended last entry)
-        parts = [np.array([position.get(x, -1) for x in c] + [-1], dtype=np.int64)[a.codes] for a, c in zip(arrays, cats)]
+        parts = [np.array([position.get(x, -1) for x in c] + [-1], dtype=np.int64)[a.codes]
+                 for a, c in zip(arrays, cats)]
         out[col] = _from_codes(np.concatenate(parts), _dtype(union) if union else _NONE_DTYPE)
     return frame_of(out, columns)
 
