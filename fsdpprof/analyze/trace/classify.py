@@ -1,23 +1,7 @@
-"""Classify decoded trace events: kind (compute, comm, memcpy, memset, sync, cpu_op, annotation),
-collective type and message size (bytes), on GPU (NCCL/RCCL kernels) and CPU (gloo) traces.
-
-Device events (kernels on a stream): :func:`fsdpprof.analyze.model.is_comm_kernel` ones are comm;
-Memcpy/Memset are memcpy/memset; ``cuda_sync`` events and :func:`fsdpprof.analyze.model.is_sync_kernel`
-ones are sync; other kernels are compute, except those launched inside a collective op
-(:func:`fsdpprof.analyze.model.is_collective_op`: ``symm_mem::multimem_all_reduce_``, ``vllm::all_reduce``
-...), which are that collective's communication.  A comm kernel's collective type (and process group) comes
-from the CPU op that launched it (the innermost collective op around its runtime call), its name second,
-else it is model.UNKNOWN_COLLECTIVE (a kernel's name is never a collective type).  Sizes come
-from the kernel's args (``In msg nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process
-Group Name``, ``Seq``) or, when the kernel has none, from its launching op (same External id).
-
-CPU (gloo): the collective runs as a ``gloo:<op>`` annotation on a gloo worker thread; the
-``c10d::<op>`` call on the issuing thread carries the shapes.  Nothing links the two, so they are
-paired by order per gloo op type (``c10d::_reduce_scatter_base_`` runs as ``gloo:all_reduce``)
-and checked in time.  CPU compute is the leaf ``cpu_op`` events on threads that run no gloo work.
-
-:func:`classify_arrays` returns numpy columns, with each event's launch point (``launch_tid``,
-``launch_ts_us``) for :mod:`fsdpprof.analyze.trace.labels`.
+"""Classify decoded trace events: kind (compute, comm, memcpy, memset, sync, cpu_op, annotation), collective type,
+message size (bytes), group, on GPU (NCCL kernels: type and group from the CPU op that launched them, sizes from
+their args or the op with the same External id) and CPU (gloo work paired with its ``c10d::`` call by order).
+:func:`classify_arrays` returns numpy columns with each event's launch point for :mod:`.labels`.
 """
 from __future__ import annotations
 
@@ -40,9 +24,8 @@ MEMCPY_CATS, MEMSET_CATS, SYNC_CATS = ("gpu_memcpy", "Memcpy"), ("gpu_memset", "
 
 
 # --------------------------------------------------------------------------- what a name says
-# tests of an event name, judged once per distinct name and process (the ranks of a job share names)
 _MISS = object()
-NAME_MEMO: dict = {}
+NAME_MEMO: dict = {}         # fn -> {name: fn(name)}: each distinct name judged once per process
 _MEMO_MAX = 200_000          # names remembered per test (then forgotten, all at once)
 
 
@@ -73,15 +56,9 @@ def name_flags_of(x: str) -> int:
             | (N_NCCL_OP if low.startswith(model.NCCL_OP_PREFIX) else 0))
 
 
-def collective_of_name(name: str):
-    """model.collective_of, memoised per distinct name."""
-    return per_name(model.collective_of, [name])[0]
-
-
 # --------------------------------------------------------------------------- message sizes (bytes)
 def numel(dims, depth: int = 0) -> float:
-    """Elements of a tensor shape ``[d0, d1, ...]`` or, for a list of shapes (TensorList), their sum;
-    NaN when it is neither (negative or huge sizes, nesting deeper than a TensorList)."""
+    """Elements of a shape ``[d0, d1, ...]`` or the sum over a list of shapes (TensorList); NaN otherwise."""
     if not isinstance(dims, list) or not dims or depth > 2:
         return float("nan")
     if all(type(d) is int for d in dims):
@@ -89,15 +66,14 @@ def numel(dims, depth: int = 0) -> float:
             return float("nan")
         n = float(math.prod(float(d) for d in dims))
         return n if n <= NUMEL_MAX else float("nan")
-    # list of tensors (TensorList): sum of their numels
     vals = [numel(d, depth + 1) for d in dims if isinstance(d, list)]
     vals = [v for v in vals if v == v]
     return float(sum(vals)) if vals else float("nan")
 
 
 def c10d_sizes(coll: str | None, dims_raw: bytes, types_raw: bytes) -> tuple[float, str | None, float]:
-    """(bytes of the whole array, dtype, group size implied by the shapes or NaN) from a c10d op's
-    Input Dims / Input type (all_gather: output/input numel; reduce_scatter: input/output numel)."""
+    """(bytes of the whole array, dtype, group size implied by the shapes or NaN) from a c10d op's Input Dims /
+    Input type (all_gather: output/input numel; reduce_scatter: input/output numel)."""
     try:
         dims = msgspec.json.decode(dims_raw) if dims_raw else None
         types = msgspec.json.decode(types_raw) if types_raw else None
@@ -130,8 +106,7 @@ def dtype_of(value) -> tuple[str | None, float]:
 
 
 def given(x, low: float = 0.0):
-    """A number from the trace's args, or None when absent or not a plausible count (not a number, a
-    bool, NaN, inf, below ``low`` or beyond NUMEL_MAX)."""
+    """A number from the args, or None when absent or not a plausible count (a bool, NaN, below ``low``, ...)."""
     t = type(x)
     if (t is int or t is float) and low <= x <= NUMEL_MAX:
         return x
@@ -143,12 +118,12 @@ _OWN_SIZE_PREFIXES = (model.GLOO_PREFIX, model.NCCL_OP_PREFIX, model.RECORD_PARA
 
 
 def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, types: bytes) -> tuple:
-    """What one event's comm args say: (collective or None, bytes or NaN, dtype or None, group_size or NaN,
-    pg or None, seq or NaN, shard).  ``name``: the event's name as shown; the others: its args ``Collective
-    name``, ``In msg nelems``, ``Out msg nelems``, ``Group size``, ``dtype``, ``Process Group Name``, ``Seq``
-    and the raw JSON of ``Input Dims`` / ``Input type``.  shard: the bytes are one shard of the array (gloo
-    all_gather work), to be multiplied by the group size once that is known."""
-    coll = (collective_of_name(cname) if type(cname) is str else model.collective_of(cname)) or collective_of_name(name)
+    """What one event's comm args say: (collective or None, bytes or NaN, dtype or None, group_size or NaN, pg or
+    None, seq or NaN, shard).  ``name``: the event's name; the others its args (Collective name, In / Out msg
+    nelems, Group size, dtype, Process Group Name, Seq, raw Input Dims / Input type).  shard: the bytes are one
+    shard of the array (gloo all_gather work), to be multiplied by the group size."""
+    coll = (per_name(model.collective_of, [cname])[0] if type(cname) is str else model.collective_of(cname)) \
+        or per_name(model.collective_of, [name])[0]
     dtype, size = dtype_of(dt)
     shard = False
     nbytes = float("nan")
@@ -156,15 +131,8 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
     if gs is not None and gs > RANK_MAX:
         gs = None
     if inn is not None or outn is not None:
-        inn_f = float(inn) if inn is not None else float("nan")
-        out_f = float(outn) if outn is not None else float("nan")
-        if coll == model.ALL_GATHER:
-            n = out_f if out_f == out_f else inn_f
-        elif coll == model.REDUCE_SCATTER:
-            n = inn_f if inn_f == inn_f else out_f
-        else:
-            n = inn_f if inn_f == inn_f else out_f
-        nbytes = n * size
+        first, second = (outn, inn) if coll == model.ALL_GATHER else (inn, outn)
+        nbytes = float(first if first is not None else second) * size
     elif name.startswith(model.C10D_PREFIX):
         nbytes, dtype2, group = c10d_sizes(coll, dims, types)
         dtype = dtype or dtype2
@@ -172,15 +140,13 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
             gs = group
     elif not name.startswith(_OWN_SIZE_PREFIXES) and coll not in (model.ALL_GATHER, model.REDUCE_SCATTER):
         # symmetric-memory and libraries' own collectives (vllm::all_reduce): the message is their input
-        # (an all-gather's or reduce-scatter's whole array is not said: left unknown)
         nbytes, dtype2, _ = c10d_sizes(coll, dims, types)
         dtype = dtype or dtype2
     elif name.startswith(model.GLOO_PREFIX):
-        # the gloo work's own input: all_gather gets one shard (whole = shard * group size),
-        # all_reduce (also what reduce_scatter runs as) the whole array
+        # the gloo work's own input: all_gather gets one shard, all_reduce (and reduce_scatter) the whole array
         nbytes, dtype2, _ = c10d_sizes(None, dims, types)
         dtype = dtype or dtype2
-        shard = coll == model.ALL_GATHER  # only a shard here: times the group size once that is known
+        shard = coll == model.ALL_GATHER
     pg = None if pg is None or (type(pg) is float and pg != pg) else as_text(pg)
     return (coll, nbytes, dtype, float("nan") if gs is None else float(gs), pg,
             float("nan") if seq is None else float(seq), shard)
@@ -197,48 +163,16 @@ def default_group_size(dist: dict) -> float:
     return float(ws) if plausible_count(ws) else float("nan")
 
 
-def other_group_sizes(meta: dict) -> tuple[list[float], object]:
-    """(sizes of this rank's non-default process groups, the name of the only process group or None), from
-    the trace's distributedInfo: what gloo work whose call told no size falls back on."""
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    rank, cfg = dist.get("rank"), dist.get("pg_config")
-    other_sizes: list[float] = []
-    if isinstance(cfg, list) and len(cfg) > 1:
-        for g in cfg:
-            if not isinstance(g, dict) or g.get("pg_desc") == "default_pg" or not plausible_count(g.get("pg_size")):
-                continue
-            if isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"]:
-                continue
-            other_sizes.append(float(g["pg_size"]))
-    only = None
-    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
-        only = as_text(cfg[0]["pg_name"])
-    return other_sizes, only
-
-
-def fallback_group_size(other_sizes: list[float], known_sizes) -> float:
-    """Group size of gloo work on a thread where no size is known: the one non-default size no other thread
-    claimed (``known_sizes``: the sizes known on other threads), else the only non-default size, else NaN."""
-    left = set(other_sizes) - set(known_sizes)
-    return (left.pop() if len(left) == 1 else
-            (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
-
-
-# --------------------------------------------------------------------------- classifying the columns
 def _comm_info(rt, name_cats: list) -> dict:
-    """Per raw row with comm args (numpy columns): idx, collective, bytes, dtype, group_size, pg, seq,
-    shard (this row's bytes are one shard of the array, to be multiplied by the group size)."""
-    # missing values are None (NaN, as a table of the args would hold them, is read the same: "not given")
+    """Per raw row with comm args (numpy columns): idx, collective, bytes, dtype, group_size, pg, seq, shard."""
     name_codes = rt.cols["name"]
-    out = {"idx": [], "collective": [], "bytes": [], "dtype": [], "group_size": [], "pg": [], "seq": [], "shard": []}
-    # rows that differ only in their sequence number say the same (a step repeats its collectives): judged
-    # once per distinct (name, args), the number read per row
-    memo: dict = {}
+    rows = []
+    memo: dict = {}     # rows that differ only in their sequence number say the same: judged once
     for idx, cname, inn, outn, gs, dt, pg, seq, dims, types in rt.comm_rows:
         name_code = int(name_codes[idx])
         try:
             args = (cname, inn, outn, gs, dt, pg)
-            key = (name_code, dims, types, args, tuple(map(type, args)))    # (types too: 1, 1.0 and True are equal keys)
+            key = (name_code, dims, types, args, tuple(map(type, args)))    # (types too: 1, 1.0 and True are equal)
             said = memo.get(key)
         except TypeError:             # a list or an object among the args: judged on its own
             key = said = None
@@ -246,24 +180,16 @@ def _comm_info(rt, name_cats: list) -> dict:
             said = comm_row_info(name_cats[name_code], cname, inn, outn, gs, dt, pg, None, dims, types)
             if key is not None:
                 memo[key] = said
-        coll, nbytes, dtype, gs, pg, _, shard = said
         seq = given(seq)
-        seq = float("nan") if seq is None else float(seq)
-        out["idx"].append(idx)
-        out["collective"].append(coll)
-        out["bytes"].append(nbytes)
-        out["dtype"].append(dtype)
-        out["group_size"].append(gs)
-        out["pg"].append(pg)
-        out["seq"].append(seq)
-        out["shard"].append(shard)
-    objs = ("collective", "dtype", "pg")
-    return {k: np.asarray(v, dtype=object if k in objs else bool if k == "shard" else np.int64 if k == "idx"
-                          else np.float64) for k, v in out.items()}
+        rows.append((idx, *said[:5], float("nan") if seq is None else float(seq), said[6]))
+    cols = list(zip(*rows)) if rows else [()] * 8
+    dtypes = (np.int64, object, np.float64, object, np.float64, object, np.float64, bool)
+    return {k: np.asarray(v, dtype=t) for k, v, t in
+            zip(("idx", "collective", "bytes", "dtype", "group_size", "pg", "seq", "shard"), cols, dtypes)}
 
 
 def _isna(a: np.ndarray) -> np.ndarray:
-    """Missing (None/NaN) per element of an object array."""
+    """Missing (None/NaN) per element."""
     return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
 
 
@@ -275,9 +201,13 @@ def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return found, pos_c
 
 
-def name_flags(names: list) -> np.ndarray:
-    """:func:`name_flags_of` of each name (uint8 bit sets)."""
-    return np.array(per_name(name_flags_of, names), dtype=np.uint8) if names else np.zeros(0, dtype=np.uint8)
+def _copy(o: dict, dst: np.ndarray, src: np.ndarray, cols, fill: bool = False) -> None:
+    """Columns ``cols`` of rows ``src`` into rows ``dst`` where the source has a value (``fill``: only where
+    the destination has none)."""
+    for c in cols:
+        a = o[c]
+        new, old = a[src], a[dst]
+        a[dst] = np.where(_isna(old), new, old) if fill else np.where(_isna(new), old, new)
 
 
 # kind codes of classify_arrays: positions in model.KINDS
@@ -288,49 +218,38 @@ K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
 
 
 def classify_arrays(rt) -> dict:
-    """Classified events as numpy columns: lane/name/cat are int codes into lane_cats/name_cats/cat_cats,
-    kind int8 codes into KIND_LABELS (model.KINDS), collective/dtype/pg object arrays, tid/launch_tid int
-    thread codes (-1: none; the launch thread of a kernel whose launch is not in the trace), times float64
-    us; runtime calls dropped."""
+    """Classified events as numpy columns: lane/name/cat int codes into lane_cats/name_cats/cat_cats, kind int8
+    codes into KIND_LABELS, collective/dtype/pg object arrays, tid/launch_tid thread codes (-1: a kernel whose
+    launch is not in the trace), times float64 µs; runtime calls dropped."""
     rc = rt.cols
     n = len(rc["ts_us"])
     dist = rt.meta.get("distributedInfo") or {}
     cat_codes = rc["cat"]
     cat_names = list(rc["cat_cats"])
 
-    def cat_is(*wanted) -> np.ndarray:
+    def cat_is(wanted) -> np.ndarray:
         hit = np.array([c in wanted for c in cat_names], dtype=bool)
         return hit[cat_codes] if len(hit) else np.zeros(n, dtype=bool)
 
     stream = rc["stream"]
-    gpu_cat = cat_is(*model.DEVICE_EVENT_CATS)
-    on_gpu = (stream >= 0) & gpu_cat
-    is_runtime = cat_is(*model.RUNTIME_CATS)
-    is_cpu_op = cat_is(*CPU_OP_CATS)
-    is_annot = cat_is(*ANNOTATION_CATS)
-    is_memcpy_cat, is_memset_cat, is_sync_cat = (cat_is(*MEMCPY_CATS), cat_is(*MEMSET_CATS),
-                                                 cat_is(*SYNC_CATS))
+    on_gpu = (stream >= 0) & cat_is(model.DEVICE_EVENT_CATS)
+    is_runtime, is_cpu_op, is_annot = cat_is(model.RUNTIME_CATS), cat_is(CPU_OP_CATS), cat_is(ANNOTATION_CATS)
 
-    # --- kind -------------------------------------------------------------------------------
-    # name-level tests once per distinct name, broadcast to rows through the codes
+    # --- kind: name-level tests once per distinct name, broadcast to rows through the codes
     cats = list(rc["name_cats"])
     codes = rc["name"]
-    flags = name_flags(cats)[codes] if n else np.zeros(0, dtype=np.uint8)
-    r_comm, r_memcpy, r_memset, r_sync = ((flags & f) != 0 for f in (N_COMM, N_MEMCPY, N_MEMSET, N_SYNC))
-    r_gloo, r_c10d, r_ncclop = ((flags & f) != 0 for f in (N_GLOO, N_C10D, N_NCCL_OP))
-
+    flags = np.array(per_name(name_flags_of, cats), dtype=np.uint8)[codes] if n else np.zeros(0, dtype=np.uint8)
+    r_comm, r_memcpy, r_memset, r_sync, r_gloo, r_c10d, r_ncclop = (
+        (flags & f) != 0 for f in (N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP))
     kind = np.full(n, K_CPU_OP, dtype=np.int8)
     kind[is_annot] = K_ANNOTATION
-    gpu_kind = np.where(r_comm, K_COMM,
-                        np.where(r_memcpy | is_memcpy_cat, K_MEMCPY,
-                                 np.where(r_memset | is_memset_cat, K_MEMSET,
-                                          np.where(r_sync | is_sync_cat, K_SYNC, K_COMPUTE))))
+    gpu_kind = np.select([r_comm, r_memcpy | cat_is(MEMCPY_CATS), r_memset | cat_is(MEMSET_CATS),
+                          r_sync | cat_is(SYNC_CATS)], [K_COMM, K_MEMCPY, K_MEMSET, K_SYNC], K_COMPUTE)
     kind[on_gpu] = gpu_kind[on_gpu]
     gloo_comm = is_annot & r_gloo
     kind[gloo_comm] = K_COMM
 
-    # threads as codes (pd.factorize of the tid column, from the decoder); lane labels built once per
-    # distinct stream / thread, then broadcast (no per-row strings)
+    # lanes: threads (the decoder's tid codes) and streams, labels built once per distinct thread / stream
     tcodes, tuniq = rc["tid_code"], rc["tid_values"]
     scodes, suniq = pd.factorize(stream)
     lane_labels = [f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq.tolist()]
@@ -341,24 +260,22 @@ def classify_arrays(rt) -> dict:
         lane_c = pd.Categorical(np.array(lane_labels, dtype=object)[lane_codes])
         lane_cats, lane_codes = lane_c.categories, np.asarray(lane_c.codes)
 
-    device_type = rt.meta.get("device_type", "cpu")
-    if device_type == "cpu":
+    if rt.meta.get("device_type", "cpu") == "cpu":
         # CPU compute: leaf cpu_ops on threads that run no gloo work, not comm calls themselves
-        comm_threads = np.unique(tcodes[gloo_comm])
-        cand = is_cpu_op & ~r_c10d & ~np.isin(tcodes, comm_threads)
-        ts0, end0 = rc["ts_us"], rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
-        kind[cand & _leaf_mask(tcodes, ts0, end0, is_cpu_op)] = K_COMPUTE
+        cand = is_cpu_op & ~r_c10d & ~np.isin(tcodes, np.unique(tcodes[gloo_comm]))
+        end0 = rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
+        kind[cand & _leaf_mask(tcodes, rc["ts_us"], end0, is_cpu_op)] = K_COMPUTE
 
-    # --- collective type + sizes ---------------------------------------------------------------
+    # --- collective type, parsed once per distinct name of the rows that carry one
     relevant = (kind == K_COMM) | r_c10d | (is_annot & r_ncclop)
     collective = np.full(n, None, dtype=object)
-    if relevant.any():           # parsed once per distinct name of the rows that carry a collective
+    if relevant.any():
         used = np.unique(codes[relevant])
         coll_by_cat = np.full(len(cats), None, dtype=object)
         coll_by_cat[used] = per_name(model.collective_of, [cats[i] for i in used.tolist()])
         collective[relevant] = coll_by_cat[codes[relevant]]
 
-    # --- launch point of every event (for phases/steps): the runtime call for kernels -----------------
+    # --- launch point of every event: a kernel's runtime call (the first with its correlation id)
     ts = rc["ts_us"]
     corr = rc["correlation"]
     launch_tid = tcodes.copy()
@@ -366,15 +283,14 @@ def classify_arrays(rt) -> dict:
     if on_gpu.any():
         launch_tid[on_gpu] = -1
         ridx = np.flatnonzero(is_runtime & (corr >= 0))
-        keys, first = np.unique(corr[ridx], return_index=True)       # first runtime call per correlation
+        keys, first = np.unique(corr[ridx], return_index=True)
         gidx = np.flatnonzero(on_gpu)
         found, pos = _lookup(keys, corr[gidx])
         src = ridx[first[pos[found]]]
         launch_tid[gidx[found]] = tcodes[src]
         launch_ts[gidx[found]] = ts[src]
 
-    # --- the columns: every event but the runtime calls (the synchronisations kept) ----------------------
-    # (the runtime calls that block the host until the device is done stay, as CPU ops: model.SYNC_CALLS)
+    # --- the columns: every event but the runtime calls (those that block the host, model.SYNC_CALLS, stay)
     sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
     kidx = np.flatnonzero(~is_runtime | sync_call)
     pos = np.full(n, -1, dtype=np.int64)
@@ -390,8 +306,7 @@ def classify_arrays(rt) -> dict:
         "cat": cat_codes[kidx], "cat_cats": rc["cat_cats"],
         "launch_tid": launch_tid[kidx], "launch_ts_us": launch_ts[kidx],
     }
-    k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
-    del launch_tid, launch_ts, collective, kind
+    k_on_gpu, k_gloo, k_c10d = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx]
     shard = np.zeros(k, dtype=bool)
     if rt.comm_rows:
         info = _comm_info(rt, cats)
@@ -400,26 +315,20 @@ def classify_arrays(rt) -> dict:
         idx = ipos[ok]
         shard[idx] = info["shard"][ok]
         coll_info = info["collective"][ok]
-        cur = o["collective"]
-        cur[idx] = np.where(_isna(coll_info), cur[idx], coll_info)
+        o["collective"][idx] = np.where(_isna(coll_info), o["collective"][idx], coll_info)
         for c in ("bytes", "group_size", "seq", "dtype", "pg"):
             o[c][idx] = info[c][ok]
     if k_on_gpu.any():
-        # comm kernels: their type and group from the CPU op that launched them, their sizes (when the
-        # kernel has none) from the CPU op with the same External id
-        _type_from_launching_op(o, k_on_gpu)
-        _comm_from_launching_op(o, k_on_gpu)
+        _from_launching_op(o, k_on_gpu, K_COMM)
+        _from_launching_op(o, k_on_gpu, K_COMPUTE)
         _fill_from_cpu_side(o, k_on_gpu)
-        _unknown_type(o, k_on_gpu)
-
-    # --- gloo: pair gloo:<op> work with the c10d::<op> call --------------------------------------
+        # a comm kernel whose type neither its launching op nor its name tells (never its kernel name)
+        o["collective"][k_on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"])] = model.UNKNOWN_COLLECTIVE
     if k_gloo.any():
-        _pair_gloo(o, k_gloo, k_c10d & k_cpu_op, shard)
+        _pair_gloo(o, k_gloo, k_c10d & is_cpu_op[kidx], shard)
         _gloo_group_sizes(o, k_gloo, rt.meta)
-    # default group size for comm rows that lack one
     gs = o["group_size"]
-    comm_rows = (o["kind"] == K_COMM) | k_c10d
-    miss = comm_rows & np.isnan(gs)
+    miss = ((o["kind"] == K_COMM) | k_c10d) & np.isnan(gs)
     if miss.any():
         gs[miss] = default_group_size(dist)
     # gloo all_gather work that kept its own (shard) size: the whole array is shard * group size
@@ -428,102 +337,52 @@ def classify_arrays(rt) -> dict:
     return o
 
 
-def _type_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
-    """The collective type (and process group, sequence number) of each comm kernel from the innermost CPU
-    op with a known collective (``nccl:*``, ``c10d::*``, ``record_param_comms``) around its launch on the
-    launching thread: a ``SendRecv`` kernel launched inside ``nccl:all_to_all`` is an all_to_all.  The
-    kernel's own name is the fallback."""
+def _from_launching_op(o: dict, on_gpu: np.ndarray, kernel_kind: int) -> None:
+    """Kernels of ``kernel_kind`` take the collective type, group and sequence number of the innermost CPU op
+    around their launch on the launching thread.  K_COMM: that op is the innermost op with a known collective (a
+    ``SendRecv`` kernel inside ``nccl:all_to_all`` is an all_to_all; the kernel's name is the fallback).
+    K_COMPUTE: a kernel launched inside a collective op (``vllm::all_reduce``, symmetric memory) is that
+    collective's communication when the op is the innermost CPU op around the launch (not a tensor op nested in
+    it, e.g. the copy-out ``aten::copy_``); copies, sets and waits keep their kind."""
     kind = o["kind"]
-    ck = np.flatnonzero(on_gpu & (kind == K_COMM) & (o["launch_tid"] >= 0))
-    ops = np.flatnonzero(~on_gpu & (kind != K_COMM) & ~_isna(o["collective"]))
-    if not ck.size or not ops.size:
-        return
-    ts, end = o["ts_us"], o["ts_us"] + o["dur_us"]
-    op_tid, k_tid = o["tid"][ops], o["launch_tid"][ck]
-    for t in np.unique(k_tid).tolist():
-        sel = ops[op_tid == t]
-        if not sel.size:
-            continue
-        q = ck[k_tid == t]
-        k = intervals.innermost(ts[sel], end[sel], o["launch_ts_us"][q])
-        hit = k >= 0
-        dst, src = q[hit], sel[k[hit]]
-        o["collective"][dst] = o["collective"][src]
-        for c in ("pg",):
-            o[c][dst] = np.where(_isna(o[c][src]), o[c][dst], o[c][src])
-        for c in ("seq", "group_size"):
-            o[c][dst] = np.where(np.isnan(o[c][src]), o[c][dst], o[c][src])
-
-
-def _comm_from_launching_op(o: dict, on_gpu: np.ndarray) -> None:
-    """A kernel launched inside a collective op (:func:`fsdpprof.analyze.model.is_collective_op`: c10d, NCCL,
-    symmetric-memory ops, custom all-reduces such as ``vllm::all_reduce``) is that collective's communication,
-    whatever it is called (``multimem_all_reduce_kernel``): kind comm, the op's collective type and group.
-    The op must be the innermost CPU op around the launch: a kernel of a tensor op nested in the collective
-    (the copy-out of c10d's all-gather into a list, ``aten::copy_``) stays that op's work.  Copies, sets and
-    waits keep their kind."""
-    kind = o["kind"]
-    ck = np.flatnonzero(on_gpu & (kind == K_COMPUTE) & (o["launch_tid"] >= 0))
+    ck = np.flatnonzero(on_gpu & (kind == kernel_kind) & (o["launch_tid"] >= 0))
     coll_op = ~on_gpu & (kind != K_COMM) & ~_isna(o["collective"])
     ops = np.flatnonzero(coll_op)
     if not ck.size or not ops.size:
         return
-    ts, end = o["ts_us"], o["ts_us"] + o["dur_us"]
+    ts, end, launch = o["ts_us"], o["ts_us"] + o["dur_us"], o["launch_ts_us"]
     cpu_op = np.flatnonzero(~on_gpu & (kind == K_CPU_OP))
     op_tid, k_tid, cpu_tid = o["tid"][ops], o["launch_tid"][ck], o["tid"][cpu_op]
-    launch = o["launch_ts_us"]
     for t in np.unique(k_tid).tolist():
         sel = ops[op_tid == t]
         if not sel.size:
             continue
         q = ck[k_tid == t]
-        k = intervals.innermost(ts[sel], end[sel], launch[q])      # inside a collective op at all?
+        k = intervals.innermost(ts[sel], end[sel], launch[q])
         q, src = q[k >= 0], sel[k[k >= 0]]
-        if not q.size:
-            continue
-        # the innermost CPU op (or collective) around those launches: the collective op itself
-        lo, hi = float(launch[q].min()), float(launch[q].max())
-        cand = cpu_op[(cpu_tid == t) & (ts[cpu_op] <= hi) & (end[cpu_op] >= lo)]
-        cand = np.union1d(cand, sel)
-        inner = cand[np.maximum(intervals.innermost(ts[cand], end[cand], launch[q]), 0)]
-        own = coll_op[inner]
-        dst, src = q[own], inner[own]
-        kind[dst] = K_COMM
-        o["collective"][dst] = o["collective"][src]
-        o["pg"][dst] = np.where(_isna(o["pg"][src]), o["pg"][dst], o["pg"][src])
-        for c in ("seq", "group_size"):
-            o[c][dst] = np.where(np.isnan(o[c][src]), o[c][dst], o[c][src])
-
-
-def _unknown_type(o: dict, on_gpu: np.ndarray) -> None:
-    """A comm kernel whose type neither its launching op nor its name tells: model.UNKNOWN_COLLECTIVE (never
-    its kernel name)."""
-    rows = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"]))
-    if rows.size:
-        o["collective"][rows] = model.UNKNOWN_COLLECTIVE
+        if kernel_kind == K_COMPUTE and q.size:
+            # the innermost CPU op (or collective) around those launches must be the collective op itself
+            lo, hi = float(launch[q].min()), float(launch[q].max())
+            cand = np.union1d(cpu_op[(cpu_tid == t) & (ts[cpu_op] <= hi) & (end[cpu_op] >= lo)], sel)
+            inner = cand[np.maximum(intervals.innermost(ts[cand], end[cand], launch[q]), 0)]
+            own = coll_op[inner]
+            q, src = q[own], inner[own]
+            kind[q] = K_COMM
+        _copy(o, q, src, ("collective", "pg", "seq", "group_size"))
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
-    """Comm kernels without size info take it from the CPU op with the same External id (the last one)."""
+    """Comm kernels without size info take it from the (last) CPU op with the same External id."""
     ext = o["ext_id"]
     ck = np.flatnonzero(on_gpu & (o["kind"] == K_COMM) & (ext >= 0))
-    if not ck.size:
-        return
     cpu = np.flatnonzero(~on_gpu & (ext >= 0))
     cpu = cpu[~_isna(o["collective"][cpu])]
-    if not cpu.size:
+    if not ck.size or not cpu.size:
         return
-    # last CPU op per External id: unique over the reversed rows keeps each id's last row
-    keys, first_rev = np.unique(ext[cpu][::-1], return_index=True)
-    src_of_key = cpu[::-1][first_rev]
+    keys, first_rev = np.unique(ext[cpu][::-1], return_index=True)     # (reversed: each id's last row)
     found, pos = _lookup(keys, ext[ck])
-    dst, src = ck[found], src_of_key[pos[found]]
-    for c in ("bytes", "group_size", "seq"):
-        cur = o[c]
-        cur[dst] = np.where(np.isnan(cur[dst]), cur[src], cur[dst])
-    for c in ("dtype", "pg", "collective"):
-        cur = o[c]
-        cur[dst] = np.where(_isna(cur[dst]), cur[src], cur[dst])
+    _copy(o, ck[found], cpu[::-1][first_rev][pos[found]], ("bytes", "group_size", "seq", "dtype", "pg", "collective"),
+          fill=True)
 
 
 def _leaf_mask(tcodes: np.ndarray, ts: np.ndarray, end: np.ndarray, is_cpu_op: np.ndarray) -> np.ndarray:
@@ -532,8 +391,7 @@ def _leaf_mask(tcodes: np.ndarray, ts: np.ndarray, end: np.ndarray, is_cpu_op: n
     i = np.flatnonzero(is_cpu_op)
     if not i.size:
         return leaf
-    # parents start no later and end no earlier: sort by (thread, ts, -end); an op is a leaf when the
-    # next op on its thread starts at or after its end
+    # sorted by (thread, ts, -end): an op is a leaf when the next op on its thread starts at or after its end
     t, s, e = tcodes[i], ts[i], end[i]
     order = np.lexsort((-e, s, t))
     t, s, e, i = t[order], s[order], e[order], i[order]
@@ -543,38 +401,31 @@ def _leaf_mask(tcodes: np.ndarray, ts: np.ndarray, end: np.ndarray, is_cpu_op: n
     return leaf
 
 
-def _order_in_group(keys: np.ndarray, rows: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows sorted by time (stable), and each one's rank in time within its key (0, 1, ...)."""
+def _in_time_order(keys: np.ndarray, rows: np.ndarray, ts: np.ndarray) -> tuple:
+    """(rows, keys) sorted by time (stable), and each row's rank in time within its key (0, 1, ...)."""
     order = np.argsort(ts[rows], kind="mergesort")
     rows, keys = rows[order], keys[order]
     ordinal = np.zeros(rows.size, dtype=np.int64)
     for key in dict.fromkeys(keys.tolist()):
         sel = np.flatnonzero(keys == key)
         ordinal[sel] = np.arange(sel.size)
-    return rows, ordinal
+    return rows, keys, ordinal
 
 
 def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.ndarray) -> None:
-    """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work.
-
-    The k-th gloo work of an op type (in time) belongs to the k-th c10d call that runs as that op;
-    gloo work already running when the window opened has no call in the trace, so per op type the
-    shift (0, 1, 2) that pairs the most work with a call starting no later than it (+1 us) is used."""
-    ts = o["ts_us"]
-    coll = o["collective"]
+    """Copy collective/bytes/dtype/pg/seq/group_size and the launch point from each c10d call to its gloo work:
+    the k-th gloo work of an op type (in time) is the k-th call that runs as that op, shifted by 0-2 (work
+    already running when the window opened has no call) to pair the most work with a call starting no later."""
+    ts, coll, names = o["ts_us"], o["collective"], o["name_cats"]
     calls = np.flatnonzero(c10d_call & ~_isna(coll))
-    call_as = np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
-    calls, call_ord = _order_in_group(call_as, calls, ts)
-    call_as = np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object)
-    names = o["name_cats"]
-    as_by_name = {}
+    calls, call_as, _ = _in_time_order(np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object),
+                                       calls, ts)
+    as_by_name: dict = {}
     work = np.flatnonzero(gloo_comm)
     work_as = np.array([as_by_name.setdefault(c, model.collective_of(str(names[c]))) for c in o["name"][work].tolist()],
                        dtype=object)
     known = ~_isna(work_as)
-    work, work_as = work[known], work_as[known]
-    work, work_ord = _order_in_group(work_as, work, ts)
-    work_as = np.array([as_by_name[c] for c in o["name"][work].tolist()], dtype=object)
+    work, work_as, work_ord = _in_time_order(work_as[known], work[known], ts)
     dst_all, src_all = [], []
     for g in dict.fromkeys(work_as.tolist()):
         w = np.flatnonzero(work_as == g)
@@ -592,38 +443,33 @@ def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.
     if not dst_all:
         return
     rows, src = np.concatenate(dst_all), np.concatenate(src_all)
-    # the c10d call's values win; the gloo work's own (from its Input Dims) stay where the call has none
-    for c in ("collective", "dtype", "pg"):
-        arr, new = o[c], o[c][src]
-        arr[rows] = np.where(_isna(new), arr[rows], new)
-    for c in ("bytes", "group_size", "seq"):
-        arr, new = o[c], o[c][src]
-        arr[rows] = np.where(np.isnan(new), arr[rows], new)
-        if c == "bytes":   # the call gave the whole array: the work's shard size is no longer used
-            shard[rows] = shard[rows] & np.isnan(new)
+    # the call gave the whole array: the work's shard size is no longer used
+    shard[rows] = shard[rows] & np.isnan(o["bytes"][src])
+    _copy(o, rows, src, ("collective", "dtype", "pg", "bytes", "group_size", "seq"))
     o["launch_tid"][rows] = o["tid"][src]
     o["launch_ts_us"][rows] = ts[src]
 
 
 def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
-    """Group size of gloo work whose call did not tell it (e.g. all_reduce), per gloo thread.
-
-    gloo runs each process group on its own worker threads, so work on a thread where another
-    collective's size is known (from its shapes) gets that size.  On threads with none known: the one
-    size of the non-default process groups of this rank that no other thread claimed (HSDP's replicate
-    group when the shard group is known), or the only non-default size there is."""
-    gs = o["group_size"]
-    lanes = o["lane"]
+    """Group size of gloo work whose call did not tell it, per gloo thread (gloo runs each process group on its
+    own threads): the size known on the thread, else the one size of this rank's non-default process groups
+    that no other thread claimed, else the only non-default size.  With one process group, that is every pg."""
+    gs, lanes = o["group_size"], o["lane"]
     known = {}                                     # lane code -> most frequent known size (smallest on ties)
     sel = gloo_comm & ~np.isnan(gs)
     for lane in np.unique(lanes[sel]).tolist():
         vals, counts = np.unique(gs[sel & (lanes == lane)], return_counts=True)
         known[lane] = float(vals[np.argmax(counts)])
-    other_sizes, only_pg = other_group_sizes(meta)
-    fallback = fallback_group_size(other_sizes, known.values())
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank, cfg = dist.get("rank"), dist.get("pg_config")
+    other_sizes = [float(g["pg_size"]) for g in (cfg if isinstance(cfg, list) and len(cfg) > 1 else [])
+                   if isinstance(g, dict) and g.get("pg_desc") != "default_pg" and plausible_count(g.get("pg_size"))
+                   and not (isinstance(g.get("ranks"), list) and rank is not None and rank not in g["ranks"])]
+    left = set(other_sizes) - set(known.values())
+    fallback = (left.pop() if len(left) == 1 else
+                (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
     fill = np.flatnonzero(gloo_comm & np.isnan(gs))
     gs[fill] = [known.get(lane, fallback) for lane in lanes[fill].tolist()]
-    # with a single process group, that is the group of every collective
-    if only_pg is not None:
+    if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
         pg = o["pg"]
-        pg[gloo_comm & _isna(pg)] = only_pg
+        pg[gloo_comm & _isna(pg)] = as_text(cfg[0]["pg_name"])

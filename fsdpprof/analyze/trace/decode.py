@@ -1,17 +1,7 @@
-"""Typed, streaming decoder for PyTorch profiler (kineto) chrome traces.
-
-``decode_trace(path)`` reads one trace file (gzip or plain, detected by its magic bytes) in
-blocks, cuts the ``traceEvents`` array at event boundaries and decodes each chunk with a typed
-msgspec decoder that skips every field we do not use.  Each chunk is turned into column arrays at
-once and its Python objects dropped, so memory stays bounded on multi-GB traces (about one chunk
-of text plus the kept columns).  A small file (at most CHUNK_BYTES of JSON) is read, inflated and
-decoded in one piece, with no thread and no copy.  Events are decoded by a typed fast path (args
-inline, phases we do not use skipped); a trace that does not fit its types takes the lenient path.
-What an event holds is defined once here (the args fields, the phases, the document's keys), as are
-the limits of plausible values and the defects counted while reading.
-(:func:`fsdpprof.analyze.trace.load.load_trace` adds classification and labels.)
-
-Times are microseconds on the profiler clock (``ts_us``, ``dur_us``).
+"""Typed, streaming decoder for PyTorch profiler (kineto) chrome traces: :func:`decode_trace` reads one trace
+file (gzip or plain) in blocks, cuts ``traceEvents`` at event boundaries and turns each slice into numpy columns
+at once (memory: about one slice plus the kept columns).  A typed fast path decodes the events a profiler
+writes; a trace that does not fit its types takes the lenient path.  Times in µs (``ts_us``, ``dur_us``).
 """
 from __future__ import annotations
 
@@ -39,36 +29,28 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import frame_of
 from fsdpprof.errors import UserError
 
-CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (measured: slices
-                                # of 1 MiB and less decode 25 % faster than one 25 MB document; 256 KiB ones
-                                # also spare the allocator fresh pages; memory stays small)
+CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (faster than one piece)
 READ_BYTES = 256 << 10          # bytes per read / inflated block
 PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
-SYNC_GZ_BYTES = 8 << 20         # gzip files up to this size are inflated in this thread, bigger ones a few
-                                # blocks ahead in a background thread (the inflater releases the GIL)
+SYNC_GZ_BYTES = 8 << 20         # bigger gzip files are inflated a few blocks ahead in a background thread
 MAX_TRACE_BYTES = 8 << 30       # default limit on one trace's JSON (decompressed), checked while inflating
 MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an allocation
-NAME_MAX_CHARS = 4096           # longer names (thread ids, process group names, ...) are cut: real kernel
-                                # names reach 1,817 characters (C++ templates, hta-16rank-a100)
-TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in us; floats lose whole us there) are not times
+NAME_MAX_CHARS = 4096           # longer names are cut (real kernel names reach 1,817 characters)
+TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in µs) are not times
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | model.DEVICE_EVENT_CATS | model.RUNTIME_CATS
-# Event phases (``ph``) whose fields the typed fast path skips; it decodes duration events (X), instants (i, I) and
-# metadata (M) (see PhaseEvent), and any other phase fails its validation (the lenient path reads such a trace).
+# phases whose fields the fast path skips; it reads X, i, I and M, and any other phase sends a trace to the lenient path
 SKIPPED_PHASES = tuple("BECbnestfPONDRcp()")
 
 
 # --------------------------------------------------------------------------- what an event holds
-# an integer id (stream, correlation, External id) that fits int64: a bigger one fails the fast path's validation,
-# and the trace is read by the lenient path, which keeps such ids as -1
-Id64 = Annotated[int, msgspec.Meta(le=(1 << 63) - 1)]
+Id64 = Annotated[int, msgspec.Meta(le=(1 << 63) - 1)]   # (a bigger id fails the fast path: the lenient one keeps -1)
 
 
 class XArgs(msgspec.Struct, gc=False, frozen=True):
-    """The args fields a duration event's columns use, decoded inline with the event by the fast path.  A trace
-    whose ids are not plain integers fails validation and is read by the lenient path (:data:`Args`)."""
+    """The args fields a duration event's columns use (the fast path decodes them inline)."""
 
     stream: Id64 = -1
     correlation: Id64 = -1
@@ -85,7 +67,7 @@ class XArgs(msgspec.Struct, gc=False, frozen=True):
 
 
 class FastArgs(XArgs, gc=False, frozen=True):
-    """Every args field we use: XArgs plus the [memory] and thread-name fields of instant and metadata events."""
+    """Every args field we use: XArgs plus the [memory] and thread-name fields."""
 
     addr: Any = msgspec.field(default=None, name="Addr")
     nbytes: Any = msgspec.field(default=None, name="Bytes")
@@ -97,8 +79,7 @@ class FastArgs(XArgs, gc=False, frozen=True):
 
 
 def _lenient(typed: type, name: str, only: tuple = ()) -> type:
-    """``typed``'s fields (those named in ``only``, else all: same names, keys and defaults), each taking any
-    JSON value: the lenient path's args, which judges a bad value itself rather than failing the decoding."""
+    """``typed``'s fields (those in ``only``, else all), each taking any JSON value: the lenient path's args."""
     return msgspec.defstruct(name, [(f.name, msgspec.Raw if f.type is msgspec.Raw else Any,
                                      msgspec.field(default=f.default, name=f.encode_name))
                                     for f in msgspec.structs.fields(typed) if not only or f.name in only])
@@ -109,7 +90,7 @@ LinkArgs = _lenient(XArgs, "LinkArgs", only=("correlation",))  # what a runtime 
 
 
 class Event(msgspec.Struct):
-    """An event of any phase as the lenient path reads it (its args kept as raw JSON, decoded where used)."""
+    """An event of any phase as the lenient path reads it (args kept as raw JSON)."""
 
     ph: Any = None
     name: Any = ""
@@ -122,9 +103,7 @@ class Event(msgspec.Struct):
 
 
 class PhaseEvent(msgspec.Struct, gc=False, tag_field="ph"):
-    """The fast path's events, decoded by their phase ``ph`` as a tagged union: duration events (X) in full,
-    instants and metadata as far as we use them, the other phases with their fields skipped.  A phase outside the
-    chrome-trace spec fails validation (the lenient path reads such a trace).  Times in us, NaN when absent."""
+    """The fast path's events, a union tagged by phase ``ph``; times in µs, NaN when absent."""
 
     cat: ClassVar[Any] = None        # only duration events decode their category
 
@@ -144,9 +123,7 @@ class FastEvent(PhaseEvent, tag="X"):
 
 
 class FastInstant(PhaseEvent, tag="i"):
-    """An instant ([memory] events): what the fast path reads of it."""
-
-    cat: ClassVar[Any] = OTHER_CAT   # (not decoded: tells instants and metadata apart in one pass, see add_fast)
+    cat: ClassVar[Any] = OTHER_CAT
     name: Any = ""
     pid: Any = None
     ts: float = float("nan")
@@ -158,8 +135,6 @@ class FastInstantOld(FastInstant, tag="I"):
 
 
 class FastMeta(PhaseEvent, tag="M"):
-    """A metadata event (thread names): what the fast path reads of it."""
-
     cat: ClassVar[Any] = OTHER_CAT
     name: Any = ""
     pid: Any = None
@@ -177,7 +152,7 @@ _EVENT = TypeVar("_EVENT")
 
 
 class TailDoc(msgspec.Struct, Generic[_EVENT]):
-    """The document from ``traceEvents`` on: its events (fast: _FAST_UNION, lenient: Event) and the keys we keep."""
+    """The document from ``traceEvents`` on: its events and the keys we keep."""
 
     traceEvents: list[_EVENT]
     schemaVersion: Any = None
@@ -188,8 +163,7 @@ class TailDoc(msgspec.Struct, Generic[_EVENT]):
     traceName: Any = None
 
 
-# kept categories in a fixed order: a category's code is its position (codes are renumbered by first
-# appearance in _Columns.arrays); _CAT_KEEP_CODE: category -> code + 1 (falsy 0 for instants / metadata)
+# kept categories in a fixed order (a category's code is its position); _CAT_KEEP_CODE: category -> code + 1
 _KEEP_ORDER = tuple(sorted(KEEP_CATS))
 _CAT_KEEP_CODE = {**{c: i + 1 for i, c in enumerate(_KEEP_ORDER)}, OTHER_CAT: 0}
 _IS_OTHER = frozenset({0})
@@ -197,6 +171,7 @@ _CAT_GPU = np.array([c in model.DEVICE_EVENT_CATS for c in _KEEP_ORDER], dtype=b
 _CAT_RT = np.array([c in model.RUNTIME_CATS for c in _KEEP_ORDER], dtype=bool)
 
 _CHUNK_DEC = msgspec.json.Decoder(list[Event])
+_TAIL_DEC = msgspec.json.Decoder(TailDoc[Event])
 _FAST_CHUNK_DEC = msgspec.json.Decoder(list[_FAST_UNION])
 _FAST_TAIL_DEC = msgspec.json.Decoder(TailDoc[_FAST_UNION])
 _ARGS_DEC = msgspec.json.Decoder(Args | None)
@@ -204,11 +179,7 @@ _LINK_DEC = msgspec.json.Decoder(LinkArgs | None)
 _ARGS_LIST_DEC = msgspec.json.Decoder(list[Args | None])
 _LINK_LIST_DEC = msgspec.json.Decoder(list[LinkArgs | None])
 _NO_ARGS = Args()
-_GPU_CATS = model.DEVICE_EVENT_CATS
-_RUNTIME_CATS = model.RUNTIME_CATS
-_TAIL_DEC = msgspec.json.Decoder(TailDoc[Event])
-# the last event boundary ('}', ',', '{' with blanks between) of a slice: '.*' jumps to the slice's end and
-# backtracks, in C, so a search costs the bytes after the boundary it finds
+# the last event boundary ('}', ',', '{' with blanks between) of a slice: '.*' jumps to the end and backtracks, in C
 _LAST_SEP_RE = re.compile(rb".*\}\s*,\s*\{", re.S)
 _KEY = b'"traceEvents"'
 _HEADER_MAX_BYTES = 256 << 20     # the "traceEvents" key must come within this many bytes
@@ -225,8 +196,7 @@ def cut_text(text: str) -> str:
 
 
 def as_text(value) -> str:
-    """A trace value shown as text: a string as it is, anything else as its JSON text; cut to
-    NAME_MAX_CHARS."""
+    """A trace value as text: a string as it is, anything else as its JSON text; cut to NAME_MAX_CHARS."""
     if type(value) is not str:
         try:
             value = msgspec.json.encode(value).decode()
@@ -236,7 +206,7 @@ def as_text(value) -> str:
 
 
 def unique_labels(labels: list[str]) -> list[str]:
-    """Labels made unique (a repeat gets ``#1``, ``#2`` ...): two distinct raw keys (1 and "1") can read alike."""
+    """Labels made unique (a repeat gets ``#1``, ``#2`` ...): distinct raw keys (1 and "1") can read alike."""
     seen: dict = {}
     out = []
     for c in labels:
@@ -254,34 +224,39 @@ def plausible_count(value, low: int = 1) -> bool:
     return type(value) is int and low <= value <= RANK_MAX
 
 
+def _count(defects: dict, kind: str, n: int = 1) -> None:
+    if n:
+        defects[kind] = defects.get(kind, 0) + n
+
+
 def check_distributed_info(meta: dict, defects: dict) -> None:
     """Leave out distributedInfo's rank / world_size and process groups' pg_size that are not plausible
-    numbers (a string, a negative or huge number, ...), in place; counted in ``defects``."""
+    counts, in place; counted in ``defects``."""
     dist = meta.get("distributedInfo")
     if dist is None:
         return
     if not isinstance(dist, dict):
         meta.pop("distributedInfo")
-        defects["dist_info"] = defects.get("dist_info", 0) + 1
-        return
+        return _count(defects, "dist_info")
     dist = meta["distributedInfo"] = dict(dist)
+    bad = 0
     for key, low in (("rank", 0), ("world_size", 1)):
-        if key in dist and dist[key] is not None and not plausible_count(dist[key], low):
-            dist.pop(key)
-            defects["dist_info"] = defects.get("dist_info", 0) + 1
+        if dist.get(key) is not None and not plausible_count(dist[key], low):
+            del dist[key]
+            bad += 1
     if isinstance(dist.get("rank"), int) and isinstance(dist.get("world_size"), int) and dist["rank"] >= dist["world_size"]:
-        dist.pop("rank")
-        defects["dist_info"] = defects.get("dist_info", 0) + 1
+        del dist["rank"]
+        bad += 1
     cfg = dist.get("pg_config")
     if cfg is not None:
         good = [g for g in cfg if isinstance(g, dict)] if isinstance(cfg, list) else []
         for g in good:
-            if "pg_size" in g and g["pg_size"] is not None and not plausible_count(g["pg_size"]):
-                g.pop("pg_size")
-                defects["dist_info"] = defects.get("dist_info", 0) + 1
-        if not isinstance(cfg, list) or len(good) != len(cfg):
-            defects["dist_info"] = defects.get("dist_info", 0) + 1
+            if g.get("pg_size") is not None and not plausible_count(g["pg_size"]):
+                del g["pg_size"]
+                bad += 1
+        bad += not isinstance(cfg, list) or len(good) != len(cfg)
         dist["pg_config"] = good
+    _count(defects, "dist_info", bad)
 
 
 # defect kind -> what the warning says (one line per kind and trace)
@@ -304,13 +279,9 @@ _LEFT_OUT = ("time_missing", "time_beyond", "negative_dur", "duplicate", "duplic
 
 
 def defect_warnings(path: str, defects: dict) -> list[str]:
-    """One warning line per kind of defect found while decoding ``path``, the numbers computed without them."""
+    """One warning line per kind of defect found while decoding ``path``."""
     return [f"trace {path}: " + DEFECTS[k].format(n=defects[k], max=NAME_MAX_CHARS)
             for k in DEFECTS if defects.get(k)]
-
-
-# Extra columns of the raw frame (beyond EVENT_COLUMNS' basics), used to link events.
-RAW_COLUMNS = ["cat", "name", "pid", "tid", "ts_us", "dur_us", "stream", "correlation", "ext_id"]
 
 
 COMM_ARG_COLUMNS = ["idx", "coll_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg", "seq",
@@ -319,12 +290,11 @@ COMM_ARG_COLUMNS = ["idx", "coll_name", "in_nelems", "out_nelems", "group_size",
 
 @dataclass
 class RawTrace:
-    """Decoded, unclassified trace: one row per kept duration event, held as numpy columns.
+    """Decoded, unclassified trace: one row per kept duration event, as numpy columns.
 
-    ``cols``: name/cat (int codes into the lists ``name_cats``/``cat_cats``, unique strings), tid/pid
-    (original values, object; ``tid_code``: int32 codes into ``tid_values``, as pd.factorize of tid),
-    ts_us/dur_us (float64, us), stream/correlation/ext_id (int64, -1 absent).  ``comm_rows``: one
-    tuple per event with comm args (COMM_ARG_COLUMNS; idx is the row), ``comm_args`` as a DataFrame."""
+    ``cols``: name/cat (int codes into the lists ``name_cats``/``cat_cats``), tid/pid (original values, object;
+    ``tid_code``: int32 codes into ``tid_values``), ts_us/dur_us (float64, µs), stream/correlation/ext_id
+    (int64, -1 absent).  ``comm_rows``: one tuple (COMM_ARG_COLUMNS; idx is the row) per event with comm args."""
 
     path: str
     cols: dict
@@ -335,13 +305,9 @@ class RawTrace:
     defects: dict = field(default_factory=dict)      # kind -> events left out or changed (defect_warnings)
     memory_pids: np.ndarray | None = None            # the process id of each row of memory_events (split_by_pid)
 
-    @property
-    def comm_args(self) -> pd.DataFrame:
-        return pd.DataFrame(self.comm_rows, columns=COMM_ARG_COLUMNS)
-
 
 def _decode_many(list_dec, one_dec, raws: list) -> list:
-    """Decode many args objects in one call; per object (bad ones -> None) if the batch fails."""
+    """Decode many args objects in one call; one by one (bad ones -> None) if the batch fails."""
     try:
         return list_dec.decode(b"[" + b",".join(raws) + b"]")
     except msgspec.DecodeError:
@@ -360,38 +326,26 @@ class _NotFast(Exception):
     """The typed fast path cannot take this chunk; decode it with the lenient path."""
 
 
-def _hashable_keys(values: list, defects: dict, what: str) -> list:
-    """Thread / process ids as dictionary keys: int, float, bool and None kept, strings cut to
-    NAME_MAX_CHARS, lists and dicts replaced by their JSON text (counted in ``defects[what]``)."""
+def _key(v):
+    """A trace value as a dictionary key: int, float, bool, None and strings kept, others as their JSON text."""
+    return v if type(v) in (int, str, float, bool) or v is None else as_text(v)
+
+
+def _hashable(values: list, defects: dict, what: str, cut: bool = True) -> list:
+    """:func:`_key` of each value, counted in ``defects["type_" + what]``; strings cut to NAME_MAX_CHARS
+    (``cut``, counted in ``defects["long_" + what]``)."""
     out = []
     for v in values:
         t = type(v)
         if t is str:
-            if len(v) > NAME_MAX_CHARS:
+            if cut and len(v) > NAME_MAX_CHARS:
                 v = cut_text(v)
-                defects["long_" + what] = defects.get("long_" + what, 0) + 1
+                _count(defects, "long_" + what)
         elif not (t is int or t is float or t is bool or v is None):
             v = as_text(v)
-            defects["type_" + what] = defects.get("type_" + what, 0) + 1
+            _count(defects, "type_" + what)
         out.append(v)
     return out
-
-
-def _hashable_names(names: list, defects: dict) -> list:
-    """Names that cannot be dictionary keys (lists, objects) replaced by their JSON text (counted); the
-    others are judged once per distinct name, see :meth:`_Columns._label_new_names`."""
-    out = []
-    for v in names:
-        t = type(v)
-        if not (t is str or t is int or t is float or t is bool or v is None):
-            v = as_text(v)
-            defects["type_name"] = defects.get("type_name", 0) + 1
-        out.append(v)
-    return out
-
-
-def _kept_cat(cat) -> bool:
-    return type(cat) is str and cat in KEEP_CATS
 
 
 _GET_NAME, _GET_CAT, _GET_TID, _GET_PID = (attrgetter(k) for k in ("name", "cat", "tid", "pid"))
@@ -399,7 +353,7 @@ _GET_TS, _GET_DUR, _GET_ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("
 _GET_STREAM, _GET_CORR, _GET_EXT = (attrgetter(k) for k in ("stream", "correlation", "ext_id"))
 
 
-def _HAS_COLL_ARGS(a) -> bool:
+def _has_coll_args(a) -> bool:
     return a.coll_name is not None or a.in_nelems is not None
 
 
@@ -412,9 +366,8 @@ def _intern(table: dict, values: list, dtype) -> np.ndarray:
 
 
 def _intern_ints(table: dict, values: list, defects: dict, what: str) -> np.ndarray:
-    """_intern for values that are usually all plain ints (thread / process ids): judged once per distinct
-    value, the codes found with numpy.  Other values go through :func:`_hashable_keys` (lists and dicts
-    become their JSON text, long strings are cut)."""
+    """_intern of thread / process ids, usually all plain ints: judged once per distinct value, the codes
+    found with numpy; other values go through :func:`_hashable`."""
     try:
         uniq = dict.fromkeys(values)
     except TypeError:              # a list or an object
@@ -430,7 +383,7 @@ def _intern_ints(table: dict, values: list, defects: dict, what: str) -> np.ndar
         except OverflowError:      # beyond int64 (never seen in real traces)
             return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values))
         return np.array([table[k] for k in keys], dtype=np.int32)[codes]
-    return _intern(table, _hashable_keys(values, defects, what), np.int32)
+    return _intern(table, _hashable(values, defects, what), np.int32)
 
 
 def _is_int64(v) -> bool:
@@ -438,7 +391,7 @@ def _is_int64(v) -> bool:
 
 
 def _int64s(get, items: list) -> np.ndarray:
-    """Integer ids ``get(item)`` as int64, -1 for those beyond int64 (never seen in real traces)."""
+    """Integer ids ``get(item)`` as int64, -1 for those beyond int64."""
     try:
         return np.fromiter(map(get, items), dtype=np.int64, count=len(items))
     except OverflowError:
@@ -446,17 +399,21 @@ def _int64s(get, items: list) -> np.ndarray:
                            count=len(items))
 
 
-def _thread_key(pid, tid) -> tuple:
-    return tuple(v if type(v) in (int, str, float, bool) or v is None else as_text(v) for v in (pid, tid))
+def _x_args(a) -> XArgs:
+    """Lenient args as the fast path's: ids that are not int64 read as -1."""
+    if a is None:
+        return _NO_X_ARGS
+    ids = [v if _is_int64(v) else -1 for v in (a.stream, a.correlation, a.ext_id)]
+    return XArgs(*ids, a.coll_name, a.in_nelems, a.out_nelems, a.group_size, a.dtype, a.pg, a.seq,
+                 a.input_dims, a.input_type)
 
 
 class _Columns:
-    """Accumulates chunk columns; names/cats/tids interned into integer codes.  ``defects`` counts
-    what was malformed (see :func:`defect_warnings`)."""
+    """Accumulates chunk columns; names/cats/tids interned into integer codes; ``defects`` counts what was
+    malformed (see :func:`defect_warnings`)."""
 
     def __init__(self) -> None:
         self.names: dict = {}
-        self.cats: dict = {c: i for i, c in enumerate(_KEEP_ORDER)}   # every kept category, fixed codes
         self.threads: dict = {}
         self.pids: dict = {}
         self.parts: list[dict] = []
@@ -470,65 +427,30 @@ class _Columns:
         self.n = 0
 
     def add(self, events: list[Event]) -> None:
-        keep = [e for e in events if e.ph == "X" and _kept_cat(e.cat)]
-        if len(keep) != len(events):
-            self._add_other(e for e in events if e.ph != "X")
+        """The lenient path's events: args decoded only where used (device events, runtime calls, comm ops)."""
+        self._add_other(e for e in events if e.ph != "X")
+        keep = [e for e in events if e.ph == "X" and type(e.cat) is str and e.cat in KEEP_CATS]
         if not keep:
             return
-        names, cats, threads, pids = self.names, self.cats, self.threads, self.pids
-        name_list = _hashable_names([e.name for e in keep], self.defects)
-        name_codes = [names.setdefault(v, len(names)) for v in name_list]
-        self._label_new_names()
-        cat_codes = [cats[e.cat] for e in keep]          # (every kept category is in the table)
-        tid_codes = [threads.setdefault(v, len(threads))
-                     for v in _hashable_keys([e.tid for e in keep], self.defects, "tid")]
-        pid_codes = [pids.setdefault(v, len(pids))
-                     for v in _hashable_keys([e.pid for e in keep], self.defects, "pid")]
-        n = len(keep)
-        stream = np.full(n, -1, dtype=np.int64)
-        corr = np.full(n, -1, dtype=np.int64)
-        ext = np.full(n, -1, dtype=np.int64)
-        base = self.n
-        # args are decoded only where used (device events, runtime calls, communication ops), in one
-        # msgspec call per kind of event rather than one per event
-        rt_idx = [i for i, e in enumerate(keep) if e.cat in _RUNTIME_CATS]
-        if rt_idx:
-            for i, a in zip(rt_idx, _decode_many(_LINK_LIST_DEC, _LINK_DEC, [keep[i].args for i in rt_idx])):
-                if a is not None and _is_int64(a.correlation):
-                    corr[i] = a.correlation
-        full_idx = [i for i, e in enumerate(keep) if e.cat in _GPU_CATS or (
-            type(name_list[i]) is str and model.is_collective_op(name_list[i]))]
-        if full_idx:
-            for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
-                if a is None:
-                    a = _NO_ARGS
-                if _is_int64(a.stream):
-                    stream[i] = a.stream
-                if _is_int64(a.correlation):
-                    corr[i] = a.correlation
-                if _is_int64(a.ext_id):
-                    ext[i] = a.ext_id
-                if a.coll_name is not None or a.in_nelems is not None or keep[i].cat not in _GPU_CATS:
-                    self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
-                                           a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
-        self.parts.append({
-            "name": np.asarray(name_codes, dtype=np.int32),
-            "cat": np.asarray(cat_codes, dtype=np.int16),
-            "tid": np.asarray(tid_codes, dtype=np.int32),
-            "pid": np.asarray(pid_codes, dtype=np.int32),
-            "ts_us": _floats([e.ts for e in keep]),
-            "dur_us": _floats([e.dur for e in keep]),
-            "stream": stream, "correlation": corr, "ext_id": ext,
-            # what tells two events apart beyond the columns (for finding exact duplicates): here the args' text
-            "args_key": np.fromiter((hash(bytes(e.args)) for e in keep), dtype=np.int64, count=n),
-        })
-        self.n += n
+        args = [_NO_X_ARGS] * len(keep)
+        rt_idx = [i for i, e in enumerate(keep) if e.cat in model.RUNTIME_CATS]
+        for i, a in zip(rt_idx, _decode_many(_LINK_LIST_DEC, _LINK_DEC, [keep[i].args for i in rt_idx])):
+            if a is not None and _is_int64(a.correlation):
+                args[i] = XArgs(correlation=a.correlation)
+        full_idx = [i for i, e in enumerate(keep)
+                    if e.cat in model.DEVICE_EVENT_CATS or model.is_collective_op(e.name)]
+        for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
+            args[i] = _x_args(a)
+        cat_codes = np.fromiter((_CAT_KEEP_CODE[e.cat] - 1 for e in keep), dtype=np.int16, count=len(keep))
+        corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=len(keep))
+        # (what tells two events apart beyond the columns, for finding exact duplicates: the args' text)
+        key = np.fromiter((hash(bytes(e.args)) for e in keep), dtype=np.int64, count=len(keep))
+        self._add_kept(keep, cat_codes, args, corr, _floats([e.ts for e in keep]), _floats([e.dur for e in keep]), key)
 
     def add_fast(self, events: list[FastEvent]) -> None:
-        """Like :meth:`add` for events of the typed fast decoder (args inline), one pass per column.
+        """Like :meth:`add` for the typed fast decoder's events (args inline), one C-level pass per column.
         Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
-        # (selections by C-level map/compress; one pass reads every category: kept ones map to their code + 1,
-        # instants / metadata (their class's OTHER_CAT) to 0, the rest to None)
+        # one pass reads every category: kept ones map to their code + 1, instants / metadata to 0, the rest None
         cat_codes1 = list(map(_GET_CAT, events))
         try:
             cat_codes1 = list(map(_CAT_KEEP_CODE.get, cat_codes1))
@@ -537,63 +459,64 @@ class _Columns:
         keep = list(compress(events, cat_codes1))
         n = len(keep)
         args = list(map(_GET_ARGS, keep))
-        try:      # (stream / External id are read below, only where the lenient path reads them too)
+        try:
             corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=n)
         except OverflowError:
             raise _NotFast from None
         if n + cat_codes1.count(None) < len(events):        # instants / metadata
-            self._add_other_fast(list(compress(events, map(_IS_OTHER.__contains__, cat_codes1))))
+            self._add_other(compress(events, map(_IS_OTHER.__contains__, cat_codes1)))
         if not n:
             return
         cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int16, count=n)
         cat_codes -= 1
         del cat_codes1
+        self._add_kept(keep, cat_codes, args, corr, np.fromiter(map(_GET_TS, keep), dtype=np.float64, count=n),
+                       np.fromiter(map(_GET_DUR, keep), dtype=np.float64, count=n), None)
+
+    def _add_kept(self, keep: list, cat_codes: np.ndarray, args: list, corr: np.ndarray, ts: np.ndarray,
+                  dur: np.ndarray, args_key: np.ndarray | None) -> None:
+        """The kept duration events' columns (``args``: XArgs-like, ``args_key``: what tells duplicates apart
+        beyond the columns, None: the External id)."""
+        n = len(keep)
         names = self.names
         name_list = list(map(_GET_NAME, keep))
         try:
             name_codes = _intern(names, name_list, np.int32)
         except TypeError:          # a list or an object as a name (nothing was added: dict.fromkeys failed)
-            name_codes = _intern(names, _hashable_names(name_list, self.defects), np.int32)
+            name_codes = _intern(names, _hashable(name_list, self.defects, "name", cut=False), np.int32)
         del name_list
         self._label_new_names()
         tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)), self.defects, "tid")
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
-        # per distinct name: comm op name?  per category (fixed table): device event?  runtime call?
         for k in list(names)[len(self.name_comm):]:
             self.name_comm.append(model.is_collective_op(k))
         gpu = _CAT_GPU[cat_codes]
         full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
-        runtime = _CAT_RT[cat_codes]
-        # ids are kept where the lenient path keeps them: stream/External id on device events and
-        # comm ops, correlation also on runtime calls
-        corr[~(full | runtime)] = -1
+        # stream / External id kept on device events and comm ops, correlation also on runtime calls
+        corr[~(full | _CAT_RT[cat_codes])] = -1
         stream = np.full(n, -1, dtype=np.int64)
         ext_all = _int64s(_GET_EXT, args)
         ext = np.where(full, ext_all, -1)
         fidx = np.flatnonzero(full)
-        base = self.n
         if fidx.size:
             fargs = [args[i] for i in fidx.tolist()]
             stream[fidx] = _int64s(_GET_STREAM, fargs)
             # comm rows: the comm ops (not device events) and the device events with collective args
             comm = ~gpu[fidx]
-            comm |= np.fromiter(map(_HAS_COLL_ARGS, fargs), dtype=bool, count=len(fargs))
+            comm |= np.fromiter(map(_has_coll_args, fargs), dtype=bool, count=len(fargs))
             for i in fidx[comm].tolist():
                 a = args[i]
-                self.comm_rows.append((base + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
+                self.comm_rows.append((self.n + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         self.parts.append({
-            "name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes,
-            "ts_us": np.fromiter(map(_GET_TS, keep), dtype=np.float64, count=n),
-            "dur_us": np.fromiter(map(_GET_DUR, keep), dtype=np.float64, count=n),
+            "name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts, "dur_us": dur,
             "stream": stream, "correlation": corr, "ext_id": ext,
-            "args_key": ext_all,      # the External id tells apart ops that agree on every column
+            "args_key": ext_all if args_key is None else args_key,
         })
         self.n += n
 
     def _label_new_names(self) -> None:
-        """Labels of the names interned since the last call: a string as it is, or cut beyond NAME_MAX_CHARS;
-        a number / null as its JSON text.  Judged once per distinct name, the events counted at the end."""
+        """Labels of the names interned since the last call: a string as it is or cut, others as JSON text."""
         for k in list(self.names)[len(self.name_labels):]:
             if type(k) is str:
                 if len(k) > NAME_MAX_CHARS:
@@ -604,34 +527,27 @@ class _Columns:
                 k = as_text(k)
             self.name_labels.append(k)
 
-    def _add_other_fast(self, events) -> None:
-        for e in events:
-            if type(e) is not FastMeta:
-                if e.name == "[memory]" and e.args is not None:
-                    a = e.args
-                    self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
-                                          a.device_type, a.device_id, _thread_key(e.pid, None)[0]))
-            elif e.name == "thread_name":
-                if e.args is not None and e.args.name is not None:
-                    self.thread_names[_thread_key(e.pid, e.tid)] = as_text(e.args.name)
-
     def _add_other(self, events) -> None:
+        """[memory] instants and thread_name metadata (fast or lenient events)."""
         for e in events:
-            ph = e.ph
-            if ph == "i" or ph == "I":
-                if e.name == "[memory]":
-                    a = _decode_args(_ARGS_DEC, e.args)
-                    if a is not None:
-                        self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
-                                              a.device_type, a.device_id, _thread_key(e.pid, None)[0]))
-            elif ph == "M" and e.name == "thread_name":
+            if type(e) is Event:
+                meta = e.ph == "M"
+                if not (meta or e.ph in ("i", "I")) or e.name != ("thread_name" if meta else "[memory]"):
+                    continue
                 a = _decode_args(_ARGS_DEC, e.args)
-                if a is not None and a.name is not None:
-                    self.thread_names[_thread_key(e.pid, e.tid)] = as_text(a.name)
+            else:
+                meta, a = type(e) is FastMeta, e.args
+            if a is None:
+                continue
+            if not meta and e.name == "[memory]":
+                self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
+                                      a.device_type, a.device_id, _key(e.pid)))
+            elif meta and e.name == "thread_name" and a.name is not None:
+                self.thread_names[(_key(e.pid), _key(e.tid))] = as_text(a.name)
 
     def arrays(self) -> dict:
-        """The kept events as numpy columns (see RawTrace.cols), implausible events and exact
-        duplicates left out (counted in ``defects``; ``comm_rows`` renumbered)."""
+        """The kept events as numpy columns (see RawTrace.cols), implausible events and exact duplicates left
+        out (counted in ``defects``; ``comm_rows`` renumbered)."""
         cols = {}
         for key, dtype in (("name", np.int32), ("cat", np.int16), ("tid", np.int32), ("pid", np.int32),
                            ("ts_us", np.float64), ("dur_us", np.float64), ("stream", np.int64),
@@ -639,14 +555,7 @@ class _Columns:
             arrs = [p[key] for p in self.parts]
             cols[key] = (arrs[0] if len(arrs) == 1 else np.concatenate(arrs)) if arrs else np.empty(0, dtype=dtype)
         self.parts = []
-        # categories in order of first appearance (codes so far: positions in _KEEP_ORDER)
-        cat = cols["cat"]
-        used, first = np.unique(cat, return_index=True)
-        order = used[np.argsort(first)]
-        remap = np.zeros(len(_KEEP_ORDER), dtype=np.int16)
-        remap[order] = np.arange(len(order), dtype=np.int16)
-        cols["cat"] = remap[cat]
-        cat_cats = [_KEEP_ORDER[i] for i in order.tolist()]
+        cols["cat"], cat_cats = _compact(cols["cat"], _KEEP_ORDER)     # categories in order of first appearance
         names = self.name_labels
         if self._drop_implausible(cols):
             # names only the dropped events had are not categories of what is left
@@ -660,41 +569,34 @@ class _Columns:
         if self.bad_names:              # events whose name was cut or was not a string
             per_code = np.bincount(cols["name"], minlength=len(names))
             for code, kind in self.bad_names.items():
-                self.defects[kind] = self.defects.get(kind, 0) + int(per_code[code])
+                _count(self.defects, kind, int(per_code[code]))
         del cols["args_key"]
         cols["name_cats"] = unique_labels(list(names))
         cols["cat_cats"] = cat_cats
-        # tid/pid: keep the original values (int or str) through a lookup table
+        # tid/pid: the original values (int or str) through a lookup table
         tid_values = [_as_key(k) for k in self.threads]
-        tids = np.array(tid_values, dtype=object)
-        pids = np.array([_as_key(k) for k in self.pids], dtype=object)
         n = len(cols["ts_us"])
         cols["tid_code"], cols["tid_values"] = _factorize_codes(cols["tid"], tid_values)
-        cols["tid"] = tids[cols["tid"]] if n else np.empty(0, dtype=object)
-        cols["pid"] = pids[cols["pid"]] if n else np.empty(0, dtype=object)
+        for c, values in (("tid", tid_values), ("pid", [_as_key(k) for k in self.pids])):
+            cols[c] = np.array(values, dtype=object)[cols[c]] if n else np.empty(0, dtype=object)
         return cols
 
     def _drop_implausible(self, cols: dict) -> bool:
-        """Leave out events whose time is missing, not finite, beyond TIME_MAX_US or whose duration is
-        negative, and exact duplicates of an earlier event (same name, category, thread, process, times,
-        ids and External id / args); in place, counted in ``defects``.  True when some were left out."""
+        """Leave out events whose time is missing, not finite or beyond TIME_MAX_US, whose duration is negative,
+        and exact duplicates of an earlier event; in place, counted in ``defects``.  True when some were."""
         ts, dur = cols["ts_us"], cols["dur_us"]
-        n = len(ts)
-        if not n:
+        if not len(ts):
             return False
         nan = np.isnan(ts) | np.isnan(dur)
         beyond = ~nan & ((np.abs(ts) > TIME_MAX_US) | (dur > TIME_MAX_US))    # (inf included)
         negative = ~nan & ~beyond & (dur < 0)
-        bad = nan | beyond | negative
-        keep = ~bad
+        keep = ~(nan | beyond | negative)
         for what, mask in (("time_missing", nan), ("time_beyond", beyond), ("negative_dur", negative)):
-            k = int(np.count_nonzero(mask))
-            if k:
-                self.defects[what] = self.defects.get(what, 0) + k
+            _count(self.defects, what, int(np.count_nonzero(mask)))
         dup = _duplicate_rows([cols[c] for c in ("ts_us", "dur_us", "args_key", "name", "tid", "pid", "cat",
                                                  "stream", "correlation", "ext_id")], keep)
         if dup is not None:
-            self.defects["duplicate"] = self.defects.get("duplicate", 0) + int(np.count_nonzero(dup))
+            _count(self.defects, "duplicate", int(np.count_nonzero(dup)))
             keep &= ~dup
         if keep.all():
             return False
@@ -710,9 +612,8 @@ _H_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 4) -> np.ndarray | None:
-    """Rows (of those in ``among``) equal on every column to an earlier row; None when there are none.
-    A 64-bit hash of each row's first ``hashed`` columns, sorted, finds the candidates (usually none: one
-    sort); candidates are then compared exactly on every column."""
+    """Rows (of those in ``among``) equal on every column to an earlier row; None when there are none.  A hash
+    of each row's first ``hashed`` columns finds the candidates, then compared exactly on every column."""
     sel = np.flatnonzero(among)
     h = np.zeros(len(sel), dtype=np.uint64)
     for col in columns[:hashed]:
@@ -735,17 +636,22 @@ def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 
 
 
 def _factorize_codes(codes: np.ndarray, values: list) -> tuple[np.ndarray, list]:
-    """``pd.factorize(np.array(values, dtype=object)[codes])`` from the codes: (int32 codes numbered by first
-    appearance, the distinct values in that order); values that are equal (1 and True) share a code."""
+    """``pd.factorize(np.array(values, dtype=object)[codes])`` from the codes: (int32 codes by first appearance,
+    the distinct values in that order); equal values (1 and True) share a code."""
     klass: dict = {}
     of_value = np.array([klass.setdefault(v, len(klass)) for v in values], dtype=np.int64)
-    first_value = list(klass)
     rows = of_value[codes] if len(codes) else np.empty(0, dtype=np.int64)
-    used, first = np.unique(rows, return_index=True)
+    out, used = _compact(rows, list(klass))
+    return out.astype(np.int32), used
+
+
+def _compact(codes: np.ndarray, labels) -> tuple[np.ndarray, list]:
+    """Codes into ``labels`` renumbered to the labels they use, in order of first use."""
+    used, first = np.unique(codes, return_index=True)
     order = used[np.argsort(first, kind="stable")]
-    remap = np.zeros(len(klass), dtype=np.int32)
-    remap[order] = np.arange(len(order), dtype=np.int32)
-    return remap[rows], [first_value[i] for i in order.tolist()]
+    remap = np.zeros(max(len(labels), 1), dtype=codes.dtype)
+    remap[order] = np.arange(len(order), dtype=codes.dtype)
+    return remap[codes] if len(codes) else codes, [labels[i] for i in order.tolist()]
 
 
 def _as_key(v):
@@ -776,11 +682,9 @@ def _to_float(v) -> float:
 
 
 class _Reader:
-    """Binary block reader over a gzip or plain file, with an optional progress bar.
-
-    gzip is inflated in blocks of READ_BYTES as the decoder asks for them; a big file (more than
-    SYNC_GZ_BYTES compressed) in a background thread a few blocks ahead of the decoder, so decompression
-    overlaps decoding; memory stays bounded by the queue."""
+    """Block reader over a gzip or plain file, with an optional progress bar.  gzip is inflated in blocks of
+    READ_BYTES as the decoder asks, a big file (more than SYNC_GZ_BYTES) in a background thread a few blocks
+    ahead.  Blocks are (bytes, file offset); None at the end; a UserError when the file cannot be read."""
 
     GZ_IN = 1 << 20        # compressed bytes per inflate call
 
@@ -791,11 +695,9 @@ class _Reader:
             self.raw = open(path, "rb")
         except OSError as exc:
             raise UserError(f"cannot read trace {path}: {exc.strerror or exc}; check the path and permissions") from None
-        magic = self.raw.read(2)
+        self.gz = self.raw.read(2) == b"\x1f\x8b"
         self.raw.seek(0)
-        self.gz = magic == b"\x1f\x8b"
-        size = os.fstat(self.raw.fileno()).st_size
-        self.size = size
+        self.size = size = os.fstat(self.raw.fileno()).st_size
         if not self.gz and size > self.max_bytes:
             self.raw.close()
             raise UserError(self._too_big_message())
@@ -806,13 +708,10 @@ class _Reader:
             from tqdm import tqdm
             self.bar = tqdm(total=size, unit="B", unit_scale=True, desc=os.path.basename(path), leave=False)
         self._pos = 0
-        self._queue = None
+        self._queue = self._sync = self._last = None
         self._stop = False
-        self._sync = None
-        self._last = None
         if self.gz and size <= SYNC_GZ_BYTES:
-            # inflated here as the decoder asks (a thread would mostly wait on the decoder): in one piece
-            # when the JSON is at most CHUNK_BYTES (decoded in one call then), else in blocks
+            # inflated here as the decoder asks: in one piece when the JSON is at most CHUNK_BYTES
             self._sync = self._blocks(0 if self._isize() <= CHUNK_BYTES else READ_BYTES)
         elif self.gz:
             import queue
@@ -821,26 +720,15 @@ class _Reader:
             self._thread = threading.Thread(target=self._inflate, name="fsdpprof-gunzip", daemon=True)
             self._thread.start()
 
-    def _put(self, item) -> bool:
-        import queue
-        while not self._stop:
-            try:
-                self._queue.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def _isize(self) -> int:
         """Decompressed size of the last gzip member (bytes, mod 2**32) from the gzip trailer."""
         try:
             self.raw.seek(-4, os.SEEK_END)
             tail = self.raw.read(4)
-            self.raw.seek(0)
         except OSError:
-            self.raw.seek(0)
-            return 1 << 62
-        return int.from_bytes(tail, "little") if len(tail) == 4 else 0
+            tail = None
+        self.raw.seek(0)
+        return 1 << 62 if tail is None else int.from_bytes(tail, "little") if len(tail) == 4 else 0
 
     def _too_big_message(self) -> str:
         return (f"trace {self.path} holds more than {self.max_bytes / 2**30:.3g} GiB of JSON once decompressed, the limit; "
@@ -848,18 +736,15 @@ class _Reader:
                 f"(Python: max_bytes=)")
 
     def _blocks(self, max_out: int):
-        """Inflate the (possibly multi-member) gzip stream: yields ("chunk", bytes, file offset), then
-        ("eof",) or ("error", why); blocks of at most ``max_out`` bytes (0: the whole file in one block
-        when it is one small member, else READ_BYTES).  More than ``max_bytes`` in all is an error."""
+        """Inflate the (possibly multi-member) gzip stream into blocks of at most ``max_out`` bytes (0: the whole
+        file in one block when it is one small member, else READ_BYTES); more than ``max_bytes`` is an error."""
         total = 0
         try:
             d = _inflate_mod.decompressobj(wbits=31)
             pending = b""
             if not max_out:
-                # small file, one piece: with the size from the trailer, inflate fills one buffer of that size
-                # (no growing and joining); taken only for a single member (no second gzip header in
-                # the bytes) that inflates to exactly that size, otherwise the general loop below (from the
-                # start again, in blocks: the trailer may lie)
+                # one buffer of the trailer's size, when the file is one member (no second gzip header) that
+                # inflates to exactly that size; else the loop below, from the start (the trailer may lie)
                 pending = self.raw.read()
                 isize = int.from_bytes(pending[-4:], "little")
                 if pending.find(b"\x1f\x8b\x08", 1) < 0 and isize <= self.max_bytes:
@@ -869,8 +754,8 @@ class _Reader:
                     except _INFLATE_ERRORS:
                         out = None
                     if out is not None and len(out) == isize and one.eof:
-                        yield ("chunk", out, len(pending))
-                        yield ("eof",)
+                        yield out, len(pending)
+                        yield None
                         return
                     del out
                 max_out = READ_BYTES
@@ -878,7 +763,9 @@ class _Reader:
                 if not pending:
                     pending = self.raw.read(self.GZ_IN)
                     if not pending:                      # end of file
-                        yield ("eof",) if d.eof else ("error", "truncated")
+                        yield None if d.eof else UserError(
+                            f"trace {self.path} is a truncated gzip file (the writer probably died); "
+                            f"re-record or re-copy it")
                         return
                 if d.eof:                                # a member ended and more bytes follow
                     if not pending.strip(b"\x00"):      # zero padding
@@ -889,22 +776,30 @@ class _Reader:
                 pending = d.unused_data if d.eof else d.unconsumed_tail
                 total += len(out)
                 if total > self.max_bytes:
-                    yield ("error", "limit")
+                    yield UserError(self._too_big_message())
                     return
                 if out:
-                    yield ("chunk", out, self.raw.tell())
+                    yield out, self.raw.tell()
         except _INFLATE_ERRORS as exc:
-            yield ("error", f"bad: {exc}")
+            yield UserError(f"trace {self.path} is not a valid gzip file ({exc}); re-export or re-copy it")
         except Exception as exc:  # I/O error
-            yield ("error", f"io: {exc}")
+            yield UserError(f"cannot read trace {self.path}: {exc}")
 
     def _inflate(self) -> None:
-        """Thread: inflate into blocks of <= READ_BYTES, a few ahead of the decoder."""
+        """Thread: inflate into blocks, a few ahead of the decoder."""
+        import queue
         for item in self._blocks(READ_BYTES):
-            if not self._put(item):
-                return
+            while True:
+                if self._stop:
+                    return
+                try:
+                    self._queue.put(item, timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
 
     def read(self) -> bytes:
+        """The next block of JSON; b"" at the end."""
         if self._queue is None and self._sync is None:
             try:
                 data = self.raw.read(-1 if self.size <= CHUNK_BYTES else READ_BYTES)
@@ -912,27 +807,16 @@ class _Reader:
                 raise UserError(f"cannot read trace {self.path}: {exc}") from None
             pos = self.raw.tell() if self.bar is not None else 0
         else:
-            if self._sync is not None:
-                item = self._last if self._last is not None else next(self._sync)
-                if item[0] != "chunk":
-                    self._last = item            # stay at EOF / on the error for further reads
-            else:
-                item = self._queue.get()
-                if item[0] != "chunk":
-                    self._queue.put(item)        # stay at EOF / on the error for further reads
-            if item[0] == "eof":
+            item = self._last
+            if item is None:
+                item = next(self._sync) if self._sync is not None else self._queue.get()
+                if type(item) is not tuple:
+                    self._last = item or b""         # stay at the end / on the error for further reads
+            if not item:
                 return b""
-            if item[0] == "error":
-                msg = item[1]
-                if msg == "truncated":
-                    raise UserError(f"trace {self.path} is a truncated gzip file (the writer probably died); "
-                                    f"re-record or re-copy it")
-                if msg == "limit":
-                    raise UserError(self._too_big_message())
-                if msg.startswith("bad: "):
-                    raise UserError(f"trace {self.path} is not a valid gzip file ({msg[5:]}); re-export or re-copy it")
-                raise UserError(f"cannot read trace {self.path}: {msg[4:]}")
-            _, data, pos = item
+            if isinstance(item, UserError):
+                raise item
+            data, pos = item
         if self.bar is not None:
             self.bar.update(pos - self._pos)
             self._pos = pos
@@ -952,9 +836,8 @@ _P = len(_PREFIX)
 
 
 def _decode_events(buf, cols: _Columns) -> int:
-    """Decode a JSON array of events into ``cols``: typed fast path, lenient path when it does not fit.
-    Returns how many events the array held.  Raises msgspec.DecodeError when ``buf`` is not valid JSON,
-    msgspec.ValidationError when an element does not fit even the lenient layout (nothing added then)."""
+    """Decode a JSON array of events into ``cols`` (fast path, else lenient); how many it held.  Raises
+    msgspec.DecodeError when ``buf`` is not valid JSON or an event fits no layout (nothing added then)."""
     try:
         events = _FAST_CHUNK_DEC.decode(buf)
         cols.add_fast(events)
@@ -972,13 +855,9 @@ TRIES_FIRST, TRIES_LATER = 17, 2    # boundaries tried per round: a first round,
 
 
 class _Search:
-    """Where :func:`_decode_chunk` looks for event boundaries, kept between its rounds so that decoding stays linear
-    in the document's size whatever its layout (long blanks, long strings, many tiny events): each round searches
-    only the bytes that came since the last (``lo``, a document byte), a boundary that failed is never tried again
-    (``dead``: document bytes of their '}': a boundary inside a string or a nested value fails from any later start
-    too), and after a round in which every boundary tried failed, the next one waits until the body has grown
-    RETRY_GROWTH times (``retry_len``: body bytes), so failed tries, each a decode of the whole body, cost a few
-    passes over the body in all."""
+    """Where :func:`_decode_chunk` looks for event boundaries, kept between rounds so that decoding stays linear
+    whatever the layout: ``lo`` (document byte) the first byte not searched yet, ``dead`` the boundaries (their
+    '}') that failed, ``retry_len`` the body length the next round waits for after a round of failed tries."""
 
     __slots__ = ("lo", "retry_len", "dead")
 
@@ -989,9 +868,8 @@ class _Search:
 
 
 def _boundaries_backwards(body: bytearray, lo: int, hi: int):
-    """(``}`` index, ``,`` index) of the event boundaries (``}``, ``,``, ``{`` with blanks between) in
-    ``body[lo:hi]``, the last first; each byte of the slice is searched once, in C (the regular expression only
-    from the last '{' back: it costs more per '}' it passes than rfind per byte)."""
+    """(``}`` index, ``,`` index) of the event boundaries in ``body[lo:hi]``, the last first; each byte searched
+    once, in C."""
     while True:
         hi = body.rfind(b"{", lo, hi) + 1
         if hi <= lo:
@@ -1007,8 +885,7 @@ def _boundaries_backwards(body: bytearray, lo: int, hi: int):
 
 def _release(*views: memoryview) -> None:
     """Release views of the read buffer now (so that it can shrink in place) unless something still uses them
-    (msgspec.Raw values of decoded events that another thread's frame keeps alive a little longer, e.g. a Dask
-    worker's sampling profiler): those are released when their last user goes (see _extend, _decode_chunk)."""
+    (e.g. a Dask worker's sampling profiler holding a frame): those go with their last user."""
     for v in views:
         try:
             v.release()
@@ -1017,9 +894,7 @@ def _release(*views: memoryview) -> None:
 
 
 def _extend(body: bytearray, data) -> bytearray:
-    """``body + data``, in place when it can be: a bytearray cannot grow while something still views it
-    (a msgspec.Raw of a decoded event that another thread's frame keeps alive a little longer, e.g. a
-    Dask worker's sampling profiler), so then it is copied once."""
+    """``body + data``, in place unless something still views ``body`` (then copied once)."""
     try:
         body += data
     except BufferError:
@@ -1029,23 +904,21 @@ def _extend(body: bytearray, data) -> bytearray:
 
 
 class _Refused(Exception):
-    """What makes a whole trace unreadable, found in one slice of its event array: ``reason`` (msgspec's words),
-    ``where`` (the document byte of a syntax error, or the event's path in the document, e.g.
-    ``$.traceEvents[1234].tid``; None when msgspec named neither), ``layout`` (True: an event does not fit the
-    chrome-trace layout)."""
+    """What makes a whole trace unreadable, found in one slice: ``reason`` (msgspec's words), ``where`` (the
+    document byte of a syntax error, or the event's path, e.g. ``$.traceEvents[1234].tid``; None: not named),
+    ``layout`` (True: an event does not fit the chrome-trace layout)."""
 
     def __init__(self, reason: str, where, layout: bool) -> None:
         super().__init__(reason)
         self.reason, self.where, self.layout = reason, where, layout
 
     def said(self) -> str:
-        """msgspec's words, the byte or the event counted in the whole document."""
         if self.where is None:
             return self.reason
         return f"{self.reason} - at `{self.where}`" if self.layout else f"{self.reason} (byte {self.where})"
 
     def message(self, path: str) -> str:
-        """The one-line error of :func:`decode_trace` for it (the same as a whole-document parse gives)."""
+        """The one-line error of :func:`decode_trace` (the same as a whole-document parse gives)."""
         if self.layout:
             return f"trace {path} does not have the chrome-trace event layout ({self.said()}); is it a PyTorch profiler trace?"
         return f"trace {path} is not valid JSON ({self.said()}); re-export or re-copy it"
@@ -1056,11 +929,8 @@ _AT_EVENT = re.compile(r"^(.*) - at `\$(?:\.traceEvents)?\[(\d+)\](.*)`$")    # 
 
 
 def _refused(exc: msgspec.DecodeError, base: int, first_event: int) -> _Refused | None:
-    """msgspec's error on a slice of the event array, or on the tail of the document, as the whole document's
-    (:class:`_Refused`; the slice starts at document byte ``base`` and its first event is the document's
-    number ``first_event``): a syntax error ("JSON is malformed: ... (byte N)") or an event that fits no
-    layout ("... - at `$[N]...`").  None for anything else ("Input data was truncated": the slice was cut
-    inside a string, at a '},{' there)."""
+    """msgspec's error on a slice starting at document byte ``base`` whose first event is the document's number
+    ``first_event``, as the whole document's; None for anything else ("truncated": cut inside a string)."""
     if isinstance(exc, msgspec.ValidationError):
         m = _AT_EVENT.match(str(exc))
         return _Refused(m.group(1), f"$.traceEvents[{first_event + int(m.group(2))}]{m.group(3)}", True) if m else None
@@ -1070,15 +940,10 @@ def _refused(exc: msgspec.DecodeError, base: int, first_event: int) -> _Refused 
 
 def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int,
                   search: _Search) -> tuple[bytearray, int, int]:
-    """``body`` is ``{"traceEvents":`` + ``[`` + events..., its ``[`` at document byte ``base``, its first
-    event the document's number ``first_event``: decode the longest run of whole events, in place (the byte
-    after the last event's '}' becomes ']', the separating ',' becomes the next '['), then drop it from
-    ``body``.  Returns ``body`` (unchanged when no boundary decodes), ``base`` and ``first_event`` then.
-    ``search`` says which bytes were searched already and which boundaries failed (see :class:`_Search`).
-
-    A slice cut at a '},{' inside a string ends in an unterminated string ("truncated"): it is tried again
-    at the boundary before.  A syntax error before the slice's end, or an event that fits no layout, is in
-    the document itself: :class:`_Refused` is raised at once (the whole document would fail the same way)."""
+    """``body`` is ``{"traceEvents":[`` + events..., its ``[`` at document byte ``base``, its first event the
+    document's number ``first_event``: decode the longest run of whole events in place (the byte after the last
+    '}' becomes ']', the separating ',' the next '['), then drop it.  Returns (body, base, first_event).  A syntax
+    error before the slice's end, or an event that fits no layout, raises :class:`_Refused`."""
     n = len(body)
     if n < search.retry_len:
         return body, base, first_event
@@ -1127,27 +992,30 @@ def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int,
 
 
 def decode_trace(path: str, *, progress: bool | None = None, max_bytes: int | None = None) -> RawTrace:
-    """Decode one chrome-trace file into a raw frame (no classification). Raises UserError on bad input,
-    also when the JSON is bigger than ``max_bytes`` (default MAX_TRACE_BYTES) once decompressed.
-    Malformed events are left out or repaired and counted in ``RawTrace.defects``."""
+    """Decode one chrome-trace file into a raw frame (no classification).  UserError on bad input, also when
+    the JSON is bigger than ``max_bytes`` (default MAX_TRACE_BYTES) once decompressed; malformed events are
+    left out or repaired and counted in ``RawTrace.defects``."""
     path = os.fspath(path)
     reader = _Reader(path, progress, max_bytes)
-    cols = _Columns()
     try:
-        return _decode(path, reader, cols)
+        return _decode(path, reader, _Columns())
     except RecursionError:
         raise UserError(f"trace {path} nests arrays or objects too deeply to be a profiler trace; re-export it") from None
     finally:
         reader.close()
 
 
-def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
+_OLD_LIST_FORMAT = ("trace {} uses the old list format (a bare JSON array of events); re-export it with a recent "
+                    "torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
+
+
+def _decode(path: str, reader: _Reader, cols: _Columns) -> RawTrace:
     buf = b""
     eof = False
-    # 1. header: everything before the "traceEvents" key; each byte searched once (a bytes object while it is
-    # the first block, which a small file is decoded from without a copy; a growing bytearray after that)
+    # 1. header: everything before the "traceEvents" key, each byte searched once (a bytes object while it is
+    # the first block, which a small file is decoded from without a copy)
     searched = 0                                     # buf[:searched] holds no start of the key
-    blank = 0                                        # buf[:blank] is blanks (before the first byte that is not)
+    blank = 0                                        # buf[:blank] is blanks
     while True:
         idx = buf.find(_KEY, searched)
         if idx >= 0:
@@ -1156,7 +1024,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
         if eof:
             _raise_no_events_key(path, buf)
         if blank is not None and buf:                # a first byte that starts no JSON value: refused at once
-            first = _NOT_BLANK.search(buf, blank)    # (as the whole file would be: "invalid character (byte N)")
+            first = _NOT_BLANK.search(buf, blank)
             if first is None:
                 blank = len(buf)
             else:
@@ -1169,8 +1037,7 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
             if not buf.strip():
                 raise UserError(f"trace {path} is empty; re-export it (torch.profiler export_chrome_trace)")
         if buf == b"" and re.match(rb"\s*\[", data):
-            raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
-                            f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
+            raise UserError(_OLD_LIST_FORMAT.format(path))
         if not buf:
             buf = data
         else:
@@ -1189,20 +1056,18 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
         if eof or len(buf) - idx > 64:
             raise UserError(f"trace {path}: 'traceEvents' is not an array; is it a profiler trace?")
         data = reader.read()
-        if not data:
-            eof = True
+        eof = not data
         buf += data
     more = b"" if eof else reader.read()
     tail_base, first_event = 0, 0                    # the tail's first byte and event in the document (less _P)
     if more:
+        # 3. the body in slices, decoded in place: body[_P] is the '[' at document byte ``base``
         body = bytearray(_PREFIX)
         body += b"["
-        base = m.end() - 1                           # the document byte of body's '[' (at _P); its first
-                                                     # event is the document's number first_event
+        base = m.end() - 1
         body += memoryview(buf)[m.end():]
         body += more
         del buf, more
-        # 3. body in chunks, decoded in place
         search = _Search()
         while True:
             data = reader.read()
@@ -1215,34 +1080,24 @@ def _decode(path: str, reader: "_Reader", cols: _Columns) -> RawTrace:
                     body, base, first_event = _decode_chunk(body, cols, base, first_event, search)
                 except _Refused as bad:
                     raise UserError(bad.message(path)) from None
-        # 4. the remainder: rest of the array, then the trailing keys of the document
-        buf, tail_base = body, base - _P             # (body's events: the document's from first_event on)
+        buf, tail_base = body, base - _P             # 4. the rest of the array, then the document's trailing keys
         del body
-    # else: the whole document is in buf (a small file): decoded as it is, without a copy
-    fast = True
+    # (a small file: the whole document is in buf, decoded as it is, without a copy)
     try:
         tail = _FAST_TAIL_DEC.decode(buf)
-    except msgspec.DecodeError:      # not the typed layout (or not valid JSON): the lenient decoder says which
-        fast = False
-    try:
-        if not fast:
-            tail = _TAIL_DEC.decode(buf)
-    except msgspec.DecodeError as exc:          # (ValidationError too)
-        layout = isinstance(exc, msgspec.ValidationError)
-        bad = _refused(exc, tail_base, first_event) or _Refused(str(exc), None, layout)
-        if not layout and not buf.rstrip().endswith((b"]", b"}")):
-            raise UserError(f"trace {path} is truncated or not valid JSON ({bad.said()}); "
-                            f"re-export or re-copy it") from None
-        raise UserError(bad.message(path)) from None
-    if fast:
+        cols.add_fast(tail.traceEvents)
+    except (msgspec.DecodeError, _NotFast):    # not the typed layout, not JSON, an id beyond int64: the lenient path
         try:
-            cols.add_fast(tail.traceEvents)
-        except _NotFast:            # an id beyond int64: the lenient path keeps it as -1
-            fast = False
             tail = _TAIL_DEC.decode(buf)
-    del buf
-    if not fast:
+        except msgspec.DecodeError as exc:          # (ValidationError too)
+            layout = isinstance(exc, msgspec.ValidationError)
+            bad = _refused(exc, tail_base, first_event) or _Refused(str(exc), None, layout)
+            if not layout and not buf.rstrip().endswith((b"]", b"}")):
+                raise UserError(f"trace {path} is truncated or not valid JSON ({bad.said()}); "
+                                f"re-export or re-copy it") from None
+            raise UserError(bad.message(path)) from None
         cols.add(tail.traceEvents)
+    del buf
     meta = dict(header) if isinstance(header, dict) else {}
     for key in TailDoc.__struct_fields__[1:]:     # (the document's keys after traceEvents)
         val = getattr(tail, key)
@@ -1265,10 +1120,9 @@ def _device_type(arrays: dict, meta: dict) -> str:
     """model.device_type of a decoded trace: its categories, runtime-call names and device names."""
     if not (arrays["stream"] >= 0).any():
         return model.DEVICE_CPU
-    cats = arrays["cat_cats"]
+    cats, names = arrays["cat_cats"], arrays["name_cats"]
     used = np.flatnonzero(np.bincount(arrays["cat"], minlength=len(cats))).tolist()
     is_rt = np.array([c in model.RUNTIME_CATS for c in cats], dtype=bool)
-    names = arrays["name_cats"]
     rt_rows = arrays["name"][is_rt[arrays["cat"]]]
     rt_names = [str(names[i]) for i in np.flatnonzero(np.bincount(rt_rows, minlength=len(names))).tolist()]
     props = meta.get("deviceProperties")
@@ -1276,8 +1130,9 @@ def _device_type(arrays: dict, meta: dict) -> str:
     return model.device_type([str(cats[i]) for i in used], rt_names, devs)
 
 
-def _decode_header(path: str, header_bytes: bytes) -> dict:
-    text = header_bytes.rstrip()
+def _decode_header(path: str, text: bytes) -> dict:
+    """The document's keys before ``traceEvents``."""
+    text = text.rstrip()
     if text.endswith(b","):
         text = text[:-1]
     if not text.lstrip().startswith(b"{"):
@@ -1290,40 +1145,36 @@ def _decode_header(path: str, header_bytes: bytes) -> dict:
 
 
 def _raise_no_events_key(path: str, buf: bytes) -> None:
-    text = buf.strip()
     try:
-        doc = msgspec.json.decode(text)
+        doc = msgspec.json.decode(buf.strip())
     except msgspec.DecodeError as exc:
         raise UserError(f"trace {path} is not valid JSON ({exc}); re-export or re-copy it") from None
     if isinstance(doc, list):
-        raise UserError(f"trace {path} uses the old list format (a bare JSON array of events); "
-                        f"re-export it with a recent torch.profiler, or wrap it as {{\"traceEvents\": [...]}}")
+        raise UserError(_OLD_LIST_FORMAT.format(path))
     raise UserError(f"trace {path} has no 'traceEvents' key; is it a PyTorch profiler chrome trace?")
 
 
 def _memory_frame(rows: list[tuple], defects: dict) -> tuple[pd.DataFrame, np.ndarray]:
-    """([memory] events as model.MEMORY_EVENT_COLUMNS, the process id of each row).  Events whose time, address or size is missing,
-    not an integer or implausible (beyond TIME_MAX_US / MEMORY_BYTES_MAX) and exact duplicates (same time,
-    address, size, totals and device) are left out, counted in ``defects``; other bad fields read as 0."""
+    """([memory] events as model.MEMORY_EVENT_COLUMNS, the process id of each row).  Events whose time, address
+    or size is missing or implausible, and exact duplicates, are left out (counted in ``defects``); other bad
+    fields read as 0."""
     cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
     dtypes = (np.int64, np.int64, np.int64, np.int64, np.int8, np.int16)
-    columns = list(zip(*rows)) if rows else [() for _ in cols]
+    columns = list(zip(*rows)) if rows else [() for _ in range(8)]
     ts = _floats(list(columns[0]))
     out = {"rank": np.zeros(len(rows), dtype=np.int32), "ts_us": ts}
     ok = np.isfinite(ts) & (np.abs(ts) <= TIME_MAX_US)
     for c, vals, dt in zip(cols[1:], columns[1:], dtypes):
-        arr, valid = _ints(vals, dt)
-        out[c] = arr
+        out[c], valid = _ints(vals, dt)
         if c in ("addr", "bytes"):
             ok &= valid
     ok &= np.abs(out["bytes"]) <= MEMORY_BYTES_MAX
-    if not ok.all():
-        defects["bad_memory"] = defects.get("bad_memory", 0) + int(np.count_nonzero(~ok))
+    _count(defects, "bad_memory", int(np.count_nonzero(~ok)))
     dup = _duplicate_rows([out[c] for c in cols], ok) if len(rows) else None
     if dup is not None:
-        defects["duplicate_memory"] = defects.get("duplicate_memory", 0) + int(np.count_nonzero(dup))
+        _count(defects, "duplicate_memory", int(np.count_nonzero(dup)))
         ok &= ~dup
-    pids = np.array(list(columns[7]) if rows else [], dtype=object)
+    pids = np.array(list(columns[7]), dtype=object)
     if not ok.all():
         out = {c: v[ok] for c, v in out.items()}
         pids = pids[ok]
@@ -1347,44 +1198,29 @@ def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter((0 if v is None else v for v in ints), dtype=dtype, count=len(ints)), valid
 
 
+def _rows_of(values: np.ndarray, pid) -> np.ndarray:
+    return np.flatnonzero(np.fromiter((p == pid for p in values.tolist()), dtype=bool, count=len(values)))
+
+
 def split_by_pid(rt: RawTrace, pids: list) -> dict:
-    """A decoded trace cut into one RawTrace per process id in ``pids`` (a merged timeline: each rank one
-    process): its duration events, [memory] events and thread names, codes renumbered as a trace of that process
-    alone would have them; the defects counted once, on the first part.  pid -> RawTrace."""
+    """A decoded trace cut into one RawTrace per process id in ``pids`` (a merged timeline: one process a rank),
+    codes renumbered as a trace of that process alone would have them; the defects counted on the first part."""
     cols = rt.cols
     out = {}
-    pid_col = cols["pid"]
     for i, pid in enumerate(pids):
-        rows = np.flatnonzero(np.fromiter((p == pid for p in pid_col.tolist()), dtype=bool, count=len(pid_col)))
-        part = _take_rows(cols, rows)
+        rows = _rows_of(cols["pid"], pid)
+        part = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in cols.items()}
+        for c, labels in (("name", "name_cats"), ("cat", "cat_cats"), ("tid_code", "tid_values")):
+            part[c], part[labels] = _compact(part[c], list(cols[labels]))
         keep = {int(r): k for k, r in enumerate(rows.tolist())}
         comm = [(keep[r[0]],) + tuple(r[1:]) for r in rt.comm_rows if r[0] in keep]
-        mem_rows = np.flatnonzero(np.fromiter((p == pid for p in rt.memory_pids.tolist()), dtype=bool,
-                                              count=len(rt.memory_pids))) if rt.memory_pids is not None else []
-        mem = rt.memory_events.iloc[mem_rows].reset_index(drop=True)
+        mem_pids = rt.memory_pids
+        mem_rows = _rows_of(mem_pids, pid) if mem_pids is not None else []
         meta = dict(rt.meta)
         meta["device_type"] = _device_type(part, meta)
-        out[pid] = RawTrace(path=rt.path, cols=part, comm_rows=comm, memory_events=mem, meta=meta,
+        out[pid] = RawTrace(path=rt.path, cols=part, comm_rows=comm,
+                            memory_events=rt.memory_events.iloc[mem_rows].reset_index(drop=True), meta=meta,
                             thread_names={k: v for k, v in rt.thread_names.items() if k[0] == pid},
-                            defects=dict(rt.defects) if i == 0 else {}, memory_pids=rt.memory_pids[mem_rows]
-                            if rt.memory_pids is not None else None)
-    return out
-
-
-def _compact(codes: np.ndarray, labels: list) -> tuple[np.ndarray, list]:
-    """Codes into ``labels`` renumbered to the labels they use, in order of first use."""
-    used, first = np.unique(codes, return_index=True)
-    order = used[np.argsort(first, kind="stable")]
-    remap = np.zeros(max(len(labels), 1), dtype=codes.dtype)
-    remap[order] = np.arange(len(order), dtype=codes.dtype)
-    return remap[codes] if len(codes) else codes, [labels[i] for i in order.tolist()]
-
-
-def _take_rows(cols: dict, rows: np.ndarray) -> dict:
-    """RawTrace.cols of the given rows, as the decoder makes them for a trace of those rows alone."""
-    out = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in cols.items()
-           if k not in ("name_cats", "cat_cats", "tid_values")}
-    out["name"], out["name_cats"] = _compact(out["name"], list(cols["name_cats"]))
-    out["cat"], out["cat_cats"] = _compact(out["cat"], list(cols["cat_cats"]))
-    out["tid_code"], out["tid_values"] = _compact(out["tid_code"], list(cols["tid_values"]))
+                            defects=dict(rt.defects) if i == 0 else {},
+                            memory_pids=mem_pids[mem_rows] if mem_pids is not None else None)
     return out

@@ -1,5 +1,4 @@
-"""One trace file -> the events frame of :mod:`fsdpprof.analyze.model`: decode (:mod:`.decode`), classify
-(:mod:`.classify`), label every event from its launch (:mod:`.labels`).  Times in µs."""
+"""One trace file -> the events frame of :mod:`fsdpprof.analyze.model`: decode, classify, label.  Times in µs."""
 from __future__ import annotations
 
 import os
@@ -27,10 +26,9 @@ class TraceData:
 
 def load_trace(path: str, *, rank: int | None = None, progress: bool | None = None,
                max_bytes: int | None = None) -> TraceData:
-    """Decode, classify and label one trace file. ``rank`` overrides distributedInfo's rank;
-    ``max_bytes``: largest JSON accepted once decompressed (default MAX_TRACE_BYTES).
-    Bad input raises :class:`fsdpprof.errors.UserError` (one line, naming the file); malformed events
-    are left out and said so in ``TraceData.warnings``, one line per kind."""
+    """Decode, classify and label one trace file (``rank`` overrides distributedInfo's; ``max_bytes``: largest
+    JSON accepted once decompressed).  Bad input raises UserError (one line); malformed events are left out and
+    said so in ``TraceData.warnings``."""
     path = os.fspath(path)
     with unexpected_as_user_error(f"trace {path}"), gc_paused():
         return _load_trace(path, rank, progress, max_bytes)
@@ -38,9 +36,8 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
 
 def load_trace_parts(path: str, parts: dict, *, progress: bool | None = None,
                      max_bytes: int | None = None) -> dict:
-    """A merged timeline (``fsdpprof timeline``): decoded once, each rank's process loaded as that rank's trace.
-    ``parts``: pid -> (rank, the trace metadata of that rank: distributedInfo, ...).  Returns rank -> TraceData;
-    bad input raises UserError as :func:`load_trace`."""
+    """A merged timeline decoded once, each rank's process loaded as that rank's trace.  ``parts``: pid -> (rank,
+    that rank's trace metadata); returns rank -> TraceData."""
     path = os.fspath(path)
     with unexpected_as_user_error(f"trace {path}"), gc_paused():
         rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
@@ -58,18 +55,15 @@ def _load_trace(path: str, rank: int | None, progress: bool | None, max_bytes: i
 
 def _trace_data(rt, rank: int | None) -> TraceData:
     warnings: list[str] = defect_warnings(rt.path, rt.defects)
-    dist = rt.meta.get("distributedInfo") or {}
     if rank is None:
+        dist = rt.meta.get("distributedInfo") or {}
         rank = dist.get("rank") if isinstance(dist, dict) else None
-        if not isinstance(rank, int):
-            rank = 0
+        rank = rank if isinstance(rank, int) else 0
     c = classify.classify_arrays(rt)
-    rt.cols = None                     # classify copied what it needs: free the raw columns early
-    rt.comm_rows = None
+    rt.cols = rt.comm_rows = None      # classify copied what it needs: free the raw columns early
     c, w = labels.assign_arrays(c, rt)
-    warnings += w
-    events = labels.events_frame(c, rank)
     mem = rt.memory_events
     mem["rank"] = np.int32(rank)
     meta = {**rt.meta, "thread_names": labels.thread_name_records(rt.thread_names)}  # lanes' readable names
-    return TraceData(path=rt.path, events=events, memory_events=mem, meta=meta, warnings=warnings)
+    return TraceData(path=rt.path, events=labels.events_frame(c, rank), memory_events=mem, meta=meta,
+                     warnings=warnings + w)

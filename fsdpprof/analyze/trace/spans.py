@@ -1,8 +1,5 @@
-"""Spans of one rank's labels over time (µs, the trace's clock): its steps, the stages of each step, and the
-regions each FSDP annotation labels (phase and unit), as the events are labelled (:mod:`.labels`): the stage of
-a time is :func:`fsdpprof.analyze.model.stage_codes_at` of the step marks, its FSDP phase and unit those of the
-innermost FSDP annotation on the thread (:func:`fsdpprof.analyze.comm.intervals.innermost`).  What ``fsdpprof
-timeline`` draws as tracks."""
+"""Spans of one rank's labels over time (µs): steps, the stages of each step, and the regions each FSDP annotation
+labels (phase and unit), as :mod:`.labels` labels the events.  What ``fsdpprof timeline`` draws as tracks."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +23,7 @@ def step_spans(events: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def stage_spans(events: pd.DataFrame | None) -> pd.DataFrame:
-    """Per step, the stretches of one stage (model.STEP_STAGES): step, stage, start_us, end_us.  Each stretch
-    lies between two of the step's marks and takes the stage :func:`model.stage_codes_at` gives inside it."""
+    """Per step, the stretches of one stage between two of its marks: step, stage, start_us, end_us."""
     marks = labels.step_marks(events)
     if not len(marks):
         return pd.DataFrame({c: [] for c in STAGE_SPAN_COLUMNS})
@@ -50,9 +46,8 @@ def stage_spans(events: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def fsdp_spans(events: pd.DataFrame | None) -> pd.DataFrame:
-    """Per thread, the stretches one FSDP annotation labels (the innermost one there: what a launch inside it
-    takes as fsdp_phase and unit): lane, fsdp_phase, unit ("" the root unit, None: none named), start_us,
-    end_us, by lane and start."""
+    """Per thread, the stretches the innermost FSDP annotation labels: lane, fsdp_phase, unit ("" the root unit,
+    None: none named), start_us, end_us, by lane and start."""
     if events is None or not len(events):
         return pd.DataFrame({c: [] for c in FSDP_SPAN_COLUMNS})
     names = events["name"].astype(str).to_numpy(object)
@@ -60,7 +55,7 @@ def fsdp_spans(events: pd.DataFrame | None) -> pd.DataFrame:
     is_f = np.fromiter((parsed[x][0] is not None for x in names), dtype=bool, count=len(names))
     is_f &= labels.cpu_side(events) & ~isin(events["kind"], [model.KIND_COMM])
     f = events[is_f]
-    out = []
+    out: list[list] = []
     ts_all = f["ts_us"].to_numpy(np.float64)
     end_all = ts_all + f["dur_us"].to_numpy(np.float64)
     lane_all = f["lane"].astype(str).to_numpy(object)
@@ -72,23 +67,20 @@ def fsdp_spans(events: pd.DataFrame | None) -> pd.DataFrame:
         if b.size < 2:
             continue
         k = intervals.innermost(ts, end, (b[:-1] + b[1:]) / 2)
-        prev = None
+        prev = -1
         for s, e, i in zip(b[:-1].tolist(), b[1:].tolist(), k.tolist()):
-            if i < 0:
-                prev = None
-                continue
-            if prev is not None and prev[0] == i and out[-1][4] == s:
+            if i >= 0 and prev == i and out[-1][4] == s:
                 out[-1][4] = e
-                continue
-            phase, unit, _ = parsed[nm[i]]
-            out.append([lane, phase, unit, s, e])
-            prev = (i,)
+            elif i >= 0:
+                phase, unit, _ = parsed[nm[i]]
+                out.append([lane, phase, unit, s, e])
+            prev = i
     return pd.DataFrame(out, columns=FSDP_SPAN_COLUMNS)
 
 
 def unit_spans(fsdp: pd.DataFrame) -> pd.DataFrame:
-    """The stretches of :func:`fsdp_spans` merged by FSDP unit (adjacent stretches of one unit on one thread
-    join): lane, unit, start_us, end_us; stretches that name no unit are left out."""
+    """:func:`fsdp_spans` merged by unit (adjacent stretches of one unit on a thread join): lane, unit, start_us,
+    end_us; stretches that name no unit left out."""
     f = fsdp[fsdp["unit"].notna()] if len(fsdp) else fsdp
     rows: list[list] = []
     for r in f.itertuples(index=False):

@@ -1,11 +1,7 @@
-"""The merged timeline that ``fsdpprof timeline`` writes, as an input: what marks it, and each rank's part.
-
-The file is a chrome trace (gzip) whose first key is ``otherData`` holding ``schema`` (TIMELINE_SCHEMA) and per
-rank its process id, the offset (µs) subtracted from its times and its own trace metadata (distributedInfo,
-deviceProperties, ...).  Each rank is one process: its original events (process ids replaced, times shifted)
-and fsdpprof's tracks, every one of category TRACK_CAT on threads from TRACK_TID_BASE on (the decoder keeps
-no event of that category, so an analysis of the file sees the original events only).
-"""
+"""The merged timeline ``fsdpprof timeline`` writes, as an input: a gzipped chrome trace whose first key,
+``otherData``, holds ``schema`` (TIMELINE_SCHEMA) and per rank its pid, time offset (µs) and trace metadata.  Each
+rank is one process: its original events, and fsdpprof's tracks (category TRACK_CAT, threads from TRACK_TID_BASE
+on, which the decoder skips)."""
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +26,7 @@ TRACE_META_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "base
 
 @contextlib.contextmanager
 def _open(path: str):
-    """The file's bytes (inflated when it is gzipped); the file closed after (a GzipFile does not close the
-    file it was given)."""
+    """The file's bytes (inflated when it is gzipped), the file closed after."""
     with open(path, "rb") as fh:
         gzipped = fh.read(2) == b"\x1f\x8b"
         fh.seek(0)
@@ -48,8 +43,8 @@ def is_timeline(head: bytes) -> bool:
 
 
 def timeline_meta(path: str) -> dict | None:
-    """The ``otherData`` of a merged timeline, or None when ``path`` is not one (or cannot be read: the
-    trace's own parse says why).  UserError for a timeline of a newer schema, or one whose metadata is cut."""
+    """The ``otherData`` of a merged timeline, None when ``path`` is not one (or unreadable: the trace's parse
+    says why).  UserError for a newer schema or cut metadata."""
     try:
         with _open(path) as src:
             head = src.read(4096)
@@ -78,18 +73,14 @@ def timeline_meta(path: str) -> dict | None:
 
 def rank_parts(meta: dict) -> list[dict]:
     """The ranks of a timeline's metadata: rank, pid, label, offset_us, trace (the rank's trace metadata)."""
-    out = []
-    for p in meta.get("ranks") or []:
-        if isinstance(p, dict) and isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int):
-            out.append(p)
-    return out
+    return [p for p in meta.get("ranks") or []
+            if isinstance(p, dict) and isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int)]
 
 
 def write_rank_part(path: str, part: dict, out_path: str) -> None:
-    """One rank's original events of a merged timeline as a trace file of their own (gzip), as its profiler
-    wrote it but on the timeline's clock: its process ids, process metadata, distributedInfo and other metadata
-    back; fsdpprof's tracks left out.  What HTA (one file per rank) reads.  ``part``: an entry of
-    :func:`rank_parts` (rank, pid, trace)."""
+    """One rank's original events of a merged timeline as a gzipped trace of their own, on the timeline's clock,
+    with its process ids and metadata back and fsdpprof's tracks left out (what HTA reads).  ``part``: an entry of
+    :func:`rank_parts`."""
     import msgspec
 
     with _open(path) as src:
