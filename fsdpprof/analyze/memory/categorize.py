@@ -166,11 +166,9 @@ def stack_codes(frames) -> tuple[np.ndarray, list]:
     return codes, stacks
 
 
-def signature_codes(frames, stacks: tuple[np.ndarray, list] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Signature of each stack in ``frames`` (a sequence of frame lists or None) as (codes int32,
-    sorted distinct signatures): the distinct telling frames (``name@package/path.py``, C++ frames of
-    autograd) in stack order joined by ``|``.  ``stacks``: :func:`stack_codes` of ``frames`` when the
-    caller has it.  Each distinct stack and each distinct frame is judged once."""
+def signatures(frames, stacks: tuple[np.ndarray, list] | None = None) -> pd.Categorical:
+    """Signature of each stack in ``frames`` (frame lists or None): its distinct telling frames
+    (``name@package/path.py``, autograd's C++ frames) joined by ``|``; each distinct stack and frame judged once."""
     codes, distinct = stacks if stacks is not None else stack_codes(frames)
     part_by_id: dict[int, str] = {}
     sigs: list[str] = [""]
@@ -185,7 +183,7 @@ def signature_codes(frames, stacks: tuple[np.ndarray, list] | None = None) -> tu
         sigs.append("|".join(dict.fromkeys(filter(None, map(part_by_id.__getitem__, ids)))))
     # equal signatures from different stacks share a category
     uniq, inv = np.unique(np.array(sigs, dtype=object), return_inverse=True)
-    return inv[codes].astype(np.int32), uniq
+    return pd.Categorical.from_codes(inv[codes].astype(np.int32), categories=pd.Index(uniq, dtype=object))
 
 
 def _frame_part(f) -> str:
