@@ -169,9 +169,9 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
     n = len(cols["alloc_seq"])
     tag_phase, tag_unit = cz.parse_tags(np.asarray(cols["user_metadata"], dtype=object))
     sig = cz.signatures(np.asarray(cols["frames"], dtype=object), stacks)
-    ph = cz.frame_stage(sig)
+    ph = cz.frame_rule(sig, model.STAGE_FRAME_RULES)
     # tags give the coarse phase; FSDP's own collectives show in the frames
-    fsdp_ff = cz.frame_fsdp_phase(sig)
+    fsdp_ff = cz.frame_rule(sig, model.FSDP_PHASE_FRAME_RULES)
     tag_fine = _like_column(tag_phase).copy()
     tag_fine[cz._isin(tag_fine, model.STEP_STAGES)] = np.nan
     fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
@@ -209,11 +209,11 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
         has = np.flatnonzero(pd.notna(ff) & ok)
         if len(has):
             fsig = cz.signatures(ff[has])
-            fst = cz.frame_stage(fsig)
+            fst = cz.frame_rule(fsig, model.STAGE_FRAME_RULES)
             got = pd.notna(fst)
             free_phase[has[got]] = fst[got]
             # the FSDP phase of the free from its own frames (a tag, when there is one, lasts until the next)
-            ffp = cz.frame_fsdp_phase(fsig)
+            ffp = cz.frame_rule(fsig, model.FSDP_PHASE_FRAME_RULES)
             untagged = pd.isna(np.asarray(tag_fine, dtype=object)[has]) if len(tag_fine) else np.ones(len(has), bool)
             free_fsdp[has[untagged]] = ffp[untagged]
     # one snapshot is one window: no step boundaries (all allocations in step 0)
