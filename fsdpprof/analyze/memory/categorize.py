@@ -38,13 +38,10 @@ def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
             gb = b[b["unit"] == unit]
             if not len(gb):
                 continue
-            ends = gb["end_us"].to_numpy()
-            for s in ga["ts_us"].to_numpy():
-                later = ends[ends >= s]
-                nxt_pre = ga["ts_us"].to_numpy()
-                nxt_pre = nxt_pre[nxt_pre > s]
-                lim = nxt_pre.min() if len(nxt_pre) else np.inf
-                later = later[later < lim]
+            ends, starts = gb["end_us"].to_numpy(), ga["ts_us"].to_numpy()
+            for s in starts:
+                nxt = starts[starts > s]
+                later = ends[(ends >= s) & (ends < (nxt.min() if len(nxt) else np.inf))]
                 if len(later):
                     rows.append((s, later.max(), unit))
     return pd.DataFrame(rows, columns=["ts_us", "end_us", "unit"])

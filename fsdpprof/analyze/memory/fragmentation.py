@@ -84,9 +84,8 @@ def size_classes(sizes: np.ndarray) -> list[dict]:
 
 # --------------------------------------------------------------------------- the answer
 def fragmentation(snap: SnapshotData, device: int, peak_seq: int | None = None) -> Fragmentation:
-    """Fragmentation of ``device`` of ``snap`` at the peak (after trace entry ``peak_seq``, as
-    :class:`~fsdpprof.analyze.memory.attribution.MemoryResult.peak_seq` gives it; None: no peak entry), at the
-    device's first OOM and at the end.  See the module docstring."""
+    """Fragmentation of ``device`` of ``snap`` at the peak (after trace entry ``peak_seq``; None: none), at the
+    device's first OOM and at the end."""
     blocks = snap.blocks[snap.blocks["device"].to_numpy() == device]
     seg = snap.segments[snap.segments["device"].to_numpy() == device]
     notes: list[str] = []
@@ -365,10 +364,8 @@ class _State:
 
 
 def _replay(st: _State, events: list[tuple], moments: list[tuple[str, int]], sizes: dict, down_to: int = -1):
-    """Undo ``events`` (last first, down to seq ``down_to``) on ``st``; the figures at each of ``moments``
-    (name, seq; latest first) once every entry after seq is undone.  ``sizes``: block sizes by allocation key
-    (from a first pass).  Returns (block sizes found at the allocs, {name: FragmentationAt}, entries that did
-    not match)."""
+    """Undo ``events`` (last first, down to ``down_to``) on ``st``: (block sizes found at the allocs, the figures at
+    each of ``moments`` (name, seq; latest first), entries that did not match); ``sizes``: from a first pass."""
     found: dict = {}
     got: dict = {}
     bad = 0

@@ -329,17 +329,23 @@ def _groups(order: np.ndarray, is_member: np.ndarray, stop: np.ndarray | None, a
     return groups
 
 
+def reduce_ratio(sizes: list, tmpl: list) -> float:
+    """The ratio of reduce-scatter to all-gather bytes that matches the most ``sizes`` to a size in ``tmpl``."""
+    tset = sorted(set(tmpl))
+    best_r, best_n = 1.0, -1
+    for r in {s / t for s in sizes[:4] for t in tset if t}:
+        n = sum(1 for s in sizes if (s / r) in tset)
+        if n > best_n:
+            best_r, best_n = r, n
+    return best_r
+
+
 def _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, fseq, order, stage, before) -> None:
     """Units of the reduce-scatter calls (reverse order within each backward, matched by size with the
     ratio of reduce to gather bytes) and of the gradients each call frees."""
     sizes = [int(nbytes[r_in]) if r_in is not None else int(nbytes[g].max()) for g, r_in in rs_calls]
-    tset = sorted(set(tmpl))
-    best_r, best_n = 1.0, -1
-    for r in {s / t for s in sizes[:4] for t in tset}:
-        n = sum(1 for s in sizes if (s / r) in tset)
-        if n > best_n:
-            best_r, best_n = r, n
-    norm = [s / best_r for s in sizes]
+    ratio = reduce_ratio(sizes, tmpl)
+    norm = [s / ratio for s in sizes]
     # a backward: the calls between two forward all-gathers
     fwd_pos = np.array([p for p, b in zip(ag_pos, is_bwd) if not b], dtype=np.int64)
     region = np.searchsorted(fwd_pos, [pos_of[g[0]] for g, _ in rs_calls]) if len(fwd_pos) else np.zeros(len(rs_calls), int)

@@ -66,23 +66,17 @@ MAX_SNAPSHOT_BYTES = 8 << 30     # the pickle, decompressed
 SIZE_MAX = 1 << 40               # bytes of one block / segment / allocation (1 TiB: more than any GPU has)
 TIME_MAX_US = float(2 ** 53)     # |time_us| beyond this is not a time
 DEVICE_MAX = options.MAX_CUDA_DEVICE
-# Objects visited (segments, blocks, trace entries and the frames of each, counted every time they are
-# reached, also when pickle's memo shares one object many times): at most OBJECTS_PER_BYTE per byte of
-# decompressed pickle, and never fewer than OBJECTS_MIN.  The densest real snapshot in ../shared/data
-# (qlora-tinyllama-legacy.pickle, 2.6 MB, frames shared by reference) reaches 0.39 per byte: the limit is
-# 50x that.  A pickle bomb (a 480 KB file whose entries share one 20,000-frame list 20,000 times:
-# 4e8 objects) is refused before any of them is visited.
+# Objects visited (segments, blocks, entries, frames; each time reached, memo-shared or not): at most
+# OBJECTS_PER_BYTE per byte of pickle (the densest real snapshot: 0.39), at least OBJECTS_MIN; a pickle bomb
+# (entries sharing one huge frame list) is refused before any of them is visited.
 OBJECTS_PER_BYTE = 20
 OBJECTS_MIN = 2_000_000
 
 
 def load_snapshot(path: str | os.PathLike, *, max_bytes: int | None = None,
                   max_objects: int | None = None) -> SnapshotData:
-    """Read a snapshot pickle (plain or gzip) safely and turn it into :class:`SnapshotData`.
-    ``max_bytes``: largest decompressed pickle accepted (default MAX_SNAPSHOT_BYTES); ``max_objects``:
-    most objects the parse may visit (default from the file's size, see OBJECTS_PER_BYTE).
-    Bad input raises :class:`fsdpprof.errors.UserError` (one line naming the file); malformed entries
-    are left out and counted in ``SnapshotData.warnings``."""
+    """A snapshot pickle (plain or gzip) read safely; at most ``max_bytes`` decompressed (MAX_SNAPSHOT_BYTES) and
+    ``max_objects`` visited (OBJECTS_PER_BYTE of them); bad input: a one-line UserError."""
     label = os.fspath(path)
     with unexpected_as_user_error(f"snapshot {label}"):
         snap, nbytes = safe_pickle.load_sized(path, max_bytes=MAX_SNAPSHOT_BYTES if max_bytes is None else max_bytes)
@@ -223,10 +217,8 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
 
 
 def _requested_size(b: dict, size: int | None) -> int | None:
-    """Bytes a live block's tensor asked for, as torch's own tools read it (torch/cuda/_memory_viz.py
-    ``_block_extra``, MemoryViz.js ``annotate_snapshot``): ``requested_size``; in legacy snapshots the
-    first history entry's ``real_size``; else the block ``size`` (the allocator rounds requests up to 512 B).
-    ``size`` None (the block has none): the requested size alone, None without one."""
+    """Bytes a live block's tensor asked for, as torch's _memory_viz.py reads it: ``requested_size``, the first history
+    entry's ``real_size`` (legacy), else ``size`` (None: the requested size alone, None without one)."""
     req = b.get("requested_size")
     if req is None and type(b.get("history")) is list and b["history"] and type(b["history"][0]) is dict:
         req = b["history"][0].get("real_size")
@@ -337,13 +329,9 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
 
 
 def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> dict:
-    """Pair allocation and free events by address, vectorised.
-
-    ``seq`` is each event's position in time order (ascending within an address), ``t`` its time.
-    Returns ``alloc_rows`` (indices of alloc events), their ``free_seq`` (``NEVER`` when not freed),
-    ``free_us`` (NaN) and ``free_inferred`` (no free event: ended by a second alloc at the address),
-    and ``orphan_free_rows``: frees of memory allocated before the events began.
-    """
+    """Alloc and free events (``seq``: order, ``t``: time) paired by address: ``alloc_rows`` with their ``free_seq``
+    (NEVER), ``free_us`` (NaN) and ``free_inferred`` (ended by a second alloc at the address), ``n_realloc``, and
+    ``orphan_free_rows``: frees of memory allocated before the events began."""
     order = np.lexsort((seq, addr))        # by address, then time order
     a_s, alloc_s = addr[order], is_alloc[order]
     n = len(order)
