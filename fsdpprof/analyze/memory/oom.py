@@ -135,8 +135,9 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
         if chosen:
             out.append(_change(f"activation checkpointing of {_list(chosen)}", saves, short, COST_TRAINING,
                                f"those units hold {fmt_bytes(int(per[chosen].sum()))} of activations at the OOM; "
-                               f"checkpointing keeps each unit's input ({fmt_bytes(sum(kept.get(u, 0) for u in chosen))}"
-                               f" in all) and recomputes the rest in backward"))
+                               f"checkpointing keeps each unit's input "
+                               f"({fmt_bytes(sum(kept.get(u, 0) for u in chosen))} in all) and recomputes the rest "
+                               f"in backward"))
     # a smaller micro-batch: activations (and an activation request) shrink in proportion
     a_bytes = int(act["bytes"].sum())
     req_act = req if (stage == model.STAGE_FORWARD and not role) else 0
