@@ -1,9 +1,6 @@
-"""Memory attribution per rank: peak, breakdown by category and FSDP unit, timeline, fragmentation, OOM.
-
-``memory_analysis(rank)`` takes a :class:`fsdpprof.analyze.load.files.RankData` (run dir rank, bare trace
-or bare CUDA snapshot). A CUDA snapshot is preferred when the rank has one; otherwise the trace's
-``[memory]`` events plus inventory.json (CPU runs). All sizes in bytes, times in µs on the source's
-clock (a legacy snapshot without ``time_us`` uses trace entry indices, see ``warnings``).
+"""Memory attribution per rank (:func:`memory_analysis`): peak, breakdown by category and FSDP unit, timeline,
+fragmentation, OOM; from a CUDA snapshot when the rank has one, else the trace's ``[memory]`` events and
+inventory.json.  Bytes, and µs on the source's clock (trace entry indices for a legacy snapshot).
 """
 from __future__ import annotations
 
@@ -33,6 +30,8 @@ BEFORE_HISTORY = -1       # peak_seq of a peak at the moment before the history'
 
 @dataclass
 class MemoryResult:
+    """One rank's memory attribution.  Bytes; times in µs (``timeline_unit`` "event_index": legacy snapshots)."""
+
     rank: int
     source: str                          # cuda_snapshot | cpu_trace
     peak_allocated_bytes: int
@@ -41,35 +40,31 @@ class MemoryResult:
     baseline_bytes: int                  # alive before the window / history began
     breakdown_at_peak: pd.DataFrame      # category, bytes, pct
     by_unit_at_peak: pd.DataFrame        # unit, category, bytes
-    timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value (bytes)
+    timeline: pd.DataFrame | None        # ts_us + one column per MemoryCategory value
     top_allocations: pd.DataFrame        # addr, bytes, category, stage, unit, alloc_us, free_us, frames (str)
-    coverage_pct: float                  # % of bytes alive at the peak in a named category (model.UNNAMED_CATEGORIES:
-                                         # not other, not before_recording)
-    reserved_bytes: int | None           # snapshot: reserved (cudaMalloc'd) at the peak; None on CPU
+    coverage_pct: float                  # % of the peak in a named category (not model.UNNAMED_CATEGORIES)
+    reserved_bytes: int | None           # snapshot: reserved at the peak
     fragmentation_pct: float | None      # reserved but not allocated at the peak, % of reserved
-    oom: dict | None                     # requested_bytes, free_bytes, device, ts_us
-    allocations: pd.DataFrame            # the unified, categorised allocations frame
+    oom: dict | None                     # requested_bytes, free_bytes, device, ts_us + oom.explain_oom's keys
+    allocations: pd.DataFrame            # the categorised allocations frame
     warnings: list[str] = field(default_factory=list)
     device: int | None = None            # CUDA device of a snapshot
-    timeline_unit: str = "us"            # "us", or "event_index" for legacy snapshots
-    peak_fsdp_phase: str | None = None   # innermost FSDP annotation / tag at the peak
-    peak_seq: int | None = None          # order key of the event at the peak (see allocations' alloc_seq; BEFORE_HISTORY:
-    #                                      the moment before the first entry)
-    reserved_end_bytes: int | None = None  # snapshot: reserved at snapshot time (segments)
+    timeline_unit: str = "us"
+    peak_fsdp_phase: str | None = None
+    peak_seq: int | None = None          # order key at the peak (alloc_seq; BEFORE_HISTORY: before the first entry)
+    reserved_end_bytes: int | None = None  # snapshot: reserved at snapshot time
     input_warnings: list[str] = field(default_factory=list)  # malformed input left out (also in warnings)
-    by_role_at_peak: pd.DataFrame | None = None  # unit, fsdp_role, bytes: FSDP's buffers at the peak by what made them
-    activation_by_unit: pd.DataFrame | None = None  # unit, activation_bytes (the most of the unit's activations
-    #                                      alive at once), at_peak_bytes: what each unit's forward keeps for backward
-    before_recording_sizes: pd.DataFrame | None = None  # bytes, count, total_bytes of before_recording blocks at the peak
-    fsdp_family: str | None = None       # fsdp2 / fsdp1 when the snapshot's frames show FSDP (None: not seen / CPU)
+    by_role_at_peak: pd.DataFrame | None = None  # unit, fsdp_role, bytes
+    activation_by_unit: pd.DataFrame | None = None  # unit, activation_bytes (most alive at once), at_peak_bytes
+    before_recording_sizes: pd.DataFrame | None = None  # bytes, count, total_bytes of before_recording at the peak
+    fsdp_family: str | None = None       # fsdp2 / fsdp1 when the snapshot's frames show FSDP
     fsdp_units: list[str] = field(default_factory=list)  # units recovered from the all-gathers, forward order
-    world_size: int | None = None        # FSDP shard group size read from the snapshot (see warnings for how)
-    world_size_source: str | None = None  # where world_size comes from ("the run", "the inventory", inferred: ...)
-    rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at snapshot time
-    fragmentation: Fragmentation | None = None  # snapshot: the allocator's free blocks at the peak / OOM / end
+    world_size: int | None = None        # FSDP shard group size read from the snapshot
+    world_size_source: str | None = None
+    rounding_end_bytes: int | None = None  # snapshot: allocator blocks minus requested bytes alive at the end
+    fragmentation: Fragmentation | None = None
     process: dict | None = None          # the process's memory beside the allocator's (analyze.memory.process)
-    device_peaks: dict[int, int] = field(default_factory=dict)  # snapshot: peak allocated bytes of each of its devices
-    #                                      (the one analysed too; only when it has several)
+    device_peaks: dict[int, int] = field(default_factory=dict)  # snapshot of several devices: each one's peak
     device_choice: str | None = None     # snapshot: why ``device`` was analysed (DEVICE_CHOICE_*)
 
 
@@ -81,53 +76,44 @@ DEVICE_CHOICE_ONLY = "only device"       # the snapshot holds one device
 # --------------------------------------------------------------------------- entry point
 def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
                     timeline_points: int = 2000) -> MemoryResult:
-    """Memory attribution of one rank (RankData); see the module docstring."""
+    """Memory attribution of one rank (RankData: run dir rank, bare trace or bare CUDA snapshot)."""
     r = int(getattr(rank, "rank", 0) or 0)
     info = getattr(rank, "info", None) or {}
     inventory = getattr(rank, "inventory", None)
     label = getattr(rank, "trace_path", None) or getattr(rank, "snapshot_path", None) or f"rank {r}"
     cpu_events.check_inventory(inventory, r, info.get("world_size"), os.path.dirname(str(label)) or str(label))
-    snap_path = getattr(rank, "snapshot_path", None)
-    if snap_path:
-        snap = load_snapshot(snap_path)
-        res = snapshot_memory(snap, rank=r, device=device if device is not None else _info_device(info),
-                              inventory=inventory, top_n=top_n, timeline_points=timeline_points,
-                              world_size=info.get("world_size"), snapshots_given=info.get("snapshots_given"),
+    me, events = getattr(rank, "memory_events", None), getattr(rank, "events", None)
+    if getattr(rank, "snapshot_path", None):
+        res = snapshot_memory(load_snapshot(rank.snapshot_path), rank=r, inventory=inventory, top_n=top_n,
+                              device=device if device is not None else _info_device(info),
+                              timeline_points=timeline_points, world_size=info.get("world_size"),
+                              snapshots_given=info.get("snapshots_given"),
                               device_required=device is not None or bool(info.get("device_chosen")))
-        return _with_process(res, info)
-    me = getattr(rank, "memory_events", None)
-    if me is None and getattr(rank, "events", None) is None:
+    elif me is None and events is None:
         raise UserError(f"rank {r}: no profiler trace and no CUDA snapshot: no memory data to analyse")
-    if me is None or not len(me):
+    elif me is None or not len(me):
         raise UserError(f"{label}: the trace has no [memory] events (profile_memory was off); record with "
                         f"fsdpprof record (memory on) or torch.profiler.profile(profile_memory=True)")
-    allocs, inv_t, warns = cpu_events.cpu_allocations(me, getattr(rank, "events", None), inventory, str(label))
-    if inventory is None:
-        warns.append(f"{label}: no inventory.json: memory alive before the profiling window is only seen when "
-                     f"freed inside it; sharded params/grads/optimizer state come from lifetimes")
-    df = cz.categorize(allocs, inv_tensors=inv_t)
-    res = _summarise(df, r, "cpu_trace", top_n, timeline_points, has_history=True)
-    events = getattr(rank, "events", None)
-    if res.peak_ts_us is not None:
-        res.peak_stage = model.stage_at(np.array([res.peak_ts_us]), labels.step_marks(events), outside=None)[0]
-        res.peak_fsdp_phase = cz.paint(np.array([res.peak_ts_us]), labels.fsdp_intervals(events), "fsdp_phase")[0]
-    res.warnings = warns + res.warnings
-    return _with_process(res, info)
-
-
-def _with_process(res: MemoryResult, info: dict) -> MemoryResult:
-    """``res`` with the process's memory from rank.json beside the allocator's peak."""
+    else:
+        allocs, inv_t, warns = cpu_events.cpu_allocations(me, events, inventory, str(label))
+        if inventory is None:
+            warns.append(f"{label}: no inventory.json: memory alive before the profiling window is only seen when "
+                         f"freed inside it; sharded params/grads/optimizer state come from lifetimes")
+        res = _summarise(cz.categorize(allocs, inv_tensors=inv_t), r, "cpu_trace", top_n, timeline_points,
+                         has_history=True)
+        if res.peak_ts_us is not None:
+            t = np.array([res.peak_ts_us])
+            res.peak_stage = model.stage_at(t, labels.step_marks(events), outside=None)[0]
+            res.peak_fsdp_phase = cz.paint(t, labels.fsdp_intervals(events), "fsdp_phase")[0]
+        res.warnings = warns + res.warnings
     res.process, notes = process_memory(info, res.peak_allocated_bytes)
     res.warnings = list(res.warnings or []) + notes
     return res
 
 
 def choose_device(run, device):
-    """``run`` (analyze.run.Run) with the CUDA device of its snapshots chosen: ``device`` as
-    options.parse_device reads it.  None: each snapshot's default (the run's device of the rank, else the device
-    with the largest peak); N: cuda:N of every snapshot (a snapshot without it is refused where it is analysed);
-    'all': every device of one snapshot file, each analysed on its own (keyed by its device index).  UserError for
-    a choice that does not apply to the input."""
+    """``run`` with the CUDA device of its snapshots chosen (``device`` as options.parse_device reads it): None, each
+    snapshot's default; N, cuda:N of every snapshot; 'all', every device of one snapshot file, each its own rank."""
     device = options.parse_device(device)
     if device is None:
         return run
@@ -155,13 +141,8 @@ def choose_device(run, device):
 
 
 def _info_device(info: dict) -> int | None:
-    d = str(info.get("device") or "")
-    if d.startswith("cuda:"):
-        try:
-            return int(d.split(":")[1])
-        except ValueError:
-            return None
-    return None
+    m = re.fullmatch(r"cuda:(\d+)", str(info.get("device") or ""))
+    return int(m.group(1)) if m else None
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -181,43 +162,29 @@ def _ffill(values: np.ndarray) -> np.ndarray:
     return np.where(idx >= 0, values[np.maximum(idx, 0)], values)
 
 
-def _str_contains(values: np.ndarray, pat: str) -> np.ndarray:
-    """``Series.str.contains(pat, na=False)`` judged once per distinct value."""
-    codes, uniq = pd.factorize(values)
-    rx = re.compile(pat)
-    hit = np.fromiter((isinstance(u, str) and rx.search(u) is not None for u in uniq), dtype=bool, count=len(uniq))
-    hit = np.append(hit, False)            # code -1: missing
-    return hit[codes]
-
-
-_ANNOTATE_INPUTS = ("user_metadata", "frames", "before_trace", "alloc_seq", "free_seq", "free_frames")
-
-
 def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dict[str, np.ndarray]:
-    """The columns :func:`annotate_snapshot` adds, from the snapshot columns in ``cols`` (DataFrame or
-    dict of arrays): fsdp_phase, unit, frame_sig (Categorical), stage, free_stage, free_fsdp_phase,
-    step_idx, free_step_idx, fsdp_role. Object arrays hold missing labels as the DataFrame column would.
-    ``stacks``: categorize.stack_codes of the frames when the caller has them."""
+    """Labels of snapshot allocations (``cols``: arrays of ALLOC_COLUMNS) from tags, then frames: fsdp_phase, unit,
+    frame_sig, stage, free_stage, free_fsdp_phase, step_idx, free_step_idx, fsdp_role (missing as pandas reads it).
+    ``stacks``: categorize.stack_codes of the frames."""
     n = len(cols["alloc_seq"])
     tag_phase, tag_unit = cz.parse_tags(np.asarray(cols["user_metadata"], dtype=object))
-    codes, cats = cz.signature_codes(np.asarray(cols["frames"], dtype=object), stacks)
-    sig = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
-    ph = cz.frame_stage(sig)
+    sig = cz.signatures(np.asarray(cols["frames"], dtype=object), stacks)
+    ph = cz.frame_rule(sig, model.STAGE_FRAME_RULES)
     # tags give the coarse phase; FSDP's own collectives show in the frames
-    fsdp_ff = cz.frame_fsdp_phase(sig)
+    fsdp_ff = cz.frame_rule(sig, model.FSDP_PHASE_FRAME_RULES)
     tag_fine = _like_column(tag_phase).copy()
     tag_fine[cz._isin(tag_fine, model.STEP_STAGES)] = np.nan
     fsdp_phase = _like_column(np.where(pd.notna(fsdp_ff), fsdp_ff, tag_fine))
     tag_coarse = np.where(cz._isin(tag_phase, model.STEP_STAGES), tag_phase, None)
     ph = np.where(pd.notna(tag_coarse), tag_coarse, ph)
     for stage, pattern in model.PHASE_STAGE_PATTERNS:
-        ph = np.where(pd.isna(ph) & _str_contains(fsdp_phase, pattern), stage, ph)
+        ph = np.where(pd.isna(ph) & cz._contains(fsdp_phase, pattern), stage, ph)
     # allocations with no frames while others have Python frames come from the autograd engine's
     # threads (no Python stack): backward
     py = cz._contains(sig, ".py", regex=False)
     before = np.asarray(cols["before_trace"], dtype=bool)
     if py.any():
-        nof = (cats[codes] == "") & ~before & pd.isna(ph)
+        nof = (np.asarray(sig, dtype=object) == "") & ~before & pd.isna(ph)
         ph = np.where(nof, model.STAGE_BACKWARD, ph)
         # Python frames outside forward/backward/optimizer/data (e.g. the loss in the training loop)
         ph = np.where(pd.isna(ph) & py, model.STAGE_FORWARD, ph)
@@ -241,13 +208,12 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
         ff = np.asarray(ff, dtype=object)
         has = np.flatnonzero(pd.notna(ff) & ok)
         if len(has):
-            fcodes, fcats = cz.signature_codes(ff[has])
-            fsig = pd.Categorical.from_codes(fcodes, categories=pd.Index(fcats, dtype=object))
-            fst = cz.frame_stage(fsig)
+            fsig = cz.signatures(ff[has])
+            fst = cz.frame_rule(fsig, model.STAGE_FRAME_RULES)
             got = pd.notna(fst)
             free_phase[has[got]] = fst[got]
             # the FSDP phase of the free from its own frames (a tag, when there is one, lasts until the next)
-            ffp = cz.frame_fsdp_phase(fsig)
+            ffp = cz.frame_rule(fsig, model.FSDP_PHASE_FRAME_RULES)
             untagged = pd.isna(np.asarray(tag_fine, dtype=object)[has]) if len(tag_fine) else np.ones(len(has), bool)
             free_fsdp[has[untagged]] = ffp[untagged]
     # one snapshot is one window: no step boundaries (all allocations in step 0)
@@ -257,21 +223,9 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
             "fsdp_role": cz.frame_fsdp_role(sig)}
 
 
-def annotate_snapshot(allocs: pd.DataFrame) -> pd.DataFrame:
-    """stage, fsdp_phase, unit, free_stage, step_idx ... for snapshot allocations (tags, then frames)."""
-    df = allocs.copy()
-    for k, v in annotate_columns({c: allocs[c].to_numpy() for c in _ANNOTATE_INPUTS}).items():
-        df[k] = v
-    return df
-
-
 def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFrame | None:
-    """Inventory tensors with capture times on the snapshot's clock.
-
-    With phase tags (our recorder) the optimizer steps show as runs of ``optimizer``-phase
-    allocations: params are matched before the last run, optimizer state after it, grads of step
-    ``s`` before their run (aligned from the last). Without them: at the latest allocation at each
-    address (params and optimizer state alive at snapshot time)."""
+    """Inventory tensors with capture times on the snapshot's clock: around the runs of optimizer-stage allocations
+    (as cpu_events.inventory_tensors), else at the latest allocation at each address."""
     if not inventory:
         return None
     t_end = float(np.nanmax(df["alloc_us"].to_numpy())) + 1 if len(df) else 0.0
@@ -295,13 +249,8 @@ def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFram
 def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = None, inventory: dict | None = None,
                     top_n: int = 20, timeline_points: int = 2000, world_size: int | None = None,
                     snapshots_given: int | None = None, device_required: bool = False) -> MemoryResult:
-    """Memory attribution of one device of a CUDA snapshot.  ``device``: cuda:N to analyse (None, or one the
-    snapshot does not hold: the device with the largest peak; with ``device_required`` a device it does not hold
-    is a UserError).  ``world_size``: the run's (rank.json); ``snapshots_given``: how many ranks' snapshots the
-    input holds (a world size inferred when nothing else says).
-
-    Works on the device's columns as numpy arrays and builds the allocations DataFrame once, at the
-    end (per-device pandas work used to cost more than the attribution itself)."""
+    """Memory attribution of one device of a CUDA snapshot (None, or one it lacks: the largest peak's; with
+    ``device_required`` a lacking one is a UserError).  Works on numpy columns; the DataFrame is built once."""
     a_all = snap.allocations
     dev_col = a_all["device"].to_numpy()
     devs = sorted(set(np.unique(dev_col).tolist())) or list(snap.devices) or [0]
@@ -326,7 +275,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
     ooms = [o for o in snap.ooms if o["device"] == device]
     n_real = len(cols["addr"])
     if ooms:    # the OOM's request, labelled like an allocation (zero bytes), dropped before the summary
-        cols = _with_request_rows(cols, ooms, snap.has_time)
+        cols = _with_request_rows(cols, ooms)
     stacks = cz.stack_codes(np.asarray(cols["frames"], dtype=object))
     cols.update(annotate_columns(cols, stacks))
     fam = cz.fsdp_family_of_frames(cols["frame_sig"]) if len(cols["addr"]) else None
@@ -358,17 +307,14 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
                             free_stage=np.where(cut, None, cols["free_stage"]),
                             free_fsdp_phase=np.where(cut, None, cols["free_fsdp_phase"]))
     cat, src = cz.label_columns(lab_cols, inv_tensors=inv_t)
-    request = {c: np.asarray(v)[n_real:] for c, v in cols.items()} if ooms else None
-    if ooms:
-        cols = {c: np.asarray(v)[:n_real] if not isinstance(v, pd.Categorical) else v[:n_real] for c, v in cols.items()}
-        cat, src = cat[:n_real], src[:n_real]
-    # one DataFrame, columns in the order annotate_snapshot + categorize give them; the snapshot's own
-    # columns keep their dtypes, the added ones are inferred as a column assignment would
+    request = {c: v[n_real] for c, v in cols.items()} if ooms else None
+    cols = {c: v[:n_real] for c, v in cols.items()}
+    # the snapshot's own columns keep their dtypes, the added ones are inferred as a column assignment would
     data = {c: pd.Series(cols[c], dtype=dtypes[c], copy=False) for c in a_all.columns}
     data.update({c: cols[c] for c in ("fsdp_phase", "unit", "frame_sig", "stage", "free_stage", "free_fsdp_phase",
                                       "step_idx", "free_step_idx", "fsdp_role")})
-    data["category"] = pd.Categorical(cat, categories=CATEGORIES)
-    data["category_source"] = src
+    data["category"] = pd.Categorical(cat[:n_real], categories=CATEGORIES)
+    data["category_source"] = src[:n_real]
     df = pd.DataFrame(data)
     has_hist = bool(snap.has_history.get(device, False))
     res = _summarise(df, rank, "cuda_snapshot", top_n, timeline_points, has_history=has_hist)
@@ -378,37 +324,26 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
         res.world_size, res.world_size_source = rec.world_size, rec.world_size_source
     res.device, res.device_peaks, res.device_choice = device, peaks, choice
     res.timeline_unit = "us" if snap.has_time else "event_index"
-    seg_dev = snap.segments["device"].to_numpy()
-    if (seg_dev == device).any():
-        # reserved at the peak = reserved at snapshot time minus the segments mapped after the peak
-        reserved_end = int(snap.segments["total_bytes"].to_numpy()[seg_dev == device].sum())
-        se = snap.segment_events
-        se_m = se["device"].to_numpy() == device
-        if res.peak_seq is not None:
-            after = int(se["delta_bytes"].to_numpy()[se_m & (se["seq"].to_numpy() > res.peak_seq)].sum())
-        else:
-            after = 0
-        reserved = reserved_end - after
-        res.reserved_end_bytes = reserved_end
-        if reserved < res.peak_allocated_bytes:  # segment history incomplete (ring buffer): bound it
-            reserved = max(res.peak_allocated_bytes, reserved)
+    res.reserved_end_bytes = snap.reserved_at(device)
+    if res.reserved_end_bytes is not None:
+        # the segments mapped after the peak are not counted; an incomplete segment history (ring buffer) is bounded
+        reserved = max(res.peak_allocated_bytes, snap.reserved_at(device, res.peak_seq))
         res.reserved_bytes = reserved
         res.fragmentation_pct = 100.0 * (reserved - res.peak_allocated_bytes) / reserved if reserved else None
-        seg_m = seg_dev == device
-        res.rounding_end_bytes = int(snap.segments["allocated_bytes"].to_numpy()[seg_m].sum()
-                                     - snap.segments["requested_bytes"].to_numpy()[seg_m].sum())
+        seg = snap.segments[snap.segments["device"].to_numpy() == device]
+        res.rounding_end_bytes = int(seg["allocated_bytes"].sum() - seg["requested_bytes"].sum())
     res.fragmentation = fragmentation(snap, device, res.peak_seq)
     if ooms:
         o = ooms[0]
         res.oom = {"requested_bytes": o["requested_bytes"], "free_bytes": o["free_bytes"], "device": device,
                    "ts_us": o["ts_us"] if snap.has_time else None}
-        res.oom.update(oom_mod.explain_oom(res, o, {c: v[0] for c, v in request.items()}, snap))
+        res.oom.update(oom_mod.explain_oom(res, o, request, snap))
     res.warnings = warnings + res.warnings
     res.input_warnings = list(snap.defects)
     return res
 
 
-def _with_request_rows(cols: dict, ooms: list[dict], has_time: bool) -> dict:
+def _with_request_rows(cols: dict, ooms: list[dict]) -> dict:
     """``cols`` with one zero-byte row per OOM request at its place in the trace (labelled by the same
     passes as the allocations, then taken off again)."""
     m = len(ooms)
@@ -449,24 +384,12 @@ def _levels(df):
 
 
 def _by_unit(unit: np.ndarray, codes: np.ndarray, b: np.ndarray, cat_names: np.ndarray) -> pd.DataFrame:
-    """Bytes per (unit, category) of the allocations given, largest first: what
-    ``groupby(["unit", "category"], observed=True, dropna=False).sum()`` then a descending
-    ``sort_values("bytes")`` give (units sorted, missing last; equal sums in pandas' order)."""
-    k = len(cat_names)
-    ucodes, uniq = pd.factorize(unit, sort=True)          # missing -> -1: sorts last as len(uniq)
-    ucodes = np.where(ucodes < 0, len(uniq), ucodes)
-    keys, inv = np.unique(ucodes.astype(np.int64) * k + codes, return_inverse=True)
-    sums = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(sums, inv.ravel(), b)
-    pos = keys[sums > 0]
-    vals = sums[sums > 0]
-    # pandas' descending sort: argsort of the reversed values, reversed back
-    n = len(vals)
-    order = np.arange(n)[::-1][vals[::-1].argsort(kind="quicksort")][::-1]
-    uvals = np.append(np.asarray(uniq, dtype=object), np.nan)[(pos // k)[order]]
-    # as pandas builds the column: from the level of distinct units (no unit at all: float NaN)
-    unit_col = pd.Index(uvals) if len(uniq) else uvals.astype(float)
-    return pd.DataFrame({"unit": unit_col, "category": cat_names[(pos % k)[order]], "bytes": vals[order]})
+    """Bytes per (unit, category) of the allocations given, largest first."""
+    cat = pd.Categorical.from_codes(codes, categories=cat_names)
+    g = pd.DataFrame({"unit": unit, "category": cat, "bytes": b}).groupby(
+        ["unit", "category"], observed=True, dropna=False)["bytes"].sum()
+    g = g[g > 0].reset_index().sort_values("bytes", ascending=False).reset_index(drop=True)
+    return g.assign(category=g["category"].astype(str))
 
 
 def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int, has_history: bool) -> MemoryResult:

@@ -1,27 +1,8 @@
-"""Memory attribution: label every allocation with a :class:`MemoryCategory`, phase and unit.
-
-Ordered, named passes over the allocations frame (like torch/profiler/_memory_profiler.py), each
-filling only what is still unknown, and recording which pass decided in ``category_source``:
-
-1. ``inventory``   exact labels from inventory.json storage addresses (param / grad / optimizer state)
-1b. ``frames``/``sizes``  FSDP's own buffers by the FSDP function that made them (``fsdp_role``: all-gather
-                   input and output, copy-out, reduce-scatter input and output, shard), and blocks alive before
-                   the history whose sizes are the shards the all-gathers imply (see memory/fsdp_units.py)
-2. ``tags``        FSDP phase tags: the all-gather output is the unsharded param, the
-                   reduce-scatter input (grads freed in post-backward) is the unsharded grad
-3. ``frames``      stack frames, for snapshots with nothing better (AccumulateGrad, torch/optim, data loader,
-                   module ``_apply``/``to``)
-4. ``lifetime``    allocated in forward and alive into backward -> activation; allocated before the
-                   forward of its step and alive into it -> input; allocated in the optimizer step and alive
-                   after it -> optimizer state; freed in the phase it was allocated in -> temporary
-5. ``before_recording``  alive before the history / window began and named by nothing above
-6. ``other``       what is left
-
-Labels (:mod:`fsdpprof.analyze.model`, the same as the events frame's): ``stage`` at the allocation
-(data, forward, backward, optimizer, post_step; None outside any step or before the window),
-``fsdp_phase`` the innermost FSDP annotation/tag (all_gather, all_gather_copy_out, pre_forward,
-post_backward_reduce, ...), ``unit`` the FSDP unit fqn; ``free_stage`` / ``free_fsdp_phase`` at the
-free. All times in microseconds.
+"""Label every allocation with a :class:`MemoryCategory` by ordered, named passes (as
+torch/profiler/_memory_profiler.py), each filling only what is still unknown and naming itself in ``category_source``:
+``inventory`` (exact, by storage address), FSDP roles from ``frames`` / ``sizes``, phase ``tags``, stack ``frames``,
+``lifetime`` (stage at the allocation vs at the free), ``before_recording``, ``other``.  Labels (stage, fsdp_phase,
+unit, free_stage, free_fsdp_phase) are :mod:`fsdpprof.analyze.model`'s; times in µs.
 """
 from __future__ import annotations
 
@@ -44,8 +25,7 @@ ROLE_TO_CATEGORY = {runfmt.ROLE_PARAM: MC.SHARDED_PARAM.value, runfmt.ROLE_GRAD:
 
 # --------------------------------------------------------------------------- unit scopes (CPU traces)
 def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
-    """Unit scopes: [pre_forward(u).start, post_forward(u).end] and [pre_backward(u).start, last
-    post_backward*(u).end] per occurrence, so compute between FSDP hooks gets its unit."""
+    """Unit scopes (ts_us, end_us, unit): each pre-forward / pre-backward of a unit to its last post hook."""
     named = ann[ann["unit"].notna()]
     rows = []
     for pre, posts in ((model.PHASE_PRE_FORWARD, model.POST_FORWARD_PHASES),
@@ -58,24 +38,17 @@ def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
             gb = b[b["unit"] == unit]
             if not len(gb):
                 continue
-            ends = gb["end_us"].to_numpy()
-            for s in ga["ts_us"].to_numpy():
-                later = ends[ends >= s]
-                nxt_pre = ga["ts_us"].to_numpy()
-                nxt_pre = nxt_pre[nxt_pre > s]
-                lim = nxt_pre.min() if len(nxt_pre) else np.inf
-                later = later[later < lim]
+            ends, starts = gb["end_us"].to_numpy(), ga["ts_us"].to_numpy()
+            for s in starts:
+                nxt = starts[starts > s]
+                later = ends[(ends >= s) & (ends < (nxt.min() if len(nxt) else np.inf))]
                 if len(later):
                     rows.append((s, later.max(), unit))
     return pd.DataFrame(rows, columns=["ts_us", "end_us", "unit"])
 
 
 def paint(ts: np.ndarray, intervals: pd.DataFrame, col: str) -> np.ndarray:
-    """Label of the innermost (latest-starting) interval containing each time; None elsewhere.
-
-    Intervals are painted outer-first onto the elementary segments between all boundaries, so an
-    inner interval overwrites its parent (annotations on one thread nest properly).
-    """
+    """Label ``col`` of the innermost (latest-starting) interval containing each time; None elsewhere."""
     out = np.full(len(ts), None, dtype=object)
     if intervals is None or not len(intervals) or not len(ts):
         return out
@@ -96,16 +69,9 @@ def paint(ts: np.ndarray, intervals: pd.DataFrame, col: str) -> np.ndarray:
 _KV_RE = re.compile(r"(phase|unit|fsdp_phase|module|fqn)[=:]([^;,|\s]*)")
 
 
-def parse_user_metadata(meta: pd.Series) -> pd.DataFrame:
-    """Our ``_set_memory_metadata`` tags -> fsdp_phase, unit. Accepts JSON ``{"phase":..,"unit":..}``
-    or ``phase=..;unit=..`` (optionally prefixed ``fsdpprof:``). Unique strings are parsed once."""
-    phase, unit = parse_tags(meta.to_numpy(object))
-    return pd.DataFrame({"fsdp_phase": phase, "unit": unit}, index=meta.index)
-
-
 def parse_tags(meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`parse_user_metadata` on an object array: (fsdp_phase, unit) object arrays, None where
-    untagged. Each distinct string is parsed once."""
+    """Our ``_set_memory_metadata`` tags (JSON ``{"phase":..,"unit":..}`` or ``phase=..;unit=..``, optionally
+    prefixed ``fsdpprof:``) -> (fsdp_phase, unit) object arrays, None where untagged."""
     codes, uniq = pd.factorize(meta)       # missing -> -1, read as ""
     n_u = len(uniq)
     phases = np.full(n_u + 1, None, dtype=object)   # slot n_u: missing (parsed as "")
@@ -137,12 +103,8 @@ def parse_tags(meta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def stack_codes(frames) -> tuple[np.ndarray, list]:
-    """Distinct stacks of ``frames`` (a sequence of frame lists or None): (codes int32, stacks), code 0 =
-    no frames (``stacks[0]`` is None), equal stacks (``==``) share a code.
-
-    Snapshots share frame objects between entries (pickle memo) but give every entry its own list,
-    so a stack is looked up by a cheap key (length and a few frame ids) and confirmed with ``==``
-    (element identity first, so in C): O(allocations) lookups plus O(frames) C-level compares."""
+    """Distinct stacks of ``frames`` (frame lists or None): (codes int32, stacks), code 0 = no frames; equal stacks
+    share a code (looked up by length and a few frame ids, since snapshots share frame objects, confirmed by ==)."""
     buckets: dict[tuple, list] = {}      # cheap key -> [(stack, code), ...]
     stacks: list = [None]
     codes = np.zeros(len(frames), dtype=np.int32)
@@ -166,11 +128,9 @@ def stack_codes(frames) -> tuple[np.ndarray, list]:
     return codes, stacks
 
 
-def signature_codes(frames, stacks: tuple[np.ndarray, list] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Signature of each stack in ``frames`` (a sequence of frame lists or None) as (codes int32,
-    sorted distinct signatures): the distinct telling frames (``name@package/path.py``, C++ frames of
-    autograd) in stack order joined by ``|``.  ``stacks``: :func:`stack_codes` of ``frames`` when the
-    caller has it.  Each distinct stack and each distinct frame is judged once."""
+def signatures(frames, stacks: tuple[np.ndarray, list] | None = None) -> pd.Categorical:
+    """Signature of each stack in ``frames`` (frame lists or None): its distinct telling frames
+    (``name@package/path.py``, autograd's C++ frames) joined by ``|``; each distinct stack and frame judged once."""
     codes, distinct = stacks if stacks is not None else stack_codes(frames)
     part_by_id: dict[int, str] = {}
     sigs: list[str] = [""]
@@ -185,7 +145,7 @@ def signature_codes(frames, stacks: tuple[np.ndarray, list] | None = None) -> tu
         sigs.append("|".join(dict.fromkeys(filter(None, map(part_by_id.__getitem__, ids)))))
     # equal signatures from different stacks share a category
     uniq, inv = np.unique(np.array(sigs, dtype=object), return_inverse=True)
-    return inv[codes].astype(np.int32), uniq
+    return pd.Categorical.from_codes(inv[codes].astype(np.int32), categories=pd.Index(uniq, dtype=object))
 
 
 def _frame_part(f) -> str:
@@ -210,21 +170,12 @@ def _frame_part(f) -> str:
     return ""
 
 
-def _as_categorical(sig) -> pd.Categorical:
-    """``sig`` (categorical Series, Categorical, or strings) as a Categorical; missing -> ""."""
-    if isinstance(sig, pd.Categorical):
-        return sig
-    if isinstance(getattr(sig, "dtype", None), pd.CategoricalDtype):
-        return sig.array if isinstance(sig, pd.Series) else pd.Categorical(sig)
-    return pd.Categorical(pd.Series(np.asarray(sig, dtype=object)).fillna("").astype(object))
-
-
 def _contains(sig, pat: str, regex: bool = True, need: tuple[str, ...] = ()) -> np.ndarray:
-    """``str.contains`` evaluated once per distinct signature (many allocations share one).
-
-    ``need``: substrings of which every match of ``pat`` contains at least one; a signature holding
-    none of them is a miss without running the regex (signatures of C++ stacks run to kilobytes)."""
-    cat = _as_categorical(sig)
+    """``str.contains`` once per distinct value of ``sig`` (Categorical or strings; missing never matches).
+    ``need``: substrings every match holds one of (the regex is skipped without them: C++ stacks are long)."""
+    cat = sig.array if isinstance(sig, pd.Series) else sig
+    if not isinstance(cat, pd.Categorical):
+        cat = pd.Categorical(pd.Series(np.asarray(sig, dtype=object)).fillna("").astype(object))
     cats = cat.categories
     if regex:
         rx = re.compile(pat)
@@ -250,8 +201,7 @@ def frame_fsdp_role(sig) -> np.ndarray:
     if not len(sig) or not _contains(sig, r"_fsdp_|flat_param|_runtime_utils",
                                      need=("_fsdp_", "flat_param", "_runtime_utils")).any():
         return np.full(len(sig), None, dtype=object)
-    conds = [_contains(sig, pat, need=need) for _, pat, need in _ROLE_RULES]
-    return np.select(conds, [r[0] for r in _ROLE_RULES], None).astype(object)
+    return frame_rule(sig, _ROLE_RULES)
 
 
 def fsdp_family_of_frames(sig) -> str | None:
@@ -263,22 +213,15 @@ def fsdp_family_of_frames(sig) -> str | None:
     return None
 
 
-def frame_fsdp_phase(sig: pd.Series) -> np.ndarray:
-    """FSDP phase from stack frames (FSDP2 ``_fsdp_collectives.py``, FSDP1 ``flat_param.py``)."""
-    conds = [_contains(sig, pat, need=need) for _, pat, need in model.FSDP_PHASE_FRAME_RULES]
-    return np.select(conds, [r[0] for r in model.FSDP_PHASE_FRAME_RULES], None).astype(object)
-
-
-def frame_stage(sig: pd.Series) -> np.ndarray:
-    """Stage from stack frames (snapshots without tags): model.STAGE_FRAME_RULES."""
-    conds = [_contains(sig, pat, need=need) for _, pat, need in model.STAGE_FRAME_RULES]
-    return np.select(conds, [r[0] for r in model.STAGE_FRAME_RULES], None).astype(object)
+def frame_rule(sig, rules) -> np.ndarray:
+    """The label of the first of ``rules`` (label, pattern, need) each signature matches (model.STAGE_FRAME_RULES,
+    model.FSDP_PHASE_FRAME_RULES); None where none does."""
+    conds = [_contains(sig, pat, need=need) for _, pat, need in rules]
+    return np.select(conds, [r[0] for r in rules], None).astype(object)
 
 
 # --------------------------------------------------------------------------- the passes
-# Passes read columns through _col, so they take the allocations DataFrame or a dict of numpy arrays
-# (the snapshot path builds its DataFrame once, at the end). Missing labels may be None or NaN: every
-# comparison below treats both as "no label", as pandas' own comparisons do.
+# Passes take the allocations DataFrame or a dict of numpy arrays; a missing label (None or NaN) matches nothing.
 def _col(df, name: str) -> np.ndarray:
     """Column ``name`` of a DataFrame or a dict of arrays, as a numpy array."""
     c = df[name]
@@ -315,16 +258,12 @@ class _Codes:
 
 
 class _Labels:
-    """The category being decided for each allocation (numpy, so passes stay cheap); ``is_open``
-    marks the allocations no pass has labelled yet."""
+    """The category being decided for each allocation; ``is_open``: no pass has labelled it yet."""
 
     def __init__(self, n: int):
         self.cat = np.full(n, None, dtype=object)
         self.src = np.full(n, None, dtype=object)
         self.is_open = np.ones(n, dtype=bool)
-
-    def open(self) -> np.ndarray:
-        return self.is_open
 
 
 def _fill(lab: _Labels, mask, category: str, source: str) -> None:
@@ -350,7 +289,7 @@ def pass_inventory(df, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
     if not len(m):
         return
     pos = m["index"].to_numpy()
-    open_ = lab.open()[pos]
+    open_ = lab.is_open[pos]
     pos, m = pos[open_], m[open_]
     lab.cat[pos] = m["category"].to_numpy(object)
     lab.src[pos] = "inventory"
@@ -363,12 +302,8 @@ def pass_inventory(df, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
 
 
 def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
-    """All-gather output -> unsharded param; reduce-scatter input -> unsharded grad.
-
-    In the reduce phase FSDP allocates the reduce-scatter input (unsharded, freed in backward or
-    held until the next reduce) and output (the new sharded grad, alive into the optimizer). With
-    the inventory's grads the output is already labelled exactly, so the rest is input; without
-    it, whatever lives into the optimizer step of its step is left to the lifetime pass."""
+    """All-gather output -> unsharded param; reduce-scatter input -> unsharded grad (with the inventory's grads
+    labelled, all the rest of the reduce phase; else what is freed in backward)."""
     n = len(lab.cat)
     fp_v = np.asarray(_col(df, "fsdp_phase"), dtype=object)
     fp = _Codes(fp_v)
@@ -396,9 +331,8 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
 
 
 def pass_fsdp_roles(df, lab: _Labels) -> None:
-    """FSDP's own buffers by the function that made them (``fsdp_role``, from stack frames; pre-history
-    blocks matched by size carry role sharded_param / optimizer_state with ``fsdp_role_source`` sizes).
-    A reduce-scatter output freed before its step ends was only the reduce dtype's copy: temporary."""
+    """FSDP's own buffers by ``fsdp_role`` (source frames or sizes); a reduce-scatter output freed in its
+    step's backward was only the reduce dtype's copy: temporary."""
     if "fsdp_role" not in df:
         return
     role = np.asarray(_col(df, "fsdp_role"), dtype=object)
@@ -468,9 +402,8 @@ def pass_lifetime(df, lab: _Labels) -> None:
 
 
 def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Run the passes over ``cols`` (the allocations DataFrame or a dict of numpy arrays, see
-    :func:`categorize` for the columns needed); returns (category, category_source) as object arrays.
-    The inventory pass may replace ``cols["unit"]``."""
+    """(category, category_source) object arrays of ``cols`` (DataFrame or dict of arrays) by the passes in order;
+    the inventory pass may replace ``cols["unit"]``."""
     lab = _Labels(len(cols["addr"]))
     pass_inventory(cols, lab, inv_tensors)
     have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
@@ -484,12 +417,7 @@ def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.
 
 
 def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Run the passes; returns a copy of ``allocs`` with ``category`` and ``category_source``.
-
-    ``allocs`` must already carry ``stage``, ``fsdp_phase``, ``unit``, ``free_stage``,
-    ``free_fsdp_phase``, ``step_idx``, ``free_step_idx`` and ``frame_sig`` (added by
-    ``cpu_events.annotate_from_events`` for traces, ``attribution.annotate_snapshot`` for snapshots).
-    """
+    """A copy of the labelled ``allocs`` with ``category`` and ``category_source``."""
     df = allocs.copy()
     cat, src = label_columns(df, inv_tensors=inv_tensors)
     df["category"] = pd.Categorical(cat, categories=CATEGORIES)

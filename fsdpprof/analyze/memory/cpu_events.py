@@ -1,10 +1,6 @@
-"""CPU runs: the trace's ``[memory]`` events (+ inventory.json) -> allocations frame.
-
-``Total Allocated`` in a CPU trace counts only what was allocated since profiling began, so memory
-alive before the window (sharded params, optimizer state, maybe grads) is invisible to the events.
-It comes from two places here: frees of memory allocated before the window (a free event with no
-alloc) and the inventory's tensors that no window allocation accounts for. Absolute level =
-baseline (alive at the window's start) + window. Bytes are allocator request sizes; times in µs.
+"""CPU runs: the trace's ``[memory]`` events (+ inventory.json) -> allocations frame.  Memory alive before the
+window comes from frees without an alloc and from inventory tensors no window allocation accounts for.  Bytes are
+allocator request sizes; times in µs.
 """
 from __future__ import annotations
 
@@ -44,12 +40,8 @@ def check_inventory(inventory: dict | None, rank: int, world_size: int | None, l
 
 def inventory_tensors(inventory: dict | None, opt_starts: np.ndarray, opt_ends: np.ndarray,
                       t_end: float) -> pd.DataFrame:
-    """Inventory tensors with the reference time (µs) at which each was captured.
-
-    params: before the last optimizer step; optimizer state: after it; grads of optimizer step ``s``:
-    before the optimizer step it belongs to (aligned from the last step in the window backwards).
-    Tensors that share a storage are counted once (addr = storage address, bytes = storage bytes).
-    """
+    """Inventory tensors with the time (µs) each was captured (``ref_us``): params before the last optimizer step,
+    optimizer state after it, grads before their own step (aligned from the last); one row per storage."""
     cols = ["addr", "bytes", "tensor_bytes", "category", "ref_us", "unit", "name", "role", "step"]
     tens = (inventory or {}).get("tensors") or []
     if not tens:
@@ -85,10 +77,7 @@ def inventory_tensors(inventory: dict | None, opt_starts: np.ndarray, opt_ends: 
 
 def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, inventory: dict | None,
                     label: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """Pair a trace's memory events into allocations and add what was alive before the window.
-
-    Returns (allocations annotated with phase/fsdp_phase/unit, inventory tensors with ref times, warnings).
-    """
+    """(labelled allocations, inventory tensors with ref times, warnings) of a trace's memory events."""
     warnings: list[str] = []
     me = memory_events
     if (me["device_type"] == DEVICE_TYPE_CUDA).any():
@@ -156,16 +145,9 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
 
 
 def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarray:
-    """The latest time (µs) FSDP can free each all-gather buffer (inf where no rule applies), FSDP's own
-    rules (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
-
-    - an unsharded parameter (the copy-out, FSDP1's unsharded flat parameter) is freed by the unit's
-      reshard, which comes before the unit's next all-gather (each unshard allocates anew);
-    - the flat all-gather output of FSDP2 is freed by wait_for_unshard once copied out: in backward right
-      after its own copy-out, before the next all-gather starts; in forward (implicit prefetch) at the next
-      unit's wait_for_unshard, before the next copy-out starts; and never after the unit's next all-gather.
-
-    ``intervals``: the trace's FSDP annotations (labels.fsdp_intervals: ts_us, end_us, fsdp_phase, unit)."""
+    """The latest time (µs) FSDP frees each all-gather buffer (inf: no rule), by _fsdp_param_group.py's rules: an
+    unsharded parameter before the unit's next all-gather; FSDP2's flat all-gather output after its copy-out, before
+    the next all-gather (backward) or copy-out (forward).  ``intervals``: labels.fsdp_intervals of the trace."""
     n = len(allocs)
     bound = np.full(n, np.inf)
     if not n or intervals is None or not len(intervals):
@@ -208,14 +190,9 @@ def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarra
 
 
 def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFrame, marks) -> tuple[int, int]:
-    """All-gather buffers whose free the trace lost (alive to the end of the window, or freed only by a
-    later allocation at the same address) are freed where FSDP frees them at the latest
-    (:func:`fsdp_free_bounds`); those no rule bounds (the last of the window), and reduce-scatter buffers
-    whose peers die in the step that made them, take the median lifetime of their peers (same FSDP phase,
-    unit, stage and size, freed in the trace).  A free found later than FSDP's
-    bound (the address reused long after) is moved to the bound too.  ``ts``: the memory events' times
-    (µs, sorted): a moved free is ordered just before the first event at or after its time.
-    Returns (count, bytes) fixed (in place)."""
+    """Free, in place, the FSDP buffers whose free the trace lost (or found only at a later reuse of the address)
+    where :func:`fsdp_free_bounds` says, else after the median lifetime of their peers (same phase, unit, stage and
+    size); ``ts``: the memory events' sorted times.  Returns (count, bytes) fixed."""
     fp = allocs["fsdp_phase"].astype(object)
     unsh = cz._Codes(fp.to_numpy()).isin(model.FLAT_GATHER_PHASES | model.COPY_OUT_PHASES | model.FSDP1_UNSHARD_PHASES)
     buf = unsh & ~allocs["before_trace"].to_numpy()
@@ -272,8 +249,7 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
 # --------------------------------------------------------------------------- FSDP1 units (CPU / GPU traces)
 @dataclass
 class Fsdp1Units:
-    """FSDP1 units recovered from a trace: ``scopes`` (ts_us, end_us, unit: each unit's forward and the
-    stretch of backward its reduce-scatter ends), the all-gathers' launch times (µs, sorted) and units."""
+    """FSDP1 units from a trace: ``scopes`` (ts_us, end_us, unit) and the all-gathers' launch times and units."""
 
     scopes: pd.DataFrame
     ag_launch_us: np.ndarray
@@ -281,8 +257,7 @@ class Fsdp1Units:
 
 
 def _collective_launches(events: pd.DataFrame, coll: str) -> pd.DataFrame:
-    """One row per launch of a collective with its bytes (device / gloo work when the trace has it, else
-    the c10d op), sorted by launch time: launch_us, bytes, stage."""
+    """launch_us, bytes, stage of each launch of ``coll`` (device / gloo work if the trace has it), by launch."""
     e = events[(events["collective"] == coll) & events["bytes"].notna() & events["launch_ts_us"].notna()]
     if (e["kind"] == model.KIND_COMM).any():
         e = e[e["kind"] == model.KIND_COMM]
@@ -292,9 +267,8 @@ def _collective_launches(events: pd.DataFrame, coll: str) -> pd.DataFrame:
 
 
 def _inventory_template(inventory: dict | None, world_size: int | None) -> tuple[list[str], list[float]] | None:
-    """FSDP1 units in the inventory's order (named_modules: forward order for a sequential model) with the
-    bytes of their all-gather: the flat parameter padded to a multiple of the shard group, in the
-    all-gather dtype (mixed precision's param dtype, else the stored one)."""
+    """FSDP1 units in the inventory's order with their all-gather bytes (flat parameter padded to the shard group,
+    in the all-gather dtype)."""
     units = (inventory or {}).get("units") or []
     if not units:
         return None
@@ -311,12 +285,9 @@ def _inventory_template(inventory: dict | None, world_size: int | None) -> tuple
 
 def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict | None,
                 world_size: int | None) -> Fsdp1Units | None:
-    """FSDP1's annotations do not name the module: recover its units from the order of the all-gathers.
-    In each forward the k-th all-gather is the k-th unit of the inventory (their sizes must agree; without
-    an inventory, units are numbered in forward order from the longest forward); a backward gathers them
-    in reverse order (matched by size from the last unit down).  Each ``FullyShardedDataParallel.forward``
-    annotation is the unit of the first all-gather launched inside it; a stretch of backward belongs to
-    the unit whose reduce-scatter (launched in ``_post_backward_hook``) ends it."""
+    """FSDP1's units from the order of the all-gathers (its annotations name none), as fsdp_units does for
+    snapshots; a forward annotation is the unit of its first all-gather, a stretch of backward the unit whose
+    reduce-scatter ends it."""
     if events is None or not len(events):
         return None
     ag = _collective_launches(events, model.ALL_GATHER)
@@ -353,12 +324,7 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
     rs = _collective_launches(events, model.REDUCE_SCATTER)
     if len(rs):
         rsig = rs["bytes"].tolist()
-        tset = sorted(set(sizes))
-        best_r, best_n = 1.0, -1
-        for r in {x / t for x in rsig[:4] for t in tset if t}:
-            n = sum(1 for x in rsig if (x / r) in tset)
-            if n > best_n:
-                best_r, best_n = r, n
+        best_r = fu.reduce_ratio(rsig, sizes)
         rfwd = np.searchsorted(launch[fwd], rs["launch_us"].to_numpy(float)) if fwd.any() else np.zeros(len(rs), int)
         post = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == model.PHASE_POST_BACKWARD)]
         post_iv = post[["ts_us", "end_us"]].to_numpy(float)
@@ -389,9 +355,8 @@ def _matched_inventory(allocs: pd.DataFrame, inv_t: pd.DataFrame) -> np.ndarray:
 
 def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, marks: pd.DataFrame,
                          inventory: dict | None = None, world_size: int | None = None) -> None:
-    """Add stage, fsdp_phase, unit, free_stage, free_fsdp_phase, step_idx, free_step_idx, frame_sig,
-    fsdp_family from the trace's annotations at the allocation's and the free's time (in place).
-    FSDP1's annotations name no unit: :func:`fsdp1_units` recovers them (inventory order + all-gathers)."""
+    """Add the labels (stage, fsdp_phase, unit, free_*, step_idx, free_step_idx, frame_sig, fsdp_family) from the
+    trace's annotations at the allocation's and the free's time (in place)."""
     at, ft = allocs["alloc_us"].to_numpy(float), allocs["free_us"].to_numpy(float)
     pre = allocs["before_trace"].to_numpy(bool)
     ann = labels.fsdp_intervals(events)

@@ -1,23 +1,11 @@
 """Fragmentation of the CUDA caching allocator: its free blocks at the peak, at an OOM and at the end.
 
-:func:`fragmentation` reads one device of a :class:`~fsdpprof.analyze.memory.snapshot.SnapshotData`.
-At the end (or at an OOM the snapshot ends with) the figures come straight from the snapshot's segments
-and their blocks; at the peak (and at an OOM followed by more entries) they come from replaying the
-trace backwards from that end state: alloc / free (free_completed, else free_requested) and
-segment_alloc / segment_free / segment_map / segment_unmap entries, undone one by one.
-
-The allocator's rules the replay relies on (c10/cuda/CUDACachingAllocator.cpp): requests are rounded up to
-512 B (kMinBlockSize); requests up to 1 MiB (kSmallSize) go to the small pool (2 MiB segments); a block is
-handed out from the start of a free block, the rest split off as a new free block when it is at least 512 B
-(small pool, expandable segments) or more than 1 MiB (large pool), else left in the block; adjacent free
-blocks of a segment (of contiguous mapped memory, for expandable segments) always merge.  So the free blocks
-are the gaps between the blocks in use, and in a large pool segment every free block is over 1 MiB.
-The trace records requested sizes: a block's size is rebuilt from the rounding and these rules (exact for
-allocations made inside the trace; for the ones made before it, up to the unsplit rest of a large block).
-A ``roundup_power2_divisions`` or ``max_split_size`` setting changes the rounding and splitting: see notes.
-
-All sizes in bytes.  Blocks whose free waits for a stream's event (``active_pending_free``) are in use:
-they cannot be handed out yet.
+At the end (or an OOM the snapshot ends with) the figures are the snapshot's segments and blocks; at the peak (and
+an earlier OOM) they come from undoing the trace's alloc / free / segment entries from that end state, with the
+allocator's rules (c10/cuda/CUDACachingAllocator.cpp): requests round up to 512 B; up to 1 MiB go to the small
+pool (2 MiB segments); a block is cut from the start of a free one, the rest split off when at least 512 B (small
+pool, expandable segments) or over 1 MiB (large pool); adjacent free blocks merge.  Bytes throughout; blocks whose
+free waits for an event (``active_pending_free``) are in use.
 """
 from __future__ import annotations
 
@@ -36,25 +24,24 @@ LARGE_BUFFER_BYTES = 20 << 20    # kLargeBuffer: the large pool's expandable seg
 
 @dataclass
 class FragmentationAt:
-    """The allocator's memory of one device at one moment.  Bytes throughout."""
+    """The allocator's memory of one device at one moment (``at``: peak, oom or end; ``seq``: the trace entry it
+    follows, None at the end; ``source``: segments or replay).  Bytes; free = reserved - allocated."""
 
-    at: str                               # "peak", "oom" or "end"
-    seq: int | None                       # trace entry index of the moment (state after it); None: the end
-    source: str                           # "segments" (the snapshot's own) or "replay" (the trace undone back to it)
+    at: str
+    seq: int | None
+    source: str
     reserved_bytes: int                   # in segments (cudaMalloc'd or mapped)
     allocated_bytes: int                  # in blocks in use (active_allocated + active_pending_free)
-    free_bytes: int                       # reserved - allocated: the free (inactive) blocks, cached by the allocator
+    free_bytes: int                       # in free (inactive) blocks, cached by the allocator
     largest_free_block_bytes: int         # 0 when none
-    free_blocks: int                      # number of free blocks
-    free_small_bytes: int                 # free bytes in small pool segments (requests up to 1 MiB)
-    free_large_bytes: int                 # free bytes in large pool segments
-    expandable_segments: bool             # the segments are expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+    free_blocks: int
+    free_small_bytes: int                 # free in small pool segments (requests up to 1 MiB)
+    free_large_bytes: int
+    expandable_segments: bool
     segments: int                         # segments (expandable: runs of contiguous mapped memory)
-    pending_free_bytes: int | None        # of allocated_bytes, blocks whose free waits for an event; None: not known (replay)
-    largest_request_after_bytes: int | None  # largest request that followed (bytes asked for); the OOM's request at
-    #                                       an OOM; None when none followed
-    free_blocks_by_size: list[dict] = field(default_factory=list)  # lo_bytes, hi_bytes (exclusive, None: no bound),
-    #                                       count, bytes: free blocks below 1 MiB, then by powers of two, non-empty only
+    pending_free_bytes: int | None        # of allocated, blocks whose free waits for an event; None: replayed
+    largest_request_after_bytes: int | None  # largest request that followed (the OOM's at an OOM); None: none
+    free_blocks_by_size: list[dict] = field(default_factory=list)  # size_classes of the free blocks
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,9 +84,8 @@ def size_classes(sizes: np.ndarray) -> list[dict]:
 
 # --------------------------------------------------------------------------- the answer
 def fragmentation(snap: SnapshotData, device: int, peak_seq: int | None = None) -> Fragmentation:
-    """Fragmentation of ``device`` of ``snap`` at the peak (after trace entry ``peak_seq``, as
-    :class:`~fsdpprof.analyze.memory.attribution.MemoryResult.peak_seq` gives it; None: no peak entry), at the
-    device's first OOM and at the end.  See the module docstring."""
+    """Fragmentation of ``device`` of ``snap`` at the peak (after trace entry ``peak_seq``; None: none), at the
+    device's first OOM and at the end."""
     blocks = snap.blocks[snap.blocks["device"].to_numpy() == device]
     seg = snap.segments[snap.segments["device"].to_numpy() == device]
     notes: list[str] = []
@@ -192,29 +178,35 @@ def _pool_of_size(size: int, expandable: bool) -> str:
     return "small" if size == SMALL_BUFFER_BYTES else "large"
 
 
+def _pools(seg, blocks) -> dict:
+    """Segment address -> pool ("small" / "large"): as its blocks say, else by its size."""
+    typ = dict(zip(blocks["segment_address"].tolist(), blocks["segment_type"].tolist()))
+    return {a: typ.get(a) or _pool_of_size(t, bool(x))
+            for a, t, x in zip(seg["address"].tolist(), seg["total_bytes"].tolist(), seg["is_expandable"].tolist())}
+
+
+def _figures(at: str, seq: int | None, source: str, reserved: int, free_sizes, free_small, expandable: bool,
+             segments: int, pending: int | None) -> FragmentationAt:
+    sizes, small = np.asarray(free_sizes, dtype=np.int64), np.asarray(free_small, dtype=bool)
+    free = int(sizes.sum())
+    return FragmentationAt(
+        at=at, seq=seq, source=source, reserved_bytes=reserved, allocated_bytes=reserved - free, free_bytes=free,
+        largest_free_block_bytes=int(sizes.max()) if len(sizes) else 0, free_blocks=len(sizes),
+        free_small_bytes=int(sizes[small].sum()), free_large_bytes=int(sizes[~small].sum()),
+        expandable_segments=expandable, segments=segments, pending_free_bytes=pending,
+        largest_request_after_bytes=None, free_blocks_by_size=size_classes(sizes))
+
+
 def _from_segments(seg, blocks, at: str, seq: int | None) -> FragmentationAt:
     """The figures of the snapshot's own segments and blocks."""
     state = blocks["state"].to_numpy()
     size = blocks["size"].to_numpy().astype(np.int64)
     free = state == "inactive"
-    typ = blocks["segment_type"].to_numpy()
-    total = seg["total_bytes"].to_numpy().astype(np.int64)
-    seg_typ = dict(zip(blocks["segment_address"].tolist(), typ.tolist()))
-    # a segment whose blocks do not say its pool: by its size
-    seg_exp = seg["is_expandable"].to_numpy().astype(bool)
-    small = np.array([{"small": True, "large": False}.get(seg_typ.get(a, ""), _pool_of_size(t, x) == "small")
-                      for a, t, x in zip(seg["address"].tolist(), total.tolist(), seg_exp.tolist())], dtype=bool)
-    small_at = dict(zip(seg["address"].tolist(), small.tolist()))
-    b_small = np.array([small_at.get(a, False) for a in blocks["segment_address"].tolist()], dtype=bool)
-    reserved = int(total.sum())
-    free_bytes = int(size[free].sum())
-    return FragmentationAt(
-        at=at, seq=seq, source="segments", reserved_bytes=reserved, allocated_bytes=reserved - free_bytes,
-        free_bytes=free_bytes, largest_free_block_bytes=int(size[free].max()) if free.any() else 0,
-        free_blocks=int(free.sum()), free_small_bytes=int(size[free & b_small].sum()),
-        free_large_bytes=int(size[free & ~b_small].sum()), expandable_segments=bool(seg_exp.any()),
-        segments=len(seg), pending_free_bytes=int(size[state == "active_pending_free"].sum()),
-        largest_request_after_bytes=None, free_blocks_by_size=size_classes(size[free]))
+    pools = _pools(seg, blocks)
+    small = np.array([pools.get(a) == "small" for a in blocks["segment_address"].tolist()], dtype=bool)
+    return _figures(at, seq, "segments", int(seg["total_bytes"].to_numpy().astype(np.int64).sum()), size[free],
+                    small[free], bool(seg["is_expandable"].to_numpy().astype(bool).any()), len(seg),
+                    int(size[state == "active_pending_free"].sum()))
 
 
 # --------------------------------------------------------------------------- the replay
@@ -256,11 +248,9 @@ class _State:
     @classmethod
     def from_end(cls, seg, blocks) -> "_State":
         st = cls()
-        typ = dict(zip(blocks["segment_address"].tolist(), blocks["segment_type"].tolist()))
+        st.pools = _pools(seg, blocks)
         for a, t, x in zip(seg["address"].tolist(), seg["total_bytes"].tolist(), seg["is_expandable"].tolist()):
-            pool = typ.get(a) or _pool_of_size(t, bool(x))
-            st.pools[a] = pool
-            st._add_range(a, a + t, pool, bool(x))
+            st._add_range(a, a + t, st.pools[a], bool(x))
         used = blocks[blocks["state"].to_numpy() != "inactive"]
         for a, s in zip(used["address"].tolist(), used["size"].tolist()):
             st.blocks[a] = [s, None]
@@ -370,22 +360,12 @@ class _State:
             if pos < end:
                 free_sizes.append(end - pos)
                 free_small.append(pool == "small")
-        sizes = np.array(free_sizes, dtype=np.int64)
-        small = np.array(free_small, dtype=bool)
-        free = int(sizes.sum())
-        return FragmentationAt(
-            at=at, seq=seq, source="replay", reserved_bytes=reserved, allocated_bytes=reserved - free,
-            free_bytes=free, largest_free_block_bytes=int(sizes.max()) if len(sizes) else 0, free_blocks=len(sizes),
-            free_small_bytes=int(sizes[small].sum()), free_large_bytes=int(sizes[~small].sum()),
-            expandable_segments=exp_any, segments=len(self.r_start), pending_free_bytes=None,
-            largest_request_after_bytes=None, free_blocks_by_size=size_classes(sizes))
+        return _figures(at, seq, "replay", reserved, free_sizes, free_small, exp_any, len(self.r_start), None)
 
 
 def _replay(st: _State, events: list[tuple], moments: list[tuple[str, int]], sizes: dict, down_to: int = -1):
-    """Undo ``events`` (last first, down to seq ``down_to``) on ``st``; the figures at each of ``moments``
-    (name, seq; latest first) once every entry after seq is undone.  ``sizes``: block sizes by allocation key
-    (from a first pass).  Returns (block sizes found at the allocs, {name: FragmentationAt}, entries that did
-    not match)."""
+    """Undo ``events`` (last first, down to ``down_to``) on ``st``: (block sizes found at the allocs, the figures at
+    each of ``moments`` (name, seq; latest first), entries that did not match); ``sizes``: from a first pass."""
     found: dict = {}
     got: dict = {}
     bad = 0

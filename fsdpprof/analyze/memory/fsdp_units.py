@@ -1,28 +1,12 @@
 """FSDP units, buffers and shards recovered from a CUDA snapshot's stack frames, with no inventory.
 
-A snapshot of an FSDP2 / FSDP1 job (torchtitan writes one per rank) names no module, but FSDP's own
-functions are in the frames of every allocation they make (model.FSDP_FRAME_ROLES):
-
-- the all-gathers, in the order they happen, are the units: in each forward the k-th all-gather is
-  unit k (forward order, unit 0 the root); a backward gathers the units again in reverse order
-  (matched by size, from the last unit down);
-- FSDP2's copy-out allocations (the unsharded parameters) belong to the all-gather of equal size they
-  copy out of; an all-gather input to the all-gather that follows it; a reduce-scatter call to the unit
-  whose backward it ends (reverse order, matched by size), and so do the gradients it frees;
-- an allocation made in a unit's forward belongs to that unit: it lies between the unit's all-gather and
-  the next, and its Python stack runs inside the unit's module call (the innermost ``_call_impl`` of the
-  all-gather's stack: the pre-forward hook that unshards the unit runs there); a unit of several modules
-  (``fully_shard([norm, output])``: FSDP2's group pre-hook in the all-gather's stack) owns what is allocated from
-  its all-gather to its post-forward (the free of its unsharded parameters, or of its all-gather output: the next
-  unit's copy-out or the root's post-forward), its sibling modules' calls included; what runs after a unit's
-  module call returned (the root's head, the loss) goes to the enclosing unit, or to none;
-- an allocation made in a unit's backward (FSDP2) belongs to the unit whose copy-out last happened;
-- blocks alive before the history began whose sizes are the shards the all-gathers imply (one
-  parameter's all-gather output / world size, times the ratio of the stored to the gathered dtype) are the
-  sharded parameters; as many again per parameter of each size (1 or 2: momentum, Adam's two moments)
-  are its optimizer state.  Which block of one size is which is not known; the bytes are.
-
-Sizes in bytes (requested sizes, as the trace records them).
+FSDP's own functions are in the frames of every allocation they make (model.FSDP_FRAME_ROLES).  The all-gathers
+are the units: in each forward the k-th is unit k; a backward gathers them again in reverse order (matched by
+size).  Copy-outs, all-gather inputs and reduce-scatters belong to the all-gather (or the backward) they serve;
+a forward allocation to the unit whose module call it runs in (a unit of several modules: until its post-forward);
+a backward allocation to the unit whose reduce-scatter ends it.  Blocks alive before the history whose sizes are
+the shards the all-gathers imply are the sharded parameters, and 1 or 2 more of each size their optimizer state.
+Sizes in bytes (requested sizes).
 """
 from __future__ import annotations
 
@@ -30,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.memory.snapshot import NEVER
@@ -42,18 +27,14 @@ DTYPE_RATIOS = (1.0, 2.0, 4.0, 0.5)      # stored shard bytes / gathered bytes p
 
 @dataclass
 class FsdpRecovery:
-    """What the frames say about FSDP on one device: ``unit`` (name or None), ``role`` and ``role_source``
-    per allocation; ``unit_names`` in forward order with the bytes of their all-gather output."""
+    """What the frames say about FSDP on one device: ``unit``, ``role``, ``role_source`` per allocation."""
 
-    family: str | None = None
-    unit: np.ndarray | None = None
-    role: np.ndarray | None = None
-    role_source: np.ndarray | None = None
-    unit_names: list[str] = field(default_factory=list)
-    unit_all_gather_bytes: dict[str, int] = field(default_factory=dict)
+    unit: np.ndarray
+    role: np.ndarray
+    role_source: np.ndarray
+    unit_names: list[str] = field(default_factory=list)      # forward order
     world_size: int | None = None
     world_size_source: str | None = None
-    n_all_gathers: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -170,14 +151,12 @@ def _reverse_match(sizes: list, tmpl: list) -> list:
 def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list], *, family: str | None,
                   inventory_units: list[dict] | None = None, world_size: int | None = None,
                   world_size_source: str = "the run", snapshots_given: int | None = None) -> FsdpRecovery:
-    """Units, FSDP roles and shards of one device's allocations (``cols``: alloc_seq, free_seq, bytes,
-    before_trace, stage, addr as arrays; ``role`` from the frames; ``stacks`` = categorize.stack_codes of
-    the frames).  ``inventory_units`` (forward order) name the units when their count agrees.  World size:
-    ``world_size`` (from ``world_size_source``), else the reduce-scatters' input / output, else the number of
-    snapshots given (one per rank, when more than one), else the sizes of the blocks alive before the history."""
+    """Units, FSDP roles and shards of one device's allocations (``cols`` as arrays, ``role`` from the frames,
+    ``stacks`` = categorize.stack_codes).  ``inventory_units`` name the units when their count agrees.  World size:
+    ``world_size``, else reduce-scatter input / output, else the snapshots given, else the pre-history blocks."""
     n_rows = len(role)
-    rec = FsdpRecovery(family=family, unit=np.full(n_rows, None, dtype=object), role=role.copy(),
-                       role_source=np.where(pd_notna(role), "frames", None).astype(object))
+    rec = FsdpRecovery(unit=np.full(n_rows, None, dtype=object), role=role.copy(),
+                       role_source=np.where(pd.notna(role), "frames", None).astype(object))
     codes, distinct = stacks
     st = _Stacks(distinct)
     seq = np.asarray(cols["alloc_seq"], dtype=np.int64)
@@ -192,7 +171,6 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     role_o = role[order]
 
     ag = order[role_o == AG_OUT]
-    rec.n_all_gathers = len(ag)
     if not len(ag):
         return rec
     is_bwd = [stage[r] == model.STAGE_BACKWARD for r in ag]
@@ -222,7 +200,6 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
         rec.notes.append(f"the snapshot's all-gathers show {n_units} FSDP units per forward, the inventory lists "
                          f"{len(inventory_units)}: units are numbered in forward order")
     rec.unit_names = names
-    rec.unit_all_gather_bytes = {names[k]: tmpl[k] for k in range(n_units)}
 
     # in trace order: all-gathers and FSDP2's copy-out groups.  A copy-out belongs to the pending
     # all-gather of its size; a backward all-gather to a unit that is sharded then (FSDP gathers only
@@ -330,10 +307,6 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     return rec
 
 
-def pd_notna(a: np.ndarray) -> np.ndarray:
-    return np.array([x is not None and x == x for x in a], dtype=bool) if len(a) else np.zeros(0, bool)
-
-
 def _groups(order: np.ndarray, is_member: np.ndarray, stop: np.ndarray | None, adjacent: bool = False,
             codes: np.ndarray | None = None) -> list:
     """Rows (in trace order) of consecutive members: a group ends at a ``stop`` row, or (``adjacent``) at any
@@ -356,17 +329,23 @@ def _groups(order: np.ndarray, is_member: np.ndarray, stop: np.ndarray | None, a
     return groups
 
 
+def reduce_ratio(sizes: list, tmpl: list) -> float:
+    """The ratio of reduce-scatter to all-gather bytes that matches the most ``sizes`` to a size in ``tmpl``."""
+    tset = sorted(set(tmpl))
+    best_r, best_n = 1.0, -1
+    for r in {s / t for s in sizes[:4] for t in tset if t}:
+        n = sum(1 for s in sizes if (s / r) in tset)
+        if n > best_n:
+            best_r, best_n = r, n
+    return best_r
+
+
 def _rs_units(rec, rs_calls, tmpl, names, pos_of, ag_pos, is_bwd, nbytes, seq, fseq, order, stage, before) -> None:
     """Units of the reduce-scatter calls (reverse order within each backward, matched by size with the
     ratio of reduce to gather bytes) and of the gradients each call frees."""
     sizes = [int(nbytes[r_in]) if r_in is not None else int(nbytes[g].max()) for g, r_in in rs_calls]
-    tset = sorted(set(tmpl))
-    best_r, best_n = 1.0, -1
-    for r in {s / t for s in sizes[:4] for t in tset}:
-        n = sum(1 for s in sizes if (s / r) in tset)
-        if n > best_n:
-            best_r, best_n = r, n
-    norm = [s / best_r for s in sizes]
+    ratio = reduce_ratio(sizes, tmpl)
+    norm = [s / ratio for s in sizes]
     # a backward: the calls between two forward all-gathers
     fwd_pos = np.array([p for p, b in zip(ag_pos, is_bwd) if not b], dtype=np.int64)
     region = np.searchsorted(fwd_pos, [pos_of[g[0]] for g, _ in rs_calls]) if len(fwd_pos) else np.zeros(len(rs_calls), int)

@@ -1,25 +1,7 @@
-"""An out-of-memory error in a CUDA snapshot, explained: what was being allocated, how much was free,
-what was alive then (by category and FSDP unit), and which change would free enough, with the bytes
-each would save.  Sizes in bytes (requested sizes, as the snapshot's trace records them).
-
-The savings are estimates from the snapshot's own allocations at the moment of the OOM:
-- activation checkpointing of a unit frees what its finished forward keeps for backward, less the
-  unit's input that checkpointing keeps (taken as the unit's first activation of that forward);
-- a smaller micro-batch shrinks the activations alive then (and the request, when it is one) in
-  proportion;
-- reshard after forward frees the unsharded parameters of units that are neither running nor
-  prefetched;
-- twice the shards halve the sharded parameters, gradients and optimizer state (the world size as the
-  snapshot shows it, said when it is inferred);
-- fragmentation decides when the bytes free in the allocator's cache that cannot serve the request (reserved -
-  allocated at the OOM, every free block smaller than the request) exceed the shortfall (request - free on the
-  device): then the first change is ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (or, with segments
-  already expandable, emptying the cache before the failing stage), with those figures.
-
-Changes that are enough on their own come first, then the rest; each group in the order of what a change
-costs the user (``cost_rank``): an allocator setting, an FSDP setting, the batch or activation checkpointing,
-more devices; then the largest saving first.
-"""
+"""An out-of-memory error in a CUDA snapshot explained: the request, what was free and alive (by category and
+FSDP unit), and which change would free enough with the bytes each saves (estimates from the allocations alive
+at the OOM).  Changes enough on their own come first, each group by cost_rank (an allocator setting, an FSDP
+setting, the batch or activation checkpointing, more devices), then the largest saving.  Sizes in bytes."""
 from __future__ import annotations
 
 import os
@@ -33,11 +15,10 @@ from fsdpprof.analyze.memory.fsdp_units import world_size_said
 from fsdpprof.analyze.memory.snapshot import fmt_frames, frame_text
 from fsdpprof.analyze.model import MemoryCategory as MC
 
-# what a change costs the user, cheapest first: (cost_rank, words)
-COST_ALLOCATOR = (0, "an allocator setting")
-COST_FSDP = (1, "an FSDP setting")
-COST_TRAINING = (2, "the batch or activation checkpointing")
-COST_DEVICES = (3, "more devices")
+# what a change costs the user, cheapest first (cost_rank: the index)
+COSTS = ("an allocator setting", "an FSDP setting", "the batch or activation checkpointing", "more devices")
+COST_ALLOCATOR, COST_FSDP, COST_TRAINING, COST_DEVICES = range(4)
+
 
 def fmt_bytes(n) -> str:
     """Bytes as text (:func:`fsdpprof.analyze.model.fmt_bytes`), "unknown" when missing (said in sentences)."""
@@ -49,28 +30,21 @@ def _text(v) -> str | None:
 
 
 def explain_oom(res, oom: dict, request: dict, snap) -> dict:
-    """The keys the rank's ``oom`` object gets beside requested_bytes / free_bytes / device / ts_us:
-    stage, fsdp_phase, fsdp_role, unit and frames of the request; allocated / reserved / cached-free and
-    short (deficit) bytes; the allocator's free blocks at the OOM (largest_free_block_bytes, free_blocks,
-    expandable_segments, cached_unusable_bytes, fragmentation_decides: None where the fragmentation at the
-    OOM is unknown); alive_by_category and alive_by_unit at the OOM; ``explanation`` (text) and
-    ``suggestions`` (change, saves_bytes, enough, detail, cost, cost_rank) in the order of the module docstring."""
+    """The keys the rank's ``oom`` object gets beside requested_bytes / free_bytes / device / ts_us: the request's
+    labels, allocated / reserved / short bytes, the free blocks at the OOM, what was alive, ``explanation`` (text)
+    and ``suggestions`` (change, saves_bytes, enough, detail, cost_rank, cost)."""
     df = res.allocations
     seq = int(oom["seq"])
     alive = (df["alloc_seq"].to_numpy() < seq) & (df["free_seq"].to_numpy() > seq)
-    a = df.loc[alive, ["bytes", "category", "unit", "stage", "alloc_seq", "fsdp_role"]
-               if "fsdp_role" in df else ["bytes", "category", "unit", "stage", "alloc_seq"]].copy()
+    a = df.loc[alive, [c for c in ("bytes", "category", "unit", "stage", "alloc_seq", "fsdp_role") if c in df]].copy()
     a["category"] = a["category"].astype(str)
     allocated = int(a["bytes"].sum())
     req = int(oom["requested_bytes"])
     free = oom.get("free_bytes")
     short = req - int(free) if free is not None else req
-    reserved = _reserved_at(snap, res.device, seq)
+    reserved = snap.reserved_at(res.device, seq)
     cached_free = reserved - allocated if reserved is not None else None
-    unit = _text(request.get("unit"))
-    stage = _text(request.get("stage"))
-    phase = _text(request.get("fsdp_phase"))
-    role = _text(request.get("fsdp_role"))
+    unit, stage, phase, role = (_text(request.get(k)) for k in ("unit", "stage", "fsdp_phase", "fsdp_role"))
     frames = _py_frames_text(request.get("frames")) or fmt_frames(request.get("frames"), limit=6)
 
     by_cat = a.groupby("category")["bytes"].sum().sort_values(ascending=False)
@@ -141,16 +115,6 @@ def _py_frames_text(fr, limit: int = 6) -> str:
     return " < ".join(out)
 
 
-def _reserved_at(snap, device, seq: int) -> int | None:
-    seg = snap.segments
-    m = seg["device"].to_numpy() == device
-    if not m.any():
-        return None
-    se = snap.segment_events
-    after = se[(se["device"].to_numpy() == device) & (se["seq"].to_numpy() > seq)]["delta_bytes"].sum()
-    return int(seg["total_bytes"].to_numpy()[m].sum() - after)
-
-
 def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, short: int, unit, stage, role) -> list[dict]:
     out = []
     act = a[a["category"] == MC.ACTIVATION.value]
@@ -169,11 +133,11 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
             if saves >= short:
                 break
         if chosen:
-            out.append({"change": f"activation checkpointing of {_list(chosen)}", "saves_bytes": int(saves),
-                        "enough": saves >= short, **_cost(COST_TRAINING),
-                        "detail": f"those units hold {fmt_bytes(int(per[chosen].sum()))} of activations at the OOM; "
-                                  f"checkpointing keeps each unit's input ({fmt_bytes(sum(kept.get(u, 0) for u in chosen))}"
-                                  f" in all) and recomputes the rest in backward"})
+            out.append(_change(f"activation checkpointing of {_list(chosen)}", saves, short, COST_TRAINING,
+                               f"those units hold {fmt_bytes(int(per[chosen].sum()))} of activations at the OOM; "
+                               f"checkpointing keeps each unit's input "
+                               f"({fmt_bytes(sum(kept.get(u, 0) for u in chosen))} in all) and recomputes the rest "
+                               f"in backward"))
     # a smaller micro-batch: activations (and an activation request) shrink in proportion
     a_bytes = int(act["bytes"].sum())
     req_act = req if (stage == model.STAGE_FORWARD and not role) else 0
@@ -185,8 +149,8 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
                   + (" and the request is one" if req_act else "")
                   + (f"; a micro-batch at most {100 * (1 - need):.0f} % of the current one would fit"
                      if need < 1 else "; even a micro-batch of one sample may not fit"))
-        out.append({"change": "half the micro-batch (gradient accumulation keeps the global batch)",
-                    "saves_bytes": int(half), "enough": half >= short, "detail": detail, **_cost(COST_TRAINING)})
+        out.append(_change("half the micro-batch (gradient accumulation keeps the global batch)", half, short,
+                           COST_TRAINING, detail))
     # reshard after forward: unsharded parameters of units neither running nor prefetched
     up = a[(a["category"] == MC.UNSHARDED_PARAM.value) & a["unit"].notna()]
     if len(up):
@@ -199,10 +163,9 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
         b = int(idle["bytes"].sum())
         if b > 0:
             units = sorted(idle["unit"].astype(str).unique())
-            out.append({"change": "reshard after forward (reshard_after_forward=True) for " + _list(units),
-                        "saves_bytes": b, "enough": b >= short, **_cost(COST_FSDP),
-                        "detail": f"{fmt_bytes(b)} of unsharded parameters of units that are neither running nor "
-                                  f"prefetched are alive at the OOM"})
+            out.append(_change("reshard after forward (reshard_after_forward=True) for " + _list(units), b, short,
+                               COST_FSDP, f"{fmt_bytes(b)} of unsharded parameters of units that are neither running "
+                                          f"nor prefetched are alive at the OOM"))
     # more shards: sharded model states halve with twice the ranks
     if res.fsdp_family or res.world_size:
         ms = a[a["category"].isin([MC.SHARDED_PARAM.value, MC.SHARDED_GRAD.value, MC.OPTIMIZER_STATE.value])]
@@ -210,22 +173,21 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
         if b > 0:
             w = res.world_size
             said = world_size_said(w, getattr(res, "world_size_source", None))
-            out.append({"change": f"twice the shards ({w} -> {2 * w} ranks)" if w else "twice the shards",
-                        "saves_bytes": b, "enough": b >= short, **_cost(COST_DEVICES),
-                        "detail": f"sharded parameters, gradients and optimizer state hold {fmt_bytes(2 * b)} at the "
-                                  f"OOM" + (f"; {said}" if said else "")})
+            out.append(_change(f"twice the shards ({w} -> {2 * w} ranks)" if w else "twice the shards", b, short,
+                               COST_DEVICES, f"sharded parameters, gradients and optimizer state hold "
+                                             f"{fmt_bytes(2 * b)} at the OOM" + (f"; {said}" if said else "")))
     return out
 
 
-def _cost(c: tuple[int, str]) -> dict:
-    return {"cost_rank": c[0], "cost": c[1]}
+def _change(change: str, saves: int, short: int, cost: int, detail: str) -> dict:
+    """One suggestion: saves ``saves`` bytes, enough when that covers the ``short`` bytes."""
+    return {"change": change, "saves_bytes": int(saves), "enough": saves >= short, "detail": detail,
+            "cost_rank": cost, "cost": COSTS[cost]}
 
 
 def _fragmentation_at_oom(res, req: int, short: int) -> dict:
-    """The allocator's free blocks at the OOM (fragmentation's "oom" entry) and whether they decide: the bytes free
-    in the cache that cannot serve the request (all of them, when even the largest free block is smaller than
-    the request) exceed the shortfall.  ``cached_unusable_bytes`` is None (and fragmentation_decides False) when a
-    free block could have held the request; everything None where the fragmentation at the OOM is unknown."""
+    """The free blocks at the OOM and whether they decide: the cached free bytes, when no free block could hold the
+    request, exceed the shortfall.  All None where the fragmentation at the OOM is unknown."""
     f = getattr(res, "fragmentation", None)
     e = f.at("oom") if f is not None else None
     if e is None:
@@ -239,31 +201,27 @@ def _fragmentation_at_oom(res, req: int, short: int) -> dict:
 
 
 def _cache_suggestion(frag: dict, req: int, short: int, unit, stage, frames) -> dict:
-    """The first change when fragmentation decides: expandable segments, or (already expandable) emptying the
-    cache before the failing stage."""
+    """Expandable segments, or (already expandable) emptying the cache before the failing stage."""
     cached, largest, n = frag["cached_unusable_bytes"], frag["largest_free_block_bytes"], frag["free_blocks"]
     figures = (f"{fmt_bytes(cached)} sat free in the allocator's cache at the OOM as {n:,} blocks inside segments "
                f"still in use, the largest {fmt_bytes(largest)}, smaller than the {fmt_bytes(req)} request: more than "
                f"the {fmt_bytes(short)} short")
     if not frag["expandable_segments"]:
-        return {"change": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "saves_bytes": cached, "enough": True,
-                **_cost(COST_ALLOCATOR),
-                "detail": f"{figures}. Expandable segments grow a segment by mapping pages at its end instead of "
-                          f"reserving a new one, and give whole free pages back to the device, so the request would "
-                          f"very likely have fitted with no change to the model or the batch"}
+        return _change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", cached, short, COST_ALLOCATOR,
+                       f"{figures}. Expandable segments grow a segment by mapping pages at its end instead of "
+                       f"reserving a new one, and give whole free pages back to the device, so the request would "
+                       f"very likely have fitted with no change to the model or the batch")
     point = (f"before the {stage} of {unit}" if unit and stage else f"before {unit}" if unit
              else f"before the {stage}" if stage else f"before the allocation at {frames.split(' < ')[0]}" if frames
              else "before the step")
-    return {"change": f"torch.cuda.empty_cache() {point}", "saves_bytes": cached, "enough": True,
-            **_cost(COST_ALLOCATOR),
-            "detail": f"{figures}. The segments are already expandable: emptying the cache at that point gives the "
-                      f"free pages back to the device, so that what follows is laid out again instead of into "
-                      f"the holes (pieces smaller than a page stay cached)"}
+    return _change(f"torch.cuda.empty_cache() {point}", cached, short, COST_ALLOCATOR,
+                   f"{figures}. The segments are already expandable: emptying the cache at that point gives the "
+                   f"free pages back to the device, so that what follows is laid out again instead of into "
+                   f"the holes (pieces smaller than a page stay cached)")
 
 
 def _unit_inputs(df: pd.DataFrame, seq: int, units) -> dict:
-    """Per unit: the first activation of its latest forward before ``seq`` (about the unit's input, which
-    activation checkpointing keeps)."""
+    """Per unit: the bytes of its first activation alive at ``seq`` (about the input checkpointing keeps)."""
     act = df[(df["category"] == MC.ACTIVATION.value) & df["unit"].notna() & (df["alloc_seq"] < seq)
              & (df["free_seq"] > seq)]
     out = {}

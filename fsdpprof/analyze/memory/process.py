@@ -25,10 +25,8 @@ def _int(v) -> int | None:
 
 
 def process_memory(info: dict | None, allocator_peak_bytes: int | None) -> tuple[dict | None, list[str]]:
-    """``memory[rank].process`` from ``info`` (rank.json) and, on CPU, the allocator's peak the memory analysis
-    found; (None, []) when rank.json has no process memory, (None, [why]) when it cannot be read.  Keys: source,
-    source_words, device, note, used_peak_bytes, allocator_reserved_peak_bytes, outside_allocator_peak_bytes,
-    allocator_source, nccl_env, steps (one row per sampled step)."""
+    """(``memory[rank].process``, notes) from ``info`` (rank.json) and, on CPU, the allocator's peak; (None, [])
+    without process memory, (None, [why]) when it cannot be read."""
     pm = (info or {}).get(runfmt.RANK_PROCESS_MEMORY)
     if pm is None:
         return None, []

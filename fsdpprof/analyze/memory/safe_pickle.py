@@ -1,10 +1,5 @@
-"""Restricted unpickler for CUDA memory snapshots (``torch.cuda.memory._snapshot()`` pickles).
-
-Only builtin containers and scalars (dict, list, tuple, str, bytes, int, float, bool, None) can
-be rebuilt: every pickle global (``GLOBAL``/``STACK_GLOBAL``/``INST``/``OBJ``, copyreg extension
-codes) and every persistent id is refused *before* anything is looked up, so no callable from a
-user's file is ever imported or executed. gzip-compressed pickles are recognised by their magic.
-"""
+"""Restricted unpickler for CUDA memory snapshots: only builtin containers and scalars are rebuilt; every pickle
+global and persistent id is refused before anything is looked up.  Plain or gzip files, read as a stream."""
 from __future__ import annotations
 
 import io
@@ -16,6 +11,11 @@ from fsdpprof.analyze.load.gc_pause import gc_paused
 from fsdpprof.errors import UserError
 
 _GZIP_MAGIC = b"\x1f\x8b"
+PIECE_BYTES = 1 << 20          # bytes per read of the file, per inflate call and per piece of a long read
+PEEK_BYTES = 1 << 17           # the unpickler's window on the file (what peek gives)
+LINE_MAX_BYTES = 64 << 20      # longest line a text-protocol pickle may hold
+ITEM_MAX_BYTES = 256 << 20     # longest string / bytes / frame a snapshot's pickle may hold (real ones: under 1 MiB)
+_RAISE_LIMIT = "refusing it (load_snapshot(path, max_bytes=N) raises the limit)"
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -33,18 +33,6 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         raise UserError(
             f"{self._label}: refusing pickle persistent id (only plain data is allowed in a memory snapshot)")
-
-
-
-PIECE_BYTES = 1 << 20          # bytes per read of the file, per inflate call and per piece of a long read
-PEEK_BYTES = 1 << 17           # the unpickler's window on the file (what peek gives)
-LINE_MAX_BYTES = 64 << 20      # longest line a text-protocol pickle may hold
-ITEM_MAX_BYTES = 256 << 20     # longest string / bytes / frame a snapshot's pickle may hold (real ones: under 1 MiB)
-
-
-def _too_big(label: str, nbytes: int, max_bytes: int) -> UserError:
-    return UserError(f"{label}: {nbytes / 2**30:.3g} GiB is more than the limit for a memory snapshot "
-                     f"({max_bytes / 2**30:.3g} GiB); refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
 
 
 class _GunzipRaw(io.RawIOBase):
@@ -86,7 +74,7 @@ class _GunzipRaw(io.RawIOBase):
                     self.total += len(piece)
                     if max_bytes is not None and self.total > max_bytes:
                         raise UserError(f"{label}: inflates to more than {max_bytes / 2**30:.3g} GiB, the limit for a "
-                                        f"memory snapshot; refusing it (load_snapshot(path, max_bytes=N) raises the limit)")
+                                        f"memory snapshot; {_RAISE_LIMIT}")
                     if piece:
                         yield piece
                 data = d.unused_data.lstrip(b"\x00")           # another member, or zero padding
@@ -104,10 +92,8 @@ class _GunzipRaw(io.RawIOBase):
 
 
 class _Stream:
-    """A snapshot file as the unpickler reads it (``read``, ``readinto``, ``readline``, ``peek``), plain or inflated
-    as read: the unpickler takes it in windows of PEEK_BYTES, so a file that is no pickle is refused after its first
-    window, and a length that a corrupt pickle claims is read in pieces, never allocated ahead of the bytes that
-    are there."""
+    """A snapshot file as the unpickler reads it, plain or inflated as read: taken in windows of PEEK_BYTES, and a
+    length a corrupt pickle claims is checked and read in pieces, never allocated ahead of the bytes there."""
 
     def __init__(self, fh, gz: bool, label: str, max_bytes: int | None) -> None:
         self.raw = _GunzipRaw(fh, label, max_bytes) if gz else fh
@@ -123,7 +109,7 @@ class _Stream:
             return self.file.read(n)
         _check_item(n)
         pieces = []
-        while n < 0 or n > 0:
+        while n != 0:
             piece = self.file.read(PIECE_BYTES if n < 0 else min(n, PIECE_BYTES))
             if not piece:
                 break
@@ -142,68 +128,41 @@ class _Stream:
 
 
 def _check_item(nbytes: int) -> None:
-    """A read of ``nbytes`` for one item (a length the pickle claims): more than ITEM_MAX_BYTES is refused before
-    anything is read (a corrupt or hostile length would otherwise read the file whole)."""
+    """Refuse a read of more than ITEM_MAX_BYTES for one item before anything is read."""
     if nbytes > ITEM_MAX_BYTES:
         raise pickle.UnpicklingError(f"an item of {nbytes:,} bytes, more than a memory snapshot holds "
                                      f"({ITEM_MAX_BYTES >> 20} MiB)")
 
 
-def _unpickle(stream: _Stream, label: str):
-    """Restricted-unpickle what ``stream`` holds (see the module's docstring); one-line UserErrors."""
+def load_sized(path: str | os.PathLike, *, max_bytes: int | None = None) -> tuple[object, int]:
+    """(object, bytes of pickle once decompressed) of the file at ``path``, restricted-unpickled as it is read;
+    more than ``max_bytes`` decompressed is refused (a plain file by its size, a gzip one while inflating)."""
+    label = os.fspath(path)
     try:
-        if not stream.peek(1):
-            raise UserError(f"{label}: file is empty; expected a pickle from torch.cuda.memory._snapshot()")
-        with gc_paused():
-            return _RestrictedUnpickler(stream, label).load()
+        with open(path, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            gz = size >= 2 and fh.read(2) == _GZIP_MAGIC
+            fh.seek(0)
+            if not gz and max_bytes is not None and size > max_bytes:
+                raise UserError(f"{label}: {size / 2**30:.3g} GiB is more than the limit for a memory snapshot "
+                                f"({max_bytes / 2**30:.3g} GiB); {_RAISE_LIMIT}")
+            stream = _Stream(fh, gz, label, max_bytes)
+            if not stream.peek(1):
+                raise UserError(f"{label}: file is empty; expected a pickle from torch.cuda.memory._snapshot()")
+            with gc_paused():
+                obj = _RestrictedUnpickler(stream, label).load()
+            return obj, stream.drain()
     except UserError:
         raise
     except RecursionError:
         raise UserError(f"{label}: the pickle nests containers too deeply to be a memory snapshot") from None
+    except OSError as exc:
+        raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, MemoryError, OverflowError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{label}: not a readable pickle (truncated or corrupt: {msg}); "
                         f"expected a file from torch.cuda.memory._dump_snapshot()") from None
-    except OSError as exc:
-        raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
-
-
-def _load_from(fh, size: int, label: str, max_bytes: int | None) -> tuple[object, int]:
-    """(object, bytes of pickle once decompressed) of the binary file object ``fh`` (at its start; ``size`` bytes)."""
-    gz = size >= 2 and fh.read(2) == _GZIP_MAGIC
-    fh.seek(0)
-    if not gz and max_bytes is not None and size > max_bytes:
-        raise _too_big(label, size, max_bytes)          # (before reading it)
-    stream = _Stream(fh, gz, label, max_bytes)
-    try:
-        obj = _unpickle(stream, label)
-        return obj, stream.drain()
-    except OSError as exc:
-        raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
-    finally:
-        stream.file.close()                             # (fh with it)
-
-
-def loads(data: bytes, label: str = "<bytes>", *, max_bytes: int | None = None):
-    """Unpickle ``data`` (plain or gzip) allowing only builtin containers and scalars; a pickle of
-    more than ``max_bytes`` (decompressed) is refused."""
-    return _load_from(io.BytesIO(data), len(data), label, max_bytes)[0]
-
-
-def load_sized(path: str | os.PathLike, *, max_bytes: int | None = None) -> tuple[object, int]:
-    """(object, bytes of pickle once decompressed) of the file at ``path`` (plain or gzip), restricted-
-    unpickled as it is read (never read whole first: a file that is no pickle is refused after its first
-    PEEK_BYTES); more than ``max_bytes`` decompressed is refused (a plain file by its size, before reading it;
-    a gzip one while inflating)."""
-    label = os.fspath(path)
-    try:
-        fh = open(path, "rb", buffering=0)
-        size = os.fstat(fh.fileno()).st_size
-    except OSError as exc:
-        raise UserError(f"{label}: cannot read ({exc.strerror or exc}); check the path") from None
-    with fh:
-        return _load_from(fh, size, label, max_bytes)
 
 
 def load(path: str | os.PathLike, *, max_bytes: int | None = None):

@@ -1,22 +1,9 @@
-"""CUDA memory snapshot (``torch.cuda.memory._snapshot()``) -> allocations frame, segments, OOMs.
+"""CUDA memory snapshot (``torch.cuda.memory._snapshot()``, every layout: legacy without ``time_us``, expandable
+segments, OOM entries, several devices, gzip, no history) -> allocations frame, segments, OOMs.
 
-Handles every layout seen in the wild: legacy (no ``time_us``), newer (``time_us``,
-``compile_context``, ``user_metadata``), expandable segments (``segment_map``/``segment_unmap``),
-``oom`` entries, several devices, gzipped files, and snapshots recorded without history
-(segments only). Loading goes through :mod:`fsdpprof.analyze.memory.safe_pickle` (no pickle globals).
-
-Allocations frame columns (one row per allocation; bytes are the sizes the tensors requested, torch's
-convention: the trace records requested sizes, and blocks alive before the history began count with their
-``requested_size`` as torch.cuda._memory_viz / MemoryViz.js count them; the allocator's block sizes, rounded
-up to 512 B, show in the segments' ``allocated_bytes`` beside their ``requested_bytes``):
-  addr int64, bytes int64, alloc_us float64, free_us float64 (NaN = alive at snapshot end),
-  alloc_seq int64 / free_seq int64 (order keys within the device's trace; -1 = before history,
-  INT64_MAX = never freed), device int16, stream int64, before_trace bool (allocated before the
-  trace's first entry), free_inferred bool (no free event; the free time is inferred), user_metadata str,
-  frames object (list of {name, filename, line} dicts), free_frames object (the free's stack, None without),
-  phase / unit (filled later by categorize).
-When a snapshot has no ``time_us`` (legacy), ``alloc_us``/``free_us`` hold the trace entry index
-and ``SnapshotData.has_time`` is False.
+Allocations (ALLOC_COLUMNS, one row per allocation): requested bytes (torch's convention); alloc_us / free_us
+(NaN: alive at the end; trace entry indices when ``has_time`` is False); alloc_seq / free_seq order keys in the
+device's trace (-1: before the history, NEVER: never freed); frames / free_frames the stacks (lists of dicts).
 """
 from __future__ import annotations
 
@@ -33,8 +20,10 @@ from fsdpprof.errors import UserError, unexpected_as_user_error
 
 NEVER = np.iinfo(np.int64).max
 
-ALLOC_COLUMNS = ["addr", "bytes", "alloc_us", "free_us", "alloc_seq", "free_seq", "device", "stream",
-                 "before_trace", "free_inferred", "user_metadata", "frames", "free_frames"]
+ALLOC_DTYPES = {"addr": "int64", "bytes": "int64", "alloc_us": "float64", "free_us": "float64", "alloc_seq": "int64",
+                "free_seq": "int64", "device": "int16", "stream": "int64", "before_trace": "bool",
+                "free_inferred": "bool", "user_metadata": "object", "frames": "object", "free_frames": "object"}
+ALLOC_COLUMNS = list(ALLOC_DTYPES)
 SEGMENT_COLUMNS = ["device", "address", "total_bytes", "allocated_bytes", "active_bytes", "stream",
                    "is_expandable", "n_blocks", "requested_bytes"]
 # every block of every segment at snapshot time (fragmentation.py reads the free ones): segment_type is the
@@ -52,7 +41,6 @@ class SnapshotData:
     allocations: pd.DataFrame          # ALLOC_COLUMNS, all devices
     segments: pd.DataFrame             # SEGMENT_COLUMNS, state at snapshot time
     ooms: list[dict]                   # device, requested_bytes, free_bytes, ts_us, frames
-    annotations: pd.DataFrame          # device, name, start_us, end_us (external_annotations)
     segment_events: pd.DataFrame       # device, seq, delta_bytes, address, action: cudaMalloc/free and map/unmap
     has_history: dict[int, bool]       # device -> trace had alloc/free entries
     has_time: bool                     # trace entries carry time_us
@@ -63,45 +51,37 @@ class SnapshotData:
     objects_visited: int = 0           # segments, blocks, entries and frames the parse visited (see OBJECTS_PER_BYTE)
     blocks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BLOCK_COLUMNS))  # BLOCK_COLUMNS
 
+    def reserved_at(self, device: int, seq: int | None = None) -> int | None:
+        """Bytes in ``device``'s segments after trace entry ``seq`` (None: at snapshot time); None without any."""
+        m = self.segments["device"].to_numpy() == device
+        if not m.any():
+            return None
+        se = self.segment_events
+        later = (se["device"].to_numpy() == device) & (se["seq"].to_numpy() > (NEVER if seq is None else seq))
+        return int(self.segments["total_bytes"].to_numpy()[m].sum() - se["delta_bytes"].to_numpy()[later].sum())
+
 
 # Limits on what a snapshot file may make us do (real snapshots are far below them).
 MAX_SNAPSHOT_BYTES = 8 << 30     # the pickle, decompressed
 SIZE_MAX = 1 << 40               # bytes of one block / segment / allocation (1 TiB: more than any GPU has)
 TIME_MAX_US = float(2 ** 53)     # |time_us| beyond this is not a time
 DEVICE_MAX = options.MAX_CUDA_DEVICE
-# Objects visited (segments, blocks, trace entries and the frames of each, counted every time they are
-# reached, also when pickle's memo shares one object many times): at most OBJECTS_PER_BYTE per byte of
-# decompressed pickle, and never fewer than OBJECTS_MIN.  The densest real snapshot in ../shared/data
-# (qlora-tinyllama-legacy.pickle, 2.6 MB, frames shared by reference) reaches 0.39 per byte: the limit is
-# 50x that.  A pickle bomb (a 480 KB file whose entries share one 20,000-frame list 20,000 times:
-# 4e8 objects) is refused before any of them is visited.
+# Objects visited (segments, blocks, entries, frames; each time reached, memo-shared or not): at most
+# OBJECTS_PER_BYTE per byte of pickle (the densest real snapshot: 0.39), at least OBJECTS_MIN; a pickle bomb
+# (entries sharing one huge frame list) is refused before any of them is visited.
 OBJECTS_PER_BYTE = 20
 OBJECTS_MIN = 2_000_000
 
 
 def load_snapshot(path: str | os.PathLike, *, max_bytes: int | None = None,
                   max_objects: int | None = None) -> SnapshotData:
-    """Read a snapshot pickle (plain or gzip) safely and turn it into :class:`SnapshotData`.
-    ``max_bytes``: largest decompressed pickle accepted (default MAX_SNAPSHOT_BYTES); ``max_objects``:
-    most objects the parse may visit (default from the file's size, see OBJECTS_PER_BYTE).
-    Bad input raises :class:`fsdpprof.errors.UserError` (one line naming the file); malformed entries
-    are left out and counted in ``SnapshotData.warnings``."""
+    """A snapshot pickle (plain or gzip) read safely; at most ``max_bytes`` decompressed (MAX_SNAPSHOT_BYTES) and
+    ``max_objects`` visited (OBJECTS_PER_BYTE of them); bad input: a one-line UserError."""
     label = os.fspath(path)
     with unexpected_as_user_error(f"snapshot {label}"):
         snap, nbytes = safe_pickle.load_sized(path, max_bytes=MAX_SNAPSHOT_BYTES if max_bytes is None else max_bytes)
         limit = max(OBJECTS_MIN, OBJECTS_PER_BYTE * nbytes) if max_objects is None else max_objects
         return parse_snapshot(snap, label, max_objects=limit)
-
-
-def _empty_allocs() -> pd.DataFrame:
-    return pd.DataFrame({
-        "addr": pd.Series(dtype="int64"), "bytes": pd.Series(dtype="int64"),
-        "alloc_us": pd.Series(dtype="float64"), "free_us": pd.Series(dtype="float64"),
-        "alloc_seq": pd.Series(dtype="int64"), "free_seq": pd.Series(dtype="int64"),
-        "device": pd.Series(dtype="int16"), "stream": pd.Series(dtype="int64"),
-        "before_trace": pd.Series(dtype="bool"), "free_inferred": pd.Series(dtype="bool"),
-        "user_metadata": pd.Series(dtype="object"),
-        "frames": pd.Series(dtype="object"), "free_frames": pd.Series(dtype="object")})
 
 
 class _Checker:
@@ -139,8 +119,7 @@ _SNAP_DEFECTS = {
     "entry": "{n:,} trace entries malformed (not a dict, no action, or an address / size / time that is missing "
              "or not a plausible number): left out",
     "field": "{n:,} trace entry field(s) of the wrong type (stream, frames, user_metadata, device_free): ignored",
-    "long": "{n:,} user_metadata / annotation text(s) longer than {max:,} characters were cut",
-    "annotation": "{n:,} external annotation(s) malformed: left out",
+    "long": "{n:,} user_metadata text(s) longer than {max:,} characters were cut",
 }
 
 
@@ -170,16 +149,6 @@ def _times(values: list) -> tuple[np.ndarray, np.ndarray]:
     ok = np.fromiter(map(_time_ok, values), dtype=bool, count=len(values))
     return np.fromiter((float(v) if k else np.nan for v, k in zip(values, ok.tolist())), dtype=np.float64,
                        count=len(values)), ok
-
-
-def _text(v, chk: _Checker) -> str:
-    """A snapshot string (user_metadata, annotation name): cut to NAME_MAX_CHARS characters (counted)."""
-    if type(v) is not str:
-        return ""
-    if len(v) > NAME_MAX_CHARS:
-        chk.bad("long")
-        return cut_text(v)
-    return v
 
 
 def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
@@ -248,10 +217,8 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
 
 
 def _requested_size(b: dict, size: int | None) -> int | None:
-    """Bytes a live block's tensor asked for, as torch's own tools read it (torch/cuda/_memory_viz.py
-    ``_block_extra``, MemoryViz.js ``annotate_snapshot``): ``requested_size``; in legacy snapshots the
-    first history entry's ``real_size``; else the block ``size`` (the allocator rounds requests up to 512 B).
-    ``size`` None (the block has none): the requested size alone, None without one."""
+    """Bytes a live block's tensor asked for, as torch's _memory_viz.py reads it: ``requested_size``, the first history
+    entry's ``real_size`` (legacy), else ``size`` (None: the requested size alone, None without one)."""
     req = b.get("requested_size")
     if req is None and type(b.get("history")) is list and b["history"] and type(b["history"][0]) is dict:
         req = b["history"][0].get("real_size")
@@ -260,25 +227,15 @@ def _requested_size(b: dict, size: int | None) -> int | None:
     return req if _int_ok(req, 0, size) and req > 0 else size
 
 
-def _action_code(a) -> int:
-    return _ACTION_CODE.get(a, 0) if type(a) is str else 0
-
-
 def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None = None) -> SnapshotData:
-    """Turn an already-unpickled snapshot (dict, or bare list of segments) into SnapshotData.
-
-    Every field is checked while parsing: a snapshot that is not one raises UserError; malformed
-    segments, blocks, entries and annotations are left out (one counted warning per kind); the objects
-    visited are bounded by ``max_objects`` (default OBJECTS_MIN) before they are visited."""
+    """An already-unpickled snapshot (dict, or bare list of segments) as SnapshotData.  Not a snapshot: UserError;
+    malformed parts are left out (one counted warning per kind); at most ``max_objects`` objects are visited."""
     if isinstance(snap, list):  # very old snapshots: just the segment list
         snap = {"segments": snap, "device_traces": []}
     if not isinstance(snap, dict) or "segments" not in snap:
         raise UserError(f"{label}: not a CUDA memory snapshot (no 'segments'); expected a pickle from "
                         f"torch.cuda.memory._dump_snapshot()")
-    segments_raw = snap.get("segments")
-    traces = snap.get("device_traces")
-    segments_raw = [] if segments_raw is None else segments_raw
-    traces = [] if traces is None else traces
+    segments_raw, traces = ([] if snap.get(k) is None else snap[k] for k in ("segments", "device_traces"))
     if not isinstance(segments_raw, list) or not isinstance(traces, list):
         raise UserError(f"{label}: malformed CUDA memory snapshot ('segments'/'device_traces' are not lists)")
     chk = _Checker(label, OBJECTS_MIN if max_objects is None else max_objects)
@@ -291,18 +248,15 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
 
     # ---- segments (state at snapshot time) and the blocks alive then
     seg_rows, live_blocks, block_rows = _segments(segments_raw, chk)
-    segments = pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS)
 
     # ---- device traces: one pass over each trace reads the actions; alloc/free entries are then
     # read column by column (numpy), segment and OOM entries (few) one by one
-    has_time = False
     has_history: dict[int, bool] = {}
     ooms: list[dict] = []
     seg_ev: list[tuple] = []
     parts: list[dict] = []
     first = next((t[0] for t in traces if t), None)
-    if type(first) is dict and "time_us" in first:
-        has_time = True
+    has_time = type(first) is dict and "time_us" in first
     for dev, trace in enumerate(traces):
         n0 = len(trace)
         if set(map(type, trace)) - {dict}:
@@ -312,7 +266,7 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
             trace = [e for e, a in zip(trace, actions) if type(a) is str]
             actions = [e["action"] for e in trace]
         chk.bad("entry", n0 - len(trace))
-        code = np.fromiter(map(_action_code, actions), dtype=np.int8, count=len(trace))
+        code = np.fromiter((_ACTION_CODE.get(a, 0) for a in actions), dtype=np.int8, count=len(trace))
         has_history[dev] = bool((code == 1).any()) or bool(((code[:1000] == 2) | (code[:1000] == 3)).any())
         for i in np.flatnonzero(code >= _SEG_MAP).tolist():
             e = trace[i]
@@ -336,33 +290,14 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
     # devices that appear only in segments (no trace at all)
     for dev in sorted({d for d, _ in live_blocks} - set(range(len(traces)))):
         has_history[dev] = False
-        parts.append(_device_allocations(dev, [], live_blocks, has_time, None, chk))
+        parts.append(_device_allocations(dev, [], live_blocks, has_time, np.zeros(0, np.int8), chk))
     parts = [p for p in parts if len(p["addr"])]
-    allocs = _allocs_frame({c: np.concatenate([p[c] for p in parts]) for c in ALLOC_COLUMNS}) if parts \
-        else _empty_allocs()
+    allocs = pd.DataFrame({c: pd.Series(np.concatenate([p[c] for p in parts]) if parts else [], dtype=t)
+                           for c, t in ALLOC_DTYPES.items()})
     if float(allocs["bytes"].to_numpy().sum(dtype=np.float64)) >= 2.0 ** 62:
         raise UserError(f"{label}: the allocations add up to more than 4 EiB; the sizes are not real, is the file corrupt?")
 
-    ann_rows = []
-    open_ann: dict[tuple, float] = {}
-    ann = snap.get("external_annotations") or []
-    if type(ann) is not list:
-        chk.bad("annotation")
-        ann = []
-    chk.visit(len(ann))
-    for a in ann:
-        if type(a) is not dict or not _int_ok(a.get("device", 0), 0, DEVICE_MAX) or not _time_ok(a.get("time_us")) \
-                or type(a.get("name")) is not str:
-            chk.bad("annotation")
-            continue
-        key = (a.get("device", 0), _text(a["name"], chk))
-        if a.get("stage") == "START":
-            open_ann[key] = float(a["time_us"])
-        elif a.get("stage") == "END" and key in open_ann:
-            ann_rows.append((key[0], key[1], open_ann.pop(key), float(a["time_us"])))
-    annotations = pd.DataFrame(ann_rows, columns=["device", "name", "start_us", "end_us"])
-
-    devices = sorted(set(segments["device"].tolist()) | {d for d, h in has_history.items()
+    devices = sorted({r[0] for r in seg_rows} | {d for d, h in has_history.items()
                                                           if h or (d < len(traces) and traces[d])})
     if not segments_raw and not any(traces):
         warnings.append(f"{label}: snapshot holds no CUDA memory at all (no segments, no trace): was it taken "
@@ -385,22 +320,18 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
                         f"a snapshot fsdpprof can read: is the file corrupt?")
     segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes", "address", "action"])
     settings = snap.get("allocator_settings")
-    return SnapshotData(path=label, allocations=allocs, segments=segments, segment_events=segment_events,
-                        ooms=ooms, annotations=annotations,
-                        has_history=has_history, has_time=has_time, devices=devices,
+    return SnapshotData(path=label, allocations=allocs, segments=pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS),
+                        segment_events=segment_events,
+                        ooms=ooms, has_history=has_history, has_time=has_time, devices=devices,
                         allocator_settings=dict(settings) if type(settings) is dict else {},
                         warnings=defects + warnings, defects=defects, objects_visited=chk.visited,
                         blocks=pd.DataFrame(block_rows, columns=BLOCK_COLUMNS))
 
 
 def pair_alloc_free(seq: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> dict:
-    """Pair allocation and free events by address, vectorised.
-
-    ``seq`` is each event's position in time order (ascending within an address), ``t`` its time.
-    Returns ``alloc_rows`` (indices of alloc events), their ``free_seq`` (``NEVER`` when not freed),
-    ``free_us`` (NaN) and ``free_inferred`` (no free event: ended by a second alloc at the address),
-    and ``orphan_free_rows``: frees of memory allocated before the events began.
-    """
+    """Alloc and free events (``seq``: order, ``t``: time) paired by address: ``alloc_rows`` with their ``free_seq``
+    (NEVER), ``free_us`` (NaN) and ``free_inferred`` (ended by a second alloc at the address), ``n_realloc``, and
+    ``orphan_free_rows``: frees of memory allocated before the events began."""
     order = np.lexsort((seq, addr))        # by address, then time order
     a_s, alloc_s = addr[order], is_alloc[order]
     n = len(order)
@@ -431,24 +362,10 @@ _ACTION_CODE = {"alloc": 1, "free_requested": 2, "free_completed": 3, "segment_a
                 "segment_map": _SEG_MAP, "segment_free": _SEG_UNMAP, "segment_unmap": _SEG_UNMAP, "oom": _OOM}
 
 
-def _allocs_frame(cols: dict) -> pd.DataFrame:
-    """The allocations DataFrame from its columns as arrays (ALLOC_COLUMNS order and dtypes)."""
-    return pd.DataFrame({
-        c: pd.Series(cols[c], dtype=object) if c in ("user_metadata", "frames", "free_frames") else cols[c]
-        for c in ALLOC_COLUMNS})
-
-
-def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool,
-                        code: np.ndarray | None = None, chk: _Checker | None = None) -> dict:
-    """Pair alloc/free entries of one device's trace by address (vectorised) and add the blocks
-    alive at snapshot time that were allocated before the trace's first entry. Returns the
-    ALLOC_COLUMNS as arrays (paired allocations, then frees without an alloc, then live blocks);
-    ``code``: the entries' action codes when the caller has them.  ``trace`` holds dicts only; entries
-    with an address, size or time that is not a plausible number are left out (counted in ``chk``)."""
-    chk = chk if chk is not None else _Checker("<snapshot>", NEVER)
-    n = len(trace)
-    if code is None:
-        code = np.fromiter(map(_action_code, [e.get("action") for e in trace]), dtype=np.int8, count=n)
+def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool, code: np.ndarray,
+                        chk: _Checker) -> dict:
+    """ALLOC_COLUMNS as arrays of one device: its trace's alloc / free entries (dicts, action ``code``) paired by
+    address, then frees without an alloc, then blocks alive at snapshot time allocated before the trace."""
     use_free = 3 if (code == 3).any() else 2
     keep = np.flatnonzero((code == 1) | (code == use_free))
     kept = [trace[i] for i in keep.tolist()]
@@ -488,40 +405,28 @@ def _device_allocations(dev: int, trace: list, live_blocks: dict, has_time: bool
     free_frames = np.fromiter([_free_frames(trace, int(fs), int(a)) if fs != NEVER else None
                                for fs, a in zip(free_seq.tolist(), addr[o_alloc].tolist())], dtype=object, count=na)
     chk.visit(sum(map(len, filter(None, free_frames))))
-    cols = {"addr": [addr[o_alloc]], "bytes": [size[o_alloc]], "alloc_us": [t[o_alloc]], "free_us": [free_us],
-            "alloc_seq": [rows_idx.astype(np.int64)], "free_seq": [free_seq.astype(np.int64)],
-            "stream": [stream[o_alloc]],
-            "before_trace": [np.zeros(na, bool)], "free_inferred": [np.asarray(pr["free_inferred"], dtype=bool)],
-            "user_metadata": [meta], "frames": [frames], "free_frames": [free_frames]}
-
-    def add(**kw):
-        for c, v in kw.items():
-            cols[c].append(v)
-
-    # allocations made before the history began: freed in the trace without an alloc entry ...
-    if len(of):
-        m = len(of)
-        add(addr=addr[of], bytes=size[of], alloc_us=np.full(m, t0), free_us=t[of],
-            alloc_seq=np.full(m, -1, dtype=np.int64), free_seq=keep[of].astype(np.int64),
-            stream=stream[of],
-            before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
-            user_metadata=np.full(m, "", dtype=object), frames=np.full(m, None, dtype=object),
-            free_frames=np.fromiter([_free_frames(trace, int(fs), int(a)) for fs, a in
-                                     zip(keep[of].tolist(), addr[of].tolist())], dtype=object, count=m))
-    # ... or still alive at snapshot time (a live block with no open alloc entry)
+    # allocations made before the history began: freed in the trace without an alloc entry, or still alive at
+    # snapshot time (a live block with no open alloc entry)
     open_addrs = set(addr[o_alloc][free_seq == NEVER].tolist())
     pre = [(a, b) for (d, a), b in live_blocks.items() if d == dev and a not in open_addrs]
-    if pre:
-        m = len(pre)
-        fr = np.fromiter([b.get("frames") or None for _, b in pre], dtype=object, count=m)
-        add(addr=np.array([a for a, _ in pre], dtype=np.int64),
-            bytes=np.array([b.get("size", 0) for _, b in pre], dtype=np.int64),
-            alloc_us=np.full(m, t0), free_us=np.full(m, np.nan), alloc_seq=np.full(m, -1, dtype=np.int64),
-            free_seq=np.full(m, NEVER, dtype=np.int64), stream=np.array([b["_stream"] for _, b in pre], dtype=np.int64),
-            before_trace=np.ones(m, bool), free_inferred=np.zeros(m, bool),
-            user_metadata=np.full(m, "", dtype=object), frames=fr, free_frames=np.full(m, None, dtype=object))
-    out = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in cols.items()}
-    out["device"] = np.full(len(out["addr"]), dev, dtype=np.int16)
+    m = len(of) + len(pre)
+    fr_of = [_free_frames(trace, int(fs), int(a)) for fs, a in zip(keep[of].tolist(), addr[of].tolist())]
+    out = {"addr": np.concatenate([addr[o_alloc], addr[of], np.array([a for a, _ in pre], dtype=np.int64)]),
+           "bytes": np.concatenate([size[o_alloc], size[of], np.array([b.get("size", 0) for _, b in pre], np.int64)]),
+           "alloc_us": np.concatenate([t[o_alloc], np.full(m, t0)]),
+           "free_us": np.concatenate([free_us, t[of], np.full(len(pre), np.nan)]),
+           "alloc_seq": np.concatenate([rows_idx, np.full(m, -1)]).astype(np.int64),
+           "free_seq": np.concatenate([free_seq, keep[of], np.full(len(pre), NEVER)]).astype(np.int64),
+           "device": np.full(na + m, dev, dtype=np.int16),
+           "stream": np.concatenate([stream[o_alloc], stream[of], np.array([b["_stream"] for _, b in pre], np.int64)]),
+           "before_trace": np.arange(na + m) >= na,
+           "free_inferred": np.concatenate([np.asarray(pr["free_inferred"], dtype=bool), np.zeros(m, bool)]),
+           "user_metadata": np.concatenate([meta, np.full(m, "", dtype=object)]),
+           "frames": np.concatenate([frames, np.full(len(of), None, dtype=object),
+                                     np.fromiter([b.get("frames") or None for _, b in pre], dtype=object,
+                                                 count=len(pre))]),
+           "free_frames": np.concatenate([free_frames, np.fromiter(fr_of + [None] * len(pre), dtype=object,
+                                                                   count=m)])}
     return out
 
 
@@ -538,12 +443,14 @@ def _free_frames(trace: list, i: int, addr: int):
 
 
 def _meta_text(v, chk: _Checker) -> str:
-    if v is None or v == "":
-        return ""
+    """An entry's user_metadata: "" when missing or not text (counted), cut to NAME_MAX_CHARS (counted)."""
     if type(v) is not str:
-        chk.bad("field")
+        chk.bad("field", int(v is not None))
         return ""
-    return _text(v, chk)
+    if len(v) > NAME_MAX_CHARS:
+        chk.bad("long")
+        return cut_text(v)
+    return v
 
 
 def fmt_frames(fr, limit: int = 6) -> str:
