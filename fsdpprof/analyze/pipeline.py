@@ -142,19 +142,14 @@ def _try(notes: dict, section: str, what: str, fn, *args, **kwargs):
 def comm_table(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per group of ``keys``: count, bytes, time_us, busbw_gbps (volume) beside comm_us, overlapped_comm_us,
     exposed_comm_us, overlap_pct (overlap)."""
-    ov = overlap.comm_overlap(events, by=keys)
-    vol = volume.collective_volume(events, by=keys)
-    for df in (ov, vol):
-        for k in keys:
-            if k != "rank":
-                df[k] = df[k].astype(object)
-    vol = vol[keys + ["count", "bytes", "time_us", "busbw_gbps"]]
-    return vol.merge(ov, on=keys, how="outer")
+    labels_as_objects = {k: object for k in keys if k != "rank"}
+    ov = overlap.comm_overlap(events, by=keys).astype(labels_as_objects)
+    vol = volume.collective_volume(events, by=keys).astype(labels_as_objects)
+    return vol[keys + ["count", "bytes", "time_us", "busbw_gbps"]].merge(ov, on=keys, how="outer")
 
 
 def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
-    """Per rank and collective, comm launched inside a step: count, payload bytes, bytes on the wire
-    (ring: model.ring_factor) and the number of steps they are spread over."""
+    """Per rank and collective, comm launched inside a step: count, payload and wire bytes, steps spread over."""
     in_step = events["step"].notna().to_numpy()
     c = events[isin(events["kind"], [model.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
     if c.empty or c["bytes"].isna().all():
@@ -172,8 +167,8 @@ def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
-    """Compute and communication events of one full step (times relative to its start, each lane with its
-    readable ``lane_name``: labels.lane_names), the step, and the operations with the most time in it."""
+    """Compute and communication events of one step (µs from its start, with ``lane_name``), the step, and the
+    operations with the most time in it."""
     e = events[events["step"].notna()]
     if e.empty:
         return None
@@ -206,8 +201,7 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
 
 def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_ops: bool = True,
                 overlap_only: bool = False) -> None:
-    """The trace analyses of one rank into ``res`` (the operator table only with ``want_ops``; only the
-    collective volume and the overall overlap with ``overlap_only``)."""
+    """The trace analyses of one rank into ``res`` (``overlap_only``: the volume and overall overlap alone)."""
     n = res.notes
     res.has_trace = True
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
@@ -243,7 +237,7 @@ NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); 
 
 
 def _memory_part(res: RankResult, rd, source: str):
-    """The rank's MemoryResult (with its allocations, for the what-if replay) into ``res``; None without."""
+    """The rank's MemoryResult (with its allocations, for the what-if replay), kept without them in ``res``."""
     if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
         _note(res.notes, "memory", NO_MEMORY_EVENTS)
         return
@@ -272,11 +266,9 @@ def _memory_part(res: RankResult, rd, source: str):
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
                  max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
                  overlap_only: bool = False) -> RankResult:
-    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.files.RankData`).  Its trace is
-    loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
-    ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
-    operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
-    volume and overall overlap alone (no inventory, memory or what-if)."""
+    """Map: every per-rank number of one RankData, its trace read here if need be (a worker holds one rank only).
+    ``lanes``: keep one step for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: diff.op_table;
+    ``overlap_only``: the collective volume and overall overlap alone."""
     loaded = load_rank(rd, max_bytes=max_bytes, progress=progress, inventory=not overlap_only)
     rd = loaded.rank
     res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}),
@@ -387,8 +379,8 @@ def _rank_notes(results: list[RankResult]) -> dict:
 
 
 def input_of(results: list[RankResult], world_size) -> tuple[str, str | None]:
-    """(what the input is: one of model.INPUT_KINDS, the inventory's strategy or None) from its ranks' results:
-    inventory.json when a rank has one, else what the traces (or a bare CUDA snapshot's stack frames) show."""
+    """(model.INPUT_KINDS of the input, the inventory's strategy or None): from inventory.json when a rank has
+    one, else from what the traces (or CUDA snapshots' stack frames) show."""
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     found = {r.framework for r in results if r.framework} | {
         str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
@@ -442,21 +434,18 @@ def _relabel_replicated(m):
     return replace(m, **fixed, timeline=m.timeline.rename(columns=ren) if m.timeline is not None else None)
 
 
+MEMORY_PEAK_FIELDS = ("source", "peak_allocated_bytes", "peak_ts_us", "peak_stage", "peak_fsdp_phase", "baseline_bytes",
+                      "coverage_pct", "reserved_bytes", "fragmentation_pct")
+
+
 def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
+    """Each rank's MemoryResult (categories relabelled where nothing is sharded) and a row of its peak."""
     rows = []
-    for res in results:
-        m = res.memory
-        if m is None:
-            continue
-        if not a.overview.get("sharded"):
-            m = _relabel_replicated(m)
-        a.memory[res.rank] = m
+    for res in (r for r in results if r.memory is not None):
+        m = a.memory[res.rank] = res.memory if a.overview.get("sharded") else _relabel_replicated(res.memory)
         dev = getattr(m, "device", None)
         rows.append({"rank": res.rank, "device": f"cuda:{dev}" if dev is not None else None,
-                     "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
-                     "peak_ts_us": m.peak_ts_us, "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase,
-                     "baseline_bytes": m.baseline_bytes, "coverage_pct": m.coverage_pct,
-                     "reserved_bytes": m.reserved_bytes, "fragmentation_pct": m.fragmentation_pct})
+                     **{k: getattr(m, k) for k in MEMORY_PEAK_FIELDS}})
     if rows:
         a.memory_peaks = pd.DataFrame(rows)
     elif "memory" not in a.notes:
@@ -464,10 +453,8 @@ def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
 
 
 def _world_size_from_memory(a: Analysis) -> None:
-    """``overview.world_size_source``: where the world size comes from: "the run" (run.json, rank.json, the traces'
-    distributedInfo), else, when nothing recorded it, what the ranks' CUDA snapshots show (fsdp_units: the
-    reduce-scatters, the snapshots given, one per rank, or the shards' sizes), and then ``world_size`` is that one,
-    said as inferred (fsdp_units.world_size_said)."""
+    """``overview.world_size_source``: "the run" (run.json, rank.json, distributedInfo), else, when nothing recorded
+    it, what the ranks' CUDA snapshots show (fsdp_units), which then sets ``world_size``."""
     o = a.overview
     if o.get("world_size"):
         o["world_size_source"] = "the run"
@@ -522,15 +509,12 @@ def _findings(a: Analysis) -> list:
 
 
 def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], list[str]]:
-    """(what is missing and why, the ranks that were analysed, the warnings: the run's and theirs, each once)
-    of the map's results; UserError for an input that must stop the report, or when no rank is usable."""
+    """(missing label -> why, the ranks analysed, the run's and their warnings once each) of the map's results;
+    UserError for an input that must stop the report, or when no rank is usable."""
     fatal = next((r.fatal for r in results if r.fatal), None)
     if fatal:
         raise UserError(fatal)
-    missing = dict(run.missing)
-    for r in results:
-        if r.error:
-            missing[r.label] = r.error
+    missing = {**run.missing, **{r.label: r.error for r in results if r.error}}
     ok = [r for r in results if not r.error]
     if not ok:
         raise no_usable_rank(missing, f"no usable rank in {run.path}", "no rank recorded")

@@ -72,9 +72,7 @@ class Run:
 
     def record_folders(self) -> list[str]:
         """Folders of a run directory that ``fsdpprof record`` wrote (rank-*/, launchers/): never an output's."""
-        if self.source != SOURCE_RUN_DIR:
-            return []
-        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
+        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path}) if self.source == SOURCE_RUN_DIR else []
 
 
 def rank_from_name(path: str) -> int | None:
