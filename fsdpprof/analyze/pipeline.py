@@ -497,7 +497,8 @@ def _findings(a: Analysis) -> list:
         m = a.memory[r]
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
         act = getattr(m, "activation_by_unit", None)
-        units = [str(u) for u in act["unit"]] if act is not None and len(act) else list(getattr(m, "fsdp_units", None) or [])
+        units = [str(u) for u in act["unit"]] if act is not None and len(act) else \
+            list(getattr(m, "fsdp_units", None) or [])
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
                                      m.coverage_pct, r, alts, input_kind=o.get("input_kind"), units=units)
         items += fnd.process_findings(getattr(m, "process", None), r)
@@ -555,7 +556,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                     ["count", "comm_us", "exposed_comm_us"]].sum()
         a.traffic = _traffic_vs_theory(_concat(r.traffic for r in traced), a.theory)
         if a.steps is not None and "step_us" in a.steps:
-            a.overview["step_time_us"] = step_medians(a.steps)["step_us"]   # the headline's rule (each rank's mean, median over ranks)
+            # the headline's rule: each rank's mean, the median over ranks
+            a.overview["step_time_us"] = step_medians(a.steps)["step_us"]
             a.overview["steps_analysed"] = int(a.steps["step"].nunique())
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops
@@ -622,8 +624,8 @@ class OverlapSummary:
         def records(df: pd.DataFrame) -> list[dict]:
             return [{k: None if pd.isna(v) else v for k, v in row.items()} for row in df.to_dict("records")]
 
-        return {"path": self.path, "description": self.description, "overlap": records(self.overlap), "volume": records(self.volume),
-                "missing": dict(self.missing), "warnings": list(self.warnings)}
+        return {"path": self.path, "description": self.description, "overlap": records(self.overlap),
+                "volume": records(self.volume), "missing": dict(self.missing), "warnings": list(self.warnings)}
 
 
 def overlap_summary(run, *, workers: int | None = None, engine: str | None = None,

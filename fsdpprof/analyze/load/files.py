@@ -228,7 +228,8 @@ def _read_json(path: str, what: str) -> dict:
     return doc
 
 
-_WHAT_TO_GIVE = "give a run directory (fsdpprof record --out DIR), a folder of profiler traces, a trace file or a CUDA snapshot"
+_WHAT_TO_GIVE = ("give a run directory (fsdpprof record --out DIR), a folder of profiler traces, a trace file or a "
+                 "CUDA snapshot")
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}
 _NO_PERMISSION = "fix its permissions (chmod) or run as its owner"
@@ -334,7 +335,8 @@ def _discover_folder(path: str, lazy: bool) -> Run:
     try:
         entries = sorted(os.listdir(path))
     except OSError as exc:
-        raise UserError(f"folder {path} cannot be listed ({exc.strerror}); fix its permissions or run as its owner") from None
+        raise UserError(f"folder {path} cannot be listed ({exc.strerror}); fix its permissions or run as its "
+                        f"owner") from None
     run_json = os.path.join(path, runfmt.RUN_JSON)
     meta, why_not = read_run_json(run_json) if os.path.isfile(run_json) else (None, None)
     has_ranks = any(e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
@@ -369,8 +371,8 @@ def _discover_folder(path: str, lazy: bool) -> Run:
             warnings.append(f"snapshot {f}: no rank in the file name (rank-N, rankN, workerN), taken as rank {r} "
                             f"from its position among the snapshots")
         if r in ranks:
-            raise UserError(f"folder {path} has two snapshots for rank {r} ({os.path.basename(ranks[r].snapshot_path)}, "
-                            f"{os.path.basename(f)}); keep one per rank")
+            raise UserError(f"folder {path} has two snapshots for rank {r} ("
+                            f"{os.path.basename(ranks[r].snapshot_path)}, {os.path.basename(f)}); keep one per rank")
         ranks[r] = _snapshot_rank(r, f, snapshots_given=len(snaps))
     return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, warnings=warnings, inputs=snaps)
 
@@ -382,10 +384,9 @@ def _trace_ranks(f: str, i: int, warnings: list[str]) -> list[RankData]:
     if merged is not None:
         out = []
         for part in rank_parts(merged):
-            meta = dict(part.get("trace") or {})
-            out.append(RankData(rank=part["rank"], info=dict(part.get("info") or {}) or _info_from_meta(part["rank"], meta),
-                                trace_path=f, trace_meta=meta, label=f"{label}:rank-{part['rank']}",
-                                trace_pid=part["pid"]))
+            rank, meta = part["rank"], dict(part.get("trace") or {})
+            out.append(RankData(rank=rank, info=dict(part.get("info") or {}) or _info_from_meta(rank, meta),
+                                trace_path=f, trace_meta=meta, label=f"{label}:rank-{rank}", trace_pid=part["pid"]))
         return out
     dist = distributed_info_head(f)
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) else None
@@ -416,7 +417,8 @@ def _load_traces(root: str, traces: list[str], source: str) -> Run:
             ranks[rd.rank] = rd
     if len(world_sizes) > 1:
         desc = "; ".join(f"world_size {ws}: {', '.join(sorted(ls)[:3])}" for ws, ls in sorted(world_sizes.items()))
-        raise UserError(f"folder {root} mixes traces of different runs ({desc}); put each run's traces in its own folder")
+        raise UserError(f"folder {root} mixes traces of different runs ({desc}); put each run's traces in its own "
+                        f"folder")
     return Run(path=root, source=source, meta={}, ranks=ranks, warnings=warnings,
                world_size=next(iter(world_sizes), None), inputs=list(traces))
 
@@ -441,12 +443,14 @@ def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | N
 
 # why a rank has saved nothing (yet), by the run's state (_liveness): still recording, perhaps, or not
 _NOT_SAVED_YET = {runfmt.LIVENESS_ALIVE: "not saved yet: the run is still being recorded",
-                  runfmt.LIVENESS_UNKNOWN: "not saved yet, or never: the run may still be being recorded on another host"}
+                  runfmt.LIVENESS_UNKNOWN: "not saved yet, or never: the run may still be being recorded on another "
+                                           "host"}
 
 
 def _files_under(directory: str) -> list[str]:
     """Regular files in ``directory`` and its sub-folders (symbolic links not followed)."""
-    return [os.path.join(d, n) for d, _, names in os.walk(directory) for n in names if os.path.isfile(os.path.join(d, n))]
+    paths = (os.path.join(d, n) for d, _, names in os.walk(directory) for n in names)
+    return [p for p in paths if os.path.isfile(p)]
 
 
 def _read_rank_file(path: str, what: str, family: str, warnings: list[str], default=None):
