@@ -1,20 +1,12 @@
-"""One run -> every number the report shows: a per-rank map and a small cross-rank reduce.
-
-- :func:`analyze_rank` (map): a pure function of one rank's files (trace, inventory, snapshot, or
-  frames already loaded) -> :class:`RankResult`, a few small tables.  Only one rank's events are
-  ever held by the process that runs it.
-- :func:`reduce_run` (reduce): works only from the RankResults and the run's metadata: skew,
-  stragglers, run totals, theory vs measured, findings -> :class:`Analysis`.
-- :func:`analyze_run` = map (in this process, or a bounded process pool for big traces) + reduce.
-- :func:`overlap_summary` = the same map and reduce restricted to what ``fsdpprof overlap`` prints: per
-  rank, the overall overlap of communication with compute; per rank and collective, its volume.
-
-A part that cannot be computed for an input (no trace, no inventory, ...) leaves a one-line note in
-``notes[section]`` instead of failing.  summary.json is written from an Analysis by
-:mod:`fsdpprof.report.summary`.  Units: bytes, microseconds (``_us``), percent (``_pct``).
+"""One run -> every number the report shows: a per-rank map (:func:`analyze_rank` -> :class:`RankResult`, small
+tables; one rank's events held at a time) and a cross-rank reduce (:func:`reduce_run` -> :class:`Analysis`).
+:func:`analyze_run` = map + reduce; :func:`overlap_summary` = the same restricted to what ``fsdpprof overlap``
+prints.  A part that cannot be computed leaves a one-line note in ``notes[section]`` instead of failing.
+Units: bytes, microseconds (``_us``), percent (``_pct``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -31,7 +23,7 @@ from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
-from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
+from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
@@ -70,9 +62,9 @@ class RankResult:
     volume: pd.DataFrame | None = None           # rank, collective: count, bytes, time_us, algbw/busbw
     comm_phase: pd.DataFrame | None = None       # PHASE_KEYS: volume + overlap (all steps)
     comm_unit_step: pd.DataFrame | None = None   # UNIT_STEP_KEYS: volume + overlap
-    overall: pd.DataFrame | None = None          # overall_overlap (one row)
+    overlap_overall: pd.DataFrame | None = None  # overall_overlap (one row)
     steps: pd.DataFrame | None = None            # step_breakdown rows
-    stalls: pd.DataFrame | None = None           # steps.step_stalls: device idle by cause, syncs, DataLoader
+    step_stalls: pd.DataFrame | None = None      # steps.step_stalls: device idle by cause, syncs, DataLoader
     records: pd.DataFrame | None = None          # skew.collective_records (p2p left out)
     traffic: pd.DataFrame | None = None          # rank, collective: in-step count, payload and wire bytes, steps
     lanes: pd.DataFrame | None = None
@@ -84,8 +76,7 @@ class RankResult:
     idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
     op_stats: pd.DataFrame | None = None         # diff.op_table: rank, step, name, kind: count, total_us, max_us
     whatif: dict | None = None                   # whatif.predict.report_rank: standard strategies predicted
-    worker: dict | None = None                   # where the map ran it: host, pid, seconds, peak_rss_bytes
-                                                 # (engines.measured_call; not in summary.json)
+    worker: dict | None = None                   # engines.measured_call: where and how long (not in summary.json)
 
 
 @dataclass
@@ -109,8 +100,7 @@ class Analysis:
     comm_outside_steps: pd.DataFrame | None = None            # rank, collective: comm launched outside any step
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
-    step_stalls: pd.DataFrame | None = None                   # rank, step: device idle by cause, host syncs,
-                                                              # DataLoader time (steps.step_stalls)
+    step_stalls: pd.DataFrame | None = None                   # steps.step_stalls: rank, step, idle by cause, ...
     skew: pd.DataFrame | None = None
     stragglers: pd.DataFrame | None = None
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
@@ -125,10 +115,8 @@ class Analysis:
     findings: list = field(default_factory=list)
     op_stats: pd.DataFrame | None = None                      # rank, step, name, kind: count, total_us (diff.op_table)
     whatif: dict | None = None                                # predictions of the standard strategies (JSON-ready)
-    rank_distributions: dict = field(default_factory=dict)    # name -> DataFrame: per-rank tables over ranks
-                                                              # (distributions.rank_distributions)
-    cpu_load: dict = field(default_factory=dict)              # rank -> rank.json "cpu" (the host's cores, the
-                                                              # rank's CPU time and run-queue wait, µs)
+    rank_distributions: dict = field(default_factory=dict)    # distributions.rank_distributions: name -> DataFrame
+    cpu_load: dict = field(default_factory=dict)              # rank -> rank.json "cpu" (cores, CPU time, wait µs)
 
 
 def _note(notes: dict, section: str, text: str) -> None:
@@ -154,19 +142,14 @@ def _try(notes: dict, section: str, what: str, fn, *args, **kwargs):
 def comm_table(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per group of ``keys``: count, bytes, time_us, busbw_gbps (volume) beside comm_us, overlapped_comm_us,
     exposed_comm_us, overlap_pct (overlap)."""
-    ov = overlap.comm_overlap(events, by=keys)
-    vol = volume.collective_volume(events, by=keys)
-    for df in (ov, vol):
-        for k in keys:
-            if k != "rank":
-                df[k] = df[k].astype(object)
-    vol = vol[keys + ["count", "bytes", "time_us", "busbw_gbps"]]
-    return vol.merge(ov, on=keys, how="outer")
+    labels_as_objects = {k: object for k in keys if k != "rank"}
+    ov = overlap.comm_overlap(events, by=keys).astype(labels_as_objects)
+    vol = volume.collective_volume(events, by=keys).astype(labels_as_objects)
+    return vol[keys + ["count", "bytes", "time_us", "busbw_gbps"]].merge(ov, on=keys, how="outer")
 
 
 def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
-    """Per rank and collective, comm launched inside a step: count, payload bytes, bytes on the wire
-    (ring: model.ring_factor) and the number of steps they are spread over."""
+    """Per rank and collective, comm launched inside a step: count, payload and wire bytes, steps spread over."""
     in_step = events["step"].notna().to_numpy()
     c = events[isin(events["kind"], [model.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
     if c.empty or c["bytes"].isna().all():
@@ -183,28 +166,18 @@ def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     return out
 
 
-def _outside_steps(comm_phase: pd.DataFrame | None) -> pd.DataFrame | None:
-    if comm_phase is None or comm_phase.empty:
-        return None
-    o = comm_phase[comm_phase["stage"].astype(object) == model.STAGE_OUTSIDE]
-    if o.empty:
-        return None
-    return o.groupby(["rank", "collective"], as_index=False)[["count", "comm_us", "exposed_comm_us"]].sum()
-
-
 def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
-    """Compute and communication events of one full step (times relative to its start, each lane with its
-    readable ``lane_name``: labels.lane_names), the step, and the operations with the most time in it."""
+    """Compute and communication events of one step (µs from its start, with ``lane_name``), the step, and the
+    operations with the most time in it."""
     e = events[events["step"].notna()]
     if e.empty:
         return None
     stps = sorted(e["step"].unique())
     step = stps[1] if len(stps) > 2 else stps[0]  # avoid the first (warm-up effects) when possible
     e = e[e["step"] == step]
-    kinds = model.DEVICE_KINDS
-    sel = e[isin(e["kind"], kinds)]
+    sel = e[isin(e["kind"], model.DEVICE_KINDS)]
     if not isin(sel["kind"], [model.KIND_COMPUTE]).any():  # CPU traces: ops are cpu_op
-        sel = e[isin(e["kind"], kinds + [model.KIND_CPU_OP])]
+        sel = e[isin(e["kind"], model.DEVICE_KINDS + [model.KIND_CPU_OP])]
     if len(sel) > LANE_EVENTS_MAX:
         sel = sel.nlargest(LANE_EVENTS_MAX, "dur_us")
     if sel.empty:
@@ -213,14 +186,10 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     ops = e[~isin(e["kind"], [model.KIND_ANNOTATION])]
     top = (ops.groupby(["name", "kind"], observed=True)["dur_us"].agg(count="size", total_us="sum", max_us="max")
            .reset_index().sort_values("total_us", ascending=False).head(25).reset_index(drop=True))
-    top["name"] = top["name"].astype(str)
-    top["kind"] = top["kind"].astype(str)
-    out = pd.DataFrame({"lane": sel["lane"].astype(str).to_numpy(), "kind": sel["kind"].astype(str).to_numpy(),
-                        "name": sel["name"].astype(str).to_numpy(), "start_us": sel["ts_us"].to_numpy() - t0,
-                        "dur_us": sel["dur_us"].to_numpy(),
-                        "collective": sel["collective"].astype(object).to_numpy(),
-                        "stage": sel["stage"].astype(object).to_numpy(),
-                        "fsdp_phase": sel["fsdp_phase"].astype(object).to_numpy()})
+    top = top.astype({"name": str, "kind": str})
+    out = pd.DataFrame({**{c: sel[c].astype(str).to_numpy() for c in ("lane", "kind", "name")},
+                        "start_us": sel["ts_us"].to_numpy() - t0, "dur_us": sel["dur_us"].to_numpy(),
+                        **{c: sel[c].astype(object).to_numpy() for c in ("collective", "stage", "fsdp_phase")}})
     tm = trace_meta or {}
     comm = out[out["kind"] == model.KIND_COMM]
     nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
@@ -232,24 +201,22 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
 
 def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_ops: bool = True,
                 overlap_only: bool = False) -> None:
-    """The trace analyses of one rank into ``res`` (the operator table only with ``want_ops``; only the
-    collective volume and the overall overlap with ``overlap_only``)."""
+    """The trace analyses of one rank into ``res`` (``overlap_only``: the volume and overall overlap alone)."""
     n = res.notes
     res.has_trace = True
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
-    res.overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
+    res.overlap_overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
     res.framework = labels.framework_of(events)
     if overlap_only:
         return
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
                    "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum())}
-    res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
-    res.stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
-                      steps.step_stalls, events)
+    res.step_stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
+                           steps.step_stalls, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
@@ -270,29 +237,25 @@ NO_MEMORY_EVENTS = ("the trace has no [memory] events (profile_memory was off); 
 
 
 def _memory_part(res: RankResult, rd, source: str):
-    """The rank's MemoryResult (with its allocations, for the what-if replay) into ``res``; None without."""
+    """The rank's MemoryResult (with its allocations, for the what-if replay), kept without them in ``res``."""
     if rd.snapshot_path is None and (rd.memory_events is None or not len(rd.memory_events)):
         _note(res.notes, "memory", NO_MEMORY_EVENTS)
         return
+    snapshots_only = source in (SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER)    # nothing else to report
     try:
-        m = memory_analysis(rd)
+        with unexpected_as_user_error(f"memory analysis of {rd.snapshot_path or res.label}") if snapshots_only \
+                else contextlib.nullcontext():
+            m = memory_analysis(rd)
     except UserError as exc:
-        # a snapshot is all there is, or an inventory from another run (mixed-up files): bad input,
-        # one line and exit 2; otherwise the rest of the report still stands
-        if source in ("snapshot_file", "snapshot_folder") or "inventory.json" in str(exc):
+        # snapshots only, or an inventory from another run (mixed-up files): bad input, one line and exit 2;
+        # otherwise the rest of the report still stands
+        if snapshots_only or "inventory.json" in str(exc):
             res.fatal = str(exc)
         else:
             _note(res.notes, "memory", str(exc))
         return
     except Exception as exc:
-        if source in ("snapshot_file", "snapshot_folder"):   # nothing else to report: say it, exit 2
-            try:
-                with unexpected_as_user_error(f"memory analysis of {rd.snapshot_path or res.label}"):
-                    raise exc
-            except UserError as wrapped:
-                res.fatal = str(wrapped)
-        else:
-            _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
+        _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
         return
     res.memory = replace(m, allocations=None)
     # what was malformed in the input is said once, with the run's warnings (terminal and report)
@@ -303,35 +266,30 @@ def _memory_part(res: RankResult, rd, source: str):
 def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: bool | None = False,
                  max_bytes: int | None = None, timeline: bool = True, ops: bool = True,
                  overlap_only: bool = False) -> RankResult:
-    """Map: every per-rank number of one rank (:class:`fsdpprof.analyze.load.files.RankData`).  Its trace is
-    loaded here when the RankData does not carry the events yet (so a worker holds one rank only).
-    ``lanes``: keep one step's events for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: the
-    operator table per step (diff.op_table, what compare diffs); ``overlap_only``: the trace's collective
-    volume and overall overlap alone (no inventory, memory or what-if)."""
-    res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}))
+    """Map: every per-rank number of one RankData, its trace read here if need be (a worker holds one rank only).
+    ``lanes``: keep one step for the lanes chart; ``timeline``: keep the memory timeline; ``ops``: diff.op_table;
+    ``overlap_only``: the collective volume and overall overlap alone."""
     loaded = load_rank(rd, max_bytes=max_bytes, progress=progress, inventory=not overlap_only)
     rd = loaded.rank
-    res.warnings += [loaded.inventory_error] if loaded.inventory_error else []
-    res.warnings += loaded.warnings
-    res.trace_meta = dict(rd.trace_meta or {})
+    res = RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}), trace_meta=dict(rd.trace_meta or {}),
+                     warnings=([loaded.inventory_error] if loaded.inventory_error else []) + loaded.warnings)
     if loaded.trace_error:
         res.error = loaded.trace_error
         if overlap_only or (rd.snapshot_path is None and rd.inventory is None):
             return res
-    if overlap_only:
-        if rd.events is not None and len(rd.events):
-            _trace_part(res, rd.events, False, False, overlap_only=True)
-        return res
-    if rd.inventory:
+    traced = rd.events is not None and len(rd.events) > 0
+    if rd.inventory and not overlap_only:
         res.inventory = model_states.inventory_summary(rd.inventory)
         res.measured = _try(res.notes, "theory", "measured model states", model_states.measured_model_states,
                             rd.inventory)
         res.k = _try(res.notes, "theory", "bytes per parameter", theory.k_from_inventory, rd.inventory)
-    if rd.events is not None and len(rd.events):
-        _trace_part(res, rd.events, lanes, ops)
+    if traced:
+        _trace_part(res, rd.events, lanes, ops, overlap_only)
+    if overlap_only:
+        return res
     if rd.events is not None or rd.snapshot_path:
         m = _memory_part(res, rd, source)
-        if rd.inventory and rd.events is not None and len(rd.events):
+        if rd.inventory and traced:
             res.whatif = _try(res.notes, "whatif", "what-if predictions", report_rank, rd, m)
         if res.memory is not None and not timeline:
             res.memory = replace(res.memory, timeline=None)
@@ -339,23 +297,14 @@ def analyze_rank(rd, *, source: str = "run_dir", lanes: bool = False, progress: 
 
 
 # --------------------------------------------------------------------------- running the map
-DETAIL_RANKS_MAX = 16       # above this many ranks, one rank's detail (memory timeline) is kept, and the
-                            # report shows distributions over ranks instead of per-rank tables
-
-
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(f"fsdpprof: {text}", file=sys.stderr, flush=True)
-
-
+DETAIL_RANKS_MAX = 16       # above this many ranks, one rank keeps its memory timeline; the report shows distributions
 # what a worker imports once before its first rank (so that a rank's measured memory is its own)
 RANK_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")
 
 
 def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | None,
              progress: bool | None = False, ops: bool = True, overlap_only: bool = False) -> RankResult:
-    """The map's job where it runs (this process, a local worker or a Dask worker): analyze_rank on the files
-    of one rank as this machine sees them."""
+    """analyze_rank where the map runs it (here, a local worker or a Dask worker), on the files as it sees them."""
     for what, path in (("trace", rd.trace_path), ("snapshot", rd.snapshot_path)):
         if path and not os.path.lexists(path):
             return RankResult(rank=int(rd.rank), label=rd.label, info=dict(rd.info or {}),
@@ -368,11 +317,8 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
               scheduler: str | None = None, ops: bool = True, overlap_only: bool = False) -> list[RankResult]:
-    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.load.engines` runs it: ``engine``
-    ``local`` (this process, or a bounded pool of processes when the traces are big and still on disk) or
-    ``dask`` (the scheduler at ``scheduler``, else a LocalCluster of ``workers`` processes).  Ranks whose events
-    are already loaded are analysed in this process.  One progress line per rank when ``progress``.
-    ``ops``, ``overlap_only``: see :func:`analyze_rank`."""
+    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.load.engines` runs it (``engine``
+    local or dask; ranks whose events are loaded already: here).  One progress line per rank with ``progress``."""
     engine = engines.check_engine(engine, scheduler)
     rds = [run.ranks[r] for r in sorted(run.ranks)]
     lanes_rank = rds[0].rank if rds else None
@@ -395,23 +341,22 @@ def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, 
 
     def done(rd, res: RankResult) -> None:
         out[rd.rank] = res
-        state = f"missing: {res.error}" if res.error else "analysed"
-        _say(say, f"rank {rd.rank} {state} ({time.perf_counter() - t0:.1f} s, {len(out)}/{len(rds)})")
+        if say:
+            state = f"missing: {res.error}" if res.error else "analysed"
+            print(f"fsdpprof: rank {rd.rank} {state} ({time.perf_counter() - t0:.1f} s, {len(out)}/{len(rds)})",
+                  file=sys.stderr, flush=True)
 
-    for rd in here:
-        res, stats = engines.measured_call(rank_job, (rd,), dict(kwargs(rd), progress=progress), preload)
-        res.worker = stats
-        done(rd, res)
-    jobs = [((rd,), kwargs(rd)) for rd in away]
-    for i, ok, value in engines.map_unordered(rank_job, jobs, engine=engine, workers=workers, scheduler=scheduler,
-                                              preload=preload):
-        rd = away[i]
-        if ok:
-            res, stats = value
-            res.worker = stats
-        else:
-            res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=str(value))
-        done(rd, res)
+    for batch, where, n, extra in ((here, "local", 1, {"progress": progress}), (away, engine, workers, {})):
+        jobs = [((rd,), {**kwargs(rd), **extra}) for rd in batch]
+        for i, ok, value in engines.map_unordered(rank_job, jobs, engine=where, workers=n, scheduler=scheduler,
+                                                  preload=preload):
+            rd = batch[i]
+            if ok:
+                res, stats = value
+                res.worker = stats
+            else:
+                res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=str(value))
+            done(rd, res)
     return [out[r] for r in sorted(out)]
 
 
@@ -434,8 +379,8 @@ def _rank_notes(results: list[RankResult]) -> dict:
 
 
 def input_of(results: list[RankResult], world_size) -> tuple[str, str | None]:
-    """(what the input is: one of model.INPUT_KINDS, the inventory's strategy or None) from its ranks' results:
-    inventory.json when a rank has one, else what the traces (or a bare CUDA snapshot's stack frames) show."""
+    """(model.INPUT_KINDS of the input, the inventory's strategy or None): from inventory.json when a rank has
+    one, else from what the traces (or CUDA snapshots' stack frames) show."""
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     found = {r.framework for r in results if r.framework} | {
         str(r.memory.fsdp_family) for r in results if getattr(r.memory, "fsdp_family", None)}
@@ -478,36 +423,29 @@ def _overview(run, results: list[RankResult]) -> dict:
 
 
 def _relabel_replicated(m):
-    """Memory categories of an input whose model states are not sharded (DDP, one device): the rank's
-    parameters and gradients are plain ``param`` / ``grad`` (model.category_name)."""
+    """Memory categories of an input whose model states are not sharded (DDP, one device): plain ``param`` /
+    ``grad`` (model.category_name)."""
     def ren(c):
         return model.category_name(c, sharded=False)
 
-    def fix(df, col="category"):
-        if df is None or col not in df:
-            return df
-        return df.assign(**{col: df[col].astype(object).map(ren)})
+    fixed = {k: df.assign(category=df["category"].astype(object).map(ren)) if df is not None and "category" in df
+             else df for k, df in (("breakdown_at_peak", m.breakdown_at_peak), ("by_unit_at_peak", m.by_unit_at_peak),
+                                   ("top_allocations", m.top_allocations))}
+    return replace(m, **fixed, timeline=m.timeline.rename(columns=ren) if m.timeline is not None else None)
 
-    tl = m.timeline.rename(columns=ren) if m.timeline is not None else None
-    return replace(m, breakdown_at_peak=fix(m.breakdown_at_peak), by_unit_at_peak=fix(m.by_unit_at_peak),
-                   top_allocations=fix(m.top_allocations), timeline=tl)
+
+MEMORY_PEAK_FIELDS = ("source", "peak_allocated_bytes", "peak_ts_us", "peak_stage", "peak_fsdp_phase", "baseline_bytes",
+                      "coverage_pct", "reserved_bytes", "fragmentation_pct")
 
 
 def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
+    """Each rank's MemoryResult (categories relabelled where nothing is sharded) and a row of its peak."""
     rows = []
-    for res in results:
-        m = res.memory
-        if m is None:
-            continue
-        if not a.overview.get("sharded"):
-            m = _relabel_replicated(m)
-        a.memory[res.rank] = m
+    for res in (r for r in results if r.memory is not None):
+        m = a.memory[res.rank] = res.memory if a.overview.get("sharded") else _relabel_replicated(res.memory)
         dev = getattr(m, "device", None)
         rows.append({"rank": res.rank, "device": f"cuda:{dev}" if dev is not None else None,
-                     "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes,
-                     "peak_ts_us": m.peak_ts_us, "peak_stage": m.peak_stage, "peak_fsdp_phase": m.peak_fsdp_phase,
-                     "baseline_bytes": m.baseline_bytes, "coverage_pct": m.coverage_pct,
-                     "reserved_bytes": m.reserved_bytes, "fragmentation_pct": m.fragmentation_pct})
+                     **{k: getattr(m, k) for k in MEMORY_PEAK_FIELDS}})
     if rows:
         a.memory_peaks = pd.DataFrame(rows)
     elif "memory" not in a.notes:
@@ -515,10 +453,8 @@ def _memory_tables(a: Analysis, results: list[RankResult]) -> None:
 
 
 def _world_size_from_memory(a: Analysis) -> None:
-    """``overview.world_size_source``: where the world size comes from: "the run" (run.json, rank.json, the traces'
-    distributedInfo), else, when nothing recorded it, what the ranks' CUDA snapshots show (fsdp_units: the
-    reduce-scatters, the snapshots given, one per rank, or the shards' sizes), and then ``world_size`` is that one,
-    said as inferred (fsdp_units.world_size_said)."""
+    """``overview.world_size_source``: "the run" (run.json, rank.json, distributedInfo), else, when nothing recorded
+    it, what the ranks' CUDA snapshots show (fsdp_units), which then sets ``world_size``."""
     o = a.overview
     if o.get("world_size"):
         o["world_size_source"] = "the run"
@@ -561,7 +497,8 @@ def _findings(a: Analysis) -> list:
         m = a.memory[r]
         alts = {x["label"]: x["total_bytes"] for x in (a.theory or {}).get("all_strategies") or []}
         act = getattr(m, "activation_by_unit", None)
-        units = [str(u) for u in act["unit"]] if act is not None and len(act) else list(getattr(m, "fsdp_units", None) or [])
+        units = [str(u) for u in act["unit"]] if act is not None and len(act) else \
+            list(getattr(m, "fsdp_units", None) or [])
         items += fnd.memory_findings(m.breakdown_at_peak, strat, m.peak_allocated_bytes, m.fragmentation_pct,
                                      m.coverage_pct, r, alts, input_kind=o.get("input_kind"), units=units)
         items += fnd.process_findings(getattr(m, "process", None), r)
@@ -573,15 +510,12 @@ def _findings(a: Analysis) -> list:
 
 
 def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], list[str]]:
-    """(what is missing and why, the ranks that were analysed, the warnings: the run's and theirs, each once)
-    of the map's results; UserError for an input that must stop the report, or when no rank is usable."""
+    """(missing label -> why, the ranks analysed, the run's and their warnings once each) of the map's results;
+    UserError for an input that must stop the report, or when no rank is usable."""
     fatal = next((r.fatal for r in results if r.fatal), None)
     if fatal:
         raise UserError(fatal)
-    missing = dict(run.missing)
-    for r in results:
-        if r.error:
-            missing[r.label] = r.error
+    missing = {**run.missing, **{r.label: r.error for r in results if r.error}}
     ok = [r for r in results if not r.error]
     if not ok:
         raise no_usable_rank(missing, f"no usable rank in {run.path}", "no rank recorded")
@@ -609,28 +543,25 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication", "no trace events in this input.")
         _note(a.notes, "steps", "no trace events in this input.")
     else:
-        a.volume = _concat(r.volume for r in traced)
-        a.comm_phase = _concat(r.comm_phase for r in traced)
-        a.comm_unit_step = _concat(r.comm_unit_step for r in traced)
-        a.overlap_overall = _concat(r.overall for r in traced)
-        a.steps = _concat(r.steps for r in traced)
-        a.step_stalls = _concat(r.stalls for r in traced)
+        for name in ("volume", "comm_phase", "comm_unit_step", "overlap_overall", "steps", "step_stalls", "temporal",
+                     "top_kernels", "idle", "op_stats"):     # the per-rank tables, all ranks' rows
+            setattr(a, name, _concat(getattr(r, name) for r in traced))
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
             a.p2p = _concat([a.comm_phase[isin(a.comm_phase["collective"], model.P2P)]])
-            a.comm_outside_steps = _outside_steps(a.comm_phase)
+            o = a.comm_phase[a.comm_phase["stage"].astype(object) == model.STAGE_OUTSIDE]
+            if not o.empty:
+                a.comm_outside_steps = o.groupby(["rank", "collective"], as_index=False)[
+                    ["count", "comm_us", "exposed_comm_us"]].sum()
         a.traffic = _traffic_vs_theory(_concat(r.traffic for r in traced), a.theory)
         if a.steps is not None and "step_us" in a.steps:
-            a.overview["step_time_us"] = step_medians(a.steps)["step_us"]   # the headline's rule (each rank's mean, median over ranks)
+            # the headline's rule: each rank's mean, the median over ranks
+            a.overview["step_time_us"] = step_medians(a.steps)["step_us"]
             a.overview["steps_analysed"] = int(a.steps["step"].nunique())
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops
-        a.temporal = _concat(r.temporal for r in traced)
         a.kernel_types = breakdown.kernel_types_of(_concat(r.kernel_type_time for r in traced))
-        a.top_kernels = _concat(r.top_kernels for r in traced)
-        a.idle = _concat(r.idle for r in traced)
-        a.op_stats = _concat(r.op_stats for r in traced)
         if len(traced) > 1:
             records = _concat(r.records for r in traced)
             if records is not None:
@@ -653,10 +584,9 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
 
 def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress: bool | None = None,
                 engine: str | None = None, scheduler: str | None = None, ops: bool = True) -> Analysis:
-    """All numbers of one Run (:func:`fsdpprof.analyze.load.run.load_run`): map (on ``engine``, see
-    :func:`map_ranks`), reduce, and with ``hta`` HTA's own breakdowns (GPU traces, needs ``fsdpprof[hta]``).
-    ``ops=False`` leaves out the per-step operator table (``op_stats``: what compare diffs, the largest
-    per-rank result; the report does not show it)."""
+    """All numbers of one Run (:func:`fsdpprof.analyze.load.run.load_run`): map (on ``engine``, see :func:`map_ranks`),
+    reduce, and with ``hta`` HTA's own breakdowns (GPU traces).  ``ops=False`` leaves out ``op_stats`` (what compare
+    diffs, the largest per-rank result)."""
     a = reduce_run(run, map_ranks(run, workers=workers, progress=progress, engine=engine, scheduler=scheduler,
                                   ops=ops))
     if hta:
@@ -679,11 +609,8 @@ VOLUME_COLUMNS = ["rank", "collective", "count", "bytes", "time_us", "algbw_gbps
 
 @dataclass
 class OverlapSummary:
-    """What ``fsdpprof overlap`` prints.  ``overlap``: one row per rank (rank, compute_us, comm_us,
-    overlapped_comm_us, exposed_comm_us: µs; comp_comm_overlap_pct: % of comm_us, NaN without communication;
-    :func:`fsdpprof.analyze.comm.overlap.overall_overlap`); ``volume``: one row per rank and collective (count,
-    bytes, time_us, algbw_gbps, busbw_gbps: :func:`fsdpprof.analyze.comm.volume.collective_volume`);
-    ``missing``: rank or file label -> why it has no numbers; ``warnings``: one line each."""
+    """What ``fsdpprof overlap`` prints: ``overlap`` one row per rank (OVERALL_COLUMNS, µs and % of comm_us),
+    ``volume`` one row per rank and collective (VOLUME_COLUMNS), ``missing`` label -> why, ``warnings``."""
 
     path: str
     overlap: pd.DataFrame
@@ -697,16 +624,15 @@ class OverlapSummary:
         def records(df: pd.DataFrame) -> list[dict]:
             return [{k: None if pd.isna(v) else v for k, v in row.items()} for row in df.to_dict("records")]
 
-        return {"path": self.path, "description": self.description, "overlap": records(self.overlap), "volume": records(self.volume),
-                "missing": dict(self.missing), "warnings": list(self.warnings)}
+        return {"path": self.path, "description": self.description, "overlap": records(self.overlap),
+                "volume": records(self.volume), "missing": dict(self.missing), "warnings": list(self.warnings)}
 
 
 def overlap_summary(run, *, workers: int | None = None, engine: str | None = None,
                     scheduler: str | None = None) -> OverlapSummary:
-    """The overall overlap of communication with compute per rank, and the collective volume per rank and
-    collective, of a Run (:func:`fsdpprof.analyze.load.run.load_run`, lazily loaded or not): the map and reduce of
-    :func:`analyze_run` restricted to those two tables (the same numbers, warnings and errors), on ``engine``
-    (see :func:`map_ranks`).  Ranks without a trace are left out (a run of CUDA snapshots only: UserError)."""
+    """Per rank the overall overlap of communication with compute, and the collective volume per rank and
+    collective, of a Run: :func:`analyze_run`'s map and reduce restricted to those two tables (the same numbers,
+    warnings and errors).  Ranks without a trace are left out (CUDA snapshots only: UserError)."""
     engines.check_workers(workers)
     traced = {r: rd for r, rd in run.ranks.items() if rd.trace_path or rd.events is not None}
     if not traced:
@@ -720,7 +646,7 @@ def overlap_summary(run, *, workers: int | None = None, engine: str | None = Non
     # the inventory's framework and strategy, as report describes the input (one rank's: the ranks agree)
     inv = next((rd.inventory for rd in (with_inventory(rd)[0] for rd in run.ranks.values()) if rd.inventory), None)
     kind, strategy = input_of([replace(r, inventory=inv) for r in ok] if inv else ok, run.world_size)
-    overall = _concat(r.overall for r in ok)
+    overall = _concat(r.overlap_overall for r in ok)
     vol = _concat(r.volume for r in ok)
     return OverlapSummary(
         path=str(run.path), missing=missing, warnings=warnings + ([note] if note else []),

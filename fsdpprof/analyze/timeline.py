@@ -1,11 +1,6 @@
-"""What ``fsdpprof timeline`` lays over the ranks' own events: per rank, its clock offset and fsdpprof's tracks.
-
-:func:`timeline_tracks` takes a loaded run (its events frames) and its Analysis and returns a :class:`Timeline`:
-the alignment of the ranks on one clock (:func:`fsdpprof.analyze.comm.skew.align_ranks`), and per rank its
-steps, stages, FSDP phase and unit spans (:mod:`fsdpprof.analyze.trace.spans`), exposed communication spans
-(:func:`fsdpprof.analyze.comm.overlap.exposed_comm_spans`), memory by category over time (the memory
-analysis' timeline) and where each finding points (:func:`fsdpprof.analyze.summary.findings.finding_places`).  Every
-time is on the rank's own clock (µs); subtract the rank's ``offset_us`` to put it on the common one.
+"""What ``fsdpprof timeline`` lays over the ranks' own events (:func:`timeline_tracks`): the ranks aligned on one
+clock, and per rank its step, stage, FSDP phase and unit spans, exposed communication, memory by category and where
+each finding points.  Times are on the rank's own clock (µs); subtract its ``offset_us`` for the common one.
 """
 from __future__ import annotations
 
@@ -85,18 +80,14 @@ def _memory_on_trace_clock(m, events: pd.DataFrame, trace_meta: dict, notes: lis
 
 def _window(events: pd.DataFrame, wanted: list, r: int) -> tuple[float, float]:
     """The stretch of rank ``r``'s clock that its steps ``wanted`` cover (ProfilerStep and device work)."""
-    w = steps.step_windows(events)
-    s = spans.step_spans(events)
-    w = w[w["step"].isin(wanted)]
-    s = s[s["step"].isin(wanted)]
-    if not len(w) and not len(s):
-        have = sorted(set(pd.concat([steps.step_windows(events)["step"], spans.step_spans(events)["step"]])
-                          .dropna().astype(int).tolist()))
+    both = [df[["step", "start_us", "end_us"]] for df in (steps.step_windows(events), spans.step_spans(events))]
+    kept = [df[df["step"].isin(wanted)] for df in both]
+    if not any(len(df) for df in kept):
+        have = sorted(set(pd.concat([df["step"] for df in both]).dropna().astype(int).tolist()))
         raise UserError(f"--steps {','.join(map(str, wanted))}: rank {r} has no such step (its steps: "
                         f"{', '.join(map(str, have)) or 'none'}); pick steps it has")
-    lo = min(w["start_us"].min() if len(w) else np.inf, s["start_us"].min() if len(s) else np.inf)
-    hi = max(w["end_us"].max() if len(w) else -np.inf, s["end_us"].max() if len(s) else -np.inf)
-    return float(lo), float(hi)
+    return (float(min(df["start_us"].min() for df in kept if len(df))),
+            float(max(df["end_us"].max() for df in kept if len(df))))
 
 
 def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str | None = None) -> Timeline:
@@ -114,13 +105,13 @@ def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str 
     al = alignment.set_index("rank")
     exposed_all = []
     ranks = {}
+    memory = analysis.memory if analysis is not None else {}
     for r, rd in traced.items():
         ev = rd.events
         fsdp = spans.fsdp_spans(ev)
         exposed = overlap.exposed_comm_spans(ev)
         exposed_all.append(exposed)
-        m = analysis.memory.get(r) if analysis is not None else None
-        mem = _memory_on_trace_clock(m, ev, rd.trace_meta or {}, notes, r) if m is not None else None
+        mem = _memory_on_trace_clock(memory[r], ev, rd.trace_meta or {}, notes, r) if r in memory else None
         ranks[r] = RankTracks(rank=r, offset_us=float(al.at[r, "offset_us"]),
                               residual_us=float(al.at[r, "residual_us"]), steps=spans.step_spans(ev),
                               stages=spans.stage_spans(ev), fsdp=fsdp, units=spans.unit_spans(fsdp),
@@ -128,10 +119,11 @@ def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str 
                               window=_window(ev, wanted_steps, r) if wanted_steps else None)
     items = list(analysis.findings) if analysis is not None else []
     windows = pd.concat([steps.step_windows(rd.events) for rd in traced.values()], ignore_index=True)
-    peaks = {r: m.peak_ts_us for r, m in (analysis.memory.items() if analysis is not None else [])
-             if r in ranks and ranks[r].memory is not None and m.peak_ts_us is not None}
-    peaks = {r: float(ts) - (0.0 if analysis.memory[r].source == "cpu_trace" else
-                             float(ranks[r].memory["ts_us"].iat[0]) - float(analysis.memory[r].timeline["ts_us"].iat[0]))
-             for r, ts in peaks.items()}
+    peaks = {}      # where each rank's memory peaks, on the timeline's clock (that of its memory track)
+    for r, m in memory.items():
+        if r in ranks and ranks[r].memory is not None and m.peak_ts_us is not None:
+            shift = 0.0 if m.source == "cpu_trace" else float(ranks[r].memory["ts_us"].iat[0]) - float(
+                m.timeline["ts_us"].iat[0])
+            peaks[r] = float(m.peak_ts_us) - shift
     places = fnd.finding_places(items, list(ranks), windows, pd.concat(exposed_all, ignore_index=True), peaks)
     return Timeline(alignment=alignment, ranks=ranks, findings=items, places=places, notes=notes)

@@ -1,3 +1,2 @@
-"""Loading: find a run's files (``run``), load one rank, its inventory and trace (``rank``), run a function
-over the ranks here, in a local pool or on Dask (``engines``); the masks every analysis tests label columns
-with (``frames``); readers' garbage-collector pause (``gc_pause``); HTA's own tables (``hta``, optional)."""
+"""Loading: find a run's files (``files``), read its ranks (``run``), run per-rank work here, in a local pool or
+on Dask (``engines``); label masks (``frames``), the collector paused while reading (``gc_pause``), HTA (``hta``)."""

@@ -1,27 +1,17 @@
 """Where the per-rank map runs: this process, a bounded pool of local processes, or a Dask cluster.
 
-:func:`map_unordered` runs one picklable function over a list of jobs and yields each result as it
-arrives, whatever the engine:
-
-- ``local``: in this process (``workers`` 1), else a pool of at most ``workers`` forked processes
-  (never more than the jobs or the CPU cores) with at most one job queued beyond them.  A pool that
-  breaks (a worker killed, e.g. for memory) loses only the jobs in flight: they run again, each alone in
-  a fresh one-process pool; the others go on in a fresh pool.
-- ``dask``: a running ``dask.distributed`` scheduler (``scheduler`` = its address, e.g. a SLURM or
-  Kubernetes deployment of Dask, dask-jobqueue), or without an address a ``LocalCluster`` of
-  ``workers`` processes on this machine.  Jobs carry file paths, not data: the workers read the files
-  where they see them (shared storage), so only the small results cross the network.  A job whose worker
-  dies is rescheduled by Dask (``distributed.scheduler.allowed-failures``); a result is released on the
-  cluster as soon as it is here.
-
-Each job runs under :func:`measured_call`, which returns the result with the wall seconds and the
-worker's peak resident memory during the call (Linux; the peak is reset before the call).
+:func:`map_unordered` runs one picklable function over a list of jobs and yields each result as it arrives.
+``local``: in this process (``workers`` 1), else at most ``workers`` forked processes; a pool that breaks (a
+worker killed, e.g. for memory) loses only the jobs in flight, which run again each alone.  ``dask``: a running
+``dask.distributed`` scheduler (``scheduler``), else a LocalCluster of ``workers`` processes here; jobs carry file
+paths, not data (workers read the run where they see it), and Dask reschedules a job whose worker dies.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
 import importlib
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -37,38 +27,33 @@ from fsdpprof.version import __version__
 
 ENGINES = ("local", "dask")
 DASK_WAIT_FOR_WORKERS_S = 60.0     # how long a job waits for the first worker of an external scheduler
+POOL_MIN_BYTES = 64 << 20   # the local engine starts processes (--workers not given) only for this much trace JSON
+_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
+HANDSHAKE_MAX_BYTES = 1 << 16    # a Dask handshake is ~100 bytes: a peer announcing more is not Dask
+HANDSHAKE_MAX_FRAMES = 64
+_FIX = "check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here"
 
 
-# --------------------------------------------------------------------------- one job, measured
-def _status_kib(field: str) -> int | None:
+def _status_kib(name: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+            return next((int(line.split()[1]) for line in fh if line.startswith(name + ":")), None)
     except (OSError, ValueError, IndexError):
         return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak resident memory (VmHWM) to its current RSS (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def measured_call(fn, args: tuple = (), kwargs: dict | None = None, preload: tuple = ()):
-    """(fn(*args, **kwargs), stats): stats has host, pid, seconds, cpu_seconds (this process), start_rss_bytes
-    and peak_rss_bytes (this process's resident memory before and at its peak during the call; None where it
-    cannot be measured).  The modules in ``preload`` are imported first, outside the measurement (a
-    process pays for them once, not per call)."""
+    """(fn(*args, **kwargs), stats): host, pid, seconds, cpu_seconds, and this process's resident memory before
+    and at its peak during the call (start_rss_bytes, peak_rss_bytes; None where Linux cannot say).  The modules
+    in ``preload`` are imported first, outside the measurement."""
     for name in preload:
         importlib.import_module(name)
-    reset = _reset_peak_rss()
+    try:        # reset this process's peak resident memory (VmHWM) to its current RSS (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        reset = True
+    except OSError:
+        reset = False
     start = _status_kib("VmRSS")
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn(*args, **(kwargs or {}))
@@ -79,11 +64,10 @@ def measured_call(fn, args: tuple = (), kwargs: dict | None = None, preload: tup
                  "peak_rss_bytes": peak * 1024 if peak is not None else None}
 
 
-# --------------------------------------------------------------------------- options
 def check_engine(engine: str | None, scheduler: str | None, connect_timeout_s: float | None = None) -> str:
     """The engine to use (``dask`` when only a scheduler is given, else ``local``); UserError when the two
-    disagree, dask is not installed, or no Dask scheduler answers at ``scheduler`` within
-    ``connect_timeout_s`` (which becomes Dask's connect timeout; default: Dask's; see check_scheduler)."""
+    disagree, dask is not installed, or no Dask scheduler answers at ``scheduler`` within ``connect_timeout_s``
+    (which becomes Dask's connect timeout)."""
     if engine is None:
         engine = "dask" if scheduler else "local"
     if engine not in ENGINES:
@@ -97,27 +81,22 @@ def check_engine(engine: str | None, scheduler: str | None, connect_timeout_s: f
         raise UserError("--engine dask needs dask.distributed: pip install 'fsdpprof[dask]'")
     if scheduler is not None:
         if connect_timeout_s is not None:
-            set_connect_timeout(connect_timeout_s)
+            import dask.config
+
+            dask.config.set({"distributed.comm.timeouts.connect": f"{float(connect_timeout_s)}s"})
         check_scheduler(scheduler)
     return engine
 
 
 def _have_distributed() -> bool:
-    import importlib.util
-
     try:
         return importlib.util.find_spec("distributed") is not None
     except (ImportError, ValueError):     # a broken or blocked installation
         return False
 
 
-# --------------------------------------------------------------------------- how many processes
-POOL_MIN_BYTES = 64 << 20   # the local engine starts processes (--workers not given) only for this much trace JSON
-
-
 def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none).  (collect's
-    recorder has its own copy: collect does not import analyze.)"""
+    """CPU cores this process may run on (its affinity mask, else os.cpu_count()); collect has its own copy."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -126,29 +105,25 @@ def usable_cores() -> int:
 
 def check_workers(workers, what: str = "workers") -> None:
     """UserError unless ``workers`` is None or a whole number >= 1."""
-    if workers is None:
-        return
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UserError(f"{what} {workers!r} must be a whole number of at least 1 (it is capped at the number "
                         f"of ranks and of CPU cores, {usable_cores()} here)")
 
 
-def pool_size(workers: int | None, n_jobs: int) -> int:
-    """Processes of the local pool: ``workers`` (default: the CPU cores), never more than the jobs or cores."""
+def _pool_size(workers: int | None, n_jobs: int) -> int:
     cores = usable_cores()
     return max(1, min(int(workers or cores), n_jobs or 1, cores))
 
 
 def local_workers(workers: int | None, n_jobs: int, trace_bytes: int) -> int:
-    """Processes the local engine runs ``n_jobs`` ranks in, whose traces (still on disk) hold ``trace_bytes`` of
-    JSON: ``workers`` when given, else one per rank from POOL_MIN_BYTES on and below it 1 (this process: small
-    traces are read here faster than processes start and send their frames back); at most :func:`pool_size`."""
+    """Processes the local engine runs ``n_jobs`` ranks in, whose unread traces hold ``trace_bytes`` of JSON:
+    ``workers`` when given, else one per rank from POOL_MIN_BYTES on and below it 1 (this process: small traces
+    are read faster than processes start); never more than the jobs or the CPU cores."""
     if workers is None:
         workers = n_jobs if trace_bytes >= POOL_MIN_BYTES else 1
-    return pool_size(workers, n_jobs)
+    return _pool_size(workers, n_jobs)
 
 
-# --------------------------------------------------------------------------- the engines
 def map_unordered(fn, jobs: list[tuple[tuple, dict]], *, engine: str = "local", workers: int | None = None,
                   scheduler: str | None = None, preload: tuple = ()) -> Iterator[tuple[int, bool, object]]:
     """Run ``measured_call(fn, *job, preload)`` for every job ``(args, kwargs)``; yield ``(index, ok, value)`` as
@@ -162,94 +137,75 @@ def map_unordered(fn, jobs: list[tuple[tuple, dict]], *, engine: str = "local", 
         for i, job in enumerate(jobs):
             yield i, True, measured_call(fn, *job)
     else:
-        yield from _local_pool(fn, jobs, pool_size(workers, len(jobs)))
+        yield from _local_pool(fn, jobs, _pool_size(workers, len(jobs)))
 
 
-def _fork_context():
-    return multiprocessing.get_context("fork") if hasattr(os, "fork") else None
+def _failed(exc: BaseException) -> str:
+    return f"worker failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})"
+
+
+def _pool(n: int) -> cf.ProcessPoolExecutor:
+    return cf.ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")
+                                  if hasattr(os, "fork") else None)
 
 
 def _local_pool(fn, jobs, n: int):
-    """At most n + 1 jobs in flight (so that the parent holds few pending jobs, and a worker that dies takes
-    few with it); the jobs a broken pool lost run again, each alone in a fresh process, the rest go on in a
-    fresh pool."""
+    """At most n + 1 jobs in flight (a worker that dies takes few with it); the jobs a broken pool lost run
+    again, each alone in a fresh process, the rest go on in a fresh pool."""
     queue = list(range(len(jobs)))
     lost: list[int] = []
     while queue:
-        with cf.ProcessPoolExecutor(max_workers=n, mp_context=_fork_context()) as pool:
+        with _pool(n) as pool:
             running: dict = {}
-            broken = False
-            submitted = 0
+            broken = submitted = False
             while (queue or running) and not broken:
-                while queue and len(running) <= n and not broken:
+                while queue and len(running) <= n:
                     try:
                         running[pool.submit(measured_call, fn, *jobs[queue[0]])] = queue[0]
                     except BrokenProcessPool:   # a worker died since the last wait: the job stays queued
                         broken = True
-                    else:
-                        queue.pop(0)
-                        submitted += 1
+                        break
+                    queue.pop(0)
+                    submitted = True
                 if not running:
                     break
                 done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
                     i = running.pop(fut)
                     try:
-                        value = fut.result()
+                        yield i, True, fut.result()
                     except BrokenProcessPool:   # a worker died (killed for memory?): the jobs in flight are lost
                         lost.append(i)
                         broken = True
                     except Exception as exc:
-                        yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
-                    else:
-                        yield i, True, value
+                        yield i, False, _failed(exc)
             lost += running.values()
             if broken and not submitted:    # a fresh pool that takes no job: the rest go one by one
                 lost += queue
                 queue = []
     for i in sorted(lost):         # once more, alone in a fresh process: a job that kills it spares the others
-        with cf.ProcessPoolExecutor(max_workers=1, mp_context=_fork_context()) as pool:
+        with _pool(1) as pool:
             try:
                 yield i, True, pool.submit(measured_call, fn, *jobs[i]).result()
             except BrokenProcessPool:
                 yield i, False, ("its worker process died twice (killed, e.g. out of memory); analyse fewer ranks "
                                  "at once (--workers 1) or give the machine more memory")
             except Exception as exc:
-                yield i, False, f"worker failed ({type(exc).__name__}: {exc})"
-
-
-_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
-HANDSHAKE_MAX_BYTES = 1 << 16    # a Dask handshake is ~100 bytes: a peer announcing more is not Dask
-HANDSHAKE_MAX_FRAMES = 64
-_FIX = "check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here"
+                yield i, False, _failed(exc)
 
 
 def connect_timeout_s() -> float:
-    """Seconds to wait for a scheduler to connect and answer: Dask's ``distributed.comm.timeouts.connect``
-    (the CLI sets it from --connect-timeout)."""
+    """Seconds to wait for a scheduler to connect and answer: Dask's ``distributed.comm.timeouts.connect``."""
     import dask.config
     from dask.utils import parse_timedelta
 
     return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="s"))
 
 
-def set_connect_timeout(seconds: float) -> None:
-    """Dask's connect timeout for this process (``--connect-timeout``): the probe and the Client use it."""
-    import dask.config
-
-    dask.config.set({"distributed.comm.timeouts.connect": f"{float(seconds)}s"})
-
-
 def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
-    """UserError, in one line naming the address and within about ``timeout_s`` (default:
-    :func:`connect_timeout_s`), unless a Dask scheduler answers there.
-
-    tcp://: connect, then read the handshake a Dask scheduler sends first, with a bounded read (at most
-    HANDSHAKE_MAX_BYTES, whatever the peer's bytes announce) and a deadline: a port that accepts and says
-    nothing, or says something else, is refused here, before distributed.Client (which would wait on it
-    without a bound, or allocate what a garbage length claims).  tls://: the connection only.  inproc:// is
-    refused (it lives inside one Python process); ws, wss and ucx are left to Dask.
-    """
+    """UserError, in one line naming the address and within about ``timeout_s`` (default: Dask's connect
+    timeout), unless a Dask scheduler answers there: tcp:// must send a Dask handshake first (read bounded, before
+    distributed.Client could wait on it without a bound); tls://: the connection only; inproc:// is refused."""
     addr = str(scheduler).strip()
     timeout_s = connect_timeout_s() if timeout_s is None else float(timeout_s)
     scheme, _, rest = addr.rpartition("://")
@@ -275,9 +231,7 @@ def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
         raise UserError(f"cannot reach the Dask scheduler at {addr} ({exc.strerror or type(exc).__name__}); "
                         f"{_FIX}") from None
     with sock:
-        if scheme == "tls":
-            return
-        why = _dask_handshake_problem(sock, deadline, timeout_s)
+        why = None if scheme == "tls" else _dask_handshake_problem(sock, deadline, timeout_s)
     if why:
         raise UserError(f"the Dask scheduler at {addr} {why}; {_FIX}")
 
@@ -298,10 +252,9 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes | None:
 
 
 def _dask_handshake_problem(sock: socket.socket, deadline: float, timeout_s: float) -> str | None:
-    """None when the peer's first message is a Dask handshake (distributed.comm.tcp's framing: a uint64
-    total, a uint64 frame count, the frame lengths, then msgpack naming the handshake's keys); else what
-    is wrong, in a few words (``timeout_s``: the wait it had, said).  Never reads more than
-    HANDSHAKE_MAX_BYTES."""
+    """None when the peer's first message is a Dask handshake (distributed.comm.tcp's framing: a uint64 total,
+    a uint64 frame count, the frame lengths, msgpack naming the handshake's keys); else what is wrong, in a few
+    words.  Never reads more than HANDSHAKE_MAX_BYTES."""
     try:
         head = _recv_exactly(sock, 8, deadline)
         if head is None:
@@ -326,51 +279,17 @@ def _dask_handshake_problem(sock: socket.socket, deadline: float, timeout_s: flo
     return "answered bytes that are not Dask's protocol (no Dask handshake: is this a Dask scheduler's port?)"
 
 
-def _local_cluster(workers: int | None, n_jobs: int):
-    """A LocalCluster of processes (one thread each, no dashboard, quiet) on this machine."""
-    from distributed import LocalCluster
-
-    return LocalCluster(n_workers=pool_size(workers, n_jobs), threads_per_worker=1, processes=True,
-                        dashboard_address=None, silence_logs=logging.CRITICAL)
-
-
-@contextlib.contextmanager
-def dask_client(scheduler: str | None = None, workers: int | None = None, n_jobs: int = 1):
-    """A ``distributed.Client``: connected to ``scheduler``, or to a LocalCluster of ``workers`` processes (one
-    thread each; default: the CPU cores, at most ``n_jobs``) started here and closed on exit."""
-    from distributed import Client
-
-    if scheduler:
-        timeout_s = connect_timeout_s()
-        check_scheduler(scheduler, timeout_s)
-        try:
-            client = Client(scheduler, timeout=timeout_s, set_as_default=False)
-        except (OSError, TimeoutError, ValueError, TypeError) as exc:
-            raise UserError(f"cannot reach the Dask scheduler at {scheduler} ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); check the address "
-                            f"(tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here") from None
-        try:
-            yield client
-        finally:
-            client.close()
-        return
-    cluster = _local_cluster(workers, n_jobs)
-    try:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
-    finally:
-        cluster.close()
-
-
 @contextlib.contextmanager
 def shared_scheduler(engine: str, scheduler: str | None, workers: int | None, n_jobs: int):
-    """The scheduler address for several maps in a row (compare): ``scheduler`` itself, or for ``dask``
-    without one the address of a LocalCluster started here for all of them (closed on exit); None for
-    ``local``."""
+    """The scheduler address for one or several maps: ``scheduler`` itself, or for ``dask`` without one a
+    LocalCluster of ``workers`` processes (one thread each) started here and closed on exit; None for local."""
     if engine != "dask" or scheduler:
         yield scheduler
         return
-    cluster = _local_cluster(workers, n_jobs)
+    from distributed import LocalCluster
+
+    cluster = LocalCluster(n_workers=_pool_size(workers, n_jobs), threads_per_worker=1, processes=True,
+                           dashboard_address=None, silence_logs=logging.CRITICAL)
     try:
         yield cluster.scheduler_address
     finally:
@@ -400,24 +319,30 @@ def _fsdpprof_version() -> str:
 
 
 def _dask(fn, jobs, workers, scheduler):
-    from distributed import as_completed
+    """The jobs on the scheduler at ``scheduler`` (probed by check_engine first), else on a LocalCluster here."""
+    from distributed import Client, as_completed
 
-    with dask_client(scheduler, workers, len(jobs)) as client:
-        if scheduler:
-            _check_workers_import_fsdpprof(client)
-        tag = uuid.uuid4().hex[:8]
-        futs = [client.submit(measured_call, fn, *job, key=f"fsdpprof-{tag}-{i}", pure=False, retries=0)
-                for i, job in enumerate(jobs)]
-        index = {f.key: i for i, f in enumerate(futs)}
+    with shared_scheduler("dask", scheduler, workers, len(jobs)) as address:
         try:
-            for fut in as_completed(futs, loop=client.loop):
-                i = index[fut.key]
-                try:
-                    value = fut.result()
-                except Exception as exc:  # KilledWorker: its worker died allowed-failures times; or fn raised
-                    yield i, False, f"worker failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                else:
-                    yield i, True, value
-                fut.release()           # the cluster forgets the result: it is here now
-        finally:
-            client.cancel([f for f in futs if not f.done()])
+            client = Client(address, timeout=connect_timeout_s(), set_as_default=False)
+        except (OSError, TimeoutError, ValueError, TypeError) as exc:
+            raise UserError(f"cannot reach the Dask scheduler at {address} ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); {_FIX}") from None
+        with client:
+            if scheduler:
+                _check_workers_import_fsdpprof(client)
+            tag = uuid.uuid4().hex[:8]
+            futs = [client.submit(measured_call, fn, *job, key=f"fsdpprof-{tag}-{i}", pure=False, retries=0)
+                    for i, job in enumerate(jobs)]
+            index = {f.key: i for i, f in enumerate(futs)}
+            try:
+                for fut in as_completed(futs, loop=client.loop):
+                    try:
+                        value = fut.result()
+                    except Exception as exc:  # KilledWorker: its worker died allowed-failures times; or fn raised
+                        yield index[fut.key], False, _failed(exc)
+                    else:
+                        yield index[fut.key], True, value
+                    fut.release()           # the cluster forgets the result: it is here now
+            finally:
+                client.cancel([f for f in futs if not f.done()])

@@ -1,13 +1,9 @@
 """Find a run's files: our run directory, a folder of profiler traces, one trace, or CUDA snapshots.
 
-``find_run(path)`` finds each rank's files (run.json, rank.json, inventory.json, trace, snapshot) and returns a
-:class:`Run` whose ranks are not read yet: :mod:`fsdpprof.analyze.load.run` reads them (``load_rank``, where
-each rank is analysed; ``load_run`` = ``find_run`` + every trace read).  A rank whose files are bad is listed in
-``Run.missing`` with a one-line reason; the others are analysed.  Nothing usable at all ->
-:class:`fsdpprof.errors.UserError`.  No numpy or pandas here: a bad path is refused before they are imported.
-
-A trace's rank comes from its ``distributedInfo``, else from an explicit pattern in its file name
-(``rank-3``, ``rank3_trace``, ``worker3``), else from its position among the files (with a warning).
+``find_run(path)`` returns a :class:`Run` whose traces are not read yet (:mod:`fsdpprof.analyze.load.run` reads
+them).  A rank whose files are bad is listed in ``Run.missing`` with a one-line reason; nothing usable at all ->
+UserError.  No numpy or pandas here: a bad path is refused before they are imported.  A trace's rank comes from
+its ``distributedInfo``, else from its file name (``rank-3``, ``worker3``), else from its position (warned).
 """
 from __future__ import annotations
 
@@ -26,7 +22,7 @@ from fsdpprof.analyze.load.engines import check_workers
 from fsdpprof.analyze.trace.timeline_file import is_timeline, rank_parts, timeline_meta
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
-if TYPE_CHECKING:   # (numpy, pandas and the decoder are imported where traces are read: a bad path is refused first)
+if TYPE_CHECKING:
     import pandas as pd
 
 SOURCE_RUN_DIR = "run_dir"
@@ -38,6 +34,7 @@ SOURCE_SNAPSHOT_FOLDER = "snapshot_folder"
 _RANK_IN_NAME = [re.compile(p, re.I) for p in (r"(?<![a-z])rank[-_]?(\d+)(?!\d)", r"(?<![a-z])worker[-_]?(\d+)(?!\d)")]
 _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
+_ITERATION_DIR = re.compile(r"^iteration_(\d{1,12})$")
 # the start of summary.json / compare.json / tables.json (what fsdpprof report / compare write): never a trace
 OUTPUT_JSON_MARK = re.compile(rb'\s*\{\s*"schema"\s*:\s*"fsdpprof\.(?:summary|compare|tables)/[0-9]+"')
 
@@ -47,16 +44,16 @@ class RankData:
     """One rank's files, and its frames once parsed (``events`` None: not parsed yet, or no trace)."""
 
     rank: int
-    info: dict                           # rank.json, or derived from the trace's distributedInfo
-    inventory: dict | None               # inventory.json
-    trace_path: str | None
-    events: pd.DataFrame | None          # model.EVENT_COLUMNS
-    memory_events: pd.DataFrame | None   # model.MEMORY_EVENT_COLUMNS
-    snapshot_path: str | None            # CUDA snapshot of this rank
-    trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, device_type
-    label: str = ""                      # rank-3, or the file's name: how messages name this rank
-    inventory_path: str | None = None    # lazily loaded run: inventory.json, read where the rank is analysed
-    trace_pid: int | None = None         # the rank's process in a merged timeline (trace_path holds every rank)
+    info: dict                                   # rank.json, or derived from the trace's distributedInfo
+    inventory: dict | None = None                # inventory.json
+    trace_path: str | None = None
+    events: pd.DataFrame | None = None           # model.EVENT_COLUMNS
+    memory_events: pd.DataFrame | None = None    # model.MEMORY_EVENT_COLUMNS
+    snapshot_path: str | None = None             # CUDA snapshot of this rank
+    trace_meta: dict = field(default_factory=dict)   # distributedInfo, deviceProperties, baseTimeNanoseconds, ...
+    label: str = ""                              # rank-3, or the file's name: how messages name this rank
+    inventory_path: str | None = None            # lazily loaded run: inventory.json, read where the rank is analysed
+    trace_pid: int | None = None                 # the rank's process in a merged timeline (trace_path: every rank)
 
 
 @dataclass
@@ -64,40 +61,32 @@ class Run:
     """A loaded run: where it came from, its ranks, what is missing and why, warnings (one line each)."""
 
     path: str
-    source: str                          # run_dir | trace_folder | trace_file | snapshot_file | snapshot_folder
+    source: str                          # one of the SOURCE_* above
     meta: dict                           # run.json ({} when not ours)
     ranks: dict[int, RankData]
-    missing: dict[str, str]              # rank or file label -> one-line reason
-    warnings: list[str]
-    world_size: int | None
+    missing: dict[str, str] = field(default_factory=dict)   # rank or file label -> one-line reason
+    warnings: list[str] = field(default_factory=list)
+    world_size: int | None = None
     inputs: list[str] = field(default_factory=list)   # every file read (or offered) as input: never an output
     max_trace_bytes: int | None = None   # largest trace JSON accepted once decompressed (None: the default)
 
     def record_folders(self) -> list[str]:
-        """Folders of a run directory that hold what ``fsdpprof record`` wrote (rank-*/, launchers/): outputs
-        never go there (a new recording replaces them)."""
-        if self.source != SOURCE_RUN_DIR:
-            return []
-        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path})
+        """Folders of a run directory that ``fsdpprof record`` wrote (rank-*/, launchers/): never an output's."""
+        return sorted({os.path.dirname(f) for f in self.inputs} - {self.path}) if self.source == SOURCE_RUN_DIR else []
 
 
 def rank_from_name(path: str) -> int | None:
     """The rank an explicit pattern in a file name gives (``rank-3``, ``rank3_trace``, ``worker_3``), or None."""
-    base = os.path.basename(path)
     for pat in _RANK_IN_NAME:
-        m = pat.search(base)
+        m = pat.search(os.path.basename(path))
         if m:
             return int(m.group(1))
     return None
 
 
-_ITERATION_DIR = re.compile(r"^iteration_(\d{1,12})$")
-
-
 def iteration_folders(path: str) -> dict[int, str]:
-    """torchtitan's (and torchtune's) layout, one folder per profiling window: ``iteration_<s>/rank<r>_trace.json``
-    (or one folder deeper, ``iteration_<s>/<leaf>/``).  Returns s -> the folder holding that window's traces;
-    {} when ``path`` holds traces itself or has no such sub-folders."""
+    """torchtitan's layout, one folder per profiling window (``iteration_<s>/rank<r>_trace.json``, or one folder
+    deeper): s -> the folder holding that window's traces; {} when ``path`` holds traces itself."""
     try:
         entries = sorted(os.listdir(path))
     except OSError:
@@ -111,66 +100,55 @@ def iteration_folders(path: str) -> dict[int, str]:
         if not m or not os.path.isdir(d):
             continue
         try:
-            folders = [d] + sorted(os.path.join(d, x) for x in os.listdir(d) if os.path.isdir(os.path.join(d, x)))
-            for folder in folders:
-                if _window_traces(folder):
-                    out[int(m.group(1))] = folder
-                    break
+            sub = sorted(os.path.join(d, x) for x in os.listdir(d) if os.path.isdir(os.path.join(d, x)))
+            folder = next((f for f in [d] + sub if _window_traces(f)), None)
         except OSError:
             continue
+        if folder:
+            out[int(m.group(1))] = folder
     return out
 
 
 def _window_traces(folder: str) -> list[str]:
-    """The trace files directly in ``folder``."""
     files = [os.path.join(folder, x) for x in sorted(os.listdir(folder))]
     return [f for f in files if os.path.isfile(f) and _looks_like_trace(f)]
 
 
 def distributed_info_head(path: str) -> dict:
-    """The trace's ``distributedInfo`` when it sits in the first MiB of JSON (where torch writes it), else {}.
-    Read in two steps: the first 64 KiB (where torch puts it: a small trace is not inflated twice), then up
-    to the first MiB when it is not complete in those."""
-    doc = _MISSING
+    """The trace's ``distributedInfo`` when it sits in its first MiB of JSON (read 64 KiB first), else {}."""
     for head, final in _heads(path, (64 << 10, 1 << 20)):
         m = _DIST_INFO.search(head)
         if not m:
             continue
         try:
             doc, _ = json.JSONDecoder().raw_decode(head[m.end():].decode("utf-8", "replace"))
-            break
         except (ValueError, RecursionError):
             if final:
                 return {}
-    if doc is _MISSING:
-        return {}
-    from fsdpprof.analyze.trace.decode import check_distributed_info
+            continue
+        from fsdpprof.analyze.trace.decode import check_distributed_info
 
-    meta = {"distributedInfo": doc}
-    check_distributed_info(meta, {})          # implausible ranks and sizes left out, as the full parse does
-    return meta.get("distributedInfo") or {}
+        meta = {"distributedInfo": doc}
+        check_distributed_info(meta, {})          # implausible ranks and sizes left out, as the full parse does
+        return meta.get("distributedInfo") or {}
+    return {}
 
 
 def _is_snapshot(path: str) -> bool:
     return path.lower().endswith(_SNAPSHOT_SUFFIXES)
 
 
-_MISSING = object()
-
-
 def _heads(path: str, sizes: tuple[int, ...]):
-    """(the first ``size`` bytes of JSON, last or not) for each size in turn, inflating only as far as asked;
-    nothing more once the file is read to its end; nothing at all when it cannot be read (as ``_head``)."""
+    """(the first ``size`` bytes of JSON, last or not) for each size in turn, gzip or plain, inflating only as far
+    as asked; nothing more once the file is read to its end; nothing at all when it cannot be read."""
     try:
         with open(path, "rb") as fh:
             magic = fh.read(2)
             fh.seek(0)
-            src = gzip.GzipFile(fileobj=fh) if magic == b"\x1f\x8b" else fh
-            with src:
+            with gzip.GzipFile(fileobj=fh) if magic == b"\x1f\x8b" else fh as src:
                 head = b""
                 for i, size in enumerate(sizes):
-                    more = src.read(size - len(head))
-                    head += more
+                    head += src.read(size - len(head))
                     last = i == len(sizes) - 1 or len(head) < size
                     yield head, last
                     if last:
@@ -179,28 +157,18 @@ def _heads(path: str, sizes: tuple[int, ...]):
         return
 
 
-def _head(path: str, nbytes: int = 1 << 20) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(2)
-            fh.seek(0)
-            if magic == b"\x1f\x8b":
-                with gzip.GzipFile(fileobj=fh) as gz:
-                    return gz.read(nbytes)
-            return fh.read(nbytes)
-    except (OSError, EOFError, zlib.error):   # unreadable or corrupt: the rank's own parse says why
-        return b""
-
-
 def _looks_like_trace(path: str) -> bool:
     base = os.path.basename(path).lower()
-    if not (base.endswith(".json") or base.endswith(".json.gz")):
+    if not base.endswith((".json", ".json.gz")):
         return False
-    if OUTPUT_JSON_MARK.match(_head(path, 256)):
+    heads = _heads(path, (256, 1 << 20))
+    head, last = next(heads, (b"", True))
+    if OUTPUT_JSON_MARK.match(head):
         return False  # summary.json / compare.json of an earlier report
     if base.startswith("rank-") or ".pt.trace.json" in base:
         return True
-    head = _head(path)
+    if not last:
+        head = next(heads, (b"", True))[0]
     return b'"traceEvents"' in head or b'"distributedInfo"' in head or is_timeline(head)
 
 
@@ -208,9 +176,9 @@ def inflated_size(path: str) -> int:
     """Bytes of JSON in a trace file: the gzip trailer's size for .gz (last member), else the file size."""
     try:
         with open(path, "rb") as fh:
-            if fh.read(2) != b"\x1f\x8b":
-                return os.fstat(fh.fileno()).st_size
             size = os.fstat(fh.fileno()).st_size
+            if fh.read(2) != b"\x1f\x8b":
+                return size
             fh.seek(-4, os.SEEK_END)
             return max(int.from_bytes(fh.read(4), "little"), size)
     except OSError:
@@ -218,9 +186,8 @@ def inflated_size(path: str) -> int:
 
 
 def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = True) -> UserError:
-    """The error for an input none of whose ranks can be used, from ``missing`` (label -> why, as
-    ``Run.missing``): ``what: <the first reason>`` (``nothing`` when there is none), the reason naming its
-    label unless it does already; ``one_alone``: a single reason is the whole line."""
+    """The error for an input none of whose ranks can be used (``missing``: label -> why): ``what: <the first
+    reason>`` (``nothing`` when there is none); ``one_alone``: a single reason is the whole line."""
     if not missing:
         return UserError(f"{what}: {nothing}")
     label, why = next(iter(missing.items()))
@@ -233,32 +200,22 @@ def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = Tru
 
 def _info_from_meta(rank: int, meta: dict) -> dict:
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    pgs = []
-    for pg in dist.get("pg_config") or []:
-        if isinstance(pg, dict):
-            pgs.append({"name": pg.get("pg_name"), "size": pg.get("pg_size"), "ranks": pg.get("ranks")})
+    pgs = [{"name": pg.get("pg_name"), "size": pg.get("pg_size"), "ranks": pg.get("ranks")}
+           for pg in dist.get("pg_config") or [] if isinstance(pg, dict)]
     return {"rank": rank, "world_size": dist.get("world_size"), "backend": dist.get("backend"),
             "device": meta.get("device_type"), "process_groups": pgs, "status": "complete", "error": None}
 
 
-def read_inventory(path: str) -> tuple[dict | None, str | None]:
-    """(inventory.json, None), or (None, one line saying why it cannot be used) — what discovery checked,
-    read again where a lazily loaded rank is analysed."""
-    try:
-        doc = _read_json(path, "inventory")
-        schema_version(doc, "fsdpprof.inventory", path)
-    except UserError as exc:
-        return None, str(exc)
-    return doc, None
-
-
 def with_inventory(rd: RankData) -> tuple[RankData, str | None]:
-    """The rank with its inventory read (a lazily loaded run keeps only its path) and a line saying why it
-    cannot be used, if so; the rank as it is when it has one or has none at all."""
+    """The rank with its inventory read (a lazily loaded run keeps only its path), and why it cannot be used."""
     if rd.inventory is not None or not rd.inventory_path:
         return rd, None
-    inv, why = read_inventory(rd.inventory_path)
-    return replace(rd, inventory=inv), why
+    try:
+        doc = _read_json(rd.inventory_path, "inventory")
+        schema_version(doc, "fsdpprof.inventory", rd.inventory_path)
+    except UserError as exc:
+        return replace(rd, inventory=None), str(exc)
+    return replace(rd, inventory=doc), None
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -271,9 +228,11 @@ def _read_json(path: str, what: str) -> dict:
     return doc
 
 
-_WHAT_TO_GIVE = "give a run directory (fsdpprof record --out DIR), a folder of profiler traces, a trace file or a CUDA snapshot"
+_WHAT_TO_GIVE = ("give a run directory (fsdpprof record --out DIR), a folder of profiler traces, a trace file or a "
+                 "CUDA snapshot")
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}
+_NO_PERMISSION = "fix its permissions (chmod) or run as its owner"
 
 
 def file_kind(mode: int) -> str:
@@ -299,13 +258,12 @@ def check_input_path(path: str) -> bool:
         raise UserError(f"{path} cannot be opened ({exc.strerror}); {_WHAT_TO_GIVE}") from None
     if stat.S_ISDIR(st.st_mode):
         if not os.access(path, os.R_OK | os.X_OK):
-            raise UserError(f"folder {path} cannot be read (permission denied); fix its permissions (chmod) "
-                            f"or run as its owner")
+            raise UserError(f"folder {path} cannot be read (permission denied); {_NO_PERMISSION}")
         return True
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{path} is {file_kind(st.st_mode)}, neither a file nor a folder; {_WHAT_TO_GIVE}")
     if not os.access(path, os.R_OK):
-        raise UserError(f"{path} cannot be read (permission denied); fix its permissions (chmod) or run as its owner")
+        raise UserError(f"{path} cannot be read (permission denied); {_NO_PERMISSION}")
     return False
 
 
@@ -315,9 +273,8 @@ _SCHEMAS = {family: int(version) for family, version in
 
 
 def schema_version(doc, family: str, path: str) -> int | None:
-    """Version of an fsdpprof file's ``schema`` (``fsdpprof.run/1`` -> 1); None when the file does not carry
-    ``family``'s schema (another tool's file, or none at all). UserError when it is newer than this
-    fsdpprof reads, or not a version number."""
+    """Version of an fsdpprof file's ``schema`` (``fsdpprof.run/1`` -> 1); None when it is not ``family``'s;
+    UserError when it is newer than this fsdpprof reads, or not a version number."""
     s = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(s, str) or not s.startswith(family + "/"):
         return None
@@ -347,52 +304,54 @@ def read_run_json(path: str) -> tuple[dict | None, str | None]:
 
 def find_run(path, *, workers: int | None = None, max_trace_bytes: int | None = None,
              inventories: bool = False) -> Run:
-    """The files of a run directory, a folder of traces, a trace, a CUDA snapshot or a folder of them: a
-    :class:`Run` whose traces are not read yet.  ``inventories``: each inventory.json is kept as read here
-    (else only its path: it is read where its rank is analysed).  ``workers`` is checked only (the commands'
-    --workers); ``max_trace_bytes``: largest trace JSON accepted once decompressed, when the traces are read
-    (default trace.decode.MAX_TRACE_BYTES).  Bad input raises :class:`fsdpprof.errors.UserError`, never another
-    exception."""
+    """The files of a run directory, a folder of traces, a trace, a CUDA snapshot or a folder of them: a Run whose
+    traces are not read yet.  ``inventories``: keep each inventory.json as read (else only its path); ``workers``
+    is only checked; ``max_trace_bytes``: largest trace JSON accepted once decompressed.  Bad input: UserError."""
     with unexpected_as_user_error(f"{os.fspath(path)}"):
-        run = _discover(path, workers, lazy=not inventories)
+        check_workers(workers)
+        if not str(os.fspath(path)).strip():
+            raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
+        path = os.path.abspath(os.fspath(path))
+        run = _discover_folder(path, lazy=not inventories) if check_input_path(path) else _discover_file(path)
         run.max_trace_bytes = max_trace_bytes
         return run
 
 
-def _discover(path, workers, lazy: bool = False) -> Run:
-    check_workers(workers)
-    if not str(os.fspath(path)).strip():
-        raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
-    path = os.path.abspath(os.fspath(path))
-    if not check_input_path(path):
-        if _is_snapshot(path):
-            r = rank_from_name(path)
-            rank = r if r is not None and re.search(r"rank", os.path.basename(path), re.I) else 0
-            rd = RankData(rank=rank, info={"rank": rank}, inventory=None, trace_path=None, events=None,
-                        memory_events=None, snapshot_path=path, trace_meta={"device_type": "cuda"},
-                        label=os.path.basename(path))
-            return Run(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: rd}, missing={}, warnings=[],
-                          world_size=None, inputs=[path])
+def _snapshot_rank(rank: int, path: str, **info) -> RankData:
+    return RankData(rank=rank, info={"rank": rank, **info}, snapshot_path=path, trace_meta={"device_type": "cuda"},
+                    label=os.path.basename(path))
+
+
+def _discover_file(path: str) -> Run:
+    if not _is_snapshot(path):
         return _load_traces(path, [path], SOURCE_TRACE_FILE)
+    r = rank_from_name(path)
+    rank = r if r is not None and re.search(r"rank", os.path.basename(path), re.I) else 0
+    return Run(path=path, source=SOURCE_SNAPSHOT_FILE, meta={}, ranks={rank: _snapshot_rank(rank, path)},
+               inputs=[path])
+
+
+def _discover_folder(path: str, lazy: bool) -> Run:
     try:
         entries = sorted(os.listdir(path))
     except OSError as exc:
-        raise UserError(f"folder {path} cannot be listed ({exc.strerror}); fix its permissions or run as its owner") from None
+        raise UserError(f"folder {path} cannot be listed ({exc.strerror}); fix its permissions or run as its "
+                        f"owner") from None
     run_json = os.path.join(path, runfmt.RUN_JSON)
     meta, why_not = read_run_json(run_json) if os.path.isfile(run_json) else (None, None)
     has_ranks = any(e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
                     for e in entries)
     if meta is not None or has_ranks:
-        return _load_run_dir(path, entries, meta, why_not, lazy)
+        return _load_run_dir(path, entries, meta or {}, why_not, lazy)
     files = [os.path.join(path, e) for e in entries if os.path.isfile(os.path.join(path, e))]
+    snaps = [f for f in files if _is_snapshot(f)]
     traces = [f for f in files if _looks_like_trace(f)]
     if traces:
         run = _load_traces(path, traces, SOURCE_TRACE_FOLDER)
-        run.inputs += [f for f in files if _is_snapshot(f)]
-        if why_not:
-            run.warnings.append(why_not)
+        run.inputs += snaps
+        run.warnings += [why_not] if why_not else []
         return run
-    windows = iteration_folders(path) if not any(_is_snapshot(f) for f in files) else {}
+    windows = iteration_folders(path) if not snaps else {}
     if windows:      # torchtitan: one folder per profiling window; the latest is past the warm-up
         last = max(windows)
         run = _load_traces(windows[last], _window_traces(windows[last]), SOURCE_TRACE_FOLDER)
@@ -401,25 +360,44 @@ def _discover(path, workers, lazy: bool = False) -> Run:
                                 f"iteration_{last}): analysed the latest, {windows[last]}; point at another "
                                 f"iteration_<s> folder to analyse that one")
         return run
-    snaps = [f for f in files if _is_snapshot(f)]
-    if snaps:
-        ranks, warnings = {}, []
-        for i, f in enumerate(snaps):
-            r = rank_from_name(f)
-            if r is None:
-                r = i
-                warnings.append(f"snapshot {f}: no rank in the file name (rank-N, rankN, workerN), taken as rank {r} "
-                                f"from its position among the snapshots")
-            if r in ranks:
-                raise UserError(f"folder {path} has two snapshots for rank {r} ({os.path.basename(ranks[r].snapshot_path)}, "
-                                f"{os.path.basename(f)}); keep one per rank")
-            ranks[r] = RankData(rank=r, info={"rank": r, "snapshots_given": len(snaps)}, inventory=None,
-                                trace_path=None, events=None, memory_events=None, snapshot_path=f,
-                                trace_meta={"device_type": "cuda"}, label=os.path.basename(f))
-        return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, missing={}, warnings=warnings,
-                      world_size=None, inputs=snaps)
-    raise UserError(f"{path} holds no run directory (run.json, rank-*/), no profiler traces (*.json[.gz] with "
-                    f"traceEvents) and no CUDA snapshots (*.pickle); point fsdpprof at one of those")
+    if not snaps:
+        raise UserError(f"{path} holds no run directory (run.json, rank-*/), no profiler traces (*.json[.gz] with "
+                        f"traceEvents) and no CUDA snapshots (*.pickle); point fsdpprof at one of those")
+    ranks, warnings = {}, []
+    for i, f in enumerate(snaps):
+        r = rank_from_name(f)
+        if r is None:
+            r = i
+            warnings.append(f"snapshot {f}: no rank in the file name (rank-N, rankN, workerN), taken as rank {r} "
+                            f"from its position among the snapshots")
+        if r in ranks:
+            raise UserError(f"folder {path} has two snapshots for rank {r} ("
+                            f"{os.path.basename(ranks[r].snapshot_path)}, {os.path.basename(f)}); keep one per rank")
+        ranks[r] = _snapshot_rank(r, f, snapshots_given=len(snaps))
+    return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, warnings=warnings, inputs=snaps)
+
+
+def _trace_ranks(f: str, i: int, warnings: list[str]) -> list[RankData]:
+    """The ranks of trace file ``f`` (the ``i``-th given): every rank of a merged timeline, else one."""
+    label = os.path.basename(f)
+    merged = timeline_meta(f)
+    if merged is not None:
+        out = []
+        for part in rank_parts(merged):
+            rank, meta = part["rank"], dict(part.get("trace") or {})
+            out.append(RankData(rank=rank, info=dict(part.get("info") or {}) or _info_from_meta(rank, meta),
+                                trace_path=f, trace_meta=meta, label=f"{label}:rank-{rank}", trace_pid=part["pid"]))
+        return out
+    dist = distributed_info_head(f)
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) else None
+    if rank is None:
+        rank, how = rank_from_name(f), "from the file name"
+        if rank is None:
+            rank, how = i, "from its position among the traces (no rank-N / rankN / workerN in its name)"
+        warnings.append(f"trace {f} has no distributedInfo: rank {rank} taken {how}")
+    meta = {"distributedInfo": dist} if dist else {}
+    return [RankData(rank=rank, info=_info_from_meta(rank, {"distributedInfo": dist}), trace_path=f, trace_meta=meta,
+                     label=label)]
 
 
 def _load_traces(root: str, traces: list[str], source: str) -> Run:
@@ -428,54 +406,26 @@ def _load_traces(root: str, traces: list[str], source: str) -> Run:
     warnings: list[str] = []
     world_sizes: dict[int, list[str]] = {}
     for i, f in enumerate(traces):
-        label = os.path.basename(f)
-        merged = timeline_meta(f)
-        if merged is not None:
-            for part in rank_parts(merged):
-                rank = part["rank"]
-                if rank in ranks:
-                    raise UserError(f"folder {root} has two traces for rank {rank} ({ranks[rank].label}, {label}): "
-                                    f"it mixes runs; keep one trace per rank")
-                meta = dict(part.get("trace") or {})
-                info = dict(part.get("info") or {}) or _info_from_meta(rank, meta)
-                ws = (meta.get("distributedInfo") or {}).get("world_size") if isinstance(
-                    meta.get("distributedInfo"), dict) else None
-                if isinstance(ws, int):
-                    world_sizes.setdefault(ws, []).append(label)
-                ranks[rank] = RankData(rank=rank, info=info, inventory=None, trace_path=f, events=None,
-                                       memory_events=None, snapshot_path=None, trace_meta=meta,
-                                       label=f"{label}:rank-{rank}", trace_pid=part["pid"])
-            continue
-        dist = distributed_info_head(f)
-        rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) \
-            else None
-        if rank is None:
-            rank = rank_from_name(f)
-            how = "from the file name"
-            if rank is None:
-                rank, how = i, "from its position among the traces (no rank-N / rankN / workerN in its name)"
-            warnings.append(f"trace {f} has no distributedInfo: rank {rank} taken {how}")
-        ws = dist.get("world_size")
-        if isinstance(ws, int):
-            world_sizes.setdefault(ws, []).append(label)
-        if rank in ranks:
-            raise UserError(f"folder {root} has two traces for rank {rank} ({ranks[rank].label}, {label}): it mixes "
-                            f"runs; keep one trace per rank")
-        ranks[rank] = RankData(rank=rank, info=_info_from_meta(rank, {"distributedInfo": dist}), inventory=None,
-                             trace_path=f, events=None, memory_events=None, snapshot_path=None,
-                             trace_meta={"distributedInfo": dist} if dist else {}, label=label)
+        for rd in _trace_ranks(f, i, warnings):
+            if rd.rank in ranks:
+                raise UserError(f"folder {root} has two traces for rank {rd.rank} ({ranks[rd.rank].label}, "
+                                f"{os.path.basename(f)}): it mixes runs; keep one trace per rank")
+            dist = rd.trace_meta.get("distributedInfo")
+            if isinstance(dist, dict) and isinstance(dist.get("world_size"), int):
+                ws = dist["world_size"]
+                world_sizes.setdefault(ws, []).append(os.path.basename(f))
+            ranks[rd.rank] = rd
     if len(world_sizes) > 1:
         desc = "; ".join(f"world_size {ws}: {', '.join(sorted(ls)[:3])}" for ws, ls in sorted(world_sizes.items()))
-        raise UserError(f"folder {root} mixes traces of different runs ({desc}); put each run's traces in its own folder")
-    world_size = next(iter(world_sizes), None)
-    return Run(path=root, source=source, meta={}, ranks=ranks, missing={}, warnings=warnings,
-                  world_size=world_size, inputs=list(traces))
+        raise UserError(f"folder {root} mixes traces of different runs ({desc}); put each run's traces in its own "
+                        f"folder")
+    return Run(path=root, source=source, meta={}, ranks=ranks, warnings=warnings,
+               world_size=next(iter(world_sizes), None), inputs=list(traces))
 
 
 def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | None]:
-    """run.json as the report shows it: a run left ``running`` by a launcher that is gone (killed) is
-    ``interrupted``, with a warning line; the file itself is not changed.  Also the run's state when run.json
-    says running: "alive" (still being recorded), "unknown" (its launcher is on another host), else None."""
+    """run.json as the report shows it (a run left ``running`` by a launcher that is gone is ``interrupted``,
+    warned; the file is not changed) and, when it says running, the run's state: alive, unknown, or None."""
     if meta.get("status") != runfmt.STATUS_RUNNING:
         return meta, None
     state, launchers = runfmt.run_liveness(root)
@@ -493,97 +443,78 @@ def _liveness(root: str, meta: dict, warnings: list[str]) -> tuple[dict, str | N
 
 # why a rank has saved nothing (yet), by the run's state (_liveness): still recording, perhaps, or not
 _NOT_SAVED_YET = {runfmt.LIVENESS_ALIVE: "not saved yet: the run is still being recorded",
-                  runfmt.LIVENESS_UNKNOWN: "not saved yet, or never: the run may still be being recorded on another host"}
+                  runfmt.LIVENESS_UNKNOWN: "not saved yet, or never: the run may still be being recorded on another "
+                                           "host"}
 
 
 def _files_under(directory: str) -> list[str]:
     """Regular files in ``directory`` and its sub-folders (symbolic links not followed)."""
-    out = []
-    for d, _, names in os.walk(directory):
-        out += [os.path.join(d, n) for n in names if os.path.isfile(os.path.join(d, n))]
-    return out
+    paths = (os.path.join(d, n) for d, _, names in os.walk(directory) for n in names)
+    return [p for p in paths if os.path.isfile(p)]
 
 
-def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_json_note: str | None = None,
-                  lazy: bool = False) -> Run:
+def _read_rank_file(path: str, what: str, family: str, warnings: list[str], default=None):
+    """A rank's JSON file as read (``default`` when it is unreadable, warned); UserError for a newer schema."""
+    doc = default
+    try:
+        doc = _read_json(path, what)
+    except UserError as exc:
+        warnings.append(str(exc))
+    schema_version(doc, family, path)
+    return doc
+
+
+def _load_run_dir(root: str, entries: list[str], meta: dict, run_json_note: str | None, lazy: bool) -> Run:
     """``lazy``: each inventory is checked here and then dropped (its path kept): the rank's analysis reads it
     where it runs, so that this process does not hold every rank's tensor list."""
-    meta = meta or {}
     warnings: list[str] = [run_json_note] if run_json_note else []
     missing: dict[str, str] = {}
     inputs = [os.path.join(root, runfmt.RUN_JSON)] + _files_under(os.path.join(root, runfmt.LAUNCHERS_DIR))
     meta, recording = _liveness(root, meta, warnings)
     warnings += [runfmt.clash_text(doc) for doc in runfmt.read_clashes(root)]
-    rank_dirs: dict[int, str] = {}
-    for e in entries:
-        if e.startswith(runfmt.RANK_DIR_PREFIX) and e[len(runfmt.RANK_DIR_PREFIX):].isdigit():
-            d = os.path.join(root, e)
-            if os.path.isdir(d):
-                rank_dirs[int(e[len(runfmt.RANK_DIR_PREFIX):])] = d
+    prefix = runfmt.RANK_DIR_PREFIX
+    rank_dirs = {int(e[len(prefix):]): os.path.join(root, e) for e in entries
+                 if e.startswith(prefix) and e[len(prefix):].isdigit() and os.path.isdir(os.path.join(root, e))}
     infos: dict[int, dict] = {}
-    inventories: dict[int, dict | None] = {}
-    inventory_paths: dict[int, str] = {}
-    unreadable: dict[int, str] = {}     # rank -> its inventory.json that cannot be used (with_inventory says why)
-    for r, d in sorted(rank_dirs.items()):
-        label = f"rank-{r}"
-        inputs += _files_under(d)
-        info_path = os.path.join(d, runfmt.RANK_JSON)
-        info = {"rank": r}
-        if os.path.isfile(info_path):
-            try:
-                info = _read_json(info_path, "rank file")
-            except UserError as exc:
-                warnings.append(str(exc))
-            schema_version(info, "fsdpprof.rank", info_path)
-        infos[r] = info
-        inv_path = os.path.join(d, runfmt.INVENTORY_JSON)
-        inventories[r] = None
-        if os.path.isfile(inv_path):
-            try:
-                inventories[r] = _read_json(inv_path, "inventory")
-            except UserError as exc:
-                warnings.append(str(exc))
-                unreadable[r] = inv_path
-            schema_version(inventories[r], "fsdpprof.inventory", inv_path)
-            if lazy and inventories[r] is not None:
-                inventories[r], inventory_paths[r] = None, inv_path
     ranks: dict[int, RankData] = {}
     for r, d in sorted(rank_dirs.items()):
         label = f"rank-{r}"
-        info = infos[r]
+        inputs += _files_under(d)
+        info_path, inv_path = os.path.join(d, runfmt.RANK_JSON), os.path.join(d, runfmt.INVENTORY_JSON)
+        info = infos[r] = _read_rank_file(info_path, "rank file", "fsdpprof.rank", warnings, {"rank": r}) \
+            if os.path.isfile(info_path) else {"rank": r}
+        inv = lazy_path = unreadable = None
+        if os.path.isfile(inv_path):
+            inv = _read_rank_file(inv_path, "inventory", "fsdpprof.inventory", warnings)
+            unreadable = inv_path if inv is None else None   # (with_inventory says why, where it is analysed)
+            if lazy and inv is not None:
+                inv, lazy_path = None, inv_path
         snap = os.path.join(d, runfmt.SNAPSHOT_FILE)
         snap = snap if os.path.isfile(snap) else None
         tpath = os.path.join(d, runfmt.TRACE_FILE)
+        rd = RankData(rank=r, info=info, inventory=inv, trace_path=tpath, snapshot_path=snap, label=label,
+                      inventory_path=lazy_path or unreadable)
         if os.path.isfile(tpath):
-            ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=tpath, events=None,
-                              memory_events=None, snapshot_path=snap, label=label,
-                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
+            ranks[r] = rd
             continue
         st = info.get("status")
         reason = _NOT_SAVED_YET.get(recording) or info.get("error") or (f"status {st}" if st else "no trace file")
         if not os.access(d, os.R_OK | os.X_OK):
             reason = f"folder {d} cannot be read: permission denied"
         missing[label] = f"no {runfmt.TRACE_FILE} ({reason})"
-        if snap is not None or inventories[r] is not None or r in inventory_paths:
-            # still useful for memory attribution
-            ranks[r] = RankData(rank=r, info=info, inventory=inventories[r], trace_path=None, events=None,
-                              memory_events=None, snapshot_path=snap, trace_meta={}, label=label,
-                              inventory_path=inventory_paths.get(r, unreadable.get(r)))
+        if snap is not None or inv is not None or lazy_path:     # still useful for memory attribution
+            ranks[r] = replace(rd, trace_path=None)
     expected = meta.get("ranks_expected")
     ws = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
     if ws is None:
-        for info in infos.values():
-            if isinstance(info.get("world_size"), int):
-                ws = info["world_size"]
-                break
+        ws = next((i["world_size"] for i in infos.values() if isinstance(i.get("world_size"), int)), None)
     if isinstance(expected, int) and ws is None:
         ws = expected
     n_expected = expected if isinstance(expected, int) else ws
-    if isinstance(n_expected, int):
-        for r in range(n_expected):
-            if r not in rank_dirs:
-                why = _NOT_SAVED_YET.get(recording) or "the rank did not record or died early"
-                missing.setdefault(f"rank-{r}", f"no rank directory ({why})")
+    for r in range(n_expected if isinstance(n_expected, int) else 0):
+        if r not in rank_dirs:
+            why = _NOT_SAVED_YET.get(recording) or "the rank did not record or died early"
+            missing.setdefault(f"rank-{r}", f"no rank directory ({why})")
     sizes = {info.get("world_size") for info in infos.values() if isinstance(info.get("world_size"), int)}
     if len(sizes) > 1:
         raise UserError(f"run directory {root} mixes ranks of different runs (world sizes {sorted(sizes)}); "
@@ -598,4 +529,4 @@ def _load_run_dir(root: str, entries: list[str], meta: dict | None = None, run_j
     if not ranks:
         raise no_usable_rank(missing, f"run directory {root} has no usable rank", "no rank recorded", one_alone=False)
     return Run(path=root, source=SOURCE_RUN_DIR, meta=meta, ranks=ranks, missing=missing, warnings=warnings,
-                  world_size=ws, inputs=inputs)
+               world_size=ws, inputs=inputs)

@@ -1,11 +1,5 @@
-"""One context manager: the cyclic garbage collector paused while a reader builds many objects.
-
-Decoding a trace or unpickling a snapshot makes 10^4-10^6 containers that stay alive and hold no
-cycles; each collection the allocations trigger rescans them (and every module object of numpy and
-pandas) for cycles there cannot be: about a third of a 2.5 MiB snapshot's load time, 15-19 % of
-loading DLRM's eight traces. Reference counting still frees memory while paused; the collector's
-previous state is restored on exit.
-"""
+"""The cyclic garbage collector paused while a reader builds many objects that hold no cycles (decoding a trace,
+unpickling a snapshot): each collection would rescan them all, a third of a snapshot's load time."""
 from __future__ import annotations
 
 import contextlib

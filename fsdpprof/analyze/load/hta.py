@@ -1,9 +1,5 @@
-"""HTA's own kernel, temporal and idle-time tables (optional: the ``fsdpprof[hta]`` extra, ``report --hta``).
-
-fsdpprof computes what its report needs itself; this adapter runs HolisticTraceAnalysis (or its
-renamed successor traceinsight: both import as ``hta``) on the run's traces for users who want HTA's
-tables as they know them.  HTA is asked only for the ranks that exist in the input.
-"""
+"""HTA's own kernel, temporal and idle-time tables (``report --hta``, the ``fsdpprof[hta]`` extra): HolisticTrace-
+Analysis (or traceinsight, both import as ``hta``) run on the run's traces, asked only for the ranks there are."""
 from __future__ import annotations
 
 import contextlib
@@ -23,11 +19,10 @@ def _quiet_hta():
     loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("hta")]
     loggers.append(logging.getLogger("hta"))
     levels = [lg.level for lg in loggers]
-    sink = io.StringIO()
     try:
         for lg in loggers:
             lg.setLevel(logging.ERROR)
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
         for lg, level in zip(loggers, levels):
@@ -40,19 +35,17 @@ def hta_breakdowns(run) -> dict:
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="fsdpprof-hta-") as tmp, _quiet_hta():
-        ranks = []
-        for r, d in sorted(run.ranks.items()):
-            if d.trace_path and d.trace_pid is not None:     # a merged timeline: HTA reads one file per rank
+        ranks = [r for r, d in sorted(run.ranks.items()) if d.trace_path]
+        for r in ranks:
+            d = run.ranks[r]
+            if d.trace_pid is not None:     # a merged timeline: HTA reads one file per rank
                 write_rank_part(d.trace_path, {"rank": r, "pid": d.trace_pid, "trace": d.trace_meta},
                                 os.path.join(tmp, f"rank-{r}.json.gz"))
-                ranks.append(r)
-            elif d.trace_path:
+            else:
                 ext = ".json.gz" if d.trace_path.endswith(".gz") else ".json"
                 os.symlink(os.path.abspath(d.trace_path), os.path.join(tmp, f"rank-{r}{ext}"))
-                ranks.append(r)
         ta = TraceAnalysis(trace_dir=tmp)
-        kt, kb = ta.get_gpu_kernel_breakdown(visualize=False)
-        out["kernel_type"] = kt
+        out["kernel_type"], kb = ta.get_gpu_kernel_breakdown(visualize=False)
         out["kernels"] = kb.head(50) if kb is not None else None
         out["temporal"] = ta.get_temporal_breakdown(visualize=False)
         idle = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)

@@ -1,7 +1,6 @@
-"""Read a run: one rank's inventory and trace (:func:`load_rank`), the one way every analysis (report,
-compare, overlap, what-if) reads a rank, wherever it runs; every trace of a run at once (:func:`load_events`,
-each rank where :mod:`fsdpprof.analyze.load.engines` runs it); :func:`load_run` = find the files
-(:func:`fsdpprof.analyze.load.files.find_run`) and read them; :func:`run_events`: all ranks' events.
+"""Read a run's traces: one rank (:func:`load_rank`, the one way every analysis reads a rank, wherever it runs),
+every rank at once (:func:`load_events`, each where :mod:`fsdpprof.analyze.load.engines` runs it), :func:`load_run`
+(find the files, then read them) and :func:`run_events` (all ranks' events).
 """
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ from fsdpprof.errors import UserError, unexpected_as_user_error
 
 @dataclass
 class LoadedRank:
-    """One rank ready to analyse: ``rank`` with its inventory read and its trace parsed (events, memory events,
-    the trace's metadata beneath what discovery found), or without its trace (``trace_path`` None) when that
-    failed; what went wrong, one line each."""
+    """One rank ready to analyse: its inventory read and its trace parsed (``trace_path`` None when that failed),
+    and what went wrong, one line each."""
 
     rank: RankData
     warnings: list[str] = field(default_factory=list)   # malformed parts of the trace, left out
@@ -31,35 +29,28 @@ class LoadedRank:
     trace_error: str | None = None                      # why its trace cannot be used
 
 
-def parse_trace(path: str, rank: int | None, progress: bool | None, max_bytes: int | None = None,
-                pid: int | None = None, meta: dict | None = None):
-    """One rank's trace (``pid``: the rank's process in a merged timeline, ``meta`` its trace metadata there);
-    returns ('ok', TraceData) or ('error', one-line message)."""
-    if not os.access(path, os.R_OK):
-        return "error", f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner"
-    try:
-        if pid is not None:
-            return "ok", load_trace_parts(path, {pid: (rank, meta or {})}, progress=progress,
-                                          max_bytes=max_bytes)[rank]
-        return "ok", load_trace(path, rank=rank, progress=progress, max_bytes=max_bytes)
-    except UserError as exc:
-        return "error", str(exc)
-    except MemoryError:
-        return "error", f"trace {path}: out of memory while decoding; analyse fewer ranks at once (--workers 1)"
-
-
 def load_rank(rd: RankData, *, max_bytes: int | None = None, progress: bool | None = False,
               inventory: bool = True) -> LoadedRank:
-    """The rank's inventory read (with ``inventory``; a lazily loaded run keeps only its path) and its trace
-    parsed, unless its events are there already.  ``max_bytes``: largest trace JSON accepted once decompressed."""
+    """The rank's inventory read (with ``inventory``) and its trace parsed, unless its events are there already.
+    ``max_bytes``: largest trace JSON accepted once decompressed."""
     why_inventory = None
     if inventory:
         rd, why_inventory = with_inventory(rd)
     if rd.events is not None or not rd.trace_path:
         return LoadedRank(rd, inventory_error=why_inventory)
-    status, val = parse_trace(rd.trace_path, rd.rank, progress, max_bytes, rd.trace_pid, rd.trace_meta)
-    if status != "ok":
-        return LoadedRank(replace(rd, trace_path=None), inventory_error=why_inventory, trace_error=val)
+    path = rd.trace_path
+    try:
+        if not os.access(path, os.R_OK):
+            raise UserError(f"trace {path} cannot be read (permission denied); fix its permissions or run as its owner")
+        if rd.trace_pid is not None:     # one rank of a merged timeline
+            val = load_trace_parts(path, {rd.trace_pid: (rd.rank, rd.trace_meta)}, progress=progress,
+                                   max_bytes=max_bytes)[rd.rank]
+        else:
+            val = load_trace(path, rank=rd.rank, progress=progress, max_bytes=max_bytes)
+    except (UserError, MemoryError) as exc:
+        why = str(exc) if isinstance(exc, UserError) else \
+            f"trace {path}: out of memory while decoding; analyse fewer ranks at once (--workers 1)"
+        return LoadedRank(replace(rd, trace_path=None), inventory_error=why_inventory, trace_error=why)
     rd = replace(rd, events=val.events, memory_events=val.memory_events, trace_meta={**val.meta, **rd.trace_meta})
     return LoadedRank(rd, list(val.warnings), why_inventory)
 
@@ -70,33 +61,29 @@ def unread_trace_bytes(rds) -> int:
 
 
 def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:
-    """Parse the traces of a lazily loaded run into its RankData (in place; on the local engine: in this process,
-    or processes for big traces, :func:`fsdpprof.analyze.load.engines.local_workers`); a rank whose trace fails moves
-    to ``run.missing`` (it stays when it still has a snapshot or an inventory). Returns ``run``."""
+    """Parse the traces of a lazily loaded run into its RankData, in place (here, or in processes for big traces:
+    engines.local_workers); a rank whose trace fails moves to ``run.missing`` (kept with a snapshot or inventory)."""
     load_parts(run, progress=progress)
     rds = [rd for _, rd in sorted(run.ranks.items()) if rd.events is None and rd.trace_path]
     jobs = [((rd,), {"max_bytes": run.max_trace_bytes, "progress": progress, "inventory": False}) for rd in rds]
     workers = engines.local_workers(workers, len(jobs), unread_trace_bytes(rds))
-    loaded: dict[int, LoadedRank | str] = {}
-    for i, ok, value in engines.map_unordered(load_rank, jobs, workers=workers):
-        loaded[rds[i].rank] = value[0] if ok else f"{value}; retry with workers=1"
-    for r, rd in sorted(run.ranks.items()):
-        if r not in loaded:
-            continue
-        lr = loaded[r]
+    loaded = {i: value[0] if ok else f"{value}; retry with workers=1"
+              for i, ok, value in engines.map_unordered(load_rank, jobs, workers=workers)}
+    for i, rd in enumerate(rds):     # (in rank order: the warnings are said in that order)
+        lr = loaded[i]
         if isinstance(lr, LoadedRank) and lr.trace_error is None:
             run.warnings += lr.warnings
             dist = lr.rank.trace_meta.get("distributedInfo")
             meta_rank = dist.get("rank") if isinstance(dist, dict) else None
-            if isinstance(meta_rank, int) and meta_rank != r and run.source != SOURCE_RUN_DIR:
+            if isinstance(meta_rank, int) and meta_rank != rd.rank and run.source != SOURCE_RUN_DIR:
                 run.warnings.append(f"trace {rd.trace_path}: its distributedInfo says rank {meta_rank} "
-                                    f"(past its first MiB), analysed as rank {r}")
+                                    f"(past its first MiB), analysed as rank {rd.rank}")
             rd.events, rd.memory_events, rd.trace_meta = lr.rank.events, lr.rank.memory_events, lr.rank.trace_meta
             continue
         run.missing[rd.label] = lr.trace_error if isinstance(lr, LoadedRank) else lr
         rd.trace_path = None
         if rd.snapshot_path is None and rd.inventory is None and rd.inventory_path is None:
-            del run.ranks[r]
+            del run.ranks[rd.rank]
     if not run.ranks:
         raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
     return run
@@ -104,10 +91,9 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
 
 def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False,
              max_trace_bytes: int | None = None) -> Run:
-    """A run directory, trace folder, single trace, snapshot file or snapshot folder, its traces read
-    (:func:`load_events`; ``lazy``: not read: :func:`fsdpprof.analyze.load.files.find_run`, each trace is read
-    by whoever analyses its rank).  ``max_trace_bytes``: largest trace JSON accepted once decompressed (default
-    trace.decode.MAX_TRACE_BYTES).  Bad input raises :class:`fsdpprof.errors.UserError`, never another exception."""
+    """A run directory, trace folder, single trace, snapshot file or snapshot folder, its traces read (``lazy``:
+    not read, each is read by whoever analyses its rank).  ``max_trace_bytes``: largest trace JSON accepted once
+    decompressed.  Bad input raises :class:`fsdpprof.errors.UserError`, never another exception."""
     run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes, inventories=not lazy)
     with unexpected_as_user_error(f"{os.fspath(path)}"):
         if lazy:    # (a merged timeline is read here, once for all its ranks)
@@ -116,8 +102,8 @@ def load_run(path, *, workers: int | None = None, progress: bool | None = None, 
 
 
 def load_parts(run: Run, *, progress: bool | None = None) -> Run:
-    """Parse the merged timelines of a run (ranks with a ``trace_pid``): each file once, in this process, every
-    rank of it at once (in place; a file that fails moves its ranks to ``run.missing``).  Returns ``run``."""
+    """Parse the merged timelines of a run (ranks with a ``trace_pid``) in place: each file once, every rank of it
+    at once (a file that fails moves its ranks to ``run.missing``)."""
     files: dict[str, list[RankData]] = {}
     for rd in run.ranks.values():
         if rd.events is None and rd.trace_path and rd.trace_pid is not None:
@@ -134,25 +120,19 @@ def load_parts(run: Run, *, progress: bool | None = None) -> Run:
         for rd in rds:
             val = parts[rd.rank]
             run.warnings += [w for w in val.warnings if w not in run.warnings]
-            rd.events, rd.memory_events = val.events, val.memory_events
-            rd.trace_meta = {**val.meta, **rd.trace_meta}
+            rd.events, rd.memory_events, rd.trace_meta = val.events, val.memory_events, {**val.meta, **rd.trace_meta}
     if not run.ranks:
         raise no_usable_rank(run.missing, f"no usable trace in {run.path}", "no trace")
     return run
 
 
-def empty_events() -> pd.DataFrame:
-    """An events frame without rows (model.EVENT_COLUMNS, categoricals where they are)."""
-    df = pd.DataFrame({c: [] for c in model.EVENT_COLUMNS})
-    for c in model.CATEGORICAL_EVENT_COLUMNS:
-        df[c] = df[c].astype("category")
-    return df
-
-
 def run_events(run: Run) -> pd.DataFrame:
-    """All ranks' events concatenated (model.EVENT_COLUMNS), categoricals kept; a lazily loaded run parses its
+    """All ranks' events concatenated (model.EVENT_COLUMNS, categoricals kept); a lazily loaded run parses its
     traces now (and keeps them)."""
     if any(r.events is None and r.trace_path for r in run.ranks.values()):
         load_events(run)
     frames = [r.events for _, r in sorted(run.ranks.items()) if r.events is not None]
-    return concat_events(frames) if frames else empty_events()
+    if frames:
+        return concat_events(frames)
+    df = pd.DataFrame({c: [] for c in model.EVENT_COLUMNS})
+    return df.astype({c: "category" for c in model.CATEGORICAL_EVENT_COLUMNS})
