@@ -1,23 +1,10 @@
 """CPU contention: how much slower a CPU rank runs when the target puts more (or fewer) ranks on a host.
 
-The collector records in rank.json ``cpu`` (over the active steps): the host's usable cores, the job's
-ranks on it (LOCAL_WORLD_SIZE), and the process's wall time, on-CPU time and run-queue wait time (µs,
-from the threads' schedstat), in total and for the training thread. The model, stated:
-
-1. **Processor sharing.** The host's runnable threads share its cores fairly: with L threads runnable on
-   C cores each gets min(1, C / L) of a core, so a thread's contention (wall time runnable / time on a CPU)
-   is ``max(1, L / C)``. The measured contention of a rank is ``1 + runqueue / run``.
-2. **Demand.** A rank's uncontended CPU demand, in cores, is its runnable threads on average:
-   ``(run + runqueue) / wall`` (run stretched by contention over a wall time stretched alike). What the
-   measured contention leaves of the host's runnable threads once the job's ranks are counted is the
-   other load: ``C x contention - ranks x demand`` (at least 0), kept for the target.
-3. **Target.** ``ranks_t`` ranks of the same demand plus the other load: ``max(1, (ranks_t x demand +
-   other) / C)``. On a CPU run every part of the step is CPU-bound (compute and the rest on the training
-   thread; gloo's transfers on its threads, and the peers a collective waits for are slowed alike), so the
-   whole step stretches by the ratio of the target's contention to the model's at the run's own ranks per
-   host (the run predicted from itself is left unchanged).
-
-Accelerator ranks are not scaled (their compute does not share the host's cores).
+Processor sharing of the host's C cores: L runnable threads give each thread a contention (wall time runnable /
+time on a CPU) of ``max(1, L / C)``; a rank's measured contention is ``1 + runqueue / run`` and its demand
+(cores) ``(run + runqueue) / wall`` (rank.json ``cpu``, µs). What the job's ranks leave of ``C x contention`` is
+the other load. A CPU run's whole step stretches by the target's contention over the model's at the run's own
+ranks per host; accelerator ranks are not scaled.
 """
 from __future__ import annotations
 
@@ -28,8 +15,8 @@ from fsdpprof.analyze.whatif.targets import Source, Target, ranks_on_host
 
 @dataclass(frozen=True)
 class HostLoad:
-    """One rank's measured CPU load over the active steps: ``cores`` usable on its host, ``ranks`` of the job
-    on that host, ``demand`` (cores, uncontended) and ``contention`` (>= 1)."""
+    """One rank's measured CPU load: ``cores`` usable on its host, ``ranks`` of the job on it, ``demand``
+    (cores, uncontended) and ``contention`` (>= 1)."""
 
     cores: int
     ranks: int
@@ -38,7 +25,7 @@ class HostLoad:
 
     @property
     def other_load(self) -> float:
-        """Runnable threads of everything else on the host (processor sharing, see the module docstring)."""
+        """Runnable threads of everything else on the host."""
         return max(0.0, self.cores * self.contention - self.ranks * self.demand)
 
     def contention_at(self, ranks: int) -> float:
@@ -51,8 +38,8 @@ class HostLoad:
 
 
 def host_load(cpu: dict | None, ranks_on_host: int | None = None) -> HostLoad | None:
-    """A rank's :class:`HostLoad` from its rank.json ``cpu`` (None when the run lacks the fields or they do
-    not add up). ``ranks_on_host``: when LOCAL_WORLD_SIZE was not recorded (the run's hosts layout)."""
+    """A rank's :class:`HostLoad` from its rank.json ``cpu`` (None when the fields lack or do not add up);
+    ``ranks_on_host`` stands in for an unrecorded LOCAL_WORLD_SIZE."""
     if not isinstance(cpu, dict):
         return None
     try:
@@ -67,18 +54,16 @@ def host_load(cpu: dict | None, ranks_on_host: int | None = None) -> HostLoad | 
 
 
 def cpu_step_scale(load: HostLoad | None, source: Source, target: Target) -> tuple[float, list[str], list[str]]:
-    """(step time scale, kept, assumed) of a target on a CPU run: the scale is 1 on an accelerator run and on a
-    run whose rank.json has no CPU load (recorded before fsdpprof measured it), which ``assumed`` says."""
+    """(step time scale, kept, assumed) of a target: 1 on an accelerator run or without a measured load."""
     if source.device_type != "cpu":
         return 1.0, [], []
     ranks = ranks_on_host(source, target)
     if load is None:
         return 1.0, [], ["CPU contention unknown (rank.json has no \"cpu\" load: recorded before fsdpprof measured "
                          "it): compute and communication kept as measured, whatever the ranks per host"]
-    scale = load.step_scale(ranks)
     kept = ["the run's CPU load per rank (rank.json cpu: the host's usable cores, the job's ranks on it, the "
             "rank's time on a CPU and waiting for one over the active steps)"]
     assumed = [f"{ranks} ranks per host; processor sharing of the host's cores: contention = max(1, (ranks x "
                f"a rank's demand + the other load) / cores), every part of a CPU step (compute, the rest, gloo "
                f"communication) stretched by the target's contention over the run's"]
-    return scale, kept, assumed
+    return load.step_scale(ranks), kept, assumed

@@ -1,16 +1,13 @@
 """What a run was (:class:`Source`) and what it could be (:class:`Target`): strategy, world size, shard
 group, resharding after forward, mixed-precision dtypes, CPU offload and local batch.
 
-Strategy names are the ones FSDP users weigh: DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD
-(the inventory's ``strategy``). ``family`` says which implementation a target follows (``fsdp2``
-``fully_shard``, ``fsdp1`` ``FullyShardedDataParallel``, ``ddp``): an FSDP run keeps its own, a DDP run
-is predicted as FSDP2. Every check that refuses a target raises a one-line
-:class:`fsdpprof.errors.UserError`.
+``family`` is the implementation a target follows (``fsdp2``, ``fsdp1``, ``ddp``): an FSDP run keeps its own,
+a DDP run is predicted as FSDP2. A refused target raises a one-line :class:`fsdpprof.errors.UserError`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
@@ -20,6 +17,12 @@ from fsdpprof.errors import UserError
 FAMILIES = ("fsdp2", "fsdp1", "ddp")
 MAX_WORLD = 1 << 20
 MAX_BATCH_SCALE = 1024.0
+DEFAULT_RESHARD = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}   # reshard_after_forward
+
+
+def reshard_ranks(raf) -> int | None:
+    """The ranks an int ``reshard_after_forward`` reshards to (None for True / False / None)."""
+    return raf if isinstance(raf, int) and not isinstance(raf, bool) else None
 
 
 def dtype_name(text, what: str) -> str:
@@ -51,13 +54,17 @@ class Source:
     def sharded(self) -> bool:
         return self.strategy in SHARDED
 
+    @property
+    def fsdp_family(self) -> str:
+        """The FSDP family a sharded target of this run follows by default (the run's, FSDP2 for others)."""
+        return self.family if self.family in ("fsdp1", "fsdp2") else "fsdp2"
+
 
 @dataclass(frozen=True)
 class Target:
     """One configuration to predict. ``shard_group``: ranks a parameter is sharded over (1 for DDP and
     NO_SHARD, the world for SHARD_GRAD_OP / FULL_SHARD, K for HYBRID_SHARD); ``reshard_after_forward``:
-    True (free the unsharded parameters after forward, gather them again in backward), False (keep them
-    until after backward) or an int (reshard to groups of that many ranks after forward)."""
+    True, False or an int (reshard to groups of that many ranks after forward)."""
 
     strategy: str
     world_size: int
@@ -80,52 +87,43 @@ class Target:
 
     @property
     def label(self) -> str:
-        s = self.strategy
-        if s == HYBRID_SHARD:
-            s += f" ({self.shard_group}x{self.replicas})"
-        if isinstance(self.reshard_after_forward, int) and not isinstance(self.reshard_after_forward, bool):
+        s = self.strategy + (f" ({self.shard_group}x{self.replicas})" if self.strategy == HYBRID_SHARD else "")
+        if reshard_ranks(self.reshard_after_forward) is not None:
             s += f" reshard->{self.reshard_after_forward}"
-        if self.cpu_offload:
-            s += " + offload"
-        return s
+        return s + (" + offload" if self.cpu_offload else "")
 
     def to_dict(self) -> dict:
-        raf = self.reshard_after_forward
         return {"strategy": self.strategy, "label": self.label, "world_size": self.world_size,
-                "shard_group": self.shard_group, "replicas": self.replicas, "reshard_after_forward": raf,
-                "family": self.family, "param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype,
-                "cpu_offload": self.cpu_offload, "batch_scale": self.batch_scale, "ranks_per_host": self.ranks_per_host}
+                "shard_group": self.shard_group, "replicas": self.replicas,
+                "reshard_after_forward": self.reshard_after_forward, "family": self.family,
+                "param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype, "cpu_offload": self.cpu_offload,
+                "batch_scale": self.batch_scale, "ranks_per_host": self.ranks_per_host}
 
 
 def source_of(inventory: dict | None, info: dict | None, device_type: str | None = None,
               hosts: int = 1, ranks_per_host: int | None = None) -> Source:
     """The run's configuration from one rank's inventory.json (and rank.json ``info``)."""
-    inv = inventory or {}
-    info = info or {}
+    inv, info = inventory or {}, info or {}
     if not inv:
         raise UserError("the run has no inventory.json (parameter sizes, units and strategy are unknown): record it "
                         "with `fsdpprof record` to predict other strategies")
-    family = str(inv.get("framework") or model.FRAMEWORK_NONE)
-    world = int(inv.get("world_size") or info.get("world_size") or 1)
     raw = str(inv.get("strategy") or model.NONE).upper()
     strategy = model.known_strategy(raw) or raw
-    shard = int(inv.get("shard_group_size") or 1)
-    if strategy in model.REPLICATED:
-        shard = 1
-    units = inv.get("units") or []
-    stored = next((u.get("dtype") for u in units if u.get("dtype")), None)
+    shard = int(inv.get("shard_group_size") or 1) if strategy not in model.REPLICATED else 1
+    stored = next((u.get("dtype") for u in inv.get("units") or [] if u.get("dtype")), None)
     if stored is None:
-        stored = next((t.get("dtype") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM), "float32")
+        stored = next((t.get("dtype") for t in inv.get("tensors") or [] if t.get("role") == runfmt.ROLE_PARAM),
+                      "float32")
     stored = model.dtype_size(str(stored))[0] or "float32"
     mp = inv.get("mixed_precision") or {}
     param_dtype = model.dtype_size(str(mp.get("param_dtype") or stored))[0] or stored
     reduce_dtype = model.dtype_size(str(mp.get("reduce_dtype") or param_dtype))[0] or param_dtype
-    raf = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}.get(strategy)
-    dev = device_type or str(info.get("device") or "cpu").split(":")[0] or "cpu"
-    return Source(family=family, strategy=strategy, world_size=max(world, 1), shard_group=max(shard, 1),
-                  reshard_after_forward=raf, stored_dtype=stored, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                  cpu_offload=bool(inv.get("cpu_offload")), device_type=dev, hosts=max(int(hosts or 1), 1),
-                  ranks_per_host=ranks_per_host)
+    return Source(family=str(inv.get("framework") or model.FRAMEWORK_NONE), strategy=strategy,
+                  world_size=max(int(inv.get("world_size") or info.get("world_size") or 1), 1),
+                  shard_group=max(shard, 1), reshard_after_forward=DEFAULT_RESHARD.get(strategy), stored_dtype=stored,
+                  param_dtype=param_dtype, reduce_dtype=reduce_dtype, cpu_offload=bool(inv.get("cpu_offload")),
+                  device_type=device_type or str(info.get("device") or "cpu").split(":")[0] or "cpu",
+                  hosts=max(int(hosts or 1), 1), ranks_per_host=ranks_per_host)
 
 
 def ranks_on_host(source: Source, target: Target) -> int:
@@ -135,11 +133,15 @@ def ranks_on_host(source: Source, target: Target) -> int:
     return max(1, min(int(per), target.world_size))
 
 
-def _positive_int(value, what: str, limit: int = MAX_WORLD) -> int:
+def _number(value, what: str, example: str) -> float:
     try:
-        f = float(str(value).strip())
+        return float(str(value).strip())
     except ValueError:
-        raise UserError(f"{what} {str(value)[:40]!r} is not a number: give a whole number such as 8") from None
+        raise UserError(f"{what} {str(value)[:40]!r} is not a number: give {example}") from None
+
+
+def _positive_int(value, what: str, limit: int = MAX_WORLD) -> int:
+    f = _number(value, what, "a whole number such as 8")
     if not math.isfinite(f) or f != int(f) or f < 1 or f > limit:
         raise UserError(f"{what} {str(value)[:40]!r} must be a whole number from 1 to {limit}")
     return int(f)
@@ -158,71 +160,65 @@ def parse_reshard(value) -> object:
 
 
 def parse_batch_scale(value) -> float:
-    try:
-        f = float(str(value).strip())
-    except ValueError:
-        raise UserError(f"--batch-scale {str(value)[:40]!r} is not a number: give e.g. 2 or 0.5") from None
+    f = _number(value, "--batch-scale", "e.g. 2 or 0.5")
     if not math.isfinite(f) or f <= 0 or f > MAX_BATCH_SCALE:
         raise UserError(f"--batch-scale {str(value)[:40]!r} must be a number above 0 and at most "
                         f"{MAX_BATCH_SCALE:g}")
     return f
 
 
+def _shard_group(source: Source, s: str, n: int, shard_group) -> int:
+    """The target's shard group (``shard_group``: --shard-group, None when not given), checked."""
+    k = None if shard_group is None or s == HYBRID_SHARD else _positive_int(shard_group, "--shard-group")
+    if s in (DDP, NO_SHARD):
+        if k not in (None, 1):
+            raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards nothing (use --strategy HYBRID_SHARD)")
+        return 1
+    if s != HYBRID_SHARD:
+        if k not in (None, n):
+            raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards over the whole world of {n} ranks "
+                            f"(use --strategy HYBRID_SHARD --shard-group K)")
+        return n
+    groups = [g for g in range(2, n) if n % g == 0]
+    if not groups:
+        raise UserError(f"HYBRID_SHARD does not apply at world size {n}: it needs a shard group K that divides "
+                        f"the world size with 1 < K < {n}, and {n} has none")
+    if shard_group is not None:
+        k = _positive_int(shard_group, "--shard-group")
+    elif source.strategy == HYBRID_SHARD and n == source.world_size:
+        k = source.shard_group
+    elif source.hosts > 1 and source.ranks_per_host and n % source.ranks_per_host == 0:
+        k = source.ranks_per_host
+    else:
+        raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K, one of "
+                        f"{', '.join(map(str, groups))} (K divides the world size {n}), e.g. the GPUs of one node")
+    if n % k or not 1 < k < n:
+        raise UserError(f"--shard-group {k} must divide the world size {n} and lie strictly between 1 and {n} "
+                        f"(K = {n} is FULL_SHARD, K = 1 is NO_SHARD)")
+    return k
+
+
 def make_target(source: Source, strategy=None, *, world_size=None, shard_group=None, reshard_after_forward=None,
                 param_dtype=None, reduce_dtype=None, cpu_offload=None, batch_scale=1.0, family=None,
                 ranks_per_host=None) -> Target:
     """A checked Target; what is not given comes from ``source`` (its world size, dtypes, family...).
-
-    Refused in one line (UserError): a shard group that does not divide the world, resharding to a
-    group that does not divide the shard group, offload or resharding on a strategy that has no
-    sharded parameters, FSDP1 with an int reshard_after_forward, a batch scale out of range."""
+    An impossible combination is refused in one line (UserError)."""
     s = model.strategy_name(strategy, STANDARD) if strategy is not None else (
         source.strategy if source.strategy in STANDARD else DDP)
     n = _positive_int(world_size, "--world") if world_size is not None else source.world_size
     raf = parse_reshard(reshard_after_forward)
-    if family is None:
-        family = source.family if source.family in ("fsdp1", "fsdp2") else "fsdp2"
-        family = "ddp" if s == DDP else family
-    family = str(family).lower()
+    family = str(family if family is not None else "ddp" if s == DDP else source.fsdp_family).lower()
     if family not in FAMILIES:
         raise UserError(f"--fsdp-version {family!r}: use 1 or 2")
     if s == DDP:
         family = "ddp"
     elif family == "ddp":
         raise UserError(f"{s} is an FSDP strategy: pass --fsdp-version 1 or 2, not ddp")
-    # shard group
-    if s in (DDP, NO_SHARD):
-        if shard_group is not None and _positive_int(shard_group, "--shard-group") != 1:
-            raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards nothing (use --strategy HYBRID_SHARD)")
-        k = 1
-    elif s == HYBRID_SHARD:
-        groups = [k for k in range(2, n) if n % k == 0]
-        if not groups:
-            raise UserError(f"HYBRID_SHARD does not apply at world size {n}: it needs a shard group K that divides "
-                            f"the world size with 1 < K < {n}, and {n} has none")
-        if shard_group is not None:
-            k = _positive_int(shard_group, "--shard-group")
-        elif source.strategy == HYBRID_SHARD and n == source.world_size:
-            k = source.shard_group
-        elif source.hosts > 1 and source.ranks_per_host and n % source.ranks_per_host == 0:
-            k = source.ranks_per_host
-        else:
-            raise UserError(f"HYBRID_SHARD needs a shard group: pass --shard-group K, one of "
-                            f"{', '.join(map(str, groups))} (K divides the world size {n}), e.g. the GPUs of one node")
-        if n % k or not 1 < k < n:
-            raise UserError(f"--shard-group {k} must divide the world size {n} and lie strictly between 1 and {n} "
-                            f"(K = {n} is FULL_SHARD, K = 1 is NO_SHARD)")
-    else:
-        if shard_group is not None and _positive_int(shard_group, "--shard-group") != n:
-            raise UserError(f"--shard-group applies to HYBRID_SHARD; {s} shards over the whole world of {n} ranks "
-                            f"(use --strategy HYBRID_SHARD --shard-group K)")
-        k = n
+    k = _shard_group(source, s, n, shard_group)
     if s == NO_SHARD and n < 2:
         raise UserError("NO_SHARD needs a world of at least 2 ranks")
-    # resharding after forward
-    default_raf = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}.get(s)
     if raf is None:
-        raf = default_raf
+        raf = DEFAULT_RESHARD.get(s)
     elif s in (DDP, NO_SHARD):
         raise UserError(f"--reshard-after-forward applies to sharded strategies; {s} keeps whole parameters")
     elif s == SHARD_GRAD_OP and raf is not False:
@@ -230,18 +226,16 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
                         "(or HYBRID_SHARD) with --reshard-after-forward true or an int")
     elif s == FULL_SHARD and raf is False:
         s = SHARD_GRAD_OP
-    if isinstance(raf, int) and not isinstance(raf, bool):
+    if reshard_ranks(raf) is not None:
         if family != "fsdp2":
             raise UserError("--reshard-after-forward INT is FSDP2's (fully_shard); FSDP1 reshards to the full "
                             "shard group: pass true or false, or --fsdp-version 2")
         if raf == k:
             raf = True
         elif raf == 1:
-            raf = False
-            s = SHARD_GRAD_OP if s == FULL_SHARD else s
+            raf, s = False, SHARD_GRAD_OP if s == FULL_SHARD else s
         elif k % raf:
             raise UserError(f"--reshard-after-forward {raf} must divide the shard group of {k} ranks")
-    # dtypes
     pd_ = dtype_name(param_dtype, "--param-dtype") if param_dtype is not None else source.param_dtype
     rd_ = dtype_name(reduce_dtype, "--reduce-dtype") if reduce_dtype is not None else (
         source.reduce_dtype if param_dtype is None else pd_)
@@ -261,37 +255,34 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
 
 def describe_source(source: Source) -> str:
     """The recorded run in the words every command uses (model.describe_input)."""
-    kind = model.input_kind(source.family, (), source.world_size)
-    return model.describe_input(kind, source.strategy, source.world_size)
+    return model.describe_input(model.input_kind(source.family, (), source.world_size), source.strategy,
+                                source.world_size)
 
 
 def target_of_source(source: Source) -> Target:
     """The run itself as a Target (what a prediction of the run from itself must give back)."""
     s = source.strategy if source.strategy in STANDARD else DDP
-    fam = "ddp" if s == DDP else (source.family if source.family in ("fsdp1", "fsdp2") else "fsdp2")
-    raf = source.reshard_after_forward
     return Target(strategy=s, world_size=source.world_size, shard_group=source.shard_group if s in SHARDED else 1,
-                  reshard_after_forward=raf, family=fam, param_dtype=source.param_dtype,
-                  reduce_dtype=source.reduce_dtype, cpu_offload=source.cpu_offload and s in SHARDED)
+                  reshard_after_forward=source.reshard_after_forward, family="ddp" if s == DDP else source.fsdp_family,
+                  param_dtype=source.param_dtype, reduce_dtype=source.reduce_dtype,
+                  cpu_offload=source.cpu_offload and s in SHARDED)
 
 
 def standard_targets(source: Source, base: Target | None = None) -> tuple[list[Target], list[str]]:
-    """Every standard strategy at the run's world size (with ``base``'s dtypes, offload off, batch scale),
-    and a note for each strategy left out (HYBRID_SHARD without a shard group to take)."""
+    """Every standard strategy at the run's world size (with ``base``'s dtypes, batch scale, hosts; offload
+    off), and a note for each strategy left out (HYBRID_SHARD without a shard group to take)."""
     out, notes = [], []
     for s in STANDARD:
         try:
-            t = make_target(source, s, param_dtype=base.param_dtype if base else None,
-                            reduce_dtype=base.reduce_dtype if base else None, cpu_offload=False,
-                            batch_scale=base.batch_scale if base else 1.0,
-                            ranks_per_host=base.ranks_per_host if base else None,
-                            family=(base.family if base and base.family != "ddp" and s != DDP else None))
+            out.append(make_target(source, s, param_dtype=base and base.param_dtype,
+                                   reduce_dtype=base and base.reduce_dtype, cpu_offload=False,
+                                   batch_scale=base.batch_scale if base else 1.0,
+                                   ranks_per_host=base and base.ranks_per_host,
+                                   family=base.family if base and base.family != "ddp" and s != DDP else None))
         except UserError as exc:
             notes.append(f"{s} left out: {exc}")
-            continue
-        out.append(t)
     return out, notes
 
 
 def same_config(a: Target, b: Target) -> bool:
-    return replace(a, batch_scale=1.0) == replace(b, batch_scale=1.0) and a.batch_scale == b.batch_scale
+    return a == b

@@ -1,30 +1,11 @@
-"""Step time of another strategy: the run's compute timeline with the target's collectives placed on it.
+"""Step time of another strategy: the run's compute timeline with the target's collectives placed on it
+(µs, bytes; the model: docs/whatif-model.md).
 
-1. Fit, per collective type, ``time = latency + wire_bytes / bandwidth`` from the run's own collectives
-   (wire bytes = message bytes x :func:`fsdpprof.analyze.model.wire_factor`, what the run's backend moves:
-   on gloo a reduce-scatter is an all-reduce of its input; a type the run lacks uses the fit of all its
-   collectives together). Robust (Theil-Sen) because a collective's time includes
-   waiting for the slowest peer; its latency at most the fastest call of its type on any rank of the run
-   (:func:`fit_line`, :func:`latency_floor`).
-2. Per recorded step, cut the run's exposed communication (its comm time not covered by compute) out of
-   the step: what is left is compute and the rest (Python, hooks, idle), on a compressed clock.
-3. Derive the target's collectives (count, bytes, group, and the unit boundary that issues and waits
-   for each: forward all-gathers at the unit's pre-forward, backward ones prefetched one unit ahead,
-   reduce-scatter at the unit's post-backward, HSDP's all-reduce across replicas after it, DDP's bucketed
-   all-reduce when a bucket's gradients are ready), run them on one communication stream in issue
-   order, and delay the compute after each wait that is not done yet.
-4. Measure the exposed part with the report's own interval code (:mod:`fsdpprof.analyze.comm.intervals`:
-   the union and intersection :func:`fsdpprof.analyze.comm.overlap.overall_overlap` is made of).
-
-The run's own CPU work that the target changes (:class:`OwnWork`): each FSDP family's work per gathered /
-reduced byte (FSDP2's copy-in, copy-out, chunk-cat; FSDP1's flat-parameter padding: inside its gather and
-reduce annotations, minus the communication waited for there) and FSDP2's DTensor dispatch per parameter
-are measured on the run and replaced by the target family's (the run's own when the same family, else
-:data:`DOCUMENTED_OVERHEAD`); the optimizer's element work scales with the local parameter elements. What
-changes is compute as far as it is aten ops (the element work, each family's measured or documented compute
-share), the rest otherwise.
-The CPU contention of the target's host layout (:mod:`.contention`) stretches the whole step on a CPU run.
-Times in µs, sizes in bytes.
+Per collective type ``time = latency + wire_bytes / bandwidth`` is fitted on the run's own collectives; each
+recorded step has its exposed communication cut out, the target's collectives (issued and waited for at the
+units' boundaries) are run on one communication stream, and the exposure is measured with the report's
+interval code. FSDP's own CPU work and the optimizer's element work are swapped for the target's
+(:class:`OwnWork`); CPU contention (:mod:`.contention`) stretches a CPU run's whole step.
 """
 from __future__ import annotations
 
@@ -45,6 +26,9 @@ from fsdpprof.analyze.whatif.units import Unit, local_numel, padded_numel
 
 DDP_FIRST_BUCKET_BYTES = 1 << 20   # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 << 20        # DistributedDataParallel(bucket_cap_mb=25)
+FIT_COLLECTIVES = (model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE, model.BROADCAST, model.ALL_TO_ALL)
+ANY_COLLECTIVE = "*"   # latency_floor's key for the fastest call of any type (the pooled fit's floor)
+ANCHORS = ("F0", "F1", "B0", "B1")
 
 
 @dataclass
@@ -74,12 +58,8 @@ class Fit:
 
 def fit_line(x: np.ndarray, y: np.ndarray, floor_us: float = np.inf) -> tuple[float, float, bool]:
     """(latency_us, us_per_wire_byte, capped) of one collective type from its calls (x: wire bytes, y: µs):
-    Theil-Sen, its latency at most the fastest call's time and at most ``floor_us`` (the fastest call of the
-    type on any rank, :func:`latency_floor`). Every call pays the latency, so none is faster than it; a larger
-    intercept is waiting for peers that a few sizes put into the line (DDP's two bucket sizes on fsdpprof's
-    example, the first bucket waiting for the peer's backward: intercepts of 1-39 ms where a rank's fastest
-    call mostly took 1-2 ms, then charged to each of an FSDP target's many collectives). Capped, the slope is
-    fitted again as the median of (time - latency) / wire bytes: the waits are charged per byte moved."""
+    Theil-Sen, the latency at most the fastest call and ``floor_us``; capped, the slope is the median of
+    (time - latency) / wire bytes (the waits for peers charged per byte moved)."""
     lat, slope = _theil_sen(x, y)
     cap = min(float(np.min(y)), float(floor_us))
     if lat <= cap:
@@ -89,8 +69,7 @@ def fit_line(x: np.ndarray, y: np.ndarray, floor_us: float = np.inf) -> tuple[fl
 
 def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(intercept >= 0, slope >= 0) of a robust line through the points."""
-    ux = np.unique(x)
-    if len(ux) < 2:
+    if len(np.unique(x)) < 2:
         return 0.0, float(np.median(y / np.maximum(x, 1.0)))
     if len(x) > 400:
         sel = np.linspace(0, len(x) - 1, 400).astype(int)
@@ -98,23 +77,16 @@ def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     i, j = np.triu_indices(len(x), 1)
     dx = x[j] - x[i]
     ok = dx != 0
-    slope = float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0
-    slope = max(slope, 0.0)
+    slope = max(float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0, 0.0)
     lat = max(float(np.median(y - slope * x)), 0.0)
     if slope == 0.0:
         slope = float(np.median(np.maximum(y - lat, 0.0) / np.maximum(x, 1.0)))
     return lat, slope
 
 
-FIT_COLLECTIVES = (model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE, model.BROADCAST, model.ALL_TO_ALL)
-ANY_COLLECTIVE = "*"   # latency_floor's key for the fastest call of any type (the pooled fit's floor)
-
-
 @dataclass(frozen=True)
 class CollectiveSamples:
-    """One rank's collectives a :class:`Fit` is made of (point-to-point, unknown sizes and times left out): type,
-    wire bytes (message bytes x :func:`fsdpprof.analyze.model.wire_factor`), time (µs); ``gloo``: they ran on
-    gloo (its work, ``gloo:*``, is on the trace)."""
+    """One rank's collectives a :class:`Fit` is made of: type, wire bytes, time (µs); ``gloo``: ran on gloo."""
 
     collective: np.ndarray
     wire_bytes: np.ndarray
@@ -123,23 +95,19 @@ class CollectiveSamples:
 
 
 def collective_samples(events: pd.DataFrame) -> CollectiveSamples:
-    """The rank's collectives (its events frame) -> :class:`CollectiveSamples`."""
+    """The rank's collectives of known size, group and time (a call of no time measures no latency)."""
     c = events[isin(events["kind"], [model.KIND_COMM])]
     coll = c["collective"].astype(object).to_numpy()
-    nb = c["bytes"].to_numpy(float)
-    gs = c["group_size"].to_numpy(float)
-    dur = c["dur_us"].to_numpy(float)
+    nb, gs, dur = (c[k].to_numpy(float) for k in ("bytes", "group_size", "dur_us"))
     ok = (np.isin(coll, FIT_COLLECTIVES) & np.isfinite(nb) & (nb > 0) & np.isfinite(gs) & (gs > 1)
-          & np.isfinite(dur) & (dur > 0))      # (a call of no time measures no latency: it would floor every rank)
+          & np.isfinite(dur) & (dur > 0))
     gloo = bool(startswith(c["name"], (model.GLOO_PREFIX,)).any())
     return CollectiveSamples(coll[ok].astype(str), nb[ok] * model.wire_factor(coll[ok], gs[ok], gloo), dur[ok], gloo)
 
 
 def latency_floor(samples: list[CollectiveSamples]) -> dict[str, float]:
-    """Per collective type, the fastest call of that type on any rank (µs; :data:`ANY_COLLECTIVE`: of any
-    type). The latency is the group's, the same on every rank; a rank whose every call waits for a slower
-    peer (DDP's rank 1 on fsdpprof's example: its fastest all-reduce 10.6 ms, rank 0's 1.2 ms) never shows it
-    on its own, and its fit would charge that wait to each of a target's many smaller collectives."""
+    """Per collective type, the fastest call on any rank (µs; :data:`ANY_COLLECTIVE`: of any type): the
+    group's latency, which a rank whose every call waits for a slower peer never shows on its own."""
     out: dict[str, float] = {}
     for s in samples:
         for t in np.unique(s.collective):
@@ -150,8 +118,7 @@ def latency_floor(samples: list[CollectiveSamples]) -> dict[str, float]:
 
 
 def fit_collectives(events: pd.DataFrame | CollectiveSamples, floor: dict[str, float] | None = None) -> Fit:
-    """One rank's collectives (its events frame, or :class:`CollectiveSamples`) -> :class:`Fit`, each type's
-    latency at most ``floor``'s (:func:`latency_floor` over the run's ranks; None: this rank's alone)."""
+    """One rank's collectives (events frame or samples) -> :class:`Fit`, latencies at most ``floor``'s."""
     s = events if isinstance(events, CollectiveSamples) else collective_samples(events)
     floor = floor or {}
     fit = Fit(gloo=s.gloo)
@@ -168,54 +135,49 @@ def fit_collectives(events: pd.DataFrame | CollectiveSamples, floor: dict[str, f
     return fit
 
 
-# --------------------------------------------------------------------------- unit boundaries on the trace
 def trace_schedule(events: pd.DataFrame, units: list[Unit], memory_schedule: dict | None,
                    same_clock: bool) -> dict[float, dict]:
-    """Per ProfilerStep number: start, end, fwd_start, bwd_start, bwd_end and per unit F0, F1, B0, B1 (trace
-    µs). FSDP2 annotations name the units' scopes; otherwise the memory schedule (when the memory record
-    shares the trace's clock), else the stages split by parameter count."""
+    """Per ProfilerStep number: bwd_end and per unit F0, F1, B0, B1 (trace µs), with the units' forward and
+    backward order. From FSDP2's annotations; else the memory schedule (on the trace's clock); else the
+    stages split by parameter count."""
     marks = labels.step_marks(events)
     if not len(marks):
         return {}
     ann = labels.fsdp_intervals(events)
     scopes = cz._pair_intervals(ann) if len(ann) and ann["unit"].notna().any() else None
-    names = {u.fqn for u in units}
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     numel = {u.fqn: u.numel for u in units}
     mem_by_start = {}
-    if memory_schedule and same_clock:
-        for sc in memory_schedule.values():
-            k = np.searchsorted(marks["start_us"].to_numpy(float), sc["fwd_start"], side="right") - 1
-            if k >= 0:
-                mem_by_start[int(k)] = sc
+    for sc in (memory_schedule or {}).values() if same_clock else ():
+        k = np.searchsorted(marks["start_us"].to_numpy(float), sc["fwd_start"], side="right") - 1
+        if k >= 0:
+            mem_by_start[int(k)] = sc
     out = {}
     for k, m in marks.reset_index(drop=True).iterrows():
         start, end = float(m["start_us"]), float(m["end_us"])
-        fwd_start = float(m["fwd_us"]) if np.isfinite(m["fwd_us"]) else start
-        bwd_start = float(m["bwd_us"]) if np.isfinite(m["bwd_us"]) else np.nan
-        if np.isnan(bwd_start):
+        if not np.isfinite(m["bwd_us"]):
             continue
+        fwd_start = float(m["fwd_us"]) if np.isfinite(m["fwd_us"]) else start
+        bwd_start = float(m["bwd_us"])
         opt = float(m["opt_us"]) if np.isfinite(m["opt_us"]) and m["opt_us"] > bwd_start else end
-        a = {u: {"F0": np.nan, "F1": np.nan, "B0": np.nan, "B1": np.nan} for u in fwd_order}
+        a = {u: dict.fromkeys(ANCHORS, np.nan) for u in fwd_order}
         if scopes is not None and len(scopes):
-            sc = scopes[(scopes["ts_us"] >= start) & (scopes["ts_us"] <= end) & scopes["unit"].isin(names)]
+            sc = scopes[(scopes["ts_us"] >= start) & (scopes["ts_us"] <= end) & scopes["unit"].isin(set(numel))]
             for row in sc.itertuples(index=False):
-                key = ("F0", "F1") if row.ts_us < bwd_start else ("B0", "B1")
-                if np.isnan(a[row.unit][key[0]]):
-                    a[row.unit][key[0]], a[row.unit][key[1]] = float(row.ts_us), float(row.end_us)
+                k0, k1 = ("F0", "F1") if row.ts_us < bwd_start else ("B0", "B1")
+                if np.isnan(a[row.unit][k0]):
+                    a[row.unit][k0], a[row.unit][k1] = float(row.ts_us), float(row.end_us)
             bwd_end = max([v["B1"] for v in a.values() if np.isfinite(v["B1"])] + [bwd_start])
             bwd_end = max(bwd_end, min(opt, end)) if opt < end else bwd_end
         elif int(k) in mem_by_start:
             ms = mem_by_start[int(k)]
-            for u in fwd_order:
-                a[u] = {key: ms["units"][u][key] for key in ("F0", "F1", "B0", "B1")}
+            a = {u: {key: ms["units"][u][key] for key in ANCHORS} for u in fwd_order}
             bwd_end = float(ms["bwd_end"])
         else:
             bwd_end = opt
         _fill(a, fwd_order, numel, fwd_start, bwd_start, bwd_end)
-        bwd_order = [fwd_order[0]] + sorted(fwd_order[1:], key=lambda u: a[u]["B1"])
-        out[float(m["step"])] = {"start": start, "end": end, "fwd_start": fwd_start, "bwd_start": bwd_start,
-                                 "bwd_end": bwd_end, "units": a, "fwd_order": fwd_order, "bwd_order": bwd_order}
+        out[float(m["step"])] = {"bwd_end": bwd_end, "units": a, "fwd_order": fwd_order,
+                                 "bwd_order": [fwd_order[0]] + sorted(fwd_order[1:], key=lambda u: a[u]["B1"])}
     return out
 
 
@@ -223,126 +185,90 @@ def _fill(a: dict, fwd_order: list[str], numel: dict, fwd_start: float, bwd_star
     """Anchors no record gave: each pass split by parameter count, in forward / backward order."""
     root, layers = fwd_order[0], fwd_order[1:]
     total = sum(numel[u] for u in layers) or 1
-    t = fwd_start
-    for u in layers:
-        d = (bwd_start - fwd_start) * numel[u] / total
-        if np.isnan(a[u]["F0"]):
-            a[u]["F0"], a[u]["F1"] = t, t + d
-        t += d
-    t = bwd_start
-    for u in layers[::-1]:
-        d = (bwd_end - bwd_start) * numel[u] / total
-        if np.isnan(a[u]["B1"]):
-            a[u]["B0"], a[u]["B1"] = t, t + d
-        t += d
-    for key, v in (("F0", fwd_start), ("F1", bwd_start), ("B0", bwd_start), ("B1", bwd_end)):
+    for order, k0, k1, given, t0, t1 in ((layers, "F0", "F1", "F0", fwd_start, bwd_start),
+                                         (layers[::-1], "B0", "B1", "B1", bwd_start, bwd_end)):
+        t = t0
+        for u in order:
+            d = (t1 - t0) * numel[u] / total
+            if np.isnan(a[u][given]):
+                a[u][k0], a[u][k1] = t, t + d
+            t += d
+    for key, v in zip(ANCHORS, (fwd_start, bwd_start, bwd_start, bwd_end)):
         if np.isnan(a[root][key]):
             a[root][key] = v
     for u in layers:
-        if np.isnan(a[u]["F1"]):
-            a[u]["F1"] = a[u]["F0"]
-        if np.isnan(a[u]["B0"]):
-            a[u]["B0"] = a[u]["B1"]
+        for key, other in (("F1", "F0"), ("B0", "B1")):
+            if np.isnan(a[u][key]):
+                a[u][key] = a[u][other]
 
 
-# --------------------------------------------------------------------------- the target's collectives
-def target_collectives(target: tg.Target, units: list[Unit], sc: dict, stored_dtype: str,
-                       sync: bool, run_buckets: list[dict] | None = None) -> list[dict]:
+def target_collectives(target: tg.Target, units: list[Unit], sc: dict, sync: bool,
+                       run_buckets: list[dict] | None = None) -> list[dict]:
     """The target's collectives of one step: collective, bytes, group, issue_us, wait_us (trace clock), phase.
-    ``run_buckets``: a DDP run's own bucket all-reduces (collective, bytes, group, issue_us), kept when
-    the target is DDP over the same ranks."""
+    ``run_buckets``: a DDP run's own bucket all-reduces, kept for a DDP target over the same ranks."""
     out = []
     a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
     pt, rt = model.dtype_bytes(target.param_dtype), model.dtype_bytes(target.reduce_dtype)
     n, k = target.world_size, target.shard_group
     end_bwd = sc["bwd_end"]
+    numel = {u.fqn: u.numel for u in units}
 
     def add(coll, nbytes, group, issue, wait, phase):
         if group > 1 and nbytes > 0:
             out.append({"collective": coll, "bytes": float(nbytes), "group": int(group), "issue_us": float(issue),
                         "wait_us": float(issue if sync else max(wait, issue)), "phase": phase})
 
-    by = {u.fqn: u for u in units}
     if target.strategy == tg.DDP and run_buckets:
         for c in run_buckets:
             add(c["collective"], c["bytes"], c["group"], c["issue_us"], end_bwd, "ddp_bucket")
-        return out
-    if target.strategy == tg.DDP:
+    elif target.strategy == tg.DDP:
         # buckets in backward order, ready when the last gradient in them is
         size, cap, ready = 0.0, DDP_FIRST_BUCKET_BYTES, None
         for u in bwd[1:] + bwd[:1]:
-            size += by[u].numel * pt
+            size += numel[u] * pt
             ready = a[u]["B1"]
             if size >= cap:
                 add(model.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
                 size, cap = 0.0, DDP_BUCKET_BYTES
         if size:
             add(model.ALL_REDUCE, size, n, ready, end_bwd, "ddp_bucket")
-        return out
-    if target.strategy == tg.NO_SHARD:
+    elif target.strategy == tg.NO_SHARD:
         for u in bwd:
-            add(model.ALL_REDUCE, by[u].numel * rt, n, a[u]["B1"], end_bwd, model.PHASE_POST_BACKWARD)
-        return out
-    raf = target.reshard_after_forward
-    keep_root = target.family == "fsdp1"
-    for i, u in enumerate(fwd):
-        wait = a[u]["F0"]
-        issue = wait if (sync or i == 0) else a[fwd[i - 1]]["F0"]
-        add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, k, issue, wait, "forward all_gather")
-    if raf is not False:
-        bgroup = raf if (isinstance(raf, int) and not isinstance(raf, bool)) else k
-        order = [u for u in bwd if not (keep_root and u == ROOT_UNIT)]
-        for j, u in enumerate(order):
-            issue = a[order[j - 1]]["B0"] if j > 0 else a[u]["B0"]
-            add(model.ALL_GATHER, padded_numel(by[u].numel, k) * pt, bgroup, issue, a[u]["B0"],
-                "backward all_gather")
-    for u in bwd[1:] + bwd[:1]:
-        add(model.REDUCE_SCATTER, padded_numel(by[u].numel, k) * rt, k, a[u]["B1"], end_bwd,
-            model.PHASE_POST_BACKWARD_REDUCE)
-        if target.replicas > 1:
-            add(model.ALL_REDUCE, local_numel(by[u].numel, k) * rt, target.replicas, a[u]["B1"], end_bwd,
-                "hsdp all_reduce")
+            add(model.ALL_REDUCE, numel[u] * rt, n, a[u]["B1"], end_bwd, model.PHASE_POST_BACKWARD)
+    else:
+        raf = target.reshard_after_forward
+        for i, u in enumerate(fwd):
+            wait = a[u]["F0"]
+            issue = wait if (sync or i == 0) else a[fwd[i - 1]]["F0"]
+            add(model.ALL_GATHER, padded_numel(numel[u], k) * pt, k, issue, wait, "forward all_gather")
+        if raf is not False:
+            order = [u for u in bwd if not (target.family == "fsdp1" and u == ROOT_UNIT)]
+            for j, u in enumerate(order):
+                add(model.ALL_GATHER, padded_numel(numel[u], k) * pt, tg.reshard_ranks(raf) or k,
+                    a[order[j - 1]]["B0"] if j > 0 else a[u]["B0"], a[u]["B0"], "backward all_gather")
+        for u in bwd[1:] + bwd[:1]:
+            add(model.REDUCE_SCATTER, padded_numel(numel[u], k) * rt, k, a[u]["B1"], end_bwd,
+                model.PHASE_POST_BACKWARD_REDUCE)
+            if target.replicas > 1:
+                add(model.ALL_REDUCE, local_numel(numel[u], k) * rt, target.replicas, a[u]["B1"], end_bwd,
+                    "hsdp all_reduce")
     return out
-
-
-# --------------------------------------------------------------------------- per step
-def _subtract(a_s, a_e, b_s, b_e) -> tuple[np.ndarray, np.ndarray]:
-    """Union of A minus union of B, as disjoint sorted intervals."""
-    s, e = intervals.union(a_s, a_e)
-    if not len(s):
-        return s, e
-    i_s, i_e = intervals.intersect(s, e, b_s, b_e)
-    t = np.concatenate([s, e, i_s, i_e])
-    d = np.concatenate([np.ones(len(s)), -np.ones(len(e)), -np.ones(len(i_s)), np.ones(len(i_e))])
-    o = np.lexsort((d, t))
-    t, d = t[o], d[o]
-    level = np.cumsum(d)
-    on = level[:-1] > 0
-    seg_s, seg_e = t[:-1][on], t[1:][on]
-    keep = seg_e > seg_s
-    return intervals.union(seg_s[keep], seg_e[keep])
 
 
 @dataclass(frozen=True)
 class FamilyOverhead:
-    """An FSDP family's own CPU work on a rank: µs per byte it gathers and per byte it reduces (copy-in,
-    copy-out, chunk-cat, flat-parameter padding: inside its gather and reduce annotations, minus the
-    communication waited for there) and µs of DTensor dispatch per parameter tensor per step (FSDP2's
-    parameters are DTensors: each optimizer op on one goes through ``__torch_dispatch__``). None: unknown.
-    ``how``: "measured" (on the run) or "documented" (:data:`DOCUMENTED_OVERHEAD`).
-    ``allreduce_us_per_byte``: where gradients are reduced by all-reduce alone (FSDP1 NO_SHARD, DDP), the
-    reduction's own work per byte all-reduced (FSDP1's post-backward hook less the communication in it, DDP's
-    reducer ranges): not charged (DDP's reducer is, per step), a yardstick of the machine (:func:`machine_factor`)."""
+    """A family's own CPU work on a rank (None: unknown): µs per byte gathered and per byte reduced (inside its
+    gather / reduce annotations, less the communication waited for there), µs of DTensor dispatch per parameter
+    tensor and step, DDP's reducer µs per step, µs per byte of a reduction by all-reduce alone (a yardstick of
+    the machine, not charged) and the compute share of each work. ``how``: measured or documented."""
 
     family: str
     gather_us_per_byte: float | None
     reduce_us_per_byte: float | None
     dispatch_us_per_param: float | None
     how: str = "measured"
-    reducer_us_per_step: float = 0.0     # DDP's reducer (gradient division, bucket copies), µs per step
+    reducer_us_per_step: float = 0.0
     allreduce_us_per_byte: float | None = None
-    # the share of the gather / reduce / reducer work that is compute (its aten ops: copy-in, copy-out, chunk-cat,
-    # gradient division; on CPU the report's compute), the rest being Python; the DTensor dispatch is none
     gather_compute_share: float | None = None
     reduce_compute_share: float | None = None
     reducer_compute_share: float | None = None
@@ -359,17 +285,9 @@ class FamilyOverhead:
                 + self.reducer_us_per_step * (self.reducer_compute_share or 0.0))
 
 
-# For a family the run does not have (a CPU run only), at contention 1, on the reference machine: measured by
-# benchmarks/bench_whatif.py on fsdpprof's example (2-core AMD EPYC, torch 2.13, gloo, fp32; 2026-12-01): the
-# median over every rank of 6 recordings each of FSDP2, FSDP1 FULL_SHARD, FSDP1 NO_SHARD and DDP (2 ranks; 12
-# ranks a strategy), each rank's figure divided by its contention from rank.json cpu. Another machine does the
-# same work faster or slower (a 2-core Xeon did FSDP2's gathers, reductions and dispatch in 0.30-0.52x the time,
-# FSDP1's in 0.39-0.52x): the figures are scaled by :func:`machine_factor`, the run's own work against them.
-# DDP gathers and reduces nothing unit by unit and its parameters are plain tensors; its reducer's work
-# (gradient division, bucket copies) is measured on a DDP run (:func:`ddp_reducer_us`) and taken out for
-# another family's target, but is not charged to a DDP target of an FSDP run. The compute shares (the same
-# recordings, median over ranks; they are ratios, not a machine's speed): FSDP2 0.36 of its gather work, 0.63 of
-# its reduce work; FSDP1 0.08 and 0.62.
+# A family the run does not have (CPU runs), at contention 1 on the reference machine: the median over the ranks
+# of benchmarks/bench_whatif.py's recordings of fsdpprof's example (2-core AMD EPYC, torch 2.13, gloo, fp32;
+# 2026-12-01), each rank's figure divided by its contention; scaled to the run's machine by machine_factor.
 DOCUMENTED_OVERHEAD = {
     "fsdp2": FamilyOverhead("fsdp2", 1.565e-3, 3.450e-3, 481.0, "documented",
                             gather_compute_share=0.36, reduce_compute_share=0.63),
@@ -380,10 +298,8 @@ DOCUMENTED_OVERHEAD = {
 
 
 def machine_factor(run: FamilyOverhead, contention: float | None) -> float | None:
-    """How much longer the run's machine takes for FSDP's own work than the reference machine of
-    :data:`DOCUMENTED_OVERHEAD`: the geometric mean, over the figures the run measured that its family has
-    documented (gather, reduce, dispatch per parameter, all-reduce's own work), of measured / (documented x the
-    run's contention, 1 when unknown). None when the run measured none of them."""
+    """How much longer the run's machine takes for FSDP's own work than the reference machine: the geometric
+    mean of measured / (documented x contention) over the figures the run measured; None without any."""
     doc = DOCUMENTED_OVERHEAD.get(run.family)
     if doc is None:
         return None
@@ -396,21 +312,27 @@ def machine_factor(run: FamilyOverhead, contention: float | None) -> float | Non
     return float(np.exp(np.mean(logs))) if logs else None
 
 
+def _comm(events: pd.DataFrame) -> pd.DataFrame:
+    return events[isin(events["kind"], [model.KIND_COMM])]
+
+
+def _intervals(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    t0 = events["ts_us"].to_numpy(float)
+    return t0, t0 + events["dur_us"].to_numpy(float)
+
+
 def gather_reduce_overhead(events: pd.DataFrame, family: str,
                            work: dict | None = None) -> tuple[float | None, float | None]:
-    """The family's CPU time per gathered byte and per reduced byte (µs/byte): its gather and reduce
-    annotations (:data:`fsdpprof.analyze.model.GATHER_OVERHEAD_PHASES`, :data:`fsdpprof.analyze.model.REDUCE_OVERHEAD_PHASES`) minus the communication
-    waited for inside them, over the bytes they moved; None where the run has none. ``work``: the run's
-    :func:`_family_work`, when already known."""
+    """The family's CPU time per gathered and per reduced byte (µs/byte), None where the run has none.
+    ``work``: the run's :func:`_family_work`, when already known."""
     work = _family_work(events, family) if work is None else work
-    return (_per_byte(events, work["gather"], model.ALL_GATHER), _per_byte(events, work["reduce"], model.REDUCE_SCATTER))
+    return _per_byte(events, work["gather"], model.ALL_GATHER), _per_byte(events, work["reduce"], model.REDUCE_SCATTER)
 
 
 def allreduce_overhead(events: pd.DataFrame, family: str, work: dict | None = None) -> float | None:
-    """Where the run reduces gradients by all-reduce alone (no reduce-scatter): the reduction's own CPU time per
-    byte all-reduced (µs/byte): FSDP1's post-backward hooks less the communication waited for in them (NO_SHARD),
-    DDP's reducer ranges (:func:`ddp_reducer_us`); None otherwise (FSDP2 has no such strategy)."""
-    comm = events[isin(events["kind"], [model.KIND_COMM])]
+    """Where gradients are reduced by all-reduce alone: the reduction's own CPU time per byte all-reduced
+    (µs/byte; FSDP1 NO_SHARD's post-backward hooks less their communication, DDP's reducer); else None."""
+    comm = _comm(events)
     if isin(comm["collective"], [model.REDUCE_SCATTER]).any():
         return None
     nbytes = float(comm.loc[isin(comm["collective"], [model.ALL_REDUCE]), "bytes"].sum())
@@ -421,45 +343,39 @@ def allreduce_overhead(events: pd.DataFrame, family: str, work: dict | None = No
         return us / nbytes if us > 0 else None
     if family != "fsdp1":
         return None
-    work = _family_work(events, family) if work is None else work
-    return _per_byte(events, work["reduce"], model.ALL_REDUCE)
+    return _per_byte(events, (_family_work(events, family) if work is None else work)["reduce"], model.ALL_REDUCE)
 
 
 def _family_work(events: pd.DataFrame, family: str) -> dict:
-    """The family's own work on the trace, {"gather": w, "reduce": w}, w = (µs covered by its annotations of
-    those phases less the communication inside them, µs of compute inside them) or None where it has none."""
+    """{"gather": w, "reduce": w}: w = (µs of the family's annotations of those phases less the communication
+    inside them, µs of compute inside them), None where it has none."""
     out: dict = {"gather": None, "reduce": None}
-    if family not in model.GATHER_OVERHEAD_PHASES:
-        return out
-    ann = labels.fsdp_intervals(events)
+    ann = labels.fsdp_intervals(events) if family in model.GATHER_OVERHEAD_PHASES else ()
     if not len(ann):
         return out
     ann = ann[ann["family"] == family]
     comm, comp = _kind_intervals(events)
-    for key, phases in (("gather", model.GATHER_OVERHEAD_PHASES[family]), ("reduce", model.REDUCE_OVERHEAD_PHASES[family])):
+    for key, phases in (("gather", model.GATHER_OVERHEAD_PHASES[family]),
+                        ("reduce", model.REDUCE_OVERHEAD_PHASES[family])):
         sel = ann[ann["fsdp_phase"].isin(phases)]
         if len(sel):
-            s, e = intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float))
-            out[key] = _work_in(s, e, comm, comp)
+            out[key] = _work_in(*intervals.union(sel["ts_us"].to_numpy(float), sel["end_us"].to_numpy(float)),
+                                comm, comp)
     return out
 
 
 def _per_byte(events: pd.DataFrame, work: tuple[float, float] | None, collective: str) -> float | None:
-    """A work's µs (:func:`_family_work`) over the bytes of the run's ``collective`` calls; None where either is
-    missing."""
+    """A work's µs over the bytes of the run's ``collective`` calls; None where either is missing."""
     if work is None:
         return None
-    comm = events[isin(events["kind"], [model.KIND_COMM])]
+    comm = _comm(events)
     nbytes = comm.loc[isin(comm["collective"], [collective]), "bytes"].sum()
     return max(work[0], 0.0) / float(nbytes) if nbytes else None
 
 
-def _kind_intervals(events: pd.DataFrame) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def _kind_intervals(events: pd.DataFrame) -> tuple[tuple, tuple]:
     """(the communication events' (start, end), the union of the compute events' (start, end))."""
-    comm = events[isin(events["kind"], [model.KIND_COMM])]
-    comp = events[isin(events["kind"], [model.KIND_COMPUTE])]
-    return ((comm["ts_us"].to_numpy(float), (comm["ts_us"] + comm["dur_us"]).to_numpy(float)),
-            intervals.union(comp["ts_us"].to_numpy(float), (comp["ts_us"] + comp["dur_us"]).to_numpy(float)))
+    return _intervals(_comm(events)), intervals.union(*_intervals(events[isin(events["kind"], [model.KIND_COMPUTE])]))
 
 
 def _work_in(s: np.ndarray, e: np.ndarray, comm: tuple, comp: tuple) -> tuple[float, float]:
@@ -475,9 +391,8 @@ def _share(work: tuple[float, float] | None) -> float | None:
 
 def compute_shares(events: pd.DataFrame, family: str,
                    work: dict | None = None) -> tuple[float | None, float | None, float | None]:
-    """The share of the family's own work that is compute (:class:`FamilyOverhead`): of its gather work, of its
-    reduce work (their annotations less the communication inside them, :func:`_family_work`) and of DDP's reducer
-    ranges; None where the run has none of that work."""
+    """The compute share of the family's gather work, of its reduce work and of DDP's reducer ranges (None
+    where the run has none of that work)."""
     work = _family_work(events, family) if work is None else work
     reducer = None
     if family == "ddp":
@@ -513,8 +428,7 @@ def _lanes(events: pd.DataFrame, lanes):
     names = events["name"].astype(str).to_numpy()
     lane = events["lane"].astype(object).to_numpy()
     is_op = ~isin(events["kind"], [model.KIND_ANNOTATION])
-    t0 = events["ts_us"].to_numpy(float)
-    t1 = t0 + events["dur_us"].to_numpy(float)
+    t0, t1 = _intervals(events)
     for ln in lanes:
         on = np.flatnonzero(lane == ln)
         o = on[np.lexsort((-t1[on], t0[on]))]
@@ -522,10 +436,8 @@ def _lanes(events: pd.DataFrame, lanes):
 
 
 def dtensor_dispatch_us(events: pd.DataFrame) -> float:
-    """DTensor dispatch on the trace (µs, all steps): each tensor-subclass dispatch op's
-    (:data:`fsdpprof.analyze.model.TENSOR_SUBCLASS_DISPATCH`) time outside the local ops it runs, with the
-    ops (not annotations) whose only child it is (``aten::mul_`` -> PythonSubclass -> ``aten::mul_`` on the
-    local shard: all but the inner op)."""
+    """DTensor dispatch on the trace (µs, all steps): each tensor-subclass dispatch op's time outside the local
+    ops it runs, with the ops (not annotations) whose only child it is."""
     hit = isin(events["name"], [model.TENSOR_SUBCLASS_DISPATCH])
     if not hit.any():
         return 0.0
@@ -542,13 +454,12 @@ def dtensor_dispatch_us(events: pd.DataFrame) -> float:
 
 def optimizer_element_us(events: pd.DataFrame) -> float:
     """The optimizer's element work on the trace (µs, all steps): the self time of the aten ops inside its
-    steps (:data:`fsdpprof.analyze.model.OPTIMIZER_PREFIX` annotations), which run over the parameters'
-    elements (DTensor wrappers left out). The rest of a step, its Python loop over tensors, is not in it."""
+    steps (DTensor wrappers left out); its Python loop over tensors is not in it."""
     is_opt = startswith(events["name"], (model.OPTIMIZER_PREFIX,))
     opt = events[is_opt]
     if not len(opt):
         return 0.0
-    s, e = intervals.union(opt["ts_us"].to_numpy(float), (opt["ts_us"] + opt["dur_us"]).to_numpy(float))
+    s, e = intervals.union(*_intervals(opt))
     t = events["ts_us"].to_numpy(float)
     k = np.searchsorted(s, t, side="right") - 1
     inside = events[(k >= 0) & (t < e[np.clip(k, 0, None)]) & ~is_opt]
@@ -563,20 +474,15 @@ def optimizer_element_us(events: pd.DataFrame) -> float:
 
 
 def ddp_reducer_us(events: pd.DataFrame) -> float:
-    """DDP's reducer work on the trace (µs, all steps): the time covered by its record_function ranges
-    (:data:`fsdpprof.analyze.model.DDP_REDUCER_PREFIXES`), per lane, nested ranges counted once."""
+    """DDP's reducer work on the trace (µs, all steps): the time its record_function ranges cover per lane."""
     return float(sum((e - s).sum() for _, s, e in _reducer_spans(events)))
 
 
 def _reducer_spans(events: pd.DataFrame):
     """Per lane with DDP reducer ranges: (the lane, the union of its ranges as (start, end) arrays)."""
-    hit = startswith(events["name"], model.DDP_REDUCER_PREFIXES)
-    if not hit.any():
-        return
-    red = events[hit]
+    red = events[startswith(events["name"], model.DDP_REDUCER_PREFIXES)]
     lane = red["lane"].astype(object).to_numpy()
-    t0 = red["ts_us"].to_numpy(float)
-    t1 = t0 + red["dur_us"].to_numpy(float)
+    t0, t1 = _intervals(red)
     for ln in pd.unique(lane):
         yield (ln, *intervals.union(t0[lane == ln], t1[lane == ln]))
 
@@ -584,7 +490,7 @@ def _reducer_spans(events: pd.DataFrame):
 def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> FamilyOverhead:
     """The run's own :class:`FamilyOverhead`, measured on its trace (``steps`` recorded steps, ``params``
     parameter tensors)."""
-    work = _family_work(events, family)          # (once: the three figures below are made of it)
+    work = _family_work(events, family)
     ag, rs = gather_reduce_overhead(events, family, work)
     dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
     reducer = ddp_reducer_us(events) / max(steps, 1) if family == "ddp" else 0.0
@@ -596,9 +502,8 @@ def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> 
 
 def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
                     contention: float | None) -> FamilyOverhead | None:
-    """The target family's overhead: the run's where it is the same family and measured it; else, on a CPU
-    run, :data:`DOCUMENTED_OVERHEAD` on the run's clock: x its measured contention (1 when unknown) x
-    :func:`machine_factor` (1 when the run measured nothing to compare), ``how`` "documented"; None (not
+    """The target family's overhead: the run's where it is the same family and measured it; else, on a CPU run,
+    :data:`DOCUMENTED_OVERHEAD` x the run's contention x :func:`machine_factor` for what it lacks; None (not
     charged) on an accelerator."""
     if target_family == run.family and (run.family == "ddp" or run.gather_us_per_byte is not None
                                         and run.reduce_us_per_byte is not None):
@@ -607,24 +512,24 @@ def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
         return run if target_family == run.family else None
     d = DOCUMENTED_OVERHEAD[target_family]
     c = (contention or 1.0) * (machine_factor(run, contention) or 1.0)
-    if target_family == run.family:   # measured what it could
-        g, r = run.gather_us_per_byte is not None, run.reduce_us_per_byte is not None
-        return FamilyOverhead(run.family, run.gather_us_per_byte if g else d.gather_us_per_byte * c,
-                              run.reduce_us_per_byte if r else d.reduce_us_per_byte * c, run.dispatch_us_per_param,
-                              "measured+documented", run.reducer_us_per_step, run.allreduce_us_per_byte,
-                              run.gather_compute_share if g else d.gather_compute_share,
-                              run.reduce_compute_share if r else d.reduce_compute_share, run.reducer_compute_share)
-    return FamilyOverhead(target_family, d.gather_us_per_byte * c, d.reduce_us_per_byte * c,
-                          d.dispatch_us_per_param * c, "documented", gather_compute_share=d.gather_compute_share,
-                          reduce_compute_share=d.reduce_compute_share)
+    if target_family != run.family:
+        return FamilyOverhead(target_family, d.gather_us_per_byte * c, d.reduce_us_per_byte * c,
+                              d.dispatch_us_per_param * c, "documented", gather_compute_share=d.gather_compute_share,
+                              reduce_compute_share=d.reduce_compute_share)
+    g, r = run.gather_us_per_byte is not None, run.reduce_us_per_byte is not None    # measured what it could
+    return FamilyOverhead(run.family, run.gather_us_per_byte if g else d.gather_us_per_byte * c,
+                          run.reduce_us_per_byte if r else d.reduce_us_per_byte * c, run.dispatch_us_per_param,
+                          "measured+documented", run.reducer_us_per_step, run.allreduce_us_per_byte,
+                          run.gather_compute_share if g else d.gather_compute_share,
+                          run.reduce_compute_share if r else d.reduce_compute_share, run.reducer_compute_share)
 
 
 @dataclass(frozen=True)
 class OwnWork:
-    """The run's CPU work that the target changes, per step: FSDP's own work (``run`` measured, ``target``:
-    :func:`target_overhead`, None: not charged) over the model's ``params`` parameter tensors, and the
-    optimizer's element work (µs, :func:`optimizer_element_us`) with the target's local parameter elements
-    over the run's (``element_ratio``); ``machine``: :func:`machine_factor` of the run (None: nothing to compare)."""
+    """The run's CPU work that the target changes, per step: FSDP's own (``run`` measured, ``target``:
+    :func:`target_overhead`, None: not charged) over ``params`` parameter tensors, and the optimizer's element
+    work (µs) x ``element_ratio`` (the target's local parameter elements over the run's); ``machine``:
+    :func:`machine_factor` of the run."""
 
     run: FamilyOverhead
     target: FamilyOverhead | None
@@ -645,8 +550,8 @@ class StepTime:
 @dataclass
 class RunStep:
     """One recorded step of one rank, ready to be replayed: its window (µs), compute intervals, the run's
-    exposed communication (cut out of the step: ``xs``/``xe``, ``cum`` their running length), and its own
-    collectives (type, size, group, pass -> measured times; DDP's bucket all-reduces)."""
+    exposed communication (cut out: ``xs``/``xe``, ``cum`` their running length), its collectives
+    ((type, bytes, group, pass), µs) and DDP's bucket all-reduces, and the bytes it gathered / reduced."""
 
     step: float
     w0: float
@@ -672,78 +577,66 @@ class RunStep:
         last = np.clip(k - 1, 0, None)
         inside = np.where(k > 0, np.clip(np.minimum(t, self.xe[last]) - self.xs[last], 0, None), 0.0) \
             if len(self.xs) else np.zeros(np.shape(t))
-        full = self.cum[np.maximum(k - 1, 0)] * (k > 0)
-        return t - self.w0 - full - inside
+        return t - self.w0 - self.cum[np.maximum(k - 1, 0)] * (k > 0) - inside
 
 
 def comm_beside_training_thread(source: tg.Source) -> bool:
-    """Whether the run's collectives ran beside its training thread on the host: DDP on CPU (gloo's
-    all-reduces on gloo's own thread during the backward); FSDP's gloo collectives on CPU block the thread."""
+    """Whether the run's collectives ran beside its training thread: DDP on CPU (gloo's all-reduces on their
+    own thread during the backward); FSDP's gloo collectives block the thread."""
     return source.device_type == "cpu" and source.strategy == tg.DDP
 
 
 def run_steps(events: pd.DataFrame, tsched: dict, async_host_comm: bool = False) -> list[RunStep]:
-    """The recorded steps of this rank that have a schedule, as :class:`RunStep` (computed once per rank).
-
-    The run's exposed communication (cut out of the step, the replay adds the target's waits) is its
-    communication outside compute; with ``async_host_comm`` (DDP on CPU: gloo's all-reduces run on their own
-    thread while the training thread goes on) outside any work of the training threads (compute and CPU
-    ops): only where the training thread had nothing to do did it wait."""
-    win = step_windows(events)
-    ts = events["ts_us"].to_numpy(float)
-    te = ts + events["dur_us"].to_numpy(float)
+    """The recorded steps of this rank that have a schedule, as :class:`RunStep`. The run's exposed
+    communication is its communication outside compute; with ``async_host_comm`` outside any work of the
+    training threads (compute and CPU ops): only where the training thread had nothing to do did it wait."""
+    ts, te = _intervals(events)
     is_comp = isin(events["kind"], [model.KIND_COMPUTE])
     is_comm = isin(events["kind"], [model.KIND_COMM])
     busy = is_comp
     if async_host_comm and is_comm.any():
         lane = events["lane"].astype(object).to_numpy()
-        comm_lanes = set(lane[is_comm].tolist())
-        busy = isin(events["kind"], [model.KIND_COMPUTE, model.KIND_CPU_OP]) & ~np.isin(lane, list(comm_lanes))
+        busy = isin(events["kind"], [model.KIND_COMPUTE, model.KIND_CPU_OP]) & ~np.isin(lane, list(set(lane[is_comm])))
     coll = events["collective"].astype(object).to_numpy()
-    nbytes = events["bytes"].to_numpy(float)
-    group = events["group_size"].to_numpy(float)
+    nbytes, group, launch = (events[c].to_numpy(float) for c in ("bytes", "group_size", "launch_ts_us"))
     fwd = (events["stage"].astype(object) == model.STAGE_FORWARD).to_numpy()
-    launch = events["launch_ts_us"].to_numpy(float)
     out = []
-    for row in win.itertuples(index=False):
+    for row in step_windows(events).itertuples(index=False):
         if float(row.step) not in tsched:
             continue
         w0, w1 = float(row.start_us), float(row.end_us)
         inw = (te > w0) & (ts < w1)
-        comp, comm = inw & is_comp, inw & is_comm
-        cs, ce = np.clip(ts[comp], w0, w1), np.clip(te[comp], w0, w1)
-        ms, me = np.clip(ts[comm], w0, w1), np.clip(te[comm], w0, w1)
-        work = inw & busy
-        xs, xe = _subtract(ms, me, np.clip(ts[work], w0, w1), np.clip(te[work], w0, w1))   # the run's exposed comm
-        cum = np.concatenate([[0.0], np.cumsum(xe - xs)])
+        comp, comm, work = inw & is_comp, inw & is_comm, inw & busy
+        xs, xe = intervals.difference(np.clip(ts[comm], w0, w1), np.clip(te[comm], w0, w1),
+                                      np.clip(ts[work], w0, w1), np.clip(te[work], w0, w1))
         ci = np.flatnonzero(comm)
         ci = ci[np.argsort(ts[ci], kind="stable")]
         keys = [(coll[i], int(round(nbytes[i])) if np.isfinite(nbytes[i]) else 0,
                  int(group[i]) if np.isfinite(group[i]) else 0, "f" if fwd[i] else "b") for i in ci]
-        pool = [(k, float(te[i] - ts[i])) for k, i in zip(keys, ci)]
         buckets = [{"collective": k[0], "bytes": float(k[1]), "group": k[2],
                     "issue_us": float(launch[i] if np.isfinite(launch[i]) else ts[i])}
                    for k, i in zip(keys, ci) if k[0] == model.ALL_REDUCE]
-        ag = float(np.nansum(nbytes[ci][coll[ci] == model.ALL_GATHER])) if len(ci) else 0.0
-        rs = float(np.nansum(nbytes[ci][coll[ci] == model.REDUCE_SCATTER])) if len(ci) else 0.0
-        out.append(RunStep(float(row.step), w0, w1, cs, ce, xs, xe, cum, pool, buckets, ag, rs))
+        moved = [float(np.nansum(nbytes[ci][coll[ci] == c])) if len(ci) else 0.0
+                 for c in (model.ALL_GATHER, model.REDUCE_SCATTER)]
+        out.append(RunStep(float(row.step), w0, w1, np.clip(ts[comp], w0, w1), np.clip(te[comp], w0, w1), xs, xe,
+                           np.concatenate([[0.0], np.cumsum(xe - xs)]),
+                           [(k, float(te[i] - ts[i])) for k, i in zip(keys, ci)], buckets, *moved))
     return out
 
 
 def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fit: Fit, source: tg.Source,
                  own: OwnWork, sync: bool) -> StepTime:
-    """One recorded step replayed with the target's collectives (schedule ``sc``); see the module docstring."""
-    # a target collective the run had too (same type, size, group and pass) keeps its measured time, in
-    # order; the others take the fit
+    """One recorded step replayed with the target's collectives (schedule ``sc``)."""
+    # a target collective the run had too (same type, size, group and pass) keeps its measured time, in order
     pool: dict = {}
     for key, d in rs.pool:
         pool.setdefault(key, []).append(d)
     same_ddp = (target.strategy == tg.DDP and source.strategy == tg.DDP and target.world_size == source.world_size
                 and model.dtype_bytes(target.reduce_dtype) == model.dtype_bytes(source.reduce_dtype))
-    colls = target_collectives(target, units, sc, source.stored_dtype, sync, rs.buckets if same_ddp else None)
-    for j in sorted(range(len(colls)), key=lambda j: colls[j]["issue_us"]):
-        c = colls[j]
-        key = (c["collective"], int(round(c["bytes"])), int(c["group"]), "f" if c["phase"].startswith(model.STAGE_FORWARD) else "b")
+    colls = target_collectives(target, units, sc, sync, rs.buckets if same_ddp else None)
+    for c in sorted(colls, key=lambda c: c["issue_us"]):
+        key = (c["collective"], int(round(c["bytes"])), int(c["group"]),
+               "f" if c["phase"].startswith(model.STAGE_FORWARD) else "b")
         c["measured"] = bool(pool.get(key))
         c["dur_us"] = pool[key].pop(0) if c["measured"] else fit.time_us(c["collective"], c["bytes"], c["group"])
     # one communication stream in issue order; a wait that is not done delays everything after it
@@ -752,19 +645,16 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
     evs = sorted([(float(p), 0, i) for i, p in enumerate(issue)] + [(float(p), 1, i) for i, p in enumerate(wait)])
     shift, free_at = 0.0, 0.0
     waits_p, waits_d = [], []
-    starts = np.zeros(len(colls))
-    ends = np.zeros(len(colls))
+    starts, ends = np.zeros(len(colls)), np.zeros(len(colls))
     for p, kind, i in evs:
         if kind == 0:
             starts[i] = max(p + shift, free_at)
-            ends[i] = starts[i] + colls[i]["dur_us"]
-            free_at = ends[i]
+            ends[i] = free_at = starts[i] + colls[i]["dur_us"]
         elif ends[i] > p + shift:
             waits_p.append(p)
             waits_d.append(ends[i] - (p + shift))
             shift += ends[i] - (p + shift)
-    # the run's compute on the compressed clock, delayed by the waits before it; exposure with the report's
-    # interval code (what overlap.overall_overlap computes: |M|, |M n C|)
+    # the run's compute on the compressed clock, delayed by the waits before it; exposure as the report's
     pc0, pc1 = rs.squeeze(rs.cs), rs.squeeze(rs.ce)
     wd = np.concatenate([[0.0], np.cumsum(waits_d)])
     delay = wd[np.searchsorted(np.asarray(waits_p), pc0, side="right")] if waits_p else np.zeros(len(pc0))
@@ -780,11 +670,8 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
         compute_us += extra
     # the rest can only shrink to nothing (a step is at least its compute and exposed communication)
     step_us = max(step_us, compute_us + exposed)
-    # FSDP's own CPU work (per byte gathered / reduced, DTensor dispatch per parameter): the target family's
-    # instead of the run's; the optimizer's element work with the target's local parameter elements. What
-    # changes is compute (the aten ops: the optimizer's element work, the compute share of FSDP's work) or the
-    # rest (Python: the other share, the dispatch, and work of an unknown share); work taken out of one part
-    # beyond what it holds leaves the other
+    # FSDP's own CPU work and the optimizer's element work: the target's instead of the run's, as compute (the
+    # aten ops) or the rest (Python); work taken out of one part beyond what it holds leaves the other
     tgt_ag = sum(c["bytes"] for c in colls if c["collective"] == model.ALL_GATHER)
     tgt_rs = sum(c["bytes"] for c in colls if c["collective"] == model.REDUCE_SCATTER)
     d_compute = own.optimizer_element_us * (own.element_ratio - 1.0)
@@ -807,9 +694,8 @@ def predict_step(rs: RunStep, sc: dict, target: tg.Target, units: list[Unit], fi
 def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: list[Unit], fit: Fit,
                  source: tg.Source, own: OwnWork,
                  step_scale: float = 1.0) -> tuple[list[StepTime], list[str], list[str]]:
-    """Every recorded step of this rank (:func:`run_steps`) replayed (see :func:`predict_step`), with what was
-    kept / assumed. ``step_scale``: the target's CPU contention against the run's
-    (:meth:`fsdpprof.analyze.whatif.contention.HostLoad.step_scale`), applied to every part of the step."""
+    """Every recorded step of this rank replayed (:func:`predict_step`), x ``step_scale`` (the target's CPU
+    contention over the run's), with what was kept / assumed."""
     # on CPU, FSDP's gloo collectives block the training thread (no streams); DDP's run behind backward
     sync = source.device_type == "cpu" and target.strategy != tg.DDP
     out = [predict_step(rs, tsched[rs.step], target, units, fit, source, own, sync) for rs in steps]
@@ -822,22 +708,22 @@ def predict_time(steps: list[RunStep], tsched: dict, target: tg.Target, units: l
             "the measured time of each collective the run had too (same type, size, group and pass)",
             "for the others, latency and bandwidth fitted on the rank's own collectives of that type, the latency "
             "at most the fastest such call on any rank (see fits)"]
-    assumed = []
-    if target.strategy == tg.DDP:
-        assumed.append("DDP's bucket all-reduces run behind the backward and are waited for at its end")
+    ddp = target.strategy == tg.DDP
+    if ddp:
+        assumed = ["DDP's bucket all-reduces run behind the backward and are waited for at its end"]
     elif sync:
-        assumed.append("FSDP's collectives block the training thread on CPU (gloo, no streams: as recorded)")
+        assumed = ["FSDP's collectives block the training thread on CPU (gloo, no streams: as recorded)"]
     else:
-        assumed.append("forward all-gathers prefetched one unit ahead, backward ones one unit ahead (FSDP's "
-                       "default), reductions waited for at the end of backward")
+        assumed = ["forward all-gathers prefetched one unit ahead, backward ones one unit ahead (FSDP's "
+                   "default), reductions waited for at the end of backward"]
     if fit.gloo:
         assumed.append("gloo runs a reduce-scatter as an all-reduce of its whole input: timed by the bytes that "
                        "all-reduce moves, 2(n-1)/n of the input, in the fit and in the target")
-    missing = [c for c in {model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE} - set(fit.by_type)]
-    if missing and target.strategy != tg.DDP or (target.strategy == tg.DDP and model.ALL_REDUCE not in fit.by_type):
+    used = {model.ALL_REDUCE} if ddp else {model.ALL_GATHER, model.REDUCE_SCATTER, model.ALL_REDUCE}
+    if used - set(fit.by_type):
         assumed.append("collective types the run lacks use the fit of all its collectives together")
     assumed += own_work_assumed(own, source, target)
-    if target.strategy == tg.DDP:
+    if ddp:
         assumed.append("DDP buckets of 25 MiB (the first 1 MiB) filled unit by unit in backward order")
     if target.batch_scale != 1.0:
         assumed.append(f"compute time x{target.batch_scale:g} with the local batch; the rest unchanged")
