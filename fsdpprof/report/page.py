@@ -1,17 +1,6 @@
-"""The page every report section is drawn on: formatters, the words the page uses, one table renderer and
-the page shell (CSS, header, navigation; plotly.js once per page, embedded or from a file beside it).
-
-Rendering only: every number comes from ``fsdpprof.analyze``. Every string that may come from a trace goes
-through ``esc`` (html.escape) in tables and text, and through ``label`` in plot labels; plotly's JSON in
-<script> escapes ``</`` itself.
-
-What a person reads: the words for columns, metrics and categories live in one place here
-(COLUMN_LABELS, CATEGORY_LABELS, METRIC_LABELS); tables pick one unit per column (MiB, ms, %) from
-the column's name and values, so summary.json keeps its keys (``*_bytes``, ``*_us``, ``*_pct``)
-while the page shows "peak allocated (MiB)". The sections are modules on top of this one (overview,
-glance, findings, memory, per_unit, communication, steps, whatif, ranks, device; promise and diff for
-compare), put together by :mod:`fsdpprof.report.run_page` and :mod:`fsdpprof.report.compare_page`.
-"""
+"""The page every report section is drawn on: formatters, the words the page uses (COLUMN_LABELS,
+METRIC_LABELS ...), the table renderers and the page shell. Every string from a trace goes through ``esc`` in
+tables and text and through ``label`` in plot labels; tables pick one unit per column from its name."""
 from __future__ import annotations
 
 import html
@@ -37,7 +26,6 @@ KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "me
 SPLIT_COLORS = {"compute": "#1f77b4", "exposed_comm": "#dc2626", "idle": "#d1d5db", "residual": "#fde68a"}
 
 # --- words and units: the one place for what the page calls things ---------------------------------
-CATEGORY_LABELS = model.CATEGORY_WORDS     # (the words for memory categories: the model's, which analyze's sentences use)
 KIND_LABELS = {model.KIND_COMPUTE: "compute", model.KIND_CPU_OP: "CPU operator", model.KIND_COMM: "communication",
                model.KIND_MEMCPY: "memory copy", model.KIND_MEMSET: "memset", model.KIND_SYNC: "synchronisation",
                model.KIND_ANNOTATION: "annotation"}
@@ -123,6 +111,12 @@ def is_missing(x) -> bool:
 
 
 category_label = model.category_words     # a memory category as every output says it ("optimizer states")
+_VALUE_WORDS = {  # column -> its values in words
+    "category": category_label, "role": category_label, "collective": model.collective_words,
+    "kind": lambda s: " / ".join(KIND_LABELS.get(k, k) for k in s.split("/")),
+    "source": lambda s: SOURCE_LABELS.get(s, s.replace("_", " ")),
+    "stage": lambda s: STAGE_LABELS.get(s, s.replace("_", " ")),
+    "peak_stage": lambda s: STAGE_LABELS.get(s, s.replace("_", " ")), "kernel_type": str.lower}
 
 
 def moment_label(at) -> str:
@@ -140,33 +134,19 @@ def size_class_label(lo_bytes, hi_bytes) -> str:
 
 
 def value_label(col: str, v) -> str:
-    """A vocabulary value in words, the one label function of tables, sentences and the terminal (``col`` says
-    what it is: category, role, kind, collective, stage, fsdp_phase, source, kernel_type, ...): memory categories
-    in words, all_gather -> all-gather, a kind "compute/cpu_op" -> "compute / CPU operator", HTA's kernel types
-    in lower case, snake_case words spaced; anything else unchanged; "" for a missing value."""
+    """A vocabulary value of column ``col`` in words (all_gather -> all-gather), for tables, sentences and the
+    terminal; other snake_case words spaced, anything else unchanged; "" for a missing value."""
     if is_missing(v):
         return ""
     s = str(getattr(v, "value", v))
-    if col == "category":
-        return category_label(s)
-    if col == "kind":
-        return " / ".join(KIND_LABELS.get(k, k) for k in s.split("/"))
-    if col == "collective":
-        return model.collective_words(s)
-    if col == "source":
-        return SOURCE_LABELS.get(s, s.replace("_", " "))
-    if col in ("stage", "peak_stage"):
-        return STAGE_LABELS.get(s, s.replace("_", " "))
-    if col == "kernel_type":
-        return s.lower()
-    if col == "role":
-        return category_label(s)
+    if col in _VALUE_WORDS:
+        return _VALUE_WORDS[col](s)
     return s.replace("_", " ") if re.fullmatch(r"[a-z0-9_]+", s) else s
 
 
 def short_name(name, limit: int = NAME_MAX) -> str:
-    """A long trace name (templated C++ kernels span lines) shortened for tables and charts: no leading
-    ``void``, no argument list, template arguments folded to ``<…>``, then cut at ``limit`` characters."""
+    """A long trace name shortened: no leading ``void``, no argument list, template arguments as ``<…>``, then cut
+    at ``limit`` characters."""
     s = " ".join(str(name).split())
     if len(s) <= limit:
         return s
@@ -247,8 +227,7 @@ def fmt_us_spread(value, lo, hi) -> str:
 
 
 def step_scope(sp: dict) -> str:
-    """What a per-step number is over (headline.step_spread's dict): "each rank's mean per step, the median over 8
-    ranks; in brackets the min–max over every rank and step (8 ranks, 8 steps in all)"."""
+    """What a per-step number is over (headline.step_spread's dict), in words."""
     n, k = sp.get("ranks") or 0, sp.get("steps") or 0
     if n <= 1:
         return f"the mean over {k} step{'s' if k != 1 else ''}" + ("; in brackets the min–max" if k > 1 else "")
@@ -335,8 +314,7 @@ def _scale_for(unit: str, values) -> tuple[float, str]:
 
 
 def column_label(col: str, unit_text: str = "") -> str:
-    """The header of a column: its words (COLUMN_LABELS, else the name without its unit suffix and
-    underscores) and the unit in brackets."""
+    """A column's header: its words (COLUMN_LABELS, else its name in words) and the unit in brackets."""
     base = COLUMN_LABELS.get(col)
     if base is None:
         base = re.sub(r"_(bytes|us|pct|gbps)$", "", col).replace("_", " ")
@@ -376,10 +354,9 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
 
 def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int = 200, left: tuple = (),
           labels: dict | None = None, names: tuple = ()) -> str:
-    """An HTML table: every cell escaped; one unit per column from its name (``*_bytes`` -> MiB ...,
-    ``*_us`` -> ms, ``*_pct`` -> %) shown in the header; headers in words (COLUMN_LABELS, or ``labels``
-    for this table); trace names (``name``, ``frames`` and ``names``) shortened with the full name on hover.
-    A column with no value in any row shown is left out, a missing value is an empty cell."""
+    """A DataFrame as an HTML table: cells escaped, one unit per column from its name (shown in the header),
+    headers in words (COLUMN_LABELS or ``labels``), trace names shortened (the full one on hover), empty columns
+    left out."""
     if df is None or len(df) == 0:
         return '<p class="note">no rows</p>'
     cols = [c for c in (cols or list(df.columns)) if c in df.columns]
@@ -418,6 +395,17 @@ def kv_table(items: list[tuple[str, object]]) -> str:
     rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in items
                    if not is_missing(v) and str(v).strip() != "")
     return f"<table>{rows}</table>"
+
+
+def text_table(head: list, rows: list[list], left=(0,), row_class=(), top: str = "") -> str:
+    """A table of cells already in words (escaped here): the columns in ``left`` aligned left, ``row_class`` a class
+    per row, ``top`` a header row (HTML) above ``head``."""
+    def tag(t: str, i: int, x) -> str:
+        return f'<{t} class="{"l" if i in left else ""}">{esc(x)}</{t}>'
+    ths = "".join(tag("th", i, h) for i, h in enumerate(head))
+    trs = "".join(f'<tr class="{c}">' + "".join(tag("td", i, x) for i, x in enumerate(r)) + "</tr>"
+                  for r, c in zip(rows, list(row_class) or [""] * len(rows)))
+    return f"<table>{top}<tr>{ths}</tr>{trs}</table>"
 
 
 CSS = """
@@ -461,20 +449,18 @@ details>summary{cursor:pointer;color:#374151;font-size:13px;margin:6px 0}
 
 
 class Page:
-    """Collects figures: plotly.js goes into the page once, with the first figure: embedded (``plotly_src``
-    None: a self-contained page), or loaded from ``plotly_src``, a file beside the page (a relative path,
-    :func:`fsdpprof.report.figures.plotly_js_name`; :mod:`fsdpprof.report.outputs` writes it)."""
+    """Numbers the page's figures; plotly.js comes with the first: embedded (``plotly_src`` None), or loaded from
+    ``plotly_src``, a file beside the page."""
 
     def __init__(self, plotly_src: str | None = None) -> None:
         self.n_figs = 0
         self.plotly_src = plotly_src
 
     def fig(self, fig: figures.Figure | dict, height: int = 360) -> str:
-        """A figure (figures.Figure, or a plain plotly.js figure dict) as HTML; see report.figures."""
+        """A figure (figures.Figure, or a plotly.js figure dict) as HTML."""
         self.n_figs += 1
-        first = self.n_figs == 1
         return figures.figure_html(fig, height, f"plot-{self.n_figs}",
-                                   include_plotlyjs=(self.plotly_src or True) if first else False)
+                                   include_plotlyjs=(self.plotly_src or True) if self.n_figs == 1 else False)
 
 
 def side_by_side(*blocks: str) -> str:
@@ -503,8 +489,7 @@ def notes_html(a, section: str) -> str:
 
 
 def scope_note(a, per: str) -> str:
-    """A table's scope as a note under its caption: which ranks and steps its rows are. ``per``: "rank_step" (one
-    row per rank and step), "window" (per rank, totals over the recorded window), "rank" (one row per rank)."""
+    """Which ranks and steps a table's rows are, as a note; ``per``: "rank_step", "window" or "rank"."""
     ranks = model.rank_list(sorted(int(r) for r in (a.overview.get("ranks_present") or [])))
     steps = sorted({int(x) for x in a.steps["step"].dropna()}) if a.steps is not None and "step" in a.steps else []
     said = f"step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps))}" if steps else "the whole trace"
