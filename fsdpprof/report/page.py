@@ -397,13 +397,14 @@ def kv_table(items: list[tuple[str, object]]) -> str:
     return f"<table>{rows}</table>"
 
 
-def text_table(head: list, rows: list[list], left=(0,), row_class=(), top: str = "") -> str:
+def text_table(head: list, rows: list[list], left=(0,), row_class=(), top: str = "", row_heads: bool = False) -> str:
     """A table of cells already in words (escaped here): the columns in ``left`` aligned left, ``row_class`` a class
-    per row, ``top`` a header row (HTML) above ``head``."""
+    per row, ``top`` a header row (HTML) above ``head``; ``row_heads``: each row's first cell is its header."""
     def tag(t: str, i: int, x) -> str:
         return f'<{t} class="{"l" if i in left else ""}">{esc(x)}</{t}>'
     ths = "".join(tag("th", i, h) for i, h in enumerate(head))
-    trs = "".join(f'<tr class="{c}">' + "".join(tag("td", i, x) for i, x in enumerate(r)) + "</tr>"
+    trs = "".join(f'<tr class="{c}">' + "".join(tag("th" if row_heads and not i else "td", i, x)
+                                                for i, x in enumerate(r)) + "</tr>"
                   for r, c in zip(rows, list(row_class) or [""] * len(rows)))
     return f"<table>{top}<tr>{ths}</tr>{trs}</table>"
 
