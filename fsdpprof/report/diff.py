@@ -58,7 +58,8 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
         if f == "text":
             return f'<td class="l" style="white-space:nowrap">{esc("" if is_missing(v) else v)}</td>'
         return f'<td style="white-space:nowrap">{esc(f(v))}</td>'
-    body = ["<tr>" + "".join(td(rec.get(c), f) for c, _, f in cols) + "</tr>" for rec in df.head(rows).to_dict("records")]
+    body = ["<tr>" + "".join(td(rec.get(c), f) for c, _, f in cols) + "</tr>"
+            for rec in df.head(rows).to_dict("records")]
     out = f"<table><tr>{head}</tr>{''.join(body[:shown])}</table>"
     rest = body[shown:]
     if rest:

@@ -89,8 +89,8 @@ def _process_block(a) -> str:
         p = getattr(m, "process", None)
         if not p:
             continue
-        rows.append({"rank": r, **{k: p.get(k) for k in ("source_words", "used_peak_bytes",
-                                                         "allocator_reserved_peak_bytes", "outside_allocator_peak_bytes")}})
+        keys = ("source_words", "used_peak_bytes", "allocator_reserved_peak_bytes", "outside_allocator_peak_bytes")
+        rows.append({"rank": r, **{k: p.get(k) for k in keys}})
         if p.get("note") and p["note"] not in notes:
             notes.append(p["note"])
     if not rows:
