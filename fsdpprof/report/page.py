@@ -37,46 +37,39 @@ STAGE_LABELS = {model.STAGE_OPTIMIZER: "optimizer step", model.STAGE_POST_STEP: 
 SOURCE_LABELS = {"cpu_trace": "profiler memory events", "cuda_snapshot": "CUDA memory snapshot"}
 NO_UNIT_TEXT = "outside any unit"     # memory or communication of no FSDP unit (the root unit is ROOT_UNIT_TEXT)
 MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table leaves the cell empty)
-COLUMN_LABELS = {
+COLUMN_LABELS = {   # a column's words where they are not its name's (see column_label)
     # memory
-    "peak_allocated_bytes": "peak allocated", "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
-    "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "reserved_bytes": "reserved",
-    "fragmentation_pct": "fragmentation", "source": "memory source", "addr": "address", "alloc_us": "allocated at",
-    "free_us": "freed at", "frames": "allocated by", "category": "category", "unit": "FSDP unit",
-    "role": "model state", "measured_bytes": "measured", "theory_bytes": "formula", "diff_bytes": "measured - formula",
-    "diff_pct": "difference", "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params",
-    "grad_bytes": "grads", "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
+    "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
+    "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "source": "memory source",
+    "addr": "address", "alloc_us": "allocated at", "free_us": "freed at", "frames": "allocated by", "unit": "FSDP unit",
+    "role": "model state", "theory_bytes": "formula", "diff_bytes": "measured - formula", "diff_pct": "difference",
+    "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params", "grad_bytes": "grads",
+    "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
     "traffic_bytes": "traffic per rank per step",
     # the allocator's cache (fragmentation) and the process's memory
-    "moment": "when", "allocated_bytes": "allocated", "free_blocks": "free blocks",
-    "largest_free_block_bytes": "largest free block", "largest_request_after_bytes": "largest request that followed",
+    "moment": "when", "largest_request_after_bytes": "largest request that followed",
     "free_small_bytes": "free, small pool (requests up to 1 MiB)", "free_large_bytes": "free, large pool",
-    "expandable_segments": "expandable segments", "size_class": "free block size",
-    "used_peak_bytes": "process peak (device used / RSS)", "allocator_reserved_peak_bytes": "allocator peak",
-    "outside_allocator_peak_bytes": "outside the allocator", "source_words": "measured as",
+    "size_class": "free block size", "used_peak_bytes": "process peak (device used / RSS)",
+    "allocator_reserved_peak_bytes": "allocator peak", "outside_allocator_peak_bytes": "outside the allocator",
+    "source_words": "measured as",
     # communication
-    "collective": "collective", "count": "count", "bytes": "size", "time_us": "time", "algbw_gbps": "algorithm bandwidth",
-    "busbw_gbps": "bus bandwidth", "stage": "stage", "fsdp_phase": "FSDP phase", "comm_us": "communication",
-    "overlapped_comm_us": "hidden behind compute", "exposed_comm_us": "exposed communication",
-    "overlap_pct": "hidden behind compute", "comp_comm_overlap_pct": "communication hidden behind compute",
-    "payload_bytes": "payload", "wire_bytes": "on the wire", "steps": "steps", "payload_per_step_bytes": "payload per step",
+    "bytes": "size", "algbw_gbps": "algorithm bandwidth", "busbw_gbps": "bus bandwidth", "fsdp_phase": "FSDP phase",
+    "comm_us": "communication", "overlapped_comm_us": "hidden behind compute",
+    "exposed_comm_us": "exposed communication", "overlap_pct": "hidden behind compute",
+    "comp_comm_overlap_pct": "communication hidden behind compute", "wire_bytes": "on the wire",
     "wire_per_step_bytes": "on the wire per step", "theory_wire_per_step_bytes": "formula per step",
-    "name": "name", "kind": "kind", "total_us": "total time", "max_us": "longest", "step": "step", "rank": "rank",
+    "total_us": "total time", "max_us": "longest",
     # steps
-    "step_us": "step", "compute_us": "compute", "idle_us": "idle", "residual_us": "copies, memsets, syncs only",
-    "model_step_us": "T_comp + T_comm - T_overlap", "unexplained_us": "step - formula",
+    "residual_us": "copies, memsets, syncs only", "model_step_us": "T_comp + T_comm - T_overlap",
+    "unexplained_us": "step - formula",
     # ranks
-    "pg": "process group", "seq": "sequence number", "n_ranks": "ranks", "start_skew_us": "start skew",
-    "end_skew_us": "end skew", "last_rank": "last to arrive", "times_last": "times last", "share_last_pct": "share last",
-    "mean_start_lag_us": "mean start lag", "clock_offset_us": "clock offset",
+    "pg": "process group", "seq": "sequence number", "n_ranks": "ranks", "last_rank": "last to arrive",
     # device
-    "span_us": "span", "idle_time_us": "idle", "compute_time_us": "compute", "non_compute_time_us": "non-compute",
-    "idle_time_pct": "idle", "compute_time_pct": "compute", "non_compute_time_pct": "non-compute",
-    "kernel_type": "kernel type", "pct": "share", "sum_us": "total time", "mean_us": "mean", "min_us": "shortest",
-    "std_us": "standard deviation", "type_pct": "share of its type", "stream": "stream", "idle_category": "cause",
+    "idle_time_us": "idle", "compute_time_us": "compute", "non_compute_time_us": "non-compute", "idle_time_pct": "idle",
+    "compute_time_pct": "compute", "non_compute_time_pct": "non-compute", "pct": "share", "sum_us": "total time",
+    "min_us": "shortest", "std_us": "standard deviation", "type_pct": "share of its type", "idle_category": "cause",
     # compare
-    "run": "run", "strategy": "strategy", "world_size": "N (ranks)", "shard_group_size": "shard group",
-    "exposed_comm_pct": "of the step",
+    "world_size": "N (ranks)", "shard_group_size": "shard group", "exposed_comm_pct": "of the step",
 }
 # the process's memory beyond the allocator's, as a bar beside the memory categories
 OUTSIDE_ALLOCATOR_LABEL = "outside the allocator"
@@ -177,10 +170,10 @@ def short_name(name, limit: int = NAME_MAX) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def hover_name(name, width: int = 100) -> str:
-    """The full name for a chart's hover, escaped, wrapped every ``width`` characters."""
+def hover_name(name) -> str:
+    """The full name for a chart's hover, escaped, wrapped every 100 characters."""
     s = " ".join(str(name).split())
-    return "<br>".join(label(s[i:i + width]) for i in range(0, len(s), width))
+    return "<br>".join(label(s[i:i + 100]) for i in range(0, len(s), 100))
 
 
 # --- numbers --------------------------------------------------------------------------------------
@@ -189,17 +182,11 @@ def fmt_fixed(x) -> str:
     if is_missing(x):
         return MISSING
     x = float(x)
-    a = abs(x)
-    if a == 0:
+    if x == 0:
         return "0"
-    if a >= 100:
-        return f"{x:,.0f}"
-    if a >= 10:
-        return f"{x:.1f}"
-    if a >= 1:
-        return f"{x:.2f}"
-    if a >= 0.001:
-        return f"{x:.3f}"
+    for least, spec in ((100, ",.0f"), (10, ".1f"), (1, ".2f"), (0.001, ".3f")):
+        if abs(x) >= least:
+            return format(x, spec)
     return "<0.001" if x > 0 else ">-0.001"
 
 
@@ -221,8 +208,7 @@ def fmt_us_spread(value, lo, hi) -> str:
         return MISSING
     if is_missing(lo) or is_missing(hi) or float(lo) == float(hi):
         return fmt_us(value)
-    top = max(abs(float(hi)), abs(float(value)))
-    scale, unit = (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")
+    scale, unit = _time_unit(max(abs(float(hi)), abs(float(value))))
     return f"{fmt_fixed(value / scale)} {unit} ({fmt_fixed(lo / scale)}–{fmt_fixed(hi / scale)})"
 
 
@@ -235,30 +221,31 @@ def step_scope(sp: dict) -> str:
             f"({n} ranks, {k} steps in all)")
 
 
+def _time_unit(top: float) -> tuple[float, str]:
+    return (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")
+
+
 def fmt_us(x) -> str:
     """A time given in µs, in s, ms or µs."""
     if is_missing(x):
         return MISSING
-    x = float(x)
-    if x == 0:
+    if float(x) == 0:
         return "0 ms"
-    if abs(x) >= 1e6:
-        return f"{fmt_fixed(x / 1e6)} s"
-    if abs(x) >= 1e3:
-        return f"{fmt_fixed(x / 1e3)} ms"
-    return f"{fmt_fixed(x)} µs"
+    scale, unit = _time_unit(abs(float(x)))
+    return f"{fmt_fixed(float(x) / scale)} {unit}"
 
 
 fmt_pct = model.fmt_pct        # (the one percentage format: the model's, which findings use)
 
 
-def fmt_num(x, digits: int = 4) -> str:
+def fmt_num(x) -> str:
+    """A whole number with thousands separators, else 4 significant digits."""
     if is_missing(x):
         return MISSING
     if isinstance(x, (int,)) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15):
         return f"{int(x):,}"
     try:
-        return f"{float(x):.{digits}g}"
+        return f"{float(x):.4g}"
     except (TypeError, ValueError):
         return str(x)
 
@@ -353,7 +340,7 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
 
 
 def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int = 200, left: tuple = (),
-          labels: dict | None = None, names: tuple = ()) -> str:
+          labels: dict | None = None) -> str:
     """A DataFrame as an HTML table: cells escaped, one unit per column from its name (shown in the header),
     headers in words (COLUMN_LABELS or ``labels``), trace names shortened (the full one on hover), empty columns
     left out."""
@@ -364,12 +351,11 @@ def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int 
     cols = [c for c in cols if not shown[c].map(lambda v: is_missing(v) or v == "").all()]
     shown = shown[cols]
     labels = labels or {}
-    name_cols = NAME_COLUMNS | set(names)
     heads, specs = [], []
     for c in cols:
         unit = column_unit(c)
         scale, unit_text = _scale_for(unit, shown[c]) if unit else (1.0, "")
-        is_left = c in left or c in name_cols or not _numeric(df[c])
+        is_left = c in left or c in NAME_COLUMNS or not _numeric(df[c])
         words = labels.get(c)
         head = f"{words} ({unit_text})" if words and unit_text else words or column_label(c, unit_text)
         heads.append(f'<th class="{"l" if is_left else ""}">{esc(head)}</th>')
@@ -379,7 +365,7 @@ def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int 
         tds = []
         for (c, unit, scale, is_left), v in zip(specs, row):
             text = _plain_cell(c, v, scale, unit)
-            if c in name_cols and not is_missing(v):
+            if c in NAME_COLUMNS and not is_missing(v):
                 short = short_name(text)
                 title = f' title="{esc(text)}"' if short != text else ""
                 tds.append(f'<td class="l name"{title}>{esc(short)}</td>')
