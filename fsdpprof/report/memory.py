@@ -2,6 +2,8 @@
 buffers (report.oom), the allocator's cache, the largest allocations, and the ZeRO formulas beside the measurement."""
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from fsdpprof.analyze.model import rank_list
@@ -154,18 +156,13 @@ def _fragmentation_block(m, page: Page) -> str:
                           xaxis_title="free block size")
         charts.append(page.fig(fig, 320))
     out.append(side_by_side(*charts))
-    said: list[list] = []      # [moments, entry]: moments with the same figures said once
-    for e in ents:
-        if e.largest_request_after_bytes is None:
-            continue
-        key = (e.largest_free_block_bytes, e.largest_request_after_bytes, e.free_bytes, e.free_blocks)
-        if said and said[-1][2] == key:
-            said[-1][0].append(e.at)
-        else:
-            said.append([[e.at], e, key])
-    for ats, e, _ in said:
-        req = e.largest_request_after_bytes
-        when = " and ".join(moment_label(a) for a in ats)
+    def figures_of(e) -> tuple:
+        return e.largest_free_block_bytes, e.largest_request_after_bytes, e.free_bytes, e.free_blocks
+    # consecutive moments with the same figures said once
+    for _, same in itertools.groupby([e for e in ents if e.largest_request_after_bytes is not None], key=figures_of):
+        same = list(same)
+        e, req = same[0], same[0].largest_request_after_bytes
+        when = " and ".join(moment_label(x.at) for x in same)
         fits = e.largest_free_block_bytes >= req
         out.append(f"<p>{esc(when[:1].upper() + when[1:])}: the largest free block was "
                    f"{esc(fmt_bytes(e.largest_free_block_bytes))}, the largest request that followed "
@@ -236,9 +233,8 @@ def memory_section(a, page: Page) -> str:
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
             fig = figures.Figure()
-            by_index = getattr(m, "timeline_unit", "us") == "event_index"  # legacy snapshots: no times
-            t0 = 0.0 if by_index else float(tl["ts_us"].min())
-            xs = tl["ts_us"] if by_index else (tl["ts_us"] - t0) / 1e3
+            by_index = t_origin is None  # legacy snapshots: no times
+            xs = tl["ts_us"] if by_index else (tl["ts_us"] - t_origin) / 1e3
             for c in [c for c in tl.columns if c != "ts_us"]:
                 if not pd.api.types.is_numeric_dtype(tl[c]) or float(tl[c].max() or 0) <= 0:
                     continue
