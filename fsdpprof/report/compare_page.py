@@ -8,7 +8,7 @@ from fsdpprof.report import diff, figures, promise
 from fsdpprof.report.promise import spread_of
 from fsdpprof.report.page import (CATEGORY_COLORS, HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, Page, category_label,
                                   column_unit, document, esc, fmt_fixed, fmt_num, fmt_params, fmt_spread, idle_words,
-                                  is_missing, label, mem_scale, metric_label)
+                                  is_missing, label, mem_scale, metric_label, text_table)
 
 SPREAD_ROWS = ("step_us", "exposed_comm_us", "cpu_contention")   # shown with their spread (Comparison.spread)
 
@@ -30,7 +30,8 @@ def scope_words(c) -> str:
             "over ranks, in brackets the min–max over ranks (rank.json).")
 
 
-def _compare_host(c) -> bool:
+def compare_host(c) -> bool:
+    """True when every run's idle time is host time (CPU runs)."""
     p = c.promise
     return p is None or p.empty or all((d or "cpu") == "cpu" for d in p["device_type"])
 
@@ -48,7 +49,7 @@ def _compare_time(c, page: Page) -> str:
     tm = c.time
     if tm is None or tm.empty:
         return ""
-    host = _compare_host(c)
+    host = compare_host(c)
     fig = figures.Figure()
     for col, name, color in (("compute_us", "compute", SPLIT_COLORS["compute"]),
                              ("exposed_comm_us", "exposed communication", SPLIT_COLORS["exposed_comm"]),
@@ -69,39 +70,44 @@ def _compare_time(c, page: Page) -> str:
     return f'<section id="time"><h2>Step time</h2>{page.fig(fig, 360)}<p class="note">{esc(words)}</p></section>'
 
 
-def _compare_table(c) -> str:
-    t = c.table
-    runs = [col for col in t.columns if col not in ("metric",)]
-    host = _compare_host(c)
-    byte_rows = t[[column_unit(m) == "bytes" for m in t["metric"]]]
-    max_bytes = pd.to_numeric(byte_rows[runs].stack(), errors="coerce").max() if len(byte_rows) else float("nan")
-    head = '<th class="l">metric</th>' + "".join(f"<th>{esc(r)}</th>" for r in runs)
-    rows = []
-    for row in t.itertuples(index=False, name=None):
-        metric, vals = row[0], row[1:]
-        unit = column_unit(metric)
-        if metric.startswith("peak_") and unit == "bytes" and metric != "peak_allocated_bytes" and all(
-                is_missing(v) or not v for v in vals):
-            continue      # a category no run has at its peak
+def shown_rows(c) -> list[tuple]:
+    """The rows of the side-by-side table that say something: (metric, value per run)."""
+    out = []
+    for metric, *vals in c.table.itertuples(index=False, name=None):
         if all(is_missing(v) for v in vals):
             continue      # measured in no run (CPU contention of accelerator runs, memory of traces without it)
+        if metric.startswith("peak_") and metric.endswith("_bytes") and metric != "peak_allocated_bytes" and all(
+                is_missing(v) or not v for v in vals):
+            continue      # a category no run has at its peak
+        out.append((metric, vals))
+    return out
+
+
+def _compare_table(c) -> str:
+    t = c.table
+    runs = list(t.columns[1:])
+    host = compare_host(c)
+    byte_rows = t[[column_unit(m) == "bytes" for m in t["metric"]]]
+    max_bytes = pd.to_numeric(byte_rows[runs].stack(), errors="coerce").max() if len(byte_rows) else float("nan")
+    rows = []
+    for metric, vals in shown_rows(c):
+        unit = column_unit(metric)
         if metric in SPREAD_ROWS:
             scale, unit_text = (1e3, "ms") if unit == "time" else (1.0, "×")
-            cells = [esc(fmt_spread(v, *spread_of(c, r, metric), scale=scale)) for r, v in zip(runs, vals)]
+            cells = [fmt_spread(v, *spread_of(c, r, metric), scale=scale) for r, v in zip(runs, vals)]
             name = metric_label(metric, unit_text, host)
         elif metric in ("framework", "strategy") or unit is None:
-            cells = [esc("" if is_missing(v) else fmt_params(v) if metric == "psi" else str(v).upper()
-                         if metric == "framework" else v if isinstance(v, str) else fmt_num(v)) for v in vals]
+            cells = ["" if is_missing(v) else fmt_params(v) if metric == "psi" else str(v).upper()
+                     if metric == "framework" else v if isinstance(v, str) else fmt_num(v) for v in vals]
             name = metric_label(metric)
         else:
             scale, unit_text = mem_scale(max_bytes) if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
-            cells = [esc(fmt_fixed(v / scale) if not is_missing(v) else "") for v in vals]
+            cells = [fmt_fixed(v / scale) if not is_missing(v) else "" for v in vals]
             name = metric_label(metric, unit_text, host)
-        tds = "".join(f"<td>{x}</td>" for x in cells)
-        rows.append(f'<tr><th class="l">{esc(name)}</th>{tds}</tr>')
+        rows.append([name, *cells])
     return (f'<section id="table"><h2>Runs side by side</h2><p class="note">{esc(scope_words(c))}</p>'
-            f'<table><tr>{head}</tr>{"".join(rows)}</table>'
-            '<p class="note">By role, the categories of every strategy add up: params are FSDP\'s sharded and '
+            + text_table(["metric", *runs], rows, row_heads=True)
+            + '<p class="note">By role, the categories of every strategy add up: params are FSDP\'s sharded and '
             "gathered params or DDP's whole ones, grads alike; the roles add up to the peak. Formulas with each "
             "run's numbers. The same numbers are in compare.json.</p></section>")
 

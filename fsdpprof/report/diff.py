@@ -1,5 +1,5 @@
-"""The diff section of compare.html and its terminal lines: each run against the baseline (the first run),
-from :class:`fsdpprof.analyze.compare.diff.Diff` (``Comparison.diff``).  Rendering only; every string escaped."""
+"""The "What changed" section of compare.html and its terminal lines: each run against the baseline (the first
+run), from ``Comparison.diff`` (:class:`fsdpprof.analyze.compare.diff.Diff`)."""
 from __future__ import annotations
 
 import math
@@ -42,32 +42,24 @@ def _count(x) -> str:
     return fmt_num(math.floor(float(x) + 0.5)) if not is_missing(x) else ""
 
 
-def _name_cell(name) -> str:
-    s = "" if name is None else str(name)
-    short = s if len(s) <= NAME_CHARS else s[:NAME_CHARS - 3] + "..."
-    return f'<td class="l" title="{esc(s)}">{esc(short)}</td>'
-
-
 def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TOP_ROWS,
            shown: int = SHOWN_ROWS) -> str:
-    """cols: (column, header, formatter); formatter 'name' shows a shortened name with the full one on hover,
-    'text' plain escaped text.  The first ``shown`` rows (the frame's order: the largest change first) are
-    the table; the rest, up to ``rows``, follow under a native ``<details>`` "show all N" (no script)."""
+    """cols: (column, header, formatter, or 'name': shortened, the full name on hover, or 'text'). The first
+    ``shown`` rows are the table; the rest, up to ``rows``, follow under a ``<details>`` "show all N"."""
     if df is None or not len(df):
         return '<p class="note">no rows</p>'
     head = "".join(f'<th class="{"l" if f in ("name", "text") else ""}">{esc(h)}</th>' for _, h, f in cols)
-    body = []
-    for rec in df.head(rows).to_dict("records"):
-        tds = []
-        for c, _, f in cols:
-            v = rec.get(c)
-            if f == "name":
-                tds.append(_name_cell(v))
-            elif f == "text":
-                tds.append(f'<td class="l" style="white-space:nowrap">{esc("" if is_missing(v) else v)}</td>')
-            else:
-                tds.append(f'<td style="white-space:nowrap">{esc(f(v))}</td>')
-        body.append(f"<tr>{''.join(tds)}</tr>")
+
+    def td(v, f) -> str:
+        if f == "name":
+            s = "" if v is None else str(v)
+            short = s if len(s) <= NAME_CHARS else s[:NAME_CHARS - 3] + "..."
+            return f'<td class="l" title="{esc(s)}">{esc(short)}</td>'
+        if f == "text":
+            return f'<td class="l" style="white-space:nowrap">{esc("" if is_missing(v) else v)}</td>'
+        return f'<td style="white-space:nowrap">{esc(f(v))}</td>'
+    body = ["<tr>" + "".join(td(rec.get(c), f) for c, _, f in cols) + "</tr>"
+            for rec in df.head(rows).to_dict("records")]
     out = f"<table><tr>{head}</tr>{''.join(body[:shown])}</table>"
     rest = body[shown:]
     if rest:
@@ -86,8 +78,7 @@ def _unit_text(u) -> str:
 
 
 def _words(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
-    """The frame with its vocabulary columns (collective, stage, fsdp_phase, kind) in words (page.value_label); a
-    key the diff filled in for a missing one (NO_UNIT) is an empty cell."""
+    """The frame with its vocabulary columns in words; a key the diff filled in for a missing one is empty."""
     return df.assign(**{c: df[c].map(lambda v, c=c: "" if v == NO_UNIT else value_label(c, v)) for c in cols if c in df})
 
 
@@ -183,9 +174,13 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame, roles: pd.DataFrame | None = 
     return "".join(out)
 
 
+def _of(df, run: str):
+    """The rows of ``run`` (None when there are none)."""
+    return df[df["run"] == run] if df is not None and len(df) else None
+
+
 def render_diff(c, page) -> str:
-    """The 'What changed' section of compare.html (``<section id="diff">``) for a Comparison with a diff
-    (fsdpprof.analyze.compare.runs.Comparison.diff); '' when it has none.  ``page``: fsdpprof.report.page.Page."""
+    """The "What changed" section of compare.html; "" for a Comparison without a diff."""
     d = getattr(c, "diff", None)
     if d is None:
         return ""
@@ -201,20 +196,18 @@ def render_diff(c, page) -> str:
                + "The step decomposition under per-step medians: each rank's mean over its steps, the median over "
                  "ranks (as the report's headline and the side-by-side table).</p>")
     for run in [lab for lab in c.labels if lab != d.baseline]:
-        def of(df):
-            return df[df["run"] == run] if df is not None and len(df) else None
         out.append(f"<h3>{esc(run)} against {esc(d.baseline)}</h3>")
-        out.append("<h4>Step decomposition</h4>" + _steps_html(of(d.steps), run, d.baseline, page))
-        out.append("<h4>Communication per collective, stage, FSDP phase and unit</h4>" + _comm_html(of(d.comm)))
-        out.append("<h4>Operators and kernels</h4>" + _ops_html(of(d.ops)))
-        out.append("<h4>Memory at the peak</h4>" + _memory_html(of(d.memory), of(d.memory_units),
-                                                                 of(getattr(d, "memory_roles", None))))
+        out.append("<h4>Step decomposition</h4>" + _steps_html(_of(d.steps, run), run, d.baseline, page))
+        out.append("<h4>Communication per collective, stage, FSDP phase and unit</h4>" + _comm_html(_of(d.comm, run)))
+        out.append("<h4>Operators and kernels</h4>" + _ops_html(_of(d.ops, run)))
+        out.append("<h4>Memory at the peak</h4>" + _memory_html(_of(d.memory, run), _of(d.memory_units, run),
+                                                                 _of(getattr(d, "memory_roles", None), run)))
     out.append("</section>")
     return "".join(out)
 
 
 def diff_text(c) -> str:
-    """Terminal lines of the diff: per run the step's change, the biggest communication, operator and memory
+    """The diff in the terminal: per run the step's change and the largest communication, operator and memory
     changes."""
     d = getattr(c, "diff", None)
     if d is None:
@@ -223,13 +216,12 @@ def diff_text(c) -> str:
     lines += [f"  note: {n}" for n in getattr(c, "notes", []) or []]
     for run in [lab for lab in c.labels if lab != d.baseline]:
         lines.append(f"  {run}:")
-        s = d.steps[d.steps["run"] == run] if len(d.steps) else d.steps
-        if len(s):
+        s, cm, o, m = (_of(x, run) for x in (d.steps, d.comm, d.ops, d.memory_roles))
+        if s is not None and len(s):
             lines.append("    step: " + ", ".join(f"{STEP_LABELS.get(r['metric'], r['metric'])} "
                                                    f"{_signed(fmt_us, r['diff_us'])} ({_pct(r['diff_pct'])})"
                                                    for r in s.to_dict("records")))
-        cm = d.comm[d.comm["run"] == run] if len(d.comm) else d.comm
-        if len(cm):
+        if cm is not None and len(cm):
             r = cm.loc[cm["diff_exposed_comm_us"].abs().idxmax()]
             where = ", ".join(x for x in (value_label("collective", r["collective"]),
                                           f"in {value_label('stage', r['stage'])}" if not is_missing(r["stage"]) else "",
@@ -237,8 +229,7 @@ def diff_text(c) -> str:
                                           _unit_text(r["unit"])) if x)
             lines.append(f"    communication: largest change in exposed time: {where} "
                          f"{_signed(fmt_us, r['diff_exposed_comm_us'])}")
-        o = d.ops[d.ops["run"] == run] if len(d.ops) else d.ops
-        if len(o):
+        if o is not None and len(o):
             n = o["change"].value_counts()
             line = "    operators: " + ", ".join(f"{int(n.get(k, 0))} {k}" for k in CHANGE_TEXT)
             top, low = o.iloc[0], o.iloc[-1]
@@ -247,8 +238,7 @@ def diff_text(c) -> str:
             if low["diff_total_us"] < 0:
                 line += f"; saves most: {str(low['name'])[:60]} {_signed(fmt_us, low['diff_total_us'])}"
             lines.append(line)
-        m = d.memory_roles[d.memory_roles["run"] == run] if len(d.memory_roles) else d.memory_roles
-        if len(m):
+        if m is not None and len(m):
             lines.append(f"    memory at the peak: {_signed(fmt_bytes, m['diff_bytes'].sum())} = "
                          + ", ".join(f"{role_label(r['role']).split(' (')[0]} {_signed(fmt_bytes, r['diff_bytes'])}"
                                      for r in m.to_dict("records") if r["diff_bytes"]))

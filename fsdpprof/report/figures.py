@@ -1,21 +1,11 @@
-"""Figures as plain plotly.js JSON, and into HTML, without importing plotly's Python package.
-
-The report builds its charts with :class:`Figure` and the trace helpers (:func:`bar`, :func:`scatter`,
-:func:`histogram`, :func:`heatmap`), which take the keyword arguments of ``plotly.graph_objects`` that
-the report uses (``marker_color=``, ``xaxis_title=``, ``yaxis=dict(...)``, ...) and make the dicts
-plotly.js draws: the same figure plotly's ``go`` objects would give, without their validation (which
-costs more than the rest of a report's rendering, and its import more than the report's own code).
-:func:`figure_html` writes a figure as plotly's ``to_html`` would (``full_html=False``): numeric arrays
-as plotly.js typed arrays (base64), the ``plotly_white`` template, every ``<``, ``>`` and ``/`` of the
-JSON escaped (a trace's strings cannot close the script), plotly.js itself with the first figure:
-embedded, or loaded from a file beside the page by a relative path (never from the network).  plotly.js
-(:mod:`fsdpprof.report.plotly_bundle`) and the template are read from the installed plotly package's data
-files.
-A ``go.Figure`` is still accepted (converted with its own ``to_plotly_json``).
-"""
+"""Figures as plain plotly.js JSON and HTML without importing plotly's Python package: :class:`Figure` and the
+traces (:func:`bar`, :func:`scatter`, :func:`histogram`, :func:`heatmap`) take ``plotly.graph_objects``' keyword
+arguments (``marker_color=``, ``xaxis_title=``); :func:`figure_html` writes what plotly's ``to_html`` would, its
+JSON escaped for a <script>, plotly.js with the first figure (embedded or from a file beside the page)."""
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 from typing import Any
@@ -26,18 +16,15 @@ from fsdpprof.report.plotly_bundle import plotly_data, plotly_js
 
 MARGIN = {"l": 60, "r": 20, "t": 40, "b": 40}
 CONFIG = {"displaylogo": False, "responsive": True}
-# prefixes that plotly's "magic underscore" keyword arguments expand into nested dicts (marker_color ->
-# marker.color): those the report's traces and layouts use
+# the prefixes of "magic underscore" keyword arguments (marker_color -> marker.color) the report uses
 _TRACE_NESTED = frozenset({"marker", "line", "legendgrouptitle", "colorbar", "hoverlabel", "textfont"})
 _LAYOUT_NESTED = frozenset({"xaxis", "yaxis", "legend", "title", "font", "margin"})
 # plotly.js typed arrays (what plotly's convert_to_base64 writes): numpy dtype -> plotly.js dtype
 _TYPED = {"int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4", "uint32": "u4",
           "float32": "f4", "float64": "f8"}
-# the data arrays plotly's validators keep as numpy arrays (so typed); other arrays (a bar's ``base``, ...) are
-# written as lists, as plotly writes them
+# the data arrays plotly writes typed; others (a bar's ``base``, ...) as lists
 _TYPED_KEYS = frozenset({"x", "y", "z", "customdata"})
 _SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("/", "\\u002f"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
-_CACHE: dict = {}
 
 
 # --------------------------------------------------------------------------- building figures
@@ -77,30 +64,14 @@ def _titled(d: dict | None, key: str = "title") -> None:
         d[key] = {"text": d[key]}
 
 
-def _trace(kind: str, kwargs: dict) -> dict:
+def _trace(kind: str, **kwargs) -> dict:
+    """A trace of type ``kind`` from the keyword arguments of its ``go`` class (``go.Bar`` for "bar")."""
     t = {"type": kind, **_props(kwargs, _TRACE_NESTED)}
     _titled(t.get("colorbar"))
     return t
 
 
-def bar(**kwargs) -> dict:
-    """A bar trace (``go.Bar``'s keyword arguments)."""
-    return _trace("bar", kwargs)
-
-
-def scatter(**kwargs) -> dict:
-    """A scatter / line trace (``go.Scatter``'s keyword arguments)."""
-    return _trace("scatter", kwargs)
-
-
-def histogram(**kwargs) -> dict:
-    """A histogram, binned by plotly.js (``go.Histogram``'s keyword arguments)."""
-    return _trace("histogram", kwargs)
-
-
-def heatmap(**kwargs) -> dict:
-    """A heat map (``go.Heatmap``'s keyword arguments)."""
-    return _trace("heatmap", kwargs)
+bar, scatter, histogram, heatmap = (functools.partial(_trace, k) for k in ("bar", "scatter", "histogram", "heatmap"))
 
 
 class Figure:
@@ -139,18 +110,16 @@ class Figure:
 
 
 # --------------------------------------------------------------------------- into HTML
+@functools.cache
 def white_template() -> dict:
     """plotly's ``plotly_white`` template (read once per process)."""
-    if "template" not in _CACHE:
-        with open(plotly_data("templates", "plotly_white.json"), encoding="utf-8") as fh:
-            _CACHE["template"] = json.load(fh)
-    return _CACHE["template"]
+    with open(plotly_data("templates", "plotly_white.json"), encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def _load_plotly(include_plotlyjs: bool | str) -> str:
-    """The markup that gives the page plotly.js: the bundle itself (True), ``<script src>`` of a file beside the
-    page (a relative path ending in .js: as plotly's ``to_html`` writes it, then a note shown in the page when
-    that file is not there), or nothing (False)."""
+    """The markup that gives the page plotly.js: the bundle (True), ``<script src>`` of a file beside the page (with
+    a note shown when that file is not there), or nothing (False)."""
     if not include_plotlyjs:
         return ""
     config = "<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
@@ -165,8 +134,7 @@ def _load_plotly(include_plotlyjs: bool | str) -> str:
 
 
 def _typed(v):
-    """A numeric numpy array as a plotly.js typed array (64-bit integers narrowed where they fit, as
-    plotly does); anything else unchanged."""
+    """A numeric numpy array as a plotly.js typed array (64-bit integers narrowed where they fit, as plotly does)."""
     dtype = str(v.dtype)
     if v.size == 0:
         return v
@@ -190,8 +158,7 @@ def _typed(v):
 
 
 def _with_typed_arrays(obj):
-    """``obj`` with the numeric numpy data arrays (x, y, z) inside it as typed arrays (new dicts and lists;
-    the figure given is not changed)."""
+    """A copy of ``obj`` with its numeric numpy data arrays (x, y, z, customdata) as typed arrays."""
     t = type(obj)
     if t is dict:
         return {k: (_typed(v) if k in _TYPED_KEYS else v) if isinstance(v, np.ndarray) else _with_typed_arrays(v)
@@ -210,8 +177,8 @@ def _enc_hook(obj):
 
 
 def to_json(obj) -> str:
-    """JSON for a <script>: NaN / inf as null, numpy values as numbers, ``<``, ``>``, ``/`` and the JavaScript
-    line separators escaped (as plotly's to_json_plotly)."""
+    """JSON for a <script>: NaN / inf as null, numpy values as numbers, ``<``, ``>``, ``/`` and line separators
+    escaped (as plotly's to_json_plotly)."""
     import msgspec
 
     out = msgspec.json.encode(obj, enc_hook=_enc_hook).decode("utf-8")
@@ -222,8 +189,8 @@ def to_json(obj) -> str:
 
 
 def figure_spec(fig, height: int) -> dict:
-    """The JSON figure plotly.js draws: ``fig`` (:class:`Figure`, a dict, or a ``go.Figure``) with ``height``,
-    fsdpprof's margins and the plotly_white template, numeric arrays as typed arrays.  ``fig`` is not changed."""
+    """The figure plotly.js draws: ``fig`` (:class:`Figure`, a dict or a ``go.Figure``) with ``height``, the margins
+    and the plotly_white template."""
     if isinstance(fig, Figure):
         data, layout = fig.data, fig.layout
     elif isinstance(fig, dict):
@@ -240,9 +207,8 @@ def figure_spec(fig, height: int) -> dict:
 
 
 def figure_html(fig, height: int, div_id: str, include_plotlyjs: bool | str) -> str:
-    """One figure as a ``<div class="plot">``, the markup of plotly's ``to_html(full_html=False)``; with
-    plotly.js when ``include_plotlyjs`` is True (embedded) or a relative path ending in .js (a ``<script src>``
-    of that file, as plotly's); drawn only where plotly.js loaded (no script error when its file is missing)."""
+    """One figure as plotly's ``to_html(full_html=False)`` writes it, with plotly.js when ``include_plotlyjs`` is
+    True or a relative path; drawn only where plotly.js loaded."""
     spec = figure_spec(fig, height)
     load = _load_plotly(include_plotlyjs)
     script = (f'if (window.Plotly && document.getElementById("{div_id}")) {{Plotly.newPlot("{div_id}", '

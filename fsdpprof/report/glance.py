@@ -1,5 +1,5 @@
-"""The "At a glance" section: the peak per rank against the formula's model states, exposed communication as a
-share of the step, the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
+"""The "At a glance" section: an OOM first, the peak against the formula's model states, exposed communication,
+the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
 from fsdpprof.analyze.summary.headline import step_spread
@@ -37,8 +37,7 @@ def _fill_rows(tiles: list[str], columns: int = 3) -> list[str]:
 
 
 def oom_line(a, o: dict | None) -> str:
-    """The out-of-memory error in one sentence (``o``: headline's ``oom``), "" without one: where, what was asked,
-    how short, and the first change that frees enough (plain text: the terminal and the page say it first)."""
+    """The out-of-memory error (headline's ``oom``) in one sentence of plain text; "" without one."""
     head, rest = oom_parts(a, o)
     return f"{head}: {rest}" if head else ""
 
@@ -60,9 +59,7 @@ def oom_parts(a, o: dict | None) -> tuple[str, str]:
 
 
 def glance_section(a, h: dict) -> str:
-    """At a glance: an out-of-memory error first, then the peak per rank against the formula's model states,
-    exposed communication as a share of the step, the step's split and the first finding (numbers from
-    analyze.summary.headline)."""
+    """The "At a glance" section from headline's dict ``h``."""
     tiles = []
     peak, ms = h["peak_bytes"], h["model_states_theory_bytes"]
     n_ranks = len(a.memory_peaks) if a.memory_peaks is not None else 0

@@ -1,7 +1,8 @@
-"""The "Memory" section: the peak per rank, what was alive at the peak by category, memory over the recorded
-steps, the OOM explained and FSDP's buffers (fsdpprof.report.oom), the largest allocations, and the ZeRO formula
-for the model states and the peak beside the measurement."""
+"""The "Memory" section: the peak per rank, what was alive at the peak, memory over the steps, the OOM and FSDP's
+buffers (report.oom), the allocator's cache, the largest allocations, and the ZeRO formulas beside the measurement."""
 from __future__ import annotations
+
+import itertools
 
 import pandas as pd
 
@@ -16,8 +17,7 @@ from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTS
 
 
 def memory_owner(a, r) -> str:
-    """Whose memory rank ``r``'s result is, as the report names it: the CUDA device for one snapshot file
-    ("cuda:1": a file names no rank), "rank 3, cuda:3" for a rank's snapshot, "rank 3" otherwise."""
+    """Whose memory rank ``r``'s result is: "cuda:1" (one snapshot file), "rank 3, cuda:3" or "rank 3"."""
     dev = getattr((a.memory or {}).get(r), "device", None)
     if dev is None:
         return f"rank {r}"
@@ -25,8 +25,7 @@ def memory_owner(a, r) -> str:
 
 
 def devices_analysed(a) -> str:
-    """"cuda:1" / "cuda:0, cuda:1, cuda:2": the devices of one snapshot file analysed ("" for any other input, whose
-    ranks are what is analysed)."""
+    """The devices of one snapshot file analysed ("cuda:0, cuda:1"); "" for any other input."""
     if a.source != SOURCE_SNAPSHOT_FILE:
         return ""
     devs = sorted({m.device for m in (a.memory or {}).values() if getattr(m, "device", None) is not None})
@@ -34,8 +33,7 @@ def devices_analysed(a) -> str:
 
 
 def other_devices_said(m) -> str:
-    """"" or, for a snapshot of several devices analysed on the default one, the others with their peaks and how to
-    choose one ("the snapshot's other devices: cuda:0 7.88 GiB, cuda:2 20.1 GiB; --device N or all for them")."""
+    """For a snapshot of several devices analysed on the largest, the others' peaks and how to choose one; else ""."""
     peaks = getattr(m, "device_peaks", None) or {}
     if len(peaks) < 2 or getattr(m, "device_choice", None) != DEVICE_CHOICE_LARGEST:
         return ""
@@ -86,12 +84,6 @@ def _theory_block(a) -> str:
     return "".join(out)
 
 
-def _drop_empty(df: pd.DataFrame, cols=()) -> pd.DataFrame:
-    """Leave out columns with no value in any row (e.g. reserved bytes on a CPU trace)."""
-    empty = [c for c in (cols or df.columns) if c in df and (df[c].isna() | (df[c].astype(str) == "")).all()]
-    return df.drop(columns=empty)
-
-
 def _process_block(a) -> str:
     """The process's memory beside the allocator's, per rank (rank.json's samples; "" when no rank has them)."""
     rows, notes = [], []
@@ -99,9 +91,8 @@ def _process_block(a) -> str:
         p = getattr(m, "process", None)
         if not p:
             continue
-        rows.append({"rank": r, "source_words": p.get("source_words"), "used_peak_bytes": p.get("used_peak_bytes"),
-                     "allocator_reserved_peak_bytes": p.get("allocator_reserved_peak_bytes"),
-                     "outside_allocator_peak_bytes": p.get("outside_allocator_peak_bytes")})
+        keys = ("source_words", "used_peak_bytes", "allocator_reserved_peak_bytes", "outside_allocator_peak_bytes")
+        rows.append({"rank": r, **{k: p.get(k) for k in keys}})
         if p.get("note") and p["note"] not in notes:
             notes.append(p["note"])
     if not rows:
@@ -127,9 +118,8 @@ MOMENT_COLORS = {"peak": "#1f77b4", "oom": "#dc2626", "end": "#9ca3af"}
 
 
 def _fragmentation_block(m, page: Page) -> str:
-    """The CUDA caching allocator's cache of one rank (``m.fragmentation``): reserved vs allocated at the peak,
-    the OOM and the end; its free blocks by size; the largest free block beside the largest request that
-    followed.  "" when the rank has no snapshot."""
+    """The caching allocator's cache of one rank: reserved vs allocated at the peak, the OOM and the end, its free
+    blocks by size, the largest free block beside the largest request that followed ("" without a snapshot)."""
     f = getattr(m, "fragmentation", None)
     if f is None:
         return ""
@@ -166,18 +156,13 @@ def _fragmentation_block(m, page: Page) -> str:
                           xaxis_title="free block size")
         charts.append(page.fig(fig, 320))
     out.append(side_by_side(*charts))
-    said: list[list] = []      # [moments, entry]: moments with the same figures said once
-    for e in ents:
-        if e.largest_request_after_bytes is None:
-            continue
-        key = (e.largest_free_block_bytes, e.largest_request_after_bytes, e.free_bytes, e.free_blocks)
-        if said and said[-1][2] == key:
-            said[-1][0].append(e.at)
-        else:
-            said.append([[e.at], e, key])
-    for ats, e, _ in said:
-        req = e.largest_request_after_bytes
-        when = " and ".join(moment_label(a) for a in ats)
+    def figures_of(e) -> tuple:
+        return e.largest_free_block_bytes, e.largest_request_after_bytes, e.free_bytes, e.free_blocks
+    # consecutive moments with the same figures said once
+    for _, same in itertools.groupby([e for e in ents if e.largest_request_after_bytes is not None], key=figures_of):
+        same = list(same)
+        e, req = same[0], same[0].largest_request_after_bytes
+        when = " and ".join(moment_label(x.at) for x in same)
         fits = e.largest_free_block_bytes >= req
         out.append(f"<p>{esc(when[:1].upper() + when[1:])}: the largest free block was "
                    f"{esc(fmt_bytes(e.largest_free_block_bytes))}, the largest request that followed "
@@ -187,12 +172,9 @@ def _fragmentation_block(m, page: Page) -> str:
                           f"{e.free_blocks:,} blocks" + (" (segments already expandable)." if e.expandable_segments
                                                           else ", in segments that are not expandable.")))
                    + "</p>")
-    df = pd.DataFrame([{"moment": moment_label(e.at), "reserved_bytes": e.reserved_bytes,
-                        "allocated_bytes": e.allocated_bytes, "free_bytes": e.free_bytes, "free_blocks": e.free_blocks,
-                        "free_small_bytes": e.free_small_bytes, "free_large_bytes": e.free_large_bytes,
-                        "largest_free_block_bytes": e.largest_free_block_bytes,
-                        "largest_request_after_bytes": e.largest_request_after_bytes,
-                        "expandable_segments": e.expandable_segments} for e in ents])
+    fields = ("reserved_bytes", "allocated_bytes", "free_bytes", "free_blocks", "free_small_bytes", "free_large_bytes",
+              "largest_free_block_bytes", "largest_request_after_bytes", "expandable_segments")
+    df = pd.DataFrame([{"moment": moment_label(e.at), **{k: getattr(e, k) for k in fields}} for e in ents])
     out.append(table(df, left=("moment",), labels={"free_bytes": "free in the cache"}))
     out.append(notes)
     return "".join(out)
@@ -213,8 +195,7 @@ def memory_section(a, page: Page) -> str:
                 out.append(page.fig(fig, 300))
             # one snapshot file names no rank: its devices name the rows
             drop = ["peak_ts_us"] + (["rank"] if a.source == SOURCE_SNAPSHOT_FILE else [])
-            out.append(table(_drop_empty(mp.drop(columns=drop, errors="ignore"),
-                                         ("device", "reserved_bytes", "fragmentation_pct"))))
+            out.append(table(mp.drop(columns=drop, errors="ignore")))
         r0 = peak_rank(a)   # the rank the headline's peak is from
         m = a.memory[r0]
         owner = memory_owner(a, r0)
@@ -252,9 +233,8 @@ def memory_section(a, page: Page) -> str:
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
             fig = figures.Figure()
-            by_index = getattr(m, "timeline_unit", "us") == "event_index"  # legacy snapshots: no times
-            t0 = 0.0 if by_index else float(tl["ts_us"].min())
-            xs = tl["ts_us"] if by_index else (tl["ts_us"] - t0) / 1e3
+            by_index = t_origin is None  # legacy snapshots: no times
+            xs = tl["ts_us"] if by_index else (tl["ts_us"] - t_origin) / 1e3
             for c in [c for c in tl.columns if c != "ts_us"]:
                 if not pd.api.types.is_numeric_dtype(tl[c]) or float(tl[c].max() or 0) <= 0:
                     continue
@@ -275,7 +255,7 @@ def memory_section(a, page: Page) -> str:
         out.append(oom.render_fsdp_memory(m))   # FSDP's buffers by role, A_l per unit (also without an inventory)
         if m.top_allocations is not None and not m.top_allocations.empty:
             out.append(f"<h3>Largest allocations alive at the peak, {esc(owner)}</h3>")
-            top = _drop_empty(m.top_allocations.head(15).copy(), ("frames", "unit"))
+            top = m.top_allocations.head(15).copy()
             if t_origin is not None:  # display times from the window start, like the timeline
                 for col in ("alloc_us", "free_us"):
                     if col in top:

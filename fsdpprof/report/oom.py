@@ -1,14 +1,5 @@
-"""HTML for what the memory analysis of a rank says about an OOM and about FSDP's memory by unit.
-
-Two functions taking one rank's MemoryResult and returning an HTML fragment (every string from the
-input escaped):
-
-- :func:`render_oom`: the out-of-memory error of a snapshot explained (what was being allocated, how much
-  was free, what was alive by category and unit) and the changes that would free enough, with the bytes
-  each saves;
-- :func:`render_fsdp_memory`: the FSDP units a snapshot's frames showed, FSDP's buffers at the peak by
-  role, the activations each unit keeps (A_l) and the blocks allocated before recording, by size.
-"""
+"""One rank's out-of-memory error explained, with the changes that would free enough (:func:`render_oom`), and
+FSDP's memory by unit and role (:func:`render_fsdp_memory`), as HTML fragments."""
 from __future__ import annotations
 
 import pandas as pd
@@ -75,8 +66,7 @@ def _in_model_order(df: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def render_fsdp_memory(m) -> str:
-    """FSDP's memory of one rank by unit and role (snapshots without an inventory included); "" when there
-    is nothing to show."""
+    """FSDP's units, buffers by role, activations per unit and the blocks from before recording ("" for none)."""
     out = []
     fam = getattr(m, "fsdp_family", None)
     units = getattr(m, "fsdp_units", None) or []

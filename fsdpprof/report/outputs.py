@@ -1,18 +1,6 @@
-"""Where ``report``, ``compare`` and ``demo`` write, and how: nothing the user has is lost.
-
-- Default names: a run directory or trace folder gets ``report.html`` + ``summary.json`` inside it; a
-  single file ``X.json.gz`` / ``X.pickle`` gets ``X.report.html`` + ``X.summary.json`` beside it; when
-  that folder is not writable, the same names go to the current directory (``NAME.report.html`` for a
-  folder NAME). ``-o DIR/mine.html`` pairs with ``DIR/mine.summary.json`` (``report.html`` keeps
-  ``summary.json``); compare's ``X.html`` pairs with ``X.json``.
-- An existing file is replaced only when fsdpprof wrote it (a ``fsdpprof.summary/N`` or
-  ``fsdpprof.compare/N`` schema first in the JSON, the generator meta tag in the HTML) or with
-  ``--force``; never when it is one of the inputs, and never when it is not a regular file.
-- Both files of a pair are written or neither (:func:`write_files`).
-- A page loads plotly.js from ``plotly-<version>.min.js`` beside it (:func:`page_items`), written with the page
-  when it is not there intact, under the same rules (a first line marks it as fsdpprof's); ``--self-contained``
-  pages embed plotly.js instead.
-"""
+"""Where ``report``, ``compare``, ``whatif``, ``timeline`` and ``demo`` write, and how: nothing the user has is
+lost. An existing file is replaced only when fsdpprof wrote it (or with ``--force``), never an input; the files of
+one command are written all or none, under locks, their temporaries removed on errors and signals."""
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +40,7 @@ def generator_meta() -> str:
 
 
 def written_by_fsdpprof(path: str) -> bool:
-    """True when ``path`` is a regular file (not a link) that fsdpprof wrote: summary/compare JSON, report HTML
-    the pages' plotly.js or a timeline (gzip)."""
+    """True when ``path`` is a regular file (not a link) that fsdpprof wrote: JSON, HTML, plotly.js or a timeline."""
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False
@@ -76,26 +63,23 @@ def written_by_fsdpprof(path: str) -> bool:
 
 
 def json_bytes(obj) -> bytes:
-    """``obj`` as indented JSON that any parser accepts: NaN and infinities become null, numpy/pandas values
-    plain numbers (see :func:`fsdpprof.report.summary.json_safe`).  A dict is written one key at a time (the
-    same bytes as one ``json.dumps``): only that key's plain values are alive at once."""
+    """``obj`` as indented JSON (NaN and infinities as null, numpy/pandas values as numbers); a dict one key at
+    a time (the same bytes as one ``json.dumps``), so that only that key's plain values are alive at once."""
     from fsdpprof.report.summary import json_safe
 
     if not isinstance(obj, dict) or not obj:
         return _indented(json_safe(obj)).encode()
     parts = []
     for key, value in obj.items():
-        # one level deeper than json.dumps puts it: every line break gains one space of indent (a line break
-        # inside a string is written as the two characters \n, so only the layout's own ones are touched)
+        # one level deeper: every line break of the layout gains one space (a string's own are written \n)
         text = _indented(json_safe(value)).replace("\n", "\n ")
         parts.append(f" {json.dumps(str(key))}: {text}")
     return ("{\n" + ",\n".join(parts) + "\n}").encode()
 
 
 def _indented(value) -> str:
-    """``json.dumps(value, indent=1, allow_nan=False)`` of plain JSON values, the same text: encoded compact by
-    json's C encoder (an indent makes json use its Python one: 3.5 s of a 1,024-rank summary), then laid out by
-    msgspec (numbers and strings kept as written)."""
+    """``json.dumps(value, indent=1, allow_nan=False)``, the same text: compact by json's C encoder (much faster
+    than its indenting Python one), then laid out by msgspec."""
     compact = json.dumps(value, separators=(",", ":"), allow_nan=False)
     try:
         import msgspec
@@ -111,8 +95,7 @@ SELF_CONTAINED_FIX = "or pass --self-contained to embed plotly.js in the page in
 
 @functools.lru_cache(maxsize=1)
 def plotly_file_bytes() -> bytes:
-    """The plotly.js file fsdpprof writes beside its pages: a first line that marks it as fsdpprof's
-    (:func:`written_by_fsdpprof`), then the installed plotly package's bundle."""
+    """The plotly.js file written beside the pages: a first line that marks it as fsdpprof's, then the bundle."""
     head = (f"/* fsdpprof: plotly.js v{plotly_bundle.plotly_js_version()} for the fsdpprof pages in this folder "
             "(pages written with --self-contained embed it instead) */\n")
     return head.encode("utf-8") + plotly_bundle.plotly_js().encode("utf-8")
@@ -124,8 +107,7 @@ def plotly_path(html_path: str) -> str:
 
 
 def plotly_output(html_path: str, self_contained: bool = False) -> list[tuple[str, str, str]]:
-    """:func:`check_outputs`' entry for the plotly.js file beside the page at ``html_path`` ([] when the page is
-    self-contained)."""
+    """:func:`check_outputs`' entry for the plotly.js beside the page ([] when the page is self-contained)."""
     return [] if self_contained else [(plotly_path(html_path), "the page's plotly.js", SELF_CONTAINED_FIX)]
 
 
@@ -142,10 +124,8 @@ def _same_bytes(path: str, data: bytes) -> bool:
 
 
 def page_items(html_path: str, render, self_contained: bool = False) -> list[tuple[str, bytes]]:
-    """:func:`write_files`' items for the HTML page at ``html_path``: ``render(plotly_src)`` makes its HTML, with
-    plotly.js embedded (``plotly_src`` None: ``self_contained``) or loaded from ``plotly-<version>.min.js``
-    beside it by that relative name; that file is one of the items when the page loads it and it is not
-    there already, intact (the same bytes: several pages in one folder share one file, written once)."""
+    """:func:`write_files`' items for the page at ``html_path``: ``render(plotly_src)``'s HTML, and the plotly.js
+    file it loads unless that is there already, intact (``self_contained``: plotly.js embedded, no file)."""
     src = None if self_contained else plotly_bundle.plotly_js_name()
     text = render(src)
     items = [(html_path, text.encode("utf-8"))]
@@ -169,8 +149,7 @@ def input_stem(path: str) -> str:
 
 
 def writable_dir(directory: str) -> bool:
-    """A folder we may write into by default: writable, and not marked read-only by its owner (no write bit at
-    all; root could still write there, but the owner said no)."""
+    """A folder we may write into by default: writable, and not marked read-only (no write bit at all) by its owner."""
     try:
         st = os.stat(directory)
     except OSError:
@@ -192,39 +171,27 @@ def summary_for(html_path: str) -> str:
     return os.path.join(d, base + ".summary.json")
 
 
-def report_paths(run_path: str, output: str | None, summary: str | None) -> tuple[str, str]:
-    """The report's (html, json) paths from the input path and the -o / --summary options."""
+def _output_path(run_path: str, output: str | None, name: str) -> str:
+    """-o (a folder: the default name in it); else ``name`` in a run directory or trace folder, ``X.name`` beside a
+    file X.json.gz, in the current folder (``STEM.name``) when that folder is not writable."""
     run_path = os.path.abspath(run_path)
     is_dir = os.path.isdir(run_path)
-    if output and os.path.isdir(output):
-        html = os.path.join(output, "report.html" if is_dir else input_stem(run_path) + ".report.html")
-    elif output:
-        html = output
-    elif is_dir:
-        html = (os.path.join(run_path, "report.html") if writable_dir(run_path)
-                else os.path.abspath(input_stem(run_path) + ".report.html"))
-    else:
-        beside = os.path.dirname(run_path)
-        html = os.path.join(beside if writable_dir(beside) else os.getcwd(), input_stem(run_path) + ".report.html")
-    html = os.path.abspath(html)
+    stem_name = f"{input_stem(run_path)}.{name}"
+    if output:
+        return os.path.abspath(os.path.join(output, name if is_dir else stem_name) if os.path.isdir(output) else output)
+    where = run_path if is_dir else os.path.dirname(run_path)
+    return os.path.join(where, name if is_dir else stem_name) if writable_dir(where) else os.path.abspath(stem_name)
+
+
+def report_paths(run_path: str, output: str | None, summary: str | None) -> tuple[str, str]:
+    """The report's (html, json) paths from the input path and the -o / --summary options."""
+    html = _output_path(run_path, output, "report.html")
     return html, os.path.abspath(summary) if summary else summary_for(html)
 
 
 def timeline_path(run_path: str, output: str | None) -> str:
-    """timeline's file: -o (a folder: ``timeline.json.gz`` in it); else ``timeline.json.gz`` in a run directory or
-    trace folder, ``X.timeline.json.gz`` beside a file X.json.gz (the current folder when that one is not
-    writable)."""
-    run_path = os.path.abspath(run_path)
-    is_dir = os.path.isdir(run_path)
-    name = "timeline.json.gz" if is_dir else input_stem(run_path) + ".timeline.json.gz"
-    if output and os.path.isdir(output):
-        return os.path.abspath(os.path.join(output, name))
-    if output:
-        return os.path.abspath(output)
-    where = run_path if is_dir else os.path.dirname(run_path)
-    if not writable_dir(where):
-        return os.path.abspath(name if not is_dir else input_stem(run_path) + ".timeline.json.gz")
-    return os.path.join(where, name)
+    """timeline's file from the input path and -o."""
+    return _output_path(run_path, output, "timeline.json.gz")
 
 
 def compare_paths(output: str, summary: str | None) -> tuple[str, str]:
@@ -243,6 +210,7 @@ def check_not_empty(**options) -> None:
         if value is not None and not str(value).strip():
             raise UserError(f"{name} is empty: give a file or folder path")
 
+
 def _ids(paths) -> dict[tuple[int, int], str]:
     out = {}
     for p in paths:
@@ -256,23 +224,14 @@ def _ids(paths) -> dict[tuple[int, int], str]:
 
 def check_outputs(outputs: list[tuple[str, ...]], *, force: bool = False, inputs=(), defer_under=(),
                   input_folders=(), fix: str = "") -> None:
-    """Refuse, before anything is written, an output that would lose something.
-
-    outputs: (path, how the user named it, e.g. "-o", "--summary", "the report") pairs, or (path, how, fix)
-    for an output with its own way out (the pages' plotly.js: :func:`plotly_output`).
-    inputs: the files the command reads; none of them is ever replaced, even with ``force``.
-    An existing regular file is replaced only when fsdpprof wrote it, or with ``force``.
-    input_folders: folders of the input that only fsdpprof record writes (a run's rank-*/): refused.
-    defer_under: input files or folders not loaded yet: existing files there are left to the check with
-    ``inputs`` (so that an input is named as such, not as a file to --force over).
-    fix: what to do, appended to the messages.
-    """
-    fix = fix or "choose another path with -o / --summary"
+    """Refuse, before anything is written, an output that would lose something. ``outputs``: (path, how the user
+    named it[, its own fix]); ``inputs`` are never replaced, nor anything in ``input_folders`` (what record wrote);
+    existing files under ``defer_under`` (inputs not loaded yet) are left to the check with ``inputs``."""
+    default_fix = fix or "choose another path with -o / --summary"
     seen: dict[str, str] = {}
     input_ids = _ids(inputs)
     defer = [os.path.realpath(p) for p in defer_under]
     folders = [os.path.realpath(d) for d in input_folders]
-    default_fix = fix
     for path, how, *own_fix in outputs:
         fix = f"{default_fix}, {own_fix[0]}" if own_fix else default_fix
         real = os.path.realpath(path)
@@ -351,8 +310,7 @@ def lock_path(path: str) -> str:
 
 
 def _lock(path: str):
-    """Hold the exclusive flock of ``path``'s lock file (waiting for another writer of the same output to
-    finish); returns the descriptor, or None where the filesystem has no locks."""
+    """Hold the flock of ``path``'s lock file (waiting for another writer); its descriptor, None without locks."""
     name = lock_path(path)
     while True:
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
@@ -386,8 +344,7 @@ def _unlock(path: str, fd) -> None:
 
 @contextlib.contextmanager
 def output_locks(paths):
-    """The outputs' locks, taken in one order (no deadlock between two commands writing the same pair):
-    two commands writing the same files write them one after the other, never a mix of both."""
+    """The outputs' locks, taken in one order: two commands writing the same files write one after the other."""
     held: list = []
     try:
         for path in sorted({os.path.abspath(p) for p in paths}):
@@ -403,16 +360,14 @@ def output_locks(paths):
 
 
 def _temp_re(name: str) -> re.Pattern:
-    """fsdpprof's temporaries of output ``name``: runfmt.temp_name's ``.<name>.<pid>.<8 hex>.tmp``, and
-    ``.<name>.<8 of [a-z0-9_]>.tmp`` (tempfile's, which earlier versions used)."""
+    """fsdpprof's temporaries of ``name``: ``.<name>.<pid>.<8 hex>.tmp`` (runfmt.temp_name) and tempfile's."""
     n = re.escape(name)
     return re.compile(rf"\.{n}\.(?:[0-9]+\.[0-9a-f]{{8}}|[a-z0-9_]{{8}})\.tmp\Z")
 
 
 def remove_stale_temps(path: str, now: float | None = None) -> list[str]:
-    """Remove the temporaries a killed write of ``path`` left beside it (fsdpprof's own names only, regular
-    files older than STALE_TEMP_S); the caller holds ``path``'s lock, so no live writer of ours owns them.
-    Returns the paths removed."""
+    """Remove (and return) the temporaries older than STALE_TEMP_S that a killed write of ``path`` left; the caller
+    holds ``path``'s lock, so no live writer of ours owns them."""
     d, base = os.path.split(os.path.abspath(path))
     pattern, now = _temp_re(base), time.time() if now is None else now
     removed = []
@@ -433,8 +388,7 @@ def remove_stale_temps(path: str, now: float | None = None) -> list[str]:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM / SIGHUP while outputs are written: unwinds like Ctrl-C (temporaries removed) and ends the
-    command with 128 + ``signum``."""
+    """SIGTERM / SIGHUP while outputs are written: unwinds like Ctrl-C; the command ends with 128 + ``signum``."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -443,8 +397,7 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _signals_unwind():
-    """While outputs are written, SIGTERM and SIGHUP raise :class:`Terminated` (as SIGINT raises
-    KeyboardInterrupt) so that the write removes what it half-made; the handlers are restored after."""
+    """While outputs are written, SIGTERM and SIGHUP raise :class:`Terminated`, as SIGINT raises KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -472,15 +425,9 @@ def _new_temp(path: str) -> tuple[int, str]:
 
 
 def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable path with -o / --summary") -> None:
-    """Write every (path, bytes) or none, each readable by everyone (0644); in place of the bytes, a function
-    that writes them into the binary file it is given.
-
-    Under the outputs' locks (:func:`output_locks`), after removing temporaries that killed writes of these
-    paths left (:func:`remove_stale_temps`): each goes to a temporary file beside its path first; only when
-    all are written are they renamed into place. If a rename fails, or the command is interrupted (SIGINT,
-    SIGTERM, SIGHUP), the renames already done are undone (a file that was there comes back), the
-    temporaries and the folders made for them are removed; a failure says which path failed.
-    """
+    """Write every (path, bytes or a function writing into a binary file) or none, mode 0644: under the locks,
+    each to a temporary beside it, then all renamed into place. A failure or a signal undoes the renames done and
+    removes the temporaries and the folders made; the error names the path that failed."""
     temps: list[tuple[str, str]] = []
     made: list[str] = []
     done: list[tuple[str, str | None]] = []   # (path, backup of the file it replaced)

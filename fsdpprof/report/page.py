@@ -1,17 +1,6 @@
-"""The page every report section is drawn on: formatters, the words the page uses, one table renderer and
-the page shell (CSS, header, navigation; plotly.js once per page, embedded or from a file beside it).
-
-Rendering only: every number comes from ``fsdpprof.analyze``. Every string that may come from a trace goes
-through ``esc`` (html.escape) in tables and text, and through ``label`` in plot labels; plotly's JSON in
-<script> escapes ``</`` itself.
-
-What a person reads: the words for columns, metrics and categories live in one place here
-(COLUMN_LABELS, CATEGORY_LABELS, METRIC_LABELS); tables pick one unit per column (MiB, ms, %) from
-the column's name and values, so summary.json keeps its keys (``*_bytes``, ``*_us``, ``*_pct``)
-while the page shows "peak allocated (MiB)". The sections are modules on top of this one (overview,
-glance, findings, memory, per_unit, communication, steps, whatif, ranks, device; promise and diff for
-compare), put together by :mod:`fsdpprof.report.run_page` and :mod:`fsdpprof.report.compare_page`.
-"""
+"""The page every report section is drawn on: formatters, the words the page uses (COLUMN_LABELS,
+METRIC_LABELS ...), the table renderers and the page shell. Every string from a trace goes through ``esc`` in
+tables and text and through ``label`` in plot labels; tables pick one unit per column from its name."""
 from __future__ import annotations
 
 import html
@@ -37,7 +26,6 @@ KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "me
 SPLIT_COLORS = {"compute": "#1f77b4", "exposed_comm": "#dc2626", "idle": "#d1d5db", "residual": "#fde68a"}
 
 # --- words and units: the one place for what the page calls things ---------------------------------
-CATEGORY_LABELS = model.CATEGORY_WORDS     # (the words for memory categories: the model's, which analyze's sentences use)
 KIND_LABELS = {model.KIND_COMPUTE: "compute", model.KIND_CPU_OP: "CPU operator", model.KIND_COMM: "communication",
                model.KIND_MEMCPY: "memory copy", model.KIND_MEMSET: "memset", model.KIND_SYNC: "synchronisation",
                model.KIND_ANNOTATION: "annotation"}
@@ -49,46 +37,39 @@ STAGE_LABELS = {model.STAGE_OPTIMIZER: "optimizer step", model.STAGE_POST_STEP: 
 SOURCE_LABELS = {"cpu_trace": "profiler memory events", "cuda_snapshot": "CUDA memory snapshot"}
 NO_UNIT_TEXT = "outside any unit"     # memory or communication of no FSDP unit (the root unit is ROOT_UNIT_TEXT)
 MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table leaves the cell empty)
-COLUMN_LABELS = {
+COLUMN_LABELS = {   # a column's words where they are not its name's (see column_label)
     # memory
-    "peak_allocated_bytes": "peak allocated", "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
-    "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "reserved_bytes": "reserved",
-    "fragmentation_pct": "fragmentation", "source": "memory source", "addr": "address", "alloc_us": "allocated at",
-    "free_us": "freed at", "frames": "allocated by", "category": "category", "unit": "FSDP unit",
-    "role": "model state", "measured_bytes": "measured", "theory_bytes": "formula", "diff_bytes": "measured - formula",
-    "diff_pct": "difference", "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params",
-    "grad_bytes": "grads", "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
+    "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
+    "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "source": "memory source",
+    "addr": "address", "alloc_us": "allocated at", "free_us": "freed at", "frames": "allocated by", "unit": "FSDP unit",
+    "role": "model state", "theory_bytes": "formula", "diff_bytes": "measured - formula", "diff_pct": "difference",
+    "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params", "grad_bytes": "grads",
+    "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
     "traffic_bytes": "traffic per rank per step",
     # the allocator's cache (fragmentation) and the process's memory
-    "moment": "when", "allocated_bytes": "allocated", "free_blocks": "free blocks",
-    "largest_free_block_bytes": "largest free block", "largest_request_after_bytes": "largest request that followed",
+    "moment": "when", "largest_request_after_bytes": "largest request that followed",
     "free_small_bytes": "free, small pool (requests up to 1 MiB)", "free_large_bytes": "free, large pool",
-    "expandable_segments": "expandable segments", "size_class": "free block size",
-    "used_peak_bytes": "process peak (device used / RSS)", "allocator_reserved_peak_bytes": "allocator peak",
-    "outside_allocator_peak_bytes": "outside the allocator", "source_words": "measured as",
+    "size_class": "free block size", "used_peak_bytes": "process peak (device used / RSS)",
+    "allocator_reserved_peak_bytes": "allocator peak", "outside_allocator_peak_bytes": "outside the allocator",
+    "source_words": "measured as",
     # communication
-    "collective": "collective", "count": "count", "bytes": "size", "time_us": "time", "algbw_gbps": "algorithm bandwidth",
-    "busbw_gbps": "bus bandwidth", "stage": "stage", "fsdp_phase": "FSDP phase", "comm_us": "communication",
-    "overlapped_comm_us": "hidden behind compute", "exposed_comm_us": "exposed communication",
-    "overlap_pct": "hidden behind compute", "comp_comm_overlap_pct": "communication hidden behind compute",
-    "payload_bytes": "payload", "wire_bytes": "on the wire", "steps": "steps", "payload_per_step_bytes": "payload per step",
+    "bytes": "size", "algbw_gbps": "algorithm bandwidth", "busbw_gbps": "bus bandwidth", "fsdp_phase": "FSDP phase",
+    "comm_us": "communication", "overlapped_comm_us": "hidden behind compute",
+    "exposed_comm_us": "exposed communication", "overlap_pct": "hidden behind compute",
+    "comp_comm_overlap_pct": "communication hidden behind compute", "wire_bytes": "on the wire",
     "wire_per_step_bytes": "on the wire per step", "theory_wire_per_step_bytes": "formula per step",
-    "name": "name", "kind": "kind", "total_us": "total time", "max_us": "longest", "step": "step", "rank": "rank",
+    "total_us": "total time", "max_us": "longest",
     # steps
-    "step_us": "step", "compute_us": "compute", "idle_us": "idle", "residual_us": "copies, memsets, syncs only",
-    "model_step_us": "T_comp + T_comm - T_overlap", "unexplained_us": "step - formula",
+    "residual_us": "copies, memsets, syncs only", "model_step_us": "T_comp + T_comm - T_overlap",
+    "unexplained_us": "step - formula",
     # ranks
-    "pg": "process group", "seq": "sequence number", "n_ranks": "ranks", "start_skew_us": "start skew",
-    "end_skew_us": "end skew", "last_rank": "last to arrive", "times_last": "times last", "share_last_pct": "share last",
-    "mean_start_lag_us": "mean start lag", "clock_offset_us": "clock offset",
+    "pg": "process group", "seq": "sequence number", "n_ranks": "ranks", "last_rank": "last to arrive",
     # device
-    "span_us": "span", "idle_time_us": "idle", "compute_time_us": "compute", "non_compute_time_us": "non-compute",
-    "idle_time_pct": "idle", "compute_time_pct": "compute", "non_compute_time_pct": "non-compute",
-    "kernel_type": "kernel type", "pct": "share", "sum_us": "total time", "mean_us": "mean", "min_us": "shortest",
-    "std_us": "standard deviation", "type_pct": "share of its type", "stream": "stream", "idle_category": "cause",
+    "idle_time_us": "idle", "compute_time_us": "compute", "non_compute_time_us": "non-compute", "idle_time_pct": "idle",
+    "compute_time_pct": "compute", "non_compute_time_pct": "non-compute", "pct": "share", "sum_us": "total time",
+    "min_us": "shortest", "std_us": "standard deviation", "type_pct": "share of its type", "idle_category": "cause",
     # compare
-    "run": "run", "strategy": "strategy", "world_size": "N (ranks)", "shard_group_size": "shard group",
-    "exposed_comm_pct": "of the step",
+    "world_size": "N (ranks)", "shard_group_size": "shard group", "exposed_comm_pct": "of the step",
 }
 # the process's memory beyond the allocator's, as a bar beside the memory categories
 OUTSIDE_ALLOCATOR_LABEL = "outside the allocator"
@@ -123,6 +104,12 @@ def is_missing(x) -> bool:
 
 
 category_label = model.category_words     # a memory category as every output says it ("optimizer states")
+_VALUE_WORDS = {  # column -> its values in words
+    "category": category_label, "role": category_label, "collective": model.collective_words,
+    "kind": lambda s: " / ".join(KIND_LABELS.get(k, k) for k in s.split("/")),
+    "source": lambda s: SOURCE_LABELS.get(s, s.replace("_", " ")),
+    "stage": lambda s: STAGE_LABELS.get(s, s.replace("_", " ")),
+    "peak_stage": lambda s: STAGE_LABELS.get(s, s.replace("_", " ")), "kernel_type": str.lower}
 
 
 def moment_label(at) -> str:
@@ -140,33 +127,19 @@ def size_class_label(lo_bytes, hi_bytes) -> str:
 
 
 def value_label(col: str, v) -> str:
-    """A vocabulary value in words, the one label function of tables, sentences and the terminal (``col`` says
-    what it is: category, role, kind, collective, stage, fsdp_phase, source, kernel_type, ...): memory categories
-    in words, all_gather -> all-gather, a kind "compute/cpu_op" -> "compute / CPU operator", HTA's kernel types
-    in lower case, snake_case words spaced; anything else unchanged; "" for a missing value."""
+    """A vocabulary value of column ``col`` in words (all_gather -> all-gather), for tables, sentences and the
+    terminal; other snake_case words spaced, anything else unchanged; "" for a missing value."""
     if is_missing(v):
         return ""
     s = str(getattr(v, "value", v))
-    if col == "category":
-        return category_label(s)
-    if col == "kind":
-        return " / ".join(KIND_LABELS.get(k, k) for k in s.split("/"))
-    if col == "collective":
-        return model.collective_words(s)
-    if col == "source":
-        return SOURCE_LABELS.get(s, s.replace("_", " "))
-    if col in ("stage", "peak_stage"):
-        return STAGE_LABELS.get(s, s.replace("_", " "))
-    if col == "kernel_type":
-        return s.lower()
-    if col == "role":
-        return category_label(s)
+    if col in _VALUE_WORDS:
+        return _VALUE_WORDS[col](s)
     return s.replace("_", " ") if re.fullmatch(r"[a-z0-9_]+", s) else s
 
 
 def short_name(name, limit: int = NAME_MAX) -> str:
-    """A long trace name (templated C++ kernels span lines) shortened for tables and charts: no leading
-    ``void``, no argument list, template arguments folded to ``<…>``, then cut at ``limit`` characters."""
+    """A long trace name shortened: no leading ``void``, no argument list, template arguments as ``<…>``, then cut
+    at ``limit`` characters."""
     s = " ".join(str(name).split())
     if len(s) <= limit:
         return s
@@ -197,10 +170,10 @@ def short_name(name, limit: int = NAME_MAX) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def hover_name(name, width: int = 100) -> str:
-    """The full name for a chart's hover, escaped, wrapped every ``width`` characters."""
+def hover_name(name) -> str:
+    """The full name for a chart's hover, escaped, wrapped every 100 characters."""
     s = " ".join(str(name).split())
-    return "<br>".join(label(s[i:i + width]) for i in range(0, len(s), width))
+    return "<br>".join(label(s[i:i + 100]) for i in range(0, len(s), 100))
 
 
 # --- numbers --------------------------------------------------------------------------------------
@@ -209,17 +182,11 @@ def fmt_fixed(x) -> str:
     if is_missing(x):
         return MISSING
     x = float(x)
-    a = abs(x)
-    if a == 0:
+    if x == 0:
         return "0"
-    if a >= 100:
-        return f"{x:,.0f}"
-    if a >= 10:
-        return f"{x:.1f}"
-    if a >= 1:
-        return f"{x:.2f}"
-    if a >= 0.001:
-        return f"{x:.3f}"
+    for least, spec in ((100, ",.0f"), (10, ".1f"), (1, ".2f"), (0.001, ".3f")):
+        if abs(x) >= least:
+            return format(x, spec)
     return "<0.001" if x > 0 else ">-0.001"
 
 
@@ -241,14 +208,12 @@ def fmt_us_spread(value, lo, hi) -> str:
         return MISSING
     if is_missing(lo) or is_missing(hi) or float(lo) == float(hi):
         return fmt_us(value)
-    top = max(abs(float(hi)), abs(float(value)))
-    scale, unit = (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")
+    scale, unit = _time_unit(max(abs(float(hi)), abs(float(value))))
     return f"{fmt_fixed(value / scale)} {unit} ({fmt_fixed(lo / scale)}–{fmt_fixed(hi / scale)})"
 
 
 def step_scope(sp: dict) -> str:
-    """What a per-step number is over (headline.step_spread's dict): "each rank's mean per step, the median over 8
-    ranks; in brackets the min–max over every rank and step (8 ranks, 8 steps in all)"."""
+    """What a per-step number is over (headline.step_spread's dict), in words."""
     n, k = sp.get("ranks") or 0, sp.get("steps") or 0
     if n <= 1:
         return f"the mean over {k} step{'s' if k != 1 else ''}" + ("; in brackets the min–max" if k > 1 else "")
@@ -256,30 +221,31 @@ def step_scope(sp: dict) -> str:
             f"({n} ranks, {k} steps in all)")
 
 
+def _time_unit(top: float) -> tuple[float, str]:
+    return (1e6, "s") if top >= 1e6 else (1e3, "ms") if top >= 1e3 else (1.0, "µs")
+
+
 def fmt_us(x) -> str:
     """A time given in µs, in s, ms or µs."""
     if is_missing(x):
         return MISSING
-    x = float(x)
-    if x == 0:
+    if float(x) == 0:
         return "0 ms"
-    if abs(x) >= 1e6:
-        return f"{fmt_fixed(x / 1e6)} s"
-    if abs(x) >= 1e3:
-        return f"{fmt_fixed(x / 1e3)} ms"
-    return f"{fmt_fixed(x)} µs"
+    scale, unit = _time_unit(abs(float(x)))
+    return f"{fmt_fixed(float(x) / scale)} {unit}"
 
 
 fmt_pct = model.fmt_pct        # (the one percentage format: the model's, which findings use)
 
 
-def fmt_num(x, digits: int = 4) -> str:
+def fmt_num(x) -> str:
+    """A whole number with thousands separators, else 4 significant digits."""
     if is_missing(x):
         return MISSING
     if isinstance(x, (int,)) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15):
         return f"{int(x):,}"
     try:
-        return f"{float(x):.{digits}g}"
+        return f"{float(x):.4g}"
     except (TypeError, ValueError):
         return str(x)
 
@@ -335,8 +301,7 @@ def _scale_for(unit: str, values) -> tuple[float, str]:
 
 
 def column_label(col: str, unit_text: str = "") -> str:
-    """The header of a column: its words (COLUMN_LABELS, else the name without its unit suffix and
-    underscores) and the unit in brackets."""
+    """A column's header: its words (COLUMN_LABELS, else its name in words) and the unit in brackets."""
     base = COLUMN_LABELS.get(col)
     if base is None:
         base = re.sub(r"_(bytes|us|pct|gbps)$", "", col).replace("_", " ")
@@ -375,11 +340,10 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
 
 
 def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int = 200, left: tuple = (),
-          labels: dict | None = None, names: tuple = ()) -> str:
-    """An HTML table: every cell escaped; one unit per column from its name (``*_bytes`` -> MiB ...,
-    ``*_us`` -> ms, ``*_pct`` -> %) shown in the header; headers in words (COLUMN_LABELS, or ``labels``
-    for this table); trace names (``name``, ``frames`` and ``names``) shortened with the full name on hover.
-    A column with no value in any row shown is left out, a missing value is an empty cell."""
+          labels: dict | None = None) -> str:
+    """A DataFrame as an HTML table: cells escaped, one unit per column from its name (shown in the header),
+    headers in words (COLUMN_LABELS or ``labels``), trace names shortened (the full one on hover), empty columns
+    left out."""
     if df is None or len(df) == 0:
         return '<p class="note">no rows</p>'
     cols = [c for c in (cols or list(df.columns)) if c in df.columns]
@@ -387,12 +351,11 @@ def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int 
     cols = [c for c in cols if not shown[c].map(lambda v: is_missing(v) or v == "").all()]
     shown = shown[cols]
     labels = labels or {}
-    name_cols = NAME_COLUMNS | set(names)
     heads, specs = [], []
     for c in cols:
         unit = column_unit(c)
         scale, unit_text = _scale_for(unit, shown[c]) if unit else (1.0, "")
-        is_left = c in left or c in name_cols or not _numeric(df[c])
+        is_left = c in left or c in NAME_COLUMNS or not _numeric(df[c])
         words = labels.get(c)
         head = f"{words} ({unit_text})" if words and unit_text else words or column_label(c, unit_text)
         heads.append(f'<th class="{"l" if is_left else ""}">{esc(head)}</th>')
@@ -402,7 +365,7 @@ def table(df: pd.DataFrame | None, cols: list[str] | None = None, max_rows: int 
         tds = []
         for (c, unit, scale, is_left), v in zip(specs, row):
             text = _plain_cell(c, v, scale, unit)
-            if c in name_cols and not is_missing(v):
+            if c in NAME_COLUMNS and not is_missing(v):
                 short = short_name(text)
                 title = f' title="{esc(text)}"' if short != text else ""
                 tds.append(f'<td class="l name"{title}>{esc(short)}</td>')
@@ -418,6 +381,18 @@ def kv_table(items: list[tuple[str, object]]) -> str:
     rows = "".join(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>' for k, v in items
                    if not is_missing(v) and str(v).strip() != "")
     return f"<table>{rows}</table>"
+
+
+def text_table(head: list, rows: list[list], left=(0,), row_class=(), top: str = "", row_heads: bool = False) -> str:
+    """A table of cells already in words (escaped here): the columns in ``left`` aligned left, ``row_class`` a class
+    per row, ``top`` a header row (HTML) above ``head``; ``row_heads``: each row's first cell is its header."""
+    def tag(t: str, i: int, x) -> str:
+        return f'<{t} class="{"l" if i in left else ""}">{esc(x)}</{t}>'
+    ths = "".join(tag("th", i, h) for i, h in enumerate(head))
+    trs = "".join(f'<tr class="{c}">' + "".join(tag("th" if row_heads and not i else "td", i, x)
+                                                for i, x in enumerate(r)) + "</tr>"
+                  for r, c in zip(rows, list(row_class) or [""] * len(rows)))
+    return f"<table>{top}<tr>{ths}</tr>{trs}</table>"
 
 
 CSS = """
@@ -461,20 +436,18 @@ details>summary{cursor:pointer;color:#374151;font-size:13px;margin:6px 0}
 
 
 class Page:
-    """Collects figures: plotly.js goes into the page once, with the first figure: embedded (``plotly_src``
-    None: a self-contained page), or loaded from ``plotly_src``, a file beside the page (a relative path,
-    :func:`fsdpprof.report.figures.plotly_js_name`; :mod:`fsdpprof.report.outputs` writes it)."""
+    """Numbers the page's figures; plotly.js comes with the first: embedded (``plotly_src`` None), or loaded from
+    ``plotly_src``, a file beside the page."""
 
     def __init__(self, plotly_src: str | None = None) -> None:
         self.n_figs = 0
         self.plotly_src = plotly_src
 
     def fig(self, fig: figures.Figure | dict, height: int = 360) -> str:
-        """A figure (figures.Figure, or a plain plotly.js figure dict) as HTML; see report.figures."""
+        """A figure (figures.Figure, or a plotly.js figure dict) as HTML."""
         self.n_figs += 1
-        first = self.n_figs == 1
         return figures.figure_html(fig, height, f"plot-{self.n_figs}",
-                                   include_plotlyjs=(self.plotly_src or True) if first else False)
+                                   include_plotlyjs=(self.plotly_src or True) if self.n_figs == 1 else False)
 
 
 def side_by_side(*blocks: str) -> str:
@@ -503,8 +476,7 @@ def notes_html(a, section: str) -> str:
 
 
 def scope_note(a, per: str) -> str:
-    """A table's scope as a note under its caption: which ranks and steps its rows are. ``per``: "rank_step" (one
-    row per rank and step), "window" (per rank, totals over the recorded window), "rank" (one row per rank)."""
+    """Which ranks and steps a table's rows are, as a note; ``per``: "rank_step", "window" or "rank"."""
     ranks = model.rank_list(sorted(int(r) for r in (a.overview.get("ranks_present") or [])))
     steps = sorted({int(x) for x in a.steps["step"].dropna()}) if a.steps is not None and "step" in a.steps else []
     said = f"step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps))}" if steps else "the whole trace"

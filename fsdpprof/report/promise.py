@@ -5,7 +5,7 @@ from __future__ import annotations
 from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_fixed, fmt_pct, fmt_spread, is_missing,
-                                  label, mem_scale)
+                                  label, mem_scale, text_table)
 
 
 def spread_of(c, run: str, metric: str) -> tuple[float, float]:
@@ -15,10 +15,6 @@ def spread_of(c, run: str, metric: str) -> tuple[float, float]:
         return float("nan"), float("nan")
     s = sp[(sp["run"] == run) & (sp["metric"] == metric)]
     return (float(s.iloc[0]["min"]), float(s.iloc[0]["max"])) if len(s) else (float("nan"), float("nan"))
-
-
-def _ratio_text(x) -> str:
-    return "" if is_missing(x) else f"{float(x):.2f}×"
 
 
 def promise_section(c, page: Page) -> str:
@@ -37,27 +33,27 @@ def promise_section(c, page: Page) -> str:
     cols = ["run", "N", f"formula ({unit})", "formula ×", f"measured ({unit})", "measured ×", f"measured ({unit})", "×",
             f"formula ({unit})", f"measured ({unit})", "measured × DDP's formula", "ms per step", "% of the step",
             "step (ms)"]
-    heads2 = "".join(f'<th class="{"l" if i == 0 else ""}">{esc(h)}</th>' for i, h in enumerate(cols))
-    rows = []
-    for _, r in p.iterrows():
-        cells = [esc(r["run"]), esc(r["world_size"]),
-                 fmt_fixed(r["model_states_theory_bytes"] / sc), _ratio_text(r["model_states_theory_ratio"]),
-                 fmt_fixed(r["model_states_measured_bytes"] / sc), _ratio_text(r["model_states_measured_ratio"]),
-                 fmt_fixed(r["peak_allocated_bytes"] / sc), _ratio_text(r["peak_ratio"]),
-                 fmt_fixed(r["traffic_theory_bytes"] / sc), fmt_fixed(r["traffic_measured_bytes"] / sc),
-                 _ratio_text(r["traffic_measured_vs_ddp"]),
-                 fmt_spread(r["exposed_comm_us"], *spread_of(c, r["run"], "exposed_comm_us"), scale=1e3),
-                 fmt_pct(r["exposed_comm_pct"]), fmt_spread(r["step_us"], *spread_of(c, r["run"], "step_us"), scale=1e3)]
-        tds = "".join(f'<td class="{"l" if i == 0 else ""}">{esc(x) if i > 1 else x}</td>' for i, x in enumerate(cells))
-        rows.append(f'<tr class="{"base" if r["baseline"] else ""}">{tds}</tr>')
-    note = (f'<p class="note">The formulas: model states per rank = (k_p + k_g + k_o) Ψ / N under FULL_SHARD (ZeRO-3), '
-            f"k_p Ψ + (k_g + k_o) Ψ / N under SHARD_GRAD_OP (ZeRO-2), Ψ over the shard group under HSDP; traffic per "
-            f"rank per step = 3(N-1)/N S for FULL_SHARD against 2(N-1)/N S for DDP's all-reduce: 1.5x. "
-            f"× is the ratio to {esc(base['run'])} (the shaded row), and for traffic the ratio to what DDP's "
-            f"all-reduce moves on as many ranks. Peak: the rank whose peak is highest; times per step: each rank's mean, the median over ranks (min–max over ranks and steps in brackets). The peak adds what the formula leaves out (gathered units, "
-            f"gradients waiting for their reduce-scatter, activations).</p>")
-    out = [f'<section id="promise"><h2>What ZeRO promises, and what was measured</h2>'
-           f"<table><tr>{heads1}</tr><tr>{heads2}</tr>{''.join(rows)}</table>{note}"]
+    def ratio(x) -> str:
+        return "" if is_missing(x) else f"{float(x):.2f}×"
+
+    rows = [[r["run"], r["world_size"], fmt_fixed(r["model_states_theory_bytes"] / sc),
+             ratio(r["model_states_theory_ratio"]), fmt_fixed(r["model_states_measured_bytes"] / sc),
+             ratio(r["model_states_measured_ratio"]), fmt_fixed(r["peak_allocated_bytes"] / sc), ratio(r["peak_ratio"]),
+             fmt_fixed(r["traffic_theory_bytes"] / sc), fmt_fixed(r["traffic_measured_bytes"] / sc),
+             ratio(r["traffic_measured_vs_ddp"]),
+             fmt_spread(r["exposed_comm_us"], *spread_of(c, r["run"], "exposed_comm_us"), scale=1e3),
+             fmt_pct(r["exposed_comm_pct"]), fmt_spread(r["step_us"], *spread_of(c, r["run"], "step_us"), scale=1e3)]
+            for _, r in p.iterrows()]
+    note = ("The formulas: model states per rank = (k_p + k_g + k_o) Ψ / N under FULL_SHARD (ZeRO-3), "
+            "k_p Ψ + (k_g + k_o) Ψ / N under SHARD_GRAD_OP (ZeRO-2), Ψ over the shard group under HSDP; traffic per "
+            "rank per step = 3(N-1)/N S for FULL_SHARD against 2(N-1)/N S for DDP's all-reduce: 1.5x. "
+            f"× is the ratio to {base['run']} (the shaded row), and for traffic the ratio to what DDP's "
+            "all-reduce moves on as many ranks. Peak: the rank whose peak is highest; times per step: each rank's "
+            "mean, the median over ranks (min–max over ranks and steps in brackets). The peak adds what the formula "
+            "leaves out (gathered units, gradients waiting for their reduce-scatter, activations).")
+    out = ['<section id="promise"><h2>What ZeRO promises, and what was measured</h2>'
+           + text_table(cols, rows, row_class=["base" if b else "" for b in p["baseline"]], top=f"<tr>{heads1}</tr>")
+           + f'<p class="note">{esc(note)}</p>']
     out.append(_memory_vs_formula(c, page))
     out.append("</section>")
     return "".join(out)

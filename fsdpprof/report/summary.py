@@ -1,8 +1,5 @@
-"""summary.json and compare.json: every number of an Analysis / Comparison as plain JSON values.
-
-The keys are a contract for scripts and CI (schema ``fsdpprof.summary/2``, ``fsdpprof.compare/1``);
-NaN and infinities become null, numpy and pandas values plain numbers.
-"""
+"""summary.json and compare.json: every number of an Analysis / Comparison as plain JSON values (NaN and
+infinities as null); their keys are a contract for scripts and CI."""
 from __future__ import annotations
 
 import math
@@ -37,8 +34,7 @@ def _scalar(x):
 
 
 def _column_values(col) -> list:
-    """One column's values (a Series or a column's array), JSON-safe: json_safe of each value, a column at a
-    time (numpy numbers and bools by ``tolist``, NaN and infinities as None; any other column value by value)."""
+    """One column's values, JSON-safe (numpy numbers at once by ``tolist``, NaN and infinities as None)."""
     dt = col.dtype
     if isinstance(dt, np.dtype) and dt.kind in "fiub":
         a = np.asarray(col)
@@ -63,8 +59,7 @@ def records(df: pd.DataFrame | None) -> list[dict] | None:
 
 
 def json_safe(x):
-    """Any nesting of dicts, lists, DataFrames and numpy/pandas scalars as plain JSON values (NaN, inf -> None):
-    what summary.json, compare.json and ``plan --json`` are written from."""
+    """Any nesting of dicts, lists, DataFrames and numpy/pandas scalars as plain JSON values (NaN, inf -> None)."""
     t = type(x)                        # (the plain values first: most of a summary's million values are)
     if t is str or t is int or t is bool or x is None:
         return x
@@ -84,10 +79,7 @@ def json_safe(x):
 
 
 def memory_summary(m) -> dict:
-    """One rank's MemoryResult.  ``oom`` (snapshots that ended in an out-of-memory error) holds the figures
-    of the failed request (requested_bytes, free_bytes, device, ts_us) and beside them what the analysis
-    made of it: ``explanation`` (text) and ``suggestions`` (change, saves_bytes, enough, detail), see
-    fsdpprof.analyze.memory.oom.explain_oom."""
+    """One rank's MemoryResult (``oom``: the failed request and fsdpprof.analyze.memory.oom.explain_oom's words)."""
     frag = getattr(m, "fragmentation", None)
     return {
         "source": m.source, "peak_allocated_bytes": m.peak_allocated_bytes, "peak_ts_us": m.peak_ts_us,
@@ -96,13 +88,9 @@ def memory_summary(m) -> dict:
         "oom": m.oom, "breakdown_at_peak": m.breakdown_at_peak, "by_unit_at_peak": m.by_unit_at_peak,
         "top_allocations": m.top_allocations.head(20) if m.top_allocations is not None else None,
         "warnings": list(m.warnings or []),
-        # snapshot: the CUDA device analysed (index N of cuda:N), why (given | largest peak | only device), and the
-        # peak of each of the snapshot's devices when it has several ({"N": bytes})
+        # snapshots: the device analysed, why, the peak of each device; FSDP seen in the frames; the allocator's cache
         "device": getattr(m, "device", None), "device_choice": getattr(m, "device_choice", None),
         "device_peaks": {str(d): b for d, b in (getattr(m, "device_peaks", None) or {}).items()},
-        # FSDP seen in a snapshot's frames, its units (forward order), its buffers at the peak by role,
-        # the activations each unit keeps (A_l), what was alive before the history began (by size), and the
-        # allocator's rounding (block minus requested bytes) at snapshot time
         "fsdp_family": getattr(m, "fsdp_family", None), "fsdp_units": list(getattr(m, "fsdp_units", None) or []),
         "world_size": getattr(m, "world_size", None), "world_size_source": getattr(m, "world_size_source", None),
         "by_role_at_peak": getattr(m, "by_role_at_peak", None),
@@ -110,12 +98,8 @@ def memory_summary(m) -> dict:
         "before_recording_sizes": _head(getattr(m, "before_recording_sizes", None), 50),
         "rounding_end_bytes": getattr(m, "rounding_end_bytes", None),
         "reserved_end_bytes": getattr(m, "reserved_end_bytes", None),
-        # snapshot: the allocator's free blocks, one entry per moment ("peak", "oom", "end"; see
-        # fsdpprof.analyze.memory.fragmentation.FragmentationAt), and why a moment is missing
         "fragmentation": frag.to_list() if frag is not None else None,
         "fragmentation_notes": list(frag.notes) if frag is not None else [],
-        # the process's memory beside the allocator's (rank.json, see fsdpprof.analyze.memory.process): source,
-        # used_peak_bytes, allocator_reserved_peak_bytes, outside_allocator_peak_bytes, steps ...
         "process": getattr(m, "process", None),
     }
 
@@ -125,9 +109,8 @@ def _head(df, n: int):
 
 
 def summary(a, plain: bool = True) -> dict:
-    """The content of summary.json for one Analysis: plain JSON values, or with ``plain=False`` its tables still
-    as DataFrames (what :func:`fsdpprof.report.outputs.json_bytes` turns into JSON one key at a time, so that
-    the plain values of a run of many ranks are never all alive at once)."""
+    """The content of summary.json for one Analysis: plain JSON values, or with ``plain=False`` its tables still as
+    DataFrames (for outputs.json_bytes, one key at a time)."""
     return (json_safe if plain else dict)({
         "schema": SUMMARY_SCHEMA, "path": a.path, "source": a.source, "overview": a.overview,
         "missing": dict(a.missing), "warnings": list(a.warnings), "notes": dict(a.notes),
@@ -142,8 +125,6 @@ def summary(a, plain: bool = True) -> dict:
         "hta": a.hta,
         "findings": [f.to_dict() for f in a.findings],
         "headline": headline(a), "whatif": getattr(a, "whatif", None),
-        # per-rank tables as distributions over ranks (percentiles, the worst ranks): a size that does not grow
-        # with the ranks; the per-rank rows stay in their own keys above
         "rank_distributions": getattr(a, "rank_distributions", None) or {},
     })
 

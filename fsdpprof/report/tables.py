@@ -1,11 +1,5 @@
-"""``fsdpprof report RUN --tables DIR``: every table of summary.json as a file of its own, for notebooks and
-experiment trackers: ``DIR/<key>.csv`` (and ``<key>.parquet`` when pyarrow is installed: ``pip install
-'fsdpprof[parquet]'``), plus ``DIR/tables.json`` listing them (schema TABLES_SCHEMA).
-
-A table is a list of rows in summary.json whose every row is an object of plain values (numbers, strings,
-booleans, null); its file is named by its key's path (``volume``, ``memory.0.breakdown_at_peak``).  The rows
-are those of summary.json, so ``pandas.read_csv`` gives them back.
-"""
+"""``fsdpprof report RUN --tables DIR``: every table of summary.json (a list of rows of plain values) as
+``DIR/<key path>.csv`` (and ``.parquet`` with pyarrow), listed in ``DIR/tables.json``."""
 from __future__ import annotations
 
 import importlib.util
@@ -29,8 +23,7 @@ def _is_table(value) -> bool:
 
 
 def summary_tables(doc: dict, prefix: str = "") -> dict[str, list[dict]]:
-    """The tables of a plain summary (:func:`fsdpprof.report.summary.summary`): file name -> rows, in the
-    summary's order."""
+    """The tables of a plain summary: file name -> rows, in the summary's order."""
     out: dict[str, list[dict]] = {}
     for key, value in doc.items():
         name = f"{prefix}{_SAFE.sub('_', str(key))}"
@@ -46,8 +39,7 @@ def parquet_available() -> bool:
 
 
 def table_files(doc: dict, directory: str) -> list[tuple[str, bytes]]:
-    """(path, bytes) of every table of ``doc`` in ``directory``: a CSV each (a Parquet file too with pyarrow),
-    and the index ``tables.json`` (what was written, for scripts and for writing over them next time)."""
+    """(path, bytes) of every table of ``doc`` in ``directory`` (CSV, Parquet with pyarrow) and of the index."""
     items, index = [], []
     parquet = parquet_available()
     for name, rows in summary_tables(doc).items():

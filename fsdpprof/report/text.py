@@ -5,7 +5,7 @@ from fsdpprof.analyze.summary.headline import headline, step_spread
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
 from fsdpprof.report.glance import oom_line
 from fsdpprof.report.memory import devices_analysed, memory_owner, other_devices_said
-from fsdpprof.report.compare_page import SPREAD_ROWS
+from fsdpprof.report.compare_page import SPREAD_ROWS, compare_host, shown_rows
 from fsdpprof.report.overview import SOURCE_TEXT
 from fsdpprof.report.page import (HOST_TIME, MISSING, column_unit, finding_title, fmt_bytes, fmt_fixed, fmt_num, fmt_params,
                                   fmt_pct, fmt_us, fmt_us_spread, is_missing, metric_label, value_label)
@@ -101,19 +101,16 @@ def _spread_cell(c, run: str, metric: str, v) -> str:
 
 
 def compare_text(c) -> str:
-    host = c.promise is None or c.promise.empty or all((d or "cpu") == "cpu" for d in c.promise["device_type"])
+    host = compare_host(c)
     lines = [f"fsdpprof compare: {len(c.paths)} runs (memory: the rank whose peak is highest; times per step: each "
              f"rank's mean, the median over ranks, min-max over ranks and steps in brackets)"]
     lines += [f"  warning: {w}" for w in c.warnings]
     runs = list(c.table.columns[1:])
-    rows = [row for row in c.table.itertuples(index=False, name=None)
-            if not (str(row[0]).startswith("peak_") and str(row[0]).endswith("_bytes") and row[0] != "peak_allocated_bytes"
-                    and all(v != v or not v for v in row[1:]))     # a category no run has at its peak
-            and not all(v is None or v != v for v in row[1:])]          # measured in no run
-    names = [metric_label(row[0], host=host) for row in rows]
+    rows = shown_rows(c)
+    names = [metric_label(metric, host=host) for metric, _ in rows]
     width = max(len(n) for n in names)
-    cells = [[_spread_cell(c, r, row[0], v) if row[0] in SPREAD_ROWS else _cell(row[0], v)
-              for r, v in zip(runs, row[1:])] for row in rows]
+    cells = [[_spread_cell(c, r, metric, v) if metric in SPREAD_ROWS else _cell(metric, v)
+              for r, v in zip(runs, vals)] for metric, vals in rows]
     widths = [max([len(str(r))] + [len(cs[i]) for cs in cells]) for i, r in enumerate(runs)]
     lines.append("  " + " " * width + "  " + "  ".join(str(r).rjust(w) for r, w in zip(runs, widths)))
     for name, cs in zip(names, cells):

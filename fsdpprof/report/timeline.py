@@ -1,12 +1,6 @@
-"""``fsdpprof timeline``'s file: every rank of a run as one process of one chrome trace (gzip), on one clock, with
-fsdpprof's tracks beside the ranks' own events (the format: :mod:`fsdpprof.analyze.trace.timeline_file`).
-
-Each rank's trace is read as its profiler wrote it; every event is kept as it is (its threads, streams, names,
-flows and args) but for its process id (the rank's process: ``rank N``) and its time (the rank's offset
-subtracted, a whole number of µs so that times stay exact).  The tracks come from an
-:class:`fsdpprof.analyze.timeline.Timeline`; their events all have the category TRACK_CAT (an analysis of the
-file leaves them out).  Rendering only: every number comes from analyze.
-"""
+"""``fsdpprof timeline``'s file (:mod:`fsdpprof.analyze.trace.timeline_file`): every rank of a run as one process
+of one chrome trace (gzip) on one clock, its events as its profiler wrote them but for the process id and the time
+(less the rank's offset, a whole number of µs), beside fsdpprof's tracks (category TRACK_CAT)."""
 from __future__ import annotations
 
 import gzip
@@ -27,11 +21,6 @@ _PROCESS_META = frozenset({"process_name", "process_labels", "process_sort_index
 TRACK_STEP, TRACK_STAGE, TRACK_PHASE, TRACK_UNIT, TRACK_EXPOSED, TRACK_MEMORY, TRACK_FINDINGS = (
     "step", "stage", "FSDP phase", "FSDP unit", "exposed communication", "memory allocated (bytes)", "findings")
 _ENC = msgspec.json.Encoder()
-
-
-def rank_pid(rank: int) -> int:
-    """The process id of rank ``rank`` in the timeline."""
-    return int(rank)
 
 
 def _shift(ts, off: float):
@@ -75,12 +64,10 @@ def _keep(e: dict, window) -> bool:
 
 
 def rank_events(path: str, pid: int, off: float, window=None, part_pid: int | None = None, kept: dict | None = None):
-    """The events of one rank's trace as the timeline holds them: its process metadata left out (the
-    timeline names the process), the others with process id ``pid`` and times less ``off``; only those in
-    ``window`` (µs on the rank's own clock, None: all).  ``part_pid``: ``path`` is a timeline itself, the rank
-    is its process ``part_pid`` (its original events only, not the tracks fsdpprof added).  ``kept`` gets what
-    the timeline does not hold as it was: ``pids`` ([thread id, its original process id] pairs) and
-    ``process_events`` ([position among the events kept, event]: the process metadata left out), so that the rank's own file can be made again."""
+    """The events of one rank's trace in ``window`` (µs on its own clock; None: all) with process id ``pid`` and
+    times less ``off``, but its process metadata. ``part_pid``: ``path`` is a timeline, the rank its process
+    ``part_pid``. ``kept`` gets what the rank's own file needs again: ``pids`` (thread id -> original process id)
+    and ``process_events`` ([position among the events kept, event])."""
     kept = {} if kept is None else kept
     pids, process_events = kept.setdefault("pids", {}), kept.setdefault("process_events", [])
     n_kept = 0
@@ -127,8 +114,8 @@ def _num(x):
 
 
 def track_events(t, pid: int, findings: list, places) -> list[dict]:
-    """fsdpprof's tracks of one rank (a :class:`fsdpprof.analyze.timeline.RankTracks`) as chrome-trace events on
-    the timeline's clock: thread names first, then spans (X), counters (C) and instants (i)."""
+    """fsdpprof's tracks of one rank (:class:`fsdpprof.analyze.timeline.RankTracks`) as chrome-trace events on the
+    timeline's clock: thread names, spans (X), counters (C) and instants (i)."""
     off, win = t.offset_us, t.window
     tids: dict[str, int] = {}
     out: list[dict] = []
@@ -187,13 +174,12 @@ def track_events(t, pid: int, findings: list, places) -> list[dict]:
 
 
 def timeline_meta(run, tl, wanted_steps) -> dict:
-    """The timeline's ``otherData``: its schema, where it came from, how the clocks were aligned, each rank's
-    process, offset and own trace metadata."""
+    """The timeline's ``otherData``: schema, input, clock alignment, each rank's process, offset and trace metadata."""
     al = tl.alignment.set_index("rank")
     ranks = []
     for r, t in sorted(tl.ranks.items()):
         rd = run.ranks[r]
-        part = {"rank": r, "pid": rank_pid(r), "label": rd.label, "offset_us": _num(t.offset_us),
+        part = {"rank": r, "pid": int(r), "label": rd.label, "offset_us": _num(t.offset_us),
                 "residual_us": _num(t.residual_us), "trace": _shifted_meta(rd.trace_meta or {}, t.offset_us)}
         if run.source == SOURCE_RUN_DIR:
             part["info"] = _shifted_info(rd.info, t.offset_us)
@@ -208,8 +194,8 @@ def timeline_meta(run, tl, wanted_steps) -> dict:
 
 
 def timeline_writer(run, tl, wanted_steps=None, sizes: dict | None = None):
-    """A function that writes the timeline (gzip) into the binary file it is given (what
-    :func:`fsdpprof.report.outputs.write_files` takes); ``sizes`` gets ``json_bytes``, the JSON's size."""
+    """A function writing the timeline (gzip) into a binary file, for outputs.write_files; ``sizes`` gets
+    ``json_bytes``, the JSON's size."""
     sizes = {} if sizes is None else sizes
 
     def write(fh) -> None:
@@ -233,7 +219,7 @@ def timeline_writer(run, tl, wanted_steps=None, sizes: dict | None = None):
                     first = False
 
             for r, t in sorted(tl.ranks.items()):
-                pid = rank_pid(r)
+                pid = int(r)
                 host = (run.ranks[r].info or {}).get("host")
                 head = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {r}"}},
                         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": r}}]
@@ -250,8 +236,7 @@ def timeline_writer(run, tl, wanted_steps=None, sizes: dict | None = None):
                         batch(buf)
                         buf = []
                 batch(buf)
-            # after the events: per rank, its threads' original process ids and process metadata (what its own
-            # file needs, timeline_file.write_rank_part)
+            # per rank what its own file needs again (timeline_file.write_rank_part)
             put(b'],"' + PARTS_KEY.encode() + b'":' + _ENC.encode(
                 {str(r): {"pids": [[t, p] for t, p in k.get("pids", {}).items()],
                           "process_events": k.get("process_events", [])} for r, k in kept.items()}) + b"}\n")

@@ -1,15 +1,11 @@
-"""The "What if" section of the report and the page of `fsdpprof whatif -o`: rendering only.
-
-Input: the dict :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` returns (``predictions``,
-``measured``, ``notes``), on an Analysis as ``a.whatif``.
-"""
+"""The "What if" section of the report and the page of `fsdpprof whatif -o`, from the predictions dict of
+:func:`fsdpprof.analyze.whatif.predict.reduce_predictions` (``a.whatif`` on an Analysis)."""
 from __future__ import annotations
-
 
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, MIB, Page, category_label, document, esc, fmt_bytes, fmt_us,
-                                  is_missing, label)
+                                  is_missing, label, text_table)
 
 
 def _time(x) -> str:
@@ -19,8 +15,6 @@ def _time(x) -> str:
 def _table(result: dict) -> str:
     m = result.get("measured") or {}
     mpeak, mstep = m.get("peak_allocated_bytes"), m.get("step_us")
-    head = ["strategy", "world", "shard group", "predicted peak", "vs this run", "step time", "vs this run",
-            "compute", "exposed comm", "rest"]
     rows = []
     for p in result.get("predictions") or []:
         peak, step = p.get("peak_allocated_bytes"), p.get("step_us")
@@ -29,12 +23,10 @@ def _table(result: dict) -> str:
         name = p.get("label") or p.get("strategy")
         if p.get("is_run"):
             name += " (this run's own)"
-        cells = [name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak, missing=""), dp, _time(step), ds,
-                 _time(p.get("compute_us")), _time(p.get("exposed_comm_us")), _time(p.get("rest_us"))]
-        rows.append("<tr>" + "".join(f'<td{" class=l" if i == 0 else ""}>{esc(c)}</td>' for i, c in enumerate(cells))
-                    + "</tr>")
-    ths = "".join(f'<th{" class=l" if i == 0 else ""}>{esc(h)}</th>' for i, h in enumerate(head))
-    return f"<table><tr>{ths}</tr>{''.join(rows)}</table>"
+        rows.append([name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak, missing=""), dp, _time(step), ds,
+                     _time(p.get("compute_us")), _time(p.get("exposed_comm_us")), _time(p.get("rest_us"))])
+    return text_table(["strategy", "world", "shard group", "predicted peak", "vs this run", "step time", "vs this run",
+                       "compute", "exposed comm", "rest"], rows)
 
 
 def _figure(result: dict, page: Page) -> str:
