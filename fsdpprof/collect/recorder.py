@@ -177,8 +177,8 @@ class Recorder:
             self.error = f"{where}: {type(exc).__name__}: {exc}"
         self._log(f"ERROR {self.error}\n{traceback.format_exc()}")
 
-    def _identify(self) -> None:
-        """Rank, world size and local rank of this process."""
+    def _identify(self) -> bool:
+        """Rank, world size and local rank of this process; True when ``ranks`` selects it."""
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -189,8 +189,6 @@ class Recorder:
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         except Exception:
             pass
-
-    def _selected(self) -> bool:
         ranks = self.options.get("ranks")
         return ranks is None or self.rank in {int(r) for r in ranks}
 
@@ -276,8 +274,7 @@ class Recorder:
                 return None
             if _user_profiler_running() or _optimizer_exists():
                 return None  # an optimizer will step (the usual case): no fallback trace needed
-            self._identify()
-            if not self._selected():
+            if not self._identify():
                 return None
             self.fallback_prof = self._make_profiler(schedule=None)
             self._start_profiler(self.fallback_prof)
@@ -352,11 +349,7 @@ class Recorder:
         return [o for o in (r() for r in self.optimizers) if o is not None]
 
     def _start_window(self) -> None:
-        if _is_child_process():
-            self._stand_down("done")
-            return
-        self._identify()
-        if not self._selected():
+        if _is_child_process() or not self._identify():
             self._stand_down("done")
             return
         if not self._open_rank_dir():
@@ -423,14 +416,11 @@ class Recorder:
         self.clock_anchor = {"wall_ns": time.time_ns(), "profiler_us": None}
 
     def _trace_ready(self, prof) -> None:
+        final = None
         try:
             if not self._open_rank_dir():
                 return
             final = os.path.join(self.rdir, runfmt.TRACE_FILE)
-        except Exception as exc:
-            self._fail("exporting the trace", exc)
-            return
-        try:
             json_name = runfmt.TRACE_TEMP_FMT.format(pid=os.getpid())
             tmp_name = json_name + ".gz"
             # (kineto writes <json>.tmp and renames it: listed too, so that --force may remove what a crash left)
@@ -565,8 +555,7 @@ class Recorder:
             steps = self._steps_recorded()
             doc = {"schema": runfmt.RANK_SCHEMA, "rank": self.rank, "local_rank": self.local_rank,
                    "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
-                   "device": device, "device_name": device_name, "backend": _backend(),
-                   "process_groups": _process_groups(),
+                   "device": device, "device_name": device_name, **_distributed(),
                    "steps_recorded": steps, "profiler_steps": steps,
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
@@ -660,8 +649,7 @@ class Recorder:
                                      "process from its first module call to its exit (no step window); the "
                                      "inventory lists parameters only, captured at exit")
                 elif self.state == "idle" and self.primary is not None and not _is_child_process():
-                    self._identify()
-                    if self._selected() and self._open_rank_dir():
+                    if self._identify() and self._open_rank_dir():
                         why = (f"{reason} after {self.steps_done} optimizer steps, before the window "
                                f"(steps {self.skip}-{self.last_active}) began")
                         why += f": {exc_text}" if exc_text else "; lower --skip-steps or run more steps"
@@ -910,32 +898,24 @@ def _trace_base_time_ns(path: str):
         return None
 
 
-def _backend():
-    try:
-        import torch.distributed as dist
-
-        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
-    except Exception:
-        return None
-
-
-def _process_groups() -> list[dict]:
-    """Name, size and ranks of every process group of this process ([] without torch.distributed)."""
-    groups = []
+def _distributed() -> dict:
+    """rank.json's "backend" and "process_groups" (name, size, ranks): None and [] without torch.distributed."""
+    doc = {"backend": None, "process_groups": []}
     try:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
-        if not (dist.is_available() and dist.is_initialized()):
-            return groups
-        world = c10d._world
-        for pg, ranks_map in list(world.pg_group_ranks.items()):
-            name = world.pg_names.get(pg) if hasattr(world, "pg_names") else None
-            ranks = sorted(int(r) for r in ranks_map.keys())
-            groups.append({"name": str(name or getattr(pg, "group_name", "")), "size": len(ranks), "ranks": ranks})
+        if dist.is_available() and dist.is_initialized():
+            doc["backend"] = str(dist.get_backend())
+            world = c10d._world
+            for pg, ranks_map in list(world.pg_group_ranks.items()):
+                name = world.pg_names.get(pg) if hasattr(world, "pg_names") else None
+                ranks = sorted(int(r) for r in ranks_map.keys())
+                doc["process_groups"].append({"name": str(name or getattr(pg, "group_name", "")),
+                                              "size": len(ranks), "ranks": ranks})
     except Exception:
         pass
-    return groups
+    return doc
 
 
 def _task_schedstat() -> dict:
