@@ -1,17 +1,14 @@
 """In-code recording: ``with fsdpprof.record(out="runs/x"):`` around a training loop.
 
-Steps are counted exactly as under ``fsdpprof record``: optimizer steps completed inside the
-``with`` block (the first optimizer that steps), window ``skip_steps``, ``warmup_steps``,
-``active_steps``. Every process (rank) that enters the block records its own ``rank-<R>``
-folder; each writes ``launchers/<host>-<pid>.json`` and ``run.json`` is created by the first and
-updated by each as it leaves, so the last one to finish leaves the final status.
+Steps are counted as under ``fsdpprof record`` (optimizer steps completed inside the block). Every process
+(rank) that enters the block records its own ``rank-<R>`` folder and writes ``launchers/<host>-<pid>.json``;
+``run.json`` is created by the first and updated by each as it leaves (the last one leaves the final status).
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
 import os
-import socket
 import sys
 
 from fsdpprof import runfmt
@@ -41,28 +38,11 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
             raise UserError(f"fsdpprof.record: {out} already holds a run (status {meta.get('status')}): choose a new "
                             "out folder or remove that run first")
     options = dict(window, memory=bool(memory), with_stack=bool(with_stack))
-    cmd = [sys.executable, *sys.argv]
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat()
-    meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
-            "ended_at": None, "exit_code": None, "status": runfmt.STATUS_RUNNING, "versions": launcher._versions(),
-            "host": socket.gethostname(), "options": dict(options, api=True), "ranks_expected": None,
-            "ranks_seen": []}
-    run_json = os.path.join(out, runfmt.RUN_JSON)
-    name = f"{socket.gethostname()}-{os.getpid()}.json"
-    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
-    created = False
     try:
         os.makedirs(out, exist_ok=True)
-        created = runfmt.exclusive_create_json(run_json, meta)
-        entry = {"host": socket.gethostname(), "pid": os.getpid(),
-                 "pid_start": runfmt.process_start_ticks(os.getpid()), "command": cmd, "started_at": started,
-                 "ended_at": None, "exit_code": None, "api": True,
-                 # what this process writes in the run directory besides its rank folder (--force removes only that)
-                 "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
-        runfmt.atomic_write_json(launcher_path, entry)
+        run_json, launcher_path, entry = launcher.begin_run(out, [sys.executable, *sys.argv], dict(options, api=True),
+                                                            None, {"api": True})
     except OSError as exc:  # never harm the job: its block runs unrecorded
-        if created:
-            runfmt.remove_quietly(run_json)
         runfmt.say(f"fsdpprof: not recording: {out} cannot be written ({runfmt.write_error_text(exc)})")
         yield None
         return
@@ -82,7 +62,7 @@ def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1
             rec.uninstall()
             if rec in recorder._API_RECORDERS:
                 recorder._API_RECORDERS.remove(rec)
-            entry.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat())
+            entry.update(exit_code=exit_code, ended_at=launcher._now())
             _, unwritten = launcher._end_run(out, run_json, launcher_path, entry)
             if unwritten:
                 runfmt.say(f"fsdpprof: run directory {out} not finished: {'; '.join(unwritten)}")

@@ -1,10 +1,8 @@
-"""CUDA memory history for the window (only used behind ``torch.cuda.is_available()``).
+"""CUDA memory history for the window (used only behind ``torch.cuda.is_available()``).
 
-Starts ``torch.cuda.memory._record_memory_history`` at the start of the window (bounded entries,
-python stacks), tags every allocation with the FSDP phase and unit through
-``torch.cuda.memory._set_memory_metadata`` (string ``"fsdpprof phase=<phase> unit=<fqn>"``, the
-``user_metadata`` of each trace entry in the snapshot) and writes ``memory_snapshot.pickle``
-at the end of the window.
+Records ``torch.cuda.memory._record_memory_history`` (bounded entries, python stacks), tags every allocation with
+the FSDP phase and unit through ``_set_memory_metadata`` (the ``user_metadata`` of each trace entry: see
+:func:`metadata`) and writes ``memory_snapshot.pickle`` at the end of the window.
 """
 from __future__ import annotations
 
@@ -21,10 +19,9 @@ def metadata(phase: str, unit: str | None) -> str:
 
 
 class CudaMemoryRecorder:
-    def __init__(self, info, max_entries: int = 100_000, stacks: str = "python"):
+    def __init__(self, info, max_entries: int = 100_000):
         self.info = info
         self.max_entries = max_entries
-        self.stacks = stacks
         self.handles = []
         self.unit_stack: list[str] = []
 
@@ -35,7 +32,7 @@ class CudaMemoryRecorder:
             pass
 
     def start(self) -> None:
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=self.stacks,
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
                                                  max_entries=self.max_entries)
         self.install_phase_hooks()
 
@@ -59,28 +56,27 @@ class CudaMemoryRecorder:
             if self.unit_stack:
                 self.unit_stack.pop()
             self.set_phase(runfmt.STAGE_FORWARD, self.unit_stack[-1] if self.unit_stack else None)
-            # the gradient w.r.t. this unit's output arrives when its backward starts
-            tensors = output if isinstance(output, (tuple, list)) else (output,)
-            for t in tensors:
+            # the gradient w.r.t. this unit's output arrives when its backward starts; an outer unit returning
+            # the same tensor keeps the innermost unit's tag
+            for t in output if isinstance(output, (tuple, list)) else (output,):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    if not getattr(t, "_fsdpprof_tagged", False):  # an outer unit returning the same tensor
-                        t._fsdpprof_tagged = True                     # keeps the innermost unit's tag
-                        t.register_hook(lambda g, _u=unit: (self.set_phase(runfmt.STAGE_BACKWARD, _u), None)[1])
+                    if not getattr(t, "_fsdpprof_tagged", False):
+                        t._fsdpprof_tagged = True
+                        t.register_hook(lambda g, _u=unit: self.set_phase(runfmt.STAGE_BACKWARD, _u))
                     break
             return None
 
         self.handles.append(module_mod.register_module_forward_pre_hook(pre))
         self.handles.append(module_mod.register_module_forward_hook(post))
 
-    def finish(self, rank_dir: str) -> str | None:
+    def finish(self, rank_dir: str) -> None:
+        """Remove the hooks, write ``memory_snapshot.pickle`` into ``rank_dir`` and stop the history."""
         for h in self.handles:
             h.remove()
         self.handles = []
         try:
-            snapshot = torch.cuda.memory._snapshot()
-            path = os.path.join(rank_dir, runfmt.SNAPSHOT_FILE)
-            runfmt.atomic_write_bytes(path, pickle.dumps(snapshot))
-            return path
+            runfmt.atomic_write_bytes(os.path.join(rank_dir, runfmt.SNAPSHOT_FILE),
+                                      pickle.dumps(torch.cuda.memory._snapshot()))
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
             self.set_phase("", None)

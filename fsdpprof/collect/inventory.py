@@ -1,13 +1,13 @@
 """Model-state inventory of one rank (schema ``fsdpprof.inventory/1``): stdlib + torch only.
 
-Finds the model an optimizer trains, works out framework (fsdp2 / fsdp1 / ddp / none), strategy,
-group sizes, mixed precision and offload, the FSDP units with unsharded and local numel, and
-describes every parameter, gradient and optimizer-state tensor this rank holds (bytes, device,
-storage address). Sizes are in elements (``numel``) and bytes; addresses are integers.
+Finds the model an optimizer trains, its framework (fsdp2 / fsdp1 / ddp / none), strategy, group sizes, mixed
+precision, offload and FSDP units (unsharded and local numel), and describes every parameter, gradient and
+optimizer-state tensor this rank holds (numel, bytes, device, storage address as integers).
 """
 from __future__ import annotations
 
 import gc
+import importlib
 
 import torch
 import torch.nn as nn
@@ -31,13 +31,28 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     local = getattr(t, "_local_tensor", None)
     if local is not None:
         return local
-    if hasattr(t, "to_local"):
-        return t.to_local()
-    return t
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return int(t.numel()) * int(t.element_size())
+
+
+def _torch_class(module: str, name: str):
+    """``module.name``, or () where this torch has none (nothing is an instance of ())."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:
+        return ()
+
+
+def _mixed_precision(mp, stored: str) -> dict | None:
+    """The param and reduce dtypes of a mixed-precision policy that sets either (None otherwise)."""
+    param, reduce = getattr(mp, "param_dtype", None), getattr(mp, "reduce_dtype", None)
+    if param is None and reduce is None:
+        return None
+    param_dtype = _dtype_name(param) if param is not None else stored
+    return {"param_dtype": param_dtype, "reduce_dtype": _dtype_name(reduce) if reduce is not None else param_dtype}
 
 
 def tensor_entry(role: str, name: str, unit, t: torch.Tensor, step: int, captured_at: str) -> dict:
@@ -66,13 +81,10 @@ def optimizer_params(optimizers) -> list:
 
 
 def find_model(optimizers) -> nn.Module | None:
-    """The outermost nn.Module holding most of the optimizers' parameters (found once, via gc).
-
-    Without optimizers: the outermost module with the most parameters.
-    """
+    """The outermost nn.Module holding most of the optimizers' parameters (found via gc); without optimizers,
+    the outermost module with the most parameters."""
     param_ids = {id(p) for p in optimizer_params(optimizers)}
-    module_type = nn.Module
-    modules = [o for o in gc.get_objects() if issubclass(type(o), module_type)]
+    modules = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
     children = {id(c) for m in modules for c in m._modules.values() if c is not None}
     best, best_key = None, (0, 0)
     for m in modules:
@@ -82,10 +94,8 @@ def find_model(optimizers) -> nn.Module | None:
             hits = sum(1 for p in m.parameters() if not param_ids or id(p) in param_ids)
         except Exception:
             continue
-        if hits == 0:
-            continue
         key = (hits, sum(1 for _ in m.modules()))
-        if key > best_key:
+        if hits and key > best_key:
             best, best_key = m, key
     return best
 
@@ -95,10 +105,8 @@ class ModelInfo:
 
     def __init__(self, model: nn.Module | None, world_size: int):
         self.model = model
-        self.framework = "none"
-        self.strategy = "NONE"
-        self.shard_group_size = 1
-        self.replicate_group_size = 1
+        self.framework, self.strategy = "none", "NONE"
+        self.shard_group_size = self.replicate_group_size = 1
         self.mixed_precision = None
         self.cpu_offload = False
         self.units: list[dict] = []
@@ -106,42 +114,25 @@ class ModelInfo:
         self.param_unit: dict[int, str | None] = {}
         self.unit_modules: dict[int, str] = {}    # id(unit module) -> unit fqn
         self.params: list = []                    # (name, param)
-        if model is not None:
-            self._inspect(model, world_size)
-
-    # -- framework detection -------------------------------------------------------------
-    def _inspect(self, model: nn.Module, world_size: int) -> None:
-        fsdp2_cls = fsdp1_cls = ddp_cls = ()
-        try:
-            from torch.distributed.fsdp import FSDPModule as fsdp2_cls  # noqa: N813
-        except Exception:
-            pass
-        try:
-            from torch.distributed.fsdp import FullyShardedDataParallel as fsdp1_cls  # noqa: N813
-        except Exception:
-            pass
-        try:
-            from torch.nn.parallel import DistributedDataParallel as ddp_cls  # noqa: N813
-        except Exception:
-            pass
+        if model is None:
+            return
+        fsdp1 = _torch_class("torch.distributed.fsdp", "FullyShardedDataParallel")
+        fsdp2 = _torch_class("torch.distributed.fsdp", "FSDPModule")
         named_modules = list(model.named_modules())
-        if fsdp1_cls and any(isinstance(m, fsdp1_cls) for _, m in named_modules):
-            self._inspect_fsdp1(model, named_modules, fsdp1_cls, world_size)
-        elif fsdp2_cls and any(isinstance(m, fsdp2_cls) for _, m in named_modules):
-            self._inspect_fsdp2(model, named_modules, fsdp2_cls)
+        if any(isinstance(m, fsdp1) for _, m in named_modules):
+            self._inspect_fsdp1(model, named_modules, fsdp1, world_size)
+        elif any(isinstance(m, fsdp2) for _, m in named_modules):
+            self._inspect_fsdp2(model, named_modules, fsdp2)
         else:
             prefix = ""
-            if ddp_cls and isinstance(model, ddp_cls):
-                self.framework, self.strategy = "ddp", "DDP"
-                self.replicate_group_size = world_size
+            if isinstance(model, _torch_class("torch.nn.parallel", "DistributedDataParallel")):
+                self.framework, self.strategy, prefix = "ddp", "DDP", "module."
                 try:
                     self.replicate_group_size = model.process_group.size()
                 except Exception:
-                    pass
-                prefix = "module."
+                    self.replicate_group_size = world_size
             for name, p in model.named_parameters():
-                name = clean_fqn(name[len(prefix):] if name.startswith(prefix) else name)
-                self._add_param(name, p, None)
+                self._add_param(clean_fqn(name[len(prefix):] if name.startswith(prefix) else name), p, None)
 
     def _add_param(self, name: str, p, unit) -> None:
         self.params.append((name, p))
@@ -150,13 +141,11 @@ class ModelInfo:
 
     def _inspect_fsdp2(self, model, named_modules, fsdp2_cls) -> None:
         self.framework = "fsdp2"
-        unit_names = []
-        groups = []
+        unit_names, groups = [], []
         for name, m in named_modules:
             if isinstance(m, fsdp2_cls):
-                unit = clean_fqn(name)
-                unit_names.append(unit)
-                self.unit_modules[id(m)] = unit
+                unit_names.append(clean_fqn(name))
+                self.unit_modules[id(m)] = unit_names[-1]
                 try:
                     groups.append(m._get_fsdp_state()._fsdp_param_group)
                 except Exception:
@@ -168,35 +157,24 @@ class ModelInfo:
             self._add_param(name, p, unit)
             if unit is not None:
                 by_unit[unit].append((name, p))
-        for unit in unit_names:
-            self.units.append(_unit_row(unit, by_unit[unit]))
-        group = next((g for g in groups if g is not None), None)
-        if group is None:
+        self.units = [_unit_row(unit, by_unit[unit]) for unit in unit_names]
+        groups = [g for g in groups if g is not None]
+        if not groups:
             self.strategy = "FULL_SHARD"
             return
-        mesh_info = group.mesh_info
-        shard = int(getattr(mesh_info, "shard_mesh_size", 1) or 1)
-        replicate = int(getattr(mesh_info, "replicate_mesh_size", 1) or 1)
+        group = groups[0]
+        shard = int(getattr(group.mesh_info, "shard_mesh_size", 1) or 1)
+        replicate = int(getattr(group.mesh_info, "replicate_mesh_size", 1) or 1)
         self.shard_group_size, self.replicate_group_size = shard, replicate
-        if replicate > 1 and shard > 1:
-            self.strategy = "HYBRID_SHARD"
-        elif shard <= 1 and replicate > 1:
-            self.strategy = "NO_SHARD"
+        if replicate > 1:
+            self.strategy = "HYBRID_SHARD" if shard > 1 else "NO_SHARD"
         else:
-            reshard = any(getattr(g, "post_forward_mesh_info", None) is not None for g in groups if g is not None)
+            reshard = any(getattr(g, "post_forward_mesh_info", None) is not None for g in groups)
             self.strategy = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
-        mp = getattr(group, "mp_policy", None)
-        if mp is not None and (mp.param_dtype is not None or mp.reduce_dtype is not None):
-            stored = _dtype_name(self.params[0][1].dtype) if self.params else "float32"
-            param_dtype = _dtype_name(mp.param_dtype) if mp.param_dtype is not None else stored
-            reduce_dtype = _dtype_name(mp.reduce_dtype) if mp.reduce_dtype is not None else param_dtype
-            self.mixed_precision = {"param_dtype": param_dtype, "reduce_dtype": reduce_dtype}
-        try:
-            from torch.distributed.fsdp import CPUOffloadPolicy
-
-            self.cpu_offload = isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy)
-        except Exception:
-            pass
+        stored = _dtype_name(self.params[0][1].dtype) if self.params else "float32"
+        self.mixed_precision = _mixed_precision(getattr(group, "mp_policy", None), stored)
+        offload_policy = _torch_class("torch.distributed.fsdp", "CPUOffloadPolicy")
+        self.cpu_offload = isinstance(getattr(group, "offload_policy", None), offload_policy)
 
     def _inspect_fsdp1(self, model, named_modules, fsdp1_cls, world_size) -> None:
         self.framework = "fsdp1"
@@ -210,19 +188,17 @@ class ModelInfo:
             flat = getattr(m, "_flat_param", None)
             if flat is None:
                 continue
+            size = getattr(flat, "_unpadded_unsharded_size", None)
+            unsharded_numel = int(size.numel()) if size is not None else int(sum(getattr(flat, "_numels", ())))
+            local_numel, el = int(flat.numel()), int(flat.element_size())
             fqns = [(unit + "." + f) if unit else f for f in getattr(flat, "_fqns", ())]
-            pname = (unit + "." if unit else "") + "_flat_param"
-            unsharded = getattr(flat, "_unpadded_unsharded_size", None)
-            unsharded_numel = int(unsharded.numel()) if unsharded is not None else int(sum(getattr(flat, "_numels", ())))
-            local_numel = int(flat.numel())
-            el = int(flat.element_size())
             self.units.append({"fqn": unit, "param_fqns": fqns, "unsharded_numel": unsharded_numel,
                                "local_numel": local_numel, "dtype": _dtype_name(flat.dtype),
                                "unsharded_bytes": unsharded_numel * el, "local_bytes": local_numel * el})
-            self._add_param(pname, flat, unit)
+            self._add_param((unit + "." if unit else "") + "_flat_param", flat, unit)
         # use_orig_params=True: the original parameters are views into the FlatParameters; name them
         # (their grads and optimizer state are the optimizer's) without listing their bytes twice
-        orig = bool(getattr(first, "_use_orig_params", False)) if first is not None else False
+        orig = bool(getattr(first, "_use_orig_params", False))
         unit_names = [u["fqn"] for u in self.units]
         for name, p in model.named_parameters():
             if id(p) in self.param_names:
@@ -236,47 +212,34 @@ class ModelInfo:
         if first is None:
             return
         strategy = getattr(getattr(first, "sharding_strategy", None), "name", "FULL_SHARD")
-        strategy = {"_HYBRID_SHARD_ZERO2": "HYBRID_SHARD"}.get(strategy, strategy)
-        self.strategy = strategy
+        self.strategy = strategy = {"_HYBRID_SHARD_ZERO2": "HYBRID_SHARD"}.get(strategy, strategy)
         try:
             pg_size = first.process_group.size()
         except Exception:
             pg_size = world_size
         if strategy == "NO_SHARD":
             self.shard_group_size, self.replicate_group_size = 1, pg_size
-        elif strategy == "HYBRID_SHARD" or "HYBRID" in strategy:
+        elif "HYBRID" in strategy:
             inter = getattr(first, "_inter_node_pg", None)
             self.shard_group_size = pg_size
             self.replicate_group_size = inter.size() if inter is not None else max(1, world_size // max(pg_size, 1))
         else:
             self.shard_group_size, self.replicate_group_size = pg_size, 1
-        mp = getattr(first, "mixed_precision", None)
-        if mp is not None and (getattr(mp, "param_dtype", None) is not None or getattr(mp, "reduce_dtype", None) is not None):
-            stored = self.units[0]["dtype"] if self.units else "float32"
-            param_dtype = _dtype_name(mp.param_dtype) if mp.param_dtype is not None else stored
-            reduce_dtype = _dtype_name(mp.reduce_dtype) if mp.reduce_dtype is not None else param_dtype
-            self.mixed_precision = {"param_dtype": param_dtype, "reduce_dtype": reduce_dtype}
-        offload = getattr(first, "cpu_offload", None)
-        self.cpu_offload = bool(getattr(offload, "offload_params", False))
+        stored = self.units[0]["dtype"] if self.units else "float32"
+        self.mixed_precision = _mixed_precision(getattr(first, "mixed_precision", None), stored)
+        self.cpu_offload = bool(getattr(getattr(first, "cpu_offload", None), "offload_params", False))
 
     # -- capture ---------------------------------------------------------------------------
     def name_of(self, p) -> str:
         return self.param_names.get(id(p)) or f"param@{id(p):x}"
-
-    def unit_of(self, p):
-        return self.param_unit.get(id(p))
 
     def param_entries(self, step: int) -> list[dict]:
         return [tensor_entry(ROLE_PARAM, name, self.param_unit.get(id(p)), p.detach(), step, "before_step")
                 for name, p in self.params]
 
     def grad_entries(self, params, step: int) -> list[dict]:
-        rows = []
-        for p in params:
-            g = getattr(p, "grad", None)
-            if g is not None:
-                rows.append(tensor_entry(ROLE_GRAD, self.name_of(p), self.unit_of(p), g, step, "before_step"))
-        return rows
+        return [tensor_entry(ROLE_GRAD, self.name_of(p), self.param_unit.get(id(p)), p.grad, step, "before_step")
+                for p in params if getattr(p, "grad", None) is not None]
 
     def optimizer_entries(self, optimizers, step: int) -> list[dict]:
         rows = []
@@ -286,63 +249,48 @@ class ModelInfo:
                     continue
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
-                        rows.append(tensor_entry(ROLE_OPTIMIZER_STATE, f"{self.name_of(p)}/{key}", self.unit_of(p),
-                                                 value, step, "after_step"))
+                        rows.append(tensor_entry(ROLE_OPTIMIZER_STATE, f"{self.name_of(p)}/{key}",
+                                                 self.param_unit.get(id(p)), value, step, "after_step"))
         return rows
 
 
 def _owning_unit(name: str, unit_names: list[str]):
-    best = None
-    for unit in unit_names:
-        if unit == "" or name == unit or name.startswith(unit + "."):
-            if best is None or len(unit) > len(best):
-                best = unit
-    return best
+    """The innermost unit whose fqn prefixes parameter ``name`` (the root unit "" owns every name)."""
+    owners = [u for u in unit_names if u == "" or name == u or name.startswith(u + ".")]
+    return max(owners, key=len, default=None)
 
 
 def _unit_row(unit: str, params: list) -> dict:
-    unsharded = sum(int(p.numel()) for _, p in params)
     locals_ = [_local(p) for _, p in params]
-    local = sum(int(t.numel()) for t in locals_)
-    return {"fqn": unit, "param_fqns": [n for n, _ in params], "unsharded_numel": unsharded, "local_numel": local,
+    return {"fqn": unit, "param_fqns": [n for n, _ in params],
+            "unsharded_numel": sum(int(p.numel()) for _, p in params),
+            "local_numel": sum(int(t.numel()) for t in locals_),
             "dtype": _dtype_name(params[0][1].dtype) if params else "float32",
-            "unsharded_bytes": sum(int(p.numel()) * int(p.element_size()) for _, p in params),
-            "local_bytes": sum(_nbytes(t) for t in locals_)}
+            "unsharded_bytes": sum(_nbytes(p) for _, p in params), "local_bytes": sum(_nbytes(t) for t in locals_)}
 
 
 def optimizer_summary(optimizers) -> dict | None:
     if not optimizers:
         return None
     opt = optimizers[0]
-    keys = []
-    for state in list(getattr(opt, "state", {}).values())[:1]:
-        if isinstance(state, dict):
-            keys = list(state.keys())
+    first = list(getattr(opt, "state", {}).values())[:1]
+    keys = list(first[0].keys()) if first and isinstance(first[0], dict) else []
     return {"class": type(opt).__name__, "state_keys": [str(k) for k in keys]}
 
 
 def build_inventory(info: ModelInfo, *, rank: int, world_size: int, optimizers, tensors: list[dict],
                     status: str = "complete", error: str | None = None) -> dict:
     """Assemble inventory.json from the static model facts and the captured tensor rows."""
-    if info.units:
-        psi = sum(u["unsharded_numel"] for u in info.units)
-        unsharded_bytes = sum(u["unsharded_bytes"] for u in info.units)
-        # parameters outside every unit (not sharded)
-        for name, p in info.params:
-            if info.param_unit.get(id(p)) is None:
-                psi += int(p.numel())
-                unsharded_bytes += int(p.numel()) * int(p.element_size())
-    else:
-        psi = sum(int(p.numel()) for _, p in info.params)
-        unsharded_bytes = sum(int(p.numel()) * int(p.element_size()) for _, p in info.params)
+    unsharded = [p for _, p in info.params if info.param_unit.get(id(p)) is None]   # outside every unit
     last_grad_step = max((t["step"] for t in tensors if t["role"] == ROLE_GRAD), default=None)
-    totals = {
-        "psi": psi,
-        "param_bytes": sum(t["bytes"] for t in tensors if t["role"] == ROLE_PARAM),
-        "grad_bytes": sum(t["bytes"] for t in tensors if t["role"] == ROLE_GRAD and t["step"] == last_grad_step),
-        "optimizer_state_bytes": sum(t["bytes"] for t in tensors if t["role"] == ROLE_OPTIMIZER_STATE),
-        "unsharded_param_bytes": unsharded_bytes,
-    }
+
+    def role_bytes(role: str, step=None) -> int:
+        return sum(t["bytes"] for t in tensors if t["role"] == role and (step is None or t["step"] == step))
+
+    totals = {"psi": sum(u["unsharded_numel"] for u in info.units) + sum(int(p.numel()) for p in unsharded),
+              "param_bytes": role_bytes(ROLE_PARAM), "grad_bytes": role_bytes(ROLE_GRAD, last_grad_step),
+              "optimizer_state_bytes": role_bytes(ROLE_OPTIMIZER_STATE),
+              "unsharded_param_bytes": sum(u["unsharded_bytes"] for u in info.units) + sum(map(_nbytes, unsharded))}
     return {"schema": INVENTORY_SCHEMA, "rank": rank, "world_size": world_size, "framework": info.framework,
             "strategy": info.strategy, "shard_group_size": info.shard_group_size,
             "replicate_group_size": info.replicate_group_size, "mixed_precision": info.mixed_precision,

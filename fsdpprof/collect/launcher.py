@@ -1,12 +1,11 @@
-"""``fsdpprof record [options] -- CMD ARGS...``: run a training command so that every Python process
-loads fsdpprof's bootstrap, and write the run directory's ``run.json`` and launcher file.
+"""``fsdpprof record [options] -- CMD ARGS...``: run a training command so that every Python process loads
+fsdpprof's bootstrap, and write the run directory's ``run.json`` and launcher file.
 
-The job's stdin/stdout/stderr and exit code pass through unchanged. Bad use is refused with one
-line (exit 2) before anything runs. Several launchers (one per node) may share one ``--out``:
-each writes ``launchers/<host>-<pid>.json``; ``run.json`` is created by the first (exclusive
-create) and its status is derived from all launchers and ranks. A later launcher joins a run
-whose run.json says ``running`` for the same command; any other existing run is refused unless
-``--force``, which removes only what fsdpprof wrote there (see :func:`remove_recorded`).
+The job's stdin/stdout/stderr and exit code pass through unchanged; bad use is refused with one line (exit 2)
+before anything runs. Several launchers (one per node) may share one ``--out``: each writes
+``launchers/<host>-<pid>.json``, the first creates ``run.json`` and its status is derived from all launchers and
+ranks. A launcher joins a running run of the same command; any other run is refused unless ``--force``, which
+removes only what fsdpprof wrote there.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import signal
 import socket
 import subprocess
 import threading
+from importlib import metadata
 
 from fsdpprof import runfmt
 from fsdpprof import options as opt
@@ -30,6 +30,7 @@ from fsdpprof.version import __version__
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULTS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "max_memory_entries": 100_000}
+RANK_DIR_RE = re.compile(re.escape(runfmt.RANK_DIR_PREFIX) + r"\d+$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def window_options(skip_steps, warmup_steps, active_steps, max_memory_entries, ranks, prefix: str = "--") -> dict:
-    """The recording window and limits, checked (options' ranges); UserError naming the range otherwise.
-    ``prefix``: how the names are said ('--' on the command line, 'fsdpprof.record: ' in the Python API)."""
+    """The recording window and limits, checked (UserError naming the range otherwise). ``prefix``: how the
+    names are said ('--' on the command line, 'fsdpprof.record: ' in the Python API)."""
     def name(n: str) -> str:
         return prefix + (n.replace("_", "-") if prefix == "--" else n)
 
@@ -79,6 +80,10 @@ def validate(args) -> tuple[list[str], dict]:
     return cmd, opts
 
 
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
 def _default_out() -> str:
     base = os.path.join(os.getcwd(), "fsdpprof-runs", _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out, n = base, 1
@@ -86,9 +91,6 @@ def _default_out() -> str:
         n += 1
         out = f"{base}-{n}"
     return out
-
-
-RANK_DIR_RE = re.compile(re.escape(runfmt.RANK_DIR_PREFIX) + r"\d+$")
 
 
 def run_meta(path: str):
@@ -100,28 +102,18 @@ def run_meta(path: str):
     return doc if runfmt.is_run_meta(doc) else None
 
 
-def _live_launcher(out: str) -> bool:
-    """Is a launcher of this run still going? (a live pid here, or another host's that is not known dead)"""
-    return any(runfmt.launcher_alive(doc, path) is not False for path, doc in runfmt.launcher_docs(out)
-               if doc.get("exit_code") is None)
-
-
+# -- --force: remove only what fsdpprof wrote ---------------------------------------------------
 def _entries_text(names: list[str], limit: int = 4) -> str:
     """'a, b/, c and 5 more': a few entries of a folder, to say what is in the way."""
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _listing(out: str, names) -> list[str]:
     return [n + ("/" if os.path.isdir(os.path.join(out, n)) else "") for n in sorted(names)]
 
 
-def _inside(out: str, rel: str):
-    """Absolute path of ``rel`` when it names an entry inside ``out`` (no escape with .. or /), else None."""
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
-        return None
-    path = os.path.normpath(os.path.join(out, rel))
-    return path if os.path.dirname(path) != path and path.startswith(out + os.sep) else None
+def _real_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
 def _remove_file(path: str) -> None:
@@ -132,34 +124,35 @@ def _remove_file(path: str) -> None:
         pass
 
 
-def _remove_listed(directory: str, names: list[str], rmdir: bool = True) -> None:
-    """Remove files ``names`` of ``directory`` and the temporary files their writes left, then the folder if empty."""
-    for name in names:
-        _remove_file(os.path.join(directory, name))
-        for tmp in runfmt.temp_siblings(directory, name):
-            _remove_file(tmp)
-    if rmdir:
-        try:
-            os.rmdir(directory)
-        except OSError:
-            pass  # not empty: it holds something fsdpprof did not write
+def _remove_with_temps(path: str) -> None:
+    """Remove file ``path`` and the temporary files that writes of it left."""
+    _remove_file(path)
+    for tmp in runfmt.temp_siblings(os.path.dirname(path), os.path.basename(path)):
+        _remove_file(tmp)
 
 
-def _is_legacy_rank_dir(path: str) -> bool:
-    """A rank folder written before manifests existed: it holds fsdpprof's rank.json."""
+def _rmdir_if_empty(path: str) -> None:
     try:
-        doc = runfmt.read_json(os.path.join(path, runfmt.RANK_JSON))
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("fsdpprof.rank/")
+        os.rmdir(path)
+    except OSError:
+        pass  # not empty: it holds something fsdpprof did not write
+
+
+def _listed_paths(out: str, files, folders: tuple[str, ...]) -> list[str]:
+    """Absolute paths of the entries ``files`` (relative to ``out``) that lie directly in one of ``folders``."""
+    paths = []
+    for rel in files if isinstance(files, list) else []:
+        if isinstance(rel, str) and rel and not os.path.isabs(rel):
+            path = os.path.normpath(os.path.join(out, rel))
+            if os.path.dirname(path) in folders:
+                paths.append(path)
+    return paths
 
 
 def _recorded_files(out: str, name: str) -> list[str] | None:
-    """Files of the rank folder ``out/name`` that fsdpprof can prove it wrote (what ``--force`` may remove):
-    those its manifest lists, with the temporaries of their writes; in a folder recorded before manifests
-    existed (it holds fsdpprof's rank.json), those of fsdpprof's own names.  None: none of them (a folder
-    of the user's).  A manifest.json that is there but damaged (emptied, not JSON, not ours) proves
-    nothing: UserError, before anything is removed."""
+    """Files of rank folder ``out/name`` that fsdpprof can prove it wrote (what ``--force`` may remove): those its
+    manifest lists and their temporaries; without a manifest, in a folder holding fsdpprof's rank.json, those of
+    fsdpprof's own names. None: a folder of the user's. A damaged manifest proves nothing: UserError."""
     path = os.path.join(out, name)
     try:
         listed = runfmt.manifest_files(path)
@@ -171,90 +164,69 @@ def _recorded_files(out: str, name: str) -> list[str] | None:
     if listed is not None:
         keep = set(listed) | {os.path.basename(t) for n in listed for t in runfmt.temp_siblings(path, n)}
         return [f for f in present if f in keep]
-    if _is_legacy_rank_dir(path):
+    try:
+        doc = runfmt.read_json(os.path.join(path, runfmt.RANK_JSON))
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("fsdpprof.rank/"):   # recorded before manifests
         return [f for f in present if f in runfmt.RANK_FILES or runfmt.RANK_TEMP_RE.match(f)]
     return None
 
 
 def remove_recorded(out: str) -> None:
-    """Remove the run in ``out`` (its run.json carries fsdpprof's schema): only what fsdpprof wrote.
-
-    rank-<R>/ folders: the files fsdpprof can prove it wrote there (:func:`_recorded_files`), never a whole
-    folder. launchers/ and clashes/: the files each launcher or clash note lists (the launcher files
-    themselves for an old run without lists). run.json itself. A folder is removed only once empty:
-    anything else in it stays.
-    """
+    """Remove the run in ``out``, only what fsdpprof wrote: in rank-<R>/ the files it can prove it wrote, the files
+    each launcher file or clash note lists, the launcher files, run.json. A folder goes only once empty."""
     ranks = {}
     for name in sorted(os.listdir(out)):   # (every rank folder judged before anything is removed)
         path = os.path.join(out, name)
-        if RANK_DIR_RE.match(name) and os.path.isdir(path) and not os.path.islink(path):
+        if RANK_DIR_RE.match(name) and _real_dir(path):
             ranks[path] = _recorded_files(out, name)
     for path, files in ranks.items():
         for f in files or []:
             _remove_file(os.path.join(path, f))
-        try:
-            os.rmdir(path)  # once empty (or an empty folder: a rank killed as it claimed it): nothing to lose
-        except OSError:
-            pass  # not empty: it holds something fsdpprof did not write
+        _rmdir_if_empty(path)   # (an empty folder too: a rank killed as it claimed it)
     launchers_dir = os.path.join(out, runfmt.LAUNCHERS_DIR)
-    docs = runfmt.launcher_docs(out)
-    if os.path.isdir(launchers_dir) and not os.path.islink(launchers_dir):
-        old_run = docs and not any("files" in doc for _, doc in docs)  # recorded before launchers listed files
-        for doc_path, doc in docs:
-            files = doc.get("files") if isinstance(doc.get("files"), list) and not old_run else []
-            for rel in files:
-                target = _inside(out, rel)
-                if target is not None and os.path.dirname(target) in (out, launchers_dir):
-                    _remove_listed(os.path.dirname(target), [os.path.basename(target)], rmdir=False)
+    if _real_dir(launchers_dir):
+        for doc_path, doc in runfmt.launcher_docs(out):
+            for path in _listed_paths(out, doc.get("files"), (out, launchers_dir)):
+                _remove_with_temps(path)
             _remove_file(doc_path)
-        _remove_listed(launchers_dir, [])
+        _rmdir_if_empty(launchers_dir)
     clashes_dir = os.path.join(out, runfmt.CLASHES_DIR)
-    if os.path.isdir(clashes_dir) and not os.path.islink(clashes_dir):
+    if _real_dir(clashes_dir):
         for doc in runfmt.read_clashes(out):
-            for rel in doc.get("files") or []:
-                target = _inside(out, rel)
-                if target is not None and os.path.dirname(target) == clashes_dir:
-                    _remove_file(target)
-        _remove_listed(clashes_dir, [])
-    _remove_file(os.path.join(out, runfmt.RUN_JSON))
-    for tmp in runfmt.temp_siblings(out, runfmt.RUN_JSON):
-        _remove_file(tmp)
+            for path in _listed_paths(out, doc.get("files"), (clashes_dir,)):
+                _remove_file(path)
+        _rmdir_if_empty(clashes_dir)
+    _remove_with_temps(os.path.join(out, runfmt.RUN_JSON))
 
 
 def _in_the_way(out: str, after_removal: bool = False) -> list[str]:
-    """Entries of ``out`` that fsdpprof would have to overwrite or mix with, and may not remove.
-
-    ``after_removal``: as they will be once :func:`remove_recorded` has run (predicted, nothing is touched).
-    """
+    """Entries of ``out`` that fsdpprof would have to overwrite or mix with, and may not remove (``after_removal``:
+    as they will be once :func:`remove_recorded` has run; nothing is touched)."""
     names = []
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
         if name in (runfmt.LAUNCHERS_DIR, runfmt.CLASHES_DIR):
-            if not os.path.isdir(path) or os.path.islink(path):
-                names.append(name)
+            names += [] if _real_dir(path) else [name]
         elif name == runfmt.RUN_JSON:
-            if not after_removal:
-                names.append(name)
+            names += [] if after_removal else [name]
         elif RANK_DIR_RE.match(name):
-            if not after_removal or not os.path.isdir(path) or os.path.islink(path):
+            if not after_removal or not _real_dir(path):
                 names.append(name)
                 continue
             recorded = _recorded_files(out, name)
             if recorded is None:
-                if os.listdir(path):
-                    names.append(name)
-                continue
-            names += [f"{name}/{f}" for f in sorted(os.listdir(path)) if f not in recorded]
+                names += [name] if os.listdir(path) else []
+            else:
+                names += [f"{name}/{f}" for f in sorted(os.listdir(path)) if f not in recorded]
     return _listing(out, names)
 
 
 def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
-    """Make ``out`` ready; returns True when joining a running multi-launcher run.
-
-    A folder is a run only when its run.json carries fsdpprof's schema. ``--force`` replaces such a
-    run by removing only what fsdpprof wrote; it never removes anything from a folder that is not a
-    run, and refuses when something fsdpprof did not write sits where the new run must write.
-    """
+    """Make ``out`` ready; True when joining a running multi-launcher run. ``--force`` replaces a run (a run.json
+    with fsdpprof's schema) removing only what fsdpprof wrote; it never removes anything that is not a run's, and
+    refuses when something fsdpprof did not write sits where the new run must write."""
     out = os.path.abspath(out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out} exists and is not a directory: choose another path")
@@ -263,8 +235,9 @@ def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
     if entries:
         meta = run_meta(out)
         if meta is not None:
-            status = meta.get("status", "unknown")
-            live = meta.get("status") == runfmt.STATUS_RUNNING and _live_launcher(out)
+            live = meta.get("status") == runfmt.STATUS_RUNNING and any(
+                runfmt.launcher_alive(doc, path) is not False for path, doc in runfmt.launcher_docs(out)
+                if doc.get("exit_code") is None)
             if live and meta.get("command") == cmd:
                 joining = True  # another node's launcher of the same job, still running
             elif live:
@@ -282,17 +255,16 @@ def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
                     raise UserError(f"--force could not remove the old run in {out} ({exc.strerror or exc}): "
                                     "remove it by hand or choose a new folder")
             else:
-                raise UserError(f"--out {out} already holds a run (status {status}): "
+                raise UserError(f"--out {out} already holds a run (status {meta.get('status', 'unknown')}): "
                                 "choose a new folder or pass --force to replace it")
         elif not force:
             raise UserError(f"--out {out} exists and is not empty (it holds {_entries_text(_listing(out, entries))}) "
                             "and is not an fsdpprof run: choose a new folder, or pass --force to record beside "
                             "those files (nothing of them is removed)")
-        if not joining:
-            blocking = _in_the_way(out)
-            if blocking:
-                raise UserError(f"--out {out} holds {_entries_text(blocking)}, which fsdpprof did not write and "
-                                "would have to replace: move them away or choose a new folder")
+        blocking = [] if joining else _in_the_way(out)
+        if blocking:
+            raise UserError(f"--out {out} holds {_entries_text(blocking)}, which fsdpprof did not write and "
+                            "would have to replace: move them away or choose a new folder")
     try:
         os.makedirs(out, exist_ok=True)
         probe = os.path.join(out, f".fsdpprof-write-test-{os.getpid()}")
@@ -304,14 +276,13 @@ def prepare_out(out: str, cmd: list[str], force: bool) -> bool:
     return joining
 
 
+# -- run.json and the launcher files ----------------------------------------------------------
 def _versions() -> dict:
-    from importlib import metadata
-
-    versions = {"fsdpprof": __version__, "python": platform.python_version()}
+    versions = {"fsdpprof": __version__, "python": platform.python_version(), "torch": None}
     try:
         versions["torch"] = metadata.version("torch")
     except Exception:
-        versions["torch"] = None
+        pass
     return versions
 
 
@@ -327,50 +298,68 @@ def expected_ranks(cmd: list[str]):
         return None
 
     nproc = value("--nproc-per-node", "--nproc_per_node")
-    if nproc is None:
-        return None
     try:
-        nnodes_text = value("--nnodes") or "1"
-        nnodes = int(nnodes_text.split(":")[-1])
-        return int(nproc) * nnodes
+        return None if nproc is None else int(nproc) * int((value("--nnodes") or "1").split(":")[-1])
     except ValueError:
         return None
+
+
+def begin_run(out: str, cmd: list[str], options: dict, ranks_expected, extra: dict,
+              create: bool = True) -> tuple[str, str, dict]:
+    """Create run.json (``create``: unless another launcher did) and this process's launcher file, which lists
+    what it wrote (``--force`` removes only that). Returns (run.json path, launcher file path, its document).
+    Raises ``OSError``, leaving nothing of this process behind."""
+    host, pid, started = socket.gethostname(), os.getpid(), _now()
+    meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
+            "ended_at": None, "exit_code": None, "status": runfmt.STATUS_RUNNING, "versions": _versions(),
+            "host": host, "options": options, "ranks_expected": ranks_expected, "ranks_seen": []}
+    run_json = os.path.join(out, runfmt.RUN_JSON)
+    name = f"{host}-{pid}.json"
+    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
+    created = False
+    try:
+        created = create and runfmt.exclusive_create_json(run_json, meta)
+        launcher = {"host": host, "pid": pid, "pid_start": runfmt.process_start_ticks(pid), "command": cmd,
+                    "started_at": started, "ended_at": None, "exit_code": None, **extra,
+                    "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
+        runfmt.atomic_write_json(launcher_path, launcher)
+    except OSError:
+        if created:
+            runfmt.remove_quietly(run_json)
+        raise
+    return run_json, launcher_path, launcher
 
 
 def _rank_statuses(out: str) -> dict[int, dict]:
     ranks = {}
     for path in glob.glob(os.path.join(glob.escape(out), runfmt.RANK_DIR_PREFIX + "*", runfmt.RANK_JSON)):
-        if not RANK_DIR_RE.match(os.path.basename(os.path.dirname(path))):
+        name = os.path.basename(os.path.dirname(path))
+        if not RANK_DIR_RE.match(name):
             continue  # e.g. a folder rank-analysis/ of the user's
         try:
             doc = runfmt.read_json(path)
             ranks[int(doc["rank"])] = doc
         except Exception:
-            name = os.path.basename(os.path.dirname(path))[len(runfmt.RANK_DIR_PREFIX):]
-            if name.isdigit():
-                ranks[int(name)] = {"status": "failed", "error": f"unreadable {path}"}
+            ranks[int(name[len(runfmt.RANK_DIR_PREFIX):])] = {"status": "failed", "error": f"unreadable {path}"}
     return ranks
 
 
 def derive_status(out: str, meta: dict, own: tuple[str, dict] | None = None) -> dict:
-    """run.json fields derived from every launcher file, rank.json and clash note in ``out``.
-
-    ``own``: (path, document) of the calling launcher's file, taken as it is in memory (its last write
-    may have failed on a full disk: a launcher that ended must not read as running)."""
+    """run.json fields derived from every launcher file, rank.json and clash note in ``out``. ``own``: (path,
+    document) of the calling launcher's file as it is in memory (its last write may have failed on a full disk)."""
     docs = dict(runfmt.launcher_docs(out))
     if own is not None:
         docs[own[0]] = own[1]
-    launchers = list(docs.values())
     ranks = _rank_statuses(out)
-    still_running = any(launch.get("exit_code") is None for launch in launchers)
-    codes = [launch.get("exit_code") for launch in launchers if launch.get("exit_code") is not None]
-    exit_code = next((c for c in codes if c != 0), 0 if codes else None)
+    codes = [d.get("exit_code") for d in docs.values()]
+    ended = [c for c in codes if c is not None]
+    exit_code = next((c for c in ended if c != 0), 0 if ended else None)
     expected = meta.get("ranks_expected")
     selected = (meta.get("options") or {}).get("ranks")
     if expected and selected is not None:
         expected = len([r for r in selected if r < expected])
     statuses = [r.get("status") for r in ranks.values()]
-    if still_running:
+    if None in codes:
         status = runfmt.STATUS_RUNNING
     elif statuses and all(s == runfmt.RANK_STEPPED_ASIDE for s in statuses):
         status = runfmt.STATUS_STEPPED_ASIDE  # the job profiled itself: fsdpprof recorded no trace
@@ -412,36 +401,17 @@ def run(args) -> int:
         joining = prepare_out(out, cmd, bool(args.force))
     except OSError as exc:  # a folder that cannot be listed or read: nothing has run yet
         raise UserError(f"--out {out} cannot be used ({runfmt.write_error_text(exc)}): choose another folder")
-    host, pid = socket.gethostname(), os.getpid()
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat()
-    meta = {"schema": runfmt.RUN_SCHEMA, "command": cmd, "cwd": os.getcwd(), "started_at": started,
-            "ended_at": None, "exit_code": None, "status": runfmt.STATUS_RUNNING, "versions": _versions(),
-            "host": host, "options": {**options, "window": [options["skip_steps"], options["warmup_steps"],
-                                                          options["active_steps"]]},
-            "ranks_expected": expected_ranks(cmd), "ranks_seen": []}
-    run_json = os.path.join(out, runfmt.RUN_JSON)
-    name = f"{host}-{pid}.json"
-    launcher_path = os.path.join(out, runfmt.LAUNCHERS_DIR, name)
-    created = False
+    window = [options["skip_steps"], options["warmup_steps"], options["active_steps"]]
     try:
-        if not joining:
-            created = runfmt.exclusive_create_json(run_json, meta)
-        launcher = {"host": host, "pid": pid, "pid_start": runfmt.process_start_ticks(pid), "command": cmd,
-                    "started_at": started, "ended_at": None, "exit_code": None, "heartbeat_s": runfmt.HEARTBEAT_S,
-                    # what this launcher writes in the run directory (--force removes only that)
-                    "files": ([runfmt.RUN_JSON] if created else []) + [f"{runfmt.LAUNCHERS_DIR}/{name}"]}
-        runfmt.atomic_write_json(launcher_path, launcher)
-    except OSError as exc:  # nothing has run yet: leave nothing behind and refuse in one line
-        if created:
-            runfmt.remove_quietly(run_json)
+        run_json, launcher_path, launcher = begin_run(out, cmd, {**options, "window": window}, expected_ranks(cmd),
+                                                      {"heartbeat_s": runfmt.HEARTBEAT_S}, create=not joining)
+    except OSError as exc:  # nothing has run yet: nothing is left behind
         raise UserError(f"--out {out} cannot be written ({runfmt.write_error_text(exc)}): nothing was run; "
                         "free some space or choose another folder")
-
     try:
         child = subprocess.Popen(cmd, env=build_env(out, options))
     except OSError as exc:
-        launcher.update(exit_code=127, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-                        error=f"could not start {cmd[0]}: {exc}")
+        launcher.update(exit_code=127, ended_at=_now(), error=f"could not start {cmd[0]}: {exc}")
         _end_run(out, run_json, launcher_path, launcher)
         raise UserError(f"could not start {cmd[0]!r}: {exc.strerror or exc}")
 
@@ -451,16 +421,14 @@ def run(args) -> int:
         except Exception:
             pass
 
+    handlers = dict.fromkeys((signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2), forward)
+    handlers[signal.SIGINT] = lambda s, f: None  # the child gets it from the terminal
     previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    for sig, handler in handlers.items():
         try:
-            previous[sig] = signal.signal(sig, forward)
+            previous[sig] = signal.signal(sig, handler)
         except (ValueError, OSError):
             pass
-    try:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda s, f: None)  # the child gets it from the tty
-    except (ValueError, OSError):
-        pass
     done = threading.Event()
 
     def heartbeat():
@@ -488,8 +456,7 @@ def run(args) -> int:
                 pass
     exit_code = code if code >= 0 else 128 - code
     try:  # from here on nothing may change the job's exit code: a failure is one line, at most
-        launcher.update(exit_code=exit_code, ended_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-                        ranks=sorted(_rank_statuses(out)))
+        launcher.update(exit_code=exit_code, ended_at=_now(), ranks=sorted(_rank_statuses(out)))
         meta, unwritten = _end_run(out, run_json, launcher_path, launcher)
         status = meta["status"].replace("_", " ")
         if meta["status"] == runfmt.STATUS_STEPPED_ASIDE:
@@ -505,35 +472,28 @@ def run(args) -> int:
 
 
 def _end_run(out: str, run_json: str, launcher_path: str, launcher: dict) -> tuple[dict, list[str]]:
-    """Write this launcher's final file, then run.json's final status (:func:`_finalize`); a write that fails
-    (a full disk) is skipped and named.  Returns (run.json as derived, what could not be written, in words)."""
+    """Write this launcher's final file, then run.json's final status; a write that fails (a full disk) is
+    skipped and named. Returns (run.json as derived, what could not be written, in words)."""
     unwritten = []
     try:
         runfmt.write_status_json(launcher_path, launcher)
     except OSError as exc:
         unwritten.append(runfmt.write_error_text(exc, launcher_path))
     meta, error = _finalize(out, run_json, own=(launcher_path, launcher))
-    if error:
-        unwritten.append(error)
-    return meta, unwritten
+    return meta, unwritten + ([error] if error else [])
 
 
 def _finalize(out: str, run_json: str, rounds: int = 10, own: tuple[str, dict] | None = None):
-    """Write run.json's derived fields; re-derive after writing until what is on disk still holds.
-    Returns (run.json as derived, None or why it could not be written: "disk full: <path>").
-
-    Launchers that end together race: one may derive "running" before the other's launcher file
-    says it ended, yet write after the other's final status. Each launcher writes its own file
-    before run.json, so whoever wrote last sees every ended launcher when it derives again.
-    ``own``: this launcher's (path, file) as it is in memory (see :func:`derive_status`)."""
+    """Write run.json's derived fields, deriving again after each write until what is on disk still holds
+    (launchers ending together race; each writes its own file first, so the last writer sees every ended one).
+    Returns (run.json as derived, None or why it could not be written)."""
     for _ in range(rounds):
         try:
             meta = runfmt.read_json(run_json)
         except Exception:
             meta = {"schema": runfmt.RUN_SCHEMA}
         derived = derive_status(out, meta, own)
-        meta.update(derived)
-        meta["ended_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
+        meta.update(derived, ended_at=_now())
         try:
             runfmt.write_status_json(run_json, meta)
         except OSError as exc:
@@ -541,4 +501,3 @@ def _finalize(out: str, run_json: str, rounds: int = 10, own: tuple[str, dict] |
         if derive_status(out, meta, own) == derived:
             break
     return meta, None
-

@@ -1,18 +1,10 @@
 """The process's memory beside the allocator's, sampled at the end of every step of the window (stdlib + torch).
 
-rank.json's ``process_memory`` (:meth:`ProcessMemory.to_doc`): ``source``, ``device``, ``note`` (None or why the
-figures are not this process's alone), ``nccl_env`` (the NCCL settings that size its buffers, when set) and
-``samples``, one per step, in bytes:
-
-- on CUDA: ``used_bytes``, the device memory this process uses: NVML's per-process figure when ``pynvml``
-  (nvidia-ml-py) is importable and lists this process (source ``nvml``), else the device's used memory from
-  ``torch.cuda.mem_get_info`` (source ``cuda_mem_get_info``: every process on the device; the note says when
-  several ranks of the host share a device); ``reserved_bytes`` / ``max_reserved_bytes``
-  (``torch.cuda.memory_reserved`` / ``max_memory_reserved``) and ``allocated_bytes`` / ``max_allocated_bytes``;
-- on CPU: ``used_bytes`` (VmRSS) and ``used_peak_bytes`` (VmHWM) of /proc/self/status (source ``proc_status``).
-
-What the device or the process uses beyond the allocator's reserved memory is outside the allocator: on a GPU the
-CUDA context, NCCL's buffers and other libraries; on a CPU Python's objects and the libraries.
+rank.json's ``process_memory``: ``source``, ``device``, ``note`` (why the figures are not this process's alone),
+``nccl_env`` (the NCCL settings that size its buffers) and ``samples``, one per step, in bytes. On CUDA
+``used_bytes`` is NVML's per-process figure when ``pynvml`` lists this process, else the device's used memory
+(``torch.cuda.mem_get_info``), with the allocator's reserved / allocated bytes and their peaks; on CPU
+``used_bytes`` / ``used_peak_bytes`` are VmRSS / VmHWM of /proc/self/status.
 """
 from __future__ import annotations
 
@@ -40,26 +32,18 @@ def read_proc_status(path: str = PROC_STATUS) -> dict:
     return out
 
 
-def nccl_env() -> dict:
-    """The NCCL settings of this process that size its buffers, those that are set."""
-    return {k: os.environ[k] for k in runfmt.NCCL_BUFFER_ENV if k in os.environ}
-
-
 class ProcessMemory:
     """Samples of one process's memory; every method may raise (the recorder catches and logs)."""
 
     def __init__(self) -> None:
         self.cuda = torch.cuda.is_available()
-        self.device = None
-        self.source = None
-        self.note = None
+        self.device = self.source = self.note = None
         self.samples: list[dict] = []
         self._nvml = None          # (pynvml module, device handle) once NVML lists this process
         self._nvml_tried = False
 
-    # -- CUDA -----------------------------------------------------------------------------------
     def _nvml_used(self, idx: int) -> int | None:
-        """This process's memory on device ``idx`` from NVML, None when NVML is not there or does not list it
+        """This process's memory on device ``idx`` from NVML; None when NVML is not there or does not list it
         (a container's PID namespace hides the host PIDs NVML reports)."""
         if self._nvml is None:
             if self._nvml_tried:
@@ -75,13 +59,12 @@ class ProcessMemory:
                 return None
             self._nvml = (pynvml, handle)
         pynvml, handle = self._nvml
-        pid = os.getpid()
         procs = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
         try:
             procs += list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
         except pynvml.NVMLError:
             pass
-        used = [p.usedGpuMemory for p in procs if p.pid == pid and isinstance(p.usedGpuMemory, int)]
+        used = [p.usedGpuMemory for p in procs if p.pid == os.getpid() and isinstance(p.usedGpuMemory, int)]
         return sum(used) if used else None
 
     def _cuda_sample(self, step: int) -> dict:
@@ -106,7 +89,6 @@ class ProcessMemory:
                 "allocated_bytes": int(torch.cuda.memory_allocated(idx)),
                 "max_allocated_bytes": int(torch.cuda.max_memory_allocated(idx))}
 
-    # -- CPU ------------------------------------------------------------------------------------
     def _cpu_sample(self, step: int) -> dict | None:
         st = read_proc_status()
         if "VmRSS" not in st:
@@ -125,7 +107,8 @@ class ProcessMemory:
         """rank.json's ``process_memory`` (None before the first sample and without a note)."""
         if not self.samples and not self.note:
             return None
-        return {"source": self.source, "device": self.device, "note": self.note, "nccl_env": nccl_env(),
+        return {"source": self.source, "device": self.device, "note": self.note,
+                "nccl_env": {k: os.environ[k] for k in runfmt.NCCL_BUFFER_ENV if k in os.environ},
                 "samples": list(self.samples)}
 
 
@@ -133,8 +116,7 @@ def _nvml_handle(pynvml, idx: int):
     """NVML's handle of torch's device ``idx`` (by UUID: CUDA_VISIBLE_DEVICES renumbers devices), None if unknown."""
     uuid = getattr(torch.cuda.get_device_properties(idx), "uuid", None)
     if uuid is not None:
-        text = str(uuid)
-        for cand in (text, "GPU-" + text):
+        for cand in (str(uuid), "GPU-" + str(uuid)):
             try:
                 return pynvml.nvmlDeviceGetHandleByUUID(cand)
             except pynvml.NVMLError:
@@ -145,12 +127,11 @@ def _nvml_handle(pynvml, idx: int):
 
 
 def _shared_device_note(idx: int) -> str:
-    """What torch.cuda.mem_get_info's figure includes: every process on the device, several ranks when this host
-    runs more ranks than it has devices."""
+    """What torch.cuda.mem_get_info's figure includes: every process on the device (several ranks on a host
+    that runs more ranks than it has devices)."""
     note = (f"device-wide figure (torch.cuda.mem_get_info, NVML not available): cuda:{idx}'s used memory, every "
             f"process on it included")
-    lws = os.environ.get("LOCAL_WORLD_SIZE", "")
-    n_dev = torch.cuda.device_count()
+    lws, n_dev = os.environ.get("LOCAL_WORLD_SIZE", ""), torch.cuda.device_count()
     if lws.isdigit() and int(lws) > n_dev:
         note += f"; {lws} ranks share this host's {n_dev} device(s), so several of them count here"
     return note

@@ -1,20 +1,24 @@
 """The in-process recorder: a profiling window driven by optimizer steps (stdlib + torch only).
 
-Installed in every Python process of the job by the bootstrap (or by :mod:`fsdpprof.collect.api`)
-through torch's global optimizer step hooks. Steps are numbered from 0 by the completed steps of
-the first optimizer that steps; ``ProfilerStep#N`` in the trace is optimizer step N. With
-``skip, warmup, active`` the profiler starts after step ``skip-1``, warms up for ``warmup``
-steps and records ``active`` steps. Inventory: grads before every active optimizer step, params
-before the last one, optimizer state after it. Every error is caught, logged to collector.log and
-recorded in rank.json's status; the training job goes on as without us.
+Installed in every Python process of the job by the bootstrap (or by :mod:`fsdpprof.collect.api`) through
+torch's global optimizer step hooks. Steps count the completed steps of the first optimizer that steps:
+``ProfilerStep#N`` in the trace is optimizer step N. The profiler starts after step ``skip-1``, warms up for
+``warmup`` steps and records ``active`` steps. Inventory: grads before every active step, params before the
+last one, optimizer state after it. Every error is caught, logged to collector.log and recorded in rank.json's
+status; the training job goes on as without us.
 """
 from __future__ import annotations
 
 import atexit
+import ctypes
 import datetime as _dt
 import errno
+import gc
+import gzip
 import json
 import os
+import platform
+import re
 import signal
 import socket
 import sys
@@ -22,6 +26,7 @@ import threading
 import time
 import traceback
 import weakref
+import zlib
 
 import torch
 
@@ -32,11 +37,14 @@ from fsdpprof.collect.process_memory import ProcessMemory
 
 DEFAULT_OPTIONS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "ranks": None, "memory": True,
                    "with_stack": False, "max_memory_entries": 100_000}
-
-_RECORDER = None
 LOG_LINES_KEPT = 200        # collector.log lines held in memory while the file cannot be written
 KINETO_TMP_SUFFIX = ".tmp"  # kineto exports a trace to <path>.tmp, renamed to <path> once complete
-_OURS = threading.local()  # set while fsdpprof itself starts a profiler
+TRACE_GZIP_LEVEL = 6        # gzip's default: torch's own .gz export uses 9, line by line (about 8x the CPU)
+
+_RECORDER = None            # the bootstrap's recorder
+_API_RECORDERS: list = []   # those of fsdpprof.record() blocks, innermost last
+_OURS = threading.local()   # .active while fsdpprof itself starts a profiler, .quiet while kineto is silenced
+_GUARD_INSTALLED = False
 
 
 def install_from_env(optimizer_module=None) -> None:
@@ -67,7 +75,7 @@ def _is_child_process() -> bool:
 
 
 class Recorder:
-    """State machine: idle -> window -> done (or aside / skipped / failed)."""
+    """State machine: idle -> window -> done (or aside / failed)."""
 
     def __init__(self, run_dir: str, options: dict | None = None, *, announce: bool = True):
         self.run_dir = os.path.abspath(run_dir)
@@ -77,47 +85,34 @@ class Recorder:
         self.warmup = int(self.options["warmup_steps"])
         self.active = int(self.options["active_steps"])
         self.first_active = self.skip + self.warmup
-        self.last_active = self.skip + self.warmup + self.active - 1
+        self.last_active = self.first_active + self.active - 1
         self.announce = announce
         self.pid = os.getpid()
         self.state = "idle"
+        self.lock = threading.RLock()
         self.steps_done = 0
-        self.primary = None
-        self.optimizers: list = []        # weakrefs, in order of first step
+        self.trace_steps_done = 0  # optimizer steps completed when the trace was saved
+        self.primary = None        # weakref to the first optimizer that steps
+        self.optimizers: list = []  # weakrefs, in order of first step
         self.handles: list = []
-        self.fallback_prof = None
-        self.prof = None
-        self.info = None
-        self.rank = None
-        self.world_size = 1
-        self.local_rank = 0
-        self.rdir = None
+        self.fwd_handle = self.prof = self.fallback_prof = self.cuda = None
+        self.rank, self.world_size, self.local_rank = None, 1, 0
+        self.rdir = self.info = self.clock_anchor = None
+        self.manifest_writer, self.manifest_files, self.files = None, [], []
         self.log_lines: list[str] = []
         self.tensors_grads: list[dict] = []
         self.tensors_params: list[dict] = []
         self.tensors_opt: list[dict] = []
         self.opt_captured: set = set()
-        self.files: list[str] = []
-        self.error = None
-        self.exception_text = None
-        self.clock_anchor = None
         self.trace_written = False
-        self.trace_steps_done = 0  # optimizer steps completed when the trace was saved
         self.window_trace = True   # False when the trace is the no-optimizer fallback
-        self.cuda = None
-        self.prev_sigterm = None
-        self.prev_excepthook = None
-        self.lock = threading.RLock()
+        self.finished = self.saving = False
+        self.prev_sigterm = self.pending_signal = None
+        self.error = self.exception_text = None
         self.note = None           # rank.json "note": e.g. the window was cut short by a clean exit
-        self.clashed = False       # another process holds this rank's directory: record nothing
-        self.manifest_writer = None
-        self.manifest_files: list[str] = []
-        self.finished = False
-        self.saving = False
-        self.pending_signal = None
         self.cpu_start = None      # _cpu_sample() at the start of the first active step
-        self.cpu_window = None     # rank.json "cpu": the host's cores and this process's CPU use over the active steps
-        self.process_memory = None  # ProcessMemory: rank.json "process_memory", sampled at every step of the window
+        self.cpu_window = None     # rank.json "cpu"
+        self.process_memory = None  # ProcessMemory: rank.json "process_memory"
         self.process_memory_error = None  # why sampling stopped
         self.write_error = None    # the first write of a file of the run that failed, in words ("disk full: <path>")
         self.log_error = None      # collector.log could not take every line (why)
@@ -138,53 +133,52 @@ class Recorder:
             self._log(f"install failed: {exc!r}")
 
     def uninstall(self) -> None:
-        for h in self.handles:
+        for h in self.handles + [self.fwd_handle]:
             try:
-                h.remove()
+                if h is not None:
+                    h.remove()
             except Exception:
                 pass
-        self.handles = []
-        self._remove_forward_hook()
+        self.handles, self.fwd_handle = [], None
 
     def _remove_forward_hook(self) -> None:
-        handle = getattr(self, "fwd_handle", None)
+        handle, self.fwd_handle = self.fwd_handle, None
         if handle is not None:
             try:
                 handle.remove()
             except Exception:
                 pass
-            self.fwd_handle = None
 
     # -- logging and files ----------------------------------------------------------------
     def _log(self, message: str) -> None:
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {message}"
-        if len(self.log_lines) >= LOG_LINES_KEPT:   # (lines are kept while the log cannot be written: a few)
+        if len(self.log_lines) >= LOG_LINES_KEPT:
             self.log_lines, self.log_lost = self.log_lines[1:], True
         self.log_lines.append(line)
-        if self.rdir:
-            path = os.path.join(self.rdir, runfmt.COLLECTOR_LOG)
-            try:
-                runfmt.append_bytes(path, ("\n".join(self.log_lines) + "\n").encode("utf-8", "backslashreplace"))
-                self.log_lines = []
-                if not self.log_lost:
-                    self.log_error = None   # what failed before is written now
-            except Exception as exc:
-                if self.log_error is None:
-                    self.log_error = runfmt.write_error_text(exc, path)
+        if not self.rdir:
+            return
+        path = os.path.join(self.rdir, runfmt.COLLECTOR_LOG)
+        try:
+            runfmt.append_bytes(path, ("\n".join(self.log_lines) + "\n").encode("utf-8", "backslashreplace"))
+            self.log_lines = []
+            if not self.log_lost:
+                self.log_error = None   # what failed before is written now
+        except Exception as exc:
+            if self.log_error is None:
+                self.log_error = runfmt.write_error_text(exc, path)
 
     def _fail(self, where: str, exc: BaseException, path: str | None = None) -> None:
         """An error of ours, logged; a failed write (``OSError``) also becomes the rank's ``write_error``
         ("disk full: <path> (where)"), ``path`` naming the file meant when ``exc`` names a temporary one."""
         if isinstance(exc, OSError):
             self.error = f"{runfmt.write_error_text(exc, path)} ({where})"
-            if self.write_error is None:
-                self.write_error = self.error
+            self.write_error = self.write_error or self.error
         else:
             self.error = f"{where}: {type(exc).__name__}: {exc}"
         self._log(f"ERROR {self.error}\n{traceback.format_exc()}")
 
-    def _identify(self) -> None:
-        """Rank, world size and local rank of this process."""
+    def _identify(self) -> bool:
+        """Rank, world size and local rank of this process; True when ``ranks`` selects it."""
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -195,22 +189,15 @@ class Recorder:
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         except Exception:
             pass
-
-    def _selected(self) -> bool:
         ranks = self.options.get("ranks")
-        return ranks is None or self.rank in set(int(r) for r in ranks)
+        return ranks is None or self.rank in {int(r) for r in ranks}
 
     def _open_rank_dir(self) -> bool:
-        """Claim ``rank-<R>/`` for this process (created exclusively, with its manifest).
-
-        False when another process already holds it (two jobs, or two processes without
-        torch.distributed, on one --out): this one then records nothing and leaves a clash note.
-        """
+        """Claim ``rank-<R>/`` (created exclusively, with its manifest). False when it cannot be made, or another
+        process holds it (two jobs, or two processes without torch.distributed, on one --out)."""
         if self.rdir is not None:
             return True
-        if self.clashed:
-            return False
-        if self.state == "failed":
+        if self.state in ("done", "failed"):
             return False
         path = runfmt.rank_dir(self.run_dir, self.rank)
         writer = {"role": "rank", "rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
@@ -220,7 +207,10 @@ class Recorder:
             os.makedirs(self.run_dir, exist_ok=True)
             claimed = runfmt.claim_dir(path, writer, files)
         except OSError as exc:  # a full disk, a read-only folder: this rank records nothing, the job goes on
-            self._unwritable(path, exc)
+            self.error = self.write_error = f"{runfmt.write_error_text(exc, path)} (creating the rank folder)"
+            self._stand_down("failed")
+            if self.announce:
+                runfmt.say(f"fsdpprof: rank {self.rank} recorded nothing: {self.write_error}")
             return False
         if not claimed:
             self._clash(path)
@@ -240,31 +230,25 @@ class Recorder:
 
     def _drop_profilers(self) -> None:
         """Stop our profilers without exporting anything (never raises)."""
-        for prof in (self.prof, self.fallback_prof):
+        profs, self.prof, self.fallback_prof = (self.prof, self.fallback_prof), None, None
+        for prof in profs:
             if prof is not None:
                 try:
                     prof.on_trace_ready = None
                     with _quiet_kineto():
                         prof.stop()
-                except Exception:
-                    pass
-        self.prof = self.fallback_prof = None
+                except Exception as exc:
+                    self._log(f"stopping a profiler without its trace: {exc!r}")
 
-    def _unwritable(self, path: str, exc: OSError) -> None:
-        """The rank folder cannot be made: record nothing more, stop our profilers, say so in one line."""
-        self.error = self.write_error = f"{runfmt.write_error_text(exc, path)} (creating the rank folder)"
-        self.state = "failed"
+    def _stand_down(self, state: str) -> None:
+        """Record nothing more: no hooks, no profilers."""
+        self.state = state
         self.uninstall()
         self._drop_profilers()
-        if self.announce:
-            runfmt.say(f"fsdpprof: rank {self.rank} recorded nothing: {self.write_error}")
 
     def _clash(self, path: str) -> None:
         """Another process holds rank-<R>/: record nothing, write a clash note, say so in one line."""
-        self.clashed = True
-        self.state = "done"
-        self.uninstall()
-        self._drop_profilers()
+        self._stand_down("done")
         holder = _claim_holder(path)
         host, pid = socket.gethostname(), os.getpid()
         name = f"rank-{self.rank}-{host}-{pid}.json"
@@ -290,8 +274,7 @@ class Recorder:
                 return None
             if _user_profiler_running() or _optimizer_exists():
                 return None  # an optimizer will step (the usual case): no fallback trace needed
-            self._identify()
-            if not self._selected():
+            if not self._identify():
                 return None
             self.fallback_prof = self._make_profiler(schedule=None)
             self._start_profiler(self.fallback_prof)
@@ -308,13 +291,12 @@ class Recorder:
                 if self.primary is None:
                     self.primary = weakref.ref(opt)
                     self._remove_forward_hook()
-                    self._drop_fallback()
+                    self._drop_profilers()   # the fallback trace: an optimizer steps after all
                 if not any(r() is opt for r in self.optimizers):
                     self.optimizers.append(weakref.ref(opt))
                 n = self.steps_done
                 if self.state == "window" and self.first_active <= n <= self.last_active:
-                    params = inv.optimizer_params([opt])
-                    self.tensors_grads.extend(self.info.grad_entries(params, n))
+                    self.tensors_grads.extend(self.info.grad_entries(inv.optimizer_params([opt]), n))
                     if n == self.last_active and opt is self.primary():
                         self.tensors_params = self.info.param_entries(n)
                 if self.cuda is not None:
@@ -367,14 +349,8 @@ class Recorder:
         return [o for o in (r() for r in self.optimizers) if o is not None]
 
     def _start_window(self) -> None:
-        if _is_child_process():
-            self.state = "done"
-            self.uninstall()
-            return
-        self._identify()
-        if not self._selected():
-            self.state = "done"
-            self.uninstall()
+        if _is_child_process() or not self._identify():
+            self._stand_down("done")
             return
         if not self._open_rank_dir():
             return
@@ -396,12 +372,11 @@ class Recorder:
         # what rank.json says if the process is killed before the window ends (rewritten once the trace is saved)
         self._write_rank_json("failed", f"no trace saved: the process ended or was killed inside the recording "
                                         f"window (steps {self.skip}-{self.last_active}) before fsdpprof saved it")
-        if self.options.get("memory", True) and torch.cuda.is_available():
+        if self.options["memory"] and torch.cuda.is_available():
             try:
                 from fsdpprof.collect.cuda_memory import CudaMemoryRecorder
 
-                self.cuda = CudaMemoryRecorder(self.info, int(self.options.get("max_memory_entries") or 100_000),
-                                               self.options.get("memory_stacks", "python"))
+                self.cuda = CudaMemoryRecorder(self.info, int(self.options.get("max_memory_entries") or 100_000))
                 self.cuda.start()
             except Exception as exc:
                 self.cuda = None
@@ -425,14 +400,10 @@ class Recorder:
     def _make_profiler(self, schedule):
         from torch.profiler import ProfilerActivity, profile
 
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        kwargs = dict(activities=activities, record_shapes=True, profile_memory=bool(self.options.get("memory", True)),
-                      with_stack=bool(self.options.get("with_stack", False)), on_trace_ready=self._trace_ready)
-        if schedule is not None:
-            kwargs["schedule"] = schedule
-        return profile(**kwargs)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        kwargs = {"schedule": schedule} if schedule is not None else {}
+        return profile(activities=activities, record_shapes=True, profile_memory=bool(self.options["memory"]),
+                       with_stack=bool(self.options["with_stack"]), on_trace_ready=self._trace_ready, **kwargs)
 
     def _start_profiler(self, prof) -> None:
         _patch_user_profiler_guard()
@@ -445,20 +416,17 @@ class Recorder:
         self.clock_anchor = {"wall_ns": time.time_ns(), "profiler_us": None}
 
     def _trace_ready(self, prof) -> None:
+        final = None
         try:
             if not self._open_rank_dir():
                 return
             final = os.path.join(self.rdir, runfmt.TRACE_FILE)
-        except Exception as exc:
-            self._fail("exporting the trace", exc)
-            return
-        try:
             json_name = runfmt.TRACE_TEMP_FMT.format(pid=os.getpid())
             tmp_name = json_name + ".gz"
             # (kineto writes <json>.tmp and renames it: listed too, so that --force may remove what a crash left)
             self._will_write(json_name, json_name + KINETO_TMP_SUFFIX, tmp_name, runfmt.TRACE_FILE)
-            tmp_json, tmp = os.path.join(self.rdir, json_name), os.path.join(self.rdir, tmp_name)
-            export_trace_gz(prof, tmp_json, tmp)
+            tmp = os.path.join(self.rdir, tmp_name)
+            export_trace_gz(prof, os.path.join(self.rdir, json_name), tmp)
             try:
                 os.replace(tmp, final)
             except BaseException:
@@ -466,7 +434,10 @@ class Recorder:
                 raise
             self.trace_written = True
             self.trace_steps_done = self.steps_done
-            self._complete_clock_anchor(final)
+            # trace ts (µs) + baseTimeNanoseconds / 1000 is the Unix time in kineto's traces: anchor with it
+            base = _trace_base_time_ns(final)
+            if self.clock_anchor and base is not None:
+                self.clock_anchor.update(base_time_ns=base, profiler_us=(self.clock_anchor["wall_ns"] - base) / 1000.0)
             if runfmt.TRACE_FILE not in self.files:
                 self.files.append(runfmt.TRACE_FILE)
             self._log(f"trace written: {final} ({os.path.getsize(final)} bytes)")
@@ -475,25 +446,6 @@ class Recorder:
                                                  "wrote the inventory and this file's final status")
         except Exception as exc:
             self._fail("exporting the trace", exc, final)
-
-    def _complete_clock_anchor(self, trace_path: str) -> None:
-        """Trace ts (us) + baseTimeNanoseconds/1000 is the Unix time in kineto traces: anchor with it."""
-        if not self.clock_anchor:
-            return
-        base = _trace_base_time_ns(trace_path)
-        if base is not None:
-            self.clock_anchor["base_time_ns"] = base
-            self.clock_anchor["profiler_us"] = (self.clock_anchor["wall_ns"] - base) / 1000.0
-
-    def _drop_fallback(self) -> None:
-        prof, self.fallback_prof = self.fallback_prof, None
-        if prof is not None:
-            try:
-                prof.on_trace_ready = None
-                with _quiet_kineto():
-                    prof.stop()
-            except Exception as exc:
-                self._log(f"stopping the fallback trace: {exc!r}")
 
     def _stop_profiler_saving(self) -> None:
         """Stop a running window profiler, exporting what it recorded (if it was recording)."""
@@ -506,6 +458,24 @@ class Recorder:
         except Exception as exc:
             self._fail("stopping the profiler", exc)
 
+    def step_aside_for_user(self) -> None:
+        """The job starts its own torch.profiler: drop the fallback trace, or end the window saving what it has."""
+        with self.lock:
+            try:
+                if self.fallback_prof is not None:
+                    self._log("WARNING the job started its own torch.profiler: fsdpprof dropped its fallback trace")
+                    self._drop_profilers()
+                if self.prof is not None and self.state == "window":
+                    self._log("WARNING the job started its own torch.profiler inside fsdpprof's window: "
+                              "fsdpprof stepped aside (saved what it had)")
+                    self._stop_profiler_saving()
+                    self.state = "aside"
+                    self.error = "the job started its own torch.profiler during the window: fsdpprof stepped aside"
+                    if not self.trace_written:
+                        self._write_rank_json(runfmt.RANK_STEPPED_ASIDE, self.error)
+            except Exception as exc:
+                self._fail("stepping aside", exc)
+
     def _finish(self, status: str, error: str | None = None) -> None:
         """Write inventory, snapshot and rank.json; remove every hook."""
         if self.finished:
@@ -516,22 +486,20 @@ class Recorder:
         self._restore_signal_handlers()
         error = error or self.error
         if self.cuda is not None:
-            path = os.path.join(self.rdir, runfmt.SNAPSHOT_FILE)
             try:
                 self._will_write(runfmt.SNAPSHOT_FILE)
-                written = self.cuda.finish(self.rdir)
-                if written:
-                    self.files.append(os.path.basename(written))
+                self.cuda.finish(self.rdir)
+                self.files.append(runfmt.SNAPSHOT_FILE)
             except Exception as exc:
-                self._fail("writing the CUDA memory snapshot", exc, path)
+                self._fail("writing the CUDA memory snapshot", exc, os.path.join(self.rdir, runfmt.SNAPSHOT_FILE))
                 error = error or self.error
             self.cuda = None
         if self.info is not None:
             path = os.path.join(self.rdir, runfmt.INVENTORY_JSON)
             try:
-                tensors = self.tensors_params + self.tensors_grads + self.tensors_opt
                 doc = inv.build_inventory(self.info, rank=self.rank, world_size=self.world_size,
-                                          optimizers=self._optimizers(), tensors=tensors,
+                                          optimizers=self._optimizers(),
+                                          tensors=self.tensors_params + self.tensors_grads + self.tensors_opt,
                                           status="complete" if status == "complete" else "partial", error=error)
                 self._will_write(runfmt.INVENTORY_JSON)
                 runfmt.atomic_write_json(path, doc)
@@ -539,26 +507,21 @@ class Recorder:
             except Exception as exc:
                 self._fail("writing the inventory", exc, path)
                 error = error or self.error
-                if status == "complete":
-                    status = "partial"
+                status = "partial" if status == "complete" else status
         if status == "complete" and not self.trace_written:
             status, error = "partial", error or "no trace was written"
         if self.write_error:  # a file of the run could not be written: say which and why, first
-            if status == "complete":
-                status = "partial"
+            status = "partial" if status == "complete" else status
             if not error or self.write_error not in error:
                 error = f"{self.write_error}; {error}" if error else self.write_error
         unwritten = self._write_rank_json(status, error)
         if self.announce:
             try:
                 steps = self._steps_recorded()
-                what = (f"steps {steps[0]}-{steps[-1]}" if steps else "trace" if self.trace_written else "no trace")
-                if self.note:
-                    what += f"; {self.note}"
-                if self.write_error:
-                    what += f"; {self.write_error}"
-                if unwritten:
-                    what += f"; rank.json not written: {unwritten}"
+                what = f"steps {steps[0]}-{steps[-1]}" if steps else "trace" if self.trace_written else "no trace"
+                for extra in (self.note, self.write_error, unwritten and f"rank.json not written: {unwritten}"):
+                    if extra:
+                        what += f"; {extra}"
                 label = "stepped aside for the job's own torch.profiler" if status == runfmt.RANK_STEPPED_ASIDE \
                     else status
                 runfmt.say(f"fsdpprof: rank {self.rank} {label} ({what}) -> {self.rdir}")
@@ -569,7 +532,7 @@ class Recorder:
         """An error of ours: stop everything, keep what was written."""
         try:
             self._stop_profiler_saving()
-            self._drop_fallback()
+            self._drop_profilers()
             if self.rdir is not None:
                 self._finish("failed" if not self.trace_written else "partial")
             else:
@@ -584,19 +547,15 @@ class Recorder:
             return None
         path = os.path.join(self.rdir, runfmt.RANK_JSON)
         try:
-            device, device_name, backend = "cpu", socket.gethostname(), None
             if torch.cuda.is_available():
                 idx = torch.cuda.current_device()
                 device, device_name = f"cuda:{idx}", torch.cuda.get_device_name(idx)
             else:
-                import platform
-
-                device_name = platform.processor() or platform.machine() or "cpu"
+                device, device_name = "cpu", platform.processor() or platform.machine() or "cpu"
             steps = self._steps_recorded()
             doc = {"schema": runfmt.RANK_SCHEMA, "rank": self.rank, "local_rank": self.local_rank,
                    "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
-                   "device": device, "device_name": device_name, "backend": _backend(),
-                   "process_groups": _process_groups(),
+                   "device": device, "device_name": device_name, **_distributed(),
                    "steps_recorded": steps, "profiler_steps": steps,
                    "window": {"skip_steps": self.skip, "warmup_steps": self.warmup, "active_steps": self.active},
                    "optimizer_steps_seen": self.steps_done,
@@ -627,13 +586,11 @@ class Recorder:
             self._log(f"CPU use over the window not recorded: {exc!r}")
 
     def _sample_process_memory(self, step: int) -> None:
-        """The process's memory at the end of ``step`` (never raises; after a failure, logged, no more samples:
-        those taken stay)."""
+        """The process's memory at the end of ``step`` (never raises; after a failure, logged, no more samples)."""
         if self.process_memory_error:
             return
         try:
-            if self.process_memory is None:
-                self.process_memory = ProcessMemory()
+            self.process_memory = self.process_memory or ProcessMemory()
             self.process_memory.sample(step)
         except Exception as exc:
             self.process_memory_error = f"process memory not sampled after step {step}: {exc!r}"
@@ -675,32 +632,7 @@ class Recorder:
             try:
                 exc_text = self._exit_exception()
                 if self.state in ("window", "aside"):
-                    self._log(f"{reason} during the recording window (step {self.steps_done})")
-                    self._stop_profiler_saving()
-                    if self.info is not None and not any(t["step"] == self.steps_done for t in self.tensors_grads):
-                        # what the gradients held when the process ended (e.g. crash between backward and step)
-                        grads = self.info.grad_entries(inv.optimizer_params(self._optimizers()), self.steps_done)
-                        self.tensors_grads.extend(dict(t, captured_at="at_exit") for t in grads)
-                    why = f"{reason} at step {self.steps_done}, inside the window {self.skip}-{self.last_active}"
-                    if exc_text:
-                        why += f": {exc_text}"
-                    recorded = self._steps_recorded()
-                    if self.state == "aside" and not self.trace_written:
-                        self._finish(runfmt.RANK_STEPPED_ASIDE, f"{self.error}; {why}" if self.error else why)
-                    elif clean and not exc_text and self.state == "window" and recorded:
-                        # a short job: it ended normally inside the window; what it ran is recorded
-                        self.note = (f"window cut short: the job ended after step {self.steps_done - 1}, "
-                                     f"{len(recorded)} of {self.active} active steps recorded")
-                        self._finish("complete")
-                    elif clean and not exc_text and self.state == "window":
-                        self._finish("failed", f"no recorded step: the job ended normally after {self.steps_done} "
-                                               f"optimizer steps, before step {self.first_active} (the first "
-                                               "recorded one) finished; lower --skip-steps or --warmup-steps, "
-                                               "or run more steps")
-                    elif self.trace_written:
-                        self._finish("partial", why)
-                    else:
-                        self._finish("failed", f"no trace saved: {why}")
+                    self._save_window(reason, clean, exc_text)
                 elif self.state == "idle" and self.primary is None and self.fallback_prof is not None \
                         and self._open_rank_dir():
                     prof, self.fallback_prof = self.fallback_prof, None
@@ -713,12 +645,11 @@ class Recorder:
                         self._finish("failed", f"{reason} with {exc_text} before any optimizer step; the trace "
                                                "covers the process from its first module call to its exit")
                     else:
-                        self._finish("no_optimizer", "no optimizer step was seen: the trace covers the process from "
-                                                     "its first module call to its exit (no step window); the "
-                                                     "inventory lists parameters only, captured at exit")
+                        self._finish(runfmt.RANK_NO_OPTIMIZER, "no optimizer step was seen: the trace covers the "
+                                     "process from its first module call to its exit (no step window); the "
+                                     "inventory lists parameters only, captured at exit")
                 elif self.state == "idle" and self.primary is not None and not _is_child_process():
-                    self._identify()
-                    if self._selected() and self._open_rank_dir():
+                    if self._identify() and self._open_rank_dir():
                         why = (f"{reason} after {self.steps_done} optimizer steps, before the window "
                                f"(steps {self.skip}-{self.last_active}) began")
                         why += f": {exc_text}" if exc_text else "; lower --skip-steps or run more steps"
@@ -730,6 +661,34 @@ class Recorder:
             if self.pending_signal is not None:  # a SIGTERM came while we were saving: die by it now
                 signum, self.pending_signal = self.pending_signal, None
                 self._resend(signum, None)
+
+    def _save_window(self, reason: str, clean: bool, exc_text) -> None:
+        """The process ends inside the window: save the trace so far and a status saying how far it got."""
+        self._log(f"{reason} during the recording window (step {self.steps_done})")
+        self._stop_profiler_saving()
+        if self.info is not None and not any(t["step"] == self.steps_done for t in self.tensors_grads):
+            # what the gradients held when the process ended (e.g. crash between backward and step)
+            grads = self.info.grad_entries(inv.optimizer_params(self._optimizers()), self.steps_done)
+            self.tensors_grads.extend(dict(t, captured_at="at_exit") for t in grads)
+        why = f"{reason} at step {self.steps_done}, inside the window {self.skip}-{self.last_active}"
+        if exc_text:
+            why += f": {exc_text}"
+        recorded = self._steps_recorded()
+        clean_window = clean and not exc_text and self.state == "window"
+        if self.state == "aside" and not self.trace_written:
+            self._finish(runfmt.RANK_STEPPED_ASIDE, f"{self.error}; {why}" if self.error else why)
+        elif clean_window and recorded:  # a short job ended normally inside the window: what it ran is recorded
+            self.note = (f"window cut short: the job ended after step {self.steps_done - 1}, "
+                         f"{len(recorded)} of {self.active} active steps recorded")
+            self._finish("complete")
+        elif clean_window:
+            self._finish("failed", f"no recorded step: the job ended normally after {self.steps_done} optimizer "
+                                   f"steps, before step {self.first_active} (the first recorded one) finished; lower "
+                                   "--skip-steps or --warmup-steps, or run more steps")
+        elif self.trace_written:
+            self._finish("partial", why)
+        else:
+            self._finish("failed", f"no trace saved: {why}")
 
     def _atexit(self) -> None:
         self._save_on_exit("process exited", clean=True)
@@ -743,7 +702,6 @@ class Recorder:
         except Exception as exc:
             self.prev_sigterm = None
             self._log(f"no SIGTERM handler: {exc!r}")
-        self.prev_excepthook = sys.excepthook
 
         def excepthook(etype, value, tb, _prev=sys.excepthook):
             self.exception_text = f"{etype.__name__}: {value}"[:500]
@@ -776,26 +734,18 @@ class Recorder:
             pass
         if callable(prev):
             prev(signum, frame)
-        elif prev == signal.SIG_IGN:
-            return
-        else:
+        elif prev != signal.SIG_IGN:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
 # -- helpers ------------------------------------------------------------------------------
 def _claim_holder(path: str, wait_s: float = 2.0) -> dict:
     """Host and pid of the process that claimed the rank folder ``path``, from its manifest; {} when unknown.
-
-    The holder creates the folder and then writes the manifest: a loser that looks in between
-    waits up to ``wait_s`` seconds (polling) for it rather than naming nobody.
-    """
-    import time
-
+    The holder writes its manifest just after creating the folder: wait up to ``wait_s`` seconds for it."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            doc = runfmt.read_json(os.path.join(path, runfmt.MANIFEST_JSON))
-            writer = doc.get("writer") or {}
+            writer = runfmt.read_json(os.path.join(path, runfmt.MANIFEST_JSON)).get("writer") or {}
             return {k: writer.get(k) for k in ("host", "pid")}
         except Exception:
             if time.monotonic() >= deadline:
@@ -804,10 +754,7 @@ def _claim_holder(path: str, wait_s: float = 2.0) -> dict:
 
 
 def _optimizer_exists() -> bool:
-    import gc
-
-    optimizer_type = torch.optim.Optimizer
-    return any(issubclass(type(o), optimizer_type) for o in gc.get_objects())
+    return any(issubclass(type(o), torch.optim.Optimizer) for o in gc.get_objects())
 
 
 def _user_profiler_running() -> bool:
@@ -817,9 +764,6 @@ def _user_profiler_running() -> bool:
         return bool(autograd_profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
     except Exception:
         return False
-
-
-_GUARD_INSTALLED = False
 
 
 def _patch_user_profiler_guard() -> None:
@@ -834,7 +778,7 @@ def _patch_user_profiler_guard() -> None:
 
     def _prepare_trace(self_, *a, **kw):
         if not getattr(_OURS, "active", False):
-            rec = _RECORDER_FOR_GUARD()
+            rec = _RECORDER if _RECORDER is not None else _API_RECORDERS[-1] if _API_RECORDERS else None
             if rec is not None:
                 rec.step_aside_for_user()
         result = original(self_, *a, **kw)
@@ -846,40 +790,10 @@ def _patch_user_profiler_guard() -> None:
     autograd_profiler.profile._prepare_trace = _prepare_trace
 
 
-def _RECORDER_FOR_GUARD():  # noqa: N802
-    return _RECORDER if _RECORDER is not None else _API_RECORDERS[-1] if _API_RECORDERS else None
-
-
-_API_RECORDERS: list = []
-
-
-def _step_aside_for_user(self) -> None:
-    with self.lock:
-        try:
-            if self.fallback_prof is not None:
-                self._log("WARNING the job started its own torch.profiler: fsdpprof dropped its fallback trace")
-                self._drop_fallback()
-            if self.prof is not None and self.state == "window":
-                self._log("WARNING the job started its own torch.profiler inside fsdpprof's window: "
-                          "fsdpprof stepped aside (saved what it had)")
-                self._stop_profiler_saving()
-                self.state = "aside"
-                self.error = "the job started its own torch.profiler during the window: fsdpprof stepped aside"
-                if not self.trace_written:
-                    self._write_rank_json(runfmt.RANK_STEPPED_ASIDE, self.error)
-        except Exception as exc:
-            self._fail("stepping aside", exc)
-
-
-Recorder.step_aside_for_user = _step_aside_for_user
-
-
 # -- kineto's own stderr lines ------------------------------------------------------------------
-# libkineto (inside libtorch_cpu) prints "USDT: ... profiler_start" / "profiler_stop" on stderr at
-# severity USDT (5), above ERROR (4), whenever a trace starts or stops; its threshold is the
-# exported atomic int libkineto::Logger::severityLevel_ (set once from KINETO_LOG_LEVEL when
-# kineto initialises, ERROR by default). fsdpprof raises it only for the duration of its own
-# profiler calls and puts back the value it found, so the job's own profiler logs as it would.
+# libkineto prints "USDT: ... profiler_start" / "profiler_stop" on stderr at severity USDT (5), above its
+# threshold libkineto::Logger::severityLevel_ (ERROR, 4, unless KINETO_LOG_LEVEL says otherwise). fsdpprof
+# raises that exported int only during its own profiler calls and puts back what it found.
 _KINETO_SEVERITY_SYMBOL = "_ZN9libkineto6Logger14severityLevel_E"
 _KINETO_QUIET = 6           # above USDT: nothing of kineto's is printed during our calls
 _KINETO_LEVEL = None        # ctypes.c_int over the symbol, or False when not found
@@ -889,21 +803,15 @@ def _kineto_level():
     global _KINETO_LEVEL
     if _KINETO_LEVEL is None:
         _KINETO_LEVEL = False
-        try:
-            import ctypes
-
-            lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
-            for name in ("libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"):
-                path = os.path.join(lib_dir, name)
-                if not os.path.exists(path):
-                    continue
-                try:
+        lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+        for name in ("libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"):
+            path = os.path.join(lib_dir, name)
+            try:
+                if os.path.exists(path):
                     _KINETO_LEVEL = ctypes.c_int.in_dll(ctypes.CDLL(path), _KINETO_SEVERITY_SYMBOL)
                     break
-                except (OSError, ValueError):
-                    continue
-        except Exception:
-            _KINETO_LEVEL = False
+            except Exception:
+                continue
     return _KINETO_LEVEL
 
 
@@ -934,54 +842,43 @@ class _QuietKineto:
         return False
 
 
-def _quiet_kineto() -> _QuietKineto:
-    return _QuietKineto()
-
-
-TRACE_GZIP_LEVEL = 6    # gzip's own default: torch's export of a .gz path uses level 9 and writes line by line
+_quiet_kineto = _QuietKineto
 
 
 def export_trace_gz(prof, json_path: str, gz_path: str, level: int = TRACE_GZIP_LEVEL) -> None:
-    """The profiler's chrome trace into ``gz_path`` (gzip), through ``json_path`` (kineto writes the JSON
-    itself; removed after).  Compressed in 1 MiB blocks at ``level``: torch's own export of a .gz path
-    uses level 9 and one write per line of JSON, about 8x the CPU (0.76 s against 0.09 s on a 5.9 MB
-    CPU trace), spent inside the optimizer step that closes the window; the file is 13 % larger than
-    at level 9.  ``benchmarks/bench_collect.py`` measures both."""
-    import zlib
-
+    """The profiler's chrome trace into ``gz_path`` (gzip at ``level``, in 1 MiB blocks), through ``json_path``
+    (kineto writes the JSON itself; removed after). Nothing half-written is left when it fails."""
     done = False
     folder = os.path.dirname(os.path.abspath(json_path))
     try:
         prof.export_chrome_trace(json_path)
         if not os.path.exists(json_path) and not runfmt.out_of_space(folder):
-            # kineto wrote nothing, yet there is room now: ranks sharing a full disk, another rank's failed
-            # export freed its room after this one failed (that rank looked first and found the disk full).
-            # Once more: the trace if it fits now, else the disk full again, and said so below.
+            # kineto wrote nothing, yet there is room now (another rank's failed export freed it): once more
             _drop_kineto_tmp(json_path)
             prof.export_chrome_trace(json_path)
         if not os.path.exists(json_path):  # kineto reports a failed write on its log only: say why
             code = errno.ENOSPC if runfmt.out_of_space(folder) else errno.EIO
             raise OSError(code, "the profiler wrote no trace file", json_path)
-        gzip = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)   # (16 +: the gzip format)
+        compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)   # (16 +: the gzip format)
         fd = os.open(gz_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             with open(json_path, "rb") as fin:
                 for block in iter(lambda: fin.read(1 << 20), b""):
-                    runfmt.write_all(fd, gzip.compress(block))
-            runfmt.write_all(fd, gzip.flush())
+                    runfmt.write_all(fd, compressor.compress(block))
+            runfmt.write_all(fd, compressor.flush())
         finally:
             os.close(fd)
         done = True
     finally:
-        # no half-written .gz is left behind, nor kineto's own temporary of a failed export
         _drop_kineto_tmp(json_path)
-        for path in (json_path,) + (() if done else (gz_path,)):
-            runfmt.remove_quietly(path)
+        runfmt.remove_quietly(json_path)
+        if not done:
+            runfmt.remove_quietly(gz_path)
 
 
 def _drop_kineto_tmp(json_path: str) -> None:
-    """Remove kineto's temporary of a failed export of ``json_path``: emptied first, as kineto keeps that file
-    open until the profiler is freed (the blocks of an unlinked open file stay taken)."""
+    """Remove kineto's temporary of a failed export of ``json_path``, emptied first (kineto keeps it open until
+    the profiler is freed, and an unlinked open file keeps its blocks)."""
     kineto_tmp = json_path + KINETO_TMP_SUFFIX
     if os.path.isfile(kineto_tmp) and not os.path.islink(kineto_tmp):
         try:
@@ -993,54 +890,32 @@ def _drop_kineto_tmp(json_path: str) -> None:
 
 def _trace_base_time_ns(path: str):
     """``baseTimeNanoseconds`` from the head of an exported chrome trace (None when absent)."""
-    import gzip
-    import re
-
     try:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as fh:
-            head = fh.read(1 << 16)
-        match = re.search(rb'"baseTimeNanoseconds"\s*:\s*(\d+)', head)
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as fh:
+            match = re.search(rb'"baseTimeNanoseconds"\s*:\s*(\d+)', fh.read(1 << 16))
         return int(match.group(1)) if match else None
     except Exception:
         return None
 
 
-def _backend():
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return str(dist.get_backend())
-    except Exception:
-        pass
-    return None
-
-
-def _process_groups() -> list[dict]:
-    groups = []
+def _distributed() -> dict:
+    """rank.json's "backend" and "process_groups" (name, size, ranks): None and [] without torch.distributed."""
+    doc = {"backend": None, "process_groups": []}
     try:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
-        if not (dist.is_available() and dist.is_initialized()):
-            return groups
-        world = c10d._world
-        for pg, ranks_map in list(world.pg_group_ranks.items()):
-            name = world.pg_names.get(pg) if hasattr(world, "pg_names") else None
-            ranks = sorted(int(r) for r in ranks_map.keys())
-            groups.append({"name": str(name or getattr(pg, "group_name", "")), "size": len(ranks), "ranks": ranks})
+        if dist.is_available() and dist.is_initialized():
+            doc["backend"] = str(dist.get_backend())
+            world = c10d._world
+            for pg, ranks_map in list(world.pg_group_ranks.items()):
+                name = world.pg_names.get(pg) if hasattr(world, "pg_names") else None
+                ranks = sorted(int(r) for r in ranks_map.keys())
+                doc["process_groups"].append({"name": str(name or getattr(pg, "group_name", "")),
+                                              "size": len(ranks), "ranks": ranks})
     except Exception:
         pass
-    return groups
-
-
-def _usable_cores() -> int | None:
-    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
+    return doc
 
 
 def _task_schedstat() -> dict:
@@ -1075,7 +950,11 @@ def _cpu_window(start: dict | None, end: dict | None) -> dict | None:
     summed over the threads alive at the end: absent without /proc). None without both samples."""
     if not start or not end:
         return None
-    doc = {"usable_cores": _usable_cores(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    doc = {"usable_cores": usable, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "start_unix_ns": start["unix_ns"], "end_unix_ns": end["unix_ns"],
            "wall_us": (end["mono_ns"] - start["mono_ns"]) / 1e3, "cpu_us": (end["cpu_ns"] - start["cpu_ns"]) / 1e3}
     lws = os.environ.get("LOCAL_WORLD_SIZE")

@@ -1,14 +1,13 @@
-"""fsdpprof bootstrap, loaded by every Python process of a job run under ``fsdpprof record``.
+"""fsdpprof bootstrap, loaded by every Python process of a job run under ``fsdpprof record`` (first on PYTHONPATH).
 
-``fsdpprof record`` puts this folder first on PYTHONPATH. It must stay cheap and harmless in
-processes that never train (torchrun's agent, tools): it imports neither torch nor fsdpprof here,
-only adds a meta-path hook that fires when ``torch.optim.optimizer`` is imported and then
-registers fsdpprof's global optimizer-step hooks. A user's or the system's own
-``sitecustomize`` (the next one on sys.path) still runs, as it would without us.
-No exception ever escapes from this file.
+Cheap and harmless in processes that never train: it imports neither torch nor fsdpprof, only adds a meta-path
+hook that registers fsdpprof's optimizer-step hooks once ``torch.optim.optimizer`` is loaded. The next
+``sitecustomize`` on sys.path (the user's or the system's) still runs. No exception ever escapes from this file.
 """
 import os
 import sys
+
+_TARGET = "torch.optim.optimizer"
 
 
 def _fsdpprof_chain_sitecustomize():
@@ -37,12 +36,10 @@ def _fsdpprof_chain_sitecustomize():
 
 
 class _FsdpprofOptimHook:
-    """Meta-path finder: when torch.optim.optimizer is loaded, install fsdpprof's step hooks."""
-
-    target = "torch.optim.optimizer"
+    """Meta-path finder: once torch.optim.optimizer has run, install fsdpprof's step hooks."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.target:
+        if fullname != _TARGET:
             return None
         try:
             sys.meta_path.remove(self)
@@ -52,34 +49,17 @@ class _FsdpprofOptimHook:
             import importlib.util
 
             spec = importlib.util.find_spec(fullname)
-            if spec is None or spec.loader is None:
-                return spec
-            loader = spec.loader
-            original_exec = loader.exec_module
+            if spec is not None and spec.loader is not None:
+                original_exec = spec.loader.exec_module
 
-            def exec_module(module, _orig=original_exec):
-                _orig(module)
-                _fsdpprof_install(module)
+                def exec_module(module):
+                    original_exec(module)
+                    _fsdpprof_install(module)
 
-            wrapped = _FsdpprofLoader(loader, exec_module)
-            spec.loader = wrapped
+                spec.loader.exec_module = exec_module   # (this spec's own loader object)
             return spec
         except Exception:
             return None
-
-
-class _FsdpprofLoader:
-    """Delegates everything to the real loader; runs fsdpprof's install after exec_module."""
-
-    def __init__(self, loader, exec_module):
-        self._loader = loader
-        self.exec_module = exec_module
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
 
 
 def _fsdpprof_install(optimizer_module):
@@ -100,8 +80,8 @@ def _fsdpprof_install(optimizer_module):
 def _fsdpprof_bootstrap():
     try:
         if os.environ.get("FSDPPROF_RUN_DIR") and os.environ.get("FSDPPROF_DISABLE") != "1":
-            if "torch.optim.optimizer" in sys.modules:  # unusual: torch imported before site
-                _fsdpprof_install(sys.modules["torch.optim.optimizer"])
+            if _TARGET in sys.modules:  # unusual: torch imported before site
+                _fsdpprof_install(sys.modules[_TARGET])
             else:
                 sys.meta_path.insert(0, _FsdpprofOptimHook())
     except Exception:
