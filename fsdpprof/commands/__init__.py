@@ -52,11 +52,15 @@ def engine_of(args) -> str:
 
 def checked_run(args, path: str, outputs: list, fix: str = "", defer_under=None, load=None, **kw):
     """``load(path, **kw)`` (default find_run: traces not read yet), with ``outputs`` checked before (the input
-    not read yet: ``defer_under``) and after (never one of the input's files); UserError otherwise."""
+    not read yet: ``defer_under``) and after (never one of the input's files), and its --device chosen."""
     from fsdpprof.analyze.load.files import find_run
     from fsdpprof.report.outputs import check_outputs
 
     check_outputs(outputs, force=args.force, defer_under=defer_under or [path], fix=fix)
     run = (load or find_run)(path, **kw)
     check_outputs(outputs, force=args.force, inputs=run.inputs, input_folders=run.record_folders(), fix=fix)
-    return run
+    if getattr(args, "device", None) is None:
+        return run
+    from fsdpprof.analyze.memory.attribution import choose_device
+
+    return choose_device(run, args.device)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 
 from fsdpprof import options
+from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
+from fsdpprof.analyze.load.engines import shared_scheduler
+from fsdpprof.analyze.load.files import iteration_folders
+from fsdpprof.analyze.model import rank_list
 from fsdpprof.commands import ENGINE, add, checked_run, engine_of
 from fsdpprof.errors import UserError
+from fsdpprof.report.outputs import check_not_empty, compare_paths, json_bytes, page_items, plotly_output, write_files
 
 
 def add_arguments(p) -> None:
@@ -31,7 +36,6 @@ def write_compare(comparison, out_html: str, out_json: str | None = None,
                   self_contained: bool = False) -> tuple[str, str]:
     """Write compare HTML and JSON (and plotly.js), all or none; callers check the paths first."""
     from fsdpprof.report.compare_page import render_compare
-    from fsdpprof.report.outputs import compare_paths, json_bytes, page_items, write_files
     from fsdpprof.report.summary import compare_summary
 
     out_html, out_json = compare_paths(out_html, out_json)
@@ -43,9 +47,6 @@ def write_compare(comparison, out_html: str, out_json: str | None = None,
 def profiling_window(path: str, iteration) -> tuple[str, str | None]:
     """A torchtitan-style folder (``iteration_<s>/`` per window) -> the window compared (first: the earliest;
     step N: the first dumped after step N; else the latest) and a note naming it; any other path as it is."""
-    from fsdpprof.analyze.compare.scope import SCOPE_FIRST
-    from fsdpprof.analyze.load.files import iteration_folders
-
     windows = iteration_folders(path) if os.path.isdir(path) else None
     if not windows:
         return path, None
@@ -59,11 +60,6 @@ def profiling_window(path: str, iteration) -> tuple[str, str | None]:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the runs are found: see report.run)
-    from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
-    from fsdpprof.analyze.load.engines import shared_scheduler
-    from fsdpprof.analyze.model import rank_list
-    from fsdpprof.report.outputs import check_not_empty, compare_paths, plotly_output
-
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
     scope = Scope(parse_iteration(args.iteration), args.rank)
@@ -78,9 +74,6 @@ def run(args) -> int:
         path, note = profiling_window(path, scope.iteration)
         window_notes += [note] if note else []
         run_ = checked_run(args, path, outputs, defer_under=args.runs, workers=args.workers)
-        from fsdpprof.analyze.memory.attribution import choose_device
-
-        run_ = choose_device(run_, args.device)
         keep = scope.rank
         if keep is not None and keep not in run_.ranks:
             raise UserError(f"rank {keep} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 
+from fsdpprof.analyze.load.files import find_run
 from fsdpprof.analyze.model import fmt_bytes
 from fsdpprof.commands import ENGINE, add, engine_of
 
@@ -43,8 +44,6 @@ def table(result) -> str:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.load.files import find_run
-
     engine = engine_of(args)
     run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     from fsdpprof.analyze.pipeline import overlap_summary

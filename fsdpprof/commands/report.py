@@ -6,8 +6,11 @@ import os
 import sys
 import webbrowser
 
+from fsdpprof.analyze.load.files import find_run
 from fsdpprof.commands import ENGINE, add, checked_run, engine_of
 from fsdpprof.errors import UserError
+from fsdpprof.report.outputs import (check_not_empty, check_outputs, json_bytes, page_items, plotly_output,
+                                     report_paths, summary_for, write_files)
 
 
 def add_arguments(p) -> None:
@@ -34,7 +37,6 @@ def write_report(analysis, out_html: str, out_summary: str | None = None,
                  self_contained: bool = False, tables: list | None = None) -> tuple[str, str]:
     """Write the report HTML, its summary JSON (and plotly.js, ``tables``' (path, bytes)), all or none; returns
     both paths.  Callers check the paths first (report.outputs.check_outputs)."""
-    from fsdpprof.report.outputs import json_bytes, page_items, summary_for, write_files
     from fsdpprof.report.run_page import render_report
     from fsdpprof.report.summary import summary
 
@@ -47,7 +49,6 @@ def write_report(analysis, out_html: str, out_summary: str | None = None,
 def table_outputs(analysis, directory: str, force: bool, inputs=()) -> list:
     """--tables: the checked (path, bytes) of every summary table in ``directory`` (a file listed in its
     tables.json is replaced; another only with ``force``; never an input)."""
-    from fsdpprof.report.outputs import check_outputs
     from fsdpprof.report.summary import summary
     from fsdpprof.report.tables import listed_files, table_files
 
@@ -66,7 +67,6 @@ def analyse_path(path: str, workers: int | None = None, hta: bool = False, progr
                  max_trace_bytes: int | None = None, engine: str | None = None, scheduler: str | None = None,
                  ops: bool = False, device=None):
     """find_run + analyze_run of ``path`` (``ops``: with compare's operator table; ``device``: see --device)."""
-    from fsdpprof.analyze.load.files import find_run
     from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.pipeline import analyze_run
 
@@ -76,10 +76,7 @@ def analyse_path(path: str, workers: int | None = None, hta: bool = False, progr
 
 
 def run(args) -> int:
-    # (pandas and the analysis are imported once the input and the outputs are known good: a bad argument
-    # is refused in a tenth of a second)
-    from fsdpprof.report.outputs import check_not_empty, plotly_output, report_paths
-
+    # (pandas and the analysis are imported once the input and the outputs are known good)
     engine = engine_of(args)
     if args.hta and importlib.util.find_spec("hta") is None:
         raise UserError("--hta needs Holistic Trace Analysis: pip install 'fsdpprof[hta]' (or traceinsight); "
@@ -90,11 +87,9 @@ def run(args) -> int:
                (summary_path, "--summary" if args.summary else "the summary"),
                *plotly_output(html_path, args.self_contained)]
     run_ = checked_run(args, args.run, outputs, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
-    from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text
 
-    run_ = choose_device(run_, args.device)
     a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
     inputs = run_.inputs

@@ -10,6 +10,7 @@ from fsdpprof import options
 from fsdpprof.analyze.model import fmt_bytes
 from fsdpprof.commands import add, checked_run
 from fsdpprof.errors import UserError
+from fsdpprof.report.outputs import check_not_empty, timeline_path, write_files
 
 
 def add_arguments(p) -> None:
@@ -30,11 +31,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.load.run import load_run
-    from fsdpprof.report.outputs import check_not_empty, timeline_path
-
     check_not_empty(**{"INPUT": args.run, "-o": args.output})
     out = timeline_path(args.run, args.output)
+    from fsdpprof.analyze.load.run import load_run
+
     run_ = checked_run(args, args.run, [(out, "-o" if args.output else "the timeline")], load=load_run,
                        workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     if args.ranks is not None:
@@ -48,7 +48,6 @@ def run(args) -> int:
     from fsdpprof.analyze.comm.skew import ALIGN_ANCHOR, ALIGN_COLLECTIVES
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.timeline import timeline_tracks
-    from fsdpprof.report.outputs import write_files
     from fsdpprof.report.timeline import WARN_BYTES, timeline_writer
 
     a = analyze_run(run_, workers=args.workers, progress=sys.stderr.isatty(), ops=False)

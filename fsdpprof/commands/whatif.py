@@ -5,8 +5,10 @@ import os
 import sys
 
 from fsdpprof import options
+from fsdpprof.analyze.model import fmt_bytes, rank_list
 from fsdpprof.commands import ENGINE, add, checked_run, engine_of
-from fsdpprof.errors import UserError
+from fsdpprof.errors import UserError, unexpected_as_user_error
+from fsdpprof.report.outputs import check_not_empty, json_bytes, page_items, plotly_output, write_files
 
 FIT_RANKS_SHOWN = 4     # ranks whose collective fits the terminal text lists (all of them in --json)
 TARGET_OPTIONS = ("strategy", "shard_group", "world", "reshard_after_forward", "param_dtype", "reduce_dtype",
@@ -71,8 +73,6 @@ def build(args, run) -> tuple[list, object, list[str], object]:
 
 def text(result: dict, run_label: str) -> str:
     """The predictions as a terminal table plus what the first one kept and assumed."""
-    from fsdpprof.analyze.model import fmt_bytes, rank_list
-
     def ms(x) -> str:
         return "-" if x is None else f"{x / 1e3:.1f}"
 
@@ -107,9 +107,6 @@ def text(result: dict, run_label: str) -> str:
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the run is found: see report.run)
-    from fsdpprof.errors import unexpected_as_user_error
-    from fsdpprof.report.outputs import check_not_empty, json_bytes, page_items, plotly_output, write_files
-
     engine = engine_of(args)
     check_not_empty(**{"RUN": args.run, "-o": args.output})
     if args.self_contained and not args.output:
@@ -119,11 +116,9 @@ def run(args) -> int:
     outputs = [(args.output, "-o"), *plotly_output(args.output, args.self_contained)] if args.output else []
     # (each rank's inventory and trace are read where it is predicted)
     run_ = checked_run(args, args.run, outputs, fix="choose another path with -o")
-    from fsdpprof.analyze.memory.attribution import choose_device
     from fsdpprof.analyze.whatif import predict as wp
     from fsdpprof.analyze.whatif import targets as tg
 
-    run_ = choose_device(run_, args.device)
     targets, run_target, notes, source = build(args, run_)
     with unexpected_as_user_error(f"what-if of {args.run}"):
         result = wp.predict_run(run_, targets, run_target, engine=engine, workers=args.workers,
