@@ -42,8 +42,7 @@ def add_arguments(p) -> None:
 
 
 def _target_given(args) -> bool:
-    return (any(getattr(args, k) is not None for k in TARGET_OPTIONS) or args.cpu_offload
-            or float(args.batch_scale) != 1)
+    return any(getattr(args, k) is not None for k in TARGET_OPTIONS) or args.cpu_offload or args.batch_scale != 1
 
 
 def build(args, run) -> tuple[list, object, list[str], object]:
@@ -60,9 +59,8 @@ def build(args, run) -> tuple[list, object, list[str], object]:
         out.append(tg.make_target(source, args.strategy, world_size=args.world, shard_group=args.shard_group,
                                   reshard_after_forward=args.reshard_after_forward, param_dtype=args.param_dtype,
                                   reduce_dtype=args.reduce_dtype, cpu_offload=True if args.cpu_offload else None,
-                                  batch_scale=tg.parse_batch_scale(args.batch_scale),
-                                  family=args.fsdp_version and f"fsdp{args.fsdp_version}",
-                                  ranks_per_host=args.ranks_per_host))
+                                  batch_scale=args.batch_scale, ranks_per_host=args.ranks_per_host,
+                                  family=args.fsdp_version and f"fsdp{args.fsdp_version}"))
     elif args.only:
         raise UserError("--only needs a target: give --strategy (or --world, --shard-group, ...)")
     if not args.only:
