@@ -83,7 +83,8 @@ def parse_runs(spec: str, nproc: int) -> list[tuple[str, int]]:
             raise UserError(f"--strategies {s[:40]!r} is not a strategy of the example: use some of {','.join(known)}")
         k = options.DEMO_NPROC.parse(n, f"--strategies {item[:40]!r}: the processes after ':'") if sep else nproc
         if s in ("hsdp", "fsdp1-hybrid") and (k < 2 or k % 2):
-            raise UserError(f"--strategies {item[:40]!r}: hybrid sharding needs an even number of processes, e.g. {s}:4")
+            raise UserError(f"--strategies {item[:40]!r}: hybrid sharding needs an even number of processes, "
+                            f"e.g. {s}:4")
         runs.append((s, k))
     if not runs:
         raise UserError("--strategies is empty: give e.g. fsdp2,ddp or fsdp2:2,fsdp2:4")

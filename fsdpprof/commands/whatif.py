@@ -21,7 +21,8 @@ def add_arguments(p) -> None:
                    help="target: DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD (default: the run's)")
     p.add_argument("--shard-group", default=None, metavar="K", type=options.WORLD,
                    help="HYBRID_SHARD: ranks each parameter is sharded over")
-    p.add_argument("--world", default=None, metavar="N", type=options.WORLD, help="target world size (default: the run's)")
+    p.add_argument("--world", default=None, metavar="N", type=options.WORLD,
+                   help="target world size (default: the run's)")
     p.add_argument("--reshard-after-forward", default=None, metavar="true|false|INT",
                    type=options.reshard_after_forward,
                    help="free unsharded parameters after forward (true), keep them (false), or reshard to INT ranks")
@@ -90,7 +91,8 @@ def text(result: dict, run_label: str) -> str:
     lines.append("(* the target; = the run's own configuration, predicted from itself; times per step)")
     first = result["predictions"][0] if result["predictions"] else None
     if first and first.get("cpu_contention") is not None and first.get("run_cpu_contention") is not None:
-        lines.append(f"CPU contention (1 + run-queue wait / time on a CPU): the run x{first['run_cpu_contention']:.2f}, "
+        lines.append(f"CPU contention (1 + run-queue wait / time on a CPU): the run "
+                     f"x{first['run_cpu_contention']:.2f}, "
                      f"{first['label']} x{first['cpu_contention']:.2f}")
     if first:
         lines.append(f"{first['label']}: kept: " + "; ".join(first["kept"]))
@@ -126,7 +128,8 @@ def run(args) -> int:
     result["run"] = {"path": run_.path, "strategy": run_target.strategy, "world_size": run_target.world_size,
                      "family": run_target.family, "description": tg.describe_source(source)}
     if all(p["peak_allocated_bytes"] is None and p["step_us"] is None for p in result["predictions"]):
-        raise UserError(f"{args.run}: nothing to predict from: " + "; ".join(result["notes"] or ["no trace, no memory"]))
+        raise UserError(f"{args.run}: nothing to predict from: "
+                        + "; ".join(result["notes"] or ["no trace, no memory"]))
     if args.output:
         from fsdpprof.report.whatif import render_whatif
 
