@@ -1,22 +1,16 @@
-"""fsdpprof: profiler and trace analyzer for PyTorch FSDP training.
-
-Data flows one way: collect -> run_dir -> analyze -> report.
-"""
+"""fsdpprof: profiler and trace analyzer for PyTorch FSDP training (collect -> run_dir -> analyze -> report)."""
 from fsdpprof.version import __version__  # noqa: F401
 
 
 def record(*args, **kwargs):
-    """In-code recording: ``with fsdpprof.record(out=...):`` around a training loop.
-
-    See :func:`fsdpprof.collect.api.record`.
-    """
+    """``with fsdpprof.record(out=...):`` around a training loop: :func:`fsdpprof.collect.api.record`."""
     from fsdpprof.collect.api import record as _record
 
     return _record(*args, **kwargs)
 
 
 def load_run(path, **kwargs):
-    """Load a run directory, a folder of traces or a snapshot; see :func:`fsdpprof.analyze.load.run.load_run`."""
+    """A run directory, a folder of traces or a snapshot: :func:`fsdpprof.analyze.load.run.load_run`."""
     from fsdpprof.analyze.load.run import load_run as _load_run
 
     return _load_run(path, **kwargs)

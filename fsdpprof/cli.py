@@ -1,8 +1,6 @@
-"""The ``fsdpprof`` command: maps sub-commands to functions; no business logic here.
+"""The ``fsdpprof`` command: maps sub-commands to their modules (``add_arguments(parser)``, ``run(args) -> int``).
 
-Each sub-command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
-A :class:`fsdpprof.errors.UserError` becomes one line on stderr and exit code 2.
-"""
+A :class:`fsdpprof.errors.UserError` becomes one line on stderr and exit code 2."""
 from __future__ import annotations
 
 import argparse
@@ -11,22 +9,19 @@ import os
 import signal
 import sys
 
-from fsdpprof.version import __version__
 from fsdpprof.errors import UserError
+from fsdpprof.version import __version__
 
-# sub-command -> (module, one-line help)
-COMMANDS = {
-    "record": ("fsdpprof.commands.record", "run a training command and record a run directory"),
-    "report": ("fsdpprof.commands.report", "analyse a run directory (or traces/snapshots) into report.html"),
-    "compare": ("fsdpprof.commands.compare", "put several runs side by side in compare.html"),
-    "overlap": ("fsdpprof.commands.overlap", "per rank, communication overlapped with compute and exposed; per "
-                                             "collective, volume and bandwidth"),
-    "plan": ("fsdpprof.commands.plan", "per-rank model-state memory and traffic per strategy, before running"),
-    "timeline": ("fsdpprof.commands.timeline", "every rank on one clock in one chrome trace (Perfetto), with "
-                                               "fsdpprof's steps, stages, FSDP units, exposed communication, "
-                                               "memory and findings as tracks"),
-    "whatif": ("fsdpprof.commands.whatif", "predict peak memory and step time of a run under another strategy"),
-    "demo": ("fsdpprof.commands.demo", "record the built-in CPU example under several strategies and report"),
+COMMANDS = {  # sub-command -> one-line help (its module: fsdpprof.commands.<name>)
+    "record": "run a training command and record a run directory",
+    "report": "analyse a run directory (or traces/snapshots) into report.html",
+    "compare": "put several runs side by side in compare.html",
+    "overlap": "per rank, communication overlapped with compute and exposed; per collective, volume and bandwidth",
+    "plan": "per-rank model-state memory and traffic per strategy, before running",
+    "timeline": "every rank on one clock in one chrome trace (Perfetto), with fsdpprof's steps, stages, FSDP units, "
+                "exposed communication, memory and findings as tracks",
+    "whatif": "predict peak memory and step time of a run under another strategy",
+    "demo": "record the built-in CPU example under several strategies and report",
 }
 
 
@@ -44,26 +39,21 @@ def one_line(text: str) -> str:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The ``fsdpprof`` parser.  With ``argv``, only the sub-command it names gets its module imported and
-    its arguments (``fsdpprof --help`` and ``fsdpprof plan`` import no other command, nor pandas or torch);
-    without, every sub-command does."""
-    parser = _Parser(
-        prog="fsdpprof",
-        description="Profiler and trace analyzer for PyTorch FSDP training: where memory went, "
-                    "how much communication is exposed.",
-    )
+    """The ``fsdpprof`` parser.  With ``argv``, only the sub-command it names imports its module and gets its
+    arguments (``fsdpprof --help`` and ``plan`` import no other command, nor pandas or torch); without, all do."""
+    parser = _Parser(prog="fsdpprof", description="Profiler and trace analyzer for PyTorch FSDP training: where "
+                                                  "memory went, how much communication is exposed.")
     parser.add_argument("--version", action="version", version=f"fsdpprof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.commands = {}
     # (the top level has no option taking a value: the command is the first argument, when it is one)
-    wanted = set(COMMANDS) if argv is None else {argv[0]} & set(COMMANDS) if argv else set()
-    for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    wanted = set(COMMANDS) if argv is None else set(argv[:1]) & set(COMMANDS)
+    for name, help_text in COMMANDS.items():
+        p = parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text)
         if name in wanted:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(f"fsdpprof.commands.{name}")
             module.add_arguments(p)
             p.set_defaults(_module=module)
-        parser.commands[name] = p
     return parser
 
 
@@ -90,12 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         signum = getattr(exc, "signum", signal.SIGINT)
         _say(f"fsdpprof {args.command}: {'interrupted' if signum == signal.SIGINT else 'terminated'}")
         return 128 + signum
-    except BrokenPipeError:
-        # `fsdpprof report ... | head`: the reader went away; nothing more to say.
+    except BrokenPipeError:             # `fsdpprof report ... | head`: the reader went away
         _drop_stdout(real_stdout)
         return 141
-    except StdoutError as exc:
-        # stdout on a full disk (`> /dev/full`), a closed or revoked terminal, ...: one line, exit 1
+    except StdoutError as exc:          # stdout on a full disk (`> /dev/full`), a closed terminal, ...
         _drop_stdout(real_stdout)
         _say(f"fsdpprof {args.command}: error: cannot write to standard output ({exc.strerror or exc}); "
              f"free space where it goes or redirect it elsewhere")
@@ -109,31 +97,25 @@ class StdoutError(OSError):
 
 
 class _WatchedStdout:
-    """``sys.stdout`` during a command: the same stream, its write errors raised as StdoutError (a broken
-    pipe stays a BrokenPipeError)."""
+    """``sys.stdout`` during a command: the same stream, its write errors raised as StdoutError (a broken pipe
+    stays a BrokenPipeError)."""
 
     def __init__(self, stream):
         self._stream = stream
 
-    def _call(self, fn, *args):
-        try:
-            return fn(*args)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise StdoutError(exc.errno, exc.strerror) from None
-
-    def write(self, text):
-        return self._call(self._stream.write, text)
-
-    def writelines(self, lines):
-        return self._call(self._stream.writelines, lines)
-
-    def flush(self):
-        return self._call(self._stream.flush)
-
     def __getattr__(self, name):
-        return getattr(self._stream, name)
+        attr = getattr(self._stream, name)
+        if name not in ("write", "writelines", "flush"):
+            return attr
+
+        def watched(*args):
+            try:
+                return attr(*args)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise StdoutError(exc.errno, exc.strerror) from None
+        return watched
 
 
 def _drop_stdout(stream) -> None:
@@ -152,7 +134,3 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import contextlib
 
-
-# in the message of a UserError that stands for an unexpected exception (see unexpected_as_user_error)
-BUG_MARK = "this is a bug in fsdpprof"
+BUG_MARK = "this is a bug in fsdpprof"   # in a UserError that stands for an unexpected exception
 
 
 class UserError(Exception):
@@ -16,10 +14,8 @@ class UserError(Exception):
 
 @contextlib.contextmanager
 def unexpected_as_user_error(what: str):
-    """Last resort at an API boundary (load_trace, load_snapshot, load_run): an exception that is not a
-    UserError (a bug, or an input nothing checked) becomes a one-line UserError naming ``what`` (the
-    file), chained to the original (``__cause__``) so that tests and the fuzz campaign can tell it apart
-    from a checked error.  MemoryError is said as such; KeyboardInterrupt and SystemExit pass."""
+    """At an API boundary: an exception that is not a UserError (a bug, an input nothing checked) becomes a
+    one-line UserError naming ``what``, chained to it (``__cause__``); KeyboardInterrupt and SystemExit pass."""
     try:
         yield
     except UserError:

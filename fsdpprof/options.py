@@ -1,11 +1,7 @@
-"""The range of every numeric option of every command, in one place.
+"""The range of every numeric option of every command, in one place (argparse ``type=`` and the Python API).
 
-Each command's parser takes its numbers through a :class:`Number` (argparse ``type=``): a value that is
-not a number, not whole where it must be, or out of range is refused by the parser in one line, exit 2,
-naming the valid range, before anything runs.  :meth:`Number.parse` says the same as a UserError for a
-value given another way (the Python API, a value read later).  Standard library only: ``collect``'s
-launcher uses it before the user's job starts.
-"""
+A value out of range is refused in one line naming the range, before anything runs.  Standard library only:
+``collect``'s launcher uses it before the user's job starts."""
 from __future__ import annotations
 
 import argparse
@@ -33,63 +29,50 @@ def _fmt(x) -> str:
 
 
 class Number:
-    """A numeric option: a number from ``lo`` to ``hi`` (both included), a whole one when ``whole``.
-
-    ``units``: suffixes accepted after the number and what they multiply it by (sizes: 40GB, 8GiB; counts:
-    7.5B); ``unit``: what the number counts, said in the range (" bytes", " s").  Called with the
-    option's text (argparse ``type=``) it returns the value (int when whole) or raises ArgumentTypeError.
-    """
+    """A number from ``lo`` to ``hi`` (both included), whole when ``whole``; ``units``: suffixes accepted and
+    their factors (40GB, 7.5B); ``unit``: what it counts, said in the range.  As argparse ``type=`` it returns
+    the value (int when whole) or raises ArgumentTypeError."""
 
     def __init__(self, lo, hi, *, whole: bool = True, unit: str = "", units: dict | None = None,
                  example: str | None = None):
-        self.lo, self.hi, self.whole, self.unit, self.units = lo, hi, whole, unit, units
-        self.example = example
+        self.lo, self.hi, self.whole, self.unit, self.units, self.example = lo, hi, whole, unit, units, example
         self.__name__ = "number"            # (argparse names a type by it)
 
     def describe(self) -> str:
         """'a whole number from 1 to 1000000', 'a number from 1 to 1e15 parameters (e.g. 7.5e9 or 7.5B)'."""
-        kind = "a whole number" if self.whole else "a number"
-        return (f"{kind} from {_fmt(self.lo)} to {_fmt(self.hi)}{self.unit}"
+        return (f"{'a whole number' if self.whole else 'a number'} from {_fmt(self.lo)} to {_fmt(self.hi)}{self.unit}"
                 + (f" (e.g. {self.example})" if self.example else ""))
 
     def check(self, text):
         """The value, or ValueError with what is wrong with ``text`` (a few words)."""
         if isinstance(text, bool):
             raise ValueError("is not a number")
-        if isinstance(text, (int, float)):
-            value = text
-        else:
-            s = str(text).strip().replace("_", "").replace(",", "")
-            i = len(s)
-            while i > 0 and s[i - 1].isalpha():
-                i -= 1
-            num, suffix = s[:i].strip(), s[i:].strip().lower()
-            if not num:
-                raise ValueError("is not a number")
-            if suffix and not self.units:
-                num, suffix = s, ""           # (float() knows 'inf' and 'nan'; anything else: not a number)
-            if suffix and suffix not in self.units:
-                known = ", ".join(u for u in self.units if u)
-                raise ValueError(f"has an unknown unit {shown(suffix, 12)} (use {known})")
-            try:
-                value = int(num)              # exact, however long
-            except ValueError:
-                try:
-                    value = float(num)
-                except ValueError:
-                    raise ValueError("is not a number") from None
-            value = value * (self.units or {"": 1})[suffix]
+        value = text if isinstance(text, (int, float)) else self._read(str(text))
         if isinstance(value, float) and math.isnan(value):
             raise ValueError("is not a number")
-        if value > self.hi:
-            raise ValueError("is too large")
-        if value < self.lo:
-            raise ValueError("is too small")
-        if self.whole:
-            if value != int(value):
-                raise ValueError("is not a whole number")
-            return int(value)
-        return float(value)
+        if value > self.hi or value < self.lo:
+            raise ValueError("is too large" if value > self.hi else "is too small")
+        if self.whole and value != int(value):
+            raise ValueError("is not a whole number")
+        return int(value) if self.whole else float(value)
+
+    def _read(self, text: str):
+        s = text.strip().replace("_", "").replace(",", "")
+        i = len(s)
+        while i > 0 and s[i - 1].isalpha():
+            i -= 1
+        num, suffix = s[:i].strip(), s[i:].lower()
+        if not num:
+            raise ValueError("is not a number")
+        if suffix and not self.units:
+            num, suffix = s, ""           # (float() knows 'inf' and 'nan'; anything else: not a number)
+        if suffix not in (self.units or {"": 1}):
+            raise ValueError(f"has an unknown unit {shown(suffix, 12)} (use {', '.join(u for u in self.units if u)})")
+        try:
+            value = int(num) if num.lstrip("+-").isdigit() else float(num)   # (int: exact, however long)
+        except ValueError:
+            raise ValueError("is not a number") from None
+        return value * (self.units or {"": 1})[suffix]
 
     def __call__(self, text):
         try:
@@ -134,14 +117,12 @@ MAX_DEMO_NPROC = 16                       # CPU processes per recording (gloo); 
 DEMO_NPROC = Number(1, MAX_DEMO_NPROC)
 
 
-def _ranks(text) -> list[int] | None:
-    t = str(text).strip().lower()
-    if t == "all":
-        return None
-    items = [v.strip() for v in t.split(",")]
-    if not t or not all(items):        # '' would record no rank, or every rank by accident
+def _numbers(text, number: Number) -> list[int]:
+    """'3, 1' -> [1, 3]: comma-separated values of ``number``; ValueError for an empty item ('', '0,,1')."""
+    items = [v.strip() for v in str(text).split(",")]
+    if not all(items):
         raise ValueError
-    return sorted({RANK.check(v) for v in items})
+    return sorted({number.check(v) for v in items})
 
 
 def _ranks_hint(text) -> str:
@@ -152,7 +133,7 @@ def _ranks_hint(text) -> str:
 def ranks_list(text) -> list[int] | None:
     """record ``--ranks`` (argparse ``type=``): 'all' -> None (every rank), '0,2' -> [0, 2]."""
     try:
-        return _ranks(text)
+        return None if str(text).strip().lower() == "all" else _numbers(text, RANK)
     except ValueError:
         raise argparse.ArgumentTypeError(_ranks_hint(text)) from None
 
@@ -163,30 +144,26 @@ def parse_ranks(value, what: str = "--ranks") -> list[int] | None:
             isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= RANK.hi for v in value):
         return sorted(set(value)) if value is not None else None
     try:
-        return _ranks(value)
-    except ValueError:
+        return ranks_list(value)
+    except argparse.ArgumentTypeError:
         raise UserError(f"{what}: {_ranks_hint(value)}") from None
 
 
 def device_choice(text) -> int | str:
     """``--device``: a CUDA device index (int) or 'all' (every device of a snapshot), as argparse ``type=``."""
     t = str(text).strip().lower()
-    if t == ALL_DEVICES:
-        return ALL_DEVICES
     try:
-        return CUDA_DEVICE.check(t)
+        return ALL_DEVICES if t == ALL_DEVICES else CUDA_DEVICE.check(t)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{shown(text)} {exc}: give {CUDA_DEVICE.describe()} (the N of cuda:N) "
                                          f"or '{ALL_DEVICES}'") from None
 
 
 def parse_device(value, what: str = "--device") -> int | str | None:
-    """:func:`device_choice` of a value given another way (the Python API): None (the default choice), an int or
-    'all'; UserError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return CUDA_DEVICE.parse(value, what)
+    """:func:`device_choice` of a value given another way (the Python API): None (the default), an int or 'all';
+    UserError otherwise."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        return None if value is None else CUDA_DEVICE.parse(value, what)
     try:
         return device_choice(value)
     except argparse.ArgumentTypeError as exc:
@@ -195,11 +172,8 @@ def parse_device(value, what: str = "--device") -> int | str | None:
 
 def steps_list(text) -> list[int]:
     """timeline ``--steps`` (argparse ``type=``): '2,3' -> [2, 3] (ProfilerStep numbers, each STEP_NUMBER)."""
-    items = [v.strip() for v in str(text).split(",")]
     try:
-        if not all(items):
-            raise ValueError
-        return sorted({STEP_NUMBER.check(v) for v in items})
+        return _numbers(text, STEP_NUMBER)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{shown(text)} is not a list of steps: give comma-separated step numbers, "
                                          f"each {STEP_NUMBER.describe()}, e.g. 2,3") from None
@@ -208,16 +182,9 @@ def steps_list(text) -> list[int]:
 def reshard_after_forward(text):
     """whatif ``--reshard-after-forward``: true | false | a whole number of ranks (FSDP2 resharding)."""
     t = str(text).strip().lower()
-    if t in ("true", "yes", "on"):
-        return True
-    if t in ("false", "no", "off", "0"):
-        return False
+    if t in ("true", "yes", "on", "false", "no", "off", "0"):
+        return t in ("true", "yes", "on")
     try:
         return WORLD.check(t)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{shown(text)} {exc}: give true, false or {WORLD.describe()}") from None
-
-
-def checked(value, what: str, number: Number):
-    """``number.parse`` for a value that may also be None (an option left out)."""
-    return None if value is None else number.parse(value, what)

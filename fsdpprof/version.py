@@ -1,3 +1,2 @@
-"""fsdpprof's version (what run.json, the reports and ``--version`` say), on its own so that any module can
-import it without importing the ``fsdpprof`` package's API (which imports collect and analyze lazily)."""
+"""fsdpprof's version (run.json, the reports, ``--version``), importable without the package's API."""
 __version__ = "0.1.0"

@@ -1,11 +1,17 @@
-"""``fsdpprof compare RUN_A RUN_B ...``: several runs side by side in compare.html, and what changed in
-each against the first (the baseline): communication per collective, stage, FSDP phase and unit, the
-step's decomposition, operators and kernels, memory at the peak.  Inputs: run directories, trace folders
-of any source (HTA folders, torchtitan's ``iteration_<s>/rank<r>_trace.json``), or a mix."""
+"""``fsdpprof compare RUN_A RUN_B ...``: several runs side by side in compare.html, and what changed in each
+against the first (the baseline).  Inputs: run directories, trace folders of any source, or a mix."""
 from __future__ import annotations
 
+import os
+
 from fsdpprof import options
+from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
+from fsdpprof.analyze.load.engines import shared_scheduler
+from fsdpprof.analyze.load.files import iteration_folders
+from fsdpprof.analyze.model import rank_list
+from fsdpprof.commands import ENGINE, add, checked_run, engine_of
 from fsdpprof.errors import UserError
+from fsdpprof.report.outputs import check_not_empty, compare_paths, json_bytes, page_items, plotly_output, write_files
 
 
 def add_arguments(p) -> None:
@@ -21,22 +27,15 @@ def add_arguments(p) -> None:
                         "recorded step summed; default: per-step medians over the recorded steps")
     p.add_argument("--rank", type=options.RANK, default=None, metavar="R",
                    help="compare rank R of every input (default: all ranks, medians across ranks)")
-    p.add_argument("--force", action="store_true",
-                   help="compare runs of different models anyway (with a warning), and overwrite output files "
-                        "that fsdpprof did not write (never one of the inputs)")
-    from fsdpprof.commands.report import add_device_argument, add_engine_arguments, add_self_contained
-
-    add_self_contained(p)
-    add_engine_arguments(p)
-    add_device_argument(p)
+    add(p, "--force", "--self-contained", *ENGINE, "--device",
+        force="compare runs of different models anyway (with a warning), and overwrite output files that fsdpprof "
+              "did not write (never one of the inputs)")
 
 
 def write_compare(comparison, out_html: str, out_json: str | None = None,
                   self_contained: bool = False) -> tuple[str, str]:
-    """Write compare HTML and JSON, both or neither (with the plotly.js file beside the page, unless
-    ``self_contained`` or already there); callers check the paths first: outputs.check_outputs."""
+    """Write compare HTML and JSON (and plotly.js), all or none; callers check the paths first."""
     from fsdpprof.report.compare_page import render_compare
-    from fsdpprof.report.outputs import compare_paths, json_bytes, page_items, write_files
     from fsdpprof.report.summary import compare_summary
 
     out_html, out_json = compare_paths(out_html, out_json)
@@ -46,67 +45,40 @@ def write_compare(comparison, out_html: str, out_json: str | None = None,
 
 
 def profiling_window(path: str, iteration) -> tuple[str, str | None]:
-    """A torchtitan-style folder (``iteration_<s>/`` per profiling window) -> the window the scope asks for
-    (first: the earliest; step N: the first window dumped after step N, iteration_<s> with s > N; otherwise the
-    latest) and a note naming it; any other path is returned as it is."""
-    import os
-
-    from fsdpprof.analyze.load.files import iteration_folders
-    from fsdpprof.analyze.compare.scope import SCOPE_FIRST
-
-    if not os.path.isdir(path):
-        return path, None
-    windows = iteration_folders(path)
+    """A torchtitan-style folder (``iteration_<s>/`` per window) -> the window compared (first: the earliest;
+    step N: the first dumped after step N; else the latest) and a note naming it; any other path as it is."""
+    windows = iteration_folders(path) if os.path.isdir(path) else None
     if not windows:
         return path, None
     if iteration == SCOPE_FIRST:
         s = min(windows)
-    elif isinstance(iteration, int):
-        after = [w for w in windows if w > iteration]
-        s = min(after) if after else max(windows)
     else:
-        s = max(windows)
+        s = min((w for w in windows if isinstance(iteration, int) and w > iteration), default=max(windows))
     names = ", ".join(f"iteration_{w}" for w in sorted(windows))
     return windows[s], f"{path}: profiling windows {names}; compared {windows[s]}"
 
 
 def run(args) -> int:
     # (pandas and the analysis are imported once the runs are found: see report.run)
-    from fsdpprof.analyze.load.engines import check_engine, shared_scheduler
-    from fsdpprof.analyze.load.files import find_run
-    from fsdpprof.analyze.compare.scope import SCOPE_FIRST, Scope, parse_iteration
-    from fsdpprof.commands.report import check_workers_option
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, compare_paths, plotly_output
-
     if len(args.runs) < 2:
         raise UserError("compare needs at least two runs, e.g. `fsdpprof compare RUN_A RUN_B`")
-    check_workers_option(args.workers)
     scope = Scope(parse_iteration(args.iteration), args.rank)
-    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
-    check_not_empty(**{"-o": args.output, "--summary": args.summary}, **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
+    engine = engine_of(args)
+    check_not_empty(**{"-o": args.output, "--summary": args.summary},
+                    **{f"RUN {i + 1}": p for i, p in enumerate(args.runs)})
     html_path, json_path = compare_paths(args.output, args.summary)
     outputs = [(html_path, "-o"), (json_path, "--summary" if args.summary else "the comparison's JSON"),
                *plotly_output(html_path, args.self_contained)]
-    check_outputs(outputs, force=args.force, defer_under=args.runs)
-    analyses, runs, window_notes = [], [], []
+    runs, window_notes = [], []
     for path in args.runs:
         path, note = profiling_window(path, scope.iteration)
-        if note:
-            window_notes.append(note)
-        run_ = find_run(path, workers=args.workers)
-        check_outputs(outputs, force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
-        if args.device is not None:
-            from fsdpprof.analyze.memory.attribution import choose_device
-
-            run_ = choose_device(run_, args.device)
-        keep = None
-        if scope.rank is not None:
-            if scope.rank not in run_.ranks:
-                from fsdpprof.analyze.model import rank_list
-                raise UserError(f"rank {scope.rank} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "
-                                f"one of those, or leave --rank out to compare all ranks")
-            keep = scope.rank
-        elif scope.iteration == SCOPE_FIRST:   # HTA's default scope: the first rank only
+        window_notes += [note] if note else []
+        run_ = checked_run(args, path, outputs, defer_under=args.runs, workers=args.workers)
+        keep = scope.rank
+        if keep is not None and keep not in run_.ranks:
+            raise UserError(f"rank {keep} is not in {run_.path} ({rank_list(run_.ranks)}); pass --rank with "
+                            f"one of those, or leave --rank out to compare all ranks")
+        if keep is None and scope.iteration == SCOPE_FIRST:   # HTA's default scope: the first rank only
             keep = min((r for r, rd in run_.ranks.items() if rd.trace_path), default=None)
         if keep is not None:
             run_.ranks = {keep: run_.ranks[keep]}
@@ -116,12 +88,11 @@ def run(args) -> int:
     from fsdpprof.report.diff import diff_text
     from fsdpprof.report.text import compare_text
 
+    analyses = []
     # one Dask cluster for every run (a LocalCluster when no --scheduler)
     with shared_scheduler(engine, args.scheduler, args.workers, max(len(r.ranks) for r in runs)) as scheduler:
-        while runs:
-            run_ = runs.pop(0)
-            analyses.append(analyze_run(run_, workers=args.workers, engine=engine, scheduler=scheduler))
-            del run_
+        while runs:   # (each run's files are let go once analysed)
+            analyses.append(analyze_run(runs.pop(0), workers=args.workers, engine=engine, scheduler=scheduler))
     c = compare_analyses(analyses, allow_different_models=args.force, scope=scope)
     c.notes[:0] = window_notes
     write_compare(c, html_path, json_path, self_contained=args.self_contained)

@@ -1,22 +1,20 @@
-"""``fsdpprof overlap RUN``: per rank, how much communication overlaps compute and how much is exposed; per
-collective, its volume and bandwidth: the report's analysis restricted to those two tables
-(:func:`fsdpprof.analyze.pipeline.overlap_summary`), for scripts and CI checks."""
+"""``fsdpprof overlap RUN``: per rank, communication overlapped with compute and exposed; per collective, its
+volume and bandwidth (:func:`fsdpprof.analyze.pipeline.overlap_summary`), for scripts and CI checks."""
 from __future__ import annotations
 
 import json
 import math
 import sys
 
+from fsdpprof.analyze.load.files import find_run
 from fsdpprof.analyze.model import fmt_bytes
-from fsdpprof.commands.report import add_engine_arguments, add_max_trace_bytes, check_workers_option
+from fsdpprof.commands import ENGINE, add, engine_of
 
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory, folder of profiler traces, or trace file (.json[.gz])")
-    p.add_argument("--json", action="store_true",
-                   help="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
-    add_max_trace_bytes(p)
-    add_engine_arguments(p)
+    add(p, "--json", "--max-trace-bytes", *ENGINE,
+        json="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
 
 
 def _cell(x, fmt: str) -> str:
@@ -46,11 +44,7 @@ def table(result) -> str:
 
 
 def run(args) -> int:
-    from fsdpprof.analyze.load.engines import check_engine
-    from fsdpprof.analyze.load.files import find_run
-
-    check_workers_option(args.workers)
-    engine = check_engine(args.engine, args.scheduler, args.connect_timeout)
+    engine = engine_of(args)
     run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     from fsdpprof.analyze.pipeline import overlap_summary
 
@@ -59,8 +53,5 @@ def run(args) -> int:
         print(f"fsdpprof overlap: warning: {line}", file=sys.stderr)
     for label, why in result.missing.items():
         print(f"fsdpprof overlap: {label} left out: {why}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
-    else:
-        print(table(result))
+    print(json.dumps(result.to_dict(), indent=1) if args.json else table(result))
     return 0

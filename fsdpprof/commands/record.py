@@ -1,5 +1,2 @@
-"""``fsdpprof record [options] -- CMD ARGS...``: run a training command and record a run directory.
-
-The mechanics (run directory, bootstrap environment, status) live in :mod:`fsdpprof.collect.launcher`.
-"""
+"""``fsdpprof record [options] -- CMD ARGS...``: :mod:`fsdpprof.collect.launcher` runs it."""
 from fsdpprof.collect.launcher import add_arguments, run  # noqa: F401

@@ -1,14 +1,16 @@
-"""``fsdpprof timeline INPUT -o OUT.json.gz``: every rank of a run as one process of one chrome trace (Perfetto,
-chrome://tracing), on one clock, with fsdpprof's own tracks (step, stage, FSDP phase and unit, exposed
-communication, memory by category, findings).  The file reads back as its ranks (``fsdpprof report OUT.json.gz``)."""
+"""``fsdpprof timeline INPUT -o OUT.json.gz``: every rank of a run as one process of one chrome trace (Perfetto),
+on one clock, with fsdpprof's own tracks (step, stage, FSDP phase and unit, exposed communication, memory by
+category, findings).  The file reads back as its ranks (``fsdpprof report OUT.json.gz``)."""
 from __future__ import annotations
 
 import os
 import sys
 
 from fsdpprof import options
-from fsdpprof.commands.report import add_max_trace_bytes, check_workers_option
+from fsdpprof.analyze.model import fmt_bytes
+from fsdpprof.commands import add, checked_run
 from fsdpprof.errors import UserError
+from fsdpprof.report.outputs import check_not_empty, timeline_path, write_files
 
 
 def add_arguments(p) -> None:
@@ -25,31 +27,16 @@ def add_arguments(p) -> None:
                         "rank.json), collectives (the ends of the collectives the ranks share: they end at nearly the "
                         "same moment on every rank), or auto (default: the anchor where recorded, unless it leaves "
                         "shared collectives over 1 ms further apart than their own alignment; else the collectives)")
-    p.add_argument("--force", action="store_true",
-                   help="overwrite an output file that fsdpprof did not write (never one of the inputs)")
-    p.add_argument("--workers", type=options.WORKERS, default=None,
-                   help="processes for loading ranks (at most one per rank and per CPU core)")
-    add_max_trace_bytes(p)
-
-
-def _size(n: int) -> str:
-    from fsdpprof.analyze.model import fmt_bytes
-
-    return fmt_bytes(n, decimal=True)
+    add(p, "--force", "--workers", "--max-trace-bytes")
 
 
 def run(args) -> int:
-    from fsdpprof.report.outputs import check_not_empty, check_outputs, timeline_path
-
-    check_workers_option(args.workers)
     check_not_empty(**{"INPUT": args.run, "-o": args.output})
     out = timeline_path(args.run, args.output)
-    how = "-o" if args.output else "the timeline"
-    check_outputs([(out, how)], force=args.force, defer_under=[args.run])
     from fsdpprof.analyze.load.run import load_run
 
-    run_ = load_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
-    check_outputs([(out, how)], force=args.force, inputs=run_.inputs, input_folders=run_.record_folders())
+    run_ = checked_run(args, args.run, [(out, "-o" if args.output else "the timeline")], load=load_run,
+                       workers=args.workers, max_trace_bytes=args.max_trace_bytes)
     if args.ranks is not None:
         absent = [r for r in args.ranks if r not in run_.ranks or run_.ranks[r].events is None]
         if absent:
@@ -58,14 +45,12 @@ def run(args) -> int:
                             f"{'are' if len(absent) > 1 else 'is'} not in {args.run} (ranks with a trace: "
                             f"{', '.join(map(str, have)) or 'none'}); pick ranks it has")
         run_.ranks = {r: rd for r, rd in run_.ranks.items() if r in args.ranks}
+    from fsdpprof.analyze.comm.skew import ALIGN_ANCHOR, ALIGN_COLLECTIVES
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.timeline import timeline_tracks
-    from fsdpprof.report.outputs import write_files
     from fsdpprof.report.timeline import WARN_BYTES, timeline_writer
 
     a = analyze_run(run_, workers=args.workers, progress=sys.stderr.isatty(), ops=False)
-    from fsdpprof.analyze.comm.skew import ALIGN_ANCHOR, ALIGN_COLLECTIVES
-
     align = {"anchor": ALIGN_ANCHOR, "collectives": ALIGN_COLLECTIVES}.get(args.align)
     tl = timeline_tracks(run_, a, args.steps, align)
     sizes: dict = {}
@@ -80,10 +65,10 @@ def run(args) -> int:
     for r in al.itertuples(index=False):
         res = "-" if r.residual_us != r.residual_us else f"{r.residual_us:.1f}"
         print(f"{r.rank:>5} {r.offset_us:>14.0f} {res:>12}")
-    json_bytes, file_bytes = sizes.get("json_bytes", 0), os.path.getsize(out)
+    json_bytes, size = sizes.get("json_bytes", 0), fmt_bytes(os.path.getsize(out), decimal=True)
     if json_bytes > WARN_BYTES:
-        print(f"fsdpprof timeline: warning: the timeline holds {_size(json_bytes)} of JSON ({_size(file_bytes)} "
+        print(f"fsdpprof timeline: warning: the timeline holds {fmt_bytes(json_bytes, decimal=True)} of JSON ({size} "
               f"compressed): Perfetto opens up to about 2 GB; keep fewer ranks or steps (--ranks, --steps)",
               file=sys.stderr)
-    print(f"timeline: {out} ({_size(file_bytes)}; open it in https://ui.perfetto.dev or chrome://tracing)")
+    print(f"timeline: {out} ({size}; open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0

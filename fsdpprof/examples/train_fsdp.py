@@ -4,12 +4,9 @@ Run it under torchrun (gloo on CPU, NCCL when a GPU is present)::
 
     torchrun --standalone --nproc-per-node=2 -m fsdpprof.examples.train_fsdp --strategy fsdp2 --steps 5
 
-Strategies: fsdp2 (FULL_SHARD), fsdp2-no-reshard (SHARD_GRAD_OP), hsdp (FSDP2 on a 2-D mesh),
-fsdp2-offload (FULL_SHARD with CPUOffloadPolicy: sharded parameters, gradients and optimizer state on
-the host; unpinned on CPU, so it runs with gloo), fsdp1-full, fsdp1-grad-op, fsdp1-no-shard, fsdp1-hybrid (FSDP1 HYBRID_SHARD on a 2-D mesh), ddp,
-none (plain single-process training, no torch.distributed). Every block is one FSDP unit, plus
-the root (embedding, final norm and head). Default size: about 3.7 M parameters, so a 2-rank,
-5-step run on CPU takes seconds.
+Strategies: fsdp2 (FULL_SHARD), fsdp2-no-reshard (SHARD_GRAD_OP), hsdp (FSDP2 on a 2-D mesh), fsdp2-offload
+(CPUOffloadPolicy, unpinned on CPU), fsdp1-full, fsdp1-grad-op, fsdp1-no-shard, fsdp1-hybrid (HYBRID_SHARD on a
+2-D mesh), ddp, none (one process, no torch.distributed).  Every block is one FSDP unit, plus the root.
 """
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -89,12 +87,8 @@ def parse_args(argv=None):
     p.add_argument("--cpu-offload", action="store_true", help="FSDP only: keep sharded params on the CPU")
     p.add_argument("--crash-at-step", type=int, default=None, help="raise an error in this step (0-based)")
     p.add_argument("--crash-rank", type=int, default=None, help="only this rank crashes (default: every rank)")
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=4)
+    for name, default in (("vocab", 1024), ("dim", 256), ("layers", 4), ("heads", 4), ("seq", 64), ("batch", 4)):
+        p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="print nothing")
@@ -110,8 +104,6 @@ def _free_port() -> int:
 
 
 def setup_distributed(device_type: str):
-    import torch.distributed as dist
-
     if "RANK" not in os.environ:  # plain `python train_fsdp.py`: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
@@ -207,8 +199,6 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
         if args.time_steps:
             if distributed:
-                import torch.distributed as dist
-
                 dist.barrier()
             step_ms.append((time.perf_counter() - t0) * 1000.0)
     if args.time_steps and rank == 0:
@@ -217,8 +207,6 @@ def main(argv=None) -> int:
         print(f"train_fsdp: strategy={args.strategy} world={world} steps={args.steps} "
               f"final_loss={loss.item() if loss is not None else float('nan'):.4f}", flush=True)
     if distributed:
-        import torch.distributed as dist
-
         dist.barrier()
         dist.destroy_process_group()
     return 0
