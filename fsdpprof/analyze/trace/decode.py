@@ -5,7 +5,6 @@ writes; a trace that does not fit its types takes the lenient path.  Times in µ
 """
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import sys

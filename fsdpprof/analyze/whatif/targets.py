@@ -249,7 +249,7 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
     if per_host is not None and n % per_host:
         raise UserError(f"--ranks-per-host {per_host} must divide the world size {n} (whole hosts)")
     return Target(strategy=s, world_size=n, shard_group=k, reshard_after_forward=raf, family=family,
-                  param_dtype=pd_, reduce_dtype=rd_, cpu_offload=off, batch_scale=float(batch_scale),
+                  param_dtype=pd_, reduce_dtype=rd_, cpu_offload=off, batch_scale=parse_batch_scale(batch_scale),
                   ranks_per_host=per_host)
 
 
