@@ -23,11 +23,23 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     if by == ["rank"]:
         ranks, _, comm_us, ov_us = _per_rank_arrays(events)
         has = ~np.isnan(comm_us)
-        return _exposed(pd.DataFrame({"rank": ranks[has], "comm_us": comm_us[has], "overlapped_comm_us": ov_us[has]}))
+        out = pd.DataFrame({"rank": ranks[has], "comm_us": comm_us[has], "overlapped_comm_us": ov_us[has]})
+    else:
+        out = _grouped_comm(events, by)
+        if out is None:
+            return pd.DataFrame({**{k: [] for k in by}, **{c: [] for c in OVERLAP_COLUMNS}})
+    out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
+    return out
+
+
+def _grouped_comm(events: pd.DataFrame, by: list[str]) -> pd.DataFrame | None:
+    """The keys of each group of comm events, its comm_us (union) and overlapped_comm_us; None without comm."""
     is_comm = isin(events["kind"], [model.KIND_COMM])
     keys = events.loc[is_comm, by]
     if len(keys) == 0:
-        return pd.DataFrame({**{k: [] for k in by}, **{c: [] for c in OVERLAP_COLUMNS}})
+        return None
     keys = keys.assign(**{k: keys[k].astype(object) for k in by if isinstance(keys[k].dtype, pd.CategoricalDtype)})
     # one group number per row, in the order of the sorted keys; each group's intervals merged at once
     grouped = keys.groupby(by, sort=True, dropna=False)
@@ -49,13 +61,6 @@ def comm_overlap(events: pd.DataFrame, by=("rank",)) -> pd.DataFrame:
     out = grouped.size().index.to_frame(index=False)      # (the groups' keys, in ngroup's order)
     out["comm_us"] = np.bincount(g, weights=me - ms, minlength=n_groups)
     out["overlapped_comm_us"] = np.bincount(g, weights=ov, minlength=n_groups)
-    return _exposed(out)
-
-
-def _exposed(out: pd.DataFrame) -> pd.DataFrame:
-    out["exposed_comm_us"] = out["comm_us"] - out["overlapped_comm_us"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["overlap_pct"] = np.where(out["comm_us"] > 0, 100.0 * out["overlapped_comm_us"] / out["comm_us"], np.nan)
     return out
 
 

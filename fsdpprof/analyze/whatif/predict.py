@@ -8,7 +8,7 @@ over ranks and steps.
 from __future__ import annotations
 
 import multiprocessing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -73,12 +73,6 @@ class RankMemory:
     sched: dict
     scratch: tuple
     host_states: dict | None
-
-    def predict(self, target: tg.Target, units: list, source: tg.Source) -> dict:
-        """One target's memory on this rank (bytes), with what was kept and assumed."""
-        p = mem.predict_memory(self.rows, self.sched, units, source, target, self.scratch, self.host_states)
-        return {"peak_allocated_bytes": p.peak_allocated_bytes, "breakdown": p.breakdown, "peak_stage": p.peak_stage,
-                "host_bytes": p.host_bytes, "kept": p.kept, "assumed": p.assumed}
 
 
 @dataclass
@@ -176,10 +170,11 @@ def rank_predictions(rd, targets: list[tg.Target], memory_result=None, hosts: in
     else:
         notes.append("no profiler trace: time not predicted")
     no_memory = {"peak_allocated_bytes": None, "breakdown": {}, "peak_stage": None, "host_bytes": 0}
+    memory_of = [asdict(mem.predict_memory(memory.rows, memory.sched, units, source, t, memory.scratch,
+                                           memory.host_states)) if memory else no_memory for t in targets]
     return {"rank": rank, "source": source, "measured_peak_bytes": measured_peak, "measured_steps_us": measured_steps,
             "notes": notes, "timing": rank_timing,
-            "predictions": [{"rank": rank, **_no_time(), **(memory.predict(t, units, source) if memory else no_memory)}
-                            for t in targets]}
+            "predictions": [{"rank": rank, **_no_time(), **m} for m in memory_of]}
 
 
 def _ranks_times(timed: list[tuple[int, RankTiming]], targets: list[tg.Target], floor: dict) -> list[tuple]:
