@@ -76,6 +76,13 @@ PROCESS_MEMORY_PROC_STATUS = "proc_status"        # CPU: VmRSS / VmHWM of /proc/
 NCCL_BUFFER_ENV = ("NCCL_BUFFSIZE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
                    "NCCL_NVLS_ENABLE")
 
+# the recording window (optimizer steps) and limits by default: `fsdpprof record`'s options, fsdpprof.record()'s
+DEFAULT_SKIP_STEPS, DEFAULT_WARMUP_STEPS, DEFAULT_ACTIVE_STEPS = 5, 1, 3
+DEFAULT_MAX_MEMORY_ENTRIES = 100_000   # CUDA memory history entries kept
+RECORD_DEFAULTS = {"skip_steps": DEFAULT_SKIP_STEPS, "warmup_steps": DEFAULT_WARMUP_STEPS,
+                   "active_steps": DEFAULT_ACTIVE_STEPS, "ranks": None, "memory": True, "with_stack": False,
+                   "max_memory_entries": DEFAULT_MAX_MEMORY_ENTRIES}
+
 HEARTBEAT_S = 30   # a running launcher touches its launchers/<host>-<pid>.json this often (seconds)
 
 # Environment variables through which the launcher configures the bootstrap in every process.
@@ -88,10 +95,17 @@ _WRITE_ERRORS = {errno.ENOSPC: "disk full", getattr(errno, "EDQUOT", -1): "disk 
                  errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
                  errno.EPERM: "permission denied"}
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_RANK_DIR_RE = re.compile(re.escape(RANK_DIR_PREFIX) + "([0-9]+)")
 
 
 def rank_dir(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, RANK_DIR_FMT.format(rank=rank))
+
+
+def rank_of_dir(name: str) -> int | None:
+    """The rank a rank folder's name says (``rank-3`` -> 3); None for any other name (``rank-analysis``)."""
+    m = _RANK_DIR_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def is_run_meta(doc) -> bool:

@@ -17,8 +17,10 @@ from fsdpprof.errors import UserError
 
 
 @contextlib.contextmanager
-def record(out: str | None = None, *, skip_steps: int = 5, warmup_steps: int = 1, active_steps: int = 3,
-           ranks=None, memory: bool = True, with_stack: bool = False, max_memory_entries: int = 100_000):
+def record(out: str | None = None, *, skip_steps: int = runfmt.DEFAULT_SKIP_STEPS,
+           warmup_steps: int = runfmt.DEFAULT_WARMUP_STEPS, active_steps: int = runfmt.DEFAULT_ACTIVE_STEPS,
+           ranks=None, memory: bool = True, with_stack: bool = False,
+           max_memory_entries: int = runfmt.DEFAULT_MAX_MEMORY_ENTRIES):
     """Record the optimizer-step window of the code inside the block into run directory ``out``."""
     window = launcher.window_options(skip_steps, warmup_steps, active_steps, max_memory_entries, ranks,
                                      prefix="fsdpprof.record: ")

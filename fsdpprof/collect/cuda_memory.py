@@ -19,7 +19,7 @@ def metadata(phase: str, unit: str | None) -> str:
 
 
 class CudaMemoryRecorder:
-    def __init__(self, info, max_entries: int = 100_000):
+    def __init__(self, info, max_entries: int = runfmt.DEFAULT_MAX_MEMORY_ENTRIES):
         self.info = info
         self.max_entries = max_entries
         self.handles = []

@@ -15,7 +15,6 @@ import glob
 import json
 import os
 import platform
-import re
 import signal
 import socket
 import subprocess
@@ -29,23 +28,21 @@ from fsdpprof.version import __version__
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULTS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "max_memory_entries": 100_000}
-RANK_DIR_RE = re.compile(re.escape(runfmt.RANK_DIR_PREFIX) + r"\d+$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run directory (default: a new timestamped folder under ./fsdpprof-runs/)")
-    p.add_argument("--skip-steps", default=str(DEFAULTS["skip_steps"]), metavar="N", type=opt.SKIP_STEPS,
+    p.add_argument("--skip-steps", default=str(runfmt.DEFAULT_SKIP_STEPS), metavar="N", type=opt.SKIP_STEPS,
                    help="optimizer steps to run before the profiler starts (default %(default)s)")
-    p.add_argument("--warmup-steps", default=str(DEFAULTS["warmup_steps"]), metavar="N", type=opt.WINDOW_STEPS,
+    p.add_argument("--warmup-steps", default=str(runfmt.DEFAULT_WARMUP_STEPS), metavar="N", type=opt.WINDOW_STEPS,
                    help="profiler warm-up steps, not recorded (default %(default)s)")
-    p.add_argument("--active-steps", default=str(DEFAULTS["active_steps"]), metavar="N", type=opt.WINDOW_STEPS,
+    p.add_argument("--active-steps", default=str(runfmt.DEFAULT_ACTIVE_STEPS), metavar="N", type=opt.WINDOW_STEPS,
                    help="optimizer steps recorded (default %(default)s)")
     p.add_argument("--ranks", default="all", type=opt.ranks_list,
                    help="comma-separated global ranks that record (default all)")
     p.add_argument("--no-memory", action="store_true", help="no memory profiling (profile_memory, CUDA history)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks in the trace (bigger, slower)")
-    p.add_argument("--max-memory-entries", default=str(DEFAULTS["max_memory_entries"]), metavar="N",
+    p.add_argument("--max-memory-entries", default=str(runfmt.DEFAULT_MAX_MEMORY_ENTRIES), metavar="N",
                    type=opt.MEMORY_ENTRIES,
                    help="CUDA memory history entries kept (default %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing run in --out")
@@ -179,7 +176,7 @@ def remove_recorded(out: str) -> None:
     ranks = {}
     for name in sorted(os.listdir(out)):   # (every rank folder judged before anything is removed)
         path = os.path.join(out, name)
-        if RANK_DIR_RE.match(name) and _real_dir(path):
+        if runfmt.rank_of_dir(name) is not None and _real_dir(path):
             ranks[path] = _recorded_files(out, name)
     for path, files in ranks.items():
         for f in files or []:
@@ -211,7 +208,7 @@ def _in_the_way(out: str, after_removal: bool = False) -> list[str]:
             names += [] if _real_dir(path) else [name]
         elif name == runfmt.RUN_JSON:
             names += [] if after_removal else [name]
-        elif RANK_DIR_RE.match(name):
+        elif runfmt.rank_of_dir(name) is not None:
             if not after_removal or not _real_dir(path):
                 names.append(name)
                 continue
@@ -333,14 +330,14 @@ def begin_run(out: str, cmd: list[str], options: dict, ranks_expected, extra: di
 def _rank_statuses(out: str) -> dict[int, dict]:
     ranks = {}
     for path in glob.glob(os.path.join(glob.escape(out), runfmt.RANK_DIR_PREFIX + "*", runfmt.RANK_JSON)):
-        name = os.path.basename(os.path.dirname(path))
-        if not RANK_DIR_RE.match(name):
+        rank = runfmt.rank_of_dir(os.path.basename(os.path.dirname(path)))
+        if rank is None:
             continue  # e.g. a folder rank-analysis/ of the user's
         try:
             doc = runfmt.read_json(path)
             ranks[int(doc["rank"])] = doc
         except Exception:
-            ranks[int(name[len(runfmt.RANK_DIR_PREFIX):])] = {"status": "failed", "error": f"unreadable {path}"}
+            ranks[rank] = {"status": "failed", "error": f"unreadable {path}"}
     return ranks
 
 

@@ -35,8 +35,6 @@ from fsdpprof import runfmt
 from fsdpprof.collect import inventory as inv
 from fsdpprof.collect.process_memory import ProcessMemory
 
-DEFAULT_OPTIONS = {"skip_steps": 5, "warmup_steps": 1, "active_steps": 3, "ranks": None, "memory": True,
-                   "with_stack": False, "max_memory_entries": 100_000}
 LOG_LINES_KEPT = 200        # collector.log lines held in memory while the file cannot be written
 KINETO_TMP_SUFFIX = ".tmp"  # kineto exports a trace to <path>.tmp, renamed to <path> once complete
 TRACE_GZIP_LEVEL = 6        # gzip's default: torch's own .gz export uses 9, line by line (about 8x the CPU)
@@ -79,7 +77,7 @@ class Recorder:
 
     def __init__(self, run_dir: str, options: dict | None = None, *, announce: bool = True):
         self.run_dir = os.path.abspath(run_dir)
-        self.options = dict(DEFAULT_OPTIONS)
+        self.options = dict(runfmt.RECORD_DEFAULTS)
         self.options.update({k: v for k, v in (options or {}).items() if v is not None or k == "ranks"})
         self.skip = int(self.options["skip_steps"])
         self.warmup = int(self.options["warmup_steps"])
@@ -376,7 +374,8 @@ class Recorder:
             try:
                 from fsdpprof.collect.cuda_memory import CudaMemoryRecorder
 
-                self.cuda = CudaMemoryRecorder(self.info, int(self.options.get("max_memory_entries") or 100_000))
+                entries = self.options.get("max_memory_entries") or runfmt.DEFAULT_MAX_MEMORY_ENTRIES
+                self.cuda = CudaMemoryRecorder(self.info, int(entries))
                 self.cuda.start()
             except Exception as exc:
                 self.cuda = None

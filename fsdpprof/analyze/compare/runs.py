@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
+from fsdpprof.analyze.model import fmt_ms
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
 from fsdpprof.analyze.pipeline import Analysis
@@ -253,12 +254,6 @@ def zero_promise(analyses: list[Analysis], nums: list[dict], labels: list[str]) 
     return p
 
 
-def _ms(x) -> str:
-    """µs in words: 84.4 ms, 1234 ms."""
-    v = x / 1e3
-    return f"{v:.0f} ms" if abs(v) >= 100 else f"{v:.3g} ms"
-
-
 def _on(row) -> str:
     n = row["world_size"]
     if not row["strategy"]:
@@ -289,7 +284,7 @@ def _spread_row(spread: pd.DataFrame | None, run: str, metric: str) -> dict | No
 
 def _range_ms(s: dict) -> str:
     """A spread in words: 474-630 ms."""
-    return f"{_ms(s['min'])[:-3]}-{_ms(s['max'])}"
+    return f"{fmt_ms(s['min'])[:-3]}-{fmt_ms(s['max'])}"
 
 
 def inside_spread(spread: pd.DataFrame | None, a: str, b: str, metric: str) -> tuple[bool, str] | None:
@@ -316,12 +311,12 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     saved = hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]
     de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
     cost = ("(exposed communication unknown)" if de != de else
-            f"at the cost of {_ms(de)} more exposed communication per step" if de >= 0 else
-            f"and exposes {_ms(-de)} less communication per step")
+            f"at the cost of {fmt_ms(de)} more exposed communication per step" if de >= 0 else
+            f"and exposes {fmt_ms(-de)} less communication per step")
     line = (f"{_on(lo)} saves {model.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
             f"({model.fmt_bytes(lo['peak_allocated_bytes'])} against {model.fmt_bytes(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
-        line += f"; step time {_ms(lo['step_us'])} vs {_ms(hi['step_us'])}"
+        line += f"; step time {fmt_ms(lo['step_us'])} vs {fmt_ms(hi['step_us'])}"
     return line + _n_differs(lo, hi) + ")."
 
 
@@ -343,8 +338,8 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[s
     timed = p[p["step_us"].notna()]
     if len(timed) >= 2:
         fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]
-        line = (f"Fastest: {_on(fast)}, {_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
-                f"{_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long")
+        line = (f"Fastest: {_on(fast)}, {fmt_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
+                f"{fmt_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long")
         sp = inside_spread(spread, fast["run"], slow["run"], "step_us")
         if sp is not None:
             line += (f"; inside the spread of their steps, {sp[1]}" if sp[0] else
@@ -367,8 +362,8 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[s
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:
             sp = inside_spread(spread, base["run"], r["run"], "exposed_comm_us")
-            parts.append(f"exposed communication {_ms(r['exposed_comm_us'])} per step "
-                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{_ms(abs(de))}"
+            parts.append(f"exposed communication {fmt_ms(r['exposed_comm_us'])} per step "
+                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{fmt_ms(abs(de))}"
                          + (", inside the spread" if sp is not None and sp[0] else "") + ")")
         if parts:
             n = _n_differs(r, base)
@@ -390,7 +385,7 @@ def noise_lines(p: pd.DataFrame, spread: pd.DataFrame | None) -> list[str]:
         for metric, words in (("step_us", "step time"), ("exposed_comm_us", "exposed communication")):
             sp = inside_spread(spread, base["run"], r["run"], metric)
             if sp is not None and sp[0]:
-                inside.append(f"{words} ({_ms(base[metric])} against {_ms(r[metric])}; over ranks and steps "
+                inside.append(f"{words} ({fmt_ms(base[metric])} against {fmt_ms(r[metric])}; over ranks and steps "
                               f"{sp[1]})")
         if inside:
             out.append(f"{_on(r)} against {_on(base)}: the difference in " + " and in ".join(inside)

@@ -339,7 +339,7 @@ def _discover_folder(path: str, lazy: bool) -> Run:
                         f"owner") from None
     run_json = os.path.join(path, runfmt.RUN_JSON)
     meta, why_not = read_run_json(run_json) if os.path.isfile(run_json) else (None, None)
-    has_ranks = any(e.startswith(runfmt.RANK_DIR_PREFIX) and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
+    has_ranks = any(runfmt.rank_of_dir(e) is not None and os.path.isfile(os.path.join(path, e, runfmt.RANK_JSON))
                     for e in entries)
     if meta is not None or has_ranks:
         return _load_run_dir(path, entries, meta or {}, why_not, lazy)
@@ -472,9 +472,8 @@ def _load_run_dir(root: str, entries: list[str], meta: dict, run_json_note: str 
     inputs = [os.path.join(root, runfmt.RUN_JSON)] + _files_under(os.path.join(root, runfmt.LAUNCHERS_DIR))
     meta, recording = _liveness(root, meta, warnings)
     warnings += [runfmt.clash_text(doc) for doc in runfmt.read_clashes(root)]
-    prefix = runfmt.RANK_DIR_PREFIX
-    rank_dirs = {int(e[len(prefix):]): os.path.join(root, e) for e in entries
-                 if e.startswith(prefix) and e[len(prefix):].isdigit() and os.path.isdir(os.path.join(root, e))}
+    rank_dirs = {r: os.path.join(root, e) for e in entries
+                 if (r := runfmt.rank_of_dir(e)) is not None and os.path.isdir(os.path.join(root, e))}
     infos: dict[int, dict] = {}
     ranks: dict[int, RankData] = {}
     for r, d in sorted(rank_dirs.items()):

@@ -17,7 +17,6 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
 
 CATEGORIES = model.MEMORY_CATEGORIES
-NEVER = np.iinfo(np.int64).max
 
 ROLE_TO_CATEGORY = {runfmt.ROLE_PARAM: MC.SHARDED_PARAM.value, runfmt.ROLE_GRAD: MC.SHARDED_GRAD.value,
                     runfmt.ROLE_OPTIMIZER_STATE: MC.OPTIMIZER_STATE.value}

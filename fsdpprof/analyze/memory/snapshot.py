@@ -15,7 +15,7 @@ import pandas as pd
 
 from fsdpprof import options
 from fsdpprof.analyze.memory import safe_pickle
-from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, cut_text
+from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, TIME_MAX_US, cut_text
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 NEVER = np.iinfo(np.int64).max
@@ -64,7 +64,6 @@ class SnapshotData:
 # Limits on what a snapshot file may make us do (real snapshots are far below them).
 MAX_SNAPSHOT_BYTES = 8 << 30     # the pickle, decompressed
 SIZE_MAX = 1 << 40               # bytes of one block / segment / allocation (1 TiB: more than any GPU has)
-TIME_MAX_US = float(2 ** 53)     # |time_us| beyond this is not a time
 DEVICE_MAX = options.MAX_CUDA_DEVICE
 # Objects visited (segments, blocks, entries, frames; each time reached, memo-shared or not): at most
 # OBJECTS_PER_BYTE per byte of pickle (the densest real snapshot: 0.39), at least OBJECTS_MIN; a pickle bomb

@@ -1,12 +1,13 @@
-"""The words every output says for the vocabulary (memory categories, collectives) and the one percentage format: the page,
-the terminal and the sentences the analyses write (findings, explanations) read the same."""
+"""The words every output says for the vocabulary (memory categories, collectives) and the one percentage and
+millisecond formats: the page, the terminal and the sentences the analyses write (findings, explanations) read the
+same."""
 from __future__ import annotations
 
 import math
 
 from fsdpprof.analyze.model.memory import MemoryCategory as MC
 
-__all__ = ["CATEGORY_WORDS", "category_words", "collective_words", "fmt_pct", "MISSING_WORD"]
+__all__ = ["CATEGORY_WORDS", "category_words", "collective_words", "fmt_ms", "fmt_pct", "MISSING_WORD"]
 
 MISSING_WORD = "unknown"          # what a sentence or a cell says for a value that is not there
 
@@ -38,3 +39,9 @@ def fmt_pct(x, missing: str = MISSING_WORD) -> str:
     if math.isnan(v):
         return missing
     return f"{v:.0f}%" if abs(v) >= 10 else f"{v:.1f}%"
+
+
+def fmt_ms(us: float) -> str:
+    """A time given in µs as a sentence says it in milliseconds: 84.4 ms, 1234 ms."""
+    ms = us / 1e3
+    return f"{ms:.0f} ms" if abs(ms) >= 100 else f"{ms:.3g} ms"

@@ -9,7 +9,7 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
-from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryCategory as MC, fmt_ms
 from fsdpprof.analyze.summary.headline import share_of_step
 
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
@@ -49,13 +49,6 @@ class Finding:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _num(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
 
 
 def _exposed_suggestion(collective: str, stage: str, fsdp: bool) -> str:
@@ -102,10 +95,6 @@ def share_words(s: dict, what: str = "of step time") -> str:
     return f"{model.fmt_pct(s['pct'])} {what}; {rank_words(s)}"
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3g} ms"
-
-
 def _fires(s: dict, threshold: float) -> float:
     """The larger of the median's and the worst rank's share when it crosses ``threshold``, else NaN."""
     v = max(x for x in (s["pct"], s["worst_pct"], -1.0) if x == x)
@@ -137,7 +126,7 @@ def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | Non
                 continue
             out.append(_share_finding(f"exposed_{c}_{st}".replace(" ", "_"),
                                       "high" if top >= 4 * EXPOSED_PHASE_PCT else "medium",
-                                      f"Exposed {c} in {st}: {_ms(s['us'])} per step ({share_words(s)})",
+                                      f"Exposed {c} in {st}: {fmt_ms(s['us'])} per step ({share_words(s)})",
                                       f"exposed_comm_us[{c}, {st}] per step / step_us (median over ranks)", s,
                                       EXPOSED_PHASE_PCT, _exposed_suggestion(c, st, fsdp_advice), "communication"))
     if "exposed_comm_us" in steps:
@@ -146,7 +135,7 @@ def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | Non
         if top == top:
             out.append(_share_finding("exposed_comm_total", "high",
                                       f"Communication not hidden behind compute is {model.fmt_pct(s['pct'])} of the "
-                                      f"step ({_ms(s['us'])} per step; {rank_words(s)})",
+                                      f"step ({fmt_ms(s['us'])} per step; {rank_words(s)})",
                                       "steps.exposed_comm_us / steps.step_us (median over ranks)", s, EXPOSED_TOTAL_PCT,
                                       "more compute per collective (larger batch / sequence, gradient accumulation), "
                                       "prefetching, or a strategy that moves fewer bytes (see the traffic table)"))
@@ -187,8 +176,8 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
                     why = f": {100.0 * c[cause] / c.sum():.0f}% of it {IDLE_CAUSES[cause][0]}"
                     advice = IDLE_CAUSES[cause][1]
             out.append(_share_finding("device_idle", "high" if top >= 3 * DEVICE_IDLE_PCT else "medium",
-                                      f"The device is idle {model.fmt_pct(s['pct'])} of the step ({_ms(s['us'])} per "
-                                      f"step; {rank_words(s)}){why}",
+                                      f"The device is idle {model.fmt_pct(s['pct'])} of the step "
+                                      f"({fmt_ms(s['us'])} per step; {rank_words(s)}){why}",
                                       "steps.idle_us / steps.step_us (median over ranks); cause: step_stalls.idle_*_us",
                                       s, DEVICE_IDLE_PCT, advice))
     if stalls is None or stalls.empty or "step" not in stalls:
@@ -203,7 +192,7 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
                        if calls["scalar_sync_calls"] > 0 else "")
             out.append(_share_finding("host_syncs", "high" if top >= 5 * SYNC_IDLE_PCT else "medium",
                                       f"{calls['sync_calls']:.3g} host synchronisations per step{of_item} leave the "
-                                      f"device idle {_ms(s['us'])} per step ({share_words(s)})",
+                                      f"device idle {fmt_ms(s['us'])} per step ({share_words(s)})",
                                       "step_stalls.sync_idle_us / steps.step_us (median over ranks)", s, SYNC_IDLE_PCT,
                                       "keep the host from waiting on the device inside the step: no .item(), .cpu(), "
                                       "print or if on device tensors in the loop (log every N steps, keep metrics on "
@@ -215,9 +204,9 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
         s = share_of_step(t, col)
         top = _fires(s, DATA_LOADER_PCT)
         if top == top:
-            what = (f"DataLoader fetches leave the device idle {_ms(s['us'])} per step" if device else
-                    f"DataLoader fetches take {_ms(s['us'])} per step on the training thread")
-            fetching = (f"; {_ms(t.groupby('rank')['data_loader_us'].mean().median())} fetching" if device else "")
+            what = (f"DataLoader fetches leave the device idle {fmt_ms(s['us'])} per step" if device else
+                    f"DataLoader fetches take {fmt_ms(s['us'])} per step on the training thread")
+            fetching = (f"; {fmt_ms(t.groupby('rank')['data_loader_us'].mean().median())} fetching" if device else "")
             out.append(_share_finding("data_loader", "high" if top >= 4 * DATA_LOADER_PCT else "medium",
                                       f"{what} ({share_words(s)}{fetching})",
                                       f"step_stalls.{col} / steps.step_us (median over ranks)", s, DATA_LOADER_PCT,
@@ -344,11 +333,11 @@ def rank_findings(stragglers: pd.DataFrame | None, matched: int, step_us: float 
         return out
     s = stragglers.sort_values("times_last", ascending=False).iloc[0]
     share = float(s["times_last"]) / matched
-    lag = _num(s.get("mean_start_lag_us"))
+    lag = float(s.get("mean_start_lag_us", math.nan))
     if share >= STRAGGLER_SHARE and len(stragglers) > 1 and (step_us is None or lag >= 0.01 * step_us):
         rank = int(s["rank"]) if "rank" in s else int(s.name)
         out.append(Finding("straggler", "medium",
-                           f"Rank {rank} is last into {share * 100:.0f}% of collectives (mean start lag {lag / 1e3:.3g} ms)",
+                           f"Rank {rank} is last into {share * 100:.0f}% of collectives (mean start lag {fmt_ms(lag)})",
                            "stragglers.times_last / matched collectives", share * 100, "%", STRAGGLER_SHARE * 100,
                            "look for load imbalance on that rank: data loading, uneven sequence lengths, "
                            "a slower host or GPU, or extra work (logging, checkpointing) on that rank", "ranks", rank))
