@@ -16,6 +16,7 @@ from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze import model
 from fsdpprof.analyze.compare.runs import compare_analyses
+from fsdpprof.analyze.compare.scope import SCOPE_ALL, Scope, parse_iteration
 from fsdpprof.analyze.pipeline import analyze_run
 from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.errors import UserError
@@ -80,7 +81,7 @@ def _hta(control, test):
 
 def _ours(control, test, iteration="first"):
     analyses = [analyze_run(load_run(str(p))) for p in (control, test)]
-    c = compare_analyses(analyses, scope=diff.Scope(diff.parse_iteration(iteration)))
+    c = compare_analyses(analyses, scope=Scope(parse_iteration(iteration)))
     return c, c.diff.ops.set_index("name")
 
 
@@ -238,7 +239,7 @@ def test_scope_arguments_and_errors(tmp_path):
         shutil.copy(shared_data(*V100, f"rank-{r}.json.gz"), a)
         shutil.copy(shared_data(*V100, f"rank-{r + 1}.json.gz"), b)     # b: ranks 1-2
     with pytest.raises(UserError, match="not first, all, median or a step number"):
-        diff.parse_iteration("last")
+        parse_iteration("last")
     analyses = [analyze_run(load_run(str(p))) for p in (a, b)]
     c = compare_analyses(analyses)                               # default: medians across ranks
     assert c.models_known is False and c.comparable and any("Model unknown" in n for n in c.notes)
@@ -250,12 +251,12 @@ def test_scope_arguments_and_errors(tmp_path):
                 for i, p in enumerate((a, b))}
     np.testing.assert_allclose(ops["baseline_count"], per_rank[a].median(axis=1).reindex(ops.index).fillna(0))
     np.testing.assert_allclose(ops["run_count"], per_rank[b].median(axis=1).reindex(ops.index).fillna(0))
-    c1 = compare_analyses(analyses, scope=diff.Scope(10, rank=1))
+    c1 = compare_analyses(analyses, scope=Scope(10, rank=1))
     assert c1.diff.scope["per_run"] == [f"{c1.labels[0]}: rank 1, step 10", f"{c1.labels[1]}: rank 1, step 10"]
     with pytest.raises(UserError, match=r"step 3 \(ProfilerStep#3\) is not in .* \(its steps: 10\)"):
-        compare_analyses(analyses, scope=diff.Scope(3))
+        compare_analyses(analyses, scope=Scope(3))
     with pytest.raises(UserError, match=r"rank 2 has no trace in .* \(ranks 0-1\)"):
-        compare_analyses(analyses, scope=diff.Scope(diff.SCOPE_ALL, rank=2))
+        compare_analyses(analyses, scope=Scope(SCOPE_ALL, rank=2))
 
 
 def _torchtitan_layout(run_dir, root, windows):

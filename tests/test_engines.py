@@ -348,3 +348,24 @@ def test_engine_dask_without_dask_installed_says_what_to_install(tmp_path):
     code = "import importlib.util as _u\n_f = _u.find_spec\n" + code
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "pip install 'fsdpprof[dask]'" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.slow
+def test_a_command_probes_its_scheduler_once(scheduler, monkeypatch, capsys):
+    """The command checks --scheduler before reading the run, its map connects without a second probe."""
+    import dask.config
+
+    from fsdpprof import cli
+    from fsdpprof.analyze.load import engines
+
+    probes = []
+    real = engines._dask_handshake_problem
+    monkeypatch.setattr(engines, "_ANSWERED", set())
+    monkeypatch.setattr(engines, "_dask_handshake_problem", lambda *a: probes.append(a) or real(*a))
+    before = dask.config.get("distributed.comm.timeouts.connect")
+    try:
+        assert cli.main(["overlap", str(shared_data(*DLRM)), "--json", "--scheduler", scheduler]) == 0
+    finally:
+        dask.config.set({"distributed.comm.timeouts.connect": before})
+    assert len(json.loads(capsys.readouterr().out)["overlap"]) == 8
+    assert len(probes) == 1

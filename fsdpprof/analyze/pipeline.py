@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
-import time
 import traceback
 from dataclasses import dataclass, field, replace
 
@@ -20,11 +18,10 @@ import pandas as pd
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
 from fsdpprof.analyze.compare import diff
-from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
-from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
+from fsdpprof.analyze.load.run import load_rank, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
@@ -317,47 +314,26 @@ def rank_job(rd, *, source: str, lanes: bool, timeline: bool, max_bytes: int | N
 
 def map_ranks(run, *, workers: int | None = None, progress: bool | None = None, engine: str | None = None,
               scheduler: str | None = None, ops: bool = True, overlap_only: bool = False) -> list[RankResult]:
-    """analyze_rank over the run's ranks, each where :mod:`fsdpprof.analyze.load.engines` runs it (``engine``
-    local or dask; ranks whose events are loaded already: here).  One progress line per rank with ``progress``."""
-    engine = engines.check_engine(engine, scheduler)
-    rds = [run.ranks[r] for r in sorted(run.ranks)]
-    lanes_rank = rds[0].rank if rds else None
-    all_timelines = len(rds) <= DETAIL_RANKS_MAX
+    """analyze_rank over the run's ranks, each where :func:`fsdpprof.analyze.load.run.map_run` runs it (``engine``
+    local or dask).  One progress line per rank with ``progress``."""
+    lanes_rank = min(run.ranks, default=None)
+    all_timelines = len(run.ranks) <= DETAIL_RANKS_MAX
 
     def kwargs(rd) -> dict:
         return {"source": run.source, "lanes": rd.rank == lanes_rank, "max_bytes": run.max_trace_bytes,
                 "timeline": all_timelines or rd.rank == lanes_rank, "ops": ops, "overlap_only": overlap_only}
 
-    here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
-    away = [rd for rd in rds if rd.events is None]
-    if engine == "local":
-        workers = engines.local_workers(workers, len(away), unread_trace_bytes(away))
-        if workers <= 1 or len(away) <= 1:
-            here, away = rds, []
-    preload = RANK_JOB_MODULES[:1] if overlap_only else RANK_JOB_MODULES    # (no memory analysis to import)
-    say = bool(progress) and len(rds) > 1
-    out: dict[int, RankResult] = {}
-    t0 = time.perf_counter()
+    def failed(rd, why: str) -> RankResult:
+        return RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=why)
 
-    def done(rd, res: RankResult) -> None:
-        out[rd.rank] = res
-        if say:
-            state = f"missing: {res.error}" if res.error else "analysed"
-            print(f"fsdpprof: rank {rd.rank} {state} ({time.perf_counter() - t0:.1f} s, {len(out)}/{len(rds)})",
-                  file=sys.stderr, flush=True)
-
-    for batch, where, n, extra in ((here, "local", 1, {"progress": progress}), (away, engine, workers, {})):
-        jobs = [((rd,), {**kwargs(rd), **extra}) for rd in batch]
-        for i, ok, value in engines.map_unordered(rank_job, jobs, engine=where, workers=n, scheduler=scheduler,
-                                                  preload=preload):
-            rd = batch[i]
-            if ok:
-                res, stats = value
-                res.worker = stats
-            else:
-                res = RankResult(rank=rd.rank, label=rd.label, info=dict(rd.info or {}), error=str(value))
-            done(rd, res)
-    return [out[r] for r in sorted(out)]
+    out = []
+    for _, res, stats in map_run(run, rank_job, kwargs, failed, lambda res: res.error, engine=engine,
+                                 workers=workers, scheduler=scheduler, here_kwargs={"progress": progress},
+                                 preload=RANK_JOB_MODULES[:1] if overlap_only else RANK_JOB_MODULES,
+                                 progress=progress):    # (overlap_only: no memory analysis to import)
+        res.worker = stats
+        out.append(res)
+    return out
 
 
 # --------------------------------------------------------------------------- the reduce
@@ -633,7 +609,6 @@ def overlap_summary(run, *, workers: int | None = None, engine: str | None = Non
     """Per rank the overall overlap of communication with compute, and the collective volume per rank and
     collective, of a Run: :func:`analyze_run`'s map and reduce restricted to those two tables (the same numbers,
     warnings and errors).  Ranks without a trace are left out (CUDA snapshots only: UserError)."""
-    engines.check_workers(workers)
     traced = {r: rd for r, rd in run.ranks.items() if rd.trace_path or rd.events is not None}
     if not traced:
         raise UserError(f"{run.path} holds no profiler trace (only CUDA snapshots or inventories): overlap and "

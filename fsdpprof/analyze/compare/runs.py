@@ -13,6 +13,7 @@ import pandas as pd
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import fmt_ms
 from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.compare.scope import Scope
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
 from fsdpprof.analyze.pipeline import Analysis
 from fsdpprof.analyze.whatif.contention import host_load
@@ -136,7 +137,7 @@ def _labels(analyses: list[Analysis], nums: list[dict]) -> list[str]:
 
 
 def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool = False,
-                     scope: diff.Scope | None = None) -> Comparison:
+                     scope: Scope | None = None) -> Comparison:
     """Put runs side by side, and each against the first in ``scope``.  UserError for fewer than two runs, or for
     known models that differ (unless allow_different_models: a warning); unknown models leave the formulas out."""
     if len(analyses) < 2:

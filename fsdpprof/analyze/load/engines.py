@@ -32,6 +32,7 @@ _SCHEMES = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
 HANDSHAKE_MAX_BYTES = 1 << 16    # a Dask handshake is ~100 bytes: a peer announcing more is not Dask
 HANDSHAKE_MAX_FRAMES = 64
 _FIX = "check the address (tcp://HOST:8786) or leave --scheduler out to start a LocalCluster here"
+_ANSWERED: set[str] = set()      # addresses where a Dask scheduler answered check_scheduler: each probed once
 
 
 def _status_kib(name: str) -> int | None:
@@ -205,8 +206,11 @@ def connect_timeout_s() -> float:
 def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
     """UserError, in one line naming the address and within about ``timeout_s`` (default: Dask's connect
     timeout), unless a Dask scheduler answers there: tcp:// must send a Dask handshake first (read bounded, before
-    distributed.Client could wait on it without a bound); tls://: the connection only; inproc:// is refused."""
+    distributed.Client could wait on it without a bound); tls://: the connection only; inproc:// is refused.
+    An address that answered once in this process is not probed again (a command checks, then its maps)."""
     addr = str(scheduler).strip()
+    if addr in _ANSWERED:
+        return
     timeout_s = connect_timeout_s() if timeout_s is None else float(timeout_s)
     scheme, _, rest = addr.rpartition("://")
     if scheme and scheme not in _SCHEMES:
@@ -234,6 +238,7 @@ def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
         why = None if scheme == "tls" else _dask_handshake_problem(sock, deadline, timeout_s)
     if why:
         raise UserError(f"the Dask scheduler at {addr} {why}; {_FIX}")
+    _ANSWERED.add(addr)
 
 
 def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes | None:

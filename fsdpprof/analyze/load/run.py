@@ -5,6 +5,8 @@ every rank at once (:func:`load_events`, each where :mod:`fsdpprof.analyze.load.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
@@ -58,6 +60,36 @@ def load_rank(rd: RankData, *, max_bytes: int | None = None, progress: bool | No
 def unread_trace_bytes(rds) -> int:
     """Bytes of JSON in the traces of ``rds`` still to be read."""
     return sum(inflated_size(rd.trace_path) for rd in rds if rd.events is None and rd.trace_path)
+
+
+def map_run(run: Run, job, kwargs_of, failed, why_of, *, engine: str | None = None, workers: int | None = None,
+            scheduler: str | None = None, preload: tuple = (), here_kwargs: dict | None = None,
+            progress: bool | None = False) -> list[tuple[RankData, object, dict | None]]:
+    """``job(rd, **kwargs_of(rd))`` on every rank of ``run``, each where :mod:`engines` runs it (ranks already
+    parsed, or all when one local process will do: here, with ``here_kwargs``); (rd, result, its stats) in rank
+    order, ``failed(rd, why)`` the result of a job that gave none.  ``progress``: a line per rank (``why_of``)."""
+    engine = engines.check_engine(engine, scheduler)
+    engines.check_workers(workers)
+    rds = [run.ranks[r] for r in sorted(run.ranks)]
+    here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
+    away = [rd for rd in rds if rd.events is None]
+    if engine == "local":
+        workers = engines.local_workers(workers, len(away), unread_trace_bytes(away))
+        if workers <= 1 or len(away) <= 1:
+            here, away = rds, []
+    out: dict[int, tuple] = {}
+    t0 = time.perf_counter()
+    for batch, where, n, extra in ((here, "local", 1, here_kwargs or {}), (away, engine, workers, {})):
+        jobs = [((rd,), {**kwargs_of(rd), **extra}) for rd in batch]
+        for i, ok, value in engines.map_unordered(job, jobs, engine=where, workers=n, scheduler=scheduler,
+                                                  preload=preload):
+            rd = batch[i]
+            out[rd.rank] = (rd, *value) if ok else (rd, failed(rd, str(value)), None)
+            if progress and len(rds) > 1:
+                why = why_of(out[rd.rank][1])
+                print(f"fsdpprof: rank {rd.rank} {f'missing: {why}' if why else 'analysed'} "
+                      f"({time.perf_counter() - t0:.1f} s, {len(out)}/{len(rds)})", file=sys.stderr, flush=True)
+    return [out[r] for r in sorted(out)]
 
 
 def load_events(run: Run, *, workers: int | None = None, progress: bool | None = None) -> Run:

@@ -223,7 +223,7 @@ def annotate_columns(cols, stacks: tuple[np.ndarray, list] | None = None) -> dic
             "fsdp_role": cz.frame_fsdp_role(sig)}
 
 
-def _snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFrame | None:
+def snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFrame | None:
     """Inventory tensors with capture times on the snapshot's clock: around the runs of optimizer-stage allocations
     (as cpu_events.inventory_tensors), else at the latest allocation at each address."""
     if not inventory:
@@ -294,7 +294,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
         cols["fsdp_role_source"] = np.full(len(cols["addr"]), None, dtype=object)
     inv_t = None
     if inventory:
-        inv_t = _snapshot_inventory(inventory, pd.DataFrame(
+        inv_t = snapshot_inventory(inventory, pd.DataFrame(
             {c: cols[c][:n_real] for c in ("addr", "alloc_us", "alloc_seq")} | {"stage": cols["stage"][:n_real]}))
     lab_cols = cols
     if ooms:

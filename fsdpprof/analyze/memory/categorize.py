@@ -23,7 +23,7 @@ ROLE_TO_CATEGORY = {runfmt.ROLE_PARAM: MC.SHARDED_PARAM.value, runfmt.ROLE_GRAD:
 
 
 # --------------------------------------------------------------------------- unit scopes (CPU traces)
-def _pair_intervals(ann: pd.DataFrame) -> pd.DataFrame:
+def unit_scopes(ann: pd.DataFrame) -> pd.DataFrame:
     """Unit scopes (ts_us, end_us, unit): each pre-forward / pre-backward of a unit to its last post hook."""
     named = ann[ann["unit"].notna()]
     rows = []

@@ -360,7 +360,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     at, ft = allocs["alloc_us"].to_numpy(float), allocs["free_us"].to_numpy(float)
     pre = allocs["before_trace"].to_numpy(bool)
     ann = labels.fsdp_intervals(events)
-    scopes = cz._pair_intervals(ann) if len(ann) else pd.DataFrame(columns=["ts_us", "end_us", "unit"])
+    scopes = cz.unit_scopes(ann) if len(ann) else pd.DataFrame(columns=["ts_us", "end_us", "unit"])
     unit_iv = pd.concat([scopes, ann.loc[ann["unit"].notna(), ["ts_us", "end_us", "unit"]]], ignore_index=True)
     f1 = fsdp1_units(events, ann, inventory, world_size) if len(ann) and (ann["family"] == "fsdp1").any() \
         and not ann["unit"].notna().any() else None

@@ -18,7 +18,7 @@ from fsdpprof.analyze.load import engines
 from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import attribution, cpu_events
 from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
-from fsdpprof.analyze.load.run import load_rank, unread_trace_bytes
+from fsdpprof.analyze.load.run import load_rank, map_run
 from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
@@ -53,7 +53,7 @@ def _inventory_names(allocs: pd.DataFrame, inventory: dict, events: pd.DataFrame
         inv_t = cpu_events.inventory_tensors(inventory, np.sort(opt["ts_us"].to_numpy(float)),
                                              np.sort((opt["ts_us"] + opt["dur_us"]).to_numpy(float)), t_end)
     else:
-        inv_t = attribution._snapshot_inventory(inventory, allocs)
+        inv_t = attribution.snapshot_inventory(inventory, allocs)
     if inv_t is None or not len(inv_t):
         return None
     a = pd.DataFrame({"index": np.arange(len(allocs)), "addr": allocs["addr"].to_numpy(np.int64),
@@ -298,33 +298,18 @@ def predict_rank(rd, targets: list[tg.Target], *, hosts: int = 1, ranks_per_host
     return rank_predictions(loaded.rank, targets, hosts=hosts, ranks_per_host=ranks_per_host), loaded.trace_error
 
 
-def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress=None, *,
-                engine: str | None = None, workers: int | None = None, scheduler: str | None = None) -> dict:
-    """Every target for a (lazily) loaded Run: each rank predicted where :mod:`fsdpprof.analyze.load.engines`
+def predict_run(run, targets: list[tg.Target], run_target: tg.Target | None = None, progress: bool | None = None,
+                *, engine: str | None = None, workers: int | None = None, scheduler: str | None = None) -> dict:
+    """Every target for a (lazily) loaded Run: each rank predicted where :func:`fsdpprof.analyze.load.run.map_run`
     runs it, then the reduce here. A rank that cannot be predicted from is left out and named with its reason
-    in ``missing``; UserError when none is left. ``progress``: called with each rank as it is done."""
-    engine = engines.check_engine(engine, scheduler)
-    engines.check_workers(workers)
+    in ``missing``; UserError when none is left. ``progress``: a line per rank as it is done."""
     hosts, per_host = hosts_of(run)
-    rds = [run.ranks[r] for r in sorted(run.ranks)]
     kwargs = {"targets": targets, "hosts": hosts, "ranks_per_host": per_host, "max_bytes": run.max_trace_bytes}
-    jobs = [((rd,), dict(kwargs, known_why=run.missing.get(rd.label))) for rd in rds]
-    if engine == "local":
-        workers = engines.local_workers(workers, len(jobs), unread_trace_bytes(rds))
-    done: dict[int, tuple] = {}
-    for i, ok, value in engines.map_unordered(predict_rank, jobs, engine=engine, workers=workers,
-                                              scheduler=scheduler, preload=PREDICT_JOB_MODULES):
-        done[i] = value[0] if ok else (None, value)
-        if progress:
-            progress(rds[i].rank)
-    missing = dict(run.missing)
-    results = []
-    for i, rd in enumerate(rds):           # (in rank order, whatever order they finished in)
-        prediction, why = done[i]
-        if why is not None:
-            missing[rd.label] = why
-        if prediction is not None:
-            results.append(prediction)
+    done = map_run(run, predict_rank, lambda rd: dict(kwargs, known_why=run.missing.get(rd.label)),
+                   lambda rd, why: (None, why), lambda res: res[1], engine=engine, workers=workers,
+                   scheduler=scheduler, preload=PREDICT_JOB_MODULES, progress=progress)
+    missing = {**run.missing, **{rd.label: why for rd, (_, why), _ in done if why is not None}}
+    results = [prediction for _, (prediction, _), _ in done if prediction is not None]
     if not results:
         raise no_usable_rank(missing, f"nothing to predict from in {run.path}", "no rank", one_alone=False)
     out = reduce_predictions(targets, results, run_target)

@@ -144,7 +144,7 @@ def trace_schedule(events: pd.DataFrame, units: list[Unit], memory_schedule: dic
     if not len(marks):
         return {}
     ann = labels.fsdp_intervals(events)
-    scopes = cz._pair_intervals(ann) if len(ann) and ann["unit"].notna().any() else None
+    scopes = cz.unit_scopes(ann) if len(ann) and ann["unit"].notna().any() else None
     fwd_order = [u.fqn for u in sorted(units, key=lambda u: u.order)]
     numel = {u.fqn: u.numel for u in units}
     mem_by_start = {}
