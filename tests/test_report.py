@@ -60,7 +60,8 @@ def test_fsdp2_report_theory_matches_measurement(recorded_run, tmp_path):
     assert "(k_p + k_g + k_o) * Psi / N" in html and t["model_states"]["substituted"] in html
     assert "3(N-1)/N * S" in html
     # memory and the peak estimate beside it
-    peak = s["memory"]["0"]["peak_allocated_bytes"]
+    # the estimate stands beside the rank that peaks highest (either rank may, from one recording to the next)
+    peak = max(m["peak_allocated_bytes"] for m in s["memory"].values())
     assert peak > t["model_states"]["total_bytes"]
     pe = t["peak_estimate"]
     assert pe["measured_peak_bytes"] == peak and pe["diff_bytes"] == pytest.approx(peak - pe["estimate_bytes"])
