@@ -802,10 +802,9 @@ def _kineto_level():
     global _KINETO_LEVEL
     if _KINETO_LEVEL is None:
         _KINETO_LEVEL = False
-        lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
         for name in ("libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"):
-            path = os.path.join(lib_dir, name)
-            try:
+            try:        # (inside the user's job: nothing here may raise, torch.__file__ included)
+                path = os.path.join(os.path.dirname(torch.__file__), "lib", name)
                 if os.path.exists(path):
                     _KINETO_LEVEL = ctypes.c_int.in_dll(ctypes.CDLL(path), _KINETO_SEVERITY_SYMBOL)
                     break

@@ -57,9 +57,9 @@ def table_outputs(analysis, directory: str, force: bool, inputs=()) -> list:
     directory = os.path.abspath(directory)
     items = table_files(summary(analysis), directory)
     ours = listed_files(directory)
-    for mine in (False, True):
-        check_outputs([(p, "--tables") for p, _ in items if (p in ours) == mine], force=force or mine, inputs=inputs,
-                      fix="choose another folder with --tables")
+    fix = "choose another folder with --tables"
+    check_outputs([(p, "--tables") for p, _ in items if p not in ours], force=force, inputs=inputs, fix=fix)
+    check_outputs([(p, "--tables") for p, _ in items if p in ours], force=True, inputs=inputs, fix=fix)
     return items
 
 
