@@ -5,6 +5,7 @@ writes; a trace that does not fit its types takes the lenient path.  Times in µ
 """
 from __future__ import annotations
 
+import array
 import os
 import re
 import sys
@@ -291,9 +292,9 @@ COMM_ARG_COLUMNS = ["idx", "coll_name", "in_nelems", "out_nelems", "group_size",
 class RawTrace:
     """Decoded, unclassified trace: one row per kept duration event, as numpy columns.
 
-    ``cols``: name/cat (int codes into the lists ``name_cats``/``cat_cats``), tid/pid (original values, object;
-    ``tid_code``: int32 codes into ``tid_values``), ts_us/dur_us (float64, µs), stream/correlation/ext_id
-    (int64, -1 absent).  ``comm_rows``: one tuple (COMM_ARG_COLUMNS; idx is the row) per event with comm args."""
+    ``cols``: name/cat (int32/int8 codes into the lists ``name_cats``/``cat_cats``), tid_code/pid (int32 codes
+    into ``tid_values``/``pid_values``, the original values), ts_us/dur_us (float64, µs), stream/correlation/
+    ext_id (int64, -1 absent): 53 bytes a row (docs/architecture.md).  ``comm_rows``: one tuple (COMM_ARG_COLUMNS; idx is the row) per event with comm args."""
 
     path: str
     cols: dict
@@ -407,15 +408,23 @@ def _x_args(a) -> XArgs:
                  a.input_dims, a.input_type)
 
 
+# the kept rows' columns as the decoder fills them: (name, array typecode, numpy dtype); bytes per row in all: 61
+# (docs/architecture.md, "What a decoded event costs")
+COLUMN_TYPES = (("name", "i", np.int32), ("cat", "b", np.int8), ("tid", "i", np.int32), ("pid", "i", np.int32),
+                ("ts_us", "d", np.float64), ("dur_us", "d", np.float64), ("stream", "q", np.int64),
+                ("correlation", "q", np.int64), ("ext_id", "q", np.int64), ("args_key", "q", np.int64))
+
+
 class _Columns:
-    """Accumulates chunk columns; names/cats/tids interned into integer codes; ``defects`` counts what was
-    malformed (see :func:`defect_warnings`)."""
+    """Accumulates the kept rows in typed column buffers (``array.array``, grown in place: no per-chunk parts to
+    join at the end); names/cats/tids/pids interned into integer codes; ``defects`` counts what was malformed
+    (see :func:`defect_warnings`)."""
 
     def __init__(self) -> None:
         self.names: dict = {}
         self.threads: dict = {}
         self.pids: dict = {}
-        self.parts: list[dict] = []
+        self.bufs = {c: array.array(code) for c, code, _ in COLUMN_TYPES}
         self.comm_rows: list[tuple] = []
         self.mem_rows: list[tuple] = []
         self.thread_names: dict = {}
@@ -440,7 +449,7 @@ class _Columns:
                     if e.cat in model.DEVICE_EVENT_CATS or model.is_collective_op(e.name)]
         for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
             args[i] = _x_args(a)
-        cat_codes = np.fromiter((_CAT_KEEP_CODE[e.cat] - 1 for e in keep), dtype=np.int16, count=len(keep))
+        cat_codes = np.fromiter((_CAT_KEEP_CODE[e.cat] - 1 for e in keep), dtype=np.int8, count=len(keep))
         corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=len(keep))
         # (what tells two events apart beyond the columns, for finding exact duplicates: the args' text)
         key = np.fromiter((hash(bytes(e.args)) for e in keep), dtype=np.int64, count=len(keep))
@@ -466,7 +475,7 @@ class _Columns:
             self._add_other(compress(events, map(_IS_OTHER.__contains__, cat_codes1)))
         if not n:
             return
-        cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int16, count=n)
+        cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int8, count=n)
         cat_codes -= 1
         del cat_codes1
         self._add_kept(keep, cat_codes, args, corr, np.fromiter(map(_GET_TS, keep), dtype=np.float64, count=n),
@@ -507,11 +516,11 @@ class _Columns:
                 a = args[i]
                 self.comm_rows.append((self.n + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
-        self.parts.append({
-            "name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts, "dur_us": dur,
-            "stream": stream, "correlation": corr, "ext_id": ext,
-            "args_key": ext_all if args_key is None else args_key,
-        })
+        part = {"name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts,
+                "dur_us": dur, "stream": stream, "correlation": corr, "ext_id": ext,
+                "args_key": ext_all if args_key is None else args_key}
+        for c, _, dtype in COLUMN_TYPES:
+            self.bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
         self.n += n
 
     def _label_new_names(self) -> None:
@@ -547,13 +556,9 @@ class _Columns:
     def arrays(self) -> dict:
         """The kept events as numpy columns (see RawTrace.cols), implausible events and exact duplicates left
         out (counted in ``defects``; ``comm_rows`` renumbered)."""
-        cols = {}
-        for key, dtype in (("name", np.int32), ("cat", np.int16), ("tid", np.int32), ("pid", np.int32),
-                           ("ts_us", np.float64), ("dur_us", np.float64), ("stream", np.int64),
-                           ("correlation", np.int64), ("ext_id", np.int64), ("args_key", np.int64)):
-            arrs = [p[key] for p in self.parts]
-            cols[key] = (arrs[0] if len(arrs) == 1 else np.concatenate(arrs)) if arrs else np.empty(0, dtype=dtype)
-        self.parts = []
+        # the buffers as they are (no copy; numpy's arrays keep them alive)
+        cols = {c: np.frombuffer(self.bufs[c], dtype=dtype) for c, _, dtype in COLUMN_TYPES}
+        self.bufs = {}
         cols["cat"], cat_cats = _compact(cols["cat"], _KEEP_ORDER)     # categories in order of first appearance
         names = self.name_labels
         if self._drop_implausible(cols):
@@ -572,12 +577,9 @@ class _Columns:
         del cols["args_key"]
         cols["name_cats"] = unique_labels(list(names))
         cols["cat_cats"] = cat_cats
-        # tid/pid: the original values (int or str) through a lookup table
-        tid_values = [_as_key(k) for k in self.threads]
-        n = len(cols["ts_us"])
-        cols["tid_code"], cols["tid_values"] = _factorize_codes(cols["tid"], tid_values)
-        for c, values in (("tid", tid_values), ("pid", [_as_key(k) for k in self.pids])):
-            cols[c] = np.array(values, dtype=object)[cols[c]] if n else np.empty(0, dtype=object)
+        # tid/pid: int32 codes into the original values (int or str)
+        cols["tid_code"], cols["tid_values"] = _factorize_codes(cols.pop("tid"), [_as_key(k) for k in self.threads])
+        cols["pid_values"] = [_as_key(k) for k in self.pids]
         return cols
 
     def _drop_implausible(self, cols: dict) -> bool:
@@ -645,12 +647,26 @@ def _factorize_codes(codes: np.ndarray, values: list) -> tuple[np.ndarray, list]
 
 
 def _compact(codes: np.ndarray, labels) -> tuple[np.ndarray, list]:
-    """Codes into ``labels`` renumbered to the labels they use, in order of first use."""
-    used, first = np.unique(codes, return_index=True)
+    """Codes into ``labels`` renumbered to the labels they use, in order of first use (linear in the rows when
+    there are few labels, or when the codes already are in that order, as the decoder interns them)."""
+    if not len(codes):
+        return codes, []
+    top = np.maximum.accumulate(codes)
+    if top[0] == 0 and int(top[-1]) == len(labels) - 1 and (top[1:] - top[:-1] <= 1).all():
+        return codes, list(labels)           # every label used, first uses in order: nothing to renumber
+    del top
+    if len(labels) <= _FEW_LABELS:
+        used = np.flatnonzero(np.bincount(codes, minlength=len(labels)))
+        first = np.array([np.argmax(codes == c) for c in used.tolist()], dtype=np.int64)
+    else:
+        used, first = np.unique(codes, return_index=True)
     order = used[np.argsort(first, kind="stable")]
     remap = np.zeros(max(len(labels), 1), dtype=codes.dtype)
     remap[order] = np.arange(len(order), dtype=codes.dtype)
     return remap[codes] if len(codes) else codes, [labels[i] for i in order.tolist()]
+
+
+_FEW_LABELS = 64        # _compact: up to this many labels, one pass per label finds its first use (no sort)
 
 
 def _as_key(v):
@@ -1201,13 +1217,19 @@ def _rows_of(values: np.ndarray, pid) -> np.ndarray:
     return np.flatnonzero(np.fromiter((p == pid for p in values.tolist()), dtype=bool, count=len(values)))
 
 
+def _rows_of_codes(codes: np.ndarray, values: list, pid) -> np.ndarray:
+    """Rows whose code (into ``values``) names a value equal to ``pid``."""
+    hit = np.fromiter((p == pid for p in values), dtype=bool, count=len(values))
+    return np.flatnonzero(hit[codes]) if len(values) else np.empty(0, dtype=np.int64)
+
+
 def split_by_pid(rt: RawTrace, pids: list) -> dict:
     """A decoded trace cut into one RawTrace per process id in ``pids`` (a merged timeline: one process a rank),
     codes renumbered as a trace of that process alone would have them; the defects counted on the first part."""
     cols = rt.cols
     out = {}
     for i, pid in enumerate(pids):
-        rows = _rows_of(cols["pid"], pid)
+        rows = _rows_of_codes(cols["pid"], cols["pid_values"], pid)
         part = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in cols.items()}
         for c, labels in (("name", "name_cats"), ("cat", "cat_cats"), ("tid_code", "tid_values")):
             part[c], part[labels] = _compact(part[c], list(cols[labels]))

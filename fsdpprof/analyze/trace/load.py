@@ -59,8 +59,7 @@ def _trace_data(rt, rank: int | None) -> TraceData:
         dist = rt.meta.get("distributedInfo") or {}
         rank = dist.get("rank") if isinstance(dist, dict) else None
         rank = rank if isinstance(rank, int) else 0
-    c = classify.classify_arrays(rt)
-    rt.cols = rt.comm_rows = None      # classify copied what it needs: free the raw columns early
+    c = classify.classify_arrays(rt)   # (releases rt.cols as soon as it has copied them)
     c, w = labels.assign_arrays(c, rt)
     mem = rt.memory_events
     mem["rank"] = np.int32(rank)
