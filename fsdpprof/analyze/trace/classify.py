@@ -269,51 +269,59 @@ def classify_arrays(rt) -> dict:
         end0 = rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
         kind[cand & _leaf_mask(tcodes, rc["ts_us"], end0, is_cpu_op)] = K_COMPUTE
 
+    # --- the rows that become events: every one but the runtime calls (those that block the host,
+    # model.SYNC_CALLS, stay); what follows is computed for those rows only (kidx)
+    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
+    kidx = np.flatnonzero(~is_runtime | sync_call)
+    lane_codes = lane_codes[kidx]
+
     # --- collective type, parsed once per distinct name of the rows that carry one
-    relevant = (kind == K_COMM) | r_c10d | (is_annot & r_ncclop)
-    collective = np.full(n, None, dtype=object)
+    relevant = ((kind == K_COMM) | r_c10d | (is_annot & r_ncclop))[kidx]
+    collective = np.full(len(kidx), None, dtype=object)
     if relevant.any():
-        used = np.unique(codes[relevant])
+        k_codes = codes[kidx[relevant]]
+        used = np.unique(k_codes)
         coll_by_cat = np.full(len(cats), None, dtype=object)
         coll_by_cat[used] = per_name(model.collective_of, [cats[i] for i in used.tolist()])
-        collective[relevant] = coll_by_cat[codes[relevant]]
+        collective[relevant] = coll_by_cat[k_codes]
+        del k_codes
 
     # --- launch point of every event: a kernel's runtime call (the first with its correlation id)
     ts = rc["ts_us"]
     corr = rc["correlation"]
-    launch_tid = tcodes.copy()
-    launch_ts = ts.copy()
-    if on_gpu.any():
-        launch_tid[on_gpu] = -1
+    launch_tid = tcodes[kidx]
+    launch_ts = ts[kidx]
+    k_gpu = on_gpu[kidx]
+    if k_gpu.any():
+        launch_tid[k_gpu] = -1
         ridx = np.flatnonzero(is_runtime & (corr >= 0))
         keys, first = np.unique(corr[ridx], return_index=True)
-        gidx = np.flatnonzero(on_gpu)
-        found, pos = _lookup(keys, corr[gidx])
+        gidx = np.flatnonzero(k_gpu)
+        found, pos = _lookup(keys, corr[kidx[gidx]])
         src = ridx[first[pos[found]]]
         launch_tid[gidx[found]] = tcodes[src]
         launch_ts[gidx[found]] = ts[src]
         del ridx, keys, first, gidx, found, src
+    del k_gpu
 
-    # --- the columns: every event but the runtime calls (those that block the host, model.SYNC_CALLS, stay)
-    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
-    kidx = np.flatnonzero(~is_runtime | sync_call)
-    pos = np.full(n, -1, dtype=np.int64)
-    pos[kidx] = np.arange(len(kidx))
     k = len(kidx)
     k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
     del on_gpu, gloo_comm, r_c10d, is_cpu_op, is_runtime, is_annot, r_gloo, r_ncclop, sync_call, relevant
     info = _comm_info(rt, cats) if rt.comm_rows else None
-    ipos = pos[info["idx"]] if info is not None else None
+    if info is not None:        # (each comm row's position among the kept rows, -1: not kept)
+        found, pos = _lookup(kidx, info["idx"])
+        ipos = np.where(found, pos, -1)
+        del found, pos
     # the kept rows' columns, each raw column released as soon as it is copied (the peak of a big trace's
     # load); rt.cols / rt.comm_rows become None
-    del pos, codes, ts, corr, stream, cat_codes, tcodes
-    o = {"lane": lane_codes[kidx], "lane_cats": lane_cats, "kind": kind[kidx]}
+    del codes, ts, corr, stream, cat_codes, tcodes
+    o = {"lane": lane_codes, "lane_cats": lane_cats, "kind": kind[kidx]}
     del lane_codes, kind
     o["name"] = rc.pop("name")[kidx]
     o["name_cats"] = cats
     o["ts_us"] = rc.pop("ts_us")[kidx]
     o["dur_us"] = np.nan_to_num(rc.pop("dur_us")[kidx], nan=0.0)
-    o["collective"] = collective[kidx]
+    o["collective"] = collective
     del collective
     o.update({"bytes": np.full(k, np.nan), "dtype": np.full(k, None, dtype=object),
               "group_size": np.full(k, np.nan), "pg": np.full(k, None, dtype=object), "seq": np.full(k, np.nan)})
@@ -321,10 +329,9 @@ def classify_arrays(rt) -> dict:
                    ("ext_id", "ext_id"), ("cat", "cat")):
         o[c] = rc.pop(raw)[kidx]
     o["cat_cats"] = rc["cat_cats"]
-    o["launch_tid"] = launch_tid[kidx]
-    del launch_tid
-    o["launch_ts_us"] = launch_ts[kidx]
-    del launch_ts, kidx, rc
+    o["launch_tid"] = launch_tid
+    o["launch_ts_us"] = launch_ts
+    del launch_tid, launch_ts, kidx, rc
     rt.cols = rt.comm_rows = None
     shard = np.zeros(k, dtype=bool)
     if info is not None:

@@ -38,6 +38,8 @@ MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an
 NAME_MAX_CHARS = 4096           # longer names are cut (real kernel names reach 1,817 characters)
 TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in µs) are not times
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
+RESIDENT_PER_JSON_BYTE = 0.75   # peak resident bytes of a trace's load per byte of its JSON (benchmarks/bench_big.py)
+GZ_SAMPLE_BYTES = 1 << 20       # compressed bytes inflated to estimate a gzip trace's JSON size
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | model.DEVICE_EVENT_CATS | model.RUNTIME_CATS
@@ -357,11 +359,14 @@ def _has_coll_args(a) -> bool:
     return a.coll_name is not None or a.in_nelems is not None
 
 
-def _intern(table: dict, values: list, dtype) -> np.ndarray:
-    """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance."""
+def _intern(table: dict, values: list, dtype, new: list | None = None) -> np.ndarray:
+    """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance (and
+    appended to ``new``)."""
     for v in dict.fromkeys(values):
         if v not in table:
             table[v] = len(table)
+            if new is not None:
+                new.append(v)
     return np.fromiter(map(table.__getitem__, values), dtype=dtype, count=len(values))
 
 
@@ -428,7 +433,7 @@ class _Columns:
         self.comm_rows: list[tuple] = []
         self.mem_rows: list[tuple] = []
         self.thread_names: dict = {}
-        self.name_comm: list[bool] = []
+        self.name_comm = np.zeros(0, dtype=bool)   # per name code: a collective op (model.is_collective_op)
         self.name_labels: list[str] = []     # per name code: the name as shown (cut, or a non-string's JSON text)
         self.bad_names: dict[int, str] = {}  # name code -> defect kind (long_name / type_name)
         self.defects: dict = {}
@@ -488,18 +493,19 @@ class _Columns:
         n = len(keep)
         names = self.names
         name_list = list(map(_GET_NAME, keep))
+        new: list = []             # the names first seen in this chunk
         try:
-            name_codes = _intern(names, name_list, np.int32)
+            name_codes = _intern(names, name_list, np.int32, new)
         except TypeError:          # a list or an object as a name (nothing was added: dict.fromkeys failed)
-            name_codes = _intern(names, _hashable(name_list, self.defects, "name", cut=False), np.int32)
+            name_codes = _intern(names, _hashable(name_list, self.defects, "name", cut=False), np.int32, new)
         del name_list
-        self._label_new_names()
+        self._label_new_names(new)
         tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)), self.defects, "tid")
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
-        for k in list(names)[len(self.name_comm):]:
-            self.name_comm.append(model.is_collective_op(k))
+        if new:                    # (only the new names: each chunk's work stays proportional to the chunk)
+            self.name_comm = np.append(self.name_comm, [model.is_collective_op(k) for k in new])
         gpu = _CAT_GPU[cat_codes]
-        full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
+        full = gpu | self.name_comm[name_codes]
         # stream / External id kept on device events and comm ops, correlation also on runtime calls
         corr[~(full | _CAT_RT[cat_codes])] = -1
         stream = np.full(n, -1, dtype=np.int64)
@@ -523,9 +529,9 @@ class _Columns:
             self.bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
         self.n += n
 
-    def _label_new_names(self) -> None:
-        """Labels of the names interned since the last call: a string as it is or cut, others as JSON text."""
-        for k in list(self.names)[len(self.name_labels):]:
+    def _label_new_names(self, new: list) -> None:
+        """Labels of the names ``new`` (just interned): a string as it is or cut, others as JSON text."""
+        for k in new:
             if type(k) is str:
                 if len(k) > NAME_MAX_CHARS:
                     self.bad_names[len(self.name_labels)] = "long_name"
@@ -716,6 +722,10 @@ class _Reader:
         if not self.gz and size > self.max_bytes:
             self.raw.close()
             raise UserError(self._too_big_message())
+        if size >= PROGRESS_MIN_BYTES:
+            line = memory_warning(path, self._json_bytes())
+            if line:
+                print(f"fsdpprof: warning: {line}", file=sys.stderr, flush=True)
         if progress is None:
             progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
         self.bar = None
@@ -734,6 +744,21 @@ class _Reader:
             self._queue = queue.Queue(maxsize=4)
             self._thread = threading.Thread(target=self._inflate, name="fsdpprof-gunzip", daemon=True)
             self._thread.start()
+
+    def _json_bytes(self) -> int:
+        """The trace's JSON bytes: the file's size, or for gzip its size times the ratio of its first MB."""
+        if not self.gz:
+            return self.size
+        try:
+            d = _inflate_mod.decompressobj(wbits=31)
+            sample = self.raw.read(GZ_SAMPLE_BYTES)
+            out = len(d.decompress(sample, 64 * GZ_SAMPLE_BYTES))
+            used = len(sample) - len(d.unconsumed_tail) - len(d.unused_data)
+        except (_INFLATE_ERRORS + (OSError,)):
+            return self.size
+        finally:
+            self.raw.seek(0)
+        return int(self.size * out / used) if used > 0 else self.size
 
     def _isize(self) -> int:
         """Decompressed size of the last gzip member (bytes, mod 2**32) from the gzip trailer."""
@@ -1129,6 +1154,30 @@ def _decode(path: str, reader: _Reader, cols: _Columns) -> RawTrace:
     meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
                     thread_names=cols.thread_names, defects=cols.defects, memory_pids=mem_pids)
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can give a new load (MemAvailable, Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_warning(path: str, json_bytes: int, available: int | None = None) -> str | None:
+    """A line saying that loading ``json_bytes`` of trace JSON needs more memory than is available
+    (``available``: default available_memory_bytes()); None when it fits or the memory is unknown."""
+    need = json_bytes * RESIDENT_PER_JSON_BYTE
+    available = available_memory_bytes() if available is None else available
+    if available is None or need <= available:
+        return None
+    return (f"trace {path} holds about {json_bytes / 2**30:.1f} GiB of JSON; analysing it needs about "
+            f"{need / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB is available: it may be killed "
+            f"for memory; analyse it on a machine with more memory, or record a shorter profiler window")
 
 
 def _device_type(arrays: dict, meta: dict) -> str:
