@@ -1,7 +1,8 @@
 """Benchmark: load + overlap on big traces (issue 40): CPU seconds, MB/s, peak RSS and its ratio to the trace,
-this tree against ``--before COMMIT`` in the same run, with orjson.loads and HTA on the 1 GB trace as anchors.
+this tree against ``--before COMMIT`` in the same run, with orjson.loads and HTA on the 1 GB trace as anchors
+(``--anchors orjson,hta``, ``--anchor-gb``).
 
-    python benchmarks/bench_big.py [--sizes 0.5,1,2] [--gz-gb 16] [--before b6e0271] [--anchors]
+    python benchmarks/bench_big.py [--sizes 0.5,1,2] [--gz-gb 16] [--before b6e0271] [--anchors orjson,hta]
                                    [--repeat 1] [--tmp /tmp/fsdpprof-big] [--keep] [--max-rss-gb 6]
 
 Inputs (written under --tmp, kept with --keep and reused when already there): traces of 0.5 / 1 / 2 / 4 GB
@@ -65,7 +66,8 @@ import orjson
 t0, c0 = time.perf_counter(), time.process_time()
 with open(sys.argv[2], "rb") as fh:
     n = len(orjson.loads(fh.read())["traceEvents"])
-print("RESULT " + json.dumps({"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "events": n}), flush=True)
+print("RESULT " + json.dumps({"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0,
+      "events": n}), flush=True)
 """
 HTA = """
 import sys, time, json, logging, os, tempfile
@@ -247,7 +249,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="0.5,1,2,4", help="plain trace sizes, GB (2^30 bytes), comma-separated")
     ap.add_argument("--gz-gb", type=float, default=0.0, help="also a gzipped trace of this many GB through report")
     ap.add_argument("--before", default=None, help="git commit to measure in the same run (e.g. b6e0271)")
-    ap.add_argument("--anchors", action="store_true", help="orjson.loads and HTA on the 1 GB trace")
+    ap.add_argument("--anchors", default="", help="anchors to run on the --anchor-gb trace: orjson,hta")
+    ap.add_argument("--anchor-gb", type=float, default=1.0, help="the plain size the anchors run on")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--tmp", default=os.path.join(tempfile.gettempdir(), "fsdpprof-big"))
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused by the next run)")
@@ -277,8 +280,9 @@ def main() -> None:
                     ratio[label] = r["peak_rss"] / size
                 lines.append(row(label, "load+overlap", size, r))
                 print(lines[-1], flush=True)
-            if args.anchors and gb == 1:
-                for what, code in (("orjson.loads", ORJSON), ("HTA overlap", HTA)):
+            if gb == args.anchor_gb:
+                anchors = (("orjson", "orjson.loads", ORJSON), ("hta", "HTA overlap", HTA))
+                for what, code in [(w, c) for k, w, c in anchors if k in args.anchors.split(",")]:
                     r = run_child(code, ["", str(path)], max_rss, args.timeout_s)
                     results[(what, gb)] = r
                     lines.append(row("-", what, size, r))
