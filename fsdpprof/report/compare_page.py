@@ -102,7 +102,7 @@ def _compare_table(c) -> str:
             name = metric_label(metric)
         else:
             scale, unit_text = mem_scale(max_bytes) if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
-            cells = [fmt_fixed(v / scale) if not is_missing(v) else "" for v in vals]
+            cells = [fmt_fixed(v / scale) if not is_missing(v) else "unknown" if unit == "bytes" else "" for v in vals]
             name = metric_label(metric, unit_text, host)
         rows.append([name, *cells])
     return (f'<section id="table"><h2>Runs side by side</h2><p class="note">{esc(scope_words(c))}</p>'

@@ -33,6 +33,11 @@ def _signed(fmt, x) -> str:
     return ("+" if x > 0 else "-") + fmt(abs(x))
 
 
+def _size(x) -> str:
+    """A size; "unknown" where the input does not hold it (a collective without size information)."""
+    return fmt_bytes(x, missing="unknown")
+
+
 def _pct(x) -> str:
     return "" if is_missing(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
 
@@ -106,7 +111,7 @@ def _comm_html(c: pd.DataFrame) -> str:
     return _table(c, [
         ("collective", "collective", "text"), ("stage", "stage", "text"), ("fsdp_phase", "FSDP phase", "text"),
         ("unit_text", "unit", "text"), ("baseline_count", "count (base)", _count), ("run_count", "count (run)", _count),
-        ("baseline_bytes", "bytes (base)", fmt_bytes), ("run_bytes", "bytes (run)", fmt_bytes),
+        ("baseline_bytes", "bytes (base)", _size), ("run_bytes", "bytes (run)", _size),
         ("baseline_comm_us", "comm time (base)", fmt_us), ("run_comm_us", "comm time (run)", fmt_us),
         ("diff_comm_us", "change", lambda v: _signed(fmt_us, v)),
         ("baseline_exposed_comm_us", "exposed (base)", fmt_us), ("run_exposed_comm_us", "exposed (run)", fmt_us),

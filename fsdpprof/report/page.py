@@ -316,7 +316,7 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
     if isinstance(v, (list, tuple, dict)):
         return str(v)
     if is_missing(v):
-        return ""
+        return "unknown" if unit in ("bytes", "gbps") else ""   # a size (or a rate from it) the input lacks
     if col == "addr":
         try:
             return hex(int(v))
