@@ -96,7 +96,7 @@ def communication_section(a, page: Page) -> str:
                        f'  = {esc(fmt_bytes(tr["total_bytes"]))} per rank per step</div>')
         out.append(scope_note(a, "window"))
         out.append(many_ranks.traffic(a, page) if many_ranks.is_many(a)
-                   else table(a.traffic, labels={"diff_pct": "measured vs formula"}))
+                   else table(a.traffic, labels={"diff_pct": "measured - formula"}))
     out.append(_lanes_chart(a, page))
     if a.top_ops is not None and not a.top_ops.empty:
         out.append(f"<h3>Operations with the most time in step {esc(fmt_num(a.lanes_step))} of the first rank</h3>")

@@ -17,9 +17,10 @@ from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
 MIB = float(2**20)
+# one hue per role, one shade per category: whole (DDP) darkest, sharded, gathered / unsharded lightest
 CATEGORY_COLORS = {c.value: color for c, color in (
-    (MC.SHARDED_PARAM, "#1f77b4"), (MC.PARAM, "#1f77b4"), (MC.UNSHARDED_PARAM, "#aec7e8"), (MC.SHARDED_GRAD, "#ff7f0e"),
-    (MC.GRAD, "#ff7f0e"), (MC.UNSHARDED_GRAD, "#ffbb78"), (MC.OPTIMIZER_STATE, "#2ca02c"), (MC.ACTIVATION, "#d62728"),
+    (MC.SHARDED_PARAM, "#1f77b4"), (MC.PARAM, "#08306b"), (MC.UNSHARDED_PARAM, "#aec7e8"), (MC.SHARDED_GRAD, "#ff7f0e"),
+    (MC.GRAD, "#a63603"), (MC.UNSHARDED_GRAD, "#ffbb78"), (MC.OPTIMIZER_STATE, "#2ca02c"), (MC.ACTIVATION, "#d62728"),
     (MC.TEMPORARY, "#9467bd"), (MC.INPUT, "#8c564b"), (MC.BEFORE_RECORDING, "#bcbd22"), (MC.OTHER, "#7f7f7f"))}
 KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "memcpy": "#2ca02c",
                "memset": "#17becf", "sync": "#7f7f7f"}
@@ -42,7 +43,7 @@ COLUMN_LABELS = {   # a column's words where they are not its name's (see column
     "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
     "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "source": "memory source",
     "addr": "address", "alloc_us": "allocated at", "free_us": "freed at", "frames": "allocated by", "unit": "FSDP unit",
-    "role": "model state", "theory_bytes": "formula", "diff_bytes": "measured - formula", "diff_pct": "difference",
+    "role": "model state", "theory_bytes": "formula", "diff_bytes": "measured - formula", "diff_pct": "measured - formula",
     "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params", "grad_bytes": "grads",
     "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
     "traffic_bytes": "traffic per rank per step",
@@ -322,12 +323,14 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
             return hex(int(v))
         except (TypeError, ValueError):
             return str(v)
+    signed = "diff" in col.split("_")      # a difference (measured - formula, run - baseline) carries its sign
     if unit == "pct":
-        return f"{float(v):.1f}"
+        return f"{float(v):+.1f}" if signed else f"{float(v):.1f}"
     if unit == "gbps":
         return f"{float(v):.3g}"
     if unit is not None:
-        return fmt_fixed(float(v) / scale)
+        text = fmt_fixed(float(v) / scale)
+        return ("+" + text) if signed and float(v) > 0 else text
     if col in VALUE_COLUMNS:
         return value_label(col, v)
     if isinstance(v, bool):

@@ -29,6 +29,24 @@ def _table(result: dict) -> str:
                        "compute", "exposed comm", "rest"], rows)
 
 
+REST_WORDS = ("rest: the predicted step's time that is neither compute nor exposed communication (host time outside "
+              "operators, device idle, copies and waits): step time - compute - exposed comm.")
+FIT_RANKS_SHOWN = 8      # ranks whose collective fits are listed (all of them in summary.json)
+
+
+def _fits(result: dict) -> str:
+    """Each rank's fitted collectives (latency + wire bytes / bandwidth), the model the step times use for a
+    collective the run did not have."""
+    fits = [(r, f) for r, f in (result.get("fits") or {}).items() if f]
+    if not fits:
+        return ""
+    rows = [[f"rank {r}", "; ".join(f)] for r, f in fits[:FIT_RANKS_SHOWN]]
+    more = (f'<p class="note">{len(fits) - FIT_RANKS_SHOWN} more ranks in summary.json</p>'
+            if len(fits) > FIT_RANKS_SHOWN else "")
+    return ("<h4>Collective fits (time = latency + wire bytes / bandwidth, fitted on each rank's own collectives)"
+            "</h4>" + text_table(["rank", "fits"], rows, left=(0, 1)) + more)
+
+
 def _figure(result: dict, page: Page) -> str:
     preds = [p for p in result.get("predictions") or [] if p.get("peak_allocated_bytes") is not None]
     if not preds:
@@ -78,7 +96,11 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
         left = "; ".join(f"{k}: {v}" for k, v in sorted(result["missing"].items()))
         out.append(f'<div class="banner"><b>Partial run</b>: predicted from '
                    f'{esc(rank_list(result.get("ranks_predicted") or []))} only; missing: {esc(left)}.</div>')
+    if result.get("recommendation"):
+        out.append(f"<p><b>Recommendation</b>: {esc(result['recommendation'])}.</p>")
     out.append(_table(result))
+    out.append(f'<p class="note">{esc(REST_WORDS)}</p>')
+    out.append(_fits(result))
     out.append(_figure(result, page))
     out.append(_story(result))
     for n in result.get("notes") or []:
