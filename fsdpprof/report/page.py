@@ -301,6 +301,9 @@ def _scale_for(unit: str, values) -> tuple[float, str]:
     return 1.0, ""
 
 
+column_scale = _scale_for     # (scale, unit words) of a column of bytes or times: one unit for the whole column
+
+
 def column_label(col: str, unit_text: str = "") -> str:
     """A column's header: its words (COLUMN_LABELS, else its name in words) and the unit in brackets."""
     base = COLUMN_LABELS.get(col)
