@@ -301,6 +301,14 @@ def _scale_for(unit: str, values) -> tuple[float, str]:
     return 1.0, ""
 
 
+def signed_bytes(x) -> str:
+    """A difference of bytes with its sign (+404 B, -5.69 MiB, 0); "unknown" when missing."""
+    if is_missing(x):
+        return "unknown"
+    x = float(x)
+    return "0" if x == 0 else ("+" if x > 0 else "-") + fmt_bytes(abs(x))
+
+
 column_scale = _scale_for     # (scale, unit words) of a column of bytes or times: one unit for the whole column
 
 
