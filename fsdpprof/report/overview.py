@@ -21,7 +21,8 @@ def context_line(a) -> str:
     if t.get("param_dtype"):
         mp = o.get("mixed_precision")
         bits.append(f"{t['param_dtype']}" + (f", compute {mp.get('param_dtype')}" if mp else ""))
-    dev = " ".join(str(x) for x in (o.get("device_name") or o.get("device_type"), o.get("backend")) if x)
+    named = o.get("device_name") if o.get("device_type") not in (None, "cpu") else None   # (cpu: not "x86_64")
+    dev = " ".join(str(x) for x in (named or o.get("device_type"), o.get("backend")) if x)
     if dev:
         bits.append(dev)
     return " · ".join(bits)
