@@ -7,7 +7,7 @@ import math
 import sys
 
 from fsdpprof.analyze.load.files import find_run
-from fsdpprof.analyze.model import fmt_bytes
+from fsdpprof.analyze.model import MISSING_WORD, fmt_bytes
 from fsdpprof.commands import ENGINE, add, engine_of
 
 
@@ -35,7 +35,7 @@ def table(result) -> str:
               f"{'busbw GB/s':>10}"]
     for v in result.volume.itertuples(index=False):
         coll = v.collective if isinstance(v.collective, str) else "(unknown)"
-        size = fmt_bytes(v.bytes, missing="unknown")   # binary units, as the report's (bandwidths: GB/s, nccl-tests')
+        size = fmt_bytes(v.bytes, missing=MISSING_WORD)   # binary units, as the report's (bandwidths: GB/s, nccl-tests')
         lines.append(f"{v.rank:>5} {coll[:16]:<16} {v.count:>6} {size:>10} {v.time_us / 1e3:>10.3f} "
                      f"{_cell(v.algbw_gbps, '.2f'):>10} {_cell(v.busbw_gbps, '.2f'):>10}")
     if not len(result.volume):

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from fsdpprof.analyze.compare.diff import NO_UNIT
-from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
+from fsdpprof.analyze.model import MISSING_WORD, ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
 from fsdpprof.report.page import (NO_UNIT_TEXT, category_label, column_scale, esc, fmt_bytes, fmt_fixed, fmt_num,
                                   fmt_us, is_missing, label, role_label, value_label)
@@ -47,7 +47,7 @@ def _in_one_unit(df: pd.DataFrame, col: str, head: str, spec):
 
     def fmt(v) -> str:
         if is_missing(v):
-            return "unknown" if unit == "bytes" else ""
+            return MISSING_WORD if unit == "bytes" else ""
         v = float(v)
         if not signed:
             return fmt_fixed(v / scale)

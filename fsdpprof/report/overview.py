@@ -3,7 +3,7 @@ run or of warnings, and the "Overview" section (command, ranks, model, device)."
 from __future__ import annotations
 
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
-from fsdpprof.analyze.model import INPUT_KIND_TEXT, fmt_bytes, rank_list
+from fsdpprof.analyze.model import INPUT_KIND_TEXT, MISSING_WORD, fmt_bytes, rank_list
 from fsdpprof.analyze.summary.headline import step_spread
 from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us_spread, kv_table, step_scope
 
@@ -41,8 +41,8 @@ def precision_text(o: dict) -> str:
         return (f"inferred from kernel names (no inventory): {counts} of {seen['kernels']:,} device kernels"
                 + comm)
     if seen.get("kernels"):
-        return f"unknown (no inventory; no low-precision type in the kernel names{comm})"
-    return "unknown (no inventory)"
+        return f"{MISSING_WORD} (no inventory; no low-precision type in the kernel names{comm})"
+    return f"{MISSING_WORD} (no inventory)"
 
 
 def device_text(o: dict) -> str | None:
@@ -72,9 +72,10 @@ def overview_section(a) -> str:
          else o.get("world_size")), ("ranks analysed", rank_list(o["ranks_present"]) if o.get("ranks_present") else None),
         ("shard / replicate group", groups),
         ("Ψ (parameters)", f"{fmt_params(o.get('psi'))} ({fmt_num(o.get('psi'))})" if o.get("psi")
-         else "unknown (no inventory)"),
+         else f"{MISSING_WORD} (no inventory)"),
         ("mixed precision", precision_text(o)), ("optimizer", o.get("optimizer")),
-        ("CPU offload", ("yes" if o.get("cpu_offload") else "no") if o.get("has_inventory") else "unknown (no inventory)"),
+        ("CPU offload", ("yes" if o.get("cpu_offload") else "no") if o.get("has_inventory")
+         else f"{MISSING_WORD} (no inventory)"),
         ("device", device_text(o)),
         ("backend", o.get("backend")), ("hosts", ", ".join(o.get("hosts") or [])),
         ("steps recorded", ", ".join(map(str, o.get("steps_recorded") or []))),

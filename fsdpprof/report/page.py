@@ -37,7 +37,7 @@ STAGE_LABELS = {model.STAGE_OPTIMIZER: "optimizer step", model.STAGE_POST_STEP: 
 # where a rank's memory numbers come from (MemoryResult.source)
 SOURCE_LABELS = {"cpu_trace": "profiler memory events", "cuda_snapshot": "CUDA memory snapshot"}
 NO_UNIT_TEXT = "outside any unit"     # memory or communication of no FSDP unit (the root unit is ROOT_UNIT_TEXT)
-MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table leaves the cell empty)
+MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table: for a size, else empty)
 COLUMN_LABELS = {   # a column's words where they are not its name's (see column_label)
     # memory
     "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
@@ -304,7 +304,7 @@ def _scale_for(unit: str, values) -> tuple[float, str]:
 def signed_bytes(x) -> str:
     """A difference of bytes with its sign (+404 B, -5.69 MiB, 0); "unknown" when missing."""
     if is_missing(x):
-        return "unknown"
+        return model.MISSING_WORD
     x = float(x)
     return "0" if x == 0 else ("+" if x > 0 else "-") + fmt_bytes(abs(x))
 
@@ -328,7 +328,7 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
     if isinstance(v, (list, tuple, dict)):
         return str(v)
     if is_missing(v):
-        return "unknown" if unit in ("bytes", "gbps") else ""   # a size (or a rate from it) the input lacks
+        return model.MISSING_WORD if unit in ("bytes", "gbps") else ""   # a size (or a rate from it) the input lacks
     if col == "addr":
         try:
             return hex(int(v))
