@@ -282,11 +282,11 @@ def test_whatif_recommendation_rest_and_fits():
     cpu = recommend({"predictions": [_pred("FULL_SHARD", 1e5, 2**20, True, 1.9), faster]})
     assert "contended x1.90" in cpu
     result = {"predictions": [own, faster], "measured": {"peak_allocated_bytes": 40 * 2**20, "step_us": 1.1e5},
-              "fits": {"0": ["all-gather: 6 us + wire bytes / 0.23 GB/s (36 collectives)"]}}
+              "fits": {"0": ["all-gather: 6 µs + wire bytes / 0.23 GB/s (36 collectives)"]}}
     result["recommendation"] = recommend(result)
     text = _text(whatif_body(result, Page(None)))
     assert "Recommendation: try SHARD_GRAD_OP" in text and "rest: the predicted step's time" in text
-    assert "all-gather: 6 us + wire bytes / 0.23 GB/s" in text
+    assert "all-gather: 6 µs + wire bytes / 0.23 GB/s" in text
     # one unit per column: the header names it, the cells are bare numbers
     assert "predicted peak (MiB)" in text and "step time (ms)" in text and " MiB |" not in text.split("rest (ms)")[1][:200]
 
