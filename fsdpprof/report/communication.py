@@ -77,7 +77,7 @@ def communication_section(a, page: Page) -> str:
                                                        ("exposed time", ("exposed_comm_us",))])) + "</h3>")
         shown = [c for c in op.columns if not (c == "time_us" and _same_time(op))]
         out.append(scope_note(a, "window") + (many_ranks.comm_phase(a, page) if many_ranks.is_many(a)
-                                              else table(op, shown)))
+                                              else table(op, shown, labels={"time_us": "kernels' summed time"})))
     if a.p2p is not None and not a.p2p.empty:
         out.append("<h3>Point-to-point transfers (send / recv): not matched across ranks, not in skew</h3>")
         out.append(table(a.p2p))
