@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import pickle
 import re
 
 import pytest
@@ -206,7 +207,7 @@ def test_damaged_snapshot_through_the_report(legacy, tmp_path):
     seg["blocks"].insert(1, dict(seg["blocks"][0]))
     seg["is_expandable"] = "yes please"
     path = tmp_path / "damaged.pickle"
-    path.write_bytes(__import__("pickle").dumps(d, protocol=4))
+    path.write_bytes(pickle.dumps(d, protocol=4))
     proc = run_fsdpprof("report", str(path), "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr
     for words in ("1 segment(s) of 0 bytes", "1 block(s) lying (partly) outside", "1 block(s) of segments of 0 bytes",
