@@ -1073,6 +1073,10 @@ def _damaged_snapshots(d: Path) -> None:
             b["address"] += half
         s["segments"].append(twin)
 
+    def allocated_zero(s):
+        for seg in s["segments"]:
+            seg["allocated_size"] = 0
+
     def flag(s):
         for seg in s["segments"]:
             seg["is_expandable"] = "yes please"
@@ -1091,6 +1095,9 @@ def _damaged_snapshots(d: Path) -> None:
              ("a block of 0 bytes in each segment", empty_blocks, f"{n:,} block(s) of segments of 0 bytes",
               lambda s: None),
              ("a segment overlapping another", overlap_segments, "1 segment(s) overlapping another", lambda s: None),
+             ("every segment saying 0 bytes allocated", allocated_zero,
+              f"{sum(1 for seg in segs if any(b.get('state') == 'active_allocated' for b in seg['blocks'])):,} "
+              f"segment(s) say fewer bytes allocated than their blocks in use", lambda s: None),
              ("is_expandable: 'yes please'", flag, f"{n:,} segment(s) whose is_expandable is not true / false", None),
              ("allocator_settings expandable_segments: 'yes please'", setting,
               "1 allocator setting(s) that must be true / false and are not (expandable_segments)", None)]

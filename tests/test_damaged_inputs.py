@@ -168,6 +168,21 @@ def test_blocks_outside_their_segments_leave_the_peak_as_without_them():
     assert _figures(snap) == _figures(parse_snapshot(deleted, "deleted.pickle"))
 
 
+def test_allocated_bytes_below_the_blocks_in_use_are_repaired(legacy):
+    """A segment saying 0 bytes allocated while blocks of it are in use: the blocks' sum taken, said, and the
+    allocator's rounding (allocated - requested) never below 0."""
+    d = copy.deepcopy(legacy)
+    busy = [i for i, s in enumerate(d["segments"]) if any(b["state"] == "active_allocated" for b in s["blocks"])]
+    for i in busy[:5]:
+        d["segments"][i]["allocated_size"] = 0
+        d["segments"][i]["requested_size"] = 1 << 40         # more than allocated: not taken
+    snap = parse_snapshot(d, "alloc.pickle")
+    (line,) = snap.defects
+    assert line.startswith("alloc.pickle: 5 segment(s) say fewer bytes allocated than their blocks in use")
+    assert _figures(snap) == _figures(parse_snapshot(legacy, "legacy"))
+    assert (snap.segments["allocated_bytes"] >= snap.segments["requested_bytes"]).all()
+
+
 def test_flags_must_be_booleans(legacy):
     """``is_expandable`` / ``expandable_segments`` of "yes please" are not true: left out, said once each."""
     d = copy.deepcopy(legacy)

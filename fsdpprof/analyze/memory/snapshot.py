@@ -116,6 +116,8 @@ _SNAP_DEFECTS = {
              "plausible integer): left out",
     "segment_size": "{n:,} segment(s) of 0 bytes, or with more bytes allocated / active than their size: left "
                     "out with their blocks",
+    "segment_allocated": "{n:,} segment(s) say fewer bytes allocated than their blocks in use hold: the blocks' "
+                         "sum taken",
     "segment_overlap": "{n:,} segment(s) overlapping another segment of their device: left out with their blocks",
     "block_empty": "{n:,} block(s) of segments of 0 bytes: left out",
     "block_outside": "{n:,} block(s) lying (partly) outside their segment: left out",
@@ -239,9 +241,15 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
             req = _requested_size(b, b_size)
             requested += req
             live_blocks[(dev, b_at)] = {"size": req, "block_size": b_size, "frames": fr, "_stream": stream}
+        # the allocator's allocated bytes are its blocks in use: fewer contradicts them (the blocks' sum taken)
+        allocated = sizes[1]
+        in_use = sum(r[5] for r in rows if r[6] == "active_allocated")
+        if in_use > allocated:
+            chk.bad("segment_allocated")
+            allocated = in_use
         seg_req = s.get("requested_size")
-        row = (dev, addr, *sizes, stream, expandable, len(blocks),
-               seg_req if _int_ok(seg_req, 0, sizes[1]) else requested)
+        row = (dev, addr, total, allocated, sizes[2], stream, expandable, len(blocks),
+               seg_req if _int_ok(seg_req, 0, allocated) else requested)
         kept.append((dev, addr, addr + total, row, rows, live_blocks))
     # segments of one device that overlap: the first in address order kept
     ends: dict[int, int] = {}
