@@ -1132,8 +1132,8 @@ def _damaged_process_memory(fx: Fixtures, d: Path) -> None:
     cases = {"RSS of 4 KiB, below the allocator's peak": lambda pm: dict(pm, samples=[
                  dict(x, used_bytes=4096, used_peak_bytes=4096) for x in pm["samples"]]),
              "NVML used 3 GiB below 6 GiB reserved": lambda pm: cuda}
-    for label, fn in cases.items():
-        r = fx.copy(base, f"damaged-process-{len(label)}")
+    for i, (label, fn) in enumerate(cases.items()):
+        r = fx.copy(base, f"damaged-process-{i}")
         rj = r / rank_dir.name / runfmt.RANK_JSON
         doc = json.loads(rj.read_text())
         doc[runfmt.RANK_PROCESS_MEMORY] = fn(doc.get(runfmt.RANK_PROCESS_MEMORY) or {})

@@ -105,7 +105,8 @@ class _Checker:
             self.defects[what] = self.defects.get(what, 0) + n
 
     def warnings(self) -> list[str]:
-        return [f"{self.label}: {_SNAP_DEFECTS[k].format(n=n, max=NAME_MAX_CHARS, names=', '.join(self.names.get(k, [])))}"
+        return [f"{self.label}: "
+                + _SNAP_DEFECTS[k].format(n=n, max=NAME_MAX_CHARS, names=", ".join(self.names.get(k, [])))
                 for k, n in self.defects.items() if n]
 
 
