@@ -14,7 +14,7 @@ from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
                                   category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
-                                  notes_html, side_by_side, size_class_label, table, value_label)
+                                  notes_html, side_by_side, signed_bytes, size_class_label, table, value_label)
 
 
 def memory_owner(a, r) -> str:
@@ -56,8 +56,8 @@ def _theory_block(a) -> str:
            f'  = {esc(ms["substituted"])}\n  = {esc(fmt_bytes(ms["total_bytes"]))} '
            f"({esc(fmt_num(ms['total_bytes']))} bytes)\n"
            f"measured (inventory of rank {esc(min(a.model_states['rank']) if a.model_states is not None else '-')}) = "
-           f"{esc(fmt_bytes(t.get('measured_model_states_bytes')))}; difference "
-           f"{esc(fmt_bytes(t.get('model_states_diff_bytes')))}: {esc(t.get('model_states_explanation'))}</div>"]
+           f"{esc(fmt_bytes(t.get('measured_model_states_bytes')))}; measured - formula "
+           f"{esc(signed_bytes(t.get('model_states_diff_bytes')))}: {esc(t.get('model_states_explanation'))}</div>"]
     if a.model_states is not None and not a.model_states.empty:
         ms_t = a.model_states
         r0 = ms_t["rank"].min()
@@ -80,7 +80,7 @@ def _theory_block(a) -> str:
         diff = pe.get("diff_bytes")
         out.append(f'<div class="formula">peak ~ {esc(pe["formula"])}\n  = {esc(pe["substituted"])}\n'
                    f'  = {esc(fmt_bytes(pe["estimate_bytes"]))}\nmeasured peak (rank {esc(pe.get("measured_rank"))}) = '
-                   f'{esc(fmt_bytes(pe.get("measured_peak_bytes")))}; difference {esc(fmt_bytes(diff))}: '
+                   f'{esc(fmt_bytes(pe.get("measured_peak_bytes")))}; measured - formula {esc(signed_bytes(diff))}: '
                    f'{esc(pe.get("explanation") or "no memory data to compare")}</div>')
     return "".join(out)
 
