@@ -189,7 +189,7 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
                         **{c: sel[c].astype(object).to_numpy() for c in ("collective", "stage", "fsdp_phase")}})
     tm = trace_meta or {}
     comm = out[out["kind"] == model.KIND_COMM]
-    nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
+    nccl = comm[model.is_comm_kernel(comm["name"].to_numpy(object))]
     names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), set(nccl["lane"]), tm.get("thread_names"),
                               tm.get("device_type"))
     out["lane_name"] = out["lane"].map(names)
@@ -463,7 +463,7 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
 
 def _findings(a: Analysis) -> list:
     o = a.overview
-    fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
+    fsdp = o.get("input_kind") in model.FSDP_FAMILIES
     items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device)
@@ -519,9 +519,17 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication", "no trace events in this input.")
         _note(a.notes, "steps", "no trace events in this input.")
     else:
-        for name in ("volume", "comm_phase", "comm_unit_step", "overlap_overall", "steps", "step_stalls", "temporal",
-                     "top_kernels", "idle", "op_stats"):     # the per-rank tables, all ranks' rows
-            setattr(a, name, _concat(getattr(r, name) for r in traced))
+        # the per-rank tables, all ranks' rows
+        a.volume = _concat(r.volume for r in traced)
+        a.comm_phase = _concat(r.comm_phase for r in traced)
+        a.comm_unit_step = _concat(r.comm_unit_step for r in traced)
+        a.overlap_overall = _concat(r.overlap_overall for r in traced)
+        a.steps = _concat(r.steps for r in traced)
+        a.step_stalls = _concat(r.step_stalls for r in traced)
+        a.temporal = _concat(r.temporal for r in traced)
+        a.top_kernels = _concat(r.top_kernels for r in traced)
+        a.idle = _concat(r.idle for r in traced)
+        a.op_stats = _concat(r.op_stats for r in traced)
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:

@@ -206,7 +206,7 @@ def _formula_parts(a: Analysis) -> dict:
 def _ddp_traffic_bytes(a: Analysis) -> float:
     """What DDP would send per rank per step for the same model and N (the formula), bytes."""
     for row in (a.theory or {}).get("all_strategies") or []:
-        if row.get("strategy") == "DDP":
+        if row.get("strategy") == model.ZERO_DDP:
             return float(row.get("traffic_bytes", np.nan))
     return np.nan
 

@@ -2,6 +2,7 @@
 describes it: strategy, framework and world size in a few words."""
 from __future__ import annotations
 
+from fsdpprof import runfmt
 from fsdpprof.analyze.model.fsdp import FAMILY_DDP, FAMILY_FSDP1, FAMILY_FSDP2
 from fsdpprof.analyze.model.strategy import DDP, NO_SHARD, NONE
 
@@ -14,7 +15,7 @@ INPUT_SINGLE_DEVICE = "single_device"   # one device, no communication
 INPUT_UNKNOWN = "unknown"
 INPUT_KINDS = [FAMILY_FSDP2, FAMILY_FSDP1, FAMILY_DDP, INPUT_DISTRIBUTED, INPUT_SINGLE_DEVICE, INPUT_UNKNOWN]
 FSDP_KINDS = frozenset({FAMILY_FSDP2, FAMILY_FSDP1})
-FRAMEWORK_NONE = "none"                 # inventory.json's framework of a job without data parallelism
+FRAMEWORK_NONE = runfmt.FRAMEWORK_NONE  # inventory.json's framework of a job without data parallelism
 INPUT_KIND_SHORT = {FAMILY_FSDP2: "FSDP2", FAMILY_FSDP1: "FSDP1", FAMILY_DDP: "DDP", INPUT_DISTRIBUTED: "distributed",
                     INPUT_SINGLE_DEVICE: "one device"}
 INPUT_KIND_TEXT = {FAMILY_FSDP2: "FSDP2 (fully_shard)", FAMILY_FSDP1: "FSDP1 (FullyShardedDataParallel)",

@@ -219,7 +219,7 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
 def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
                     rank: int | None = None, alternatives: dict | None = None,
-                    input_kind: str | None = "fsdp2", units: list[str] | None = None) -> list[Finding]:
+                    input_kind: str | None = model.FAMILY_FSDP2, units: list[str] | None = None) -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct).  ``alternatives``: strategy label -> model-state
     bytes per rank, quoted; ``units``: the FSDP units keeping the most activations first (named in the advice)."""
     out: list[Finding] = []

@@ -313,10 +313,11 @@ def framework_of(events: pd.DataFrame) -> str:
     reducer), ``distributed`` (collectives of another framework) or ``single_device``."""
     cats, codes = _cat_codes(events["name"])
     names = [cats[i] for i in np.unique(codes[codes >= 0]).tolist()]
-    for prefix, framework in ((model.FSDP2_PREFIX, "fsdp2"), (model.FSDP1_PREFIX, "fsdp1"), (model.DDP_MARKERS, "ddp")):
+    for prefix, framework in ((model.FSDP2_PREFIX, model.FAMILY_FSDP2), (model.FSDP1_PREFIX, model.FAMILY_FSDP1),
+                              (model.DDP_MARKERS, model.FAMILY_DDP)):
         if any(x.startswith(prefix) for x in names):
             return framework
-    return "distributed" if isin(events["kind"], [model.KIND_COMM]).any() else "single_device"
+    return model.INPUT_DISTRIBUTED if isin(events["kind"], [model.KIND_COMM]).any() else model.INPUT_SINGLE_DEVICE
 
 
 DEVICE_WORD = {model.DEVICE_CUDA: "CUDA", model.DEVICE_ROCM: "HIP", model.DEVICE_XPU: "XPU", model.DEVICE_MTIA: "MTIA"}

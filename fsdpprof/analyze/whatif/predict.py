@@ -123,7 +123,7 @@ def _rank_memory(rd, source: tg.Source, units: list, memory_result, notes: list)
         return None, None, None
     r = mem.roles_frame(m.allocations, source.family)
     names = None
-    if source.family not in ("fsdp1", "fsdp2"):
+    if source.family not in model.FSDP_FAMILIES:
         names = _inventory_names(m.allocations, rd.inventory, rd.events, m.source)
     sizes = {u.fqn: padded_numel(u.numel, source.shard_group) * model.dtype_bytes(source.param_dtype) for u in units}
     mem.label_units(r, units, sizes, names, param_unit_map(rd.inventory, units))
