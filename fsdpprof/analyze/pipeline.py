@@ -23,7 +23,7 @@ from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
-from fsdpprof.analyze.summary import distributions, model_states, theory
+from fsdpprof.analyze.summary import distributions, host, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.trace import labels
@@ -467,6 +467,7 @@ def _findings(a: Analysis) -> list:
     items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device)
+    items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
     if r is not None:
