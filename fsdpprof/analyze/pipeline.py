@@ -51,6 +51,7 @@ class RankResult:
     notes: dict = field(default_factory=dict)    # section -> text
     has_trace: bool = False
     framework: str | None = None                 # from the events: fsdp2 | fsdp1 | ddp | distributed | single_device
+    workload: str | None = None                  # from the events: training | inference (model.workload_of)
     kernels: dict = field(default_factory=dict)  # device_kernels, unknown_launch (launch not in the trace)
     inventory: dict | None = None                # inventory.json without its tensor list
     measured: dict | None = None                 # model-state bytes per role (inventory)
@@ -204,6 +205,7 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.overlap_overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
     res.framework = labels.framework_of(events)
+    res.workload = labels.workload_of(events)
     if overlap_only:
         return
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
@@ -391,6 +393,7 @@ def _overview(run, results: list[RankResult]) -> dict:
         "optimizer": (inv.get("optimizer") or {}).get("class"), "psi": (inv.get("totals") or {}).get("psi"),
         "hosts": hosts, "device_type": device_type,
         "device_name": info0.get("device_name") or tm.get("device_name"),
+        "workload": next((r.workload for r in results if not r.error and r.workload), None),
         "backend": info0.get("backend"), "steps_recorded": info0.get("steps_recorded"),
         "versions": meta.get("versions"), "step_time_us": None,
         "device_kernels": sum(int(r.kernels.get("device_kernels", 0)) for r in results),

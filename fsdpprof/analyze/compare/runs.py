@@ -1,7 +1,8 @@
 """Several runs side by side from their Analyses: memory at the peak by category and by role (the rank whose peak is
 highest), step times (each rank's mean, the median over ranks) with their spread, a verdict, and what changed
-against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Runs are comparable unless both models are known
-and differ.  Bytes, µs."""
+against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Runs are comparable unless their models differ
+(Psi, or the aten op mix where Psi is unknown), their devices differ, or one trains and the other infers
+(:func:`not_comparable`).  Bytes, µs."""
 from __future__ import annotations
 
 import os
@@ -140,6 +141,9 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
         if not allow_different_models:
             raise UserError(msg + "; pass --force to compare anyway")
         warnings.append("Not comparable: " + msg + ".")
+    for reason in not_comparable(analyses, nums):
+        comparable = False
+        warnings.append("Not comparable: " + reason + ".")
     unknown = [a.path for a, n in zip(analyses, nums) if n["psi"] is None]
     if unknown:
         for n in nums:
@@ -177,6 +181,52 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
                       notes=notes + d.notes, models_known=not unknown,
                       promise=promise, formula=formula, verdict_lines=lines, spread=spread, roles=roles,
                       noise=noise_lines(promise, spread, test))
+
+
+OP_MIX_SAME = 0.65     # share of aten op calls two runs of one model have in common (min of the two shares per op)
+
+
+def op_mix(a: Analysis) -> pd.Series | None:
+    """The run's mix of aten operators: each ``aten::`` op's share of the calls (op_stats), None without ops."""
+    o = a.op_stats
+    if o is None or o.empty or "name" not in o:
+        return None
+    o = o[o["name"].astype(str).str.startswith("aten::")]
+    calls = o.groupby(o["name"].astype(str))["count"].sum()
+    return calls / calls.sum() if calls.sum() > 0 else None
+
+
+def op_mix_overlap(x: pd.Series, y: pd.Series) -> float:
+    """The share of calls two op mixes have in common: the sum over ops of the smaller share (0..1)."""
+    m = pd.concat([x, y], axis=1).fillna(0.0)
+    return float(m.min(axis=1).sum())
+
+
+def not_comparable(analyses: list[Analysis], nums: list[dict]) -> list[str]:
+    """Why runs are not comparable to the first, one reason a line: different models where Psi is unknown (their
+    aten op mix has less than OP_MIX_SAME in common), different devices (type or name), training against
+    inference.  (Known models that differ in Psi: :func:`compare_analyses` refuses them.)"""
+    out = []
+    base, bn = analyses[0], nums[0]
+    ob = base.overview
+    mix0 = op_mix(base)
+    for a, n in zip(analyses[1:], nums[1:]):
+        o = a.overview
+        if bn["psi"] is None or n["psi"] is None:
+            mix = op_mix(a)
+            if mix0 is not None and mix is not None and op_mix_overlap(mix0, mix) < OP_MIX_SAME:
+                out.append(f"{a.path} and {base.path} run different models: {100 * op_mix_overlap(mix0, mix):.0f}% "
+                           f"of their aten operator calls are in common (one model, other strategies: "
+                           f"{100 * OP_MIX_SAME:.0f}% or more; Psi unknown: no inventory.json)")
+        dev = [(x.get("device_type"), x.get("device_name")) for x in (ob, o)]
+        if dev[0][0] and dev[1][0] and (dev[0][0] != dev[1][0] or (dev[0][1] and dev[1][1] and dev[0][1] != dev[1][1])):
+            out.append(f"{a.path} and {base.path} ran on different devices ("
+                       + " against ".join(" ".join(str(v) for v in d if v) for d in (dev[1], dev[0]))
+                       + "): their times compare the devices as much as the runs")
+        w = (ob.get("workload"), o.get("workload"))
+        if w[0] and w[1] and w[0] != w[1]:
+            out.append(f"{a.path} is {w[1]} and {base.path} is {w[0]}: a step of one is not a step of the other")
+    return out
 
 
 # --------------------------------------------------------------------------- the verdict

@@ -308,6 +308,12 @@ def cpu_side(events: pd.DataFrame) -> np.ndarray:
     return ~on_device(events["lane"])
 
 
+def workload_of(events: pd.DataFrame) -> str | None:
+    """``training`` or ``inference`` (model.workload_of) from the trace's op names; None without events."""
+    cats, codes = _cat_codes(events["name"])
+    return model.workload_of([cats[i] for i in np.unique(codes[codes >= 0]).tolist()])
+
+
 def framework_of(events: pd.DataFrame) -> str:
     """What a trace shows running: ``fsdp2`` / ``fsdp1`` (their annotations), ``ddp`` (DDP's forward or its
     reducer), ``distributed`` (collectives of another framework) or ``single_device``."""
