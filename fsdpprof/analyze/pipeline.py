@@ -23,7 +23,7 @@ from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
-from fsdpprof.analyze.summary import distributions, host, model_states, theory
+from fsdpprof.analyze.summary import distributions, host, model_states, shares, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.trace import labels
@@ -99,6 +99,9 @@ class Analysis:
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     step_stalls: pd.DataFrame | None = None                   # steps.step_stalls: rank, step, idle by cause, ...
+    exposed_stage: pd.DataFrame | None = None                 # shares.exposed_by_stage: per collective and stage
+    exposed_unit: pd.DataFrame | None = None                  # shares.exposed_by_unit: per unit, collective, stage
+    idle_causes: pd.DataFrame | None = None                   # shares.idle_by_cause: device idle per step by cause
     skew: pd.DataFrame | None = None
     stragglers: pd.DataFrame | None = None
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
@@ -467,9 +470,9 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
 def _findings(a: Analysis) -> list:
     o = a.overview
     fsdp = o.get("input_kind") in model.FSDP_FAMILIES
-    items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
+    items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp, exposed_stage=a.exposed_stage)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
-    items += fnd.device_findings(a.steps, a.step_stalls, device=device)
+    items += fnd.device_findings(a.steps, a.step_stalls, device=device, idle_causes=a.idle_causes)
     items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
@@ -563,6 +566,11 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication",
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
+    a.exposed_stage = _try(a.notes, "communication", "exposed communication per stage", shares.exposed_by_stage,
+                           a.comm_unit_step, a.steps)
+    a.exposed_unit = _try(a.notes, "communication", "exposed communication per unit", shares.exposed_by_unit,
+                          a.comm_unit_step, a.steps)
+    a.idle_causes = _try(a.notes, "device", "device idle by cause", shares.idle_by_cause, a.steps, a.step_stalls)
     a.findings = _findings(a)
     a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     a.rank_distributions = _try(a.notes, "ranks", "distributions over ranks", distributions.rank_distributions,

@@ -38,18 +38,18 @@ def communication_section(a, page: Page) -> str:
         out.append("<h3>Per collective: count, size, time, bandwidth (algorithm bandwidth; bus bandwidth with "
                    "nccl-tests' factors)</h3>")
         out.append(scope_note(a, "window") + table(a.volume))
+    es = a.exposed_stage
+    if es is not None and not es.empty:
+        keys = [label(f"{value_label('collective', c)} in {s}") for c, s in zip(es["collective"], es["stage"])]
+        hidden = es["overlapped_us"] if "overlapped_us" in es else es["us"] * 0.0
+        fig = figures.Figure([figures.bar(x=keys, y=hidden / 1e3, name="hidden behind compute",
+                                          marker_color="#93c5fd"),
+                              figures.bar(x=keys, y=es["us"] / 1e3, name="exposed", marker_color="#dc2626")])
+        fig.update_layout(barmode="stack", title="Communication per step, hidden vs exposed (median over ranks of "
+                                                 "each rank's mean per step, as the findings)", yaxis_title="ms per step")
+        out.append(page.fig(fig, 320))
     if a.comm_phase is not None and not a.comm_phase.empty:
         op = a.comm_phase
-        g = op.copy()
-        g["key"] = [f"{value_label('collective', c)} in {s}" for c, s in zip(g["collective"], g["stage"])]
-        g = g.groupby("key", as_index=False)[["overlapped_comm_us", "exposed_comm_us"]].sum()
-        fig = figures.Figure([figures.bar(x=[label(k) for k in g["key"]], y=g["overlapped_comm_us"] / 1e3,
-                                name="hidden behind compute", marker_color="#93c5fd"),
-                         figures.bar(x=[label(k) for k in g["key"]], y=g["exposed_comm_us"] / 1e3, name="exposed",
-                                marker_color="#dc2626")])
-        fig.update_layout(barmode="stack", title="Communication time, hidden vs exposed (all ranks, all steps)",
-                          yaxis_title="ms")
-        out.append(page.fig(fig, 320))
         out.append("<h3>Per collective, stage (forward / backward / optimizer, from the CPU op that launched it) "
                    "and FSDP phase: volume, bandwidth, overlap with compute, exposed time</h3>")
         out.append(scope_note(a, "window") + (many_ranks.comm_phase(a, page) if many_ranks.is_many(a) else table(op)))

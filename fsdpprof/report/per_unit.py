@@ -38,16 +38,12 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
 
 
 def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
-    """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step, mean over
-    ranks and steps (communication launched inside a step only). Returns (chart, table)."""
-    cu = a.comm_unit_step
-    if cu is None or cu.empty or not cu["unit"].notna().any():
+    """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step by the findings'
+    rule (a.exposed_unit: each rank's mean per step, median over ranks). Returns (chart, table)."""
+    eu = a.exposed_unit
+    if eu is None or eu.empty:
         return "", ""
-    c = cu[cu["step"].notna() & cu["unit"].notna()].copy()
-    if c.empty:
-        return "", ""
-    per = c.groupby(["rank", "step", "unit", "collective", "stage"], as_index=False)["exposed_comm_us"].sum()
-    g = per.groupby(["unit", "collective", "stage"], as_index=False)["exposed_comm_us"].mean()
+    g = eu.rename(columns={"us": "exposed_comm_us"})[["unit", "collective", "stage", "exposed_comm_us"]].copy()
     g["unit"] = g["unit"].astype(str).replace(ROOT_UNIT, ROOT_UNIT_TEXT)
     units = unit_order(g["unit"])
     fig = figures.Figure()
