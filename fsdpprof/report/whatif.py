@@ -23,9 +23,13 @@ def _table(result: dict) -> str:
         name = p.get("label") or p.get("strategy")
         if p.get("is_run"):
             name += " (this run's own)"
-        rows.append([name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak, missing=""), dp, _time(step), ds,
+        interval = (f" ({_time(p['step_low_us'])} to {_time(p['step_high_us'])})"
+                    if p.get("step_low_us") is not None and step else "")
+        rows.append([name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak, missing=""), dp,
+                     _time(step) + interval, ds,
                      _time(p.get("compute_us")), _time(p.get("exposed_comm_us")), _time(p.get("rest_us"))])
-    return text_table(["strategy", "world", "shard group", "predicted peak", "vs this run", "step time", "vs this run",
+    return text_table(["strategy", "world", "shard group", "predicted peak", "vs this run",
+                       "step time (interval)", "vs this run",
                        "compute", "exposed comm", "rest"], rows)
 
 
@@ -79,6 +83,9 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
         out.append(f'<div class="banner"><b>Partial run</b>: predicted from '
                    f'{esc(rank_list(result.get("ranks_predicted") or []))} only; missing: {esc(left)}.</div>')
     out.append(_table(result))
+    if result.get("order"):
+        out.append('<p class="note">Predicted step time, fastest first (an order is stated only where the '
+                   'intervals do not overlap): ' + esc("; ".join(result["order"])) + ".</p>")
     out.append(_figure(result, page))
     out.append(_story(result))
     for n in result.get("notes") or []:
