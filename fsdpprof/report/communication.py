@@ -3,14 +3,19 @@ collective and stage; point-to-point and out-of-step communication; overlap per 
 the formula; what ran where in one step; the operations with the most time."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import (KIND_COLORS, KIND_LABELS, Page, esc, fmt_bytes, fmt_num, fmt_us, hover_name, label,
                                   notes_html, scope_note, table, value_label)
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def _lanes_chart(a, page: Page) -> str:
+
+def _lanes_chart(a: Analysis, page: Page) -> str:
     ln = a.lanes
     if ln is None or ln.empty:
         return ""
@@ -32,7 +37,7 @@ def _lanes_chart(a, page: Page) -> str:
     return page.fig(fig, 180 + 40 * len(order))
 
 
-def communication_section(a, page: Page) -> str:
+def communication_section(a: Analysis, page: Page) -> str:
     out = ['<section id="communication"><h2>Communication</h2>', notes_html(a, "communication")]
     if a.volume is not None and not a.volume.empty:
         out.append("<h3>Per collective: count, size, time, bandwidth (algorithm bandwidth; bus bandwidth with "

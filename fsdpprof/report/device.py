@@ -2,13 +2,19 @@
 HTA's own tables when asked for (--hta)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import Page, esc, label, notes_html, scope_note, table
 
-IDLE_CAUSE_WORDS = {"idle_host_wait_us": "host wait", "idle_kernel_wait_us": "kernel wait", "idle_other_us": "other streams, events, syncs"}
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
+
+IDLE_CAUSE_WORDS = {"idle_host_wait_us": "host wait", "idle_kernel_wait_us": "kernel wait",
+                    "idle_other_us": "other streams, events, syncs"}
 
 
-def device_section(a, page: Page) -> str:
+def device_section(a: Analysis, page: Page) -> str:
     """Device time: the temporal, kernel-type and idle-time breakdowns (HTA's definitions, computed by
     fsdpprof.analyze.comm.breakdown), then HTA's own tables when asked for (--hta)."""
     out = ['<section id="device"><h2>Device time: idle, compute, communication</h2>', notes_html(a, "device")]

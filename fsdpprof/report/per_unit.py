@@ -2,14 +2,19 @@
 the model's order."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
 from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, label, mem_scale, side_by_side,
                                   table, value_label)
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
+
+def _unit_memory_chart(a: Analysis, page: Page) -> tuple[str, str]:
     """Memory by FSDP unit at the peak of the first rank, units in the model's order (chart, note)."""
     if not a.memory:
         return "", ""
@@ -37,7 +42,7 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
     return page.fig(fig, 400), note
 
 
-def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
+def _exposed_per_unit(a: Analysis, page: Page) -> tuple[str, str]:
     """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step by the findings'
     rule (a.exposed_unit: each rank's mean per step, median over ranks). Returns (chart, table)."""
     eu = a.exposed_unit
@@ -59,7 +64,7 @@ def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
                                      labels={"exposed_comm_us": "exposed per step"})
 
 
-def per_unit_section(a, page: Page) -> str:
+def per_unit_section(a: Analysis, page: Page) -> str:
     """Per FSDP unit: the memory at the peak beside the exposed communication, units in the model's order."""
     mem, note = _unit_memory_chart(a, page)
     exp, tab = _exposed_per_unit(a, page)

@@ -2,6 +2,8 @@
 infinities as null); their keys are a contract for scripts and CI."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 import numpy as np
@@ -9,6 +11,9 @@ import pandas as pd
 
 from fsdpprof.analyze.load.frames import column_arrays
 from fsdpprof.analyze.summary.headline import headline
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
@@ -108,7 +113,7 @@ def _head(df, n: int):
     return df.head(n) if df is not None else None
 
 
-def summary(a, plain: bool = True) -> dict:
+def summary(a: Analysis, plain: bool = True) -> dict:
     """The content of summary.json for one Analysis: plain JSON values, or with ``plain=False`` its tables still as
     DataFrames (for outputs.json_bytes, one key at a time)."""
     return (json_safe if plain else dict)({

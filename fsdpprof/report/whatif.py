@@ -2,10 +2,15 @@
 :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` (``a.whatif`` on an Analysis)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, MIB, Page, category_label, document, esc, fmt_bytes, fmt_us,
                                   is_missing, label, text_table)
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
 def _time(x) -> str:
@@ -93,7 +98,7 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
     return "".join(out)
 
 
-def whatif_section(a, page: Page) -> str:
+def whatif_section(a: Analysis, page: Page) -> str:
     """The report's "What if" section (id ``whatif``) from an Analysis (``a.whatif``, ``a.notes['whatif']``)."""
     result = getattr(a, "whatif", None)
     note = (getattr(a, "notes", None) or {}).get("whatif")
