@@ -175,7 +175,7 @@ def test_whatif_intervals_hold_the_demos_measured_medians(demo_out):
     for name in ("run-ddp", "run-fsdp2", "run-fsdp2-4ranks"):
         s = json.loads((out / f"summary-{name[4:]}.json").read_text())
         runs[name] = (s["overview"]["strategy"], s["overview"]["world_size"], s["whatif"]["measured"]["step_us"])
-    cases, inside, orders = 0, 0, []
+    cases, inside, orders, said = 0, 0, [], []
     for src in runs:
         preds = []
         for tgt, (strategy, world, measured) in runs.items():
@@ -188,10 +188,12 @@ def test_whatif_intervals_hold_the_demos_measured_medians(demo_out):
             cases += 1
             inside += pr["step_low_us"] <= measured <= pr["step_high_us"]
             preds.append((pr, measured))
+            said.append(f"{src} -> {tgt}: {pr['step_low_us'] / 1e3:.0f}-{pr['step_high_us'] / 1e3:.0f} ms, "
+                        f"measured {measured / 1e3:.0f} ms")
         (a, ma), (b, mb) = preds
         if a["step_high_us"] < b["step_low_us"] or b["step_high_us"] < a["step_low_us"]:
             orders.append((a["step_us"] < b["step_us"]) == (ma < mb))
-    assert inside >= 0.8 * cases, (inside, cases)
+    assert inside >= 0.8 * cases, (inside, cases, said)
     assert all(orders), orders
     # the demo's compare: the verdict and the noise note never disagree
     c = json.loads((out / "compare.json").read_text())
