@@ -153,6 +153,8 @@ def test_a_region_counts_once_not_with_its_gpu_mirror():
 def test_step_interval_and_order_only_where_intervals_are_apart():
     lo, hi = step_interval([100.0, 110.0, 120.0, 130.0])
     assert lo == pytest.approx(103.0 / STEP_TIME_ERROR) and hi == pytest.approx(127.0 * STEP_TIME_ERROR)
+    lo2, hi2 = step_interval([100.0, 110.0, 120.0, 130.0], run_contention=2.0)   # a CPU run under x2 load
+    assert lo2 == pytest.approx(lo / 2) and hi2 == pytest.approx(hi * 2)
     assert step_interval([]) == (None, None)
 
     def pred(label, step, lo, hi):

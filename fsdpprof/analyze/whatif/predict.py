@@ -31,9 +31,10 @@ NO_INVENTORY = ("no inventory.json (parameter sizes, units and strategy are unkn
                 "`fsdpprof record` to predict other strategies")
 PREDICT_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")   # a worker's imports
 # The step-time interval: the 10th-90th percentile of the replayed steps (ranks x steps), widened by the model's
-# error, a factor each way.  Calibrated on this project's five demo recordings (DDP, SHARD_GRAD_OP and FULL_SHARD
-# on 2 ranks, FULL_SHARD and HYBRID_SHARD on 4, CPU / gloo): each strategy predicted from each other run, 20
-# predictions, measured / predicted median 0.55 - 1.8, 17 of 20 inside x/÷ 1.6 (docs/whatif-model.md).
+# error, a factor each way, and on a CPU run by the run's own CPU contention too (the host's load, which changes
+# between recordings, stretches or shrinks every time by as much).  The model's error: this project's five demo
+# recordings (DDP, SHARD_GRAD_OP and FULL_SHARD on 2 ranks, FULL_SHARD and HYBRID_SHARD on 4; CPU, gloo), each
+# strategy predicted from each other run: measured / predicted median 0.55 - 1.8 (docs/whatif-model.md).
 STEP_TIME_ERROR = 1.6
 STEP_TIME_PERCENTILES = (10.0, 90.0)
 
@@ -231,7 +232,7 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
             return float(np.median(v)) if v else None
 
         exposed, compute = med("exposed_comm_us"), med("compute_us")
-        low, high = step_interval(steps)
+        low, high = step_interval(steps, med("run_cpu_contention"))
         preds.append({**t.to_dict(), "is_run": bool(run_target is not None and tg.same_config(t, run_target)),
                       "peak_allocated_bytes": top["peak_allocated_bytes"] if top else None,
                       "peak_rank": top["rank"] if top else None, "peak_stage": top["peak_stage"] if top else None,
@@ -255,13 +256,14 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
     return {"predictions": preds, "measured": measured, "fits": fits, "notes": notes, "order": time_order(preds)}
 
 
-def step_interval(steps_us: list[float]) -> tuple[float | None, float | None]:
+def step_interval(steps_us: list[float], run_contention: float | None = None) -> tuple[float | None, float | None]:
     """The interval of a predicted step time (µs): STEP_TIME_PERCENTILES of the replayed steps, divided and
-    multiplied by STEP_TIME_ERROR; (None, None) without steps."""
+    multiplied by STEP_TIME_ERROR x the run's CPU contention (CPU runs; >= 1); (None, None) without steps."""
     if not steps_us:
         return None, None
     lo, hi = np.percentile(np.asarray(steps_us, dtype=float), STEP_TIME_PERCENTILES)
-    return float(lo / STEP_TIME_ERROR), float(hi * STEP_TIME_ERROR)
+    f = STEP_TIME_ERROR * max(1.0, run_contention or 1.0)
+    return float(lo / f), float(hi * f)
 
 
 def time_order(preds: list[dict]) -> list[str]:
