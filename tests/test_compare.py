@@ -308,6 +308,12 @@ def test_differences_inside_the_noise_and_contention_are_said():
     assert "with no measured difference in exposed communication" in lines[0] and "at the cost" not in lines[0]
     assert "no measured change)" in lines[-1]
     assert any("exposed communication (126 ms against 169 ms" in ln for ln in cmp.noise_lines(p, spread, flat))
+    # one step x rank: nothing to test against; the verdict says so instead of claiming no difference
+    single = NoiseTest({"a": {"step_us": rng.normal(566e3, 2e3, 12), "exposed_comm_us": rng.normal(126e3, 2e3, 12)},
+                        "b": {"step_us": np.array([608e3]), "exposed_comm_us": np.array([169e3])}})
+    lines = cmp.verdict_lines(p, spread, single)
+    assert "not tested (too few steps" in lines[1] and "No measured difference" not in " ".join(lines)
+    assert "not tested: too few steps)" in lines[-1] and "(exposed communication not tested" in lines[0]
 
 
 def test_bootstrap_of_the_difference_of_medians():

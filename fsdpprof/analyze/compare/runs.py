@@ -349,7 +349,9 @@ def _peak_line(peaks: pd.DataFrame, test: NoiseTest | None = None) -> str:
     d = _tested(test, hi["run"], lo["run"], "exposed_comm_us")
     if de != de:
         cost = "(exposed communication unknown)"
-    elif test is not None and (d is None or not d.measured):
+    elif test is not None and d is None:
+        cost = "(exposed communication not tested: too few steps)"
+    elif test is not None and not d.measured:
         cost = "with no measured difference in exposed communication per step"
     else:
         cost = (f"at the cost of {fmt_ms(de)} more exposed communication per step" if de >= 0 else
@@ -381,10 +383,14 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None, test: Noi
     if len(timed) >= 2:
         fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]
         d = _tested(test, fast["run"], slow["run"], "step_us")
-        if test is not None and (d is None or not d.measured):
+        if test is not None and d is None:
+            line = (f"Step time: {_on(fast)} {fmt_ms(fast['step_us'])} against {_on(slow)} "
+                    f"{fmt_ms(slow['step_us'])} per step, not tested (too few steps: one of them has fewer than 2 "
+                    f"steps x ranks")
+        elif test is not None and not d.measured:
             line = (f"No measured difference in step time: {_on(fast)} {fmt_ms(fast['step_us'])} against "
-                    f"{_on(slow)} {fmt_ms(slow['step_us'])} per step (the fastest and the slowest"
-                    + (f"; difference of medians {d.words()}" if d is not None else "; too few steps to test"))
+                    f"{_on(slow)} {fmt_ms(slow['step_us'])} per step (the fastest and the slowest; difference of "
+                    f"medians {d.words()}")
         else:
             line = (f"Fastest: {_on(fast)}, {fmt_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
                     f"{fmt_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long")
@@ -411,7 +417,8 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None, test: Noi
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:
             d = _tested(test, base["run"], r["run"], "exposed_comm_us")
-            change = (f"no measured change" if test is not None and (d is None or not d.measured) else
+            change = ("not tested: too few steps" if test is not None and d is None else
+                      "no measured change" if test is not None and not d.measured else
                       f"{'+' if de >= 0 else '-'}{fmt_ms(abs(de))}")
             parts.append(f"exposed communication {fmt_ms(r['exposed_comm_us'])} per step "
                          f"({r['exposed_comm_pct']:.0f}% of its step, {change})")
