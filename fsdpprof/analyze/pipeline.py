@@ -26,6 +26,7 @@ from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
+from fsdpprof.analyze.timeline import clock_anchors_us
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -543,7 +544,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         if len(traced) > 1:
             records = _concat(r.records for r in traced)
             if records is not None:
-                records, stats = matching.match_collectives(records)
+                records, stats = matching.match_collectives(records, clock_prior_us=matching.clock_prior(
+                    clock_anchors_us(run)))
                 a.matches, a.matching = records, stats.to_dict()
                 a.skew, rank_lag = skew.collective_skew(records)
                 a.stragglers = skew.stragglers(a.skew, rank_lag)

@@ -10,9 +10,11 @@ number where the trace has one (``by_seq``: ``key`` is that number).
   the most calls (the reference), as a maximum-weight common subsequence of compatible identities (same type;
   size and dtype equal where both are known): calls missing on one side (sampled traces, window edges, ranks
   recorded at other steps) are left out, never shifted onto their neighbours.  A rank whose sequence is the
-  reference's is matched position by position; others go through the alignment (a table of at most
-  ``DP_CELLS_MAX`` cells, else a band of ``BAND_HALF`` calls around the diagonal), then once more with the
-  calls' ends as a tie-break where the first alignment paired calls that end too far apart.
+  reference's and whose calls end where the reference's do (position by position, on the clocks as recorded or
+  as the caller's prior puts them) is matched position by position; the others go through the alignment (a
+  table of at most ``DP_CELLS_MAX`` cells, else a band of ``BAND_HALF`` calls around the diagonal), whose pairs
+  weigh more the closer their ends lie on those clocks: where a shift of a repeating sequence and a clock offset
+  would explain the calls equally, the pairing closest to the clocks given is taken.
 - Every match is then checked on aligned clocks: each rank's offset is the median of (its end - the match's mean
   end) over the matches that pass (iterated from all type/size-compatible ones), and a member is refused unless
   it overlaps the others in time within ``tolerance_us`` (a call cannot end before its peers start: so the ends
@@ -136,36 +138,38 @@ def align(score_row, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pair_rank(a: np.ndarray, b: np.ndarray, coll, size, dt, end, dur, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Rows a (one rank's calls, time order) paired with rows b (the reference's): (a rows, b rows) paired."""
-    ca, sa, da = coll[a], size[a], dt[a]
-    cb, sb, db = coll[b], size[b], dt[b]
+    """Rows a (one rank's calls, time order) paired with rows b (the reference's): (a rows, b rows) paired.
+    ``end``: on the clocks as given (the prior); a first alignment weighs compatible pairs by how close their ends
+    lie on those clocks, a second (only where the first left pairs further apart than their duration) on the
+    offset the first one's pairs agree on."""
+    ca, sa, da, ea, ua = coll[a], size[a], dt[a], end[a], dur[a]
+    cb, sb, db, eb, ub = coll[b], size[b], dt[b], end[b], dur[b]
 
-    def lcs(i, cols):
-        ok = _compatible(ca[i], sa[i], da[i], cb[cols], sb[cols], db[cols])
-        return np.where(ok, 1.0, -np.inf)
+    def timed(off: float):
+        def score(i, cols):     # compatible calls weigh 0.5 .. 1, the closer their ends (less ``off``) the more
+            ok = _compatible(ca[i], sa[i], da[i], cb[cols], sb[cols], db[cols])
+            miss = np.abs(ea[i] - eb[cols] - off) / (np.maximum(ua[i], ub[cols]) + tol)
+            return np.where(ok, 1.0 - 0.5 * np.minimum(miss, 1.0), -np.inf)
+        return score
 
-    i, j = align(lcs, a.size, b.size)
+    i, j = align(timed(0.0), a.size, b.size)
     if not i.size:
         return a[i], b[j]
-    delta = end[a[i]] - end[b[j]]
+    delta = ea[i] - eb[j]
     off = float(np.median(delta))
-    bound = np.maximum(dur[a[i]], dur[b[j]]) + tol
-    if (np.abs(delta - off) <= bound).all():
+    if (np.abs(delta - off) <= np.maximum(ua[i], ub[j]) + tol).all():
         return a[i], b[j]
-    ea, eb, ua, ub = end[a], end[b], dur[a], dur[b]
-
-    def timed(i, cols):             # compatible calls weigh 0.5 .. 1, the closer their ends (clock offset off) the more
-        ok = _compatible(ca[i], sa[i], da[i], cb[cols], sb[cols], db[cols])
-        miss = np.abs(ea[i] - eb[cols] - off) / (np.maximum(ua[i], ub[cols]) + tol)
-        return np.where(ok, 1.0 - 0.5 * np.minimum(miss, 1.0), -np.inf)
-
-    i, j = align(timed, a.size, b.size)
+    i, j = align(timed(off), a.size, b.size)
     return a[i], b[j]
 
 
 def _sequence_ids(r: pd.DataFrame, rows: np.ndarray, coll, size, dt, tok, end, dur, tol: float,
                   first_id: int) -> tuple[np.ndarray, int]:
-    """Tentative match ids (-1: none) for ``rows`` (calls without a sequence number), per process group."""
+    """Tentative match ids (-1: none) for ``rows`` (calls without a sequence number), per process group.  A rank
+    whose sequence of identities is the reference's, with the ends of its calls position by position no further
+    from the reference's than their duration plus ``tol`` (each from the median distance, and that median on the
+    clocks given), is matched by position;
+    the others are aligned (:func:`_pair_rank`)."""
     mid = np.full(len(r), -1, dtype=np.int64)
     if not rows.size:
         return mid, first_id
@@ -179,10 +183,20 @@ def _sequence_ids(r: pd.DataFrame, rows: np.ndarray, coll, size, dt, tok, end, d
         ref = int(counts.idxmax())                      # the most calls (lowest rank on ties)
         seqs = g.groupby("rank", sort=True)["tok"].agg(tuple)
         same = seqs.index[seqs.map(lambda s, r0=seqs[ref]: s == r0).to_numpy()]
-        pos_match = g[g["rank"].isin(same)]
-        mid[pos_match["row"].to_numpy()] = next_id + pos_match["pos"].to_numpy()
         b = g.loc[g["rank"] == ref, "row"].to_numpy()
-        for rank in seqs.index.difference(same):
+        cand = g[g["rank"].isin(same)]
+        rb = b[cand["pos"].to_numpy()]
+        ra = cand["row"].to_numpy()
+        t = pd.DataFrame({"rank": cand["rank"].to_numpy(), "d": end[ra] - end[rb],
+                          "bound": np.maximum(dur[ra], dur[rb]) + tol})
+        med = t.groupby("rank")["d"].transform("median").to_numpy()
+        t["near"] = (np.abs(t["d"].to_numpy()) <= t["bound"].to_numpy() + np.abs(med)) & \
+            (np.abs(t["d"].to_numpy() - med) <= t["bound"].to_numpy())
+        per = t.groupby("rank").agg(near=("near", "all"), d=("d", "median"), bound=("bound", "median"))
+        in_time = per.index[(per["near"] & (per["d"].abs() <= per["bound"])).to_numpy()]
+        pos_match = cand[cand["rank"].isin(in_time)]
+        mid[pos_match["row"].to_numpy()] = next_id + pos_match["pos"].to_numpy()
+        for rank in seqs.index.difference(in_time):
             a = g.loc[g["rank"] == rank, "row"].to_numpy()
             pa, pb = _pair_rank(a, b, coll, size, dt, end, dur, tol)
             mid[pa] = mid[pb]
@@ -245,12 +259,23 @@ def _end_check(rank, mid, ts, end, tol: float, tentative: np.ndarray) -> np.ndar
     return ok
 
 
+def clock_prior(anchors_us: dict | None) -> pd.Series | None:
+    """The ``clock_prior_us`` of :func:`match_collectives` from fsdpprof's clock anchors (rank -> µs to add to its
+    trace times for Unix time), when every rank has one; else None (the clocks as recorded)."""
+    if not anchors_us or any(a is None or not np.isfinite(a) for a in anchors_us.values()):
+        return None
+    return pd.Series({int(r): -float(a) for r, a in anchors_us.items()})
+
+
 # --------------------------------------------------------------------------- entry point
-def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERANCE_US
-                      ) -> tuple[pd.DataFrame, MatchStats]:
+def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERANCE_US,
+                      clock_prior_us: pd.Series | None = None) -> tuple[pd.DataFrame, MatchStats]:
     """``records`` (skew.collective_records: rank, pg, collective, key, by_seq, ts_us, end_us; bytes and dtype
     where known) plus ``match_id`` (int64; the same id = the same collective call on several ranks; -1: unmatched
-    or refused) and ``match_status`` (MATCHED / REFUSED / UNMATCHED), and the counts (:class:`MatchStats`)."""
+    or refused) and ``match_status`` (MATCHED / REFUSED / UNMATCHED), and the counts (:class:`MatchStats`).
+    ``clock_prior_us``: rank -> µs to subtract from its times to put the ranks on one clock as far as known
+    (fsdpprof's clock anchors); none: the clocks as recorded.  Where a shift of a repeating sequence and a clock
+    offset would explain the calls equally, the pairing closest to these clocks is taken."""
     r = records.reset_index(drop=True)
     n = len(r)
     stats = MatchStats(tolerance_us=float(tolerance_us))
@@ -289,8 +314,10 @@ def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERAN
         mid[s[agree]] = gid[agree]
         next_id = int(gid.max()) + 1 if gid.size else 0
     # without: aligned as sequences per process group
-    seq_mid, next_id = _sequence_ids(r, np.flatnonzero(~by_seq & ~unknown), coll, size, dt, tok, end, dur, float(tolerance_us),
-                                     next_id)
+    prior = pd.Series(rank).map(clock_prior_us).fillna(0.0).to_numpy(np.float64) if clock_prior_us is not None \
+        else 0.0
+    seq_mid, next_id = _sequence_ids(r, np.flatnonzero(~by_seq & ~unknown), coll, size, dt, tok, end - prior, dur,
+                                     float(tolerance_us), next_id)
     mid = np.where(by_seq, mid, seq_mid)
 
     # only ids held by >= 2 ranks are candidates; then every member's end is checked on aligned clocks

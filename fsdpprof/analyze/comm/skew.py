@@ -213,7 +213,8 @@ def align_ranks(records: pd.DataFrame, ranks, anchors_us: dict | None = None,
     wanted = method
     records = records if records is not None and len(records) else pd.DataFrame({k: [] for k in RECORD_COLUMNS})
     if len(records) and "match_id" not in records:
-        records = matching.match_collectives(records)[0]
+        records = matching.match_collectives(records, clock_prior_us=matching.clock_prior(
+            {r: (anchors_us or {}).get(r) for r in ranks}))[0]
     shared = _on_several_ranks(records) if len(records) else records
     by_coll = clock_offsets(records) if len(shared) else pd.Series(dtype=float)
     method, off = ALIGN_NONE, pd.Series(0.0, index=ranks)
