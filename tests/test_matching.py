@@ -186,7 +186,7 @@ def test_straggler_needs_a_p_value_and_a_cost():
     assert st.loc[2, "expected_last_pct"] == pytest.approx(25.0)
     # last into 48 + 3 (k % 5 == 0 and k % 4 == 2) of 60, each 400 - 10 us (the others' median start: ranks 0, 1,
     # 3 at 0, 10, 30 us) later: 51 * 390 / 3 steps
-    assert st.loc[2, "times_last"] == 51 and st.loc[2, "cost_us_per_step"] == pytest.approx(51 * 390.0 / 3)
+    assert st.loc[2, "times_last"] == 51 and st.loc[2, "cost_per_step_us"] == pytest.approx(51 * 390.0 / 3)
     assert st.loc[2, "where"] == "forward, layers.3"
     out = fnd.rank_findings(st.reset_index(), step_us)
     assert [f.rank for f in out] == [2] and "p = " in out[0].title and out[0].stake_us == pytest.approx(6630.0)

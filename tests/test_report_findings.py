@@ -71,7 +71,7 @@ def test_topology_and_straggler():
     # the step; the finding states the cost per step, the p-value and where
     st = pd.DataFrame({"rank": [0, 1], "times_last": [20, 80], "share_last_pct": [20.0, 80.0],
                        "expected_last_pct": [50.0, 50.0], "p_value": [1.0, 1e-9], "mean_start_lag_us": [10.0, 500.0],
-                       "cost_us_per_step": [0.0, 300.0], "where": [None, "forward, layers.2"]})
+                       "cost_per_step_us": [0.0, 300.0], "where": [None, "forward, layers.2"]})
     out = fnd.rank_findings(st, 10_000.0)
     assert [f.rank for f in out] == [1] and out[0].stake_us == 300.0 and out[0].value == 300.0
     assert "p = 1e-09" in out[0].title and "forward, layers.2" in out[0].title and "0.3 ms per step" in out[0].title

@@ -544,10 +544,15 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         if len(traced) > 1:
             records = _concat(r.records for r in traced)
             if records is not None:
-                records, stats = matching.match_collectives(records, clock_prior_us=matching.clock_prior(
-                    clock_anchors_us(run)))
+                anchors = clock_anchors_us(run)
+                records, stats = matching.match_collectives(records, clock_prior_us=matching.clock_prior(anchors))
                 a.matches, a.matching = records, stats.to_dict()
-                a.skew, rank_lag = skew.collective_skew(records)
+                # one clock as timeline puts them on (the recorded anchors where they agree with the matches)
+                al, said = skew.align_ranks(records, [r.rank for r in traced], anchors)
+                for line in said:
+                    _note(a.notes, "ranks", line[0].upper() + line[1:] + ".")
+                a.matching["clock"] = str(al["method"].iat[0]) if len(al) else skew.ALIGN_NONE
+                a.skew, rank_lag = skew.collective_skew(records, al.set_index("rank")["offset_us"])
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
                 if stats.refused or stats.unmatched:
                     _note(a.notes, "ranks", f"{stats.refused:,} collective calls were refused and {stats.unmatched:,} "

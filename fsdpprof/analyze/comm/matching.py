@@ -15,10 +15,13 @@ number where the trace has one (``by_seq``: ``key`` is that number).
   table of at most ``DP_CELLS_MAX`` cells, else a band of ``BAND_HALF`` calls around the diagonal), whose pairs
   weigh more the closer their ends lie on those clocks: where a shift of a repeating sequence and a clock offset
   would explain the calls equally, the pairing closest to the clocks given is taken.
-- Every match is then checked on aligned clocks: each rank's offset is the median of (its end - the match's mean
-  end) over the matches that pass (iterated from all type/size-compatible ones), and a member is refused unless
-  it overlaps the others in time within ``tolerance_us`` (a call cannot end before its peers start: so the ends
-  lie closer than the collective's own duration plus the tolerance), see :func:`_end_check`.
+- Every match is then checked on aligned clocks, and a member is refused unless it overlaps the others in time
+  within ``tolerance_us`` (a call cannot end before its peers start: so the ends lie closer than the
+  collective's own duration plus the tolerance).  The clocks: as given (recorded, or fsdpprof's clock anchors)
+  or aligned on the ends of the matches that pass (a rank's offset: the median of its end - the match's mean
+  end, iterated from all type/size-compatible candidates), whichever passes more calls (:func:`_end_check`;
+  gloo's ends on one busy host can lie milliseconds apart, so aligning on them may shift the clocks a host
+  shares).
 - A call whose process group the trace does not name, in a group smaller than the ranks that made such calls
   (HSDP's shard and replicate groups in a trace without group names), is refused: its peers cannot be told.
 Refused and unmatched calls get ``match_id`` -1 and are never used by skew, stragglers or clock alignment.
@@ -233,30 +236,39 @@ def _others_extreme(mid: np.ndarray, x: np.ndarray, largest: bool) -> np.ndarray
     return sign * out
 
 
-def _end_check(rank, mid, ts, end, tol: float, tentative: np.ndarray) -> np.ndarray:
-    """Per row: True where the call passes the check on aligned clocks, within ``tol``: with one other member, it
-    ends no earlier than the other starts and starts no later than the other ends (the two ends lie closer than
-    the collective's own duration); with more, the same against the members' median start and median end (one
-    member far off does not fail the others).  Iterated with the offsets re-estimated on the passing rows."""
-    ok = tentative.copy()
+def _overlapping(mid: np.ndarray, s: np.ndarray, e: np.ndarray, tol: float) -> np.ndarray:
+    """Per row (one member of match ``mid``, start ``s`` and end ``e`` on one clock): True where it overlaps the
+    others within ``tol``: with one other member, it ends no earlier than the other starts and starts no later
+    than the other ends; with more, the same against the members' median start and median end (one member far
+    off does not fail the others)."""
+    t = pd.DataFrame({"m": mid, "s": s, "e": e})
+    g = t.groupby("m")
+    n = g["s"].transform("size").to_numpy()
+    pair = (e >= _others_extreme(mid, s, True) - tol) & (s <= _others_extreme(mid, e, False) + tol)
+    many = (e >= g["s"].transform("median").to_numpy() - tol) & (s <= g["e"].transform("median").to_numpy() + tol)
+    return np.where(n == 2, pair, many)
+
+
+def _end_check(rank, mid, ts, end, tol: float, tentative: np.ndarray, prior) -> np.ndarray:
+    """Per row: True where the call overlaps its match's other members in time within ``tol``
+    (:func:`_overlapping`: so the ends lie closer than the collective's own duration plus ``tol``) on aligned
+    clocks: the clocks as given (``prior``: per row the µs to subtract, fsdpprof's clock anchors or 0) or aligned on
+    the ends of the passing matches (iterated from all candidates), whichever passes more calls."""
     idx = np.flatnonzero(tentative)
     m = mid[idx]
+    given = np.zeros(len(rank), dtype=bool)
+    p = (prior[idx] if np.ndim(prior) else np.full(idx.size, float(prior)))
+    given[idx[_overlapping(m, ts[idx] - p, end[idx] - p, tol)]] = True
+    ok = tentative.copy()
     for _ in range(_CHECK_ROUNDS):
         off = _offsets(rank, mid, end, ok)
         o = pd.Series(rank[idx]).map(off).fillna(0.0).to_numpy()
-        s, e = ts[idx] - o, end[idx] - o
-        t = pd.DataFrame({"m": m, "s": s, "e": e})
-        n = t.groupby("m")["s"].transform("size").to_numpy()
-        pair = (e >= _others_extreme(m, s, True) - tol) & (s <= _others_extreme(m, e, False) + tol)
-        many = (e >= t.groupby("m")["s"].transform("median").to_numpy() - tol) & \
-            (s <= t.groupby("m")["e"].transform("median").to_numpy() + tol)
-        passed = np.where(n == 2, pair, many)
         new = np.zeros_like(ok)
-        new[idx[passed]] = True
+        new[idx[_overlapping(m, ts[idx] - o, end[idx] - o, tol)]] = True
         if (new == ok).all():
             break
         ok = new
-    return ok
+    return given if given.sum() >= ok.sum() else ok
 
 
 def clock_prior(anchors_us: dict | None) -> pd.Series | None:
@@ -323,7 +335,7 @@ def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERAN
     # only ids held by >= 2 ranks are candidates; then every member's end is checked on aligned clocks
     held = pd.Series(mid).groupby(mid).transform("size").to_numpy()
     tentative = (mid >= 0) & (held > 1)
-    passed = _end_check(rank, mid, ts, end, float(tolerance_us), tentative)
+    passed = _end_check(rank, mid, ts, end, float(tolerance_us), tentative, prior)
     refused_ends = tentative & ~passed
     status[refused_ends], reason[refused_ends] = REFUSED, REASON_ENDS
     keep = np.where(passed, mid, -1)
