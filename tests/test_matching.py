@@ -196,3 +196,60 @@ def test_straggler_needs_a_p_value_and_a_cost():
     sk, lag = skew.collective_skew(_four_ranks(lambda k: k % 4, 5000.0))
     st = skew.stragglers(sk, lag)
     assert (st["p_value"] > 0.4).all() and fnd.rank_findings(st, step_us) == []
+
+
+def test_refused_calls_build_no_skew_row_and_no_straggler():
+    # rank 2 ran seq 1 with another size and seq 3 far from the others: neither call reaches skew or stragglers
+    late = {0: 0.0, 1: 0.0, 2: 300.0}      # rank 2 arrives 300 us late; every call ends at 1000 k + 400
+    calls = [(r, "all_gather", 64.0, 1000.0 * k + late[r], 400.0 - late[r], k) for r in range(3) for k in range(6)]
+    calls = [(2, "all_gather", 128.0, c[3], c[4], 1) if c[0] == 2 and c[5] == 1 else c for c in calls]
+    calls = [(2, "all_gather", 64.0, 90_000.0, 400.0, 3) if c[0] == 2 and c[5] == 3 else c for c in calls]
+    out, st = matching.match_collectives(_records(calls))
+    assert st.reasons == {matching.REASON_IDENTITY: 1, matching.REASON_ENDS: 1}
+    sk, lag = skew.collective_skew(out)
+    assert len(sk) == 6 and sk.set_index("seq")["n_ranks"].to_dict() == {0: 3, 1: 2, 2: 3, 3: 2, 4: 3, 5: 3}
+    assert (sk.loc[sk["n_ranks"] == 2, "last_rank"] != 2).all()      # rank 2's refused calls are not "last"
+    st2 = skew.stragglers(sk, lag).set_index("rank")
+    assert st2.loc[2, "times_last"] == 4 and st2.loc[2, "share_last_pct"] == 100.0   # of the 4 it is in
+    assert lag.set_index("rank")["matches"].to_dict() == {0: 6, 1: 6, 2: 4}
+
+
+def test_timeline_warns_when_the_clocks_leave_the_ends_apart():
+    # anchors put rank 1 800 us off (within the 1 ms the anchors are trusted for): its ends then lie 400 us from
+    # the mean, over the 250 us tolerance and the collectives' 100 us: said
+    calls = [(r, "all_reduce", 8.0, 1000.0 * k, 100.0, k) for r in range(2) for k in range(8)]
+    rec = _records(calls)
+    al, notes = skew.align_ranks(rec, [0, 1], {0: 0.0, 1: 800.0})
+    assert al["method"].iat[0] == skew.ALIGN_ANCHOR and al["residual_us"].max() == pytest.approx(400.0)
+    assert any("400 us" in n and "tolerance" in n for n in notes)
+    al, notes = skew.align_ranks(rec, [0, 1], {0: 0.0, 1: 0.0})
+    assert al["residual_us"].max() == 0.0 and not notes
+
+
+def test_analysis_and_summary_count_the_matches(tmp_path):
+    # two GPU ranks; rank 1's window opened after the first all_to_all (384 elements), so matching by order
+    # would pair 384 with 339,738,624 elements
+    from test_event_model import Trace
+    from fsdpprof.analyze.pipeline import analyze_run
+    from fsdpprof.report.summary import summary
+
+    sizes = [384, 339_738_624, 384, 339_738_624]
+    for r in range(2):
+        t = Trace(rank=r)
+        t.cpu("ProfilerStep#1", 0, 10_000, cat="user_annotation")
+        for k, n in enumerate(sizes):
+            if r == 1 and k == 0:
+                continue
+            at = 2000.0 * k + 10
+            t.cpu("nccl:all_to_all", at, 20, **{"In msg nelems": n, "Out msg nelems": n, "dtype": "Float",
+                                                "Process Group Name": "0", "Group size": 2})
+            t.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", at + 5, at + 100 + 7 * r, 500,
+                     stream=20)
+        t.write(tmp_path / f"rank-{r}.json")
+    a = analyze_run(load_run(str(tmp_path), progress=False), workers=1, progress=False)
+    assert a.matching["matched_calls"] == 6 and a.matching["unmatched_calls"] == 1
+    assert a.matching["refused_calls"] == 0 and a.matching["size_checked_pct"] == 100.0
+    assert _same_identity(a.matches) == 0 and len(a.skew) == 3 and (a.skew["n_ranks"] == 2).all()
+    s = summary(a)
+    assert s["matching"]["matched_collectives"] == 3 and "p_value" in s["stragglers"][0]
+    assert not [f for f in a.findings if f.id == "straggler"]       # 3 collectives: nothing is unlikely by chance
