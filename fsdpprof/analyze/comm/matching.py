@@ -38,7 +38,8 @@ DP_CELLS_MAX = 4_000_000     # a full alignment table up to this many cells (ran
 BAND_HALF = 512              # beyond it: a band of this many calls either side of the diagonal
 MATCHED, REFUSED, UNMATCHED = "matched", "refused", "unmatched"
 REASON_IDENTITY = "type, size or dtype differs from the other ranks' call with the same sequence number"
-REASON_ENDS = "ends further from the other ranks' ends than the collective's own duration plus the tolerance"
+REASON_ENDS = ("does not overlap the other ranks' calls in time: the ends lie further apart than the collective's "
+               "own duration plus the tolerance")
 REASON_ALONE = "every other member of its match was refused"
 REASON_GROUP = "its process group is not named and is smaller than the ranks that made such calls"
 PG_UNNAMED = "default"       # skew.collective_records' pg of a call whose process group the trace does not name

@@ -79,9 +79,10 @@ def clock_offsets(records: pd.DataFrame) -> pd.Series:
 
 def collective_skew(records: pd.DataFrame, offsets: pd.Series | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(skew: SKEW_COLUMNS per checked match on >= 2 ranks, rank_lag: RANK_LAG_COLUMNS per rank: mean start
-    lag, clock offset, the matches it is in and its chance of being last in them by luck, the mean of 1 / their
-    ranks), on aligned clocks; last_rank is the rank that started last, ``last_lag_us`` (µs) how much later than the median start of
-    the others, step / stage / unit the last rank's call's.  ``seq``: the sequence number, else the call's
+    lag, clock offset, the matches it is in, its chance of being last in them by luck (the mean of 1 / their
+    ranks) and the lag-1 autocorrelation of its being last, in time order), on aligned clocks; last_rank is the
+    rank that started last, ``last_lag_us`` (µs) how much later than the median start of the others, step /
+    stage / unit the last rank's call's.  ``seq``: the sequence number, else the call's
     position on its rank.  ``offsets``: rank -> µs to subtract (:func:`align_ranks`' offset_us); None: the
     matches' ends (:func:`clock_offsets`)."""
     empty = (pd.DataFrame(columns=SKEW_COLUMNS + ["last_lag_us"]), pd.DataFrame(columns=RANK_LAG_COLUMNS))
@@ -119,8 +120,10 @@ def collective_skew(records: pd.DataFrame, offsets: pd.Series | None = None) -> 
                                .to_numpy()).astype(np.float64)}).sort_values(["rank", "first"], kind="mergesort")
     t["prev"] = t.groupby("rank")["last"].shift()
     t = t.dropna(subset=["prev"])
-    x, y = t["last"] - t.groupby("rank")["last"].transform("mean"), t["prev"] - t.groupby("rank")["prev"].transform("mean")
-    num, den = (x * y).groupby(t["rank"]).sum(), np.sqrt((x * x).groupby(t["rank"]).sum() * (y * y).groupby(t["rank"]).sum())
+    by = t.groupby("rank")
+    x, y = t["last"] - by["last"].transform("mean"), t["prev"] - by["prev"].transform("mean")
+    num = (x * y).groupby(t["rank"]).sum()
+    den = np.sqrt((x * x).groupby(t["rank"]).sum() * (y * y).groupby(t["rank"]).sum())
     rho = (num / den.where(den > 0)).fillna(0.0).clip(lower=0.0, upper=1.0)
     rank_lag["last_autocorr"] = rank_lag["rank"].map(rho).fillna(0.0).to_numpy(np.float64)
     return out, rank_lag[RANK_LAG_COLUMNS]
