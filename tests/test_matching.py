@@ -253,3 +253,23 @@ def test_analysis_and_summary_count_the_matches(tmp_path):
     s = summary(a)
     assert s["matching"]["matched_collectives"] == 3 and "p_value" in s["stragglers"][0]
     assert not [f for f in a.findings if f.id == "straggler"]       # 3 collectives: nothing is unlikely by chance
+
+
+def test_ranks_recorded_at_different_steps_pair_the_same_calls():
+    # an FSDP-like step of 5 calls (3 all-gathers of one size, 2 reduce-scatters), 10 ms a step; rank 0 recorded
+    # steps 0-2, rank 1 steps 1-3: the same sequences of identities, shifted by a whole step
+    step = [("all_gather", 64.0), ("all_gather", 64.0), ("all_gather", 64.0), ("reduce_scatter", 64.0),
+            ("reduce_scatter", 64.0)]
+    calls = []
+    for rank, steps in ((0, range(0, 3)), (1, range(1, 4))):
+        for s in steps:
+            for k, (coll, n) in enumerate(step):
+                calls.append((rank, coll, n, 10_000.0 * s + 1500.0 * k + 7.0 * rank, 400.0))
+    out, st = matching.match_collectives(_records(calls))
+    assert (st.matched, st.refused, st.unmatched) == (20, 0, 10)
+    for members in _pairs(out).values():
+        assert abs(members[0][2] - members[1][2]) == 7.0            # each the same call, never a step apart
+    # the same with rank 1's clock 3 ms off and fsdpprof's anchors saying so
+    shifted = [c if c[0] == 0 else (c[0], c[1], c[2], c[3] + 3000.0, c[4]) for c in calls]
+    out, st = matching.match_collectives(_records(shifted), clock_prior_us=pd.Series({0: 0.0, 1: 3000.0}))
+    assert st.matched == 20 and all(abs(m[0][2] - m[1][2]) == 3007.0 for m in _pairs(out).values())
