@@ -60,6 +60,18 @@ def test_a_call_missing_on_one_rank_is_left_out_not_shifted():
     assert lone["rank"].tolist() == [0] and lone["ts_us"].tolist() == [0.0]
 
 
+def test_calls_missing_inside_the_window_are_left_out():
+    # a sampled trace: rank 1 lacks calls 3 and 6 of 10 identical all-reduces, and has one (at 10.5 ms) rank 0 lacks
+    calls = [(0, "all_reduce", 8.0, 1000.0 * k, 300.0) for k in range(10)]
+    calls += [(1, "all_reduce", 8.0, 1000.0 * k + 15.0, 285.0) for k in range(10) if k not in (3, 6)]
+    calls += [(1, "all_reduce", 8.0, 10_500.0, 100.0)]
+    out, st = matching.match_collectives(_records(calls))
+    assert (st.matched, st.refused, st.unmatched) == (16, 0, 3)
+    assert all(abs(m[0][2] - m[1][2]) == 15.0 for m in _pairs(out).values())
+    lone = out[out["match_status"] == matching.UNMATCHED].sort_values("ts_us")
+    assert lone[["rank", "ts_us"]].values.tolist() == [[0, 3000.0], [0, 6000.0], [1, 10_500.0]]
+
+
 def test_different_sizes_under_the_same_order_never_match():
     # the case: an all_to_all of 384 elements against one of 339,738,624 at the same position
     small, big = 384 * 4.0, 339_738_624 * 4.0
