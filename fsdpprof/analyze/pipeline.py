@@ -555,9 +555,12 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                 a.skew, rank_lag = skew.collective_skew(records, al.set_index("rank")["offset_us"])
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
                 if stats.refused or stats.unmatched:
-                    _note(a.notes, "ranks", f"{stats.refused:,} collective calls were refused and {stats.unmatched:,} "
-                                            f"left unmatched across ranks (of {len(records):,}): skew, stragglers "
-                                            f"and clock alignment use the {stats.matched:,} checked matches only.")
+                    why = "; ".join(f"{reason}: {n:,}" for reason, n in stats.reasons.items())
+                    _note(a.notes, "ranks", f"{stats.refused:,} of {len(records):,} collective calls were refused "
+                                            f"across ranks{f' ({why})' if why else ''} and {stats.unmatched:,} left "
+                                            f"unmatched: skew, stragglers and clock alignment use the "
+                                            f"{stats.matched:,} checked calls only" +
+                          (", so there are none here." if not stats.matched else "."))
         else:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")
