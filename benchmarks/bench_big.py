@@ -195,8 +195,8 @@ def run_child(code: str, args: list[str], max_rss: int, timeout_s: float) -> dic
                         pass
                 peak[0] = max(peak[0], rss)
                 if rss > max_rss or time.monotonic() - t0 > timeout_s:
-                    killed[0] = (f"killed at {rss / GB:.1f} GB RSS" if rss > max_rss
-                                 else f"killed after {timeout_s:.0f} s")
+                    killed[0] = (f"killed at {rss / GB:.1f} GB RSS after {time.monotonic() - t0:.0f} s wall"
+                                 if rss > max_rss else f"killed after {timeout_s:.0f} s")
                     for q in procs:
                         try:
                             q.kill()
