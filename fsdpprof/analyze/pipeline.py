@@ -17,11 +17,12 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
+from fsdpprof.analyze.comm import critical_path as cpath
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
-from fsdpprof.analyze.load.run import load_rank, map_run
+from fsdpprof.analyze.load.run import load_rank, load_run, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
@@ -62,7 +63,8 @@ class RankResult:
     overlap_overall: pd.DataFrame | None = None  # overall_overlap (one row)
     steps: pd.DataFrame | None = None            # step_breakdown rows
     step_stalls: pd.DataFrame | None = None      # steps.step_stalls: device idle by cause, syncs, DataLoader
-    records: pd.DataFrame | None = None          # skew.collective_records (p2p left out)
+    records: pd.DataFrame | None = None          # skew.collective_records (p2p left out) + call (row in the rank)
+    chain: pd.DataFrame | None = None            # cpath.rank_chain: the rank's steps as chains of nodes
     traffic: pd.DataFrame | None = None          # rank, collective: in-step count, payload and wire bytes, steps
     lanes: pd.DataFrame | None = None
     lanes_step: float | None = None
@@ -100,6 +102,7 @@ class Analysis:
     step_stalls: pd.DataFrame | None = None                   # steps.step_stalls: rank, step, idle by cause, ...
     skew: pd.DataFrame | None = None
     stragglers: pd.DataFrame | None = None
+    critical_path: object = None                              # critical_path.CriticalPath (what limits the step)
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
     lanes: pd.DataFrame | None = None                         # one step of one rank, for the lanes chart
     lanes_step: float | None = None
@@ -215,6 +218,10 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.step_stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
                            steps.step_stalls, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
+    if res.records is not None:
+        res.records["call"] = np.arange(len(res.records), dtype=np.int64)
+    res.chain = _try(n, "critical_path", "the steps' chains (critical path)", cpath.rank_chain, events,
+                     res.records)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
         res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
@@ -498,6 +505,13 @@ def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], lis
     return missing, ok, list(dict.fromkeys(list(run.warnings) + [w for r in ok for w in r.warnings]))
 
 
+def _critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None):
+    """cpath.critical_path of the ranks' records (matched across ranks) and chains."""
+    if records is not None and len(records):
+        records = records.assign(match_id=cpath.match_ids(records))
+    return cpath.critical_path(records, chains)
+
+
 def reduce_run(run, results: list[RankResult]) -> Analysis:
     """Reduce: the Analysis of a run from its RankResults (no events needed)."""
     missing, ok, warnings = _usable(run, results)
@@ -538,14 +552,16 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops
         a.kernel_types = breakdown.kernel_types_of(_concat(r.kernel_type_time for r in traced))
+        records = _concat(r.records for r in traced)
         if len(traced) > 1:
-            records = _concat(r.records for r in traced)
             if records is not None:
                 a.skew, rank_lag = skew.collective_skew(records)
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
         else:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")
+        a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
+                               _concat(r.chain for r in traced))
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",
@@ -576,6 +592,17 @@ def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress:
             if res:
                 a.hta = res
     return a
+
+
+def critical_path(run, **kwargs):
+    """What limits each step of ``run`` (an Analysis, a Run, or a path load_run reads; ``kwargs`` go to
+    :func:`analyze_run`): a :class:`fsdpprof.analyze.comm.critical_path.CriticalPath` (steps, segments, breakdown,
+    counterfactuals, µs), or None when the input has no steps."""
+    if isinstance(run, Analysis):
+        return run.critical_path
+    if isinstance(run, (str, os.PathLike)):
+        run = load_run(str(run))
+    return analyze_run(run, **kwargs).critical_path
 
 
 # --------------------------------------------------------------------------- fsdpprof overlap
