@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
+from fsdpprof.analyze.comm import breakdown, matching, overlap, skew, steps, volume
 from fsdpprof.analyze.comm import critical_path as cpath
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import hta as hta_tables
@@ -100,8 +100,10 @@ class Analysis:
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     step_stalls: pd.DataFrame | None = None                   # steps.step_stalls: rank, step, idle by cause, ...
-    skew: pd.DataFrame | None = None
+    skew: pd.DataFrame | None = None                          # per checked match (skew.SKEW_COLUMNS)
     stragglers: pd.DataFrame | None = None
+    matching: dict | None = None                              # matching.MatchStats.to_dict(): matched/refused/...
+    matches: pd.DataFrame | None = None                       # every collective call + match_id, match_status
     critical_path: object = None                              # critical_path.CriticalPath (what limits the step)
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
     lanes: pd.DataFrame | None = None                         # one step of one rank, for the lanes chart
@@ -488,7 +490,7 @@ def _findings(a: Analysis) -> list:
     if fsdp:
         items += fnd.topology_findings(strat, len(o.get("hosts") or []), int(o.get("world_size") or 1))
     if a.stragglers is not None and a.skew is not None:
-        items += fnd.rank_findings(a.stragglers, len(a.skew), o.get("step_time_us"))
+        items += fnd.rank_findings(a.stragglers, o.get("step_time_us"))
     return fnd.sort_findings(items)
 
 
@@ -506,9 +508,10 @@ def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], lis
 
 
 def _critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None):
-    """cpath.critical_path of the ranks' records (matched across ranks) and chains."""
-    if records is not None and len(records):
-        records = records.assign(match_id=cpath.match_ids(records))
+    """cpath.critical_path of the ranks' records (with matching's checked ``match_id``; one rank: none) and
+    chains."""
+    if records is not None and len(records) and "match_id" not in records:
+        records = records.assign(match_id=np.full(len(records), -1, dtype=np.int64))
     return cpath.critical_path(records, chains)
 
 
@@ -555,8 +558,14 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         records = _concat(r.records for r in traced)
         if len(traced) > 1:
             if records is not None:
+                records, stats = matching.match_collectives(records)
+                a.matches, a.matching = records, stats.to_dict()
                 a.skew, rank_lag = skew.collective_skew(records)
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
+                if stats.refused or stats.unmatched:
+                    _note(a.notes, "ranks", f"{stats.refused:,} collective calls were refused and {stats.unmatched:,} "
+                                            f"left unmatched across ranks (of {len(records):,}): skew, stragglers "
+                                            f"and clock alignment use the {stats.matched:,} checked matches only.")
         else:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")

@@ -246,17 +246,6 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
                          "call": out["call"].to_numpy(np.int64)})[CHAIN_COLUMNS]
 
 
-# --------------------------------------------------------------------------- matching (until matching.py exists)
-def match_ids(records: pd.DataFrame) -> np.ndarray:
-    """Per record the id of its call across ranks (-1: on one rank only), by (pg, collective, key) as
-    skew.collective_records keys them."""
-    keys = ["pg", "collective", "key"]
-    g = records.groupby(keys, sort=False, dropna=False)
-    mid = g.ngroup().to_numpy(np.int64)
-    n = g["rank"].transform("size").to_numpy()
-    return np.where(n > 1, mid, -1)
-
-
 # --------------------------------------------------------------------------- reduce: the replay
 @dataclass
 class _Model:
