@@ -473,7 +473,10 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
 def _findings(a: Analysis) -> list:
     o = a.overview
     fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
-    items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
+    # exposed communication is held to what hiding it saves by the critical path (not the time ranks wait)
+    items = fnd.held_to_critical_path(fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp),
+                                      a.critical_path)
+    items += fnd.critical_path_findings(a.critical_path, fsdp_advice=fsdp)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device)
     strat = o.get("strategy")

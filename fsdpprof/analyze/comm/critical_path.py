@@ -39,8 +39,10 @@ STEP_COLUMNS = ["step", "length_us", "path_us", "limiting_rank", "limiting_rank_
 # length_us: from the step's start on the rank the path begins on to its end on the rank that ends last (aligned
 # clocks); path_us: the sum of the path's segments (= length_us within the alignment residual)
 BREAKDOWN_COLUMNS = ["step", "kind", "dur_us", "pct"]
-COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective", "saved_us_per_step",
-                          "saved_pct"]
+COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective", "segment_kind",
+                          "saved_us_per_step", "saved_pct"]
+# collective: the collective type hidden; for CHANGE_RANK, segment_kind, unit and stage say where the rank's work
+# exceeds the median rank's most (rank_excess)
 SEGMENTS_PER_STEP_MAX = 60  # a step's path with more segments is summed by (rank, kind, what, unit, stage)
 RANKS_TRIED_MAX = 8         # "as fast as the median" for at most this many ranks (those with most time on the path)
 COLLECTIVES_TRIED_MAX = 8   # "fully hidden" for at most this many (collective, unit, stage) of the path
@@ -453,6 +455,25 @@ def _as_median(m: _Model, rank: int) -> np.ndarray:
     return d
 
 
+def rank_excess(m: _Model, rank: int) -> tuple[str | None, str | None, str | None, float]:
+    """(kind, unit, stage, µs per step) where ``rank``'s local work exceeds the median of the other ranks' most:
+    per (kind, unit, stage) its time minus the others' median, the mean over steps."""
+    loc = m.node == NODE_LOCAL
+    f = m.frame
+    w = pd.DataFrame({"rank": m.g_rank[m.grp][loc], "step": m.g_step[m.grp][loc],
+                      **{c: f[c].astype(object).fillna("\0").to_numpy()[loc] for c in ("kind", "unit", "stage")},
+                      "d": m.d[loc]})
+    keys = ["kind", "unit", "stage"]
+    per = w.groupby(["rank", "step"] + keys, sort=False)["d"].sum()
+    full = per.unstack("rank", fill_value=0.0)
+    if rank not in full.columns or full.shape[1] < 2:
+        return None, None, None, 0.0
+    ex = (full[rank] - full.drop(columns=rank).median(axis=1)).groupby(level=keys).sum() / max(
+        len(np.unique(m.g_step)), 1)
+    k = ex.idxmax()
+    return tuple(None if x == "\0" else x for x in k) + (float(ex.max()),)
+
+
 @dataclass
 class CriticalPath:
     """What limits each step (µs): ``steps`` (STEP_COLUMNS), ``segments`` (SEGMENT_COLUMNS, path order per step),
@@ -558,35 +579,49 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) 
     rows = []
     mean_len = float(base.mean()) if len(base) else np.nan
 
-    def add(change, kind, rank, unit, stage, coll, t):
+    def add(change, kind, rank, unit, stage, coll, t, segment_kind=None):
         s = _saved(m, base, t)
         rows.append({"change": change, "kind": kind, "rank": rank, "unit": unit, "stage": stage, "collective": coll,
+                     "segment_kind": segment_kind,
                      "saved_us_per_step": s, "saved_pct": 100.0 * s / mean_len if mean_len else np.nan})
 
     if len(set(m.g_rank.tolist())) > 1:
         on_path = segments.groupby("rank")["dur_us"].sum().sort_values(ascending=False)
         for r in on_path.index[:RANKS_TRIED_MAX].tolist():
-            add(f"rank {int(r)} as fast as the median rank", model.CHANGE_RANK, int(r), None, None, None,
-                m.replay(d=_as_median(m, int(r))))
+            kind, unit, stage, _ = rank_excess(m, int(r))      # where it is slower than the others
+            add(f"rank {int(r)} as fast as the median rank", model.CHANGE_RANK, int(r), unit, stage, None,
+                m.replay(d=_as_median(m, int(r))), segment_kind=kind)
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
-        keys = coll.assign(unit=coll["unit"].astype(object).fillna("\0"), stage=coll["stage"].astype(object).fillna(
-            "\0")).groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
         f = m.frame
         c_what = f["what"].astype(object).fillna("\0").to_numpy()
         c_unit = f["unit"].astype(object).fillna("\0").to_numpy()
         c_stage = f["stage"].astype(object).fillna("\0").to_numpy()
-        for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
-            sel = (c_what == what) & (c_unit == unit) & (c_stage == stage)
+        is_comm = (f["kind"].to_numpy(object) == model.PATH_COLLECTIVE) | (m.node != NODE_LOCAL)
+
+        def hidden(sel):
             d = np.where(sel & (m.node == NODE_LOCAL), 0.0, m.d)
             tr = m.rec_transfer.copy()
             recs = np.unique(m.node_rec[sel & (m.node != NODE_LOCAL)])
             tr[recs[recs >= 0]] = 0.0
-            u = None if unit == "\0" else unit
-            st = None if stage == "\0" else stage
+            return m.replay(d=d, transfer=tr)
+
+        def label(x):
+            return None if x == "\0" else x
+
+        c = coll.assign(unit=coll["unit"].astype(object).fillna("\0"), stage=coll["stage"].astype(object).fillna("\0"))
+        keys = c.groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
+        for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
+            u, st = label(unit), label(stage)
             unit_words = "the root unit" if u == "" else f"unit {u}" if u is not None else "no unit"
             add(f"the {model.collective_words(what)} of {unit_words} in {st or 'the step'} fully hidden",
-                model.CHANGE_COLLECTIVE, None, u, st, what, m.replay(d=d, transfer=tr))
+                model.CHANGE_COLLECTIVE, None, u, st, what,
+                hidden(is_comm & (c_what == what) & (c_unit == unit) & (c_stage == stage)))
+        for (what, stage) in c.groupby(["what", "stage"])["dur_us"].sum().sort_values(ascending=False).index:
+            st = label(stage)
+            add(f"every {model.collective_words(what)} in {st or 'the step'} fully hidden", model.CHANGE_TYPE, None,
+                None, st, what, hidden(is_comm & (c_what == what) & (c_stage == stage)))
+        add("every collective fully hidden", model.CHANGE_ALL_COMM, None, None, None, None, hidden(is_comm))
     kinds = m.frame["kind"].to_numpy(object)
     for kind, change, words in ((model.PATH_HOST_GAP, model.CHANGE_HOST_GAPS, "no host / launch gaps"),
                                 (model.PATH_DATA, model.CHANGE_DATA, "the data loader instantly ready"),

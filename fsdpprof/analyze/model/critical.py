@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["PATH_COMPUTE", "PATH_COLLECTIVE", "PATH_HOST_GAP", "PATH_SYNC", "PATH_DATA", "PATH_WAIT", "PATH_KINDS",
            "PATH_KIND_WORDS", "CHANGE_RANK", "CHANGE_COLLECTIVE", "CHANGE_HOST_GAPS", "CHANGE_DATA", "CHANGE_SYNC",
-           "CHANGE_KINDS"]
+           "CHANGE_TYPE", "CHANGE_ALL_COMM", "CHANGE_KINDS"]
 
 PATH_COMPUTE = "compute"              # an op / kernel running (op, FSDP unit, stage)
 PATH_COLLECTIVE = "collective"        # a collective nothing else hides (type, FSDP unit, stage)
@@ -19,7 +19,9 @@ PATH_KIND_WORDS = {PATH_COMPUTE: "compute", PATH_COLLECTIVE: "exposed collective
 # what one counterfactual changes
 CHANGE_RANK = "rank_as_median"        # one rank's local work as fast as the median rank's, between each two calls
 CHANGE_COLLECTIVE = "collective_hidden"   # one unit's collective (type, stage) costs no time once its ranks arrived
+CHANGE_TYPE = "collective_type_hidden"   # every call of one collective type in one stage (all units) hidden
+CHANGE_ALL_COMM = "all_comm_hidden"       # every collective hidden
 CHANGE_HOST_GAPS = "no_host_gaps"
 CHANGE_DATA = "data_ready"
 CHANGE_SYNC = "no_syncs"
-CHANGE_KINDS = [CHANGE_RANK, CHANGE_COLLECTIVE, CHANGE_HOST_GAPS, CHANGE_DATA, CHANGE_SYNC]
+CHANGE_KINDS = [CHANGE_RANK, CHANGE_COLLECTIVE, CHANGE_TYPE, CHANGE_ALL_COMM, CHANGE_HOST_GAPS, CHANGE_DATA, CHANGE_SYNC]
