@@ -31,6 +31,7 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals, steps
 from fsdpprof.analyze.load.frames import isin, on_device, startswith
 
+_NONE = "\u2400"             # stands for None in group keys (pandas drops None keys; "\0" does not survive fillna)
 GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before it (launch latency, not a cause)
 NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
 CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
@@ -175,6 +176,8 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
             stage[~has & (src < 0)] = model.stage_at(mid[~has & (src < 0)], pd.DataFrame(
                 {"step": [w.step], "start_us": [ws], "end_us": [we], **{k: [np.nan] for k in
                                                                         model.STEP_MARK_COLUMNS[3:]}}))
+        # units name a part of forward or backward only (the last hook's unit says nothing in the optimizer)
+        unit[~np.isin(stage, [model.STAGE_FORWARD, model.STAGE_BACKWARD])] = None
         # the call a communication piece belongs to: of the calls running then, the one ending first
         call = np.full(n, -1, dtype=np.int64)
         if calls.size:
@@ -217,13 +220,14 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
     issue = (p["kind"] == "issue").to_numpy()
     loc = p[~issue]
     # merge consecutive pieces of one (kind, unit, stage, call) between two arrivals; the op with most time names it
-    key = loc[["step", "kind", "unit", "stage", "call", "epoch"]].astype(object).fillna("\0")
+    key = loc[["step", "kind", "unit", "stage", "call", "epoch"]].astype(object).fillna(_NONE)
     new = (key != key.shift()).any(axis=1).to_numpy()
     run = np.cumsum(new) - 1
     d = (loc["e"] - loc["s"]).to_numpy()
-    by_what = pd.DataFrame({"run": run, "what": loc["what"].astype(object).fillna("\0").to_numpy(), "d": d})
+    by_what = pd.DataFrame({"run": run, "what": loc["what"].astype(object).fillna(_NONE).to_numpy(), "d": d})
     tw = by_what.groupby(["run", "what"], sort=False)["d"].sum().reset_index()
-    best = tw.loc[tw.groupby("run")["d"].idxmax()].set_index("run")["what"].replace("\0", None)
+    best = tw.loc[tw.groupby("run")["d"].idxmax()].set_index("run")["what"]
+    best = best.where(best != _NONE, None)
     g = loc.groupby(run, sort=True)
     merged = pd.DataFrame({"step": g["step"].first(), "s": g["s"].min(), "e": g["e"].max(), "kind": g["kind"].first(),
                            "unit": g["unit"].first(), "stage": g["stage"].first(), "call": g["call"].first()})
@@ -461,7 +465,7 @@ def rank_excess(m: _Model, rank: int) -> tuple[str | None, str | None, str | Non
     loc = m.node == NODE_LOCAL
     f = m.frame
     w = pd.DataFrame({"rank": m.g_rank[m.grp][loc], "step": m.g_step[m.grp][loc],
-                      **{c: f[c].astype(object).fillna("\0").to_numpy()[loc] for c in ("kind", "unit", "stage")},
+                      **{c: f[c].astype(object).fillna(_NONE).to_numpy()[loc] for c in ("kind", "unit", "stage")},
                       "d": m.d[loc]})
     keys = ["kind", "unit", "stage"]
     per = w.groupby(["rank", "step"] + keys, sort=False)["d"].sum()
@@ -471,7 +475,7 @@ def rank_excess(m: _Model, rank: int) -> tuple[str | None, str | None, str | Non
     ex = (full[rank] - full.drop(columns=rank).median(axis=1)).groupby(level=keys).sum() / max(
         len(np.unique(m.g_step)), 1)
     k = ex.idxmax()
-    return tuple(None if x == "\0" else x for x in k) + (float(ex.max()),)
+    return tuple(None if x == _NONE else x for x in k) + (float(ex.max()),)
 
 
 @dataclass
@@ -518,10 +522,10 @@ def straggler_cost_us(cp: CriticalPath, rank: int) -> float:
 def _aggregate(seg: pd.DataFrame) -> pd.DataFrame:
     """A long path summed by (rank, kind, what, unit, stage), in order of first appearance."""
     keys = ["rank", "kind", "what", "unit", "stage"]
-    k = seg[keys].astype(object).fillna("\0")
+    k = seg[keys].astype(object).fillna(_NONE)
     g = seg.assign(**{c: k[c] for c in keys}).groupby(keys, sort=False)["dur_us"].sum().reset_index()
     for c in keys[1:]:
-        g[c] = g[c].replace("\0", None)
+        g[c] = g[c].where(g[c] != _NONE, None)
     return g
 
 
@@ -545,7 +549,7 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
         seg = pd.DataFrame(path, columns=["rank", "kind", "what", "unit", "stage", "dur_us"])
         seg = seg[seg["dur_us"] > 0]
         if len(seg):
-            keys = seg[["rank", "kind", "what", "unit", "stage"]].astype(object).fillna("\0")
+            keys = seg[["rank", "kind", "what", "unit", "stage"]].astype(object).fillna(_NONE)
             new = (keys != keys.shift()).any(axis=1).to_numpy()
             grp = np.cumsum(new)
             seg = seg.groupby(grp, sort=True).agg(rank=("rank", "first"), kind=("kind", "first"),
@@ -594,9 +598,9 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) 
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
         f = m.frame
-        c_what = f["what"].astype(object).fillna("\0").to_numpy()
-        c_unit = f["unit"].astype(object).fillna("\0").to_numpy()
-        c_stage = f["stage"].astype(object).fillna("\0").to_numpy()
+        c_what = f["what"].astype(object).fillna(_NONE).to_numpy()
+        c_unit = f["unit"].astype(object).fillna(_NONE).to_numpy()
+        c_stage = f["stage"].astype(object).fillna(_NONE).to_numpy()
         is_comm = (f["kind"].to_numpy(object) == model.PATH_COLLECTIVE) | (m.node != NODE_LOCAL)
 
         def hidden(sel):
@@ -607,9 +611,9 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) 
             return m.replay(d=d, transfer=tr)
 
         def label(x):
-            return None if x == "\0" else x
+            return None if x == _NONE else x
 
-        c = coll.assign(unit=coll["unit"].astype(object).fillna("\0"), stage=coll["stage"].astype(object).fillna("\0"))
+        c = coll.assign(unit=coll["unit"].astype(object).fillna(_NONE), stage=coll["stage"].astype(object).fillna(_NONE))
         keys = c.groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
         for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
             u, st = label(unit), label(stage)

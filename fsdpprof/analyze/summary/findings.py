@@ -29,6 +29,8 @@ DEVICE_IDLE_PCT = 10.0          # device idle, % of step time (device traces)
 SYNC_IDLE_PCT = 2.0             # device idle in the gaps where a host synchronisation returns, % of step time
 DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU traces: all of them), % of step time
 CRITICAL_SAVED_PCT = 2.0        # a counterfactual of the critical path saving at least this % of the step
+CRITICAL_RANK_PCT = 5.0         # "rank R as fast as the median rank": at least this % of the step (ranks differ by
+                                # a few % by chance: a 2-rank CPU run without a straggler saves up to ~3 %)
 CRITICAL_FINDINGS_MAX = 4       # at most this many findings from the critical path's counterfactuals
 
 
@@ -365,11 +367,11 @@ def _where_on_path(seg: pd.DataFrame) -> tuple[int | None, str, float]:
     most time in ``seg`` (segments of every step; µs per step = the mean over the steps)."""
     if seg is None or not len(seg):
         return None, "", 0.0
-    t = seg.assign(unit=seg["unit"].astype(object).fillna("\0"), stage=seg["stage"].astype(object).fillna("\0"))
-    g = t.groupby(["rank", "kind", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
+    g = seg.groupby(["rank", "kind", "unit", "stage"], dropna=False)["dur_us"].sum().sort_values(ascending=False)
     (rank, kind, unit, stage), us = g.index[0], float(g.iloc[0])
-    place = ", ".join(x for x in (("the root unit" if unit == "" else unit) if unit != "\0" else None,
-                                   stage if stage != "\0" else None) if x)
+    unit, stage = (x if isinstance(x, str) else None for x in (unit, stage))
+    place = ", ".join(x for x in (("the root unit" if unit == "" else unit) if unit is not None else None, stage)
+                      if x)
     words = model.PATH_KIND_WORDS.get(kind, kind) + (f" in {place}" if place else "")
     return int(rank), words, us / max(seg["step"].nunique(), 1)
 
@@ -387,7 +389,8 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
     skip = {model.CHANGE_TYPE, model.CHANGE_ALL_COMM}     # (what the exposed-communication findings are held to)
     for c in cf[~cf["kind"].isin(skip)].itertuples(index=False):
         saved = float(c.saved_us_per_step)
-        if not step_us or saved < CRITICAL_SAVED_PCT / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
+        floor = CRITICAL_RANK_PCT if c.kind == model.CHANGE_RANK else CRITICAL_SAVED_PCT
+        if not step_us or saved < floor / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
             continue
         pct = f"{model.fmt_pct(100.0 * saved / step_us)} of the step"
         metric = f"critical_path.counterfactuals.saved_us_per_step[{c.change}]"
@@ -399,7 +402,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
             out.append(Finding(
                 f"limiting_rank_{r}", "high", f"Rank {r} limits the step: as fast as the median rank it would save "
                 f"{fmt_ms(saved)} per step ({pct}); it is slower than the others most in {where}",
-                metric, saved, "us", CRITICAL_SAVED_PCT,
+                metric, saved, "us", CRITICAL_RANK_PCT,
                 f"look at what rank {r} does there (data loading, uneven inputs, a slower host or device, extra "
                 f"work such as logging or checkpointing on that rank); the other ranks wait for it in their "
                 f"collectives, which prefetching does not help", "critical_path", r, stake_us=saved))
