@@ -121,6 +121,7 @@ def summary(a, plain: bool = True) -> dict:
         "step_stalls": getattr(a, "step_stalls", None),
         "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
         "matching": getattr(a, "matching", None),
+        "critical_path": a.critical_path.to_dict() if getattr(a, "critical_path", None) is not None else None,
         "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops,
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
         "hta": a.hta,

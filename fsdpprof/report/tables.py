@@ -22,13 +22,27 @@ def _is_table(value) -> bool:
             and all(not isinstance(v, (dict, list)) for r in value for v in r.values()))
 
 
+def _is_nested_table(value) -> bool:
+    """Rows whose values are plain, or tables themselves (summary.json's critical_path.steps and their segments)."""
+    return (isinstance(value, list) and bool(value) and all(isinstance(r, dict) and r for r in value)
+            and all(not isinstance(v, (dict, list)) or _is_table(v) or v == [] for r in value for v in r.values()))
+
+
 def summary_tables(doc: dict, prefix: str = "") -> dict[str, list[dict]]:
-    """The tables of a plain summary: file name -> rows, in the summary's order."""
+    """The tables of a plain summary: file name -> rows, in the summary's order.  Rows holding tables become two:
+    ``name`` (their plain values) and ``name.<key>`` (the inner rows, each led by its row's first value)."""
     out: dict[str, list[dict]] = {}
     for key, value in doc.items():
         name = f"{prefix}{_SAFE.sub('_', str(key))}"
         if _is_table(value):
             out[name] = value
+        elif _is_nested_table(value):
+            out[name] = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in value]
+            first = next(iter(value[0]))
+            for inner in dict.fromkeys(k for r in value for k, v in r.items() if isinstance(v, list)):
+                rows = [{first: r[first], **x} for r in value for x in r.get(inner) or []]
+                if rows:
+                    out[f"{name}.{_SAFE.sub('_', str(inner))}"] = rows
         elif isinstance(value, dict):
             out.update(summary_tables(value, name + "."))
     return out

@@ -44,6 +44,9 @@ COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective
                           "saved_us_per_step", "saved_pct"]
 # collective: the collective type hidden; for CHANGE_RANK, segment_kind, unit and stage say where the rank's work
 # exceeds the median rank's most (rank_excess)
+TOP_COLUMNS = ["rank", "kind", "what", "unit", "stage", "us_per_step", "pct"]
+TOP_ROWS = 20
+SPAN_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "start_us", "end_us"]
 SEGMENTS_PER_STEP_MAX = 60  # a step's path with more segments is summed by (rank, kind, what, unit, stage)
 RANKS_TRIED_MAX = 8         # "as fast as the median" for at most this many ranks (those with most time on the path)
 COLLECTIVES_TRIED_MAX = 8   # "fully hidden" for at most this many (collective, unit, stage) of the path
@@ -382,8 +385,8 @@ def _residual(m: _Model) -> float:
 
 # --------------------------------------------------------------------------- the walk back
 def _walk(m: _Model, step) -> tuple[list[tuple], float]:
-    """The critical path of one step on the recorded (aligned) times: ((rank, kind, what, unit, stage, dur_us) in
-    time order, the µs from the start of the rank it begins on to the end of the rank that ends last)."""
+    """The critical path of one step on the recorded (aligned) times: ((rank, kind, what, unit, stage, dur_us,
+    start_us) in time order, the µs from the start of the rank it begins on to the end of the rank that ends last)."""
     f = m.frame
     t = f["start_us"].to_numpy(np.float64) + np.where(m.node == NODE_ISSUE, 0.0, f["dur_us"].to_numpy(np.float64))
     gs = np.flatnonzero(m.g_step == step)
@@ -404,7 +407,7 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
             continue
         s, e = float(f["start_us"].iat[k]), float(t[k])
         if nd == NODE_LOCAL:
-            out.append((r, kinds[k], whats[k], units[k], stages[k], e - s))
+            out.append((r, kinds[k], whats[k], units[k], stages[k], e - s, s))
             k -= 1
             continue
         ri = int(m.node_rec[k])
@@ -414,14 +417,14 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
             members = np.flatnonzero(m.rec_match == m.rec_match[ri])
             q = int(members[np.argmax(m.rec_arr[members])])
             qi = int(m.rec_issue[q])
-            out.append((r, kinds[k], whats[k], units[k], stages[k], max(e - L, 0.0)))
+            out.append((r, kinds[k], whats[k], units[k], stages[k], max(e - L, 0.0), min(L, e)))
             if qi >= 0 and m.g_step[m.grp[qi]] == step and int(rec_rank[q]) != r and L < e + REPLAY_TOL_US:
                 g, k = int(m.grp[qi]), qi
                 continue
             out.append((r, model.PATH_WAIT, f"waiting for rank {int(rec_rank[q])}", units[k], stages[k],
-                        min(L, e) - s))
+                        min(L, e) - s, s))
         else:
-            out.append((r, kinds[k], whats[k], units[k], stages[k], e - s))
+            out.append((r, kinds[k], whats[k], units[k], stages[k], e - s, s))
         k -= 1
     return out[::-1], end - float(m.g_start[g])
 
@@ -489,6 +492,8 @@ class CriticalPath:
     breakdown: pd.DataFrame
     counterfactuals: pd.DataFrame
     notes: list = field(default_factory=list)
+    top: pd.DataFrame | None = None       # TOP_COLUMNS: the path's segments summed over steps, most time first
+    spans: pd.DataFrame | None = None     # SPAN_COLUMNS: every segment where it lies, on its rank's own clock
     model: _Model | None = field(default=None, repr=False)
     baseline_us: pd.Series | None = field(default=None, repr=False)   # replayed length per step
 
@@ -503,7 +508,7 @@ class CriticalPath:
             r["segments"] = segs.get(r["step"], [])
             st.append(r)
         return {"steps": st, "breakdown": rows(self.breakdown), "counterfactuals": rows(self.counterfactuals),
-                "notes": list(self.notes)}
+                "top": rows(self.top) if self.top is not None else [], "notes": list(self.notes)}
 
 
 def _saved(m: _Model, base: pd.Series, t: np.ndarray) -> float:
@@ -543,10 +548,10 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
     m = _build(chains, records, off)
     base = m.step_lengths(m.replay())
     residual = _residual(m)
-    seg_rows, step_rows = [], []
+    seg_rows, step_rows, span_rows = [], [], []
     for step in base.index:
         path, length = _walk(m, step)
-        seg = pd.DataFrame(path, columns=["rank", "kind", "what", "unit", "stage", "dur_us"])
+        seg = pd.DataFrame(path, columns=["rank", "kind", "what", "unit", "stage", "dur_us", "start_us"])
         seg = seg[seg["dur_us"] > 0]
         if len(seg):
             keys = seg[["rank", "kind", "what", "unit", "stage"]].astype(object).fillna(_NONE)
@@ -554,7 +559,10 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
             grp = np.cumsum(new)
             seg = seg.groupby(grp, sort=True).agg(rank=("rank", "first"), kind=("kind", "first"),
                                                   what=("what", "first"), unit=("unit", "first"),
-                                                  stage=("stage", "first"), dur_us=("dur_us", "sum"))
+                                                  stage=("stage", "first"), dur_us=("dur_us", "sum"),
+                                                  start_us=("start_us", "min"))
+            span_rows.append(seg.assign(step=float(step), start_us=seg["start_us"] + seg["rank"].map(off).fillna(
+                0.0).to_numpy(np.float64)))
         if len(seg) > SEGMENTS_PER_STEP_MAX:
             seg = _aggregate(seg)
         per_rank = seg.groupby("rank")["dur_us"].sum() if len(seg) else pd.Series(dtype=float)
@@ -573,7 +581,14 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
     mean["pct"] = 100.0 * mean["dur_us"] / (stp["path_us"].mean() if len(stp) else np.nan)
     mean["step"] = np.nan
     breakdown = pd.concat([br, mean[BREAKDOWN_COLUMNS]], ignore_index=True)[BREAKDOWN_COLUMNS]
-    cps = CriticalPath(stp, segments, breakdown, pd.DataFrame(columns=COUNTERFACTUAL_COLUMNS), notes, m, base)
+    top = _aggregate(segments).rename(columns={"dur_us": "us_per_step"})
+    top["us_per_step"] = top["us_per_step"] / n_steps
+    top["pct"] = 100.0 * top["us_per_step"] / (stp["path_us"].mean() if len(stp) else np.nan)
+    top = top.sort_values("us_per_step", ascending=False, kind="mergesort").head(TOP_ROWS).reset_index(drop=True)
+    spans = pd.concat(span_rows, ignore_index=True) if span_rows else pd.DataFrame(columns=SPAN_COLUMNS)
+    spans["end_us"] = spans["start_us"] + spans["dur_us"]
+    cps = CriticalPath(stp, segments, breakdown, pd.DataFrame(columns=COUNTERFACTUAL_COLUMNS), notes,
+                       top[TOP_COLUMNS], spans[SPAN_COLUMNS], m, base)
     cps.counterfactuals = _counterfactuals(cps, segments, base)
     return cps
 
