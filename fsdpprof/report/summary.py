@@ -137,7 +137,7 @@ def diff_summary(d) -> dict | None:
         return None
     return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,
             "memory": d.memory, "memory_roles": d.memory_roles, "memory_units": d.memory_units,
-            "notes": list(d.notes)}
+            "critical_path": getattr(d, "critical", None), "notes": list(d.notes)}
 
 
 def compare_summary(c) -> dict:
