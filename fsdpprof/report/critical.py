@@ -27,18 +27,20 @@ def critical_section(a, page: Page) -> str:
     out = ['<section id="critical_path"><h2>What limits the step</h2>', notes_html(a, "critical_path")]
     st = cp.steps
     cf = cp.counterfactuals
-    mean_len = float(st["length_us"].mean())
+    mean_len = float(st["span_us"].mean())
     lim = st["limiting_rank"].dropna().astype(int)
     if len(cf) and float(cf["saved_us_per_step"].iat[0]) > 0:
         top = cf.iloc[0]
         out.append(f'<p class="lead"><b>{esc(str(top["change"]).capitalize())}</b> would save '
                    f'<b>{esc(_ms(top["saved_us_per_step"]))}</b> per step '
-                   f'({esc(model.fmt_pct(top["saved_pct"]))} of {esc(_ms(mean_len))}).</p>')
+                   f'({esc(model.fmt_pct(top["saved_pct"]))} of the step\'s {esc(_ms(mean_len))}, from the first rank\'s '
+                   f'start to the last rank\'s end).</p>')
     if len(lim):
         counts = lim.value_counts()
         words = ", ".join(f"rank {r} in {n} of {len(st)} step{'s' if len(st) != 1 else ''}"
                           for r, n in counts.head(4).items())
-        out.append(f"<p>Limiting rank (most time on the path): {esc(words)}.</p>")
+        out.append(f"<p>Limiting rank (the one whose work, as fast as the median rank's, would shorten the step "
+                   f"most): {esc(words)}.</p>")
     out.append("<p>The critical path is the chain of work, across ranks, that set each step's length: walking back "
                "from the end of the step on the rank that ends last, through its work, and, where it waited in a "
                "collective for a later rank, on to that rank's work. Each change below is replayed on the recorded "
@@ -58,19 +60,21 @@ def critical_section(a, page: Page) -> str:
                           yaxis_title="ms")
         out.append(page.fig(fig, 320))
     if len(cf):
-        shown = cf.head(COUNTERFACTUAL_ROWS).assign(saved_ms_per_step=lambda d: d["saved_us_per_step"] / 1e3)
+        shown = cf.head(COUNTERFACTUAL_ROWS).assign(saved_us=lambda d: d["saved_us_per_step"])
         out.append("<h3>What each change would save</h3>" + table(
-            shown, ["change", "saved_us_per_step", "saved_pct"], left=("change",),
-            labels={"change": "change (replayed)", "saved_us_per_step": "saved per step",
-                    "saved_pct": "% of the step"}))
+            shown, ["change", "saved_us", "saved_pct"], left=("change",),
+            labels={"change": "change (replayed)", "saved_us": "saved per step", "saved_pct": "% of the step"}))
     if cp.top is not None and len(cp.top):
-        t = cp.top.head(SEGMENT_ROWS).assign(kind=lambda d: d["kind"].map(model.PATH_KIND_WORDS).fillna(d["kind"]))
+        t = cp.top.head(SEGMENT_ROWS).assign(kind=lambda d: d["kind"].map(model.PATH_KIND_WORDS).fillna(d["kind"]),
+                                             per_step_us=lambda d: d["us_per_step"])
         out.append("<h3>The path's largest parts</h3>" + table(
-            t, ["rank", "kind", "what", "unit", "stage", "us_per_step", "pct"], left=("kind", "what", "unit", "stage"),
-            labels={"us_per_step": "per step", "pct": "% of the path", "what": "op / collective"}))
-    out.append(table(pd.DataFrame(st), ["step", "length_us", "path_us", "limiting_rank", "limiting_rank_us",
-                                        "residual_us"],
-                     labels={"length_us": "step (path's ranks)", "path_us": "path", "limiting_rank_us":
-                             "limiting rank's time on the path", "residual_us": "alignment residual"}))
+            t, ["rank", "kind", "what", "unit", "stage", "per_step_us", "pct"], left=("kind", "what", "unit", "stage"),
+            labels={"per_step_us": "per step", "pct": "% of the path", "what": "op / collective"}))
+    cols = ["step", "span_us", "length_us", "path_us", "limiting_rank", "limiting_rank_saved_us", "limiting_rank_us",
+            "residual_us"]
+    out.append(table(pd.DataFrame(st), cols, labels={
+        "span_us": "step (all ranks)", "length_us": "step (path's ranks)", "path_us": "path",
+        "limiting_rank_saved_us": "it would save", "limiting_rank_us": "its time on the path",
+        "residual_us": "alignment residual"}))
     out.append("</section>")
     return "".join(out)

@@ -36,9 +36,14 @@ GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before i
 NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
 CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
 SEGMENT_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "dur_us"]
-STEP_COLUMNS = ["step", "length_us", "path_us", "limiting_rank", "limiting_rank_us", "ranks", "residual_us"]
+STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "limiting_rank_saved_us", "limiting_rank_us", "ranks",
+                "residual_us"]
+# limiting_rank: of the ranks tried, the one whose work as fast as the median rank's saves most in that step
+# (limiting_rank_saved_us; without several ranks or any saving: the rank with most time on the path);
+# limiting_rank_us: its time on the path
 # length_us: from the step's start on the rank the path begins on to its end on the rank that ends last (aligned
-# clocks); path_us: the sum of the path's segments (= length_us within the alignment residual)
+# clocks); path_us: the sum of the path's segments (= length_us within the alignment residual); span_us: from the
+# earliest start to the latest end over the step's ranks, as replayed (what the counterfactuals shorten)
 BREAKDOWN_COLUMNS = ["step", "kind", "dur_us", "pct"]
 COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective", "segment_kind",
                           "saved_us_per_step", "saved_pct"]
@@ -499,9 +504,13 @@ class CriticalPath:
 
     def to_dict(self) -> dict:
         """summary.json's ``critical_path``: steps with their segments, breakdown, counterfactuals."""
+        def plain(v):
+            if v is None or (not isinstance(v, (str, bytes)) and pd.isna(v)):
+                return None
+            return v.item() if hasattr(v, "item") else v
+
         def rows(df):
-            return [{k: (None if (v is None or (isinstance(v, float) and v != v)) else
-                         (v.item() if hasattr(v, "item") else v)) for k, v in r.items()} for r in df.to_dict("records")]
+            return [{k: plain(v) for k, v in r.items()} for r in df.to_dict("records")]
         segs = {s: rows(g.drop(columns="step")) for s, g in self.segments.groupby("step", sort=False)}
         st = []
         for r in rows(self.steps):
@@ -568,7 +577,8 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
         per_rank = seg.groupby("rank")["dur_us"].sum() if len(seg) else pd.Series(dtype=float)
         lim = int(per_rank.idxmax()) if len(per_rank) else None
         step_rows.append({"step": float(step), "length_us": float(length), "path_us": float(seg["dur_us"].sum()),
-                          "limiting_rank": lim, "limiting_rank_us": float(per_rank.max()) if len(per_rank) else 0.0,
+                          "span_us": float(base[step]),
+                          "limiting_rank": lim, "limiting_rank_saved_us": np.nan, "limiting_rank_us": 0.0,
                           "ranks": int((m.g_step == step).sum()), "residual_us": residual})
         seg_rows.append(seg.assign(step=float(step)))
     segments = pd.concat(seg_rows, ignore_index=True)[SEGMENT_COLUMNS] if seg_rows else \
@@ -589,13 +599,26 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
     spans["end_us"] = spans["start_us"] + spans["dur_us"]
     cps = CriticalPath(stp, segments, breakdown, pd.DataFrame(columns=COUNTERFACTUAL_COLUMNS), notes,
                        top[TOP_COLUMNS], spans[SPAN_COLUMNS], m, base)
-    cps.counterfactuals = _counterfactuals(cps, segments, base)
+    cps.counterfactuals, per_step = _counterfactuals(cps, segments, base)
+    if per_step is not None and len(per_step.columns):
+        best = per_step.idxmax(axis=1)
+        top = per_step.max(axis=1)
+        pick = stp["step"].map(best.where(top > 0))
+        stp["limiting_rank"] = pick.where(pick.notna(), stp["limiting_rank"])
+        stp["limiting_rank_saved_us"] = stp["step"].map(top.where(top > 0)).to_numpy(np.float64)
+    on_path = segments.groupby(["step", "rank"])["dur_us"].sum()
+    stp["limiting_rank_us"] = [float(on_path.get((s, r), 0.0)) if r == r and r is not None else 0.0
+                               for s, r in zip(stp["step"], stp["limiting_rank"])]
+    stp["limiting_rank"] = stp["limiting_rank"].astype("Int64")
     return cps
 
 
-def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) -> pd.DataFrame:
+def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
+                     ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(COUNTERFACTUAL_COLUMNS most saved first, per step x rank tried: µs "as fast as the median" saves)."""
     m = cp.model
     rows = []
+    per_rank = {}
     mean_len = float(base.mean()) if len(base) else np.nan
 
     def add(change, kind, rank, unit, stage, coll, t, segment_kind=None):
@@ -608,8 +631,10 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) 
         on_path = segments.groupby("rank")["dur_us"].sum().sort_values(ascending=False)
         for r in on_path.index[:RANKS_TRIED_MAX].tolist():
             kind, unit, stage, _ = rank_excess(m, int(r))      # where it is slower than the others
-            add(f"rank {int(r)} as fast as the median rank", model.CHANGE_RANK, int(r), unit, stage, None,
-                m.replay(d=_as_median(m, int(r))), segment_kind=kind)
+            t = m.replay(d=_as_median(m, int(r)))
+            per_rank[int(r)] = base - m.step_lengths(t)
+            add(f"rank {int(r)} as fast as the median rank", model.CHANGE_RANK, int(r), unit, stage, None, t,
+                segment_kind=kind)
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
         f = m.frame
@@ -632,8 +657,8 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) 
         keys = c.groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
         for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
             u, st = label(unit), label(stage)
-            unit_words = "the root unit" if u == "" else f"unit {u}" if u is not None else "no unit"
-            add(f"the {model.collective_words(what)} of {unit_words} in {st or 'the step'} fully hidden",
+            unit_words = " of the root unit" if u == "" else f" of unit {u}" if u is not None else ""
+            add(f"the {model.collective_words(what)}{unit_words} in {st or 'the step'} fully hidden",
                 model.CHANGE_COLLECTIVE, None, u, st, what,
                 hidden(is_comm & (c_what == what) & (c_unit == unit) & (c_stage == stage)))
         for (what, stage) in c.groupby(["what", "stage"])["dur_us"].sum().sort_values(ascending=False).index:
@@ -649,4 +674,6 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series) 
         if sel.any():
             add(words, change, None, None, None, None, m.replay(d=np.where(sel, 0.0, m.d)))
     out = pd.DataFrame(rows, columns=COUNTERFACTUAL_COLUMNS)
-    return out.sort_values("saved_us_per_step", ascending=False, kind="mergesort").reset_index(drop=True)
+    out = out.sort_values("saved_us_per_step", ascending=False, kind="mergesort").reset_index(drop=True)
+    out["rank"] = out["rank"].astype("Int64")
+    return out, (pd.DataFrame(per_rank) if per_rank else None)

@@ -384,7 +384,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
     cf = getattr(cp, "counterfactuals", None)
     if cf is None or not len(cf) or not len(cp.steps):
         return out
-    step_us = float(cp.steps["length_us"].mean())
+    step_us = float(cp.steps["span_us"].mean())
     seg = cp.segments
     skip = {model.CHANGE_TYPE, model.CHANGE_ALL_COMM}     # (what the exposed-communication findings are held to)
     for c in cf[~cf["kind"].isin(skip)].itertuples(index=False):
@@ -392,8 +392,9 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
         floor = CRITICAL_RANK_PCT if c.kind == model.CHANGE_RANK else CRITICAL_SAVED_PCT
         if not step_us or saved < floor / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
             continue
-        pct = f"{model.fmt_pct(100.0 * saved / step_us)} of the step"
-        metric = f"critical_path.counterfactuals.saved_us_per_step[{c.change}]"
+        pct_v = float(c.saved_pct)
+        pct = f"{model.fmt_pct(pct_v)} of the step"
+        metric = f"critical_path.counterfactuals.saved_pct[{c.change}]"
         if c.kind == model.CHANGE_RANK:
             r = int(c.rank)
             place = ", ".join(x for x in (("the root unit" if c.unit == "" else c.unit) if isinstance(c.unit, str)
@@ -402,7 +403,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
             out.append(Finding(
                 f"limiting_rank_{r}", "high", f"Rank {r} limits the step: as fast as the median rank it would save "
                 f"{fmt_ms(saved)} per step ({pct}); it is slower than the others most in {where}",
-                metric, saved, "us", CRITICAL_RANK_PCT,
+                metric, pct_v, "%", CRITICAL_RANK_PCT,
                 f"look at what rank {r} does there (data loading, uneven inputs, a slower host or device, extra "
                 f"work such as logging or checkpointing on that rank); the other ranks wait for it in their "
                 f"collectives, which prefetching does not help", "critical_path", r, stake_us=saved))
@@ -415,7 +416,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
                 f"exposed_{c.collective}_{c.unit}_{c.stage}".replace(" ", "_"), "high" if saved >= 4 *
                 CRITICAL_SAVED_PCT / 100.0 * step_us else "medium",
                 f"The {model.collective_words(c.collective)} of {where} sets the step: hidden, it would save "
-                f"{fmt_ms(saved)} per step ({pct})", metric, saved, "us", CRITICAL_SAVED_PCT,
+                f"{fmt_ms(saved)} per step ({pct})", metric, pct_v, "%", CRITICAL_SAVED_PCT,
                 _exposed_suggestion(str(c.collective), str(c.stage), fsdp_advice), "critical_path", rank,
                 stake_us=saved))
         else:
@@ -431,7 +432,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
                 f"critical_{c.kind}", "high" if saved >= 4 * CRITICAL_SAVED_PCT / 100.0 * step_us else "medium",
                 f"{model.PATH_KIND_WORDS.get(kind, kind).capitalize()} on the critical path: {c.change} would save "
                 f"{fmt_ms(saved)} per step ({pct}); most is on rank {rank}, {where} ({fmt_ms(us)} per step)",
-                metric, saved, "us", CRITICAL_SAVED_PCT, advice.get(c.kind, ""), "critical_path", rank,
+                metric, pct_v, "%", CRITICAL_SAVED_PCT, advice.get(c.kind, ""), "critical_path", rank,
                 stake_us=saved))
     return out
 
@@ -443,7 +444,7 @@ def held_to_critical_path(items: list[Finding], cp) -> list[Finding]:
     cf = getattr(cp, "counterfactuals", None)
     if cf is None or not len(cf) or not len(cp.steps):
         return items
-    step_us = float(cp.steps["length_us"].mean())
+    step_us = float(cp.steps["span_us"].mean())
     typed = cf[cf["kind"] == model.CHANGE_TYPE]
     saved_of = {(str(c.collective), str(c.stage)): float(c.saved_us_per_step) for c in typed.itertuples()}
     every = cf[cf["kind"] == model.CHANGE_ALL_COMM]["saved_us_per_step"]
