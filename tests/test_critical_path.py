@@ -2,6 +2,10 @@
 answers, the DLRM traces (the path of each step is the step), and the Python API."""
 from __future__ import annotations
 
+import gzip
+import json
+import sys
+
 import orjson
 import pytest
 
@@ -11,7 +15,7 @@ from fsdpprof.analyze.comm import critical_path as cpm
 from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.pipeline import analyze_run
 
-from conftest import shared_data
+from conftest import EXAMPLE, made_once, run_fsdpprof, shared_data, shared_dir
 
 CLOCK_SKEW_US = 1000.0      # rank 1's clock runs this far ahead (the analysis must align it)
 
@@ -193,3 +197,87 @@ def test_dlrm_path_of_each_step_is_the_step():
     assert win.min() - 1 <= cp.steps["length_us"].iat[0] <= win.max() + 1
     assert set(cp.segments["kind"]) <= set(model.PATH_KINDS)
     assert fsdpprof.critical_path(a) is cp
+
+
+# ----------------------------------------------------------------------------------------- what users see
+def test_summary_tables_and_timeline_of_the_path(tmp_path):
+    """summary.json's critical_path (steps with segments, breakdown, counterfactuals), the same tables in --tables,
+    the section in the page, a "critical path" track per rank in fsdpprof timeline."""
+    traces = _ranks()
+    for t in traces:
+        end = _two_units(t, extra=("void slow_kernel", 200.0) if t.rank == 1 else None)
+        t.all_gather(70, end, 450 - end)
+        t.kernel("void gemm_b", 80, 450, 100)
+        t.write(tmp_path)
+    out = tmp_path / "out"
+    proc = run_fsdpprof("report", str(tmp_path), "-o", str(out / "report.html"), "--tables", str(out / "tables"),
+                        "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "summary.json").read_text())["critical_path"]
+    st = doc["steps"][0]
+    assert st["limiting_rank"] == 1 and st["path_us"] == pytest.approx(st["length_us"])
+    assert {"rank", "kind", "what", "unit", "stage", "dur_us"} == set(st["segments"][0])
+    assert sum(s["dur_us"] for s in st["segments"]) == pytest.approx(st["path_us"])
+    first = doc["counterfactuals"][0]
+    assert (first["kind"], first["rank"], first["unit"], first["stage"]) == (model.CHANGE_RANK, 1, "layers.0",
+                                                                              model.STAGE_FORWARD)
+    assert first["saved_us_per_step"] == pytest.approx(200.0, rel=0.01)
+    tables = {p.name for p in (out / "tables").iterdir()}
+    assert {"critical_path.steps.csv", "critical_path.steps.segments.csv", "critical_path.counterfactuals.csv",
+            "critical_path.breakdown.csv"} <= tables
+    html = (out / "report.html").read_text()
+    assert html.index('id="critical_path"') < html.index('id="findings"')
+    assert "Rank 1 limits the step" in html
+    tl = tmp_path / "tl.json.gz"
+    proc = run_fsdpprof("timeline", str(tmp_path), "-o", str(tl), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    ev = json.loads(gzip.decompress(tl.read_bytes()))["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    path = [e for e in ev if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "fsdpprof: critical path"]
+    assert {e["pid"] for e in path} == {0, 1}
+    slow = [e for e in path if e["args"]["what"] == "void slow_kernel"]
+    assert len(slow) == 1 and slow[0]["pid"] == 1 and slow[0]["dur"] == pytest.approx(300.0)
+
+
+# ----------------------------------------------------------------------------------------- recorded CPU runs
+SLEEP_MS, SLEEP_RANK, SLEEP_UNIT = 150.0, 1, "layers.2"
+SMALL_MODEL = ("--dim", "64", "--seq", "32", "--batch", "2", "--vocab", "256", "--steps", "7")
+
+
+def _record(tmp_path_factory, name: str, env: dict | None):
+    folder = shared_dir(tmp_path_factory, f"critical-{name}")
+    out = folder / "run"
+    with made_once(folder) as first:
+        if first:
+            proc = run_fsdpprof("record", "--out", str(out), "--skip-steps", "1", "--warmup-steps", "1",
+                                "--active-steps", "4", "--", sys.executable, "-m", "torch.distributed.run",
+                                "--standalone", "--nproc-per-node=2", str(EXAMPLE), "--strategy", "fsdp2",
+                                *SMALL_MODEL, env=env, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    return analyze_run(load_run(str(out)), workers=1)
+
+
+@pytest.mark.slow
+def test_recorded_straggler_is_named_and_costed(tmp_path_factory):
+    """FSDP2 on 2 gloo ranks, rank 1 sleeping 150 ms in layers.2's forward every step: the path names rank 1,
+    layers.2, forward in most steps; "rank 1 as fast as the median" saves the sleep within 15 %; the first finding
+    names them."""
+    a = _record(tmp_path_factory, "sleep", {"FSDPPROF_EXAMPLE_SLEEP": f"{SLEEP_RANK}:{SLEEP_UNIT}:{SLEEP_MS:g}"})
+    cp = a.critical_path
+    seg = cp.segments
+    named = seg[(seg["rank"] == SLEEP_RANK) & (seg["unit"] == SLEEP_UNIT) & (seg["stage"] == model.STAGE_FORWARD)
+                & (seg["dur_us"] >= 0.9 * SLEEP_MS * 1e3)]
+    assert named["step"].nunique() > len(cp.steps) / 2, seg.sort_values("dur_us").tail(10)
+    assert (cp.steps["limiting_rank"] == SLEEP_RANK).sum() > len(cp.steps) / 2
+    assert cpm.straggler_cost_us(cp, SLEEP_RANK) == pytest.approx(SLEEP_MS * 1e3, rel=0.15)
+    first = a.findings[0]
+    assert f"rank {SLEEP_RANK}" in first.title.lower() and SLEEP_UNIT in first.title and "forward" in first.title
+    assert first.rank == SLEEP_RANK
+
+
+@pytest.mark.slow
+def test_recorded_run_without_a_straggler_names_none(tmp_path_factory):
+    """The same job without the sleep: no rank limits the step by the critical path's measure."""
+    a = _record(tmp_path_factory, "nosleep", None)
+    assert a.critical_path is not None and len(a.critical_path.steps) >= 3
+    assert not [f for f in a.findings if f.id.startswith("limiting_rank")], [f.title for f in a.findings]

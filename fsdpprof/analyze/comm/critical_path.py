@@ -56,6 +56,7 @@ SEGMENTS_PER_STEP_MAX = 60  # a step's path with more segments is summed by (ran
 RANKS_TRIED_MAX = 8         # "as fast as the median" for at most this many ranks (those with most time on the path)
 COLLECTIVES_TRIED_MAX = 8   # "fully hidden" for at most this many (collective, unit, stage) of the path
 REPLAY_TOL_US = 1e-3
+NOISE_K = 3.0               # "as fast as the median": a stretch counts as slow beyond NOISE_K x the rank's spread
 
 
 # --------------------------------------------------------------------------- map: one rank's chain
@@ -445,7 +446,9 @@ def _epochs(m: _Model) -> np.ndarray:
 
 def _as_median(m: _Model, rank: int) -> np.ndarray:
     """Local lengths with ``rank``'s work between each two arrivals cut to the median over the other ranks of
-    the same stretch (never lengthened); a stretch the others do not have is kept."""
+    the same stretch where it exceeds that median by more than chance: by over NOISE_K times the spread of its
+    excesses (1.4826 x their median absolute value, over all its stretches); never lengthened; a stretch the
+    others do not have is kept."""
     ep = _epochs(m)
     node_rank = m.g_rank[m.grp]
     node_step = m.g_step[m.grp]
@@ -458,7 +461,10 @@ def _as_median(m: _Model, rank: int) -> np.ndarray:
         return m.d
     med = others.groupby(["step", "ep"])["d"].median().rename("med").reset_index()
     mm = mine.merge(med, on=["step", "ep"], how="left")
-    f = np.where((mm["d"] > 0) & mm["med"].notna(), np.minimum(1.0, mm["med"] / mm["d"].where(mm["d"] > 0, 1.0)), 1.0)
+    excess = (mm["d"] - mm["med"]).to_numpy(np.float64)
+    spread = 1.4826 * float(np.nanmedian(np.abs(excess))) if np.isfinite(excess).any() else 0.0
+    slow = np.isfinite(excess) & (excess > NOISE_K * spread) & (mm["d"].to_numpy() > 0)
+    f = np.where(slow, np.minimum(1.0, mm["med"] / mm["d"].where(mm["d"] > 0, 1.0)), 1.0)
     fac = pd.Series(f, index=pd.MultiIndex.from_arrays([mm["step"].to_numpy(), mm["ep"].to_numpy()]))
     sel = loc & (node_rank == rank)
     idx = pd.MultiIndex.from_arrays([node_step[sel], ep[sel]])
