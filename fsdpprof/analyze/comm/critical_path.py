@@ -446,9 +446,9 @@ def _epochs(m: _Model) -> np.ndarray:
 
 def _as_median(m: _Model, rank: int) -> np.ndarray:
     """Local lengths with ``rank``'s work between each two arrivals cut to the median over the other ranks of
-    the same stretch where it exceeds that median by more than chance: by over NOISE_K times the spread of its
-    excesses (1.4826 x their median absolute value, over all its stretches); never lengthened; a stretch the
-    others do not have is kept."""
+    the same stretch where it exceeds that median by more than chance: by over NOISE_K times the spread of chance
+    (1.4826 x the median of how much faster than the median it is where it is faster, over all its stretches; 0
+    where it never is); never lengthened; a stretch the others do not have is kept."""
     ep = _epochs(m)
     node_rank = m.g_rank[m.grp]
     node_step = m.g_step[m.grp]
@@ -462,7 +462,8 @@ def _as_median(m: _Model, rank: int) -> np.ndarray:
     med = others.groupby(["step", "ep"])["d"].median().rename("med").reset_index()
     mm = mine.merge(med, on=["step", "ep"], how="left")
     excess = (mm["d"] - mm["med"]).to_numpy(np.float64)
-    spread = 1.4826 * float(np.nanmedian(np.abs(excess))) if np.isfinite(excess).any() else 0.0
+    faster = excess[np.isfinite(excess) & (excess < 0)]      # where it is faster than the median: chance alone
+    spread = 1.4826 * float(np.median(-faster)) if faster.size else 0.0
     slow = np.isfinite(excess) & (excess > NOISE_K * spread) & (mm["d"].to_numpy() > 0)
     f = np.where(slow, np.minimum(1.0, mm["med"] / mm["d"].where(mm["d"] > 0, 1.0)), 1.0)
     fac = pd.Series(f, index=pd.MultiIndex.from_arrays([mm["step"].to_numpy(), mm["ep"].to_numpy()]))
