@@ -27,6 +27,7 @@ from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, model_states, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
+from fsdpprof.analyze.timeline import clock_anchors_us
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -561,9 +562,15 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         records = _concat(r.records for r in traced)
         if len(traced) > 1:
             if records is not None:
-                records, stats = matching.match_collectives(records)
+                anchors = clock_anchors_us(run)
+                records, stats = matching.match_collectives(records, clock_prior_us=matching.clock_prior(anchors))
                 a.matches, a.matching = records, stats.to_dict()
-                a.skew, rank_lag = skew.collective_skew(records)
+                # one clock as timeline puts them on (the recorded anchors where they agree with the matches)
+                al, said = skew.align_ranks(records, [r.rank for r in traced], anchors)
+                for line in said:
+                    _note(a.notes, "ranks", line[0].upper() + line[1:] + ".")
+                a.matching["clock"] = str(al["method"].iat[0]) if len(al) else skew.ALIGN_NONE
+                a.skew, rank_lag = skew.collective_skew(records, al.set_index("rank")["offset_us"])
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
                 if stats.refused or stats.unmatched:
                     _note(a.notes, "ranks", f"{stats.refused:,} collective calls were refused and {stats.unmatched:,} "

@@ -10,13 +10,18 @@ number where the trace has one (``by_seq``: ``key`` is that number).
   the most calls (the reference), as a maximum-weight common subsequence of compatible identities (same type;
   size and dtype equal where both are known): calls missing on one side (sampled traces, window edges, ranks
   recorded at other steps) are left out, never shifted onto their neighbours.  A rank whose sequence is the
-  reference's is matched position by position; others go through the alignment (a table of at most
-  ``DP_CELLS_MAX`` cells, else a band of ``BAND_HALF`` calls around the diagonal), then once more with the
-  calls' ends as a tie-break where the first alignment paired calls that end too far apart.
-- Every match is then checked on aligned clocks: each rank's offset is the median of (its end - the match's mean
-  end) over the matches that pass (iterated from all type/size-compatible ones), and a member is refused unless
-  it overlaps the others in time within ``tolerance_us`` (a call cannot end before its peers start: so the ends
-  lie closer than the collective's own duration plus the tolerance), see :func:`_end_check`.
+  reference's and whose calls end where the reference's do (position by position, on the clocks as recorded or
+  as the caller's prior puts them) is matched position by position; the others go through the alignment (a
+  table of at most ``DP_CELLS_MAX`` cells, else a band of ``BAND_HALF`` calls around the diagonal), whose pairs
+  weigh more the closer their ends lie on those clocks: where a shift of a repeating sequence and a clock offset
+  would explain the calls equally, the pairing closest to the clocks given is taken.
+- Every match is then checked on aligned clocks, and a member is refused unless it overlaps the others in time
+  within ``tolerance_us`` (a call cannot end before its peers start: so the ends lie closer than the
+  collective's own duration plus the tolerance).  The clocks: as given (recorded, or fsdpprof's clock anchors)
+  or aligned on the ends of the matches that pass (a rank's offset: the median of its end - the match's mean
+  end, iterated from all type/size-compatible candidates), whichever passes more calls (:func:`_end_check`;
+  gloo's ends on one busy host can lie milliseconds apart, so aligning on them may shift the clocks a host
+  shares).
 - A call whose process group the trace does not name, in a group smaller than the ranks that made such calls
   (HSDP's shard and replicate groups in a trace without group names), is refused: its peers cannot be told.
 Refused and unmatched calls get ``match_id`` -1 and are never used by skew, stragglers or clock alignment.
@@ -33,7 +38,8 @@ DP_CELLS_MAX = 4_000_000     # a full alignment table up to this many cells (ran
 BAND_HALF = 512              # beyond it: a band of this many calls either side of the diagonal
 MATCHED, REFUSED, UNMATCHED = "matched", "refused", "unmatched"
 REASON_IDENTITY = "type, size or dtype differs from the other ranks' call with the same sequence number"
-REASON_ENDS = "ends further from the other ranks' ends than the collective's own duration plus the tolerance"
+REASON_ENDS = ("does not overlap the other ranks' calls in time: the ends lie further apart than the collective's "
+               "own duration plus the tolerance")
 REASON_ALONE = "every other member of its match was refused"
 REASON_GROUP = "its process group is not named and is smaller than the ranks that made such calls"
 PG_UNNAMED = "default"       # skew.collective_records' pg of a call whose process group the trace does not name
@@ -136,36 +142,38 @@ def align(score_row, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pair_rank(a: np.ndarray, b: np.ndarray, coll, size, dt, end, dur, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Rows a (one rank's calls, time order) paired with rows b (the reference's): (a rows, b rows) paired."""
-    ca, sa, da = coll[a], size[a], dt[a]
-    cb, sb, db = coll[b], size[b], dt[b]
+    """Rows a (one rank's calls, time order) paired with rows b (the reference's): (a rows, b rows) paired.
+    ``end``: on the clocks as given (the prior); a first alignment weighs compatible pairs by how close their ends
+    lie on those clocks, a second (only where the first left pairs further apart than their duration) on the
+    offset the first one's pairs agree on."""
+    ca, sa, da, ea, ua = coll[a], size[a], dt[a], end[a], dur[a]
+    cb, sb, db, eb, ub = coll[b], size[b], dt[b], end[b], dur[b]
 
-    def lcs(i, cols):
-        ok = _compatible(ca[i], sa[i], da[i], cb[cols], sb[cols], db[cols])
-        return np.where(ok, 1.0, -np.inf)
+    def timed(off: float):
+        def score(i, cols):     # compatible calls weigh 0.5 .. 1, the closer their ends (less ``off``) the more
+            ok = _compatible(ca[i], sa[i], da[i], cb[cols], sb[cols], db[cols])
+            miss = np.abs(ea[i] - eb[cols] - off) / (np.maximum(ua[i], ub[cols]) + tol)
+            return np.where(ok, 1.0 - 0.5 * np.minimum(miss, 1.0), -np.inf)
+        return score
 
-    i, j = align(lcs, a.size, b.size)
+    i, j = align(timed(0.0), a.size, b.size)
     if not i.size:
         return a[i], b[j]
-    delta = end[a[i]] - end[b[j]]
+    delta = ea[i] - eb[j]
     off = float(np.median(delta))
-    bound = np.maximum(dur[a[i]], dur[b[j]]) + tol
-    if (np.abs(delta - off) <= bound).all():
+    if (np.abs(delta - off) <= np.maximum(ua[i], ub[j]) + tol).all():
         return a[i], b[j]
-    ea, eb, ua, ub = end[a], end[b], dur[a], dur[b]
-
-    def timed(i, cols):             # compatible calls weigh 0.5 .. 1, the closer their ends (clock offset off) the more
-        ok = _compatible(ca[i], sa[i], da[i], cb[cols], sb[cols], db[cols])
-        miss = np.abs(ea[i] - eb[cols] - off) / (np.maximum(ua[i], ub[cols]) + tol)
-        return np.where(ok, 1.0 - 0.5 * np.minimum(miss, 1.0), -np.inf)
-
-    i, j = align(timed, a.size, b.size)
+    i, j = align(timed(off), a.size, b.size)
     return a[i], b[j]
 
 
 def _sequence_ids(r: pd.DataFrame, rows: np.ndarray, coll, size, dt, tok, end, dur, tol: float,
                   first_id: int) -> tuple[np.ndarray, int]:
-    """Tentative match ids (-1: none) for ``rows`` (calls without a sequence number), per process group."""
+    """Tentative match ids (-1: none) for ``rows`` (calls without a sequence number), per process group.  A rank
+    whose sequence of identities is the reference's, with the ends of its calls position by position no further
+    from the reference's than their duration plus ``tol`` (each from the median distance, and that median on the
+    clocks given), is matched by position;
+    the others are aligned (:func:`_pair_rank`)."""
     mid = np.full(len(r), -1, dtype=np.int64)
     if not rows.size:
         return mid, first_id
@@ -179,10 +187,20 @@ def _sequence_ids(r: pd.DataFrame, rows: np.ndarray, coll, size, dt, tok, end, d
         ref = int(counts.idxmax())                      # the most calls (lowest rank on ties)
         seqs = g.groupby("rank", sort=True)["tok"].agg(tuple)
         same = seqs.index[seqs.map(lambda s, r0=seqs[ref]: s == r0).to_numpy()]
-        pos_match = g[g["rank"].isin(same)]
-        mid[pos_match["row"].to_numpy()] = next_id + pos_match["pos"].to_numpy()
         b = g.loc[g["rank"] == ref, "row"].to_numpy()
-        for rank in seqs.index.difference(same):
+        cand = g[g["rank"].isin(same)]
+        rb = b[cand["pos"].to_numpy()]
+        ra = cand["row"].to_numpy()
+        t = pd.DataFrame({"rank": cand["rank"].to_numpy(), "d": end[ra] - end[rb],
+                          "bound": np.maximum(dur[ra], dur[rb]) + tol})
+        med = t.groupby("rank")["d"].transform("median").to_numpy()
+        t["near"] = (np.abs(t["d"].to_numpy()) <= t["bound"].to_numpy() + np.abs(med)) & \
+            (np.abs(t["d"].to_numpy() - med) <= t["bound"].to_numpy())
+        per = t.groupby("rank").agg(near=("near", "all"), d=("d", "median"), bound=("bound", "median"))
+        in_time = per.index[(per["near"] & (per["d"].abs() <= per["bound"])).to_numpy()]
+        pos_match = cand[cand["rank"].isin(in_time)]
+        mid[pos_match["row"].to_numpy()] = next_id + pos_match["pos"].to_numpy()
+        for rank in seqs.index.difference(in_time):
             a = g.loc[g["rank"] == rank, "row"].to_numpy()
             pa, pb = _pair_rank(a, b, coll, size, dt, end, dur, tol)
             mid[pa] = mid[pb]
@@ -219,38 +237,58 @@ def _others_extreme(mid: np.ndarray, x: np.ndarray, largest: bool) -> np.ndarray
     return sign * out
 
 
-def _end_check(rank, mid, ts, end, tol: float, tentative: np.ndarray) -> np.ndarray:
-    """Per row: True where the call passes the check on aligned clocks, within ``tol``: with one other member, it
-    ends no earlier than the other starts and starts no later than the other ends (the two ends lie closer than
-    the collective's own duration); with more, the same against the members' median start and median end (one
-    member far off does not fail the others).  Iterated with the offsets re-estimated on the passing rows."""
-    ok = tentative.copy()
+def _overlapping(mid: np.ndarray, s: np.ndarray, e: np.ndarray, tol: float) -> np.ndarray:
+    """Per row (one member of match ``mid``, start ``s`` and end ``e`` on one clock): True where it overlaps the
+    others within ``tol``: with one other member, it ends no earlier than the other starts and starts no later
+    than the other ends; with more, the same against the members' median start and median end (one member far
+    off does not fail the others)."""
+    t = pd.DataFrame({"m": mid, "s": s, "e": e})
+    g = t.groupby("m")
+    n = g["s"].transform("size").to_numpy()
+    pair = (e >= _others_extreme(mid, s, True) - tol) & (s <= _others_extreme(mid, e, False) + tol)
+    many = (e >= g["s"].transform("median").to_numpy() - tol) & (s <= g["e"].transform("median").to_numpy() + tol)
+    return np.where(n == 2, pair, many)
+
+
+def _end_check(rank, mid, ts, end, tol: float, tentative: np.ndarray, prior) -> np.ndarray:
+    """Per row: True where the call overlaps its match's other members in time within ``tol``
+    (:func:`_overlapping`: so the ends lie closer than the collective's own duration plus ``tol``) on aligned
+    clocks: the clocks as given (``prior``: per row the µs to subtract, fsdpprof's clock anchors or 0) or aligned on
+    the ends of the passing matches (iterated from all candidates), whichever passes more calls."""
     idx = np.flatnonzero(tentative)
     m = mid[idx]
+    given = np.zeros(len(rank), dtype=bool)
+    p = (prior[idx] if np.ndim(prior) else np.full(idx.size, float(prior)))
+    given[idx[_overlapping(m, ts[idx] - p, end[idx] - p, tol)]] = True
+    ok = tentative.copy()
     for _ in range(_CHECK_ROUNDS):
         off = _offsets(rank, mid, end, ok)
         o = pd.Series(rank[idx]).map(off).fillna(0.0).to_numpy()
-        s, e = ts[idx] - o, end[idx] - o
-        t = pd.DataFrame({"m": m, "s": s, "e": e})
-        n = t.groupby("m")["s"].transform("size").to_numpy()
-        pair = (e >= _others_extreme(m, s, True) - tol) & (s <= _others_extreme(m, e, False) + tol)
-        many = (e >= t.groupby("m")["s"].transform("median").to_numpy() - tol) & \
-            (s <= t.groupby("m")["e"].transform("median").to_numpy() + tol)
-        passed = np.where(n == 2, pair, many)
         new = np.zeros_like(ok)
-        new[idx[passed]] = True
+        new[idx[_overlapping(m, ts[idx] - o, end[idx] - o, tol)]] = True
         if (new == ok).all():
             break
         ok = new
-    return ok
+    return given if given.sum() >= ok.sum() else ok
+
+
+def clock_prior(anchors_us: dict | None) -> pd.Series | None:
+    """The ``clock_prior_us`` of :func:`match_collectives` from fsdpprof's clock anchors (rank -> µs to add to its
+    trace times for Unix time), when every rank has one; else None (the clocks as recorded)."""
+    if not anchors_us or any(a is None or not np.isfinite(a) for a in anchors_us.values()):
+        return None
+    return pd.Series({int(r): -float(a) for r, a in anchors_us.items()})
 
 
 # --------------------------------------------------------------------------- entry point
-def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERANCE_US
-                      ) -> tuple[pd.DataFrame, MatchStats]:
+def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERANCE_US,
+                      clock_prior_us: pd.Series | None = None) -> tuple[pd.DataFrame, MatchStats]:
     """``records`` (skew.collective_records: rank, pg, collective, key, by_seq, ts_us, end_us; bytes and dtype
     where known) plus ``match_id`` (int64; the same id = the same collective call on several ranks; -1: unmatched
-    or refused) and ``match_status`` (MATCHED / REFUSED / UNMATCHED), and the counts (:class:`MatchStats`)."""
+    or refused) and ``match_status`` (MATCHED / REFUSED / UNMATCHED), and the counts (:class:`MatchStats`).
+    ``clock_prior_us``: rank -> µs to subtract from its times to put the ranks on one clock as far as known
+    (fsdpprof's clock anchors); none: the clocks as recorded.  Where a shift of a repeating sequence and a clock
+    offset would explain the calls equally, the pairing closest to these clocks is taken."""
     r = records.reset_index(drop=True)
     n = len(r)
     stats = MatchStats(tolerance_us=float(tolerance_us))
@@ -289,14 +327,16 @@ def match_collectives(records: pd.DataFrame, tolerance_us: float = MATCH_TOLERAN
         mid[s[agree]] = gid[agree]
         next_id = int(gid.max()) + 1 if gid.size else 0
     # without: aligned as sequences per process group
-    seq_mid, next_id = _sequence_ids(r, np.flatnonzero(~by_seq & ~unknown), coll, size, dt, tok, end, dur, float(tolerance_us),
-                                     next_id)
+    prior = pd.Series(rank).map(clock_prior_us).fillna(0.0).to_numpy(np.float64) if clock_prior_us is not None \
+        else 0.0
+    seq_mid, next_id = _sequence_ids(r, np.flatnonzero(~by_seq & ~unknown), coll, size, dt, tok, end - prior, dur,
+                                     float(tolerance_us), next_id)
     mid = np.where(by_seq, mid, seq_mid)
 
     # only ids held by >= 2 ranks are candidates; then every member's end is checked on aligned clocks
     held = pd.Series(mid).groupby(mid).transform("size").to_numpy()
     tentative = (mid >= 0) & (held > 1)
-    passed = _end_check(rank, mid, ts, end, float(tolerance_us), tentative)
+    passed = _end_check(rank, mid, ts, end, float(tolerance_us), tentative, prior)
     refused_ends = tentative & ~passed
     status[refused_ends], reason[refused_ends] = REFUSED, REASON_ENDS
     keep = np.where(passed, mid, -1)

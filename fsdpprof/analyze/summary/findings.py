@@ -334,19 +334,19 @@ def topology_findings(strategy: str | None, hosts: int, world: int) -> list[Find
 
 def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> list[Finding]:
     """A rank last into more checked matches than chance explains (binomial p-value below STRAGGLER_ALPHA over the
-    ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_us_per_step``); the one that
+    ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_per_step_us``); the one that
     costs most."""
     out: list[Finding] = []
     if stragglers is None or stragglers.empty or "p_value" not in stragglers or len(stragglers) < 2:
         return out
     alpha = STRAGGLER_ALPHA / len(stragglers)
     cost_floor = STRAGGLER_COST_PCT / 100.0 * step_us if step_us and step_us == step_us else 0.0
-    s = stragglers[(stragglers["p_value"] <= alpha) & (stragglers["cost_us_per_step"] >= cost_floor)
-                   & (stragglers["cost_us_per_step"] > 0)]
+    s = stragglers[(stragglers["p_value"] <= alpha) & (stragglers["cost_per_step_us"] >= cost_floor)
+                   & (stragglers["cost_per_step_us"] > 0)]
     if s.empty:
         return out
-    s = s.sort_values("cost_us_per_step", ascending=False, kind="mergesort").iloc[0]
-    rank, cost = int(s["rank"]), float(s["cost_us_per_step"])
+    s = s.sort_values("cost_per_step_us", ascending=False, kind="mergesort").iloc[0]
+    rank, cost = int(s["rank"]), float(s["cost_per_step_us"])
     where = s.get("where")
     where = f", mostly before collectives of {where}" if isinstance(where, str) and where else ""
     pct = f" ({100.0 * cost / step_us:.1f}% of the step)" if step_us else ""
@@ -354,7 +354,7 @@ def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> lis
                        f"Rank {rank} is a straggler: last into {s['share_last_pct']:.0f}% of collectives (chance: "
                        f"{s['expected_last_pct']:.0f}%, p = {s['p_value']:.2g}); the others wait {fmt_ms(cost)} per "
                        f"step{pct} for it{where}",
-                       "stragglers.cost_us_per_step (rank last into more collectives than chance, binomial p "
+                       "stragglers.cost_per_step_us (rank last into more collectives than chance, binomial p "
                        f"<= {alpha:.2g})", cost, "us", cost_floor,
                        "look at what that rank does before those collectives: data loading, uneven inputs, a slower "
                        "host or GPU, or extra work (logging, checkpointing) on that rank; prefetching does not help "

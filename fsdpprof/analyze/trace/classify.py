@@ -142,6 +142,11 @@ def comm_row_info(name: str, cname, inn, outn, gs, dt, pg, seq, dims: bytes, typ
         # symmetric-memory and libraries' own collectives (vllm::all_reduce): the message is their input
         nbytes, dtype2, _ = c10d_sizes(coll, dims, types)
         dtype = dtype or dtype2
+    elif name.startswith(model.NCCL_OP_PREFIX) and coll not in (model.ALL_GATHER, model.REDUCE_SCATTER):
+        # an older trace's NCCL op without nelems: its Input Dims are its input (all_reduce: the whole array;
+        # all_to_all: what this rank sends)
+        nbytes, dtype2, _ = c10d_sizes(None, dims, types)
+        dtype = dtype or dtype2
     elif name.startswith(model.GLOO_PREFIX):
         # the gloo work's own input: all_gather gets one shard, all_reduce (and reduce_scatter) the whole array
         nbytes, dtype2, _ = c10d_sizes(None, dims, types)
@@ -369,6 +374,8 @@ def _from_launching_op(o: dict, on_gpu: np.ndarray, kernel_kind: int) -> None:
             q, src = q[own], inner[own]
             kind[q] = K_COMM
         _copy(o, q, src, ("collective", "pg", "seq", "group_size"))
+        if kernel_kind == K_COMM:     # and its size where the kernel has none (older traces: no External id link)
+            _copy(o, q, src, ("bytes", "dtype"), fill=True)
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
