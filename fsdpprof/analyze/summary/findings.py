@@ -376,10 +376,16 @@ def _where_on_path(seg: pd.DataFrame) -> tuple[int | None, str, float]:
     return int(rank), words, us / max(seg["step"].nunique(), 1)
 
 
-def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
+# a critical-path finding about a kind of gap is not made where the device findings already say it (their ids)
+SAID_BY = {model.CHANGE_HOST_GAPS: "device_idle", model.CHANGE_DATA: "data_loader", model.CHANGE_SYNC: "host_syncs"}
+
+
+def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None) -> list[Finding]:
     """The changes of the critical path's counterfactuals that save at least CRITICAL_SAVED_PCT of the step
     (at most CRITICAL_FINDINGS_MAX, most saved first), each naming the rank, unit and stage where it holds most
-    path time; the time is at stake (``stake_us``: µs saved per step)."""
+    path time; the time is at stake (``stake_us``: µs saved per step).  ``said``: ids of findings already made
+    (a gap kind that a device finding names is left to it, SAID_BY)."""
+    said = said or set()
     out: list[Finding] = []
     cf = getattr(cp, "counterfactuals", None)
     if cf is None or not len(cf) or not len(cp.steps):
@@ -389,6 +395,8 @@ def critical_path_findings(cp, fsdp_advice: bool = True) -> list[Finding]:
     skip = {model.CHANGE_TYPE, model.CHANGE_ALL_COMM}     # (what the exposed-communication findings are held to)
     for c in cf[~cf["kind"].isin(skip)].itertuples(index=False):
         saved = float(c.saved_us_per_step)
+        if SAID_BY.get(c.kind) in said:
+            continue
         floor = CRITICAL_RANK_PCT if c.kind == model.CHANGE_RANK else CRITICAL_SAVED_PCT
         if not step_us or saved < floor / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
             continue
