@@ -282,6 +282,10 @@ class _Model:
     n_match: int
     frame: pd.DataFrame     # the chains (CHAIN_COLUMNS) in node order, aligned start_us
     records: pd.DataFrame   # rank, collective, pg, ts_us, end_us (aligned), match_id
+    labels: dict = field(default_factory=dict)   # kind, what, unit, stage -> object array per node (None: none)
+    codes: dict = field(default_factory=dict)    # the same as integer codes (-1: none), for fast selection
+    uniques: dict = field(default_factory=dict)  # code -> label
+    cache: dict = field(default_factory=dict)
 
     def last_arrival(self, arr: np.ndarray) -> np.ndarray:
         """Per record: the latest arrival over its call's members (µs)."""
@@ -368,6 +372,12 @@ def _build(chains: pd.DataFrame, records: pd.DataFrame, offsets: pd.Series) -> _
                                      "match_id": match,
                                      "collective": rec["collective"].astype(object).to_numpy()}))
     m.rec_transfer = np.maximum(end - m.last_arrival(arr), 0.0)
+    for c in ("kind", "what", "unit", "stage"):
+        codes, uniq = pd.factorize(ch[c].astype(object).to_numpy(), use_na_sentinel=True)
+        m.codes[c] = codes
+        m.uniques[c] = np.asarray(uniq, dtype=object)
+        m.labels[c] = np.where(codes >= 0, np.asarray(uniq, dtype=object)[np.clip(codes, 0, None)] if len(uniq)
+                               else None, None)
     return m
 
 
@@ -399,7 +409,7 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
     g = int(gs[np.argmax(t[m.g_last[gs]])])
     end = float(t[m.g_last[g]])
     k = int(m.g_last[g])
-    kinds, whats, units, stages = (f[c].to_numpy(object) for c in ("kind", "what", "unit", "stage"))
+    kinds, whats, units, stages = (m.labels[c] for c in ("kind", "what", "unit", "stage"))
     rec_rank = m.records["rank"].to_numpy(np.int64)
     last_arr = m.last_arrival(m.rec_arr)
     out: list[tuple] = []
@@ -477,20 +487,20 @@ def _as_median(m: _Model, rank: int) -> np.ndarray:
 def rank_excess(m: _Model, rank: int) -> tuple[str | None, str | None, str | None, float]:
     """(kind, unit, stage, µs per step) where ``rank``'s local work exceeds the median of the other ranks' most:
     per (kind, unit, stage) its time minus the others' median, the mean over steps."""
-    loc = m.node == NODE_LOCAL
-    f = m.frame
-    w = pd.DataFrame({"rank": m.g_rank[m.grp][loc], "step": m.g_step[m.grp][loc],
-                      **{c: f[c].astype(object).fillna(_NONE).to_numpy()[loc] for c in ("kind", "unit", "stage")},
-                      "d": m.d[loc]})
-    keys = ["kind", "unit", "stage"]
-    per = w.groupby(["rank", "step"] + keys, sort=False)["d"].sum()
-    full = per.unstack("rank", fill_value=0.0)
+    if "excess" not in m.cache:
+        loc = m.node == NODE_LOCAL
+        w = pd.DataFrame({"rank": m.g_rank[m.grp][loc], "step": m.g_step[m.grp][loc],
+                          **{c: m.codes[c][loc] for c in ("kind", "unit", "stage")}, "d": m.d[loc]})
+        per = w.groupby(["rank", "step", "kind", "unit", "stage"], sort=False)["d"].sum()
+        m.cache["excess"] = per.unstack("rank", fill_value=0.0)
+    full = m.cache["excess"]
     if rank not in full.columns or full.shape[1] < 2:
         return None, None, None, 0.0
-    ex = (full[rank] - full.drop(columns=rank).median(axis=1)).groupby(level=keys).sum() / max(
+    ex = (full[rank] - full.drop(columns=rank).median(axis=1)).groupby(level=["kind", "unit", "stage"]).sum() / max(
         len(np.unique(m.g_step)), 1)
     k = ex.idxmax()
-    return tuple(None if x == _NONE else x for x in k) + (float(ex.max()),)
+    return tuple(m.uniques[c][x] if x >= 0 else None for c, x in zip(("kind", "unit", "stage"), k)) + (
+        float(ex.max()),)
 
 
 @dataclass
@@ -644,11 +654,8 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
                 segment_kind=kind)
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
-        f = m.frame
-        c_what = f["what"].astype(object).fillna(_NONE).to_numpy()
-        c_unit = f["unit"].astype(object).fillna(_NONE).to_numpy()
-        c_stage = f["stage"].astype(object).fillna(_NONE).to_numpy()
-        is_comm = (f["kind"].to_numpy(object) == model.PATH_COLLECTIVE) | (m.node != NODE_LOCAL)
+        c_what, c_unit, c_stage = m.codes["what"], m.codes["unit"], m.codes["stage"]
+        is_comm = (m.labels["kind"] == model.PATH_COLLECTIVE) | (m.node != NODE_LOCAL)
 
         def hidden(sel):
             d = np.where(sel & (m.node == NODE_LOCAL), 0.0, m.d)
@@ -660,6 +667,13 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
         def label(x):
             return None if x == _NONE else x
 
+        def code(col, x) -> int:
+            """The code of label ``x`` (_NONE: none) in column ``col`` (-2: not there)."""
+            if x == _NONE:
+                return -1
+            hit = np.flatnonzero(m.uniques[col] == x)
+            return int(hit[0]) if hit.size else -2
+
         c = coll.assign(unit=coll["unit"].astype(object).fillna(_NONE), stage=coll["stage"].astype(object).fillna(_NONE))
         keys = c.groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
         for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
@@ -667,13 +681,14 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
             unit_words = " of the root unit" if u == "" else f" of unit {u}" if u is not None else ""
             add(f"the {model.collective_words(what)}{unit_words} in {st or 'the step'} fully hidden",
                 model.CHANGE_COLLECTIVE, None, u, st, what,
-                hidden(is_comm & (c_what == what) & (c_unit == unit) & (c_stage == stage)))
+                hidden(is_comm & (c_what == code("what", what)) & (c_unit == code("unit", unit))
+                       & (c_stage == code("stage", stage))))
         for (what, stage) in c.groupby(["what", "stage"])["dur_us"].sum().sort_values(ascending=False).index:
             st = label(stage)
             add(f"every {model.collective_words(what)} in {st or 'the step'} fully hidden", model.CHANGE_TYPE, None,
-                None, st, what, hidden(is_comm & (c_what == what) & (c_stage == stage)))
+                None, st, what, hidden(is_comm & (c_what == code("what", what)) & (c_stage == code("stage", stage))))
         add("every collective fully hidden", model.CHANGE_ALL_COMM, None, None, None, None, hidden(is_comm))
-    kinds = m.frame["kind"].to_numpy(object)
+    kinds = m.labels["kind"]
     for kind, change, words in ((model.PATH_HOST_GAP, model.CHANGE_HOST_GAPS, "no host / launch gaps"),
                                 (model.PATH_DATA, model.CHANGE_DATA, "the data loader instantly ready"),
                                 (model.PATH_SYNC, model.CHANGE_SYNC, "no host synchronisations")):
