@@ -12,6 +12,7 @@ import pytest
 import fsdpprof
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import critical_path as cpm
+from fsdpprof.analyze.compare.diff import diff_analyses
 from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.pipeline import analyze_run
 
@@ -281,3 +282,22 @@ def test_recorded_run_without_a_straggler_names_none(tmp_path_factory):
     a = _record(tmp_path_factory, "nosleep", None)
     assert a.critical_path is not None and len(a.critical_path.steps) >= 3
     assert not [f for f in a.findings if f.id.startswith("limiting_rank")], [f.title for f in a.findings]
+
+
+def test_compare_diffs_the_breakdowns(tmp_path):
+    """compare's diff: the critical path's time per kind, run against baseline: a 250 µs host gap shows as +250."""
+    def run(gap_us: float, where):
+        where.mkdir()
+        traces = _ranks()
+        for t in traces:
+            end = _two_units(t)
+            t.all_gather(70, 100, 50)
+            t.annot("FSDP::pre_forward (layers.1)", 180 + gap_us)
+            t.kernel("void gemm_b", 190 + gap_us, end + gap_us, 100)
+            t.write(where)
+        return analyze_run(load_run(str(where)), workers=1)
+
+    d = diff_analyses([run(0.0, tmp_path / "a"), run(250.0, tmp_path / "b")], ["a", "b"])
+    c = d.critical.set_index("kind")
+    assert c.loc[model.PATH_HOST_GAP, "diff_us"] == pytest.approx(250.0)
+    assert c.loc[model.PATH_COMPUTE, "diff_us"] == pytest.approx(0.0, abs=1e-6)
