@@ -419,14 +419,16 @@ def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None
                 f"work such as logging or checkpointing on that rank); the other ranks wait for it in their "
                 f"collectives, which prefetching does not help", "critical_path", r, stake_us=saved))
         elif c.kind == model.CHANGE_COLLECTIVE:
-            unit = "the root unit" if c.unit == "" else c.unit
-            where = ", ".join(x for x in (unit, c.stage) if isinstance(x, str) and x)
+            if not isinstance(c.unit, str):
+                continue      # no unit: the exposed-communication finding of its (collective, stage) says it
+            unit = "the root unit" if c.unit == "" else f"unit {c.unit}"
+            stage = f" in {c.stage}" if isinstance(c.stage, str) and c.stage else ""
             part = seg[(seg["kind"] == model.PATH_COLLECTIVE) & (seg["what"] == c.collective)]
             rank, _, _ = _where_on_path(part)
             out.append(Finding(
                 f"exposed_{c.collective}_{c.unit}_{c.stage}".replace(" ", "_"), "high" if saved >= 4 *
                 CRITICAL_SAVED_PCT / 100.0 * step_us else "medium",
-                f"The {model.collective_words(c.collective)} of {where} sets the step: hidden, it would save "
+                f"The {model.collective_words(c.collective)} of {unit}{stage} sets the step: hidden, it would save "
                 f"{fmt_ms(saved)} per step ({pct})", metric, pct_v, "%", CRITICAL_SAVED_PCT,
                 _exposed_suggestion(str(c.collective), str(c.stage), fsdp_advice), "critical_path", rank,
                 stake_us=saved))
