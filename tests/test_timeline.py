@@ -113,7 +113,8 @@ def test_dlrm_added_tracks(dlrm_timeline):
     ours = [e for e in doc["traceEvents"] if e.get("cat") == TRACK_CAT]
     tids = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
             if e.get("ph") == "M" and e["name"] == "thread_name"}
-    stages = {e["name"] for e in ours if e["ph"] == "X" and tids.get((e["pid"], e["tid"])) == f"fsdpprof: {TRACK_STAGE}"}
+    stages = {e["name"] for e in ours
+              if e["ph"] == "X" and tids.get((e["pid"], e["tid"])) == f"fsdpprof: {TRACK_STAGE}"}
     assert stages and stages <= set(model.STEP_STAGES)
     # the critical path: its spans on the ranks add up to the step's path (summary.json's critical_path)
     path = [e for e in ours if e["ph"] == "X" and tids.get((e["pid"], e["tid"])) == f"fsdpprof: {TRACK_CRITICAL}"]

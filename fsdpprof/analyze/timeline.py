@@ -1,6 +1,7 @@
 """What ``fsdpprof timeline`` lays over the ranks' own events (:func:`timeline_tracks`): the ranks aligned on one
 clock, and per rank its step, stage, FSDP phase and unit spans, exposed communication, its part of the critical
-path, memory by category and where each finding points.  Times are on the rank's own clock (µs); subtract its ``offset_us`` for the common one.
+path, memory by category and where each finding points.  Times are on the rank's own clock (µs); subtract its
+``offset_us`` for the common one.
 """
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ def critical_section(a, page: Page) -> str:
         top = cf.iloc[0]
         out.append(f'<p class="lead"><b>{esc(str(top["change"]).capitalize())}</b> would save '
                    f'<b>{esc(_ms(top["saved_us_per_step"]))}</b> per step '
-                   f'({esc(model.fmt_pct(top["saved_pct"]))} of the step\'s {esc(_ms(mean_len))}, from the first rank\'s '
-                   f'start to the last rank\'s end).</p>')
+                   f'({esc(model.fmt_pct(top["saved_pct"]))} of the step\'s {esc(_ms(mean_len))}, from the first '
+                   f'rank\'s start to the last rank\'s end).</p>')
     if len(lim):
         counts = lim.value_counts()
         words = ", ".join(f"rank {r} in {n} of {len(st)} step{'s' if len(st) != 1 else ''}"

@@ -36,8 +36,8 @@ GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before i
 NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
 CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
 SEGMENT_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "dur_us"]
-STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "limiting_rank_saved_us", "limiting_rank_us", "ranks",
-                "residual_us"]
+STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "limiting_rank_saved_us",
+                "limiting_rank_us", "ranks", "residual_us"]
 # limiting_rank: of the ranks tried, the one whose work as fast as the median rank's saves most in that step
 # (limiting_rank_saved_us; without several ranks or any saving: the rank with most time on the path);
 # limiting_rank_us: its time on the path
@@ -357,7 +357,8 @@ def _build(chains: pd.DataFrame, records: pd.DataFrame, offsets: pd.Series) -> _
     has_call = ch["call"].to_numpy(np.int64) >= 0
     node_rec = np.full(len(ch), -1, dtype=np.int64)
     if has_call.any():
-        idx = pd.MultiIndex.from_arrays([ch["rank"].to_numpy(np.int64)[has_call], ch["call"].to_numpy(np.int64)[has_call]])
+        idx = pd.MultiIndex.from_arrays([ch["rank"].to_numpy(np.int64)[has_call],
+                                         ch["call"].to_numpy(np.int64)[has_call]])
         node_rec[has_call] = pos.reindex(idx).fillna(-1).to_numpy(np.int64)
     bad = (node != NODE_LOCAL) & (node_rec < 0)
     node = np.where(bad, NODE_LOCAL, node)       # a node whose call is not among the records: a fixed length
@@ -678,7 +679,8 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
             hit = np.flatnonzero(m.uniques[col] == x)
             return int(hit[0]) if hit.size else -2
 
-        c = coll.assign(unit=coll["unit"].astype(object).fillna(_NONE), stage=coll["stage"].astype(object).fillna(_NONE))
+        c = coll.assign(unit=coll["unit"].astype(object).fillna(_NONE),
+                        stage=coll["stage"].astype(object).fillna(_NONE))
         keys = c.groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
         for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
             u, st = label(unit), label(stage)

@@ -244,7 +244,7 @@ class Diff:
     memory_roles: pd.DataFrame                    # run, role: baseline_/run_/diff_ bytes (they add up to the peak's)
     memory_units: pd.DataFrame                    # run, unit, category: baseline_/run_/diff_ bytes
     notes: list = field(default_factory=list)
-    critical: pd.DataFrame | None = None          # run, kind: baseline_us, run_us, diff_us (critical path, mean per step)
+    critical: pd.DataFrame | None = None          # run, kind: baseline_/run_/diff_us (critical path, mean per step)
 
 
 COMM_VALUES = ["count", "bytes", "comm_us", "exposed_comm_us"]
