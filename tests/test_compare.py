@@ -175,6 +175,15 @@ def _value(text: str, unit: str | None = None) -> float:
     return float(m.group(1).replace(",", "")) * UNITS[m.group(2) or unit]
 
 
+def _with_units(row: list[str], head: list[str]) -> list[str]:
+    """A row's cells with the unit its column's header names ("base (MiB)") written after each number."""
+    out = []
+    for cell, h in zip(row, head):
+        m = re.search(r"\((B|KiB|MiB|GiB|µs|ms|s)\)$", h)
+        out.append(f"{cell} {m.group(1)}" if m and re.match(r"^[+-]?[\d,.]+$", cell.strip()) else cell)
+    return out
+
+
 def _row(tables, first: str) -> list[str]:
     rows = [r for t in tables for r in t if r and r[0] == first]
     assert len(rows) == 1, (first, rows)
@@ -207,7 +216,9 @@ def test_compare_page_shows_one_number_per_quantity(recorded_run):
 
     # memory: the side-by-side rows (one unit for the table) against "What changed" (each cell with its unit)
     by_cat = {lab: {} for lab in (base, run)}
-    diff_rows = {r[0]: r for t in tables for r in t if len(r) == 4 and r[0] != "role" and r[0] != "category"}
+    # (the diff tables show each column in one unit, named in its header: the cells get it back here)
+    diff_rows = {r[0]: _with_units(r, t[0]) for t in tables for r in t
+                 if len(r) == 4 and r[0] != "role" and r[0] != "category"}
     for r in side[1:]:
         m = re.match(r"^at the peak(?: by role)?: (.+) \((\w+)\)$", r[0])
         if not m:
@@ -223,14 +234,14 @@ def test_compare_page_shows_one_number_per_quantity(recorded_run):
     assert {"gathered params", "sharded params", "optimizer states"} <= set(by_cat[run])
     # the peak: side by side, ZeRO's table, the roles' sum
     peak = _row(tables, f"peak allocated per rank ({unit})")
-    roles_sum = _row(tables, "peak (the roles' sum)")
+    roles_sum = next(_with_units(r, t[0]) for t in tables for r in t if r and r[0] == "peak (the roles' sum)")
     zero = {r[0]: r for t in tables for r in t if r and r[0] in (base, run)}
     for lab, i in ((base, 1), (run, 2)):
         same(_value(peak[col[lab]], unit), _value(roles_sum[i]), ("peak", lab))
         same(_value(peak[col[lab]], unit), _value(zero[lab][6], unit), ("peak, ZeRO table", lab))
     # times per step: side by side, ZeRO's table, the step decomposition of what changed
     step, exposed = _row(tables, "step time (ms)"), _row(tables, "exposed communication (ms)")
-    dsteps = {r[0]: r for t in tables for r in t if r and r[0] in ("step", "exposed communication")}
+    dsteps = {r[0]: _with_units(r, t[0]) for t in tables for r in t if r and r[0] in ("step", "exposed communication")}
     for lab, i in ((base, 1), (run, 2)):
         same(_value(step[col[lab]], "ms"), _value(dsteps["step"][i]), ("step", lab))
         same(_value(exposed[col[lab]], "ms"), _value(dsteps["exposed communication"][i]), ("exposed", lab))

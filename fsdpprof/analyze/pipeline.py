@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -195,9 +196,13 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
                         **{c: sel[c].astype(object).to_numpy() for c in ("collective", "stage", "fsdp_phase")}})
     tm = trace_meta or {}
     comm = out[out["kind"] == model.KIND_COMM]
-    nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
-    names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), set(nccl["lane"]), tm.get("thread_names"),
-                              tm.get("device_type"))
+    is_nccl = comm["name"].str.lower().str.startswith(("nccl", "rccl"))
+    nccl_lanes = {ln for ln, share in is_nccl.groupby(comm["lane"]).mean().items() if share > 0.5}
+    on_lane = e[isin(e["kind"], model.DEVICE_KINDS)]   # the whole step's, before LANE_EVENTS_MAX
+    comm_share = pd.Series(isin(on_lane["kind"], [model.KIND_COMM])).groupby(
+        on_lane["lane"].astype(str).to_numpy()).mean()
+    names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), nccl_lanes, tm.get("thread_names"),
+                              tm.get("device_type"), comm_share=comm_share.to_dict())
     out["lane_name"] = out["lane"].map(names)
     return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step), top
 
@@ -214,7 +219,8 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
         return
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
-                   "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum())}
+                   "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum()),
+                   "precisions": labels.precisions_seen(events)}
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
@@ -373,10 +379,24 @@ def input_of(results: list[RankResult], world_size) -> tuple[str, str | None]:
     return model.input_kind(inv.get("framework"), found, world_size), inv.get("strategy")
 
 
+def _precisions_seen(results: list[RankResult]) -> dict | None:
+    """labels.precisions_seen summed over the ranks that have a trace (None without one)."""
+    seen = [r.kernels["precisions"] for r in results if (r.kernels or {}).get("precisions")]
+    if not seen:
+        return None
+    by_dtype: Counter = Counter()
+    for p in seen:
+        by_dtype.update(p["by_dtype"])
+    return {"kernels": sum(p["kernels"] for p in seen), "by_dtype": {k: by_dtype[k] for k in model.LOW_PRECISION
+                                                                      if by_dtype[k]},
+            "comm_dtypes": sorted({d for p in seen for d in p["comm_dtypes"]})}
+
+
 def _overview(run, results: list[RankResult]) -> dict:
     meta = run.meta or {}
     # analysed: neither failed here nor named missing (a rank kept for its inventory or snapshot lacks its trace)
     ranks = [r.rank for r in results if not r.error and r.label not in run.missing]
+    missing = sorted({*map(str, run.missing), *(str(r.label) for r in results if r.error)})
     r0 = next((r for r in results if not r.error), results[0] if results else None)
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     infos = [r.info or {} for r in results]
@@ -386,21 +406,24 @@ def _overview(run, results: list[RankResult]) -> dict:
     device_type = tm.get("device_type") or (str(info0.get("device") or "").split(":")[0] or None)
     cmd = meta.get("command")
     input_kind, strategy = input_of(results, run.world_size)
+    dev_index = str(info0.get("device") or "").partition(":")[2]
+    dev_name, dev_mem = model.device_of(tm.get("deviceProperties"), int(dev_index) if dev_index.isdigit() else None)
     return {
         "command": " ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
-        "status": meta.get("status") or ("partial" if run.missing else "complete"),
+        "status": meta.get("status") or ("partial" if missing else "complete"),
         "started_at": meta.get("started_at"), "ended_at": meta.get("ended_at"), "exit_code": meta.get("exit_code"),
         "world_size": run.world_size, "ranks_present": ranks, "ranks_analysed": len(ranks),
-        "ranks_missing": sorted(map(str, run.missing)), "input_kind": input_kind,
+        "ranks_missing": missing, "input_kind": input_kind,
         "sharded": model.input_sharded(input_kind, strategy),
         "description": model.describe_input(input_kind, strategy, run.world_size),
         "framework": inv.get("framework") or (input_kind if input_kind in model.FSDP_KINDS else None),
         "strategy": inv.get("strategy"),
         "shard_group_size": inv.get("shard_group_size"), "replicate_group_size": inv.get("replicate_group_size"),
         "mixed_precision": inv.get("mixed_precision"), "cpu_offload": inv.get("cpu_offload"),
+        "has_inventory": bool(inv), "precisions_seen": _precisions_seen(results),
         "optimizer": (inv.get("optimizer") or {}).get("class"), "psi": (inv.get("totals") or {}).get("psi"),
         "hosts": hosts, "device_type": device_type,
-        "device_name": info0.get("device_name") or tm.get("device_name"),
+        "device_name": dev_name or info0.get("device_name") or tm.get("device_name"), "device_memory_bytes": dev_mem,
         "backend": info0.get("backend"), "steps_recorded": info0.get("steps_recorded"),
         "versions": meta.get("versions"), "step_time_us": None,
         "device_kernels": sum(int(r.kernels.get("device_kernels", 0)) for r in results),

@@ -7,7 +7,7 @@ __all__ = [
     "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROADCAST", "ALL_TO_ALL", "SEND_RECV", "BARRIER", "COLLECTIVES",
     "P2P", "UNKNOWN_COLLECTIVE", "C10D_PREFIX", "NCCL_OP_PREFIX", "GLOO_PREFIX", "RECORD_PARAM_COMMS",
     "FUNCTIONAL_PREFIXES", "COMM_KERNEL_PREFIXES", "SYMM_MEM_PREFIX", "COMM_OP_PREFIXES", "is_collective_op",
-    "collective_of", "is_comm_kernel", "is_sync_kernel",
+    "collective_of", "kernel_name_tells_collective", "is_comm_kernel", "is_sync_kernel",
     "GLOO_RUNS_AS", "bus_factor", "ring_factor", "wire_factor",
 ]
 
@@ -71,6 +71,17 @@ def collective_of(name) -> str | None:
         if key in s:
             return coll
     return None
+
+
+# device kernels whose name does not tell the collective: NCCL runs all_to_all, gather, scatter and send/recv
+# alike as ``SendRecv`` kernels, so only the CPU op that launched one says which
+_KERNELS_OF_SEVERAL_COLLECTIVES = ("sendrecv",)
+
+
+def kernel_name_tells_collective(name) -> bool:
+    """Whether a comm kernel's name alone says its collective type (a ``SendRecv`` kernel's does not)."""
+    s = _NON_ALPHA.sub("", str(name).split("(", 1)[0].lower())
+    return not any(w in s for w in _KERNELS_OF_SEVERAL_COLLECTIVES)
 
 
 def is_comm_kernel(name: str) -> bool:

@@ -96,7 +96,13 @@ class ModelStates:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.6g}"
+    """A number of a formula as written out: a whole number in full with thousands separators (3,660,672; never
+    3.66067e+06), else at six significant digits without an exponent."""
+    x = float(x)
+    if x.is_integer():
+        return f"{int(x):,}"
+    text = f"{x:.6g}"
+    return f"{x:,.1f}" if "e+" in text else text
 
 
 # ZeRO stage -> what each of params, grads, optimizer states is divided by (1, N or the shard group N_s), formula

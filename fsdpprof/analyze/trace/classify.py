@@ -324,10 +324,15 @@ def classify_arrays(rt) -> dict:
         for c in ("bytes", "group_size", "seq", "dtype", "pg"):
             o[c][idx] = info[c][ok]
     if k_on_gpu.any():
+        # a kernel whose name does not tell its collective (SendRecv) takes it from its launch or from nothing
+        ck = np.flatnonzero(k_on_gpu & (o["kind"] == K_COMM))
+        told = np.array(per_name(model.kernel_name_tells_collective, [cats[c] for c in o["name"][ck].tolist()]),
+                        dtype=bool)
+        o["collective"][ck[~told]] = None
         _from_launching_op(o, k_on_gpu, K_COMM)
         _from_launching_op(o, k_on_gpu, K_COMPUTE)
         _fill_from_cpu_side(o, k_on_gpu)
-        # a comm kernel whose type neither its launching op nor its name tells (never its kernel name)
+        # a comm kernel whose type neither its launching op nor its name tells
         o["collective"][k_on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"])] = model.UNKNOWN_COLLECTIVE
     if k_gloo.any():
         _pair_gloo(o, k_gloo, k_c10d & is_cpu_op[kidx], shard)

@@ -19,6 +19,7 @@ from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import attribution, cpu_events
 from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, map_run
+from fsdpprof.analyze.whatif import advice
 from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
@@ -245,7 +246,9 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
         for n in p["notes"]:
             ranks_of.setdefault(n, []).append(p["rank"])
     notes = [n if len(set(rs)) == len(per_rank) else f"{model.rank_list(rs)}: {n}" for n, rs in ranks_of.items()]
-    return {"predictions": preds, "measured": measured, "fits": fits, "notes": notes}
+    out = {"predictions": preds, "measured": measured, "fits": fits, "notes": notes}
+    out["recommendation"] = advice.recommend(out)
+    return out
 
 
 def hosts_of(run) -> tuple[int, int | None]:

@@ -52,7 +52,7 @@ class Fit:
         for c, (lat, pb, n) in sorted(self.by_type.items()):
             bw = 1.0 / pb / 1e3 if pb > 0 else float("inf")
             cap = "; latency capped at the run's fastest call" if c in self.capped else ""
-            out.append(f"{model.collective_words(c)}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
+            out.append(f"{model.collective_words(c)}: {lat:.0f} µs + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
         return out
 
 
