@@ -279,6 +279,10 @@ def test_whatif_recommendation_rest_and_fits():
     assert "if memory is short, FULL_SHARD, 4 ranks predicts a peak -50%" in recommend({"predictions": [own, small]})
     assert recommend({"predictions": [own, faster]}, device_memory_bytes=44 * 2**20).startswith("keep")
     assert recommend({"predictions": [faster]}) is None                     # nothing like for like to weigh against
+    # an order is stated only where the step-time intervals lie apart (issue 38): overlapping ones -> no "try"
+    own_iv = dict(own, step_low_us=70e3, step_high_us=140e3)
+    assert recommend({"predictions": [own_iv, dict(faster, step_low_us=60e3, step_high_us=110e3)]}).startswith("keep")
+    assert recommend({"predictions": [own_iv, dict(faster, step_low_us=50e3, step_high_us=69e3)]}).startswith("try")
     cpu = recommend({"predictions": [_pred("FULL_SHARD", 1e5, 2**20, True, 1.9), faster]})
     assert "contended x1.90" in cpu
     result = {"predictions": [own, faster], "measured": {"peak_allocated_bytes": 40 * 2**20, "step_us": 1.1e5},

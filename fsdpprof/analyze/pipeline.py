@@ -25,7 +25,7 @@ from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, load_run, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
-from fsdpprof.analyze.summary import distributions, model_states, theory
+from fsdpprof.analyze.summary import distributions, host, model_states, shares, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.timeline import clock_anchors_us
@@ -54,6 +54,7 @@ class RankResult:
     notes: dict = field(default_factory=dict)    # section -> text
     has_trace: bool = False
     framework: str | None = None                 # from the events: fsdp2 | fsdp1 | ddp | distributed | single_device
+    workload: str | None = None                  # from the events: training | inference (model.workload_of)
     kernels: dict = field(default_factory=dict)  # device_kernels, unknown_launch (launch not in the trace)
     inventory: dict | None = None                # inventory.json without its tensor list
     measured: dict | None = None                 # model-state bytes per role (inventory)
@@ -102,6 +103,9 @@ class Analysis:
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     step_stalls: pd.DataFrame | None = None                   # steps.step_stalls: rank, step, idle by cause, ...
+    exposed_stage: pd.DataFrame | None = None                 # shares.exposed_by_stage: per collective and stage
+    exposed_unit: pd.DataFrame | None = None                  # shares.exposed_by_unit: per unit, collective, stage
+    idle_causes: pd.DataFrame | None = None                   # shares.idle_by_cause: device idle per step by cause
     skew: pd.DataFrame | None = None                          # per checked match (skew.SKEW_COLUMNS)
     stragglers: pd.DataFrame | None = None
     matching: dict | None = None                              # matching.MatchStats.to_dict(): matched/refused/...
@@ -196,7 +200,7 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
                         **{c: sel[c].astype(object).to_numpy() for c in ("collective", "stage", "fsdp_phase")}})
     tm = trace_meta or {}
     comm = out[out["kind"] == model.KIND_COMM]
-    is_nccl = comm["name"].str.lower().str.startswith(("nccl", "rccl"))
+    is_nccl = pd.Series(model.is_comm_kernel(comm["name"].to_numpy(object)), index=comm.index)
     nccl_lanes = {ln for ln, share in is_nccl.groupby(comm["lane"]).mean().items() if share > 0.5}
     on_lane = e[isin(e["kind"], model.DEVICE_KINDS)]   # the whole step's, before LANE_EVENTS_MAX
     comm_share = pd.Series(isin(on_lane["kind"], [model.KIND_COMM])).groupby(
@@ -215,6 +219,7 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.overlap_overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
     res.framework = labels.framework_of(events)
+    res.workload = labels.workload_of(events)
     if overlap_only:
         return
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
@@ -424,6 +429,7 @@ def _overview(run, results: list[RankResult]) -> dict:
         "optimizer": (inv.get("optimizer") or {}).get("class"), "psi": (inv.get("totals") or {}).get("psi"),
         "hosts": hosts, "device_type": device_type,
         "device_name": dev_name or info0.get("device_name") or tm.get("device_name"), "device_memory_bytes": dev_mem,
+        "workload": next((r.workload for r in results if not r.error and r.workload), None),
         "backend": info0.get("backend"), "steps_recorded": info0.get("steps_recorded"),
         "versions": meta.get("versions"), "step_time_us": None,
         "device_kernels": sum(int(r.kernels.get("device_kernels", 0)) for r in results),
@@ -496,12 +502,13 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
 
 def _findings(a: Analysis) -> list:
     o = a.overview
-    fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
+    fsdp = o.get("input_kind") in model.FSDP_FAMILIES
     # exposed communication is held to what hiding it saves by the critical path (not the time ranks wait)
-    items = fnd.held_to_critical_path(fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp),
-                                      a.critical_path)
+    items = fnd.held_to_critical_path(fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp,
+                                                        exposed_stage=a.exposed_stage), a.critical_path)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
-    items += fnd.device_findings(a.steps, a.step_stalls, device=device)
+    items += fnd.device_findings(a.steps, a.step_stalls, device=device, idle_causes=a.idle_causes)
+    items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
     items += fnd.critical_path_findings(a.critical_path, fsdp_advice=fsdp, said={f.id for f in items})
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
@@ -563,9 +570,17 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication", "no trace events in this input.")
         _note(a.notes, "steps", "no trace events in this input.")
     else:
-        for name in ("volume", "comm_phase", "comm_unit_step", "overlap_overall", "steps", "step_stalls", "temporal",
-                     "top_kernels", "idle", "op_stats"):     # the per-rank tables, all ranks' rows
-            setattr(a, name, _concat(getattr(r, name) for r in traced))
+        # the per-rank tables, all ranks' rows
+        a.volume = _concat(r.volume for r in traced)
+        a.comm_phase = _concat(r.comm_phase for r in traced)
+        a.comm_unit_step = _concat(r.comm_unit_step for r in traced)
+        a.overlap_overall = _concat(r.overlap_overall for r in traced)
+        a.steps = _concat(r.steps for r in traced)
+        a.step_stalls = _concat(r.step_stalls for r in traced)
+        a.temporal = _concat(r.temporal for r in traced)
+        a.top_kernels = _concat(r.top_kernels for r in traced)
+        a.idle = _concat(r.idle for r in traced)
+        a.op_stats = _concat(r.op_stats for r in traced)
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
@@ -609,6 +624,11 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication",
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
+    a.exposed_stage = _try(a.notes, "communication", "exposed communication per stage", shares.exposed_by_stage,
+                           a.comm_unit_step, a.steps)
+    a.exposed_unit = _try(a.notes, "communication", "exposed communication per unit", shares.exposed_by_unit,
+                          a.comm_unit_step, a.steps)
+    a.idle_causes = _try(a.notes, "device", "device idle by cause", shares.idle_by_cause, a.steps, a.step_stalls)
     a.findings = _findings(a)
     a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     a.rank_distributions = _try(a.notes, "ranks", "distributions over ranks", distributions.rank_distributions,

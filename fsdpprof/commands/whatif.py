@@ -90,6 +90,9 @@ def text(result: dict, run_label: str) -> str:
                      f"{ms(p['compute_us']):>9s}{ms(p['exposed_comm_us']):>9s}{ms(p['rest_us']):>9s}")
     lines.append("(* the target; = the run's own configuration, predicted from itself; times per step; "
                  "rest = step - compute - exposed: host time outside operators, idle, copies)")
+    lines += [f"step-time interval, {p['label']}: {ms(p['step_low_us'])}-{ms(p['step_high_us'])} ms"
+              for p in result["predictions"] if p.get("step_low_us") is not None]
+    lines += [f"order: {x}" for x in result.get("order") or []]
     if result.get("recommendation"):
         lines.append(f"recommendation: {result['recommendation']}")
     first = result["predictions"][0] if result["predictions"] else None

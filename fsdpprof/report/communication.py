@@ -3,14 +3,19 @@ collective and stage; point-to-point and out-of-step communication; overlap per 
 the formula; what ran where in one step; the operations with the most time."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import (KIND_COLORS, KIND_LABELS, Page, esc, fmt_bytes, fmt_num, fmt_us, hover_name, label,
                                   notes_html, scope_note, table, value_label)
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def _lanes_chart(a, page: Page) -> str:
+
+def _lanes_chart(a: Analysis, page: Page) -> str:
     ln = a.lanes
     if ln is None or ln.empty:
         return ""
@@ -51,7 +56,7 @@ def _same_time(op) -> bool:
     return bool(((t - c).abs() <= 1e-3 * c.abs().clip(lower=1.0)).all())
 
 
-def communication_section(a, page: Page) -> str:
+def communication_section(a: Analysis, page: Page) -> str:
     out = ['<section id="communication"><h2>Communication</h2>', notes_html(a, "communication")]
     if a.volume is not None and not a.volume.empty:
         out.append("<h3>Per collective: " + esc(_what(a.volume, [
@@ -59,18 +64,18 @@ def communication_section(a, page: Page) -> str:
             ("bandwidth (algorithm bandwidth; bus bandwidth with nccl-tests' factors)", ("algbw_gbps", "busbw_gbps"))]))
                    + "</h3>")
         out.append(scope_note(a, "window") + table(a.volume))
+    es = a.exposed_stage
+    if es is not None and not es.empty:
+        keys = [label(f"{value_label('collective', c)} in {s}") for c, s in zip(es["collective"], es["stage"])]
+        hidden = es["overlapped_us"] if "overlapped_us" in es else es["us"] * 0.0
+        fig = figures.Figure([figures.bar(x=keys, y=hidden / 1e3, name="hidden behind compute",
+                                          marker_color="#93c5fd"),
+                              figures.bar(x=keys, y=es["us"] / 1e3, name="exposed", marker_color="#dc2626")])
+        fig.update_layout(barmode="stack", title="Communication per step, hidden vs exposed (median over ranks of "
+                                                 "each rank's mean per step, as the findings)", yaxis_title="ms per step")
+        out.append(page.fig(fig, 320))
     if a.comm_phase is not None and not a.comm_phase.empty:
         op = a.comm_phase
-        g = op.copy()
-        g["key"] = [f"{value_label('collective', c)} in {s}" for c, s in zip(g["collective"], g["stage"])]
-        g = g.groupby("key", as_index=False)[["overlapped_comm_us", "exposed_comm_us"]].sum()
-        fig = figures.Figure([figures.bar(x=[label(k) for k in g["key"]], y=g["overlapped_comm_us"] / 1e3,
-                                name="hidden behind compute", marker_color="#93c5fd"),
-                         figures.bar(x=[label(k) for k in g["key"]], y=g["exposed_comm_us"] / 1e3, name="exposed",
-                                marker_color="#dc2626")])
-        fig.update_layout(barmode="stack", title="Communication time, hidden vs exposed (all ranks, all steps)",
-                          yaxis_title="ms")
-        out.append(page.fig(fig, 320))
         out.append("<h3>Per collective, stage (forward / backward / optimizer, from the CPU op that launched it) "
                    "and FSDP phase: " + esc(_what(op, [("volume", ("bytes",)), ("bandwidth", ("busbw_gbps",)),
                                                        ("overlap with compute", ("overlapped_comm_us",)),

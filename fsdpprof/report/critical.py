@@ -2,11 +2,16 @@
 limiting rank) and what each change would save (fsdpprof.analyze.comm.critical_path)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.report import figures
 from fsdpprof.report.page import Page, esc, fmt_num, notes_html, table
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 PATH_COLORS = {model.PATH_COMPUTE: "#1f77b4", model.PATH_COLLECTIVE: "#dc2626", model.PATH_HOST_GAP: "#9ca3af",
                model.PATH_SYNC: "#f59e0b", model.PATH_DATA: "#8b5cf6", model.PATH_WAIT: "#fca5a5"}
@@ -18,7 +23,7 @@ def _ms(us: float) -> str:
     return model.fmt_ms(float(us))
 
 
-def critical_section(a, page: Page) -> str:
+def critical_section(a: Analysis, page: Page) -> str:
     """The section, or "" when the input has no steps (nothing to say) and no note on why."""
     cp = getattr(a, "critical_path", None)
     if cp is None or cp.steps is None or not len(cp.steps):

@@ -2,6 +2,8 @@
 buffers (report.oom), the allocator's cache, the largest allocations, and the ZeRO formulas beside the measurement."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import itertools
 
 import pandas as pd
@@ -16,8 +18,11 @@ from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTS
                                   category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
                                   notes_html, side_by_side, signed_bytes, size_class_label, table, value_label)
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def memory_owner(a, r) -> str:
+
+def memory_owner(a: Analysis, r) -> str:
     """Whose memory rank ``r``'s result is: "cuda:1" (one snapshot file), "rank 3, cuda:3" or "rank 3"."""
     dev = getattr((a.memory or {}).get(r), "device", None)
     if dev is None:
@@ -25,7 +30,7 @@ def memory_owner(a, r) -> str:
     return f"cuda:{dev}" if a.source == SOURCE_SNAPSHOT_FILE else f"rank {r}, cuda:{dev}"
 
 
-def devices_analysed(a) -> str:
+def devices_analysed(a: Analysis) -> str:
     """The devices of one snapshot file analysed ("cuda:0, cuda:1"); "" for any other input."""
     if a.source != SOURCE_SNAPSHOT_FILE:
         return ""
@@ -42,7 +47,7 @@ def other_devices_said(m) -> str:
     return f"the largest of the snapshot's {len(peaks)} devices; the others peak at {others} (--device N or all)"
 
 
-def _theory_block(a) -> str:
+def _theory_block(a: Analysis) -> str:
     t = a.theory
     if not t:
         return f"<h3>Theory vs measured</h3>{notes_html(a, 'theory')}"
@@ -85,7 +90,7 @@ def _theory_block(a) -> str:
     return "".join(out)
 
 
-def _process_block(a) -> str:
+def _process_block(a: Analysis) -> str:
     """The process's memory beside the allocator's, per rank (rank.json's samples; "" when no rank has them)."""
     rows, notes = [], []
     for r, m in sorted(a.memory.items()):
@@ -186,7 +191,7 @@ def _fragmentation_block(m, page: Page) -> str:
     return "".join(out)
 
 
-def memory_section(a, page: Page) -> str:
+def memory_section(a: Analysis, page: Page) -> str:
     out = ['<section id="memory"><h2>Memory</h2>', notes_html(a, "memory")]
     if a.memory_peaks is not None and not a.memory_peaks.empty:
         mp = a.memory_peaks

@@ -2,13 +2,18 @@
 run or of warnings, and the "Overview" section (command, ranks, model, device)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
 from fsdpprof.analyze.model import INPUT_KIND_TEXT, MISSING_WORD, fmt_bytes, rank_list
 from fsdpprof.analyze.summary.headline import step_spread
 from fsdpprof.report.page import esc, fmt_num, fmt_params, fmt_us_spread, kv_table, step_scope
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def context_line(a) -> str:
+
+def context_line(a: Analysis) -> str:
     """One line under the title: strategy, framework, ranks, model size, optimizer, dtypes, device."""
     o, t = a.overview, a.theory or {}
     bits = [str(o["description"])] if o.get("description") else []
@@ -58,7 +63,7 @@ SOURCE_TEXT = {"run_dir": "fsdpprof run directory", "trace_folder": "folder of p
                "snapshot_folder": "folder of CUDA memory snapshots"}
 
 
-def overview_section(a) -> str:
+def overview_section(a: Analysis) -> str:
     """The run in a table; a row without a value is left out (Ψ says it is unknown without an inventory)."""
     o = a.overview
     sp = step_spread(a.steps, "step_us")
@@ -87,7 +92,7 @@ def overview_section(a) -> str:
             f'{esc(status)}</summary>{kv_table(items)}</details></section>')
 
 
-def banner(a) -> str:
+def banner(a: Analysis) -> str:
     out = []
     if a.missing:
         lst = "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items()))

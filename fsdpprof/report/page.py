@@ -3,6 +3,8 @@ METRIC_LABELS ...), the table renderers and the page shell. Every string from a 
 tables and text and through ``label`` in plot labels; tables pick one unit per column from its name."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import html
 import math
 import re
@@ -15,6 +17,9 @@ from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.model import MemoryRole as MR
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 MIB = float(2**20)
 # one hue per role, one shade per category: whole (DDP) darkest, sharded, gathered / unsharded lightest
@@ -484,12 +489,12 @@ def document(title: str, subtitle: str, nav: list[tuple[str, str]], body: str, c
             f"</body></html>")
 
 
-def notes_html(a, section: str) -> str:
+def notes_html(a: Analysis, section: str) -> str:
     n = a.notes.get(section)
     return f'<p class="note">{esc(n)}</p>' if n else ""
 
 
-def scope_note(a, per: str) -> str:
+def scope_note(a: Analysis, per: str) -> str:
     """Which ranks and steps a table's rows are, as a note; ``per``: "rank_step", "window" or "rank"."""
     ranks = model.rank_list(sorted(int(r) for r in (a.overview.get("ranks_present") or [])))
     steps = sorted({int(x) for x in a.steps["step"].dropna()}) if a.steps is not None and "step" in a.steps else []

@@ -3,6 +3,8 @@
 matches."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import Page, esc, notes_html, table
 
@@ -26,8 +28,11 @@ def matching_html(m: dict | None) -> str:
             f'collectives matched{size}; <b>{m["refused_calls"]:,}</b> refused, <b>{m["unmatched_calls"]:,}</b> '
             f'unmatched (neither used).{clock}</p>' + (f"<ul>{why}</ul>" if why else ""))
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def ranks_section(a, page: Page) -> str:
+
+def ranks_section(a: Analysis, page: Page) -> str:
     out = ['<section id="ranks"><h2>Ranks: skew and stragglers</h2>', notes_html(a, "ranks"),
            matching_html(getattr(a, "matching", None))]
     if a.stragglers is not None and not a.stragglers.empty:

@@ -2,10 +2,15 @@
 :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` (``a.whatif`` on an Analysis)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, MIB, Page, category_label, column_scale, document, esc,
                                   fmt_fixed, is_missing, label, text_table)
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
 def _table(result: dict) -> str:
@@ -27,11 +32,14 @@ def _table(result: dict) -> str:
         name = p.get("label") or p.get("strategy")
         if p.get("is_run"):
             name += " (this run's own)"
+        interval = (f"{t(p['step_low_us'])} to {t(p['step_high_us'])}"
+                    if p.get("step_low_us") is not None and step else "")
         rows.append([name, p.get("world_size"), p.get("shard_group"), "" if peak is None else fmt_fixed(peak / bscale),
-                     dp, t(step), ds, t(p.get("compute_us")), t(p.get("exposed_comm_us")), t(p.get("rest_us"))])
+                     dp, t(step), interval, ds, t(p.get("compute_us")), t(p.get("exposed_comm_us")),
+                     t(p.get("rest_us"))])
     return text_table(["strategy", "world", "shard group", f"predicted peak ({bunit})", "vs measured (%)",
-                       f"step time ({tunit})", "vs measured (%)", f"compute ({tunit})", f"exposed comm ({tunit})",
-                       f"rest ({tunit})"], rows)
+                       f"step time ({tunit})", f"step time interval ({tunit})", "vs measured (%)",
+                       f"compute ({tunit})", f"exposed comm ({tunit})", f"rest ({tunit})"], rows)
 
 
 REST_WORDS = ("rest: the predicted step's time that is neither compute nor exposed communication (host time outside "
@@ -104,6 +112,9 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
     if result.get("recommendation"):
         out.append(f"<p><b>Recommendation</b>: {esc(result['recommendation'])}.</p>")
     out.append(_table(result))
+    if result.get("order"):
+        out.append('<p class="note">Predicted step time, fastest first (an order is stated only where the '
+                   'intervals do not overlap): ' + esc("; ".join(result["order"])) + ".</p>")
     out.append(f'<p class="note">{esc(REST_WORDS)}</p>')
     out.append(_fits(result))
     out.append(_figure(result, page))
@@ -113,7 +124,7 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
     return "".join(out)
 
 
-def whatif_section(a, page: Page) -> str:
+def whatif_section(a: Analysis, page: Page) -> str:
     """The report's "What if" section (id ``whatif``) from an Analysis (``a.whatif``, ``a.notes['whatif']``)."""
     result = getattr(a, "whatif", None)
     note = (getattr(a, "notes", None) or {}).get("whatif")

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
+from fsdpprof.analyze.load.frames import isin, on_device
 from fsdpprof.analyze.compare.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.errors import UserError
@@ -42,8 +43,10 @@ def op_name(name: str) -> str:
 
 def op_table(events: pd.DataFrame, rows_max: int = OPS_ROWS_MAX) -> pd.DataFrame | None:
     """One rank's operators and kernels per step: rank, step, name, kind, count, total_us, max_us; past ``rows_max``
-    rows, the names with the least time summed into ``(other)``."""
-    e = events[events["step"].notna().to_numpy()]
+    rows, the names with the least time summed into ``(other)``.  An annotation's device mirror (the GPU span of a
+    CPU region, same name) is left out: a region counts once, by its CPU annotation."""
+    e = events[events["step"].notna().to_numpy()
+               & ~(isin(events["kind"], [model.KIND_ANNOTATION]) & on_device(events["lane"]))]
     if e.empty:
         return None
     g = (e.groupby(["step", "name", "kind"], observed=True, sort=False)["dur_us"]

@@ -308,15 +308,22 @@ def cpu_side(events: pd.DataFrame) -> np.ndarray:
     return ~on_device(events["lane"])
 
 
+def workload_of(events: pd.DataFrame) -> str | None:
+    """``training`` or ``inference`` (model.workload_of) from the trace's op names; None without events."""
+    cats, codes = _cat_codes(events["name"])
+    return model.workload_of([cats[i] for i in np.unique(codes[codes >= 0]).tolist()])
+
+
 def framework_of(events: pd.DataFrame) -> str:
     """What a trace shows running: ``fsdp2`` / ``fsdp1`` (their annotations), ``ddp`` (DDP's forward or its
     reducer), ``distributed`` (collectives of another framework) or ``single_device``."""
     cats, codes = _cat_codes(events["name"])
     names = [cats[i] for i in np.unique(codes[codes >= 0]).tolist()]
-    for prefix, framework in ((model.FSDP2_PREFIX, "fsdp2"), (model.FSDP1_PREFIX, "fsdp1"), (model.DDP_MARKERS, "ddp")):
+    for prefix, framework in ((model.FSDP2_PREFIX, model.FAMILY_FSDP2), (model.FSDP1_PREFIX, model.FAMILY_FSDP1),
+                              (model.DDP_MARKERS, model.FAMILY_DDP)):
         if any(x.startswith(prefix) for x in names):
             return framework
-    return "distributed" if isin(events["kind"], [model.KIND_COMM]).any() else "single_device"
+    return model.INPUT_DISTRIBUTED if isin(events["kind"], [model.KIND_COMM]).any() else model.INPUT_SINGLE_DEVICE
 
 
 def precisions_seen(events: pd.DataFrame) -> dict:

@@ -14,9 +14,19 @@ def _pct(x: float, base: float) -> float:
     return 100.0 * (x / base - 1.0)
 
 
+def _faster(p: dict, own: dict) -> bool:
+    """Whether ``p`` is predicted faster than ``own``: its step at least MARGIN_PCT shorter and, where both carry
+    an interval (``step_low_us``..``step_high_us``), the two intervals apart (an order is stated only then)."""
+    if _pct(p["step_us"], own["step_us"]) > -MARGIN_PCT:
+        return False
+    if p.get("step_high_us") is None or own.get("step_low_us") is None:
+        return True
+    return p["step_high_us"] < own["step_low_us"]
+
+
 def recommend(result: dict, device_memory_bytes: int | None = None) -> str | None:
-    """One line: the strategy to try (predicted step at least MARGIN_PCT shorter than the run's own
-    configuration's prediction, its peak within ``device_memory_bytes`` when known), else the one that saves at
+    """One line: the strategy to try (predicted faster than the run's own configuration's prediction by
+    :func:`_faster`, its peak within ``device_memory_bytes`` when known), else the one that saves at
     least MARGIN_PCT of the peak without a step MARGIN_PCT longer, else keep the run's configuration; None
     without a prediction of the run's own configuration to weigh against."""
     preds = result.get("predictions") or []
@@ -30,16 +40,16 @@ def recommend(result: dict, device_memory_bytes: int | None = None) -> str | Non
     c = own.get("run_cpu_contention")
     caveat = (f" (times of a CPU run contended x{c:.2f}: confirm on the target hardware)"
               if c is not None and c >= CONTENDED else "")
-    fast = min(others, key=lambda p: p["step_us"], default=None)
-    if fast is not None and _pct(fast["step_us"], step0) <= -MARGIN_PCT:
+    fast = min((p for p in others if _faster(p, own)), key=lambda p: p["step_us"], default=None)
+    if fast is not None:
         return (f"try {fast['label']}: step {_pct(fast['step_us'], step0):+.0f}% and peak "
                 f"{_pct(fast['peak_allocated_bytes'], peak0):+.0f}% ({fmt_bytes(fast['peak_allocated_bytes'])}) "
                 f"against this run's configuration predicted the same way{caveat}")
     small = min((p for p in others if _pct(p["step_us"], step0) < MARGIN_PCT),
                 key=lambda p: p["peak_allocated_bytes"], default=None)
     if small is not None and _pct(small["peak_allocated_bytes"], peak0) <= -MARGIN_PCT:
-        return (f"keep {own['label']} for speed; if memory is short, {small['label']} predicts a peak "
+        return (f"keep {own['label']}; if memory is short, {small['label']} predicts a peak "
                 f"{_pct(small['peak_allocated_bytes'], peak0):+.0f}% ({fmt_bytes(small['peak_allocated_bytes'])}) "
                 f"at a step {_pct(small['step_us'], step0):+.0f}%{caveat}")
-    return (f"keep {own['label']}: no strategy is predicted {MARGIN_PCT:.0f}% faster, nor {MARGIN_PCT:.0f}% "
-            f"smaller in memory without a step {MARGIN_PCT:.0f}% longer{caveat}")
+    return (f"keep {own['label']}: no strategy is predicted faster (by {MARGIN_PCT:.0f}%, with step-time intervals "
+            f"apart), nor {MARGIN_PCT:.0f}% smaller in memory without a step {MARGIN_PCT:.0f}% longer{caveat}")
