@@ -242,6 +242,7 @@ def test_summary_tables_and_timeline_of_the_path(tmp_path):
 
 # ----------------------------------------------------------------------------------------- recorded CPU runs
 SLEEP_MS, SLEEP_RANK, SLEEP_UNIT = 150.0, 1, "layers.2"
+HOST_FINDINGS = ("cpu_oversubscribed", "host_time")
 SMALL_MODEL = ("--dim", "64", "--seq", "32", "--batch", "2", "--vocab", "256", "--steps", "7")
 
 
@@ -271,9 +272,12 @@ def test_recorded_straggler_is_named_and_costed(tmp_path_factory):
     assert named["step"].nunique() > len(cp.steps) / 2, seg.sort_values("dur_us").tail(10)
     assert (cp.steps["limiting_rank"] == SLEEP_RANK).sum() > len(cp.steps) / 2
     assert cpm.straggler_cost_us(cp, SLEEP_RANK) == pytest.approx(SLEEP_MS * 1e3, rel=0.15)
-    first = a.findings[0]
-    assert f"rank {SLEEP_RANK}" in first.title.lower() and SLEEP_UNIT in first.title and "forward" in first.title
-    assert first.rank == SLEEP_RANK
+    # the first finding about the step (the host's own findings, oversubscription and Python time, say how busy
+    # the machine is: on a shared 2-core host they may come first)
+    first = next(f for f in a.findings if f.id not in HOST_FINDINGS)
+    assert f"rank {SLEEP_RANK}" in first.title.lower() and SLEEP_UNIT in first.title and "forward" in first.title, \
+        [f.title for f in a.findings]
+    assert first.rank == SLEEP_RANK and first.section == "critical_path"
 
 
 @pytest.mark.slow
