@@ -618,7 +618,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")
         a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
-                               _concat(r.chain for r in traced))
+                               cpath.concat_chains(r.chain for r in traced))
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals, steps
@@ -35,6 +36,7 @@ _NONE = "\u2400"             # stands for None in group keys (pandas drops None 
 GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before it (launch latency, not a cause)
 NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
 CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
+LABEL_COLUMNS = ["kind", "what", "unit", "stage"]
 SEGMENT_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "dur_us"]
 STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "limiting_rank_saved_us",
                 "limiting_rank_us", "ranks", "residual_us"]
@@ -255,12 +257,26 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
     # in time order; at one time an issue node before the piece that starts there
     out["_o"] = np.where(out["node"] == NODE_ISSUE, 0, 1)
     out = out.sort_values(["step", "s", "_o"], kind="mergesort")
-    return pd.DataFrame({"rank": rank, "step": out["step"].to_numpy(np.float64), "node": out["node"].to_numpy(),
-                         "start_us": out["s"].to_numpy(np.float64),
+    # labels as categoricals: a chain travels from its worker to the reduce as codes (1,024 ranks: 10 KB a rank)
+    return pd.DataFrame({"rank": np.full(len(out), rank, dtype=np.int32), "step": out["step"].to_numpy(np.float64),
+                         "node": out["node"].to_numpy(np.int8), "start_us": out["s"].to_numpy(np.float64),
                          "dur_us": (out["e"] - out["s"]).to_numpy(np.float64),
-                         "kind": out["kind"].to_numpy(object), "what": out["what"].to_numpy(object),
-                         "unit": out["unit"].to_numpy(object), "stage": out["stage"].to_numpy(object),
-                         "call": out["call"].to_numpy(np.int64)})[CHAIN_COLUMNS]
+                         **{c: pd.Categorical(out[c].to_numpy(object)) for c in LABEL_COLUMNS},
+                         "call": out["call"].to_numpy(np.int32)})[CHAIN_COLUMNS]
+
+
+def concat_chains(chains) -> pd.DataFrame | None:
+    """The ranks' chains as one frame (labels stay categoricals, their categories united), None without any."""
+    chains = [c for c in chains if c is not None and len(c)]
+    if not chains:
+        return None
+    out = {c: np.concatenate([x[c].to_numpy() for x in chains]) for c in CHAIN_COLUMNS if c not in LABEL_COLUMNS}
+    for c in LABEL_COLUMNS:
+        out[c] = union_categoricals([pd.Categorical(x[c].astype(object).to_numpy())
+                                     if not isinstance(x[c].dtype, pd.CategoricalDtype)
+                                     or x[c].cat.categories.dtype != object
+                                     else x[c].array for x in chains], ignore_order=True)
+    return pd.DataFrame(out)[CHAIN_COLUMNS]
 
 
 # --------------------------------------------------------------------------- reduce: the replay
@@ -282,10 +298,10 @@ class _Model:
     rec_issue: np.ndarray   # its issue node (-1: none in the chains)
     node_rec: np.ndarray    # per node: its call record (-1)
     n_match: int
-    frame: pd.DataFrame     # the chains (CHAIN_COLUMNS) in node order, aligned start_us
+    start: np.ndarray       # per node: its start (aligned µs)
+    dur: np.ndarray         # per node: its recorded length (µs)
     records: pd.DataFrame   # rank, collective, pg, ts_us, end_us (aligned), match_id
-    labels: dict = field(default_factory=dict)   # kind, what, unit, stage -> object array per node (None: none)
-    codes: dict = field(default_factory=dict)    # the same as integer codes (-1: none), for fast selection
+    codes: dict = field(default_factory=dict)    # kind, what, unit, stage -> per node its code (-1: none)
     uniques: dict = field(default_factory=dict)  # code -> label
     cache: dict = field(default_factory=dict)
 
@@ -336,16 +352,19 @@ class _Model:
 
 
 def _build(chains: pd.DataFrame, records: pd.DataFrame, offsets: pd.Series) -> _Model:
-    ch = chains.sort_values(["rank", "step"], kind="mergesort").reset_index(drop=True)
-    off = ch["rank"].map(offsets).fillna(0.0).to_numpy(np.float64)
-    ch["start_us"] = ch["start_us"].to_numpy(np.float64) - off
+    order = np.lexsort((chains["step"].to_numpy(np.float64), chains["rank"].to_numpy(np.int64)))
+    ch = chains.take(order).reset_index(drop=True) if not (np.diff(order) == 1).all() else chains.reset_index(drop=True)
+    c_rank, c_step = ch["rank"].to_numpy(np.int64), ch["step"].to_numpy(np.float64)
+    off = pd.Series(c_rank).map(offsets).fillna(0.0).to_numpy(np.float64)
+    start = ch["start_us"].to_numpy(np.float64) - off
     node = ch["node"].to_numpy(np.int64)
-    gkey = ch[["rank", "step"]]
-    new = (gkey != gkey.shift()).any(axis=1).to_numpy()
+    new = np.ones(len(ch), dtype=bool)
+    new[1:] = (c_rank[1:] != c_rank[:-1]) | (c_step[1:] != c_step[:-1])
     grp = np.cumsum(new) - 1
     first = np.flatnonzero(new)
     last = np.concatenate([first[1:] - 1, [len(ch) - 1]])
-    d = np.where(node == NODE_LOCAL, ch["dur_us"].to_numpy(np.float64), 0.0)
+    dur = ch["dur_us"].to_numpy(np.float64)
+    d = np.where(node == NODE_LOCAL, dur, 0.0)
     rec = records.reset_index(drop=True)
     ro = rec["rank"].map(offsets).fillna(0.0).to_numpy(np.float64)
     arr = rec["ts_us"].to_numpy(np.float64) - ro
@@ -354,34 +373,43 @@ def _build(chains: pd.DataFrame, records: pd.DataFrame, offsets: pd.Series) -> _
     # records' positions by (rank, call)
     pos = pd.Series(np.arange(len(rec)), index=pd.MultiIndex.from_arrays([rec["rank"].to_numpy(np.int64),
                                                                           rec["call"].to_numpy(np.int64)]))
-    has_call = ch["call"].to_numpy(np.int64) >= 0
+    calls = ch["call"].to_numpy(np.int64)
+    has_call = calls >= 0
     node_rec = np.full(len(ch), -1, dtype=np.int64)
     if has_call.any():
-        idx = pd.MultiIndex.from_arrays([ch["rank"].to_numpy(np.int64)[has_call],
-                                         ch["call"].to_numpy(np.int64)[has_call]])
+        idx = pd.MultiIndex.from_arrays([c_rank[has_call], calls[has_call]])
         node_rec[has_call] = pos.reindex(idx).fillna(-1).to_numpy(np.int64)
     bad = (node != NODE_LOCAL) & (node_rec < 0)
     node = np.where(bad, NODE_LOCAL, node)       # a node whose call is not among the records: a fixed length
-    d = np.where(bad & (ch["kind"].to_numpy(object) == model.PATH_COLLECTIVE), ch["dur_us"].to_numpy(np.float64), d)
+    d = np.where(bad & (ch["kind"].astype(object).to_numpy() == model.PATH_COLLECTIVE), dur, d)
     rec_issue = np.full(len(rec), -1, dtype=np.int64)
     iss = np.flatnonzero(node == NODE_ISSUE)
     rec_issue[node_rec[iss]] = iss
     n_match = int(match.max()) + 1 if len(match) and match.max() >= 0 else 0
-    m = _Model(node=node, grp=grp, d=d, g_start=ch["start_us"].to_numpy(np.float64)[first], g_first=first,
-               g_last=last, g_rank=ch["rank"].to_numpy(np.int64)[first], g_step=ch["step"].to_numpy(np.float64)[first],
-               rec_arr=arr, rec_match=match, rec_transfer=np.zeros(len(rec)), rec_issue=rec_issue, node_rec=node_rec,
-               n_match=n_match, frame=ch,
+    m = _Model(node=node, grp=grp, d=d, g_start=start[first], g_first=first, g_last=last, g_rank=c_rank[first],
+               g_step=c_step[first], rec_arr=arr, rec_match=match, rec_transfer=np.zeros(len(rec)),
+               rec_issue=rec_issue, node_rec=node_rec, n_match=n_match, start=start, dur=dur,
                records=pd.DataFrame({"rank": rec["rank"].to_numpy(np.int64), "ts_us": arr, "end_us": end,
                                      "match_id": match,
                                      "collective": rec["collective"].astype(object).to_numpy()}))
     m.rec_transfer = np.maximum(end - m.last_arrival(arr), 0.0)
-    for c in ("kind", "what", "unit", "stage"):
-        codes, uniq = pd.factorize(ch[c].astype(object).to_numpy(), use_na_sentinel=True)
-        m.codes[c] = codes
-        m.uniques[c] = np.asarray(uniq, dtype=object)
-        m.labels[c] = np.where(codes >= 0, np.asarray(uniq, dtype=object)[np.clip(codes, 0, None)] if len(uniq)
-                               else None, None)
+    for c in LABEL_COLUMNS:
+        cat = ch[c] if isinstance(ch[c].dtype, pd.CategoricalDtype) else ch[c].astype(object).astype("category")
+        m.codes[c] = cat.cat.codes.to_numpy(np.int32)
+        m.uniques[c] = np.asarray(cat.cat.categories.astype(object), dtype=object)
     return m
+
+
+def _label(m: _Model, col: str, k: int):
+    """Node ``k``'s label in ``col`` (None: none)."""
+    x = int(m.codes[col][k])
+    return m.uniques[col][x] if x >= 0 else None
+
+
+def _code(m: _Model, col: str, label) -> int:
+    """The code of ``label`` in ``col`` (-2: no node has it)."""
+    hit = np.flatnonzero(m.uniques[col] == label)
+    return int(hit[0]) if hit.size else -2
 
 
 def _offsets(records: pd.DataFrame) -> pd.Series:
@@ -406,13 +434,15 @@ def _residual(m: _Model) -> float:
 def _walk(m: _Model, step) -> tuple[list[tuple], float]:
     """The critical path of one step on the recorded (aligned) times: ((rank, kind, what, unit, stage, dur_us,
     start_us) in time order, the µs from the start of the rank it begins on to the end of the rank that ends last)."""
-    f = m.frame
-    t = f["start_us"].to_numpy(np.float64) + np.where(m.node == NODE_ISSUE, 0.0, f["dur_us"].to_numpy(np.float64))
+    t = m.start + np.where(m.node == NODE_ISSUE, 0.0, m.dur)
     gs = np.flatnonzero(m.g_step == step)
     g = int(gs[np.argmax(t[m.g_last[gs]])])
     end = float(t[m.g_last[g]])
     k = int(m.g_last[g])
-    kinds, whats, units, stages = (m.labels[c] for c in ("kind", "what", "unit", "stage"))
+
+    def lab(k):
+        return tuple(_label(m, c, k) for c in LABEL_COLUMNS)
+
     rec_rank = m.records["rank"].to_numpy(np.int64)
     last_arr = m.last_arrival(m.rec_arr)
     out: list[tuple] = []
@@ -424,9 +454,9 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
         if nd == NODE_ISSUE:
             k -= 1
             continue
-        s, e = float(f["start_us"].iat[k]), float(t[k])
+        s, e = float(m.start[k]), float(t[k])
         if nd == NODE_LOCAL:
-            out.append((r, kinds[k], whats[k], units[k], stages[k], e - s, s))
+            out.append((r, *lab(k), e - s, s))
             k -= 1
             continue
         ri = int(m.node_rec[k])
@@ -436,14 +466,14 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
             members = np.flatnonzero(m.rec_match == m.rec_match[ri])
             q = int(members[np.argmax(m.rec_arr[members])])
             qi = int(m.rec_issue[q])
-            out.append((r, kinds[k], whats[k], units[k], stages[k], max(e - L, 0.0), min(L, e)))
+            out.append((r, *lab(k), max(e - L, 0.0), min(L, e)))
             if qi >= 0 and m.g_step[m.grp[qi]] == step and int(rec_rank[q]) != r and L < e + REPLAY_TOL_US:
                 g, k = int(m.grp[qi]), qi
                 continue
-            out.append((r, model.PATH_WAIT, f"waiting for rank {int(rec_rank[q])}", units[k], stages[k],
-                        min(L, e) - s, s))
+            out.append((r, model.PATH_WAIT, f"waiting for rank {int(rec_rank[q])}", _label(m, "unit", k),
+                        _label(m, "stage", k), min(L, e) - s, s))
         else:
-            out.append((r, kinds[k], whats[k], units[k], stages[k], e - s, s))
+            out.append((r, *lab(k), e - s, s))
         k -= 1
     return out[::-1], end - float(m.g_start[g])
 
@@ -660,7 +690,7 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
         c_what, c_unit, c_stage = m.codes["what"], m.codes["unit"], m.codes["stage"]
-        is_comm = (m.labels["kind"] == model.PATH_COLLECTIVE) | (m.node != NODE_LOCAL)
+        is_comm = (m.codes["kind"] == _code(m, "kind", model.PATH_COLLECTIVE)) | (m.node != NODE_LOCAL)
 
         def hidden(sel):
             d = np.where(sel & (m.node == NODE_LOCAL), 0.0, m.d)
@@ -674,10 +704,7 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
 
         def code(col, x) -> int:
             """The code of label ``x`` (_NONE: none) in column ``col`` (-2: not there)."""
-            if x == _NONE:
-                return -1
-            hit = np.flatnonzero(m.uniques[col] == x)
-            return int(hit[0]) if hit.size else -2
+            return -1 if x == _NONE else _code(m, col, x)
 
         c = coll.assign(unit=coll["unit"].astype(object).fillna(_NONE),
                         stage=coll["stage"].astype(object).fillna(_NONE))
@@ -694,11 +721,11 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
             add(f"every {model.collective_words(what)} in {st or 'the step'} fully hidden", model.CHANGE_TYPE, None,
                 None, st, what, hidden(is_comm & (c_what == code("what", what)) & (c_stage == code("stage", stage))))
         add("every collective fully hidden", model.CHANGE_ALL_COMM, None, None, None, None, hidden(is_comm))
-    kinds = m.labels["kind"]
+    kinds = m.codes["kind"]
     for kind, change, words in ((model.PATH_HOST_GAP, model.CHANGE_HOST_GAPS, "no host / launch gaps"),
                                 (model.PATH_DATA, model.CHANGE_DATA, "the data loader instantly ready"),
                                 (model.PATH_SYNC, model.CHANGE_SYNC, "no host synchronisations")):
-        sel = (kinds == kind) & (m.node == NODE_LOCAL)
+        sel = (kinds == _code(m, "kind", kind)) & (m.node == NODE_LOCAL)
         if sel.any():
             add(words, change, None, None, None, None, m.replay(d=np.where(sel, 0.0, m.d)))
     out = pd.DataFrame(rows, columns=COUNTERFACTUAL_COLUMNS)
