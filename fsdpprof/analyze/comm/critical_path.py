@@ -272,10 +272,11 @@ def concat_chains(chains) -> pd.DataFrame | None:
         return None
     out = {c: np.concatenate([x[c].to_numpy() for x in chains]) for c in CHAIN_COLUMNS if c not in LABEL_COLUMNS}
     for c in LABEL_COLUMNS:
-        out[c] = union_categoricals([pd.Categorical(x[c].astype(object).to_numpy())
-                                     if not isinstance(x[c].dtype, pd.CategoricalDtype)
-                                     or x[c].cat.categories.dtype != object
-                                     else x[c].array for x in chains], ignore_order=True)
+        try:            # (the ranks' categories are of one dtype: united as they are)
+            out[c] = union_categoricals([x[c].array for x in chains], ignore_order=True)
+        except (TypeError, AttributeError, ValueError):
+            out[c] = union_categoricals([pd.Categorical(x[c].astype(object).to_numpy()) for x in chains],
+                                        ignore_order=True)
     return pd.DataFrame(out)[CHAIN_COLUMNS]
 
 
