@@ -324,6 +324,16 @@ def read_json(path: str):
         return json.loads(fh.read())
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def int64_or_none(text: str) -> int | None:
+    """A JSON integer as read by the analysis (``json.loads(..., parse_int=int64_or_none)``): None (unknown) outside
+    64 bits, e.g. NVML's 2**64 - 1 for "not available"."""
+    value = int(text)
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
 # -- who wrote what (``--force`` removes only that) -------------------------------------------
 def read_manifest(directory: str) -> list[str] | None:
     """File names listed in ``directory``'s manifest.json (None: no readable manifest of ours)."""

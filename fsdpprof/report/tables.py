@@ -19,6 +19,7 @@ import stat
 
 import pandas as pd
 
+from fsdpprof import runfmt
 from fsdpprof.report.outputs import json_bytes, written_by_fsdpprof
 
 TABLES_SCHEMA = "fsdpprof.tables/2"
@@ -26,7 +27,6 @@ INDEX_NAME = "tables.json"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")      # OWASP: what a spreadsheet reads as the start of a formula
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _is_table(value) -> bool:
@@ -67,7 +67,7 @@ def csv_cell(value):
 
 def is_huge_int(value) -> bool:
     """An integer outside 64 bits (signed): no CSV reader or Parquet column reads it as a number."""
-    return isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX
+    return isinstance(value, int) and not isinstance(value, bool) and not runfmt.INT64_MIN <= value <= runfmt.INT64_MAX
 
 
 def table_frame(rows: list[dict]) -> pd.DataFrame:
