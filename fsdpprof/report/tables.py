@@ -79,8 +79,8 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
-    """``df`` as CSV (no index), every text cell and header through :func:`csv_cell`: what every CSV of fsdpprof
-    is written with."""
+    """``df`` as CSV (no index, CRLF line ends), every text cell and header through :func:`csv_cell`: what every
+    CSV of fsdpprof is written with."""
     cols = {}
     for i in range(df.shape[1]):
         col = df.iloc[:, i]
@@ -89,7 +89,9 @@ def csv_bytes(df: pd.DataFrame) -> bytes:
         cols[i] = col
     out = pd.DataFrame(cols, index=df.index)
     out.columns = [csv_cell(str(c)) for c in df.columns]
-    return out.to_csv(index=False).encode()
+    # RFC 4180's CRLF: a cell holding a CR is then quoted as one holding a LF (with "\n" alone a bare CR would
+    # end the row for most readers)
+    return out.to_csv(index=False, lineterminator="\r\n").encode()
 
 
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
