@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:  # said by the sub-command's parser: "fsdpprof report: error: ..."
                 parser.commands.get(getattr(args, "command", None), parser).error(
                     f"unrecognized arguments: {' '.join(unknown)}")
-        except SystemExit as exc:           # --help, --version, a bad command line (said on stderr)
-            sys.stdout.check()
-            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        except SystemExit:                  # --help, --version, a bad command line (said on stderr): argparse's
+            sys.stdout.check()              # exit, once what it wrote on stdout is known to be there
+            raise
         if not getattr(args, "_module", None):
             parser.print_help(sys.stderr)
             return 2
