@@ -114,6 +114,7 @@ def _fill_closed_streams() -> None:
     what is said there goes nowhere (the exit code still says the outcome), no file fsdpprof opens takes their
     descriptor (and with it a job's output), and ``sys.stdout`` / ``sys.stderr`` are streams."""
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        filled = False
         try:
             os.fstat(fd)
         except OSError:
@@ -124,9 +125,11 @@ def _fill_closed_streams() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
-        if getattr(sys, name) is None:
-            try:
-                setattr(sys, name, open(fd, mode, encoding="utf-8", errors="backslashreplace", closefd=False))
+            filled = True
+        if getattr(sys, name) is None:      # closed at start-up: the descriptor is ours now, or (taken by a file
+            try:                            # opened since) not the stream's: /dev/null on a descriptor of its own
+                setattr(sys, name, open(fd if filled else os.devnull, mode, encoding="utf-8",
+                                        errors="backslashreplace", closefd=not filled))
             except OSError:
                 pass
 
