@@ -48,7 +48,7 @@ value; also a bad rank analysed without being named), ``formula cells`` (a CSV c
 a formula: text starting with = + - @, tab or CR), ``other`` (anything else not as the issue asks: two lines,
 another exit code, a temporary left behind, memory unbounded, a missing word).  Prints the table and the failing
 cases; exit 1 when any failure column is not 0.  ``--fuzz-traces/--fuzz-snapshots`` also run benchmarks/fuzz.py's
-seeded campaign and add its counts as a row.  Recordings (the packaged example, ~20 CPU-s each): 6.
+seeded campaign and add its counts as a row.  Recordings (the packaged example, ~20 CPU-s each): 7 (one of them the `demo` of the streams group).
 """
 from __future__ import annotations
 
