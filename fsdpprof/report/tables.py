@@ -1,5 +1,7 @@
-"""``fsdpprof report RUN --tables DIR``: every table of summary.json (a list of rows of plain values) as
-``DIR/<key path>.csv`` (and ``.parquet`` with pyarrow), listed in ``DIR/tables.json``.
+"""``fsdpprof report RUN --tables DIR``: every table of summary.json (a list of rows) as ``DIR/<key path>.csv``
+(and ``.parquet`` with pyarrow), listed in ``DIR/tables.json``.  A row's nested values become columns (a dict:
+``key.sub``; a list of plain values: joined by "; "; a list of rows: its JSON text), whole-number columns of
+counts, sizes, steps and ranks are written as integers, and the root unit ("") as model.ROOT_UNIT_TEXT.
 
 Every CSV fsdpprof writes goes through :func:`csv_bytes`: a text cell (or header) that a spreadsheet would run as
 a formula (it starts with ``= + - @``, a tab or a carriage return; OWASP's CSV-injection rule) gets a leading
@@ -17,9 +19,11 @@ import os
 import re
 import stat
 
+import numpy as np
 import pandas as pd
 
 from fsdpprof import runfmt
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report.outputs import json_bytes, written_by_fsdpprof
 
 TABLES_SCHEMA = "fsdpprof.tables/2"
@@ -29,25 +33,57 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")      # OWASP: what a spreadshee
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
+# columns whose values are whole numbers by meaning (a median of them may not be: such a column stays float)
+_INTEGER_COLUMNS = frozenset({"rank", "step", "seq", "count", "steps", "n_ranks", "world_size", "shard_group",
+                              "replicas", "peak_rank", "last_rank", "worst_rank", "group_size", "addr", "segments",
+                              "free_blocks", "numel", "calls", "ranks"})
+_UNIT_COLUMNS = frozenset({"unit"})
+_BYTES_DICTS = frozenset({"breakdown"})     # nested dicts of bytes per category (what-if predictions)
+
+
 def _is_table(value) -> bool:
-    return (isinstance(value, list) and bool(value) and all(isinstance(r, dict) and r for r in value)
-            and all(not isinstance(v, (dict, list)) for r in value for v in r.values()))
+    return isinstance(value, list) and bool(value) and all(isinstance(r, dict) and r for r in value)
 
 
-def summary_tables(doc: dict, prefix: str = "") -> dict[str, list[dict]]:
-    """The tables of a plain summary: file name -> rows, in the summary's order."""
-    out: dict[str, list[dict]] = {}
-    for key, value in doc.items():
-        name = f"{prefix}{_SAFE.sub('_', str(key))}"
-        if _is_table(value):
-            out[name] = value
-        elif isinstance(value, dict):
-            out.update(summary_tables(value, name + "."))
+def _flat(row: dict, prefix: str = "") -> dict:
+    """A row with its nested values as plain columns (see the module's docstring)."""
+    out = {}
+    for k, v in row.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        elif isinstance(v, list):
+            out[key] = (json.dumps(v, default=str) if any(isinstance(x, (dict, list)) for x in v)
+                        else "; ".join(map(str, v)))
+        else:
+            out[key] = v
     return out
 
 
-def parquet_available() -> bool:
-    return importlib.util.find_spec("pyarrow") is not None
+def _integer_column(name: str) -> bool:
+    parts = name.split(".")
+    base = parts[-1]
+    return (base in _INTEGER_COLUMNS or base == "bytes" or base.endswith(("_bytes", "_count"))
+            or (len(parts) > 1 and parts[-2] in _BYTES_DICTS))
+
+
+def table_frame(rows: list[dict]) -> pd.DataFrame:
+    """One summary table as written: nested values flattened, whole-number counts / sizes as (nullable)
+    integers, the root unit named; a column holding an integer beyond 64 bits holds text (its digits) instead."""
+    rows = [_flat(r) for r in rows]
+    huge = {k for r in rows for k, v in r.items() if is_huge_int(v)}
+    if huge:
+        rows = [{k: str(v) if k in huge and v is not None else v for k, v in r.items()} for r in rows]
+    df = pd.DataFrame.from_records(rows)
+    for c in df.columns:
+        col = df[c]
+        if _integer_column(c) and pd.api.types.is_float_dtype(col) and not pd.api.types.is_bool_dtype(col):
+            vals = col.dropna().to_numpy(dtype=float)
+            if np.isfinite(vals).all() and (vals == np.round(vals)).all() and (np.abs(vals) < 2.0**63).all():
+                df[c] = col.astype("Int64")
+        if c.rsplit(".", 1)[-1] in _UNIT_COLUMNS and (col.dtype == object or pd.api.types.is_string_dtype(col)):
+            df[c] = col.map(lambda u: ROOT_UNIT_TEXT if u == ROOT_UNIT else u)
+    return df
 
 
 def is_formula(text: str) -> bool:
@@ -68,14 +104,6 @@ def csv_cell(value):
 def is_huge_int(value) -> bool:
     """An integer outside 64 bits (signed): no CSV reader or Parquet column reads it as a number."""
     return isinstance(value, int) and not isinstance(value, bool) and not runfmt.INT64_MIN <= value <= runfmt.INT64_MAX
-
-
-def table_frame(rows: list[dict]) -> pd.DataFrame:
-    """``rows`` as a DataFrame; a column holding an integer beyond 64 bits holds text (its digits) instead."""
-    huge = {k for r in rows for k, v in r.items() if is_huge_int(v)}
-    if huge:
-        rows = [{k: str(v) if k in huge and v is not None else v for k, v in r.items()} for r in rows]
-    return pd.DataFrame.from_records(rows)
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
@@ -107,6 +135,22 @@ def _digest(data: bytes) -> str:
 def _folder_id(directory: str) -> dict:
     st = os.stat(directory)
     return {"path": os.path.realpath(directory), "device": st.st_dev, "inode": st.st_ino}
+
+
+def summary_tables(doc: dict, prefix: str = "") -> dict[str, list[dict]]:
+    """The tables of a plain summary: file name -> rows, in the summary's order."""
+    out: dict[str, list[dict]] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{_SAFE.sub('_', str(key))}"
+        if _is_table(value):
+            out[name] = value
+        elif isinstance(value, dict):
+            out.update(summary_tables(value, name + "."))
+    return out
+
+
+def parquet_available() -> bool:
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def table_files(doc: dict, directory: str) -> list[tuple[str, object]]:
