@@ -52,6 +52,10 @@ STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the tr
 ROLE_PARAM = "param"
 ROLE_GRAD = "grad"
 ROLE_OPTIMIZER_STATE = "optimizer_state"
+# inventory.json's "before_window" (CPU runs): the CPU allocations alive when the window's trace starts, from a
+# memory-only record of the steps before it ("allocations": [[address, bytes, step allocated in], ...])
+INVENTORY_BEFORE_WINDOW = "before_window"
+BEFORE_WINDOW_SOURCE = "memory-only profiler from the model's construction to the first recorded step"
 
 # run.json status values
 STATUS_RUNNING = "running"
