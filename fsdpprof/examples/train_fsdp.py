@@ -176,7 +176,7 @@ def wrap(model: nn.Module, args, device: torch.device, world: int) -> nn.Module:
     return model
 
 
-_C10_ALLOC_LINE = re.compile(rb"C10 alloc (\d+) bytes, total alloc (\d+) bytes")
+_C10_LINE = re.compile(rb"C10 (alloc|deleted) \d+ bytes, total alloc (\d+) bytes|train_fsdp: step (\d+) optimizer done")
 
 
 def _c10_flags():
@@ -202,14 +202,23 @@ def _memory_oracle_start(path: str) -> dict:
 
 
 def _memory_oracle_write(oracle: dict, path: str, rank: int) -> None:
-    """Stop the count's log and write the most CPU bytes alive at once since the oracle started (JSON)."""
+    """Stop the count's log and write the most CPU bytes alive at once since the oracle started, and those alive as
+    each step's optimizer.step() returned (where fsdpprof's window begins), as JSON."""
     count, level = _c10_flags()
     level.value = oracle["level"]           # (2: c10's default, WARNING)
     sys.stderr.flush()
+    totals, after_step, total = [], [], 0
     with open(oracle["path"], "rb") as fh:
-        totals = [int(m.group(2)) for m in _C10_ALLOC_LINE.finditer(fh.read())]
+        for m in _C10_LINE.finditer(fh.read()):
+            if m.group(3) is not None:      # the bytes alive as this step's optimizer.step() returned
+                after_step.append(total)
+            else:
+                total = int(m.group(2))
+                if m.group(1) == b"alloc":
+                    totals.append(total)
     with open(path, "w") as fh:
-        json.dump({"rank": rank, "peak_allocated_bytes": max(totals, default=0), "allocations": len(totals)}, fh)
+        json.dump({"rank": rank, "peak_allocated_bytes": max(totals, default=0), "allocations": len(totals),
+                   "after_step_bytes": after_step}, fh)
 
 
 def main(argv=None) -> int:
@@ -239,6 +248,8 @@ def main(argv=None) -> int:
         if args.crash_at_step is not None and step == args.crash_at_step and args.crash_rank in (None, rank):
             raise RuntimeError(f"train_fsdp: deliberate crash at step {step} (--crash-at-step)")
         opt.step()
+        if oracle is not None:
+            print(f"train_fsdp: step {step} optimizer done", file=sys.stderr, flush=True)
         opt.zero_grad(set_to_none=True)
         if args.time_steps:
             if distributed:
