@@ -161,6 +161,9 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
                      f"record), so the memory formulas (model states and traffic in theory) are left out; "
                      f"everything measured is compared.")
     labels = _labels(analyses, nums)
+    counted = [(lab, (a.theory or {}).get("model_states_counted")) for lab, a in zip(labels, analyses)]
+    if not unknown and any(c for _, c in counted):
+        notes.append("Model states measured: " + "; ".join(f"{lab}: {c}" for lab, c in counted if c) + ".")
     metrics = list(nums[0].keys())
     t = pd.DataFrame({"metric": metrics, **{lab: [n.get(k) for k in metrics] for lab, n in zip(labels, nums)}})
     t = t.astype(object)
