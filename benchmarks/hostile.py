@@ -27,6 +27,12 @@ Groups, one per bullet of the issue:
   parsers) a value under, over, far over its range, not a number, NaN, infinite, empty, fractional.
 - ``snapshot``: malformed CUDA snapshots (every segment and entry an empty dict; a segment without address and a
   malformed entry; every block size missing).
+- ``damaged``: damaged inputs that must not turn into wrong numbers (issue 39): CUDA snapshots breaking the
+  allocator's rules (segments of 0 bytes or overlapping, blocks of 0 bytes, outside their segment or overlapping,
+  ``is_expandable`` / ``expandable_segments`` of "yes please"), each said with its count, no byte figure < 0 and
+  the peak that of the snapshot with the damage deleted; rank.json process memory below the allocator's
+  ("contradicts the allocator", never a negative figure); merged timelines with one rank's events deleted
+  (report / overlap / compare name the rank missing, "ranks analysed" counts it out).
 
 Every case runs as a subprocess with a timeout (talking only to 127.0.0.1) and is classified: ``ok``,
 ``clean error`` (one line, the documented exit code: 2 for bad input, 1 for a stdout that cannot be written,
@@ -993,6 +999,191 @@ def group_snapshot(fx: Fixtures, args) -> None:
           + ([f"the intact snapshot: exit {ra.rc}"] if ra.rc != 0 else []))
 
 
+# ------------------------------------------------------------------------------------------------ damaged
+def _addressed(snap: dict) -> dict:
+    """A snapshot with every block's address written out (legacy blocks have none: laid out from the segment's)."""
+    out = pickle.loads(pickle.dumps(snap, protocol=4))
+    for seg in out["segments"]:
+        at = seg["address"]
+        for b in seg["blocks"]:
+            b.setdefault("address", at)
+            at = b["address"] + b.get("size", 0)
+    return out
+
+
+def _negative_bytes(obj, where="") -> list[str]:
+    """Every number under a key ending in _bytes below 0 in ``obj`` (summary.json's memory), as 'where = value'."""
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in (
+            [f"{where}.{k} = {v:,}"] if k.endswith("_bytes") and isinstance(v, (int, float)) and v < 0
+            else _negative_bytes(v, f"{where}.{k}"))]
+    if isinstance(obj, list):
+        return [x for i, v in enumerate(obj) for x in _negative_bytes(v, f"{where}[{i}]")]
+    return []
+
+
+def _summary_memory(path: Path):
+    try:
+        return json.loads(path.read_text()).get("memory") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _damaged_snapshots(d: Path) -> None:
+    """Snapshots breaking the allocator's rules: each left out, with its counted warning, no byte figure < 0."""
+    real = _addressed(_load_real_snapshot())
+    segs = real["segments"]
+
+    def edit(fn):
+        snap = pickle.loads(pickle.dumps(real, protocol=4))
+        fn(snap)
+        return snap
+
+    def zero_all(s):
+        for seg in s["segments"]:
+            seg["total_size"] = 0
+
+    def zero_some(s):
+        for seg in s["segments"][::4]:
+            seg["total_size"] = 0
+
+    def outside(s):
+        for seg in s["segments"]:
+            for b in seg["blocks"]:
+                b["address"] += 4 * seg["total_size"]
+
+    def no_blocks(s):
+        for seg in s["segments"]:
+            seg["blocks"] = []
+
+    def overlap_blocks(s):
+        for seg in s["segments"]:
+            if seg["blocks"]:
+                seg["blocks"].insert(1, dict(seg["blocks"][0]))
+
+    def empty_blocks(s):
+        for seg in s["segments"]:
+            seg["blocks"].append({"address": seg["address"], "size": 0, "state": "inactive"})
+
+    def overlap_segments(s):
+        twin = pickle.loads(pickle.dumps(s["segments"][0], protocol=4))
+        half = twin["total_size"] // 2
+        twin["address"] += half
+        for b in twin["blocks"]:
+            b["address"] += half
+        s["segments"].append(twin)
+
+    def allocated_zero(s):
+        for seg in s["segments"]:
+            seg["allocated_size"] = 0
+
+    def flag(s):
+        for seg in s["segments"]:
+            seg["is_expandable"] = "yes please"
+
+    def setting(s):
+        s["allocator_settings"] = dict(s.get("allocator_settings") or {}, expandable_segments="yes please")
+
+    n = len(segs)
+    n_blocks = sum(len(seg["blocks"]) for seg in segs)
+    cases = [("every segment of 0 bytes", zero_all, f"{n:,} segment(s) of 0 bytes", None),
+             ("a quarter of the segments of 0 bytes", zero_some, f"{len(segs[::4]):,} segment(s) of 0 bytes", None),
+             ("every block outside its segment", outside, f"{n_blocks:,} block(s) lying (partly) outside",
+              no_blocks),
+             ("each segment's first block twice", overlap_blocks,
+              f"{sum(1 for seg in segs if seg['blocks']):,} block(s) overlapping another block", lambda s: None),
+             ("a block of 0 bytes in each segment", empty_blocks, f"{n:,} block(s) of segments of 0 bytes",
+              lambda s: None),
+             ("a segment overlapping another", overlap_segments, "1 segment(s) overlapping another", lambda s: None),
+             ("every segment saying 0 bytes allocated", allocated_zero,
+              f"{sum(1 for seg in segs if any(b.get('state') == 'active_allocated' for b in seg['blocks'])):,} "
+              f"segment(s) say fewer bytes allocated than their blocks in use", lambda s: None),
+             ("is_expandable: 'yes please'", flag, f"{n:,} segment(s) whose is_expandable is not true / false", None),
+             ("allocator_settings expandable_segments: 'yes please'", setting,
+              "1 allocator setting(s) that must be true / false and are not (expandable_segments)", None)]
+    for label, fn, words, same_as in cases:
+        path = d / "damaged.pickle"
+        path.write_bytes(pickle.dumps(edit(fn), protocol=4))
+        for f in d.glob("b.*"):
+            f.unlink()
+        res = run(fsdpprof("report", path, "-o", d / "b.html"), cwd=d, timeout=180)
+        acc, other = [], []
+        if res.rc == 0:
+            acc += _negative_bytes(_summary_memory(d / "b.summary.json"))
+            acc += [] if words in res.out else [f"no warning {words!r}"]
+            if same_as is not None:           # the figures of the snapshot with the damage deleted by hand
+                path.write_bytes(pickle.dumps(edit(same_as), protocol=4))
+                ref = run(fsdpprof("report", path, "-o", d / "ref.html"), cwd=d, timeout=180)
+                pa, pb = _peak(d / "b.summary.json"), _peak(d / "ref.summary.json")
+                if ref.rc != 0 or pa != pb:
+                    acc.append(f"peak {pa} B, with the damaged parts deleted {pb} B (exit {ref.rc})")
+        judge("damaged", f"report: snapshot, {label} ({SNAPSHOT.name})", res, expect="any", cmd="report",
+              words=(words,) if res.rc == 0 else (str(path),), accepted=acc, other=other)
+
+
+def _damaged_process_memory(fx: Fixtures, d: Path) -> None:
+    """rank.json process memory below the allocator's: 'contradicts the allocator', never a negative figure."""
+    base = fx.run1()
+    rank_dir = next(p for p in sorted(base.iterdir()) if p.is_dir() and p.name.startswith("rank-"))
+    gib = 1 << 30
+    cuda = {"source": runfmt.PROCESS_MEMORY_NVML, "device": "cuda:0", "nccl_env": {},
+            "samples": [{"step": 5, "used_bytes": 3 * gib, "reserved_bytes": 6 * gib, "max_reserved_bytes": 6 * gib,
+                         "allocated_bytes": 5 * gib, "max_allocated_bytes": 5 * gib}]}
+    cases = {"RSS of 4 KiB, below the allocator's peak": lambda pm: dict(pm, samples=[
+                 dict(x, used_bytes=4096, used_peak_bytes=4096) for x in pm["samples"]]),
+             "NVML used 3 GiB below 6 GiB reserved": lambda pm: cuda}
+    for i, (label, fn) in enumerate(cases.items()):
+        r = fx.copy(base, f"damaged-process-{i}")
+        rj = r / rank_dir.name / runfmt.RANK_JSON
+        doc = json.loads(rj.read_text())
+        doc[runfmt.RANK_PROCESS_MEMORY] = fn(doc.get(runfmt.RANK_PROCESS_MEMORY) or {})
+        rj.write_text(json.dumps(doc))
+        res = run(fsdpprof("report", r, "-o", d / "p.html"), cwd=d, timeout=180)
+        mem = _summary_memory(d / "p.summary.json")
+        outside = [m.get("process", {}).get("outside_allocator_peak_bytes") for m in mem.values()
+                   if isinstance(m, dict) and isinstance(m.get("process"), dict)]
+        acc = _negative_bytes(mem) + [f"outside the allocator {v:,} B" for v in outside if v is not None]
+        judge("damaged", f"report: process memory, {label}", res, expect="ok", words=("contradicts the allocator",),
+              accepted=acc if res.rc == 0 else [])
+
+
+def _damaged_timelines(fx: Fixtures, d: Path) -> None:
+    """A merged timeline with one rank's events deleted by hand: that rank named missing, counted out."""
+    def cut(src: Path, rank: int) -> Path:
+        doc = json.loads(gzip.decompress(src.read_bytes()))
+        pid = next(p["pid"] for p in doc["otherData"]["ranks"] if p["rank"] == rank)
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("pid") != pid]
+        dst = src.with_name(src.name.replace(".json.gz", f"-no-rank-{rank}.json.gz"))
+        dst.write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
+        return dst
+
+    for name, src, rank, world in (("DLRM, 8 ranks", DLRM, 3, 8), ("the example, 2 ranks", fx.run2(), 1, 2)):
+        whole = d / f"merged-{world}.json.gz"
+        res = run(fsdpprof("timeline", src, "-o", whole), cwd=d, timeout=180)
+        if res.rc != 0:
+            judge("damaged", f"timeline: {name} (the base of the next cases)", res, expect="ok")
+            continue
+        part = cut(whole, rank)
+        said = f"rank {rank} is missing"
+        for cmd, args in (("report", ["-o", d / "t.html"]), ("overlap", []),
+                          ("compare", [])):
+            argv = ["compare", whole, part, "-o", d / "c.html"] if cmd == "compare" else [cmd, part, *args]
+            res = run(fsdpprof(*argv), cwd=d, timeout=240)
+            acc = [] if said in res.out + res.err else [f"rank {rank} not named missing"]
+            m = re.search(r"ranks analysed (\d+)", res.out)
+            if cmd == "report" and (not m or m.group(1) != str(world - 1)):
+                acc.append(f"'ranks analysed {m.group(1) if m else '?'}' with rank {rank}'s events deleted")
+            judge("damaged", f"{cmd}: merged timeline of {name}, rank {rank}'s events deleted", res, expect="ok",
+                  words=(said,), accepted=acc if res.rc == 0 else [])
+
+
+def group_damaged(fx: Fixtures, args) -> None:
+    d = scratch(fx, "damaged")
+    _damaged_snapshots(d)
+    _damaged_process_memory(fx, d)
+    _damaged_timelines(fx, d)
+
+
 # ------------------------------------------------------------------------------------------------ fuzz
 def fuzz_row(args) -> dict | None:
     if not (args.fuzz_traces or args.fuzz_snapshots):
@@ -1016,7 +1207,8 @@ def fuzz_row(args) -> dict | None:
 
 # ------------------------------------------------------------------------------------------------ main
 GROUPS = {"decode": group_decode, "record": group_record, "dask": group_dask, "force": group_force,
-          "outputs": group_outputs, "rank": group_rank, "values": group_values, "snapshot": group_snapshot}
+          "outputs": group_outputs, "rank": group_rank, "values": group_values, "snapshot": group_snapshot,
+          "damaged": group_damaged}
 
 
 def table(fuzz_counts: dict | None) -> tuple[str, int]:

@@ -369,6 +369,7 @@ def _overview(run, results: list[RankResult]) -> dict:
     meta = run.meta or {}
     # analysed: neither failed here nor named missing (a rank kept for its inventory or snapshot lacks its trace)
     ranks = [r.rank for r in results if not r.error and r.label not in run.missing]
+    missing = sorted({*map(str, run.missing), *(str(r.label) for r in results if r.error)})
     r0 = next((r for r in results if not r.error), results[0] if results else None)
     inv = next((r.inventory for r in results if r.inventory), None) or {}
     infos = [r.info or {} for r in results]
@@ -380,10 +381,10 @@ def _overview(run, results: list[RankResult]) -> dict:
     input_kind, strategy = input_of(results, run.world_size)
     return {
         "command": " ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
-        "status": meta.get("status") or ("partial" if run.missing else "complete"),
+        "status": meta.get("status") or ("partial" if missing else "complete"),
         "started_at": meta.get("started_at"), "ended_at": meta.get("ended_at"), "exit_code": meta.get("exit_code"),
         "world_size": run.world_size, "ranks_present": ranks, "ranks_analysed": len(ranks),
-        "ranks_missing": sorted(map(str, run.missing)), "input_kind": input_kind,
+        "ranks_missing": missing, "input_kind": input_kind,
         "sharded": model.input_sharded(input_kind, strategy),
         "description": model.describe_input(input_kind, strategy, run.world_size),
         "framework": inv.get("framework") or (input_kind if input_kind in model.FSDP_KINDS else None),

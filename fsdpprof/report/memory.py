@@ -9,6 +9,7 @@ import pandas as pd
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.analyze.memory.attribution import DEVICE_CHOICE_LARGEST
+from fsdpprof.analyze.memory.process import CONTRADICTS_ALLOCATOR
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
@@ -92,9 +93,14 @@ def _process_block(a) -> str:
         if not p:
             continue
         keys = ("source_words", "used_peak_bytes", "allocator_reserved_peak_bytes", "outside_allocator_peak_bytes")
-        rows.append({"rank": r, **{k: p.get(k) for k in keys}})
+        # readings that contradict the allocator: said so, the memory outside it unknown (never a negative figure)
+        rows.append({"rank": r, **{k: p.get(k) for k in keys},
+                     "reading": CONTRADICTS_ALLOCATOR if p.get("contradiction") else ""})
         if p.get("note") and p["note"] not in notes:
             notes.append(p["note"])
+        if p.get("contradiction"):
+            notes.append(f"rank {r}: {CONTRADICTS_ALLOCATOR}: {p['contradiction']}; the memory outside the "
+                         f"allocator is unknown")
     if not rows:
         return ""
     first = next(m.process for _, m in sorted(a.memory.items()) if getattr(m, "process", None))

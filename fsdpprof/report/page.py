@@ -51,7 +51,7 @@ COLUMN_LABELS = {   # a column's words where they are not its name's (see column
     "free_small_bytes": "free, small pool (requests up to 1 MiB)", "free_large_bytes": "free, large pool",
     "size_class": "free block size", "used_peak_bytes": "process peak (device used / RSS)",
     "allocator_reserved_peak_bytes": "allocator peak", "outside_allocator_peak_bytes": "outside the allocator",
-    "source_words": "measured as",
+    "source_words": "measured as", "reading": "reading",
     # communication
     "bytes": "size", "algbw_gbps": "algorithm bandwidth", "busbw_gbps": "bus bandwidth", "fsdp_phase": "FSDP phase",
     "comm_us": "communication", "overlapped_comm_us": "hidden behind compute",

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.model import fmt_ms
+from fsdpprof.analyze.model import fmt_ms, rank_list
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.compare.scope import Scope
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
@@ -164,6 +164,10 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
     counted = [(lab, (a.theory or {}).get("model_states_counted")) for lab, a in zip(labels, analyses)]
     if not unknown and any(c for _, c in counted):
         notes.append("Model states measured: " + "; ".join(f"{lab}: {c}" for lab, c in counted if c) + ".")
+    for lab, a in zip(labels, analyses):     # a rank missing from a run: named, its figures are the others'
+        if a.missing:
+            warnings.append(f"PARTIAL: {lab} is compared over {rank_list(a.overview.get('ranks_present') or [])} "
+                            f"only; missing " + "; ".join(f"{k}: {v}" for k, v in sorted(a.missing.items())))
     metrics = list(nums[0].keys())
     t = pd.DataFrame({"metric": metrics, **{lab: [n.get(k) for k in metrics] for lab, n in zip(labels, nums)}})
     t = t.astype(object)

@@ -47,6 +47,8 @@ def load_rank(rd: RankData, *, max_bytes: int | None = None, progress: bool | No
         if rd.trace_pid is not None:     # one rank of a merged timeline
             val = load_trace_parts(path, {rd.trace_pid: (rd.rank, rd.trace_meta)}, progress=progress,
                                    max_bytes=max_bytes)[rd.rank]
+            if isinstance(val, UserError):      # (the rank's events were deleted from the timeline)
+                raise val
         else:
             val = load_trace(path, rank=rd.rank, progress=progress, max_bytes=max_bytes)
     except (UserError, MemoryError) as exc:
@@ -151,6 +153,10 @@ def load_parts(run: Run, *, progress: bool | None = None) -> Run:
             continue
         for rd in rds:
             val = parts[rd.rank]
+            if isinstance(val, UserError):      # listed, but no event of it in the file: missing, counted out
+                run.missing[rd.label] = str(val)
+                del run.ranks[rd.rank]
+                continue
             run.warnings += [w for w in val.warnings if w not in run.warnings]
             rd.events, rd.memory_events, rd.trace_meta = val.events, val.memory_events, {**val.meta, **rd.trace_meta}
     if not run.ranks:

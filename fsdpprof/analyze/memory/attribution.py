@@ -107,6 +107,7 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
         res.warnings = warns + res.warnings
     res.process, notes = process_memory(info, res.peak_allocated_bytes)
     res.warnings = list(res.warnings or []) + notes
+    res.input_warnings = list(res.input_warnings) + notes       # (unreadable or contradictory: said in the terminal)
     return res
 
 

@@ -91,6 +91,7 @@ class _Checker:
         self.limit = limit
         self.visited = 0
         self.defects: dict[str, int] = {}
+        self.names: dict[str, list[str]] = {}      # kind -> what was left out, where a warning names them
 
     def visit(self, n: int) -> None:
         self.visited += n
@@ -104,7 +105,9 @@ class _Checker:
             self.defects[what] = self.defects.get(what, 0) + n
 
     def warnings(self) -> list[str]:
-        return [f"{self.label}: {_SNAP_DEFECTS[k].format(n=n, max=NAME_MAX_CHARS)}" for k, n in self.defects.items() if n]
+        return [f"{self.label}: "
+                + _SNAP_DEFECTS[k].format(n=n, max=NAME_MAX_CHARS, names=", ".join(self.names.get(k, [])))
+                for k, n in self.defects.items() if n]
 
 
 _SNAP_DEFECTS = {
@@ -112,6 +115,16 @@ _SNAP_DEFECTS = {
                "plausible integer): left out",
     "block": "{n:,} block(s) of segments malformed (not a dict, or an address / size that is missing or not a "
              "plausible integer): left out",
+    "segment_size": "{n:,} segment(s) of 0 bytes, or with more bytes allocated / active than their size: left "
+                    "out with their blocks",
+    "segment_allocated": "{n:,} segment(s) say fewer bytes allocated than their blocks in use hold: the blocks' "
+                         "sum taken",
+    "segment_overlap": "{n:,} segment(s) overlapping another segment of their device: left out with their blocks",
+    "block_empty": "{n:,} block(s) of segments of 0 bytes: left out",
+    "block_outside": "{n:,} block(s) lying (partly) outside their segment: left out",
+    "block_overlap": "{n:,} block(s) overlapping another block of their segment: left out",
+    "flag": "{n:,} segment(s) whose is_expandable is not true / false: read as not expandable",
+    "setting": "{n:,} allocator setting(s) that must be true / false and are not ({names}): left out",
     "block_size": "{n:,} live block(s) of segments have no size: the size their tensor requested taken instead "
                   "(the allocator's rounding up to 512 B unknown)",
     "trace": "{n:,} device trace(s) are not lists: read as empty",
@@ -151,11 +164,11 @@ def _times(values: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
-    """Segment rows (SEGMENT_COLUMNS), the blocks alive at snapshot time and every block's row
-    (BLOCK_COLUMNS), malformed ones left out."""
-    seg_rows = []
-    block_rows = []
-    live_blocks: dict[tuple[int, int], dict] = {}
+    """Segment rows (SEGMENT_COLUMNS), the blocks alive at snapshot time and every block's row (BLOCK_COLUMNS);
+    what breaks the allocator's rules is left out, counted: a malformed segment or block, a segment of 0 bytes (or
+    allocated / active bytes over its size) or overlapping another, a block of 0 bytes, outside its segment or
+    overlapping another block."""
+    kept: list[tuple] = []      # (device, address, end, its row, its blocks' rows, its live blocks)
     for s in segments_raw:
         if type(s) is not dict:
             chk.bad("segment")
@@ -168,10 +181,17 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
                 and all(_int_ok(x, 0, SIZE_MAX) for x in sizes) and type(blocks) is list):
             chk.bad("segment")
             continue
+        total = sizes[0]
+        if total == 0 or sizes[1] > total or sizes[2] > total:
+            chk.bad("segment_size")
+            continue
         chk.visit(len(blocks))
-        requested = 0
         seg_type = s.get("segment_type") if s.get("segment_type") in ("small", "large") else ""
-        expandable = s.get("is_expandable", False) is True
+        flag = s.get("is_expandable")
+        if flag is not None and type(flag) is not bool:         # ("yes please" is not true)
+            chk.bad("flag")
+        expandable = flag is True
+        found = []              # (address, size, live, block) of the well-formed blocks
         b_addr = addr
         for b in blocks:
             if type(b) is not dict:
@@ -189,30 +209,81 @@ def _segments(segments_raw: list, chk: _Checker) -> tuple[list, dict, list]:
                     chk.bad("block_size")
             if _int_ok(b_size, 0, SIZE_MAX):
                 b_addr += b_size
+            if not (_int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX)) \
+                    or not (live or b.get("state") in BLOCK_STATES):
+                chk.bad("block")
+                continue
+            found.append((b_at, b_size, live, b))
+        rows, live_blocks = [], {}
+        requested = 0
+        pos = addr              # where the blocks kept so far end (in address order)
+        for b_at, b_size, live, b in sorted(found, key=lambda x: x[0]):
+            if b_size == 0:
+                chk.bad("block_empty")
+                continue
+            if b_at < addr or b_at + b_size > addr + total:
+                chk.bad("block_outside")
+                continue
+            if b_at < pos:
+                chk.bad("block_overlap")
+                continue
+            pos = b_at + b_size
             if not live:
-                if _int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX) and b.get("state") in BLOCK_STATES:
-                    block_rows.append((dev, addr, seg_type, expandable, b_at, b_size, b["state"]))
-                else:
-                    chk.bad("block")
-            else:
-                fr = b.get("frames")
-                if not (_int_ok(b_at, 0, NEVER) and _int_ok(b_size, 0, SIZE_MAX)):
-                    chk.bad("block")
-                    continue
-                if type(fr) is not list:
-                    fr = None if type(b.get("history")) is not list or not b["history"] \
-                        or type(b["history"][0]) is not dict else b["history"][0].get("frames")
-                    fr = fr if type(fr) is list else None
-                if fr is not None:
-                    chk.visit(len(fr))
-                block_rows.append((dev, addr, seg_type, expandable, b_at, b_size, "active_allocated"))
-                req = _requested_size(b, b_size)
-                requested += req
-                live_blocks[(dev, b_at)] = {"size": req, "block_size": b_size, "frames": fr, "_stream": stream}
+                rows.append((dev, addr, seg_type, expandable, b_at, b_size, b["state"]))
+                continue
+            fr = b.get("frames")
+            if type(fr) is not list:
+                fr = None if type(b.get("history")) is not list or not b["history"] \
+                    or type(b["history"][0]) is not dict else b["history"][0].get("frames")
+                fr = fr if type(fr) is list else None
+            if fr is not None:
+                chk.visit(len(fr))
+            rows.append((dev, addr, seg_type, expandable, b_at, b_size, "active_allocated"))
+            req = _requested_size(b, b_size)
+            requested += req
+            live_blocks[(dev, b_at)] = {"size": req, "block_size": b_size, "frames": fr, "_stream": stream}
+        # the allocator's allocated bytes are its blocks in use: fewer contradicts them (the blocks' sum taken)
+        allocated = sizes[1]
+        in_use = sum(r[5] for r in rows if r[6] == "active_allocated")
+        if in_use > allocated:
+            chk.bad("segment_allocated")
+            allocated = in_use
         seg_req = s.get("requested_size")
-        seg_rows.append((dev, addr, *sizes, stream, expandable, len(blocks),
-                         seg_req if _int_ok(seg_req, 0, SIZE_MAX) else requested))
-    return seg_rows, live_blocks, block_rows
+        row = (dev, addr, total, allocated, sizes[2], stream, expandable, len(blocks),
+               seg_req if _int_ok(seg_req, 0, allocated) else requested)
+        kept.append((dev, addr, addr + total, row, rows, live_blocks))
+    # segments of one device that overlap: the first in address order kept
+    ends: dict[int, int] = {}
+    drop = set()
+    for i in sorted(range(len(kept)), key=lambda i: (kept[i][0], kept[i][1])):
+        dev, a, e = kept[i][:3]
+        if a < ends.get(dev, -1):
+            drop.add(i)
+            continue
+        ends[dev] = e
+    chk.bad("segment_overlap", len(drop))
+    seg_rows, block_rows, live = [], [], {}
+    for i, (_, _, _, row, rows, lb) in enumerate(kept):
+        if i not in drop:
+            seg_rows.append(row)
+            block_rows += rows
+            live.update(lb)
+    return seg_rows, live, block_rows
+
+
+# allocator settings that are true / false in every torch that writes them
+BOOL_SETTINGS = ("expandable_segments", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
+                 "graph_capture_record_stream_reuse")
+
+
+def _settings(settings, chk: _Checker) -> dict:
+    """The snapshot's allocator_settings ({} when not a dict); a BOOL_SETTINGS one that is not a bool left out."""
+    if type(settings) is not dict:
+        return {}
+    bad = [k for k in BOOL_SETTINGS if k in settings and type(settings[k]) is not bool]
+    chk.bad("setting", len(bad))
+    chk.names["setting"] = bad
+    return {k: v for k, v in settings.items() if k not in bad}
 
 
 def _requested_size(b: dict, size: int | None) -> int | None:
@@ -307,22 +378,22 @@ def parse_snapshot(snap, label: str = "<snapshot>", *, max_objects: int | None =
                         f"timeline unavailable")
     elif not has_time:
         warnings.append(f"{label}: legacy snapshot without time_us: times are trace entry indices")
+    settings = _settings(snap.get("allocator_settings"), chk)
     n_items = len(segments_raw) + sum(map(len, traces))
-    n_bad = chk.defects.get("segment", 0) + chk.defects.get("entry", 0)
+    n_bad = sum(chk.defects.get(k, 0) for k in ("segment", "segment_size", "segment_overlap", "entry"))
     defects = chk.warnings()
     said = "; ".join(d[len(label) + 2:] for d in defects)       # what was malformed, without the label
     if n_bad and 2 * n_bad > n_items:
         raise UserError(f"{label}: {n_bad:,} of its {n_items:,} segments and trace entries are malformed ({said}); it "
                         f"is not a snapshot fsdpprof can read: is the file corrupt?")
-    if len(allocs) == 0 and any(chk.defects.get(k) for k in ("segment", "block", "entry")):
+    if len(allocs) == 0 and any(v for k, v in chk.defects.items() if k.startswith(("segment", "block", "entry"))):
         raise UserError(f"{label}: no allocation is left once its malformed parts are left out ({said}); it is not "
                         f"a snapshot fsdpprof can read: is the file corrupt?")
     segment_events = pd.DataFrame(seg_ev, columns=["device", "seq", "delta_bytes", "address", "action"])
-    settings = snap.get("allocator_settings")
     return SnapshotData(path=label, allocations=allocs, segments=pd.DataFrame(seg_rows, columns=SEGMENT_COLUMNS),
                         segment_events=segment_events,
                         ooms=ooms, has_history=has_history, has_time=has_time, devices=devices,
-                        allocator_settings=dict(settings) if type(settings) is dict else {},
+                        allocator_settings=settings,
                         warnings=defects + warnings, defects=defects, objects_visited=chk.visited,
                         blocks=pd.DataFrame(block_rows, columns=BLOCK_COLUMNS))
 

@@ -10,7 +10,7 @@ import pandas as pd
 from fsdpprof.analyze.load.gc_pause import gc_paused
 from fsdpprof.analyze.trace import classify, labels
 from fsdpprof.analyze.trace.decode import decode_trace, defect_warnings, split_by_pid
-from fsdpprof.errors import unexpected_as_user_error
+from fsdpprof.errors import UserError, unexpected_as_user_error
 
 
 @dataclass
@@ -37,13 +37,19 @@ def load_trace(path: str, *, rank: int | None = None, progress: bool | None = No
 def load_trace_parts(path: str, parts: dict, *, progress: bool | None = None,
                      max_bytes: int | None = None) -> dict:
     """A merged timeline decoded once, each rank's process loaded as that rank's trace.  ``parts``: pid -> (rank,
-    that rank's trace metadata); returns rank -> TraceData."""
+    that rank's trace metadata); returns rank -> TraceData, or the UserError saying why that rank is missing (its
+    process holds no event: deleted from the file)."""
     path = os.fspath(path)
     with unexpected_as_user_error(f"trace {path}"), gc_paused():
         rt = decode_trace(path, progress=progress, max_bytes=max_bytes)
-        out = {}
+        out: dict[int, TraceData | UserError] = {}
         for pid, part in split_by_pid(rt, list(parts)).items():
             rank, meta = parts[pid]
+            if not len(part.cols["ts_us"]) and not len(part.memory_events):
+                out[rank] = UserError(
+                    f"trace {path}: rank {rank} is missing: the merged timeline lists it (process {pid}) but holds "
+                    f"no event of it (deleted or cut from the file); write the timeline again with fsdpprof timeline")
+                continue
             part.meta = {**part.meta, **meta}
             out[rank] = _trace_data(part, rank)
         return out
