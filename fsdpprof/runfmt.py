@@ -52,6 +52,7 @@ STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the tr
 ROLE_PARAM = "param"
 ROLE_GRAD = "grad"
 ROLE_OPTIMIZER_STATE = "optimizer_state"
+ROLE_GRAD_BUCKET = "grad_bucket"   # (analysis only) DDP's gradient bucket, from inventory.json's ddp_bucket_bytes
 # inventory.json's "before_window" (CPU runs): the CPU allocations alive when the window's trace starts, from a
 # memory-only record of the steps before it ("allocations": [[address, bytes, step allocated in], ...])
 INVENTORY_BEFORE_WINDOW = "before_window"

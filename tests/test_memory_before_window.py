@@ -117,3 +117,16 @@ def test_the_record_never_raises(monkeypatch):
     rec.stepped()
     doc = rec.finish()
     assert "no profiler here" in doc["error"] and doc["allocations"] == []
+
+
+def test_ddp_buckets_named_by_their_sizes():
+    """inventory.json's ddp_bucket_bytes names, per bucket, one allocation of its size alive all through the
+    window (the latest made first): gradients waiting for their all-reduce."""
+    from fsdpprof.analyze.memory.categorize import categorize
+
+    inv = _inventory([[0x10, 100, 0], [0x40, 4000, 0], [0x41, 4000, 1], [0x42, 900, 1]])
+    inv["ddp_bucket_bytes"] = [900, 4000]
+    allocs, inv_t, _ = cpu_allocations(_events(WINDOW), None, inv, "t")
+    cat = categorize(allocs, inv_tensors=inv_t).set_index("addr")["category"]
+    assert cat[0x41] == cat[0x42] == "unsharded_grad"
+    assert cat[0x40] == "before_recording"

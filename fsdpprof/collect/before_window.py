@@ -4,12 +4,12 @@ The window's trace sees an allocation made before it only when the window frees 
 params, grads and optimizer state; DDP's gradient buckets (made at construction or in step 1, alive to the end) are
 neither.  From the model's construction (its first parameter registration, or the first module call) to the first
 recorded step, a profiler with ``profile_memory`` and nothing else runs (no op events, shapes or stacks: its only
-record-function scope is one training never enters).  At every optimizer step, fork and the window's start it is
-stopped and its allocation events are folded into the set of live allocations (address -> bytes, step); only that
-set is kept.  What is still alive when the window starts goes into inventory.json's ``before_window``, with c10's
-own count of the bytes every thread allocated since the start and still holds (its CPU allocator's
-``caffe2_report_cpu_memory_usage`` flag, on for the record only): a buffer a gloo thread freed looks alive to any
-profiler, and the analysis drops as many bytes of such as the two differ by.
+record-function scope is one training never enters).  Every FOLD_EVERY_STEPS optimizer steps, at a fork and at the
+window's start it is stopped and its allocation events are folded into the set of live allocations (address ->
+bytes, step); only that set is kept.  What is still alive when the window starts goes into inventory.json's
+``before_window``, with c10's own count of the bytes every thread allocated since the start and still holds (its
+CPU allocator's ``caffe2_report_cpu_memory_usage`` flag, on for the record only): a buffer a gloo thread freed
+looks alive to any profiler, and the analysis drops as many bytes of such as the two differ by.
 
 Runs inside the user's job: every method catches its errors (the record stops, with the reason kept) and never
 raises.  Cost: the folds (their wall time is written as ``fold_ms``), one allocator callback per allocation before
@@ -17,6 +17,7 @@ the window (and a locked size-table update in c10), no cost inside the window.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -27,6 +28,7 @@ import torch
 from fsdpprof.runfmt import BEFORE_WINDOW_SOURCE
 
 _DEVICE_CPU = "cpu"
+FOLD_EVERY_STEPS = 8   # fold (stop, read, restart: ~the cost of the record) every this many optimizer steps
 
 
 class BeforeWindowMemory:
@@ -38,6 +40,7 @@ class BeforeWindowMemory:
         self.thread = None
         self.started_by = None     # what started it: "parameter registration" / "first module call"
         self.step = 0              # optimizer steps completed (the step new allocations are made in)
+        self.step_ns: list[int] = []   # when each optimizer step ended (time.time_ns, the profiler's clock)
         self.events = 0            # allocation and free events folded
         self.frees_unseen = 0      # frees of allocations made before the record started
         self.fold_ns = 0           # wall time spent stopping, folding and restarting
@@ -91,9 +94,9 @@ class BeforeWindowMemory:
             if self.total_first is None:
                 self.total_first = allocs[0][3] - allocs[0][2]
             self.total_last = allocs[-1][3]
-        for _, ptr, size, _ in allocs:
+        for t_ns, ptr, size, _ in allocs:
             if size > 0:
-                self.live[ptr] = (size, self.step)
+                self.live[ptr] = (size, bisect.bisect_right(self.step_ns, t_ns))
             elif self.live.pop(ptr, None) is None:
                 self.frees_unseen += 1
 
@@ -159,9 +162,12 @@ class BeforeWindowMemory:
             self.fold_ns += time.perf_counter_ns() - t0
 
     def stepped(self) -> None:
-        """An optimizer step ended: fold (keeps the record's memory bounded), then count the step."""
-        self.fold()
+        """An optimizer step ended: count it; fold every FOLD_EVERY_STEPS steps (keeps the record's memory
+        bounded: a few bytes per allocation event in between)."""
+        self.step_ns.append(time.time_ns())
         self.step += 1
+        if self.step % FOLD_EVERY_STEPS == 0:
+            self.fold()
 
     def before_fork(self) -> None:
         if self.running and threading.get_ident() == self.thread:

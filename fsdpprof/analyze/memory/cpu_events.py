@@ -14,6 +14,7 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import fsdp_units as fu
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free
 from fsdpprof.errors import UserError
@@ -131,6 +132,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
                 "alloc_us": t0, "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER,
                 "device": np.int16(0), "stream": np.int64(0), "before_trace": True, "free_inferred": False})],
                 ignore_index=True)
+    inv_t = _with_ddp_buckets(allocs, inv_t, inventory, t0)
     allocs["user_metadata"] = ""
     allocs["frames"] = pd.Series([None] * len(allocs), dtype=object)
     ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
@@ -197,6 +199,32 @@ def _with_before_window(allocs: pd.DataFrame, inventory: dict | None, addr: np.n
         "addr": add["addr"].to_numpy(np.int64), "bytes": add["bytes"].to_numpy(np.int64), "alloc_us": t0,
         "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0),
         "stream": np.int64(0), "before_trace": True, "free_inferred": False})], ignore_index=True)
+
+
+def _with_ddp_buckets(allocs: pd.DataFrame, inv_t: pd.DataFrame, inventory: dict | None, t0: float) -> pd.DataFrame:
+    """``inv_t`` plus DDP's gradient buckets (inventory.json's ``ddp_bucket_bytes``): per bucket one allocation of
+    its bytes alive all through the window from before it, labelled as full gradients waiting for their
+    all-reduce (unsharded_grad)."""
+    sizes = (inventory or {}).get("ddp_bucket_bytes") or []
+    if not sizes:
+        return inv_t
+    cand = allocs[allocs["before_trace"] & allocs["free_us"].isna() & ~allocs["addr"].isin(inv_t["addr"])]
+    # the latest made first (DDP rebuilds its buckets in its second forward)
+    made = {int(r[0]): r[2] for r in ((inventory or {}).get(runfmt.INVENTORY_BEFORE_WINDOW) or {}).get("allocations")
+            or [] if isinstance(r, list) and len(r) >= 3}
+    cand = cand.assign(made=cand["addr"].map(made).fillna(-1)).sort_values("made", ascending=False, kind="stable")
+    rows, taken = [], set()
+    for size in sizes:
+        hit = cand[(cand["bytes"] == int(size)) & ~cand["addr"].isin(taken)]
+        if len(hit):
+            addr = int(hit["addr"].iat[0])
+            taken.add(addr)
+            rows.append({"addr": addr, "bytes": int(size), "tensor_bytes": int(size),
+                         "category": MC.UNSHARDED_GRAD.value, "ref_us": t0, "unit": None,
+                         "name": "DDP gradient bucket", "role": runfmt.ROLE_GRAD_BUCKET, "step": np.nan})
+    if not rows:
+        return inv_t
+    return pd.concat([inv_t, pd.DataFrame(rows)], ignore_index=True) if len(inv_t) else pd.DataFrame(rows)
 
 
 def freed_unseen(sizes: np.ndarray, stale_bytes: int, max_set: int = 3) -> np.ndarray:
