@@ -387,6 +387,7 @@ class Recorder:
                 if self.state == "idle" and self.steps_done == self.skip:
                     self._start_window()
                 elif self.state == "window" and self.deferred_start and self.steps_done == self.first_active:
+                    self._sample_process_memory(n)
                     self._start_window_profiler()
                 elif self.state in ("window", "aside"):
                     if self.state == "window":
