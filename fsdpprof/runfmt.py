@@ -48,6 +48,13 @@ STAGE_POST_STEP = "post_step"    # after the optimizer (zero_grad, logging)
 STAGE_OUTSIDE = "outside_step"   # launched outside every ProfilerStep
 STAGE_UNKNOWN = "unknown"        # a device kernel whose launch is not in the trace
 
+# inventory.json: the framework that ran the job (FSDP2 fully_shard, FSDP1 FullyShardedDataParallel,
+# DistributedDataParallel, none: no data parallelism)
+FRAMEWORK_FSDP2 = "fsdp2"
+FRAMEWORK_FSDP1 = "fsdp1"
+FRAMEWORK_DDP = "ddp"
+FRAMEWORK_NONE = "none"
+
 # inventory.json: the role of each tensor listed
 ROLE_PARAM = "param"
 ROLE_GRAD = "grad"

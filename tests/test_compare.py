@@ -14,6 +14,7 @@ import pytest
 from conftest import run_fsdpprof
 from fsdpprof.analyze import model
 from fsdpprof.analyze.compare import runs as cmp
+from fsdpprof.analyze.compare.noise import NoiseTest, median_difference
 from fsdpprof.analyze.compare.runs import compare_analyses
 from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.pipeline import analyze_run
@@ -175,6 +176,15 @@ def _value(text: str, unit: str | None = None) -> float:
     return float(m.group(1).replace(",", "")) * UNITS[m.group(2) or unit]
 
 
+def _with_units(row: list[str], head: list[str]) -> list[str]:
+    """A row's cells with the unit its column's header names ("base (MiB)") written after each number."""
+    out = []
+    for cell, h in zip(row, head):
+        m = re.search(r"\((B|KiB|MiB|GiB|µs|ms|s)\)$", h)
+        out.append(f"{cell} {m.group(1)}" if m and re.match(r"^[+-]?[\d,.]+$", cell.strip()) else cell)
+    return out
+
+
 def _row(tables, first: str) -> list[str]:
     rows = [r for t in tables for r in t if r and r[0] == first]
     assert len(rows) == 1, (first, rows)
@@ -207,7 +217,9 @@ def test_compare_page_shows_one_number_per_quantity(recorded_run):
 
     # memory: the side-by-side rows (one unit for the table) against "What changed" (each cell with its unit)
     by_cat = {lab: {} for lab in (base, run)}
-    diff_rows = {r[0]: r for t in tables for r in t if len(r) == 4 and r[0] != "role" and r[0] != "category"}
+    # (the diff tables show each column in one unit, named in its header: the cells get it back here)
+    diff_rows = {r[0]: _with_units(r, t[0]) for t in tables for r in t
+                 if len(r) == 4 and r[0] != "role" and r[0] != "category"}
     for r in side[1:]:
         m = re.match(r"^at the peak(?: by role)?: (.+) \((\w+)\)$", r[0])
         if not m:
@@ -223,14 +235,14 @@ def test_compare_page_shows_one_number_per_quantity(recorded_run):
     assert {"gathered params", "sharded params", "optimizer states"} <= set(by_cat[run])
     # the peak: side by side, ZeRO's table, the roles' sum
     peak = _row(tables, f"peak allocated per rank ({unit})")
-    roles_sum = _row(tables, "peak (the roles' sum)")
+    roles_sum = next(_with_units(r, t[0]) for t in tables for r in t if r and r[0] == "peak (the roles' sum)")
     zero = {r[0]: r for t in tables for r in t if r and r[0] in (base, run)}
     for lab, i in ((base, 1), (run, 2)):
         same(_value(peak[col[lab]], unit), _value(roles_sum[i]), ("peak", lab))
         same(_value(peak[col[lab]], unit), _value(zero[lab][6], unit), ("peak, ZeRO table", lab))
     # times per step: side by side, ZeRO's table, the step decomposition of what changed
     step, exposed = _row(tables, "step time (ms)"), _row(tables, "exposed communication (ms)")
-    dsteps = {r[0]: r for t in tables for r in t if r and r[0] in ("step", "exposed communication")}
+    dsteps = {r[0]: _with_units(r, t[0]) for t in tables for r in t if r and r[0] in ("step", "exposed communication")}
     for lab, i in ((base, 1), (run, 2)):
         same(_value(step[col[lab]], "ms"), _value(dsteps["step"][i]), ("step", lab))
         same(_value(exposed[col[lab]], "ms"), _value(dsteps["exposed communication"][i]), ("exposed", lab))
@@ -277,21 +289,54 @@ def test_verdict_compares_runs_at_one_world_size():
     assert "N differs: 4 ranks against 2" in only[0] and only[0].startswith("FULL_SHARD on 4 ranks saves")
 
 
-def test_differences_inside_the_spread_and_contention_are_said():
+def test_differences_inside_the_noise_and_contention_are_said():
+    """The verdict states a difference only when its bootstrap interval excludes 0, and the noise note lists
+    exactly the differences the verdict leaves out: the two never disagree."""
     p = _promise([("a", "DDP", 2, 63.0, 566, 126, True), ("b", "FULL_SHARD", 2, 51.0, 608, 169, False)])
-    overlapping = _spread([("a", "step_us", 566e3, 474e3, 630e3), ("b", "step_us", 608e3, 589e3, 626e3),
-                           ("a", "exposed_comm_us", 126e3, 120e3, 130e3), ("b", "exposed_comm_us", 169e3, 160e3, 180e3),
-                           ("a", "cpu_contention", 1.1, 1.05, 1.2), ("b", "cpu_contention", 3.0, 2.9, 3.1)])
-    noise = cmp.noise_lines(p, overlapping)
-    inside = [ln for ln in noise if "inside the spread" in ln]
-    assert len(inside) == 1 and "step time (566 ms against 608 ms; over ranks and steps 474-630 ms against " \
-                                "589-626 ms)" in inside[0] and "exposed communication" not in inside[0]
-    assert any("different CPU contention (x3.00 against x1.10" in ln for ln in noise)
-    assert ", inside the spread" not in cmp.verdict_lines(p, overlapping)[-1]      # exposed: the ranges are apart
-    apart = _spread([("a", "step_us", 566e3, 560e3, 570e3), ("b", "step_us", 608e3, 600e3, 615e3),
-                     ("a", "cpu_contention", 2.9, 2.9, 2.9), ("b", "cpu_contention", 3.0, 3.0, 3.0)])
-    assert cmp.noise_lines(p, apart) == []
-    assert "their steps range 560-570 ms against 600-615 ms" in cmp.verdict_lines(p, apart)[1]
+    spread = _spread([("a", "step_us", 566e3, 474e3, 630e3), ("b", "step_us", 608e3, 589e3, 626e3),
+                      ("a", "cpu_contention", 1.1, 1.05, 1.2), ("b", "cpu_contention", 3.0, 2.9, 3.1)])
+    rng = np.random.default_rng(1)
+    noisy = NoiseTest({"a": {"step_us": rng.normal(566e3, 60e3, 12), "exposed_comm_us": rng.normal(126e3, 3e3, 12)},
+                       "b": {"step_us": rng.normal(608e3, 60e3, 12), "exposed_comm_us": rng.normal(169e3, 3e3, 12)}})
+    lines, note = cmp.verdict_lines(p, spread, noisy), cmp.noise_lines(p, spread, noisy)
+    # step time: inside the noise -> no "Fastest" claim, the note says why; exposed: +43 ms is measured
+    assert lines[1].startswith("No measured difference in step time") and "Fastest" not in " ".join(lines)
+    assert "exposed communication 169 ms per step (28% of its step, +43 ms)" in lines[-1]
+    assert "at the cost of 43 ms more exposed communication" in lines[0]
+    inside = [ln for ln in note if "not a measured change" in ln]
+    assert len(inside) == 1 and "step time (566 ms against 608 ms; difference of medians" in inside[0] \
+        and "exposed communication" not in inside[0]
+    assert any("different CPU contention (x3.00 against x1.10" in ln for ln in note)
+    # the same medians, tight samples: both differences are measured, the note is silent about them
+    tight = NoiseTest({"a": {"step_us": rng.normal(566e3, 2e3, 12), "exposed_comm_us": rng.normal(126e3, 2e3, 12)},
+                       "b": {"step_us": rng.normal(608e3, 2e3, 12), "exposed_comm_us": rng.normal(169e3, 2e3, 12)}})
+    assert not any("not a measured change" in ln for ln in cmp.noise_lines(p, spread, tight))
+    assert cmp.verdict_lines(p, spread, tight)[1].startswith("Fastest: DDP on 2 ranks")
+    # exposed communication in the noise: the peak line claims no cost, the run's line says "no measured change"
+    flat = NoiseTest({"a": {"step_us": rng.normal(566e3, 2e3, 12), "exposed_comm_us": rng.normal(150e3, 40e3, 12)},
+                      "b": {"step_us": rng.normal(608e3, 2e3, 12), "exposed_comm_us": rng.normal(150e3, 40e3, 12)}})
+    lines = cmp.verdict_lines(p, spread, flat)
+    assert "with no measured difference in exposed communication" in lines[0] and "at the cost" not in lines[0]
+    assert "no measured change)" in lines[-1]
+    assert any("exposed communication (126 ms against 169 ms" in ln for ln in cmp.noise_lines(p, spread, flat))
+    # one step x rank: nothing to test against; the verdict says so instead of claiming no difference
+    single = NoiseTest({"a": {"step_us": rng.normal(566e3, 2e3, 12), "exposed_comm_us": rng.normal(126e3, 2e3, 12)},
+                        "b": {"step_us": np.array([608e3]), "exposed_comm_us": np.array([169e3])}})
+    lines = cmp.verdict_lines(p, spread, single)
+    assert "not tested (too few steps" in lines[1] and "No measured difference" not in " ".join(lines)
+    assert "not tested: too few steps)" in lines[-1] and "(exposed communication not tested" in lines[0]
+
+
+def test_bootstrap_of_the_difference_of_medians():
+    """Fixed seed: the same samples give the same interval; 7.7x apart is measured, two draws of one law are not."""
+    rng = np.random.default_rng(3)
+    slow, fast = rng.normal(952e3, 150e3, 8), rng.normal(123e3, 20e3, 8)
+    slow[0] = 130e3            # one outlier makes the min-max ranges overlap: the medians still differ
+    d = median_difference(fast, slow)
+    assert d.measured and d.low_us > 300e3 and d == median_difference(fast, slow)
+    same = median_difference(rng.normal(500e3, 50e3, 10), rng.normal(500e3, 50e3, 10))
+    assert not same.measured and same.low_us < 0 < same.high_us
+    assert median_difference([1.0], [2.0, 3.0]) is None       # one sample: nothing to test against
 
 
 @pytest.mark.slow

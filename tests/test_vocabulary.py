@@ -1,4 +1,5 @@
-"""One vocabulary: stage, FSDP phase, collective and memory-category names are written once, in
+"""One vocabulary: stage, FSDP phase, collective, memory-category, family (fsdp2 / fsdp1 / ddp), ZeRO-stage and
+what-if replay-role names, and the comm-kernel test (the "nccl" / "rccl" prefixes), are written once, in
 fsdpprof/analyze/model/ (the run-directory format's in runfmt.py); everywhere else in fsdpprof/ the code
 uses the names (``model.STAGE_FORWARD``, ``model.ALL_GATHER``, ``MemoryCategory.ACTIVATION``), so that a
 reader finds each concept in one place and a rename cannot miss a copy."""
@@ -18,6 +19,10 @@ VOCABULARY = {
     "FSDP phase": model.FSDP_PHASES,
     "collective": model.COLLECTIVES,
     "memory category": [c.value for c in model.MemoryCategory],
+    "family": list(model.FAMILIES),
+    "ZeRO stage": [model.ZERO_1, model.ZERO_2, model.ZERO_3],
+    "comm-kernel test": sorted(set(model.COMM_KERNEL_LIBRARIES) | set(model.COMM_KERNEL_PREFIXES)),
+    "what-if replay role": [r.value for r in model.ReplayRole],
 }
 # where the names are defined: the vocabulary package and the run-directory format
 DEFINED_IN = ("analyze/model/", "runfmt.py")
@@ -39,6 +44,12 @@ NOT_THE_CONCEPT = {
     ("collect/inventory.py", "optimizer"): (1, _OPTIMIZER_KEY),
     ("commands/plan.py", "optimizer"): (3, _OPTIMIZER_KEY),
     ("report/overview.py", "optimizer"): (4, _OPTIMIZER_KEY),
+    ("examples/train_fsdp.py", "fsdp2"): (2, "the example's --strategy choices (a CLI name, not the family)"),
+    ("examples/train_fsdp.py", "fsdp1"): (1, "the example's --strategy choices (a CLI name, not the family)"),
+    ("examples/train_fsdp.py", "ddp"): (3, "the example's --strategy choices (a CLI name, not the family)"),
+    ("examples/train_fsdp.py", "nccl"): (1, "torch.distributed's backend name"),
+    ("commands/demo.py", "fsdp2"): (2, "the example's --strategy names the demo records"),
+    ("commands/demo.py", "ddp"): (1, "the example's --strategy names the demo records"),
 }
 # calls whose string arguments name other things (options, loggers)
 _NAMING_CALLS = {"add_argument", "add_parser", "add_argument_group", "getLogger", "getattr", "hasattr"}
@@ -63,25 +74,33 @@ def _skipped(tree: ast.AST) -> set[int]:
     return out
 
 
-@functools.cache
-def vocabulary_literals() -> list[tuple[str, int, str, str]]:
-    """(file, line, text, concept) of every string literal in fsdpprof/ outside the vocabulary that is a
-    vocabulary name."""
+def _concepts() -> dict[str, str]:
     concept_of: dict[str, str] = {}
     for concept, names in VOCABULARY.items():
         for n in names:
             concept_of[n] = f"{concept_of[n]} / {concept}" if n in concept_of else concept
+    return concept_of
+
+
+def literals_in(source: str, rel: str = "<text>") -> list[tuple[str, int, str, str]]:
+    """(file, line, text, concept) of every string literal of ``source`` that is a vocabulary name."""
+    concept_of = _concepts()
+    tree = ast.parse(source)
+    skip = _skipped(tree)
+    return [(rel, node.lineno, node.value, concept_of[node.value]) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and type(node.value) is str and node.value in concept_of
+            and id(node) not in skip]
+
+
+@functools.cache
+def vocabulary_literals() -> list[tuple[str, int, str, str]]:
+    """(file, line, text, concept) of every string literal in fsdpprof/ outside the vocabulary that is a
+    vocabulary name."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(DEFINED_IN):
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _skipped(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and type(node.value) is str and node.value in concept_of \
-                    and id(node) not in skip:
-                found.append((rel, node.lineno, node.value, concept_of[node.value]))
+        if not rel.startswith(DEFINED_IN):
+            found += literals_in(path.read_text(encoding="utf-8"), rel)
     return found
 
 
@@ -107,6 +126,24 @@ def test_the_scan_finds_a_copy(tmp_path):
     skip = _skipped(tree)
     consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in skip]
     assert consts == ["backward"]
+
+
+def test_the_scan_finds_a_family_a_zero_stage_a_comm_kernel_test_and_a_replay_role():
+    """A family, a ZeRO stage, a comm-kernel test or a what-if replay role written as a literal is flagged."""
+    src = ('fsdp = kind in ("fsdp2", "fsdp1")\nif stage == "ZERO2": pass\n'
+           'nccl = names.str.lower().str.startswith(("nccl", "rccl"))\nheld = role == "ag_held"\n')
+    assert sorted((text, concept) for _, _, text, concept in literals_in(src)) == sorted([
+        ("fsdp2", "family"), ("fsdp1", "family"), ("ZERO2", "ZeRO stage"), ("nccl", "comm-kernel test"),
+        ("rccl", "comm-kernel test"), ("ag_held", "what-if replay role")])
+
+
+def test_one_comm_kernel_test_for_a_name_and_an_array():
+    """model.is_comm_kernel: one rule for a name and for an array of names (NCCL / RCCL, any case)."""
+    import numpy as np
+
+    names = ["ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", "rccl_allreduce", "NCCLKERNEL_x", "void gemm", None]
+    assert model.is_comm_kernel(names[0]) and not model.is_comm_kernel("void gemm")
+    assert model.is_comm_kernel(np.array(names, dtype=object)).tolist() == [True, True, True, False, False]
 
 
 def test_allowed_exceptions_are_exact():

@@ -394,7 +394,7 @@ def test_collective_fit_latency_at_most_the_fastest_call():
     # (all-reduce on 2 ranks: wire bytes = 2 x 1/2 x bytes, the same x)
     assert fit.by_type[model.ALL_REDUCE][:2] == pytest.approx((lat, slope))
     assert fit.pooled[:2] == pytest.approx((lat, slope))
-    assert fit.describe() == [f"all-reduce: 400 us + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
+    assert fit.describe() == [f"all-reduce: 400 µs + wire bytes / {1 / slope / 1e3:.2f} GB/s (6 collectives; latency "
                               f"capped at the run's fastest call)"]
 
 
@@ -460,7 +460,7 @@ def test_collective_fit_latency_at_most_the_fastest_call_on_any_rank():
                 "timing": t}
 
     fits = wp.reduce_predictions([], [rank(0, r0), rank(1, r1)])["fits"]
-    assert fits["1"] == fit.describe() and fits["1"][0].startswith("all-reduce: 400 us")
+    assert fits["1"] == fit.describe() and fits["1"][0].startswith("all-reduce: 400 µs")
     assert fits["0"] == timing.fit_collectives(r0, floor).describe()
 
 

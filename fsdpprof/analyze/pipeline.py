@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -23,7 +24,7 @@ from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
-from fsdpprof.analyze.summary import distributions, model_states, theory
+from fsdpprof.analyze.summary import distributions, host, model_states, shares, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.trace import labels
@@ -51,6 +52,7 @@ class RankResult:
     notes: dict = field(default_factory=dict)    # section -> text
     has_trace: bool = False
     framework: str | None = None                 # from the events: fsdp2 | fsdp1 | ddp | distributed | single_device
+    workload: str | None = None                  # from the events: training | inference (model.workload_of)
     kernels: dict = field(default_factory=dict)  # device_kernels, unknown_launch (launch not in the trace)
     inventory: dict | None = None                # inventory.json without its tensor list
     measured: dict | None = None                 # model-state bytes per role (inventory)
@@ -99,6 +101,9 @@ class Analysis:
     overlap_overall: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     step_stalls: pd.DataFrame | None = None                   # steps.step_stalls: rank, step, idle by cause, ...
+    exposed_stage: pd.DataFrame | None = None                 # shares.exposed_by_stage: per collective and stage
+    exposed_unit: pd.DataFrame | None = None                  # shares.exposed_by_unit: per unit, collective, stage
+    idle_causes: pd.DataFrame | None = None                   # shares.idle_by_cause: device idle per step by cause
     skew: pd.DataFrame | None = None
     stragglers: pd.DataFrame | None = None
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
@@ -190,9 +195,13 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
                         **{c: sel[c].astype(object).to_numpy() for c in ("collective", "stage", "fsdp_phase")}})
     tm = trace_meta or {}
     comm = out[out["kind"] == model.KIND_COMM]
-    nccl = comm[comm["name"].str.lower().str.startswith(("nccl", "rccl"))]
-    names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), set(nccl["lane"]), tm.get("thread_names"),
-                              tm.get("device_type"))
+    is_nccl = pd.Series(model.is_comm_kernel(comm["name"].to_numpy(object)), index=comm.index)
+    nccl_lanes = {ln for ln, share in is_nccl.groupby(comm["lane"]).mean().items() if share > 0.5}
+    on_lane = e[isin(e["kind"], model.DEVICE_KINDS)]   # the whole step's, before LANE_EVENTS_MAX
+    comm_share = pd.Series(isin(on_lane["kind"], [model.KIND_COMM])).groupby(
+        on_lane["lane"].astype(str).to_numpy()).mean()
+    names = labels.lane_names(out["lane"].unique(), set(comm["lane"]), nccl_lanes, tm.get("thread_names"),
+                              tm.get("device_type"), comm_share=comm_share.to_dict())
     out["lane_name"] = out["lane"].map(names)
     return out.sort_values(["lane", "start_us"]).reset_index(drop=True), float(step), top
 
@@ -205,11 +214,13 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.volume = _try(n, "communication", "collective volume", volume.collective_volume, events)
     res.overlap_overall = _try(n, "communication", "overall overlap", overlap.overall_overlap, events)
     res.framework = labels.framework_of(events)
+    res.workload = labels.workload_of(events)
     if overlap_only:
         return
     dev = isin(events["kind"], model.DEVICE_KINDS) & ~labels.cpu_side(events)
     res.kernels = {"device_kernels": int(dev.sum()),
-                   "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum())}
+                   "unknown_launch": int((dev & isin(events["stage"], [model.STAGE_UNKNOWN])).sum()),
+                   "precisions": labels.precisions_seen(events)}
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
     res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
@@ -365,6 +376,19 @@ def input_of(results: list[RankResult], world_size) -> tuple[str, str | None]:
     return model.input_kind(inv.get("framework"), found, world_size), inv.get("strategy")
 
 
+def _precisions_seen(results: list[RankResult]) -> dict | None:
+    """labels.precisions_seen summed over the ranks that have a trace (None without one)."""
+    seen = [r.kernels["precisions"] for r in results if (r.kernels or {}).get("precisions")]
+    if not seen:
+        return None
+    by_dtype: Counter = Counter()
+    for p in seen:
+        by_dtype.update(p["by_dtype"])
+    return {"kernels": sum(p["kernels"] for p in seen), "by_dtype": {k: by_dtype[k] for k in model.LOW_PRECISION
+                                                                      if by_dtype[k]},
+            "comm_dtypes": sorted({d for p in seen for d in p["comm_dtypes"]})}
+
+
 def _overview(run, results: list[RankResult]) -> dict:
     meta = run.meta or {}
     # analysed: neither failed here nor named missing (a rank kept for its inventory or snapshot lacks its trace)
@@ -379,6 +403,8 @@ def _overview(run, results: list[RankResult]) -> dict:
     device_type = tm.get("device_type") or (str(info0.get("device") or "").split(":")[0] or None)
     cmd = meta.get("command")
     input_kind, strategy = input_of(results, run.world_size)
+    dev_index = str(info0.get("device") or "").partition(":")[2]
+    dev_name, dev_mem = model.device_of(tm.get("deviceProperties"), int(dev_index) if dev_index.isdigit() else None)
     return {
         "command": " ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
         "status": meta.get("status") or ("partial" if missing else "complete"),
@@ -391,9 +417,11 @@ def _overview(run, results: list[RankResult]) -> dict:
         "strategy": inv.get("strategy"),
         "shard_group_size": inv.get("shard_group_size"), "replicate_group_size": inv.get("replicate_group_size"),
         "mixed_precision": inv.get("mixed_precision"), "cpu_offload": inv.get("cpu_offload"),
+        "has_inventory": bool(inv), "precisions_seen": _precisions_seen(results),
         "optimizer": (inv.get("optimizer") or {}).get("class"), "psi": (inv.get("totals") or {}).get("psi"),
         "hosts": hosts, "device_type": device_type,
-        "device_name": info0.get("device_name") or tm.get("device_name"),
+        "device_name": dev_name or info0.get("device_name") or tm.get("device_name"), "device_memory_bytes": dev_mem,
+        "workload": next((r.workload for r in results if not r.error and r.workload), None),
         "backend": info0.get("backend"), "steps_recorded": info0.get("steps_recorded"),
         "versions": meta.get("versions"), "step_time_us": None,
         "device_kernels": sum(int(r.kernels.get("device_kernels", 0)) for r in results),
@@ -466,10 +494,11 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
 
 def _findings(a: Analysis) -> list:
     o = a.overview
-    fsdp = o.get("input_kind") in ("fsdp2", "fsdp1")
-    items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp)
+    fsdp = o.get("input_kind") in model.FSDP_FAMILIES
+    items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp, exposed_stage=a.exposed_stage)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
-    items += fnd.device_findings(a.steps, a.step_stalls, device=device)
+    items += fnd.device_findings(a.steps, a.step_stalls, device=device, idle_causes=a.idle_causes)
+    items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
     if r is not None:
@@ -523,9 +552,17 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication", "no trace events in this input.")
         _note(a.notes, "steps", "no trace events in this input.")
     else:
-        for name in ("volume", "comm_phase", "comm_unit_step", "overlap_overall", "steps", "step_stalls", "temporal",
-                     "top_kernels", "idle", "op_stats"):     # the per-rank tables, all ranks' rows
-            setattr(a, name, _concat(getattr(r, name) for r in traced))
+        # the per-rank tables, all ranks' rows
+        a.volume = _concat(r.volume for r in traced)
+        a.comm_phase = _concat(r.comm_phase for r in traced)
+        a.comm_unit_step = _concat(r.comm_unit_step for r in traced)
+        a.overlap_overall = _concat(r.overlap_overall for r in traced)
+        a.steps = _concat(r.steps for r in traced)
+        a.step_stalls = _concat(r.step_stalls for r in traced)
+        a.temporal = _concat(r.temporal for r in traced)
+        a.top_kernels = _concat(r.top_kernels for r in traced)
+        a.idle = _concat(r.idle for r in traced)
+        a.op_stats = _concat(r.op_stats for r in traced)
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
@@ -555,6 +592,11 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         _note(a.notes, "communication",
               f"{unknown} of {a.overview.get('device_kernels')} device kernels were launched before the trace "
               f"window opened (their launch is not in the trace): their stage is 'unknown'.")
+    a.exposed_stage = _try(a.notes, "communication", "exposed communication per stage", shares.exposed_by_stage,
+                           a.comm_unit_step, a.steps)
+    a.exposed_unit = _try(a.notes, "communication", "exposed communication per unit", shares.exposed_by_unit,
+                          a.comm_unit_step, a.steps)
+    a.idle_causes = _try(a.notes, "device", "device idle by cause", shares.idle_by_cause, a.steps, a.step_stalls)
     a.findings = _findings(a)
     a.whatif = _try(a.notes, "whatif", "what-if predictions", report_reduce, [r.whatif for r in ok])
     a.rank_distributions = _try(a.notes, "ranks", "distributions over ranks", distributions.rank_distributions,

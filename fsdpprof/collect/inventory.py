@@ -12,7 +12,8 @@ import importlib
 import torch
 import torch.nn as nn
 
-from fsdpprof.runfmt import INVENTORY_SCHEMA, ROLE_GRAD, ROLE_OPTIMIZER_STATE, ROLE_PARAM
+from fsdpprof.runfmt import (FRAMEWORK_DDP, FRAMEWORK_FSDP1, FRAMEWORK_FSDP2, FRAMEWORK_NONE, INVENTORY_SCHEMA,
+                             ROLE_GRAD, ROLE_OPTIMIZER_STATE, ROLE_PARAM)
 
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
@@ -105,7 +106,7 @@ class ModelInfo:
 
     def __init__(self, model: nn.Module | None, world_size: int):
         self.model = model
-        self.framework, self.strategy = "none", "NONE"
+        self.framework, self.strategy = FRAMEWORK_NONE, "NONE"
         self.shard_group_size = self.replicate_group_size = 1
         self.mixed_precision = None
         self.cpu_offload = False
@@ -126,7 +127,7 @@ class ModelInfo:
         else:
             prefix = ""
             if isinstance(model, _torch_class("torch.nn.parallel", "DistributedDataParallel")):
-                self.framework, self.strategy, prefix = "ddp", "DDP", "module."
+                self.framework, self.strategy, prefix = FRAMEWORK_DDP, "DDP", "module."
                 try:
                     self.replicate_group_size = model.process_group.size()
                 except Exception:
@@ -140,7 +141,7 @@ class ModelInfo:
         self.param_unit[id(p)] = unit
 
     def _inspect_fsdp2(self, model, named_modules, fsdp2_cls) -> None:
-        self.framework = "fsdp2"
+        self.framework = FRAMEWORK_FSDP2
         unit_names, groups = [], []
         for name, m in named_modules:
             if isinstance(m, fsdp2_cls):
@@ -177,7 +178,7 @@ class ModelInfo:
         self.cpu_offload = isinstance(getattr(group, "offload_policy", None), offload_policy)
 
     def _inspect_fsdp1(self, model, named_modules, fsdp1_cls, world_size) -> None:
-        self.framework = "fsdp1"
+        self.framework = FRAMEWORK_FSDP1
         first = None
         for name, m in named_modules:
             if not isinstance(m, fsdp1_cls):

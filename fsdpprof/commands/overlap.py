@@ -7,7 +7,7 @@ import math
 import sys
 
 from fsdpprof.analyze.load.files import find_run
-from fsdpprof.analyze.model import fmt_bytes
+from fsdpprof.analyze.model import MISSING_WORD, fmt_bytes
 from fsdpprof.commands import ENGINE, add, engine_of
 
 
@@ -31,11 +31,11 @@ def table(result) -> str:
                      f"{r.overlapped_comm_us / 1e3:>11.3f} {r.exposed_comm_us / 1e3:>11.3f} "
                      f"{_cell(r.comp_comm_overlap_pct, '.1f'):>9}")
     lines += ["", "collective volume and bandwidth, per rank (busbw: nccl-tests' bus bandwidth):",
-              f"{'rank':>5} {'collective':<16} {'count':>6} {'bytes':>10} {'time ms':>10} {'algbw GB/s':>10} "
+              f"{'rank':>5} {'collective':<16} {'count':>6} {'size':>10} {'time ms':>10} {'algbw GB/s':>10} "
               f"{'busbw GB/s':>10}"]
     for v in result.volume.itertuples(index=False):
         coll = v.collective if isinstance(v.collective, str) else "(unknown)"
-        size = fmt_bytes(v.bytes, decimal=True)       # decimal units, as the bandwidths beside them (GB/s)
+        size = fmt_bytes(v.bytes, missing=MISSING_WORD)   # binary units, as the report's (bandwidths: GB/s, nccl-tests')
         lines.append(f"{v.rank:>5} {coll[:16]:<16} {v.count:>6} {size:>10} {v.time_us / 1e3:>10.3f} "
                      f"{_cell(v.algbw_gbps, '.2f'):>10} {_cell(v.busbw_gbps, '.2f'):>10}")
     if not len(result.volume):

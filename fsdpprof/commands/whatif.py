@@ -88,7 +88,13 @@ def text(result: dict, run_label: str) -> str:
         peak = "-" if p["peak_allocated_bytes"] is None else f"{p['peak_allocated_bytes'] / 2**20:.1f}"
         lines.append(f"{mark:2}{p['label'][:29]:30s}{p['world_size']:>6d}{peak:>10s}{ms(p['step_us']):>9s}"
                      f"{ms(p['compute_us']):>9s}{ms(p['exposed_comm_us']):>9s}{ms(p['rest_us']):>9s}")
-    lines.append("(* the target; = the run's own configuration, predicted from itself; times per step)")
+    lines.append("(* the target; = the run's own configuration, predicted from itself; times per step; "
+                 "rest = step - compute - exposed: host time outside operators, idle, copies)")
+    lines += [f"step-time interval, {p['label']}: {ms(p['step_low_us'])}-{ms(p['step_high_us'])} ms"
+              for p in result["predictions"] if p.get("step_low_us") is not None]
+    lines += [f"order: {x}" for x in result.get("order") or []]
+    if result.get("recommendation"):
+        lines.append(f"recommendation: {result['recommendation']}")
     first = result["predictions"][0] if result["predictions"] else None
     if first and first.get("cpu_contention") is not None and first.get("run_cpu_contention") is not None:
         lines.append(f"CPU contention (1 + run-queue wait / time on a CPU): the run "

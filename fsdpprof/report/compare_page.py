@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fsdpprof.analyze.model import MISSING_WORD
 from fsdpprof.report import diff, figures, promise
 from fsdpprof.report.promise import spread_of
 from fsdpprof.report.page import (CATEGORY_COLORS, HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, Page, category_label,
@@ -102,7 +103,7 @@ def _compare_table(c) -> str:
             name = metric_label(metric)
         else:
             scale, unit_text = mem_scale(max_bytes) if unit == "bytes" else (1e3, "ms") if unit == "time" else (1.0, "")
-            cells = [fmt_fixed(v / scale) if not is_missing(v) else "" for v in vals]
+            cells = [fmt_fixed(v / scale) if not is_missing(v) else MISSING_WORD if unit == "bytes" else "" for v in vals]
             name = metric_label(metric, unit_text, host)
         rows.append([name, *cells])
     return (f'<section id="table"><h2>Runs side by side</h2><p class="note">{esc(scope_words(c))}</p>'

@@ -7,10 +7,10 @@ import math
 import pandas as pd
 
 from fsdpprof.analyze.compare.diff import NO_UNIT
-from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
+from fsdpprof.analyze.model import MISSING_WORD, ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
-from fsdpprof.report.page import (NO_UNIT_TEXT, category_label, esc, fmt_bytes, fmt_num, fmt_us, is_missing, label, role_label,
-                                  value_label)
+from fsdpprof.report.page import (NO_UNIT_TEXT, category_label, column_scale, esc, fmt_bytes, fmt_fixed, fmt_num,
+                                  fmt_us, is_missing, label, role_label, value_label)
 
 TOP_ROWS = 50          # rows per table in the page (compare.json has them all)
 SHOWN_ROWS = 10        # of which shown at first, the largest changes; the rest under "show all N"
@@ -33,6 +33,28 @@ def _signed(fmt, x) -> str:
     return ("+" if x > 0 else "-") + fmt(abs(x))
 
 
+# formatters of a column shown in one unit (its largest value's): bytes or times, plain or as signed changes
+_ONE_UNIT = {"time": ("time", False), "+time": ("time", True), "bytes": ("bytes", False), "+bytes": ("bytes", True)}
+
+
+def _in_one_unit(df: pd.DataFrame, col: str, head: str, spec):
+    """(column, header with the unit, formatter) of a ``_table`` column: a spec of _ONE_UNIT becomes one unit for
+    the whole column (a size the input lacks: "unknown"); any other spec is kept."""
+    if not isinstance(spec, str) or spec not in _ONE_UNIT:
+        return col, head, spec
+    unit, signed = _ONE_UNIT[spec]
+    scale, unit_text = column_scale(unit, df[col] if col in df else [])
+
+    def fmt(v) -> str:
+        if is_missing(v):
+            return MISSING_WORD if unit == "bytes" else ""
+        v = float(v)
+        if not signed:
+            return fmt_fixed(v / scale)
+        return "0" if v == 0 else ("+" if v > 0 else "-") + fmt_fixed(abs(v) / scale)
+    return col, f"{head} ({unit_text})" if head else unit_text, fmt
+
+
 def _pct(x) -> str:
     return "" if is_missing(x) or not math.isfinite(float(x)) else f"{float(x):+.1f}%"
 
@@ -48,6 +70,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, object]], rows: int = TO
     ``shown`` rows are the table; the rest, up to ``rows``, follow under a ``<details>`` "show all N"."""
     if df is None or not len(df):
         return '<p class="note">no rows</p>'
+    cols = [_in_one_unit(df.head(rows), c, h, f) for c, h, f in cols]
     head = "".join(f'<th class="{"l" if f in ("name", "text") else ""}">{esc(h)}</th>' for _, h, f in cols)
 
     def td(v, f) -> str:
@@ -86,8 +109,8 @@ def _steps_html(s: pd.DataFrame, run: str, base: str, page) -> str:
     if s is None or not len(s):
         return '<p class="note">no step decomposition on one side</p>'
     s = s.assign(metric_text=s["metric"].map(lambda m: STEP_LABELS.get(m, m)))
-    tab = _table(s, [("metric_text", "", "text"), ("baseline_us", base, fmt_us), ("run_us", run, fmt_us),
-                     ("diff_us", "change", lambda v: _signed(fmt_us, v)), ("diff_pct", "change %", _pct)],
+    tab = _table(s, [("metric_text", "", "text"), ("baseline_us", base, "time"), ("run_us", run, "time"),
+                     ("diff_us", "change", "+time"), ("diff_pct", "change %", _pct)],
                  shown=TOP_ROWS)
     parts = s[s["metric"].isin(["compute_us", "exposed_comm_us", "idle_us", "step_us"])]
     fig = figures.Figure(figures.bar(x=(parts["diff_us"] / 1e3).tolist(), y=[label(x) for x in parts["metric_text"]],
@@ -106,18 +129,18 @@ def _comm_html(c: pd.DataFrame) -> str:
     return _table(c, [
         ("collective", "collective", "text"), ("stage", "stage", "text"), ("fsdp_phase", "FSDP phase", "text"),
         ("unit_text", "unit", "text"), ("baseline_count", "count (base)", _count), ("run_count", "count (run)", _count),
-        ("baseline_bytes", "bytes (base)", fmt_bytes), ("run_bytes", "bytes (run)", fmt_bytes),
-        ("baseline_comm_us", "comm time (base)", fmt_us), ("run_comm_us", "comm time (run)", fmt_us),
-        ("diff_comm_us", "change", lambda v: _signed(fmt_us, v)),
-        ("baseline_exposed_comm_us", "exposed (base)", fmt_us), ("run_exposed_comm_us", "exposed (run)", fmt_us),
-        ("diff_exposed_comm_us", "exposed change", lambda v: _signed(fmt_us, v))])
+        ("baseline_bytes", "size (base)", "bytes"), ("run_bytes", "size (run)", "bytes"),
+        ("baseline_comm_us", "comm time (base)", "time"), ("run_comm_us", "comm time (run)", "time"),
+        ("diff_comm_us", "change", "+time"),
+        ("baseline_exposed_comm_us", "exposed (base)", "time"), ("run_exposed_comm_us", "exposed (run)", "time"),
+        ("diff_exposed_comm_us", "exposed change", "+time")])
 
 
 OPS_COLS = [("name", "operator / kernel", "name"), ("kind", "kind", "text"),
             ("baseline_count", "calls per step (base)", _count), ("run_count", "calls per step (run)", _count),
             ("diff_count", "calls change", lambda v: _signed(_count, v)),
-            ("baseline_total_us", "total (base)", fmt_us), ("run_total_us", "total (run)", fmt_us),
-            ("diff_total_us", "time added", lambda v: _signed(fmt_us, v))]
+            ("baseline_total_us", "total (base)", "time"), ("run_total_us", "total (run)", "time"),
+            ("diff_total_us", "time added", "+time")]
 
 
 def _ops_html(o: pd.DataFrame) -> str:
@@ -155,22 +178,22 @@ def _memory_html(m: pd.DataFrame, u: pd.DataFrame, roles: pd.DataFrame | None = 
     if m is None or not len(m):
         return '<p class="note">memory at the peak: not on both sides</p>'
     m = m[(m["baseline_bytes"] != 0) | (m["run_bytes"] != 0)]
-    change = ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))
+    change = ("diff_bytes", "change", "+bytes")
     out = []
     if roles is not None and len(roles):
         out.append("<h4>By role (every strategy alike; they add up to the peak)</h4>" + _table(with_peak(roles), [
-            ("role_text", "role", "text"), ("baseline_bytes", "base", fmt_bytes), ("run_bytes", "run", fmt_bytes),
+            ("role_text", "role", "text"), ("baseline_bytes", "base", "bytes"), ("run_bytes", "run", "bytes"),
             change], shown=TOP_ROWS) + "<h4>By category</h4>")
     m = m.assign(category_text=m["category"].map(category_label))
-    out.append(_table(m, [("category_text", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
-                          ("run_bytes", "run", fmt_bytes), change], shown=TOP_ROWS))
+    out.append(_table(m, [("category_text", "category", "text"), ("baseline_bytes", "base", "bytes"),
+                          ("run_bytes", "run", "bytes"), change], shown=TOP_ROWS))
     if u is not None and len(u):
         u = u.assign(unit_text=u["unit"].map(_unit_text), category=u["category"].map(category_label))
         u = u.reindex(u["diff_bytes"].abs().sort_values(ascending=False, kind="stable").index)
         u = u[u["diff_bytes"] != 0]
         out.append("<h4>By unit</h4>" + _table(u, [
-            ("unit_text", "unit", "text"), ("category", "category", "text"), ("baseline_bytes", "base", fmt_bytes),
-            ("run_bytes", "run", fmt_bytes), ("diff_bytes", "change", lambda v: _signed(fmt_bytes, v))]))
+            ("unit_text", "unit", "text"), ("category", "category", "text"), ("baseline_bytes", "base", "bytes"),
+            ("run_bytes", "run", "bytes"), ("diff_bytes", "change", "+bytes")]))
     return "".join(out)
 
 

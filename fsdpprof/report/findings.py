@@ -1,10 +1,15 @@
 """The "Findings" section: what crossed a threshold of fsdpprof.analyze.summary.findings, with what to try."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.report.page import esc, finding_title, fmt_bytes, fmt_num, fmt_pct
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def findings_section(a) -> str:
+
+def findings_section(a: Analysis) -> str:
     if not a.findings:
         body = '<p class="note">Nothing stands out against the thresholds in fsdpprof/analyze/summary/findings.py.</p>'
     else:

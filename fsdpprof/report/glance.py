@@ -2,10 +2,15 @@
 the step's split and the first finding (numbers from fsdpprof.analyze.summary.headline)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.summary.headline import step_spread
 from fsdpprof.report.memory import devices_analysed, memory_owner
 from fsdpprof.report.page import (HOST_TIME, HOST_TIME_WHAT, SPLIT_COLORS, esc, finding_title, fmt_bytes, fmt_pct,
                                   fmt_us, fmt_us_spread, idle_words, step_scope, value_label)
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
 def split_bar(parts: list[tuple[str, float, str]]) -> str:
@@ -36,13 +41,13 @@ def _fill_rows(tiles: list[str], columns: int = 3) -> list[str]:
     return out
 
 
-def oom_line(a, o: dict | None) -> str:
+def oom_line(a: Analysis, o: dict | None) -> str:
     """The out-of-memory error (headline's ``oom``) in one sentence of plain text; "" without one."""
     head, rest = oom_parts(a, o)
     return f"{head}: {rest}" if head else ""
 
 
-def oom_parts(a, o: dict | None) -> tuple[str, str]:
+def oom_parts(a: Analysis, o: dict | None) -> tuple[str, str]:
     """:func:`oom_line` as (head, rest): "Out of memory on cuda:1" and what follows; ("", "") without an OOM."""
     if not o:
         return "", ""
@@ -58,7 +63,7 @@ def oom_parts(a, o: dict | None) -> tuple[str, str]:
     return head, text
 
 
-def glance_section(a, h: dict) -> str:
+def glance_section(a: Analysis, h: dict) -> str:
     """The "At a glance" section from headline's dict ``h``."""
     tiles = []
     peak, ms = h["peak_bytes"], h["model_states_theory_bytes"]

@@ -3,6 +3,8 @@ instead (``Analysis.rank_distributions``: statistics, the worst ranks, histogram
 communication); the per-rank rows stay in summary.json. Each function returns an HTML fragment, "" for none."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fsdpprof.analyze.summary.distributions import WORST_N, exposed_heatmap
@@ -10,34 +12,37 @@ from fsdpprof.analyze.pipeline import DETAIL_RANKS_MAX
 from fsdpprof.report import figures
 from fsdpprof.report.page import MIB, esc, fmt_num, table
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def is_many(a) -> bool:
+
+def is_many(a: Analysis) -> bool:
     """True when the report shows distributions over ranks instead of per-rank tables (> DETAIL_RANKS_MAX)."""
     return int((a.overview or {}).get("ranks_analysed") or 0) > DETAIL_RANKS_MAX
 
 
-def _d(a, name: str):
+def _d(a: Analysis, name: str):
     return (getattr(a, "rank_distributions", None) or {}).get(name)
 
 
-def _titled(a, name: str, title: str, **kw) -> str:
+def _titled(a: Analysis, name: str, title: str, **kw) -> str:
     """Distribution ``name`` as a table under ``title`` ("" when it is not there)."""
     d = _d(a, name)
     return "" if d is None else title + table(d, **kw)
 
 
-def _stats_block(a, name: str, what: str) -> str:
+def _stats_block(a: Analysis, name: str, what: str) -> str:
     d = _d(a, name)
     n = int(d["ranks"].max()) if d is not None and "ranks" in d and len(d) else 0
     return _titled(a, name, f"<h4>{esc(what)}: distribution over {n} ranks</h4>", left=("statistic",))
 
 
-def _worst_block(a, name: str, what: str) -> str:
+def _worst_block(a: Analysis, name: str, what: str) -> str:
     d = _d(a, name)
     return "" if d is None else _titled(a, name, f"<h4>The {min(WORST_N, len(d))} ranks with {esc(what)}</h4>")
 
 
-def _distribution(a, page, values, title: str, xaxis: str, name: str, what: str, worst: str,
+def _distribution(a: Analysis, page, values, title: str, xaxis: str, name: str, what: str, worst: str,
                   color: str = "#1f77b4") -> str:
     """A per-rank column as a histogram, its statistics over ranks and the ranks with the worst values."""
     v = np.asarray(values, dtype=float)
@@ -55,7 +60,7 @@ def _empty(df) -> bool:
     return df is None or df.empty
 
 
-def memory_peaks(a, page) -> str:
+def memory_peaks(a: Analysis, page) -> str:
     """Instead of the per-rank peak bar chart and the memory_peaks table."""
     mp = a.memory_peaks
     return "" if _empty(mp) else _distribution(
@@ -63,14 +68,14 @@ def memory_peaks(a, page) -> str:
         "memory_peak", "Peak memory", "the highest peak")
 
 
-def comm_phase(a, page) -> str:
+def comm_phase(a: Analysis, page) -> str:
     """Instead of the comm_phase table (a row per rank, collective, stage, FSDP phase)."""
     return _titled(a, "comm_phase", "<h4>Per collective, stage and FSDP phase, all ranks: totals, and the exposed "
                    "time per rank (p50, p90, max; worst_rank has the max)</h4>",
                    left=("collective", "stage", "fsdp_phase"))
 
 
-def overlap_per_rank(a, page) -> str:
+def overlap_per_rank(a: Analysis, page) -> str:
     """Instead of the 'Overall overlap per rank' table."""
     ov = a.overlap_overall
     return "" if _empty(ov) else "<h3>Overall overlap: distribution over ranks</h3>" + _distribution(
@@ -78,7 +83,7 @@ def overlap_per_rank(a, page) -> str:
         "ms exposed (whole window)", "overlap", "Overlap", "the most exposed communication", "#dc2626")
 
 
-def traffic(a, page) -> str:
+def traffic(a: Analysis, page) -> str:
     """Instead of the traffic table (a row per rank and collective); the formula above it stays."""
     d = _d(a, "traffic")
     if d is None:
@@ -94,7 +99,7 @@ def traffic(a, page) -> str:
             + table(d, left=("collective",)))
 
 
-def steps(a, page) -> str:
+def steps(a: Analysis, page) -> str:
     """Instead of the per-(rank, step) bar chart and the steps table."""
     s = a.steps
     if _empty(s):
@@ -116,7 +121,7 @@ def steps(a, page) -> str:
     return "".join(out)
 
 
-def stragglers(a, page) -> str:
+def stragglers(a: Analysis, page) -> str:
     """Instead of the stragglers table (a row per rank)."""
     st = a.stragglers
     return "" if _empty(st) else _distribution(
@@ -124,7 +129,7 @@ def stragglers(a, page) -> str:
         "ms (aligned clocks)", "stragglers", "Stragglers", "the largest mean start lag", "#6366f1")
 
 
-def temporal(a, page) -> str:
+def temporal(a: Analysis, page) -> str:
     """Instead of the per-rank temporal bar chart and table."""
     tb = a.temporal
     return "" if _empty(tb) else _distribution(
@@ -132,13 +137,13 @@ def temporal(a, page) -> str:
         "Temporal breakdown", "the most idle device time", "#9ca3af")
 
 
-def idle(a, page) -> str:
+def idle(a: Analysis, page) -> str:
     """Instead of the idle table (a row per rank, stream, category)."""
     return _titled(a, "idle", "<h4>Idle time per category, summed per rank over its streams: distribution over "
                    "ranks</h4>", left=("idle_category",))
 
 
-def top_kernels(a, page) -> str:
+def top_kernels(a: Analysis, page) -> str:
     """Instead of the 'Kernels with the most time' table (rows per rank)."""
     return _titled(a, "top_kernels", "<h3>Kernels with the most time, summed over ranks</h3>",
                    left=("kernel_type", "name"))

@@ -2,6 +2,8 @@
 buffers (report.oom), the allocator's cache, the largest allocations, and the ZeRO formulas beside the measurement."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import itertools
 
 import pandas as pd
@@ -14,10 +16,13 @@ from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE
 from fsdpprof.report import figures, many_ranks, oom
 from fsdpprof.report.page import (CATEGORY_COLORS, OUTSIDE_ALLOCATOR_COLOR, OUTSIDE_ALLOCATOR_LABEL, Page,
                                   category_label, esc, fmt_bytes, fmt_fixed, fmt_num, label, mem_scale, moment_label,
-                                  notes_html, side_by_side, size_class_label, table, value_label)
+                                  notes_html, side_by_side, signed_bytes, size_class_label, table, value_label)
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
-def memory_owner(a, r) -> str:
+def memory_owner(a: Analysis, r) -> str:
     """Whose memory rank ``r``'s result is: "cuda:1" (one snapshot file), "rank 3, cuda:3" or "rank 3"."""
     dev = getattr((a.memory or {}).get(r), "device", None)
     if dev is None:
@@ -25,7 +30,7 @@ def memory_owner(a, r) -> str:
     return f"cuda:{dev}" if a.source == SOURCE_SNAPSHOT_FILE else f"rank {r}, cuda:{dev}"
 
 
-def devices_analysed(a) -> str:
+def devices_analysed(a: Analysis) -> str:
     """The devices of one snapshot file analysed ("cuda:0, cuda:1"); "" for any other input."""
     if a.source != SOURCE_SNAPSHOT_FILE:
         return ""
@@ -42,7 +47,7 @@ def other_devices_said(m) -> str:
     return f"the largest of the snapshot's {len(peaks)} devices; the others peak at {others} (--device N or all)"
 
 
-def _theory_block(a) -> str:
+def _theory_block(a: Analysis) -> str:
     t = a.theory
     if not t:
         return f"<h3>Theory vs measured</h3>{notes_html(a, 'theory')}"
@@ -56,8 +61,8 @@ def _theory_block(a) -> str:
            f'  = {esc(ms["substituted"])}\n  = {esc(fmt_bytes(ms["total_bytes"]))} '
            f"({esc(fmt_num(ms['total_bytes']))} bytes)\n"
            f"measured (inventory of rank {esc(min(a.model_states['rank']) if a.model_states is not None else '-')}) = "
-           f"{esc(fmt_bytes(t.get('measured_model_states_bytes')))}; difference "
-           f"{esc(fmt_bytes(t.get('model_states_diff_bytes')))}: {esc(t.get('model_states_explanation'))}</div>"]
+           f"{esc(fmt_bytes(t.get('measured_model_states_bytes')))}; measured - formula "
+           f"{esc(signed_bytes(t.get('model_states_diff_bytes')))}: {esc(t.get('model_states_explanation'))}</div>"]
     if a.model_states is not None and not a.model_states.empty:
         ms_t = a.model_states
         r0 = ms_t["rank"].min()
@@ -80,12 +85,12 @@ def _theory_block(a) -> str:
         diff = pe.get("diff_bytes")
         out.append(f'<div class="formula">peak ~ {esc(pe["formula"])}\n  = {esc(pe["substituted"])}\n'
                    f'  = {esc(fmt_bytes(pe["estimate_bytes"]))}\nmeasured peak (rank {esc(pe.get("measured_rank"))}) = '
-                   f'{esc(fmt_bytes(pe.get("measured_peak_bytes")))}; difference {esc(fmt_bytes(diff))}: '
+                   f'{esc(fmt_bytes(pe.get("measured_peak_bytes")))}; measured - formula {esc(signed_bytes(diff))}: '
                    f'{esc(pe.get("explanation") or "no memory data to compare")}</div>')
     return "".join(out)
 
 
-def _process_block(a) -> str:
+def _process_block(a: Analysis) -> str:
     """The process's memory beside the allocator's, per rank (rank.json's samples; "" when no rank has them)."""
     rows, notes = [], []
     for r, m in sorted(a.memory.items()):
@@ -186,7 +191,7 @@ def _fragmentation_block(m, page: Page) -> str:
     return "".join(out)
 
 
-def memory_section(a, page: Page) -> str:
+def memory_section(a: Analysis, page: Page) -> str:
     out = ['<section id="memory"><h2>Memory</h2>', notes_html(a, "memory")]
     if a.memory_peaks is not None and not a.memory_peaks.empty:
         mp = a.memory_peaks

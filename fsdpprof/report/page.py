@@ -3,6 +3,8 @@ METRIC_LABELS ...), the table renderers and the page shell. Every string from a 
 tables and text and through ``label`` in plot labels; tables pick one unit per column from its name."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import html
 import math
 import re
@@ -16,10 +18,14 @@ from fsdpprof.analyze.model import MemoryRole as MR
 from fsdpprof.report import figures
 from fsdpprof.report.outputs import generator_meta
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
+
 MIB = float(2**20)
+# one hue per role, one shade per category: whole (DDP) darkest, sharded, gathered / unsharded lightest
 CATEGORY_COLORS = {c.value: color for c, color in (
-    (MC.SHARDED_PARAM, "#1f77b4"), (MC.PARAM, "#1f77b4"), (MC.UNSHARDED_PARAM, "#aec7e8"), (MC.SHARDED_GRAD, "#ff7f0e"),
-    (MC.GRAD, "#ff7f0e"), (MC.UNSHARDED_GRAD, "#ffbb78"), (MC.OPTIMIZER_STATE, "#2ca02c"), (MC.ACTIVATION, "#d62728"),
+    (MC.SHARDED_PARAM, "#1f77b4"), (MC.PARAM, "#08306b"), (MC.UNSHARDED_PARAM, "#aec7e8"), (MC.SHARDED_GRAD, "#ff7f0e"),
+    (MC.GRAD, "#a63603"), (MC.UNSHARDED_GRAD, "#ffbb78"), (MC.OPTIMIZER_STATE, "#2ca02c"), (MC.ACTIVATION, "#d62728"),
     (MC.TEMPORARY, "#9467bd"), (MC.INPUT, "#8c564b"), (MC.BEFORE_RECORDING, "#bcbd22"), (MC.OTHER, "#7f7f7f"))}
 KIND_COLORS = {"compute": "#1f77b4", "cpu_op": "#1f77b4", "comm": "#d62728", "memcpy": "#2ca02c",
                "memset": "#17becf", "sync": "#7f7f7f"}
@@ -36,13 +42,13 @@ STAGE_LABELS = {model.STAGE_OPTIMIZER: "optimizer step", model.STAGE_POST_STEP: 
 # where a rank's memory numbers come from (MemoryResult.source)
 SOURCE_LABELS = {"cpu_trace": "profiler memory events", "cuda_snapshot": "CUDA memory snapshot"}
 NO_UNIT_TEXT = "outside any unit"     # memory or communication of no FSDP unit (the root unit is ROOT_UNIT_TEXT)
-MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table leaves the cell empty)
+MISSING = model.MISSING_WORD    # what a sentence says for a value that is not there (a table: for a size, else empty)
 COLUMN_LABELS = {   # a column's words where they are not its name's (see column_label)
     # memory
     "peak_stage": "stage at the peak", "peak_fsdp_phase": "FSDP phase at the peak",
     "baseline_bytes": "allocated before the window", "coverage_pct": "attributed", "source": "memory source",
     "addr": "address", "alloc_us": "allocated at", "free_us": "freed at", "frames": "allocated by", "unit": "FSDP unit",
-    "role": "model state", "theory_bytes": "formula", "diff_bytes": "measured - formula", "diff_pct": "difference",
+    "role": "model state", "theory_bytes": "formula", "diff_bytes": "measured - formula", "diff_pct": "measured - formula",
     "label": "strategy", "formula": "formula (per rank)", "param_bytes": "params", "grad_bytes": "grads",
     "optimizer_state_bytes": "optimizer states", "total_bytes": "model states per rank",
     "traffic_bytes": "traffic per rank per step",
@@ -300,6 +306,17 @@ def _scale_for(unit: str, values) -> tuple[float, str]:
     return 1.0, ""
 
 
+def signed_bytes(x) -> str:
+    """A difference of bytes with its sign (+404 B, -5.69 MiB, 0); "unknown" when missing."""
+    if is_missing(x):
+        return model.MISSING_WORD
+    x = float(x)
+    return "0" if x == 0 else ("+" if x > 0 else "-") + fmt_bytes(abs(x))
+
+
+column_scale = _scale_for     # (scale, unit words) of a column of bytes or times: one unit for the whole column
+
+
 def column_label(col: str, unit_text: str = "") -> str:
     """A column's header: its words (COLUMN_LABELS, else its name in words) and the unit in brackets."""
     base = COLUMN_LABELS.get(col)
@@ -316,18 +333,20 @@ def _plain_cell(col: str, v, scale: float, unit: str | None) -> str:
     if isinstance(v, (list, tuple, dict)):
         return str(v)
     if is_missing(v):
-        return ""
+        return model.MISSING_WORD if unit in ("bytes", "gbps") else ""   # a size (or a rate from it) the input lacks
     if col == "addr":
         try:
             return hex(int(v))
         except (TypeError, ValueError):
             return str(v)
+    signed = "diff" in col.split("_")      # a difference (measured - formula, run - baseline) carries its sign
     if unit == "pct":
-        return f"{float(v):.1f}"
+        return f"{float(v):+.1f}" if signed else f"{float(v):.1f}"
     if unit == "gbps":
         return f"{float(v):.3g}"
     if unit is not None:
-        return fmt_fixed(float(v) / scale)
+        text = fmt_fixed(float(v) / scale)
+        return ("+" + text) if signed and float(v) > 0 else text
     if col in VALUE_COLUMNS:
         return value_label(col, v)
     if isinstance(v, bool):
@@ -470,12 +489,12 @@ def document(title: str, subtitle: str, nav: list[tuple[str, str]], body: str, c
             f"</body></html>")
 
 
-def notes_html(a, section: str) -> str:
+def notes_html(a: Analysis, section: str) -> str:
     n = a.notes.get(section)
     return f'<p class="note">{esc(n)}</p>' if n else ""
 
 
-def scope_note(a, per: str) -> str:
+def scope_note(a: Analysis, per: str) -> str:
     """Which ranks and steps a table's rows are, as a note; ``per``: "rank_step", "window" or "rank"."""
     ranks = model.rank_list(sorted(int(r) for r in (a.overview.get("ranks_present") or [])))
     steps = sorted({int(x) for x in a.steps["step"].dropna()}) if a.steps is not None and "step" in a.steps else []

@@ -2,14 +2,19 @@
 the model's order."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT, unit_order
 from fsdpprof.analyze.summary.headline import peak_rank
 from fsdpprof.report import figures
 from fsdpprof.report.page import (CATEGORY_COLORS, Page, category_label, esc, fmt_bytes, label, mem_scale, side_by_side,
                                   table, value_label)
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
+
+def _unit_memory_chart(a: Analysis, page: Page) -> tuple[str, str]:
     """Memory by FSDP unit at the peak of the first rank, units in the model's order (chart, note)."""
     if not a.memory:
         return "", ""
@@ -37,17 +42,13 @@ def _unit_memory_chart(a, page: Page) -> tuple[str, str]:
     return page.fig(fig, 400), note
 
 
-def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
-    """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step, mean over
-    ranks and steps (communication launched inside a step only). Returns (chart, table)."""
-    cu = a.comm_unit_step
-    if cu is None or cu.empty or not cu["unit"].notna().any():
+def _exposed_per_unit(a: Analysis, page: Page) -> tuple[str, str]:
+    """Which unit's all-gather / reduce-scatter is exposed, in forward and backward: ms per step by the findings'
+    rule (a.exposed_unit: each rank's mean per step, median over ranks). Returns (chart, table)."""
+    eu = a.exposed_unit
+    if eu is None or eu.empty:
         return "", ""
-    c = cu[cu["step"].notna() & cu["unit"].notna()].copy()
-    if c.empty:
-        return "", ""
-    per = c.groupby(["rank", "step", "unit", "collective", "stage"], as_index=False)["exposed_comm_us"].sum()
-    g = per.groupby(["unit", "collective", "stage"], as_index=False)["exposed_comm_us"].mean()
+    g = eu.rename(columns={"us": "exposed_comm_us"})[["unit", "collective", "stage", "exposed_comm_us"]].copy()
     g["unit"] = g["unit"].astype(str).replace(ROOT_UNIT, ROOT_UNIT_TEXT)
     units = unit_order(g["unit"])
     fig = figures.Figure()
@@ -63,7 +64,7 @@ def _exposed_per_unit(a, page: Page) -> tuple[str, str]:
                                      labels={"exposed_comm_us": "exposed per step"})
 
 
-def per_unit_section(a, page: Page) -> str:
+def per_unit_section(a: Analysis, page: Page) -> str:
     """Per FSDP unit: the memory at the peak beside the exposed communication, units in the model's order."""
     mem, note = _unit_memory_chart(a, page)
     exp, tab = _exposed_per_unit(a, page)

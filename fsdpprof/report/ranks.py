@@ -2,11 +2,16 @@
 collectives."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import Page, notes_html, table
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def ranks_section(a, page: Page) -> str:
+
+def ranks_section(a: Analysis, page: Page) -> str:
     out = ['<section id="ranks"><h2>Ranks: skew and stragglers</h2>', notes_html(a, "ranks")]
     if a.stragglers is not None and not a.stragglers.empty:
         out.append(many_ranks.stragglers(a, page) if many_ranks.is_many(a) else table(a.stragglers))

@@ -1,9 +1,14 @@
 """The report of one run (report.html): its sections in reading order on one page."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.summary.headline import headline
 from fsdpprof.report import communication, device, findings, glance, memory, overview, per_unit, ranks, steps, whatif
 from fsdpprof.report.page import Page, document
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
 REPORT_NAV = [("headline", "At a glance"), ("findings", "Findings"), ("overview", "Overview"), ("memory", "Memory"),
@@ -11,7 +16,7 @@ REPORT_NAV = [("headline", "At a glance"), ("findings", "Findings"), ("overview"
               ("whatif", "What if"), ("device", "Device time")]
 
 
-def _whatif(a, page: Page) -> str:
+def _whatif(a: Analysis, page: Page) -> str:
     """The "What if" section (fsdpprof.report.whatif) when there are predictions or a note on why not; inputs
     without an inventory (a trace folder of another tool) have neither: their model is unknown."""
     if not getattr(a, "whatif", None) and "whatif" not in (a.notes or {}):
@@ -19,7 +24,7 @@ def _whatif(a, page: Page) -> str:
     return whatif.whatif_section(a, page)
 
 
-def render_report(a, plotly_src: str | None = None) -> str:
+def render_report(a: Analysis, plotly_src: str | None = None) -> str:
     """The HTML of one run's report: one function per section, in reading order; plotly.js embedded, or loaded
     from ``plotly_src`` beside the page (see :class:`fsdpprof.report.page.Page`)."""
     page = Page(plotly_src)

@@ -2,18 +2,23 @@
 trace) and the rest: T_step ~ T_comp + T_comm - T_overlap."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import (HOST_TIME_WHAT, SPLIT_COLORS, Page, esc, fmt_num, idle_words, notes_html, scope_note,
                                   table)
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
-def _host_time(a) -> bool:
+
+def _host_time(a: Analysis) -> bool:
     """True when the step's idle time is host time (a CPU trace: no device kernels)."""
     o = a.overview
     return (o.get("device_type") or "cpu") == "cpu" or not o.get("device_kernels")
 
 
-def steps_section(a, page: Page) -> str:
+def steps_section(a: Analysis, page: Page) -> str:
     out = ['<section id="steps"><h2>Step decomposition</h2>', notes_html(a, "steps")]
     s = a.steps
     host = _host_time(a)

@@ -2,6 +2,8 @@
 infinities as null); their keys are a contract for scripts and CI."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 import numpy as np
@@ -9,6 +11,9 @@ import pandas as pd
 
 from fsdpprof.analyze.load.frames import column_arrays
 from fsdpprof.analyze.summary.headline import headline
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 SUMMARY_SCHEMA = "fsdpprof.summary/2"   # /2: stage + fsdp_phase (was phase), comm tables per unit and step
 COMPARE_SCHEMA = "fsdpprof.compare/1"
@@ -108,7 +113,7 @@ def _head(df, n: int):
     return df.head(n) if df is not None else None
 
 
-def summary(a, plain: bool = True) -> dict:
+def summary(a: Analysis, plain: bool = True) -> dict:
     """The content of summary.json for one Analysis: plain JSON values, or with ``plain=False`` its tables still as
     DataFrames (for outputs.json_bytes, one key at a time)."""
     return (json_safe if plain else dict)({
@@ -118,7 +123,8 @@ def summary(a, plain: bool = True) -> dict:
         "memory_peaks": a.memory_peaks, "theory": a.theory, "model_states": a.model_states,
         "volume": a.volume, "comm_phase": a.comm_phase, "comm_unit_step": a.comm_unit_step, "p2p": a.p2p,
         "comm_outside_steps": a.comm_outside_steps, "overlap_overall": a.overlap_overall, "steps": a.steps,
-        "step_stalls": getattr(a, "step_stalls", None),
+        "step_stalls": getattr(a, "step_stalls", None), "exposed_stage": a.exposed_stage,
+        "exposed_unit": a.exposed_unit, "idle_causes": a.idle_causes,
         "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
         "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops,
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,

@@ -1,5 +1,7 @@
-"""``fsdpprof report RUN --tables DIR``: every table of summary.json (a list of rows of plain values) as
-``DIR/<key path>.csv`` (and ``.parquet`` with pyarrow), listed in ``DIR/tables.json``."""
+"""``fsdpprof report RUN --tables DIR``: every table of summary.json (a list of rows) as ``DIR/<key path>.csv``
+(and ``.parquet`` with pyarrow), listed in ``DIR/tables.json``.  A row's nested values become columns (a dict:
+``key.sub``; a list of plain values: joined by "; "; a list of rows: its JSON text), whole-number columns of
+counts, sizes, steps and ranks are written as integers, and the root unit ("") as model.ROOT_UNIT_TEXT."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,8 +10,10 @@ import json
 import os
 import re
 
+import numpy as np
 import pandas as pd
 
+from fsdpprof.analyze.model import ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report.outputs import json_bytes, written_by_fsdpprof
 
 TABLES_SCHEMA = "fsdpprof.tables/1"
@@ -17,9 +21,53 @@ INDEX_NAME = "tables.json"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+# columns whose values are whole numbers by meaning (a median of them may not be: such a column stays float)
+_INTEGER_COLUMNS = frozenset({"rank", "step", "seq", "count", "steps", "n_ranks", "world_size", "shard_group",
+                              "replicas", "peak_rank", "last_rank", "worst_rank", "group_size", "addr", "segments",
+                              "free_blocks", "numel", "calls", "ranks"})
+_UNIT_COLUMNS = frozenset({"unit"})
+_BYTES_DICTS = frozenset({"breakdown"})     # nested dicts of bytes per category (what-if predictions)
+
+
 def _is_table(value) -> bool:
-    return (isinstance(value, list) and bool(value) and all(isinstance(r, dict) and r for r in value)
-            and all(not isinstance(v, (dict, list)) for r in value for v in r.values()))
+    return isinstance(value, list) and bool(value) and all(isinstance(r, dict) and r for r in value)
+
+
+def _flat(row: dict, prefix: str = "") -> dict:
+    """A row with its nested values as plain columns (see the module's docstring)."""
+    out = {}
+    for k, v in row.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        elif isinstance(v, list):
+            out[key] = (json.dumps(v, default=str) if any(isinstance(x, (dict, list)) for x in v)
+                        else "; ".join(map(str, v)))
+        else:
+            out[key] = v
+    return out
+
+
+def _integer_column(name: str) -> bool:
+    parts = name.split(".")
+    base = parts[-1]
+    return (base in _INTEGER_COLUMNS or base == "bytes" or base.endswith(("_bytes", "_count"))
+            or (len(parts) > 1 and parts[-2] in _BYTES_DICTS))
+
+
+def table_frame(rows: list[dict]) -> pd.DataFrame:
+    """One summary table as written: nested values flattened, whole-number counts / sizes as (nullable)
+    integers, the root unit named."""
+    df = pd.DataFrame.from_records([_flat(r) for r in rows])
+    for c in df.columns:
+        col = df[c]
+        if _integer_column(c) and pd.api.types.is_float_dtype(col) and not pd.api.types.is_bool_dtype(col):
+            vals = col.dropna().to_numpy(dtype=float)
+            if np.isfinite(vals).all() and (vals == np.round(vals)).all() and (np.abs(vals) < 2.0**63).all():
+                df[c] = col.astype("Int64")
+        if c.rsplit(".", 1)[-1] in _UNIT_COLUMNS and (col.dtype == object or pd.api.types.is_string_dtype(col)):
+            df[c] = col.map(lambda u: ROOT_UNIT_TEXT if u == ROOT_UNIT else u)
+    return df
 
 
 def summary_tables(doc: dict, prefix: str = "") -> dict[str, list[dict]]:
@@ -43,7 +91,7 @@ def table_files(doc: dict, directory: str) -> list[tuple[str, bytes]]:
     items, index = [], []
     parquet = parquet_available()
     for name, rows in summary_tables(doc).items():
-        df = pd.DataFrame.from_records(rows)
+        df = table_frame(rows)
         path = os.path.join(directory, name + ".csv")
         items.append((path, df.to_csv(index=False).encode()))
         entry = {"table": name, "rows": len(df), "csv": os.path.basename(path)}

@@ -1,6 +1,8 @@
 """Terminal summary of an Analysis or a Comparison (rendering only; words and units as in the HTML)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.summary.headline import headline, step_spread
 from fsdpprof.analyze.memory.fsdp_units import world_size_inferred
 from fsdpprof.report.glance import oom_line
@@ -10,6 +12,9 @@ from fsdpprof.report.overview import SOURCE_TEXT
 from fsdpprof.report.page import (HOST_TIME, MISSING, column_unit, finding_title, fmt_bytes, fmt_fixed, fmt_num, fmt_params,
                                   fmt_pct, fmt_us, fmt_us_spread, is_missing, metric_label, value_label)
 from fsdpprof.report.promise import spread_of
+
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
 def _plain(text: str) -> str:
@@ -28,7 +33,7 @@ def _short_scope(sp: dict) -> str:
             else " (mean over the steps; min-max in brackets)" if (sp.get("steps") or 0) > 1 else "")
 
 
-def summary_text(a) -> str:
+def summary_text(a: Analysis) -> str:
     o = a.overview
     h = headline(a)
     oom = oom_line(a, h.get("oom"))

@@ -2,31 +2,62 @@
 :func:`fsdpprof.analyze.whatif.predict.reduce_predictions` (``a.whatif`` on an Analysis)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsdpprof.analyze.model import rank_list
 from fsdpprof.report import figures
-from fsdpprof.report.page import (CATEGORY_COLORS, MIB, Page, category_label, document, esc, fmt_bytes, fmt_us,
-                                  is_missing, label, text_table)
+from fsdpprof.report.page import (CATEGORY_COLORS, MIB, Page, category_label, column_scale, document, esc,
+                                  fmt_fixed, is_missing, label, text_table)
 
-
-def _time(x) -> str:
-    return "" if x is None or is_missing(x) else fmt_us(x)
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
 
 
 def _table(result: dict) -> str:
+    """The predictions, one unit per column (the peak's bytes, the times'), each against the measured run."""
     m = result.get("measured") or {}
     mpeak, mstep = m.get("peak_allocated_bytes"), m.get("step_us")
+    preds = result.get("predictions") or []
+    bscale, bunit = column_scale("bytes", [p.get("peak_allocated_bytes") for p in preds])
+    tscale, tunit = column_scale("time", [p.get(k) for p in preds
+                                          for k in ("step_us", "compute_us", "exposed_comm_us", "rest_us")])
+
+    def t(x) -> str:
+        return "" if x is None or is_missing(x) else fmt_fixed(x / tscale)
     rows = []
-    for p in result.get("predictions") or []:
+    for p in preds:
         peak, step = p.get("peak_allocated_bytes"), p.get("step_us")
-        dp = f"{100.0 * (peak / mpeak - 1):+.1f}%" if peak and mpeak else ""
-        ds = f"x{step / mstep:.2f}" if step and mstep else ""
+        dp = f"{100.0 * (peak / mpeak - 1):+.1f}" if peak and mpeak else ""
+        ds = f"{100.0 * (step / mstep - 1):+.1f}" if step and mstep else ""
         name = p.get("label") or p.get("strategy")
         if p.get("is_run"):
             name += " (this run's own)"
-        rows.append([name, p.get("world_size"), p.get("shard_group"), fmt_bytes(peak, missing=""), dp, _time(step), ds,
-                     _time(p.get("compute_us")), _time(p.get("exposed_comm_us")), _time(p.get("rest_us"))])
-    return text_table(["strategy", "world", "shard group", "predicted peak", "vs this run", "step time", "vs this run",
-                       "compute", "exposed comm", "rest"], rows)
+        interval = (f"{t(p['step_low_us'])} to {t(p['step_high_us'])}"
+                    if p.get("step_low_us") is not None and step else "")
+        rows.append([name, p.get("world_size"), p.get("shard_group"), "" if peak is None else fmt_fixed(peak / bscale),
+                     dp, t(step), interval, ds, t(p.get("compute_us")), t(p.get("exposed_comm_us")),
+                     t(p.get("rest_us"))])
+    return text_table(["strategy", "world", "shard group", f"predicted peak ({bunit})", "vs measured (%)",
+                       f"step time ({tunit})", f"step time interval ({tunit})", "vs measured (%)",
+                       f"compute ({tunit})", f"exposed comm ({tunit})", f"rest ({tunit})"], rows)
+
+
+REST_WORDS = ("rest: the predicted step's time that is neither compute nor exposed communication (host time outside "
+              "operators, device idle, copies and waits): step time - compute - exposed comm.")
+FIT_RANKS_SHOWN = 8      # ranks whose collective fits are listed (all of them in summary.json)
+
+
+def _fits(result: dict) -> str:
+    """Each rank's fitted collectives (latency + wire bytes / bandwidth), the model the step times use for a
+    collective the run did not have."""
+    fits = [(r, f) for r, f in (result.get("fits") or {}).items() if f]
+    if not fits:
+        return ""
+    rows = [[f"rank {r}", "; ".join(f)] for r, f in fits[:FIT_RANKS_SHOWN]]
+    more = (f'<p class="note">{len(fits) - FIT_RANKS_SHOWN} more ranks in summary.json</p>'
+            if len(fits) > FIT_RANKS_SHOWN else "")
+    return ("<h4>Collective fits (time = latency + wire bytes / bandwidth, fitted on each rank's own collectives)"
+            "</h4>" + text_table(["rank", "fits"], rows, left=(0, 1)) + more)
 
 
 def _figure(result: dict, page: Page) -> str:
@@ -78,7 +109,14 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
         left = "; ".join(f"{k}: {v}" for k, v in sorted(result["missing"].items()))
         out.append(f'<div class="banner"><b>Partial run</b>: predicted from '
                    f'{esc(rank_list(result.get("ranks_predicted") or []))} only; missing: {esc(left)}.</div>')
+    if result.get("recommendation"):
+        out.append(f"<p><b>Recommendation</b>: {esc(result['recommendation'])}.</p>")
     out.append(_table(result))
+    if result.get("order"):
+        out.append('<p class="note">Predicted step time, fastest first (an order is stated only where the '
+                   'intervals do not overlap): ' + esc("; ".join(result["order"])) + ".</p>")
+    out.append(f'<p class="note">{esc(REST_WORDS)}</p>')
+    out.append(_fits(result))
     out.append(_figure(result, page))
     out.append(_story(result))
     for n in result.get("notes") or []:
@@ -86,7 +124,7 @@ def whatif_body(result: dict | None, page: Page, note: str | None = None) -> str
     return "".join(out)
 
 
-def whatif_section(a, page: Page) -> str:
+def whatif_section(a: Analysis, page: Page) -> str:
     """The report's "What if" section (id ``whatif``) from an Analysis (``a.whatif``, ``a.notes['whatif']``)."""
     result = getattr(a, "whatif", None)
     note = (getattr(a, "notes", None) or {}).get("whatif")

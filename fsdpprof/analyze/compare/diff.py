@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
+from fsdpprof.analyze.load.frames import isin, on_device
 from fsdpprof.analyze.compare.scope import SCOPE_ALL, SCOPE_FIRST, SCOPE_MEDIAN, Scope
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.errors import UserError
@@ -42,8 +43,10 @@ def op_name(name: str) -> str:
 
 def op_table(events: pd.DataFrame, rows_max: int = OPS_ROWS_MAX) -> pd.DataFrame | None:
     """One rank's operators and kernels per step: rank, step, name, kind, count, total_us, max_us; past ``rows_max``
-    rows, the names with the least time summed into ``(other)``."""
-    e = events[events["step"].notna().to_numpy()]
+    rows, the names with the least time summed into ``(other)``.  An annotation's device mirror (the GPU span of a
+    CPU region, same name) is left out: a region counts once, by its CPU annotation."""
+    e = events[events["step"].notna().to_numpy()
+               & ~(isin(events["kind"], [model.KIND_ANNOTATION]) & on_device(events["lane"]))]
     if e.empty:
         return None
     g = (e.groupby(["step", "name", "kind"], observed=True, sort=False)["dur_us"]
@@ -125,7 +128,8 @@ def select(a, label: str, scope: Scope) -> tuple[dict[int, list[float]], str]:
 def scoped(df: pd.DataFrame | None, keys: list[str], values: list[str], sel: dict[int, list[float]],
            how: str | int) -> pd.DataFrame:
     """One number per group of ``keys``: per rank the median (``how`` median) or sum over its selected steps, then
-    the median across ranks (a step or rank without the group counts 0)."""
+    the median across ranks (a step or rank without the group counts 0; a value the input does not hold, e.g. the
+    size of a collective without size information, stays NaN through a sum and is left out of a median)."""
     empty = pd.DataFrame(columns=keys + values)
     if df is None or not len(df) or not sel:
         return empty
@@ -137,10 +141,17 @@ def scoped(df: pd.DataFrame | None, keys: list[str], values: list[str], sel: dic
         return empty
     for k in keys:
         d[k] = d[k].astype(object).where(d[k].notna(), NO_UNIT)
-    d[values] = d[values].astype(float).fillna(0.0)
-    g = d.groupby(["rank", "step"] + keys, sort=False)[values].sum()
-    wide = g.unstack(keys, fill_value=0.0).reindex(pairs, fill_value=0.0)   # rows: (rank, step); a group absent: 0
-    per_rank = wide.groupby(level="rank").median() if how == SCOPE_MEDIAN else wide.groupby(level="rank").sum()
+    d[values] = d[values].astype(float)
+    by = ["rank", "step"] + keys
+    g = d.groupby(by, sort=False)[values].sum()
+    unknown = d[values].isna().assign(**{k: d[k] for k in by}).groupby(by, sort=False)[values].any()
+    g = g.mask(unknown.reindex(g.index).to_numpy())                           # one unknown makes the sum unknown
+    wide = g.unstack(keys).reindex(pairs)                                      # rows: (rank, step)
+    present = d.groupby(by, sort=False).size().unstack(keys).reindex(pairs).notna()
+    for v in values:                                                           # a group absent: 0
+        wide[v] = wide[v].mask(~present.reindex(columns=wide[v].columns).fillna(False).to_numpy(dtype=bool), 0.0)
+    per_rank = (wide.groupby(level="rank").median() if how == SCOPE_MEDIAN else
+                wide.groupby(level="rank").sum().mask(wide.isna().groupby(level="rank").any()))
     per_rank = per_rank.reindex(sorted(sel), fill_value=0.0)
     out = per_rank.median().unstack(level=0)
     out = out.reset_index()
@@ -150,10 +161,13 @@ def scoped(df: pd.DataFrame | None, keys: list[str], values: list[str], sel: dic
 
 # --------------------------------------------------------------------------- the pairs
 def _pair(base: pd.DataFrame, run: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
-    """Outer join of the baseline's and a run's groups (missing: 0): baseline_<v>, run_<v>, diff_<v>."""
+    """Outer join of the baseline's and a run's groups (a group on one side only: 0 on the other; a value NaN on
+    its side stays NaN, and so does its difference): baseline_<v>, run_<v>, diff_<v>."""
     b = base.set_index(keys)[values].add_prefix("baseline_")
     r = run.set_index(keys)[values].add_prefix("run_")
-    m = b.join(r, how="outer").fillna(0.0)
+    m = b.join(r, how="outer")
+    for side, cols in ((b, b.columns), (r, r.columns)):
+        m.loc[~m.index.isin(side.index), cols] = 0.0
     cols = []
     for v in values:
         m[f"diff_{v}"] = m[f"run_{v}"] - m[f"baseline_{v}"]

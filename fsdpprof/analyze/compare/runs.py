@@ -1,7 +1,8 @@
 """Several runs side by side from their Analyses: memory at the peak by category and by role (the rank whose peak is
 highest), step times (each rank's mean, the median over ranks) with their spread, a verdict, and what changed
-against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Runs are comparable unless both models are known
-and differ.  Bytes, µs."""
+against the first run (:mod:`fsdpprof.analyze.compare.diff`).  Runs are comparable unless their models differ
+(Psi, or the aten op mix where Psi is unknown), their devices differ, or one trains and the other infers
+(:func:`not_comparable`).  Bytes, µs."""
 from __future__ import annotations
 
 import os
@@ -12,11 +13,12 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import fmt_ms, rank_list
-from fsdpprof.analyze.compare import diff
+from fsdpprof.analyze.compare import diff, noise
+from fsdpprof.analyze.compare.noise import Difference, NoiseTest
 from fsdpprof.analyze.compare.scope import Scope
+from fsdpprof.analyze.summary import host
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians, step_spread
 from fsdpprof.analyze.pipeline import Analysis
-from fsdpprof.analyze.whatif.contention import host_load
 from fsdpprof.errors import UserError
 
 SPREAD_METRICS = ("step_us", "exposed_comm_us")   # shown with their spread over ranks and steps
@@ -58,21 +60,8 @@ def role_bytes(breakdown: pd.DataFrame | None) -> dict:
 
 
 def contention_spread(a: Analysis) -> dict:
-    """The run's CPU contention (rank.json's "cpu", :func:`host_load`) as :func:`step_spread` states a column; NaN
-    when no rank measured it."""
-    out = {"value": np.nan, "min": np.nan, "max": np.nan, "worst_rank": None, "worst": np.nan, "ranks": 0,
-           "steps": 0}
-    if (a.overview.get("device_type") or model.DEVICE_CPU) != model.DEVICE_CPU:
-        return out
-    loads = {r: host_load(cpu) for r, cpu in sorted((getattr(a, "cpu_load", None) or {}).items())}
-    c = pd.Series({r: x.contention for r, x in loads.items() if x is not None}, dtype=float)
-    if c.empty:
-        return out
-    top = c.max()
-    out.update(value=float(c.median()), min=float(c.min()), max=float(top),
-               worst_rank=int(min(r for r, x in c.items() if x == top)), worst=float(top), ranks=int(c.size),
-               steps=int(c.size))
-    return out
+    """The run's CPU contention (:func:`host.contention_spread`), as :func:`step_spread` states a column."""
+    return host.contention_spread(a.cpu_load, a.overview.get("device_type"))
 
 
 def run_numbers(a: Analysis) -> dict:
@@ -152,6 +141,9 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
         if not allow_different_models:
             raise UserError(msg + "; pass --force to compare anyway")
         warnings.append("Not comparable: " + msg + ".")
+    for reason in not_comparable(analyses, nums):
+        comparable = False
+        warnings.append("Not comparable: " + reason + ".")
     unknown = [a.path for a, n in zip(analyses, nums) if n["psi"] is None]
     if unknown:
         for n in nums:
@@ -185,7 +177,8 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
                           for lab, n in zip(labels, nums) for k, v in n.items() if k.startswith("role_")],
                          columns=["run", "role", "bytes"])
     promise = zero_promise(analyses, nums, labels)
-    lines = verdict_lines(promise, spread)
+    test = NoiseTest.of_steps({lab: a.steps for lab, a in zip(labels, analyses)}, SPREAD_METRICS)
+    lines = verdict_lines(promise, spread, test)
     verdict = " ".join(lines) if lines else "Not enough memory data to compare peaks."
     formula = pd.DataFrame([{"run": lab, "category": cat, "bytes": float(b)}
                             for lab, a in zip(labels, analyses)
@@ -194,7 +187,53 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
     return Comparison([a.path for a in analyses], labels, t, cats, tm, verdict, warnings, comparable, diff=d,
                       notes=notes + d.notes, models_known=not unknown,
                       promise=promise, formula=formula, verdict_lines=lines, spread=spread, roles=roles,
-                      noise=noise_lines(promise, spread))
+                      noise=noise_lines(promise, spread, test))
+
+
+OP_MIX_SAME = 0.65     # share of aten op calls two runs of one model have in common (min of the two shares per op)
+
+
+def op_mix(a: Analysis) -> pd.Series | None:
+    """The run's mix of aten operators: each ``aten::`` op's share of the calls (op_stats), None without ops."""
+    o = a.op_stats
+    if o is None or o.empty or "name" not in o:
+        return None
+    o = o[o["name"].astype(str).str.startswith("aten::")]
+    calls = o.groupby(o["name"].astype(str))["count"].sum()
+    return calls / calls.sum() if calls.sum() > 0 else None
+
+
+def op_mix_overlap(x: pd.Series, y: pd.Series) -> float:
+    """The share of calls two op mixes have in common: the sum over ops of the smaller share (0..1)."""
+    m = pd.concat([x, y], axis=1).fillna(0.0)
+    return float(m.min(axis=1).sum())
+
+
+def not_comparable(analyses: list[Analysis], nums: list[dict]) -> list[str]:
+    """Why runs are not comparable to the first, one reason a line: different models where Psi is unknown (their
+    aten op mix has less than OP_MIX_SAME in common), different devices (type or name), training against
+    inference.  (Known models that differ in Psi: :func:`compare_analyses` refuses them.)"""
+    out = []
+    base, bn = analyses[0], nums[0]
+    ob = base.overview
+    mix0 = op_mix(base)
+    for a, n in zip(analyses[1:], nums[1:]):
+        o = a.overview
+        if bn["psi"] is None or n["psi"] is None:
+            mix = op_mix(a)
+            if mix0 is not None and mix is not None and op_mix_overlap(mix0, mix) < OP_MIX_SAME:
+                out.append(f"{a.path} and {base.path} run different models: {100 * op_mix_overlap(mix0, mix):.0f}% "
+                           f"of their aten operator calls are in common (one model, other strategies: "
+                           f"{100 * OP_MIX_SAME:.0f}% or more; Psi unknown: no inventory.json)")
+        dev = [(x.get("device_type"), x.get("device_name")) for x in (ob, o)]
+        if dev[0][0] and dev[1][0] and (dev[0][0] != dev[1][0] or (dev[0][1] and dev[1][1] and dev[0][1] != dev[1][1])):
+            out.append(f"{a.path} and {base.path} ran on different devices ("
+                       + " against ".join(" ".join(str(v) for v in d if v) for d in (dev[1], dev[0]))
+                       + "): their times compare the devices as much as the runs")
+        w = (ob.get("workload"), o.get("workload"))
+        if w[0] and w[1] and w[0] != w[1]:
+            out.append(f"{a.path} is {w[1]} and {base.path} is {w[0]}: a step of one is not a step of the other")
+    return out
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -213,7 +252,7 @@ def _formula_parts(a: Analysis) -> dict:
 def _ddp_traffic_bytes(a: Analysis) -> float:
     """What DDP would send per rank per step for the same model and N (the formula), bytes."""
     for row in (a.theory or {}).get("all_strategies") or []:
-        if row.get("strategy") == "DDP":
+        if row.get("strategy") == model.ZERO_DDP:
             return float(row.get("traffic_bytes", np.nan))
     return np.nan
 
@@ -295,21 +334,13 @@ def _range_ms(s: dict) -> str:
     return f"{fmt_ms(s['min'])[:-3]}-{fmt_ms(s['max'])}"
 
 
-def inside_spread(spread: pd.DataFrame | None, a: str, b: str, metric: str) -> tuple[bool, str] | None:
-    """(whether runs a and b's min-max ranges of ``metric`` overlap, the ranges in words), or None."""
-    sa, sb = _spread_row(spread, a, metric), _spread_row(spread, b, metric)
-    if sa is None or sb is None:
-        return None
-    inside = max(sa["min"], sb["min"]) <= min(sa["max"], sb["max"])
-    if metric == CPU_CONTENTION:
-        words = f"x{sa['min']:.2f}-{sa['max']:.2f} against x{sb['min']:.2f}-{sb['max']:.2f}"
-    else:
-        words = f"{_range_ms(sa)} against {_range_ms(sb)}"
-    return inside, words
+def _tested(test: NoiseTest | None, a: str, b: str, metric: str) -> Difference | None:
+    return test.test(a, b, metric) if test is not None else None
 
 
-def _peak_line(peaks: pd.DataFrame) -> str:
-    """The smallest peak against the largest: what it saves, what it costs in exposed communication."""
+def _peak_line(peaks: pd.DataFrame, test: NoiseTest | None = None) -> str:
+    """The smallest peak against the largest: what it saves, and what it costs in exposed communication when that
+    difference is measured (:mod:`noise`)."""
     if len(peaks) < 2:
         return "Not enough memory data to compare peaks."
     lo = peaks.loc[peaks["peak_allocated_bytes"].idxmin()]
@@ -318,9 +349,16 @@ def _peak_line(peaks: pd.DataFrame) -> str:
         return f"{', '.join(_on(r) for _, r in peaks.iterrows())}: the same peak memory."
     saved = hi["peak_allocated_bytes"] - lo["peak_allocated_bytes"]
     de = lo["exposed_comm_us"] - hi["exposed_comm_us"]
-    cost = ("(exposed communication unknown)" if de != de else
-            f"at the cost of {fmt_ms(de)} more exposed communication per step" if de >= 0 else
-            f"and exposes {fmt_ms(-de)} less communication per step")
+    d = _tested(test, hi["run"], lo["run"], "exposed_comm_us")
+    if de != de:
+        cost = "(exposed communication unknown)"
+    elif test is not None and d is None:
+        cost = "(exposed communication not tested: too few steps)"
+    elif test is not None and not d.measured:
+        cost = "with no measured difference in exposed communication per step"
+    else:
+        cost = (f"at the cost of {fmt_ms(de)} more exposed communication per step" if de >= 0 else
+                f"and exposes {fmt_ms(-de)} less communication per step")
     line = (f"{_on(lo)} saves {model.fmt_bytes(saved)} per rank at the peak compared with {_on(hi)}, {cost} "
             f"({model.fmt_bytes(lo['peak_allocated_bytes'])} against {model.fmt_bytes(hi['peak_allocated_bytes'])}")
     if lo["step_us"] == lo["step_us"] and hi["step_us"] == hi["step_us"]:
@@ -328,30 +366,42 @@ def _peak_line(peaks: pd.DataFrame) -> str:
     return line + _n_differs(lo, hi) + ")."
 
 
-def peak_lines(p: pd.DataFrame) -> list[str]:
+def peak_lines(p: pd.DataFrame, test: NoiseTest | None = None) -> list[str]:
     """:func:`_peak_line` per world size with two runs or more (the baseline's first), else over all runs."""
     peaks = p[p["peak_allocated_bytes"].notna()]
     base_n = p.loc[p["baseline"], "world_size"].iloc[0] if p["baseline"].any() else None
     sizes = sorted({n for n in peaks["world_size"] if n is not None and n == n}, key=lambda n: (n != base_n, n))
-    lines = [_peak_line(peaks[peaks["world_size"] == n]) for n in sizes if (peaks["world_size"] == n).sum() >= 2]
-    return lines or [_peak_line(peaks)]
+    lines = [_peak_line(peaks[peaks["world_size"] == n], test) for n in sizes if (peaks["world_size"] == n).sum() >= 2]
+    return lines or [_peak_line(peaks, test)]
 
 
-def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[str]:
+def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None, test: NoiseTest | None = None) -> list[str]:
     """The verdict, one sentence each: peaks, fastest against slowest step, then each run against the baseline
-    of :func:`zero_promise`."""
+    of :func:`zero_promise`.  With ``test`` (:class:`noise.NoiseTest`) a difference in time is stated only when it
+    is measured; one that is not is said to be none (:func:`noise_lines` says why)."""
     if p is None or p.empty:
         return []
-    lines = peak_lines(p)
+    lines = peak_lines(p, test)
     timed = p[p["step_us"].notna()]
     if len(timed) >= 2:
         fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]
-        line = (f"Fastest: {_on(fast)}, {fmt_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
-                f"{fmt_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long")
-        sp = inside_spread(spread, fast["run"], slow["run"], "step_us")
-        if sp is not None:
-            line += (f"; inside the spread of their steps, {sp[1]}" if sp[0] else
-                     f"; their steps range {sp[1]}")
+        d = _tested(test, fast["run"], slow["run"], "step_us")
+        if test is not None and d is None:
+            line = (f"Step time: {_on(fast)} {fmt_ms(fast['step_us'])} against {_on(slow)} "
+                    f"{fmt_ms(slow['step_us'])} per step, not tested (too few steps: one of them has fewer than 2 "
+                    f"steps x ranks")
+        elif test is not None and not d.measured:
+            line = (f"No measured difference in step time: {_on(fast)} {fmt_ms(fast['step_us'])} against "
+                    f"{_on(slow)} {fmt_ms(slow['step_us'])} per step (the fastest and the slowest; difference of "
+                    f"medians {d.words()}")
+        else:
+            line = (f"Fastest: {_on(fast)}, {fmt_ms(fast['step_us'])} per step; slowest: {_on(slow)}, "
+                    f"{fmt_ms(slow['step_us'])} ({slow['step_us'] / fast['step_us']:.2g}x as long")
+            sp = [_spread_row(spread, r, "step_us") for r in (fast["run"], slow["run"])]
+            if all(x is not None for x in sp):
+                line += f"; their steps range {_range_ms(sp[0])} against {_range_ms(sp[1])}"
+            if d is not None:
+                line += f"; difference of medians {d.words()}"
         lines.append(line + _n_differs(slow, fast) + ").")
     base = p[p["baseline"]].iloc[0]
     for _, r in p.iterrows():
@@ -369,35 +419,44 @@ def verdict_lines(p: pd.DataFrame, spread: pd.DataFrame | None = None) -> list[s
                          f"({r['traffic_measured_vs_ddp']:.2f}x DDP's on {r['world_size']} ranks)")
         de = r["exposed_comm_us"] - base["exposed_comm_us"]
         if de == de:
-            sp = inside_spread(spread, base["run"], r["run"], "exposed_comm_us")
+            d = _tested(test, base["run"], r["run"], "exposed_comm_us")
+            change = ("not tested: too few steps" if test is not None and d is None else
+                      "no measured change" if test is not None and not d.measured else
+                      f"{'+' if de >= 0 else '-'}{fmt_ms(abs(de))}")
             parts.append(f"exposed communication {fmt_ms(r['exposed_comm_us'])} per step "
-                         f"({r['exposed_comm_pct']:.0f}% of its step, {'+' if de >= 0 else '-'}{fmt_ms(abs(de))}"
-                         + (", inside the spread" if sp is not None and sp[0] else "") + ")")
+                         f"({r['exposed_comm_pct']:.0f}% of its step, {change})")
         if parts:
             n = _n_differs(r, base)
             lines.append(f"{_on(r)} against {_on(base)}: " + ", ".join(parts) + (f" ({n[2:]})" if n else "") + ".")
     return lines
 
 
-def noise_lines(p: pd.DataFrame, spread: pd.DataFrame | None) -> list[str]:
-    """Each run against the baseline: differences inside their spread (not a measured change), and CPU runs
-    recorded under CPU contention differing by CONTENTION_DIFFERS or more."""
-    if p is None or p.empty or spread is None or spread.empty:
+def noise_lines(p: pd.DataFrame, spread: pd.DataFrame | None, test: NoiseTest | None = None) -> list[str]:
+    """What the verdict leaves out as noise: each run against the baseline (and the slowest against the fastest),
+    the differences in step time and exposed communication whose bootstrap interval (:mod:`noise`) holds 0; and
+    CPU runs recorded under CPU contention differing by CONTENTION_DIFFERS or more."""
+    if p is None or p.empty:
         return []
     base = p[p["baseline"]].iloc[0]
     out = []
-    for _, r in p.iterrows():
-        if r["baseline"]:
-            continue
+    pairs = [(base, r) for _, r in p.iterrows() if not r["baseline"]]
+    timed = p[p["step_us"].notna()]
+    if len(timed) >= 2:
+        fast, slow = timed.loc[timed["step_us"].idxmin()], timed.loc[timed["step_us"].idxmax()]
+        if not any({x["run"], y["run"]} == {fast["run"], slow["run"]} for x, y in pairs):
+            pairs.insert(0, (fast, slow))
+    for a, r in pairs:
         inside = []
         for metric, words in (("step_us", "step time"), ("exposed_comm_us", "exposed communication")):
-            sp = inside_spread(spread, base["run"], r["run"], metric)
-            if sp is not None and sp[0]:
-                inside.append(f"{words} ({fmt_ms(base[metric])} against {fmt_ms(r[metric])}; over ranks and steps "
-                              f"{sp[1]})")
+            d = _tested(test, a["run"], r["run"], metric)
+            if d is not None and not d.measured:
+                inside.append(f"{words} ({fmt_ms(a[metric])} against {fmt_ms(r[metric])}; difference of medians "
+                              f"{d.words()})")
         if inside:
-            out.append(f"{_on(r)} against {_on(base)}: the difference in " + " and in ".join(inside)
-                       + " is inside the spread of their steps: not a measured change.")
+            out.append(f"{_on(r)} against {_on(a)}: the difference in " + " and in ".join(inside)
+                       + f" holds 0 in its {noise.INTERVAL_LEVEL:.0%} bootstrap interval: not a measured change.")
+        if a is not base:
+            continue
         cb, cr = _spread_row(spread, base["run"], CPU_CONTENTION), _spread_row(spread, r["run"], CPU_CONTENTION)
         if cb is not None and cr is not None and max(cb["value"], cr["value"]) >= CONTENTION_DIFFERS * min(
                 cb["value"], cr["value"]):

@@ -205,7 +205,7 @@ def frame_fsdp_role(sig) -> np.ndarray:
 
 def fsdp_family_of_frames(sig) -> str | None:
     """``fsdp2`` / ``fsdp1`` when allocations were made under FSDP2 / FSDP1 source files (model.*_FRAME_FILES)."""
-    for fam, files in (("fsdp2", model.FSDP2_FRAME_FILES), ("fsdp1", model.FSDP1_FRAME_FILES)):
+    for fam, files in ((model.FAMILY_FSDP2, model.FSDP2_FRAME_FILES), (model.FAMILY_FSDP1, model.FSDP1_FRAME_FILES)):
         pat = r"@[^|]*(?:" + "|".join(re.escape(f) for f in files) + r")(?:\||$)"
         if _contains(sig, pat, need=tuple(files)).any():
             return fam
@@ -319,7 +319,7 @@ def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
     _fill(lab, fp.isin(model.UNSHARDED_PARAM_PHASES), MC.UNSHARDED_PARAM.value, "tags")
     # FSDP1: allocated in an unshard hook and released by a reshard (or still held at the step's end)
     fsdp1_unshard = fp.isin(model.FSDP1_UNSHARD_PHASES) & (free_fp.isin(model.FSDP1_RESHARD_PHASES) | ~same_step)
-    is_fsdp1 = _Codes(_col(df, "fsdp_family")).eq("fsdp1") if "fsdp_family" in df else np.zeros(n, bool)
+    is_fsdp1 = _Codes(_col(df, "fsdp_family")).eq(model.FAMILY_FSDP1) if "fsdp_family" in df else np.zeros(n, bool)
     _fill(lab, fsdp1_unshard & is_fsdp1, MC.UNSHARDED_PARAM.value, "tags")
     in_reduce = fp.isin(model.UNSHARDED_GRAD_PHASES)
     freed_in_bwd = ~pd.isna(_col(df, "free_us")) & same_step & _Codes(_col(df, "free_stage")).eq(model.STAGE_BACKWARD)

@@ -424,7 +424,7 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
             unit[a:b] = [names[k] if k is not None else None for k in fu._reverse_match(sig[a:b], sizes)]
     launch = ag["launch_us"].to_numpy(float)
     rows = []
-    fw = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == model.PHASE_FORWARD)]
+    fw = ann[(ann["family"] == model.FAMILY_FSDP1) & (ann["fsdp_phase"] == model.PHASE_FORWARD)]
     for s0, e0 in fw[["ts_us", "end_us"]].to_numpy(float):
         j = int(np.searchsorted(launch, s0, side="left"))
         if j < len(launch) and launch[j] <= e0 and unit[j] is not None:
@@ -435,7 +435,7 @@ def fsdp1_units(events: pd.DataFrame | None, ann: pd.DataFrame, inventory: dict 
         rsig = rs["bytes"].tolist()
         best_r = fu.reduce_ratio(rsig, sizes)
         rfwd = np.searchsorted(launch[fwd], rs["launch_us"].to_numpy(float)) if fwd.any() else np.zeros(len(rs), int)
-        post = ann[(ann["family"] == "fsdp1") & (ann["fsdp_phase"] == model.PHASE_POST_BACKWARD)]
+        post = ann[(ann["family"] == model.FAMILY_FSDP1) & (ann["fsdp_phase"] == model.PHASE_POST_BACKWARD)]
         post_iv = post[["ts_us", "end_us"]].to_numpy(float)
         for reg in np.unique(rfwd):
             idx = np.flatnonzero(rfwd == reg)
@@ -471,7 +471,7 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     ann = labels.fsdp_intervals(events)
     scopes = cz.unit_scopes(ann) if len(ann) else pd.DataFrame(columns=["ts_us", "end_us", "unit"])
     unit_iv = pd.concat([scopes, ann.loc[ann["unit"].notna(), ["ts_us", "end_us", "unit"]]], ignore_index=True)
-    f1 = fsdp1_units(events, ann, inventory, world_size) if len(ann) and (ann["family"] == "fsdp1").any() \
+    f1 = fsdp1_units(events, ann, inventory, world_size) if len(ann) and (ann["family"] == model.FAMILY_FSDP1).any() \
         and not ann["unit"].notna().any() else None
     if f1 is not None:
         unit_iv = pd.concat([unit_iv, f1.scopes], ignore_index=True)
@@ -502,4 +502,4 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
     allocs["free_step_idx"] = np.where(np.isnan(ft), 1 << 30, np.searchsorted(starts, ftf, side="right") - 1)
     allocs["frame_sig"] = ""
     fams = set(ann["family"].dropna()) if len(ann) else set()
-    allocs["fsdp_family"] = "fsdp1" if "fsdp1" in fams else ("fsdp2" if "fsdp2" in fams else None)
+    allocs["fsdp_family"] = model.FAMILY_FSDP1 if model.FAMILY_FSDP1 in fams else (model.FAMILY_FSDP2 if model.FAMILY_FSDP2 in fams else None)

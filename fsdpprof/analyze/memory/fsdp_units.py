@@ -235,7 +235,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
                     us.add(k)
                 ag_unit[i] = k
             pending.append(i)
-            if family == "fsdp1" and ag_unit[i] is not None:     # FSDP1: the all-gather output is the unsharded param
+            if family == model.FAMILY_FSDP1 and ag_unit[i] is not None:     # FSDP1: the all-gather output is the unsharded param
                 open_until[ag_unit[i]] = int(fseq[r])
             continue
         g = copy_groups[i]
@@ -274,7 +274,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     rs_calls = []
     for g in rs_groups:
         if len(g) == 1:
-            r_in = None if family == "fsdp1" else g[0]
+            r_in = None if family == model.FAMILY_FSDP1 else g[0]
         else:
             r_in = g[int(np.argmax(nbytes[g]))]
         for r in g:
@@ -304,7 +304,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     ws, src = _world_size(world_size, rs_calls, ag_calls, nbytes, world_size_source)
     if ws:
         rec.world_size, rec.world_size_source = ws, src
-    if not per_param and family == "fsdp1":      # FSDP1 gathers one flat parameter per unit
+    if not per_param and family == model.FAMILY_FSDP1:      # FSDP1 gathers one flat parameter per unit
         per_param = {names[k]: [tmpl[k]] for k in range(n_units)}
     _match_shards(rec, per_param, names, ws, src, cols, before, fseq, nbytes)
     return rec

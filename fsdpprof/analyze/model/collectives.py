@@ -6,8 +6,8 @@ import re
 __all__ = [
     "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE", "BROADCAST", "ALL_TO_ALL", "SEND_RECV", "BARRIER", "COLLECTIVES",
     "P2P", "UNKNOWN_COLLECTIVE", "C10D_PREFIX", "NCCL_OP_PREFIX", "GLOO_PREFIX", "RECORD_PARAM_COMMS",
-    "FUNCTIONAL_PREFIXES", "COMM_KERNEL_PREFIXES", "SYMM_MEM_PREFIX", "COMM_OP_PREFIXES", "is_collective_op",
-    "collective_of", "is_comm_kernel", "is_sync_kernel",
+    "FUNCTIONAL_PREFIXES", "COMM_KERNEL_LIBRARIES", "COMM_KERNEL_PREFIXES", "SYMM_MEM_PREFIX", "COMM_OP_PREFIXES",
+    "is_collective_op", "collective_of", "kernel_name_tells_collective", "is_comm_kernel", "is_sync_kernel",
     "GLOO_RUNS_AS", "bus_factor", "ring_factor", "wire_factor",
 ]
 
@@ -31,7 +31,8 @@ NCCL_OP_PREFIX = "nccl:"             # NCCL's CPU-side ops: nccl:all_reduce, ncc
 GLOO_PREFIX = "gloo:"                # gloo's work on its own threads: gloo:all_gather, gloo:all_reduce, ...
 RECORD_PARAM_COMMS = "record_param_comms"    # the op c10d records around a collective, with its sizes in args
 FUNCTIONAL_PREFIXES = ("c10d_functional::", "_c10d_functional::")     # functional collectives (DTensor, FSDP2)
-COMM_KERNEL_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl")      # device kernels (lower case)
+COMM_KERNEL_LIBRARIES = ("nccl", "rccl")    # a device kernel of these is communication (is_comm_kernel)
+COMM_KERNEL_PREFIXES = ("nccldevkernel_", "ncclkernel_", "rccl")      # cut before a kernel's collective type
 SYMM_MEM_PREFIX = "symm_mem::"       # torch's symmetric-memory collectives: symm_mem::multimem_all_reduce_, ...
 # CPU ops whose args say a collective's type and sizes: the decoder reads their args
 COMM_OP_PREFIXES = (C10D_PREFIX, GLOO_PREFIX, NCCL_OP_PREFIX, RECORD_PARAM_COMMS, SYMM_MEM_PREFIX) + FUNCTIONAL_PREFIXES
@@ -73,9 +74,29 @@ def collective_of(name) -> str | None:
     return None
 
 
-def is_comm_kernel(name: str) -> bool:
-    """A device kernel of NCCL or RCCL (``nccl*``, ``rccl*``; HTA's ``^nccl.*Kernel`` on real traces)."""
-    return name[:4].lower() in ("nccl", "rccl")
+# device kernels whose name does not tell the collective: NCCL runs all_to_all, gather, scatter and send/recv
+# alike as ``SendRecv`` kernels, so only the CPU op that launched one says which
+_KERNELS_OF_SEVERAL_COLLECTIVES = ("sendrecv",)
+
+
+def kernel_name_tells_collective(name) -> bool:
+    """Whether a comm kernel's name alone says its collective type (a ``SendRecv`` kernel's does not)."""
+    s = _NON_ALPHA.sub("", str(name).split("(", 1)[0].lower())
+    return not any(w in s for w in _KERNELS_OF_SEVERAL_COLLECTIVES)
+
+
+def is_comm_kernel(names):
+    """The one test of a communication kernel: a device kernel of NCCL or RCCL (its name starts with one of
+    :data:`COMM_KERNEL_LIBRARIES`, any case; HTA's ``^nccl.*Kernel`` on real traces).  A name gives a bool, an
+    array / Series of names a numpy bool array (non-strings: False)."""
+    if isinstance(names, str):
+        return names[:4].lower() in COMM_KERNEL_LIBRARIES
+    import numpy as np  # (numpy stays out of `fsdpprof plan` and --help)
+
+    arr = np.asarray(names, dtype=object).ravel()
+    uniq, inv = np.unique(np.array([x if isinstance(x, str) else "" for x in arr], dtype=object), return_inverse=True)
+    return np.array([u[:4].lower() in COMM_KERNEL_LIBRARIES for u in uniq], dtype=bool)[inv].reshape(
+        np.shape(names))
 
 
 def is_sync_kernel(name: str) -> bool:

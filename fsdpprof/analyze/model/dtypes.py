@@ -1,10 +1,12 @@
 """Element dtypes and byte sizes: the one table of dtype spellings and the one formatter of bytes."""
 from __future__ import annotations
 
+import re
+
 from fsdpprof.errors import UserError
 from fsdpprof.options import shown
 
-__all__ = ["dtype_size", "dtype_bytes", "fmt_bytes"]
+__all__ = ["dtype_size", "dtype_bytes", "fmt_bytes", "LOW_PRECISION", "kernel_precisions"]
 
 # spellings (traces, torch, the CLI) -> (torch name, bytes per element)
 _DTYPES = {
@@ -43,6 +45,23 @@ def dtype_bytes(dtype) -> int:
     if size != size:
         raise UserError(f"unknown dtype {shown(dtype)}: use one of fp32, bf16, fp16, fp8, fp64")
     return int(size)
+
+
+# low-precision element types a kernel's name spells (templates, cuBLAS/cutlass/TRT-LLM tile names): short name ->
+# pattern (case-insensitive); "bfloat16" must not read as fp16, so fp16 excludes a leading "b"
+LOW_PRECISION = {
+    "bf16": r"bfloat16|bf16",
+    "fp16": r"(?<!b)float16|(?<![a-z])half(?![a-z])|__half|fp16|f16(?![0-9])(?<!bf16)",
+    "fp8": r"e4m3|e5m2|float8|fp8",
+    "fp4": r"e2m1|fp4",
+}
+_LOW_PRECISION_RE = {k: re.compile(v, re.IGNORECASE) for k, v in LOW_PRECISION.items()}
+
+
+def kernel_precisions(name: str) -> tuple[str, ...]:
+    """The low-precision element types (LOW_PRECISION's short names) a kernel's name spells, in LOW_PRECISION's
+    order; () when it names none (a float32 kernel, or a name that does not say)."""
+    return tuple(k for k, rx in _LOW_PRECISION_RE.items() if rx.search(str(name)))
 
 
 _BINARY_UNITS = (("GiB", 2.0 ** 30), ("MiB", 2.0 ** 20), ("KiB", 2.0 ** 10))

@@ -11,7 +11,7 @@ __all__ = [
     "KIND_COMPUTE", "KIND_COMM", "KIND_MEMCPY", "KIND_MEMSET", "KIND_SYNC", "KIND_CPU_OP", "KIND_ANNOTATION",
     "KINDS", "DEVICE_KINDS",
     "DEVICE_CUDA", "DEVICE_ROCM", "DEVICE_MTIA", "DEVICE_XPU", "DEVICE_CPU", "DEVICE_TYPES",
-    "DEVICE_EVENT_CATS", "RUNTIME_CATS", "device_type",
+    "DEVICE_EVENT_CATS", "RUNTIME_CATS", "device_type", "device_of",
     "STEP_PREFIX", "OPTIMIZER_PREFIX", "ZERO_GRAD_PREFIX", "TENSOR_SUBCLASS_DISPATCH", "FORWARD_MARKERS",
     "FORWARD_SPAN_MARKERS", "BACKWARD_MARKERS", "SYNC_CALLS", "SCALAR_SYNC_OPS", "DATALOADER_PREFIX",
     "STAGE_DATA", "STAGE_FORWARD", "STAGE_BACKWARD", "STAGE_OPTIMIZER", "STAGE_POST_STEP", "STAGE_OUTSIDE",
@@ -74,6 +74,19 @@ def device_type(categories, runtime_names, device_names=()) -> str:
     if cats & {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "cuda_sync"}:
         return DEVICE_CUDA
     return DEVICE_CPU
+
+
+def device_of(device_properties, device_id=None) -> tuple[str | None, int | None]:
+    """(name, total memory in bytes) of the device a trace ran on, from its ``deviceProperties``: the entry
+    whose ``id`` is ``device_id`` when given, else the one kind every entry shares; (None, None) when the trace
+    does not say (no entries, or several kinds of device and no id)."""
+    props = [p for p in device_properties if isinstance(p, dict)] if isinstance(device_properties, list) else []
+    if device_id is not None:
+        props = [p for p in props if p.get("id") == device_id] or props
+    kinds = {(str(p.get("name") or "").strip() or None,
+              p.get("totalGlobalMem") if isinstance(p.get("totalGlobalMem"), int) and p["totalGlobalMem"] > 0
+              else None) for p in props}
+    return next(iter(kinds)) if len(kinds) == 1 else (None, None)
 
 
 # --------------------------------------------------------------------------- steps and stages

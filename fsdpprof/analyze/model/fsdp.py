@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
+from fsdpprof import runfmt
 from fsdpprof.analyze.model.memory import MemoryCategory
 from fsdpprof.runfmt import STAGE_BACKWARD, STAGE_FORWARD
 
 __all__ = [
-    "FSDP1_PREFIX", "FSDP2_PREFIX", "FAMILY_FSDP2", "FAMILY_FSDP1", "FAMILY_DDP", "parse_fsdp",
+    "FSDP1_PREFIX", "FSDP2_PREFIX", "FAMILY_FSDP2", "FAMILY_FSDP1", "FAMILY_DDP", "FAMILIES", "FSDP_FAMILIES", "parse_fsdp",
     "PHASE_ROOT_PRE_FORWARD", "PHASE_PRE_FORWARD", "PHASE_POST_FORWARD", "PHASE_FORWARD", "PHASE_PRE_BACKWARD",
     "PHASE_POST_BACKWARD", "PHASE_ALL_GATHER", "PHASE_ALL_GATHER_COPY_OUT", "PHASE_FOREACH_ALL_GATHER",
     "PHASE_FOREACH_ALL_GATHER_COPY_OUT", "PHASE_UNSHARD", "PHASE_RESHARD", "PHASE_POST_BACKWARD_REDUCE",
@@ -29,7 +30,9 @@ FSDP1_PREFIX = "FullyShardedDataParallel."
 FSDP2_PREFIX = "FSDP::"
 # which implementation: FSDP2 ``fully_shard``, FSDP1 ``FullyShardedDataParallel``, DDP
 # ``DistributedDataParallel`` (inventory.json's ``framework``)
-FAMILY_FSDP2, FAMILY_FSDP1, FAMILY_DDP = "fsdp2", "fsdp1", "ddp"
+FAMILY_FSDP2, FAMILY_FSDP1, FAMILY_DDP = runfmt.FRAMEWORK_FSDP2, runfmt.FRAMEWORK_FSDP1, runfmt.FRAMEWORK_DDP
+FAMILIES = (FAMILY_FSDP2, FAMILY_FSDP1, FAMILY_DDP)
+FSDP_FAMILIES = frozenset({FAMILY_FSDP2, FAMILY_FSDP1})
 _FSDP2 = re.compile(r"^FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _FSDP1 = re.compile(r"^FullyShardedDataParallel\.(\w+)$")
 

@@ -2,19 +2,21 @@
 describes it: strategy, framework and world size in a few words."""
 from __future__ import annotations
 
+from fsdpprof import runfmt
 from fsdpprof.analyze.model.fsdp import FAMILY_DDP, FAMILY_FSDP1, FAMILY_FSDP2
 from fsdpprof.analyze.model.strategy import DDP, NO_SHARD, NONE
 
 __all__ = ["INPUT_DISTRIBUTED", "INPUT_SINGLE_DEVICE", "INPUT_UNKNOWN", "INPUT_KINDS", "FSDP_KINDS",
            "FRAMEWORK_NONE", "DDP_MARKERS", "DDP_REDUCER_PREFIXES", "input_kind", "input_sharded", "describe_input",
-           "INPUT_KIND_SHORT", "INPUT_KIND_TEXT", "rank_list"]
+           "INPUT_KIND_SHORT", "INPUT_KIND_TEXT", "rank_list", "WORKLOAD_TRAINING",
+           "WORKLOAD_INFERENCE", "TRAINING_MARKERS", "workload_of"]
 
 INPUT_DISTRIBUTED = "distributed"       # a distributed job of another framework (not FSDP, not DDP)
 INPUT_SINGLE_DEVICE = "single_device"   # one device, no communication
 INPUT_UNKNOWN = "unknown"
 INPUT_KINDS = [FAMILY_FSDP2, FAMILY_FSDP1, FAMILY_DDP, INPUT_DISTRIBUTED, INPUT_SINGLE_DEVICE, INPUT_UNKNOWN]
 FSDP_KINDS = frozenset({FAMILY_FSDP2, FAMILY_FSDP1})
-FRAMEWORK_NONE = "none"                 # inventory.json's framework of a job without data parallelism
+FRAMEWORK_NONE = runfmt.FRAMEWORK_NONE  # inventory.json's framework of a job without data parallelism
 INPUT_KIND_SHORT = {FAMILY_FSDP2: "FSDP2", FAMILY_FSDP1: "FSDP1", FAMILY_DDP: "DDP", INPUT_DISTRIBUTED: "distributed",
                     INPUT_SINGLE_DEVICE: "one device"}
 INPUT_KIND_TEXT = {FAMILY_FSDP2: "FSDP2 (fully_shard)", FAMILY_FSDP1: "FSDP1 (FullyShardedDataParallel)",
@@ -25,6 +27,22 @@ DDP_MARKERS = ("DistributedDataParallel.", "Reducer::")
 # DDP's reducer on the training thread (torch 2.x's record_function names): the gradient hooks' division by
 # the world size (mul_out) and the copies out of the buckets after the all-reduce: DDP's own CPU work
 DDP_REDUCER_PREFIXES = ("torch::distributed::reducer::", "torch.distributed.ddp.reducer::")
+
+
+# what the job does: training (a backward pass or an optimizer step is in the trace) or inference (neither)
+WORKLOAD_TRAINING, WORKLOAD_INFERENCE = "training", "inference"
+# op names only training runs: autograd's backward functions, the optimizer's step (record_function names)
+TRAINING_MARKERS = ("autograd::engine::evaluate_function", "Optimizer.step", "Optimizer.zero_grad")
+
+
+def workload_of(names) -> str | None:
+    """``training`` when any op name is a backward function (``...Backward``) or a TRAINING_MARKERS op,
+    ``inference`` when there are names and none is, None without names."""
+    names = [n for n in names if isinstance(n, str)]
+    if not names:
+        return None
+    training = any(n.startswith(TRAINING_MARKERS) or n.endswith(("Backward0", "Backward1")) for n in names)
+    return WORKLOAD_TRAINING if training else WORKLOAD_INFERENCE
 
 
 def input_kind(framework: str | None, found=(), world_size=None) -> str:

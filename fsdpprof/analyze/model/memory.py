@@ -6,7 +6,26 @@ import enum
 
 __all__ = ["MemoryCategory", "MEMORY_CATEGORIES", "UNNAMED_CATEGORIES", "BEFORE_RECORDING_NOTE",
            "SHARDED_CATEGORIES", "REPLICATED_LABELS", "REPLICATED_CATEGORIES", "category_name", "MemoryRole",
-           "ROLE_OF_CATEGORY", "MEMORY_ROLES", "memory_role", "sweep"]
+           "ROLE_OF_CATEGORY", "MEMORY_ROLES", "memory_role", "sweep", "ReplayRole"]
+
+
+class ReplayRole(str, enum.Enum):
+    """What an allocation is to the what-if replay (fsdpprof.analyze.whatif.memory): the rule that moves, scales
+    or synthesises it under another strategy."""
+
+    PARAM_STATE = "param_state"      # the parameters the optimizer updates (sharded or replicated)
+    OPT_STATE = "opt_state"          # optimizer state
+    GRAD_STATE = "grad_state"        # the gradient the optimizer reads
+    AG_FLAT = "ag_flat"              # FSDP2's flat all-gather output
+    AG_HELD = "ag_held"              # the unsharded parameters compute uses
+    RS = "rs"                        # reduce-scatter input and scratch
+    AUTO_GRAD = "auto_grad"          # an FSDP run's autograd gradients
+    AG_SCRATCH = "ag_scratch"        # all-gather scratch (temporaries of a gather phase)
+    OPT_TMP = "opt_tmp"              # optimizer temporaries
+    KEEP = "keep"                    # activations, other temporaries, inputs
+
+    def __str__(self) -> str:        # the value, as numpy reads a str (enum.StrEnum's rule, Python >= 3.11)
+        return self.value
 
 
 class MemoryCategory(str, enum.Enum):

@@ -6,7 +6,8 @@ from fsdpprof.errors import UserError
 from fsdpprof.options import shown
 
 __all__ = ["DDP", "NO_SHARD", "ZERO1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD", "NONE", "STANDARD", "SHARDED",
-           "REPLICATED", "STRATEGY_ALIASES", "known_strategy", "strategy_name", "ZERO_STAGES", "ZERO_STAGE", "zero_stage"]
+           "REPLICATED", "STRATEGY_ALIASES", "known_strategy", "strategy_name", "ZERO_DDP", "ZERO_1", "ZERO_2", "ZERO_3", "ZERO_HYBRID",
+           "ZERO_SHARDED_STAGES", "ZERO_STAGES", "ZERO_STAGE", "zero_stage"]
 
 # FSDP's ShardingStrategy names, DDP, and ZeRO-1 (optimizer states sharded: no FSDP strategy does only that)
 DDP, NO_SHARD, ZERO1 = "DDP", "NO_SHARD", "ZERO1"
@@ -44,9 +45,11 @@ def strategy_name(text, choices=None) -> str:
 
 # The ZeRO stage of each strategy: what is sharded (DDP: nothing; ZERO1: optimizer states; ZERO2: + gradients;
 # ZERO3: + parameters; HYBRID_SHARD: ZERO3 within a shard group, replicated across groups)
-ZERO_STAGES = ["DDP", "ZERO1", "ZERO2", "ZERO3", "HYBRID_SHARD"]
-ZERO_STAGE = {DDP: "DDP", NO_SHARD: "DDP", NONE: "DDP", ZERO1: "ZERO1", SHARD_GRAD_OP: "ZERO2", FULL_SHARD: "ZERO3",
-              HYBRID_SHARD: "HYBRID_SHARD"}
+ZERO_DDP, ZERO_1, ZERO_2, ZERO_3, ZERO_HYBRID = DDP, ZERO1, "ZERO2", "ZERO3", HYBRID_SHARD
+ZERO_STAGES = [ZERO_DDP, ZERO_1, ZERO_2, ZERO_3, ZERO_HYBRID]
+ZERO_SHARDED_STAGES = frozenset({ZERO_1, ZERO_2, ZERO_3})      # something sharded over the whole world
+ZERO_STAGE = {DDP: ZERO_DDP, NO_SHARD: ZERO_DDP, NONE: ZERO_DDP, ZERO1: ZERO_1, SHARD_GRAD_OP: ZERO_2,
+              FULL_SHARD: ZERO_3, HYBRID_SHARD: ZERO_HYBRID}
 
 
 def zero_stage(text) -> str:

@@ -10,7 +10,8 @@ import pandas as pd
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC, fmt_ms
-from fsdpprof.analyze.summary.headline import share_of_step
+from fsdpprof.analyze.summary import shares
+from fsdpprof.analyze.summary.headline import per_step, share_of_step
 
 EXPOSED_PHASE_PCT = 5.0         # exposed time of one collective in one phase, % of step time
 EXPOSED_TOTAL_PCT = 20.0        # all exposed communication, % of step time
@@ -26,6 +27,7 @@ STRAGGLER_SHARE = 0.5           # last to arrive in at least this share of match
 DEVICE_IDLE_PCT = 10.0          # device idle, % of step time (device traces)
 SYNC_IDLE_PCT = 2.0             # device idle in the gaps where a host synchronisation returns, % of step time
 DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU traces: all of them), % of step time
+IDLE_CAUSE_DOMINATES_PCT = 70.0 # an idle cause is named (host-bound, launch-bound) from this share of the idle time
 
 
 @dataclass
@@ -73,16 +75,6 @@ def _exposed_suggestion(collective: str, stage: str, fsdp: bool) -> str:
     return "overlap this collective with compute or reduce how often it runs"
 
 
-def per_step(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame:
-    """The steps table (rank, step, step_us) beside the sums of ``cols`` of ``table`` in each step (0 for none)."""
-    base = steps[["rank", "step", "step_us"]].astype({"step": float})
-    if table is None or table.empty:
-        return base.assign(**{c: 0.0 for c in cols})
-    t = table[table["step"].notna()].astype({"step": float}).groupby(["rank", "step"])[cols].sum(min_count=1)
-    out = base.merge(t.reset_index(), on=["rank", "step"], how="left")
-    return out.fillna({c: 0.0 for c in cols})
-
-
 def rank_words(s: dict) -> str:
     """Whose share a finding states: "median over 8 ranks, worst rank 1: 60%", or "rank 0"."""
     if s["ranks"] > 1:
@@ -109,18 +101,17 @@ def _share_finding(fid: str, severity: str, title: str, metric: str, s: dict, th
 
 
 def comm_findings(comm_unit_step: pd.DataFrame | None, steps: pd.DataFrame | None,
-                  fsdp_advice: bool = True) -> list[Finding]:
-    """Exposed collectives per stage (communication launched inside a step) and in all, as shares of the step
+                  fsdp_advice: bool = True, exposed_stage: pd.DataFrame | None = None) -> list[Finding]:
+    """Exposed collectives per stage (communication launched inside a step; ``exposed_stage``, else
+    :func:`shares.exposed_by_stage` of ``comm_unit_step``) and in all, as shares of the step
     (:func:`share_of_step`).  ``fsdp_advice``: an FSDP input (FSDP knobs may be suggested)."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
-    cu = comm_unit_step
-    if cu is not None and not cu.empty and "exposed_comm_us" in cu and "step" in cu:
-        op = cu.assign(collective=cu["collective"].astype(object).fillna(model.UNKNOWN_COLLECTIVE).astype(str),
-                       stage=(cu["stage"].astype(object) if "stage" in cu else "all"))
-        for (c, st), grp in op.groupby(["collective", "stage"], sort=True):
-            s = share_of_step(per_step(steps, grp, ["exposed_comm_us"]), "exposed_comm_us")
+    es = exposed_stage if exposed_stage is not None else shares.exposed_by_stage(comm_unit_step, steps)
+    if es is not None:
+        for row in es.sort_values(["collective", "stage"], kind="stable").to_dict("records"):
+            c, st, s = row["collective"], row["stage"], row
             top = _fires(s, EXPOSED_PHASE_PCT)
             if top != top:
                 continue
@@ -158,9 +149,11 @@ IDLE_CAUSES = {
 }
 
 
-def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, device: bool = True) -> list[Finding]:
-    """What keeps the device waiting, from the steps table and step_stalls: the device idle with its main cause
-    (device traces), the host's synchronisations, the DataLoader; shares of the step as in :func:`share_words`."""
+def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, device: bool = True,
+                    idle_causes: pd.DataFrame | None = None) -> list[Finding]:
+    """What keeps the device waiting, from the steps table and step_stalls: the device idle with its cause when one
+    dominates (IDLE_CAUSE_DOMINATES_PCT of it; ``idle_causes``, else :func:`shares.idle_by_cause`), the host's
+    synchronisations, the DataLoader; shares of the step as in :func:`share_words`."""
     out: list[Finding] = []
     if steps is None or steps.empty or "step_us" not in steps:
         return out
@@ -169,12 +162,18 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
         top = _fires(s, DEVICE_IDLE_PCT)
         if top == top:
             why, advice = "", "see the idle-time breakdown by stream in the device section and the lanes of one step"
-            if stalls is not None and all(c in stalls for c in IDLE_CAUSES):
-                c = per_step(steps, stalls, list(IDLE_CAUSES))[list(IDLE_CAUSES)].sum().astype(float)
-                if c.sum() > 0:
-                    cause = str(c.idxmax())
-                    why = f": {100.0 * c[cause] / c.sum():.0f}% of it {IDLE_CAUSES[cause][0]}"
+            ic = idle_causes if idle_causes is not None else shares.idle_by_cause(steps, stalls)
+            if ic is not None and ic["us"].sum() > 0:
+                ic = ic.sort_values("us", ascending=False, kind="stable")
+                top_cause = ic.iloc[0]
+                if top_cause["pct_of_idle"] >= IDLE_CAUSE_DOMINATES_PCT:
+                    cause = str(top_cause["cause"])
+                    why = f": {top_cause['pct_of_idle']:.0f}% of it {IDLE_CAUSES[cause][0]}"
                     advice = IDLE_CAUSES[cause][1]
+                else:       # no cause dominates: name the split, claim none
+                    why = ": no single cause dominates (" + ", ".join(
+                        f"{r['pct_of_idle']:.0f}% {IDLE_CAUSES[r['cause']][0].split(' (')[0]}" for _, r in ic.iterrows()
+                        if r["us"] > 0) + ")"
             out.append(_share_finding("device_idle", "high" if top >= 3 * DEVICE_IDLE_PCT else "medium",
                                       f"The device is idle {model.fmt_pct(s['pct'])} of the step "
                                       f"({fmt_ms(s['us'])} per step; {rank_words(s)}){why}",
@@ -219,7 +218,7 @@ def device_findings(steps: pd.DataFrame | None, stalls: pd.DataFrame | None, dev
 def memory_findings(breakdown: pd.DataFrame | None, strategy: str | None, peak_bytes: float | None,
                     fragmentation_pct: float | None = None, coverage_pct: float | None = None,
                     rank: int | None = None, alternatives: dict | None = None,
-                    input_kind: str | None = "fsdp2", units: list[str] | None = None) -> list[Finding]:
+                    input_kind: str | None = model.FAMILY_FSDP2, units: list[str] | None = None) -> list[Finding]:
     """From one rank's breakdown at the peak (category, bytes, pct).  ``alternatives``: strategy label -> model-state
     bytes per rank, quoted; ``units``: the FSDP units keeping the most activations first (named in the advice)."""
     out: list[Finding] = []

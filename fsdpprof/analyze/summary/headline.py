@@ -40,6 +40,16 @@ def step_spread(steps: pd.DataFrame | None, col: str) -> dict:
     return out
 
 
+def per_step(steps: pd.DataFrame, table: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame:
+    """The steps table (rank, step, step_us) beside the sums of ``cols`` of ``table`` in each step (0 for none)."""
+    base = steps[["rank", "step", "step_us"]].astype({"step": float})
+    if table is None or table.empty:
+        return base.assign(**{c: 0.0 for c in cols})
+    t = table[table["step"].notna()].astype({"step": float}).groupby(["rank", "step"])[cols].sum(min_count=1)
+    out = base.merge(t.reset_index(), on=["rank", "step"], how="left")
+    return out.fillna({c: 0.0 for c in cols})
+
+
 def share_of_step(steps: pd.DataFrame | None, col: str) -> dict:
     """One part of the step (``col``, µs): ``us`` (:func:`step_medians`), ``pct`` of the median step, the
     ``worst_rank`` (largest share of its own mean step) with ``worst_pct`` and ``worst_us``, and ``ranks``."""

@@ -72,7 +72,7 @@ def most_alive_bytes(memory_result, category: str) -> float | None:
     keep = (df["category"].astype(str) == category).to_numpy().copy()
     if "fsdp_phase" in df:
         keep &= ~df["fsdp_phase"].astype(object).isin(model.FLAT_GATHER_PHASES).to_numpy()
-    if "fsdp_role" in df and getattr(memory_result, "fsdp_family", None) != "fsdp1":
+    if "fsdp_role" in df and getattr(memory_result, "fsdp_family", None) != model.FAMILY_FSDP1:
         keep &= (df["fsdp_role"].astype(object) != model.FSDP_ROLE_ALL_GATHER_OUTPUT).to_numpy()
     a = df[keep]
     if not len(a):
@@ -100,15 +100,15 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     s = theory.strategy_from_inventory(inv)
     world = int(inv.get("world_size") or world_size or 1)
     ns = int(inv.get("shard_group_size") or world)
-    n_for = ns if s in ("ZERO1", "ZERO2", "ZERO3") else world
+    n_for = ns if s in model.ZERO_SHARDED_STAGES else world
     k = k_by_rank[r0]
     offload = "params" if inv.get("cpu_offload") else "none"
-    ms = theory.model_states(psi, k, s, n_for, ns if s == "HYBRID_SHARD" else None, offload)
+    ms = theory.model_states(psi, k, s, n_for, ns if s == model.ZERO_HYBRID else None, offload)
     mp = inv.get("mixed_precision") or {}
     pdt = unsharded_param_dtype(inv)
     rdt = str(mp.get("reduce_dtype") or k.grad_dtype).replace("torch.", "")
     tr = theory.fsdp_traffic(psi, s, max(n_for, 1),
-                             pdt, rdt, ns if s == "HYBRID_SHARD" else None) if n_for > 1 else None
+                             pdt, rdt, ns if s == model.ZERO_HYBRID else None) if n_for > 1 else None
     all_ms = [m.to_dict() for m in theory.all_model_states(psi, k, max(n_for, 1))]
     for d in all_ms:  # the traffic each strategy would move per step, beside its memory
         d["traffic_bytes"] = (theory.fsdp_traffic(psi, d["strategy"], n_for, pdt, rdt).total_bytes
@@ -124,7 +124,7 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     }
     fw = str(inv.get("framework") or "")
     gathered = {}   # ZeRO-2 under FSDP: the gathered parameters at their most, per rank (held forward to backward)
-    if s == "ZERO2" and fw.startswith("fsdp"):
+    if s == model.ZERO_2 and fw in model.FSDP_FAMILIES:
         gathered = {r: float(b) for r, b in (gathered_most or {}).items() if r in inventories and b}
     rows = []
     for r in sorted(inventories):
@@ -146,7 +146,7 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
                     f"ZeRO-2's k_p Psi = {theory.fmt_bytes(ms.param_bytes)}), with the sharded gradients and the "
                     "optimizer state of the inventory; the parameter shards held beside them"
                     + (f" ({theory.fmt_bytes(shards)})" if shards else "") + " are not in ZeRO-2's formula.")
-    elif s == "ZERO2" and fw.startswith("fsdp"):
+    elif s == model.ZERO_2 and fw in model.FSDP_FAMILIES:
         un = _category_bytes(memory.get(r0), MC.UNSHARDED_PARAM.value)
         expl.append("FSDP's SHARD_GRAD_OP keeps parameters unsharded only from forward to the end of backward: "
                     "the inventory, taken at the optimizer step, sees the sharded parameters (k_p Psi / N = "
@@ -183,7 +183,7 @@ def activations_per_unit(m) -> dict[str, float] | None:
 def _peak_estimate(inv: dict, s: str, ms, pdt: str, m, r0: int) -> dict:
     """The FSDP peak estimate beside the measured peak of the same rank; without per-unit activations, the
     activations alive at the peak stand in for every A_l."""
-    unit_numel = {} if s == "DDP" else {str(u.get("fqn")): float(u.get("unsharded_numel") or 0)
+    unit_numel = {} if s == model.ZERO_DDP else {str(u.get("fqn")): float(u.get("unsharded_numel") or 0)
                                          for u in inv.get("units") or []}
     per_unit = activations_per_unit(m)
     if per_unit and unit_numel:

@@ -24,8 +24,8 @@ OPTIMIZER_SLOTS = {
 
 # The formulas take a strategy's ZeRO stage (model.ZERO_STAGES: model.zero_stage of any spelling).
 STRATEGY_LABELS = {
-    "DDP": "DDP / NO_SHARD", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2 / SHARD_GRAD_OP",
-    "ZERO3": "ZeRO-3 / FULL_SHARD", "HYBRID_SHARD": "HYBRID_SHARD",
+    model.ZERO_DDP: "DDP / NO_SHARD", model.ZERO_1: "ZeRO-1", model.ZERO_2: "ZeRO-2 / SHARD_GRAD_OP",
+    model.ZERO_3: "ZeRO-3 / FULL_SHARD", model.ZERO_HYBRID: "HYBRID_SHARD",
 }
 
 
@@ -96,16 +96,22 @@ class ModelStates:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.6g}"
+    """A number of a formula as written out: a whole number in full with thousands separators (3,660,672; never
+    3.66067e+06), else at six significant digits without an exponent."""
+    x = float(x)
+    if x.is_integer():
+        return f"{int(x):,}"
+    text = f"{x:.6g}"
+    return f"{x:,.1f}" if "e+" in text else text
 
 
 # ZeRO stage -> what each of params, grads, optimizer states is divided by (1, N or the shard group N_s), formula
 _STATE_FORMULAS = {
-    "DDP": ("1", "1", "1", "(k_p + k_g + k_o) * Psi"),
-    "ZERO1": ("1", "1", "N", "(k_p + k_g) * Psi + k_o * Psi / N"),
-    "ZERO2": ("1", "N", "N", "k_p * Psi + (k_g + k_o) * Psi / N"),
-    "ZERO3": ("N", "N", "N", "(k_p + k_g + k_o) * Psi / N"),
-    "HYBRID_SHARD": ("N_s", "N_s", "N_s", "(k_p + k_g + k_o) * Psi / N_s"),
+    model.ZERO_DDP: ("1", "1", "1", "(k_p + k_g + k_o) * Psi"),
+    model.ZERO_1: ("1", "1", "N", "(k_p + k_g) * Psi + k_o * Psi / N"),
+    model.ZERO_2: ("1", "N", "N", "k_p * Psi + (k_g + k_o) * Psi / N"),
+    model.ZERO_3: ("N", "N", "N", "(k_p + k_g + k_o) * Psi / N"),
+    model.ZERO_HYBRID: ("N_s", "N_s", "N_s", "(k_p + k_g + k_o) * Psi / N_s"),
 }
 
 
@@ -118,7 +124,7 @@ def model_states(psi: float, k: BytesPerParam, strategy: str, world: int, shard_
     s = model.zero_stage(strategy)
     n = int(world)
     ns = int(shard_group or n)
-    if s == "HYBRID_SHARD":
+    if s == model.ZERO_HYBRID:
         if ns <= 0 or n % ns:
             raise UserError(f"shard group {ns} must divide the world size {n}")
     *div, f = _STATE_FORMULAS[s]
@@ -127,7 +133,7 @@ def model_states(psi: float, k: BytesPerParam, strategy: str, world: int, shard_
     text = {"k_p": _fmt(k.k_param), "k_g": _fmt(k.k_grad), "k_o": _fmt(k.k_opt), "Psi": _fmt(psi), "N_s": str(ns),
             "N": str(n)}
     sub = re.sub(r"k_[pgo]|Psi|N_s|N", lambda m: text[m.group()], f)
-    if s == "HYBRID_SHARD":
+    if s == model.ZERO_HYBRID:
         f += "   (N_s = shard group, R = N / N_s replicas)"
         sub += f"   (R = {n // ns})"
     off = str(offload or "none").lower()
@@ -149,7 +155,7 @@ def all_model_states(psi: float, k: BytesPerParam, world: int, shard_group: int 
     """model_states for every strategy (HYBRID_SHARD only when a shard group smaller than N is given)."""
     out = []
     for s in model.ZERO_STAGES:
-        if s == "HYBRID_SHARD" and not (shard_group and shard_group < world):
+        if s == model.ZERO_HYBRID and not (shard_group and shard_group < world):
             continue
         out.append(model_states(psi, k, s, world, shard_group, offload))
     return out
@@ -195,14 +201,14 @@ def traffic_per_step(psi: float, strategy: str, world: int, param_dtype: str = "
     c = f" / {_fmt(compression_ratio)}" if compression_ratio != 1 else ""
     frac, s_param = f"{n - 1}/{n}", f"{_fmt(psi)} * {model.dtype_bytes(param_dtype)}"
     s_grad = f"{_fmt(psi)} * {model.dtype_bytes(reduce_dtype)}{c}"
-    if s == "DDP":
+    if s == model.ZERO_DDP:
         ar = ar_f * sg
         formula, sub = "2 (N-1)/N * S_grad", f"2 * {frac} * {s_grad}"
-    elif s == "ZERO1" or s == "ZERO2":
+    elif s == model.ZERO_1 or s == model.ZERO_2:
         rs, ag = rs_f * sg, ag_f * sp
         formula = "(N-1)/N * S_grad (reduce-scatter) + (N-1)/N * S_param (all-gather)"
         sub = f"{frac} * {s_grad} + {frac} * {s_param}"
-    elif s == "ZERO3":
+    elif s == model.ZERO_3:
         ag, rs = 2 * ag_f * sp, rs_f * sg                   # all-gathers in forward and backward
         formula = "2 (N-1)/N * S_param (fwd + bwd all-gather) + (N-1)/N * S_grad (reduce-scatter)  [= 3(N-1)/N * S]"
         sub = f"2 * {frac} * {s_param} + {frac} * {s_grad}"
@@ -226,9 +232,9 @@ def fsdp_traffic(psi: float, strategy: str, world: int, param_dtype: str = "bf16
     """Traffic of the strategy as FSDP implements it (SHARD_GRAD_OP keeps params after forward: one all-gather)."""
     s = model.zero_stage(strategy)
     t = traffic_per_step(psi, s, world, param_dtype, reduce_dtype, shard_group, compression_ratio)
-    if s != "ZERO2":
+    if s != model.ZERO_2:
         return t
-    return Traffic("ZERO2", "SHARD_GRAD_OP", "(N-1)/N * S_param (one all-gather) + (N-1)/N * S_grad (reduce-scatter)",
+    return Traffic(model.ZERO_2, model.SHARD_GRAD_OP, "(N-1)/N * S_param (one all-gather) + (N-1)/N * S_grad (reduce-scatter)",
                    t.substituted, t.all_gather_bytes, t.reduce_scatter_bytes, 0.0)
 
 

@@ -20,6 +20,7 @@ NUMEL_MAX = 2.0 ** 53           # element / byte counts beyond this (8 Pi) are n
 # categories of CPU ops and annotations, and the device-event categories that are copies, sets and waits
 CPU_OP_CATS = ("cpu_op",)
 ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+GPU_ANNOTATION_CATS = ("gpu_user_annotation",)     # the device's mirror of a CPU annotation (on its stream)
 MEMCPY_CATS, MEMSET_CATS, SYNC_CATS = ("gpu_memcpy", "Memcpy"), ("gpu_memset", "Memset"), ("cuda_sync",)
 
 
@@ -249,11 +250,19 @@ def classify_arrays(rt) -> dict:
     gloo_comm = is_annot & r_gloo
     kind[gloo_comm] = K_COMM
 
-    # lanes: threads (the decoder's tid codes) and streams, labels built once per distinct thread / stream
+    # lanes: threads (the decoder's tid codes) and streams, labels built once per distinct thread / stream. A GPU
+    # annotation (the device's span of a CPU region) lies on its stream, its tid (kineto writes no args.stream)
     tcodes, tuniq = rc["tid_code"], rc["tid_values"]
+    gpu_annot = cat_is(GPU_ANNOTATION_CATS)
+    if gpu_annot.any():
+        tid_num = pd.to_numeric(pd.Series(list(tuniq), dtype=object), errors="coerce").to_numpy()
+        as_stream = np.nan_to_num(tid_num[tcodes], nan=-1.0).astype(np.int64) if n else np.empty(0, np.int64)
+        gpu_annot &= (stream >= 0) | (as_stream >= 0)
+        stream = np.where(gpu_annot & (stream < 0), as_stream, stream)
+    on_lane = on_gpu | gpu_annot
     scodes, suniq = pd.factorize(stream)
     lane_labels = [f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq.tolist()]
-    lane_codes = np.where(on_gpu, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
+    lane_codes = np.where(on_lane, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
     if len(set(lane_labels)) == len(lane_labels):
         lane_cats = pd.Index(lane_labels, dtype=object)
     else:
@@ -319,10 +328,15 @@ def classify_arrays(rt) -> dict:
         for c in ("bytes", "group_size", "seq", "dtype", "pg"):
             o[c][idx] = info[c][ok]
     if k_on_gpu.any():
+        # a kernel whose name does not tell its collective (SendRecv) takes it from its launch or from nothing
+        ck = np.flatnonzero(k_on_gpu & (o["kind"] == K_COMM))
+        told = np.array(per_name(model.kernel_name_tells_collective, [cats[c] for c in o["name"][ck].tolist()]),
+                        dtype=bool)
+        o["collective"][ck[~told]] = None
         _from_launching_op(o, k_on_gpu, K_COMM)
         _from_launching_op(o, k_on_gpu, K_COMPUTE)
         _fill_from_cpu_side(o, k_on_gpu)
-        # a comm kernel whose type neither its launching op nor its name tells (never its kernel name)
+        # a comm kernel whose type neither its launching op nor its name tells
         o["collective"][k_on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"])] = model.UNKNOWN_COLLECTIVE
     if k_gloo.any():
         _pair_gloo(o, k_gloo, k_c10d & is_cpu_op[kidx], shard)

@@ -308,15 +308,38 @@ def cpu_side(events: pd.DataFrame) -> np.ndarray:
     return ~on_device(events["lane"])
 
 
+def workload_of(events: pd.DataFrame) -> str | None:
+    """``training`` or ``inference`` (model.workload_of) from the trace's op names; None without events."""
+    cats, codes = _cat_codes(events["name"])
+    return model.workload_of([cats[i] for i in np.unique(codes[codes >= 0]).tolist()])
+
+
 def framework_of(events: pd.DataFrame) -> str:
     """What a trace shows running: ``fsdp2`` / ``fsdp1`` (their annotations), ``ddp`` (DDP's forward or its
     reducer), ``distributed`` (collectives of another framework) or ``single_device``."""
     cats, codes = _cat_codes(events["name"])
     names = [cats[i] for i in np.unique(codes[codes >= 0]).tolist()]
-    for prefix, framework in ((model.FSDP2_PREFIX, "fsdp2"), (model.FSDP1_PREFIX, "fsdp1"), (model.DDP_MARKERS, "ddp")):
+    for prefix, framework in ((model.FSDP2_PREFIX, model.FAMILY_FSDP2), (model.FSDP1_PREFIX, model.FAMILY_FSDP1),
+                              (model.DDP_MARKERS, model.FAMILY_DDP)):
         if any(x.startswith(prefix) for x in names):
             return framework
-    return "distributed" if isin(events["kind"], [model.KIND_COMM]).any() else "single_device"
+    return model.INPUT_DISTRIBUTED if isin(events["kind"], [model.KIND_COMM]).any() else model.INPUT_SINGLE_DEVICE
+
+
+def precisions_seen(events: pd.DataFrame) -> dict:
+    """The evidence of low-precision compute in a trace: ``kernels`` (device kernels), ``by_dtype`` ({short name
+    (model.LOW_PRECISION): kernels whose name spells it}) and ``comm_dtypes`` (the dtypes collectives carry)."""
+    dev = events[isin(events["kind"], model.DEVICE_KINDS) & ~cpu_side(events)]
+    cats, codes = _cat_codes(dev["name"])
+    counts = np.bincount(codes[codes >= 0], minlength=len(cats))
+    by_dtype: Counter = Counter()
+    for i in np.flatnonzero(counts).tolist():
+        for d in model.kernel_precisions(cats[i]):
+            by_dtype[d] += int(counts[i])
+    comm = events.loc[isin(events["kind"], [model.KIND_COMM]), "dtype"].dropna().astype(str)
+    comm_dtypes = sorted({model.dtype_size(x)[0] or x for x in comm.unique() if x})
+    return {"kernels": int(len(dev)), "by_dtype": {k: by_dtype[k] for k in model.LOW_PRECISION if by_dtype[k]},
+            "comm_dtypes": comm_dtypes}
 
 
 DEVICE_WORD = {model.DEVICE_CUDA: "CUDA", model.DEVICE_ROCM: "HIP", model.DEVICE_XPU: "XPU", model.DEVICE_MTIA: "MTIA"}
@@ -330,10 +353,17 @@ def thread_name_records(thread_names: dict) -> list:
     return [[pid, tid, str(name)[:200]] for (pid, tid), name in list(thread_names.items())[:THREAD_NAMES_MAX]]
 
 
-def lane_names(lanes, comm_lanes=(), nccl_lanes=(), thread_names=(), device_type: str | None = None) -> dict:
+LANE_COMM_SHARE = 0.9   # a stream whose kernels are at least this share communication is named a communication stream
+
+
+def lane_names(lanes, comm_lanes=(), nccl_lanes=(), thread_names=(), device_type: str | None = None,
+               comm_share=None) -> dict:
     """Readable names of event lanes (``thread:T`` / ``stream:S``) from the trace's thread names ([pid, tid, name]):
     "main thread", "gloo worker", "autograd thread 0", "CUDA stream 7 (NCCL)" ...; a lane in ``comm_lanes`` runs
-    communication (``nccl_lanes``: NCCL kernels).  Others: "thread T" / "stream S"; names made unique."""
+    communication (``nccl_lanes``: mostly NCCL kernels).  A stream is named by what runs on it: ``comm_share``
+    ({lane: share of its device events that are communication}, 1 for a lane in ``comm_lanes`` when not given)
+    at least LANE_COMM_SHARE: "(NCCL)" / "(communication)"; above 0: "(compute + NCCL)" / "(compute +
+    communication)".  Others: "thread T" / "stream S"; names made unique."""
     by_lane = {}
     for rec in thread_names or ():
         try:
@@ -350,8 +380,10 @@ def lane_names(lanes, comm_lanes=(), nccl_lanes=(), thread_names=(), device_type
     for lane in map(str, lanes):
         kind, _, ident = lane.partition(":")
         if kind == "stream":
-            out[lane] = f"{dev} stream {ident}" + (" (NCCL)" if lane in nccl_lanes else
-                                                   " (communication)" if lane in comm_lanes else "")
+            share = (comm_share or {}).get(lane, 1.0 if comm_share is None else 0.0) if lane in comm_lanes else 0.0
+            what = "NCCL" if lane in nccl_lanes else "communication"
+            out[lane] = f"{dev} stream {ident}" + ("" if share <= 0 else f" ({what})" if share >= LANE_COMM_SHARE
+                                                   else f" (compute + {what})")
             continue
         inner, is_main = by_lane.get(lane, ("", False))
         if "(" in inner:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.model import MemoryCategory as MC
+from fsdpprof.analyze.model import MemoryCategory as MC, ReplayRole as Role
 from fsdpprof.analyze.model import ROOT_UNIT
 from fsdpprof.analyze.whatif import targets as tg
 from fsdpprof.analyze.whatif.units import Unit, local_numel, padded_numel
@@ -60,11 +60,12 @@ def roles_frame(allocs: pd.DataFrame, family: str) -> pd.DataFrame:
     phase, stage = _str_or_none(allocs["fsdp_phase"]), _str_or_none(allocs["stage"])
     up, ug, tmp = cat == MC.UNSHARDED_PARAM.value, cat == MC.UNSHARDED_GRAD.value, cat == MC.TEMPORARY.value
     conds = [cat == MC.SHARDED_PARAM.value, cat == MC.OPTIMIZER_STATE.value, cat == MC.SHARDED_GRAD.value,
-             up & _isin(phase, model.FLAT_GATHER_PHASES) & (family == "fsdp2"), up,
+             up & _isin(phase, model.FLAT_GATHER_PHASES) & (family == model.FAMILY_FSDP2), up,
              ug & _isin(phase, model.UNSHARDED_GRAD_PHASES), ug, tmp & _isin(phase, model.GATHER_PHASES),
              tmp & _isin(stage, [model.STAGE_OPTIMIZER, model.STAGE_POST_STEP])]
-    role = np.select(conds, ["param_state", "opt_state", "grad_state", "ag_flat", "ag_held", "rs", "auto_grad",
-                             "ag_scratch", "opt_tmp"], "keep").astype(object)
+    role = np.select(conds, [Role.PARAM_STATE.value, Role.OPT_STATE.value, Role.GRAD_STATE.value, Role.AG_FLAT.value,
+                             Role.AG_HELD.value, Role.RS.value, Role.AUTO_GRAD.value, Role.AG_SCRATCH.value, Role.OPT_TMP.value],
+                     Role.KEEP.value).astype(object)
     aseq, fseq = allocs["alloc_seq"].to_numpy(np.int64), allocs["free_seq"].to_numpy(np.int64)
     step = allocs["step_idx"].to_numpy(np.int64)
     if len(np.unique(step[aseq >= 0])) <= 1:       # a CUDA snapshot is one window: split it into steps
@@ -108,7 +109,7 @@ def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float]
     for s in np.unique(step[step >= 0]):
         for pass_, order in ((model.STAGE_FORWARD, fwd_order),
                              (model.STAGE_BACKWARD, fwd_order[:1] + fwd_order[1:][::-1])):
-            idx = np.flatnonzero((role == "ag_held") & (step == s) & (stage == pass_) & pd.isna(unit))
+            idx = np.flatnonzero((role == Role.AG_HELD) & (step == s) & (stage == pass_) & pd.isna(unit))
             k = 0
             for i in idx[np.argsort(t0[idx], kind="stable")]:
                 b = r["bytes"].iat[i]
@@ -117,7 +118,7 @@ def label_units(r: pd.DataFrame, units: list[Unit], unit_sizes: dict[str, float]
                 unit[i], k = order[j], j + 1
         sel = step == s
         # (FSDP1 allocates the new gradient shard first, then reduces into it)
-        for src, dst, at_least_first in (("ag_held", ["ag_scratch"], False), ("grad_state", ["rs", "auto_grad"], True)):
+        for src, dst, at_least_first in ((Role.AG_HELD, [Role.AG_SCRATCH], False), (Role.GRAD_STATE, [Role.RS, Role.AUTO_GRAD], True)):
             known = np.flatnonzero(sel & (role == src) & pd.notna(unit))
             known = known[np.argsort(t0[known], kind="stable")]
             for i in np.flatnonzero(sel & np.isin(role, dst) & pd.isna(unit)):
@@ -143,13 +144,13 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
     named = fin[fin["unit"].notna()]
     nst, nrole = named["stage"].to_numpy(object), named["role"].to_numpy(object)
     nt0, nt1 = named["t0"].to_numpy(float), named["t1"].to_numpy(float)
-    held = nrole == "ag_held"
+    held = nrole == Role.AG_HELD
     keys = ["step", "unit"]
-    f0 = named[np.isin(nrole, ["ag_held", "ag_flat"]) & (nst == model.STAGE_FORWARD)].groupby(keys)["t0"].min()
+    f0 = named[np.isin(nrole, [Role.AG_HELD, Role.AG_FLAT]) & (nst == model.STAGE_FORWARD)].groupby(keys)["t0"].min()
     b0 = named[held & (nst == model.STAGE_BACKWARD)].groupby(keys)["t0"].min()
-    rs_first = named[nrole == "rs"].groupby(keys)["t0"].min()
+    rs_first = named[nrole == Role.RS].groupby(keys)["t0"].min()
     rt0, rt1 = r["t0"].to_numpy(float), r["t1"].to_numpy(float)
-    r_grads = (r["role"].to_numpy(object) == "grad_state") & np.isfinite(rt1)
+    r_grads = (r["role"].to_numpy(object) == Role.GRAD_STATE) & np.isfinite(rt1)
     for s in sorted(set(fin["step"].unique().tolist())):
         fwd_start = first_by.get((s, model.STAGE_FORWARD), np.nan)
         bwd_start = first_by.get((s, model.STAGE_BACKWARD), np.nan)
@@ -157,7 +158,7 @@ def schedule(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> dict[int,
             continue
         bwd_end = float(opt_first.get(s, last_bwd.get(s, bwd_start)))
         sel = named["step"].to_numpy() == s
-        grads = named[sel & (nrole == "grad_state") & (nt0 >= bwd_start)]
+        grads = named[sel & (nrole == Role.GRAD_STATE) & (nt0 >= bwd_start)]
         f1 = named[sel & held & (nst == model.STAGE_FORWARD) & np.isfinite(nt1) & (nt1 < bwd_start)]
         f1 = f1.groupby("unit")["t1"].median()
         g_first, g_last = grads.groupby("unit")["t0"].min(), grads.groupby("unit")["t0"].max()
@@ -222,7 +223,7 @@ def scratch_ratio(r: pd.DataFrame, units: list[Unit], source: tg.Source) -> tupl
     gathers when it has some, else the device's default; and where it came from."""
     unit_bytes = {u.fqn: padded_numel(u.numel, source.shard_group) * model.dtype_bytes(source.param_dtype)
                   for u in units}
-    sc = r[r["role"] == "ag_scratch"]
+    sc = r[r["role"] == Role.AG_SCRATCH]
     if len(sc) and sc["unit"].notna().any():
         g = sc.groupby(["step", "unit"])["bytes"].max()
         ratios = [b / unit_bytes[u] for (s, u), b in g.items() if unit_bytes.get(u)]
@@ -260,7 +261,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
     keep = np.ones(len(r), bool)
     step, stage = r["step"].to_numpy(np.int64), r["stage"].to_numpy(object)
     sharded_s, sharded_t = source.sharded, target.sharded
-    scaled = (role == "keep") & _isin(cat, KEEP_SCALED)
+    scaled = (role == Role.KEEP) & _isin(cat, KEEP_SCALED)
     b[scaled & (cat == MC.ACTIVATION.value)] *= act
     b[scaled & (cat != MC.ACTIVATION.value)] *= batch
     kept = ["activations, temporaries and inputs as measured (same local batch"
@@ -268,10 +269,10 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             "the run's own optimizer-step temporaries, x the local share of parameters"]
     assumed = [f"activations scale with the compute dtype ({source.param_dtype} -> {target.param_dtype})"] \
         if act != batch else []
-    g = role == "grad_state"
-    states = np.isin(role, ["param_state", "opt_state"]) | (g & (sharded_s == sharded_t))
+    g = role == Role.GRAD_STATE
+    states = np.isin(role, [Role.PARAM_STATE, Role.OPT_STATE]) | (g & (sharded_s == sharded_t))
     b[states] *= by_unit[states]
-    b[role == "opt_tmp"] *= total_share
+    b[role == Role.OPT_TMP] *= total_share
 
     def anchor(s, u, key, default):
         a = sched[int(s)]["units"].get(u) if int(s) in sched else None
@@ -281,13 +282,13 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
         cat[g] = MC.UNSHARDED_GRAD.value
         b[g] *= pt / st
         # FSDP2: freed once copied into the reduce-scatter input (made at B1); FSDP1: when the reduction is done
-        after = 0.5 * EPS_US if target.family == "fsdp2" else 4 * EPS_US
+        after = 0.5 * EPS_US if target.family == model.FAMILY_FSDP2 else 4 * EPS_US
         for i in np.flatnonzero(g & (step >= 0) & np.isfinite(t0)):
             if isinstance(unit[i], str):
                 t1[i] = max(t0[i] + EPS_US, anchor(step[i], unit[i], "B1", t1[i]) + after)
     elif sharded_s and not sharded_t:
         keep[g] = False
-    ag = role == "auto_grad"
+    ag = role == Role.AUTO_GRAD
     if not sharded_t:                     # autograd's grads become the grads the optimizer reads
         cat[ag] = MC.SHARDED_GRAD.value
         b[ag] *= st / ps
@@ -295,33 +296,33 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
             t1[i] = sched[int(step[i])]["zero"] if int(step[i]) in sched else t1[i]
     else:
         b[ag] *= pt / ps
-    rs = role == "rs"
-    gath = np.isin(role, ["ag_flat", "ag_held", "ag_scratch"])
+    rs = role == Role.RS
+    gath = np.isin(role, [Role.AG_FLAT, Role.AG_HELD, Role.AG_SCRATCH])
     if not sharded_t:
         keep[rs | gath] = False
     else:
         b[rs] *= (rt / rs_) * pad_of[rs]
         b[gath] *= (pt / ps) * pad_of[gath]
         raf_t = target.reshard_after_forward
-        for i in np.flatnonzero((role == "ag_held") & (step >= 0) & (stage == model.STAGE_FORWARD)):
+        for i in np.flatnonzero((role == Role.AG_HELD) & (step >= 0) & (stage == model.STAGE_FORWARD)):
             if isinstance(unit[i], str):
-                keep_root = target.family == "fsdp1" and unit[i] == ROOT_UNIT
+                keep_root = target.family == model.FAMILY_FSDP1 and unit[i] == ROOT_UNIT
                 t1[i] = anchor(step[i], unit[i], "B1" if (raf_t is False or keep_root) else "F1", t1[i]) - EPS_US
         if raf_t is False:
             keep[gath & (stage == model.STAGE_BACKWARD)] = False
-        if target.family == "fsdp1":      # FSDP1 keeps the root unit's parameters from forward to backward
+        if target.family == model.FAMILY_FSDP1:      # FSDP1 keeps the root unit's parameters from forward to backward
             keep[gath & (stage == model.STAGE_BACKWARD) & (unit == ROOT_UNIT)] = False
     family_rows = None
     if sharded_s and sharded_t and source.family != target.family:
         family_rows = _family_change(r, sched, keep, t0, t1, b, target)
         assumed.append(f"{source.family} -> {target.family}: " + (
             "no flat all-gather buffer; reduce-scatter buffers freed when the reduction is done"
-            if target.family == "fsdp1" else
+            if target.family == model.FAMILY_FSDP1 else
             "a flat all-gather output beside each unit's unsharded parameters; the reduce-scatter input held "
             "until the next unit's post-backward"))
     host = 0.0
     if on_host:
-        states = np.isin(role, ["param_state", "opt_state"]) | (g & sharded_t)
+        states = np.isin(role, [Role.PARAM_STATE, Role.OPT_STATE]) | (g & sharded_t)
         host = float(b[states & keep].sum())
         keep[states] = False
         assumed.append("CPU offload: sharded parameters, gradients and optimizer state live on the host")
@@ -330,7 +331,7 @@ def replay(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.Source, t
                        "so the peak counts them")
     out = pd.DataFrame({"bytes": b, "t0": t0, "t1": t1, "seq0": r["seq0"].to_numpy(float),
                         "seq1": r["seq1"].to_numpy(float), "category": cat})
-    out.loc[role == "ag_scratch", "category"] = MC.TEMPORARY.value
+    out.loc[role == Role.AG_SCRATCH, "category"] = MC.TEMPORARY.value
     parts = [out[keep], family_rows]
     extra = _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_host)
     if len(extra):
@@ -371,17 +372,17 @@ def _family_change(r, sched, keep, t0, t1, b, target) -> pd.DataFrame | None:
         a, fwd, bwd = sc["units"], sc["fwd_order"], sc["bwd_order"]
         for u in fwd:
             m = (step == s) & (unit == u)
-            rs = np.flatnonzero(m & (role == "rs"))
-            if target.family == "fsdp1":
+            rs = np.flatnonzero(m & (role == Role.RS))
+            if target.family == model.FAMILY_FSDP1:
                 if len(rs):
                     t1[rs] = np.maximum(np.minimum(t1[rs], float(t0[rs].max()) + EPS_US), t0[rs] + EPS_US)
-                flat = np.flatnonzero(m & (role == "ag_flat") & (stage == model.STAGE_BACKWARD))
-                held = np.flatnonzero(m & keep & (role == "ag_held") & (stage == model.STAGE_BACKWARD))
+                flat = np.flatnonzero(m & (role == Role.AG_FLAT) & (stage == model.STAGE_BACKWARD))
+                held = np.flatnonzero(m & keep & (role == Role.AG_HELD) & (stage == model.STAGE_BACKWARD))
                 if len(flat) and len(held):
                     t0[held] = np.minimum(t0[held], float(t0[flat].min()))
                 continue
             for pass_ in (model.STAGE_FORWARD, model.STAGE_BACKWARD):
-                g = np.flatnonzero(m & keep & (role == "ag_held") & (stage == pass_))
+                g = np.flatnonzero(m & keep & (role == Role.AG_HELD) & (stage == pass_))
                 if not len(g):
                     continue
                 start = float(t0[g].min())
@@ -395,8 +396,8 @@ def _family_change(r, sched, keep, t0, t1, b, target) -> pd.DataFrame | None:
                 big = rs[np.argmax(b[rs])]
                 later = [a[v]["B1"] for v in bwd if a[v]["B1"] > a[u]["B1"]]
                 t1[big] = max(t1[big], (min(later) if later else sc["bwd_end"]) - EPS_US)
-    if target.family == "fsdp1":
-        keep[role == "ag_flat"] = False
+    if target.family == model.FAMILY_FSDP1:
+        keep[role == Role.AG_FLAT] = False
     return _rows(rows) if rows else None
 
 
@@ -405,11 +406,11 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
     the run has none of."""
     rows = []
     kt, raf = target.shard_group, target.reshard_after_forward
-    fsdp2, fsdp1 = target.family == "fsdp2", target.family == "fsdp1"
+    fsdp2, fsdp1 = target.family == model.FAMILY_FSDP2, target.family == model.FAMILY_FSDP1
     named = r[r["unit"].notna()]
     have = set()
-    for what, roles, cols in (("gather", ["ag_flat", "ag_held"], ["step", "unit", "stage"]),
-                              ("rs", ["rs"], ["step", "unit"]), ("auto_grad", ["auto_grad"], ["step", "unit"])):
+    for what, roles, cols in (("gather", [Role.AG_FLAT, Role.AG_HELD], ["step", "unit", "stage"]),
+                              (Role.RS, [Role.RS], ["step", "unit"]), (Role.AUTO_GRAD, [Role.AUTO_GRAD], ["step", "unit"])):
         g = named[named["role"].isin(roles)][cols].drop_duplicates()
         have |= {(what, int(x[0]), *x[1:]) for x in g.itertuples(index=False)}
 
@@ -425,7 +426,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
             if not target.sharded:
                 # a sharded run whose autograd grads are not apart from its reduce buffers (FSDP1): the
                 # replicated target's whole grads, kept until zero_grad
-                if source.sharded and ("auto_grad", s, u.fqn) not in have:
+                if source.sharded and (Role.AUTO_GRAD, s, u.fqn) not in have:
                     add(u.numel * st, an["B1"], sc["zero"], MC.SHARDED_GRAD.value, "whole gradients")
                 continue
             keep_root = fsdp1 and u.fqn == ROOT_UNIT
@@ -454,7 +455,7 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
                 if tg.reshard_ranks(raf) is not None:
                     add(U / raf, an["F1"], an["B0"], MC.UNSHARDED_PARAM.value,
                         f"parameters resharded to {raf} ranks between forward and backward")
-            if ("rs", s, u.fqn) not in have:
+            if (Role.RS, s, u.fqn) not in have:
                 # FSDP2: the reduce-scatter input, held until the next unit's post-backward; FSDP1 reduces the
                 # flat gradient autograd made (kept until reduced, see replay)
                 R = padded_numel(u.numel, kt) * rt

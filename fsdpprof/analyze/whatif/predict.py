@@ -19,6 +19,7 @@ from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import attribution, cpu_events
 from fsdpprof.analyze.load.files import no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, map_run
+from fsdpprof.analyze.whatif import advice
 from fsdpprof.analyze.whatif import contention as ct
 from fsdpprof.analyze.whatif import memory as mem
 from fsdpprof.analyze.whatif import targets as tg
@@ -30,6 +31,13 @@ REPLAY_POOL_MIN_RANKS = 64    # from this many ranks on, the replays run in a po
 NO_INVENTORY = ("no inventory.json (parameter sizes, units and strategy are unknown); record the run with "
                 "`fsdpprof record` to predict other strategies")
 PREDICT_JOB_MODULES = ("fsdpprof.analyze.load.run", "fsdpprof.analyze.memory.attribution")   # a worker's imports
+# The step-time interval: the 10th-90th percentile of the replayed steps (ranks x steps), widened by the model's
+# error, a factor each way, and on a CPU run by the run's own CPU contention too (the host's load, which changes
+# between recordings, stretches or shrinks every time by as much).  The model's error: this project's five demo
+# recordings (DDP, SHARD_GRAD_OP and FULL_SHARD on 2 ranks, FULL_SHARD and HYBRID_SHARD on 4; CPU, gloo), each
+# strategy predicted from each other run: measured / predicted median 0.55 - 1.8 (docs/whatif-model.md).
+STEP_TIME_ERROR = 1.6
+STEP_TIME_PERCENTILES = (10.0, 90.0)
 
 
 def _no_time() -> dict:
@@ -123,7 +131,7 @@ def _rank_memory(rd, source: tg.Source, units: list, memory_result, notes: list)
         return None, None, None
     r = mem.roles_frame(m.allocations, source.family)
     names = None
-    if source.family not in ("fsdp1", "fsdp2"):
+    if source.family not in model.FSDP_FAMILIES:
         names = _inventory_names(m.allocations, rd.inventory, rd.events, m.source)
     sizes = {u.fqn: padded_numel(u.numel, source.shard_group) * model.dtype_bytes(source.param_dtype) for u in units}
     mem.label_units(r, units, sizes, names, param_unit_map(rd.inventory, units))
@@ -225,12 +233,13 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
             return float(np.median(v)) if v else None
 
         exposed, compute = med("exposed_comm_us"), med("compute_us")
+        low, high = step_interval(steps, med("run_cpu_contention"))
         preds.append({**t.to_dict(), "is_run": bool(run_target is not None and tg.same_config(t, run_target)),
                       "peak_allocated_bytes": top["peak_allocated_bytes"] if top else None,
                       "peak_rank": top["rank"] if top else None, "peak_stage": top["peak_stage"] if top else None,
                       "breakdown": dict(top["breakdown"]) if top else {},
                       "host_bytes": top["host_bytes"] if top else 0,
-                      "step_us": step, "compute_us": compute, "exposed_comm_us": exposed, "comm_us": med("comm_us"),
+                      "step_us": step, "step_low_us": low, "step_high_us": high, "compute_us": compute, "exposed_comm_us": exposed, "comm_us": med("comm_us"),
                       "run_cpu_contention": med("run_cpu_contention"), "cpu_contention": med("cpu_contention"),
                       "rest_us": (step - compute - exposed) if None not in (step, compute, exposed) else None,
                       "kept": list(dict.fromkeys(x for r in rows for x in r["kept"])),
@@ -245,7 +254,35 @@ def reduce_predictions(targets: list[tg.Target], per_rank: list[dict], run_targe
         for n in p["notes"]:
             ranks_of.setdefault(n, []).append(p["rank"])
     notes = [n if len(set(rs)) == len(per_rank) else f"{model.rank_list(rs)}: {n}" for n, rs in ranks_of.items()]
-    return {"predictions": preds, "measured": measured, "fits": fits, "notes": notes}
+    out = {"predictions": preds, "measured": measured, "fits": fits, "notes": notes, "order": time_order(preds)}
+    out["recommendation"] = advice.recommend(out)
+    return out
+
+
+def step_interval(steps_us: list[float], run_contention: float | None = None) -> tuple[float | None, float | None]:
+    """The interval of a predicted step time (µs): STEP_TIME_PERCENTILES of the replayed steps, divided and
+    multiplied by STEP_TIME_ERROR x the run's CPU contention (CPU runs; >= 1); (None, None) without steps."""
+    if not steps_us:
+        return None, None
+    lo, hi = np.percentile(np.asarray(steps_us, dtype=float), STEP_TIME_PERCENTILES)
+    f = STEP_TIME_ERROR * max(1.0, run_contention or 1.0)
+    return float(lo / f), float(hi * f)
+
+
+def time_order(preds: list[dict]) -> list[str]:
+    """The order of the predicted step times, one sentence per pair of adjacent strategies (fastest first): "A is
+    faster than B" only where their intervals do not overlap, else "A and B: no order".  Empty under two."""
+    timed = sorted((p for p in preds if p.get("step_low_us") is not None), key=lambda p: p["step_us"])
+    out = []
+    for a, b in zip(timed, timed[1:]):
+        na, nb = a.get("label") or a.get("strategy"), b.get("label") or b.get("strategy")
+        ranges = (f"{a['step_low_us'] / 1e3:.0f}-{a['step_high_us'] / 1e3:.0f} ms against "
+                  f"{b['step_low_us'] / 1e3:.0f}-{b['step_high_us'] / 1e3:.0f} ms")
+        if a["step_high_us"] < b["step_low_us"]:
+            out.append(f"{na} is faster than {nb} ({ranges})")
+        else:
+            out.append(f"{na} and {nb}: no order, their predicted intervals overlap ({ranges})")
+    return out
 
 
 def hosts_of(run) -> tuple[int, int | None]:

@@ -14,7 +14,6 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.model import DDP, FULL_SHARD, HYBRID_SHARD, NO_SHARD, SHARD_GRAD_OP, SHARDED, STANDARD
 from fsdpprof.errors import UserError
 
-FAMILIES = ("fsdp2", "fsdp1", "ddp")
 MAX_WORLD = 1 << 20
 MAX_BATCH_SCALE = 1024.0
 DEFAULT_RESHARD = {FULL_SHARD: True, HYBRID_SHARD: True, SHARD_GRAD_OP: False}   # reshard_after_forward
@@ -57,7 +56,7 @@ class Source:
     @property
     def fsdp_family(self) -> str:
         """The FSDP family a sharded target of this run follows by default (the run's, FSDP2 for others)."""
-        return self.family if self.family in ("fsdp1", "fsdp2") else "fsdp2"
+        return self.family if self.family in model.FSDP_FAMILIES else model.FAMILY_FSDP2
 
 
 @dataclass(frozen=True)
@@ -207,12 +206,12 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
         source.strategy if source.strategy in STANDARD else DDP)
     n = _positive_int(world_size, "--world") if world_size is not None else source.world_size
     raf = parse_reshard(reshard_after_forward)
-    family = str(family if family is not None else "ddp" if s == DDP else source.fsdp_family).lower()
-    if family not in FAMILIES:
+    family = str(family if family is not None else model.FAMILY_DDP if s == DDP else source.fsdp_family).lower()
+    if family not in model.FAMILIES:
         raise UserError(f"--fsdp-version {family!r}: use 1 or 2")
     if s == DDP:
-        family = "ddp"
-    elif family == "ddp":
+        family = model.FAMILY_DDP
+    elif family == model.FAMILY_DDP:
         raise UserError(f"{s} is an FSDP strategy: pass --fsdp-version 1 or 2, not ddp")
     k = _shard_group(source, s, n, shard_group)
     if s == NO_SHARD and n < 2:
@@ -227,7 +226,7 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
     elif s == FULL_SHARD and raf is False:
         s = SHARD_GRAD_OP
     if reshard_ranks(raf) is not None:
-        if family != "fsdp2":
+        if family != model.FAMILY_FSDP2:
             raise UserError("--reshard-after-forward INT is FSDP2's (fully_shard); FSDP1 reshards to the full "
                             "shard group: pass true or false, or --fsdp-version 2")
         if raf == k:
@@ -243,7 +242,7 @@ def make_target(source: Source, strategy=None, *, world_size=None, shard_group=N
     if off and s not in SHARDED:
         raise UserError(f"--cpu-offload offloads sharded parameters (FSDP CPUOffload); {s} has none: use "
                         f"--strategy FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD")
-    if off and family == "fsdp1" and source.device_type == "cpu":
+    if off and family == model.FAMILY_FSDP1 and source.device_type == "cpu":
         raise UserError("FSDP1 CPU offload pins memory and needs an accelerator: on CPU use --fsdp-version 2")
     per_host = _positive_int(ranks_per_host, "--ranks-per-host") if ranks_per_host is not None else None
     if per_host is not None and n % per_host:
@@ -263,7 +262,7 @@ def target_of_source(source: Source) -> Target:
     """The run itself as a Target (what a prediction of the run from itself must give back)."""
     s = source.strategy if source.strategy in STANDARD else DDP
     return Target(strategy=s, world_size=source.world_size, shard_group=source.shard_group if s in SHARDED else 1,
-                  reshard_after_forward=source.reshard_after_forward, family="ddp" if s == DDP else source.fsdp_family,
+                  reshard_after_forward=source.reshard_after_forward, family=model.FAMILY_DDP if s == DDP else source.fsdp_family,
                   param_dtype=source.param_dtype, reduce_dtype=source.reduce_dtype,
                   cpu_offload=source.cpu_offload and s in SHARDED)
 
@@ -278,7 +277,7 @@ def standard_targets(source: Source, base: Target | None = None) -> tuple[list[T
                                    reduce_dtype=base and base.reduce_dtype, cpu_offload=False,
                                    batch_scale=base.batch_scale if base else 1.0,
                                    ranks_per_host=base and base.ranks_per_host,
-                                   family=base.family if base and base.family != "ddp" and s != DDP else None))
+                                   family=base.family if base and base.family != model.FAMILY_DDP and s != DDP else None))
         except UserError as exc:
             notes.append(f"{s} left out: {exc}")
     return out, notes

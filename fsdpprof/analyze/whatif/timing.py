@@ -52,7 +52,7 @@ class Fit:
         for c, (lat, pb, n) in sorted(self.by_type.items()):
             bw = 1.0 / pb / 1e3 if pb > 0 else float("inf")
             cap = "; latency capped at the run's fastest call" if c in self.capped else ""
-            out.append(f"{model.collective_words(c)}: {lat:.0f} us + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
+            out.append(f"{model.collective_words(c)}: {lat:.0f} µs + wire bytes / {bw:.2f} GB/s ({n} collectives{cap})")
         return out
 
 
@@ -242,7 +242,7 @@ def target_collectives(target: tg.Target, units: list[Unit], sc: dict, sync: boo
             issue = wait if (sync or i == 0) else a[fwd[i - 1]]["F0"]
             add(model.ALL_GATHER, padded_numel(numel[u], k) * pt, k, issue, wait, "forward all_gather")
         if raf is not False:
-            order = [u for u in bwd if not (target.family == "fsdp1" and u == ROOT_UNIT)]
+            order = [u for u in bwd if not (target.family == model.FAMILY_FSDP1 and u == ROOT_UNIT)]
             for j, u in enumerate(order):
                 add(model.ALL_GATHER, padded_numel(numel[u], k) * pt, tg.reshard_ranks(raf) or k,
                     a[order[j - 1]]["B0"] if j > 0 else a[u]["B0"], a[u]["B0"], "backward all_gather")
@@ -289,11 +289,11 @@ class FamilyOverhead:
 # of benchmarks/bench_whatif.py's recordings of fsdpprof's example (2-core AMD EPYC, torch 2.13, gloo, fp32;
 # 2026-12-01), each rank's figure divided by its contention; scaled to the run's machine by machine_factor.
 DOCUMENTED_OVERHEAD = {
-    "fsdp2": FamilyOverhead("fsdp2", 1.565e-3, 3.450e-3, 481.0, "documented",
+    model.FAMILY_FSDP2: FamilyOverhead(model.FAMILY_FSDP2, 1.565e-3, 3.450e-3, 481.0, "documented",
                             gather_compute_share=0.36, reduce_compute_share=0.63),
-    "fsdp1": FamilyOverhead("fsdp1", 0.616e-3, 1.712e-3, 0.0, "documented", allreduce_us_per_byte=0.480e-3,
+    model.FAMILY_FSDP1: FamilyOverhead(model.FAMILY_FSDP1, 0.616e-3, 1.712e-3, 0.0, "documented", allreduce_us_per_byte=0.480e-3,
                             gather_compute_share=0.08, reduce_compute_share=0.62),
-    "ddp": FamilyOverhead("ddp", 0.0, 0.0, 0.0, "documented", allreduce_us_per_byte=0.543e-3),
+    model.FAMILY_DDP: FamilyOverhead(model.FAMILY_DDP, 0.0, 0.0, 0.0, "documented", allreduce_us_per_byte=0.543e-3),
 }
 
 
@@ -338,10 +338,10 @@ def allreduce_overhead(events: pd.DataFrame, family: str, work: dict | None = No
     nbytes = float(comm.loc[isin(comm["collective"], [model.ALL_REDUCE]), "bytes"].sum())
     if not nbytes > 0:
         return None
-    if family == "ddp":
+    if family == model.FAMILY_DDP:
         us = ddp_reducer_us(events)
         return us / nbytes if us > 0 else None
-    if family != "fsdp1":
+    if family != model.FAMILY_FSDP1:
         return None
     return _per_byte(events, (_family_work(events, family) if work is None else work)["reduce"], model.ALL_REDUCE)
 
@@ -395,7 +395,7 @@ def compute_shares(events: pd.DataFrame, family: str,
     where the run has none of that work)."""
     work = _family_work(events, family) if work is None else work
     reducer = None
-    if family == "ddp":
+    if family == model.FAMILY_DDP:
         busy = comp = 0.0
         for ln, s, e in _reducer_spans(events):
             b, c = _work_in(s, e, *_kind_intervals(events[(events["lane"].astype(object) == ln).to_numpy()]))
@@ -492,8 +492,8 @@ def run_overhead(events: pd.DataFrame, family: str, params: int, steps: int) -> 
     parameter tensors)."""
     work = _family_work(events, family)
     ag, rs = gather_reduce_overhead(events, family, work)
-    dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == "fsdp2" else 0.0
-    reducer = ddp_reducer_us(events) / max(steps, 1) if family == "ddp" else 0.0
+    dispatch = dtensor_dispatch_us(events) / max(steps, 1) / max(params, 1) if family == model.FAMILY_FSDP2 else 0.0
+    reducer = ddp_reducer_us(events) / max(steps, 1) if family == model.FAMILY_DDP else 0.0
     g_share, r_share, red_share = compute_shares(events, family, work)
     return FamilyOverhead(family, ag, rs, dispatch, reducer_us_per_step=reducer,
                           allreduce_us_per_byte=allreduce_overhead(events, family, work),
@@ -505,7 +505,7 @@ def target_overhead(run: FamilyOverhead, target_family: str, device_type: str,
     """The target family's overhead: the run's where it is the same family and measured it; else, on a CPU run,
     :data:`DOCUMENTED_OVERHEAD` x the run's contention x :func:`machine_factor` for what it lacks; None (not
     charged) on an accelerator."""
-    if target_family == run.family and (run.family == "ddp" or run.gather_us_per_byte is not None
+    if target_family == run.family and (run.family == model.FAMILY_DDP or run.gather_us_per_byte is not None
                                         and run.reduce_us_per_byte is not None):
         return run                     # (DDP: its reducer, all it has, is measured)
     if device_type != "cpu" or target_family not in DOCUMENTED_OVERHEAD:
@@ -751,7 +751,7 @@ def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list
         if target.family != own.run.family:
             out.append(f"{target.family}'s own CPU work (gathers, reductions, DTensor dispatch) not charged and the "
                        f"run's {own.run.family} work kept: no figure for it on {source.device_type}")
-    elif own.target.how != "measured" and own.target.family == "ddp" and own.run.family != "ddp":
+    elif own.target.how != "measured" and own.target.family == model.FAMILY_DDP and own.run.family != model.FAMILY_DDP:
         out.append("DDP's reducer work (gradient division, bucket copies) not charged: no figure for it without a "
                    "DDP run to measure")
     elif own.target.how != "measured":
@@ -765,7 +765,7 @@ def own_work_assumed(own: OwnWork, source: tg.Source, target: tg.Target) -> list
                    f"the reference machine (benchmarks/bench_whatif.py on fsdpprof's example, 2-core AMD EPYC, torch "
                    f"2.13, gloo), x the run's contention, {machine}")
     if own.run.family != target.family and own.target is not None:
-        what = "its reducer's record_function ranges" if own.run.family == "ddp" else "its annotations"
+        what = "its reducer's record_function ranges" if own.run.family == model.FAMILY_DDP else "its annotations"
         out.append(f"the run's own {own.run.family} CPU work (measured on {what}) taken out, of the compute as much "
                    f"as its aten ops took (the compute inside it), of the rest the others")
     if abs(own.element_ratio - 1.0) > 1e-9:
