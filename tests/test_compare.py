@@ -170,7 +170,10 @@ UNITS = {"B": 1.0, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20, "GiB": 2.0 ** 30, "µs": 
 
 
 def _value(text: str, unit: str | None = None) -> float:
-    """A shown number in bytes or µs: '12.3 MiB', '608 ms', or '608 (589–626)' in the column's unit."""
+    """A shown number in bytes or µs: '12.3 MiB', '608 ms', or '608 (589–626)' in the column's unit; '<0.001'
+    (below the table's last digit) is 0."""
+    if text.strip().startswith("<"):
+        return 0.0
     m = re.match(r"^([+-]?[\d,.]+)\s*([A-Za-zµ]+)?", text.strip())
     assert m, text
     return float(m.group(1).replace(",", "")) * UNITS[m.group(2) or unit]
