@@ -350,17 +350,17 @@ def test_memory_before_the_window_equals_the_oracle(oracle_runs, strategy):
         assert abs(m.baseline_bytes - want) <= 0.001 * want
 
 
-_IN_WINDOW_GLOO = pytest.mark.xfail(strict=False, reason=(
-    "inside the window FSDP's gloo collectives allocate and free on gloo's threads, which the window's profiler "
-    "does not see (seen: one rank of FSDP1 536,064 B = 1.0 % low, one of FSDP2 536,064 B high); DDP has none there"))
+# Inside the window FSDP's gloo collectives allocate and free on gloo's threads, which the window's profiler does
+# not see (seen: one rank of FSDP1 536,064 B = 1.0 % low, one of FSDP2 536,064 B high); DDP has none there. The
+# issue's 0.1 % holds for DDP; FSDP is held to what is reached today (2 %), not waved through as an expected failure.
+PEAK_TOLERANCE = {"ddp": 0.001, "fsdp1-full": 0.02, "fsdp2": 0.02}
 
 
-@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp1-full", marks=_IN_WINDOW_GLOO),
-                                      pytest.param("fsdp2", marks=_IN_WINDOW_GLOO)])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp1-full", "fsdp2"])
 def test_peak_equals_the_whole_run_oracle(oracle_runs, strategy):
     """The CPU peak fsdpprof reports equals the most bytes c10's allocator held at once over the whole run (every
-    thread, counted from before the model's construction), within 0.1 %: memory made before the window and alive
-    in it (DDP's buckets, params, optimizer state) is counted, buffers a gloo thread freed are not."""
+    thread, counted from before the model's construction), within PEAK_TOLERANCE: memory made before the window and
+    alive in it (DDP's buckets, params, optimizer state) is counted, buffers a gloo thread freed are not."""
     run_dir, oracle = oracle_runs(strategy)
     run = load_run(str(run_dir))
     for r, rd in run.ranks.items():
@@ -369,7 +369,7 @@ def test_peak_equals_the_whole_run_oracle(oracle_runs, strategy):
         print(f"{strategy} rank {r}: fsdpprof {m.peak_allocated_bytes} B, oracle {want} B, "
               f"baseline {m.baseline_bytes} B")
         assert oracle[r]["allocations"] > 1000          # the oracle really counted the run
-        assert abs(m.peak_allocated_bytes - want) <= 0.001 * want
+        assert abs(m.peak_allocated_bytes - want) <= PEAK_TOLERANCE[strategy] * want
         bw = rd.inventory["before_window"]
         assert bw["error"] is None and bw["allocations"] and bw["steps"] == 2
 
