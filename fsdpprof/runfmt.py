@@ -59,6 +59,11 @@ FRAMEWORK_NONE = "none"
 ROLE_PARAM = "param"
 ROLE_GRAD = "grad"
 ROLE_OPTIMIZER_STATE = "optimizer_state"
+ROLE_GRAD_BUCKET = "grad_bucket"   # (analysis only) DDP's gradient bucket, from inventory.json's ddp_bucket_bytes
+# inventory.json's "before_window" (CPU runs): the CPU allocations alive when the window's trace starts, from a
+# memory-only record of the steps before it ("allocations": [[address, bytes, step allocated in], ...])
+INVENTORY_BEFORE_WINDOW = "before_window"
+BEFORE_WINDOW_SOURCE = "memory-only profiler from the model's construction to the first recorded step"
 
 # run.json status values
 STATUS_RUNNING = "running"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fsdpprof.analyze.comm import matching
 from fsdpprof.analyze.comm import overlap
 from fsdpprof.analyze.comm import skew
 from fsdpprof.analyze import model
@@ -89,7 +90,13 @@ def test_overlap_and_steps_are_consistent(fsdp2_run):
 
 def test_ranks_align_on_gloo(fsdp2_run):
     ev = run_events(fsdp2_run)
-    sk, lag = skew.collective_skew(skew.collective_records(ev))
+    rec, stats = matching.match_collectives(skew.collective_records(ev))
+    print(f"recorded 2-rank gloo run: {stats.to_dict()}")
+    # one host, the same calls on both ranks: every call matched, sizes known, no match of different identities
+    assert stats.matched == len(rec) and stats.refused == stats.unmatched == 0 and stats.size_checked_pct == 100.0
+    ok = rec.groupby("match_id").agg(c=("collective", "nunique"), b=("bytes", "nunique"), n=("rank", "size"))
+    assert (ok["c"] == 1).all() and (ok["b"] == 1).all() and (ok["n"] == 2).all()
+    sk, lag = skew.collective_skew(rec)
     n = ev[ev["kind"] == "comm"].groupby("rank").size()
     assert len(sk) == n.iloc[0] == n.iloc[1] and (sk["n_ranks"] == 2).all()
     assert set(sk["last_rank"]) <= {0, 1}

@@ -67,12 +67,19 @@ def test_topology_and_straggler():
     assert fnd.topology_findings("FULL_SHARD", 1, 8) == []
     t = fnd.topology_findings("FULL_SHARD", 2, 16)
     assert t and "HYBRID_SHARD" in t[0].suggestion
-    st = pd.DataFrame({"rank": [0, 1], "times_last": [2, 8], "mean_start_lag_us": [10.0, 500.0]})
-    out = fnd.rank_findings(st, 10, 10_000.0)
-    assert [f.rank for f in out] == [1] and out[0].value == 80.0
-    even = pd.DataFrame({"rank": [0, 1], "times_last": [5, 5], "mean_start_lag_us": [500.0, 500.0]})
-    assert fnd.rank_findings(even, 10, 10_000.0)[0].value == 50.0
-    assert fnd.rank_findings(st.assign(times_last=[6, 4]).iloc[::-1], 20, 10_000.0) == []
+    # a straggler: last more often than chance (p-value under 1 % over the 2 ranks tested) AND costing >= 1 % of
+    # the step; the finding states the cost per step, the p-value and where
+    st = pd.DataFrame({"rank": [0, 1], "times_last": [20, 80], "share_last_pct": [20.0, 80.0],
+                       "expected_last_pct": [50.0, 50.0], "p_value": [1.0, 1e-9], "mean_start_lag_us": [10.0, 500.0],
+                       "cost_per_step_us": [0.0, 300.0], "where": [None, "forward, layers.2"]})
+    out = fnd.rank_findings(st, 10_000.0)
+    assert [f.rank for f in out] == [1] and out[0].stake_us == 300.0 and out[0].value == 300.0
+    assert "p = 1e-09" in out[0].title and "forward, layers.2" in out[0].title and "0.3 ms per step" in out[0].title
+    assert "prefetch" in out[0].suggestion and "not help" in out[0].suggestion
+    # as often last as chance gives: no finding, however costly
+    assert fnd.rank_findings(st.assign(p_value=[1.0, 0.007]), 10_000.0) == []     # 0.007 > 0.01 / 2 ranks
+    # unlikely by chance but cheap (under 1 % of the step): no finding
+    assert fnd.rank_findings(st, 40_000.0) == []
 
 
 def test_sort_puts_high_first():

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze import model
-from fsdpprof.analyze.comm import breakdown, overlap, skew, steps, volume
+from fsdpprof.analyze.comm import breakdown, matching, overlap, skew, steps, volume
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
@@ -27,6 +27,7 @@ from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, host, model_states, shares, theory
 from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
+from fsdpprof.analyze.timeline import clock_anchors_us
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -58,6 +59,7 @@ class RankResult:
     measured: dict | None = None                 # model-state bytes per role (inventory)
     k: object = None                             # theory.BytesPerParam the run used
     memory: object = None                        # MemoryResult without its allocations frame
+    gathered_most_bytes: float | None = None     # the most gathered (unsharded) parameter bytes alive at once
     volume: pd.DataFrame | None = None           # rank, collective: count, bytes, time_us, algbw/busbw
     comm_phase: pd.DataFrame | None = None       # PHASE_KEYS: volume + overlap (all steps)
     comm_unit_step: pd.DataFrame | None = None   # UNIT_STEP_KEYS: volume + overlap
@@ -103,8 +105,10 @@ class Analysis:
     exposed_stage: pd.DataFrame | None = None                 # shares.exposed_by_stage: per collective and stage
     exposed_unit: pd.DataFrame | None = None                  # shares.exposed_by_unit: per unit, collective, stage
     idle_causes: pd.DataFrame | None = None                   # shares.idle_by_cause: device idle per step by cause
-    skew: pd.DataFrame | None = None
+    skew: pd.DataFrame | None = None                          # per checked match (skew.SKEW_COLUMNS)
     stragglers: pd.DataFrame | None = None
+    matching: dict | None = None                              # matching.MatchStats.to_dict(): matched/refused/...
+    matches: pd.DataFrame | None = None                       # every collective call + match_id, match_status
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
     lanes: pd.DataFrame | None = None                         # one step of one rank, for the lanes chart
     lanes_step: float | None = None
@@ -266,6 +270,7 @@ def _memory_part(res: RankResult, rd, source: str):
         _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
         return
     res.memory = replace(m, allocations=None)
+    res.gathered_most_bytes = model_states.most_alive_bytes(m, model.MemoryCategory.UNSHARDED_PARAM.value)
     # what was malformed in the input is said once, with the run's warnings (terminal and report)
     res.warnings += [w for w in getattr(m, "input_warnings", []) if w not in res.warnings]
     return m
@@ -511,7 +516,7 @@ def _findings(a: Analysis) -> list:
     if fsdp:
         items += fnd.topology_findings(strat, len(o.get("hosts") or []), int(o.get("world_size") or 1))
     if a.stragglers is not None and a.skew is not None:
-        items += fnd.rank_findings(a.stragglers, len(a.skew), o.get("step_time_us"))
+        items += fnd.rank_findings(a.stragglers, o.get("step_time_us"))
     return fnd.sort_findings(items)
 
 
@@ -540,7 +545,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
     _world_size_from_memory(a)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},
-                                         {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size)
+                                         {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size,
+                                         {r.rank: r.gathered_most_bytes for r in ok if r.gathered_most_bytes})
     a.theory, a.model_states = th.theory, th.model_states
     if th.note:
         _note(a.notes, "theory", th.note)
@@ -579,8 +585,23 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         if len(traced) > 1:
             records = _concat(r.records for r in traced)
             if records is not None:
-                a.skew, rank_lag = skew.collective_skew(records)
+                anchors = clock_anchors_us(run)
+                records, stats = matching.match_collectives(records, clock_prior_us=matching.clock_prior(anchors))
+                a.matches, a.matching = records, stats.to_dict()
+                # one clock as timeline puts them on (the recorded anchors where they agree with the matches)
+                al, said = skew.align_ranks(records, [r.rank for r in traced], anchors)
+                for line in said:
+                    _note(a.notes, "ranks", line[0].upper() + line[1:] + ".")
+                a.matching["clock"] = str(al["method"].iat[0]) if len(al) else skew.ALIGN_NONE
+                a.skew, rank_lag = skew.collective_skew(records, al.set_index("rank")["offset_us"])
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
+                if stats.refused or stats.unmatched:
+                    why = "; ".join(f"{reason}: {n:,}" for reason, n in stats.reasons.items())
+                    _note(a.notes, "ranks", f"{stats.refused:,} of {len(records):,} collective calls were refused "
+                                            f"across ranks{f' ({why})' if why else ''} and {stats.unmatched:,} left "
+                                            f"unmatched: skew, stragglers and clock alignment use the "
+                                            f"{stats.matched:,} checked calls only" +
+                          (", so there are none here." if not stats.matched else "."))
         else:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")

@@ -99,7 +99,9 @@ def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str 
     traced = {r: rd for r, rd in sorted(run.ranks.items()) if rd.events is not None and len(rd.events)}
     if not traced:
         raise UserError(f"{run.path} holds no profiler trace: a timeline is made of the ranks' traces")
-    records = pd.concat([skew.collective_records(rd.events) for rd in traced.values()], ignore_index=True)
+    matched = getattr(analysis, "matches", None) if analysis is not None else None
+    records = matched if matched is not None and len(matched) else pd.concat(
+        [skew.collective_records(rd.events) for rd in traced.values()], ignore_index=True)
     alignment, said = skew.align_ranks(records, list(traced), clock_anchors_us(run), align)
     notes += said
     al = alignment.set_index("rank")

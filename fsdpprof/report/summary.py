@@ -126,6 +126,7 @@ def summary(a: Analysis, plain: bool = True) -> dict:
         "step_stalls": getattr(a, "step_stalls", None), "exposed_stage": a.exposed_stage,
         "exposed_unit": a.exposed_unit, "idle_causes": a.idle_causes,
         "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
+        "matching": a.matching,
         "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops,
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
         "hta": a.hta,

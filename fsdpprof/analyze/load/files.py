@@ -375,7 +375,7 @@ def _discover_folder(path: str, lazy: bool) -> Run:
         if r in ranks:
             raise UserError(f"folder {path} has two snapshots for rank {r} ("
                             f"{os.path.basename(ranks[r].snapshot_path)}, {os.path.basename(f)}); keep one per rank")
-        ranks[r] = _snapshot_rank(r, f, snapshots_given=len(snaps))
+        ranks[r] = _snapshot_rank(r, f)
     return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, warnings=warnings, inputs=snaps)
 
 
@@ -387,8 +387,10 @@ def _trace_ranks(f: str, i: int, warnings: list[str]) -> list[RankData]:
         out = []
         for part in rank_parts(merged, f):
             rank, meta = part["rank"], dict(part.get("trace") or {})
+            inventory = part.get("inventory") if isinstance(part.get("inventory"), dict) else None
             out.append(RankData(rank=rank, info=dict(part.get("info") or {}) or _info_from_meta(rank, meta),
-                                trace_path=f, trace_meta=meta, label=f"{label}:rank-{rank}", trace_pid=part["pid"]))
+                                inventory=inventory, trace_path=f, trace_meta=meta, label=f"{label}:rank-{rank}",
+                                trace_pid=part["pid"]))
         return out
     dist = distributed_info_head(f)
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) else None

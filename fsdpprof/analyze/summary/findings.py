@@ -23,7 +23,9 @@ FRAGMENTATION_PCT = 30.0
 OUTSIDE_ALLOCATOR_BYTES = 2 << 30  # device memory outside PyTorch's caching allocator (CUDA context, NCCL, ...)
 NCCL_BUFFSIZE_DEFAULT = "4 MiB"    # NCCL's default NCCL_BUFFSIZE (per channel, per peer, per protocol)
 COVERAGE_LOW_PCT = 70.0
-STRAGGLER_SHARE = 0.5           # last to arrive in at least this share of matched collectives
+STRAGGLER_ALPHA = 0.01          # a rank is last more often than chance when the binomial p-value is below this
+                                # (divided by the ranks tested)
+STRAGGLER_COST_PCT = 1.0        # ... and its lateness costs at least this share of the step
 DEVICE_IDLE_PCT = 10.0          # device idle, % of step time (device traces)
 SYNC_IDLE_PCT = 2.0             # device idle in the gaps where a host synchronisation returns, % of step time
 DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU traces: all of them), % of step time
@@ -325,21 +327,33 @@ def topology_findings(strategy: str | None, hosts: int, world: int) -> list[Find
     return []
 
 
-def rank_findings(stragglers: pd.DataFrame | None, matched: int, step_us: float | None) -> list[Finding]:
-    """A rank that arrives last at most collectives, with a start lag worth looking at."""
+def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> list[Finding]:
+    """A rank last into more checked matches than chance explains (binomial p-value below STRAGGLER_ALPHA over the
+    ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_per_step_us``); the one that
+    costs most."""
     out: list[Finding] = []
-    if stragglers is None or stragglers.empty or not matched or "times_last" not in stragglers:
+    if stragglers is None or stragglers.empty or "p_value" not in stragglers or len(stragglers) < 2:
         return out
-    s = stragglers.sort_values("times_last", ascending=False).iloc[0]
-    share = float(s["times_last"]) / matched
-    lag = float(s.get("mean_start_lag_us", math.nan))
-    if share >= STRAGGLER_SHARE and len(stragglers) > 1 and (step_us is None or lag >= 0.01 * step_us):
-        rank = int(s["rank"]) if "rank" in s else int(s.name)
-        out.append(Finding("straggler", "medium",
-                           f"Rank {rank} is last into {share * 100:.0f}% of collectives (mean start lag {fmt_ms(lag)})",
-                           "stragglers.times_last / matched collectives", share * 100, "%", STRAGGLER_SHARE * 100,
-                           "look for load imbalance on that rank: data loading, uneven sequence lengths, "
-                           "a slower host or GPU, or extra work (logging, checkpointing) on that rank", "ranks", rank))
+    alpha = STRAGGLER_ALPHA / len(stragglers)
+    cost_floor = STRAGGLER_COST_PCT / 100.0 * step_us if step_us and step_us == step_us else 0.0
+    s = stragglers[(stragglers["p_value"] <= alpha) & (stragglers["cost_per_step_us"] >= cost_floor)
+                   & (stragglers["cost_per_step_us"] > 0)]
+    if s.empty:
+        return out
+    s = s.sort_values("cost_per_step_us", ascending=False, kind="mergesort").iloc[0]
+    rank, cost = int(s["rank"]), float(s["cost_per_step_us"])
+    where = s.get("where")
+    where = f", mostly before collectives of {where}" if isinstance(where, str) and where else ""
+    pct = f" ({100.0 * cost / step_us:.1f}% of the step)" if step_us else ""
+    out.append(Finding("straggler", "medium",
+                       f"Rank {rank} is a straggler: last into {s['share_last_pct']:.0f}% of collectives (chance: "
+                       f"{s['expected_last_pct']:.0f}%, p = {s['p_value']:.2g}); the others wait {fmt_ms(cost)} per "
+                       f"step{pct} for it{where}",
+                       "stragglers.cost_per_step_us (rank last into more collectives than chance, binomial p "
+                       f"<= {alpha:.2g})", cost, "us", cost_floor,
+                       "look at what that rank does before those collectives: data loading, uneven inputs, a slower "
+                       "host or GPU, or extra work (logging, checkpointing) on that rank; prefetching does not help "
+                       "time spent waiting for another rank", "ranks", rank, stake_us=cost))
     return out
 
 
