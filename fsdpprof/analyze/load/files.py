@@ -219,8 +219,10 @@ def with_inventory(rd: RankData) -> tuple[RankData, str | None]:
 
 
 def _read_json(path: str, what: str) -> dict:
+    """A run file as the analysis reads it: an integer beyond 64 bits is unknown (None)."""
     try:
-        doc = runfmt.read_json(path)
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(), parse_int=runfmt.int64_or_none)
     except (OSError, ValueError) as exc:
         raise UserError(f"{what} {path} is unreadable ({exc}); re-record the run") from None
     if not isinstance(doc, dict):
@@ -383,7 +385,7 @@ def _trace_ranks(f: str, i: int, warnings: list[str]) -> list[RankData]:
     merged = timeline_meta(f)
     if merged is not None:
         out = []
-        for part in rank_parts(merged):
+        for part in rank_parts(merged, f):
             rank, meta = part["rank"], dict(part.get("trace") or {})
             inventory = part.get("inventory") if isinstance(part.get("inventory"), dict) else None
             out.append(RankData(rank=rank, info=dict(part.get("info") or {}) or _info_from_meta(rank, meta),
