@@ -15,6 +15,9 @@ import pytest
 
 from conftest import ROOT, shared_data
 
+# every case starts fresh `python -m fsdpprof` processes with a stream closed or full (about 3 minutes on 2 cores)
+pytestmark = pytest.mark.slow
+
 DLRM = shared_data("gpu-traces", "param-dlrm-8rank-v100")
 TRACE = DLRM / "rank-0.json.gz"
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
