@@ -60,6 +60,18 @@ def test_a_call_missing_on_one_rank_is_left_out_not_shifted():
     assert lone["rank"].tolist() == [0] and lone["ts_us"].tolist() == [0.0]
 
 
+def test_calls_missing_inside_the_window_are_left_out():
+    # a sampled trace: rank 1 lacks calls 3 and 6 of 10 identical all-reduces, and has one (at 10.5 ms) rank 0 lacks
+    calls = [(0, "all_reduce", 8.0, 1000.0 * k, 300.0) for k in range(10)]
+    calls += [(1, "all_reduce", 8.0, 1000.0 * k + 15.0, 285.0) for k in range(10) if k not in (3, 6)]
+    calls += [(1, "all_reduce", 8.0, 10_500.0, 100.0)]
+    out, st = matching.match_collectives(_records(calls))
+    assert (st.matched, st.refused, st.unmatched) == (16, 0, 3)
+    assert all(abs(m[0][2] - m[1][2]) == 15.0 for m in _pairs(out).values())
+    lone = out[out["match_status"] == matching.UNMATCHED].sort_values("ts_us")
+    assert lone[["rank", "ts_us"]].values.tolist() == [[0, 3000.0], [0, 6000.0], [1, 10_500.0]]
+
+
 def test_different_sizes_under_the_same_order_never_match():
     # the issue's case: an all_to_all of 384 elements against one of 339,738,624 at the same position
     small, big = 384 * 4.0, 339_738_624 * 4.0
@@ -253,3 +265,23 @@ def test_analysis_and_summary_count_the_matches(tmp_path):
     s = summary(a)
     assert s["matching"]["matched_collectives"] == 3 and "p_value" in s["stragglers"][0]
     assert not [f for f in a.findings if f.id == "straggler"]       # 3 collectives: nothing is unlikely by chance
+
+
+def test_ranks_recorded_at_different_steps_pair_the_same_calls():
+    # an FSDP-like step of 5 calls (3 all-gathers of one size, 2 reduce-scatters), 10 ms a step; rank 0 recorded
+    # steps 0-2, rank 1 steps 1-3: the same sequences of identities, shifted by a whole step
+    step = [("all_gather", 64.0), ("all_gather", 64.0), ("all_gather", 64.0), ("reduce_scatter", 64.0),
+            ("reduce_scatter", 64.0)]
+    calls = []
+    for rank, steps in ((0, range(0, 3)), (1, range(1, 4))):
+        for s in steps:
+            for k, (coll, n) in enumerate(step):
+                calls.append((rank, coll, n, 10_000.0 * s + 1500.0 * k + 7.0 * rank, 400.0))
+    out, st = matching.match_collectives(_records(calls))
+    assert (st.matched, st.refused, st.unmatched) == (20, 0, 10)
+    for members in _pairs(out).values():
+        assert abs(members[0][2] - members[1][2]) == 7.0            # each the same call, never a step apart
+    # the same with rank 1's clock 3 ms off and fsdpprof's anchors saying so
+    shifted = [c if c[0] == 0 else (c[0], c[1], c[2], c[3] + 3000.0, c[4]) for c in calls]
+    out, st = matching.match_collectives(_records(shifted), clock_prior_us=pd.Series({0: 0.0, 1: 3000.0}))
+    assert st.matched == 20 and all(abs(m[0][2] - m[1][2]) == 3007.0 for m in _pairs(out).values())

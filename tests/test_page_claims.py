@@ -172,19 +172,30 @@ def test_unknown_sizes_stay_unknown_through_compare():
 
 
 def test_a100_compare_and_tables_say_unknown_not_0_b(a100_16):
-    """The 16-rank A100 trace holds no collective sizes: compare's table says "unknown" where it said 0 B, and
-    the report's headings do not promise the size and bandwidth columns they leave out."""
+    """The 16-rank A100 trace holds no sizes for its all-gathers and reduce-scatters (their NCCL ops carry no
+    nelems; its all-reduces and all-to-alls get theirs from their NCCL ops' Input Dims): compare's table says
+    "unknown" where it said 0 B, and the report's headings do not promise the size and bandwidth columns a trace
+    without any size leaves out."""
+    from dataclasses import replace
+
     from fsdpprof.report.communication import communication_section
     from fsdpprof.report.diff import _comm_html
 
     d = diff_analyses([a100_16, a100_16], ["base", "run"])
-    assert len(d.comm) and d.comm["baseline_bytes"].isna().all() and d.comm["diff_bytes"].isna().all()
-    html = _comm_html(d.comm)
+    sizeless = d.comm["collective"].isin([model.ALL_GATHER, model.REDUCE_SCATTER]).to_numpy()
+    assert sizeless.any() and (~sizeless).any()
+    assert d.comm.loc[sizeless, "baseline_bytes"].isna().all() and d.comm.loc[sizeless, "diff_bytes"].isna().all()
+    assert d.comm.loc[~sizeless, "baseline_bytes"].notna().all()
+    html = _comm_html(d.comm[sizeless])
     heads = re.findall(r"<th[^>]*>([^<]*)</th>", html)
     rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", html)]
     sizes = [r[heads.index(h)] for r in rows if r for h in ("size (base) (MiB)", "size (run) (MiB)")]
-    assert sizes and set(sizes) == {"unknown"} and "0 B" not in html
-    sec = _text(communication_section(a100_16, Page(None)))
+    assert sizes and set(sizes) == {"unknown"} and "0 B" not in _comm_html(d.comm)
+    # the same trace with no size at all: the headings leave size, volume and bandwidth out
+    blank = {c: np.nan for c in ("bytes", "algbw_gbps", "busbw_gbps")}
+    none = replace(a100_16, volume=a100_16.volume.assign(**blank),
+                   comm_phase=a100_16.comm_phase.assign(**{c: v for c, v in blank.items() if c in a100_16.comm_phase}))
+    sec = _text(communication_section(none, Page(None)))
     assert "Per collective: count, time |" in sec and "size" not in sec.split("Per collective: ")[1][:20]
     assert "volume," not in sec.split("FSDP phase:")[1][:30]
 

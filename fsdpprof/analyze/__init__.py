@@ -16,6 +16,7 @@ _API = {name: f"fsdpprof.analyze.{module}" for module, names in (
     ("compare.runs", "compare_analyses Comparison"),
     ("trace.load", "load_trace"), ("trace.decode", "decode_trace"), ("comm.overlap", "comm_overlap overall_overlap"),
     ("comm.volume", "collective_volume"), ("comm.steps", "step_breakdown"), ("comm.skew", "collective_skew stragglers"),
+    ("comm.matching", "match_collectives MatchStats"),
     ("memory.attribution", "memory_analysis snapshot_memory MemoryResult"), ("memory.snapshot", "load_snapshot"),
 ) for name in names.split()}
 __all__ = sorted(_API)

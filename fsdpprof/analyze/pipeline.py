@@ -60,6 +60,7 @@ class RankResult:
     measured: dict | None = None                 # model-state bytes per role (inventory)
     k: object = None                             # theory.BytesPerParam the run used
     memory: object = None                        # MemoryResult without its allocations frame
+    gathered_most_bytes: float | None = None     # the most gathered (unsharded) parameter bytes alive at once
     volume: pd.DataFrame | None = None           # rank, collective: count, bytes, time_us, algbw/busbw
     comm_phase: pd.DataFrame | None = None       # PHASE_KEYS: volume + overlap (all steps)
     comm_unit_step: pd.DataFrame | None = None   # UNIT_STEP_KEYS: volume + overlap
@@ -276,6 +277,7 @@ def _memory_part(res: RankResult, rd, source: str):
         _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
         return
     res.memory = replace(m, allocations=None)
+    res.gathered_most_bytes = model_states.most_alive_bytes(m, model.MemoryCategory.UNSHARDED_PARAM.value)
     # what was malformed in the input is said once, with the run's warnings (terminal and report)
     res.warnings += [w for w in getattr(m, "input_warnings", []) if w not in res.warnings]
     return m
@@ -561,7 +563,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
     _world_size_from_memory(a)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},
-                                         {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size)
+                                         {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size,
+                                         {r.rank: r.gathered_most_bytes for r in ok if r.gathered_most_bytes})
     a.theory, a.model_states = th.theory, th.model_states
     if th.note:
         _note(a.notes, "theory", th.note)
@@ -611,9 +614,12 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                 a.skew, rank_lag = skew.collective_skew(records, al.set_index("rank")["offset_us"])
                 a.stragglers = skew.stragglers(a.skew, rank_lag)
                 if stats.refused or stats.unmatched:
-                    _note(a.notes, "ranks", f"{stats.refused:,} collective calls were refused and {stats.unmatched:,} "
-                                            f"left unmatched across ranks (of {len(records):,}): skew, stragglers "
-                                            f"and clock alignment use the {stats.matched:,} checked matches only.")
+                    why = "; ".join(f"{reason}: {n:,}" for reason, n in stats.reasons.items())
+                    _note(a.notes, "ranks", f"{stats.refused:,} of {len(records):,} collective calls were refused "
+                                            f"across ranks{f' ({why})' if why else ''} and {stats.unmatched:,} left "
+                                            f"unmatched: skew, stragglers and clock alignment use the "
+                                            f"{stats.matched:,} checked calls only" +
+                          (", so there are none here." if not stats.matched else "."))
         else:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -99,6 +100,11 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="print nothing")
+    p.add_argument("--memory-oracle", metavar="PREFIX", default=None,
+                   help="CPU memory check: from before the model's construction to the end, c10's CPU allocator "
+                        "counts every thread's bytes and logs each allocation (stderr goes to PREFIX.<rank>.log); "
+                        "the most bytes alive at once is written into PREFIX.<rank> (JSON). No profiler: it runs "
+                        "under fsdpprof record, on the very run recorded")
     p.add_argument("--time-steps", action="store_true",
                    help="rank 0 prints every step's wall time (ms) as JSON: train_fsdp: step_ms=[...]")
     return p.parse_args(argv)
@@ -198,6 +204,51 @@ def wrap(model: nn.Module, args, device: torch.device, world: int) -> nn.Module:
     return model
 
 
+_C10_LINE = re.compile(rb"C10 (alloc|deleted) \d+ bytes, total alloc (\d+) bytes|train_fsdp: step (\d+) optimizer done")
+
+
+def _c10_flags():
+    """c10's CPU-allocator count flag and log level (ctypes views into libc10)."""
+    import ctypes
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    return (ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage"),
+            ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level"))
+
+
+def _memory_oracle_start(path: str) -> dict:
+    """From now on c10's CPU allocator counts the bytes every thread allocates and frees, and logs each
+    allocation with the running total ("C10 alloc N bytes, total alloc T bytes") into ``path`` (this process's
+    stderr goes there).  Independent of any profiler, so it runs beside fsdpprof record's."""
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    count, level = _c10_flags()
+    count.value, level.value = True, 0      # (0: c10's INFO level)
+    return {"path": path, "level": 2}
+
+
+def _memory_oracle_write(oracle: dict, path: str, rank: int) -> None:
+    """Stop the count's log and write the most CPU bytes alive at once since the oracle started, and those alive as
+    each step's optimizer.step() returned (where fsdpprof's window begins), as JSON."""
+    count, level = _c10_flags()
+    level.value = oracle["level"]           # (2: c10's default, WARNING)
+    sys.stderr.flush()
+    totals, after_step, total = [], [], 0
+    with open(oracle["path"], "rb") as fh:
+        for m in _C10_LINE.finditer(fh.read()):
+            if m.group(3) is not None:      # the bytes alive as this step's optimizer.step() returned
+                after_step.append(total)
+            else:
+                total = int(m.group(2))
+                if m.group(1) == b"alloc":
+                    totals.append(total)
+    with open(path, "w") as fh:
+        json.dump({"rank": rank, "peak_allocated_bytes": max(totals, default=0), "allocations": len(totals),
+                   "after_step_bytes": after_step}, fh)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -205,6 +256,7 @@ def main(argv=None) -> int:
     rank, world, local_rank = setup_distributed(device_type) if distributed else (0, 1, 0)
     device = torch.device(device_type, local_rank) if device_type == "cuda" else torch.device("cpu")
 
+    oracle = _memory_oracle_start(f"{args.memory_oracle}.{rank}.log") if args.memory_oracle else None
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
     stall = injected_sleep(rank, args.layers)
@@ -227,11 +279,15 @@ def main(argv=None) -> int:
         if args.crash_at_step is not None and step == args.crash_at_step and args.crash_rank in (None, rank):
             raise RuntimeError(f"train_fsdp: deliberate crash at step {step} (--crash-at-step)")
         opt.step()
+        if oracle is not None:
+            print(f"train_fsdp: step {step} optimizer done", file=sys.stderr, flush=True)
         opt.zero_grad(set_to_none=True)
         if args.time_steps:
             if distributed:
                 dist.barrier()
             step_ms.append((time.perf_counter() - t0) * 1000.0)
+    if oracle is not None:
+        _memory_oracle_write(oracle, f"{args.memory_oracle}.{rank}", rank)
     if args.time_steps and rank == 0:
         print("train_fsdp: step_ms=" + json.dumps([round(x, 3) for x in step_ms]), flush=True)
     if rank == 0 and not args.quiet:

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING
 from fsdpprof.report import figures, many_ranks
 from fsdpprof.report.page import Page, esc, notes_html, table
 
+if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
+    from fsdpprof.analyze.pipeline import Analysis
+
 _CLOCKS = {"clock_anchor": "the clock anchors fsdpprof recorded", "collective_ends": "the ends of the checked matches",
            "none": "the clocks as recorded"}
 
@@ -28,13 +31,10 @@ def matching_html(m: dict | None) -> str:
             f'collectives matched{size}; <b>{m["refused_calls"]:,}</b> refused, <b>{m["unmatched_calls"]:,}</b> '
             f'unmatched (neither used).{clock}</p>' + (f"<ul>{why}</ul>" if why else ""))
 
-if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
-    from fsdpprof.analyze.pipeline import Analysis
-
 
 def ranks_section(a: Analysis, page: Page) -> str:
     out = ['<section id="ranks"><h2>Ranks: skew and stragglers</h2>', notes_html(a, "ranks"),
-           matching_html(getattr(a, "matching", None))]
+           matching_html(a.matching)]
     if a.stragglers is not None and not a.stragglers.empty:
         out.append(many_ranks.stragglers(a, page) if many_ranks.is_many(a) else table(a.stragglers))
     if a.skew is not None and not a.skew.empty and "start_skew_us" in a.skew:

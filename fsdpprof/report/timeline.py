@@ -9,7 +9,7 @@ import math
 import msgspec
 
 from fsdpprof.version import __version__
-from fsdpprof.analyze.load.files import SOURCE_RUN_DIR
+from fsdpprof.analyze.load.files import SOURCE_RUN_DIR, with_inventory
 from fsdpprof.analyze.trace.timeline_file import (META_KEY, PARTS_KEY, TIMELINE_SCHEMA, TRACE_META_KEYS,
                                                   TRACK_CAT, TRACK_TID_BASE)
 from fsdpprof.errors import UserError
@@ -190,6 +190,9 @@ def timeline_meta(run, tl, wanted_steps) -> dict:
                 "residual_us": _num(t.residual_us), "trace": _shifted_meta(rd.trace_meta or {}, t.offset_us)}
         if run.source == SOURCE_RUN_DIR:
             part["info"] = _shifted_info(rd.info, t.offset_us)
+            with_inv, _ = with_inventory(rd)
+            if with_inv.inventory is not None:   # what the rank held before the window (the memory's baseline)
+                part["inventory"] = with_inv.inventory
         ranks.append(part)
     method = str(al["method"].iat[0]) if len(al) else None
     return {"schema": TIMELINE_SCHEMA, "generator": f"fsdpprof {__version__}", "input": str(run.path),

@@ -200,9 +200,12 @@ def _sequence_ids(r: pd.DataFrame, rows: np.ndarray, coll, size, dt, tok, end, d
         in_time = per.index[(per["near"] & (per["d"].abs() <= per["bound"])).to_numpy()]
         pos_match = cand[cand["rank"].isin(in_time)]
         mid[pos_match["row"].to_numpy()] = next_id + pos_match["pos"].to_numpy()
-        for rank in seqs.index.difference(in_time):
-            a = g.loc[g["rank"] == rank, "row"].to_numpy()
-            pa, pb = _pair_rank(a, b, coll, size, dt, end, dur, tol)
+        g_rank, g_row = g["rank"].to_numpy(), g["row"].to_numpy()        # sorted by rank: one slice per rank
+        ranks, first = np.unique(g_rank, return_index=True)
+        bounds = dict(zip(ranks.tolist(), zip(first.tolist(), np.r_[first[1:], g_rank.size].tolist())))
+        for rank in seqs.index.difference(in_time).tolist():
+            lo, hi = bounds[rank]
+            pa, pb = _pair_rank(g_row[lo:hi], b, coll, size, dt, end, dur, tol)
             mid[pa] = mid[pb]
         next_id += len(b)
     return mid, next_id

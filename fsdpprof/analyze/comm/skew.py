@@ -1,8 +1,9 @@
 """Cross-rank alignment, collective skew and stragglers (µs).  Each rank's events reduce to one record per
 collective call (the map); calls are matched across ranks by identity and every match is checked
 (:mod:`fsdpprof.analyze.comm.matching`), point-to-point left out.  Everything here uses the checked matches
-only: clocks are aligned on the ends of matched collectives (a rank's offset is the median of (its end - the
-mean end over ranks)), skew and stragglers are computed on those clocks."""
+only.  Clocks (:func:`align_ranks`): fsdpprof's recorded clock anchors where they agree with the matches, else
+the ends of the matches (a rank's offset is the median of (its end - the mean end over ranks)); skew and
+stragglers are computed on the clock they are given (the report: align_ranks'), else on the ends'."""
 from __future__ import annotations
 
 import math

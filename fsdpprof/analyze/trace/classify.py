@@ -341,6 +341,8 @@ def classify_arrays(rt) -> dict:
         _from_launching_op(o, k_on_gpu, K_COMM)
         _from_launching_op(o, k_on_gpu, K_COMPUTE)
         _fill_from_cpu_side(o, k_on_gpu)
+        # sizes still unknown (older traces: no External id tying the kernel to a sized op): the launching op's
+        _from_launching_op(o, k_on_gpu, K_COMM, ("bytes", "dtype"), fill=True)
         # a comm kernel whose type neither its launching op nor its name tells
         o["collective"][k_on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"])] = model.UNKNOWN_COLLECTIVE
     if k_gloo.any():
@@ -356,13 +358,15 @@ def classify_arrays(rt) -> dict:
     return o
 
 
-def _from_launching_op(o: dict, on_gpu: np.ndarray, kernel_kind: int) -> None:
+def _from_launching_op(o: dict, on_gpu: np.ndarray, kernel_kind: int,
+                       cols=("collective", "pg", "seq", "group_size"), fill: bool = False) -> None:
     """Kernels of ``kernel_kind`` take the collective type, group and sequence number of the innermost CPU op
     around their launch on the launching thread.  K_COMM: that op is the innermost op with a known collective (a
     ``SendRecv`` kernel inside ``nccl:all_to_all`` is an all_to_all; the kernel's name is the fallback).
     K_COMPUTE: a kernel launched inside a collective op (``vllm::all_reduce``, symmetric memory) is that
     collective's communication when the op is the innermost CPU op around the launch (not a tensor op nested in
-    it, e.g. the copy-out ``aten::copy_``); copies, sets and waits keep their kind."""
+    it, e.g. the copy-out ``aten::copy_``); copies, sets and waits keep their kind.  ``cols``: the columns taken
+    (``fill``: only where the kernel has none)."""
     kind = o["kind"]
     ck = np.flatnonzero(on_gpu & (kind == kernel_kind) & (o["launch_tid"] >= 0))
     coll_op = ~on_gpu & (kind != K_COMM) & ~_isna(o["collective"])
@@ -387,9 +391,7 @@ def _from_launching_op(o: dict, on_gpu: np.ndarray, kernel_kind: int) -> None:
             own = coll_op[inner]
             q, src = q[own], inner[own]
             kind[q] = K_COMM
-        _copy(o, q, src, ("collective", "pg", "seq", "group_size"))
-        if kernel_kind == K_COMM:     # and its size where the kernel has none (older traces: no External id link)
-            _copy(o, q, src, ("bytes", "dtype"), fill=True)
+        _copy(o, q, src, cols, fill=fill)
 
 
 def _fill_from_cpu_side(o: dict, on_gpu: np.ndarray) -> None:
