@@ -18,7 +18,8 @@ the step; the critical path walks back from the end of the step on the rank that
 call's last member arrived after the wait began it jumps to that rank at its arrival.  Its segments add up to
 the path's length, which is the step's length within the alignment residual.  Counterfactuals replay the step
 with one change (a rank as fast as the median rank, a unit's collective hidden, no host gaps, the DataLoader
-instantly ready, no synchronisations): ``saved_us_per_step`` = replayed length - changed length, mean over steps.
+instantly ready, no synchronisations): ``saved_us_per_step`` = replayed length - changed length, the median over
+steps.
 """
 from __future__ import annotations
 
@@ -572,7 +573,9 @@ class CriticalPath:
 
 
 def _saved(m: _Model, base: pd.Series, t: np.ndarray) -> float:
-    return float((base - m.step_lengths(t)).mean())
+    """µs per step the replay ``t`` saves against ``base``: the median over steps (a step the host stalled
+    once does not set it)."""
+    return float((base - m.step_lengths(t)).median())
 
 
 def straggler_cost_us(cp: CriticalPath, rank: int) -> float:
@@ -674,7 +677,7 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
 
     def add(change, kind, rank, unit, stage, coll, t, segment_kind=None):
         per = base - m.step_lengths(t)
-        s = float(per.mean())
+        s = float(per.median())
         rows.append({"change": change, "kind": kind, "rank": rank, "unit": unit, "stage": stage, "collective": coll,
                      "segment_kind": segment_kind, "saved_us_per_step": s,
                      "saved_pct": 100.0 * s / mean_len if mean_len else np.nan,
