@@ -7,6 +7,9 @@ Run it under torchrun (gloo on CPU, NCCL when a GPU is present)::
 Strategies: fsdp2 (FULL_SHARD), fsdp2-no-reshard (SHARD_GRAD_OP), hsdp (FSDP2 on a 2-D mesh), fsdp2-offload
 (CPUOffloadPolicy, unpinned on CPU), fsdp1-full, fsdp1-grad-op, fsdp1-no-shard, fsdp1-hybrid (HYBRID_SHARD on a
 2-D mesh), ddp, none (one process, no torch.distributed).  Every block is one FSDP unit, plus the root.
+
+FSDPPROF_EXAMPLE_SLEEP="RANK:UNIT:MS" (e.g. "1:layers.2:80") makes rank RANK sleep MS ms on the host in block
+UNIT's forward, every step: a straggler with a known cause, for checking fsdpprof's critical path.
 """
 from __future__ import annotations
 
@@ -59,7 +62,11 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim)
 
+    sleep_s = 0.0       # FSDPPROF_EXAMPLE_SLEEP: a host stall in this block's forward
+
     def forward(self, x):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -101,6 +108,27 @@ def parse_args(argv=None):
     p.add_argument("--time-steps", action="store_true",
                    help="rank 0 prints every step's wall time (ms) as JSON: train_fsdp: step_ms=[...]")
     return p.parse_args(argv)
+
+
+SLEEP_ENV = "FSDPPROF_EXAMPLE_SLEEP"
+
+
+def injected_sleep(rank: int, blocks: int) -> tuple[int, float] | None:
+    """(block index, seconds) of FSDPPROF_EXAMPLE_SLEEP="RANK:layers.K:MS" for this rank, else None; a malformed
+    value is an error that says the format."""
+    v = os.environ.get(SLEEP_ENV)
+    if not v:
+        return None
+    try:
+        r, unit, ms = v.split(":")
+        k = int(unit.rsplit(".", 1)[-1])
+        secs = float(ms) / 1000.0
+        if not 0 <= k < blocks or secs < 0:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"train_fsdp: {SLEEP_ENV}={v!r}: give RANK:layers.K:MS with 0 <= K < {blocks}, "
+                         f"e.g. 1:layers.2:80") from None
+    return (k, secs) if int(r) == rank else None
 
 
 def _free_port() -> int:
@@ -231,6 +259,9 @@ def main(argv=None) -> int:
     oracle = _memory_oracle_start(f"{args.memory_oracle}.{rank}.log") if args.memory_oracle else None
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
+    stall = injected_sleep(rank, args.layers)
+    if stall:
+        model.layers[stall[0]].sleep_s = stall[1]
     model = wrap(model, args, device, world)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     autocast = (args.mixed_precision == "bf16" and args.strategy in ("ddp", "none"))

@@ -1,6 +1,7 @@
 """``fsdpprof report RUN --tables DIR``: every table of summary.json (a list of rows) as ``DIR/<key path>.csv``
 (and ``.parquet`` with pyarrow), listed in ``DIR/tables.json``.  A row's nested values become columns (a dict:
-``key.sub``; a list of plain values: joined by "; "; a list of rows: its JSON text), whole-number columns of
+``key.sub``; a list of plain values: joined by "; "; a list of rows: its JSON text, but rows whose only nested
+values are tables become two tables, ``name`` and ``name.<key>``), whole-number columns of
 counts, sizes, steps and ranks are written as integers, and the root unit ("") as model.ROOT_UNIT_TEXT.
 
 Every CSV fsdpprof writes goes through :func:`csv_bytes`: a text cell (or header) that a spreadsheet would run as
@@ -86,6 +87,14 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
+def _is_nested_table(value) -> bool:
+    """Rows whose values are plain or tables themselves, at least one a table (summary.json's
+    critical_path.steps and their segments)."""
+    return (_is_table(value) and all(not isinstance(v, (dict, list)) or _is_table(v) or v == []
+                                     for r in value for v in r.values())
+            and any(_is_table(v) for r in value for v in r.values()))
+
+
 def is_formula(text: str) -> bool:
     """A text a spreadsheet would run as a formula: it starts with = + - @, tab or CR and is not a plain number."""
     return text[:1] in FORMULA_START and not _NUMBER.fullmatch(text)
@@ -138,11 +147,19 @@ def _folder_id(directory: str) -> dict:
 
 
 def summary_tables(doc: dict, prefix: str = "") -> dict[str, list[dict]]:
-    """The tables of a plain summary: file name -> rows, in the summary's order."""
+    """The tables of a plain summary: file name -> rows, in the summary's order.  Rows holding tables become two:
+    ``name`` (their plain values) and ``name.<key>`` (the inner rows, each led by its row's first value)."""
     out: dict[str, list[dict]] = {}
     for key, value in doc.items():
         name = f"{prefix}{_SAFE.sub('_', str(key))}"
-        if _is_table(value):
+        if _is_nested_table(value):
+            out[name] = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in value]
+            first = next(iter(value[0]))
+            for inner in dict.fromkeys(k for r in value for k, v in r.items() if isinstance(v, list)):
+                rows = [{first: r[first], **x} for r in value for x in r.get(inner) or []]
+                if rows:
+                    out[f"{name}.{_SAFE.sub('_', str(inner))}"] = rows
+        elif _is_table(value):
             out[name] = value
         elif isinstance(value, dict):
             out.update(summary_tables(value, name + "."))
