@@ -7,6 +7,7 @@ Two measurements, each giving a ratio within this one run:
    of a shared machine cancels out;  and the window's own end: saving its trace, fsdpprof's export
    (``recorder.export_trace_gz``) against torch's ``export_chrome_trace`` of a .gz path, CPU seconds
    on the same profiler, alternated;
+   the memory record before the window (CPU runs), in the same ABBA blocks;
 2. end to end (noisy on a shared machine): runs the example (torchrun, 2 ranks, gloo, FSDP2 by default) alternately without fsdpprof and
 under ``fsdpprof record`` whose window lies after the measured steps, several times, and prints
 the median step time of each and their ratio (goal: <= 1.01). The first steps (warm-up, the
@@ -96,6 +97,54 @@ def in_process(blocks: int, block_steps: int) -> tuple[list[float], list[float]]
     return with_rec, without, pair_ratios, hook_us
 
 
+def before_window_cost(blocks: int, block_steps: int) -> tuple[list[float], list[float], list[float], float]:
+    """Step times (ms) with and without the memory record before the window (CPU runs: collect.before_window,
+    folded at every optimizer step as the recorder does), alternating ABBA blocks in one process; and the
+    record's own fold time per step (ms)."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from fsdpprof.collect.before_window import BeforeWindowMemory
+    from fsdpprof.examples.train_fsdp import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(1024, 256, 4, 4, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+
+    def step(rec):
+        tokens = torch.randint(0, 1024, (4, 65), generator=gen)
+        t0 = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 1024), tokens[:, 1:].reshape(-1)).backward()
+        opt.step()
+        if rec is not None:
+            rec.stepped()
+        opt.zero_grad(set_to_none=True)
+        return (time.perf_counter() - t0) * 1000.0
+
+    for _ in range(3):
+        step(None)
+    on, off, ratios, fold_ms = [], [], [], []
+    for b in range(blocks):
+        rec = BeforeWindowMemory() if b % 4 in (0, 3) else None
+        if rec is not None:
+            rec.start("benchmark")
+        times = [step(rec) for _ in range(block_steps)]
+        if rec is not None:
+            doc = rec.finish()
+            fold_ms.append(doc["fold_ms"] / block_steps)
+            on.extend(times)
+        else:
+            off.extend(times)
+        if b % 4 == 3:
+            k = 2 * block_steps
+            ratios.append(sum(on[-k:]) / sum(off[-k:]))
+    return on, off, ratios, statistics.median(fold_ms)
+
+
 def export_cost(repeats: int) -> tuple[float, float, int, int]:
     """CPU seconds (min of ``repeats``) to save one window's trace as .json.gz: torch's export of a .gz path
     and fsdpprof's (recorder.export_trace_gz), alternated, each on a fresh profiler of 2 steps of the example's
@@ -157,6 +206,11 @@ def main() -> int:
           f"ratio {r / b:.4f}; median of ABBA-group ratios {statistics.median(pair_ratios):.4f} (goal <= 1.01)")
     print(f"hooks alone: {hook_us:.2f} us per optimizer step = ratio {1 + hook_us / 1000 / b:.6f} on this "
           f"{b:.1f} ms step")
+    on, off, ratios, fold = before_window_cost(args.blocks, args.block_steps)
+    b, r = statistics.median(off), statistics.median(on)
+    print(f"memory record before the window (CPU runs), {len(off)} + {len(on)} steps in ABBA blocks: median step "
+          f"without {b:.2f} ms, with {r:.2f} ms, ratio {r / b:.4f}; median of ABBA-group ratios "
+          f"{statistics.median(ratios):.4f}; its fold {fold:.2f} ms per step")
     t_torch, t_ours, n_torch, n_ours = export_cost(args.export_repeats)
     print(f"saving the window's trace (.json.gz, CPU s, min of {args.export_repeats}): torch's export_chrome_trace "
           f"{t_torch:.3f} s ({n_torch / 1e6:.2f} MB), fsdpprof's export {t_ours:.3f} s ({n_ours / 1e6:.2f} MB): "

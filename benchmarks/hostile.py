@@ -19,12 +19,23 @@ Groups, one per bullet of the issue:
 - ``force``: ``record --force`` over a run recorded before manifests existed, one whose manifest is emptied, one
   whose manifest is intact, each with the user's ``rank-0/my_notes.txt``; notes beside the run and in launchers/.
 - ``outputs``: two ``report``s to one ``-o`` at once (a 3 s delay injected after the first's first rename),
-  SIGINT / SIGTERM / SIGKILL during the write (then the next write after the stale-temporary age), stdout on
-  /dev/full for report / overlap / plan / whatif.
+  real SIGINT / SIGTERM / SIGKILL sent while ``report --tables`` really writes its ~70 files (nothing patched;
+  after SIGKILL, the next write at once: the dead pid's temporaries go), stdout on /dev/full for report / overlap /
+  plan / whatif.
 - ``rank``: ``whatif`` and ``report`` on a 2-rank run with a truncated rank-1 trace, a missing rank-1 trace, a
   garbage rank-1 inventory.json; a run still being recorded; a run expecting 3 ranks that has 2.
 - ``values``: every bad value the issue names, and for every numeric option of every command (found in the
   parsers) a value under, over, far over its range, not a number, NaN, infinite, empty, fractional.
+- ``streams``: every command (report, overlap, plan, whatif, timeline, compare, demo, record, --help, --version)
+  with stdout closed (``>&-``) and with stderr closed (``2>&-``): the outcome's exit code (record: the job's 7),
+  no traceback; timeline / compare / --help / --version on ``>/dev/full`` (exit 1, one line).
+- ``tables``: ``report --tables`` of names planted in a trace (ops, kernels), a run directory (unit names) and a
+  snapshot (frames), its CSV cells counted in the column ``formula cells``; an edited CSV and a copied
+  ``tables.json`` (the user's files kept), ``--tables`` into a rank folder (refused; the next ``record --force``
+  works), a rank.json with NVML's 2**64-1.
+- ``shell``: ``ucx://`` schedulers (one line, nothing after it), ``record`` of a missing program (127), hand-edited
+  merged timelines (the bad field named), a newer timeline schema (a number), ``--connect-timeout`` without
+  ``--scheduler`` (a warning).
 - ``snapshot``: malformed CUDA snapshots (every segment and entry an empty dict; a segment without address and a
   malformed entry; every block size missing).
 - ``damaged``: damaged inputs that must not turn into wrong numbers (issue 39): CUDA snapshots breaking the
@@ -39,14 +50,16 @@ Every case runs as a subprocess with a timeout (talking only to 127.0.0.1) and i
 130 / 143 for SIGINT / SIGTERM), and the failures ``traceback`` (or a crash by a signal), ``hang`` (killed at
 the timeout), ``file lost`` (a user's file removed or changed: the tree is hashed before and after),
 ``job harmed`` (the job's exit code or stdout not passed through), ``bad input accepted`` (exit 0 on an invalid
-value; also a bad rank analysed without being named), ``other`` (anything else not as the issue asks: two lines,
+value; also a bad rank analysed without being named), ``formula cells`` (a CSV cell a spreadsheet would run as
+a formula: text starting with = + - @, tab or CR), ``other`` (anything else not as the issue asks: two lines,
 another exit code, a temporary left behind, memory unbounded, a missing word).  Prints the table and the failing
 cases; exit 1 when any failure column is not 0.  ``--fuzz-traces/--fuzz-snapshots`` also run benchmarks/fuzz.py's
-seeded campaign and add its counts as a row.  Recordings (the packaged example, ~20 CPU-s each): 6.
+seeded campaign and add its counts as a row.  Recordings (the packaged example, ~20 CPU-s each): 7 (one of them the `demo` of the streams group).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import hashlib
 import importlib.util
@@ -75,7 +88,6 @@ import fuzz  # noqa: E402  (the seeded fuzz campaign, added as a row)
 from bench_decode import hostile_json, hostile_trace  # noqa: E402  (the hostile layouts, defined once)
 from fsdpprof import cli, options, runfmt  # noqa: E402
 from fsdpprof.analyze.memory import safe_pickle  # noqa: E402  (never pickle.load a file: fsdpprof's restricted one)
-from fsdpprof.report.outputs import STALE_TEMP_S  # noqa: E402
 
 PY = sys.executable
 DATA = ROOT / "tests" / "data"
@@ -93,7 +105,8 @@ EXAMPLE_OUT = re.compile(r"train_fsdp: strategy=fsdp2 world=(\d) steps=10 final_
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
 
-COLUMNS = ("ok", "clean error", "traceback", "hang", "file lost", "job harmed", "bad input accepted", "other")
+COLUMNS = ("ok", "clean error", "traceback", "hang", "file lost", "job harmed", "bad input accepted", "formula cells",
+           "other")
 FAILURES = COLUMNS[2:]
 
 
@@ -130,8 +143,9 @@ class Proc:
                 return f
             return None
         self.out_f, self.err_f = sink(stdout), sink(stderr)
-        if stderr == "closed":
-            kw["preexec_fn"] = lambda: os.close(2)
+        closed = [fd for fd, mode in ((1, stdout), (2, stderr)) if mode == "closed"]     # `>&-`, `2>&-`
+        if closed:
+            kw["preexec_fn"] = lambda: [os.close(fd) for fd in closed]
         self.t0 = time.monotonic()
         self.p = subprocess.Popen(self.argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=self.out_f,
                                   stderr=self.err_f, env=env or ENV, start_new_session=True, **kw)
@@ -256,12 +270,13 @@ def _said(res: Result) -> str:
 
 
 def judge(group: str, name: str, res: Result, *, expect: str, cmd: str | None = None, codes=(2,), words=(),
-          lost=(), job=None, other=(), accepted=(), stderr_lost: bool = False) -> Case:
+          lost=(), job=None, other=(), accepted=(), stderr_lost: bool = False, formula=()) -> Case:
     """Classify ``res``.  expect: "ok" (exit 0), "error" (a clean one-line error, exit in ``codes``), "any" (either),
     "job" (``job`` = (exit code, stdout regex or text) passed through), "job-or-error" (that, or a clean refusal
     before the job ran).  ``cmd``: the sub-command whose one line is expected ("fsdpprof CMD: ..."); ``words``: in
     that line (an error) or in the output (ok); ``lost``: files lost; ``other``: failed expectations (strings);
-    ``accepted``: a bad input analysed without a word (strings); ``stderr_lost``: stderr could take no line."""
+    ``accepted``: a bad input analysed without a word (strings); ``stderr_lost``: stderr could take no line;
+    ``formula``: CSV cells written that a spreadsheet would run (strings)."""
     fails: dict[str, list[str]] = {}
     text = res.out + res.err
 
@@ -319,6 +334,7 @@ def judge(group: str, name: str, res: Result, *, expect: str, cmd: str | None = 
             if res.rc != code or not same_out:
                 add("job harmed", [f"exit {res.rc} (job {code}); stdout {res.out[-120:]!r}"])
     add("bad input accepted", accepted)
+    add("formula cells", formula)
     add("other", other)
     outcome = next((c for c in FAILURES if c in fails), "clean error" if clean else "ok")
     case = Case(group, name, outcome, [f"{k}: {d}" for k, v in fails.items() for d in v],
@@ -708,17 +724,6 @@ def replace_then_wait(src, dst, *a, **k):      # (the issue's injected delay: 3 
 os.replace = replace_then_wait
 sys.exit(cli.main({argv!r}))
 """
-_SLOW_WRITE = """
-import os, sys, time
-from fsdpprof import cli
-real_fsync = os.fsync
-def fsync_then_wait(fd):        # the first temporary is written: say so, then wait for the signal
-    real_fsync(fd)
-    open({mark!r}, "w").close()
-    time.sleep(120)
-os.fsync = fsync_then_wait
-sys.exit(cli.main({argv!r}))
-"""
 
 
 def _wait_for(path: Path, proc: Proc, limit: float = 120) -> bool:
@@ -727,6 +732,31 @@ def _wait_for(path: Path, proc: Proc, limit: float = 120) -> bool:
         proc.sample()
         time.sleep(0.05)
     return path.exists()
+
+
+def _signal_during_write(trace: Path, top: Path, sig, tries: int = 4) -> tuple[Result, bool]:
+    """``report TRACE -o TOP/deeper/r.html --tables TOP/tables`` (some 70 files, each written and fsync'ed), sent
+    ``sig`` as soon as one of its temporaries exists: a real signal in the real write (nothing patched).  (the
+    result, whether a temporary was there when the signal went)."""
+    res, caught = None, False
+    for _ in range(tries):
+        shutil.rmtree(top, ignore_errors=True)
+        p = Proc(fsdpprof("report", trace, "-o", top / "deeper" / "r.html", "--tables", top / "tables"),
+                 cwd=top.parent)
+        while p.p.poll() is None and time.monotonic() - p.t0 < 120:
+            try:
+                names = [n for sub in (top / "deeper", top / "tables") if sub.is_dir() for n in os.listdir(sub)]
+            except OSError:
+                names = []
+            if any(n.endswith(".tmp") for n in names):
+                p.signal(sig)
+                caught = True
+                break
+            time.sleep(0.002)
+        res = p.finish(60)
+        if caught:
+            break
+    return res, caught
 
 
 def group_outputs(fx: Fixtures, args) -> None:
@@ -755,31 +785,20 @@ def group_outputs(fx: Fixtures, args) -> None:
                   [f"B exit {rb.rc}: {_said(rb)}"] if rb.rc != 0 else []),
               lost=lost_files(inputs, tree_state(d / "in-a", d / "in-b")))
     for sig, code, word in ((signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")):
-        target = d / f"sig-{sig.name}" / "deeper" / "r.html"
-        mark = d / f"writing-{sig.name}"
-        p = Proc([PY, "-c", _SLOW_WRITE.format(mark=str(mark), argv=["report", str(a), "-o", str(target)])], cwd=d)
-        caught = _wait_for(mark, p) and any(n.endswith(".tmp") for n in os.listdir(target.parent))
-        p.signal(sig)
-        res = p.finish(60)
-        left = temporaries(d / f"sig-{sig.name}") + [str(x) for x in (d / f"sig-{sig.name}").rglob("*")]
-        judge("outputs", f"{sig.name} during the write", res, expect="error", cmd="report", codes=(code,),
-              words=(word,), other=([] if caught else ["not caught during the write"]) +
-              [f"left behind: {x}" for x in left], lost=lost_files(inputs, tree_state(d / "in-a", d / "in-b")))
-    target = d / "sig-KILL" / "r.html"
-    target.parent.mkdir()
-    mark = d / "writing-KILL"
-    p = Proc([PY, "-c", _SLOW_WRITE.format(mark=str(mark), argv=["report", str(a), "-o", str(target)])], cwd=d)
-    _wait_for(mark, p)
-    p.signal(signal.SIGKILL)
-    p.finish(30)
-    stale = temporaries(target.parent)
-    old = time.time() - STALE_TEMP_S - 60                     # (as the next write finds them after that time)
-    for t in stale:
-        os.utime(t, (old, old))
-    res = run(fsdpprof("report", a, "-o", target), cwd=d, timeout=120)
-    judge("outputs", f"SIGKILL during the write ({len(stale)} temporaries/locks), the next write after "
-          f"{STALE_TEMP_S:g} s", res, expect="ok",
-          other=[f"left behind: {t}" for t in temporaries(target.parent)] + ([] if stale else ["nothing was left"]))
+        top = d / f"sig-{sig.name}"
+        res, caught = _signal_during_write(a, top, sig)
+        left = temporaries(top) + [str(x) for x in top.rglob("*")] if top.exists() else []
+        judge("outputs", f"{sig.name} (a real signal) during the real write of report --tables", res,
+              expect="error", cmd="report", codes=(code,), words=(word,),
+              other=([] if caught else ["not caught during the write"]) + [f"left behind: {x}" for x in left],
+              lost=lost_files(inputs, tree_state(d / "in-a", d / "in-b")))
+    top = d / "sig-KILL"
+    _, caught = _signal_during_write(a, top, signal.SIGKILL)
+    stale = temporaries(top)
+    res = run(fsdpprof("report", a, "-o", top / "deeper" / "r.html", "--tables", top / "tables"), cwd=d, timeout=120)
+    judge("outputs", f"SIGKILL during the real write ({len(stale)} temporaries/locks left), the next write at once",
+          res, expect="ok", other=[f"left behind: {t}" for t in temporaries(top)] + (
+              [] if stale else ["nothing was left"]) + ([] if caught else ["not caught during the write"]))
     run1 = fx.run1()
     for label, argv in (("report", ["report", a, "-o", d / "full" / "r.html"]), ("overlap", ["overlap", a]),
                         ("overlap --json", ["overlap", a, "--json"]), ("plan", ["plan", "--params", "7B", "--world",
@@ -999,6 +1018,227 @@ def group_snapshot(fx: Fixtures, args) -> None:
           + ([f"the intact snapshot: exit {ra.rc}"] if ra.rc != 0 else []))
 
 
+# ------------------------------------------------------------------------------------------------ streams
+def group_streams(fx: Fixtures, args) -> None:
+    d = scratch(fx, "streams")
+    trace = DLRM / "rank-0.json.gz"
+    run1 = fx.run1()
+    cmds = {"report": lambda o: ["report", trace, "-o", o / "r.html", "--tables", o / "tables"],
+            "overlap": lambda o: ["overlap", trace], "plan": lambda o: ["plan", "--params", "7B", "--world", "8"],
+            "plan --json": lambda o: ["plan", "--params", "7B", "--world", "8", "--json"],
+            "whatif": lambda o: ["whatif", run1], "timeline": lambda o: ["timeline", DLRM, "-o", o / "t.json.gz"],
+            "compare": lambda o: ["compare", DLRM, trace, "-o", o / "c.html"],
+            "demo": lambda o: ["demo", "--out", o / "demo", "--strategies", "fsdp2:1"],
+            "--help": lambda o: ["--help"], "--version": lambda o: ["--version"],
+            "report of a missing path": lambda o: ["report", o / "no-such-run"]}
+    leaves = {"report": ["r.html", "r.summary.json", "tables/tables.json"], "timeline": ["t.json.gz"],
+              "compare": ["c.html"], "demo": ["demo/report-*.html", "demo/summary-*.json"]}
+    for label, stdout, stderr in ((">&-", "closed", "pipe"), ("2>&-", "pipe", "closed")):
+        for name, argv in cmds.items():
+            if name == "demo" and label == "2>&-":
+                continue                                # (one demo: 2 recordings' worth of time)
+            o = scratch(fx, f"streams-{stdout}-{re.sub(r'[^a-z]+', '-', name)}")
+            before = tree_state(run1)
+            if name == "demo":
+                fx.recordings += 1
+            res = run(fsdpprof(*argv(o)), cwd=o, stdout=stdout, stderr=stderr, timeout=600 if name == "demo" else 180)
+            missing = [f"{f} not written" for f in leaves.get(name, []) if not list(o.glob(f))]
+            bad = name == "report of a missing path"
+            judge("streams", f"{name} {label}", res, expect="error" if bad else "ok", cmd=name.split()[0],
+                  stderr_lost=stderr == "closed", other=missing + (["said something after the line"]
+                                                                   if "Exception ignored" in res.err else []),
+                  lost=lost_files(before, tree_state(run1)))
+        out = scratch(fx, f"streams-record-{stdout}") / "run"
+        res = run(fsdpprof("record", "--out", out, "--", PY, "-c", "import sys; print('hi'); sys.exit(7)"),
+                  cwd=fx.work, stdout=stdout, stderr=stderr, timeout=120)
+        judge("streams", f"record {label}, a job that exits 7", res, expect="job",
+              job=(7, "" if stdout == "closed" else "hi\n"), other=_run_json(out, 7))
+    out = scratch(fx, "streams-record-both") / "run"
+    res = run(fsdpprof("record", "--out", out, "--", PY, "-c", "import sys; print('hi'); sys.exit(7)"),
+              cwd=fx.work, stdout="closed", stderr="closed", timeout=120)
+    judge("streams", "record >&- 2>&-, a job that exits 7", res, expect="job", job=(7, ""), other=_run_json(out, 7))
+    for name in ("timeline", "compare", "--help", "--version"):
+        o = scratch(fx, f"streams-full-{name.strip('-')}")
+        res = run(fsdpprof(*cmds[name](o)), cwd=o, stdout="devfull", timeout=180)
+        judge("streams", f"{name} >/dev/full", res, expect="error", codes=(1,),
+              words=("cannot write to standard output",))
+
+
+# ------------------------------------------------------------------------------------------------ tables
+PAYLOADS = ['=HYPERLINK("http://example.invalid/x","click")', "=cmd|' /C calc'!A0", "+1+cmd|' /C calc'!A0",
+            "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0", "\t=1+1", "\r=1+1"]
+_KEEP_NAMES = re.compile(r"nccl|c10d|ProfilerStep|record_param_comms|all_gather|reduce_scatter|all_reduce", re.I)
+
+
+def csv_cells(folder: Path) -> list[tuple[str, str]]:
+    """(file, cell) of every cell, headers included, of every CSV under ``folder``."""
+    out = []
+    for p in sorted(Path(folder).rglob("*.csv")):
+        with open(p, newline="", encoding="utf-8", errors="replace") as fh:
+            out += [(p.name, c) for row in csv.reader(fh) for c in row]
+    return out
+
+
+def formula_cells(folder: Path) -> list[str]:
+    """The cells a spreadsheet would run as a formula: text starting with = + - @, tab or CR, not a number."""
+    def number(c):
+        try:
+            float(c)
+            return True
+        except ValueError:
+            return False
+    return [f"{f}: {c[:40]!r}" for f, c in csv_cells(folder) if c[:1] in ("=", "+", "-", "@", "\t", "\r")
+            and not number(c)]
+
+
+def _neutralised(folder: Path) -> int:
+    return sum(1 for _, c in csv_cells(folder) if c.startswith("'") and c[1:].startswith(tuple(PAYLOADS)))
+
+
+def _plant_frames(obj, k=None):
+    """Every stack frame of a snapshot (a dict with filename and name) renamed to the payloads; returns how many."""
+    k = k if k is not None else [0]
+    if isinstance(obj, dict):
+        if isinstance(obj.get("filename"), str) and "name" in obj:
+            obj["name"], obj["filename"] = PAYLOADS[k[0] % len(PAYLOADS)], PAYLOADS[(k[0] + 1) % len(PAYLOADS)]
+            k[0] += 1
+        for v in obj.values():
+            _plant_frames(v, k)
+    elif isinstance(obj, list):
+        for v in obj:
+            _plant_frames(v, k)
+    return k[0]
+
+
+def group_tables(fx: Fixtures, args) -> None:
+    d = scratch(fx, "tables")
+    # planted names: a trace (op and kernel names), a snapshot (frames), a run directory (unit layers.0)
+    doc = json.loads(gzip.decompress((DLRM / "rank-0.json.gz").read_bytes()))
+    k = 0
+    for e in doc["traceEvents"]:
+        if isinstance(e, dict) and e.get("cat") in ("cpu_op", "kernel") and not _KEEP_NAMES.search(str(e.get("name"))):
+            e["name"] = PAYLOADS[k % len(PAYLOADS)] + f" #{k % 3}"
+            k += 1
+    planted_trace = d / "planted-trace" / "rank-0.json.gz"
+    planted_trace.parent.mkdir()
+    planted_trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    snap = _load_real_snapshot()
+    frames = _plant_frames(snap)
+    planted_snap = d / "planted-snapshot.pickle"
+    planted_snap.write_bytes(pickle.dumps(snap, protocol=4))
+    planted_run = fx.copy(fx.run1(), "tables-planted-run")
+    for p in list(planted_run.glob("rank-*/trace.json.gz")) + list(planted_run.glob("rank-*/inventory.json")):
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        raw = raw.replace(b"layers.0", PAYLOADS[1].encode())
+        p.write_bytes(gzip.compress(raw) if p.suffix == ".gz" else raw)
+    for label, inp in ((f"a trace with {k} op/kernel names planted", planted_trace),
+                       (f"a snapshot with {frames} frames planted", planted_snap),
+                       ("a run directory whose unit layers.0 is named =cmd|...", planted_run)):
+        out = d / f"out-{len(os.listdir(d))}"
+        res = run(fsdpprof("report", inp, "-o", out / "r.html", "--tables", out / "tables"), cwd=d, timeout=300)
+        n = _neutralised(out / "tables")
+        judge("tables", f"report --tables of {label} ({n} cells neutralised)", res, expect="ok",
+              formula=formula_cells(out / "tables"), other=[] if n else ["no planted name reached a table"])
+    # ownership: an edited CSV, a copied tables.json, the index alone beside a user's file
+    trace = DLRM / "rank-0.json.gz"
+    base = d / "own"
+    res = run(fsdpprof("report", trace, "-o", base / "r.html", "--tables", base / "t"), cwd=d, timeout=120)
+    judge("tables", "report --tables into a new folder", res, expect="ok")
+    listed = json.loads((base / "t" / "tables.json").read_text())["tables"][0]["csv"]
+    edited = base / "t" / listed
+    edited.write_text(edited.read_text() + "my,own,row\n")
+    copied = d / "copied"
+    shutil.copytree(base / "t", copied)
+    lone = d / "lone"
+    lone.mkdir()
+    shutil.copy(base / "t" / "tables.json", lone / "tables.json")
+    (lone / listed).write_text("my numbers\n")
+    for label, folder in ((f"the user edited {listed}", base / "t"),
+                          ("the folder is a copy of one fsdpprof wrote (cp -r)", copied),
+                          (f"a copied tables.json beside the user's own {listed}", lone)):
+        before = tree_state(folder)
+        res = run(fsdpprof("report", trace, "-o", base / "r.html", "--tables", folder), cwd=d, timeout=120)
+        judge("tables", f"report --tables again: {label}", res, expect="error", cmd="report", words=("--force",),
+              lost=lost_files(before, tree_state(folder)))
+    # a recorder's folders: refused, and the next record --force still works
+    r = fx.copy(fx.run1(), "tables-into-rank")
+    for sub in ("rank-0", "rank-0/tables", "launchers"):
+        before = tree_state(r)
+        res = run(fsdpprof("report", r, "-o", d / "rr.html", "--tables", r / sub), cwd=d, timeout=180)
+        judge("tables", f"report --tables RUN/{sub}", res, expect="error", cmd="report",
+              words=("fsdpprof record writes",), lost=lost_files(before, tree_state(r)),
+              other=_exists(r / "rank-0" / "tables.json", r / "rank-0" / "tables"))
+    res = run(fsdpprof("record", "--force", "--out", r, "--", PY, "-c", "print('job')"), cwd=fx.work, timeout=120)
+    judge("tables", "record --force over that run afterwards", res, expect="job", job=(0, "job\n"))
+    # NVML's "not available" (2**64 - 1) in rank.json's process memory
+    r = fx.copy(fx.run1(), "tables-nvml")
+    info_path = r / "rank-0" / "rank.json"
+    info = json.loads(info_path.read_text())
+    samples = (info.get("process_memory") or {}).get("samples") or []
+    for s in samples:
+        for key in ("used_bytes", "used_peak_bytes", "reserved_bytes"):
+            if key in s:
+                s[key] = 2**64 - 1
+    info["process_memory"]["samples"] = samples
+    info_path.write_text(json.dumps(info))
+    res = run(fsdpprof("report", r, "-o", d / "nvml.html", "--tables", d / "nvml"), cwd=d, timeout=180)
+    text = (d / "nvml.summary.json").read_text() if (d / "nvml.summary.json").exists() else ""
+    index = (d / "nvml" / "tables.json").read_text() if (d / "nvml" / "tables.json").exists() else ""
+    judge("tables", f"report --tables, rank.json with 2**64-1 in {len(samples)} process-memory samples", res,
+          expect="ok", formula=formula_cells(d / "nvml"),
+          accepted=["2**64-1 read as a number"] if "18446744073709551615" in text else [],
+          other=["a Parquet overflow"] if "too large" in index else [])
+
+
+# ------------------------------------------------------------------------------------------------ shell
+def group_shell(fx: Fixtures, args) -> None:
+    d = scratch(fx, "shell")
+    trace = DLRM / "rank-0.json.gz"
+    if importlib.util.find_spec("distributed") is None:
+        skip("shell", "ucx:// schedulers", "dask.distributed is not installed")
+    else:
+        argvs = {"report": ["report", trace, "-o", d / "r.html"], "compare": ["compare", DLRM, DLRM, "-o",
+                 d / "c.html"], "overlap": ["overlap", trace], "whatif": ["whatif", fx.run1()]}
+        for cmd, argv in argvs.items():
+            res = run(fsdpprof(*argv, "--scheduler", "ucx://127.0.0.1:9", "--connect-timeout", "1"), cwd=d,
+                      timeout=60)
+            judge("shell", f"{cmd} --scheduler ucx://127.0.0.1:9", res, expect="error", cmd=cmd, words=("ucx://",),
+                  other=["said more after the line"] if "Exception ignored" in res.err else [])
+    out = scratch(fx, "shell-missing") / "run"
+    res = run(fsdpprof("record", "--out", out, "--", "no-such-program-fsdpprof"), cwd=fx.work, timeout=60)
+    judge("shell", "record of a missing program", res, expect="error", cmd="record", codes=(127,),
+          words=("could not start",), other=_run_json(out, 127))
+    res = run(fsdpprof("overlap", trace, "--connect-timeout", "3"), cwd=d, timeout=120)
+    judge("shell", "overlap --connect-timeout 3 without --scheduler", res, expect="ok",
+          other=[] if "--connect-timeout 3 has no effect" in res.err else ["no warning"])
+    # hand-edited merged timelines
+    tl = d / "t.json.gz"
+    res = run(fsdpprof("timeline", DLRM, "-o", tl), cwd=d, timeout=180)
+    judge("shell", "timeline of the 8-rank trace folder", res, expect="ok")
+    if not tl.exists():
+        return
+    doc = json.loads(gzip.decompress(tl.read_bytes()))
+
+    def rank1(**kw):
+        return lambda x: x["otherData"]["ranks"][1].update(kw)
+    edits = {"duplicate pid": rank1(pid=0), "duplicate rank": rank1(rank=0), "rank as text": rank1(rank="1"),
+             "negative rank": rank1(rank=-1), "pid true": rank1(pid=True), "offset_us as text": rank1(offset_us="x"),
+             "trace a list": rank1(trace=[1]), "info a list": rank1(info=[1]), "label a number": rank1(label=5),
+             "ranks an object": lambda x: x["otherData"].update(ranks={"a": 1}),
+             "schema fsdpprof.timeline/2": lambda x: x["otherData"].update(schema="fsdpprof.timeline/2")}
+    for label, edit in edits.items():
+        x = json.loads(json.dumps(doc))
+        edit(x)
+        path = d / "edited.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(x).encode(), 1))
+        for cmd in ("report", "overlap"):
+            argv = ["report", path, "-o", d / "e.html"] if cmd == "report" else ["overlap", path]
+            res = run(fsdpprof(*argv), cwd=d, timeout=120)
+            word = "fsdpprof.timeline/2)" if "schema" in label else "otherData.ranks"
+            judge("shell", f"{cmd} of a merged timeline: {label}", res, expect="error", cmd=cmd, words=(word,),
+                  other=(["said 'a bug'"] if "bug in fsdpprof" in res.err else [])
+                  + (["schema said as bytes"] if "b'" in res.err else []))
+
 # ------------------------------------------------------------------------------------------------ damaged
 def _addressed(snap: dict) -> dict:
     """A snapshot with every block's address written out (legacy blocks have none: laid out from the segment's)."""
@@ -1208,7 +1448,7 @@ def fuzz_row(args) -> dict | None:
 # ------------------------------------------------------------------------------------------------ main
 GROUPS = {"decode": group_decode, "record": group_record, "dask": group_dask, "force": group_force,
           "outputs": group_outputs, "rank": group_rank, "values": group_values, "snapshot": group_snapshot,
-          "damaged": group_damaged}
+          "damaged": group_damaged, "streams": group_streams, "tables": group_tables, "shell": group_shell}
 
 
 def table(fuzz_counts: dict | None) -> tuple[str, int]:

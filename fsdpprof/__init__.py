@@ -14,3 +14,10 @@ def load_run(path, **kwargs):
     from fsdpprof.analyze.load.run import load_run as _load_run
 
     return _load_run(path, **kwargs)
+
+
+def critical_path(run, **kwargs):
+    """What limits each step of a run (an Analysis, a Run or a path): :func:`fsdpprof.analyze.pipeline.critical_path`."""
+    from fsdpprof.analyze.pipeline import critical_path as _critical_path
+
+    return _critical_path(run, **kwargs)

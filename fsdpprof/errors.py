@@ -11,6 +11,10 @@ class UserError(Exception):
 
     exit_code = 2
 
+    def __init__(self, message: str = "", exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
 
 @contextlib.contextmanager
 def unexpected_as_user_error(what: str):

@@ -59,6 +59,11 @@ FRAMEWORK_NONE = "none"
 ROLE_PARAM = "param"
 ROLE_GRAD = "grad"
 ROLE_OPTIMIZER_STATE = "optimizer_state"
+ROLE_GRAD_BUCKET = "grad_bucket"   # (analysis only) DDP's gradient bucket, from inventory.json's ddp_bucket_bytes
+# inventory.json's "before_window" (CPU runs): the CPU allocations alive when the window's trace starts, from a
+# memory-only record of the steps before it ("allocations": [[address, bytes, step allocated in], ...])
+INVENTORY_BEFORE_WINDOW = "before_window"
+BEFORE_WINDOW_SOURCE = "memory-only profiler from the model's construction to the first recorded step"
 
 # run.json status values
 STATUS_RUNNING = "running"
@@ -331,6 +336,16 @@ def read_json(path: str):
         return json.loads(fh.read())
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def int64_or_none(text: str) -> int | None:
+    """A JSON integer as read by the analysis (``json.loads(..., parse_int=int64_or_none)``): None (unknown) outside
+    64 bits, e.g. NVML's 2**64 - 1 for "not available"."""
+    value = int(text)
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
 # -- who wrote what (``--force`` removes only that) -------------------------------------------
 def read_manifest(directory: str) -> list[str] | None:
     """File names listed in ``directory``'s manifest.json (None: no readable manifest of ours)."""
@@ -378,6 +393,40 @@ def claim_dir(path: str, writer: dict, files: list[str]) -> bool:
 def write_manifest(directory: str, writer: dict, files: list[str]) -> None:
     atomic_write_json(os.path.join(directory, MANIFEST_JSON),
                       {"schema": MANIFEST_SCHEMA, "writer": writer, "files": sorted(set(files) | {MANIFEST_JSON})})
+
+
+def recorder_folder(path: str) -> str | None:
+    """The folder that ``fsdpprof record`` writes (a run's rank-<R>/, launchers/ or clashes/, or a folder holding
+    its manifest.json or rank.json) that ``path`` is or lies in; None when it lies in none (an output may go there:
+    the next ``record --force`` would refuse a run whose recorder folders hold files it did not write)."""
+    d = os.path.realpath(path)
+    while True:
+        parent, name = os.path.split(d)
+        if _holds_recorder_file(d):
+            return d
+        if name in (LAUNCHERS_DIR, CLASHES_DIR) or rank_of_dir(name) is not None:
+            try:
+                if is_run_meta(read_json(os.path.join(parent, RUN_JSON))):
+                    return d
+            except (OSError, ValueError):
+                pass
+        if parent == d:
+            return None
+        d = parent
+
+
+def _holds_recorder_file(directory: str) -> bool:
+    """``directory`` holds a manifest.json or rank.json of fsdpprof's."""
+    try:
+        if manifest_files(directory) is not None:
+            return True
+    except ValueError:
+        pass
+    try:
+        doc = read_json(os.path.join(directory, RANK_JSON))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("fsdpprof.rank/")
 
 
 # -- is a run still being recorded? -----------------------------------------------------------

@@ -406,6 +406,9 @@ class Model:
         return math.ceil(n / self.world)
 
 
+OOM_IN_LOSS = "loss"     # build(oom_layer=OOM_IN_LOSS): the step dies in the loss, after the model's forward
+
+
 def unit_label(k: int) -> str:
     return f"unit {k}"
 
@@ -534,6 +537,21 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
         state["acts"].setdefault(k, []).append(a)
         return a
 
+    def die(n: int, frames: list, unit) -> bool:
+        """An OOM requesting ``n`` bytes, then the exception unwinds: everything of the step is freed."""
+        info["oom_seq"] = rec.oom(n, frames, device_free)
+        info["oom_unit"] = unit
+        info["segments_at_oom"] = rec.al.segments(rec.device)     # the allocator's state when it failed
+        for kk in list(state["acts"]):
+            for a in state["acts"].pop(kk):
+                rec.free(a, FREE_PREFIX)
+        for kk in list(state["unsharded"]):
+            for a in state["unsharded"].pop(kk):
+                rec.free(a, FREE_PREFIX)
+        for kk in list(state["ag_flat"]):
+            rec.free(state["ag_flat"].pop(kk), FREE_PREFIX)
+        return True
+
     def temp(k, n, where: list):
         a = rec.alloc(n, ALLOC_PREFIX + MM_OP + where, "temporary", unit_label(k) if k is not None else None)
         rec.free(a, FREE_PREFIX + where)
@@ -580,20 +598,7 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
         act(k, bsd, body)                                                                         # h = x + attn
         act(k, bsd, [pyframe("forward", MODEL_PY, 62), F.call_impl_fast, F.wrapped] + body)        # ffn_norm
         if oom_layer == k:
-            seq = rec.oom(bsh * 4, ALLOC_PREFIX + MM_OP + lin + ffn, device_free)
-            info["oom_seq"] = seq
-            info["oom_unit"] = unit_label(k)
-            info["segments_at_oom"] = rec.al.segments(rec.device)     # the allocator's state when it failed
-            # the exception unwinds: everything of the step is freed
-            for kk in list(state["acts"]):
-                for a in state["acts"].pop(kk):
-                    rec.free(a, FREE_PREFIX)
-            for kk in list(state["unsharded"]):
-                for a in state["unsharded"].pop(kk):
-                    rec.free(a, FREE_PREFIX)
-            for kk in list(state["ag_flat"]):
-                rec.free(state["ag_flat"].pop(kk), FREE_PREFIX)
-            return True
+            return die(bsh * 4, ALLOC_PREFIX + MM_OP + lin + ffn, unit_label(k))
         act(k, bsh, lin + ffn)                                                                    # w1
         act(k, bsh, lin + ffn)                                                                    # w3
         act(k, bsh, [pyframe("forward", MODEL_PY, 331)] + ffn)                                     # silu * w3
@@ -621,6 +626,9 @@ def _step(m: Model, F: Frames, rec: Recorder, oom_layer, device_free, info) -> b
         rec.free(state["ag_flat"].pop(state["deferred"]), FREE_PREFIX + [F.post_forward_state] + fsdp_hook + root_hook)
         state["deferred"] = None
     loss_at = [pyframe("cross_entropy_loss", LOSS_PY, 20)] + _main_chain(F, 460)
+    if oom_layer == OOM_IN_LOSS:     # the loss's fp32 upcast of the logits does not fit
+        return die(logits * 2, ALLOC_PREFIX + MM_OP + [pyframe(
+            "cross_entropy", "/usr/lib/python3.11/site-packages/torch/nn/functional.py", 3462)] + loss_at, None)
     act(None, logits * 2, [pyframe("cross_entropy", "/usr/lib/python3.11/site-packages/torch/nn/functional.py",
                                    3462)] + loss_at)
     # ---------------- backward (the autograd engine's thread: C++ frames, and FSDP's hooks)

@@ -3,6 +3,7 @@
 named as such in the findings.  Real snapshots (../shared/data, tests/data) and hand-built ones."""
 from __future__ import annotations
 
+import html
 import json
 import pickle
 import re
@@ -179,30 +180,40 @@ def test_fsdp_snapshot_advice_names_its_units(tmp_path):
     assert len(top) == 3 and ", ".join(top) + " ..." in act["suggestion"]
 
 
-def test_world_size_of_the_snapshots_given_is_the_runs_said_as_inferred(tmp_path):
-    """A 4-way FSDP2 job's four snapshots (it died in its first forward: no reduce-scatter to read the shard group
-    from): the run reads N = 4, in the terminal, the overview and summary.json, said as inferred; one of them alone
-    reads the smallest world size its shards fit, also said as inferred, with the others that would fit."""
+def test_world_size_from_the_all_gathers_not_from_how_many_snapshots_are_given(tmp_path):
+    """A 4-way FSDP2 job that died in its first forward (no reduce-scatter yet): each snapshot's all-gathers show
+    N = 4 (output against input), whether 2 of the 4 ranks' snapshots are given or one alone; the number given is
+    no evidence.  Said as inferred, with its evidence, in the terminal, the overview and summary.json."""
     snap, _, _ = fs.build(fs.Model(family="fsdp2", world=4), steps=1, oom_layer=3)
-    folder = tmp_path / "snaps"
-    folder.mkdir()
-    for r in range(4):
-        (folder / f"rank{r}_memory_snapshot.pickle").write_bytes(pickle.dumps(snap))
-    proc, s, page = _report(tmp_path, folder)
+    for n in (2, 1):
+        folder = tmp_path / f"snaps{n}"
+        folder.mkdir()
+        for r in range(n):
+            (folder / f"rank{r}_memory_snapshot.pickle").write_bytes(pickle.dumps(snap))
+        proc, s, page = _report(tmp_path, folder if n > 1 else folder / "rank0_memory_snapshot.pickle")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        o = s["overview"]
+        assert o["world_size"] == 4 and o["world_size_source"] == "all-gather output / input"
+        assert all(m["world_size"] == 4 for m in s["memory"].values()) and len(s["memory"]) == n
+        assert "world size 4 (inferred from all-gather output / input)" in proc.stdout
+        text = html.unescape(page)
+        assert "2 -> 4 ranks" not in text and "(4 -> 8 ranks)" in text
+
+
+def test_world_size_unknown_without_evidence(tmp_path):
+    """An FSDP1 snapshot (bf16 gathers, no reduce-scatter yet): its shards fit N = 2, 4 or 8 with another stored
+    dtype each and nothing else tells: the world size is unknown, and the advice names no N -> 2N."""
+    snap, _, _ = fs.build(fs.Model(family="fsdp1", world=4), steps=1, oom_layer=3)
+    path = tmp_path / "rank0_memory_snapshot.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    proc, s, page = _report(tmp_path, path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    o = s["overview"]
-    assert o["world_size"] == 4 and "number of snapshots given" in o["world_size_source"]
-    assert all(m["world_size"] == 4 for m in s["memory"].values()) and len(s["memory"]) == 4
-    assert f"world size 4 (inferred from {o['world_size_source']})" in proc.stdout
-    assert f"4 (inferred from {o['world_size_source']})" in page.replace("&#x27;", "'")
-    one = tmp_path / "one"
-    one.mkdir()
-    (one / "rank0_memory_snapshot.pickle").write_bytes(pickle.dumps(snap))
-    proc, s, _ = _report(one, one / "rank0_memory_snapshot.pickle")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    o = s["overview"]
-    assert o["world_size"] == 2 and o["world_size_source"].startswith("the sizes of the blocks")
-    assert "N = 4 or 8 would fit" in o["world_size_source"] and "world size 2 (inferred from" in proc.stdout
+    m = s["memory"]["0"]
+    assert m["world_size"] is None and s["overview"].get("world_size") is None
+    assert any("world size unknown" in w for w in m["warnings"])
+    shards = next(x for x in m["oom"]["suggestions"] if x["change"].startswith("twice the shards"))
+    assert shards["change"] == "twice the shards" and "world size is unknown" in shards["detail"]
+    assert "ranks)" not in html.unescape(page)
 
 
 def test_a_recorded_world_size_is_not_inferred(tmp_path):

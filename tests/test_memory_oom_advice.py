@@ -145,23 +145,56 @@ def test_shared_oom_snapshot_with_less_short_empties_the_cache_first(delta):
     assert not any(s["change"] == EXPANDABLE for s in o["suggestions"])     # already expandable
 
 
+# --------------------------------------------------------------------------- checkpointing frees what it says
+def _checkpointing(o: dict) -> dict | None:
+    return next((s for s in o["suggestions"] if s["change"].startswith("activation checkpointing")), None)
+
+
+@pytest.mark.parametrize("device_free", [1 * MIB, 3 << 30])
+def test_checkpointing_never_offers_a_units_output(device_free):
+    """torchtitan's FSDP2 layout (the final norm and the output projection one unit) dies in the loss: the largest
+    bytes alive are that unit's output, the bf16 logits (1.96 GiB), which the loss holds and checkpointing never
+    frees.  The advice counts per unit only what recomputation frees (its activations less its output), so the
+    tail unit offers its norm output alone, and no checkpointing saving reaches the logits' bytes."""
+    m = fs.Model(family="fsdp2", tail_unit=True)
+    snap, _, info = fs.build(m, steps=1, oom_layer=fs.OOM_IN_LOSS, device_free=device_free)
+    o = snapshot_memory(parse_snapshot(snap)).oom
+    bsd = m.batch * m.seq * m.dim * m.gather_bytes
+    logits = bsd * m.vocab // m.dim
+    tail = fs.unit_label(m.n_layers + 1)
+    alive = {(u["unit"], u["category"]): u["bytes"] for u in o["alive_by_unit"]}
+    assert alive[(tail, "activation")] == bsd + logits        # (the premise: the logits dominate)
+    # a layer's forward saves its activations; its output (the block's last one, bsd) goes on to the next
+    per_layer = alive[(fs.unit_label(1), "activation")] - bsd
+    ck = _checkpointing(o)
+    assert ck is not None
+    names = ck["change"].removeprefix("activation checkpointing of ").replace(" and ", ", ").split(", ")
+    expected = sum(bsd if u == tail else per_layer for u in names if u.startswith("unit"))
+    assert ck["saves_bytes"] == expected        # the tail unit: its norm output (bsd) alone, never the logits
+    assert ck["enough"] == (ck["saves_bytes"] >= o["short_bytes"])
+    assert "keeps each unit's output" in ck["detail"]
+    # the old advice: "checkpointing of unit 9 saves 1.96 GiB, enough on its own"
+    assert not any(s["change"] == f"activation checkpointing of {tail}" and s["saves_bytes"] >= logits
+                   for s in o["suggestions"])
+
+
 # --------------------------------------------------------------------------- the world size of the advice
 def test_twice_the_shards_uses_the_world_size_the_snapshots_show(tmp_path):
-    """A 4-way FSDP2 job that died in its first forward (no reduce-scatter yet): one snapshot alone cannot tell
-    N = 2 from N = 4 (bf16 gathers of fp32 shards), and says so; the four ranks' snapshots given read N = 4."""
+    """A 4-way FSDP2 job that died in its first forward (no reduce-scatter yet): one snapshot's all-gathers (flat
+    output against its input, both bf16) read N = 4; two of the four ranks' snapshots read the same, never 2."""
     snap, _, _ = fs.build(fs.Model(family="fsdp2", world=4), steps=STEPS, oom_layer=LAYER)
     one = snapshot_memory(parse_snapshot(snap))
-    assert one.world_size == 2 and "inferred" not in (one.world_size_source or "")
+    assert one.world_size == 4 and one.world_size_source == "all-gather output / input"
     shards = next(s for s in one.oom["suggestions"] if s["change"].startswith("twice the shards"))
-    assert "inferred from the sizes" in shards["detail"] and "N = 4 or 8 would fit" in shards["detail"]
-    for r in range(4):
+    assert "(4 -> 8 ranks)" in shards["change"] and "N = 4 inferred from all-gather output / input" in shards["detail"]
+    for r in range(2):
         (tmp_path / f"rank{r}_memory_snapshot.pickle").write_bytes(pickle.dumps(snap))
     proc = run_fsdpprof("report", str(tmp_path), "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    m = json.loads((tmp_path / "r.summary.json").read_text())["memory"]["0"]
-    assert m["world_size"] == 4 and "number of snapshots given" in m["world_size_source"]
-    shards = next(s for s in m["oom"]["suggestions"] if s["change"].startswith("twice the shards"))
-    assert "(4 -> 8 ranks)" in shards["change"] and "N = 4 inferred from the number of snapshots" in shards["detail"]
+    for m in json.loads((tmp_path / "r.summary.json").read_text())["memory"].values():
+        assert m["world_size"] == 4
+        shards = next(s for s in m["oom"]["suggestions"] if s["change"].startswith("twice the shards"))
+        assert "(4 -> 8 ranks)" in shards["change"]
 
 
 def test_world_size_from_the_run_is_not_called_inferred(base):

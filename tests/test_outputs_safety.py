@@ -69,14 +69,23 @@ def test_without_the_lock_the_same_writers_mix(tmp_path, monkeypatch):
     assert _write_two_at_once(tmp_path, monkeypatch) == ("B", "A")
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and was reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
 def test_stale_temporaries_of_ours_are_removed_by_the_next_write(tmp_path):
     html, js = _pair(tmp_path)
     old = time.time() - 2 * outputs.STALE_TEMP_S
-    ours_old = [".r.html.4242.0badc0de.tmp", ".r.html.x7_k2mq9.tmp", ".r.summary.json.17.deadbeef.tmp"]
-    ours_fresh = [".r.html.4243.feedf00d.tmp"]
-    not_ours = [".r.html.notes.tmp", ".r.html.4242.0badc0de.tmp.keep", "r.html.4242.0badc0de.tmp",
-                ".other.html.4242.0badc0de.tmp"]
-    for name in ours_old + ours_fresh + not_ours:
+    live, dead = os.getppid(), _dead_pid()
+    ours_old = [f".r.html.{live}.0badc0de.tmp", ".r.html.x7_k2mq9.tmp", f".r.summary.json.{live}.deadbeef.tmp"]
+    ours_dead = [f".r.html.{dead}.0badc0de.tmp", f".r.summary.json.{dead}.feedf00d.tmp"]   # fresh, pid dead
+    ours_fresh = [f".r.html.{live}.feedf00d.tmp", ".r.html.k2mq9x7_.tmp", f".r.html.{os.getpid()}.abcdef01.tmp"]
+    not_ours = [".r.html.notes.tmp", f".r.html.{dead}.0badc0de.tmp.keep", f"r.html.{dead}.0badc0de.tmp",
+                f".other.html.{dead}.0badc0de.tmp"]
+    for name in ours_old + ours_dead + ours_fresh + not_ours:
         (tmp_path / name).write_text("x")
     for name in ours_old + not_ours:
         os.utime(tmp_path / name, (old, old))

@@ -22,8 +22,8 @@ from fsdpprof.analyze.comm import intervals, overlap, skew
 from fsdpprof.analyze.load.run import load_run, run_events
 from fsdpprof.analyze.pipeline import analyze_run, overlap_summary
 from fsdpprof.analyze.trace.timeline_file import TIMELINE_SCHEMA, TRACK_CAT, TRACK_TID_BASE, timeline_meta
-from fsdpprof.report.timeline import (TRACK_EXPOSED, TRACK_FINDINGS, TRACK_MEMORY, TRACK_PHASE, TRACK_STAGE,
-                                      TRACK_STEP, TRACK_UNIT)
+from fsdpprof.report.timeline import (TRACK_CRITICAL, TRACK_EXPOSED, TRACK_FINDINGS, TRACK_MEMORY, TRACK_PHASE,
+                                      TRACK_STAGE, TRACK_STEP, TRACK_UNIT)
 
 DLRM = ("gpu-traces", "param-dlrm-8rank-v100")
 FEW_US = 5.0          # "a few microseconds": how far shared collectives may end apart after alignment
@@ -111,8 +111,16 @@ def test_dlrm_added_tracks(dlrm_timeline):
         assert f"fsdpprof: {track}" in names
     assert any(n.startswith(f"fsdpprof: {TRACK_EXPOSED}: ") for n in names)
     ours = [e for e in doc["traceEvents"] if e.get("cat") == TRACK_CAT]
-    stages = {e["name"] for e in ours if e["ph"] == "X" and e["args"].get("stage")}
+    tids = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+            if e.get("ph") == "M" and e["name"] == "thread_name"}
+    stages = {e["name"] for e in ours
+              if e["ph"] == "X" and tids.get((e["pid"], e["tid"])) == f"fsdpprof: {TRACK_STAGE}"}
     assert stages and stages <= set(model.STEP_STAGES)
+    # the critical path: its spans on the ranks add up to the step's path (summary.json's critical_path)
+    path = [e for e in ours if e["ph"] == "X" and tids.get((e["pid"], e["tid"])) == f"fsdpprof: {TRACK_CRITICAL}"]
+    assert path and {e["args"]["kind"] for e in path} <= set(model.PATH_KINDS)
+    cp = analyze_run(load_run(str(shared_data(*DLRM))), workers=1).critical_path
+    assert sum(e["dur"] for e in path) == pytest.approx(float(cp.steps["path_us"].sum()), abs=1.0)
     exposed = [e for e in ours if e["ph"] == "X" and "exposed_us" in e["args"]]
     assert exposed and {e["args"]["collective"] for e in exposed} <= set(model.COLLECTIVES) | {model.UNKNOWN_COLLECTIVE}
     assert all(e["pid"] in range(8) for e in ours)
@@ -212,7 +220,12 @@ def test_report_tables_read_back_equal_to_the_summary(tmp_path):
 
     def at(doc, name):
         for part in name.split("."):
+            if isinstance(doc, list):    # rows holding tables: their inner rows, each led by its row's first value
+                first = next(iter(doc[0]))
+                return [{first: r[first], **x} for r in doc for x in r.get(part) or []]
             doc = doc[part]
+        if isinstance(doc, list):        # (and the outer table without them)
+            return [{k: v for k, v in r.items() if not isinstance(v, list)} for r in doc]
         return doc
 
     checked = 0

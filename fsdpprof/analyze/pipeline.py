@@ -18,11 +18,12 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, matching, overlap, skew, steps, volume
+from fsdpprof.analyze.comm import critical_path as cpath
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import hta as hta_tables
 from fsdpprof.analyze.load.frames import isin
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
-from fsdpprof.analyze.load.run import load_rank, map_run
+from fsdpprof.analyze.load.run import load_rank, load_run, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.summary import distributions, host, model_states, shares, theory
 from fsdpprof.analyze.summary import findings as fnd
@@ -59,13 +60,15 @@ class RankResult:
     measured: dict | None = None                 # model-state bytes per role (inventory)
     k: object = None                             # theory.BytesPerParam the run used
     memory: object = None                        # MemoryResult without its allocations frame
+    gathered_most_bytes: float | None = None     # the most gathered (unsharded) parameter bytes alive at once
     volume: pd.DataFrame | None = None           # rank, collective: count, bytes, time_us, algbw/busbw
     comm_phase: pd.DataFrame | None = None       # PHASE_KEYS: volume + overlap (all steps)
     comm_unit_step: pd.DataFrame | None = None   # UNIT_STEP_KEYS: volume + overlap
     overlap_overall: pd.DataFrame | None = None  # overall_overlap (one row)
     steps: pd.DataFrame | None = None            # step_breakdown rows
     step_stalls: pd.DataFrame | None = None      # steps.step_stalls: device idle by cause, syncs, DataLoader
-    records: pd.DataFrame | None = None          # skew.collective_records (p2p left out)
+    records: pd.DataFrame | None = None          # skew.collective_records (p2p left out) + call (row in the rank)
+    chain: pd.DataFrame | None = None            # cpath.rank_chain: the rank's steps as chains of nodes
     traffic: pd.DataFrame | None = None          # rank, collective: in-step count, payload and wire bytes, steps
     lanes: pd.DataFrame | None = None
     lanes_step: float | None = None
@@ -108,6 +111,7 @@ class Analysis:
     stragglers: pd.DataFrame | None = None
     matching: dict | None = None                              # matching.MatchStats.to_dict(): matched/refused/...
     matches: pd.DataFrame | None = None                       # every collective call + match_id, match_status
+    critical_path: object = None                              # critical_path.CriticalPath (what limits the step)
     traffic: pd.DataFrame | None = None                       # rank: measured vs theory bytes per step
     lanes: pd.DataFrame | None = None                         # one step of one rank, for the lanes chart
     lanes_step: float | None = None
@@ -229,6 +233,10 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.step_stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
                            steps.step_stalls, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
+    if res.records is not None:
+        res.records["call"] = np.arange(len(res.records), dtype=np.int64)
+    res.chain = _try(n, "critical_path", "the steps' chains (critical path)", cpath.rank_chain, events,
+                     res.records)
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
         res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
@@ -269,6 +277,7 @@ def _memory_part(res: RankResult, rd, source: str):
         _note(res.notes, "memory", f"memory analysis failed: {type(exc).__name__}: {exc}.")
         return
     res.memory = replace(m, allocations=None)
+    res.gathered_most_bytes = model_states.most_alive_bytes(m, model.MemoryCategory.UNSHARDED_PARAM.value)
     # what was malformed in the input is said once, with the run's warnings (terminal and report)
     res.warnings += [w for w in getattr(m, "input_warnings", []) if w not in res.warnings]
     return m
@@ -496,10 +505,13 @@ def _traffic_vs_theory(traffic: pd.DataFrame | None, th: dict) -> pd.DataFrame |
 def _findings(a: Analysis) -> list:
     o = a.overview
     fsdp = o.get("input_kind") in model.FSDP_FAMILIES
-    items = fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp, exposed_stage=a.exposed_stage)
+    # exposed communication is held to what hiding it saves by the critical path (not the time ranks wait)
+    items = fnd.held_to_critical_path(fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp,
+                                                        exposed_stage=a.exposed_stage), a.critical_path)
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device, idle_causes=a.idle_causes)
     items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
+    items += fnd.critical_path_findings(a.critical_path, fsdp_advice=fsdp, said={f.id for f in items})
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
     if r is not None:
@@ -531,6 +543,14 @@ def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], lis
     return missing, ok, list(dict.fromkeys(list(run.warnings) + [w for r in ok for w in r.warnings]))
 
 
+def _critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None):
+    """cpath.critical_path of the ranks' records (with matching's checked ``match_id``; one rank: none) and
+    chains."""
+    if records is not None and len(records) and "match_id" not in records:
+        records = records.assign(match_id=np.full(len(records), -1, dtype=np.int64))
+    return cpath.critical_path(records, chains)
+
+
 def reduce_run(run, results: list[RankResult]) -> Analysis:
     """Reduce: the Analysis of a run from its RankResults (no events needed)."""
     missing, ok, warnings = _usable(run, results)
@@ -543,7 +563,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
     _world_size_from_memory(a)
     th = model_states.theory_vs_measured({r.rank: r.inventory for r in ok if r.inventory and r.k is not None},
                                          {r.rank: r.measured for r in ok if r.measured},
-                                         {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size)
+                                         {r.rank: r.k for r in ok if r.k is not None}, a.memory, run.world_size,
+                                         {r.rank: r.gathered_most_bytes for r in ok if r.gathered_most_bytes})
     a.theory, a.model_states = th.theory, th.model_states
     if th.note:
         _note(a.notes, "theory", th.note)
@@ -579,8 +600,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         first = traced[0]
         a.lanes, a.lanes_step, a.top_ops = first.lanes, first.lanes_step, first.top_ops
         a.kernel_types = breakdown.kernel_types_of(_concat(r.kernel_type_time for r in traced))
+        records = _concat(r.records for r in traced)
         if len(traced) > 1:
-            records = _concat(r.records for r in traced)
             if records is not None:
                 anchors = clock_anchors_us(run)
                 records, stats = matching.match_collectives(records, clock_prior_us=matching.clock_prior(anchors))
@@ -602,6 +623,8 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         else:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")
+        a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
+                               cpath.concat_chains(r.chain for r in traced))
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",
@@ -637,6 +660,17 @@ def analyze_run(run, *, hta: bool = False, workers: int | None = None, progress:
             if res:
                 a.hta = res
     return a
+
+
+def critical_path(run, **kwargs):
+    """What limits each step of ``run`` (an Analysis, a Run, or a path load_run reads; ``kwargs`` go to
+    :func:`analyze_run`): a :class:`fsdpprof.analyze.comm.critical_path.CriticalPath` (steps, segments, breakdown,
+    counterfactuals, µs), or None when the input has no steps."""
+    if isinstance(run, Analysis):
+        return run.critical_path
+    if isinstance(run, (str, os.PathLike)):
+        run = load_run(str(run))
+    return analyze_run(run, **kwargs).critical_path
 
 
 # --------------------------------------------------------------------------- fsdpprof overlap

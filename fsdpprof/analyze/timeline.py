@@ -1,6 +1,7 @@
 """What ``fsdpprof timeline`` lays over the ranks' own events (:func:`timeline_tracks`): the ranks aligned on one
-clock, and per rank its step, stage, FSDP phase and unit spans, exposed communication, memory by category and where
-each finding points.  Times are on the rank's own clock (µs); subtract its ``offset_us`` for the common one.
+clock, and per rank its step, stage, FSDP phase and unit spans, exposed communication, its part of the critical
+path, memory by category and where each finding points.  Times are on the rank's own clock (µs); subtract its
+``offset_us`` for the common one.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class RankTracks:
     exposed: pd.DataFrame                # collective, start_us, end_us
     memory: pd.DataFrame | None          # ts_us + one column per memory category (bytes allocated)
     window: tuple[float, float] | None   # --steps: the part of the rank's clock kept (None: all)
+    critical: pd.DataFrame | None = None  # the critical path's segments on this rank: step, kind, what, unit,
+                                          # stage, start_us, end_us (critical_path.SPAN_COLUMNS)
 
 
 @dataclass
@@ -108,6 +111,8 @@ def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str 
     exposed_all = []
     ranks = {}
     memory = analysis.memory if analysis is not None else {}
+    cp = getattr(analysis, "critical_path", None)
+    path = cp.spans if cp is not None and cp.spans is not None else None
     for r, rd in traced.items():
         ev = rd.events
         fsdp = spans.fsdp_spans(ev)
@@ -118,7 +123,8 @@ def timeline_tracks(run, analysis, wanted_steps: list | None = None, align: str 
                               residual_us=float(al.at[r, "residual_us"]), steps=spans.step_spans(ev),
                               stages=spans.stage_spans(ev), fsdp=fsdp, units=spans.unit_spans(fsdp),
                               exposed=exposed.drop(columns="rank"), memory=mem,
-                              window=_window(ev, wanted_steps, r) if wanted_steps else None)
+                              window=_window(ev, wanted_steps, r) if wanted_steps else None,
+                              critical=path[path["rank"] == r].drop(columns="rank") if path is not None else None)
     items = list(analysis.findings) if analysis is not None else []
     windows = pd.concat([steps.step_windows(rd.events) for rd in traced.values()], ignore_index=True)
     peaks = {}      # where each rank's memory peaks, on the timeline's clock (that of its memory track)

@@ -279,6 +279,21 @@ def optimizer_summary(optimizers) -> dict | None:
     return {"class": type(opt).__name__, "state_keys": [str(k) for k in keys]}
 
 
+def ddp_bucket_sizes(model) -> list[int] | None:
+    """Bytes of each gradient bucket DDP's reducer holds (after its rebuild, when it has rebuilt them), from DDP's
+    own logging data; None for another model, or a DDP whose buckets are the gradients' own storage."""
+    try:
+        if not hasattr(model, "_get_ddp_logging_data"):
+            return None
+        data = model._get_ddp_logging_data()
+        if data.get("gradient_as_bucket_view"):
+            return None
+        text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        return [int(x) for x in str(text).split(",") if x.strip()] if text else None
+    except Exception:
+        return None
+
+
 def build_inventory(info: ModelInfo, *, rank: int, world_size: int, optimizers, tensors: list[dict],
                     status: str = "complete", error: str | None = None) -> dict:
     """Assemble inventory.json from the static model facts and the captured tensor rows."""
@@ -296,4 +311,5 @@ def build_inventory(info: ModelInfo, *, rank: int, world_size: int, optimizers, 
             "strategy": info.strategy, "shard_group_size": info.shard_group_size,
             "replicate_group_size": info.replicate_group_size, "mixed_precision": info.mixed_precision,
             "cpu_offload": info.cpu_offload, "optimizer": optimizer_summary(optimizers), "units": info.units,
-            "tensors": tensors, "totals": totals, "status": status, "error": error}
+            "tensors": tensors, "totals": totals, "ddp_bucket_bytes": ddp_bucket_sizes(info.model),
+            "status": status, "error": error}

@@ -407,10 +407,11 @@ def run(args) -> int:
                         "free some space or choose another folder")
     try:
         child = subprocess.Popen(cmd, env=build_env(out, options))
-    except OSError as exc:
-        launcher.update(exit_code=127, ended_at=_now(), error=f"could not start {cmd[0]}: {exc}")
+    except OSError as exc:  # as a shell: 127 for a command not found, 126 for one that cannot run
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        launcher.update(exit_code=code, ended_at=_now(), error=f"could not start {cmd[0]}: {exc}")
         _end_run(out, run_json, launcher_path, launcher)
-        raise UserError(f"could not start {cmd[0]!r}: {exc.strerror or exc}")
+        raise UserError(f"could not start {cmd[0]!r}: {exc.strerror or exc}", exit_code=code)
 
     def forward(signum, frame):
         try:

@@ -33,6 +33,7 @@ import torch
 from fsdpprof.version import __version__
 from fsdpprof import runfmt
 from fsdpprof.collect import inventory as inv
+from fsdpprof.collect.before_window import BeforeWindowMemory, register_fork_hooks
 from fsdpprof.collect.process_memory import ProcessMemory
 
 LOG_LINES_KEPT = 200        # collector.log lines held in memory while the file cannot be written
@@ -94,6 +95,10 @@ class Recorder:
         self.optimizers: list = []  # weakrefs, in order of first step
         self.handles: list = []
         self.fwd_handle = self.prof = self.fallback_prof = self.cuda = None
+        self.reg_handle = None     # the parameter-registration hook that starts the record before the window
+        self.before = None         # BeforeWindowMemory (CPU runs): live allocations before the window
+        self.before_window = None  # its result, inventory.json's "before_window"
+        self.deferred_start = False  # the window's profiler starts at the first active step (after the record)
         self.rank, self.world_size, self.local_rank = None, 1, 0
         self.rdir = self.info = self.clock_anchor = None
         self.manifest_writer, self.manifest_files, self.files = None, [], []
@@ -126,18 +131,71 @@ class Recorder:
             mod = sys.modules.get("torch.nn.modules.module")
             if mod is not None and hasattr(mod, "register_module_forward_pre_hook"):
                 self.fwd_handle = mod.register_module_forward_pre_hook(self._first_forward)
+            if mod is not None and hasattr(mod, "register_module_parameter_registration_hook") \
+                    and self._wants_before_window():
+                self.reg_handle = mod.register_module_parameter_registration_hook(self._first_parameter)
+                register_fork_hooks(lambda: self.before)
             atexit.register(self._atexit)
         except Exception as exc:  # never harm the job
             self._log(f"install failed: {exc!r}")
 
     def uninstall(self) -> None:
-        for h in self.handles + [self.fwd_handle]:
+        for h in self.handles + [self.fwd_handle, self.reg_handle]:
             try:
                 if h is not None:
                     h.remove()
             except Exception:
                 pass
-        self.handles, self.fwd_handle = [], None
+        self.handles, self.fwd_handle, self.reg_handle = [], None, None
+        self._drop_before_window("recording ended before the window")
+
+    # -- the memory record before the window (CPU runs) ------------------------------------------
+    def _wants_before_window(self) -> bool:
+        """A CPU run with memory on, in the process that installed us: record memory before the window."""
+        try:
+            return bool(self.options["memory"]) and not torch.cuda.is_available() and not _is_child_process()
+        except Exception:
+            return False
+
+    def _start_before_window(self, why: str) -> None:
+        """Start the memory record before the window, once, if this process will record a window (never raises)."""
+        try:
+            handle, self.reg_handle = self.reg_handle, None
+            if handle is not None:
+                handle.remove()
+            if self.before is not None or self.state != "idle" or os.getpid() != self.pid \
+                    or self.steps_done >= self.skip or not self._wants_before_window() or _user_profiler_running():
+                return
+            ranks = self.options.get("ranks")
+            if ranks is not None and int(os.environ.get("RANK", "0") or 0) not in {int(r) for r in ranks}:
+                return
+            _patch_user_profiler_guard()
+            self.before = BeforeWindowMemory(self._log, _quiet_kineto)
+            self.before.start(why)
+        except Exception as exc:
+            self._log(f"memory record before the window not started: {exc!r}")
+
+    def _before_window_running(self) -> bool:
+        return self.before is not None and self.before.running
+
+    def _drop_before_window(self, why: str) -> None:
+        before = self.before
+        if before is not None and (before.running or before.paused):
+            before.drop(why)
+
+    def _finish_before_window(self) -> None:
+        """Stop the record as the window's profiler starts; its result goes into inventory.json."""
+        if self.before is not None and self.before_window is None:
+            self.before_window = self.before.finish()
+            self._log(f"memory record before the window: {len(self.before_window['allocations'])} allocations "
+                      f"({self.before_window['alive_bytes']} B) alive at the window's start, "
+                      f"{self.before_window['events']} events, {self.before_window['fold_ms']} ms folding"
+                      + (f"; not used: {self.before_window['error']}" if self.before_window["error"] else ""))
+
+    def _first_parameter(self, module, name, param):
+        """The model's construction begins: start the memory record before the window."""
+        self._start_before_window("model's first parameter registration")
+        return None
 
     def _remove_forward_hook(self) -> None:
         handle, self.fwd_handle = self.fwd_handle, None
@@ -270,10 +328,14 @@ class Recorder:
         try:
             if os.getpid() != self.pid or self.primary is not None or self.state != "idle" or _is_child_process():
                 return None
-            if _user_profiler_running() or _optimizer_exists():
+            if not self._before_window_running() and _user_profiler_running():
+                return None  # (the record before the window and a profiler of the job's never run together)
+            if _optimizer_exists():
+                self._start_before_window("first module call")
                 return None  # an optimizer will step (the usual case): no fallback trace needed
             if not self._identify():
                 return None
+            self._drop_before_window("no optimizer at the first module call: a trace of the whole process instead")
             self.fallback_prof = self._make_profiler(schedule=None)
             self._start_profiler(self.fallback_prof)
         except Exception as exc:
@@ -317,11 +379,16 @@ class Recorder:
                     self.tensors_opt.extend(self.info.optimizer_entries([opt], n))
                 if self.primary is None or opt is not self.primary():
                     return None
+                if self._before_window_running():
+                    self.before.stepped()
                 self.steps_done = n + 1
                 if self.cuda is not None:
                     self.cuda.set_phase(runfmt.STAGE_FORWARD, None)
                 if self.state == "idle" and self.steps_done == self.skip:
                     self._start_window()
+                elif self.state == "window" and self.deferred_start and self.steps_done == self.first_active:
+                    self._sample_process_memory(n)
+                    self._start_window_profiler()
                 elif self.state in ("window", "aside"):
                     if self.state == "window":
                         self._sample_process_memory(n)
@@ -361,7 +428,7 @@ class Recorder:
         self.tensors_params = [dict(t, captured_at="after_step") for t in self.info.param_entries(self.skip - 1)]
         self.tensors_opt = self.info.optimizer_entries(self._optimizers(), self.skip - 1)
         self._install_signal_handlers()
-        if _user_profiler_running():
+        if not self._before_window_running() and _user_profiler_running():
             self.state = "aside"
             self.error = "torch.profiler was already running in this process: fsdpprof stepped aside (no trace)"
             self._log("WARNING " + self.error)
@@ -380,9 +447,21 @@ class Recorder:
             except Exception as exc:
                 self.cuda = None
                 self._fail("CUDA memory history", exc)
+        if self._before_window_running() and self.first_active > self.skip:
+            # the record runs on through the warmup steps (up to the first recorded one), and the window's
+            # profiler starts then: two profilers cannot run at once, and a CPU-only profiler has no device
+            # buffers for a warmup to settle
+            self.deferred_start = True
+            return
+        self._start_window_profiler()
+
+    def _start_window_profiler(self) -> None:
+        """Stop the memory record before the window, then start the window's profiler at step ``steps_done``."""
+        self.deferred_start = False
+        self._finish_before_window()
         self.prof = self._make_profiler(schedule=self._schedule)
-        self.prof.step_num = self.skip
-        self.prof.current_action = self._schedule(self.skip)
+        self.prof.step_num = self.steps_done
+        self.prof.current_action = self._schedule(self.steps_done)
         if hasattr(self.prof, "_prev_schedule_action"):
             self.prof._prev_schedule_action = self.prof.current_action
         self._start_profiler(self.prof)
@@ -461,6 +540,10 @@ class Recorder:
         """The job starts its own torch.profiler: drop the fallback trace, or end the window saving what it has."""
         with self.lock:
             try:
+                if self._before_window_running():
+                    self._log("WARNING the job started its own torch.profiler: fsdpprof stopped its memory record "
+                              "before the window (memory allocated before the window is seen only where freed in it)")
+                    self._drop_before_window("the job started its own torch.profiler")
                 if self.fallback_prof is not None:
                     self._log("WARNING the job started its own torch.profiler: fsdpprof dropped its fallback trace")
                     self._drop_profilers()
@@ -500,6 +583,8 @@ class Recorder:
                                           optimizers=self._optimizers(),
                                           tensors=self.tensors_params + self.tensors_grads + self.tensors_opt,
                                           status="complete" if status == "complete" else "partial", error=error)
+                if self.before_window is not None:
+                    doc[runfmt.INVENTORY_BEFORE_WINDOW] = self.before_window
                 self._will_write(runfmt.INVENTORY_JSON)
                 runfmt.atomic_write_json(path, doc)
                 self.files.append(runfmt.INVENTORY_JSON)
@@ -629,6 +714,7 @@ class Recorder:
                 return
             self.saving = True
             try:
+                self._drop_before_window(f"{reason} before the window's profiler started")
                 exc_text = self._exit_exception()
                 if self.state in ("window", "aside"):
                     self._save_window(reason, clean, exc_text)

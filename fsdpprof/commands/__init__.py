@@ -1,6 +1,8 @@
 """The sub-commands (each module: ``add_arguments(parser)`` and ``run(args) -> int``) and what they share."""
 from __future__ import annotations
 
+import sys
+
 from fsdpprof import options
 
 SHARED = {  # option -> add_argument keywords
@@ -28,8 +30,7 @@ SHARED = {  # option -> add_argument keywords
                         help="address of a running dask.distributed scheduler (tcp://HOST:8786; implies --engine "
                              "dask): its workers read each rank's files at the same path (shared storage), only "
                              "small results come back"),
-    "--connect-timeout": dict(type=options.CONNECT_TIMEOUT_S, default=options.DEFAULT_CONNECT_TIMEOUT_S,
-                              metavar="SECONDS",
+    "--connect-timeout": dict(type=options.CONNECT_TIMEOUT_S, default=None, metavar="SECONDS",
                               help=f"--scheduler: seconds to wait for the scheduler to connect and answer (default "
                                    f"{options.DEFAULT_CONNECT_TIMEOUT_S:g}; {options.CONNECT_TIMEOUT_S.describe()})"),
 }
@@ -44,10 +45,17 @@ def add(p, *names: str, **helps: str) -> None:
 
 
 def engine_of(args) -> str:
-    """The engine of --engine / --scheduler / --connect-timeout; UserError when they do not work together."""
+    """The engine of --engine / --scheduler / --connect-timeout; UserError when they do not work together; a
+    warning for a --connect-timeout that nothing uses (no --scheduler)."""
     from fsdpprof.analyze.load.engines import check_engine
 
-    return check_engine(args.engine, args.scheduler, args.connect_timeout)
+    timeout_s = args.connect_timeout
+    if timeout_s is not None and args.scheduler is None:
+        print(f"fsdpprof {args.command}: warning: --connect-timeout {timeout_s:g} has no effect without --scheduler "
+              f"(it bounds the wait for a running Dask scheduler); ignored", file=sys.stderr)
+    elif timeout_s is None:
+        timeout_s = options.DEFAULT_CONNECT_TIMEOUT_S
+    return check_engine(args.engine, args.scheduler, timeout_s)
 
 
 def checked_run(args, path: str, outputs: list, fix: str = "", defer_under=None, load=None, **kw):

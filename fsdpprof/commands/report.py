@@ -6,6 +6,7 @@ import os
 import sys
 import webbrowser
 
+from fsdpprof import runfmt
 from fsdpprof.analyze.load.files import find_run
 from fsdpprof.commands import ENGINE, add, checked_run, engine_of
 from fsdpprof.errors import UserError
@@ -46,21 +47,36 @@ def write_report(analysis, out_html: str, out_summary: str | None = None,
     return out_html, out_summary
 
 
-def table_outputs(analysis, directory: str, force: bool, inputs=()) -> list:
-    """--tables: the checked (path, bytes) of every summary table in ``directory`` (a file listed in its
-    tables.json is replaced; another only with ``force``; never an input)."""
+def table_outputs(analysis, directory: str, force: bool, inputs=(), input_folders=()) -> list:
+    """--tables: the checked (path, bytes) of every summary table in ``directory`` (a file that its tables.json
+    lists and that is still as fsdpprof wrote it is replaced; another only with ``force``; never an input, nor
+    anything in a folder that ``fsdpprof record`` writes)."""
     from fsdpprof.report.summary import summary
     from fsdpprof.report.tables import listed_files, table_files
 
+    directory = check_tables_dir(directory)
+    items = table_files(summary(analysis), directory)
+    ours = listed_files(directory)
+    check_outputs([(p, "--tables") for p, _ in items if p not in ours], force=force, inputs=inputs,
+                  input_folders=input_folders, fix=_TABLES_FIX)
+    check_outputs([(p, "--tables") for p, _ in items if p in ours], force=True, inputs=inputs,
+                  input_folders=input_folders, fix=_TABLES_FIX)
+    return items
+
+
+_TABLES_FIX = "choose another folder with --tables"
+
+
+def check_tables_dir(directory: str) -> str:
+    """--tables' folder, absolute; UserError for a file, or a folder that ``fsdpprof record`` writes."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserError(f"--tables {directory} is not a folder; give a folder to write the tables in")
     directory = os.path.abspath(directory)
-    items = table_files(summary(analysis), directory)
-    ours = listed_files(directory)
-    fix = "choose another folder with --tables"
-    check_outputs([(p, "--tables") for p, _ in items if p not in ours], force=force, inputs=inputs, fix=fix)
-    check_outputs([(p, "--tables") for p, _ in items if p in ours], force=True, inputs=inputs, fix=fix)
-    return items
+    recorder = runfmt.recorder_folder(directory)
+    if recorder is not None:
+        raise UserError(f"--tables {directory} is in {recorder}, a folder that fsdpprof record writes (the next "
+                        f"record --force there refuses files it did not write); {_TABLES_FIX}")
+    return directory
 
 
 def analyse_path(path: str, workers: int | None = None, hta: bool = False, progress: bool | None = None,
@@ -82,6 +98,8 @@ def run(args) -> int:
         raise UserError("--hta needs Holistic Trace Analysis: pip install 'fsdpprof[hta]' (or traceinsight); "
                         "fsdpprof's own device breakdowns are in the report without it")
     check_not_empty(**{"RUN": args.run, "-o": args.output, "--summary": args.summary, "--tables": args.tables})
+    if args.tables:
+        check_tables_dir(args.tables)
     html_path, summary_path = report_paths(args.run, args.output, args.summary)
     outputs = [(html_path, "-o" if args.output else "the report"),
                (summary_path, "--summary" if args.summary else "the summary"),
@@ -92,9 +110,9 @@ def run(args) -> int:
 
     a = analyze_run(run_, hta=args.hta, workers=args.workers, progress=sys.stderr.isatty(),
                     engine=engine, scheduler=args.scheduler, ops=False)   # (the operator table is compare's)
-    inputs = run_.inputs
+    inputs, folders = run_.inputs, run_.record_folders()
     del run_
-    tables = table_outputs(a, args.tables, args.force, inputs) if args.tables else []
+    tables = table_outputs(a, args.tables, args.force, inputs, folders) if args.tables else []
     write_report(a, html_path, summary_path, self_contained=args.self_contained, tables=tables)
     print(summary_text(a))
     print(f"report: {html_path}\nsummary: {summary_path}")

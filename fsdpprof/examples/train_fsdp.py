@@ -7,12 +7,16 @@ Run it under torchrun (gloo on CPU, NCCL when a GPU is present)::
 Strategies: fsdp2 (FULL_SHARD), fsdp2-no-reshard (SHARD_GRAD_OP), hsdp (FSDP2 on a 2-D mesh), fsdp2-offload
 (CPUOffloadPolicy, unpinned on CPU), fsdp1-full, fsdp1-grad-op, fsdp1-no-shard, fsdp1-hybrid (HYBRID_SHARD on a
 2-D mesh), ddp, none (one process, no torch.distributed).  Every block is one FSDP unit, plus the root.
+
+FSDPPROF_EXAMPLE_SLEEP="RANK:UNIT:MS" (e.g. "1:layers.2:80") makes rank RANK sleep MS ms on the host in block
+UNIT's forward, every step: a straggler with a known cause, for checking fsdpprof's critical path.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -58,7 +62,11 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim)
 
+    sleep_s = 0.0       # FSDPPROF_EXAMPLE_SLEEP: a host stall in this block's forward
+
     def forward(self, x):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -92,9 +100,35 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="print nothing")
+    p.add_argument("--memory-oracle", metavar="PREFIX", default=None,
+                   help="CPU memory check: from before the model's construction to the end, c10's CPU allocator "
+                        "counts every thread's bytes and logs each allocation (stderr goes to PREFIX.<rank>.log); "
+                        "the most bytes alive at once is written into PREFIX.<rank> (JSON). No profiler: it runs "
+                        "under fsdpprof record, on the very run recorded")
     p.add_argument("--time-steps", action="store_true",
                    help="rank 0 prints every step's wall time (ms) as JSON: train_fsdp: step_ms=[...]")
     return p.parse_args(argv)
+
+
+SLEEP_ENV = "FSDPPROF_EXAMPLE_SLEEP"
+
+
+def injected_sleep(rank: int, blocks: int) -> tuple[int, float] | None:
+    """(block index, seconds) of FSDPPROF_EXAMPLE_SLEEP="RANK:layers.K:MS" for this rank, else None; a malformed
+    value is an error that says the format."""
+    v = os.environ.get(SLEEP_ENV)
+    if not v:
+        return None
+    try:
+        r, unit, ms = v.split(":")
+        k = int(unit.rsplit(".", 1)[-1])
+        secs = float(ms) / 1000.0
+        if not 0 <= k < blocks or secs < 0:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"train_fsdp: {SLEEP_ENV}={v!r}: give RANK:layers.K:MS with 0 <= K < {blocks}, "
+                         f"e.g. 1:layers.2:80") from None
+    return (k, secs) if int(r) == rank else None
 
 
 def _free_port() -> int:
@@ -170,6 +204,51 @@ def wrap(model: nn.Module, args, device: torch.device, world: int) -> nn.Module:
     return model
 
 
+_C10_LINE = re.compile(rb"C10 (alloc|deleted) \d+ bytes, total alloc (\d+) bytes|train_fsdp: step (\d+) optimizer done")
+
+
+def _c10_flags():
+    """c10's CPU-allocator count flag and log level (ctypes views into libc10)."""
+    import ctypes
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    return (ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage"),
+            ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level"))
+
+
+def _memory_oracle_start(path: str) -> dict:
+    """From now on c10's CPU allocator counts the bytes every thread allocates and frees, and logs each
+    allocation with the running total ("C10 alloc N bytes, total alloc T bytes") into ``path`` (this process's
+    stderr goes there).  Independent of any profiler, so it runs beside fsdpprof record's."""
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    count, level = _c10_flags()
+    count.value, level.value = True, 0      # (0: c10's INFO level)
+    return {"path": path, "level": 2}
+
+
+def _memory_oracle_write(oracle: dict, path: str, rank: int) -> None:
+    """Stop the count's log and write the most CPU bytes alive at once since the oracle started, and those alive as
+    each step's optimizer.step() returned (where fsdpprof's window begins), as JSON."""
+    count, level = _c10_flags()
+    level.value = oracle["level"]           # (2: c10's default, WARNING)
+    sys.stderr.flush()
+    totals, after_step, total = [], [], 0
+    with open(oracle["path"], "rb") as fh:
+        for m in _C10_LINE.finditer(fh.read()):
+            if m.group(3) is not None:      # the bytes alive as this step's optimizer.step() returned
+                after_step.append(total)
+            else:
+                total = int(m.group(2))
+                if m.group(1) == b"alloc":
+                    totals.append(total)
+    with open(path, "w") as fh:
+        json.dump({"rank": rank, "peak_allocated_bytes": max(totals, default=0), "allocations": len(totals),
+                   "after_step_bytes": after_step}, fh)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,8 +256,12 @@ def main(argv=None) -> int:
     rank, world, local_rank = setup_distributed(device_type) if distributed else (0, 1, 0)
     device = torch.device(device_type, local_rank) if device_type == "cuda" else torch.device("cpu")
 
+    oracle = _memory_oracle_start(f"{args.memory_oracle}.{rank}.log") if args.memory_oracle else None
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
+    stall = injected_sleep(rank, args.layers)
+    if stall:
+        model.layers[stall[0]].sleep_s = stall[1]
     model = wrap(model, args, device, world)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     autocast = (args.mixed_precision == "bf16" and args.strategy in ("ddp", "none"))
@@ -196,11 +279,15 @@ def main(argv=None) -> int:
         if args.crash_at_step is not None and step == args.crash_at_step and args.crash_rank in (None, rank):
             raise RuntimeError(f"train_fsdp: deliberate crash at step {step} (--crash-at-step)")
         opt.step()
+        if oracle is not None:
+            print(f"train_fsdp: step {step} optimizer done", file=sys.stderr, flush=True)
         opt.zero_grad(set_to_none=True)
         if args.time_steps:
             if distributed:
                 dist.barrier()
             step_ms.append((time.perf_counter() - t0) * 1000.0)
+    if oracle is not None:
+        _memory_oracle_write(oracle, f"{args.memory_oracle}.{rank}", rank)
     if args.time_steps and rank == 0:
         print("train_fsdp: step_ms=" + json.dumps([round(x, 3) for x in step_ms]), flush=True)
     if rank == 0 and not args.quiet:

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from fsdpprof.analyze import model
 from fsdpprof.analyze.compare.diff import NO_UNIT
 from fsdpprof.analyze.model import MISSING_WORD, ROOT_UNIT, ROOT_UNIT_TEXT
 from fsdpprof.report import figures
@@ -221,6 +222,12 @@ def render_diff(c, page) -> str:
     for run in [lab for lab in c.labels if lab != d.baseline]:
         out.append(f"<h3>{esc(run)} against {esc(d.baseline)}</h3>")
         out.append("<h4>Step decomposition</h4>" + _steps_html(_of(d.steps, run), run, d.baseline, page))
+        crit = _of(getattr(d, "critical", None), run)
+        if crit is not None and len(crit):
+            out.append("<h4>What limits the step (critical path, mean per step over all steps)</h4>" + _table(
+                crit.assign(kind=crit["kind"].map(model.PATH_KIND_WORDS).fillna(crit["kind"])),
+                [("kind", "kind", "text"), ("baseline_us", d.baseline, fmt_us), ("run_us", run, fmt_us),
+                 ("diff_us", "change", lambda v: _signed(fmt_us, v))]))
         out.append("<h4>Communication per collective, stage, FSDP phase and unit</h4>" + _comm_html(_of(d.comm, run)))
         out.append("<h4>Operators and kernels</h4>" + _ops_html(_of(d.ops, run)))
         out.append("<h4>Memory at the peak</h4>" + _memory_html(_of(d.memory, run), _of(d.memory_units, run),
@@ -244,6 +251,11 @@ def diff_text(c) -> str:
             lines.append("    step: " + ", ".join(f"{STEP_LABELS.get(r['metric'], r['metric'])} "
                                                    f"{_signed(fmt_us, r['diff_us'])} ({_pct(r['diff_pct'])})"
                                                    for r in s.to_dict("records")))
+        cr = _of(getattr(d, "critical", None), run)
+        if cr is not None and len(cr):
+            lines.append("    critical path per step: " + ", ".join(
+                f"{model.PATH_KIND_WORDS.get(r['kind'], r['kind'])} {_signed(fmt_us, r['diff_us'])}"
+                for r in cr.to_dict("records") if r["diff_us"]))
         if cm is not None and len(cm):
             r = cm.loc[cm["diff_exposed_comm_us"].abs().idxmax()]
             where = ", ".join(x for x in (value_label("collective", r["collective"]),

@@ -362,24 +362,37 @@ def output_locks(paths):
 def _temp_re(name: str) -> re.Pattern:
     """fsdpprof's temporaries of ``name``: ``.<name>.<pid>.<8 hex>.tmp`` (runfmt.temp_name) and tempfile's."""
     n = re.escape(name)
-    return re.compile(rf"\.{n}\.(?:[0-9]+\.[0-9a-f]{{8}}|[a-z0-9_]{{8}})\.tmp\Z")
+    return re.compile(rf"\.{n}\.(?:(?P<pid>[0-9]+)\.[0-9a-f]{{8}}|[a-z0-9_]{{8}})\.tmp\Z")
+
+
+def _pid_dead(pid: int) -> bool:
+    """No process ``pid`` runs on this host (a writer killed by SIGKILL left its temporaries)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError, ValueError):
+        return False
+    return False
 
 
 def remove_stale_temps(path: str, now: float | None = None) -> list[str]:
-    """Remove (and return) the temporaries older than STALE_TEMP_S that a killed write of ``path`` left; the caller
+    """Remove (and return) the temporaries that a killed write of ``path`` left: those of a pid that no longer
+    runs here, and any older than STALE_TEMP_S (a pid reused since, or a writer on another host); the caller
     holds ``path``'s lock, so no live writer of ours owns them."""
     d, base = os.path.split(os.path.abspath(path))
     pattern, now = _temp_re(base), time.time() if now is None else now
     removed = []
     try:
-        names = [n for n in os.listdir(d) if pattern.match(n)]
+        names = [(n, m) for n in os.listdir(d) if (m := pattern.match(n))]
     except OSError:
         return removed
-    for n in names:
+    for n, m in names:
         p = os.path.join(d, n)
         try:
             st = os.lstat(p)
-            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TEMP_S:
+            dead = m.group("pid") is not None and m.group("pid") != str(os.getpid()) and _pid_dead(int(m.group("pid")))
+            if stat.S_ISREG(st.st_mode) and (dead or now - st.st_mtime > STALE_TEMP_S):
                 os.unlink(p)
                 removed.append(p)
         except OSError:

@@ -4,14 +4,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fsdpprof.analyze.summary.headline import headline
-from fsdpprof.report import communication, device, findings, glance, memory, overview, per_unit, ranks, steps, whatif
+from fsdpprof.report import communication, critical, device, findings, glance, memory, overview, per_unit, ranks, steps, whatif
 from fsdpprof.report.page import Page, document
 
 if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
     from fsdpprof.analyze.pipeline import Analysis
 
 
-REPORT_NAV = [("headline", "At a glance"), ("findings", "Findings"), ("overview", "Overview"), ("memory", "Memory"),
+REPORT_NAV = [("headline", "At a glance"), ("critical_path", "What limits the step"), ("findings", "Findings"), ("overview", "Overview"), ("memory", "Memory"),
               ("units", "Per unit"), ("communication", "Communication"), ("steps", "Steps"), ("ranks", "Ranks"),
               ("whatif", "What if"), ("device", "Device time")]
 
@@ -29,7 +29,8 @@ def render_report(a: Analysis, plotly_src: str | None = None) -> str:
     from ``plotly_src`` beside the page (see :class:`fsdpprof.report.page.Page`)."""
     page = Page(plotly_src)
     o = a.overview
-    sections = [overview.banner(a), glance.glance_section(a, headline(a)), findings.findings_section(a),
+    sections = [overview.banner(a), glance.glance_section(a, headline(a)),
+                critical.critical_section(a, page), findings.findings_section(a),
                 overview.overview_section(a), memory.memory_section(a, page), per_unit.per_unit_section(a, page),
                 communication.communication_section(a, page), steps.steps_section(a, page), _whatif(a, page),
                 ranks.ranks_section(a, page), device.device_section(a, page)]

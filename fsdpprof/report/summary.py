@@ -127,6 +127,7 @@ def summary(a: Analysis, plain: bool = True) -> dict:
         "exposed_unit": a.exposed_unit, "idle_causes": a.idle_causes,
         "skew": a.skew.head(SKEW_ROWS_MAX) if a.skew is not None else None, "stragglers": a.stragglers,
         "matching": a.matching,
+        "critical_path": a.critical_path.to_dict() if a.critical_path is not None else None,
         "traffic": a.traffic, "lanes_step": a.lanes_step, "top_ops": a.top_ops,
         "temporal": a.temporal, "kernel_types": a.kernel_types, "top_kernels": a.top_kernels, "idle": a.idle,
         "hta": a.hta,
@@ -142,7 +143,7 @@ def diff_summary(d) -> dict | None:
         return None
     return {"baseline": d.baseline, "scope": d.scope, "comm": d.comm, "steps": d.steps, "ops": d.ops,
             "memory": d.memory, "memory_roles": d.memory_roles, "memory_units": d.memory_units,
-            "notes": list(d.notes)}
+            "critical_path": getattr(d, "critical", None), "notes": list(d.notes)}
 
 
 def compare_summary(c) -> dict:

@@ -9,7 +9,7 @@ import math
 import msgspec
 
 from fsdpprof.version import __version__
-from fsdpprof.analyze.load.files import SOURCE_RUN_DIR
+from fsdpprof.analyze.load.files import SOURCE_RUN_DIR, with_inventory
 from fsdpprof.analyze.trace.timeline_file import (META_KEY, PARTS_KEY, TIMELINE_SCHEMA, TRACE_META_KEYS,
                                                   TRACK_CAT, TRACK_TID_BASE)
 from fsdpprof.errors import UserError
@@ -18,8 +18,9 @@ WARN_BYTES = 10**9              # a timeline bigger than this (JSON) is slow in 
 BATCH_EVENTS = 20_000           # events encoded at a time
 _PROCESS_META = frozenset({"process_name", "process_labels", "process_sort_index"})
 # fsdpprof's tracks, in the order they are shown above the rank's own threads
-TRACK_STEP, TRACK_STAGE, TRACK_PHASE, TRACK_UNIT, TRACK_EXPOSED, TRACK_MEMORY, TRACK_FINDINGS = (
-    "step", "stage", "FSDP phase", "FSDP unit", "exposed communication", "memory allocated (bytes)", "findings")
+TRACK_STEP, TRACK_STAGE, TRACK_PHASE, TRACK_UNIT, TRACK_EXPOSED, TRACK_CRITICAL, TRACK_MEMORY, TRACK_FINDINGS = (
+    "step", "stage", "FSDP phase", "FSDP unit", "exposed communication", "critical path", "memory allocated (bytes)",
+    "findings")
 _ENC = msgspec.json.Encoder()
 
 
@@ -152,6 +153,12 @@ def track_events(t, pid: int, findings: list, places) -> list[dict]:
     for r in t.exposed.itertuples(index=False):
         span(f"{TRACK_EXPOSED}: {r.collective}", str(r.collective), r.start_us, r.end_us,
              {"collective": str(r.collective), "exposed_us": _num(r.end_us - r.start_us)})
+    for r in t.critical.itertuples(index=False) if t.critical is not None else []:
+        what = r.what if isinstance(r.what, str) and r.what else None
+        span(TRACK_CRITICAL, f"{r.kind}: {what}" if what else str(r.kind), r.start_us, r.end_us,
+             {"step": _num(r.step), "kind": str(r.kind), "what": what,
+              "unit": r.unit if isinstance(r.unit, str) else None,
+              "stage": r.stage if isinstance(r.stage, str) else None, "dur_us": _num(r.end_us - r.start_us)})
     if t.memory is not None and len(t.memory):
         m = t.memory
         cats = [c for c in m.columns if c != "ts_us" and (m[c] != 0).any()]
@@ -183,13 +190,16 @@ def timeline_meta(run, tl, wanted_steps) -> dict:
                 "residual_us": _num(t.residual_us), "trace": _shifted_meta(rd.trace_meta or {}, t.offset_us)}
         if run.source == SOURCE_RUN_DIR:
             part["info"] = _shifted_info(rd.info, t.offset_us)
+            with_inv, _ = with_inventory(rd)
+            if with_inv.inventory is not None:   # what the rank held before the window (the memory's baseline)
+                part["inventory"] = with_inv.inventory
         ranks.append(part)
     method = str(al["method"].iat[0]) if len(al) else None
     return {"schema": TIMELINE_SCHEMA, "generator": f"fsdpprof {__version__}", "input": str(run.path),
             "clock": {"method": method, "notes": list(tl.notes)}, "steps": wanted_steps, "ranks": ranks,
             "tracks": {"category": TRACK_CAT, "first_tid": TRACK_TID_BASE,
-                       "names": [TRACK_STEP, TRACK_STAGE, TRACK_PHASE, TRACK_UNIT, TRACK_EXPOSED, TRACK_MEMORY,
-                                 TRACK_FINDINGS]},
+                       "names": [TRACK_STEP, TRACK_STAGE, TRACK_PHASE, TRACK_UNIT, TRACK_EXPOSED, TRACK_CRITICAL,
+                                 TRACK_MEMORY, TRACK_FINDINGS]},
             "findings_key": "findings"}
 
 

@@ -258,6 +258,7 @@ class Diff:
     memory_roles: pd.DataFrame                    # run, role: baseline_/run_/diff_ bytes (they add up to the peak's)
     memory_units: pd.DataFrame                    # run, unit, category: baseline_/run_/diff_ bytes
     notes: list = field(default_factory=list)
+    critical: pd.DataFrame | None = None          # run, kind: baseline_/run_/diff_us (critical path, mean per step)
 
 
 COMM_VALUES = ["count", "bytes", "comm_us", "exposed_comm_us"]
@@ -269,6 +270,16 @@ def _concat_runs(parts: list[tuple[str, pd.DataFrame]], columns: list[str]) -> p
     if not frames:
         return pd.DataFrame(columns=["run"] + columns)
     return pd.concat(frames, ignore_index=True)
+
+
+def critical_breakdown(a) -> pd.DataFrame:
+    """kind, us: the critical path's time per kind, the mean per step over all the run's steps (empty without)."""
+    cp = getattr(a, "critical_path", None)
+    br = cp.breakdown if cp is not None and cp.breakdown is not None else None
+    if br is None or not len(br):
+        return pd.DataFrame(columns=["kind", "us"])
+    m = br[br["step"].isna()]
+    return pd.DataFrame({"kind": m["kind"].astype(str).to_numpy(), "us": m["dur_us"].to_numpy(np.float64)})
 
 
 def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None) -> Diff:
@@ -343,6 +354,9 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
             if b_units is not None and r_units is not None:
                 u = _pair(b_units, r_units, ["unit", "category"], ["bytes"])
                 units.append((lab, u[(u["baseline_bytes"] != 0) | (u["run_bytes"] != 0)]))
+    b_crit = critical_breakdown(base)
+    crit = [(lab, _pair(b_crit, critical_breakdown(a), ["kind"], ["us"])) for a, lab in zip(analyses[1:], labels[1:])
+            if len(b_crit) or len(critical_breakdown(a))]
     comm_cols = COMM_KEYS + [f"{p}_{v}" for v in COMM_VALUES for p in ("baseline", "run", "diff")]
     comm_df = _concat_runs(comm, comm_cols)
     if len(comm_df):
@@ -358,4 +372,4 @@ def diff_analyses(analyses: list, labels: list[str], scope: Scope | None = None)
         memory=_concat_runs(mem, ["category", "baseline_bytes", "run_bytes", "diff_bytes"]),
         memory_roles=_concat_runs(roles, ["role", "baseline_bytes", "run_bytes", "diff_bytes"]),
         memory_units=_concat_runs(units, ["unit", "category", "baseline_bytes", "run_bytes", "diff_bytes"]),
-        notes=notes)
+        notes=notes, critical=_concat_runs(crit, ["kind", "baseline_us", "run_us", "diff_us"]))

@@ -153,6 +153,9 @@ def compare_analyses(analyses: list[Analysis], *, allow_different_models: bool =
                      f"record), so the memory formulas (model states and traffic in theory) are left out; "
                      f"everything measured is compared.")
     labels = _labels(analyses, nums)
+    counted = [(lab, (a.theory or {}).get("model_states_counted")) for lab, a in zip(labels, analyses)]
+    if not unknown and any(c for _, c in counted):
+        notes.append("Model states measured: " + "; ".join(f"{lab}: {c}" for lab, c in counted if c) + ".")
     for lab, a in zip(labels, analyses):     # a rank missing from a run: named, its figures are the others'
         if a.missing:
             warnings.append(f"PARTIAL: {lab} is compared over {rank_list(a.overview.get('ranks_present') or [])} "

@@ -90,8 +90,12 @@ def check_engine(engine: str | None, scheduler: str | None, connect_timeout_s: f
 
 
 def _have_distributed() -> bool:
+    return _have("distributed")
+
+
+def _have(module: str) -> bool:
     try:
-        return importlib.util.find_spec("distributed") is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):     # a broken or blocked installation
         return False
 
@@ -206,7 +210,8 @@ def connect_timeout_s() -> float:
 def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
     """UserError, in one line naming the address and within about ``timeout_s`` (default: Dask's connect
     timeout), unless a Dask scheduler answers there: tcp:// must send a Dask handshake first (read bounded, before
-    distributed.Client could wait on it without a bound); tls://: the connection only; inproc:// is refused.
+    distributed.Client could wait on it without a bound); tls://, ws://, wss://, ucx:// (UCX installed): the
+    connection only; inproc:// is refused.
     An address that answered once in this process is not probed again (a command checks, then its maps)."""
     addr = str(scheduler).strip()
     if addr in _ANSWERED:
@@ -219,8 +224,9 @@ def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
     if scheme == "inproc":
         raise UserError(f"--scheduler {addr}: an inproc:// scheduler exists only inside the Python process that "
                         f"started it; give its tcp:// address, or leave --scheduler out to start a LocalCluster here")
-    if scheme not in ("", "tcp", "tls"):
-        return
+    if scheme == "ucx" and not any(_have(m) for m in ("distributed_ucxx", "ucp")):
+        raise UserError(f"--scheduler {addr}: ucx:// needs UCX for Dask (pip install distributed-ucxx, or ucx-py), "
+                        f"which is not installed here; give the scheduler's tcp:// address instead")
     host, sep, port = rest.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -235,7 +241,7 @@ def check_scheduler(scheduler: str, timeout_s: float | None = None) -> None:
         raise UserError(f"cannot reach the Dask scheduler at {addr} ({exc.strerror or type(exc).__name__}); "
                         f"{_FIX}") from None
     with sock:
-        why = None if scheme == "tls" else _dask_handshake_problem(sock, deadline, timeout_s)
+        why = _dask_handshake_problem(sock, deadline, timeout_s) if scheme in ("", "tcp") else None
     if why:
         raise UserError(f"the Dask scheduler at {addr} {why}; {_FIX}")
     _ANSWERED.add(addr)
@@ -301,6 +307,24 @@ def shared_scheduler(engine: str, scheduler: str | None, workers: int | None, n_
         cluster.close()
 
 
+def _drop_failed_client(exc: BaseException) -> None:
+    """Collect the half-made Client that ``exc`` (its constructor's error) still holds, now and quietly: its
+    ``__del__`` would otherwise print "Exception ignored in Client.__del__ ... TimeoutError" after our one line."""
+    import gc
+    import sys
+    import traceback
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        traceback.clear_frames(exc.__traceback__)
+        exc.__traceback__ = None
+        exc.__context__ = exc.__cause__ = None
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+
+
 def _check_workers_import_fsdpprof(client) -> None:
     """UserError unless every worker of the cluster can import this fsdpprof (the same version)."""
     try:
@@ -331,8 +355,9 @@ def _dask(fn, jobs, workers, scheduler):
         try:
             client = Client(address, timeout=connect_timeout_s(), set_as_default=False)
         except (OSError, TimeoutError, ValueError, TypeError) as exc:
-            raise UserError(f"cannot reach the Dask scheduler at {address} ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); {_FIX}") from None
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no answer'}"
+            _drop_failed_client(exc)
+            raise UserError(f"cannot reach the Dask scheduler at {address} ({why}); {_FIX}") from None
         with client:
             if scheduler:
                 _check_workers_import_fsdpprof(client)

@@ -219,8 +219,10 @@ def with_inventory(rd: RankData) -> tuple[RankData, str | None]:
 
 
 def _read_json(path: str, what: str) -> dict:
+    """A run file as the analysis reads it: an integer beyond 64 bits is unknown (None)."""
     try:
-        doc = runfmt.read_json(path)
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(), parse_int=runfmt.int64_or_none)
     except (OSError, ValueError) as exc:
         raise UserError(f"{what} {path} is unreadable ({exc}); re-record the run") from None
     if not isinstance(doc, dict):
@@ -373,7 +375,7 @@ def _discover_folder(path: str, lazy: bool) -> Run:
         if r in ranks:
             raise UserError(f"folder {path} has two snapshots for rank {r} ("
                             f"{os.path.basename(ranks[r].snapshot_path)}, {os.path.basename(f)}); keep one per rank")
-        ranks[r] = _snapshot_rank(r, f, snapshots_given=len(snaps))
+        ranks[r] = _snapshot_rank(r, f)
     return Run(path=path, source=SOURCE_SNAPSHOT_FOLDER, meta={}, ranks=ranks, warnings=warnings, inputs=snaps)
 
 
@@ -383,10 +385,12 @@ def _trace_ranks(f: str, i: int, warnings: list[str]) -> list[RankData]:
     merged = timeline_meta(f)
     if merged is not None:
         out = []
-        for part in rank_parts(merged):
+        for part in rank_parts(merged, f):
             rank, meta = part["rank"], dict(part.get("trace") or {})
+            inventory = part.get("inventory") if isinstance(part.get("inventory"), dict) else None
             out.append(RankData(rank=rank, info=dict(part.get("info") or {}) or _info_from_meta(rank, meta),
-                                trace_path=f, trace_meta=meta, label=f"{label}:rank-{rank}", trace_pid=part["pid"]))
+                                inventory=inventory, trace_path=f, trace_meta=meta, label=f"{label}:rank-{rank}",
+                                trace_pid=part["pid"]))
         return out
     dist = distributed_info_head(f)
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) and not isinstance(dist.get("rank"), bool) else None

@@ -87,7 +87,6 @@ def memory_analysis(rank, *, device: int | None = None, top_n: int = 20,
         res = snapshot_memory(load_snapshot(rank.snapshot_path), rank=r, inventory=inventory, top_n=top_n,
                               device=device if device is not None else _info_device(info),
                               timeline_points=timeline_points, world_size=info.get("world_size"),
-                              snapshots_given=info.get("snapshots_given"),
                               device_required=device is not None or bool(info.get("device_chosen")))
     elif me is None and events is None:
         raise UserError(f"rank {r}: no profiler trace and no CUDA snapshot: no memory data to analyse")
@@ -249,7 +248,7 @@ def snapshot_inventory(inventory: dict | None, df: pd.DataFrame) -> pd.DataFrame
 
 def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = None, inventory: dict | None = None,
                     top_n: int = 20, timeline_points: int = 2000, world_size: int | None = None,
-                    snapshots_given: int | None = None, device_required: bool = False) -> MemoryResult:
+                    device_required: bool = False) -> MemoryResult:
     """Memory attribution of one device of a CUDA snapshot (None, or one it lacks: the largest peak's; with
     ``device_required`` a lacking one is a UserError).  Works on numpy columns; the DataFrame is built once."""
     a_all = snap.allocations
@@ -285,8 +284,7 @@ def snapshot_memory(snap: SnapshotData, *, rank: int = 0, device: int | None = N
         inv_ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
         rec = fsdp_units.recover_units(cols, np.asarray(cols["fsdp_role"], dtype=object), stacks, family=fam,
                                        inventory_units=(inventory or {}).get("units"), world_size=inv_ws or world_size,
-                                       world_size_source="the inventory" if inv_ws else "the run",
-                                       snapshots_given=snapshots_given)
+                                       world_size_source="the inventory" if inv_ws else "the run")
         cols["fsdp_role"], cols["fsdp_role_source"] = rec.role, rec.role_source
         tag_unit = np.asarray(cols["unit"], dtype=object)
         cols["unit"] = _like_column(np.where(pd.isna(tag_unit), rec.unit, tag_unit))

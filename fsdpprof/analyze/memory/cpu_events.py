@@ -14,6 +14,7 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import fsdp_units as fu
+from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free
 from fsdpprof.errors import UserError
@@ -118,6 +119,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     if inventory is not None and not len(opt_starts):
         warnings.append(f"{label}: no Optimizer.step in the trace: inventory tensors matched at the end of the window")
 
+    allocs = _with_before_window(allocs, inventory, addr, b > 0, seq, t0, label, warnings)
     # inventory tensors that no allocation accounts for were alive since before the window
     if len(inv_t):
         matched = _matched_inventory(allocs, inv_t)
@@ -130,6 +132,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
                 "alloc_us": t0, "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER,
                 "device": np.int16(0), "stream": np.int64(0), "before_trace": True, "free_inferred": False})],
                 ignore_index=True)
+    inv_t = _with_ddp_buckets(allocs, inv_t, inventory, t0)
     allocs["user_metadata"] = ""
     allocs["frames"] = pd.Series([None] * len(allocs), dtype=object)
     ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
@@ -142,6 +145,112 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
                         f"FSDP's own rule (at the latest where FSDP frees it: the unit's next all-gather, and a flat "
                         f"all-gather output after its copy-out), else after the same unit's usual lifetime")
     return allocs, inv_t, warnings
+
+
+def _with_before_window(allocs: pd.DataFrame, inventory: dict | None, addr: np.ndarray, is_alloc: np.ndarray,
+                        seq: np.ndarray, t0: float, label: str, warnings: list[str]) -> pd.DataFrame:
+    """``allocs`` plus the allocations inventory.json's ``before_window`` saw alive at the window's start that the
+    window never touches (alive all through it, e.g. DDP's buckets); one the window frees first is its orphan free
+    already; one the window allocates again first was freed unseen (a thread the profiler does not record)."""
+    bw = (inventory or {}).get(runfmt.INVENTORY_BEFORE_WINDOW)
+    if not isinstance(bw, dict):
+        return allocs
+    if bw.get("error"):
+        warnings.append(f"{label}: the memory record before the window stopped early ({bw['error']}): memory "
+                        f"allocated before the window is seen only where the window frees it or the inventory names it")
+        return allocs
+    rows = [r for r in bw.get("allocations") or [] if isinstance(r, list) and len(r) >= 2]
+    if not rows:
+        return allocs
+    pre = pd.DataFrame({"addr": np.array([r[0] for r in rows], np.int64), "bytes": np.array([r[1] for r in rows],
+                                                                                              np.int64)})
+    order = np.lexsort((seq, addr))
+    first = pd.Series(is_alloc[order]).groupby(addr[order]).first()     # address -> its first event is an alloc
+    seen = first.reindex(pre["addr"].to_numpy())
+    untouched = seen.isna().to_numpy().copy()
+    stale = int((seen == True).sum())   # noqa: E712  (NaN: untouched)
+    if stale:
+        warnings.append(f"{label}: {stale} allocation(s) alive when the window began by the record before it are "
+                        f"allocated again in the window with no free between (freed on a thread the profiler does "
+                        f"not record): taken as freed before the window")
+    realloc = (seen == True).to_numpy()   # noqa: E712
+    every = bw.get("alive_bytes_every_thread")
+    if isinstance(every, int) and untouched.any():
+        # the record's allocations hold more than the allocator counts: some were freed on a thread no profiler
+        # records (an address the window frees first may be one too, its bytes now another thread's allocation)
+        kept = pre[~realloc]
+        stale_bytes = int(kept["bytes"].sum()) - every
+        drop = kept.index[freed_unseen(kept["bytes"].to_numpy(np.int64), stale_bytes)]
+        gone = np.isin(pre.index, drop) & untouched
+        if gone.any():
+            warnings.append(f"{label}: {int(gone.sum())} allocation(s) ({model.fmt_bytes(int(pre['bytes'][gone].sum()))}) "
+                            f"of the record before the window were freed on a thread the profiler does not record "
+                            f"(the allocator's own count of every thread's bytes says so): taken as freed before the "
+                            f"window")
+            untouched &= ~gone
+        elif stale_bytes > 0 and not len(drop):
+            warnings.append(f"{label}: the record before the window holds {model.fmt_bytes(stale_bytes)} more than "
+                            f"the allocator's own count of every thread's bytes, in no set of its allocations: "
+                            f"memory alive before the window may be overstated by that much")
+    add = pre[untouched]
+    if not len(add):
+        return allocs
+    return pd.concat([allocs, pd.DataFrame({
+        "addr": add["addr"].to_numpy(np.int64), "bytes": add["bytes"].to_numpy(np.int64), "alloc_us": t0,
+        "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0),
+        "stream": np.int64(0), "before_trace": True, "free_inferred": False})], ignore_index=True)
+
+
+def _with_ddp_buckets(allocs: pd.DataFrame, inv_t: pd.DataFrame, inventory: dict | None, t0: float) -> pd.DataFrame:
+    """``inv_t`` plus DDP's gradient buckets (inventory.json's ``ddp_bucket_bytes``): per bucket one allocation of
+    its bytes alive all through the window from before it, labelled as full gradients waiting for their
+    all-reduce (unsharded_grad)."""
+    sizes = (inventory or {}).get("ddp_bucket_bytes") or []
+    if not sizes:
+        return inv_t
+    cand = allocs[allocs["before_trace"] & allocs["free_us"].isna() & ~allocs["addr"].isin(inv_t["addr"])]
+    # the latest made first (DDP rebuilds its buckets in its second forward)
+    made = {int(r[0]): r[2] for r in ((inventory or {}).get(runfmt.INVENTORY_BEFORE_WINDOW) or {}).get("allocations")
+            or [] if isinstance(r, list) and len(r) >= 3}
+    cand = cand.assign(made=cand["addr"].map(made).fillna(-1)).sort_values("made", ascending=False, kind="stable")
+    rows, taken = [], set()
+    for size in sizes:
+        hit = cand[(cand["bytes"] == int(size)) & ~cand["addr"].isin(taken)]
+        if len(hit):
+            addr = int(hit["addr"].iat[0])
+            taken.add(addr)
+            rows.append({"addr": addr, "bytes": int(size), "tensor_bytes": int(size),
+                         "category": MC.UNSHARDED_GRAD.value, "ref_us": t0, "unit": None,
+                         "name": "DDP gradient bucket", "role": runfmt.ROLE_GRAD_BUCKET, "step": np.nan})
+    if not rows:
+        return inv_t
+    return pd.concat([inv_t, pd.DataFrame(rows)], ignore_index=True) if len(inv_t) else pd.DataFrame(rows)
+
+
+def freed_unseen(sizes: np.ndarray, stale_bytes: int, max_set: int = 3) -> np.ndarray:
+    """Positions of the fewest (up to ``max_set``) of ``sizes`` that sum to exactly ``stale_bytes`` (latest first),
+    the allocations whose free a thread the profiler does not record made; empty when none do."""
+    if stale_bytes <= 0 or not len(sizes):
+        return np.array([], dtype=np.int64)
+    idx = np.arange(len(sizes))[::-1]
+    pos = {}
+    for i in idx:
+        pos.setdefault(int(sizes[i]), []).append(int(i))
+    if stale_bytes in pos:
+        return np.array(pos[stale_bytes][:1])
+    cand = [int(i) for i in idx if sizes[i] < stale_bytes]
+    for a_n, i in enumerate(cand):                 # two
+        j = [k for k in pos.get(stale_bytes - int(sizes[i]), []) if k != i]
+        if j:
+            return np.array([i, j[0]])
+    if max_set >= 3:
+        for a_n, i in enumerate(cand[:200]):
+            for k in cand[a_n + 1:200]:
+                rest = stale_bytes - int(sizes[i]) - int(sizes[k])
+                j = [m for m in pos.get(rest, []) if m not in (i, k)]
+                if rest > 0 and j:
+                    return np.array([i, k, j[0]])
+    return np.array([], dtype=np.int64)
 
 
 def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarray:

@@ -150,10 +150,11 @@ def _reverse_match(sizes: list, tmpl: list) -> list:
 
 def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list], *, family: str | None,
                   inventory_units: list[dict] | None = None, world_size: int | None = None,
-                  world_size_source: str = "the run", snapshots_given: int | None = None) -> FsdpRecovery:
+                  world_size_source: str = "the run") -> FsdpRecovery:
     """Units, FSDP roles and shards of one device's allocations (``cols`` as arrays, ``role`` from the frames,
     ``stacks`` = categorize.stack_codes).  ``inventory_units`` name the units when their count agrees.  World size:
-    ``world_size``, else reduce-scatter input / output, else the snapshots given, else the pre-history blocks."""
+    ``world_size``, else reduce-scatter input / output, else all-gather output / input, else the pre-history blocks
+    when their sizes fit one world size only (else unknown)."""
     n_rows = len(role)
     rec = FsdpRecovery(unit=np.full(n_rows, None, dtype=object), role=role.copy(),
                        role_source=np.where(pd.notna(role), "frames", None).astype(object))
@@ -261,10 +262,12 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
     for r, u in unit_of_ag.items():
         rec.unit[r] = u
     # all-gather inputs: the all-gather that follows in the same call
+    ag_calls = []       # (input, output) rows of one all-gather
     for r in order[role_o == AG_IN]:
         j = int(np.searchsorted(ag_pos, pos_of[r], side="right"))
         if j < len(ag):
             rec.unit[r] = unit_of_ag[int(ag[j])]
+            ag_calls.append((int(r), int(ag[j])))
 
     # reduce-scatter calls: the largest buffer is the input (padded unsharded grads), the rest outputs
     rs_groups = _groups(order, role_o == RS, stop=None, adjacent=True, codes=codes)
@@ -298,7 +301,7 @@ def recover_units(cols: dict, role: np.ndarray, stacks: tuple[np.ndarray, list],
                 rec.unit[r] = rs_unit[j]
 
     # world size and the shards alive since before the history
-    ws, src = _world_size(world_size, rs_calls, nbytes, order, role_o, world_size_source, snapshots_given)
+    ws, src = _world_size(world_size, rs_calls, ag_calls, nbytes, world_size_source)
     if ws:
         rec.world_size, rec.world_size_source = ws, src
     if not per_param and family == model.FAMILY_FSDP1:      # FSDP1 gathers one flat parameter per unit
@@ -444,10 +447,11 @@ def world_size_said(ws: int | None, source: str | None) -> str:
     return f"N = {ws} inferred from {source}"
 
 
-def _world_size(given, rs_calls, nbytes, order, role_o, given_source: str = "the run",
-                snapshots_given: int | None = None) -> tuple[int | None, str | None]:
-    """World size: given (run info / inventory), else reduce-scatter input / output of one call (FSDP2), else
-    the number of snapshots given (one per rank) when more than one."""
+def _world_size(given, rs_calls, ag_calls, nbytes, given_source: str = "the run") -> tuple[int | None, str | None]:
+    """World size from evidence: given (run info / inventory), else the reduce-scatter input against its output
+    (FSDP2), else an all-gather's output against its input (FSDP2: the shards cast and packed, in the gathered
+    dtype); None when the snapshot holds neither (the number of snapshots given is no evidence: a job's ranks may
+    be given in part)."""
     if given and int(given) > 0:
         return int(given), given_source
     ratios = Counter()
@@ -460,8 +464,11 @@ def _world_size(given, rs_calls, nbytes, order, role_o, given_source: str = "the
     ratios = Counter({k: v for k, v in ratios.items() if 1 < k <= WORLD_MAX})
     if ratios:
         return ratios.most_common(1)[0][0], "reduce-scatter input / output"
-    if snapshots_given and snapshots_given > 1:
-        return int(snapshots_given), f"the number of snapshots given, one per rank ({snapshots_given})"
+    ratios = Counter(int(nbytes[o] // nbytes[i]) for i, o in ag_calls
+                     if nbytes[i] > 0 and nbytes[o] % nbytes[i] == 0)
+    ratios = Counter({k: v for k, v in ratios.items() if 1 < k <= WORLD_MAX})
+    if ratios:
+        return ratios.most_common(1)[0][0], "all-gather output / input"
     return None, None
 
 
@@ -507,10 +514,14 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
         if n_hit < 0.9 * n_need:
             return
         ws_src = "the sizes of the blocks alive before the history"
-        if ties:
-            ws_src += (f", the smallest that fits them (N = {' or '.join(str(t) for t in sorted(ties))} would fit "
-                       f"them as well, with another stored dtype; give every rank's snapshot to settle it)")
-    rec.world_size, rec.world_size_source = w, ws_src
+        if ties:    # no evidence settles it: the shards are labelled, the world size stays unknown
+            rec.notes.append(f"world size unknown: the blocks alive before the history fit the gathered sizes as "
+                             f"shards of N = {' or '.join(str(t) for t in sorted(ties | {w}))} (another stored dtype "
+                             f"each); no all-gather input or reduce-scatter in the snapshot settles it")
+        else:
+            rec.world_size, rec.world_size_source = w, ws_src
+    else:
+        rec.world_size, rec.world_size_source = w, ws_src
     need_by_size: dict[int, list[str]] = {}
     for u, b in unsharded:
         s = b * ratio / w
@@ -533,7 +544,8 @@ def _match_shards(rec, per_param: dict, names, ws, ws_src, cols, before, fseq, n
         for i, r in enumerate(rest):
             rec.role[r], rec.role_source[r], rec.unit[r] = model.FSDP_ROLE_OPTIMIZER_STATE, "sizes", us[i % len(us)]
             n_opt += 1
+    how = f"world size {w} from {ws_src}" if rec.world_size == w else f"taken as shards of N = {w}, the world size unknown"
     rec.notes.append(f"{n_param} block(s) alive before the history began have the sizes of the sharded "
-                     f"parameters the all-gathers imply (world size {w} from {ws_src}, stored/gathered dtype "
+                     f"parameters the all-gathers imply ({how}, stored/gathered dtype "
                      f"{ratio:g}x): counted as sharded parameters"
                      + (f"; {n_opt} more of the same sizes ({k_opt} per parameter) as optimizer state" if n_opt else ""))

@@ -117,25 +117,26 @@ def _py_frames_text(fr, limit: int = 6) -> str:
 def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, short: int, unit, stage, role) -> list[dict]:
     out = []
     act = a[a["category"] == MC.ACTIVATION.value]
-    # activation checkpointing of the units whose forward finished, most activations first
+    # activation checkpointing of the units whose forward finished, most bytes freed first: it frees what a
+    # unit's forward saved for backward, never the unit's output (the next unit's input, or what the loss holds)
     if len(act) and act["unit"].notna().any():
         done = act[act["unit"].notna() & (act["unit"].astype(str) != (unit or ""))]
-        per = done.groupby(done["unit"].astype(str))["bytes"].sum().sort_values(ascending=False, kind="stable")
-        kept = _unit_inputs(df, seq, per.index)
+        per = done.groupby(done["unit"].astype(str))["bytes"].sum()
+        kept = _unit_outputs(df, seq, per.index)
+        frees = pd.Series({u: max(0, int(b) - kept.get(u, 0)) for u, b in per.items()}, dtype="int64")
+        frees = frees[frees > 0].sort_values(ascending=False, kind="stable")
         saves, chosen = 0, []
-        for u, b in per.items():
-            s = max(0, int(b) - kept.get(u, 0))
-            if s <= 0:
-                continue
+        for u, s in frees.items():
             chosen.append(u)
-            saves += s
+            saves += int(s)
             if saves >= short:
                 break
         if chosen:
             out.append(_change(f"activation checkpointing of {_list(chosen)}", saves, short, COST_TRAINING,
                                f"those units hold {fmt_bytes(int(per[chosen].sum()))} of activations at the OOM; "
-                               f"checkpointing keeps each unit's input "
-                               f"({fmt_bytes(sum(kept.get(u, 0) for u in chosen))} in all) and recomputes the rest "
+                               f"checkpointing frees what their forwards saved for backward and keeps each unit's "
+                               f"output, the next unit's input or what the loss holds "
+                               f"({fmt_bytes(sum(kept.get(u, 0) for u in chosen))} in all), recomputing the rest "
                                f"in backward"))
     # a smaller micro-batch: activations (and an activation request) shrink in proportion
     a_bytes = int(act["bytes"].sum())
@@ -171,7 +172,9 @@ def _suggestions(res, a: pd.DataFrame, df: pd.DataFrame, seq: int, req: int, sho
         b = int(ms["bytes"].sum()) // 2
         if b > 0:
             w = res.world_size
-            said = world_size_said(w, getattr(res, "world_size_source", None))
+            said = world_size_said(w, getattr(res, "world_size_source", None)) or (
+                "the world size is unknown: no all-gather input, reduce-scatter or run information in the snapshot "
+                "says it")
             out.append(_change(f"twice the shards ({w} -> {2 * w} ranks)" if w else "twice the shards", b, short,
                                COST_DEVICES, f"sharded parameters, gradients and optimizer state hold "
                                              f"{fmt_bytes(2 * b)} at the OOM" + (f"; {said}" if said else "")))
@@ -219,14 +222,18 @@ def _cache_suggestion(frag: dict, req: int, short: int, unit, stage, frames) -> 
                    f"the holes (pieces smaller than a page stay cached)")
 
 
-def _unit_inputs(df: pd.DataFrame, seq: int, units) -> dict:
-    """Per unit: the bytes of its first activation alive at ``seq`` (about the input checkpointing keeps)."""
+def _unit_outputs(df: pd.DataFrame, seq: int, units) -> dict:
+    """Per unit: the bytes of its output alive at ``seq``, the last activation its forward allocated (what the
+    next unit takes as input, or the loss holds: checkpointing the unit keeps it)."""
     act = df[(df["category"] == MC.ACTIVATION.value) & df["unit"].notna() & (df["alloc_seq"] < seq)
              & (df["free_seq"] > seq)]
+    if "stage" in act:
+        act = act[act["stage"].astype(object).isin([model.STAGE_FORWARD, None]) | act["stage"].isna()]
+    wanted = set(units)
     out = {}
     for u, g in act.groupby(act["unit"].astype(str)):
-        if u in set(units):
-            out[u] = int(g.sort_values("alloc_seq")["bytes"].iloc[0])
+        if u in wanted:
+            out[u] = int(g.sort_values("alloc_seq")["bytes"].iloc[-1])
     return out
 
 

@@ -13,6 +13,7 @@ stage, fsdp_phase and unit columns at the allocation.
 from __future__ import annotations
 
 from fsdpprof.analyze.model.collectives import *  # noqa: F401,F403
+from fsdpprof.analyze.model.critical import *  # noqa: F401,F403
 from fsdpprof.analyze.model.dtypes import *  # noqa: F401,F403
 from fsdpprof.analyze.model.events import *  # noqa: F401,F403
 from fsdpprof.analyze.model.fsdp import *  # noqa: F401,F403
@@ -20,6 +21,6 @@ from fsdpprof.analyze.model.inputs import *  # noqa: F401,F403
 from fsdpprof.analyze.model.memory import *  # noqa: F401,F403
 from fsdpprof.analyze.model.strategy import *  # noqa: F401,F403
 from fsdpprof.analyze.model.words import *  # noqa: F401,F403
-from fsdpprof.analyze.model import collectives, dtypes, events, fsdp, inputs, memory, strategy, words  # noqa: E402
+from fsdpprof.analyze.model import collectives, critical, dtypes, events, fsdp, inputs, memory, strategy, words  # noqa: E402
 
-__all__ = sorted({n for m in (collectives, dtypes, events, fsdp, inputs, memory, strategy, words) for n in m.__all__})
+__all__ = sorted({n for m in (collectives, critical, dtypes, events, fsdp, inputs, memory, strategy, words) for n in m.__all__})

@@ -30,6 +30,11 @@ DEVICE_IDLE_PCT = 10.0          # device idle, % of step time (device traces)
 SYNC_IDLE_PCT = 2.0             # device idle in the gaps where a host synchronisation returns, % of step time
 DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU traces: all of them), % of step time
 IDLE_CAUSE_DOMINATES_PCT = 70.0 # an idle cause is named (host-bound, launch-bound) from this share of the idle time
+CRITICAL_SAVED_PCT = 2.0        # a counterfactual of the critical path saving at least this % of the step
+CRITICAL_RANK_PCT = 5.0         # "rank R as fast as the median rank": at least this % of the step, in the mean and
+                                # in 3 of 4 steps (saved_q25_us): on a busy 2-core host a 2-rank CPU run without a
+                                # straggler has single steps where a rank saves 5-29 %, a 150 ms sleep 23-28 % in each
+CRITICAL_FINDINGS_MAX = 4       # at most this many findings from the critical path's counterfactuals
 
 
 @dataclass
@@ -354,6 +359,122 @@ def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> lis
                        "look at what that rank does before those collectives: data loading, uneven inputs, a slower "
                        "host or GPU, or extra work (logging, checkpointing) on that rank; prefetching does not help "
                        "time spent waiting for another rank", "ranks", rank, stake_us=cost))
+    return out
+
+
+def _where_on_path(seg: pd.DataFrame) -> tuple[int | None, str, float]:
+    """(rank, "host / launch gap in layers.2, forward", µs per step) of the path's (rank, kind, unit, stage) with
+    most time in ``seg`` (segments of every step; µs per step = the mean over the steps)."""
+    if seg is None or not len(seg):
+        return None, "", 0.0
+    g = seg.groupby(["rank", "kind", "unit", "stage"], dropna=False)["dur_us"].sum().sort_values(ascending=False)
+    (rank, kind, unit, stage), us = g.index[0], float(g.iloc[0])
+    unit, stage = (x if isinstance(x, str) else None for x in (unit, stage))
+    place = ", ".join(x for x in (("the root unit" if unit == "" else unit) if unit is not None else None, stage)
+                      if x)
+    words = model.PATH_KIND_WORDS.get(kind, kind) + (f" in {place}" if place else "")
+    return int(rank), words, us / max(seg["step"].nunique(), 1)
+
+
+# a critical-path finding about a kind of gap is not made where the device findings already say it (their ids)
+SAID_BY = {model.CHANGE_HOST_GAPS: "device_idle", model.CHANGE_DATA: "data_loader", model.CHANGE_SYNC: "host_syncs"}
+
+
+def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None) -> list[Finding]:
+    """The changes of the critical path's counterfactuals that save at least CRITICAL_SAVED_PCT of the step
+    (at most CRITICAL_FINDINGS_MAX, most saved first), each naming the rank, unit and stage where it holds most
+    path time; the time is at stake (``stake_us``: µs saved per step).  ``said``: ids of findings already made
+    (a gap kind that a device finding names is left to it, SAID_BY)."""
+    said = said or set()
+    out: list[Finding] = []
+    cf = getattr(cp, "counterfactuals", None)
+    if cf is None or not len(cf) or not len(cp.steps):
+        return out
+    step_us = float(cp.steps["span_us"].mean())
+    seg = cp.segments
+    skip = {model.CHANGE_TYPE, model.CHANGE_ALL_COMM}     # (what the exposed-communication findings are held to)
+    for c in cf[~cf["kind"].isin(skip)].itertuples(index=False):
+        saved = float(c.saved_us_per_step)
+        if SAID_BY.get(c.kind) in said:
+            continue
+        floor = CRITICAL_RANK_PCT if c.kind == model.CHANGE_RANK else CRITICAL_SAVED_PCT
+        if not step_us or saved < floor / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
+            continue
+        if c.kind == model.CHANGE_RANK and not float(c.saved_q25_us) >= floor / 100.0 * step_us:
+            continue       # slow in a step or two only: chance (a straggler is slow in most steps)
+        pct_v = float(c.saved_pct)
+        pct = f"{model.fmt_pct(pct_v)} of the step"
+        metric = f"critical_path.counterfactuals.saved_pct[{c.change}]"
+        if c.kind == model.CHANGE_RANK:
+            r = int(c.rank)
+            place = ", ".join(x for x in (("the root unit" if c.unit == "" else c.unit) if isinstance(c.unit, str)
+                                          else None, c.stage if isinstance(c.stage, str) else None) if x)
+            where = model.PATH_KIND_WORDS.get(c.segment_kind, "its work") + (f" in {place}" if place else "")
+            out.append(Finding(
+                f"limiting_rank_{r}", "high", f"Rank {r} limits the step: as fast as the median rank it would save "
+                f"{fmt_ms(saved)} per step ({pct}); it is slower than the others most in {where}",
+                metric, pct_v, "%", CRITICAL_RANK_PCT,
+                f"look at what rank {r} does there (data loading, uneven inputs, a slower host or device, extra "
+                f"work such as logging or checkpointing on that rank); the other ranks wait for it in their "
+                f"collectives, which prefetching does not help", "critical_path", r, stake_us=saved))
+        elif c.kind == model.CHANGE_COLLECTIVE:
+            if not isinstance(c.unit, str):
+                continue      # no unit: the exposed-communication finding of its (collective, stage) says it
+            unit = "the root unit" if c.unit == "" else f"unit {c.unit}"
+            stage = f" in {c.stage}" if isinstance(c.stage, str) and c.stage else ""
+            part = seg[(seg["kind"] == model.PATH_COLLECTIVE) & (seg["what"] == c.collective)]
+            rank, _, _ = _where_on_path(part)
+            out.append(Finding(
+                f"exposed_{c.collective}_{c.unit}_{c.stage}".replace(" ", "_"), "high" if saved >= 4 *
+                CRITICAL_SAVED_PCT / 100.0 * step_us else "medium",
+                f"The {model.collective_words(c.collective)} of {unit}{stage} sets the step: hidden, it would save "
+                f"{fmt_ms(saved)} per step ({pct})", metric, pct_v, "%", CRITICAL_SAVED_PCT,
+                _exposed_suggestion(str(c.collective), str(c.stage), fsdp_advice), "critical_path", rank,
+                stake_us=saved))
+        else:
+            kind = {model.CHANGE_HOST_GAPS: model.PATH_HOST_GAP, model.CHANGE_DATA: model.PATH_DATA,
+                    model.CHANGE_SYNC: model.PATH_SYNC}.get(c.kind)
+            rank, where, us = _where_on_path(seg[seg["kind"] == kind])
+            advice = {model.CHANGE_HOST_GAPS: IDLE_CAUSES["idle_host_wait_us"][1],
+                      model.CHANGE_DATA: "more DataLoader workers (num_workers), pinned memory and prefetch_factor, "
+                                         "or lighter per-batch preprocessing",
+                      model.CHANGE_SYNC: "remove host synchronisations from the step (tensor.item(), .cpu(), "
+                                         "printing device values): accumulate on the device, read once per N steps"}
+            out.append(Finding(
+                f"critical_{c.kind}", "high" if saved >= 4 * CRITICAL_SAVED_PCT / 100.0 * step_us else "medium",
+                f"{model.PATH_KIND_WORDS.get(kind, kind).capitalize()} on the critical path: {c.change} would save "
+                f"{fmt_ms(saved)} per step ({pct}); most is on rank {rank}, {where} ({fmt_ms(us)} per step)",
+                metric, pct_v, "%", CRITICAL_SAVED_PCT, advice.get(c.kind, ""), "critical_path", rank,
+                stake_us=saved))
+    return out
+
+
+def held_to_critical_path(items: list[Finding], cp) -> list[Finding]:
+    """The exposed-communication findings with their stake cut to what hiding that communication saves by the
+    critical path (time spent waiting for another rank is not theirs); one that saves under 1 % of the step is
+    dropped.  Unchanged without counterfactuals."""
+    cf = getattr(cp, "counterfactuals", None)
+    if cf is None or not len(cf) or not len(cp.steps):
+        return items
+    step_us = float(cp.steps["span_us"].mean())
+    typed = cf[cf["kind"] == model.CHANGE_TYPE]
+    saved_of = {(str(c.collective), str(c.stage)): float(c.saved_us_per_step) for c in typed.itertuples()}
+    every = cf[cf["kind"] == model.CHANGE_ALL_COMM]["saved_us_per_step"]
+    out = []
+    for f in items:
+        if f.id == "exposed_comm_total":
+            saved = float(every.iat[0]) if len(every) else 0.0
+        elif f.id.startswith("exposed_") and f.section == "communication":
+            key = next(((c, st) for (c, st) in saved_of if f.id == f"exposed_{c}_{st}".replace(" ", "_")), None)
+            saved = saved_of[key] if key else 0.0
+        else:
+            out.append(f)
+            continue
+        if saved < 0.01 * step_us:
+            continue
+        f.title += f" - hidden, it would save {fmt_ms(saved)} per step (critical path)"
+        f.stake_us = saved
+        out.append(f)
     return out
 
 

@@ -62,10 +62,32 @@ def _category_bytes(memory_result, category: str) -> float | None:
     return float(bd.groupby("category", observed=True)["bytes"].sum().get(category, 0.0))
 
 
+def most_alive_bytes(memory_result, category: str) -> float | None:
+    """The most bytes of ``category`` alive at once over the memory record (allocation order; frees first at a
+    tie), None without allocations.  FSDP2's flat all-gather outputs are left out: each lives only until its
+    copy-out into the per-parameter tensors, which are what a unit holds."""
+    df = getattr(memory_result, "allocations", None)
+    if df is None or not len(df) or "category" not in df:
+        return None
+    keep = (df["category"].astype(str) == category).to_numpy().copy()
+    if "fsdp_phase" in df:
+        keep &= ~df["fsdp_phase"].astype(object).isin(model.FLAT_GATHER_PHASES).to_numpy()
+    if "fsdp_role" in df and getattr(memory_result, "fsdp_family", None) != model.FAMILY_FSDP1:
+        keep &= (df["fsdp_role"].astype(object) != model.FSDP_ROLE_ALL_GATHER_OUTPUT).to_numpy()
+    a = df[keep]
+    if not len(a):
+        return 0.0
+    seq = np.concatenate([a["alloc_seq"].to_numpy(np.int64), a["free_seq"].to_numpy(np.int64)])
+    delta = np.concatenate([a["bytes"].to_numpy(np.int64), -a["bytes"].to_numpy(np.int64)])
+    order = np.lexsort((delta, seq))
+    return float(max(0, np.cumsum(delta[order]).max()))
+
+
 def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memory: dict,
-                       world_size: int | None) -> TheoryResult:
+                       world_size: int | None, gathered_most: dict | None = None) -> TheoryResult:
     """The formulas with the run's numbers, from per-rank inventory summaries, measured model states,
-    BytesPerParam and MemoryResults."""
+    BytesPerParam, MemoryResults and (``gathered_most``) each rank's most gathered parameter bytes alive at once
+    (:func:`most_alive_bytes`)."""
     if not inventories:
         return TheoryResult(note="no inventory.json in this input: Psi and the dtypes are unknown, so the ZeRO "
                                  "formulas cannot be filled in (record with `fsdpprof record`).")
@@ -100,9 +122,15 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
         "traffic": tr.to_dict() if tr else None,
         "step_time_formula": "T_step ~ T_comp + T_comm - T_overlap",
     }
+    fw = str(inv.get("framework") or "")
+    gathered = {}   # ZeRO-2 under FSDP: the gathered parameters at their most, per rank (held forward to backward)
+    if s == model.ZERO_2 and fw in model.FSDP_FAMILIES:
+        gathered = {r: float(b) for r, b in (gathered_most or {}).items() if r in inventories and b}
     rows = []
     for r in sorted(inventories):
-        meas = measured.get(r) or {}
+        meas = dict(measured.get(r) or {})
+        if r in gathered:
+            meas[runfmt.ROLE_PARAM] = gathered[r]
         for role, th in ((runfmt.ROLE_PARAM, ms.param_bytes), (runfmt.ROLE_GRAD, ms.grad_bytes),
                          (runfmt.ROLE_OPTIMIZER_STATE, ms.optimizer_state_bytes)):
             rows.append({"rank": r, "role": role, "measured_bytes": meas.get(role, np.nan), "theory_bytes": th})
@@ -111,8 +139,14 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     df["diff_pct"] = 100.0 * df["diff_bytes"] / df["theory_bytes"].where(df["theory_bytes"] > 0)
     meas_total = df[df["rank"] == r0]["measured_bytes"].sum()
     expl = []
-    fw = str(inv.get("framework") or "")
-    if s == model.ZERO_2 and fw in model.FSDP_FAMILIES:
+    if r0 in gathered:
+        shards = (measured.get(r0) or {}).get(runfmt.ROLE_PARAM)
+        expl.append("counted as SHARD_GRAD_OP holds them: the gathered parameters at their most "
+                    f"({theory.fmt_bytes(gathered[r0])}, all units gathered from forward to their backward; "
+                    f"ZeRO-2's k_p Psi = {theory.fmt_bytes(ms.param_bytes)}), with the sharded gradients and the "
+                    "optimizer state of the inventory; the parameter shards held beside them"
+                    + (f" ({theory.fmt_bytes(shards)})" if shards else "") + " are not in ZeRO-2's formula.")
+    elif s == model.ZERO_2 and fw in model.FSDP_FAMILIES:
         un = _category_bytes(memory.get(r0), MC.UNSHARDED_PARAM.value)
         expl.append("FSDP's SHARD_GRAD_OP keeps parameters unsharded only from forward to the end of backward: "
                     "the inventory, taken at the optimizer step, sees the sharded parameters (k_p Psi / N = "
@@ -124,6 +158,10 @@ def theory_vs_measured(inventories: dict, measured: dict, k_by_rank: dict, memor
     elif abs(meas_total - ms.total_bytes) > 0.001 * ms.total_bytes:
         expl.append("shards are padded so every rank holds ceil(numel / N) elements of each parameter; "
                     "scalar optimizer state (Adam's `step`) and non-parameter buffers are outside the formula.")
+    t["model_states_counted"] = (
+        f"the gathered parameters at their most ({theory.fmt_bytes(gathered[r0])}, SHARD_GRAD_OP holds them from "
+        f"forward to each unit's backward), the sharded gradients and the optimizer state" if r0 in gathered else
+        "the parameters, gradients and optimizer state the rank holds at the optimizer step (inventory)")
     t["measured_model_states_bytes"] = float(meas_total)
     t["model_states_diff_bytes"] = float(meas_total - ms.total_bytes)
     t["model_states_explanation"] = " ".join(expl) or "measured and formula agree."

@@ -11,6 +11,7 @@ import os
 import re
 import zlib
 
+from fsdpprof import runfmt
 from fsdpprof.errors import UserError
 
 TIMELINE_SCHEMA = "fsdpprof.timeline/1"
@@ -52,10 +53,10 @@ def timeline_meta(path: str) -> dict | None:
             if not m:
                 return None
             if int(m.group(1)) > 1:
-                raise UserError(f"{path} is a timeline of a newer fsdpprof (schema fsdpprof.timeline/{m.group(1)}); "
-                                f"upgrade fsdpprof")
+                raise UserError(f"{path} is a timeline of a newer fsdpprof (schema fsdpprof.timeline/"
+                                f"{int(m.group(1))}); upgrade fsdpprof")
             start = head.index(b"{", head.index(b'"otherData"'))
-            dec = json.JSONDecoder()
+            dec = json.JSONDecoder(parse_int=runfmt.int64_or_none)
             while True:
                 try:
                     meta, _ = dec.raw_decode(head[start:].decode("utf-8", "replace"))
@@ -71,10 +72,45 @@ def timeline_meta(path: str) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def rank_parts(meta: dict) -> list[dict]:
-    """The ranks of a timeline's metadata: rank, pid, label, offset_us, trace (the rank's trace metadata)."""
-    return [p for p in meta.get("ranks") or []
-            if isinstance(p, dict) and isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int)]
+def rank_parts(meta: dict, path: str = "the timeline") -> list[dict]:
+    """The ranks of a timeline's metadata: rank, pid, label, offset_us, trace (the rank's trace metadata), info.
+    UserError naming the field for what fsdpprof timeline never writes (a hand-edited file): a rank or pid that is
+    not a whole number >= 0 or is another rank's, trace / info that are not objects, an offset that is not a
+    number, a label that is not text."""
+    ranks = meta.get("ranks")
+    fix = "write it again with fsdpprof timeline"
+    if ranks is None:
+        return []
+    if not isinstance(ranks, list):
+        raise UserError(f"{path}: otherData.ranks is {type(ranks).__name__}, not a list of ranks; {fix}")
+    out, ranks_seen, pids_seen = [], {}, {}
+    for i, p in enumerate(ranks):
+        where = f"{path}: otherData.ranks[{i}]"
+        if not isinstance(p, dict):
+            raise UserError(f"{where} is {type(p).__name__}, not an object; {fix}")
+        for key in ("rank", "pid"):
+            v = p.get(key)
+            if type(v) is not int or v < 0:
+                raise UserError(f"{where}.{key} is {_shown(v)}, not a whole number >= 0; {fix}")
+        for key, types, what in (("trace", dict, "an object"), ("info", dict, "an object"),
+                                 ("label", str, "text"), ("offset_us", (int, float), "a number")):
+            v = p.get(key)
+            if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+                raise UserError(f"{where}.{key} is {_shown(v)}, not {what}; {fix}")
+        if p["rank"] in ranks_seen:
+            raise UserError(f"{where}.rank {p['rank']} is also otherData.ranks[{ranks_seen[p['rank']]}]'s: each "
+                            f"rank once; {fix}")
+        if p["pid"] in pids_seen:
+            raise UserError(f"{where}.pid {p['pid']} is also otherData.ranks[{pids_seen[p['pid']]}]'s: each rank "
+                            f"needs its own process id (its events are told apart by it); {fix}")
+        ranks_seen[p["rank"]], pids_seen[p["pid"]] = i, i
+        out.append(p)
+    return out
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def write_rank_part(path: str, part: dict, out_path: str) -> None:

@@ -1,0 +1,738 @@
+"""What limits the step: the critical path across ranks and what each cause costs (µs).
+
+Map (one rank's events, :func:`rank_chain`): per step the rank's serial timeline cut into a chain of nodes, in time
+order — the device's timeline on GPU traces (kernels on every stream; a gap is classified by what the host does in
+it), the training thread's on CPU / gloo traces (its ops; gloo's work runs on its own threads):
+
+- local segments of fixed length: ``compute`` (something runs; the op with most time names it; unit, stage),
+  ``collective`` (only communication runs, and the rank does not wait for that call's end), ``host_gap`` (nothing
+  runs), ``sync`` (nothing runs while the host blocks in a synchronisation), ``data_loading`` (nothing runs while the
+  DataLoader fetches); gaps under GAP_MIN_US join the segment before them;
+- an *issue* node (zero length) where the rank's part of a collective call starts: its arrival;
+- a *wait* node where the rank's timeline waits in a collective until that call ends on it.
+
+Reduce (:func:`critical_path`, only collective records and chains): clocks aligned on matched calls' ends; a call
+completes on rank r at ``max(arrival over its members) + transfer_r`` (``transfer_r`` = r's end - the last
+arrival, ≥ 0).  Replaying the chains (local lengths fixed, a wait node ends at its call's completion) reproduces
+the step; the critical path walks back from the end of the step on the rank that ends last, and at a wait whose
+call's last member arrived after the wait began it jumps to that rank at its arrival.  Its segments add up to
+the path's length, which is the step's length within the alignment residual.  Counterfactuals replay the step
+with one change (a rank as fast as the median rank, a unit's collective hidden, no host gaps, the DataLoader
+instantly ready, no synchronisations): ``saved_us_per_step`` = replayed length - changed length, the median over
+steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+from fsdpprof.analyze import model
+from fsdpprof.analyze.comm import intervals, steps
+from fsdpprof.analyze.load.frames import isin, on_device, startswith
+
+_NONE = "\u2400"             # stands for None in group keys (pandas drops None keys; "\0" does not survive fillna)
+GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before it (launch latency, not a cause)
+NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
+CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
+LABEL_COLUMNS = ["kind", "what", "unit", "stage"]
+SEGMENT_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "dur_us"]
+STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "limiting_rank_saved_us",
+                "limiting_rank_us", "ranks", "residual_us"]
+# limiting_rank: of the ranks tried, the one whose work as fast as the median rank's saves most in that step
+# (limiting_rank_saved_us; without several ranks or any saving: the rank with most time on the path);
+# limiting_rank_us: its time on the path
+# length_us: from the step's start on the rank the path begins on to its end on the rank that ends last (aligned
+# clocks); path_us: the sum of the path's segments (= length_us within the alignment residual); span_us: from the
+# earliest start to the latest end over the step's ranks, as replayed (what the counterfactuals shorten)
+BREAKDOWN_COLUMNS = ["step", "kind", "dur_us", "pct"]
+COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective", "segment_kind",
+                          "saved_us_per_step", "saved_pct", "saved_q25_us"]
+# saved_q25_us: the lower quartile over steps of what the change saves in one step (a cause in most steps, not in
+# one or two: what the findings about a rank ask for)
+# collective: the collective type hidden; for CHANGE_RANK, segment_kind, unit and stage say where the rank's work
+# exceeds the median rank's most (rank_excess)
+TOP_COLUMNS = ["rank", "kind", "what", "unit", "stage", "us_per_step", "pct"]
+TOP_ROWS = 20
+SPAN_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "start_us", "end_us"]
+SEGMENTS_PER_STEP_MAX = 60  # a step's path with more segments is summed by (rank, kind, what, unit, stage)
+RANKS_TRIED_MAX = 8         # "as fast as the median" for at most this many ranks (those with most time on the path)
+COLLECTIVES_TRIED_MAX = 8   # "fully hidden" for at most this many (collective, unit, stage) of the path
+REPLAY_TOL_US = 1e-3
+NOISE_K = 3.0               # "as fast as the median": a stretch counts as slow beyond NOISE_K x the rank's spread
+
+
+# --------------------------------------------------------------------------- map: one rank's chain
+def _main_lane(events: pd.DataFrame, cpu: np.ndarray) -> object:
+    """The training thread of a CPU trace: the lane of its ProfilerStep annotations, else the busiest CPU lane."""
+    ps = cpu & startswith(events["name"], (model.STEP_PREFIX,))
+    lanes = events["lane"].astype(object)
+    pick = lanes[ps] if ps.any() else lanes[cpu & ~isin(events["kind"], [model.KIND_COMM])]
+    return pick.value_counts().index[0] if len(pick) else None
+
+
+def _unit_at(events: pd.DataFrame, cpu: np.ndarray):
+    """A function time (µs, host clock) -> FSDP unit whose forward or backward hook ran last before it ("" the
+    root; None before any)."""
+    owning = {model.PHASE_ROOT_PRE_FORWARD, model.PHASE_PRE_FORWARD, model.PHASE_FORWARD, model.PHASE_PRE_BACKWARD}
+    m = cpu & isin(events["fsdp_phase"], owning) & events["unit"].notna().to_numpy()
+    ts = events["ts_us"].to_numpy(np.float64)[m]
+    unit = events["unit"].astype(object).to_numpy()[m]
+    order = np.argsort(ts, kind="mergesort")
+    ts, unit = ts[order], unit[order]
+
+    def at(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(ts, np.asarray(t, dtype=np.float64), side="right") - 1
+        out = np.where(k >= 0, unit[np.clip(k, 0, max(len(unit) - 1, 0))] if len(unit) else None, None)
+        return out.astype(object)
+    return at
+
+
+def _covered(s: np.ndarray, e: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Whether each time q lies inside the union of [s, e)."""
+    us, ue = intervals.union(s, e)
+    if us.size == 0:
+        return np.zeros(q.size, dtype=bool)
+    k = np.searchsorted(us, q, side="right") - 1
+    return (k >= 0) & (q < ue[np.clip(k, 0, None)])
+
+
+def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFrame:
+    """One rank's chain of nodes per step (CHAIN_COLUMNS, in time order; ``node``: NODE_LOCAL / NODE_ISSUE /
+    NODE_WAIT; ``call``: the row of ``records`` (skew.collective_records of these events) an issue or wait node
+    belongs to, else -1).  Empty without steps."""
+    empty = pd.DataFrame({c: [] for c in CHAIN_COLUMNS})
+    win = steps.step_windows(events)
+    if not len(win):
+        return empty
+    rank = int(events["rank"].iloc[0])
+    cpu = ~on_device(events["lane"])
+    kind = events["kind"]
+    ts_all = events["ts_us"].to_numpy(np.float64)
+    end_all = ts_all + events["dur_us"].to_numpy(np.float64)
+    gpu = bool((~cpu & isin(kind, model.DEVICE_KINDS)).any())
+    is_comm = isin(kind, [model.KIND_COMM])
+    if gpu:
+        busy = ~cpu & isin(kind, [model.KIND_COMPUTE, model.KIND_MEMCPY, model.KIND_MEMSET])
+        comm = ~cpu & is_comm
+        lts = events["launch_ts_us"].to_numpy(np.float64) if "launch_ts_us" in events else ts_all
+        label_ts = np.where(np.isfinite(lts), lts, ts_all)
+    else:
+        main = _main_lane(events, cpu)
+        busy = cpu & (events["lane"].astype(object).to_numpy() == main) & \
+            ~isin(kind, [model.KIND_ANNOTATION, model.KIND_COMM])
+        comm = is_comm
+        label_ts = ts_all
+    loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
+    sync = cpu & isin(events["name"], model.SYNC_CALLS) if gpu else np.zeros(len(events), dtype=bool)
+    unit_at = _unit_at(events, cpu)
+    names = events["name"].astype(object).to_numpy()
+    colls = events["collective"].astype(object).to_numpy()
+    stages = events["stage"].astype(object).to_numpy()
+    units = events["unit"].astype(object).to_numpy()
+    rec = records if records is not None and len(records) else pd.DataFrame({"ts_us": [], "end_us": []})
+    r_ts, r_end = rec["ts_us"].to_numpy(np.float64), rec["end_us"].to_numpy(np.float64)
+    bi, ci = np.flatnonzero(busy), np.flatnonzero(comm)
+    parts = []
+    for w in win.itertuples(index=False):
+        ws, we = float(w.start_us), float(w.end_us)
+        if not we > ws:
+            continue
+        b = bi[(end_all[bi] > ws) & (ts_all[bi] < we)]
+        c = ci[(end_all[ci] > ws) & (ts_all[ci] < we)]
+        calls = np.flatnonzero((r_ts >= ws) & (r_ts < we))
+        t = np.concatenate([[ws, we], ts_all[b], end_all[b], ts_all[c], end_all[c], r_ts[calls], r_end[calls]])
+        t = np.unique(t[(t >= ws) & (t <= we)])
+        if t.size < 2:
+            continue
+        s0, e0 = t[:-1], t[1:]
+        mid = (s0 + e0) / 2
+        n = mid.size
+        k_b = intervals.innermost(ts_all[b], end_all[b], mid)
+        k_c = intervals.innermost(ts_all[c], end_all[c], mid)
+        pk = np.full(n, model.PATH_HOST_GAP, dtype=object)
+        ev = np.full(n, -1, dtype=np.int64)
+        on_c = k_c >= 0
+        pk[on_c] = model.PATH_COLLECTIVE
+        ev[on_c] = c[k_c[on_c]]
+        on_b = k_b >= 0
+        pk[on_b] = model.PATH_COMPUTE
+        ev[on_b] = b[k_b[on_b]]
+        gap = ev < 0
+        if gap.any():
+            in_sync = _covered(ts_all[sync], end_all[sync], mid) & gap
+            in_load = _covered(ts_all[loader], end_all[loader], mid) & gap
+            pk[in_sync] = model.PATH_SYNC
+            pk[in_load] = model.PATH_DATA
+        what = np.full(n, None, dtype=object)
+        unit = np.full(n, None, dtype=object)
+        stage = np.full(n, None, dtype=object)
+        has = ev >= 0
+        e_has = ev[has]
+        what[has] = np.where(pk[has] == model.PATH_COLLECTIVE, colls[e_has], names[e_has])
+        u = units[e_has]
+        need = pd.isna(u)
+        if need.any():
+            u = u.copy()
+            u[need] = unit_at(label_ts[e_has][need])
+        unit[has] = u
+        stage[has] = stages[e_has]
+        # a gap takes the labels of the work that ends it (the last one: of the work before it)
+        idx = np.where(has, np.arange(n), n)
+        nxt = np.minimum.accumulate(idx[::-1])[::-1]
+        prv = np.maximum.accumulate(np.where(has, np.arange(n), -1))
+        src = np.where(nxt < n, nxt, prv)
+        fill = ~has & (src >= 0)
+        unit[fill], stage[fill] = unit[src[fill]], stage[src[fill]]
+        if (~has).any():
+            stage[~has & (src < 0)] = model.stage_at(mid[~has & (src < 0)], pd.DataFrame(
+                {"step": [w.step], "start_us": [ws], "end_us": [we], **{k: [np.nan] for k in
+                                                                        model.STEP_MARK_COLUMNS[3:]}}))
+        # units name a part of forward or backward only (the last hook's unit says nothing in the optimizer)
+        unit[~np.isin(stage, [model.STAGE_FORWARD, model.STAGE_BACKWARD])] = None
+        # the call a communication piece belongs to: of the calls running then, the one ending first
+        call = np.full(n, -1, dtype=np.int64)
+        if calls.size:
+            cm = np.flatnonzero(pk == model.PATH_COLLECTIVE)
+            if cm.size:
+                act = (r_ts[calls][None, :] <= mid[cm, None]) & (r_end[calls][None, :] > mid[cm, None])
+                endm = np.where(act, r_end[calls][None, :], np.inf)
+                j = endm.argmin(axis=1)
+                ok = np.isfinite(endm[np.arange(cm.size), j])
+                call[cm[ok]] = calls[j[ok]]
+        # short gaps join the piece before them
+        short = ~has & (e0 - s0 < GAP_MIN_US) & (pk == model.PATH_HOST_GAP)
+        if short.any():
+            keep = np.where(short, -1, np.arange(n))
+            prev_keep = np.maximum.accumulate(keep)
+            j = short & (prev_keep >= 0)
+            p = prev_keep[j]
+            pk[j], what[j], unit[j], stage[j], call[j] = pk[p], what[p], unit[p], stage[p], call[p]
+        # epochs: a new one at each call's arrival, so that merged runs never span an issue node
+        epoch = np.searchsorted(np.sort(r_ts[calls]), s0, side="right")
+        parts.append(pd.DataFrame({"step": w.step, "s": s0, "e": e0, "kind": pk, "what": what, "unit": unit,
+                                   "stage": stage, "call": call, "epoch": epoch}))
+        if calls.size:
+            cev = intervals.innermost(ts_all[c], end_all[c], r_ts[calls] + 1e-6) if c.size else np.full(calls.size, -1)
+            cj = np.where(cev >= 0, c[np.clip(cev, 0, None)] if c.size else 0, -1)
+            ok = cj >= 0
+            cu = np.full(calls.size, None, dtype=object)
+            cu[ok] = units[cj[ok]]
+            need = ok & pd.isna(cu)
+            if need.any():
+                cu[need] = unit_at(label_ts[cj[need]])
+            parts.append(pd.DataFrame({
+                "step": w.step, "s": r_ts[calls], "e": r_ts[calls], "kind": "issue",
+                "what": np.where(ok, colls[np.clip(cj, 0, None)], None) if len(colls) else None,
+                "unit": cu, "stage": np.where(ok, stages[np.clip(cj, 0, None)], None),
+                "call": calls, "epoch": -1}))
+    if not parts:
+        return empty
+    p = pd.concat(parts, ignore_index=True)
+    issue = (p["kind"] == "issue").to_numpy()
+    loc = p[~issue]
+    # merge consecutive pieces of one (kind, unit, stage, call) between two arrivals; the op with most time names it
+    key = loc[["step", "kind", "unit", "stage", "call", "epoch"]].astype(object).fillna(_NONE)
+    new = (key != key.shift()).any(axis=1).to_numpy()
+    run = np.cumsum(new) - 1
+    d = (loc["e"] - loc["s"]).to_numpy()
+    by_what = pd.DataFrame({"run": run, "what": loc["what"].astype(object).fillna(_NONE).to_numpy(), "d": d})
+    tw = by_what.groupby(["run", "what"], sort=False)["d"].sum().reset_index()
+    best = tw.loc[tw.groupby("run")["d"].idxmax()].set_index("run")["what"]
+    best = best.where(best != _NONE, None)
+    g = loc.groupby(run, sort=True)
+    merged = pd.DataFrame({"step": g["step"].first(), "s": g["s"].min(), "e": g["e"].max(), "kind": g["kind"].first(),
+                           "unit": g["unit"].first(), "stage": g["stage"].first(), "call": g["call"].first()})
+    merged["what"] = best.reindex(merged.index).to_numpy()
+    node = np.full(len(merged), NODE_LOCAL, dtype=np.int64)
+    mc = merged["call"].to_numpy()
+    is_wait = (merged["kind"].to_numpy() == model.PATH_COLLECTIVE) & (mc >= 0)
+    is_wait &= np.abs(merged["e"].to_numpy() - r_end[np.clip(mc, 0, None)] if len(r_end) else 0) < 1e-6
+    node[is_wait] = NODE_WAIT
+    merged["node"] = node
+    merged.loc[~is_wait, "call"] = -1
+    iss = p[issue].assign(node=NODE_ISSUE)
+    out = pd.concat([merged, iss[merged.columns]], ignore_index=True)
+    # in time order; at one time an issue node before the piece that starts there
+    out["_o"] = np.where(out["node"] == NODE_ISSUE, 0, 1)
+    out = out.sort_values(["step", "s", "_o"], kind="mergesort")
+    # labels as categoricals: a chain travels from its worker to the reduce as codes (1,024 ranks: 10 KB a rank)
+    return pd.DataFrame({"rank": np.full(len(out), rank, dtype=np.int32), "step": out["step"].to_numpy(np.float64),
+                         "node": out["node"].to_numpy(np.int8), "start_us": out["s"].to_numpy(np.float64),
+                         "dur_us": (out["e"] - out["s"]).to_numpy(np.float64),
+                         **{c: pd.Categorical(out[c].to_numpy(object)) for c in LABEL_COLUMNS},
+                         "call": out["call"].to_numpy(np.int32)})[CHAIN_COLUMNS]
+
+
+def concat_chains(chains) -> pd.DataFrame | None:
+    """The ranks' chains as one frame (labels stay categoricals, their categories united), None without any."""
+    chains = [c for c in chains if c is not None and len(c)]
+    if not chains:
+        return None
+    out = {c: np.concatenate([x[c].to_numpy() for x in chains]) for c in CHAIN_COLUMNS if c not in LABEL_COLUMNS}
+    for c in LABEL_COLUMNS:
+        try:            # (the ranks' categories are of one dtype: united as they are)
+            out[c] = union_categoricals([x[c].array for x in chains], ignore_order=True)
+        except (TypeError, AttributeError, ValueError):
+            out[c] = union_categoricals([pd.Categorical(x[c].astype(object).to_numpy()) for x in chains],
+                                        ignore_order=True)
+    return pd.DataFrame(out)[CHAIN_COLUMNS]
+
+
+# --------------------------------------------------------------------------- reduce: the replay
+@dataclass
+class _Model:
+    """The steps' graph: nodes of every (rank, step) chain, sorted, and the calls they issue and wait on."""
+
+    node: np.ndarray        # NODE_*
+    grp: np.ndarray         # (rank, step) group of each node, 0..G-1, contiguous
+    d: np.ndarray           # local length (µs; issue and wait nodes 0)
+    g_start: np.ndarray     # per group: aligned start (µs)
+    g_first: np.ndarray     # per group: its first node
+    g_last: np.ndarray      # per group: its last node
+    g_rank: np.ndarray
+    g_step: np.ndarray
+    rec_arr: np.ndarray     # per call record: aligned arrival (µs)
+    rec_match: np.ndarray   # its match id (-1: unmatched)
+    rec_transfer: np.ndarray  # end - last arrival over its members (µs, >= 0)
+    rec_issue: np.ndarray   # its issue node (-1: none in the chains)
+    node_rec: np.ndarray    # per node: its call record (-1)
+    n_match: int
+    start: np.ndarray       # per node: its start (aligned µs)
+    dur: np.ndarray         # per node: its recorded length (µs)
+    records: pd.DataFrame   # rank, collective, pg, ts_us, end_us (aligned), match_id
+    codes: dict = field(default_factory=dict)    # kind, what, unit, stage -> per node its code (-1: none)
+    uniques: dict = field(default_factory=dict)  # code -> label
+    cache: dict = field(default_factory=dict)
+
+    def last_arrival(self, arr: np.ndarray) -> np.ndarray:
+        """Per record: the latest arrival over its call's members (µs)."""
+        if not self.n_match:
+            return arr.copy()
+        m = self.rec_match >= 0
+        top = np.full(self.n_match, -np.inf)
+        np.maximum.at(top, self.rec_match[m], arr[m])
+        out = arr.copy()
+        out[m] = top[self.rec_match[m]]
+        return out
+
+    def replay(self, d: np.ndarray | None = None, transfer: np.ndarray | None = None) -> np.ndarray:
+        """Per node its end (aligned µs) with local lengths ``d`` and transfers ``transfer`` (None: as recorded)."""
+        d = self.d if d is None else d
+        transfer = self.rec_transfer if transfer is None else transfer
+        cs = np.cumsum(d)
+        base = np.concatenate([[0.0], cs])[self.g_first]            # the cumsum before each group
+        c = cs - base[self.grp]
+        s = self.g_start[self.grp]
+        wait = np.flatnonzero(self.node == NODE_WAIT)
+        issue = np.flatnonzero(self.node == NODE_ISSUE)
+        arr = self.rec_arr.copy()
+        t = c + s
+        for _ in range(len(self.rec_arr) + 2):
+            comp = self.last_arrival(arr) + transfer
+            u = np.zeros(len(d))
+            u[wait] = np.maximum(comp[self.node_rec[wait]] - s[wait] - c[wait], 0.0)
+            big = (float(u.max()) if len(u) else 0.0) * 2.0 + 1.0
+            cm = np.maximum.accumulate(u + self.grp * big) - self.grp * big
+            t = s + c + cm
+            new = arr.copy()
+            ri = self.node_rec[issue]
+            new[ri] = t[issue]
+            if not len(issue) or np.max(np.abs(new - arr)) < REPLAY_TOL_US:
+                break
+            arr = new
+        return t
+
+    def step_lengths(self, t: np.ndarray) -> pd.Series:
+        """Per step: latest end over its ranks - earliest start (µs)."""
+        end = t[self.g_last]
+        df = pd.DataFrame({"step": self.g_step, "s": self.g_start, "e": end})
+        g = df.groupby("step", sort=True)
+        return g["e"].max() - g["s"].min()
+
+
+def _build(chains: pd.DataFrame, records: pd.DataFrame, offsets: pd.Series) -> _Model:
+    order = np.lexsort((chains["step"].to_numpy(np.float64), chains["rank"].to_numpy(np.int64)))
+    ch = chains.take(order).reset_index(drop=True) if not (np.diff(order) == 1).all() else chains.reset_index(drop=True)
+    c_rank, c_step = ch["rank"].to_numpy(np.int64), ch["step"].to_numpy(np.float64)
+    off = pd.Series(c_rank).map(offsets).fillna(0.0).to_numpy(np.float64)
+    start = ch["start_us"].to_numpy(np.float64) - off
+    node = ch["node"].to_numpy(np.int64)
+    new = np.ones(len(ch), dtype=bool)
+    new[1:] = (c_rank[1:] != c_rank[:-1]) | (c_step[1:] != c_step[:-1])
+    grp = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    last = np.concatenate([first[1:] - 1, [len(ch) - 1]])
+    dur = ch["dur_us"].to_numpy(np.float64)
+    d = np.where(node == NODE_LOCAL, dur, 0.0)
+    rec = records.reset_index(drop=True)
+    ro = rec["rank"].map(offsets).fillna(0.0).to_numpy(np.float64)
+    arr = rec["ts_us"].to_numpy(np.float64) - ro
+    end = rec["end_us"].to_numpy(np.float64) - ro
+    match = rec["match_id"].to_numpy(np.int64)
+    # records' positions by (rank, call)
+    pos = pd.Series(np.arange(len(rec)), index=pd.MultiIndex.from_arrays([rec["rank"].to_numpy(np.int64),
+                                                                          rec["call"].to_numpy(np.int64)]))
+    calls = ch["call"].to_numpy(np.int64)
+    has_call = calls >= 0
+    node_rec = np.full(len(ch), -1, dtype=np.int64)
+    if has_call.any():
+        idx = pd.MultiIndex.from_arrays([c_rank[has_call], calls[has_call]])
+        node_rec[has_call] = pos.reindex(idx).fillna(-1).to_numpy(np.int64)
+    bad = (node != NODE_LOCAL) & (node_rec < 0)
+    node = np.where(bad, NODE_LOCAL, node)       # a node whose call is not among the records: a fixed length
+    d = np.where(bad & (ch["kind"].astype(object).to_numpy() == model.PATH_COLLECTIVE), dur, d)
+    rec_issue = np.full(len(rec), -1, dtype=np.int64)
+    iss = np.flatnonzero(node == NODE_ISSUE)
+    rec_issue[node_rec[iss]] = iss
+    n_match = int(match.max()) + 1 if len(match) and match.max() >= 0 else 0
+    m = _Model(node=node, grp=grp, d=d, g_start=start[first], g_first=first, g_last=last, g_rank=c_rank[first],
+               g_step=c_step[first], rec_arr=arr, rec_match=match, rec_transfer=np.zeros(len(rec)),
+               rec_issue=rec_issue, node_rec=node_rec, n_match=n_match, start=start, dur=dur,
+               records=pd.DataFrame({"rank": rec["rank"].to_numpy(np.int64), "ts_us": arr, "end_us": end,
+                                     "match_id": match,
+                                     "collective": rec["collective"].astype(object).to_numpy()}))
+    m.rec_transfer = np.maximum(end - m.last_arrival(arr), 0.0)
+    for c in LABEL_COLUMNS:
+        cat = ch[c] if isinstance(ch[c].dtype, pd.CategoricalDtype) else ch[c].astype(object).astype("category")
+        m.codes[c] = cat.cat.codes.to_numpy(np.int32)
+        m.uniques[c] = np.asarray(cat.cat.categories.astype(object), dtype=object)
+    return m
+
+
+def _label(m: _Model, col: str, k: int):
+    """Node ``k``'s label in ``col`` (None: none)."""
+    x = int(m.codes[col][k])
+    return m.uniques[col][x] if x >= 0 else None
+
+
+def _code(m: _Model, col: str, label) -> int:
+    """The code of ``label`` in ``col`` (-2: no node has it)."""
+    hit = np.flatnonzero(m.uniques[col] == label)
+    return int(hit[0]) if hit.size else -2
+
+
+def _offsets(records: pd.DataFrame) -> pd.Series:
+    """Per rank the clock offset (µs) to subtract so that matched calls end together (median deviation)."""
+    c = records[records["match_id"].to_numpy() >= 0]
+    if not len(c):
+        return pd.Series(dtype=float)
+    dev = c["end_us"] - c.groupby("match_id")["end_us"].transform("mean")
+    return dev.groupby(c["rank"]).median()
+
+
+def _residual(m: _Model) -> float:
+    """The largest per-rank median |end - mean end| of matched calls after alignment (µs)."""
+    c = m.records[m.records["match_id"] >= 0]
+    if not len(c):
+        return 0.0
+    dev = (c["end_us"] - c.groupby("match_id")["end_us"].transform("mean")).abs()
+    return float(dev.groupby(c["rank"]).median().max())
+
+
+# --------------------------------------------------------------------------- the walk back
+def _walk(m: _Model, step) -> tuple[list[tuple], float]:
+    """The critical path of one step on the recorded (aligned) times: ((rank, kind, what, unit, stage, dur_us,
+    start_us) in time order, the µs from the start of the rank it begins on to the end of the rank that ends last)."""
+    t = m.start + np.where(m.node == NODE_ISSUE, 0.0, m.dur)
+    gs = np.flatnonzero(m.g_step == step)
+    g = int(gs[np.argmax(t[m.g_last[gs]])])
+    end = float(t[m.g_last[g]])
+    k = int(m.g_last[g])
+
+    def lab(k):
+        return tuple(_label(m, c, k) for c in LABEL_COLUMNS)
+
+    rec_rank = m.records["rank"].to_numpy(np.int64)
+    last_arr = m.last_arrival(m.rec_arr)
+    out: list[tuple] = []
+    guard = 4 * len(t) + 10
+    while k >= m.g_first[g] and guard > 0:
+        guard -= 1
+        nd = m.node[k]
+        r = int(m.g_rank[g])
+        if nd == NODE_ISSUE:
+            k -= 1
+            continue
+        s, e = float(m.start[k]), float(t[k])
+        if nd == NODE_LOCAL:
+            out.append((r, *lab(k), e - s, s))
+            k -= 1
+            continue
+        ri = int(m.node_rec[k])
+        L = float(last_arr[ri])
+        if L > s + REPLAY_TOL_US and m.rec_match[ri] >= 0:
+            # the call's last member arrived after this rank began waiting: the path goes on on that rank
+            members = np.flatnonzero(m.rec_match == m.rec_match[ri])
+            q = int(members[np.argmax(m.rec_arr[members])])
+            qi = int(m.rec_issue[q])
+            out.append((r, *lab(k), max(e - L, 0.0), min(L, e)))
+            if qi >= 0 and m.g_step[m.grp[qi]] == step and int(rec_rank[q]) != r and L < e + REPLAY_TOL_US:
+                g, k = int(m.grp[qi]), qi
+                continue
+            out.append((r, model.PATH_WAIT, f"waiting for rank {int(rec_rank[q])}", _label(m, "unit", k),
+                        _label(m, "stage", k), min(L, e) - s, s))
+        else:
+            out.append((r, *lab(k), e - s, s))
+        k -= 1
+    return out[::-1], end - float(m.g_start[g])
+
+
+# --------------------------------------------------------------------------- counterfactuals
+def _epochs(m: _Model) -> np.ndarray:
+    """Per node: how many issue nodes come before it in its (rank, step) chain."""
+    iss = (m.node == NODE_ISSUE).astype(np.int64)
+    cs = np.cumsum(iss)
+    base = np.concatenate([[0], cs])[m.g_first]
+    return cs - base[m.grp]
+
+
+def _as_median(m: _Model, rank: int) -> np.ndarray:
+    """Local lengths with ``rank``'s work between each two arrivals cut to the median over the other ranks of
+    the same stretch where it exceeds that median by more than chance: by over NOISE_K times the spread of chance
+    (1.4826 x the median of how much faster than the median it is where it is faster, over all its stretches; 0
+    where it never is); never lengthened; a stretch the others do not have is kept."""
+    ep = _epochs(m)
+    node_rank = m.g_rank[m.grp]
+    node_step = m.g_step[m.grp]
+    loc = m.node == NODE_LOCAL
+    w = pd.DataFrame({"rank": node_rank[loc], "step": node_step[loc], "ep": ep[loc], "d": m.d[loc]})
+    per = w.groupby(["rank", "step", "ep"], sort=False)["d"].sum().reset_index()
+    mine = per[per["rank"] == rank]
+    others = per[per["rank"] != rank]
+    if not len(mine) or not len(others):
+        return m.d
+    med = others.groupby(["step", "ep"])["d"].median().rename("med").reset_index()
+    mm = mine.merge(med, on=["step", "ep"], how="left")
+    excess = (mm["d"] - mm["med"]).to_numpy(np.float64)
+    faster = excess[np.isfinite(excess) & (excess < 0)]      # where it is faster than the median: chance alone
+    spread = 1.4826 * float(np.median(-faster)) if faster.size else 0.0
+    slow = np.isfinite(excess) & (excess > NOISE_K * spread) & (mm["d"].to_numpy() > 0)
+    f = np.where(slow, np.minimum(1.0, mm["med"] / mm["d"].where(mm["d"] > 0, 1.0)), 1.0)
+    fac = pd.Series(f, index=pd.MultiIndex.from_arrays([mm["step"].to_numpy(), mm["ep"].to_numpy()]))
+    sel = loc & (node_rank == rank)
+    idx = pd.MultiIndex.from_arrays([node_step[sel], ep[sel]])
+    d = m.d.copy()
+    d[sel] = d[sel] * fac.reindex(idx).fillna(1.0).to_numpy()
+    return d
+
+
+def rank_excess(m: _Model, rank: int) -> tuple[str | None, str | None, str | None, float]:
+    """(kind, unit, stage, µs per step) where ``rank``'s local work exceeds the median of the other ranks' most:
+    per (kind, unit, stage) its time minus the others' median, the mean over steps."""
+    if "excess" not in m.cache:
+        loc = m.node == NODE_LOCAL
+        w = pd.DataFrame({"rank": m.g_rank[m.grp][loc], "step": m.g_step[m.grp][loc],
+                          **{c: m.codes[c][loc] for c in ("kind", "unit", "stage")}, "d": m.d[loc]})
+        per = w.groupby(["rank", "step", "kind", "unit", "stage"], sort=False)["d"].sum()
+        m.cache["excess"] = per.unstack("rank", fill_value=0.0)
+    full = m.cache["excess"]
+    if rank not in full.columns or full.shape[1] < 2:
+        return None, None, None, 0.0
+    ex = (full[rank] - full.drop(columns=rank).median(axis=1)).groupby(level=["kind", "unit", "stage"]).sum() / max(
+        len(np.unique(m.g_step)), 1)
+    k = ex.idxmax()
+    return tuple(m.uniques[c][x] if x >= 0 else None for c, x in zip(("kind", "unit", "stage"), k)) + (
+        float(ex.max()),)
+
+
+@dataclass
+class CriticalPath:
+    """What limits each step (µs): ``steps`` (STEP_COLUMNS), ``segments`` (SEGMENT_COLUMNS, path order per step),
+    ``breakdown`` (BREAKDOWN_COLUMNS per step, step NaN: the mean per step), ``counterfactuals``
+    (COUNTERFACTUAL_COLUMNS, most saved first), ``notes`` one line each."""
+
+    steps: pd.DataFrame
+    segments: pd.DataFrame
+    breakdown: pd.DataFrame
+    counterfactuals: pd.DataFrame
+    notes: list = field(default_factory=list)
+    top: pd.DataFrame | None = None       # TOP_COLUMNS: the path's segments summed over steps, most time first
+    spans: pd.DataFrame | None = None     # SPAN_COLUMNS: every segment where it lies, on its rank's own clock
+    model: _Model | None = field(default=None, repr=False)
+    baseline_us: pd.Series | None = field(default=None, repr=False)   # replayed length per step
+
+    def to_dict(self) -> dict:
+        """summary.json's ``critical_path``: steps with their segments, breakdown, counterfactuals."""
+        def plain(v):
+            if v is None or (not isinstance(v, (str, bytes)) and pd.isna(v)):
+                return None
+            return v.item() if hasattr(v, "item") else v
+
+        def rows(df):
+            return [{k: plain(v) for k, v in r.items()} for r in df.to_dict("records")]
+        segs = {s: rows(g.drop(columns="step")) for s, g in self.segments.groupby("step", sort=False)}
+        st = []
+        for r in rows(self.steps):
+            r["segments"] = segs.get(r["step"], [])
+            st.append(r)
+        return {"steps": st, "breakdown": rows(self.breakdown), "counterfactuals": rows(self.counterfactuals),
+                "top": rows(self.top) if self.top is not None else [], "notes": list(self.notes)}
+
+
+def _saved(m: _Model, base: pd.Series, t: np.ndarray) -> float:
+    """µs per step the replay ``t`` saves against ``base``: the median over steps (a step the host stalled
+    once does not set it)."""
+    return float((base - m.step_lengths(t)).median())
+
+
+def straggler_cost_us(cp: CriticalPath, rank: int) -> float:
+    """µs per step saved were ``rank``'s work between each two collective calls as fast as the median rank's
+    (the counterfactual "rank R as fast as the median"); NaN without a critical path or that rank."""
+    m = cp.model if cp is not None else None
+    if m is None or int(rank) not in set(m.g_rank.tolist()):
+        return float("nan")
+    return _saved(m, cp.baseline_us, m.replay(d=_as_median(m, int(rank))))
+
+
+def _aggregate(seg: pd.DataFrame) -> pd.DataFrame:
+    """A long path summed by (rank, kind, what, unit, stage), in order of first appearance."""
+    keys = ["rank", "kind", "what", "unit", "stage"]
+    k = seg[keys].astype(object).fillna(_NONE)
+    g = seg.assign(**{c: k[c] for c in keys}).groupby(keys, sort=False)["dur_us"].sum().reset_index()
+    for c in keys[1:]:
+        g[c] = g[c].where(g[c] != _NONE, None)
+    return g
+
+
+def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> CriticalPath | None:
+    """The critical path of every step and the counterfactuals, from all ranks' collective records (RECORD_COLUMNS
+    with ``call`` the row within its rank and ``match_id``) and chains (:func:`rank_chain`); None without chains."""
+    if chains is None or not len(chains):
+        return None
+    notes: list[str] = []
+    if records is None or not len(records):
+        records = pd.DataFrame({"rank": [], "call": [], "ts_us": [], "end_us": [], "match_id": [], "collective": [],
+                                "pg": []})
+    records = records.reset_index(drop=True)
+    off = _offsets(records)
+    m = _build(chains, records, off)
+    base = m.step_lengths(m.replay())
+    residual = _residual(m)
+    seg_rows, step_rows, span_rows = [], [], []
+    for step in base.index:
+        path, length = _walk(m, step)
+        seg = pd.DataFrame(path, columns=["rank", "kind", "what", "unit", "stage", "dur_us", "start_us"])
+        seg = seg[seg["dur_us"] > 0]
+        if len(seg):
+            keys = seg[["rank", "kind", "what", "unit", "stage"]].astype(object).fillna(_NONE)
+            new = (keys != keys.shift()).any(axis=1).to_numpy()
+            grp = np.cumsum(new)
+            seg = seg.groupby(grp, sort=True).agg(rank=("rank", "first"), kind=("kind", "first"),
+                                                  what=("what", "first"), unit=("unit", "first"),
+                                                  stage=("stage", "first"), dur_us=("dur_us", "sum"),
+                                                  start_us=("start_us", "min"))
+            span_rows.append(seg.assign(step=float(step), start_us=seg["start_us"] + seg["rank"].map(off).fillna(
+                0.0).to_numpy(np.float64)))
+        if len(seg) > SEGMENTS_PER_STEP_MAX:
+            seg = _aggregate(seg)
+        per_rank = seg.groupby("rank")["dur_us"].sum() if len(seg) else pd.Series(dtype=float)
+        lim = int(per_rank.idxmax()) if len(per_rank) else None
+        step_rows.append({"step": float(step), "length_us": float(length), "path_us": float(seg["dur_us"].sum()),
+                          "span_us": float(base[step]),
+                          "limiting_rank": lim, "limiting_rank_saved_us": np.nan, "limiting_rank_us": 0.0,
+                          "ranks": int((m.g_step == step).sum()), "residual_us": residual})
+        seg_rows.append(seg.assign(step=float(step)))
+    segments = pd.concat(seg_rows, ignore_index=True)[SEGMENT_COLUMNS] if seg_rows else \
+        pd.DataFrame(columns=SEGMENT_COLUMNS)
+    stp = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
+    br = segments.groupby(["step", "kind"], sort=True)["dur_us"].sum().reset_index()
+    br["pct"] = 100.0 * br["dur_us"] / br["step"].map(stp.set_index("step")["path_us"]).replace(0, np.nan)
+    n_steps = max(len(stp), 1)
+    mean = (segments.groupby("kind")["dur_us"].sum() / n_steps).reset_index()
+    mean["pct"] = 100.0 * mean["dur_us"] / (stp["path_us"].mean() if len(stp) else np.nan)
+    mean["step"] = np.nan
+    breakdown = pd.concat([br, mean[BREAKDOWN_COLUMNS]], ignore_index=True)[BREAKDOWN_COLUMNS]
+    top = _aggregate(segments).rename(columns={"dur_us": "us_per_step"})
+    top["us_per_step"] = top["us_per_step"] / n_steps
+    top["pct"] = 100.0 * top["us_per_step"] / (stp["path_us"].mean() if len(stp) else np.nan)
+    top = top.sort_values("us_per_step", ascending=False, kind="mergesort").head(TOP_ROWS).reset_index(drop=True)
+    spans = pd.concat(span_rows, ignore_index=True) if span_rows else pd.DataFrame(columns=SPAN_COLUMNS)
+    spans["end_us"] = spans["start_us"] + spans["dur_us"]
+    cps = CriticalPath(stp, segments, breakdown, pd.DataFrame(columns=COUNTERFACTUAL_COLUMNS), notes,
+                       top[TOP_COLUMNS], spans[SPAN_COLUMNS], m, base)
+    cps.counterfactuals, per_step = _counterfactuals(cps, segments, base)
+    if per_step is not None and len(per_step.columns):
+        best = per_step.idxmax(axis=1)
+        top = per_step.max(axis=1)
+        pick = stp["step"].map(best.where(top > 0))
+        stp["limiting_rank"] = pick.where(pick.notna(), stp["limiting_rank"])
+        stp["limiting_rank_saved_us"] = stp["step"].map(top.where(top > 0)).to_numpy(np.float64)
+    on_path = segments.groupby(["step", "rank"])["dur_us"].sum()
+    stp["limiting_rank_us"] = [float(on_path.get((s, r), 0.0)) if r == r and r is not None else 0.0
+                               for s, r in zip(stp["step"], stp["limiting_rank"])]
+    stp["limiting_rank"] = stp["limiting_rank"].astype("Int64")
+    return cps
+
+
+def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
+                     ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(COUNTERFACTUAL_COLUMNS most saved first, per step x rank tried: µs "as fast as the median" saves)."""
+    m = cp.model
+    rows = []
+    per_rank = {}
+    mean_len = float(base.mean()) if len(base) else np.nan
+
+    def add(change, kind, rank, unit, stage, coll, t, segment_kind=None):
+        per = base - m.step_lengths(t)
+        s = float(per.median())
+        rows.append({"change": change, "kind": kind, "rank": rank, "unit": unit, "stage": stage, "collective": coll,
+                     "segment_kind": segment_kind, "saved_us_per_step": s,
+                     "saved_pct": 100.0 * s / mean_len if mean_len else np.nan,
+                     "saved_q25_us": float(per.quantile(0.25))})
+
+    if len(set(m.g_rank.tolist())) > 1:
+        on_path = segments.groupby("rank")["dur_us"].sum().sort_values(ascending=False)
+        for r in on_path.index[:RANKS_TRIED_MAX].tolist():
+            kind, unit, stage, _ = rank_excess(m, int(r))      # where it is slower than the others
+            t = m.replay(d=_as_median(m, int(r)))
+            per_rank[int(r)] = base - m.step_lengths(t)
+            add(f"rank {int(r)} as fast as the median rank", model.CHANGE_RANK, int(r), unit, stage, None, t,
+                segment_kind=kind)
+    coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
+    if len(coll):
+        c_what, c_unit, c_stage = m.codes["what"], m.codes["unit"], m.codes["stage"]
+        is_comm = (m.codes["kind"] == _code(m, "kind", model.PATH_COLLECTIVE)) | (m.node != NODE_LOCAL)
+
+        def hidden(sel):
+            d = np.where(sel & (m.node == NODE_LOCAL), 0.0, m.d)
+            tr = m.rec_transfer.copy()
+            recs = np.unique(m.node_rec[sel & (m.node != NODE_LOCAL)])
+            tr[recs[recs >= 0]] = 0.0
+            return m.replay(d=d, transfer=tr)
+
+        def label(x):
+            return None if x == _NONE else x
+
+        def code(col, x) -> int:
+            """The code of label ``x`` (_NONE: none) in column ``col`` (-2: not there)."""
+            return -1 if x == _NONE else _code(m, col, x)
+
+        c = coll.assign(unit=coll["unit"].astype(object).fillna(_NONE),
+                        stage=coll["stage"].astype(object).fillna(_NONE))
+        keys = c.groupby(["what", "unit", "stage"])["dur_us"].sum().sort_values(ascending=False)
+        for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
+            u, st = label(unit), label(stage)
+            unit_words = " of the root unit" if u == "" else f" of unit {u}" if u is not None else ""
+            add(f"the {model.collective_words(what)}{unit_words} in {st or 'the step'} fully hidden",
+                model.CHANGE_COLLECTIVE, None, u, st, what,
+                hidden(is_comm & (c_what == code("what", what)) & (c_unit == code("unit", unit))
+                       & (c_stage == code("stage", stage))))
+        for (what, stage) in c.groupby(["what", "stage"])["dur_us"].sum().sort_values(ascending=False).index:
+            st = label(stage)
+            add(f"every {model.collective_words(what)} in {st or 'the step'} fully hidden", model.CHANGE_TYPE, None,
+                None, st, what, hidden(is_comm & (c_what == code("what", what)) & (c_stage == code("stage", stage))))
+        add("every collective fully hidden", model.CHANGE_ALL_COMM, None, None, None, None, hidden(is_comm))
+    kinds = m.codes["kind"]
+    for kind, change, words in ((model.PATH_HOST_GAP, model.CHANGE_HOST_GAPS, "no host / launch gaps"),
+                                (model.PATH_DATA, model.CHANGE_DATA, "the data loader instantly ready"),
+                                (model.PATH_SYNC, model.CHANGE_SYNC, "no host synchronisations")):
+        sel = (kinds == _code(m, "kind", kind)) & (m.node == NODE_LOCAL)
+        if sel.any():
+            add(words, change, None, None, None, None, m.replay(d=np.where(sel, 0.0, m.d)))
+    out = pd.DataFrame(rows, columns=COUNTERFACTUAL_COLUMNS)
+    out = out.sort_values("saved_us_per_step", ascending=False, kind="mergesort").reset_index(drop=True)
+    out["rank"] = out["rank"].astype("Int64")
+    return out, (pd.DataFrame(per_rank) if per_rank else None)

@@ -1,0 +1,307 @@
+"""The critical path across ranks and its counterfactuals (issue 37): hand-built multi-rank GPU traces with known
+answers, the DLRM traces (the path of each step is the step), and the Python API."""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+
+import orjson
+import pytest
+
+import fsdpprof
+from fsdpprof.analyze import model
+from fsdpprof.analyze.comm import critical_path as cpm
+from fsdpprof.analyze.compare.diff import diff_analyses
+from fsdpprof.analyze.load.run import load_run
+from fsdpprof.analyze.pipeline import analyze_run
+
+from conftest import EXAMPLE, made_once, run_fsdpprof, shared_data, shared_dir
+
+CLOCK_SKEW_US = 1000.0      # rank 1's clock runs this far ahead (the analysis must align it)
+
+
+# ----------------------------------------------------------------------------------------- hand-built GPU traces
+def _x(name, cat, ts, dur, tid=1, pid=1, **args):
+    e = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        e["args"] = {k.replace("_", " "): v for k, v in args.items()}
+    return e
+
+
+class _Trace:
+    """One rank's GPU trace: a ProfilerStep, FSDP annotations, kernels launched from the host (correlation ids)."""
+
+    def __init__(self, rank: int, world: int = 2, skew_us: float = 0.0):
+        self.rank, self.world, self.o = rank, world, skew_us
+        self.ev = [_x("ProfilerStep#1", "user_annotation", self.o + 0, 2000)]
+        self.corr = 0
+
+    def annot(self, name, ts, dur=2):
+        self.ev.append(_x(name, "user_annotation", self.o + ts, dur))
+
+    def kernel(self, name, launch, ts, dur, stream=7, **args):
+        self.corr += 1
+        self.ev.append(_x("cudaLaunchKernel", "cuda_runtime", self.o + launch, 1, correlation=self.corr))
+        self.ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": self.o + ts,
+                        "dur": dur, "args": {"stream": stream, "device": self.rank, "correlation": self.corr,
+                                             **{k.replace("_", " "): v for k, v in args.items()}}})
+
+    def all_gather(self, launch, ts, dur, nelems=1000):
+        self.kernel("ncclDevKernel_AllGather_RING_LL", launch, ts, dur, stream=20, In_msg_nelems=nelems,
+                    Out_msg_nelems=nelems * self.world, dtype="Float", Group_size=self.world)
+
+    def write(self, folder):
+        p = folder / f"rank-{self.rank}.json"
+        p.write_bytes(orjson.dumps({"schemaVersion": 1, "distributedInfo": {"rank": self.rank,
+                                                                            "world_size": self.world},
+                                    "traceEvents": self.ev}))
+
+
+def _ranks(n=2):
+    return [_Trace(r, n, skew_us=CLOCK_SKEW_US * r) for r in range(n)]
+
+
+def _analyse(tmp_path, traces):
+    for t in traces:
+        t.write(tmp_path)
+    a = analyze_run(load_run(str(tmp_path)), workers=1)
+    assert a.critical_path is not None, a.notes
+    return a.critical_path
+
+
+def _cf(cp, kind, **match):
+    c = cp.counterfactuals
+    c = c[c["kind"] == kind]
+    for k, v in match.items():
+        c = c[c[k] == v]
+    assert len(c) == 1, cp.counterfactuals
+    return float(c["saved_us_per_step"].iat[0])
+
+
+def _two_units(t: _Trace, gemm_a_us=100.0, extra=None, gather_at=None, gather_us=50.0, gemm_b_at=None):
+    """layers.0's gemm_a from 100 µs, [an extra kernel], then layers.1's all-gather (issued at ``gather_at``, default:
+    when the compute before it ends) and gemm_b once it has arrived."""
+    t.annot("FSDP::pre_forward (layers.0)", 40)
+    t.kernel("void gemm_a", 50, 100, gemm_a_us)
+    end = 100 + gemm_a_us
+    if extra:
+        name, dur = extra
+        t.kernel(name, 60, end, dur)
+        end += dur
+    t.annot("FSDP::pre_forward (layers.1)", 65)
+    return end
+
+
+def test_a_rank_delayed_by_a_known_compute_op(tmp_path):
+    """Rank 1 runs a 200 µs kernel (layers.0, forward) before its all-gather: rank 0 waits for it."""
+    slow_us, transfer_us = 200.0, 50.0
+    traces = _ranks()
+    for t in traces:
+        end = _two_units(t, extra=("void slow_kernel", slow_us) if t.rank == 1 else None)
+        t.all_gather(70, end, 400 + transfer_us - end)       # every rank's all-gather ends at 450
+        t.kernel("void gemm_b", 80, 400 + transfer_us, 100)
+    cp = _analyse(tmp_path, traces)
+    step = cp.steps.iloc[0]
+    seg = cp.segments
+    assert step["limiting_rank"] == 1
+    assert step["path_us"] == pytest.approx(step["length_us"], abs=1.0) and step["length_us"] == pytest.approx(450)
+    slow = seg[seg["what"] == "void slow_kernel"]
+    assert len(slow) == 1 and slow["rank"].iat[0] == 1 and slow["kind"].iat[0] == model.PATH_COMPUTE
+    assert (slow["unit"].iat[0], slow["stage"].iat[0]) == ("layers.0", model.STAGE_FORWARD)
+    # one segment per stretch of one kind, unit and stage: layers.0's compute, named by the op with most time in it
+    assert slow["dur_us"].iat[0] == pytest.approx(100.0 + slow_us)
+    # rank 0's wait for rank 1 is not on the path: its transfer is, then rank 1's work
+    assert not (seg["kind"] == model.PATH_WAIT).any()
+    assert _cf(cp, model.CHANGE_RANK, rank=1) == pytest.approx(slow_us, rel=0.01)
+    assert cpm.straggler_cost_us(cp, 1) == pytest.approx(slow_us, rel=0.01)
+    assert cpm.straggler_cost_us(cp, 0) == pytest.approx(0.0, abs=1.0)
+    assert cp.counterfactuals.iloc[0]["kind"] == model.CHANGE_RANK and cp.counterfactuals.iloc[0]["rank"] == 1
+    # hiding layers.1's all-gather saves its transfer only, never the wait for rank 1
+    assert _cf(cp, model.CHANGE_COLLECTIVE, unit="layers.1") == pytest.approx(transfer_us, rel=0.01)
+
+
+def test_an_all_gather_exposed_because_it_is_issued_late(tmp_path):
+    """Both ranks issue layers.1's all-gather only when gemm_a is done: its 300 µs are exposed."""
+    transfer_us = 300.0
+    traces = _ranks()
+    for t in traces:
+        end = _two_units(t)
+        t.all_gather(70, end, transfer_us)
+        t.kernel("void gemm_b", 80, end + transfer_us, 100)
+    cp = _analyse(tmp_path, traces)
+    seg = cp.segments
+    ag = seg[seg["kind"] == model.PATH_COLLECTIVE]
+    assert len(ag) == 1 and ag["what"].iat[0] == model.ALL_GATHER
+    assert (ag["unit"].iat[0], ag["stage"].iat[0]) == ("layers.1", model.STAGE_FORWARD)
+    assert ag["dur_us"].iat[0] == pytest.approx(transfer_us)
+    first = cp.counterfactuals.iloc[0]
+    assert (first["kind"], first["unit"], first["stage"], first["collective"]) == (
+        model.CHANGE_COLLECTIVE, "layers.1", model.STAGE_FORWARD, model.ALL_GATHER)
+    assert first["saved_us_per_step"] == pytest.approx(transfer_us, rel=0.01)
+    assert cpm.straggler_cost_us(cp, 0) == pytest.approx(0.0, abs=1.0)
+
+
+def test_a_host_gap(tmp_path):
+    """Rank 1's host launches layers.1's gemm_b 250 µs late: the device idles."""
+    gap_us = 250.0
+    traces = _ranks()
+    for t in traces:
+        end = _two_units(t)
+        t.all_gather(70, 100, 50)                              # hidden under gemm_a
+        late = gap_us if t.rank == 1 else 0.0
+        t.annot("FSDP::pre_forward (layers.1)", 180 + late)
+        t.kernel("void gemm_b", 190 + late, end + late, 100)
+    cp = _analyse(tmp_path, traces)
+    seg = cp.segments
+    gap = seg[seg["kind"] == model.PATH_HOST_GAP]
+    assert len(gap) == 1 and gap["rank"].iat[0] == 1 and gap["dur_us"].iat[0] == pytest.approx(gap_us)
+    assert (gap["unit"].iat[0], gap["stage"].iat[0]) == ("layers.1", model.STAGE_FORWARD)
+    assert cp.steps.iloc[0]["limiting_rank"] == 1
+    assert _cf(cp, model.CHANGE_HOST_GAPS) == pytest.approx(gap_us, rel=0.01)
+
+
+def test_a_rank_waiting_in_a_collective_for_a_slow_peer(tmp_path):
+    """Rank 2 of 4 is slow (its gemm_a takes 300 µs, not 100): the others wait in layers.1's all-gather."""
+    delay_us, transfer_us = 200.0, 40.0
+    traces = _ranks(4)
+    for t in traces:
+        slow = t.rank == 2
+        end = _two_units(t, gemm_a_us=100.0 + (delay_us if slow else 0.0))
+        t.all_gather(70, end, 400 + transfer_us - end)       # every rank's all-gather ends at 440
+        t.kernel("void gemm_b", 80, 400 + transfer_us, 100)
+    cp = _analyse(tmp_path, traces)
+    seg = cp.segments
+    assert cp.steps.iloc[0]["limiting_rank"] == 2
+    a = seg[seg["what"] == "void gemm_a"]
+    assert list(a["rank"]) == [2] and a["dur_us"].iat[0] == pytest.approx(100.0 + delay_us)
+    assert (a["unit"].iat[0], a["stage"].iat[0]) == ("layers.0", model.STAGE_FORWARD)
+    assert _cf(cp, model.CHANGE_RANK, rank=2) == pytest.approx(delay_us, rel=0.01)
+    # the waiting ranks' exposed all-gather is their wait for rank 2: hiding it saves the transfer alone
+    assert _cf(cp, model.CHANGE_COLLECTIVE, unit="layers.1") == pytest.approx(transfer_us, rel=0.01)
+    assert cp.steps.iloc[0]["path_us"] == pytest.approx(cp.steps.iloc[0]["length_us"], abs=1.0)
+
+
+# ----------------------------------------------------------------------------------------- real traces
+def test_dlrm_path_of_each_step_is_the_step():
+    """DLRM's 8 V100 ranks: each step's path adds up to the step (from the start of the rank it begins on to the
+    end of the last rank) within the alignment residual, begins at a rank's step start and names a rank."""
+    a = analyze_run(load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100"))), workers=1)
+    cp = a.critical_path
+    assert len(cp.steps) == 1
+    for s in cp.steps.itertuples():
+        assert s.ranks == 8 and s.limiting_rank in range(8)
+        assert abs(s.path_us - s.length_us) <= max(s.residual_us, 1.0)
+        assert s.residual_us <= 1.5
+    win = a.steps.groupby("rank")["step_us"].max()
+    # the path is no longer than the longest rank's window and no shorter than the shortest one
+    assert win.min() - 1 <= cp.steps["length_us"].iat[0] <= win.max() + 1
+    assert set(cp.segments["kind"]) <= set(model.PATH_KINDS)
+    assert fsdpprof.critical_path(a) is cp
+
+
+# ----------------------------------------------------------------------------------------- what users see
+def test_summary_tables_and_timeline_of_the_path(tmp_path):
+    """summary.json's critical_path (steps with segments, breakdown, counterfactuals), the same tables in --tables,
+    the section in the page, a "critical path" track per rank in fsdpprof timeline."""
+    traces = _ranks()
+    for t in traces:
+        end = _two_units(t, extra=("void slow_kernel", 200.0) if t.rank == 1 else None)
+        t.all_gather(70, end, 450 - end)
+        t.kernel("void gemm_b", 80, 450, 100)
+        t.write(tmp_path)
+    out = tmp_path / "out"
+    proc = run_fsdpprof("report", str(tmp_path), "-o", str(out / "report.html"), "--tables", str(out / "tables"),
+                        "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "summary.json").read_text())["critical_path"]
+    st = doc["steps"][0]
+    assert st["limiting_rank"] == 1 and st["path_us"] == pytest.approx(st["length_us"])
+    assert {"rank", "kind", "what", "unit", "stage", "dur_us"} == set(st["segments"][0])
+    assert sum(s["dur_us"] for s in st["segments"]) == pytest.approx(st["path_us"])
+    first = doc["counterfactuals"][0]
+    assert (first["kind"], first["rank"], first["unit"], first["stage"]) == (model.CHANGE_RANK, 1, "layers.0",
+                                                                              model.STAGE_FORWARD)
+    assert first["saved_us_per_step"] == pytest.approx(200.0, rel=0.01)
+    tables = {p.name for p in (out / "tables").iterdir()}
+    assert {"critical_path.steps.csv", "critical_path.steps.segments.csv", "critical_path.counterfactuals.csv",
+            "critical_path.breakdown.csv"} <= tables
+    html = (out / "report.html").read_text()
+    assert html.index('id="critical_path"') < html.index('id="findings"')
+    assert "Rank 1 limits the step" in html
+    tl = tmp_path / "tl.json.gz"
+    proc = run_fsdpprof("timeline", str(tmp_path), "-o", str(tl), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    ev = json.loads(gzip.decompress(tl.read_bytes()))["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    path = [e for e in ev if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "fsdpprof: critical path"]
+    assert {e["pid"] for e in path} == {0, 1}
+    slow = [e for e in path if e["args"]["what"] == "void slow_kernel"]
+    assert len(slow) == 1 and slow[0]["pid"] == 1 and slow[0]["dur"] == pytest.approx(300.0)
+
+
+# ----------------------------------------------------------------------------------------- recorded CPU runs
+SLEEP_MS, SLEEP_RANK, SLEEP_UNIT = 150.0, 1, "layers.2"
+HOST_FINDINGS = ("cpu_oversubscribed", "host_time")
+SMALL_MODEL = ("--dim", "64", "--seq", "32", "--batch", "2", "--vocab", "256", "--steps", "7")
+
+
+def _record(tmp_path_factory, name: str, env: dict | None):
+    folder = shared_dir(tmp_path_factory, f"critical-{name}")
+    out = folder / "run"
+    with made_once(folder) as first:
+        if first:
+            proc = run_fsdpprof("record", "--out", str(out), "--skip-steps", "1", "--warmup-steps", "1",
+                                "--active-steps", "4", "--", sys.executable, "-m", "torch.distributed.run",
+                                "--standalone", "--nproc-per-node=2", str(EXAMPLE), "--strategy", "fsdp2",
+                                *SMALL_MODEL, env=env, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    return analyze_run(load_run(str(out)), workers=1)
+
+
+@pytest.mark.slow
+def test_recorded_straggler_is_named_and_costed(tmp_path_factory):
+    """FSDP2 on 2 gloo ranks, rank 1 sleeping 150 ms in layers.2's forward every step: the path names rank 1,
+    layers.2, forward in most steps; "rank 1 as fast as the median" saves the sleep within 15 %; the first finding
+    names them."""
+    a = _record(tmp_path_factory, "sleep", {"FSDPPROF_EXAMPLE_SLEEP": f"{SLEEP_RANK}:{SLEEP_UNIT}:{SLEEP_MS:g}"})
+    cp = a.critical_path
+    seg = cp.segments
+    named = seg[(seg["rank"] == SLEEP_RANK) & (seg["unit"] == SLEEP_UNIT) & (seg["stage"] == model.STAGE_FORWARD)
+                & (seg["dur_us"] >= 0.9 * SLEEP_MS * 1e3)]
+    assert named["step"].nunique() > len(cp.steps) / 2, seg.sort_values("dur_us").tail(10)
+    assert (cp.steps["limiting_rank"] == SLEEP_RANK).sum() > len(cp.steps) / 2
+    assert cpm.straggler_cost_us(cp, SLEEP_RANK) == pytest.approx(SLEEP_MS * 1e3, rel=0.15)
+    # the first finding about the step (the host's own findings, oversubscription and Python time, say how busy
+    # the machine is: on a shared 2-core host they may come first)
+    first = next(f for f in a.findings if f.id not in HOST_FINDINGS)
+    assert f"rank {SLEEP_RANK}" in first.title.lower() and SLEEP_UNIT in first.title and "forward" in first.title, \
+        [f.title for f in a.findings]
+    assert first.rank == SLEEP_RANK and first.section == "critical_path"
+
+
+@pytest.mark.slow
+def test_recorded_run_without_a_straggler_names_none(tmp_path_factory):
+    """The same job without the sleep: no rank limits the step by the critical path's measure."""
+    a = _record(tmp_path_factory, "nosleep", None)
+    assert a.critical_path is not None and len(a.critical_path.steps) >= 3
+    assert not [f for f in a.findings if f.id.startswith("limiting_rank")], [f.title for f in a.findings]
+
+
+def test_compare_diffs_the_breakdowns(tmp_path):
+    """compare's diff: the critical path's time per kind, run against baseline: a 250 µs host gap shows as +250."""
+    def run(gap_us: float, where):
+        where.mkdir()
+        traces = _ranks()
+        for t in traces:
+            end = _two_units(t)
+            t.all_gather(70, 100, 50)
+            t.annot("FSDP::pre_forward (layers.1)", 180 + gap_us)
+            t.kernel("void gemm_b", 190 + gap_us, end + gap_us, 100)
+            t.write(where)
+        return analyze_run(load_run(str(where)), workers=1)
+
+    d = diff_analyses([run(0.0, tmp_path / "a"), run(250.0, tmp_path / "b")], ["a", "b"])
+    c = d.critical.set_index("kind")
+    assert c.loc[model.PATH_HOST_GAP, "diff_us"] == pytest.approx(250.0)
+    assert c.loc[model.PATH_COMPUTE, "diff_us"] == pytest.approx(0.0, abs=1e-6)
