@@ -198,7 +198,10 @@ def test_straggler_needs_a_p_value_and_a_cost():
     assert st.loc[2, "expected_last_pct"] == pytest.approx(25.0)
     # last into 48 + 3 (k % 5 == 0 and k % 4 == 2) of 60, each 400 - 10 us (the others' median start: ranks 0, 1,
     # 3 at 0, 10, 30 us) later: 51 * 390 / 3 steps
-    assert st.loc[2, "times_last"] == 51 and st.loc[2, "cost_per_step_us"] == pytest.approx(51 * 390.0 / 3)
+    assert st.loc[2, "times_last"] == 51 and st.loc[2, "lag_per_step_us"] == pytest.approx(51 * 390.0 / 3)
+    # its cost is the critical path's counterfactual, which the pipeline fills in: none from skew alone, no finding
+    assert st["cost_per_step_us"].isna().all() and fnd.rank_findings(st.reset_index(), step_us) == []
+    st["cost_per_step_us"] = st["lag_per_step_us"]      # (a counterfactual that found the whole lag to cost)
     assert st.loc[2, "where"] == "forward, layers.3"
     out = fnd.rank_findings(st.reset_index(), step_us)
     assert [f.rank for f in out] == [2] and "p = " in out[0].title and out[0].stake_us == pytest.approx(6630.0)

@@ -625,6 +625,10 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                                     f"stragglers need several ranks.")
         a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
                                cpath.concat_chains(r.chain for r in traced))
+        if a.stragglers is not None and len(a.stragglers):
+            # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path)
+            a.stragglers["cost_per_step_us"] = [cpath.straggler_cost_us(a.critical_path, r)
+                                                for r in a.stragglers["rank"]]
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",

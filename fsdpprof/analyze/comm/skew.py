@@ -21,7 +21,7 @@ SKEW_COLUMNS = ["pg", "seq", "collective", "n_ranks", "start_skew_us", "end_skew
                 "unit"]
 RANK_LAG_COLUMNS = ["rank", "mean_start_lag_us", "clock_offset_us", "matches", "chance_last", "last_autocorr"]
 STRAGGLER_COLUMNS = ["rank", "times_last", "share_last_pct", "expected_last_pct", "independent_matches", "p_value",
-                     "mean_start_lag_us", "cost_per_step_us", "where", "clock_offset_us"]
+                     "mean_start_lag_us", "lag_per_step_us", "cost_per_step_us", "where", "clock_offset_us"]
 _KEYS = ["match_id"]
 
 
@@ -151,10 +151,11 @@ def binomial_tail(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
     return out
 
 
-def straggler_cost_us(skew: pd.DataFrame) -> pd.Series:
-    """Per rank: what its lateness costs per step (µs), until the critical path's counterfactual ("rank R as fast
-    as the median") replaces it: the sum over the matches it started last of how much later it started than the
-    median of the others (``last_lag_us``), divided by the steps the matches cover (1 when no step is known)."""
+def lag_per_step_us(skew: pd.DataFrame) -> pd.Series:
+    """Per rank: how late it was into the matches it started last, per step (µs): the sum over those matches of
+    how much later it started than the median of the others (``last_lag_us``), divided by the steps the matches
+    cover (1 when no step is known).  Observed lateness, not its cost: the others may have had work to do
+    meanwhile (the cost is the critical path's counterfactual, ``cost_per_step_us``)."""
     if skew is None or not len(skew):
         return pd.Series(dtype=float)
     steps = skew["step"].dropna().nunique() if "step" in skew else 0
@@ -178,7 +179,9 @@ def stragglers(skew: pd.DataFrame, rank_lag: pd.DataFrame) -> pd.DataFrame:
     it is in) and what chance alone gives (expected_last_pct: the mean of 1 / the match's ranks), p_value (P of
     being last at least that often by chance: binomial over ``independent_matches`` = matches x (1 - rho) /
     (1 + rho), rho the lag-1 autocorrelation of its being last in time order, as a rank late into one collective
-    tends to be late into the next), mean_start_lag_us, cost_per_step_us (:func:`straggler_cost_us`), where (the
+    tends to be late into the next), mean_start_lag_us, lag_per_step_us (:func:`lag_per_step_us`),
+    cost_per_step_us (NaN here: the critical path's counterfactual "rank R as fast as the median" fills it,
+    ``pipeline``), where (the
     stage and unit
     holding most of its lag), clock_offset_us."""
     if len(skew) == 0:
@@ -196,7 +199,8 @@ def stragglers(skew: pd.DataFrame, rank_lag: pd.DataFrame) -> pd.DataFrame:
     k_eff = np.round(out["times_last"].to_numpy() * n_eff / np.maximum(out["matches"].to_numpy(), 1))
     out["independent_matches"] = n_eff.astype(np.int64)
     out["p_value"] = binomial_tail(k_eff, n_eff, out["chance_last"].to_numpy())
-    out["cost_per_step_us"] = out["rank"].map(straggler_cost_us(skew)).fillna(0.0).to_numpy(np.float64)
+    out["lag_per_step_us"] = out["rank"].map(lag_per_step_us(skew)).fillna(0.0).to_numpy(np.float64)
+    out["cost_per_step_us"] = np.nan
     out["where"] = out["rank"].map(_where(skew)).astype(object)
     return out[STRAGGLER_COLUMNS].sort_values("rank").reset_index(drop=True)
 

@@ -352,10 +352,10 @@ def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> lis
     pct = f" ({100.0 * cost / step_us:.1f}% of the step)" if step_us else ""
     out.append(Finding("straggler", "medium",
                        f"Rank {rank} is a straggler: last into {s['share_last_pct']:.0f}% of collectives (chance: "
-                       f"{s['expected_last_pct']:.0f}%, p = {s['p_value']:.2g}); the others wait {fmt_ms(cost)} per "
-                       f"step{pct} for it{where}",
-                       "stragglers.cost_per_step_us (rank last into more collectives than chance, binomial p "
-                       f"<= {alpha:.2g})", cost, "us", cost_floor,
+                       f"{s['expected_last_pct']:.0f}%, p = {s['p_value']:.2g}); as fast as the median rank it would "
+                       f"save {fmt_ms(cost)} per step{pct}{where}",
+                       "stragglers.cost_per_step_us (the critical path's counterfactual; rank last into more "
+                       f"collectives than chance, binomial p <= {alpha:.2g})", cost, "us", cost_floor,
                        "look at what that rank does before those collectives: data loading, uneven inputs, a slower "
                        "host or GPU, or extra work (logging, checkpointing) on that rank; prefetching does not help "
                        "time spent waiting for another rank", "ranks", rank, stake_us=cost))
