@@ -132,6 +132,9 @@ def stage_at(ts, marks, collective=None, outside=STAGE_OUTSIDE):
     return st
 
 
+STAGE_BLOCK_ROWS = 1 << 18     # stage_codes_at judges this many rows at a time (its temporaries: ~100 bytes a row)
+
+
 def stage_codes_at(ts, marks, collective=None):
     """:func:`stage_at` as int8 positions in STAGES (``marks``: a DataFrame or a dict of its columns; a
     missing ``fwd_end_us`` column: no forward ends before the backward)."""
@@ -144,6 +147,17 @@ def stage_codes_at(ts, marks, collective=None):
     n_marks = len(marks["start_us"])
     col = {c: (np.asarray(marks[c], dtype=np.float64) if c in marks else np.full(n_marks, np.nan))
            for c in STEP_MARK_COLUMNS}
+    coll = None if collective is None else np.asarray(collective, dtype=bool)
+    for lo in range(0, ts.size, STAGE_BLOCK_ROWS):
+        hi = lo + STAGE_BLOCK_ROWS
+        _stage_codes_block(ts[lo:hi], col, None if coll is None else coll[lo:hi], out[lo:hi])
+    return out
+
+
+def _stage_codes_block(ts, col: dict, collective, out) -> None:
+    """stage_codes_at of some rows into ``out`` (a view of the result; ``col``: the step marks' columns)."""
+    import numpy as np
+
     idx = np.searchsorted(col["start_us"], ts, side="right") - 1
     ii = np.maximum(idx, 0)
     inside = (idx >= 0) & (ts <= col["end_us"][ii])
@@ -158,10 +172,9 @@ def stage_codes_at(ts, marks, collective=None):
                    STAGES.index(STAGE_POST_STEP))
     if collective is not None:
         fwd_end = np.where(np.isnan(m["fwd_end_us"]), inf, m["fwd_end_us"])
-        between = np.asarray(collective, dtype=bool) & (st == STAGES.index(STAGE_FORWARD)) & (ts >= fwd_end)
+        between = collective & (st == STAGES.index(STAGE_FORWARD)) & (ts >= fwd_end)
         st = np.where(between, STAGES.index(STAGE_DATA), st)
     out[inside] = st[inside]
-    return out
 
 
 # The stage of an allocation from its stack frames (CUDA snapshots without tags), the first rule that

@@ -226,7 +226,8 @@ K_COMPUTE, K_COMM, K_MEMCPY, K_MEMSET, K_SYNC, K_CPU_OP, K_ANNOTATION = (
 def classify_arrays(rt) -> dict:
     """Classified events as numpy columns: lane/name/cat int codes into lane_cats/name_cats/cat_cats, kind int8
     codes into KIND_LABELS, collective/dtype/pg object arrays, tid/launch_tid thread codes (-1: a kernel whose
-    launch is not in the trace), times float64 µs; runtime calls dropped."""
+    launch is not in the trace), times float64 µs; runtime calls dropped.  ``rt``'s raw columns are released
+    once copied (``rt.cols`` and ``rt.comm_rows`` become None): a big trace's two copies never coexist."""
     rc = rt.cols
     n = len(rc["ts_us"])
     dist = rt.meta.get("distributedInfo") or {}
@@ -249,9 +250,10 @@ def classify_arrays(rt) -> dict:
         (flags & f) != 0 for f in (N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP))
     kind = np.full(n, K_CPU_OP, dtype=np.int8)
     kind[is_annot] = K_ANNOTATION
-    gpu_kind = np.select([r_comm, r_memcpy | cat_is(MEMCPY_CATS), r_memset | cat_is(MEMSET_CATS),
-                          r_sync | cat_is(SYNC_CATS)], [K_COMM, K_MEMCPY, K_MEMSET, K_SYNC], K_COMPUTE)
-    kind[on_gpu] = gpu_kind[on_gpu]
+    g = np.flatnonzero(on_gpu)          # (the device rows only: no temporary of every row)
+    kind[g] = np.select([r_comm[g], (r_memcpy | cat_is(MEMCPY_CATS))[g], (r_memset | cat_is(MEMSET_CATS))[g],
+                         (r_sync | cat_is(SYNC_CATS))[g]], [K_COMM, K_MEMCPY, K_MEMSET, K_SYNC], K_COMPUTE)
+    del g, r_comm, r_memcpy, r_memset, r_sync, flags
     gloo_comm = is_annot & r_gloo
     kind[gloo_comm] = K_COMM
 
@@ -264,10 +266,12 @@ def classify_arrays(rt) -> dict:
         as_stream = np.nan_to_num(tid_num[tcodes], nan=-1.0).astype(np.int64) if n else np.empty(0, np.int64)
         gpu_annot &= (stream >= 0) | (as_stream >= 0)
         stream = np.where(gpu_annot & (stream < 0), as_stream, stream)
+        del as_stream
     on_lane = on_gpu | gpu_annot
     scodes, suniq = pd.factorize(stream)
     lane_labels = [f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq.tolist()]
     lane_codes = np.where(on_lane, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
+    del scodes, on_lane, gpu_annot
     if len(set(lane_labels)) == len(lane_labels):
         lane_cats = pd.Index(lane_labels, dtype=object)
     else:
@@ -280,51 +284,75 @@ def classify_arrays(rt) -> dict:
         end0 = rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
         kind[cand & _leaf_mask(tcodes, rc["ts_us"], end0, is_cpu_op)] = K_COMPUTE
 
+    # --- the rows that become events: every one but the runtime calls (those that block the host,
+    # model.SYNC_CALLS, stay); what follows is computed for those rows only (kidx)
+    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
+    kidx = np.flatnonzero(~is_runtime | sync_call)
+    lane_codes = lane_codes[kidx]
+
     # --- collective type, parsed once per distinct name of the rows that carry one
-    relevant = (kind == K_COMM) | r_c10d | (is_annot & r_ncclop)
-    collective = np.full(n, None, dtype=object)
+    relevant = ((kind == K_COMM) | r_c10d | (is_annot & r_ncclop))[kidx]
+    collective = np.full(len(kidx), None, dtype=object)
     if relevant.any():
-        used = np.unique(codes[relevant])
+        k_codes = codes[kidx[relevant]]
+        used = np.unique(k_codes)
         coll_by_cat = np.full(len(cats), None, dtype=object)
         coll_by_cat[used] = per_name(model.collective_of, [cats[i] for i in used.tolist()])
-        collective[relevant] = coll_by_cat[codes[relevant]]
+        collective[relevant] = coll_by_cat[k_codes]
+        del k_codes
 
     # --- launch point of every event: a kernel's runtime call (the first with its correlation id)
     ts = rc["ts_us"]
     corr = rc["correlation"]
-    launch_tid = tcodes.copy()
-    launch_ts = ts.copy()
-    if on_gpu.any():
-        launch_tid[on_gpu] = -1
+    launch_tid = tcodes[kidx]
+    launch_ts = ts[kidx]
+    k_gpu = on_gpu[kidx]
+    if k_gpu.any():
+        launch_tid[k_gpu] = -1
         ridx = np.flatnonzero(is_runtime & (corr >= 0))
         keys, first = np.unique(corr[ridx], return_index=True)
-        gidx = np.flatnonzero(on_gpu)
-        found, pos = _lookup(keys, corr[gidx])
+        gidx = np.flatnonzero(k_gpu)
+        found, pos = _lookup(keys, corr[kidx[gidx]])
         src = ridx[first[pos[found]]]
         launch_tid[gidx[found]] = tcodes[src]
         launch_ts[gidx[found]] = ts[src]
+        del ridx, keys, first, gidx, found, src
+    del k_gpu
 
-    # --- the columns: every event but the runtime calls (those that block the host, model.SYNC_CALLS, stay)
-    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
-    kidx = np.flatnonzero(~is_runtime | sync_call)
-    pos = np.full(n, -1, dtype=np.int64)
-    pos[kidx] = np.arange(len(kidx))
     k = len(kidx)
-    o = {
-        "lane": lane_codes[kidx], "lane_cats": lane_cats, "kind": kind[kidx],
-        "name": codes[kidx], "name_cats": cats, "ts_us": ts[kidx],
-        "dur_us": np.nan_to_num(rc["dur_us"][kidx], nan=0.0), "collective": collective[kidx],
-        "bytes": np.full(k, np.nan), "dtype": np.full(k, None, dtype=object), "group_size": np.full(k, np.nan),
-        "pg": np.full(k, None, dtype=object), "seq": np.full(k, np.nan),
-        "tid": tcodes[kidx], "stream": stream[kidx], "correlation": corr[kidx], "ext_id": rc["ext_id"][kidx],
-        "cat": cat_codes[kidx], "cat_cats": rc["cat_cats"],
-        "launch_tid": launch_tid[kidx], "launch_ts_us": launch_ts[kidx],
-    }
-    k_on_gpu, k_gloo, k_c10d = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx]
+    k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
+    del on_gpu, gloo_comm, r_c10d, is_cpu_op, is_runtime, is_annot, r_gloo, r_ncclop, sync_call, relevant
+    info = _comm_info(rt, cats) if rt.comm_rows else None
+    if info is not None:        # (each comm row's position among the kept rows, -1: not kept)
+        found, pos = _lookup(kidx, info["idx"])
+        ipos = np.where(found, pos, -1)
+        del found, pos
+    # the kept rows' columns, each raw column released as soon as it is copied (the peak of a big trace's
+    # load); rt.cols / rt.comm_rows become None
+    k_stream = stream[kidx]           # (a GPU annotation's stream is its tid: not the raw column)
+    del codes, ts, corr, stream, cat_codes, tcodes
+    o = {"lane": lane_codes, "lane_cats": lane_cats, "kind": kind[kidx]}
+    del lane_codes, kind
+    o["name"] = rc.pop("name")[kidx]
+    o["name_cats"] = cats
+    o["ts_us"] = rc.pop("ts_us")[kidx]
+    o["dur_us"] = np.nan_to_num(rc.pop("dur_us")[kidx], nan=0.0)
+    o["collective"] = collective
+    del collective
+    o.update({"bytes": np.full(k, np.nan), "dtype": np.full(k, None, dtype=object),
+              "group_size": np.full(k, np.nan), "pg": np.full(k, None, dtype=object), "seq": np.full(k, np.nan)})
+    o["tid"] = rc.pop("tid_code")[kidx]
+    o["stream"] = k_stream
+    del k_stream, rc["stream"]
+    for c in ("correlation", "ext_id", "cat"):
+        o[c] = rc.pop(c)[kidx]
+    o["cat_cats"] = rc["cat_cats"]
+    o["launch_tid"] = launch_tid
+    o["launch_ts_us"] = launch_ts
+    del launch_tid, launch_ts, kidx, rc
+    rt.cols = rt.comm_rows = None
     shard = np.zeros(k, dtype=bool)
-    if rt.comm_rows:
-        info = _comm_info(rt, cats)
-        ipos = pos[info["idx"]]
+    if info is not None:
         ok = ipos >= 0
         idx = ipos[ok]
         shard[idx] = info["shard"][ok]
@@ -346,7 +374,7 @@ def classify_arrays(rt) -> dict:
         # a comm kernel whose type neither its launching op nor its name tells
         o["collective"][k_on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"])] = model.UNKNOWN_COLLECTIVE
     if k_gloo.any():
-        _pair_gloo(o, k_gloo, k_c10d & is_cpu_op[kidx], shard)
+        _pair_gloo(o, k_gloo, k_c10d & k_cpu_op, shard)
         _gloo_group_sizes(o, k_gloo, rt.meta)
     gs = o["group_size"]
     miss = ((o["kind"] == K_COMM) | k_c10d) & np.isnan(gs)

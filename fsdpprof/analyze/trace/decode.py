@@ -5,6 +5,7 @@ writes; a trace that does not fit its types takes the lenient path.  Times in µ
 """
 from __future__ import annotations
 
+import array
 import os
 import re
 import sys
@@ -37,6 +38,8 @@ MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an
 NAME_MAX_CHARS = 4096           # longer names are cut (real kernel names reach 1,817 characters)
 TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in µs) are not times
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
+RESIDENT_PER_JSON_BYTE = 0.75   # peak resident bytes of a trace's load per byte of its JSON (benchmarks/bench_big.py)
+GZ_SAMPLE_BYTES = 1 << 20       # compressed bytes inflated to estimate a gzip trace's JSON size
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | model.DEVICE_EVENT_CATS | model.RUNTIME_CATS
@@ -291,9 +294,9 @@ COMM_ARG_COLUMNS = ["idx", "coll_name", "in_nelems", "out_nelems", "group_size",
 class RawTrace:
     """Decoded, unclassified trace: one row per kept duration event, as numpy columns.
 
-    ``cols``: name/cat (int codes into the lists ``name_cats``/``cat_cats``), tid/pid (original values, object;
-    ``tid_code``: int32 codes into ``tid_values``), ts_us/dur_us (float64, µs), stream/correlation/ext_id
-    (int64, -1 absent).  ``comm_rows``: one tuple (COMM_ARG_COLUMNS; idx is the row) per event with comm args."""
+    ``cols``: name/cat (int32/int8 codes into the lists ``name_cats``/``cat_cats``), tid_code/pid (int32 codes
+    into ``tid_values``/``pid_values``, the original values), ts_us/dur_us (float64, µs), stream/correlation/
+    ext_id (int64, -1 absent): 53 bytes a row (docs/architecture.md).  ``comm_rows``: one tuple (COMM_ARG_COLUMNS; idx is the row) per event with comm args."""
 
     path: str
     cols: dict
@@ -356,11 +359,14 @@ def _has_coll_args(a) -> bool:
     return a.coll_name is not None or a.in_nelems is not None
 
 
-def _intern(table: dict, values: list, dtype) -> np.ndarray:
-    """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance."""
+def _intern(table: dict, values: list, dtype, new: list | None = None) -> np.ndarray:
+    """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance (and
+    appended to ``new``)."""
     for v in dict.fromkeys(values):
         if v not in table:
             table[v] = len(table)
+            if new is not None:
+                new.append(v)
     return np.fromiter(map(table.__getitem__, values), dtype=dtype, count=len(values))
 
 
@@ -407,19 +413,27 @@ def _x_args(a) -> XArgs:
                  a.input_dims, a.input_type)
 
 
+# the kept rows' columns as the decoder fills them: (name, array typecode, numpy dtype); bytes per row in all: 61
+# (docs/architecture.md, "What a decoded event costs")
+COLUMN_TYPES = (("name", "i", np.int32), ("cat", "b", np.int8), ("tid", "i", np.int32), ("pid", "i", np.int32),
+                ("ts_us", "d", np.float64), ("dur_us", "d", np.float64), ("stream", "q", np.int64),
+                ("correlation", "q", np.int64), ("ext_id", "q", np.int64), ("args_key", "q", np.int64))
+
+
 class _Columns:
-    """Accumulates chunk columns; names/cats/tids interned into integer codes; ``defects`` counts what was
-    malformed (see :func:`defect_warnings`)."""
+    """Accumulates the kept rows in typed column buffers (``array.array``, grown in place: no per-chunk parts to
+    join at the end); names/cats/tids/pids interned into integer codes; ``defects`` counts what was malformed
+    (see :func:`defect_warnings`)."""
 
     def __init__(self) -> None:
         self.names: dict = {}
         self.threads: dict = {}
         self.pids: dict = {}
-        self.parts: list[dict] = []
+        self.bufs = {c: array.array(code) for c, code, _ in COLUMN_TYPES}
         self.comm_rows: list[tuple] = []
         self.mem_rows: list[tuple] = []
         self.thread_names: dict = {}
-        self.name_comm: list[bool] = []
+        self.name_comm = np.zeros(0, dtype=bool)   # per name code: a collective op (model.is_collective_op)
         self.name_labels: list[str] = []     # per name code: the name as shown (cut, or a non-string's JSON text)
         self.bad_names: dict[int, str] = {}  # name code -> defect kind (long_name / type_name)
         self.defects: dict = {}
@@ -440,7 +454,7 @@ class _Columns:
                     if e.cat in model.DEVICE_EVENT_CATS or model.is_collective_op(e.name)]
         for i, a in zip(full_idx, _decode_many(_ARGS_LIST_DEC, _ARGS_DEC, [keep[i].args for i in full_idx])):
             args[i] = _x_args(a)
-        cat_codes = np.fromiter((_CAT_KEEP_CODE[e.cat] - 1 for e in keep), dtype=np.int16, count=len(keep))
+        cat_codes = np.fromiter((_CAT_KEEP_CODE[e.cat] - 1 for e in keep), dtype=np.int8, count=len(keep))
         corr = np.fromiter(map(_GET_CORR, args), dtype=np.int64, count=len(keep))
         # (what tells two events apart beyond the columns, for finding exact duplicates: the args' text)
         key = np.fromiter((hash(bytes(e.args)) for e in keep), dtype=np.int64, count=len(keep))
@@ -466,7 +480,7 @@ class _Columns:
             self._add_other(compress(events, map(_IS_OTHER.__contains__, cat_codes1)))
         if not n:
             return
-        cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int16, count=n)
+        cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int8, count=n)
         cat_codes -= 1
         del cat_codes1
         self._add_kept(keep, cat_codes, args, corr, np.fromiter(map(_GET_TS, keep), dtype=np.float64, count=n),
@@ -479,18 +493,19 @@ class _Columns:
         n = len(keep)
         names = self.names
         name_list = list(map(_GET_NAME, keep))
+        new: list = []             # the names first seen in this chunk
         try:
-            name_codes = _intern(names, name_list, np.int32)
+            name_codes = _intern(names, name_list, np.int32, new)
         except TypeError:          # a list or an object as a name (nothing was added: dict.fromkeys failed)
-            name_codes = _intern(names, _hashable(name_list, self.defects, "name", cut=False), np.int32)
+            name_codes = _intern(names, _hashable(name_list, self.defects, "name", cut=False), np.int32, new)
         del name_list
-        self._label_new_names()
+        self._label_new_names(new)
         tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)), self.defects, "tid")
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
-        for k in list(names)[len(self.name_comm):]:
-            self.name_comm.append(model.is_collective_op(k))
+        if new:                    # (only the new names: each chunk's work stays proportional to the chunk)
+            self.name_comm = np.append(self.name_comm, [model.is_collective_op(k) for k in new])
         gpu = _CAT_GPU[cat_codes]
-        full = gpu | np.asarray(self.name_comm, dtype=bool)[name_codes]
+        full = gpu | self.name_comm[name_codes]
         # stream / External id kept on device events and comm ops, correlation also on runtime calls
         corr[~(full | _CAT_RT[cat_codes])] = -1
         stream = np.full(n, -1, dtype=np.int64)
@@ -507,16 +522,16 @@ class _Columns:
                 a = args[i]
                 self.comm_rows.append((self.n + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
-        self.parts.append({
-            "name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts, "dur_us": dur,
-            "stream": stream, "correlation": corr, "ext_id": ext,
-            "args_key": ext_all if args_key is None else args_key,
-        })
+        part = {"name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts,
+                "dur_us": dur, "stream": stream, "correlation": corr, "ext_id": ext,
+                "args_key": ext_all if args_key is None else args_key}
+        for c, _, dtype in COLUMN_TYPES:
+            self.bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
         self.n += n
 
-    def _label_new_names(self) -> None:
-        """Labels of the names interned since the last call: a string as it is or cut, others as JSON text."""
-        for k in list(self.names)[len(self.name_labels):]:
+    def _label_new_names(self, new: list) -> None:
+        """Labels of the names ``new`` (just interned): a string as it is or cut, others as JSON text."""
+        for k in new:
             if type(k) is str:
                 if len(k) > NAME_MAX_CHARS:
                     self.bad_names[len(self.name_labels)] = "long_name"
@@ -547,13 +562,9 @@ class _Columns:
     def arrays(self) -> dict:
         """The kept events as numpy columns (see RawTrace.cols), implausible events and exact duplicates left
         out (counted in ``defects``; ``comm_rows`` renumbered)."""
-        cols = {}
-        for key, dtype in (("name", np.int32), ("cat", np.int16), ("tid", np.int32), ("pid", np.int32),
-                           ("ts_us", np.float64), ("dur_us", np.float64), ("stream", np.int64),
-                           ("correlation", np.int64), ("ext_id", np.int64), ("args_key", np.int64)):
-            arrs = [p[key] for p in self.parts]
-            cols[key] = (arrs[0] if len(arrs) == 1 else np.concatenate(arrs)) if arrs else np.empty(0, dtype=dtype)
-        self.parts = []
+        # the buffers as they are (no copy; numpy's arrays keep them alive)
+        cols = {c: np.frombuffer(self.bufs[c], dtype=dtype) for c, _, dtype in COLUMN_TYPES}
+        self.bufs = {}
         cols["cat"], cat_cats = _compact(cols["cat"], _KEEP_ORDER)     # categories in order of first appearance
         names = self.name_labels
         if self._drop_implausible(cols):
@@ -572,12 +583,9 @@ class _Columns:
         del cols["args_key"]
         cols["name_cats"] = unique_labels(list(names))
         cols["cat_cats"] = cat_cats
-        # tid/pid: the original values (int or str) through a lookup table
-        tid_values = [_as_key(k) for k in self.threads]
-        n = len(cols["ts_us"])
-        cols["tid_code"], cols["tid_values"] = _factorize_codes(cols["tid"], tid_values)
-        for c, values in (("tid", tid_values), ("pid", [_as_key(k) for k in self.pids])):
-            cols[c] = np.array(values, dtype=object)[cols[c]] if n else np.empty(0, dtype=object)
+        # tid/pid: int32 codes into the original values (int or str)
+        cols["tid_code"], cols["tid_values"] = _factorize_codes(cols.pop("tid"), [_as_key(k) for k in self.threads])
+        cols["pid_values"] = [_as_key(k) for k in self.pids]
         return cols
 
     def _drop_implausible(self, cols: dict) -> bool:
@@ -645,12 +653,26 @@ def _factorize_codes(codes: np.ndarray, values: list) -> tuple[np.ndarray, list]
 
 
 def _compact(codes: np.ndarray, labels) -> tuple[np.ndarray, list]:
-    """Codes into ``labels`` renumbered to the labels they use, in order of first use."""
-    used, first = np.unique(codes, return_index=True)
+    """Codes into ``labels`` renumbered to the labels they use, in order of first use (linear in the rows when
+    there are few labels, or when the codes already are in that order, as the decoder interns them)."""
+    if not len(codes):
+        return codes, []
+    top = np.maximum.accumulate(codes)
+    if top[0] == 0 and int(top[-1]) == len(labels) - 1 and (top[1:] - top[:-1] <= 1).all():
+        return codes, list(labels)           # every label used, first uses in order: nothing to renumber
+    del top
+    if len(labels) <= _FEW_LABELS:
+        used = np.flatnonzero(np.bincount(codes, minlength=len(labels)))
+        first = np.array([np.argmax(codes == c) for c in used.tolist()], dtype=np.int64)
+    else:
+        used, first = np.unique(codes, return_index=True)
     order = used[np.argsort(first, kind="stable")]
     remap = np.zeros(max(len(labels), 1), dtype=codes.dtype)
     remap[order] = np.arange(len(order), dtype=codes.dtype)
     return remap[codes] if len(codes) else codes, [labels[i] for i in order.tolist()]
+
+
+_FEW_LABELS = 64        # _compact: up to this many labels, one pass per label finds its first use (no sort)
 
 
 def _as_key(v):
@@ -700,6 +722,10 @@ class _Reader:
         if not self.gz and size > self.max_bytes:
             self.raw.close()
             raise UserError(self._too_big_message())
+        if size >= PROGRESS_MIN_BYTES:
+            line = memory_warning(path, self._json_bytes())
+            if line:
+                print(f"fsdpprof: warning: {line}", file=sys.stderr, flush=True)
         if progress is None:
             progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
         self.bar = None
@@ -718,6 +744,21 @@ class _Reader:
             self._queue = queue.Queue(maxsize=4)
             self._thread = threading.Thread(target=self._inflate, name="fsdpprof-gunzip", daemon=True)
             self._thread.start()
+
+    def _json_bytes(self) -> int:
+        """The trace's JSON bytes: the file's size, or for gzip its size times the ratio of its first MB."""
+        if not self.gz:
+            return self.size
+        try:
+            d = _inflate_mod.decompressobj(wbits=31)
+            sample = self.raw.read(GZ_SAMPLE_BYTES)
+            out = len(d.decompress(sample, 64 * GZ_SAMPLE_BYTES))
+            used = len(sample) - len(d.unconsumed_tail) - len(d.unused_data)
+        except (_INFLATE_ERRORS + (OSError,)):
+            return self.size
+        finally:
+            self.raw.seek(0)
+        return int(self.size * out / used) if used > 0 else self.size
 
     def _isize(self) -> int:
         """Decompressed size of the last gzip member (bytes, mod 2**32) from the gzip trailer."""
@@ -1115,6 +1156,30 @@ def _decode(path: str, reader: _Reader, cols: _Columns) -> RawTrace:
                     thread_names=cols.thread_names, defects=cols.defects, memory_pids=mem_pids)
 
 
+def available_memory_bytes() -> int | None:
+    """Memory this machine can give a new load (MemAvailable, Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_warning(path: str, json_bytes: int, available: int | None = None) -> str | None:
+    """A line saying that loading ``json_bytes`` of trace JSON needs more memory than is available
+    (``available``: default available_memory_bytes()); None when it fits or the memory is unknown."""
+    need = json_bytes * RESIDENT_PER_JSON_BYTE
+    available = available_memory_bytes() if available is None else available
+    if available is None or need <= available:
+        return None
+    return (f"trace {path} holds about {json_bytes / 2**30:.1f} GiB of JSON; analysing it needs about "
+            f"{need / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB is available: it may be killed "
+            f"for memory; analyse it on a machine with more memory, or record a shorter profiler window")
+
+
 def _device_type(arrays: dict, meta: dict) -> str:
     """model.device_type of a decoded trace: its categories, runtime-call names and device names."""
     if not (arrays["stream"] >= 0).any():
@@ -1201,13 +1266,19 @@ def _rows_of(values: np.ndarray, pid) -> np.ndarray:
     return np.flatnonzero(np.fromiter((p == pid for p in values.tolist()), dtype=bool, count=len(values)))
 
 
+def _rows_of_codes(codes: np.ndarray, values: list, pid) -> np.ndarray:
+    """Rows whose code (into ``values``) names a value equal to ``pid``."""
+    hit = np.fromiter((p == pid for p in values), dtype=bool, count=len(values))
+    return np.flatnonzero(hit[codes]) if len(values) else np.empty(0, dtype=np.int64)
+
+
 def split_by_pid(rt: RawTrace, pids: list) -> dict:
     """A decoded trace cut into one RawTrace per process id in ``pids`` (a merged timeline: one process a rank),
     codes renumbered as a trace of that process alone would have them; the defects counted on the first part."""
     cols = rt.cols
     out = {}
     for i, pid in enumerate(pids):
-        rows = _rows_of(cols["pid"], pid)
+        rows = _rows_of_codes(cols["pid"], cols["pid_values"], pid)
         part = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in cols.items()}
         for c, labels in (("name", "name_cats"), ("cat", "cat_cats"), ("tid_code", "tid_values")):
             part[c], part[labels] = _compact(part[c], list(cols[labels]))

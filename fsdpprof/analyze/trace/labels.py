@@ -252,22 +252,23 @@ _STAGE_DTYPE = pd.CategoricalDtype(model.STAGES)
 
 
 def events_frame(c: dict, rank: int) -> pd.DataFrame:
-    """The model.EVENT_COLUMNS frame from classified, labelled columns."""
-    cols = {
-        "rank": np.full(len(c["ts_us"]), rank, dtype=np.int32),
-        "lane": _from_codes(c["lane"], _dtype(c["lane_cats"])),
-        "kind": _categorical_codes(c["kind"], KIND_LABELS),
-        "name": _from_codes(c["name"], _dtype(c["name_cats"])),
-        "ts_us": c["ts_us"], "dur_us": c["dur_us"],
-        "stage": _from_codes(c["stage"], _STAGE_DTYPE),
-        "fsdp_phase": _categorical_of_table(c["fsdp_name"], c["fsdp_phase"]),
-        "unit": _categorical_of_table(c["fsdp_name"], c["unit"]),
-        "step": c["step"], "launch_ts_us": c["launch_ts_us"],
-    }
+    """The model.EVENT_COLUMNS frame from classified, labelled columns, moved out of ``c`` one by one (each
+    freed once converted: the peak of a big trace's load; ``c`` is left empty)."""
+    n = len(c["ts_us"])
+    cols = {"rank": np.full(n, rank, dtype=np.int32)}
+    cols["lane"] = _from_codes(c.pop("lane"), _dtype(c.pop("lane_cats")))
+    cols["kind"] = _categorical_codes(c.pop("kind"), KIND_LABELS)
+    cols["name"] = _from_codes(c.pop("name"), _dtype(c.pop("name_cats")))
+    cols["ts_us"], cols["dur_us"] = c.pop("ts_us"), c.pop("dur_us")
+    cols["stage"] = _from_codes(c.pop("stage"), _STAGE_DTYPE)
+    cols["fsdp_phase"] = _categorical_of_table(c["fsdp_name"], c.pop("fsdp_phase"))
+    cols["unit"] = _categorical_of_table(c.pop("fsdp_name"), c.pop("unit"))
+    cols["step"], cols["launch_ts_us"] = c.pop("step"), c.pop("launch_ts_us")
     for k in ("collective", "dtype", "pg"):
-        cols[k] = _categorical(c[k])
+        cols[k] = _categorical(c.pop(k))
     for k in ("bytes", "group_size", "seq"):
-        cols[k] = c[k].astype(np.float64, copy=False)
+        cols[k] = c.pop(k).astype(np.float64, copy=False)
+    c.clear()
     return frame_of(cols, model.EVENT_COLUMNS)
 
 

@@ -13,6 +13,9 @@ from fsdpprof.analyze.trace.decode import decode_trace, defect_warnings, split_b
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 
+CLASSIFY_ONLY = ("stream", "correlation", "ext_id", "cat", "cat_cats")   # classify_arrays' columns for itself
+
+
 @dataclass
 class TraceData:
     """One rank's trace: classified events, memory events and trace metadata."""
@@ -65,9 +68,11 @@ def _trace_data(rt, rank: int | None) -> TraceData:
         dist = rt.meta.get("distributedInfo") or {}
         rank = dist.get("rank") if isinstance(dist, dict) else None
         rank = rank if isinstance(rank, int) else 0
-    c = classify.classify_arrays(rt)
-    rt.cols = rt.comm_rows = None      # classify copied what it needs: free the raw columns early
+    c = classify.classify_arrays(rt)   # (releases rt.cols as soon as it has copied them)
+    for k in CLASSIFY_ONLY:            # what labels and the frame do not read: freed before they run
+        del c[k]
     c, w = labels.assign_arrays(c, rt)
+    del c["tid"], c["launch_tid"]
     mem = rt.memory_events
     mem["rank"] = np.int32(rank)
     meta = {**rt.meta, "thread_names": labels.thread_name_records(rt.thread_names)}  # lanes' readable names

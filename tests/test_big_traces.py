@@ -1,0 +1,95 @@
+"""Big traces (issue 40): the decoder keeps compact typed columns (no object column, the documented bytes a row),
+classify releases the raw columns it copied, codes are renumbered without sorting where they need not be, and a
+trace too big for the machine's memory is warned about before it is read.  Timings and peak RSS live in
+benchmarks/bench_big.py."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import shared_data
+from fsdpprof.analyze.trace import classify, load_trace
+from fsdpprof.analyze.trace import decode as trace
+
+REAL = ("hta-nccl-2rank-a100", "hta-16rank-a100", "tracelens-b200-8rank")
+ROW_BYTES = 53          # docs/architecture.md: name 4, cat 1, tid_code 4, pid 4, ts 8, dur 8, stream/corr/ext 8 each
+
+
+@pytest.mark.parametrize("rel", REAL)
+def test_decoded_columns_are_compact_typed_arrays(rel):
+    rt = trace.decode_trace(str(shared_data("gpu-traces", rel, "rank-0.json.gz")))
+    arrays = {k: v for k, v in rt.cols.items() if isinstance(v, np.ndarray)}
+    n = len(arrays["ts_us"])
+    assert n > 5_000
+    assert all(v.dtype != object and len(v) == n for v in arrays.values()), {k: v.dtype for k, v in arrays.items()}
+    assert sum(v.dtype.itemsize for v in arrays.values()) == ROW_BYTES
+    # the codes point into their tables, which hold the original values
+    assert int(arrays["tid_code"].max()) < len(rt.cols["tid_values"])
+    assert int(arrays["pid"].max()) < len(rt.cols["pid_values"])
+    assert int(arrays["cat"].max()) < len(rt.cols["cat_cats"])
+
+
+def test_classify_releases_the_raw_columns():
+    rt = trace.decode_trace(str(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")))
+    n_raw = len(rt.cols["ts_us"])
+    c = classify.classify_arrays(rt)
+    assert rt.cols is None and rt.comm_rows is None
+    assert 0 < len(c["ts_us"]) < n_raw                  # (the runtime calls are not events)
+
+
+def _compact_by_sorting(codes: np.ndarray, labels: list) -> tuple[np.ndarray, list]:
+    """What _compact computes, the plain way (np.unique sorts)."""
+    used, first = np.unique(codes, return_index=True)
+    order = used[np.argsort(first, kind="stable")]
+    remap = np.zeros(max(len(labels), 1), dtype=codes.dtype)
+    remap[order] = np.arange(len(order), dtype=codes.dtype)
+    return remap[codes], [labels[i] for i in order.tolist()]
+
+
+@pytest.mark.parametrize("n_labels", [1, 3, 12, 64, 65, 500])
+@pytest.mark.parametrize("layout", ["first-use order", "shuffled", "some unused"])
+def test_compact_equals_sorting(n_labels, layout):
+    rng = np.random.default_rng(n_labels)
+    labels = [f"x{i}" for i in range(n_labels)]
+    if layout == "first-use order":
+        codes = np.concatenate([np.arange(n_labels), rng.integers(0, n_labels, 5_000)]).astype(np.int32)
+    elif layout == "shuffled":
+        codes = rng.permutation(np.concatenate([np.arange(n_labels), rng.integers(0, n_labels, 5_000)]))
+        codes = codes.astype(np.int32)
+    else:
+        codes = rng.integers(0, n_labels, 5_000).astype(np.int8 if n_labels < 100 else np.int32) // 2 * 2
+    got, got_labels = trace._compact(codes, labels)
+    want, want_labels = _compact_by_sorting(codes, labels)
+    assert got_labels == want_labels
+    assert np.array_equal(got, want) and got.dtype == codes.dtype
+
+
+def test_compact_of_nothing():
+    codes, labels = trace._compact(np.zeros(0, dtype=np.int32), ["a"])
+    assert len(codes) == 0 and labels == []
+
+
+def test_memory_warning_says_what_to_do():
+    line = trace.memory_warning("big.json.gz", 20 << 30, available=8 << 30)
+    assert line is not None and "big.json.gz" in line and "20.0 GiB of JSON" in line and "8.0 GiB is available" in line
+    assert trace.memory_warning("big.json.gz", 1 << 30, available=8 << 30) is None
+
+
+def test_a_trace_too_big_for_memory_is_warned_about_before_it_is_read(tmp_path, monkeypatch, capsys):
+    src = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
+    plain = gzip.decompress(src.read_bytes())
+    base = load_trace(str(src), progress=False)
+    assert "warning" not in capsys.readouterr().err            # (a small trace: no line)
+    monkeypatch.setattr(trace, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(trace, "available_memory_bytes", lambda: 1 << 20)
+    for path, data in ((tmp_path / "t.json", plain), (tmp_path / "t.json.gz", src.read_bytes())):
+        path.write_bytes(data)
+        td = load_trace(str(path), progress=False)
+        err = capsys.readouterr().err
+        assert err.count("fsdpprof: warning: trace") == 1 and str(path) in err
+        # the gzip trace's JSON size is estimated from its first MB: the whole of this one
+        assert f"about {len(plain) / 2**30:.1f} GiB of JSON" in err
+        pd.testing.assert_frame_equal(td.events, base.events)  # (a warning only: the load goes on)
