@@ -79,6 +79,9 @@ def test_freed_unseen_picks_the_fewest_that_sum_exactly():
     assert sorted(sizes[freed_unseen(sizes, 18)]) in ([5, 13], [7, 11])
     assert sorted(sizes[freed_unseen(sizes, 29)]) == [5, 11, 13]
     assert len(freed_unseen(sizes, 4)) == 0 and len(freed_unseen(sizes, 0)) == 0
+    four = np.array([5, 11, 13, 17, 40])         # 46 only as 5 + 11 + 13 + 17 (FSDP2 rank 1: four gloo buffers)
+    assert sorted(four[freed_unseen(four, 46)]) == [5, 11, 13, 17]
+    assert len(freed_unseen(four, 46, max_set=3)) == 0
 
 
 def test_the_record_keeps_what_is_alive_and_when_it_was_made():

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from conftest import OFFLOAD_BF16, run_fsdpprof, shared_data
+from fsdpprof.analyze.summary.theory import fmt_bytes
 from fsdpprof.report.plotly_bundle import plotly_js_name
 
 
@@ -95,7 +96,12 @@ def test_ddp_and_shard_grad_op_theory(recorded_run, tmp_path):
     ag = _rows(s2, "traffic", rank=0, collective="all_gather")[0]
     assert ag["wire_per_step_bytes"] == pytest.approx(t2["traffic"]["all_gather_bytes"], rel=0.05)
     assert t2["traffic"]["all_gather_bytes"] == pytest.approx(0.5 * t2["psi"] * 4)
-    assert "SHARD_GRAD_OP keeps parameters unsharded" in t2["model_states_explanation"]
+    # the note counts the gathered parameters (rank 0's param row) against ZeRO-2's k_p Psi, both from this run
+    par = _rows(s2, "model_states", rank=0, role="param")[0]
+    note = t2["model_states_explanation"]
+    assert "counted as SHARD_GRAD_OP holds them" in note and "not in ZeRO-2's formula" in note, note
+    assert fmt_bytes(par["measured_bytes"]) in note and fmt_bytes(par["theory_bytes"]) in note, note
+    assert par["measured_bytes"] == pytest.approx(par["theory_bytes"], rel=0.05)   # all units gathered: the full model
 
 
 @pytest.mark.slow

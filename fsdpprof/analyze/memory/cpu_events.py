@@ -227,7 +227,7 @@ def _with_ddp_buckets(allocs: pd.DataFrame, inv_t: pd.DataFrame, inventory: dict
     return pd.concat([inv_t, pd.DataFrame(rows)], ignore_index=True) if len(inv_t) else pd.DataFrame(rows)
 
 
-def freed_unseen(sizes: np.ndarray, stale_bytes: int, max_set: int = 3) -> np.ndarray:
+def freed_unseen(sizes: np.ndarray, stale_bytes: int, max_set: int = 4) -> np.ndarray:
     """Positions of the fewest (up to ``max_set``) of ``sizes`` that sum to exactly ``stale_bytes`` (latest first),
     the allocations whose free a thread the profiler does not record made; empty when none do."""
     if stale_bytes <= 0 or not len(sizes):
@@ -250,6 +250,19 @@ def freed_unseen(sizes: np.ndarray, stale_bytes: int, max_set: int = 3) -> np.nd
                 j = [m for m in pos.get(rest, []) if m not in (i, k)]
                 if rest > 0 and j:
                     return np.array([i, k, j[0]])
+    if max_set >= 4:
+        # two pairs (meet in the middle): FSDP2 on gloo, seen on rank 1: both 3 MB reduce buffers of a unit, a
+        # 2 MB and a 1 MB one (9,531,392 B) freed on gloo's thread before the window
+        top = cand[:200]
+        pairs: dict[int, list[tuple[int, int]]] = {}
+        for a_n, i in enumerate(top):
+            for k in top[a_n + 1:]:
+                pairs.setdefault(int(sizes[i]) + int(sizes[k]), []).append((i, k))
+        for s, ps in pairs.items():
+            for i, k in ps:
+                for m, n in pairs.get(stale_bytes - s, []):
+                    if len({i, k, m, n}) == 4:
+                        return np.array([i, k, m, n])
     return np.array([], dtype=np.int64)
 
 
@@ -321,8 +334,16 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
     transient = gather | reduce_
     cand = transient & (never | by_realloc) & ~fix_b
     if cand.any():
-        key = (fp.fillna("") + "|" + allocs["unit"].astype(object).fillna("<none>") + "|"
-               + allocs["stage"].astype(object).fillna("") + "|" + allocs["bytes"].astype(str))
+        # peers are the same buffer of the collective: same phase, stage and size, and the same place among the
+        # unit's same-size buffers of that step (FSDP2 on gloo makes two 3 MB reduce buffers per unit: the
+        # reduce-scatter input, held long, and a short one freed on gloo's thread; mixing them gave the short one
+        # the long one's lifetime, 3,159,040 B too many at the peak of tests/test_memory_cpu.py's oracle run)
+        base = (fp.fillna("") + "|" + allocs["stage"].astype(object).fillna("") + "|" + allocs["bytes"].astype(str))
+        unit = allocs["unit"].astype(object).fillna("<none>")
+        nth = (allocs.assign(_b=base, _u=unit).sort_values("alloc_us", kind="stable")
+               .groupby(["_b", "_u", "step_idx"], dropna=False).cumcount().reindex(allocs.index).astype(str))
+        key = base + "|" + unit + "|" + nth
+        key_any_unit = base + "|" + nth      # where the unit has no peer in the window (its other step outside)
         same_step = (allocs["free_step_idx"] == allocs["step_idx"]).to_numpy()
         freed = transient & ~never & ~by_realloc & (gather | same_step)
         # a reduce-phase size whose peers outlive their step (the sharded gradient) is not transient
@@ -331,11 +352,15 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
         life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
         med = life.groupby(key).median()
         n_peers = life.groupby(key).count()
+        med_any = life.groupby(key_any_unit).median()
+        n_any = life.groupby(key_any_unit).count()
         idx = np.flatnonzero(cand)
-        k = key.iloc[idx]
-        ok = n_peers.reindex(k).fillna(0).to_numpy() >= 1
-        idx, k = idx[ok], k[ok]
-        t = allocs["alloc_us"].to_numpy(float)[idx] + med.reindex(k).to_numpy(float)
+        k, k_any = key.iloc[idx], key_any_unit.iloc[idx]
+        own = n_peers.reindex(k).fillna(0).to_numpy() >= 1
+        ok = own | (n_any.reindex(k_any).fillna(0).to_numpy() >= 1)
+        med_us = np.where(own, med.reindex(k).to_numpy(float), med_any.reindex(k_any).to_numpy(float))
+        idx, med_us = idx[ok], med_us[ok]
+        t = allocs["alloc_us"].to_numpy(float)[idx] + med_us
         # a free inferred from re-allocation stands unless the peers' lifetime ends the buffer earlier
         keep = never[idx] | (t < free_us[idx])
         new_us[idx[keep]] = t[keep]
