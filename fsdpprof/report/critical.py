@@ -8,7 +8,7 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.report import figures
-from fsdpprof.report.page import Page, esc, fmt_num, notes_html, table
+from fsdpprof.report.page import Page, esc, fmt_num, notes_html, table, value_label
 
 if TYPE_CHECKING:      # (the report's modules stay light: plan and --help import some)
     from fsdpprof.analyze.pipeline import Analysis
@@ -70,8 +70,10 @@ def critical_section(a: Analysis, page: Page) -> str:
             shown, ["change", "saved_us", "saved_pct"], left=("change",),
             labels={"change": "change (replayed)", "saved_us": "saved per step", "saved_pct": "% of the step"}))
     if cp.top is not None and len(cp.top):
-        t = cp.top.head(SEGMENT_ROWS).assign(kind=lambda d: d["kind"].map(model.PATH_KIND_WORDS).fillna(d["kind"]),
-                                             per_step_us=lambda d: d["us_per_step"])
+        t = cp.top.head(SEGMENT_ROWS)
+        # a collective's "what" is a vocabulary name (all_reduce -> all-reduce); an op's is a trace name, kept
+        what = [value_label("collective", w) if k == model.PATH_COLLECTIVE else w for k, w in zip(t["kind"], t["what"])]
+        t = t.assign(what=what, kind=t["kind"].map(model.PATH_KIND_WORDS).fillna(t["kind"]), per_step_us=t["us_per_step"])
         out.append("<h3>The path's largest parts</h3>" + table(
             t, ["rank", "kind", "what", "unit", "stage", "per_step_us", "pct"], left=("kind", "what", "unit", "stage"),
             labels={"per_step_us": "per step", "pct": "% of the path", "what": "op / collective"}))

@@ -80,9 +80,14 @@ class NoiseTest:
         return cls({lab: {m: step_samples(st, m) for m in metrics} for lab, st in steps_by_run.items()})
 
     def test(self, a: str, b: str, metric: str) -> Difference | None:
-        """Run ``b`` against run ``a`` in ``metric`` (None: not testable)."""
-        key = (a, b, metric)
+        """Run ``b`` against run ``a`` in ``metric`` (None: not testable).  One bootstrap per pair: ``a`` against
+        ``b`` is this one negated, so the verdict and the noise note, which may ask in either order, agree."""
+        x, y = sorted((a, b), key=str)
+        key = (x, y, metric)
         if key not in self._done:
-            sa, sb = (self.samples.get(x, {}).get(metric, np.empty(0)) for x in (a, b))
-            self._done[key] = median_difference(sa, sb, metric)
-        return self._done[key]
+            sx, sy = (self.samples.get(r, {}).get(metric, np.empty(0)) for r in (x, y))
+            self._done[key] = median_difference(sx, sy, metric)
+        d = self._done[key]
+        if d is None or (x, y) == (a, b):
+            return d
+        return Difference(metric, d.median_b_us, d.median_a_us, -d.diff_us, -d.high_us, -d.low_us, d.n_b, d.n_a)
