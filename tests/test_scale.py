@@ -35,11 +35,18 @@ def _renumbered(res, rank: int, keep_detail: bool):
 
 
 def _replicated(run, results, n: int):
-    """The run and its results as n ranks: rank r is a copy of the real rank r % len(results)."""
+    """The run and its results as n ranks: rank r is a copy of the real rank r % len(results).  The copies'
+    collectives in the whole job's group are calls of an n-rank job's group (group_size n): the matching rightly
+    refuses an unnamed group of 8 called by 1,024 ranks (its peers are unknown)."""
     rds = [run.ranks[r.rank] for r in results]
     run_n = dataclasses.replace(run, ranks={r: dataclasses.replace(rds[r % len(rds)], rank=r, label=f"rank-{r}")
                                             for r in range(n)}, world_size=n, missing={})
-    return run_n, [_renumbered(results[r % len(results)], r, r == 0) for r in range(n)]
+    out = [_renumbered(results[r % len(results)], r, r == 0) for r in range(n)]
+    for res in out:
+        if res.records is not None and "group_size" in res.records:
+            whole = res.records["group_size"] == len(results)
+            res.records = res.records.assign(group_size=res.records["group_size"].where(~whole, float(n)))
+    return run_n, out
 
 
 @pytest.mark.slow
