@@ -626,9 +626,11 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
                                cpath.concat_chains(r.chain for r in traced))
         if a.stragglers is not None and len(a.stragglers):
-            # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path)
-            a.stragglers["cost_per_step_us"] = [cpath.straggler_cost_us(a.critical_path, r)
-                                                for r in a.stragglers["rank"]]
+            # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path),
+            # replayed for the ranks late beyond chance only (one replay of every rank is O(ranks^2) at scale)
+            late = fnd.late_beyond_chance(a.stragglers).to_numpy()
+            a.stragglers["cost_per_step_us"] = [cpath.straggler_cost_us(a.critical_path, r) if is_late else np.nan
+                                                for r, is_late in zip(a.stragglers["rank"], late)]
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",

@@ -332,6 +332,14 @@ def topology_findings(strategy: str | None, hosts: int, world: int) -> list[Find
     return []
 
 
+def late_beyond_chance(stragglers: pd.DataFrame) -> pd.Series:
+    """Per row of ``stragglers``: whether the rank is last into more checked matches than chance explains (its
+    binomial ``p_value`` at most STRAGGLER_ALPHA over the ranks tested)."""
+    if stragglers is None or len(stragglers) < 2 or "p_value" not in stragglers:
+        return pd.Series(False, index=getattr(stragglers, "index", None), dtype=bool)
+    return stragglers["p_value"] <= STRAGGLER_ALPHA / len(stragglers)
+
+
 def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> list[Finding]:
     """A rank last into more checked matches than chance explains (binomial p-value below STRAGGLER_ALPHA over the
     ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_per_step_us``); the one that
@@ -341,7 +349,7 @@ def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> lis
         return out
     alpha = STRAGGLER_ALPHA / len(stragglers)
     cost_floor = STRAGGLER_COST_PCT / 100.0 * step_us if step_us and step_us == step_us else 0.0
-    s = stragglers[(stragglers["p_value"] <= alpha) & (stragglers["cost_per_step_us"] >= cost_floor)
+    s = stragglers[late_beyond_chance(stragglers) & (stragglers["cost_per_step_us"] >= cost_floor)
                    & (stragglers["cost_per_step_us"] > 0)]
     if s.empty:
         return out
