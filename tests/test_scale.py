@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, shared_data
+from fsdpprof.analyze.load.frames import PackedFrame, packed, unpacked
 
 DLRM = ("gpu-traces", "param-dlrm-8rank-v100")
 MANY_SECTIONS = ("memory_peaks", "comm_phase", "overlap_per_rank", "traffic", "steps", "stragglers", "temporal",
@@ -25,7 +26,9 @@ def _renumbered(res, rank: int, keep_detail: bool):
     out = dataclasses.replace(res, rank=rank, label=f"rank-{rank}")
     for f in dataclasses.fields(res):
         v = getattr(res, f.name)
-        if isinstance(v, pd.DataFrame) and "rank" in v.columns:
+        if isinstance(v, PackedFrame) and "rank" in unpacked(v).columns:
+            setattr(out, f.name, packed(unpacked(v).assign(rank=rank)))
+        elif isinstance(v, pd.DataFrame) and "rank" in v.columns:
             setattr(out, f.name, v.assign(rank=rank))
     if res.memory is not None:
         out.memory = dataclasses.replace(res.memory, rank=rank, timeline=res.memory.timeline if keep_detail else None)
