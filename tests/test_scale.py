@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, shared_data
+from fsdpprof.analyze.load.frames import PackedFrame, packed, unpacked
 
 DLRM = ("gpu-traces", "param-dlrm-8rank-v100")
 MANY_SECTIONS = ("memory_peaks", "comm_phase", "overlap_per_rank", "traffic", "steps", "stragglers", "temporal",
@@ -25,7 +26,9 @@ def _renumbered(res, rank: int, keep_detail: bool):
     out = dataclasses.replace(res, rank=rank, label=f"rank-{rank}")
     for f in dataclasses.fields(res):
         v = getattr(res, f.name)
-        if isinstance(v, pd.DataFrame) and "rank" in v.columns:
+        if isinstance(v, PackedFrame) and "rank" in unpacked(v).columns:
+            setattr(out, f.name, packed(unpacked(v).assign(rank=rank)))
+        elif isinstance(v, pd.DataFrame) and "rank" in v.columns:
             setattr(out, f.name, v.assign(rank=rank))
     if res.memory is not None:
         out.memory = dataclasses.replace(res.memory, rank=rank, timeline=res.memory.timeline if keep_detail else None)
@@ -35,11 +38,18 @@ def _renumbered(res, rank: int, keep_detail: bool):
 
 
 def _replicated(run, results, n: int):
-    """The run and its results as n ranks: rank r is a copy of the real rank r % len(results)."""
+    """The run and its results as n ranks: rank r is a copy of the real rank r % len(results).  The copies'
+    collectives in the whole job's group are calls of an n-rank job's group (group_size n): the matching rightly
+    refuses an unnamed group of 8 called by 1,024 ranks (its peers are unknown)."""
     rds = [run.ranks[r.rank] for r in results]
     run_n = dataclasses.replace(run, ranks={r: dataclasses.replace(rds[r % len(rds)], rank=r, label=f"rank-{r}")
                                             for r in range(n)}, world_size=n, missing={})
-    return run_n, [_renumbered(results[r % len(results)], r, r == 0) for r in range(n)]
+    out = [_renumbered(results[r % len(results)], r, r == 0) for r in range(n)]
+    for res in out:
+        if res.records is not None and "group_size" in res.records:
+            whole = res.records["group_size"] == len(results)
+            res.records = res.records.assign(group_size=res.records["group_size"].where(~whole, float(n)))
+    return run_n, out
 
 
 @pytest.mark.slow
@@ -270,3 +280,21 @@ def test_what_if_replays_of_many_ranks_in_a_pool_are_the_replays_in_the_parent(r
     assert json.dumps(pooled, sort_keys=True, default=str) == json.dumps(here, sort_keys=True, default=str)
     assert set(pooled["fits"]) == {str(w["rank"]) for w in whatifs} and all(pooled["fits"].values())
     assert all(p["step_us"] and p["step_us"] > 0 for p in pooled["predictions"])
+
+
+def test_packed_frame_is_lossless_and_smaller():
+    """A per-rank table held packed comes back exactly (float64 times to the last bit, categoricals, strings,
+    ints) and is smaller than its pickle."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    start = 5.749e12 + np.cumsum(rng.exponential(40.0, n))
+    df = pd.DataFrame({"rank": np.full(n, 3, dtype=np.int32), "step": np.repeat([2.0, 3.0, np.nan], n // 3),
+                       "start_us": start, "dur_us": rng.exponential(40.0, n),
+                       "what": pd.Categorical(rng.choice(["aten::mm", "nccl:all_gather", None], n)),
+                       "name": rng.choice(["a", "b"], n).astype(object), "call": np.arange(n, dtype=np.int32)})
+    p = packed(df)
+    back = unpacked(p)
+    pd.testing.assert_frame_equal(back, df, check_exact=True)
+    assert (back["start_us"].to_numpy().view(np.int64) == start.view(np.int64)).all()
+    assert len(p) == n and len(pickle.dumps(p)) < len(pickle.dumps(df))
+    assert unpacked(df) is df and packed(None) is None and unpacked(None) is None

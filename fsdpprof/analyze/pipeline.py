@@ -21,7 +21,7 @@ from fsdpprof.analyze.comm import breakdown, matching, overlap, skew, steps, vol
 from fsdpprof.analyze.comm import critical_path as cpath
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import hta as hta_tables
-from fsdpprof.analyze.load.frames import isin
+from fsdpprof.analyze.load.frames import isin, packed, unpacked
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, load_run, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
@@ -68,7 +68,7 @@ class RankResult:
     steps: pd.DataFrame | None = None            # step_breakdown rows
     step_stalls: pd.DataFrame | None = None      # steps.step_stalls: device idle by cause, syncs, DataLoader
     records: pd.DataFrame | None = None          # skew.collective_records (p2p left out) + call (row in the rank)
-    chain: pd.DataFrame | None = None            # cpath.rank_chain: the rank's steps as chains of nodes
+    chain: object = None                         # packed(cpath.rank_chain): the rank's steps as chains of nodes
     traffic: pd.DataFrame | None = None          # rank, collective: in-step count, payload and wire bytes, steps
     lanes: pd.DataFrame | None = None
     lanes_step: float | None = None
@@ -77,7 +77,7 @@ class RankResult:
     kernel_type_time: pd.DataFrame | None = None  # rank, kernel_type, time_us (breakdown.kernel_type_time)
     top_kernels: pd.DataFrame | None = None      # breakdown.top_kernels
     idle: pd.DataFrame | None = None             # breakdown.idle_time_breakdown
-    op_stats: pd.DataFrame | None = None         # diff.op_table: rank, step, name, kind: count, total_us, max_us
+    op_stats: object = None                      # packed(diff.op_table): rank, step, name, kind: count, ...
     whatif: dict | None = None                   # whatif.predict.report_rank: standard strategies predicted
     worker: dict | None = None                   # engines.measured_call: where and how long (not in summary.json)
 
@@ -235,11 +235,11 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     if res.records is not None:
         res.records["call"] = np.arange(len(res.records), dtype=np.int64)
-    res.chain = _try(n, "critical_path", "the steps' chains (critical path)", cpath.rank_chain, events,
-                     res.records)
+    res.chain = packed(_try(n, "critical_path", "the steps' chains (critical path)", cpath.rank_chain, events,
+                            res.records))
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
-        res.op_stats = _try(n, "steps", "operators per step", diff.op_table, events)
+        res.op_stats = packed(_try(n, "steps", "operators per step", diff.op_table, events))
     if want_lanes:
         lanes = _try(n, "communication", "lanes of one step", _lanes, events, res.trace_meta)
         if lanes is not None:
@@ -583,7 +583,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
         a.temporal = _concat(r.temporal for r in traced)
         a.top_kernels = _concat(r.top_kernels for r in traced)
         a.idle = _concat(r.idle for r in traced)
-        a.op_stats = _concat(r.op_stats for r in traced)
+        a.op_stats = _concat(unpacked(r.op_stats) for r in traced)
         if a.comm_phase is None:
             _note(a.notes, "communication", "no collectives in the trace.")
         else:
@@ -624,7 +624,7 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")
         a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
-                               cpath.concat_chains(r.chain for r in traced))
+                               cpath.concat_chains(unpacked(r.chain) for r in traced))
         if a.stragglers is not None and len(a.stragglers):
             # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path),
             # replayed for the ranks late beyond chance only (one replay of every rank is O(ranks^2) at scale)
