@@ -241,7 +241,9 @@ def test_summary_tables_and_timeline_of_the_path(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- recorded CPU runs
-SLEEP_MS, SLEEP_RANK, SLEEP_UNIT = 150.0, 1, "layers.2"
+# 300 ms: the host noise of a shared 2-core machine (up to ~25 ms a step seen against a 150 ms sleep) stays inside
+# the 15 % the counterfactual is held to
+SLEEP_MS, SLEEP_RANK, SLEEP_UNIT = 300.0, 1, "layers.2"
 HOST_FINDINGS = ("cpu_oversubscribed", "host_time")
 SMALL_MODEL = ("--dim", "64", "--seq", "32", "--batch", "2", "--vocab", "256", "--steps", "7")
 
