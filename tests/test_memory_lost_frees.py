@@ -122,6 +122,9 @@ def test_lost_free_without_bound_takes_peers_lifetime():
     # a peer of u1's backward flat output, freed 4 µs after its allocation (an earlier step)
     peer = allocs.loc[[6]].copy()
     peer[["alloc_us", "free_us", "alloc_seq", "free_seq"]] = [1.0, 5.0, 0, 1]
+    # an earlier step's: peers are the same buffer of the collective in another step (its place among the unit's
+    # same-size buffers of its own step), not a second buffer of this step
+    peer[["step_idx", "free_step_idx"]] = peer[["step_idx", "step_idx"]].to_numpy() - 1
     allocs = pd.concat([allocs, peer], ignore_index=True)
     n, _ = infer_lost_frees(allocs, ts, iv, marks)
     assert n == 4

@@ -59,6 +59,10 @@ def measured_call(fn, args: tuple = (), kwargs: dict | None = None, preload: tup
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn(*args, **(kwargs or {}))
     peak = _status_kib("VmHWM") if reset else None
+    if peak is not None and start is not None:
+        # the kernel updates the high-water mark lazily: memory another thread took between the reset and the read
+        # of VmRSS, then returned with madvise, can leave VmHWM under the start; the process held ``start`` anyway
+        peak = max(peak, start)
     return out, {"host": socket.gethostname(), "pid": os.getpid(), "seconds": time.perf_counter() - t0,
                  "cpu_seconds": time.process_time() - c0,
                  "start_rss_bytes": start * 1024 if start is not None else None,
