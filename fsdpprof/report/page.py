@@ -35,10 +35,6 @@ SPLIT_COLORS = {"compute": "#1f77b4", "exposed_comm": "#dc2626", "idle": "#d1d5d
 KIND_LABELS = {model.KIND_COMPUTE: "compute", model.KIND_CPU_OP: "CPU operator", model.KIND_COMM: "communication",
                model.KIND_MEMCPY: "memory copy", model.KIND_MEMSET: "memset", model.KIND_SYNC: "synchronisation",
                model.KIND_ANNOTATION: "annotation"}
-# the stages in words where their names are not words
-STAGE_LABELS = {model.STAGE_OPTIMIZER: "optimizer step", model.STAGE_POST_STEP: "after the optimizer step",
-                model.STAGE_OUTSIDE: "outside the steps", model.STAGE_UNKNOWN: "unknown stage",
-                model.STAGE_DATA: "data (before forward)"}
 # where a rank's memory numbers come from (MemoryResult.source)
 SOURCE_LABELS = {"cpu_trace": "profiler memory events", "cuda_snapshot": "CUDA memory snapshot"}
 NO_UNIT_TEXT = "outside any unit"     # memory or communication of no FSDP unit (the root unit is ROOT_UNIT_TEXT)
@@ -114,8 +110,7 @@ _VALUE_WORDS = {  # column -> its values in words
     "category": category_label, "role": category_label, "collective": model.collective_words,
     "kind": lambda s: " / ".join(KIND_LABELS.get(k, k) for k in s.split("/")),
     "source": lambda s: SOURCE_LABELS.get(s, s.replace("_", " ")),
-    "stage": lambda s: STAGE_LABELS.get(s, s.replace("_", " ")),
-    "peak_stage": lambda s: STAGE_LABELS.get(s, s.replace("_", " ")), "kernel_type": str.lower}
+    "stage": model.stage_words, "peak_stage": model.stage_words, "kernel_type": str.lower}
 
 
 def moment_label(at) -> str:

@@ -716,14 +716,16 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
         for (what, unit, stage) in keys.index[:COLLECTIVES_TRIED_MAX]:
             u, st = label(unit), label(stage)
             unit_words = " of the root unit" if u == "" else f" of unit {u}" if u is not None else ""
-            add(f"the {model.collective_words(what)}{unit_words} in {st or 'the step'} fully hidden",
+            where = model.stage_words(st) if st else "the step"
+            add(f"the {model.collective_words(what)}{unit_words} in {where} fully hidden",
                 model.CHANGE_COLLECTIVE, None, u, st, what,
                 hidden(is_comm & (c_what == code("what", what)) & (c_unit == code("unit", unit))
                        & (c_stage == code("stage", stage))))
         for (what, stage) in c.groupby(["what", "stage"])["dur_us"].sum().sort_values(ascending=False).index:
             st = label(stage)
-            add(f"every {model.collective_words(what)} in {st or 'the step'} fully hidden", model.CHANGE_TYPE, None,
-                None, st, what, hidden(is_comm & (c_what == code("what", what)) & (c_stage == code("stage", stage))))
+            where = model.stage_words(st) if st else "the step"
+            add(f"every {model.collective_words(what)} in {where} fully hidden", model.CHANGE_TYPE, None, None, st, what,
+                hidden(is_comm & (c_what == code("what", what)) & (c_stage == code("stage", stage))))
         add("every collective fully hidden", model.CHANGE_ALL_COMM, None, None, None, None, hidden(is_comm))
     kinds = m.codes["kind"]
     for kind, change, words in ((model.PATH_HOST_GAP, model.CHANGE_HOST_GAPS, "no host / launch gaps"),

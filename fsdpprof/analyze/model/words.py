@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 
 from fsdpprof.analyze.model.memory import MemoryCategory as MC
+from fsdpprof.runfmt import STAGE_DATA, STAGE_OPTIMIZER, STAGE_OUTSIDE, STAGE_POST_STEP, STAGE_UNKNOWN
 
-__all__ = ["CATEGORY_WORDS", "category_words", "collective_words", "fmt_ms", "fmt_pct", "MISSING_WORD"]
+__all__ = ["CATEGORY_WORDS", "category_words", "collective_words", "fmt_ms", "fmt_pct", "MISSING_WORD", "STAGE_WORDS",
+           "stage_words"]
 
 MISSING_WORD = "unknown"          # what a sentence or a cell says for a value that is not there
 
@@ -23,6 +25,17 @@ def category_words(category) -> str:
     """A memory category in words ("optimizer states"); an unknown one with its underscores as spaces."""
     s = str(getattr(category, "value", category))
     return CATEGORY_WORDS.get(s, s.replace("_", " "))
+
+
+# the stages in words where their names are not words
+STAGE_WORDS = {STAGE_OPTIMIZER: "optimizer step", STAGE_POST_STEP: "after the optimizer step",
+               STAGE_OUTSIDE: "outside the steps", STAGE_UNKNOWN: "unknown stage", STAGE_DATA: "data (before forward)"}
+
+
+def stage_words(stage) -> str:
+    """A stage in words ("after the optimizer step"); others with their underscores as spaces."""
+    s = str(getattr(stage, "value", stage))
+    return STAGE_WORDS.get(s, s.replace("_", " "))
 
 
 def collective_words(collective) -> str:

@@ -378,8 +378,8 @@ def _where_on_path(seg: pd.DataFrame) -> tuple[int | None, str, float]:
     g = seg.groupby(["rank", "kind", "unit", "stage"], dropna=False)["dur_us"].sum().sort_values(ascending=False)
     (rank, kind, unit, stage), us = g.index[0], float(g.iloc[0])
     unit, stage = (x if isinstance(x, str) else None for x in (unit, stage))
-    place = ", ".join(x for x in (("the root unit" if unit == "" else unit) if unit is not None else None, stage)
-                      if x)
+    place = ", ".join(x for x in (("the root unit" if unit == "" else unit) if unit is not None else None,
+                                  model.stage_words(stage) if stage else None) if x)
     words = model.PATH_KIND_WORDS.get(kind, kind) + (f" in {place}" if place else "")
     return int(rank), words, us / max(seg["step"].nunique(), 1)
 
@@ -416,7 +416,8 @@ def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None
         if c.kind == model.CHANGE_RANK:
             r = int(c.rank)
             place = ", ".join(x for x in (("the root unit" if c.unit == "" else c.unit) if isinstance(c.unit, str)
-                                          else None, c.stage if isinstance(c.stage, str) else None) if x)
+                                          else None, model.stage_words(c.stage) if isinstance(c.stage, str) else None)
+                              if x)
             where = model.PATH_KIND_WORDS.get(c.segment_kind, "its work") + (f" in {place}" if place else "")
             out.append(Finding(
                 f"limiting_rank_{r}", "high", f"Rank {r} limits the step: as fast as the median rank it would save "
@@ -429,7 +430,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None
             if not isinstance(c.unit, str):
                 continue      # no unit: the exposed-communication finding of its (collective, stage) says it
             unit = "the root unit" if c.unit == "" else f"unit {c.unit}"
-            stage = f" in {c.stage}" if isinstance(c.stage, str) and c.stage else ""
+            stage = f" in {model.stage_words(c.stage)}" if isinstance(c.stage, str) and c.stage else ""
             part = seg[(seg["kind"] == model.PATH_COLLECTIVE) & (seg["what"] == c.collective)]
             rank, _, _ = _where_on_path(part)
             out.append(Finding(
