@@ -61,6 +61,9 @@ def check_cpu_load(cpu: dict, trace: dict, nproc: int) -> None:
     # longer than the window; the process's CPU time (process_time: every thread, ended ones too) is no less
     assert 0 < cpu["run_us"] <= cpu["threads"] * cpu["wall_us"] and cpu["runqueue_us"] >= 0 and cpu["threads"] >= 1
     assert cpu["cpu_us"] >= 0.95 * cpu["run_us"]
+    # the training thread's share: one of the threads, so no more than the process's and no longer than the window
+    assert 0 < cpu["training_run_us"] <= min(cpu["run_us"], cpu["wall_us"])
+    assert 0 <= cpu["training_runqueue_us"] <= cpu["runqueue_us"]
 
 
 def check_run_dir(run, nproc: int) -> dict[int, dict]:

@@ -6,6 +6,7 @@ import gzip
 import json
 import sys
 
+import numpy as np
 import orjson
 import pytest
 
@@ -15,6 +16,8 @@ from fsdpprof.analyze.comm import critical_path as cpm
 from fsdpprof.analyze.compare.diff import diff_analyses
 from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.pipeline import analyze_run
+from fsdpprof.analyze.summary import findings as fnd
+from fsdpprof.analyze.whatif.contention import training_thread_contention
 
 from conftest import EXAMPLE, made_once, run_fsdpprof, shared_data, shared_dir
 
@@ -119,6 +122,70 @@ def test_a_rank_delayed_by_a_known_compute_op(tmp_path):
     assert cp.counterfactuals.iloc[0]["kind"] == model.CHANGE_RANK and cp.counterfactuals.iloc[0]["rank"] == 1
     # hiding layers.1's all-gather saves its transfer only, never the wait for rank 1
     assert _cf(cp, model.CHANGE_COLLECTIVE, unit="layers.1") == pytest.approx(transfer_us, rel=0.01)
+
+
+def _slow_rank_1(tmp_path, slow_us=200.0):
+    """Rank 1's 300 µs of local work (gemm_a + a slow kernel) before layers.1's all-gather against rank 0's 100."""
+    traces = _ranks()
+    for t in traces:
+        end = _two_units(t, extra=("void slow_kernel", slow_us) if t.rank == 1 else None)
+        t.all_gather(70, end, 450 - end)
+        t.kernel("void gemm_b", 80, 450, 100)
+    return _analyse(tmp_path, traces)
+
+
+def test_a_rank_slower_by_its_wait_for_a_core_is_the_hosts(tmp_path):
+    """Rank 1 waits for a core c times as long as rank 0 (CPU contention): its 300 µs of work before the
+    all-gather would take 300 / c, so "as fast as the median" (200 µs) is explained up to 300 - max(100, 300 / c);
+    unknown without every rank's load, 0 for the rank waiting less."""
+    cp = _slow_rank_1(tmp_path)
+    assert cpm.straggler_cost_us(cp, 1) == pytest.approx(200.0)
+    assert cpm.contended_cost_us(cp, 1) != cpm.contended_cost_us(cp, 1)           # NaN: not measured
+    for c, explained in ((1.2, 50.0), (1.5, 100.0), (3.0, 200.0), (6.0, 200.0)):
+        cp.contention = {0: 1.0, 1: c}
+        assert cpm.contended_cost_us(cp, 1) == pytest.approx(explained, rel=1e-6)
+        assert cpm.contended_cost_us(cp, 0) == 0.0
+    cp.contention = {1: 3.0}
+    assert cpm.contended_cost_us(cp, 1) != cpm.contended_cost_us(cp, 1)
+
+
+def test_findings_about_a_rank_leave_its_wait_for_a_core_to_the_host(tmp_path):
+    """The limiting-rank finding fires on rank 1's 200 µs; not when its longer wait for a core explains them all
+    (x3 the other rank's contention), and it says the part explained when that is only some (x1.5: 100 µs)."""
+    cp = _slow_rank_1(tmp_path)
+
+    def limiting(c):
+        cp.contention = {0: 1.0, 1: c} if c else {}
+        cf = cp.counterfactuals
+        cf["contended_us"] = [cpm.contended_cost_us(cp, int(r)) if k == model.CHANGE_RANK else float("nan")
+                              for k, r in zip(cf["kind"], cf["rank"])]
+        return [f for f in fnd.critical_path_findings(cp) if f.id.startswith("limiting_rank")]
+
+    assert [f.rank for f in limiting(None)] == [1] and "wait for a core" not in limiting(None)[0].title
+    half = limiting(1.5)
+    assert [f.rank for f in half] == [1] and "its longer wait for a core explains 0.1 ms of it" in half[0].title
+    assert half[0].stake_us == pytest.approx(200.0)
+    assert limiting(3.0) == []
+
+
+@pytest.mark.parametrize("t, n, p", [(5.841, 4, 0.005), (63.657, 2, 0.005), (2.764, 11, 0.01), (2.132, 5, 0.05),
+                                     (-2.132, 5, 0.95), (1.0, 31, 0.1627)])
+def test_the_t_test_of_a_ranks_saving_matches_the_t_table(t, n, p):
+    """One-sided Student's t p-values against the table (t, n - 1 degrees of freedom), odd and even degrees."""
+    x = np.linspace(-1.0, 1.0, n)
+    x = x / x.std(ddof=1) + t / np.sqrt(n)          # mean / (sd / sqrt(n)) = t
+    assert cpm.t_test_greater(x) == pytest.approx(p, rel=2e-3)
+    assert cpm.t_test_greater(x[:1]) != cpm.t_test_greater(x[:1])      # one step: NaN
+    assert cpm.t_test_greater(np.full(4, 3.0)) == 0.0
+
+
+def test_a_ranks_contention_is_its_training_threads(tmp_path):
+    """rank.json cpu: the training thread's wait where recorded (what stretches the rank's own work), else the
+    process's; nothing on an accelerator run."""
+    proc = {"usable_cores": 2, "local_world_size": 2, "wall_us": 1e6, "run_us": 8e5, "runqueue_us": 8e5}
+    loads = {0: {**proc, "training_run_us": 4e5, "training_runqueue_us": 1e5}, 1: proc}
+    assert training_thread_contention(loads, "cpu") == {0: pytest.approx(1.25), 1: pytest.approx(2.0)}
+    assert training_thread_contention(loads, "cuda") == {}
 
 
 def test_an_all_gather_exposed_because_it_is_issued_late(tmp_path):
@@ -284,10 +351,12 @@ def test_recorded_straggler_is_named_and_costed(tmp_path_factory):
 
 @pytest.mark.slow
 def test_recorded_run_without_a_straggler_names_none(tmp_path_factory):
-    """The same job without the sleep: no rank limits the step by the critical path's measure."""
+    """The same job without the sleep: no rank limits the step by the critical path's measure and none is a
+    straggler (beyond chance, beyond its wait for a core)."""
     a = _record(tmp_path_factory, "nosleep", None)
     assert a.critical_path is not None and len(a.critical_path.steps) >= 3
-    assert not [f for f in a.findings if f.id.startswith("limiting_rank")], [f.title for f in a.findings]
+    named = [f for f in a.findings if f.id.startswith(("limiting_rank", "straggler"))]
+    assert not named, [f.title for f in a.findings]
 
 
 def test_compare_diffs_the_breakdowns(tmp_path):

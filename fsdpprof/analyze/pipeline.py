@@ -30,6 +30,7 @@ from fsdpprof.analyze.summary import findings as fnd
 from fsdpprof.analyze.summary.headline import peak_rank, step_medians
 from fsdpprof.analyze.timeline import clock_anchors_us
 from fsdpprof.analyze.trace import labels
+from fsdpprof.analyze.whatif.contention import training_thread_contention
 from fsdpprof.analyze.whatif.predict import report_rank, report_reduce
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
@@ -543,12 +544,12 @@ def _usable(run, results: list[RankResult]) -> tuple[dict, list[RankResult], lis
     return missing, ok, list(dict.fromkeys(list(run.warnings) + [w for r in ok for w in r.warnings]))
 
 
-def _critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None):
-    """cpath.critical_path of the ranks' records (with matching's checked ``match_id``; one rank: none) and
-    chains."""
+def _critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None, contention: dict):
+    """cpath.critical_path of the ranks' records (with matching's checked ``match_id``; one rank: none), chains and
+    CPU contention (rank -> runnable threads per core)."""
     if records is not None and len(records) and "match_id" not in records:
         records = records.assign(match_id=np.full(len(records), -1, dtype=np.int64))
-    return cpath.critical_path(records, chains)
+    return cpath.critical_path(records, chains, contention)
 
 
 def reduce_run(run, results: list[RankResult]) -> Analysis:
@@ -624,13 +625,16 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             _note(a.notes, "ranks", f"only rank {first.rank} of {run.world_size or '?'} in this input: skew and "
                                     f"stragglers need several ranks.")
         a.critical_path = _try(a.notes, "critical_path", "critical path", _critical_path, records,
-                               cpath.concat_chains(unpacked(r.chain) for r in traced))
+                               cpath.concat_chains(unpacked(r.chain) for r in traced),
+                               training_thread_contention(a.cpu_load, a.overview.get("device_type")))
         if a.stragglers is not None and len(a.stragglers):
             # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path),
             # replayed for the ranks late beyond chance only (one replay of every rank is O(ranks^2) at scale)
             late = fnd.late_beyond_chance(a.stragglers).to_numpy()
             a.stragglers["cost_per_step_us"] = [cpath.straggler_cost_us(a.critical_path, r) if is_late else np.nan
                                                 for r, is_late in zip(a.stragglers["rank"], late)]
+            a.stragglers["contended_us_per_step"] = [cpath.contended_cost_us(a.critical_path, r) if is_late
+                                                     else np.nan for r, is_late in zip(a.stragglers["rank"], late)]
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",

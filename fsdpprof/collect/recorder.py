@@ -1023,7 +1023,7 @@ def _cpu_sample() -> dict | None:
     """Wall clock, process CPU time and per-thread schedstat now (None if any of it fails)."""
     try:
         return {"unix_ns": time.time_ns(), "mono_ns": time.perf_counter_ns(), "cpu_ns": time.process_time_ns(),
-                "tasks": _task_schedstat()}
+                "tasks": _task_schedstat(), "tid": str(threading.get_native_id())}
     except Exception:
         return None
 
@@ -1031,7 +1031,8 @@ def _cpu_sample() -> dict | None:
 def _cpu_window(start: dict | None, end: dict | None) -> dict | None:
     """rank.json "cpu": the host's usable cores, the ranks on it, torch's threads and, between the two samples,
     this process's wall, CPU, on-CPU and run-queue wait time (µs; the last two from the threads' schedstat,
-    summed over the threads alive at the end: absent without /proc). None without both samples."""
+    summed over the threads alive at the end: absent without /proc), and the same two of the training thread (the
+    one that steps the optimizer: ``training_run_us``, ``training_runqueue_us``). None without both samples."""
     if not start or not end:
         return None
     try:
@@ -1050,4 +1051,8 @@ def _cpu_window(start: dict | None, end: dict | None) -> dict | None:
             r0, w0 = start["tasks"].get(tid, (0, 0))   # a thread started inside the window counts from zero
             run, wait = run + max(r1 - r0, 0), wait + max(w1 - w0, 0)
         doc.update(run_us=run / 1e3, runqueue_us=wait / 1e3, threads=len(end["tasks"]))
+        tid = end.get("tid")
+        if tid is not None and tid == start.get("tid") and tid in end["tasks"] and tid in start["tasks"]:
+            (r0, w0), (r1, w1) = start["tasks"][tid], end["tasks"][tid]
+            doc.update(training_run_us=max(r1 - r0, 0) / 1e3, training_runqueue_us=max(w1 - w0, 0) / 1e3)
     return doc

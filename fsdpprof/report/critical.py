@@ -66,9 +66,13 @@ def critical_section(a: Analysis, page: Page) -> str:
         out.append(page.fig(fig, 320))
     if len(cf):
         shown = cf.head(COUNTERFACTUAL_ROWS).assign(saved_us=lambda d: d["saved_us_per_step"])
+        cols = ["change", "saved_us", "saved_pct"]
+        if "contended_us" in shown and shown["contended_us"].notna().any():
+            cols.append("contended_us")    # CPU runs: the part a rank's longer wait for a core explains
         out.append("<h3>What each change would save</h3>" + table(
-            shown, ["change", "saved_us", "saved_pct"], left=("change",),
-            labels={"change": "change (replayed)", "saved_us": "saved per step", "saved_pct": "% of the step"}))
+            shown, cols, left=("change",),
+            labels={"change": "change (replayed)", "saved_us": "saved per step", "saved_pct": "% of the step",
+                    "contended_us": "of it, its longer wait for a core"}))
     if cp.top is not None and len(cp.top):
         t = cp.top.head(SEGMENT_ROWS)
         # a collective's "what" is a vocabulary name (all_reduce -> all-reduce); an op's is a trace name, kept

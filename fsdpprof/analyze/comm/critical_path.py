@@ -49,7 +49,13 @@ STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "lim
 # earliest start to the latest end over the step's ranks, as replayed (what the counterfactuals shorten)
 BREAKDOWN_COLUMNS = ["step", "kind", "dur_us", "pct"]
 COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective", "segment_kind",
-                          "saved_us_per_step", "saved_pct", "saved_q25_us"]
+                          "saved_us_per_step", "saved_pct", "saved_q25_us", "contended_us", "p_value"]
+# contended_us (CHANGE_RANK, CPU runs that measured every rank's load): µs per step that the rank's longer wait for
+# a core explains — the replay with its local work shrunk by the other ranks' median contention over its own (0
+# when it waits no longer than they do; NaN unknown)
+# p_value (CHANGE_RANK): how likely chance alone makes the rank this much slower — one-sided paired t-test over the
+# steps of its saving less its contended part against the other tried ranks' median (ranks alike save alike in
+# the mean); NaN with fewer than 2 steps or no spread
 # saved_q25_us: the lower quartile over steps of what the change saves in one step (a cause in most steps, not in
 # one or two: what the findings about a rank ask for)
 # collective: the collective type hidden; for CHANGE_RANK, segment_kind, unit and stage say where the rank's work
@@ -553,6 +559,7 @@ class CriticalPath:
     spans: pd.DataFrame | None = None     # SPAN_COLUMNS: every segment where it lies, on its rank's own clock
     model: _Model | None = field(default=None, repr=False)
     baseline_us: pd.Series | None = field(default=None, repr=False)   # replayed length per step
+    contention: dict = field(default_factory=dict)    # rank -> measured CPU contention (CPU runs; >= 1)
 
     def to_dict(self) -> dict:
         """summary.json's ``critical_path``: steps with their segments, breakdown, counterfactuals."""
@@ -587,6 +594,64 @@ def straggler_cost_us(cp: CriticalPath, rank: int) -> float:
     return _saved(m, cp.baseline_us, m.replay(d=_as_median(m, int(rank))))
 
 
+def _contended_replay(m: _Model, rank: int, contention: dict) -> np.ndarray | None:
+    """Local lengths with ``rank``'s work shrunk by the median contention over the other ranks over its own (it
+    waits for a core no longer than they do: the same median as :func:`_as_median`'s); None unless every rank in
+    the chains measured its contention."""
+    ranks = set(m.g_rank.tolist())
+    if len(ranks) < 2 or not ranks <= set(contention):
+        return None
+    mine = float(contention[int(rank)])
+    med = float(np.median([contention[r] for r in ranks if r != int(rank)]))
+    if not mine > med:
+        return m.d
+    sel = (m.node == NODE_LOCAL) & (m.g_rank[m.grp] == int(rank))
+    return np.where(sel, m.d * (med / mine), m.d)
+
+
+def t_test_greater(x: np.ndarray) -> float:
+    """One-sided p-value that the mean of ``x`` is > 0 by Student's t with n - 1 degrees of freedom (the closed
+    forms of its CDF for integer degrees, Abramowitz & Stegun 26.7.3-4); NaN with fewer than 2 values or no
+    spread (where every value is > 0 with no spread: 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = x.size
+    if n < 2:
+        return float("nan")
+    sd = float(x.std(ddof=1))
+    mean = float(x.mean())
+    if not sd > 0:
+        return 0.0 if mean > 0 else float("nan") if mean == 0 else 1.0
+    t, nu = mean / (sd / np.sqrt(n)), n - 1
+    theta = float(np.arctan(abs(t) / np.sqrt(nu)))
+    c2, term, acc = np.cos(theta) ** 2, 1.0, 1.0
+    if nu % 2:      # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2.4/3.5 cos^4 + ...))
+        for k in range(1, (nu - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            acc += term
+        inside = (2 / np.pi) * (theta + (np.sin(theta) * np.cos(theta) * acc if nu > 1 else 0.0))
+    else:           # even: sin (1 + 1/2 cos^2 + 1.3/2.4 cos^4 + ...)
+        for k in range(1, nu // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            acc += term
+        inside = np.sin(theta) * acc
+    tail = max(0.0, (1.0 - float(inside)) / 2.0)
+    return tail if t > 0 else 1.0 - tail
+
+
+def contended_cost_us(cp: CriticalPath, rank: int) -> float:
+    """µs per step the critical path saves were ``rank``'s CPU contention the other ranks' median (how much of
+    "rank R as fast as the median" its longer wait for a core explains: 0 when it waits no longer); NaN unknown
+    (not a CPU run, a rank's load unrecorded, or no such rank)."""
+    m = cp.model if cp is not None else None
+    if m is None or int(rank) not in set(m.g_rank.tolist()):
+        return float("nan")
+    d = _contended_replay(m, int(rank), cp.contention)
+    if d is None:
+        return float("nan")
+    return 0.0 if d is m.d else _saved(m, cp.baseline_us, m.replay(d=d))
+
+
 def _aggregate(seg: pd.DataFrame) -> pd.DataFrame:
     """A long path summed by (rank, kind, what, unit, stage), in order of first appearance."""
     keys = ["rank", "kind", "what", "unit", "stage"]
@@ -597,9 +662,11 @@ def _aggregate(seg: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> CriticalPath | None:
+def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None,
+                  contention: dict | None = None) -> CriticalPath | None:
     """The critical path of every step and the counterfactuals, from all ranks' collective records (RECORD_COLUMNS
-    with ``call`` the row within its rank and ``match_id``) and chains (:func:`rank_chain`); None without chains."""
+    with ``call`` the row within its rank and ``match_id``) and chains (:func:`rank_chain`); None without chains.
+    ``contention``: rank -> measured CPU contention of a CPU run (``contended_us``)."""
     if chains is None or not len(chains):
         return None
     notes: list[str] = []
@@ -652,7 +719,7 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None) -> 
     spans = pd.concat(span_rows, ignore_index=True) if span_rows else pd.DataFrame(columns=SPAN_COLUMNS)
     spans["end_us"] = spans["start_us"] + spans["dur_us"]
     cps = CriticalPath(stp, segments, breakdown, pd.DataFrame(columns=COUNTERFACTUAL_COLUMNS), notes,
-                       top[TOP_COLUMNS], spans[SPAN_COLUMNS], m, base)
+                       top[TOP_COLUMNS], spans[SPAN_COLUMNS], m, base, dict(contention or {}))
     cps.counterfactuals, per_step = _counterfactuals(cps, segments, base)
     if per_step is not None and len(per_step.columns):
         best = per_step.idxmax(axis=1)
@@ -675,22 +742,31 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
     per_rank = {}
     mean_len = float(base.mean()) if len(base) else np.nan
 
-    def add(change, kind, rank, unit, stage, coll, t, segment_kind=None):
+    def add(change, kind, rank, unit, stage, coll, t, segment_kind=None, contended=np.nan, p_value=np.nan):
         per = base - m.step_lengths(t)
         s = float(per.median())
         rows.append({"change": change, "kind": kind, "rank": rank, "unit": unit, "stage": stage, "collective": coll,
                      "segment_kind": segment_kind, "saved_us_per_step": s,
                      "saved_pct": 100.0 * s / mean_len if mean_len else np.nan,
-                     "saved_q25_us": float(per.quantile(0.25))})
+                     "saved_q25_us": float(per.quantile(0.25)), "contended_us": contended, "p_value": p_value})
 
     if len(set(m.g_rank.tolist())) > 1:
         on_path = segments.groupby("rank")["dur_us"].sum().sort_values(ascending=False)
+        tried, own = {}, {}
         for r in on_path.index[:RANKS_TRIED_MAX].tolist():
-            kind, unit, stage, _ = rank_excess(m, int(r))      # where it is slower than the others
             t = m.replay(d=_as_median(m, int(r)))
             per_rank[int(r)] = base - m.step_lengths(t)
-            add(f"rank {int(r)} as fast as the median rank", model.CHANGE_RANK, int(r), unit, stage, None, t,
-                segment_kind=kind)
+            d = _contended_replay(m, int(r), cp.contention)
+            host = None if d is None else (base * 0.0 if d is m.d else base - m.step_lengths(m.replay(d=d)))
+            own[int(r)] = per_rank[int(r)] - (host if host is not None else 0.0)
+            tried[int(r)] = (t, host)
+        for r, (t, host) in tried.items():
+            kind, unit, stage, _ = rank_excess(m, r)      # where it is slower than the others
+            others = [own[o] for o in own if o != r]
+            against = pd.concat(others, axis=1).median(axis=1) if others else own[r] * 0.0
+            add(f"rank {r} as fast as the median rank", model.CHANGE_RANK, r, unit, stage, None, t,
+                segment_kind=kind, contended=float(host.median()) if host is not None else np.nan,
+                p_value=t_test_greater((own[r] - against).to_numpy()))
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
         c_what, c_unit, c_stage = m.codes["what"], m.codes["unit"], m.codes["stage"]

@@ -21,7 +21,8 @@ SKEW_COLUMNS = ["pg", "seq", "collective", "n_ranks", "start_skew_us", "end_skew
                 "unit"]
 RANK_LAG_COLUMNS = ["rank", "mean_start_lag_us", "clock_offset_us", "matches", "chance_last", "last_autocorr"]
 STRAGGLER_COLUMNS = ["rank", "times_last", "share_last_pct", "expected_last_pct", "independent_matches", "p_value",
-                     "mean_start_lag_us", "lag_per_step_us", "cost_per_step_us", "where", "clock_offset_us"]
+                     "mean_start_lag_us", "lag_per_step_us", "cost_per_step_us", "contended_us_per_step", "where",
+                     "clock_offset_us"]
 _KEYS = ["match_id"]
 
 
@@ -180,10 +181,9 @@ def stragglers(skew: pd.DataFrame, rank_lag: pd.DataFrame) -> pd.DataFrame:
     being last at least that often by chance: binomial over ``independent_matches`` = matches x (1 - rho) /
     (1 + rho), rho the lag-1 autocorrelation of its being last in time order, as a rank late into one collective
     tends to be late into the next), mean_start_lag_us, lag_per_step_us (:func:`lag_per_step_us`),
-    cost_per_step_us (NaN here: the critical path's counterfactual "rank R as fast as the median" fills it,
-    ``pipeline``), where (the
-    stage and unit
-    holding most of its lag), clock_offset_us."""
+    cost_per_step_us and contended_us_per_step (NaN here: the critical path's counterfactual "rank R as fast as the
+    median" and the part of it the rank's longer wait for a core explains fill them, ``pipeline``), where (the stage
+    and unit holding most of its lag), clock_offset_us."""
     if len(skew) == 0:
         return pd.DataFrame(columns=STRAGGLER_COLUMNS)
     counts = skew["last_rank"].value_counts()
@@ -201,6 +201,7 @@ def stragglers(skew: pd.DataFrame, rank_lag: pd.DataFrame) -> pd.DataFrame:
     out["p_value"] = binomial_tail(k_eff, n_eff, out["chance_last"].to_numpy())
     out["lag_per_step_us"] = out["rank"].map(lag_per_step_us(skew)).fillna(0.0).to_numpy(np.float64)
     out["cost_per_step_us"] = np.nan
+    out["contended_us_per_step"] = np.nan
     out["where"] = out["rank"].map(_where(skew)).astype(object)
     return out[STRAGGLER_COLUMNS].sort_values("rank").reset_index(drop=True)
 

@@ -165,7 +165,7 @@ def rank_distributions(a) -> dict:
         "steps_worst": worst(steps_rank, "exposed_comm_us", cols=["steps", "step_us", "compute_us",
                                                                   "exposed_comm_us", "idle_us"]),
         "stragglers": statistics(a.stragglers, ["times_last", "share_last_pct", "mean_start_lag_us", "lag_per_step_us",
-                                                "cost_per_step_us", "clock_offset_us"]),
+                                                "cost_per_step_us", "contended_us_per_step", "clock_offset_us"]),
         "stragglers_worst": worst(a.stragglers, "mean_start_lag_us"),
         "temporal": statistics(a.temporal, ["span_us", "idle_time_pct", "compute_time_pct",
                                             "non_compute_time_pct"]),

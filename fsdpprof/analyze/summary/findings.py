@@ -32,8 +32,10 @@ DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU t
 IDLE_CAUSE_DOMINATES_PCT = 70.0 # an idle cause is named (host-bound, launch-bound) from this share of the idle time
 CRITICAL_SAVED_PCT = 2.0        # a counterfactual of the critical path saving at least this % of the step
 CRITICAL_RANK_PCT = 5.0         # "rank R as fast as the median rank": at least this % of the step, in the mean and
-                                # in 3 of 4 steps (saved_q25_us): on a busy 2-core host a 2-rank CPU run without a
-                                # straggler has single steps where a rank saves 5-29 %, a 150 ms sleep 23-28 % in each
+                                # in 3 of 4 steps (saved_q25_us), beyond its wait for a core (contended_us) and
+                                # chance (p_value <= STRAGGLER_ALPHA / ranks tried): on a busy 2-core host a 2-rank
+                                # CPU run without a straggler has single steps where a rank saves 5-29 %, a 150 ms
+                                # sleep 23-28 % in each
 CRITICAL_FINDINGS_MAX = 4       # at most this many findings from the critical path's counterfactuals
 
 
@@ -342,21 +344,24 @@ def late_beyond_chance(stragglers: pd.DataFrame) -> pd.Series:
 
 def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> list[Finding]:
     """A rank last into more checked matches than chance explains (binomial p-value below STRAGGLER_ALPHA over the
-    ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_per_step_us``); the one that
-    costs most."""
+    ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_per_step_us``) beyond what
+    its longer wait for a core explains (``contended_us_per_step``, CPU runs); the one that costs most."""
     out: list[Finding] = []
     if stragglers is None or stragglers.empty or "p_value" not in stragglers or len(stragglers) < 2:
         return out
     alpha = STRAGGLER_ALPHA / len(stragglers)
     cost_floor = STRAGGLER_COST_PCT / 100.0 * step_us if step_us and step_us == step_us else 0.0
-    s = stragglers[late_beyond_chance(stragglers) & (stragglers["cost_per_step_us"] >= cost_floor)
-                   & (stragglers["cost_per_step_us"] > 0)]
+    contended = stragglers["contended_us_per_step"].fillna(0.0) if "contended_us_per_step" in stragglers else 0.0
+    own = stragglers["cost_per_step_us"] - contended     # what its longer wait for a core explains is the host's
+    s = stragglers[late_beyond_chance(stragglers) & (own >= cost_floor) & (own > 0)]
     if s.empty:
         return out
     s = s.sort_values("cost_per_step_us", ascending=False, kind="mergesort").iloc[0]
     rank, cost = int(s["rank"]), float(s["cost_per_step_us"])
     where = s.get("where")
     where = f", mostly before collectives of {where}" if isinstance(where, str) and where else ""
+    host = float(s.get("contended_us_per_step", math.nan))
+    where += f"; its longer wait for a core explains {fmt_ms(host)} of it" if host == host and host > 0 else ""
     pct = f" ({100.0 * cost / step_us:.1f}% of the step)" if step_us else ""
     out.append(Finding("straggler", "medium",
                        f"Rank {rank} is a straggler: last into {s['share_last_pct']:.0f}% of collectives (chance: "
@@ -401,15 +406,21 @@ def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None
     step_us = float(cp.steps["span_us"].mean())
     seg = cp.segments
     skip = {model.CHANGE_TYPE, model.CHANGE_ALL_COMM}     # (what the exposed-communication findings are held to)
+    ranks_tried = max(int((cf["kind"] == model.CHANGE_RANK).sum()), 1)
     for c in cf[~cf["kind"].isin(skip)].itertuples(index=False):
         saved = float(c.saved_us_per_step)
         if SAID_BY.get(c.kind) in said:
             continue
         floor = CRITICAL_RANK_PCT if c.kind == model.CHANGE_RANK else CRITICAL_SAVED_PCT
-        if not step_us or saved < floor / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
+        # a rank's saving that its longer wait for a core explains is the host's, not the rank's (CPU runs)
+        contended = float(c.contended_us) if c.kind == model.CHANGE_RANK and c.contended_us == c.contended_us \
+            else 0.0
+        if not step_us or saved - contended < floor / 100.0 * step_us or len(out) >= CRITICAL_FINDINGS_MAX:
             continue
-        if c.kind == model.CHANGE_RANK and not float(c.saved_q25_us) >= floor / 100.0 * step_us:
+        if c.kind == model.CHANGE_RANK and not float(c.saved_q25_us) - contended >= floor / 100.0 * step_us:
             continue       # slow in a step or two only: chance (a straggler is slow in most steps)
+        if c.kind == model.CHANGE_RANK and float(c.p_value) > STRAGGLER_ALPHA / ranks_tried:
+            continue       # not slower than the others beyond chance over the steps
         pct_v = float(c.saved_pct)
         pct = f"{model.fmt_pct(pct_v)} of the step"
         metric = f"critical_path.counterfactuals.saved_pct[{c.change}]"
@@ -419,9 +430,13 @@ def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None
                                           else None, model.stage_words(c.stage) if isinstance(c.stage, str) else None)
                               if x)
             where = model.PATH_KIND_WORDS.get(c.segment_kind, "its work") + (f" in {place}" if place else "")
+            host = f"; its longer wait for a core explains {fmt_ms(contended)} of it" if contended > 0 else ""
+            n = len(cp.steps)
+            chance = f"p = {float(c.p_value):.2g} by chance over {n} steps" if c.p_value == c.p_value else \
+                f"{n} step{'s' if n != 1 else ''}: chance not tested"
             out.append(Finding(
                 f"limiting_rank_{r}", "high", f"Rank {r} limits the step: as fast as the median rank it would save "
-                f"{fmt_ms(saved)} per step ({pct}); it is slower than the others most in {where}",
+                f"{fmt_ms(saved)} per step ({pct}; {chance}); it is slower than the others most in {where}{host}",
                 metric, pct_v, "%", CRITICAL_RANK_PCT,
                 f"look at what rank {r} does there (data loading, uneven inputs, a slower host or device, extra "
                 f"work such as logging or checkpointing on that rank); the other ranks wait for it in their "

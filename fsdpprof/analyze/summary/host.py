@@ -13,7 +13,7 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.model import fmt_ms
 from fsdpprof.analyze.summary.findings import Finding, _fires, _share_finding, rank_words
 from fsdpprof.analyze.summary.headline import share_of_step, step_medians
-from fsdpprof.analyze.whatif.contention import host_load
+from fsdpprof.analyze.whatif.contention import rank_contention
 
 HOST_TIME_PCT = 20.0        # host time outside operators, % of the step (CPU traces)
 OVERSUBSCRIBED = 1.25       # runnable threads per core (median over ranks) from which a CPU run is oversubscribed
@@ -26,10 +26,7 @@ def contention_spread(cpu_load: dict | None, device_type: str | None) -> dict:
     is not on CPU."""
     out = {"value": np.nan, "min": np.nan, "max": np.nan, "worst_rank": None, "worst": np.nan, "ranks": 0,
            "steps": 0}
-    if (device_type or model.DEVICE_CPU) != model.DEVICE_CPU:
-        return out
-    loads = {r: host_load(cpu) for r, cpu in sorted((cpu_load or {}).items())}
-    c = pd.Series({r: x.contention for r, x in loads.items() if x is not None}, dtype=float)
+    c = pd.Series(rank_contention(cpu_load, device_type), dtype=float)
     if c.empty:
         return out
     top = c.max()

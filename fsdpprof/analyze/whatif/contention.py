@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsdpprof.analyze import model
 from fsdpprof.analyze.whatif.targets import Source, Target, ranks_on_host
 
 
@@ -51,6 +52,31 @@ def host_load(cpu: dict | None, ranks_on_host: int | None = None) -> HostLoad | 
     if cores < 1 or ranks < 1 or not (wall > 0 and run > 0 and wait >= 0):
         return None
     return HostLoad(cores=cores, ranks=ranks, demand=(run + wait) / wall, contention=1.0 + wait / run)
+
+
+def rank_contention(cpu_load: dict | None, device_type: str | None) -> dict[int, float]:
+    """rank -> its measured contention (>= 1, runnable threads per core: :func:`host_load`) of a CPU run's ranks
+    that recorded their load (rank.json ``cpu``); empty on an accelerator run."""
+    if (device_type or model.DEVICE_CPU) != model.DEVICE_CPU:
+        return {}
+    loads = {int(r): host_load(cpu) for r, cpu in sorted((cpu_load or {}).items())}
+    return {r: float(x.contention) for r, x in loads.items() if x is not None}
+
+
+def training_thread_contention(cpu_load: dict | None, device_type: str | None) -> dict[int, float]:
+    """rank -> the contention of its training thread (the one that steps the optimizer: 1 + its run-queue wait /
+    its time on a CPU, rank.json ``cpu`` ``training_*``), where recorded, else the process's
+    (:func:`rank_contention`): what stretches the rank's own work; empty on an accelerator run."""
+    out = rank_contention(cpu_load, device_type)
+    for r in out:
+        cpu = cpu_load[r] if r in (cpu_load or {}) else (cpu_load or {}).get(str(r))
+        try:
+            run, wait = float(cpu["training_run_us"]), float(cpu["training_runqueue_us"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if run > 0 and wait >= 0:
+            out[r] = 1.0 + wait / run
+    return out
 
 
 def cpu_step_scale(load: HostLoad | None, source: Source, target: Target) -> tuple[float, list[str], list[str]]:
