@@ -230,14 +230,15 @@ def _trace_part(res: RankResult, events: pd.DataFrame, want_lanes: bool, want_op
                    "precisions": labels.precisions_seen(events)}
     res.comm_phase = _try(n, "communication", "overlap per collective and phase", comm_table, events, PHASE_KEYS)
     res.comm_unit_step = _try(n, "communication", "overlap per unit and step", comm_table, events, UNIT_STEP_KEYS)
-    res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events)
+    windows = _try(n, "steps", "step windows", steps.step_windows, events)
+    res.steps = _try(n, "steps", "step breakdown", steps.step_breakdown, events, windows)
     res.step_stalls = _try(n, "steps", "device idle causes, host synchronisations and DataLoader time",
                            steps.step_stalls, events)
     res.records = _try(n, "ranks", "collective records", skew.collective_records, events)
     if res.records is not None:
         res.records["call"] = np.arange(len(res.records), dtype=np.int64)
     res.chain = packed(_try(n, "critical_path", "the steps' chains (critical path)", cpath.rank_chain, events,
-                            res.records))
+                            res.records, windows))
     res.traffic = _try(n, "communication", "measured traffic", _traffic, events)
     if want_ops:   # what compare diffs; up to OPS_ROWS_MAX rows a rank, so the report leaves it out
         res.op_stats = packed(_try(n, "steps", "operators per step", diff.op_table, events))
@@ -512,7 +513,8 @@ def _findings(a: Analysis) -> list:
     device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
     items += fnd.device_findings(a.steps, a.step_stalls, device=device, idle_causes=a.idle_causes)
     items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
-    items += fnd.critical_path_findings(a.critical_path, fsdp_advice=fsdp, said={f.id for f in items})
+    items += fnd.critical_path_findings(a.critical_path, fsdp_advice=fsdp, said={f.id for f in items},
+                                        device=o.get("device_type") not in (None, model.DEVICE_CPU))
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
     if r is not None:

@@ -69,10 +69,12 @@ def critical_section(a: Analysis, page: Page) -> str:
         cols = ["change", "saved_us", "saved_pct"]
         if "contended_us" in shown and shown["contended_us"].notna().any():
             cols.append("contended_us")    # CPU runs: the part a rank's longer wait for a core explains
+        if "p_value" in shown and shown["p_value"].notna().any():
+            cols.append("p_value")         # a rank's: how likely chance alone makes it this much slower
         out.append("<h3>What each change would save</h3>" + table(
             shown, cols, left=("change",),
             labels={"change": "change (replayed)", "saved_us": "saved per step", "saved_pct": "% of the step",
-                    "contended_us": "of it, its longer wait for a core"}))
+                    "contended_us": "of it, its longer wait for a core", "p_value": "p (rank slower by chance)"}))
     if cp.top is not None and len(cp.top):
         t = cp.top.head(SEGMENT_ROWS)
         # a collective's "what" is a vocabulary name (all_reduce -> all-reduce); an op's is a trace name, kept

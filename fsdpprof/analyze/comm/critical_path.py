@@ -36,6 +36,7 @@ from fsdpprof.analyze.load.frames import isin, on_device, startswith
 _NONE = "\u2400"             # stands for None in group keys (pandas drops None keys; "\0" does not survive fillna)
 GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before it (launch latency, not a cause)
 NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
+_ISSUE = object()           # marks issue nodes among rank_chain's pieces (no label can equal it)
 CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
 LABEL_COLUMNS = ["kind", "what", "unit", "stage"]
 SEGMENT_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "dur_us"]
@@ -105,12 +106,14 @@ def _covered(s: np.ndarray, e: np.ndarray, q: np.ndarray) -> np.ndarray:
     return (k >= 0) & (q < ue[np.clip(k, 0, None)])
 
 
-def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFrame:
+def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
+               windows: pd.DataFrame | None = None) -> pd.DataFrame:
     """One rank's chain of nodes per step (CHAIN_COLUMNS, in time order; ``node``: NODE_LOCAL / NODE_ISSUE /
     NODE_WAIT; ``call``: the row of ``records`` (skew.collective_records of these events) an issue or wait node
-    belongs to, else -1).  Empty without steps."""
+    belongs to, else -1).  Empty without steps.  ``windows``: steps.step_windows of these events, where the
+    caller has them."""
     empty = pd.DataFrame({c: [] for c in CHAIN_COLUMNS})
-    win = steps.step_windows(events)
+    win = steps.step_windows(events) if windows is None else windows
     if not len(win):
         return empty
     rank = int(events["rank"].iloc[0])
@@ -141,7 +144,7 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
     rec = records if records is not None and len(records) else pd.DataFrame({"ts_us": [], "end_us": []})
     r_ts, r_end = rec["ts_us"].to_numpy(np.float64), rec["end_us"].to_numpy(np.float64)
     bi, ci = np.flatnonzero(busy), np.flatnonzero(comm)
-    parts = []
+    parts: list[tuple] = []     # per step: (step, s, e, kind, what, unit, stage, call, epoch) arrays, issue nodes after
     for w in win.itertuples(index=False):
         ws, we = float(w.start_us), float(w.end_us)
         if not we > ws:
@@ -218,8 +221,7 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
             pk[j], what[j], unit[j], stage[j], call[j] = pk[p], what[p], unit[p], stage[p], call[p]
         # epochs: a new one at each call's arrival, so that merged runs never span an issue node
         epoch = np.searchsorted(np.sort(r_ts[calls]), s0, side="right")
-        parts.append(pd.DataFrame({"step": w.step, "s": s0, "e": e0, "kind": pk, "what": what, "unit": unit,
-                                   "stage": stage, "call": call, "epoch": epoch}))
+        parts.append((np.full(n, w.step, dtype=np.float64), s0, e0, pk, what, unit, stage, call, epoch))
         if calls.size:
             cev = intervals.innermost(ts_all[c], end_all[c], r_ts[calls] + 1e-6) if c.size else np.full(calls.size, -1)
             cj = np.where(cev >= 0, c[np.clip(cev, 0, None)] if c.size else 0, -1)
@@ -229,47 +231,62 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None) -> pd.DataFra
             need = ok & pd.isna(cu)
             if need.any():
                 cu[need] = unit_at(label_ts[cj[need]])
-            parts.append(pd.DataFrame({
-                "step": w.step, "s": r_ts[calls], "e": r_ts[calls], "kind": "issue",
-                "what": np.where(ok, colls[np.clip(cj, 0, None)], None) if len(colls) else None,
-                "unit": cu, "stage": np.where(ok, stages[np.clip(cj, 0, None)], None),
-                "call": calls, "epoch": -1}))
+            m = calls.size
+            parts.append((np.full(m, w.step, dtype=np.float64), r_ts[calls], r_ts[calls],
+                          np.full(m, _ISSUE, dtype=object),
+                          np.where(ok, colls[np.clip(cj, 0, None)], None) if len(colls) else np.full(m, None),
+                          cu, np.where(ok, stages[np.clip(cj, 0, None)], None), calls.astype(np.int64),
+                          np.full(m, -1, dtype=np.int64)))
     if not parts:
         return empty
-    p = pd.concat(parts, ignore_index=True)
-    issue = (p["kind"] == "issue").to_numpy()
-    loc = p[~issue]
+    step_a, s_a, e_a, kind_a, what_a, unit_a, stage_a, call_a, epoch_a = (
+        np.concatenate([p[i] for p in parts]) for i in range(9))
+    issue = kind_a == _ISSUE
+    loc = np.flatnonzero(~issue)
     # merge consecutive pieces of one (kind, unit, stage, call) between two arrivals; the op with most time names it
-    key = loc[["step", "kind", "unit", "stage", "call", "epoch"]].astype(object).fillna(_NONE)
-    new = (key != key.shift()).any(axis=1).to_numpy()
+    lk = [step_a[loc], call_a[loc], epoch_a[loc]] + [pd.factorize(x[loc])[0] for x in (kind_a, unit_a, stage_a)]
+    new = np.ones(loc.size, dtype=bool)
+    if loc.size > 1:
+        new[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in lk])
     run = np.cumsum(new) - 1
-    d = (loc["e"] - loc["s"]).to_numpy()
-    by_what = pd.DataFrame({"run": run, "what": loc["what"].astype(object).fillna(_NONE).to_numpy(), "d": d})
-    tw = by_what.groupby(["run", "what"], sort=False)["d"].sum().reset_index()
-    best = tw.loc[tw.groupby("run")["d"].idxmax()].set_index("run")["what"]
-    best = best.where(best != _NONE, None)
-    g = loc.groupby(run, sort=True)
-    merged = pd.DataFrame({"step": g["step"].first(), "s": g["s"].min(), "e": g["e"].max(), "kind": g["kind"].first(),
-                           "unit": g["unit"].first(), "stage": g["stage"].first(), "call": g["call"].first()})
-    merged["what"] = best.reindex(merged.index).to_numpy()
-    node = np.full(len(merged), NODE_LOCAL, dtype=np.int64)
-    mc = merged["call"].to_numpy()
-    is_wait = (merged["kind"].to_numpy() == model.PATH_COLLECTIVE) & (mc >= 0)
-    is_wait &= np.abs(merged["e"].to_numpy() - r_end[np.clip(mc, 0, None)] if len(r_end) else 0) < 1e-6
+    first = np.flatnonzero(new)
+    d = e_a[loc] - s_a[loc]
+    what_code, what_values = pd.factorize(what_a[loc])          # (None: -1)
+    pair = run * (len(what_values) + 1) + (what_code + 1)
+    uniq, first_at, inv = np.unique(pair, return_index=True, return_inverse=True)
+    total = np.bincount(inv.ravel(), weights=d, minlength=uniq.size)
+    run_of = uniq // (len(what_values) + 1)
+    order = np.lexsort((first_at, -total, run_of))       # per run: most time first, then the first to appear
+    top = order[np.r_[True, run_of[order][1:] != run_of[order][:-1]]]
+    best = np.full(first.size, None, dtype=object)
+    code = uniq[top] % (len(what_values) + 1) - 1
+    best[run_of[top]] = np.where(code >= 0, np.asarray(what_values, dtype=object)[np.clip(code, 0, None)]
+                                 if len(what_values) else None, None)
+    at = loc[first]
+    m_call = call_a[at]
+    m_e = np.maximum.reduceat(e_a[loc], first) if first.size else np.zeros(0)
+    m_s = np.minimum.reduceat(s_a[loc], first) if first.size else np.zeros(0)
+    node = np.full(first.size, NODE_LOCAL, dtype=np.int8)
+    is_wait = (kind_a[at] == model.PATH_COLLECTIVE) & (m_call >= 0)
+    is_wait &= np.abs(m_e - r_end[np.clip(m_call, 0, None)] if len(r_end) else 0) < 1e-6
     node[is_wait] = NODE_WAIT
-    merged["node"] = node
-    merged.loc[~is_wait, "call"] = -1
-    iss = p[issue].assign(node=NODE_ISSUE)
-    out = pd.concat([merged, iss[merged.columns]], ignore_index=True)
+    m_call = np.where(is_wait, m_call, -1)
+    iss = np.flatnonzero(issue)
+    o_step = np.concatenate([step_a[at], step_a[iss]])
+    o_s = np.concatenate([m_s, s_a[iss]])
+    o_e = np.concatenate([m_e, e_a[iss]])
+    o_node = np.concatenate([node, np.full(iss.size, NODE_ISSUE, dtype=np.int8)])
+    o_call = np.concatenate([m_call, call_a[iss]])
+    labels = {"kind": np.concatenate([kind_a[at], kind_a[iss]]), "what": np.concatenate([best, what_a[iss]]),
+              "unit": np.concatenate([unit_a[at], unit_a[iss]]), "stage": np.concatenate([stage_a[at], stage_a[iss]])}
+    labels["kind"] = np.where(o_node == NODE_ISSUE, "issue", labels["kind"])
     # in time order; at one time an issue node before the piece that starts there
-    out["_o"] = np.where(out["node"] == NODE_ISSUE, 0, 1)
-    out = out.sort_values(["step", "s", "_o"], kind="mergesort")
+    ordr = np.lexsort((np.where(o_node == NODE_ISSUE, 0, 1), o_s, o_step))
     # labels as categoricals: a chain travels from its worker to the reduce as codes (1,024 ranks: 10 KB a rank)
-    return pd.DataFrame({"rank": np.full(len(out), rank, dtype=np.int32), "step": out["step"].to_numpy(np.float64),
-                         "node": out["node"].to_numpy(np.int8), "start_us": out["s"].to_numpy(np.float64),
-                         "dur_us": (out["e"] - out["s"]).to_numpy(np.float64),
-                         **{c: pd.Categorical(out[c].to_numpy(object)) for c in LABEL_COLUMNS},
-                         "call": out["call"].to_numpy(np.int32)})[CHAIN_COLUMNS]
+    return pd.DataFrame({"rank": np.full(ordr.size, rank, dtype=np.int32), "step": o_step[ordr],
+                         "node": o_node[ordr], "start_us": o_s[ordr], "dur_us": (o_e - o_s)[ordr],
+                         **{c: pd.Categorical(labels[c][ordr]) for c in LABEL_COLUMNS},
+                         "call": o_call[ordr].astype(np.int32)})[CHAIN_COLUMNS]
 
 
 def concat_chains(chains) -> pd.DataFrame | None:

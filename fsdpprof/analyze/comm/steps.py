@@ -41,9 +41,10 @@ def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def step_breakdown(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step: STEP_COLUMNS; model_step_us = compute + comm - overlapped, unexplained_us = step - model."""
-    win = step_windows(events)
+def step_breakdown(events: pd.DataFrame, windows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank and step: STEP_COLUMNS; model_step_us = compute + comm - overlapped, unexplained_us = step - model.
+    ``windows``: :func:`step_windows` of these events, where the caller has them."""
+    win = step_windows(events) if windows is None else windows
     if len(win) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
     is_comp, is_comm = isin(events["kind"], [model.KIND_COMPUTE]), isin(events["kind"], [model.KIND_COMM])

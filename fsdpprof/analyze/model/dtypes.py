@@ -1,6 +1,7 @@
 """Element dtypes and byte sizes: the one table of dtype spellings and the one formatter of bytes."""
 from __future__ import annotations
 
+import functools
 import re
 
 from fsdpprof.errors import UserError
@@ -58,6 +59,7 @@ LOW_PRECISION = {
 _LOW_PRECISION_RE = {k: re.compile(v, re.IGNORECASE) for k, v in LOW_PRECISION.items()}
 
 
+@functools.lru_cache(maxsize=1 << 16)       # a worker sees the same kernel names rank after rank
 def kernel_precisions(name: str) -> tuple[str, ...]:
     """The low-precision element types (LOW_PRECISION's short names) a kernel's name spells, in LOW_PRECISION's
     order; () when it names none (a float32 kernel, or a name that does not say)."""

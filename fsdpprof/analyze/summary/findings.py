@@ -393,11 +393,20 @@ def _where_on_path(seg: pd.DataFrame) -> tuple[int | None, str, float]:
 SAID_BY = {model.CHANGE_HOST_GAPS: "device_idle", model.CHANGE_DATA: "data_loader", model.CHANGE_SYNC: "host_syncs"}
 
 
-def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None) -> list[Finding]:
+# a host gap on a CPU trace: the training thread runs no operator (no device waits on a launch)
+CPU_HOST_GAP_ADVICE = ("on a CPU trace a host gap is time the training thread runs no operator: Python between ops, "
+                       "sleeps, I/O, locks or waiting for a core; where it sits on one rank only, look at what that "
+                       "rank does there (py-spy, or the profiler with with_stack=True); where every rank has it, "
+                       "take Python-side work (logging, metrics, data preparation) off the training loop")
+
+
+def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None,
+                           device: bool = True) -> list[Finding]:
     """The changes of the critical path's counterfactuals that save at least CRITICAL_SAVED_PCT of the step
     (at most CRITICAL_FINDINGS_MAX, most saved first), each naming the rank, unit and stage where it holds most
     path time; the time is at stake (``stake_us``: µs saved per step).  ``said``: ids of findings already made
-    (a gap kind that a device finding names is left to it, SAID_BY)."""
+    (a gap kind that a device finding names is left to it, SAID_BY); ``device``: an accelerator trace (a host gap
+    leaves the device waiting for a launch) or not (CPU: the training thread runs nothing)."""
     said = said or set()
     out: list[Finding] = []
     cf = getattr(cp, "counterfactuals", None)
@@ -459,7 +468,7 @@ def critical_path_findings(cp, fsdp_advice: bool = True, said: set | None = None
             kind = {model.CHANGE_HOST_GAPS: model.PATH_HOST_GAP, model.CHANGE_DATA: model.PATH_DATA,
                     model.CHANGE_SYNC: model.PATH_SYNC}.get(c.kind)
             rank, where, us = _where_on_path(seg[seg["kind"] == kind])
-            advice = {model.CHANGE_HOST_GAPS: IDLE_CAUSES["idle_host_wait_us"][1],
+            advice = {model.CHANGE_HOST_GAPS: IDLE_CAUSES["idle_host_wait_us"][1] if device else CPU_HOST_GAP_ADVICE,
                       model.CHANGE_DATA: "more DataLoader workers (num_workers), pinned memory and prefetch_factor, "
                                          "or lighter per-batch preprocessing",
                       model.CHANGE_SYNC: "remove host synchronisations from the step (tensor.item(), .cpu(), "
