@@ -618,22 +618,41 @@ class _Columns:
 _H_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
+_HASH_BLOCK = 1 << 20    # _duplicate_rows hashes this many rows at a time (its temporaries: 8 MB, not 8 B a row)
+
+
 def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 4) -> np.ndarray | None:
-    """Rows (of those in ``among``) equal on every column to an earlier row; None when there are none.  A hash
-    of each row's first ``hashed`` columns finds the candidates, then compared exactly on every column."""
-    sel = np.flatnonzero(among)
-    h = np.zeros(len(sel), dtype=np.uint64)
-    for col in columns[:hashed]:
-        v = col[sel]
-        v = v.view(np.uint64) if v.dtype.itemsize == 8 else v.astype(np.int64).view(np.uint64)
-        np.bitwise_xor(h, v, out=h)
-        np.multiply(h, _H_MUL, out=h)
-        np.bitwise_xor(h, h >> np.uint64(29), out=h)
-    s = np.sort(h)
+    """Rows (of those in ``among``) equal on every column to an earlier row; None when there are none.  A 32-bit
+    hash of each row's first ``hashed`` columns finds the candidates (4 B a row, made block by block), then they
+    are compared exactly on every column."""
+    n = len(among)
+    h = np.empty(n, dtype=np.uint32)
+    acc = None
+    for lo in range(0, n, _HASH_BLOCK):
+        hi = min(lo + _HASH_BLOCK, n)
+        acc = np.zeros(hi - lo, dtype=np.uint64)
+        for col in columns[:hashed]:
+            v = col[lo:hi]
+            v = v.view(np.uint64) if v.dtype.itemsize == 8 else v.astype(np.int64).view(np.uint64)
+            np.bitwise_xor(acc, v, out=acc)
+            np.multiply(acc, _H_MUL, out=acc)
+            np.bitwise_xor(acc, acc >> np.uint64(29), out=acc)
+        h[lo:hi] = acc >> np.uint64(32)
+    del acc
+    h[~among] = 0           # (rows left out: never candidates, see below)
+    s = np.sort(h[among])
     same = s[1:] == s[:-1]
     if not same.any():
         return None
-    rows = sel[np.isin(h, s[1:][same])]
+    dup = np.unique(s[1:][same])
+    del s
+    hit = np.zeros(n, dtype=bool)
+    for lo in range(0, n, _HASH_BLOCK):          # (np.isin would argsort every row: 8 B a row more)
+        part = h[lo:lo + _HASH_BLOCK]
+        k = np.minimum(np.searchsorted(dup, part), len(dup) - 1)
+        hit[lo:lo + _HASH_BLOCK] = dup[k] == part
+    del h
+    rows = np.flatnonzero(among & hit)
     exact = pd.DataFrame({i: col[rows] for i, col in enumerate(columns)}).duplicated(keep="first").to_numpy()
     if not exact.any():
         return None
