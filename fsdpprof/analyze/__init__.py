@@ -12,7 +12,7 @@ import importlib
 _API = {name: f"fsdpprof.analyze.{module}" for module, names in (
     ("load.run", "load_run run_events"), ("load.files", "find_run Run RankData"),
     ("pipeline", "analyze_run Analysis overlap_summary OverlapSummary critical_path"),
-    ("comm.critical_path", "CriticalPath straggler_cost_us"),
+    ("comm.critical_path", "CriticalPath straggler_cost_us contended_cost_us"),
     ("compare.runs", "compare_analyses Comparison"),
     ("trace.load", "load_trace"), ("trace.decode", "decode_trace"), ("comm.overlap", "comm_overlap overall_overlap"),
     ("comm.volume", "collective_volume"), ("comm.steps", "step_breakdown"), ("comm.skew", "collective_skew stragglers"),
