@@ -936,12 +936,19 @@ def export_trace_gz(prof, json_path: str, gz_path: str, level: int = TRACE_GZIP_
     folder = os.path.dirname(os.path.abspath(json_path))
     try:
         prof.export_chrome_trace(json_path)
-        if not os.path.exists(json_path) and not runfmt.out_of_space(folder):
-            # kineto wrote nothing, yet there is room now (another rank's failed export freed it): once more
-            _drop_kineto_tmp(json_path)
-            prof.export_chrome_trace(json_path)
+        cut = False
+        if not os.path.exists(json_path):
+            cut = os.path.isfile(json_path + KINETO_TMP_SUFFIX)     # kineto began writing, and its write failed
+            if not runfmt.out_of_space(folder):
+                # kineto wrote nothing, yet there is room now (another rank's failed export freed it): once more
+                _drop_kineto_tmp(json_path)
+                try:
+                    prof.export_chrome_trace(json_path)
+                except RuntimeError:     # a kineto that saves a trace once ("Trace is already saved")
+                    pass
         if not os.path.exists(json_path):  # kineto reports a failed write on its log only: say why
-            code = errno.ENOSPC if runfmt.out_of_space(folder) else errno.EIO
+            # (a write cut short on a disk that has room again: another rank's failed export freed what filled it)
+            code = errno.ENOSPC if cut or runfmt.out_of_space(folder) else errno.EIO
             raise OSError(code, "the profiler wrote no trace file", json_path)
         compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)   # (16 +: the gzip format)
         fd = os.open(gz_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
