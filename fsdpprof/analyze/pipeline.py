@@ -635,8 +635,9 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
             late = fnd.late_beyond_chance(a.stragglers).to_numpy()
             a.stragglers["cost_per_step_us"] = [cpath.straggler_cost_us(a.critical_path, r) if is_late else np.nan
                                                 for r, is_late in zip(a.stragglers["rank"], late)]
-            a.stragglers["contended_us_per_step"] = [cpath.contended_cost_us(a.critical_path, r) if is_late
-                                                     else np.nan for r, is_late in zip(a.stragglers["rank"], late)]
+            a.stragglers["contended_us_per_step"] = np.minimum(   # (the part of the cost explained: at most it)
+                [cpath.contended_cost_us(a.critical_path, r) if is_late else np.nan
+                 for r, is_late in zip(a.stragglers["rank"], late)], a.stragglers["cost_per_step_us"].to_numpy())
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",

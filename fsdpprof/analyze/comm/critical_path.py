@@ -51,9 +51,9 @@ STEP_COLUMNS = ["step", "length_us", "path_us", "span_us", "limiting_rank", "lim
 BREAKDOWN_COLUMNS = ["step", "kind", "dur_us", "pct"]
 COUNTERFACTUAL_COLUMNS = ["change", "kind", "rank", "unit", "stage", "collective", "segment_kind",
                           "saved_us_per_step", "saved_pct", "saved_q25_us", "contended_us", "p_value"]
-# contended_us (CHANGE_RANK, CPU runs that measured every rank's load): µs per step that the rank's longer wait for
-# a core explains — the replay with its local work shrunk by the other ranks' median contention over its own (0
-# when it waits no longer than they do; NaN unknown)
+# contended_us (CHANGE_RANK, CPU runs that measured every rank's load): µs per step of that saving that the rank's
+# longer wait for a core explains — the replay with its local work shrunk by the other ranks' median contention
+# over its own, at most the saving (0 when it waits no longer than they do; NaN unknown)
 # p_value (CHANGE_RANK): how likely chance alone makes the rank this much slower — one-sided paired t-test over the
 # steps of its saving less its contended part against the other tried ranks' median (ranks alike save alike in
 # the mean); NaN with fewer than 2 steps or no spread
@@ -781,8 +781,10 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
             kind, unit, stage, _ = rank_excess(m, r)      # where it is slower than the others
             others = [own[o] for o in own if o != r]
             against = pd.concat(others, axis=1).median(axis=1) if others else own[r] * 0.0
+            # (the part of the saving explained: never more than the saving itself)
+            explained = min(float(host.median()), float(per_rank[r].median())) if host is not None else np.nan
             add(f"rank {r} as fast as the median rank", model.CHANGE_RANK, r, unit, stage, None, t,
-                segment_kind=kind, contended=float(host.median()) if host is not None else np.nan,
+                segment_kind=kind, contended=max(explained, 0.0) if explained == explained else np.nan,
                 p_value=t_test_greater((own[r] - against).to_numpy()))
     coll = segments[segments["kind"] == model.PATH_COLLECTIVE]
     if len(coll):
