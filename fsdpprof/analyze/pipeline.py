@@ -510,11 +510,12 @@ def _findings(a: Analysis) -> list:
     # exposed communication is held to what hiding it saves by the critical path (not the time ranks wait)
     items = fnd.held_to_critical_path(fnd.comm_findings(a.comm_unit_step, a.steps, fsdp_advice=fsdp,
                                                         exposed_stage=a.exposed_stage), a.critical_path)
-    device = bool(o.get("device_kernels")) and o.get("device_type") not in (None, model.DEVICE_CPU)
+    accelerator = o.get("device_type") not in (None, model.DEVICE_CPU)
+    device = bool(o.get("device_kernels")) and accelerator
     items += fnd.device_findings(a.steps, a.step_stalls, device=device, idle_causes=a.idle_causes)
     items += host.host_findings(a.steps, a.cpu_load, o.get("device_type"))
     items += fnd.critical_path_findings(a.critical_path, fsdp_advice=fsdp, said={f.id for f in items},
-                                        device=o.get("device_type") not in (None, model.DEVICE_CPU))
+                                        device=accelerator)
     strat = o.get("strategy")
     r = peak_rank(a)      # one rank is representative (ranks differ little in FSDP): the one the headline names
     if r is not None:
