@@ -631,14 +631,14 @@ def reduce_run(run, results: list[RankResult]) -> Analysis:
                                cpath.concat_chains(unpacked(r.chain) for r in traced),
                                training_thread_contention(a.cpu_load, a.overview.get("device_type")))
         if a.stragglers is not None and len(a.stragglers):
-            # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path),
-            # replayed for the ranks late beyond chance only (one replay of every rank is O(ranks^2) at scale)
+            # a straggler's cost is the counterfactual "rank R as fast as the median" (NaN without a critical path)
+            # and the part its wait for a core explains, for the ranks late beyond chance only (one replay of every
+            # rank is O(ranks^2) at scale; a rank the critical path tried is not replayed again)
             late = fnd.late_beyond_chance(a.stragglers).to_numpy()
-            a.stragglers["cost_per_step_us"] = [cpath.straggler_cost_us(a.critical_path, r) if is_late else np.nan
-                                                for r, is_late in zip(a.stragglers["rank"], late)]
-            a.stragglers["contended_us_per_step"] = np.minimum(   # (the part of the cost explained: at most it)
-                [cpath.contended_cost_us(a.critical_path, r) if is_late else np.nan
-                 for r, is_late in zip(a.stragglers["rank"], late)], a.stragglers["cost_per_step_us"].to_numpy())
+            costs = [cpath.rank_costs_us(a.critical_path, r) if is_late else (np.nan, np.nan)
+                     for r, is_late in zip(a.stragglers["rank"], late)]
+            a.stragglers["cost_per_step_us"] = [c for c, _ in costs]
+            a.stragglers["contended_us_per_step"] = [h for _, h in costs]
     unknown = a.overview.get("unknown_launch_kernels") or 0
     if unknown:
         _note(a.notes, "communication",

@@ -656,6 +656,15 @@ def t_test_greater(x: np.ndarray) -> float:
     return tail if t > 0 else 1.0 - tail
 
 
+def _contended_saving(m: _Model, base: pd.Series, rank: int, contention: dict) -> pd.Series | None:
+    """Per step: µs the replay with ``rank``'s CPU contention at the other ranks' median saves against ``base``
+    (0 where it waits no longer than they do); None unknown (:func:`_contended_replay`)."""
+    d = _contended_replay(m, int(rank), contention)
+    if d is None:
+        return None
+    return base * 0.0 if d is m.d else base - m.step_lengths(m.replay(d=d))
+
+
 def contended_cost_us(cp: CriticalPath, rank: int) -> float:
     """µs per step the critical path saves were ``rank``'s CPU contention the other ranks' median (how much of
     "rank R as fast as the median" its longer wait for a core explains: 0 when it waits no longer); NaN unknown
@@ -663,10 +672,21 @@ def contended_cost_us(cp: CriticalPath, rank: int) -> float:
     m = cp.model if cp is not None else None
     if m is None or int(rank) not in set(m.g_rank.tolist()):
         return float("nan")
-    d = _contended_replay(m, int(rank), cp.contention)
-    if d is None:
-        return float("nan")
-    return 0.0 if d is m.d else _saved(m, cp.baseline_us, m.replay(d=d))
+    saving = _contended_saving(m, cp.baseline_us, int(rank), cp.contention)
+    return float("nan") if saving is None else float(saving.median())
+
+
+def rank_costs_us(cp: CriticalPath | None, rank: int) -> tuple[float, float]:
+    """(:func:`straggler_cost_us`, the part of it :func:`contended_cost_us` explains, at most the cost) of
+    ``rank``: the counterfactual's own numbers where the critical path tried that rank (the same replays), else
+    replayed."""
+    cf = cp.counterfactuals if cp is not None else None
+    if cf is not None and len(cf):
+        row = cf[(cf["kind"] == model.CHANGE_RANK) & (cf["rank"] == int(rank))]
+        if len(row):
+            return float(row["saved_us_per_step"].iat[0]), float(row["contended_us"].iat[0])
+    cost, host = straggler_cost_us(cp, rank), contended_cost_us(cp, rank)
+    return cost, float(np.minimum(host, cost))
 
 
 def _aggregate(seg: pd.DataFrame) -> pd.DataFrame:
@@ -773,8 +793,7 @@ def _counterfactuals(cp: CriticalPath, segments: pd.DataFrame, base: pd.Series
         for r in on_path.index[:RANKS_TRIED_MAX].tolist():
             t = m.replay(d=_as_median(m, int(r)))
             per_rank[int(r)] = base - m.step_lengths(t)
-            d = _contended_replay(m, int(r), cp.contention)
-            host = None if d is None else (base * 0.0 if d is m.d else base - m.step_lengths(m.replay(d=d)))
+            host = _contended_saving(m, base, int(r), cp.contention)
             own[int(r)] = per_rank[int(r)] - (host if host is not None else 0.0)
             tried[int(r)] = (t, host)
         for r, (t, host) in tried.items():
