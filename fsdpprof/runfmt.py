@@ -63,6 +63,12 @@ ROLE_GRAD_BUCKET = "grad_bucket"   # (analysis only) DDP's gradient bucket, from
 # inventory.json's "before_window" (CPU runs): the CPU allocations alive when the window's trace starts, from a
 # memory-only record of the steps before it ("allocations": [[address, bytes, step allocated in], ...])
 INVENTORY_BEFORE_WINDOW = "before_window"
+# its key: true when c10's count of every thread's CPU bytes was on through the window (each [memory] event's
+# "Total Allocated" is then that count: the bytes of all threads, the profiler's unseen ones included)
+WINDOW_COUNTS_EVERY_THREAD = "window_counts_every_thread"
+# "every_thread_counted_from": when that count began; this value: as torch was imported (fsdpprof record's bootstrap),
+# so the count is every CPU byte alive; else "record start" (fsdpprof.record() in code)
+COUNT_FROM_IMPORT = "torch import"
 BEFORE_WINDOW_SOURCE = "memory-only profiler from the model's construction to the first recorded step"
 
 # run.json status values

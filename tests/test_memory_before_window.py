@@ -133,3 +133,53 @@ def test_ddp_buckets_named_by_their_sizes():
     cat = categorize(allocs, inv_tensors=inv_t).set_index("addr")["category"]
     assert cat[0x41] == cat[0x42] == "unsharded_grad"
     assert cat[0x40] == "before_recording"
+
+
+def _levels(allocs, n: int) -> np.ndarray:
+    """Bytes the allocations hold after each of the window's ``n`` events (alloc_seq <= k < free_seq)."""
+    level = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(level, np.clip(allocs["alloc_seq"].to_numpy() + 1, 0, n), allocs["bytes"].to_numpy())
+    freed = allocs["free_seq"].to_numpy() < n
+    np.add.at(level, allocs["free_seq"].to_numpy()[freed] + 1, -allocs["bytes"].to_numpy()[freed])
+    return np.cumsum(level)
+
+
+def _counted(events, totals, counted_from, at_start):
+    ev = _events(events)
+    ev["total_allocated_bytes"] = np.array(totals, np.int64)
+    inv = _inventory([[0x10, 100, 0], [0x40, 4000, 1]], every=4100)
+    inv[runfmt.INVENTORY_BEFORE_WINDOW].update({
+        runfmt.WINDOW_COUNTS_EVERY_THREAD: True, "every_thread_counted_from": counted_from,
+        "every_thread_bytes_at_start": at_start, "frees_unseen_bytes": 0})
+    return ev, inv
+
+
+def test_other_threads_bytes_from_the_allocators_count_through_the_window():
+    """c10 counted every thread from torch's import: 5000 B alive as the window began, the record holds 4100 B
+    of it (900 B were made before the record: named by nothing, before_recording); a gloo thread holds 500 B from
+    between the first two events to between the last two (seen only in Total Allocated).  After every event the
+    allocations hold exactly the count, the gloo bytes as other_threads rows where the count shows them."""
+    ev, inv = _counted(WINDOW, [5050, 5450, 5400, 4970], runfmt.COUNT_FROM_IMPORT, 900)
+    allocs, _, _ = cpu_allocations(ev, None, inv, "t")
+    assert np.array_equal(_levels(allocs, 4), [5000, 5050, 5450, 5400, 4970])
+    other = allocs[allocs["other_threads_row"]]
+    assert other[["alloc_seq", "bytes"]].values.tolist() == [[1, 500], [3, -500]]
+    start = allocs[(allocs["addr"] == -1) & ~allocs["other_threads_row"]]
+    assert start[["alloc_seq", "bytes"]].values.tolist() == [[-1, 900]] and start["before_trace"].all()
+
+
+def test_other_threads_counted_from_the_records_start():
+    """fsdpprof.record() in code: the count began with the record (4100 B, what it holds), so the bytes alive are
+    the record's plus the count's change; the same 500 B of a gloo thread show as other threads."""
+    ev, inv = _counted(WINDOW, [4150, 4550, 4500, 4070], "record start", 0)
+    allocs, _, _ = cpu_allocations(ev, None, inv, "t")
+    assert np.array_equal(_levels(allocs, 4), [4100, 4150, 4550, 4500, 4070])
+    assert allocs.loc[allocs["other_threads_row"], ["alloc_seq", "bytes"]].values.tolist() == [[1, 500], [3, -500]]
+
+
+def test_without_the_count_through_the_window_no_other_threads_rows():
+    """A run whose count stopped at the window's start: Total Allocated is the recorded thread's, no rows added."""
+    ev, inv = _counted(WINDOW, [5050, 4950, 4900, 4970], runfmt.COUNT_FROM_IMPORT, 900)
+    inv[runfmt.INVENTORY_BEFORE_WINDOW][runfmt.WINDOW_COUNTS_EVERY_THREAD] = False
+    allocs, _, _ = cpu_allocations(ev, None, inv, "t")
+    assert "other_threads_row" not in allocs or not allocs["other_threads_row"].any()

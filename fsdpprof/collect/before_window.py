@@ -8,12 +8,15 @@ record-function scope is one training never enters).  Every FOLD_EVERY_STEPS opt
 window's start it is stopped and its allocation events are folded into the set of live allocations (address ->
 bytes, step); only that set is kept.  What is still alive when the window starts goes into inventory.json's
 ``before_window``, with c10's own count of the bytes every thread allocated since the start and still holds (its
-CPU allocator's ``caffe2_report_cpu_memory_usage`` flag, on for the record only): a buffer a gloo thread freed
-looks alive to any profiler, and the analysis drops as many bytes of such as the two differ by.
+CPU allocator's ``caffe2_report_cpu_memory_usage`` flag, on from the record's start to the window's end): a
+buffer a gloo thread freed looks alive to any profiler, and the analysis drops as many bytes of such as the two
+differ by.  In the window, the flag makes each ``[memory]`` event's "Total Allocated" c10's count of every
+thread's bytes: what gloo's threads allocate and free unseen shows there (``window_counts_every_thread``).
 
 Runs inside the user's job: every method catches its errors (the record stops, with the reason kept) and never
 raises.  Cost: the folds (their wall time is written as ``fold_ms``), one allocator callback per allocation before
-the window (and a locked size-table update in c10), no cost inside the window.
+the window (and a locked size-table update in c10); inside the window, that update for the allocations of the
+threads the profiler does not record (the recorded thread pays it anyway).
 """
 from __future__ import annotations
 
@@ -25,9 +28,12 @@ import time
 
 import torch
 
+from fsdpprof import runfmt
 from fsdpprof.runfmt import BEFORE_WINDOW_SOURCE
 
 _DEVICE_CPU = "cpu"
+C10_INFO = 0           # c10's INFO log level (FLAGS_caffe2_log_level; WARNING, its default, is 2)
+COUNT_FROM_IMPORT = runfmt.COUNT_FROM_IMPORT
 FOLD_EVERY_STEPS = 8   # fold (stop, read, restart: ~the cost of the record) every this many optimizer steps
 
 
@@ -43,6 +49,7 @@ class BeforeWindowMemory:
         self.step_ns: list[int] = []   # when each optimizer step ended (time.time_ns, the profiler's clock)
         self.events = 0            # allocation and free events folded
         self.frees_unseen = 0      # frees of allocations made before the record started
+        self.frees_unseen_bytes = 0    # and their bytes (c10 knows them when it counts from torch's import)
         self.fold_ns = 0           # wall time spent stopping, folding and restarting
         self.error = None          # why the record stopped early
         self.paused = False        # stopped around a fork
@@ -53,6 +60,7 @@ class BeforeWindowMemory:
         self.flag = None           # ctypes view of c10's FLAGS_caffe2_report_cpu_memory_usage
         self.flag_was = None       # its value before the record
         self.flag_ok = False       # the flag was found (and set for the record)
+        self.counted_from = None   # when the count began: COUNT_FROM_IMPORT (every CPU byte torch made) / "record start"
         self._log = log or (lambda msg: None)
         self._quiet = quiet or contextlib.nullcontext   # silences kineto's own lines around each profiler call
 
@@ -99,30 +107,44 @@ class BeforeWindowMemory:
                 self.live[ptr] = (size, bisect.bisect_right(self.step_ns, t_ns))
             elif self.live.pop(ptr, None) is None:
                 self.frees_unseen += 1
+                self.frees_unseen_bytes -= size
 
     # -- the record's life ----------------------------------------------------------------------
     def _count_every_thread(self, on: bool) -> None:
-        """c10's CPU allocator counts the bytes of every thread (its flag on) or as before (never raises)."""
+        """c10's CPU allocator counts the bytes of every thread (its flag on) or as before (never raises).  Not
+        turned on where c10 logs at INFO level (it would then print a line per allocation into the job's stderr)."""
         try:
             if self.flag is None:
                 import ctypes
 
-                lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
-                self.flag = ctypes.c_bool.in_dll(ctypes.CDLL(lib), "FLAGS_caffe2_report_cpu_memory_usage")
+                lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+                self.flag = ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage")
                 self.flag_was = bool(self.flag.value)
-                self.flag_ok = True
+                self.flag_ok = self.flag_was or ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level").value > C10_INFO
+                if not self.flag_ok:
+                    self._log("c10 logs at INFO level: its count of every thread's CPU bytes left off (it would "
+                              "print a line per allocation)")
             if self.flag_ok:
                 self.flag.value = True if on else self.flag_was
         except Exception as exc:
             self.flag, self.flag_ok = False, False
             self._log(f"c10's count of every thread's CPU bytes unavailable: {exc!r}")
 
+    def count_from_import(self) -> None:
+        """Start c10's count of every thread's CPU bytes now, as torch is imported (before any tensor of the job):
+        its count in the window is then every CPU byte alive (never raises)."""
+        self._count_every_thread(True)
+        if self.flag_ok:
+            self.counted_from = COUNT_FROM_IMPORT
+
     def start(self, why: str) -> bool:
         """Start the record (True when it runs)."""
         if self.running or self.error:
             return self.running
         try:
-            self._count_every_thread(True)
+            if self.counted_from is None:
+                self._count_every_thread(True)
+                self.counted_from = "record start" if self.flag_ok else None
             self._enable()
             self.running, self.thread, self.started_by = True, threading.get_ident(), why
             self._log(f"memory record before the window started at the {why}")
@@ -190,6 +212,15 @@ class BeforeWindowMemory:
         if self.flag_ok:
             self._count_every_thread(False)
 
+    def stop_counting(self) -> bool:
+        """The window ended: c10's count of every thread's bytes off again; True when it was on from the record's
+        start until now (the window's ``[memory]`` events' "Total Allocated" then count every thread; never
+        raises)."""
+        on = bool(self.flag_ok and self.error is None)
+        if self.flag_ok:
+            self._count_every_thread(False)
+        return on
+
     def drop(self, why: str) -> None:
         """Stop without keeping anything (the job's own profiler, a fallback trace): never raises."""
         self._stop_with(why)
@@ -201,14 +232,15 @@ class BeforeWindowMemory:
             self.fold(restart=False)
         except Exception as exc:
             self._stop_with(f"{exc!r}")
-        if self.flag_ok:
-            self._count_every_thread(False)
         allocs = sorted([a, b, s] for a, (b, s) in self.live.items())
         every_thread = self.total_last - self.total_first if self.flag_ok and self.total_first is not None else None
         return {"source": BEFORE_WINDOW_SOURCE, "started_by": self.started_by, "steps": self.step,
-                "events": self.events, "frees_unseen": self.frees_unseen, "fold_ms": round(self.fold_ns / 1e6, 3),
+                "events": self.events, "frees_unseen": self.frees_unseen,
+                "frees_unseen_bytes": self.frees_unseen_bytes, "fold_ms": round(self.fold_ns / 1e6, 3),
                 "error": self.error, "alive_bytes": sum(a[1] for a in allocs),
-                "alive_bytes_every_thread": every_thread, "allocations": allocs if not self.error else []}
+                "alive_bytes_every_thread": every_thread,
+                "every_thread_bytes_at_start": self.total_first if self.flag_ok else None,
+                "every_thread_counted_from": self.counted_from if self.flag_ok else None, "allocations": allocs if not self.error else []}
 
 
 def register_fork_hooks(get) -> None:

@@ -57,7 +57,7 @@ def install_from_env(optimizer_module=None) -> None:
     except ValueError:
         options = {}
     _RECORDER = Recorder(run_dir, options)
-    _RECORDER.install(optimizer_module)
+    _RECORDER.install(optimizer_module, at_torch_import=True)
 
 
 def active_recorder():
@@ -122,7 +122,9 @@ class Recorder:
         self.log_lost = False      # lines were dropped while collector.log could not be written
 
     # -- installation ---------------------------------------------------------------------
-    def install(self, optimizer_module=None) -> None:
+    def install(self, optimizer_module=None, at_torch_import: bool = False) -> None:
+        """Hook the optimizer steps and module calls; ``at_torch_import``: called as torch is imported (the
+        bootstrap), before any tensor of the job, so c10's count of every thread's CPU bytes starts now."""
         try:
             if optimizer_module is None:
                 import torch.optim.optimizer as optimizer_module
@@ -135,6 +137,9 @@ class Recorder:
                     and self._wants_before_window():
                 self.reg_handle = mod.register_module_parameter_registration_hook(self._first_parameter)
                 register_fork_hooks(lambda: self.before)
+                if at_torch_import and self._records_this_rank():
+                    self.before = BeforeWindowMemory(self._log, _quiet_kineto)
+                    self.before.count_from_import()
             atexit.register(self._atexit)
         except Exception as exc:  # never harm the job
             self._log(f"install failed: {exc!r}")
@@ -163,29 +168,32 @@ class Recorder:
             handle, self.reg_handle = self.reg_handle, None
             if handle is not None:
                 handle.remove()
-            if self.before is not None or self.state != "idle" or os.getpid() != self.pid \
-                    or self.steps_done >= self.skip or not self._wants_before_window() or _user_profiler_running():
-                return
-            ranks = self.options.get("ranks")
-            if ranks is not None and int(os.environ.get("RANK", "0") or 0) not in {int(r) for r in ranks}:
+            if (self.before is not None and (self.before.started_by or self.before.error)) or self.state != "idle" \
+                    or os.getpid() != self.pid or self.steps_done >= self.skip or not self._wants_before_window() \
+                    or _user_profiler_running() or not self._records_this_rank():
                 return
             _patch_user_profiler_guard()
-            self.before = BeforeWindowMemory(self._log, _quiet_kineto)
+            self.before = self.before or BeforeWindowMemory(self._log, _quiet_kineto)
             self.before.start(why)
         except Exception as exc:
             self._log(f"memory record before the window not started: {exc!r}")
+
+    def _records_this_rank(self) -> bool:
+        ranks = self.options.get("ranks")
+        return ranks is None or int(os.environ.get("RANK", "0") or 0) in {int(r) for r in ranks}
 
     def _before_window_running(self) -> bool:
         return self.before is not None and self.before.running
 
     def _drop_before_window(self, why: str) -> None:
         before = self.before
-        if before is not None and (before.running or before.paused):
+        if before is not None and self.before_window is None:   # (also one only counting since torch's import)
             before.drop(why)
 
     def _finish_before_window(self) -> None:
         """Stop the record as the window's profiler starts; its result goes into inventory.json."""
-        if self.before is not None and self.before_window is None:
+        if self.before is not None and self.before_window is None \
+                and (self.before.started_by or self.before.error):
             self.before_window = self.before.finish()
             self._log(f"memory record before the window: {len(self.before_window['allocations'])} allocations "
                       f"({self.before_window['alive_bytes']} B) alive at the window's start, "
@@ -567,6 +575,10 @@ class Recorder:
         self.uninstall()
         self._restore_signal_handlers()
         error = error or self.error
+        if self.before is not None:
+            counted = self.before.stop_counting()
+            if self.before_window is not None:
+                self.before_window[runfmt.WINDOW_COUNTS_EVERY_THREAD] = counted and self.trace_written
         if self.cuda is not None:
             try:
                 self._will_write(runfmt.SNAPSHOT_FILE)

@@ -230,23 +230,27 @@ def _memory_oracle_start(path: str) -> dict:
 
 
 def _memory_oracle_write(oracle: dict, path: str, rank: int) -> None:
-    """Stop the count's log and write the most CPU bytes alive at once since the oracle started, and those alive as
-    each step's optimizer.step() returned (where fsdpprof's window begins), as JSON."""
+    """Stop the count's log and write the most CPU bytes alive at once since the oracle started, the most in each
+    step (from the previous step's optimizer.step() returning to its own) and those alive as each step's
+    optimizer.step() returned (where fsdpprof's window begins), as JSON."""
     count, level = _c10_flags()
     level.value = oracle["level"]           # (2: c10's default, WARNING)
     sys.stderr.flush()
-    totals, after_step, total = [], [], 0
+    totals, after_step, step_peak, total, most = [], [], [], 0, 0
     with open(oracle["path"], "rb") as fh:
         for m in _C10_LINE.finditer(fh.read()):
             if m.group(3) is not None:      # the bytes alive as this step's optimizer.step() returned
                 after_step.append(total)
+                step_peak.append(most)
+                most = total
             else:
                 total = int(m.group(2))
                 if m.group(1) == b"alloc":
                     totals.append(total)
+                    most = max(most, total)
     with open(path, "w") as fh:
         json.dump({"rank": rank, "peak_allocated_bytes": max(totals, default=0), "allocations": len(totals),
-                   "after_step_bytes": after_step}, fh)
+                   "after_step_bytes": after_step, "step_peak_bytes": step_peak}, fh)
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,7 @@ from fsdpprof.analyze.memory import oom as oom_mod
 from fsdpprof.analyze.memory.process import process_memory
 from fsdpprof.analyze.trace import labels
 from fsdpprof.analyze.model import MemoryCategory as MC
-from fsdpprof.analyze.memory.snapshot import NEVER, SnapshotData, fmt_frames, load_snapshot
+from fsdpprof.analyze.memory.snapshot import NEVER, NO_ADDRESS, SnapshotData, fmt_frames, load_snapshot
 from fsdpprof.errors import UserError
 
 CATEGORIES = cz.CATEGORIES
@@ -366,8 +366,9 @@ def _peak_only(a) -> int:
 
 # --------------------------------------------------------------------------- peak, breakdown, timeline
 def _levels(df):
-    """Allocated bytes after each alloc/free event in order: (levels, event seq, event index into df).
-    ``df``: the allocations DataFrame or a dict of its columns as arrays."""
+    """Allocated bytes after each alloc/free event in order: (levels, event seq, event index into df), one level
+    per seq (after all its rows: a CPU run's other-threads row shares its seq with the event it shows at, and
+    may be negative).  ``df``: the allocations DataFrame or a dict of its columns as arrays."""
     alloc_seq, free_seq = cz._col(df, "alloc_seq"), cz._col(df, "free_seq")
     b = cz._col(df, "bytes").astype(np.int64, copy=False)
     base = int(b[alloc_seq < 0].sum())
@@ -379,7 +380,9 @@ def _levels(df):
     if not len(row):
         return np.array([base], dtype=np.int64), np.array([-1]), np.array([-1])
     levels, o = model.sweep(base, delta, seq, np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]))  # frees first
-    return levels, seq[o], row[o]
+    seq, row = seq[o], row[o]
+    last = np.append(seq[1:] != seq[:-1], True)      # the last row of each seq
+    return levels[last], seq[last], row[last]
 
 
 def _by_unit(unit: np.ndarray, codes: np.ndarray, b: np.ndarray, cat_names: np.ndarray) -> pd.DataFrame:
@@ -429,7 +432,8 @@ def _summarise(df: pd.DataFrame, rank: int, source: str, top_n: int, points: int
     by_unit = _by_unit(unit[ai], codes_at, b_at, cat_names)
     unnamed = int(sum(bd[CATEGORIES.index(c)] for c in model.UNNAMED_CATEGORIES))
     coverage = 100.0 * (peak - unnamed) / peak if peak else 100.0
-    top = ai[np.argsort(-b_at, kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
+    one = df["addr"].to_numpy(np.int64)[ai] != NO_ADDRESS   # (not a CPU run's rows of other threads' bytes)
+    top = ai[one][np.argsort(-b_at[one], kind="stable")[:top_n]]     # = DataFrame.nlargest(top_n, "bytes")
     frames = df["frames"].to_numpy(object)
     top_allocs = pd.DataFrame({
         "addr": df["addr"].to_numpy(np.int64)[top], "bytes": b[top],

@@ -1,6 +1,6 @@
 """Label every allocation with a :class:`MemoryCategory` by ordered, named passes (as
 torch/profiler/_memory_profiler.py), each filling only what is still unknown and naming itself in ``category_source``:
-``inventory`` (exact, by storage address), FSDP roles from ``frames`` / ``sizes``, phase ``tags``, stack ``frames``,
+``c10 count`` (CPU runs: the bytes of threads the profiler does not record), ``inventory`` (exact, by storage address), FSDP roles from ``frames`` / ``sizes``, phase ``tags``, stack ``frames``,
 ``lifetime`` (stage at the allocation vs at the free), ``before_recording``, ``other``.  Labels (stage, fsdp_phase,
 unit, free_stage, free_fsdp_phase) are :mod:`fsdpprof.analyze.model`'s; times in µs.
 """
@@ -17,6 +17,7 @@ from fsdpprof.analyze import model
 from fsdpprof.analyze.model import MemoryCategory as MC
 
 CATEGORIES = model.MEMORY_CATEGORIES
+OTHER_THREADS_COLUMN = "other_threads_row"   # bool: the row carries other threads' bytes, not one allocation
 
 ROLE_TO_CATEGORY = {runfmt.ROLE_PARAM: MC.SHARDED_PARAM.value, runfmt.ROLE_GRAD: MC.SHARDED_GRAD.value,
                     runfmt.ROLE_OPTIMIZER_STATE: MC.OPTIMIZER_STATE.value}
@@ -351,6 +352,12 @@ def pass_fsdp_roles(df, lab: _Labels) -> None:
                 _fill(lab, m & _eq(src, s), cat, s)
 
 
+def pass_other_threads(df, lab: _Labels) -> None:
+    """The rows that carry the bytes of threads the profiler does not record (cpu_events.with_other_threads)."""
+    if OTHER_THREADS_COLUMN in df:
+        _fill(lab, np.asarray(_col(df, OTHER_THREADS_COLUMN), dtype=bool), MC.OTHER_THREADS.value, "c10 count")
+
+
 def pass_before_recording(df, lab: _Labels) -> None:
     """What was alive before the history / window began and no pass could name."""
     if "before_trace" in df:
@@ -404,6 +411,7 @@ def label_columns(cols, *, inv_tensors: pd.DataFrame | None = None) -> tuple[np.
     """(category, category_source) object arrays of ``cols`` (DataFrame or dict of arrays) by the passes in order;
     the inventory pass may replace ``cols["unit"]``."""
     lab = _Labels(len(cols["addr"]))
+    pass_other_threads(cols, lab)
     pass_inventory(cols, lab, inv_tensors)
     have_grads = inv_tensors is not None and len(inv_tensors) and (inv_tensors["category"] == MC.SHARDED_GRAD.value).any()
     pass_fsdp_roles(cols, lab)

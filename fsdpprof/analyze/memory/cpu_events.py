@@ -16,7 +16,7 @@ from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import fsdp_units as fu
 from fsdpprof.analyze.model import MemoryCategory as MC
 from fsdpprof.analyze.trace import labels
-from fsdpprof.analyze.memory.snapshot import NEVER, pair_alloc_free
+from fsdpprof.analyze.memory.snapshot import NEVER, NO_ADDRESS, pair_alloc_free
 from fsdpprof.errors import UserError
 from fsdpprof.runfmt import INVENTORY_SCHEMA
 
@@ -119,7 +119,10 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     if inventory is not None and not len(opt_starts):
         warnings.append(f"{label}: no Optimizer.step in the trace: inventory tensors matched at the end of the window")
 
-    allocs = _with_before_window(allocs, inventory, addr, b > 0, seq, t0, label, warnings)
+    every = me["total_allocated_bytes"].to_numpy(float)
+    counted = _counts_every_thread(inventory) and len(b) and np.isfinite(every).all()
+    allocs = _with_before_window(allocs, inventory, addr, b > 0, seq, t0, label, warnings,
+                                 int(every[0]) - int(b[0]) if counted else None)
     # inventory tensors that no allocation accounts for were alive since before the window
     if len(inv_t):
         matched = _matched_inventory(allocs, inv_t)
@@ -138,6 +141,18 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
     annotate_from_events(allocs, events, marks, inventory, ws)
     n_lost, lost_bytes = infer_lost_frees(allocs, ts, labels.fsdp_intervals(events), marks)
+    unseen = other_threads(allocs, every, b, ts, _counted_from(inventory) == runfmt.COUNT_FROM_IMPORT) \
+        if counted else None
+    if unseen is not None and len(unseen):
+        unseen["user_metadata"] = ""
+        unseen["frames"] = pd.Series([None] * len(unseen), dtype=object)
+        annotate_from_events(unseen, events, marks, inventory, ws)
+        for c in ("unit", "fsdp_role", "free_unit"):      # (no one allocation: when, not whose)
+            if c in unseen:
+                unseen[c] = None
+        allocs = pd.concat([allocs, unseen], ignore_index=True)
+    if cz.OTHER_THREADS_COLUMN in allocs:
+        allocs[cz.OTHER_THREADS_COLUMN] = allocs[cz.OTHER_THREADS_COLUMN].fillna(False).astype(bool)
     if n_lost:
         warnings.append(f"{label}: {n_lost} FSDP all-gather / reduce-scatter buffer(s) ({model.fmt_bytes(lost_bytes)}) "
                         f"have no free event in the window (or only one inferred from a later reuse of the address), "
@@ -147,8 +162,60 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     return allocs, inv_t, warnings
 
 
+def _counts_every_thread(inventory: dict | None) -> bool:
+    """c10's count of every thread's CPU bytes was on through the window (inventory.json's
+    ``before_window.window_counts_every_thread``): each [memory] event's "Total Allocated" is that count."""
+    bw = (inventory or {}).get(runfmt.INVENTORY_BEFORE_WINDOW)
+    return isinstance(bw, dict) and bw.get(runfmt.WINDOW_COUNTS_EVERY_THREAD) is True and not bw.get("error")
+
+
+def _counted_from(inventory: dict | None):
+    """When c10's count of every thread's bytes began (runfmt.COUNT_FROM_IMPORT, "record start" or None)."""
+    return ((inventory or {}).get(runfmt.INVENTORY_BEFORE_WINDOW) or {}).get("every_thread_counted_from")
+
+
+def other_threads(allocs: pd.DataFrame, total_allocated: np.ndarray, nbytes: np.ndarray, ts: np.ndarray,
+                  from_import: bool) -> pd.DataFrame:
+    """Rows that make the allocations' total equal c10's count of every thread's bytes at each memory event (when
+    that count was on through the window: :func:`_counts_every_thread`).  ``total_allocated``, ``nbytes``, ``ts``:
+    the events' "Total Allocated", signed bytes and times, in order.  ``from_import``: the count began as torch
+    was imported, so it is every CPU byte alive; else it began with the record, and the bytes alive are the
+    allocations' own before the window plus the count's change since.  What the rows of ``allocs`` (inferred
+    frees included) do not hold of that is the net of what threads the profiler does not record allocated and
+    freed (gloo's buffers; negative while a buffer freed there is still alive in ``allocs``): one row per change,
+    at the event it shows at (alloc_seq), never freed; with ``from_import`` a first row, before the window, for
+    what was alive as it began that no record names (allocated before the record began: ``before_recording``;
+    negative: freed unseen, other threads')."""
+    n = len(nbytes)
+    a_seq, f_seq = allocs["alloc_seq"].to_numpy(np.int64), allocs["free_seq"].to_numpy(np.int64)
+    b = allocs["bytes"].to_numpy(np.int64)
+    level = np.zeros(n + 1, dtype=np.int64)        # [0]: before the first event; [k + 1]: after event k
+    np.add.at(level, np.clip(a_seq + 1, 0, n), b)
+    freed = f_seq < n
+    np.add.at(level, f_seq[freed] + 1, -b[freed])
+    level = np.cumsum(level)
+    every = total_allocated.astype(np.int64)
+    before = int(every[0]) - int(nbytes[0])         # the count just before the first event
+    total = every if from_import else level[0] + every - before
+    start = before - int(level[0]) if from_import else 0
+    step = np.diff(total - level[1:], prepend=start)
+    k = np.flatnonzero(step)
+    rows = pd.DataFrame({
+        "addr": NO_ADDRESS, "bytes": step[k], "alloc_us": ts[k], "free_us": np.nan, "alloc_seq": k.astype(np.int64),
+        "free_seq": NEVER, "device": np.int16(0), "stream": np.int64(0), "before_trace": False,
+        "free_inferred": False, cz.OTHER_THREADS_COLUMN: True}, index=pd.RangeIndex(len(k)))
+    if start:
+        rows = pd.concat([pd.DataFrame({
+            "addr": [NO_ADDRESS], "bytes": [np.int64(start)], "alloc_us": ts[0], "free_us": np.nan,
+            "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0), "stream": np.int64(0),
+            "before_trace": True, "free_inferred": False, cz.OTHER_THREADS_COLUMN: start < 0}), rows],
+            ignore_index=True)
+    return rows
+
+
 def _with_before_window(allocs: pd.DataFrame, inventory: dict | None, addr: np.ndarray, is_alloc: np.ndarray,
-                        seq: np.ndarray, t0: float, label: str, warnings: list[str]) -> pd.DataFrame:
+                        seq: np.ndarray, t0: float, label: str, warnings: list[str],
+                        count_at_window: int | None = None) -> pd.DataFrame:
     """``allocs`` plus the allocations inventory.json's ``before_window`` saw alive at the window's start that the
     window never touches (alive all through it, e.g. DDP's buckets); one the window frees first is its orphan free
     already; one the window allocates again first was freed unseen (a thread the profiler does not record)."""
@@ -175,30 +242,52 @@ def _with_before_window(allocs: pd.DataFrame, inventory: dict | None, addr: np.n
                         f"not record): taken as freed before the window")
     realloc = (seen == True).to_numpy()   # noqa: E712
     every = bw.get("alive_bytes_every_thread")
-    if isinstance(every, int) and untouched.any():
+    at_start = bw.get("every_thread_bytes_at_start")
+    if count_at_window is not None and isinstance(at_start, int):
+        # c10's change from the record's start to just before the window's first event, plus the frees the record
+        # saw of what was made before it: the bytes of the record's own allocations still alive, every thread
+        every = count_at_window - at_start + int(bw.get("frees_unseen_bytes") or 0)
+    net_other = 0
+    if isinstance(every, int):
         # the record's allocations hold more than the allocator counts: some were freed on a thread no profiler
         # records (an address the window frees first may be one too, its bytes now another thread's allocation)
         kept = pre[~realloc]
         stale_bytes = int(kept["bytes"].sum()) - every
-        drop = kept.index[freed_unseen(kept["bytes"].to_numpy(np.int64), stale_bytes)]
+        drop = kept.index[freed_unseen(kept["bytes"].to_numpy(np.int64), stale_bytes)] if untouched.any() else []
         gone = np.isin(pre.index, drop) & untouched
         if gone.any():
-            warnings.append(f"{label}: {int(gone.sum())} allocation(s) ({model.fmt_bytes(int(pre['bytes'][gone].sum()))}) "
+            gone_bytes = int(pre["bytes"][gone].sum())
+            warnings.append(f"{label}: {int(gone.sum())} allocation(s) ({model.fmt_bytes(gone_bytes)}) "
                             f"of the record before the window were freed on a thread the profiler does not record "
                             f"(the allocator's own count of every thread's bytes says so): taken as freed before the "
                             f"window")
             untouched &= ~gone
-        elif stale_bytes > 0 and not len(drop):
+            stale_bytes -= gone_bytes
+        if stale_bytes and count_at_window is not None and _counted_from(inventory) != runfmt.COUNT_FROM_IMPORT:
+            # counted through the window: what no set of allocations explains is other threads' net bytes
+            net_other = -stale_bytes
+            warnings.append(f"{label}: as the window began, threads the profiler does not record had "
+                            + (f"{model.fmt_bytes(net_other)} allocated" if net_other > 0 else
+                               f"freed {model.fmt_bytes(stale_bytes)} of the record's allocations (which ones, no "
+                               f"set of them says)")
+                            + " (the allocator's own count of every thread's bytes): counted as other threads")
+        elif stale_bytes > 0 and not gone.any():
             warnings.append(f"{label}: the record before the window holds {model.fmt_bytes(stale_bytes)} more than "
                             f"the allocator's own count of every thread's bytes, in no set of its allocations: "
                             f"memory alive before the window may be overstated by that much")
     add = pre[untouched]
-    if not len(add):
-        return allocs
-    return pd.concat([allocs, pd.DataFrame({
-        "addr": add["addr"].to_numpy(np.int64), "bytes": add["bytes"].to_numpy(np.int64), "alloc_us": t0,
-        "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0),
-        "stream": np.int64(0), "before_trace": True, "free_inferred": False})], ignore_index=True)
+    parts = [allocs]
+    if len(add):
+        parts.append(pd.DataFrame({
+            "addr": add["addr"].to_numpy(np.int64), "bytes": add["bytes"].to_numpy(np.int64), "alloc_us": t0,
+            "free_us": np.nan, "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0),
+            "stream": np.int64(0), "before_trace": True, "free_inferred": False}))
+    if net_other:
+        parts.append(pd.DataFrame({
+            "addr": [NO_ADDRESS], "bytes": [np.int64(net_other)], "alloc_us": t0, "free_us": np.nan,
+            "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0), "stream": np.int64(0),
+            "before_trace": True, "free_inferred": False, cz.OTHER_THREADS_COLUMN: True}))
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else allocs
 
 
 def _with_ddp_buckets(allocs: pd.DataFrame, inv_t: pd.DataFrame, inventory: dict | None, t0: float) -> pd.DataFrame:

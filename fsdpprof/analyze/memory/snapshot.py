@@ -19,6 +19,7 @@ from fsdpprof.analyze.trace.decode import NAME_MAX_CHARS, TIME_MAX_US, cut_text
 from fsdpprof.errors import UserError, unexpected_as_user_error
 
 NEVER = np.iinfo(np.int64).max
+NO_ADDRESS = np.int64(-1)   # addr of a row that is no one allocation (a CPU run's other threads' bytes)
 
 ALLOC_DTYPES = {"addr": "int64", "bytes": "int64", "alloc_us": "float64", "free_us": "float64", "alloc_seq": "int64",
                 "free_seq": "int64", "device": "int16", "stream": "int64", "before_trace": "bool",

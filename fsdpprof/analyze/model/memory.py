@@ -40,6 +40,7 @@ class MemoryCategory(str, enum.Enum):
     TEMPORARY = "temporary"
     INPUT = "input"
     BEFORE_RECORDING = "before_recording"    # alive before the allocation history began, nothing says more
+    OTHER_THREADS = "other_threads"          # CPU runs: net bytes of threads the profiler does not record (gloo's)
     OTHER = "other"
     # the names SHARDED_PARAM and SHARDED_GRAD take on an input that shards nothing (DDP, one device):
     # the rank's own parameters and gradients (see :func:`category_name`)
@@ -51,9 +52,9 @@ MC = MemoryCategory
 # the categories the attribution gives, in the order of every table
 MEMORY_CATEGORIES = [c.value for c in (MC.SHARDED_PARAM, MC.UNSHARDED_PARAM, MC.SHARDED_GRAD, MC.UNSHARDED_GRAD,
                                        MC.OPTIMIZER_STATE, MC.ACTIVATION, MC.TEMPORARY, MC.INPUT, MC.BEFORE_RECORDING,
-                                       MC.OTHER)]
+                                       MC.OTHER_THREADS, MC.OTHER)]
 # categories that say nothing about what the memory holds: outside "named" (coverage_pct)
-UNNAMED_CATEGORIES = frozenset({MC.OTHER.value, MC.BEFORE_RECORDING.value})
+UNNAMED_CATEGORIES = frozenset({MC.OTHER.value, MC.BEFORE_RECORDING.value})   # (other_threads says whose)
 BEFORE_RECORDING_NOTE = ("allocated before the allocation history began (torch records no frames and no time "
                          "for it); the blocks' sizes are listed")
 # categories that only exist when the model states are sharded (none on DDP / single-device inputs)

@@ -18,7 +18,7 @@ CATEGORY_WORDS = {c.value: text for c, text in (
     (MC.SHARDED_GRAD, "sharded grads"), (MC.UNSHARDED_GRAD, "unsharded grads"),
     (MC.PARAM, "params"), (MC.GRAD, "grads"), (MC.OPTIMIZER_STATE, "optimizer states"), (MC.ACTIVATION, "activations"),
     (MC.TEMPORARY, "temporaries"), (MC.INPUT, "inputs"), (MC.BEFORE_RECORDING, "allocated before recording"),
-    (MC.OTHER, "other"))}
+    (MC.OTHER_THREADS, "other threads (net)"), (MC.OTHER, "other"))}
 
 
 def category_words(category) -> str:

@@ -507,7 +507,7 @@ def predict_memory(r: pd.DataFrame, sched: dict, units: list[Unit], source: tg.S
     peak, tp, alive = sweep(rows)
     byc = pd.Series(rows["bytes"].to_numpy(float)[alive]).groupby(rows["category"].to_numpy(object)[alive]).sum()
     breakdown = {model.category_name(c, target.sharded): int(round(float(byc.get(c, 0.0))))
-                 for c in model.MEMORY_CATEGORIES if float(byc.get(c, 0.0)) > 0}
+                 for c in model.MEMORY_CATEGORIES if round(float(byc.get(c, 0.0)))}   # (other threads: may be < 0)
     stage = None
     if np.isfinite(tp) and sched:
         # the schedule's steps as step marks: forward from fwd_start, backward from bwd_start, the optimizer
