@@ -45,7 +45,7 @@ def _hta_rules(trace: str, events):
     rt = decode_trace(trace)
     cats = np.asarray(rt.cols["cat_cats"], dtype=object)
     is_rt = np.isin(cats, list(model.RUNTIME_CATS))[rt.cols["cat"]]
-    launched = set(rt.cols["correlation"][is_rt].tolist())
+    launched = set(rt.cols["launches"]["correlation"].tolist()) | set(rt.cols["correlation"][is_rt].tolist())
     c = classify_arrays(rt)
     lane = np.asarray(c["lane_cats"], dtype=object)[c["lane"]].astype(str)
     on_gpu = np.char.startswith(lane.astype(str), "stream:")

@@ -307,17 +307,24 @@ def classify_arrays(rt) -> dict:
     launch_tid = tcodes[kidx]
     launch_ts = ts[kidx]
     k_gpu = on_gpu[kidx]
+    launches = rc.pop("launches")
     if k_gpu.any():
         launch_tid[k_gpu] = -1
-        ridx = np.flatnonzero(is_runtime & (corr >= 0))
-        keys, first = np.unique(corr[ridx], return_index=True)
+        # (a stable sort of the launches by correlation: the first of equal ones is the first in the file; no
+        # np.unique, whose temporaries were a big trace's peak)
+        lcorr = launches.pop("correlation")
+        order = np.argsort(lcorr, kind="stable")
+        lcorr = lcorr[order]
         gidx = np.flatnonzero(k_gpu)
-        found, pos = _lookup(keys, corr[kidx[gidx]])
-        src = ridx[first[pos[found]]]
-        launch_tid[gidx[found]] = tcodes[src]
-        launch_ts[gidx[found]] = ts[src]
-        del ridx, keys, first, gidx, found, src
-    del k_gpu
+        q = corr[kidx[gidx]]
+        pos = np.minimum(np.searchsorted(lcorr, q), max(len(lcorr) - 1, 0))
+        found = (q >= 0) & (lcorr[pos] == q) if len(lcorr) else np.zeros(len(q), dtype=bool)
+        src = order[pos[found]]
+        del lcorr, order, q, pos
+        launch_tid[gidx[found]] = launches["tid_code"][src]
+        launch_ts[gidx[found]] = launches["ts_us"][src]
+        del gidx, found, src
+    del k_gpu, launches
 
     k = len(kidx)
     k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]

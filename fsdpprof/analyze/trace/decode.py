@@ -418,6 +418,11 @@ def _x_args(a) -> XArgs:
 COLUMN_TYPES = (("name", "i", np.int32), ("cat", "b", np.int8), ("tid", "i", np.int32), ("pid", "i", np.int32),
                 ("ts_us", "d", np.float64), ("dur_us", "d", np.float64), ("stream", "q", np.int64),
                 ("correlation", "q", np.int64), ("ext_id", "q", np.int64), ("args_key", "q", np.int64))
+# the runtime calls that launch device work (all but model.SYNC_CALLS, which stay events): only what ties a
+# kernel to its launch, in a table of their own; 32 bytes a row while decoding, 24 after (dur_us: only to find
+# implausible and duplicate rows)
+LAUNCH_COLUMN_TYPES = (("tid", "i", np.int32), ("pid", "i", np.int32), ("ts_us", "d", np.float64),
+                       ("dur_us", "d", np.float64), ("correlation", "q", np.int64))
 
 
 class _Columns:
@@ -430,6 +435,9 @@ class _Columns:
         self.threads: dict = {}
         self.pids: dict = {}
         self.bufs = {c: array.array(code) for c, code, _ in COLUMN_TYPES}
+        self.launch_bufs = {c: array.array(code) for c, code, _ in LAUNCH_COLUMN_TYPES}
+        self.runtime_names: set[tuple[int, int]] = set()   # (pid code, name code) of the runtime calls
+        self.name_sync = np.zeros(0, dtype=bool)   # per name code: a runtime call that blocks the host (SYNC_CALLS)
         self.comm_rows: list[tuple] = []
         self.mem_rows: list[tuple] = []
         self.thread_names: dict = {}
@@ -504,22 +512,44 @@ class _Columns:
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
         if new:                    # (only the new names: each chunk's work stays proportional to the chunk)
             self.name_comm = np.append(self.name_comm, [model.is_collective_op(k) for k in new])
+            self.name_sync = np.append(self.name_sync, [k in model.SYNC_CALLS for k in new])
+        runtime = _CAT_RT[cat_codes]
+        pos = None                 # the kept rows' positions in the chunk (None: all of them)
+        ext_all = _int64s(_GET_EXT, args)
+        if runtime.any():
+            r = np.flatnonzero(runtime)
+            self.runtime_names.update(zip(pid_codes[r].tolist(), name_codes[r].tolist()))
+            launch = runtime & ~self.name_sync[name_codes]
+            if launch.any():       # into the launch table; the rest of the chunk goes on as the kept rows
+                r = np.flatnonzero(launch)
+                part = {"tid": tid_codes[r], "pid": pid_codes[r], "ts_us": ts[r], "dur_us": dur[r],
+                        "correlation": corr[r]}
+                for c, _, dtype in LAUNCH_COLUMN_TYPES:
+                    self.launch_bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
+                pos = np.flatnonzero(~launch)
+                name_codes, tid_codes, pid_codes = name_codes[pos], tid_codes[pos], pid_codes[pos]
+                cat_codes, corr, ts, dur, ext_all = cat_codes[pos], corr[pos], ts[pos], dur[pos], ext_all[pos]
+                runtime = runtime[pos]
+                if args_key is not None:
+                    args_key = args_key[pos]
+                n = len(pos)
+                if not n:
+                    return
         gpu = _CAT_GPU[cat_codes]
         full = gpu | self.name_comm[name_codes]
         # stream / External id kept on device events and comm ops, correlation also on runtime calls
-        corr[~(full | _CAT_RT[cat_codes])] = -1
+        corr[~(full | runtime)] = -1
         stream = np.full(n, -1, dtype=np.int64)
-        ext_all = _int64s(_GET_EXT, args)
         ext = np.where(full, ext_all, -1)
         fidx = np.flatnonzero(full)
         if fidx.size:
-            fargs = [args[i] for i in fidx.tolist()]
+            fpos = (fidx if pos is None else pos[fidx]).tolist()
+            fargs = [args[i] for i in fpos]
             stream[fidx] = _int64s(_GET_STREAM, fargs)
             # comm rows: the comm ops (not device events) and the device events with collective args
             comm = ~gpu[fidx]
             comm |= np.fromiter(map(_has_coll_args, fargs), dtype=bool, count=len(fargs))
-            for i in fidx[comm].tolist():
-                a = args[i]
+            for i, a in zip(fidx[comm].tolist(), compress(fargs, comm.tolist())):
                 self.comm_rows.append((self.n + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
         part = {"name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts,
@@ -567,8 +597,9 @@ class _Columns:
         self.bufs = {}
         cols["cat"], cat_cats = _compact(cols["cat"], _KEEP_ORDER)     # categories in order of first appearance
         names = self.name_labels
-        if self._drop_implausible(cols):
-            # names only the dropped events had are not categories of what is left
+        if self._drop_implausible(cols) or self.runtime_names:
+            # names only the dropped events (or the launches, a table of their own) had are not categories of
+            # what is left
             used = np.zeros(len(names), dtype=bool)
             used[cols["name"]] = True
             if not used.all():
@@ -583,10 +614,45 @@ class _Columns:
         del cols["args_key"]
         cols["name_cats"] = unique_labels(list(names))
         cols["cat_cats"] = cat_cats
-        # tid/pid: int32 codes into the original values (int or str)
-        cols["tid_code"], cols["tid_values"] = _factorize_codes(cols.pop("tid"), [_as_key(k) for k in self.threads])
+        launches = self._launch_arrays()
+        # tid/pid: int32 codes into the original values (int or str), one code space for the rows and the launches
+        n = len(cols["tid"])
+        codes, cols["tid_values"] = _factorize_codes(np.concatenate([cols.pop("tid"), launches.pop("tid")]),
+                                                     [_as_key(k) for k in self.threads])
+        cols["tid_code"], launches["tid_code"] = codes[:n], codes[n:]
+        del codes
+        cols["launches"] = launches
         cols["pid_values"] = [_as_key(k) for k in self.pids]
         return cols
+
+    def _launch_arrays(self) -> dict:
+        """The launch table as numpy columns (tid, pid, ts_us, correlation), implausible rows and exact duplicates
+        left out as for the kept rows (counted in ``defects``), and ``runtime_names``: the (pid code, name) of
+        every runtime call, for the device's type."""
+        lc = {c: np.frombuffer(self.launch_bufs[c], dtype=dtype) for c, _, dtype in LAUNCH_COLUMN_TYPES}
+        self.launch_bufs = {}
+        keep = self._plausible(lc["ts_us"], lc["dur_us"])
+        dup = _duplicate_rows([lc[c] for c in ("ts_us", "correlation", "dur_us", "tid", "pid")], keep) \
+            if len(keep) else None
+        if dup is not None:
+            _count(self.defects, "duplicate", int(np.count_nonzero(dup)))
+            keep &= ~dup
+        del lc["dur_us"]
+        if not keep.all():
+            rows = np.flatnonzero(keep)
+            lc = {c: v[rows] for c, v in lc.items()}
+        lc["runtime_names"] = sorted((p, self.name_labels[k]) for p, k in self.runtime_names)
+        return lc
+
+    def _plausible(self, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+        """Rows whose time is there, finite and within TIME_MAX_US and whose duration is not negative; the others
+        counted in ``defects``."""
+        nan = np.isnan(ts) | np.isnan(dur)
+        beyond = ~nan & ((np.abs(ts) > TIME_MAX_US) | (dur > TIME_MAX_US))    # (inf included)
+        negative = ~nan & ~beyond & (dur < 0)
+        for what, mask in (("time_missing", nan), ("time_beyond", beyond), ("negative_dur", negative)):
+            _count(self.defects, what, int(np.count_nonzero(mask)))
+        return ~(nan | beyond | negative)
 
     def _drop_implausible(self, cols: dict) -> bool:
         """Leave out events whose time is missing, not finite or beyond TIME_MAX_US, whose duration is negative,
@@ -594,12 +660,7 @@ class _Columns:
         ts, dur = cols["ts_us"], cols["dur_us"]
         if not len(ts):
             return False
-        nan = np.isnan(ts) | np.isnan(dur)
-        beyond = ~nan & ((np.abs(ts) > TIME_MAX_US) | (dur > TIME_MAX_US))    # (inf included)
-        negative = ~nan & ~beyond & (dur < 0)
-        keep = ~(nan | beyond | negative)
-        for what, mask in (("time_missing", nan), ("time_beyond", beyond), ("negative_dur", negative)):
-            _count(self.defects, what, int(np.count_nonzero(mask)))
+        keep = self._plausible(ts, dur)
         dup = _duplicate_rows([cols[c] for c in ("ts_us", "dur_us", "args_key", "name", "tid", "pid", "cat",
                                                  "stream", "correlation", "ext_id")], keep)
         if dup is not None:
@@ -1164,7 +1225,7 @@ def _decode(path: str, reader: _Reader, cols: _Columns) -> RawTrace:
             meta[key] = val
     arrays = cols.arrays()
     mem, mem_pids = _memory_frame(cols.mem_rows, cols.defects)
-    if len(arrays["ts_us"]) == 0 and not len(mem):
+    if len(arrays["ts_us"]) + len(arrays["launches"]["ts_us"]) == 0 and not len(mem):
         left_out = sum(v for k, v in cols.defects.items() if k in _LEFT_OUT)
         raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events"
                         + (f"; {left_out:,} malformed events left out" if left_out else "")
@@ -1203,11 +1264,9 @@ def _device_type(arrays: dict, meta: dict) -> str:
     """model.device_type of a decoded trace: its categories, runtime-call names and device names."""
     if not (arrays["stream"] >= 0).any():
         return model.DEVICE_CPU
-    cats, names = arrays["cat_cats"], arrays["name_cats"]
+    cats = arrays["cat_cats"]
     used = np.flatnonzero(np.bincount(arrays["cat"], minlength=len(cats))).tolist()
-    is_rt = np.array([c in model.RUNTIME_CATS for c in cats], dtype=bool)
-    rt_rows = arrays["name"][is_rt[arrays["cat"]]]
-    rt_names = [str(names[i]) for i in np.flatnonzero(np.bincount(rt_rows, minlength=len(names))).tolist()]
+    rt_names = sorted({str(name) for _, name in arrays["launches"]["runtime_names"]})
     props = meta.get("deviceProperties")
     devs = [str(d.get("name", "")) for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     return model.device_type([str(cats[i]) for i in used], rt_names, devs)
@@ -1299,8 +1358,17 @@ def split_by_pid(rt: RawTrace, pids: list) -> dict:
     for i, pid in enumerate(pids):
         rows = _rows_of_codes(cols["pid"], cols["pid_values"], pid)
         part = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in cols.items()}
-        for c, labels in (("name", "name_cats"), ("cat", "cat_cats"), ("tid_code", "tid_values")):
+        lc = cols["launches"]
+        mine = np.fromiter((p == pid for p in cols["pid_values"]), dtype=bool, count=len(cols["pid_values"]))
+        lrows = np.flatnonzero(mine[lc["pid"]]) if len(mine) else np.empty(0, dtype=np.int64)
+        part["launches"] = launches = {k: v[lrows] for k, v in lc.items() if k != "runtime_names"}
+        launches["runtime_names"] = [(p, n) for p, n in lc["runtime_names"] if mine[p]]
+        for c, labels in (("name", "name_cats"), ("cat", "cat_cats")):
             part[c], part[labels] = _compact(part[c], list(cols[labels]))
+        n = len(part["tid_code"])      # (one code space for the rows and the launches)
+        codes, part["tid_values"] = _compact(np.concatenate([part["tid_code"], launches["tid_code"]]),
+                                             list(cols["tid_values"]))
+        part["tid_code"], launches["tid_code"] = codes[:n], codes[n:]
         keep = {int(r): k for k, r in enumerate(rows.tolist())}
         comm = [(keep[r[0]],) + tuple(r[1:]) for r in rt.comm_rows if r[0] in keep]
         mem_pids = rt.memory_pids
