@@ -73,20 +73,23 @@ def launch_ts_us(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(launch_ts_us, ts_us) per row of the events frame of ``path``, computed here from the decoded rows,
     independently of fsdpprof's labels: a device event's CPU launch (the first runtime call with its
     correlation id), NaN when not in the trace; other rows their own start.  The events frame holds the
-    decoded rows minus the runtime calls but the host's synchronisations, in order (classify_arrays)."""
+    decoded rows, in order (classify_arrays)."""
     cols = decode_trace(path).cols
     cats = np.asarray(cols["cat_cats"], dtype=object)
     names = np.asarray(cols["name_cats"], dtype=object)
-    # (the runtime calls that block the host stay in the frame, as CPU ops)
+    # (the decoder puts the runtime calls that launch device work in a table of their own, in file order; the
+    # ones that block the host stay among the rows, as CPU ops)
     is_rt = np.isin(cats, _RUNTIME_CATS)[cols["cat"]] & ~np.isin(names, list(model.SYNC_CALLS))[cols["name"]]
+    assert not is_rt.any(), "no launching runtime call among the rows"
+    launches = cols["launches"]
+    lcorr = launches["correlation"]
+    first = pd.Series(launches["ts_us"][lcorr >= 0], index=lcorr[lcorr >= 0])
+    first = first[~first.index.duplicated()]
     corr = cols["correlation"]
     ts = cols["ts_us"]
-    rt = is_rt & (corr >= 0)
-    first = pd.Series(ts[rt], index=corr[rt])
-    first = first[~first.index.duplicated()]
     on_gpu = cols["stream"] >= 0
     launch = np.where(on_gpu, pd.Series(corr).map(first).to_numpy(dtype=np.float64), ts)
-    return launch[~is_rt], ts[~is_rt]
+    return launch, ts
 
 
 def events_with_launch(path: str) -> tuple[pd.DataFrame, dict]:

@@ -4,6 +4,7 @@ reordered and different-size calls, sequence numbers, unnamed groups; the alignm
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -236,7 +237,8 @@ def test_timeline_warns_when_the_clocks_leave_the_ends_apart():
     rec = _records(calls)
     al, notes = skew.align_ranks(rec, [0, 1], {0: 0.0, 1: 800.0})
     assert al["method"].iat[0] == skew.ALIGN_ANCHOR and al["residual_us"].max() == pytest.approx(400.0)
-    assert any("400 us" in n and "tolerance" in n for n in notes)
+    assert any("400 µs" in n and "tolerance" in n for n in notes)
+    assert not any(re.search(r"\d us\b", n) for n in notes), notes     # the page's unit, as everywhere on it
     al, notes = skew.align_ranks(rec, [0, 1], {0: 0.0, 1: 0.0})
     assert al["residual_us"].max() == 0.0 and not notes
 

@@ -260,8 +260,8 @@ def align_ranks(records: pd.DataFrame, ranks, anchors_us: dict | None = None,
             worst = float(end_residuals(records, off).max())
             best = float(end_residuals(records, by_coll).max())
             if worst > best + ANCHOR_TOLERANCE_US and wanted != ALIGN_ANCHOR:
-                notes.append(f"the recorded clock anchors leave collectives the ranks share {worst:,.0f} us apart "
-                             f"({best:,.0f} us aligned on their ends): aligned on the collectives' ends instead")
+                notes.append(f"the recorded clock anchors leave collectives the ranks share {worst:,.0f} µs apart "
+                             f"({best:,.0f} µs aligned on their ends): aligned on the collectives' ends instead")
                 method = ALIGN_COLLECTIVES
     elif len(by_coll):
         method = ALIGN_COLLECTIVES
@@ -283,8 +283,8 @@ def align_ranks(records: pd.DataFrame, ranks, anchors_us: dict | None = None,
     allowed = max(matching.MATCH_TOLERANCE_US, float(np.nanmedian(ok["end_us"] - ok["ts_us"])) if len(ok) else 0.0)
     if worst == worst and worst > allowed:
         far = out.loc[out["residual_us"] > allowed, "rank"].tolist()
-        notes.append(f"after alignment the collectives' ends of {model.rank_list(far)} still lie {worst:,.0f} us "
+        notes.append(f"after alignment the collectives' ends of {model.rank_list(far)} still lie {worst:,.0f} µs "
                      f"from the other ranks' (median over their collectives), more than the "
-                     f"{matching.MATCH_TOLERANCE_US:,.0f} us tolerance and the collectives' median duration "
-                     f"({allowed:,.0f} us): times across ranks there are uncertain by that much")
+                     f"{matching.MATCH_TOLERANCE_US:,.0f} µs tolerance and the collectives' median duration "
+                     f"({allowed:,.0f} µs): times across ranks there are uncertain by that much")
     return out[ALIGNMENT_COLUMNS], notes

@@ -149,7 +149,7 @@ IDLE_CAUSES = {
                           "(torch.compile mode='reduce-overhead'), fuse small ops (torch.compile), take Python-side "
                           "work (logging, metrics, data preparation) off the training loop, or give each kernel more "
                           "work (a larger batch)"),
-    "idle_kernel_wait_us": ("in gaps under 30 us between back-to-back kernels (launch-bound)",
+    "idle_kernel_wait_us": ("in gaps under 30 µs between back-to-back kernels (launch-bound)",
                             "too many small kernels: fuse them (torch.compile, fused optimizers foreach=True / "
                             "fused=True), capture the step in CUDA graphs, or give each kernel more work"),
     "idle_other_us": ("waiting on other streams' kernels, events or the host's synchronisations",
