@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import shared_data
+from fsdpprof.analyze import model
 from fsdpprof.analyze.trace import classify, load_trace
 from fsdpprof.analyze.trace import decode as trace
 
@@ -31,10 +32,13 @@ def test_decoded_columns_are_compact_typed_arrays(rel):
     assert int(arrays["tid_code"].max()) < len(rt.cols["tid_values"])
     assert int(arrays["pid"].max()) < len(rt.cols["pid_values"])
     assert int(arrays["cat"].max()) < len(rt.cols["cat_cats"])
-    # the runtime calls that launch kernels: a table of their own, as many as the kernels they launch
+    # the runtime calls that launch device work: a table of their own, only those whose correlation id a device
+    # event has (most runtime calls launch nothing)
     lc = {k: v for k, v in rt.cols["launches"].items() if isinstance(v, np.ndarray)}
     assert sum(v.dtype.itemsize for v in lc.values()) == LAUNCH_ROW_BYTES
-    assert len(lc["ts_us"]) > 1_000 and all(len(v) == len(lc["ts_us"]) for v in lc.values())
+    assert len(lc["ts_us"]) > 500 and all(len(v) == len(lc["ts_us"]) for v in lc.values())
+    device = np.isin(np.asarray(rt.cols["cat_cats"], dtype=object)[arrays["cat"]], list(model.DEVICE_EVENT_CATS))
+    assert np.isin(lc["correlation"], arrays["correlation"][device]).all()
     assert int(lc["tid_code"].max()) < len(rt.cols["tid_values"])
     cats = np.asarray(rt.cols["cat_cats"], dtype=object)[arrays["cat"]]
     assert not np.isin(cats, ["cuda_runtime", "cuda_driver"]).any() or set(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+QUERY_BLOCK_ROWS = 1 << 16    # innermost judges this many query times at a time (~40 bytes a query of temporaries)
+
 
 def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge intervals into disjoint sorted ones; returns (start, end) arrays."""
@@ -18,16 +20,18 @@ def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return start, end
     order = np.argsort(start, kind="mergesort")
     s, e = start[order], end[order]
+    del order, start, end
     run_end = np.maximum.accumulate(e)
-    # a new group starts where the interval begins after everything before it ended
+    del e
+    # a new group starts where the interval begins after everything before it ended; a group's end is the
+    # running end at its last interval (the running end never falls)
     new = np.empty(s.size, dtype=bool)
     new[0] = True
-    new[1:] = s[1:] > run_end[:-1]
-    gid = np.cumsum(new) - 1
+    np.greater(s[1:], run_end[:-1], out=new[1:])
     out_s = s[new]
-    out_e = np.full(out_s.size, -np.inf)           # (not zeros: a group that ends before time 0 keeps its end)
-    np.maximum.at(out_e, gid, run_end)
-    return out_s, out_e
+    new[:-1] = new[1:]                             # (now: the last interval of each group)
+    new[-1] = True
+    return out_s, run_end[new]
 
 
 def total(start: np.ndarray, end: np.ndarray) -> float:
@@ -92,7 +96,8 @@ def innermost(iv_start: np.ndarray, iv_end: np.ndarray, q: np.ndarray) -> np.nda
     """Index of the innermost interval containing each query time (properly nested intervals), -1 if none.
 
     Intervals are grouped by nesting depth (non-overlapping within a depth), then each depth is
-    searched with ``searchsorted``: a loop over depths only, not over intervals.
+    searched with ``searchsorted``: a loop over depths only, not over intervals.  The queries are judged
+    QUERY_BLOCK_ROWS at a time (the temporaries stay that small; the result is 8 bytes a query).
     """
     iv_start = np.asarray(iv_start, dtype=np.float64)
     iv_end = np.asarray(iv_end, dtype=np.float64)
@@ -106,14 +111,15 @@ def innermost(iv_start: np.ndarray, iv_end: np.ndarray, q: np.ndarray) -> np.nda
     # depth = intervals started before (or at) me, minus those already ended at my start
     depth = np.arange(s.size) - np.searchsorted(ends_sorted, s, side="right")
     depth = np.maximum(depth, 0)
-    for d in np.unique(depth):
-        sel = np.flatnonzero(depth == d)
-        ds, de = s[sel], e[sel]
-        k = np.searchsorted(ds, q, side="right") - 1
-        valid = k >= 0
-        kk = np.where(valid, k, 0)
-        inside = valid & (q < de[kk]) & (q >= ds[kk])
-        res = np.where(inside, order[sel[kk]], res)   # deeper levels overwrite shallower ones
+    levels = [np.flatnonzero(depth == d) for d in np.unique(depth)]
+    levels = [(s[sel], e[sel], order[sel]) for sel in levels]
+    for lo in range(0, q.size, QUERY_BLOCK_ROWS):
+        qb, out = q[lo:lo + QUERY_BLOCK_ROWS], res[lo:lo + QUERY_BLOCK_ROWS]
+        for ds, de, ids in levels:                       # deeper levels overwrite shallower ones
+            k = np.searchsorted(ds, qb, side="right") - 1
+            kk = np.maximum(k, 0)
+            inside = (k >= 0) & (qb < de[kk]) & (qb >= ds[kk])
+            out[inside] = ids[kk[inside]]
     return res
 
 

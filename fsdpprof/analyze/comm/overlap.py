@@ -68,17 +68,23 @@ def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     """Per rank (sorted): ranks, compute_us, comm_us (NaN without comm events), overlapped_comm_us."""
     rank = events["rank"].to_numpy()
     ts = events["ts_us"].to_numpy(dtype=np.float64)
-    end = ts + events["dur_us"].to_numpy(dtype=np.float64)
-    is_comm, is_comp = isin(events["kind"], [model.KIND_COMM]), isin(events["kind"], [model.KIND_COMPUTE])
-    ranks = np.unique(rank)
+    dur = events["dur_us"].to_numpy(dtype=np.float64)
+    comm_rows = np.flatnonzero(isin(events["kind"], [model.KIND_COMM]))     # (rows, not masks of every row)
+    comp_rows = np.flatnonzero(isin(events["kind"], [model.KIND_COMPUTE]))
+    one = rank.size > 0 and rank.min() == rank.max()
+    ranks = rank[:1].copy() if one else np.unique(rank)
     comp_us, comm_us, ov_us = np.zeros(ranks.size), np.full(ranks.size, np.nan), np.full(ranks.size, np.nan)
     for i, r in enumerate(ranks):
-        on = rank == r if ranks.size > 1 else np.ones(rank.size, dtype=bool)
-        cm, pm = on & is_comm, on & is_comp
-        comp_us[i] = intervals.total(ts[pm], end[pm])
-        if cm.any():
-            comm_us[i] = intervals.total(ts[cm], end[cm])
-            s, e = intervals.intersect(ts[cm], end[cm], ts[pm], end[pm])
+        cm = comm_rows if one else comm_rows[rank[comm_rows] == r]
+        pm = comp_rows if one else comp_rows[rank[comp_rows] == r]
+        p_ts = ts[pm]
+        p_ts, p_end = intervals.union(p_ts, p_ts + dur[pm])      # (merged once: the total and the overlap)
+        comp_us[i] = float((p_end - p_ts).sum())
+        if cm.size:
+            c_ts = ts[cm]
+            c_ts, c_end = intervals.union(c_ts, c_ts + dur[cm])
+            comm_us[i] = float((c_end - c_ts).sum())
+            s, e = intervals.intersect(c_ts, c_end, p_ts, p_end)
             ov_us[i] = float((e - s).sum())
     return ranks, comp_us, comm_us, ov_us
 

@@ -132,7 +132,7 @@ def stage_at(ts, marks, collective=None, outside=STAGE_OUTSIDE):
     return st
 
 
-STAGE_BLOCK_ROWS = 1 << 18     # stage_codes_at judges this many rows at a time (its temporaries: ~100 bytes a row)
+STAGE_BLOCK_ROWS = 1 << 16     # stage_codes_at judges this many rows at a time (its temporaries: ~100 bytes a row)
 
 
 def stage_codes_at(ts, marks, collective=None):

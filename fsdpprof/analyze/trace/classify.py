@@ -199,6 +199,90 @@ def _isna(a: np.ndarray) -> np.ndarray:
     return pd.isna(a) if len(a) else np.zeros(0, dtype=bool)
 
 
+class SparseColumn:
+    """A column of ``n`` rows that can hold a value only at ``rows`` (sorted, unique): the communication columns
+    (collective, bytes, dtype, group size, group, sequence), which only collectives, device events and gloo work
+    carry; reading any other row gives the missing value (None or NaN), writing one is an error.  ``vals``: the
+    values at ``rows`` (object or float64).  48 bytes a row as six full columns; here 48 per row that can hold one."""
+
+    __slots__ = ("n", "rows", "vals", "missing")
+
+    def __init__(self, n: int, rows: np.ndarray, dtype) -> None:
+        self.n, self.rows = n, rows
+        self.missing = None if dtype is object else np.nan
+        self.vals = np.full(len(rows), self.missing, dtype=dtype)
+
+    def _at(self, idx) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in ``vals``, which of ``idx`` are rows that can hold a value)."""
+        idx = np.asarray(idx)
+        if idx.dtype == bool:
+            idx = np.flatnonzero(idx)
+        pos = np.minimum(np.searchsorted(self.rows, idx), max(len(self.rows) - 1, 0))
+        held = (self.rows[pos] == idx) if len(self.rows) else np.zeros(len(idx), dtype=bool)
+        return pos, held
+
+    def __getitem__(self, idx) -> np.ndarray:
+        pos, held = self._at(idx)
+        out = np.full(len(pos), self.missing, dtype=self.vals.dtype)
+        out[held] = self.vals[pos[held]]
+        return out
+
+    def __setitem__(self, idx, value) -> None:
+        pos, held = self._at(idx)
+        if not held.all():
+            raise IndexError("a communication value written to a row that cannot hold one")
+        self.vals[pos] = value
+
+    def isna(self) -> np.ndarray:
+        """Missing per row (bool, n)."""
+        out = np.ones(self.n, dtype=bool)
+        out[self.rows] = _isna(self.vals)
+        return out
+
+    def dense(self) -> np.ndarray:
+        """The whole column (n values)."""
+        out = np.full(self.n, self.missing, dtype=self.vals.dtype)
+        out[self.rows] = self.vals
+        return out
+
+
+FACTORIZE_BLOCK_ROWS = 1 << 16     # _factorize_into reads this many rows at a time
+
+
+def _factorize_into(values: np.ndarray, where: np.ndarray, out: np.ndarray, offset: int) -> list:
+    """pd.factorize(values) block by block (a few distinct values, e.g. streams: no table of every row): the
+    distinct values in order of first appearance; ``out[where]`` gets ``offset`` + each row's code."""
+    seen: dict = {}
+    for lo in range(0, len(values), FACTORIZE_BLOCK_ROWS):
+        block = values[lo:lo + FACTORIZE_BLOCK_ROWS]
+        for v in pd.unique(block).tolist():
+            seen.setdefault(v, len(seen))
+        sel = np.flatnonzero(where[lo:lo + FACTORIZE_BLOCK_ROWS])
+        if sel.size:
+            keys = np.fromiter(seen, dtype=values.dtype, count=len(seen))
+            order = np.argsort(keys)
+            pos = order[np.searchsorted(keys, block[sel], sorter=order)]
+            out[lo + sel] = offset + pos
+    return list(seen)
+
+
+def _first_launch(q: np.ndarray, lcorr: np.ndarray) -> np.ndarray:
+    """Per device event's correlation id ``q``: the row of the first launch (in the file's order) with that id
+    in ``lcorr``, -1 for none (or a negative id).  The device events' ids are sorted, the launches read a block
+    at a time: no sort or table of every launch."""
+    uq, inv = np.unique(q, return_inverse=True)
+    first = np.full(len(uq), -1, dtype=np.int64)
+    if len(uq):
+        for lo in range(0, len(lcorr), FACTORIZE_BLOCK_ROWS):
+            block = lcorr[lo:lo + FACTORIZE_BLOCK_ROWS]
+            p = np.minimum(np.searchsorted(uq, block), len(uq) - 1)
+            hit = np.flatnonzero((uq[p] == block) & (block >= 0))
+            p, at = np.unique(p[hit], return_index=True)      # (each id's first launch in the block)
+            new = first[p] < 0
+            first[p[new]] = lo + hit[at[new]]
+    return first[inv.reshape(-1)] if len(q) else np.empty(0, dtype=np.int64)
+
+
 def _lookup(keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(found, position in keys) of each q in the sorted unique int array ``keys``."""
     pos = np.searchsorted(keys, q)
@@ -242,9 +326,47 @@ def classify_arrays(rt) -> dict:
     on_gpu = (stream >= 0) & cat_is(model.DEVICE_EVENT_CATS)
     is_runtime, is_cpu_op, is_annot = cat_is(model.RUNTIME_CATS), cat_is(CPU_OP_CATS), cat_is(ANNOTATION_CATS)
 
-    # --- kind: name-level tests once per distinct name, broadcast to rows through the codes
     cats = list(rc["name_cats"])
     codes = rc["name"]
+    tcodes, tuniq = rc["tid_code"], rc["tid_values"]
+    rc.pop("pid", None)                 # (not read here: freed first)
+    rc["launches"].pop("pid", None)
+
+    # --- the rows that become events: every one but the runtime calls (those that block the host,
+    # model.SYNC_CALLS, stay); what follows is computed for those rows only (kidx)
+    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
+    stays = ~is_runtime | sync_call
+    every = bool(stays.all())   # (the decoder's rows hold no launching call: then every row stays, nothing copied)
+    kidx = None if every else np.flatnonzero(stays)
+    del stays
+
+    def kept(a: np.ndarray) -> np.ndarray:
+        return a if every else a[kidx]
+
+    def raw_rows(i: np.ndarray) -> np.ndarray:
+        """The raw rows of kept rows ``i``."""
+        return i if every else kidx[i]
+
+    # --- launch point of every event: a kernel's runtime call (the first with its correlation id)
+    ts = rc["ts_us"]
+    corr = rc["correlation"]
+    # (first: the launch table is freed before this function's other columns are made)
+    launch_tid = tcodes.copy() if every else tcodes[kidx]      # (changed in place below)
+    launch_ts = ts.copy() if every else ts[kidx]
+    k_gpu = kept(on_gpu)
+    launches = rc.pop("launches")
+    if k_gpu.any():
+        launch_tid[k_gpu] = -1
+        gidx = np.flatnonzero(k_gpu)
+        src = _first_launch(corr[raw_rows(gidx)], launches.pop("correlation"))
+        found = src >= 0
+        src = src[found]
+        launch_tid[gidx[found]] = launches["tid_code"][src]
+        launch_ts[gidx[found]] = launches["ts_us"][src]
+        del gidx, found, src
+    del k_gpu, launches
+
+    # --- kind: name-level tests once per distinct name, broadcast to rows through the codes
     flags = np.array(per_name(name_flags_of, cats), dtype=np.uint8)[codes] if n else np.zeros(0, dtype=np.uint8)
     r_comm, r_memcpy, r_memset, r_sync, r_gloo, r_c10d, r_ncclop = (
         (flags & f) != 0 for f in (N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP))
@@ -259,7 +381,6 @@ def classify_arrays(rt) -> dict:
 
     # lanes: threads (the decoder's tid codes) and streams, labels built once per distinct thread / stream. A GPU
     # annotation (the device's span of a CPU region) lies on its stream, its tid (kineto writes no args.stream)
-    tcodes, tuniq = rc["tid_code"], rc["tid_values"]
     gpu_annot = cat_is(GPU_ANNOTATION_CATS)
     if gpu_annot.any():
         tid_num = pd.to_numeric(pd.Series(list(tuniq), dtype=object), errors="coerce").to_numpy()
@@ -268,10 +389,10 @@ def classify_arrays(rt) -> dict:
         stream = np.where(gpu_annot & (stream < 0), as_stream, stream)
         del as_stream
     on_lane = on_gpu | gpu_annot
-    scodes, suniq = pd.factorize(stream)
-    lane_labels = [f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq.tolist()]
-    lane_codes = np.where(on_lane, len(tuniq) + scodes, tcodes) if n else np.empty(0, dtype=np.int64)
-    del scodes, on_lane, gpu_annot
+    lane_codes = tcodes.astype(np.int32)        # (a copy: the threads' codes, then the streams' on their lanes)
+    suniq = _factorize_into(stream, on_lane, lane_codes, len(tuniq))
+    lane_labels = [f"thread:{t}" for t in tuniq] + [f"stream:{x}" for x in suniq]
+    del on_lane, gpu_annot
     if len(set(lane_labels)) == len(lane_labels):
         lane_cats = pd.Index(lane_labels, dtype=object)
     else:
@@ -284,79 +405,61 @@ def classify_arrays(rt) -> dict:
         end0 = rc["ts_us"] + np.nan_to_num(rc["dur_us"], nan=0.0)
         kind[cand & _leaf_mask(tcodes, rc["ts_us"], end0, is_cpu_op)] = K_COMPUTE
 
-    # --- the rows that become events: every one but the runtime calls (those that block the host,
-    # model.SYNC_CALLS, stay); what follows is computed for those rows only (kidx)
-    sync_call = is_runtime & np.isin(codes, [i for i, x in enumerate(cats) if x in model.SYNC_CALLS])
-    kidx = np.flatnonzero(~is_runtime | sync_call)
-    lane_codes = lane_codes[kidx]
+    lane_codes = kept(lane_codes)
 
     # --- collective type, parsed once per distinct name of the rows that carry one
-    relevant = ((kind == K_COMM) | r_c10d | (is_annot & r_ncclop))[kidx]
-    collective = np.full(len(kidx), None, dtype=object)
-    if relevant.any():
-        k_codes = codes[kidx[relevant]]
+    relevant = kept((kind == K_COMM) | r_c10d | (is_annot & r_ncclop))
+    rel_rows = np.flatnonzero(relevant)
+    rel_coll = np.full(len(rel_rows), None, dtype=object)
+    if rel_rows.size:
+        k_codes = codes[raw_rows(rel_rows)]
         used = np.unique(k_codes)
         coll_by_cat = np.full(len(cats), None, dtype=object)
         coll_by_cat[used] = per_name(model.collective_of, [cats[i] for i in used.tolist()])
-        collective[relevant] = coll_by_cat[k_codes]
+        rel_coll = coll_by_cat[k_codes]
         del k_codes
 
-    # --- launch point of every event: a kernel's runtime call (the first with its correlation id)
-    ts = rc["ts_us"]
-    corr = rc["correlation"]
-    launch_tid = tcodes[kidx]
-    launch_ts = ts[kidx]
-    k_gpu = on_gpu[kidx]
-    launches = rc.pop("launches")
-    if k_gpu.any():
-        launch_tid[k_gpu] = -1
-        # (a stable sort of the launches by correlation: the first of equal ones is the first in the file; no
-        # np.unique, whose temporaries were a big trace's peak)
-        lcorr = launches.pop("correlation")
-        order = np.argsort(lcorr, kind="stable")
-        lcorr = lcorr[order]
-        gidx = np.flatnonzero(k_gpu)
-        q = corr[kidx[gidx]]
-        pos = np.minimum(np.searchsorted(lcorr, q), max(len(lcorr) - 1, 0))
-        found = (q >= 0) & (lcorr[pos] == q) if len(lcorr) else np.zeros(len(q), dtype=bool)
-        src = order[pos[found]]
-        del lcorr, order, q, pos
-        launch_tid[gidx[found]] = launches["tid_code"][src]
-        launch_ts[gidx[found]] = launches["ts_us"][src]
-        del gidx, found, src
-    del k_gpu, launches
-
-    k = len(kidx)
-    k_on_gpu, k_gloo, k_c10d, k_cpu_op = on_gpu[kidx], gloo_comm[kidx], r_c10d[kidx], is_cpu_op[kidx]
-    del on_gpu, gloo_comm, r_c10d, is_cpu_op, is_runtime, is_annot, r_gloo, r_ncclop, sync_call, relevant
+    k = n if every else len(kidx)
+    k_on_gpu, k_gloo, k_c10d, k_cpu_op = kept(on_gpu), kept(gloo_comm), kept(r_c10d), kept(is_cpu_op)
+    del on_gpu, gloo_comm, r_c10d, is_cpu_op, is_runtime, is_annot, r_gloo, r_ncclop, sync_call
     info = _comm_info(rt, cats) if rt.comm_rows else None
+    # the rows that can carry a collective, its size, group and sequence: collectives and comm ops, device
+    # events, gloo work, and the rows the trace gave such args
+    holds = relevant | k_on_gpu | k_gloo | k_c10d | (kept(kind) == K_COMM)
+    del relevant
     if info is not None:        # (each comm row's position among the kept rows, -1: not kept)
-        found, pos = _lookup(kidx, info["idx"])
+        if every:
+            found, pos = (info["idx"] >= 0) & (info["idx"] < n), info["idx"]
+        else:
+            found, pos = _lookup(kidx, info["idx"])
         ipos = np.where(found, pos, -1)
+        holds[ipos[ipos >= 0]] = True
         del found, pos
+    comm_rows = np.flatnonzero(holds)
+    del holds
     # the kept rows' columns, each raw column released as soon as it is copied (the peak of a big trace's
     # load); rt.cols / rt.comm_rows become None
-    k_stream = stream[kidx]           # (a GPU annotation's stream is its tid: not the raw column)
+    k_stream = kept(stream)           # (a GPU annotation's stream is its tid: not the raw column)
     del codes, ts, corr, stream, cat_codes, tcodes
-    o = {"lane": lane_codes, "lane_cats": lane_cats, "kind": kind[kidx]}
+    o = {"lane": lane_codes, "lane_cats": lane_cats, "kind": kept(kind)}
     del lane_codes, kind
-    o["name"] = rc.pop("name")[kidx]
+    o["name"] = kept(rc.pop("name"))
     o["name_cats"] = cats
-    o["ts_us"] = rc.pop("ts_us")[kidx]
-    o["dur_us"] = np.nan_to_num(rc.pop("dur_us")[kidx], nan=0.0)
-    o["collective"] = collective
-    del collective
-    o.update({"bytes": np.full(k, np.nan), "dtype": np.full(k, None, dtype=object),
-              "group_size": np.full(k, np.nan), "pg": np.full(k, None, dtype=object), "seq": np.full(k, np.nan)})
-    o["tid"] = rc.pop("tid_code")[kidx]
+    o["ts_us"] = kept(rc.pop("ts_us"))
+    o["dur_us"] = np.nan_to_num(kept(rc.pop("dur_us")), nan=0.0, copy=False)
+    o.update({c: SparseColumn(k, comm_rows, object if c in ("collective", "dtype", "pg") else np.float64)
+              for c in ("collective", "bytes", "dtype", "group_size", "pg", "seq")})
+    o["collective"][rel_rows] = rel_coll
+    del rel_rows, rel_coll, comm_rows
+    o["tid"] = kept(rc.pop("tid_code"))
     o["stream"] = k_stream
     del k_stream, rc["stream"]
     for c in ("correlation", "ext_id", "cat"):
-        o[c] = rc.pop(c)[kidx]
+        o[c] = kept(rc.pop(c))
     o["cat_cats"] = rc["cat_cats"]
     o["launch_tid"] = launch_tid
     o["launch_ts_us"] = launch_ts
-    del launch_tid, launch_ts, kidx, rc
+    del launch_tid, launch_ts, kidx, rc, kept, raw_rows
     rt.cols = rt.comm_rows = None
     shard = np.zeros(k, dtype=bool)
     if info is not None:
@@ -379,12 +482,12 @@ def classify_arrays(rt) -> dict:
         # sizes still unknown (older traces: no External id tying the kernel to a sized op): the launching op's
         _from_launching_op(o, k_on_gpu, K_COMM, ("bytes", "dtype"), fill=True)
         # a comm kernel whose type neither its launching op nor its name tells
-        o["collective"][k_on_gpu & (o["kind"] == K_COMM) & _isna(o["collective"])] = model.UNKNOWN_COLLECTIVE
+        o["collective"][k_on_gpu & (o["kind"] == K_COMM) & o["collective"].isna()] = model.UNKNOWN_COLLECTIVE
     if k_gloo.any():
         _pair_gloo(o, k_gloo, k_c10d & k_cpu_op, shard)
         _gloo_group_sizes(o, k_gloo, rt.meta)
     gs = o["group_size"]
-    miss = ((o["kind"] == K_COMM) | k_c10d) & np.isnan(gs)
+    miss = ((o["kind"] == K_COMM) | k_c10d) & gs.isna()
     if miss.any():
         gs[miss] = default_group_size(dist)
     # gloo all_gather work that kept its own (shard) size: the whole array is shard * group size
@@ -404,25 +507,27 @@ def _from_launching_op(o: dict, on_gpu: np.ndarray, kernel_kind: int,
     (``fill``: only where the kernel has none)."""
     kind = o["kind"]
     ck = np.flatnonzero(on_gpu & (kind == kernel_kind) & (o["launch_tid"] >= 0))
-    coll_op = ~on_gpu & (kind != K_COMM) & ~_isna(o["collective"])
+    coll_op = ~on_gpu & (kind != K_COMM) & ~o["collective"].isna()
     ops = np.flatnonzero(coll_op)
     if not ck.size or not ops.size:
         return
-    ts, end, launch = o["ts_us"], o["ts_us"] + o["dur_us"], o["launch_ts_us"]
-    cpu_op = np.flatnonzero(~on_gpu & (kind == K_CPU_OP))
-    op_tid, k_tid, cpu_tid = o["tid"][ops], o["launch_tid"][ck], o["tid"][cpu_op]
+    ts, dur, launch, tid = o["ts_us"], o["dur_us"], o["launch_ts_us"], o["tid"]
+    op_tid, k_tid = tid[ops], o["launch_tid"][ck]
     for t in np.unique(k_tid).tolist():
         sel = ops[op_tid == t]
         if not sel.size:
             continue
         q = ck[k_tid == t]
-        k = intervals.innermost(ts[sel], end[sel], launch[q])
+        k = intervals.innermost(ts[sel], ts[sel] + dur[sel], launch[q])
         q, src = q[k >= 0], sel[k[k >= 0]]
         if kernel_kind == K_COMPUTE and q.size:
             # the innermost CPU op (or collective) around those launches must be the collective op itself
             lo, hi = float(launch[q].min()), float(launch[q].max())
-            cand = np.union1d(cpu_op[(cpu_tid == t) & (ts[cpu_op] <= hi) & (end[cpu_op] >= lo)], sel)
-            inner = cand[np.maximum(intervals.innermost(ts[cand], end[cand], launch[q]), 0)]
+            cpu_op = np.flatnonzero((tid == t) & (kind == K_CPU_OP) & ~on_gpu)     # (this thread's only)
+            cpu_op = cpu_op[(ts[cpu_op] <= hi) & (ts[cpu_op] + dur[cpu_op] >= lo)]
+            cand = np.union1d(cpu_op, sel)
+            del cpu_op
+            inner = cand[np.maximum(intervals.innermost(ts[cand], ts[cand] + dur[cand], launch[q]), 0)]
             own = coll_op[inner]
             q, src = q[own], inner[own]
             kind[q] = K_COMM
@@ -475,7 +580,7 @@ def _pair_gloo(o: dict, gloo_comm: np.ndarray, c10d_call: np.ndarray, shard: np.
     the k-th gloo work of an op type (in time) is the k-th call that runs as that op, shifted by 0-2 (work
     already running when the window opened has no call) to pair the most work with a call starting no later."""
     ts, coll, names = o["ts_us"], o["collective"], o["name_cats"]
-    calls = np.flatnonzero(c10d_call & ~_isna(coll))
+    calls = np.flatnonzero(c10d_call & ~coll.isna())
     calls, call_as, _ = _in_time_order(np.array([model.GLOO_RUNS_AS.get(x, x) for x in coll[calls]], dtype=object),
                                        calls, ts)
     as_by_name: dict = {}
@@ -514,7 +619,7 @@ def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     that no other thread claimed, else the only non-default size.  With one process group, that is every pg."""
     gs, lanes = o["group_size"], o["lane"]
     known = {}                                     # lane code -> most frequent known size (smallest on ties)
-    sel = gloo_comm & ~np.isnan(gs)
+    sel = gloo_comm & ~gs.isna()
     for lane in np.unique(lanes[sel]).tolist():
         vals, counts = np.unique(gs[sel & (lanes == lane)], return_counts=True)
         known[lane] = float(vals[np.argmax(counts)])
@@ -526,8 +631,8 @@ def _gloo_group_sizes(o: dict, gloo_comm: np.ndarray, meta: dict) -> None:
     left = set(other_sizes) - set(known.values())
     fallback = (left.pop() if len(left) == 1 else
                 (other_sizes[0] if other_sizes and len(set(other_sizes)) == 1 else float("nan")))
-    fill = np.flatnonzero(gloo_comm & np.isnan(gs))
+    fill = np.flatnonzero(gloo_comm & gs.isna())
     gs[fill] = [known.get(lane, fallback) for lane in lanes[fill].tolist()]
     if isinstance(cfg, list) and len(cfg) == 1 and isinstance(cfg[0], dict) and cfg[0].get("pg_name") is not None:
         pg = o["pg"]
-        pg[gloo_comm & _isna(pg)] = as_text(cfg[0]["pg_name"])
+        pg[gloo_comm & pg.isna()] = as_text(cfg[0]["pg_name"])

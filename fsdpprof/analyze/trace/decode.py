@@ -413,16 +413,17 @@ def _x_args(a) -> XArgs:
                  a.input_dims, a.input_type)
 
 
-# the kept rows' columns as the decoder fills them: (name, array typecode, numpy dtype); bytes per row in all: 61
-# (docs/architecture.md, "What a decoded event costs")
+# the kept rows' columns as the decoder fills them: (name, array typecode, numpy dtype); bytes per row in all: 53
+# (docs/architecture.md, "What a decoded event costs").  ext_id holds every row's External id until arrays() has
+# found the duplicates, then only the device events' and comm ops'.
 COLUMN_TYPES = (("name", "i", np.int32), ("cat", "b", np.int8), ("tid", "i", np.int32), ("pid", "i", np.int32),
                 ("ts_us", "d", np.float64), ("dur_us", "d", np.float64), ("stream", "q", np.int64),
-                ("correlation", "q", np.int64), ("ext_id", "q", np.int64), ("args_key", "q", np.int64))
+                ("correlation", "q", np.int64), ("ext_id", "q", np.int64))
 # the runtime calls that launch device work (all but model.SYNC_CALLS, which stay events): only what ties a
-# kernel to its launch, in a table of their own; 32 bytes a row while decoding, 24 after (dur_us: only to find
-# implausible and duplicate rows)
+# kernel to its launch, in a table of their own, 24 bytes a row (an implausible time or duration is left out as
+# the chunk is decoded: no duration is kept)
 LAUNCH_COLUMN_TYPES = (("tid", "i", np.int32), ("pid", "i", np.int32), ("ts_us", "d", np.float64),
-                       ("dur_us", "d", np.float64), ("correlation", "q", np.int64))
+                       ("correlation", "q", np.int64))
 
 
 class _Columns:
@@ -436,6 +437,9 @@ class _Columns:
         self.pids: dict = {}
         self.bufs = {c: array.array(code) for c, code, _ in COLUMN_TYPES}
         self.launch_bufs = {c: array.array(code) for c, code, _ in LAUNCH_COLUMN_TYPES}
+        # what tells two rows apart beyond the columns, once the lenient path has read a chunk (its args' text;
+        # the External id of the fast path's rows); None while every row came from the fast path (ext_id tells)
+        self.key_buf: array.array | None = None
         self.runtime_names: set[tuple[int, int]] = set()   # (pid code, name code) of the runtime calls
         self.name_sync = np.zeros(0, dtype=bool)   # per name code: a runtime call that blocks the host (SYNC_CALLS)
         self.comm_rows: list[tuple] = []
@@ -522,8 +526,8 @@ class _Columns:
             launch = runtime & ~self.name_sync[name_codes]
             if launch.any():       # into the launch table; the rest of the chunk goes on as the kept rows
                 r = np.flatnonzero(launch)
-                part = {"tid": tid_codes[r], "pid": pid_codes[r], "ts_us": ts[r], "dur_us": dur[r],
-                        "correlation": corr[r]}
+                r = r[self._plausible(ts[r], dur[r])]
+                part = {"tid": tid_codes[r], "pid": pid_codes[r], "ts_us": ts[r], "correlation": corr[r]}
                 for c, _, dtype in LAUNCH_COLUMN_TYPES:
                     self.launch_bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
                 pos = np.flatnonzero(~launch)
@@ -540,7 +544,6 @@ class _Columns:
         # stream / External id kept on device events and comm ops, correlation also on runtime calls
         corr[~(full | runtime)] = -1
         stream = np.full(n, -1, dtype=np.int64)
-        ext = np.where(full, ext_all, -1)
         fidx = np.flatnonzero(full)
         if fidx.size:
             fpos = (fidx if pos is None else pos[fidx]).tolist()
@@ -552,9 +555,13 @@ class _Columns:
             for i, a in zip(fidx[comm].tolist(), compress(fargs, comm.tolist())):
                 self.comm_rows.append((self.n + i, a.coll_name, a.in_nelems, a.out_nelems, a.group_size,
                                        a.dtype, a.pg, a.seq, bytes(a.input_dims), bytes(a.input_type)))
+        if args_key is not None and self.key_buf is None:      # (the rows so far: their External ids)
+            self.key_buf = array.array("q", self.bufs["ext_id"].tobytes())
+        if self.key_buf is not None:
+            self.key_buf.frombytes(np.ascontiguousarray(ext_all if args_key is None else args_key,
+                                                        dtype=np.int64).view(np.uint8))
         part = {"name": name_codes, "cat": cat_codes, "tid": tid_codes, "pid": pid_codes, "ts_us": ts,
-                "dur_us": dur, "stream": stream, "correlation": corr, "ext_id": ext,
-                "args_key": ext_all if args_key is None else args_key}
+                "dur_us": dur, "stream": stream, "correlation": corr, "ext_id": ext_all}
         for c, _, dtype in COLUMN_TYPES:
             self.bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
         self.n += n
@@ -595,9 +602,22 @@ class _Columns:
         # the buffers as they are (no copy; numpy's arrays keep them alive)
         cols = {c: np.frombuffer(self.bufs[c], dtype=dtype) for c, _, dtype in COLUMN_TYPES}
         self.bufs = {}
+        # the launches first: only those whose correlation id a device event has stay (most runtime calls launch
+        # nothing), before the rows' own temporaries are made
+        device = _CAT_GPU[cols["cat"]] if len(cols["cat"]) else np.zeros(0, dtype=bool)
+        launches = self._launch_arrays(np.unique(cols["correlation"][device]))
+        del device
+        key = np.frombuffer(self.key_buf, dtype=np.int64) if self.key_buf is not None else None
+        self.key_buf = None
+        # External ids stay on device events and comm ops only (after the duplicates are found: they tell)
+        cols["ext_full"] = _CAT_GPU[cols["cat"]] | self.name_comm[cols["name"]] if len(cols["cat"]) else \
+            np.zeros(0, dtype=bool)
         cols["cat"], cat_cats = _compact(cols["cat"], _KEEP_ORDER)     # categories in order of first appearance
         names = self.name_labels
-        if self._drop_implausible(cols) or self.runtime_names:
+        dropped = self._drop_implausible(cols, key)
+        del key
+        cols["ext_id"][~cols.pop("ext_full")] = -1
+        if dropped or self.runtime_names:
             # names only the dropped events (or the launches, a table of their own) had are not categories of
             # what is left
             used = np.zeros(len(names), dtype=bool)
@@ -611,10 +631,8 @@ class _Columns:
             per_code = np.bincount(cols["name"], minlength=len(names))
             for code, kind in self.bad_names.items():
                 _count(self.defects, kind, int(per_code[code]))
-        del cols["args_key"]
         cols["name_cats"] = unique_labels(list(names))
         cols["cat_cats"] = cat_cats
-        launches = self._launch_arrays()
         # tid/pid: int32 codes into the original values (int or str), one code space for the rows and the launches
         n = len(cols["tid"])
         codes, cols["tid_values"] = _factorize_codes(np.concatenate([cols.pop("tid"), launches.pop("tid")]),
@@ -625,19 +643,25 @@ class _Columns:
         cols["pid_values"] = [_as_key(k) for k in self.pids]
         return cols
 
-    def _launch_arrays(self) -> dict:
-        """The launch table as numpy columns (tid, pid, ts_us, correlation), implausible rows and exact duplicates
-        left out as for the kept rows (counted in ``defects``), and ``runtime_names``: the (pid code, name) of
-        every runtime call, for the device's type."""
+    def _launch_arrays(self, device_corr: np.ndarray) -> dict:
+        """The launch table as numpy columns (tid, pid, ts_us, correlation), exact duplicates (the same thread,
+        process, start and correlation) left out and counted in ``defects`` (implausible rows were as they came),
+        then only the launches whose correlation id is in ``device_corr`` (sorted: the device events') kept; and
+        ``runtime_names``: the (pid code, name) of every runtime call, for the device's type."""
         lc = {c: np.frombuffer(self.launch_bufs[c], dtype=dtype) for c, _, dtype in LAUNCH_COLUMN_TYPES}
         self.launch_bufs = {}
-        keep = self._plausible(lc["ts_us"], lc["dur_us"])
-        dup = _duplicate_rows([lc[c] for c in ("ts_us", "correlation", "dur_us", "tid", "pid")], keep) \
-            if len(keep) else None
+        n = len(lc["ts_us"])
+        dup = _duplicate_rows([lc[c] for c in ("ts_us", "correlation", "tid", "pid")], np.ones(n, dtype=bool)) \
+            if n else None
         if dup is not None:
             _count(self.defects, "duplicate", int(np.count_nonzero(dup)))
-            keep &= ~dup
-        del lc["dur_us"]
+        keep = ~dup if dup is not None else np.ones(n, dtype=bool)
+        del dup
+        lcorr = lc["correlation"]
+        for lo in range(0, n, _HASH_BLOCK):          # (a binary search per block: no table of every launch)
+            part = lcorr[lo:lo + _HASH_BLOCK]
+            k = np.minimum(np.searchsorted(device_corr, part), max(len(device_corr) - 1, 0))
+            keep[lo:lo + _HASH_BLOCK] &= (device_corr[k] == part) & (part >= 0) if len(device_corr) else False
         if not keep.all():
             rows = np.flatnonzero(keep)
             lc = {c: v[rows] for c, v in lc.items()}
@@ -654,15 +678,16 @@ class _Columns:
             _count(self.defects, what, int(np.count_nonzero(mask)))
         return ~(nan | beyond | negative)
 
-    def _drop_implausible(self, cols: dict) -> bool:
+    def _drop_implausible(self, cols: dict, key: np.ndarray | None) -> bool:
         """Leave out events whose time is missing, not finite or beyond TIME_MAX_US, whose duration is negative,
-        and exact duplicates of an earlier event; in place, counted in ``defects``.  True when some were."""
+        and exact duplicates of an earlier event (``key``: what tells rows apart beyond the columns, None: the
+        External id); in place, counted in ``defects``.  True when some were."""
         ts, dur = cols["ts_us"], cols["dur_us"]
         if not len(ts):
             return False
         keep = self._plausible(ts, dur)
-        dup = _duplicate_rows([cols[c] for c in ("ts_us", "dur_us", "args_key", "name", "tid", "pid", "cat",
-                                                 "stream", "correlation", "ext_id")], keep)
+        dup = _duplicate_rows([ts, dur, cols["ext_id"] if key is None else key] + [
+            cols[c] for c in ("name", "tid", "pid", "cat", "stream", "correlation", "ext_id")], keep)
         if dup is not None:
             _count(self.defects, "duplicate", int(np.count_nonzero(dup)))
             keep &= ~dup
@@ -679,7 +704,7 @@ class _Columns:
 _H_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
-_HASH_BLOCK = 1 << 20    # _duplicate_rows hashes this many rows at a time (its temporaries: 8 MB, not 8 B a row)
+_HASH_BLOCK = 1 << 16    # _duplicate_rows hashes this many rows at a time (its temporaries: ~1 MB, not 20 B a row)
 
 
 def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 4) -> np.ndarray | None:
@@ -726,10 +751,10 @@ def _factorize_codes(codes: np.ndarray, values: list) -> tuple[np.ndarray, list]
     """``pd.factorize(np.array(values, dtype=object)[codes])`` from the codes: (int32 codes by first appearance,
     the distinct values in that order); equal values (1 and True) share a code."""
     klass: dict = {}
-    of_value = np.array([klass.setdefault(v, len(klass)) for v in values], dtype=np.int64)
-    rows = of_value[codes] if len(codes) else np.empty(0, dtype=np.int64)
+    of_value = np.array([klass.setdefault(v, len(klass)) for v in values], dtype=np.int32)
+    rows = of_value[codes] if len(codes) else np.empty(0, dtype=np.int32)
     out, used = _compact(rows, list(klass))
-    return out.astype(np.int32), used
+    return out.astype(np.int32, copy=False), used
 
 
 def _compact(codes: np.ndarray, labels) -> tuple[np.ndarray, list]:

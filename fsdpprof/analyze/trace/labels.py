@@ -38,13 +38,14 @@ def step_marks_arrays(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: n
                       cpu_side: np.ndarray) -> pd.DataFrame:
     """Step marks (model.STEP_MARK_COLUMNS, one row per ProfilerStep, by start) from name codes into ``cats``
     and the events' times (µs); only CPU-side events (``cpu_side``) mark."""
-    cols = _step_mark_columns(cats, codes, ts, end, cpu_side)
+    cols = _step_mark_columns(cats, codes, ts, end.__getitem__, cpu_side)
     return pd.DataFrame(cols or None, columns=model.STEP_MARK_COLUMNS)
 
 
-def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: np.ndarray,
+def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end_of,
                        cpu_side: np.ndarray) -> dict | None:
-    """:func:`step_marks_arrays` as a dict of numpy columns, None when there is no ProfilerStep."""
+    """:func:`step_marks_arrays` as a dict of numpy columns, None when there is no ProfilerStep (``end_of(rows)``:
+    those rows' ends, asked for the marks only)."""
     if not len(cats) or not len(codes):
         return None
     flags = np.array(per_name(_mark_flags, cats), dtype=np.uint8)[codes]
@@ -52,7 +53,7 @@ def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: 
     if not ps.size:
         return None
     # the steps with a number, by start (stable), the first of those starting at the same time
-    step, start, stop = np.array(per_name(_step_number, cats), dtype=np.float64)[codes[ps]], ts[ps], end[ps]
+    step, start, stop = np.array(per_name(_step_number, cats), dtype=np.float64)[codes[ps]], ts[ps], end_of(ps)
     ok = ~np.isnan(step)
     order = np.argsort(start[ok], kind="mergesort")
     step, start, stop = step[ok][order], start[ok][order], stop[ok][order]
@@ -79,10 +80,10 @@ def _step_mark_columns(cats: list[str], codes: np.ndarray, ts: np.ndarray, end: 
         before_bwd = ~(ts[span] >= bwd_us[kk]) if starts.size else np.zeros(0, dtype=bool)
     keep = (k >= 0) & (ts[span] <= ends[kk]) & before_bwd
     fwd_end = np.full(starts.size, -np.inf)
-    np.maximum.at(fwd_end, k[keep], end[span][keep])
+    np.maximum.at(fwd_end, k[keep], end_of(span)[keep])
     return {"step": steps, "start_us": starts, "end_us": ends,
             "fwd_us": first_in_step(ts[fwd]), "fwd_end_us": np.where(np.isfinite(fwd_end), fwd_end, np.nan),
-            "bwd_us": bwd_us, "opt_us": first_in_step(ts[opt]), "opt_end_us": first_in_step(end[opt], last=True)}
+            "bwd_us": bwd_us, "opt_us": first_in_step(ts[opt]), "opt_end_us": first_in_step(end_of(opt), last=True)}
 
 
 def _cat_codes(col: pd.Series) -> tuple[list[str], np.ndarray]:
@@ -125,8 +126,7 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     columns; returns (c, warnings)."""
     warnings: list[str] = []
     n = len(c["ts_us"])
-    cats, codes, ts = list(c["name_cats"]), c["name"], c["ts_us"]
-    end = ts + c["dur_us"]
+    cats, codes, ts, dur = list(c["name_cats"]), c["name"], c["ts_us"], c["dur_us"]
     lane_gpu = np.fromiter((str(x).startswith("stream:") for x in c["lane_cats"]), dtype=bool,
                            count=len(c["lane_cats"]))
     on_dev = lane_gpu[c["lane"]] if n else np.zeros(0, dtype=bool)
@@ -136,22 +136,29 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     q_ts = c["launch_ts_us"]                    # the launch point (a CPU op's own start)
 
     # --- steps
-    marks = _step_mark_columns(cats, codes, ts, end, cpu)
-    collective = (c["kind"] == K_COMM) | ~_isna(c["collective"])        # (stage_at: input distribution)
+    marks = _step_mark_columns(cats, codes, ts, lambda i: ts[i] + dur[i], cpu)
+    collective = (c["kind"] == K_COMM) | ~c["collective"].isna()        # (stage_at: input distribution)
     step = np.full(n, np.nan)
     if marks is not None and len(marks["start_us"]):
         s_idx = np.flatnonzero(((np.array(per_name(_mark_flags, cats), dtype=np.uint8)[codes] & M_STEP) != 0) & cpu)
         step_of = np.array(per_name(_step_number, cats), dtype=np.float64)
-        k = intervals.innermost(ts[s_idx], end[s_idx], q_ts)
-        step = np.where(k >= 0, step_of[codes[s_idx]][np.clip(k, 0, None)], np.nan)
+        k = intervals.innermost(ts[s_idx], ts[s_idx] + dur[s_idx], q_ts)
+        outside = k < 0
+        np.maximum(k, 0, out=k)
+        step = step_of[codes[s_idx]][k]
+        del k
+        step[outside] = np.nan
+        del outside
     else:
         warnings.append(f"trace {rt.path} has no ProfilerStep# annotations: the whole trace is taken as one step "
                         f"(use torch.profiler's schedule and prof.step() to get per-step numbers)")
         step[:] = 0.0
         # the marks of one step, ProfilerStep#0, over the whole trace
+        end = ts + dur
         t0, t1 = (float(np.min(q_ts)), float(np.max(np.maximum(end, q_ts)))) if n else (0.0, 0.0)
         marks = _step_mark_columns(cats + [model.STEP_PREFIX + "0"], np.append(codes, len(cats)),
-                                   np.append(ts, t0), np.append(end, t1), np.append(cpu, True))
+                                   np.append(ts, t0), np.append(end, t1).__getitem__, np.append(cpu, True))
+        del end
     stage = model.stage_codes_at(q_ts, marks, collective)
     step[no_launch] = np.nan
     stage[no_launch] = model.STAGES.index(model.STAGE_UNKNOWN)
@@ -161,17 +168,17 @@ def assign_arrays(c: dict, rt) -> tuple[dict, list[str]]:
     c_phase, c_unit = [p[0] for p in parsed], [p[1] for p in parsed]
     c_is_fsdp = np.fromiter((p is not None for p in c_phase), dtype=bool, count=len(c_phase))
     is_fsdp = (c_is_fsdp[codes] if len(cats) else np.zeros(n, dtype=bool)) & cpu & (c["kind"] != K_COMM)
-    fsdp_name = np.full(n, -1, dtype=np.int64)
+    fsdp_name = np.full(n, -1, dtype=np.int32)
     f_idx = np.flatnonzero(is_fsdp)
     f_tid = c["tid"][f_idx]
     for t in np.unique(f_tid).tolist():
         sel = f_idx[f_tid == t]
         qsel = np.flatnonzero(lt == t)
-        k = intervals.innermost(ts[sel], end[sel], q_ts[qsel])
+        k = intervals.innermost(ts[sel], ts[sel] + dur[sel], q_ts[qsel])
         fsdp_name[qsel[k >= 0]] = codes[sel[k[k >= 0]]]
     fsdp_name[f_idx] = codes[f_idx]              # the FSDP annotations describe themselves too
     c["step"], c["stage"], c["fsdp_name"], c["fsdp_phase"], c["unit"] = step, stage, fsdp_name, c_phase, c_unit
-    c["launch_ts_us"] = np.where(no_launch, np.nan, q_ts)
+    q_ts[no_launch] = np.nan                     # (classify's column: changed in place)
     return c, warnings
 
 
@@ -207,22 +214,23 @@ def _from_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical
         return pd.Categorical.from_codes(codes, dtype=dtype)
 
 
-def _categorical(values: np.ndarray) -> pd.Categorical:
-    """pd.Categorical(values) of an object array, factorizing only its non-missing entries."""
+def _categorical(values: np.ndarray, rows: np.ndarray, n: int) -> pd.Categorical:
+    """pd.Categorical of ``n`` rows holding the object array ``values`` at ``rows`` (missing elsewhere),
+    factorizing only the non-missing entries."""
     miss = _isna(values)
     if miss.all():
-        return _from_codes(np.full(len(values), -1, dtype=np.int8), _NONE_DTYPE)
+        return _from_codes(np.full(n, -1, dtype=np.int8), _NONE_DTYPE)
     nn = np.flatnonzero(~miss)
     present = values[nn].tolist()
     distinct = set(present)
     if not all(type(v) is str for v in distinct):
         sub = pd.Categorical(values[nn])
-        codes = np.full(len(values), -1, dtype=sub.codes.dtype)
-        codes[nn] = sub.codes
+        codes = np.full(n, -1, dtype=sub.codes.dtype)
+        codes[rows[nn]] = sub.codes
         return _from_codes(codes, sub.dtype)
     pos = {v: i for i, v in enumerate(sorted(distinct))}          # (strings: sorted as pd.Categorical sorts them)
-    codes = np.full(len(values), -1, dtype=np.int32)
-    codes[nn] = np.fromiter(map(pos.__getitem__, present), dtype=np.int32, count=len(present))
+    codes = np.full(n, -1, dtype=np.int8 if len(pos) < 128 else np.int32)
+    codes[rows[nn]] = np.fromiter(map(pos.__getitem__, present), dtype=np.int32, count=len(present))
     return _from_codes(codes, _dtype(list(pos)))
 
 
@@ -264,10 +272,11 @@ def events_frame(c: dict, rank: int) -> pd.DataFrame:
     cols["fsdp_phase"] = _categorical_of_table(c["fsdp_name"], c.pop("fsdp_phase"))
     cols["unit"] = _categorical_of_table(c.pop("fsdp_name"), c.pop("unit"))
     cols["step"], cols["launch_ts_us"] = c.pop("step"), c.pop("launch_ts_us")
-    for k in ("collective", "dtype", "pg"):
-        cols[k] = _categorical(c.pop(k))
+    for k in ("collective", "dtype", "pg"):           # (classify's SparseColumns: values at their rows only)
+        col = c.pop(k)
+        cols[k] = _categorical(col.vals, col.rows, n)
     for k in ("bytes", "group_size", "seq"):
-        cols[k] = c.pop(k).astype(np.float64, copy=False)
+        cols[k] = c.pop(k).dense()
     c.clear()
     return frame_of(cols, model.EVENT_COLUMNS)
 
