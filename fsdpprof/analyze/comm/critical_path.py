@@ -106,6 +106,90 @@ def _covered(s: np.ndarray, e: np.ndarray, q: np.ndarray) -> np.ndarray:
     return (k >= 0) & (q < ue[np.clip(k, 0, None)])
 
 
+def _values_at(col: pd.Series) -> np.ndarray | _Taker:
+    """``col``'s values as an object array to index by rows, without one (8 bytes a row) for a categorical."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return _Taker(col.cat.codes.to_numpy(), np.append(np.asarray(col.cat.categories, dtype=object), None))
+    return col.to_numpy(dtype=object)
+
+
+class _Taker:
+    """A categorical's values by row (``codes`` -1: None, the last of ``values``), taken only where indexed."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: np.ndarray) -> None:
+        self.codes, self.values = codes, values
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return self.values[self.codes[rows]]
+
+
+def _window_rows(rows: np.ndarray, ts: np.ndarray, end: np.ndarray):
+    """``in_window(ws, we)``: the ``rows`` (in row order) whose interval overlaps [ws, we), found among the rows
+    that start from the longest duration before ws on (sorted by start once: linear in the steps, not steps x rows)."""
+    order = np.argsort(ts[rows], kind="stable")
+    srows = rows[order]
+    sts = ts[srows]
+    dur = end[rows] - ts[rows]
+    longest = float(np.nanmax(dur)) if rows.size and not np.isnan(dur).all() else 0.0
+    del order, dur
+
+    def in_window(ws: float, we: float) -> np.ndarray:
+        lo = np.searchsorted(sts, ws - longest - 1.0, "left")
+        hi = np.searchsorted(sts, we, "left")
+        cand = srows[lo:hi]
+        return np.sort(cand[(end[cand] > ws) & (ts[cand] < we)])
+    return in_window
+
+
+def _merge_pieces(parts: list[tuple], r_end: np.ndarray) -> tuple:
+    """One step's pieces (``parts``: (step, s, e, kind, what, unit, stage, call, epoch) arrays, the issue nodes'
+    kind _ISSUE) as nodes: (step, start, end, node, call, kind, what, unit, stage) arrays, in the pieces' order
+    (merged runs, then the issue nodes).  ``r_end``: the collective records' ends (a wait ends with its call)."""
+    step_a, s_a, e_a, kind_a, what_a, unit_a, stage_a, call_a, epoch_a = (
+        np.concatenate([p[i] for p in parts]) for i in range(9))
+    issue = kind_a == _ISSUE
+    loc = np.flatnonzero(~issue)
+    # merge consecutive pieces of one (kind, unit, stage, call) between two arrivals; the op with most time names it
+    lk = [step_a[loc], call_a[loc], epoch_a[loc]] + [pd.factorize(x[loc])[0] for x in (kind_a, unit_a, stage_a)]
+    new = np.ones(loc.size, dtype=bool)
+    if loc.size > 1:
+        new[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in lk])
+    run = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    d = e_a[loc] - s_a[loc]
+    what_code, what_values = pd.factorize(what_a[loc])          # (None: -1)
+    pair = run * (len(what_values) + 1) + (what_code + 1)
+    uniq, first_at, inv = np.unique(pair, return_index=True, return_inverse=True)
+    total = np.bincount(inv.ravel(), weights=d, minlength=uniq.size)
+    run_of = uniq // (len(what_values) + 1)
+    order = np.lexsort((first_at, -total, run_of))       # per run: most time first, then the first to appear
+    top = order[np.r_[True, run_of[order][1:] != run_of[order][:-1]]]
+    best = np.full(first.size, None, dtype=object)
+    code = uniq[top] % (len(what_values) + 1) - 1
+    best[run_of[top]] = np.where(code >= 0, np.asarray(what_values, dtype=object)[np.clip(code, 0, None)]
+                                 if len(what_values) else None, None)
+    at = loc[first]
+    m_call = call_a[at]
+    m_e = np.maximum.reduceat(e_a[loc], first) if first.size else np.zeros(0)
+    m_s = np.minimum.reduceat(s_a[loc], first) if first.size else np.zeros(0)
+    node = np.full(first.size, NODE_LOCAL, dtype=np.int8)
+    is_wait = (kind_a[at] == model.PATH_COLLECTIVE) & (m_call >= 0)
+    is_wait &= np.abs(m_e - r_end[np.clip(m_call, 0, None)] if len(r_end) else 0) < 1e-6
+    node[is_wait] = NODE_WAIT
+    m_call = np.where(is_wait, m_call, -1)
+    iss = np.flatnonzero(issue)
+    o_step = np.concatenate([step_a[at], step_a[iss]])
+    o_s = np.concatenate([m_s, s_a[iss]])
+    o_e = np.concatenate([m_e, e_a[iss]])
+    o_node = np.concatenate([node, np.full(iss.size, NODE_ISSUE, dtype=np.int8)])
+    o_call = np.concatenate([m_call, call_a[iss]])
+    o_kind = np.where(o_node == NODE_ISSUE, "issue", np.concatenate([kind_a[at], kind_a[iss]]))
+    return (o_step, o_s, o_e, o_node, o_call, o_kind, np.concatenate([best, what_a[iss]]),
+            np.concatenate([unit_a[at], unit_a[iss]]), np.concatenate([stage_a[at], stage_a[iss]]))
+
+
 def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
                windows: pd.DataFrame | None = None) -> pd.DataFrame:
     """One rank's chain of nodes per step (CHAIN_COLUMNS, in time order; ``node``: NODE_LOCAL / NODE_ISSUE /
@@ -137,21 +221,21 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
     loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
     sync = cpu & isin(events["name"], model.SYNC_CALLS) if gpu else np.zeros(len(events), dtype=bool)
     unit_at = _unit_at(events, cpu)
-    names = events["name"].astype(object).to_numpy()
-    colls = events["collective"].astype(object).to_numpy()
-    stages = events["stage"].astype(object).to_numpy()
-    units = events["unit"].astype(object).to_numpy()
+    names, colls, stages, units = (_values_at(events[c]) for c in ("name", "collective", "stage", "unit"))
     rec = records if records is not None and len(records) else pd.DataFrame({"ts_us": [], "end_us": []})
     r_ts, r_end = rec["ts_us"].to_numpy(np.float64), rec["end_us"].to_numpy(np.float64)
-    bi, ci = np.flatnonzero(busy), np.flatnonzero(comm)
-    parts: list[tuple] = []     # per step: (step, s, e, kind, what, unit, stage, call, epoch) arrays, issue nodes after
+    r_order = np.argsort(r_ts, kind="stable")
+    r_sorted = r_ts[r_order]
+    in_window_b = _window_rows(np.flatnonzero(busy), ts_all, end_all)
+    in_window_c = _window_rows(np.flatnonzero(comm), ts_all, end_all)
+    nodes: list[tuple] = []     # per step: its merged nodes (see _merge_pieces)
     for w in win.itertuples(index=False):
+        parts: list[tuple] = []     # this step's (step, s, e, kind, what, unit, stage, call, epoch), issue nodes after
         ws, we = float(w.start_us), float(w.end_us)
         if not we > ws:
             continue
-        b = bi[(end_all[bi] > ws) & (ts_all[bi] < we)]
-        c = ci[(end_all[ci] > ws) & (ts_all[ci] < we)]
-        calls = np.flatnonzero((r_ts >= ws) & (r_ts < we))
+        b, c = in_window_b(ws, we), in_window_c(ws, we)
+        calls = np.sort(r_order[np.searchsorted(r_sorted, ws, "left"):np.searchsorted(r_sorted, we, "left")])
         t = np.concatenate([[ws, we], ts_all[b], end_all[b], ts_all[c], end_all[c], r_ts[calls], r_end[calls]])
         t = np.unique(t[(t >= ws) & (t <= we)])
         if t.size < 2:
@@ -234,52 +318,14 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
             m = calls.size
             parts.append((np.full(m, w.step, dtype=np.float64), r_ts[calls], r_ts[calls],
                           np.full(m, _ISSUE, dtype=object),
-                          np.where(ok, colls[np.clip(cj, 0, None)], None) if len(colls) else np.full(m, None),
+                          np.where(ok, colls[np.clip(cj, 0, None)], None) if len(events) else np.full(m, None),
                           cu, np.where(ok, stages[np.clip(cj, 0, None)], None), calls.astype(np.int64),
                           np.full(m, -1, dtype=np.int64)))
-    if not parts:
+        nodes.append(_merge_pieces(parts, r_end))
+    if not nodes:
         return empty
-    step_a, s_a, e_a, kind_a, what_a, unit_a, stage_a, call_a, epoch_a = (
-        np.concatenate([p[i] for p in parts]) for i in range(9))
-    issue = kind_a == _ISSUE
-    loc = np.flatnonzero(~issue)
-    # merge consecutive pieces of one (kind, unit, stage, call) between two arrivals; the op with most time names it
-    lk = [step_a[loc], call_a[loc], epoch_a[loc]] + [pd.factorize(x[loc])[0] for x in (kind_a, unit_a, stage_a)]
-    new = np.ones(loc.size, dtype=bool)
-    if loc.size > 1:
-        new[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in lk])
-    run = np.cumsum(new) - 1
-    first = np.flatnonzero(new)
-    d = e_a[loc] - s_a[loc]
-    what_code, what_values = pd.factorize(what_a[loc])          # (None: -1)
-    pair = run * (len(what_values) + 1) + (what_code + 1)
-    uniq, first_at, inv = np.unique(pair, return_index=True, return_inverse=True)
-    total = np.bincount(inv.ravel(), weights=d, minlength=uniq.size)
-    run_of = uniq // (len(what_values) + 1)
-    order = np.lexsort((first_at, -total, run_of))       # per run: most time first, then the first to appear
-    top = order[np.r_[True, run_of[order][1:] != run_of[order][:-1]]]
-    best = np.full(first.size, None, dtype=object)
-    code = uniq[top] % (len(what_values) + 1) - 1
-    best[run_of[top]] = np.where(code >= 0, np.asarray(what_values, dtype=object)[np.clip(code, 0, None)]
-                                 if len(what_values) else None, None)
-    at = loc[first]
-    m_call = call_a[at]
-    m_e = np.maximum.reduceat(e_a[loc], first) if first.size else np.zeros(0)
-    m_s = np.minimum.reduceat(s_a[loc], first) if first.size else np.zeros(0)
-    node = np.full(first.size, NODE_LOCAL, dtype=np.int8)
-    is_wait = (kind_a[at] == model.PATH_COLLECTIVE) & (m_call >= 0)
-    is_wait &= np.abs(m_e - r_end[np.clip(m_call, 0, None)] if len(r_end) else 0) < 1e-6
-    node[is_wait] = NODE_WAIT
-    m_call = np.where(is_wait, m_call, -1)
-    iss = np.flatnonzero(issue)
-    o_step = np.concatenate([step_a[at], step_a[iss]])
-    o_s = np.concatenate([m_s, s_a[iss]])
-    o_e = np.concatenate([m_e, e_a[iss]])
-    o_node = np.concatenate([node, np.full(iss.size, NODE_ISSUE, dtype=np.int8)])
-    o_call = np.concatenate([m_call, call_a[iss]])
-    labels = {"kind": np.concatenate([kind_a[at], kind_a[iss]]), "what": np.concatenate([best, what_a[iss]]),
-              "unit": np.concatenate([unit_a[at], unit_a[iss]]), "stage": np.concatenate([stage_a[at], stage_a[iss]])}
-    labels["kind"] = np.where(o_node == NODE_ISSUE, "issue", labels["kind"])
+    o_step, o_s, o_e, o_node, o_call, *labs = (np.concatenate([nd[i] for nd in nodes]) for i in range(9))
+    labels = dict(zip(("kind", "what", "unit", "stage"), labs))
     # in time order; at one time an issue node before the piece that starts there
     ordr = np.lexsort((np.where(o_node == NODE_ISSUE, 0, 1), o_s, o_step))
     # labels as categoricals: a chain travels from its worker to the reduce as codes (1,024 ranks: 10 KB a rank)
