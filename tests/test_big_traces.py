@@ -90,8 +90,8 @@ def test_compact_of_nothing():
 
 
 def test_memory_warning_says_what_to_do():
-    line = trace.memory_warning("big.json.gz", 20 << 30, available=8 << 30)
-    assert line is not None and "big.json.gz" in line and "20.0 GiB of JSON" in line and "8.0 GiB is available" in line
+    line = trace.memory_warning("big.json.gz", 30 << 30, available=8 << 30)
+    assert line is not None and "big.json.gz" in line and "30.0 GiB of JSON" in line and "8.0 GiB is available" in line
     assert trace.memory_warning("big.json.gz", 1 << 30, available=8 << 30) is None
 
 

@@ -7,7 +7,9 @@ import pandas as pd
 import torch
 
 from fsdpprof import runfmt
+from fsdpprof.analyze.memory import attribution
 from fsdpprof.analyze.memory.cpu_events import cpu_allocations, freed_unseen
+from fsdpprof.analyze.memory.snapshot import NEVER
 from fsdpprof.collect.before_window import BeforeWindowMemory
 
 DEVICE_CPU = 0
@@ -183,3 +185,20 @@ def test_without_the_count_through_the_window_no_other_threads_rows():
     inv[runfmt.INVENTORY_BEFORE_WINDOW][runfmt.WINDOW_COUNTS_EVERY_THREAD] = False
     allocs, _, _ = cpu_allocations(ev, None, inv, "t")
     assert "other_threads_row" not in allocs or not allocs["other_threads_row"].any()
+
+
+def test_timeline_never_shows_more_than_the_count_at_an_event():
+    """At one event the main thread allocates 3000 B that a gloo thread's buffer, counted until then as other
+    threads' bytes, now is (the other-threads row of -3000 B at the same event): the timeline's stacked total after
+    the event is the count, and no point between shows both (the recorded FSDP2 run's timeline read 3,159,040 B
+    above its peak, a gloo buffer twice)."""
+    cats = pd.CategoricalDtype(attribution.CATEGORIES)
+    df = pd.DataFrame({
+        "category": pd.Categorical(["sharded_param", "other_threads", "temporary", "other_threads"], dtype=cats),
+        "bytes": np.array([1000, 3000, 3000, -3000], np.int64),
+        "alloc_seq": np.array([-1, 0, 1, 1], np.int64), "free_seq": np.full(4, NEVER, np.int64),
+        "alloc_us": [0.0, 10.0, 20.0, 20.0], "free_us": np.nan})
+    tl = attribution._timeline(df, points=2000)
+    total = tl.drop(columns="ts_us").sum(axis=1)
+    assert int(total.max()) == 4000 and int(total.iloc[-1]) == 4000
+    assert int(tl["temporary"].iloc[-1]) == 3000 and int(tl["other_threads"].iloc[-1]) == 0

@@ -160,7 +160,8 @@ def comm_table(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     """Per rank and collective, comm launched inside a step: count, payload and wire bytes, steps spread over."""
-    in_step = events["step"].notna().to_numpy()
+    step_col = events["step"].to_numpy(np.float64)
+    in_step = ~np.isnan(step_col)
     c = events[isin(events["kind"], [model.KIND_COMM]) & in_step & events["collective"].notna().to_numpy()]
     if c.empty or c["bytes"].isna().all():
         return None
@@ -172,19 +173,23 @@ def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     out = g.size().rename("count").reset_index()
     out["payload_bytes"] = g["payload_bytes"].sum(min_count=1).to_numpy()
     out["wire_bytes"] = g["wire_bytes"].sum(min_count=1).to_numpy()
-    out["steps"] = max(int(events.loc[in_step, "step"].nunique()), 1)
+    steps_seen: set = set()          # (distinct steps a block at a time: no sort or table of every row)
+    for lo in range(0, len(step_col), 1 << 16):
+        block = step_col[lo:lo + (1 << 16)]
+        steps_seen.update(pd.unique(block[~np.isnan(block)]).tolist())
+    out["steps"] = max(len(steps_seen), 1)
     return out
 
 
 def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     """Compute and communication events of one step (µs from its start, with ``lane_name``), the step, and the
     operations with the most time in it."""
-    e = events[events["step"].notna()]
-    if e.empty:
+    step_col = events["step"].to_numpy(np.float64)
+    stps = np.unique(step_col[~np.isnan(step_col)]).tolist()
+    if not stps:
         return None
-    stps = sorted(e["step"].unique())
     step = stps[1] if len(stps) > 2 else stps[0]  # avoid the first (warm-up effects) when possible
-    e = e[e["step"] == step]
+    e = events.iloc[np.flatnonzero(step_col == step)]      # (that step's rows only: no copy of the frame)
     sel = e[isin(e["kind"], model.DEVICE_KINDS)]
     if not isin(sel["kind"], [model.KIND_COMPUTE]).any():  # CPU traces: ops are cpu_op
         sel = e[isin(e["kind"], model.DEVICE_KINDS + [model.KIND_CPU_OP])]

@@ -17,22 +17,26 @@ STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_
 
 
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
-    """rank, step, start_us, end_us of every step window (see module docstring)."""
+    """rank, step, start_us, end_us of every step window (see module docstring).  Column arrays only: no copy
+    of the frame, however big."""
     on_stream = on_device(events["lane"])
     is_ps = startswith(events["name"], (model.STEP_PREFIX,)) & ~on_stream
     is_dev = isin(events["kind"], model.DEVICE_KINDS)
+    rank = events["rank"].to_numpy()
+    ts = events["ts_us"].to_numpy(np.float64)
+    dur = events["dur_us"].to_numpy(np.float64)
+    step = events["step"].to_numpy(np.float64)
+    one = len(rank) > 0 and rank.min() == rank.max()
     rows = []
-    for r, ev in events.groupby("rank", sort=True):
-        idx = events.index.get_indexer(ev.index)
-        gpu = on_stream[idx].any()
-        dev = ev[is_dev[idx]]
-        ps = ev[is_ps[idx]]
-        if len(ps) and not gpu:
-            w = pd.DataFrame({"rank": r, "step": ps["step"].to_numpy(), "start_us": ps["ts_us"].to_numpy(),
-                              "end_us": (ps["ts_us"] + ps["dur_us"]).to_numpy()})
+    for r in ([int(rank[0])] if one else np.unique(rank).tolist()):
+        on = None if one else rank == r
+        gpu = bool(on_stream.any() if one else (on_stream & on).any())
+        ps = np.flatnonzero(is_ps if one else is_ps & on)
+        if ps.size and not gpu:
+            w = pd.DataFrame({"rank": r, "step": step[ps], "start_us": ts[ps], "end_us": ts[ps] + dur[ps]})
         else:
-            d = dev.assign(end=dev["ts_us"] + dev["dur_us"]).dropna(subset=["step"])
-            g = d.groupby("step", sort=True)
+            d = np.flatnonzero((is_dev if one else is_dev & on) & ~np.isnan(step))
+            g = pd.DataFrame({"step": step[d], "ts_us": ts[d], "end": ts[d] + dur[d]}).groupby("step", sort=True)
             w = pd.DataFrame({"start_us": g["ts_us"].min(), "end_us": g["end"].max()}).reset_index()
             w.insert(0, "rank", r)
         rows.append(w)

@@ -495,7 +495,9 @@ def _timeline(df: pd.DataFrame, points: int) -> pd.DataFrame:
     ts = np.concatenate([df["alloc_us"].to_numpy(float)[ai], df["free_us"].to_numpy(float)[fi]])
     cat = np.concatenate([codes[ai], codes[fi]])
     delta = np.concatenate([b[ai], -b[fi]])
-    o = np.lexsort((np.concatenate([np.ones(len(ai)), np.zeros(len(fi))]), seq))  # frees first at a tie
+    # at one event, what it takes away first (frees, and the other threads' negative rows), then what it adds: the
+    # levels between never exceed the level after the event
+    o = np.lexsort((delta > 0, seq))
     cat, delta, t = cat[o], delta[o], ts[o]
     n = len(o)
     total = np.cumsum(delta) + base.sum()
