@@ -107,15 +107,22 @@ def test_against_fsdp_mem_tracker(tracker):
         assert ours["temporary"] <= 2 * pairs["temporary"], (r, ours, pairs)
         most = float(m.timeline["temporary"].max())
         assert 0.5 * pairs["temporary"] <= most <= 3 * pairs["temporary"], (r, most, pairs)
-        # Different by design: the peaks are different instants. gloo implements FSDP's reduce-scatter
-        # with C++ buffers that a dispatch-level tracker never sees but the allocator does, so on our
-        # curve the gradient side is larger and the peak comes later in backward, after more units have
-        # reduced their grads (whole units of sharded grads more) and freed their activations.
+        # Different by design: the peaks are different instants. gloo implements FSDP's collectives with C++
+        # buffers that a dispatch-level tracker never sees but the allocator counts (other threads' bytes), so
+        # our peak is at least theirs, at the instant gloo's buffers and the step's own bytes are most together:
+        # usually later in backward, after more units have reduced their grads (whole units of sharded grads
+        # more) and freed their activations; when a gloo buffer is alive at an earlier all-gather, there (more
+        # activations, fewer grads: 17.0 against 13.0 MiB of activations, no sharded grad yet, seen on rank 1).
+        # Along our curve each gradient side reaches their level.
         assert m.peak_allocated_bytes >= t["Total"]
-        assert ours["unsharded_grad"] >= pairs["unsharded_grad"]
+        for k in ("unsharded_grad", "sharded_grad"):
+            assert m.timeline[k].max() >= pairs[k], (r, k, m.timeline[k].max(), pairs[k])
         extra = ours["sharded_grad"] - pairs["sharded_grad"]
-        assert extra >= 0
-        assert extra == 0 or extra in {v for v in unit_local.values()} | {2 * v for v in unit_local.values()}, extra
-        assert ours["activation"] <= pairs["activation"]
+        if extra >= 0 and ours["activation"] <= pairs["activation"]:      # (our peak the later instant)
+            assert ours["unsharded_grad"] >= pairs["unsharded_grad"]
+            assert extra == 0 or extra in {v for v in unit_local.values()} | {2 * v for v in unit_local.values()}, extra
+        else:                                                               # (the earlier one)
+            assert m.peak_stage == "backward" and ours["sharded_grad"] < pairs["sharded_grad"]
+            assert ours["activation"] > pairs["activation"]
         # ... and our curve does pass through their activation level during the step
         assert m.timeline["activation"].max() >= 0.95 * pairs["activation"]
