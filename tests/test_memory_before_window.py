@@ -202,3 +202,16 @@ def test_timeline_never_shows_more_than_the_count_at_an_event():
     total = tl.drop(columns="ts_us").sum(axis=1)
     assert int(total.max()) == 4000 and int(total.iloc[-1]) == 4000
     assert int(tl["temporary"].iloc[-1]) == 3000 and int(tl["other_threads"].iloc[-1]) == 0
+
+
+def test_other_threads_freeing_what_was_alive_unnamed_at_the_start():
+    """900 B were alive unnamed as the window began (before_recording); at the third event the count is 300 B
+    below what the record holds: a thread the profiler does not record freed 300 B it had made before the window.
+    Those come out of the start's row (freed there), not as a negative other-threads row."""
+    ev, inv = _counted(WINDOW, [5050, 4950, 4600, 4670], runfmt.COUNT_FROM_IMPORT, 900)
+    allocs, _, _ = cpu_allocations(ev, None, inv, "t")
+    assert np.array_equal(_levels(allocs, 4), [5000, 5050, 4950, 4600, 4670])
+    assert not allocs["other_threads_row"].any()
+    start = allocs[(allocs["addr"] == -1) & ~allocs["other_threads_row"]]
+    assert sorted(start[["bytes", "free_seq"]].values.tolist()) == [[300, 2], [600, NEVER]]
+    assert start["before_trace"].all() and (start["alloc_seq"] == -1).all()

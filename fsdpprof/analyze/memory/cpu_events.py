@@ -185,7 +185,8 @@ def other_threads(allocs: pd.DataFrame, total_allocated: np.ndarray, nbytes: np.
     freed (gloo's buffers; negative while a buffer freed there is still alive in ``allocs``): one row per change,
     at the event it shows at (alloc_seq), never freed; with ``from_import`` a first row, before the window, for
     what was alive as it began that no record names (allocated before the record began: ``before_recording``;
-    negative: freed unseen, other threads')."""
+    negative: freed unseen, other threads'); what the other threads then free beyond what they allocated in the
+    window comes out of that first row (freed there), not as a negative other-threads row."""
     n = len(nbytes)
     a_seq, f_seq = allocs["alloc_seq"].to_numpy(np.int64), allocs["free_seq"].to_numpy(np.int64)
     b = allocs["bytes"].to_numpy(np.int64)
@@ -198,16 +199,26 @@ def other_threads(allocs: pd.DataFrame, total_allocated: np.ndarray, nbytes: np.
     before = int(every[0]) - int(nbytes[0])         # the count just before the first event
     total = every if from_import else level[0] + every - before
     start = before - int(level[0]) if from_import else 0
-    step = np.diff(total - level[1:], prepend=start)
+    net = total - level[1:] - start                 # the other threads' net since the window began, after each event
+    # what they free beyond what they allocated in the window was alive as it began, unnamed: the start's
+    # row gives it up there (a piece of it freed at each new low), rather than a negative other-threads row
+    low = np.maximum(np.minimum.accumulate(np.minimum(net, 0)), -start) if start > 0 else np.zeros(n, np.int64)
+    step = np.diff(net - low, prepend=0)
     k = np.flatnonzero(step)
     rows = pd.DataFrame({
         "addr": NO_ADDRESS, "bytes": step[k], "alloc_us": ts[k], "free_us": np.nan, "alloc_seq": k.astype(np.int64),
         "free_seq": NEVER, "device": np.int16(0), "stream": np.int64(0), "before_trace": False,
         "free_inferred": False, cz.OTHER_THREADS_COLUMN: True}, index=pd.RangeIndex(len(k)))
     if start:
+        given = -np.diff(low, prepend=0)            # >= 0: the start's bytes freed at each event
+        f = np.flatnonzero(given)
+        pieces = np.concatenate([given[f], [start - int(given.sum())]]).astype(np.int64)
+        f_seq = np.concatenate([f, [NEVER]]).astype(np.int64)
+        keep = pieces != 0
         rows = pd.concat([pd.DataFrame({
-            "addr": [NO_ADDRESS], "bytes": [np.int64(start)], "alloc_us": ts[0], "free_us": np.nan,
-            "alloc_seq": np.int64(-1), "free_seq": NEVER, "device": np.int16(0), "stream": np.int64(0),
+            "addr": NO_ADDRESS, "bytes": pieces[keep], "alloc_us": ts[0],
+            "free_us": np.where(f_seq < NEVER, ts[np.minimum(f_seq, n - 1)], np.nan)[keep],
+            "alloc_seq": np.int64(-1), "free_seq": f_seq[keep], "device": np.int16(0), "stream": np.int64(0),
             "before_trace": True, "free_inferred": False, cz.OTHER_THREADS_COLUMN: start < 0}), rows],
             ignore_index=True)
     return rows
