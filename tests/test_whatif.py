@@ -747,3 +747,17 @@ def test_fsdp2_own_work_includes_the_hooks_that_issue_its_collectives():
     own = timing.run_overhead(with_ops, "fsdp2", params=1, steps=1)
     assert (own.gather_compute_share, own.reduce_compute_share) == (pytest.approx(0.25), pytest.approx(0.5))
     assert own.compute_us(1000.0, 500.0) == pytest.approx(20.0 + 35.0)
+
+
+def test_sweep_never_counts_a_buffer_twice_at_one_event():
+    """A CPU run's other-threads row shares the time and seq of the event it shows at: the main thread takes a
+    536,064 B buffer that a gloo thread held (its -536,064 B row at the same event).  The replayed peak is the
+    level after the event, not one with both (a recorded FSDP1 run predicted 53,552,700 B against the
+    53,016,636 B it measured)."""
+    inf = np.inf
+    rows = pd.DataFrame({"bytes": [1000.0, 536064.0, 536064.0, -536064.0],
+                         "t0": [-inf, 10.0, 20.0, 20.0], "t1": [inf, inf, inf, inf],
+                         "seq0": [-1.0, 0.0, 1.0, 1.0], "seq1": [inf, inf, inf, inf],
+                         "category": ["sharded_param", "other_threads", "temporary", "other_threads"]})
+    peak, tp, alive = wm.sweep(rows)
+    assert peak == 1000 + 536064 and tp == 10.0 and alive.tolist() == [True, True, False, False]

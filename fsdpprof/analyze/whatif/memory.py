@@ -473,7 +473,8 @@ def _synthesise(r, sched, units, source, target, sig_ag, sig_rs, pt, rt, st, on_
 
 def sweep(rows: pd.DataFrame) -> tuple[float, float, np.ndarray]:
     """(peak bytes, time of the peak, mask of the rows alive at it) of a replayed timeline: allocations
-    in time order (recorded order at equal times), a free before an allocation at the same time."""
+    in time order (recorded order at equal times), a free (or a negative row) before an allocation at the same
+    time."""
     b = rows["bytes"].to_numpy(float)
     t0, t1 = rows["t0"].to_numpy(float), rows["t1"].to_numpy(float)
     s0, s1 = rows["seq0"].to_numpy(float), rows["seq1"].to_numpy(float)
@@ -484,8 +485,10 @@ def sweep(rows: pd.DataFrame) -> tuple[float, float, np.ndarray]:
     t = np.concatenate([t0[ai], t1[fi]])
     if not len(t):
         return base, np.nan, np.isneginf(t0) & np.isinf(t1)
-    level, o = model.sweep(base, np.concatenate([b[ai], -b[fi]]), t, np.concatenate([np.ones(len(ai)),
-                           np.zeros(len(fi))]), np.concatenate([s0[ai], s1[fi]]))
+    # at one time what takes bytes away first (frees, and a CPU run's negative other-threads rows, which share
+    # the time and seq of the event they show at), then what adds them: no level between counts a buffer twice
+    delta = np.concatenate([b[ai], -b[fi]])
+    level, o = model.sweep(base, delta, t, delta > 0, np.concatenate([s0[ai], s1[fi]]))
     k = int(np.argmax(level))
     peak, tp = float(level[k]), float(t[o][k])
     if base >= peak:
