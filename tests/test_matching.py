@@ -206,7 +206,7 @@ def test_straggler_needs_a_p_value_and_a_cost():
     assert st.loc[2, "where"] == "forward, layers.3"
     out = fnd.rank_findings(st.reset_index(), step_us)
     assert [f.rank for f in out] == [2] and "p = " in out[0].title and out[0].stake_us == pytest.approx(6630.0)
-    # the same lateness costs under 1 % of a 1 s step: no finding
+    # the same lateness costs under 2 % of a 1 s step: no finding
     assert fnd.rank_findings(st.reset_index(), 1_000_000.0) == []
     # each rank last in turn, however late: chance, no finding
     sk, lag = skew.collective_skew(_four_ranks(lambda k: k % 4, 5000.0))

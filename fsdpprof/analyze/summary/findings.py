@@ -25,7 +25,6 @@ NCCL_BUFFSIZE_DEFAULT = "4 MiB"    # NCCL's default NCCL_BUFFSIZE (per channel, 
 COVERAGE_LOW_PCT = 70.0
 STRAGGLER_ALPHA = 0.01          # a rank is last more often than chance when the binomial p-value is below this
                                 # (divided by the ranks tested)
-STRAGGLER_COST_PCT = 1.0        # ... and its lateness costs at least this share of the step
 DEVICE_IDLE_PCT = 10.0          # device idle, % of step time (device traces)
 SYNC_IDLE_PCT = 2.0             # device idle in the gaps where a host synchronisation returns, % of step time
 DATA_LOADER_PCT = 5.0           # DataLoader fetches with the device idle (CPU traces: all of them), % of step time
@@ -344,13 +343,15 @@ def late_beyond_chance(stragglers: pd.DataFrame) -> pd.Series:
 
 def rank_findings(stragglers: pd.DataFrame | None, step_us: float | None) -> list[Finding]:
     """A rank last into more checked matches than chance explains (binomial p-value below STRAGGLER_ALPHA over the
-    ranks tested) whose lateness costs at least STRAGGLER_COST_PCT of the step (``cost_per_step_us``) beyond what
+    ranks tested) whose lateness costs at least CRITICAL_SAVED_PCT of the step (``cost_per_step_us``: the critical
+    path's counterfactual, held to the same floor as the others; 1 % named a 2-rank CPU run without a straggler on
+    a loaded host: 457 µs of a 41 ms step) beyond what
     its longer wait for a core explains (``contended_us_per_step``, CPU runs); the one that costs most."""
     out: list[Finding] = []
     if stragglers is None or stragglers.empty or "p_value" not in stragglers or len(stragglers) < 2:
         return out
     alpha = STRAGGLER_ALPHA / len(stragglers)
-    cost_floor = STRAGGLER_COST_PCT / 100.0 * step_us if step_us and step_us == step_us else 0.0
+    cost_floor = CRITICAL_SAVED_PCT / 100.0 * step_us if step_us and step_us == step_us else 0.0
     contended = stragglers["contended_us_per_step"].fillna(0.0) if "contended_us_per_step" in stragglers else 0.0
     own = stragglers["cost_per_step_us"] - contended     # what its longer wait for a core explains is the host's
     s = stragglers[late_beyond_chance(stragglers) & (own >= cost_floor) & (own > 0)]
