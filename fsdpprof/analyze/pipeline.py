@@ -158,6 +158,16 @@ def comm_table(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return vol[keys + ["count", "bytes", "time_us", "busbw_gbps"]].merge(ov, on=keys, how="outer")
 
 
+def _distinct_steps(step_col: np.ndarray) -> list[float]:
+    """The step numbers of a step column (NaN: outside any step), sorted; read a block at a time (no sort or hash
+    table of every row)."""
+    seen: set = set()
+    for lo in range(0, len(step_col), model.BLOCK_ROWS):
+        block = step_col[lo:lo + model.BLOCK_ROWS]
+        seen.update(pd.unique(block[~np.isnan(block)]).tolist())
+    return sorted(seen)
+
+
 def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     """Per rank and collective, comm launched inside a step: count, payload and wire bytes, steps spread over."""
     step_col = events["step"].to_numpy(np.float64)
@@ -173,11 +183,7 @@ def _traffic(events: pd.DataFrame) -> pd.DataFrame | None:
     out = g.size().rename("count").reset_index()
     out["payload_bytes"] = g["payload_bytes"].sum(min_count=1).to_numpy()
     out["wire_bytes"] = g["wire_bytes"].sum(min_count=1).to_numpy()
-    steps_seen: set = set()          # (distinct steps a block at a time: no sort or table of every row)
-    for lo in range(0, len(step_col), 1 << 16):
-        block = step_col[lo:lo + (1 << 16)]
-        steps_seen.update(pd.unique(block[~np.isnan(block)]).tolist())
-    out["steps"] = max(len(steps_seen), 1)
+    out["steps"] = max(len(_distinct_steps(step_col)), 1)
     return out
 
 
@@ -185,7 +191,7 @@ def _lanes(events: pd.DataFrame, trace_meta: dict | None = None):
     """Compute and communication events of one step (µs from its start, with ``lane_name``), the step, and the
     operations with the most time in it."""
     step_col = events["step"].to_numpy(np.float64)
-    stps = np.unique(step_col[~np.isnan(step_col)]).tolist()
+    stps = _distinct_steps(step_col)
     if not stps:
         return None
     step = stps[1] if len(stps) > 2 else stps[0]  # avoid the first (warm-up effects) when possible

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-QUERY_BLOCK_ROWS = 1 << 16    # innermost judges this many query times at a time (~40 bytes a query of temporaries)
+from fsdpprof.analyze import model
 
 
 def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +97,7 @@ def innermost(iv_start: np.ndarray, iv_end: np.ndarray, q: np.ndarray) -> np.nda
 
     Intervals are grouped by nesting depth (non-overlapping within a depth), then each depth is
     searched with ``searchsorted``: a loop over depths only, not over intervals.  The queries are judged
-    QUERY_BLOCK_ROWS at a time (the temporaries stay that small; the result is 8 bytes a query).
+    model.BLOCK_ROWS at a time (the temporaries stay that small; the result is 8 bytes a query).
     """
     iv_start = np.asarray(iv_start, dtype=np.float64)
     iv_end = np.asarray(iv_end, dtype=np.float64)
@@ -113,8 +113,8 @@ def innermost(iv_start: np.ndarray, iv_end: np.ndarray, q: np.ndarray) -> np.nda
     depth = np.maximum(depth, 0)
     levels = [np.flatnonzero(depth == d) for d in np.unique(depth)]
     levels = [(s[sel], e[sel], order[sel]) for sel in levels]
-    for lo in range(0, q.size, QUERY_BLOCK_ROWS):
-        qb, out = q[lo:lo + QUERY_BLOCK_ROWS], res[lo:lo + QUERY_BLOCK_ROWS]
+    for lo in range(0, q.size, model.BLOCK_ROWS):
+        qb, out = q[lo:lo + model.BLOCK_ROWS], res[lo:lo + model.BLOCK_ROWS]
         for ds, de, ids in levels:                       # deeper levels overwrite shallower ones
             k = np.searchsorted(ds, qb, side="right") - 1
             kk = np.maximum(k, 0)

@@ -16,7 +16,7 @@ __all__ = [
     "FORWARD_SPAN_MARKERS", "BACKWARD_MARKERS", "SYNC_CALLS", "SCALAR_SYNC_OPS", "DATALOADER_PREFIX",
     "STAGE_DATA", "STAGE_FORWARD", "STAGE_BACKWARD", "STAGE_OPTIMIZER", "STAGE_POST_STEP", "STAGE_OUTSIDE",
     "STAGE_UNKNOWN", "STAGES", "STEP_STAGES", "STEP_MARK_COLUMNS", "stage_at", "stage_codes_at",
-    "STAGE_FRAME_RULES",
+    "STAGE_FRAME_RULES", "BLOCK_ROWS",
 ]
 
 # --------------------------------------------------------------------------- events frame
@@ -132,7 +132,9 @@ def stage_at(ts, marks, collective=None, outside=STAGE_OUTSIDE):
     return st
 
 
-STAGE_BLOCK_ROWS = 1 << 16     # stage_codes_at judges this many rows at a time (its temporaries: ~100 bytes a row)
+# a pass over every row of a big trace takes this many at a time: its temporaries stay a few MB, not bytes a row
+# (stage_codes_at, intervals.innermost, the decoder's duplicate hash and launch filter, classify's factorizing)
+BLOCK_ROWS = 1 << 16
 
 
 def stage_codes_at(ts, marks, collective=None):
@@ -148,8 +150,8 @@ def stage_codes_at(ts, marks, collective=None):
     col = {c: (np.asarray(marks[c], dtype=np.float64) if c in marks else np.full(n_marks, np.nan))
            for c in STEP_MARK_COLUMNS}
     coll = None if collective is None else np.asarray(collective, dtype=bool)
-    for lo in range(0, ts.size, STAGE_BLOCK_ROWS):
-        hi = lo + STAGE_BLOCK_ROWS
+    for lo in range(0, ts.size, BLOCK_ROWS):
+        hi = lo + BLOCK_ROWS
         _stage_codes_block(ts[lo:hi], col, None if coll is None else coll[lo:hi], out[lo:hi])
     return out
 

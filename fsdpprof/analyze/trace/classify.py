@@ -246,18 +246,15 @@ class SparseColumn:
         return out
 
 
-FACTORIZE_BLOCK_ROWS = 1 << 16     # _factorize_into reads this many rows at a time
-
-
 def _factorize_into(values: np.ndarray, where: np.ndarray, out: np.ndarray, offset: int) -> list:
     """pd.factorize(values) block by block (a few distinct values, e.g. streams: no table of every row): the
     distinct values in order of first appearance; ``out[where]`` gets ``offset`` + each row's code."""
     seen: dict = {}
-    for lo in range(0, len(values), FACTORIZE_BLOCK_ROWS):
-        block = values[lo:lo + FACTORIZE_BLOCK_ROWS]
+    for lo in range(0, len(values), model.BLOCK_ROWS):
+        block = values[lo:lo + model.BLOCK_ROWS]
         for v in pd.unique(block).tolist():
             seen.setdefault(v, len(seen))
-        sel = np.flatnonzero(where[lo:lo + FACTORIZE_BLOCK_ROWS])
+        sel = np.flatnonzero(where[lo:lo + model.BLOCK_ROWS])
         if sel.size:
             keys = np.fromiter(seen, dtype=values.dtype, count=len(seen))
             order = np.argsort(keys)
@@ -273,8 +270,8 @@ def _first_launch(q: np.ndarray, lcorr: np.ndarray) -> np.ndarray:
     uq, inv = np.unique(q, return_inverse=True)
     first = np.full(len(uq), -1, dtype=np.int64)
     if len(uq):
-        for lo in range(0, len(lcorr), FACTORIZE_BLOCK_ROWS):
-            block = lcorr[lo:lo + FACTORIZE_BLOCK_ROWS]
+        for lo in range(0, len(lcorr), model.BLOCK_ROWS):
+            block = lcorr[lo:lo + model.BLOCK_ROWS]
             p = np.minimum(np.searchsorted(uq, block), len(uq) - 1)
             hit = np.flatnonzero((uq[p] == block) & (block >= 0))
             p, at = np.unique(p[hit], return_index=True)      # (each id's first launch in the block)

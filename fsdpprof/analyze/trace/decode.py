@@ -658,10 +658,10 @@ class _Columns:
         keep = ~dup if dup is not None else np.ones(n, dtype=bool)
         del dup
         lcorr = lc["correlation"]
-        for lo in range(0, n, _HASH_BLOCK):          # (a binary search per block: no table of every launch)
-            part = lcorr[lo:lo + _HASH_BLOCK]
+        for lo in range(0, n, model.BLOCK_ROWS):          # (a binary search per block: no table of every launch)
+            part = lcorr[lo:lo + model.BLOCK_ROWS]
             k = np.minimum(np.searchsorted(device_corr, part), max(len(device_corr) - 1, 0))
-            keep[lo:lo + _HASH_BLOCK] &= (device_corr[k] == part) & (part >= 0) if len(device_corr) else False
+            keep[lo:lo + model.BLOCK_ROWS] &= (device_corr[k] == part) & (part >= 0) if len(device_corr) else False
         if not keep.all():
             rows = np.flatnonzero(keep)
             lc = {c: v[rows] for c, v in lc.items()}
@@ -704,7 +704,6 @@ class _Columns:
 _H_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
-_HASH_BLOCK = 1 << 16    # _duplicate_rows hashes this many rows at a time (its temporaries: ~1 MB, not 20 B a row)
 
 
 def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 4) -> np.ndarray | None:
@@ -714,8 +713,8 @@ def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 
     n = len(among)
     h = np.empty(n, dtype=np.uint32)
     acc = None
-    for lo in range(0, n, _HASH_BLOCK):
-        hi = min(lo + _HASH_BLOCK, n)
+    for lo in range(0, n, model.BLOCK_ROWS):
+        hi = min(lo + model.BLOCK_ROWS, n)
         acc = np.zeros(hi - lo, dtype=np.uint64)
         for col in columns[:hashed]:
             v = col[lo:hi]
@@ -733,10 +732,10 @@ def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 
     dup = np.unique(s[1:][same])
     del s
     hit = np.zeros(n, dtype=bool)
-    for lo in range(0, n, _HASH_BLOCK):          # (np.isin would argsort every row: 8 B a row more)
-        part = h[lo:lo + _HASH_BLOCK]
+    for lo in range(0, n, model.BLOCK_ROWS):          # (np.isin would argsort every row: 8 B a row more)
+        part = h[lo:lo + model.BLOCK_ROWS]
         k = np.minimum(np.searchsorted(dup, part), len(dup) - 1)
-        hit[lo:lo + _HASH_BLOCK] = dup[k] == part
+        hit[lo:lo + model.BLOCK_ROWS] = dup[k] == part
     del h
     rows = np.flatnonzero(among & hit)
     exact = pd.DataFrame({i: col[rows] for i, col in enumerate(columns)}).duplicated(keep="first").to_numpy()
