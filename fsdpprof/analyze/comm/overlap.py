@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpprof.analyze.comm import intervals
-from fsdpprof.analyze.load.frames import isin
+from fsdpprof.analyze.load.frames import distinct_ranks, isin
 from fsdpprof.analyze import model
 
 OVERLAP_COLUMNS = ["comm_us", "overlapped_comm_us", "exposed_comm_us", "overlap_pct"]
@@ -71,8 +71,8 @@ def _per_rank_arrays(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     dur = events["dur_us"].to_numpy(dtype=np.float64)
     comm_rows = np.flatnonzero(isin(events["kind"], [model.KIND_COMM]))     # (rows, not masks of every row)
     comp_rows = np.flatnonzero(isin(events["kind"], [model.KIND_COMPUTE]))
-    one = rank.size > 0 and rank.min() == rank.max()
-    ranks = rank[:1].copy() if one else np.unique(rank)
+    ranks = distinct_ranks(rank)
+    one = ranks.size == 1
     comp_us, comm_us, ov_us = np.zeros(ranks.size), np.full(ranks.size, np.nan), np.full(ranks.size, np.nan)
     for i, r in enumerate(ranks):
         cm = comm_rows if one else comm_rows[rank[comm_rows] == r]

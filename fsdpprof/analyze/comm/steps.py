@@ -10,7 +10,7 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import breakdown, intervals
-from fsdpprof.analyze.load.frames import isin, on_device, startswith
+from fsdpprof.analyze.load.frames import distinct_ranks, isin, on_device, startswith
 
 STEP_COLUMNS = ["rank", "step", "step_us", "compute_us", "comm_us", "overlapped_comm_us", "exposed_comm_us",
                 "idle_us", "residual_us", "model_step_us", "unexplained_us"]
@@ -26,9 +26,10 @@ def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     ts = events["ts_us"].to_numpy(np.float64)
     dur = events["dur_us"].to_numpy(np.float64)
     step = events["step"].to_numpy(np.float64)
-    one = len(rank) > 0 and rank.min() == rank.max()
+    ranks = distinct_ranks(rank).tolist()
+    one = len(ranks) == 1
     rows = []
-    for r in ([int(rank[0])] if one else np.unique(rank).tolist()):
+    for r in ranks:
         on = None if one else rank == r
         gpu = bool(on_stream.any() if one else (on_stream & on).any())
         ps = np.flatnonzero(is_ps if one else is_ps & on)

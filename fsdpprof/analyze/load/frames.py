@@ -27,6 +27,13 @@ def where_values(col, test) -> np.ndarray:
     return np.append(hit, False)[codes]
 
 
+def distinct_ranks(rank: np.ndarray) -> np.ndarray:
+    """The ranks of a rank column, sorted (one rank, the usual case: no sort of every row)."""
+    if len(rank) and rank.min() == rank.max():
+        return rank[:1].copy()
+    return np.unique(rank)
+
+
 def isin(col, labels) -> np.ndarray:
     """Rows whose value is one of ``labels``."""
     wanted = set(labels)

@@ -215,10 +215,7 @@ class SparseColumn:
     def _at(self, idx) -> tuple[np.ndarray, np.ndarray]:
         """(positions in ``vals``, which of ``idx`` are rows that can hold a value)."""
         idx = np.asarray(idx)
-        if idx.dtype == bool:
-            idx = np.flatnonzero(idx)
-        pos = np.minimum(np.searchsorted(self.rows, idx), max(len(self.rows) - 1, 0))
-        held = (self.rows[pos] == idx) if len(self.rows) else np.zeros(len(idx), dtype=bool)
+        held, pos = _lookup(self.rows, np.flatnonzero(idx) if idx.dtype == bool else idx)
         return pos, held
 
     def __getitem__(self, idx) -> np.ndarray:

@@ -655,13 +655,10 @@ class _Columns:
             if n else None
         if dup is not None:
             _count(self.defects, "duplicate", int(np.count_nonzero(dup)))
-        keep = ~dup if dup is not None else np.ones(n, dtype=bool)
+        keep = _in_sorted(lc["correlation"], device_corr) & (lc["correlation"] >= 0)
+        if dup is not None:
+            keep &= ~dup
         del dup
-        lcorr = lc["correlation"]
-        for lo in range(0, n, model.BLOCK_ROWS):          # (a binary search per block: no table of every launch)
-            part = lcorr[lo:lo + model.BLOCK_ROWS]
-            k = np.minimum(np.searchsorted(device_corr, part), max(len(device_corr) - 1, 0))
-            keep[lo:lo + model.BLOCK_ROWS] &= (device_corr[k] == part) & (part >= 0) if len(device_corr) else False
         if not keep.all():
             rows = np.flatnonzero(keep)
             lc = {c: v[rows] for c, v in lc.items()}
@@ -704,6 +701,19 @@ class _Columns:
 _H_MUL = np.uint64(0x9E3779B97F4A7C15)
 
 
+def _in_sorted(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of the sorted ``keys`` (bool per value): a binary search a block at a
+    time (np.isin would argsort every value: 8 B a value more)."""
+    hit = np.zeros(len(values), dtype=bool)
+    if not len(keys):
+        return hit
+    for lo in range(0, len(values), model.BLOCK_ROWS):
+        part = values[lo:lo + model.BLOCK_ROWS]
+        k = np.minimum(np.searchsorted(keys, part), len(keys) - 1)
+        hit[lo:lo + model.BLOCK_ROWS] = keys[k] == part
+    return hit
+
+
 
 
 def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 4) -> np.ndarray | None:
@@ -731,11 +741,7 @@ def _duplicate_rows(columns: list[np.ndarray], among: np.ndarray, hashed: int = 
         return None
     dup = np.unique(s[1:][same])
     del s
-    hit = np.zeros(n, dtype=bool)
-    for lo in range(0, n, model.BLOCK_ROWS):          # (np.isin would argsort every row: 8 B a row more)
-        part = h[lo:lo + model.BLOCK_ROWS]
-        k = np.minimum(np.searchsorted(dup, part), len(dup) - 1)
-        hit[lo:lo + model.BLOCK_ROWS] = dup[k] == part
+    hit = _in_sorted(h, dup)
     del h
     rows = np.flatnonzero(among & hit)
     exact = pd.DataFrame({i: col[rows] for i, col in enumerate(columns)}).duplicated(keep="first").to_numpy()
