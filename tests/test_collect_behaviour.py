@@ -26,6 +26,13 @@ SCRIPT = textwrap.dedent('''
     import torch.nn as nn
 
     mode = sys.argv[1] if len(sys.argv) > 1 else "train"
+    if mode == "killed-as-trace-lands":  # as a scheduler's SIGKILL after its grace period, at the worst moment
+        import signal, threading
+        def kill_when_saved(path=os.environ["TRACE_PATH"]):
+            while not os.path.exists(path):
+                time.sleep(0.0002)
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Thread(target=kill_when_saved, daemon=True).start()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if mode != "no-optimizer" else None
@@ -220,6 +227,26 @@ def test_sigterm_in_window_saves_and_passes_through(tmp_path, script):
     assert "ProfilerStep#2" in trace_names(out)  # step 2 finished, step 3 was cut
     assert info["steps_recorded"] == [2]
     assert no_temp_files(out)
+
+
+@pytest.mark.slow
+def test_killed_as_the_trace_lands_keeps_the_inventory(tmp_path, script):
+    """SIGKILL the moment the trace file appears (a scheduler's kill after its grace period, while fsdpprof saves):
+    the inventory was written before the trace, and rank.json says partial."""
+    out = tmp_path / "run"
+    env = dict(os.environ, TRACE_PATH=str(out / "rank-0" / "trace.json.gz"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "fsdpprof", "record", "--out", str(out), *WINDOW, "--",
+                           sys.executable, str(script), "killed-as-trace-lands"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= trace_names(out)
+    inv = json.loads((out / "rank-0" / "inventory.json").read_text())
+    assert inv["status"] == "partial" and "before the trace" in inv["error"]
+    assert {t["role"] for t in inv["tensors"]} == {"param", "grad", "optimizer_state"}
+    assert {t["step"] for t in inv["tensors"] if t["role"] == "grad"} == {2, 3}
+    assert rank_json(out)["status"] in ("failed", "partial")  # killed before or after it said the trace was saved
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] in ("partial", "failed") and meta["exit_code"] == 128 + signal.SIGKILL
 
 
 @pytest.mark.slow

@@ -506,6 +506,10 @@ class Recorder:
         try:
             if not self._open_rank_dir():
                 return
+            if self.window_trace and self.info is not None and not self.finished:
+                # the inventory first: small, and kept if the process is killed while the (long) export runs
+                self._write_inventory("partial", "written before the trace: the process ended or was killed "
+                                                 "before fsdpprof finished saving")
             final = os.path.join(self.rdir, runfmt.TRACE_FILE)
             json_name = runfmt.TRACE_TEMP_FMT.format(pid=os.getpid())
             tmp_name = json_name + ".gz"
@@ -529,7 +533,7 @@ class Recorder:
             self._log(f"trace written: {final} ({os.path.getsize(final)} bytes)")
             if not self.finished and self.window_trace:
                 self._write_rank_json("partial", "trace saved; the process ended or was killed before fsdpprof "
-                                                 "wrote the inventory and this file's final status")
+                                                 "wrote the final inventory and this file's final status")
         except Exception as exc:
             self._fail("exporting the trace", exc, final)
 
@@ -588,22 +592,10 @@ class Recorder:
                 self._fail("writing the CUDA memory snapshot", exc, os.path.join(self.rdir, runfmt.SNAPSHOT_FILE))
                 error = error or self.error
             self.cuda = None
-        if self.info is not None:
-            path = os.path.join(self.rdir, runfmt.INVENTORY_JSON)
-            try:
-                doc = inv.build_inventory(self.info, rank=self.rank, world_size=self.world_size,
-                                          optimizers=self._optimizers(),
-                                          tensors=self.tensors_params + self.tensors_grads + self.tensors_opt,
-                                          status="complete" if status == "complete" else "partial", error=error)
-                if self.before_window is not None:
-                    doc[runfmt.INVENTORY_BEFORE_WINDOW] = self.before_window
-                self._will_write(runfmt.INVENTORY_JSON)
-                runfmt.atomic_write_json(path, doc)
-                self.files.append(runfmt.INVENTORY_JSON)
-            except Exception as exc:
-                self._fail("writing the inventory", exc, path)
-                error = error or self.error
-                status = "partial" if status == "complete" else status
+        if self.info is not None and not self._write_inventory("complete" if status == "complete" else "partial",
+                                                               error):
+            error = error or self.error
+            status = "partial" if status == "complete" else status
         if status == "complete" and not self.trace_written:
             status, error = "partial", error or "no trace was written"
         if self.write_error:  # a file of the run could not be written: say which and why, first
@@ -623,6 +615,25 @@ class Recorder:
                 runfmt.say(f"fsdpprof: rank {self.rank} {label} ({what}) -> {self.rdir}")
             except Exception:
                 pass
+
+    def _write_inventory(self, status: str, error) -> bool:
+        """Write inventory.json from what is captured so far (atomic; again at the finish); False if it failed."""
+        path = os.path.join(self.rdir, runfmt.INVENTORY_JSON)
+        try:
+            doc = inv.build_inventory(self.info, rank=self.rank, world_size=self.world_size,
+                                      optimizers=self._optimizers(),
+                                      tensors=self.tensors_params + self.tensors_grads + self.tensors_opt,
+                                      status=status, error=error)
+            if self.before_window is not None:
+                doc[runfmt.INVENTORY_BEFORE_WINDOW] = self.before_window
+            self._will_write(runfmt.INVENTORY_JSON)
+            runfmt.atomic_write_json(path, doc)
+            if runfmt.INVENTORY_JSON not in self.files:
+                self.files.append(runfmt.INVENTORY_JSON)
+            return True
+        except Exception as exc:
+            self._fail("writing the inventory", exc, path)
+            return False
 
     def _abort(self) -> None:
         """An error of ours: stop everything, keep what was written."""
