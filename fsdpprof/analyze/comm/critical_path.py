@@ -75,8 +75,7 @@ NOISE_K = 3.0               # "as fast as the median": a stretch counts as slow 
 def _main_lane(events: pd.DataFrame, cpu: np.ndarray) -> object:
     """The training thread of a CPU trace: the lane of its ProfilerStep annotations, else the busiest CPU lane."""
     ps = cpu & startswith(events["name"], (model.STEP_PREFIX,))
-    lanes = events["lane"].astype(object)
-    pick = lanes[ps] if ps.any() else lanes[cpu & ~isin(events["kind"], [model.KIND_COMM])]
+    pick = events["lane"][ps if ps.any() else cpu & ~isin(events["kind"], [model.KIND_COMM])].astype(object)
     return pick.value_counts().index[0] if len(pick) else None
 
 
@@ -84,9 +83,9 @@ def _unit_at(events: pd.DataFrame, cpu: np.ndarray):
     """A function time (µs, host clock) -> FSDP unit whose forward or backward hook ran last before it ("" the
     root; None before any)."""
     owning = {model.PHASE_ROOT_PRE_FORWARD, model.PHASE_PRE_FORWARD, model.PHASE_FORWARD, model.PHASE_PRE_BACKWARD}
-    m = cpu & isin(events["fsdp_phase"], owning) & events["unit"].notna().to_numpy()
-    ts = events["ts_us"].to_numpy(np.float64)[m]
-    unit = events["unit"].astype(object).to_numpy()[m]
+    rows = np.flatnonzero(cpu & isin(events["fsdp_phase"], owning) & events["unit"].notna().to_numpy())
+    ts = events["ts_us"].to_numpy(np.float64)[rows]
+    unit = np.asarray(_values_at(events["unit"])[rows], dtype=object)
     order = np.argsort(ts, kind="mergesort")
     ts, unit = ts[order], unit[order]
 
@@ -125,21 +124,23 @@ class _Taker:
         return self.values[self.codes[rows]]
 
 
-def _window_rows(rows: np.ndarray, ts: np.ndarray, end: np.ndarray):
-    """``in_window(ws, we)``: the ``rows`` (in row order) whose interval overlaps [ws, we), found among the rows
-    that start from the longest duration before ws on (sorted by start once: linear in the steps, not steps x rows)."""
+def _window_rows(rows: np.ndarray, ts: np.ndarray, dur: np.ndarray):
+    """``in_window(ws, we)``: the ``rows`` (in row order) whose interval [ts, ts + dur) overlaps [ws, we), found
+    among the rows that start from the longest duration before ws on (sorted by start once: linear in the steps,
+    not steps x rows)."""
     order = np.argsort(ts[rows], kind="stable")
     srows = rows[order]
     sts = ts[srows]
-    dur = end[rows] - ts[rows]
-    longest = float(np.nanmax(dur)) if rows.size and not np.isnan(dur).all() else 0.0
-    del order, dur
+    del order
+    d = dur[rows]
+    longest = float(np.nanmax(d)) if rows.size and not np.isnan(d).all() else 0.0
+    del d
 
     def in_window(ws: float, we: float) -> np.ndarray:
         lo = np.searchsorted(sts, ws - longest - 1.0, "left")
         hi = np.searchsorted(sts, we, "left")
         cand = srows[lo:hi]
-        return np.sort(cand[(end[cand] > ws) & (ts[cand] < we)])
+        return np.sort(cand[(ts[cand] + dur[cand] > ws) & (ts[cand] < we)])
     return in_window
 
 
@@ -203,21 +204,29 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
     rank = int(events["rank"].iloc[0])
     cpu = ~on_device(events["lane"])
     kind = events["kind"]
-    ts_all = events["ts_us"].to_numpy(np.float64)
-    end_all = ts_all + events["dur_us"].to_numpy(np.float64)
+    ts_all, dur_all = events["ts_us"].to_numpy(np.float64), events["dur_us"].to_numpy(np.float64)
+
+    def span(rows):
+        """(start, end) of ``rows`` (µs; no full-length end column)."""
+        ts = ts_all[rows]
+        return ts, ts + dur_all[rows]
     gpu = bool((~cpu & isin(kind, model.DEVICE_KINDS)).any())
     is_comm = isin(kind, [model.KIND_COMM])
     if gpu:
         busy = ~cpu & isin(kind, [model.KIND_COMPUTE, model.KIND_MEMCPY, model.KIND_MEMSET])
         comm = ~cpu & is_comm
         lts = events["launch_ts_us"].to_numpy(np.float64) if "launch_ts_us" in events else ts_all
-        label_ts = np.where(np.isfinite(lts), lts, ts_all)
     else:
         main = _main_lane(events, cpu)
-        busy = cpu & (events["lane"].astype(object).to_numpy() == main) & \
+        busy = cpu & (events["lane"] == main).to_numpy() & \
             ~isin(kind, [model.KIND_ANNOTATION, model.KIND_COMM])
         comm = is_comm
-        label_ts = ts_all
+        lts = ts_all
+
+    def label_ts(rows):
+        """The time that labels ``rows`` (µs): a kernel's launch, else its start."""
+        t = lts[rows]
+        return np.where(np.isfinite(t), t, ts_all[rows])
     loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
     sync = cpu & isin(events["name"], model.SYNC_CALLS) if gpu else np.zeros(len(events), dtype=bool)
     unit_at = _unit_at(events, cpu)
@@ -226,8 +235,10 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
     r_ts, r_end = rec["ts_us"].to_numpy(np.float64), rec["end_us"].to_numpy(np.float64)
     r_order = np.argsort(r_ts, kind="stable")
     r_sorted = r_ts[r_order]
-    in_window_b = _window_rows(np.flatnonzero(busy), ts_all, end_all)
-    in_window_c = _window_rows(np.flatnonzero(comm), ts_all, end_all)
+    in_window_b = _window_rows(np.flatnonzero(busy), ts_all, dur_all)
+    in_window_c = _window_rows(np.flatnonzero(comm), ts_all, dur_all)
+    sync_iv, loader_iv = span(np.flatnonzero(sync)), span(np.flatnonzero(loader))
+    del busy, comm, sync, loader, is_comm
     nodes: list[tuple] = []     # per step: its merged nodes (see _merge_pieces)
     for w in win.itertuples(index=False):
         parts: list[tuple] = []     # this step's (step, s, e, kind, what, unit, stage, call, epoch), issue nodes after
@@ -235,16 +246,17 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         if not we > ws:
             continue
         b, c = in_window_b(ws, we), in_window_c(ws, we)
+        (b_s, b_e), (c_s, c_e) = span(b), span(c)
         calls = np.sort(r_order[np.searchsorted(r_sorted, ws, "left"):np.searchsorted(r_sorted, we, "left")])
-        t = np.concatenate([[ws, we], ts_all[b], end_all[b], ts_all[c], end_all[c], r_ts[calls], r_end[calls]])
+        t = np.concatenate([[ws, we], b_s, b_e, c_s, c_e, r_ts[calls], r_end[calls]])
         t = np.unique(t[(t >= ws) & (t <= we)])
         if t.size < 2:
             continue
         s0, e0 = t[:-1], t[1:]
         mid = (s0 + e0) / 2
         n = mid.size
-        k_b = intervals.innermost(ts_all[b], end_all[b], mid)
-        k_c = intervals.innermost(ts_all[c], end_all[c], mid)
+        k_b = intervals.innermost(b_s, b_e, mid)
+        k_c = intervals.innermost(c_s, c_e, mid)
         pk = np.full(n, model.PATH_HOST_GAP, dtype=object)
         ev = np.full(n, -1, dtype=np.int64)
         on_c = k_c >= 0
@@ -255,8 +267,8 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         ev[on_b] = b[k_b[on_b]]
         gap = ev < 0
         if gap.any():
-            in_sync = _covered(ts_all[sync], end_all[sync], mid) & gap
-            in_load = _covered(ts_all[loader], end_all[loader], mid) & gap
+            in_sync = _covered(*sync_iv, mid) & gap
+            in_load = _covered(*loader_iv, mid) & gap
             pk[in_sync] = model.PATH_SYNC
             pk[in_load] = model.PATH_DATA
         what = np.full(n, None, dtype=object)
@@ -269,7 +281,7 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         need = pd.isna(u)
         if need.any():
             u = u.copy()
-            u[need] = unit_at(label_ts[e_has][need])
+            u[need] = unit_at(label_ts(e_has[need]))
         unit[has] = u
         stage[has] = stages[e_has]
         # a gap takes the labels of the work that ends it (the last one: of the work before it)
@@ -307,14 +319,14 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         epoch = np.searchsorted(np.sort(r_ts[calls]), s0, side="right")
         parts.append((np.full(n, w.step, dtype=np.float64), s0, e0, pk, what, unit, stage, call, epoch))
         if calls.size:
-            cev = intervals.innermost(ts_all[c], end_all[c], r_ts[calls] + 1e-6) if c.size else np.full(calls.size, -1)
+            cev = intervals.innermost(c_s, c_e, r_ts[calls] + 1e-6) if c.size else np.full(calls.size, -1)
             cj = np.where(cev >= 0, c[np.clip(cev, 0, None)] if c.size else 0, -1)
             ok = cj >= 0
             cu = np.full(calls.size, None, dtype=object)
             cu[ok] = units[cj[ok]]
             need = ok & pd.isna(cu)
             if need.any():
-                cu[need] = unit_at(label_ts[cj[need]])
+                cu[need] = unit_at(label_ts(cj[need]))
             m = calls.size
             parts.append((np.full(m, w.step, dtype=np.float64), r_ts[calls], r_ts[calls],
                           np.full(m, _ISSUE, dtype=object),
@@ -502,20 +514,15 @@ def _residual(m: _Model) -> float:
 
 
 # --------------------------------------------------------------------------- the walk back
-def _walk(m: _Model, step) -> tuple[list[tuple], float]:
-    """The critical path of one step on the recorded (aligned) times: ((rank, kind, what, unit, stage, dur_us,
-    start_us) in time order, the µs from the start of the rank it begins on to the end of the rank that ends last)."""
-    t = m.start + np.where(m.node == NODE_ISSUE, 0.0, m.dur)
+def _walk(m: _Model, step, t: np.ndarray, last_arr: np.ndarray, rec_rank: np.ndarray) -> tuple[list[tuple], float]:
+    """The critical path of one step on the recorded (aligned) times ``t`` (per node its end; ``last_arr``: per
+    record the last arrival of its call; ``rec_rank``: per record its rank): ((rank, node, waited_for, dur_us,
+    start_us) in time order — the node whose labels the piece takes, the rank it waits for or -1 — the µs from the
+    start of the rank it begins on to the end of the rank that ends last)."""
     gs = np.flatnonzero(m.g_step == step)
     g = int(gs[np.argmax(t[m.g_last[gs]])])
     end = float(t[m.g_last[g]])
     k = int(m.g_last[g])
-
-    def lab(k):
-        return tuple(_label(m, c, k) for c in LABEL_COLUMNS)
-
-    rec_rank = m.records["rank"].to_numpy(np.int64)
-    last_arr = m.last_arrival(m.rec_arr)
     out: list[tuple] = []
     guard = 4 * len(t) + 10
     while k >= m.g_first[g] and guard > 0:
@@ -527,7 +534,7 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
             continue
         s, e = float(m.start[k]), float(t[k])
         if nd == NODE_LOCAL:
-            out.append((r, *lab(k), e - s, s))
+            out.append((r, k, -1, e - s, s))
             k -= 1
             continue
         ri = int(m.node_rec[k])
@@ -537,16 +544,49 @@ def _walk(m: _Model, step) -> tuple[list[tuple], float]:
             members = np.flatnonzero(m.rec_match == m.rec_match[ri])
             q = int(members[np.argmax(m.rec_arr[members])])
             qi = int(m.rec_issue[q])
-            out.append((r, *lab(k), max(e - L, 0.0), min(L, e)))
+            out.append((r, k, -1, max(e - L, 0.0), min(L, e)))
             if qi >= 0 and m.g_step[m.grp[qi]] == step and int(rec_rank[q]) != r and L < e + REPLAY_TOL_US:
                 g, k = int(m.grp[qi]), qi
                 continue
-            out.append((r, model.PATH_WAIT, f"waiting for rank {int(rec_rank[q])}", _label(m, "unit", k),
-                        _label(m, "stage", k), min(L, e) - s, s))
+            out.append((r, k, int(rec_rank[q]), min(L, e) - s, s))
         else:
-            out.append((r, *lab(k), e - s, s))
+            out.append((r, k, -1, e - s, s))
         k -= 1
     return out[::-1], end - float(m.g_start[g])
+
+
+def _paths(m: _Model, steps_: pd.Index) -> tuple[pd.DataFrame, dict]:
+    """Every step's critical path as segments, consecutive pieces of one (rank, kind, what, unit, stage) merged
+    (``step``, SEGMENT_COLUMNS' others and ``start_us``; path order; zero lengths dropped), and per step the µs from
+    the start of the rank it begins on to the end of the rank that ends last."""
+    t = m.start + np.where(m.node == NODE_ISSUE, 0.0, m.dur)
+    last_arr = m.last_arrival(m.rec_arr)
+    rec_rank = m.records["rank"].to_numpy(np.int64)
+    blocks, lengths = [], {}
+    for step in steps_:
+        path, lengths[step] = _walk(m, step, t, last_arr, rec_rank)
+        if path:
+            blocks.append(np.column_stack([np.full(len(path), float(step)), np.array(path, dtype=np.float64)]))
+    cols = np.concatenate(blocks) if blocks else np.zeros((0, 6))
+    cols = cols[cols[:, 4] > 0]
+    step, (rank, k, waited) = cols[:, 0], (cols[:, i].astype(np.int64) for i in (1, 2, 3))
+    wait = waited >= 0
+    codes = {c: m.codes[c][k] for c in LABEL_COLUMNS}
+    codes["kind"] = np.where(wait, -2, codes["kind"])             # PATH_WAIT
+    codes["what"] = np.where(wait, -3 - waited, codes["what"])    # "waiting for rank q"
+    new = np.ones(len(step), dtype=bool)
+    new[1:] = np.logical_or.reduce([x[1:] != x[:-1] for x in (step, rank, *codes.values())])
+    first = np.flatnonzero(new)
+    labels = {}
+    for c in LABEL_COLUMNS:
+        code = codes[c][first]
+        labels[c] = np.append(m.uniques[c], None)[np.where(code >= 0, code, len(m.uniques[c]))]
+    w = wait[first]
+    labels["kind"][w] = model.PATH_WAIT
+    labels["what"][w] = [f"waiting for rank {q}" for q in waited[first][w]]
+    dur = pd.Series(cols[:, 4]).groupby(np.cumsum(new) - 1).sum().to_numpy(np.float64)
+    start = np.minimum.reduceat(cols[:, 5], first) if len(first) else np.zeros(0)
+    return pd.DataFrame({"step": step[first], "rank": rank[first], **labels, "dur_us": dur, "start_us": start}), lengths
 
 
 # --------------------------------------------------------------------------- counterfactuals
@@ -735,13 +775,18 @@ def rank_costs_us(cp: CriticalPath | None, rank: int) -> tuple[float, float]:
     return cost, float(np.minimum(host, cost))
 
 
-def _aggregate(seg: pd.DataFrame) -> pd.DataFrame:
-    """A long path summed by (rank, kind, what, unit, stage), in order of first appearance."""
-    keys = ["rank", "kind", "what", "unit", "stage"]
-    k = seg[keys].astype(object).fillna(_NONE)
-    g = seg.assign(**{c: k[c] for c in keys}).groupby(keys, sort=False)["dur_us"].sum().reset_index()
-    for c in keys[1:]:
-        g[c] = g[c].where(g[c] != _NONE, None)
+def _aggregate(seg: pd.DataFrame, by: tuple = ()) -> pd.DataFrame:
+    """Segments summed by ``by`` (e.g. ``("step",)``) and (rank, kind, what, unit, stage), in order of first
+    appearance (grouped on integer codes: no label is compared as an object)."""
+    keys = [*by, "rank", *LABEL_COLUMNS]
+    codes, uniques = {}, {}
+    for c in keys:
+        codes[c], uniques[c] = pd.factorize(seg[c])          # None: -1
+    g = pd.DataFrame({**codes, "dur_us": seg["dur_us"].to_numpy(np.float64)}).groupby(
+        keys, sort=False)["dur_us"].sum().reset_index()
+    for c in keys:
+        values = np.asarray(uniques[c])
+        g[c] = values[g[c].to_numpy()] if c not in LABEL_COLUMNS else np.append(values.astype(object), None)[g[c]]
     return g
 
 
@@ -761,33 +806,26 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None,
     m = _build(chains, records, off)
     base = m.step_lengths(m.replay())
     residual = _residual(m)
-    seg_rows, step_rows, span_rows = [], [], []
-    for step in base.index:
-        path, length = _walk(m, step)
-        seg = pd.DataFrame(path, columns=["rank", "kind", "what", "unit", "stage", "dur_us", "start_us"])
-        seg = seg[seg["dur_us"] > 0]
-        if len(seg):
-            keys = seg[["rank", "kind", "what", "unit", "stage"]].astype(object).fillna(_NONE)
-            new = (keys != keys.shift()).any(axis=1).to_numpy()
-            grp = np.cumsum(new)
-            seg = seg.groupby(grp, sort=True).agg(rank=("rank", "first"), kind=("kind", "first"),
-                                                  what=("what", "first"), unit=("unit", "first"),
-                                                  stage=("stage", "first"), dur_us=("dur_us", "sum"),
-                                                  start_us=("start_us", "min"))
-            span_rows.append(seg.assign(step=float(step), start_us=seg["start_us"] + seg["rank"].map(off).fillna(
-                0.0).to_numpy(np.float64)))
-        if len(seg) > SEGMENTS_PER_STEP_MAX:
-            seg = _aggregate(seg)
-        per_rank = seg.groupby("rank")["dur_us"].sum() if len(seg) else pd.Series(dtype=float)
-        lim = int(per_rank.idxmax()) if len(per_rank) else None
-        step_rows.append({"step": float(step), "length_us": float(length), "path_us": float(seg["dur_us"].sum()),
-                          "span_us": float(base[step]),
-                          "limiting_rank": lim, "limiting_rank_saved_us": np.nan, "limiting_rank_us": 0.0,
-                          "ranks": int((m.g_step == step).sum()), "residual_us": residual})
-        seg_rows.append(seg.assign(step=float(step)))
-    segments = pd.concat(seg_rows, ignore_index=True)[SEGMENT_COLUMNS] if seg_rows else \
-        pd.DataFrame(columns=SEGMENT_COLUMNS)
-    stp = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
+    merged, lengths = _paths(m, base.index)
+    spans = merged.assign(start_us=merged["start_us"] + merged["rank"].map(off).fillna(0.0).to_numpy(np.float64))
+    # a step's path with more segments than SEGMENTS_PER_STEP_MAX is summed by (rank, kind, what, unit, stage)
+    long = merged["step"].map(merged["step"].value_counts()).to_numpy() > SEGMENTS_PER_STEP_MAX
+    segments = pd.concat([merged[~long][SEGMENT_COLUMNS], _aggregate(merged[long], by=("step",))[SEGMENT_COLUMNS]],
+                         ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
+    segments["rank"] = segments["rank"].astype(np.int64)
+    on_path = segments.groupby(["step", "rank"])["dur_us"].sum()
+    limiting = on_path.groupby(level="step").idxmax().map(lambda sr: int(sr[1]))
+    path_us = segments.groupby("step")["dur_us"].sum()
+    n_ranks = pd.Series(m.g_step).value_counts()
+    stp = pd.DataFrame({"step": base.index.to_numpy(np.float64), "length_us": [float(lengths[s]) for s in base.index],
+                        "span_us": base.to_numpy(np.float64)})
+    stp["path_us"] = stp["step"].map(path_us).fillna(0.0).to_numpy(np.float64)
+    stp["limiting_rank"] = stp["step"].map(limiting).astype(object).where(stp["step"].isin(limiting.index), None)
+    stp["limiting_rank_saved_us"] = np.nan
+    stp["limiting_rank_us"] = 0.0
+    stp["ranks"] = stp["step"].map(n_ranks).fillna(0).astype(int)
+    stp["residual_us"] = residual
+    stp = stp[STEP_COLUMNS]
     br = segments.groupby(["step", "kind"], sort=True)["dur_us"].sum().reset_index()
     br["pct"] = 100.0 * br["dur_us"] / br["step"].map(stp.set_index("step")["path_us"]).replace(0, np.nan)
     n_steps = max(len(stp), 1)
@@ -799,7 +837,6 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None,
     top["us_per_step"] = top["us_per_step"] / n_steps
     top["pct"] = 100.0 * top["us_per_step"] / (stp["path_us"].mean() if len(stp) else np.nan)
     top = top.sort_values("us_per_step", ascending=False, kind="mergesort").head(TOP_ROWS).reset_index(drop=True)
-    spans = pd.concat(span_rows, ignore_index=True) if span_rows else pd.DataFrame(columns=SPAN_COLUMNS)
     spans["end_us"] = spans["start_us"] + spans["dur_us"]
     cps = CriticalPath(stp, segments, breakdown, pd.DataFrame(columns=COUNTERFACTUAL_COLUMNS), notes,
                        top[TOP_COLUMNS], spans[SPAN_COLUMNS], m, base, dict(contention or {}))
@@ -810,7 +847,6 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None,
         pick = stp["step"].map(best.where(top > 0))
         stp["limiting_rank"] = pick.where(pick.notna(), stp["limiting_rank"])
         stp["limiting_rank_saved_us"] = stp["step"].map(top.where(top > 0)).to_numpy(np.float64)
-    on_path = segments.groupby(["step", "rank"])["dur_us"].sum()
     stp["limiting_rank_us"] = [float(on_path.get((s, r), 0.0)) if r == r and r is not None else 0.0
                                for s, r in zip(stp["step"], stp["limiting_rank"])]
     stp["limiting_rank"] = stp["limiting_rank"].astype("Int64")
