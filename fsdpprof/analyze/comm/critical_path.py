@@ -191,6 +191,28 @@ def _merge_pieces(parts: list[tuple], r_end: np.ndarray) -> tuple:
             np.concatenate([unit_a[at], unit_a[iss]]), np.concatenate([stage_a[at], stage_a[iss]]))
 
 
+class _Interner:
+    """Labels (str or None) to int32 codes in the order first seen (None: -1), one step's array at a time; then
+    :meth:`categorical`: the codes as the categorical ``pd.Categorical(labels)`` makes (categories sorted), without
+    an object array of every node's label (nor its copy into Arrow strings)."""
+
+    def __init__(self) -> None:
+        self.code: dict = {}
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        local, uniq = pd.factorize(values)
+        glob = np.fromiter((self.code.setdefault(u, len(self.code)) for u in uniq), np.int32, len(uniq))
+        return np.where(local >= 0, glob[np.clip(local, 0, None)] if len(glob) else -1, -1).astype(np.int32)
+
+    def categorical(self, codes: np.ndarray) -> pd.Categorical:
+        labels = np.array(list(self.code), dtype=object)
+        order = np.argsort(labels, kind="stable")
+        rank = np.empty(len(labels), dtype=np.int32)
+        rank[order] = np.arange(len(labels), dtype=np.int32)
+        codes = np.where(codes >= 0, rank[np.clip(codes, 0, None)] if len(rank) else -1, -1)
+        return pd.Categorical.from_codes(codes, categories=pd.Index(labels[order]))
+
+
 def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
                windows: pd.DataFrame | None = None) -> pd.DataFrame:
     """One rank's chain of nodes per step (CHAIN_COLUMNS, in time order; ``node``: NODE_LOCAL / NODE_ISSUE /
@@ -239,7 +261,8 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
     in_window_c = _window_rows(np.flatnonzero(comm), ts_all, dur_all)
     sync_iv, loader_iv = span(np.flatnonzero(sync)), span(np.flatnonzero(loader))
     del busy, comm, sync, loader, is_comm
-    nodes: list[tuple] = []     # per step: its merged nodes (see _merge_pieces)
+    nodes: list[tuple] = []     # per step: its merged nodes (see _merge_pieces), labels as codes
+    interners = {c: _Interner() for c in LABEL_COLUMNS}
     for w in win.itertuples(index=False):
         parts: list[tuple] = []     # this step's (step, s, e, kind, what, unit, stage, call, epoch), issue nodes after
         ws, we = float(w.start_us), float(w.end_us)
@@ -333,17 +356,19 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
                           np.where(ok, colls[np.clip(cj, 0, None)], None) if len(events) else np.full(m, None),
                           cu, np.where(ok, stages[np.clip(cj, 0, None)], None), calls.astype(np.int64),
                           np.full(m, -1, dtype=np.int64)))
-        nodes.append(_merge_pieces(parts, r_end))
+        merged = _merge_pieces(parts, r_end)
+        nodes.append(merged[:5] + tuple(interners[c](x) for c, x in zip(LABEL_COLUMNS, merged[5:])))
     if not nodes:
         return empty
     o_step, o_s, o_e, o_node, o_call, *labs = (np.concatenate([nd[i] for nd in nodes]) for i in range(9))
-    labels = dict(zip(("kind", "what", "unit", "stage"), labs))
+    del nodes
+    labels = dict(zip(LABEL_COLUMNS, labs))
     # in time order; at one time an issue node before the piece that starts there
     ordr = np.lexsort((np.where(o_node == NODE_ISSUE, 0, 1), o_s, o_step))
     # labels as categoricals: a chain travels from its worker to the reduce as codes (1,024 ranks: 10 KB a rank)
     return pd.DataFrame({"rank": np.full(ordr.size, rank, dtype=np.int32), "step": o_step[ordr],
                          "node": o_node[ordr], "start_us": o_s[ordr], "dur_us": (o_e - o_s)[ordr],
-                         **{c: pd.Categorical(labels[c][ordr]) for c in LABEL_COLUMNS},
+                         **{c: interners[c].categorical(labels[c][ordr]) for c in LABEL_COLUMNS},
                          "call": o_call[ordr].astype(np.int32)})[CHAIN_COLUMNS]
 
 
@@ -577,13 +602,23 @@ def _paths(m: _Model, steps_: pd.Index) -> tuple[pd.DataFrame, dict]:
     new = np.ones(len(step), dtype=bool)
     new[1:] = np.logical_or.reduce([x[1:] != x[:-1] for x in (step, rank, *codes.values())])
     first = np.flatnonzero(new)
+    # labels as categoricals (a path as long as the trace's nodes: no string per row)
+    special = {"kind": lambda code: model.PATH_WAIT, "what": lambda code: f"waiting for rank {-3 - code}"}
     labels = {}
     for c in LABEL_COLUMNS:
         code = codes[c][first]
-        labels[c] = np.append(m.uniques[c], None)[np.where(code >= 0, code, len(m.uniques[c]))]
-    w = wait[first]
-    labels["kind"][w] = model.PATH_WAIT
-    labels["what"][w] = [f"waiting for rank {q}" for q in waited[first][w]]
+        cats = list(m.uniques[c])
+        extra = np.unique(code[code < -1])
+        if extra.size:
+            known = {v: i for i, v in enumerate(cats)}
+            to = np.empty(extra.size, dtype=code.dtype)
+            for j, x in enumerate(extra.tolist()):
+                label = special[c](x)
+                to[j] = known.setdefault(label, len(cats))
+                if to[j] == len(cats):
+                    cats.append(label)
+            code = np.where(code < -1, to[np.clip(np.searchsorted(extra, code), 0, extra.size - 1)], code)
+        labels[c] = pd.Categorical.from_codes(code, categories=pd.Index(cats, dtype=object))
     dur = pd.Series(cols[:, 4]).groupby(np.cumsum(new) - 1).sum().to_numpy(np.float64)
     start = np.minimum.reduceat(cols[:, 5], first) if len(first) else np.zeros(0)
     return pd.DataFrame({"step": step[first], "rank": rank[first], **labels, "dur_us": dur, "start_us": start}), lengths
@@ -775,6 +810,13 @@ def rank_costs_us(cp: CriticalPath | None, rank: int) -> tuple[float, float]:
     return cost, float(np.minimum(host, cost))
 
 
+def _objects(col: pd.Series) -> np.ndarray:
+    """``col``'s labels as an object array, None where missing."""
+    v = col.to_numpy(dtype=object)
+    v[pd.isna(v)] = None
+    return v
+
+
 def _aggregate(seg: pd.DataFrame, by: tuple = ()) -> pd.DataFrame:
     """Segments summed by ``by`` (e.g. ``("step",)``) and (rank, kind, what, unit, stage), in order of first
     appearance (grouped on integer codes: no label is compared as an object)."""
@@ -810,7 +852,9 @@ def critical_path(records: pd.DataFrame | None, chains: pd.DataFrame | None,
     spans = merged.assign(start_us=merged["start_us"] + merged["rank"].map(off).fillna(0.0).to_numpy(np.float64))
     # a step's path with more segments than SEGMENTS_PER_STEP_MAX is summed by (rank, kind, what, unit, stage)
     long = merged["step"].map(merged["step"].value_counts()).to_numpy() > SEGMENTS_PER_STEP_MAX
-    segments = pd.concat([merged[~long][SEGMENT_COLUMNS], _aggregate(merged[long], by=("step",))[SEGMENT_COLUMNS]],
+    short = merged[~long][SEGMENT_COLUMNS]
+    short = short.assign(**{c: _objects(short[c]) for c in LABEL_COLUMNS})
+    segments = pd.concat([short, _aggregate(merged[long], by=("step",))[SEGMENT_COLUMNS]],
                          ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
     segments["rank"] = segments["rank"].astype(np.int64)
     on_path = segments.groupby(["step", "rank"])["dur_us"].sum()
