@@ -31,18 +31,16 @@ KERNEL_WAIT_THRESHOLD_US = 30.0
 
 
 def _device(events: pd.DataFrame) -> dict:
-    """The device events (on a stream lane) as numpy arrays; ``type`` indexes TABLE_TYPES (-1: OTHER)."""
+    """The device events (on a stream lane) as numpy arrays; ``type`` indexes TABLE_TYPES (-1: OTHER, i.e. a
+    synchronisation: every other kind of KERNEL_TYPE_OF_KIND has a type of the table)."""
     sel = np.flatnonzero(on_device(events["lane"]) & isin(events["kind"], KERNEL_TYPE_OF_KIND))
     ts = events["ts_us"].to_numpy(dtype=np.float64)[sel]
     dur = np.nan_to_num(events["dur_us"].to_numpy(dtype=np.float64)[sel], nan=0.0)
     codes, kinds = codes_of(events["kind"])
-    kind = np.asarray(kinds + [None], dtype=object)[codes[sel]]
-    ktype = np.full(sel.size, -1, dtype=np.int8)
-    for k, t in KERNEL_TYPE_OF_KIND.items():       # a loop over the few kinds, not over events
-        if t in TABLE_TYPES:
-            ktype[kind == k] = TABLE_TYPES.index(t)
+    type_of_code = np.array([TABLE_TYPES.index(KERNEL_TYPE_OF_KIND[k]) if KERNEL_TYPE_OF_KIND.get(k) in TABLE_TYPES
+                             else -1 for k in kinds] + [-1], dtype=np.int8)
     return {"idx": sel, "rank": events["rank"].to_numpy()[sel].astype(np.int64), "ts": ts, "dur": dur, "end": ts + dur,
-            "type": ktype, "kind": kind}
+            "type": type_of_code[codes[sel]]}
 
 
 def _union_by_rank(rank: np.ndarray, start: np.ndarray, end: np.ndarray, ranks: np.ndarray) -> np.ndarray:
@@ -84,7 +82,8 @@ def kernel_type_time(events: pd.DataFrame) -> pd.DataFrame:
     during which exactly those types run, and pct of the rank's time with any of them running."""
     d = _device(events)
     keep = d["type"] >= 0
-    rank, ts, end, typ = d["rank"][keep], d["ts"][keep], d["end"][keep], d["type"][keep]
+    rank, ts, end, typ = (d[k] if keep.all() else d[k][keep] for k in ("rank", "ts", "end", "type"))
+    del d
     if rank.size == 0:
         return pd.DataFrame({c: [] for c in ["rank"] + KERNEL_TYPE_COLUMNS})
     ranks = np.unique(rank)
@@ -236,7 +235,7 @@ def idle_time_breakdown(events: pd.DataFrame, kernel_wait_threshold_us: float = 
         raise ValueError("idle_time_breakdown needs the CPU launch time of every kernel (column launch_ts_us, "
                          "NaN where the launch is not in the trace)")
     d = _device(events)
-    keep = np.isin(d["kind"], [model.KIND_COMPUTE, model.KIND_COMM, model.KIND_MEMCPY, model.KIND_MEMSET])
+    keep = d["type"] >= 0       # compute, communication, memcpy and memset: not synchronisations
     idx = d["idx"][keep]
     if idx.size == 0:
         return pd.DataFrame({c: [] for c in IDLE_COLUMNS})
