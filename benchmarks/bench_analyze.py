@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib
 import json
 import os
 import resource
@@ -300,8 +301,13 @@ def _forget(mode: str) -> None:
     if mode in ("ours", "stages"):
         from fsdpprof.analyze.trace import classify as _classify
         from fsdpprof.analyze.trace import labels as _labels
-        for memo in ("NAME_MEMO", "_MEMO"):      # (_MEMO: the same memo in trees of before issue 29)
-            getattr(_classify, memo, {}).clear()
+        try:                                     # trees since issue 40: the memo lives in trace/names.py
+            _names = importlib.import_module("fsdpprof.analyze.trace.names")
+        except ImportError:
+            _names = None
+        for mod in (_names, _classify):
+            for memo in ("NAME_MEMO", "_MEMO"):  # (_MEMO: the same memo in trees of before issue 29)
+                getattr(mod, memo, {}).clear()
         getattr(_labels, "_SMALL_DTYPES", {}).clear()
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals
 from fsdpprof.analyze.trace.decode import RANK_MAX, as_text, cut_text, plausible_count
+from fsdpprof.analyze.trace.names import per_name
 
 NUMEL_MAX = 2.0 ** 53           # element / byte counts beyond this (8 Pi) are not real messages
 # categories of CPU ops and annotations, and the device-event categories that are copies, sets and waits
@@ -25,24 +26,6 @@ MEMCPY_CATS, MEMSET_CATS, SYNC_CATS = ("gpu_memcpy", "Memcpy"), ("gpu_memset", "
 
 
 # --------------------------------------------------------------------------- what a name says
-_MISS = object()
-NAME_MEMO: dict = {}         # fn -> {name: fn(name)}: each distinct name judged once per process
-_MEMO_MAX = 200_000          # names remembered per test (then forgotten, all at once)
-
-
-def per_name(fn, names: list) -> list:
-    """``[fn(x) for x in names]``, each distinct name computed once per process (``fn`` must be pure)."""
-    memo = NAME_MEMO.get(fn)
-    if memo is None or len(memo) > _MEMO_MAX:
-        memo = NAME_MEMO[fn] = {}
-    out = list(map(memo.get, names, repeat(_MISS, len(names))))
-    if out.count(_MISS):
-        for i, v in enumerate(out):
-            if v is _MISS:
-                out[i] = memo[names[i]] = fn(names[i])
-    return out
-
-
 WAIT_NAMES = frozenset({"c10d::wait", "aten::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
 N_COMM, N_MEMCPY, N_MEMSET, N_SYNC, N_GLOO, N_C10D, N_NCCL_OP = (1 << i for i in range(7))
 

@@ -27,6 +27,7 @@ _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import frame_of
+from fsdpprof.analyze.trace.names import per_name
 from fsdpprof.errors import UserError
 
 CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this many bytes (faster than one piece)
@@ -515,7 +516,7 @@ class _Columns:
         tid_codes = _intern_ints(self.threads, list(map(_GET_TID, keep)), self.defects, "tid")
         pid_codes = _intern_ints(self.pids, list(map(_GET_PID, keep)), self.defects, "pid")
         if new:                    # (only the new names: each chunk's work stays proportional to the chunk)
-            self.name_comm = np.append(self.name_comm, [model.is_collective_op(k) for k in new])
+            self.name_comm = np.append(self.name_comm, per_name(model.is_collective_op, new))
             self.name_sync = np.append(self.name_sync, [k in model.SYNC_CALLS for k in new])
         runtime = _CAT_RT[cat_codes]
         pos = None                 # the kept rows' positions in the chunk (None: all of them)
