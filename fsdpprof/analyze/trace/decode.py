@@ -39,7 +39,7 @@ MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an
 NAME_MAX_CHARS = 4096           # longer names are cut (real kernel names reach 1,817 characters)
 TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in µs) are not times
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
-RESIDENT_PER_JSON_BYTE = 0.4    # peak resident bytes of a trace's report per byte of its JSON (0.37 at 4 GB: bench_big.py)
+RESIDENT_PER_JSON_BYTE = 0.3    # peak resident bytes of a trace's report per byte of its JSON (0.24 at 4 GB, 0.21 at 16 GB)
 GZ_SAMPLE_BYTES = 1 << 20       # compressed bytes inflated to estimate a gzip trace's JSON size
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
