@@ -132,3 +132,19 @@ def test_rendering_a_report_imports_no_plotly(tmp_path):
             "page.Page().fig(f, 300)\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'plotly'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_memory_timeline_stacks_what_is_below_zero_below_the_axis():
+    """A category's negative bytes (a CPU run's other threads freeing what the named categories counted) are
+    stacked below the axis, apart from the others; its positive part stays in the stack above."""
+    from fsdpprof.report.memory import timeline_figure
+
+    tl = pd.DataFrame({"ts_us": [0.0, 1000.0, 2000.0], "activation": [4.0, 6.0, 2.0],
+                       "other_threads": [0.0, -3.0, -1.0], "gradient": [1.0, -1.0, 0.0], "optimizer_state": [0.0] * 3})
+    traces = timeline_figure(tl, 0.0, 1.0, "B", "rank 0").to_dict()["data"]
+    by = {(t["legendgroup"], t["stackgroup"]): [float(v) for v in np.asarray(t["y"], dtype=float)] for t in traces}
+    assert by == {("activation", "above"): [4.0, 6.0, 2.0], ("other_threads", "below"): [0.0, -3.0, -1.0],
+                  ("gradient", "above"): [1.0, 0.0, 0.0], ("gradient", "below"): [0.0, -1.0, 0.0]}
+    # one legend entry per category; the positive stack's top is what the categories hold above zero
+    assert [t["showlegend"] for t in traces] == [True, True, True, False]
+    assert [t["x"][1] for t in traces][:1] == [1.0]        # ms from the window's start

@@ -64,7 +64,7 @@ def _compare_time(c, page: Page) -> str:
             marker=dict(color="#111", symbol="line-ew-open", size=14),
             error_y=dict(type="data", symmetric=False, array=[(hi - v) / 1e3 for (_, hi), v in zip(lo_hi, tm["step_us"])],
                          arrayminus=[(v - lo) / 1e3 for (lo, _), v in zip(lo_hi, tm["step_us"])])))
-    fig.update_layout(barmode="stack", title="Step time (each rank's mean per step, median over ranks; bars: "
+    fig.update_layout(barmode="relative", title="Step time (each rank's mean per step, median over ranks; bars: "
                                              "min–max over ranks and steps)", yaxis_title="ms")
     words = (f"On CPU traces {HOST_TIME} is {HOST_TIME_WHAT}: time of the step covered by no operator and no "
              "collective." if host else "Idle: time of the step in which the device ran nothing.")
@@ -124,7 +124,7 @@ def _compare_memory(c, page: Page) -> str:
     for cat, g in cats.groupby("category", observed=True):
         fig.add_trace(figures.bar(x=[label(x) for x in g["run"]], y=g["bytes"] / sc, name=label(category_label(cat)),
                              marker_color=CATEGORY_COLORS.get(str(cat))))
-    fig.update_layout(barmode="stack", title="Memory at the peak by category (the rank with the highest peak)",
+    fig.update_layout(barmode="relative", title="Memory at the peak by category (the rank with the highest peak)",
                       yaxis_title=unit)
     return f'<section id="memory"><h2>Peak memory by category</h2>{page.fig(fig, 380)}</section>'
 

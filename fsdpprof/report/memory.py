@@ -191,6 +191,29 @@ def _fragmentation_block(m, page: Page) -> str:
     return "".join(out)
 
 
+def timeline_figure(tl: pd.DataFrame, t_origin: float | None, sc: float, unit: str, owner: str) -> figures.Figure:
+    """Memory over the recorded steps, stacked by category (``tl``: ts_us and bytes per category; ``t_origin``:
+    the window's first µs, None for a snapshot without times).  What a category holds below zero (a CPU run's
+    other threads freeing what the named categories counted) is stacked below the axis, not into the others."""
+    fig = figures.Figure()
+    by_index = t_origin is None  # legacy snapshots: no times
+    xs = tl["ts_us"] if by_index else (tl["ts_us"] - t_origin) / 1e3
+    for c in [c for c in tl.columns if c != "ts_us" and pd.api.types.is_numeric_dtype(tl[c])]:
+        y = tl[c].astype("float64") / sc
+        shown = False
+        for part, group in ((y.clip(lower=0.0), "above"), (y.clip(upper=0.0), "below")):
+            if not (part != 0).any():
+                continue
+            fig.add_trace(figures.scatter(x=xs, y=part, name=label(category_label(c)), legendgroup=str(c),
+                                          showlegend=not shown, mode="lines", stackgroup=group,
+                                          line=dict(width=0.5, color=CATEGORY_COLORS.get(c))))
+            shown = True
+    fig.update_layout(title=f"Memory over the recorded steps, {owner}",
+                      xaxis_title="allocation event number (the snapshot has no times)" if by_index
+                      else "ms from window start", yaxis_title=unit, legend=dict(font=dict(size=11)))
+    return fig
+
+
 def memory_section(a: Analysis, page: Page) -> str:
     out = ['<section id="memory"><h2>Memory</h2>', notes_html(a, "memory")]
     if a.memory_peaks is not None and not a.memory_peaks.empty:
@@ -243,18 +266,7 @@ def memory_section(a: Analysis, page: Page) -> str:
             charts.append(page.fig(fig, 360))
         tl = m.timeline
         if tl is not None and not tl.empty and "ts_us" in tl:
-            fig = figures.Figure()
-            by_index = t_origin is None  # legacy snapshots: no times
-            xs = tl["ts_us"] if by_index else (tl["ts_us"] - t_origin) / 1e3
-            for c in [c for c in tl.columns if c != "ts_us"]:
-                if not pd.api.types.is_numeric_dtype(tl[c]) or float(tl[c].max() or 0) <= 0:
-                    continue
-                fig.add_trace(figures.scatter(x=xs, y=tl[c] / sc, name=label(category_label(c)), mode="lines",
-                                         stackgroup="one", line=dict(width=0.5, color=CATEGORY_COLORS.get(c))))
-            fig.update_layout(title=f"Memory over the recorded steps, {owner}",
-                              xaxis_title="allocation event number (the snapshot has no times)" if by_index
-                              else "ms from window start", yaxis_title=unit, legend=dict(font=dict(size=11)))
-            charts.append(page.fig(fig, 360))
+            charts.append(page.fig(timeline_figure(tl, t_origin, sc, unit, owner), 360))
         out.append(side_by_side(*charts))
         out.append(_process_block(a))
         if a.overview.get("sharded"):

@@ -34,7 +34,7 @@ def _unit_memory_chart(a: Analysis, page: Page) -> tuple[str, str]:
         g = bu[bu["category"].astype(str) == cat].groupby("unit")["bytes"].sum()
         fig.add_trace(figures.bar(x=[label(u) for u in units], y=[g.get(u, 0.0) / sc for u in units],
                              name=label(category_label(cat)), marker_color=CATEGORY_COLORS.get(cat)))
-    fig.update_layout(barmode="stack", title=f"Memory per unit at the peak, rank {r0}", yaxis_title=unit,
+    fig.update_layout(barmode="relative", title=f"Memory per unit at the peak, rank {r0}", yaxis_title=unit,
                       xaxis=dict(categoryorder="array", categoryarray=[label(u) for u in units]),
                       legend=dict(orientation="h", y=-0.2, font=dict(size=11)))
     note = (f'<p class="note">{esc(fmt_bytes(none))} at the peak belong to no unit (inputs, tensors made outside '

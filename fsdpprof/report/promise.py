@@ -87,7 +87,7 @@ def _memory_vs_formula(c, page: Page) -> str:
                                  name=label(category_label(cat)), legendgroup="formula",
                                  legendgrouptitle_text="ZeRO formula (model states)",
                                  marker=dict(color=CATEGORY_COLORS.get(cat), pattern=dict(shape="/", fgcolor="#fff"))))
-    fig.update_layout(barmode="stack", title="Memory per rank: measured at the peak by category, beside the ZeRO "
+    fig.update_layout(barmode="relative", title="Memory per rank: measured at the peak by category, beside the ZeRO "
                                              "formula's model states (hatched)", yaxis_title=unit,
                       xaxis=dict(tickangle=0), legend=dict(groupclick="toggleitem", font=dict(size=11)))
     return page.fig(fig, 480)

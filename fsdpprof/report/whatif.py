@@ -78,7 +78,7 @@ def _figure(result: dict, page: Page) -> str:
     mpeak = (result.get("measured") or {}).get("peak_allocated_bytes")
     if mpeak:
         fig.add_hline(y=mpeak / MIB, line_dash="dot", annotation_text="this run, measured")
-    fig.update_layout(barmode="stack", title="Predicted peak per rank, alive at the peak by category",
+    fig.update_layout(barmode="relative", title="Predicted peak per rank, alive at the peak by category",
                       yaxis_title="MiB")
     return page.fig(fig, 360)
 
