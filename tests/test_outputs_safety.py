@@ -131,6 +131,32 @@ def test_a_signal_during_the_write_leaves_nothing_behind(tmp_path, sig, code, wo
     assert sorted(os.listdir(tmp_path)) == ["writing"]               # no temporary, no lock, no folder, no half pair
 
 
+CHILD_AT_CREATION = """
+import os, sys
+from fsdpprof import cli
+real_open = os.open
+def open_then_interrupted(path, flags, mode=0o777, *args, **kwargs):
+    fd = real_open(path, flags, mode, *args, **kwargs)
+    if str(path).endswith(".tmp"):  # Ctrl-C the moment the first temporary exists, before its writer returns
+        raise KeyboardInterrupt
+    return fd
+os.open = open_then_interrupted
+sys.exit(cli.main(["report", {trace!r}, "-o", {out!r}]))
+"""
+
+
+def test_an_interrupt_as_a_temporary_is_created_leaves_nothing_behind(tmp_path):
+    """hostile.py once found `.plotly-<v>.min.js.<pid>.<hex>.tmp` left by a SIGINT between the temporary's creation
+    and its listing for removal: it is listed before it exists."""
+    out_dir = tmp_path / "new" / "deeper"
+    src = CHILD_AT_CREATION.format(trace=str(shared_data(*DLRM, "rank-0.json.gz")), out=str(out_dir / "r.html"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip().splitlines() == ["fsdpprof report: interrupted"], p.stderr
+    assert os.listdir(tmp_path) == []                                 # no temporary, no lock, no folder
+
+
 def _stdout_full(argv, cwd):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     with open("/dev/full", "w") as full:

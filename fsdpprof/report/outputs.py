@@ -427,14 +427,17 @@ def _signals_unwind():
             signal.signal(sig, handler)
 
 
-def _new_temp(path: str) -> tuple[int, str]:
+def _new_temp(path: str, temps: list[tuple[str, str]]) -> int:
+    """A new temporary beside ``path``, open for writing; it is listed in ``temps`` (tmp, path) before it exists,
+    so that a signal landing as it is created still has it removed."""
     directory, base = os.path.split(os.path.abspath(path))
     while True:
         tmp = os.path.join(directory, runfmt.temp_name(base))
+        temps.append((tmp, path))
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), tmp
-        except FileExistsError:
-            continue
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:     # another writer's: not ours to remove
+            temps.pop()
 
 
 def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable path with -o / --summary") -> None:
@@ -467,8 +470,8 @@ def write_files(items: list[tuple[str, bytes]], fix: str = "choose a writable pa
                 for path, data in items:
                     failed = path
                     remove_stale_temps(path)
-                    fd, tmp = _new_temp(path)
-                    temps.append((tmp, path))
+                    fd = _new_temp(path, temps)
+                    tmp = temps[-1][0]
                     with os.fdopen(fd, "wb") as fh:
                         if callable(data):      # written as it is made (a big file: never all in memory)
                             data(fh)
