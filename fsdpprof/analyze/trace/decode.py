@@ -363,6 +363,10 @@ def _has_coll_args(a) -> bool:
 def _intern(table: dict, values: list, dtype, new: list | None = None) -> np.ndarray:
     """Codes of ``values`` in ``table`` (value -> code), new values added in order of first appearance (and
     appended to ``new``)."""
+    try:                           # (most slices name nothing new: no pass over their distinct values)
+        return np.fromiter(map(table.__getitem__, values), dtype=dtype, count=len(values))
+    except KeyError:
+        pass
     for v in dict.fromkeys(values):
         if v not in table:
             table[v] = len(table)
