@@ -508,12 +508,6 @@ def _build(chains: pd.DataFrame, records: pd.DataFrame, offsets: pd.Series) -> _
     return m
 
 
-def _label(m: _Model, col: str, k: int):
-    """Node ``k``'s label in ``col`` (None: none)."""
-    x = int(m.codes[col][k])
-    return m.uniques[col][x] if x >= 0 else None
-
-
 def _code(m: _Model, col: str, label) -> int:
     """The code of ``label`` in ``col`` (-2: no node has it)."""
     hit = np.flatnonzero(m.uniques[col] == label)

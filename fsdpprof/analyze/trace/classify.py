@@ -6,7 +6,6 @@ their args or the op with the same External id) and CPU (gloo work paired with i
 from __future__ import annotations
 
 import math
-from itertools import repeat
 
 import msgspec
 import numpy as np
