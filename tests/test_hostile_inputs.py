@@ -117,6 +117,21 @@ def test_unhashable_names_threads_and_categories_are_read(tmp_path, lenient):
     assert all(str(tmp_path / "odd.json") in x for x in td.warnings)
 
 
+def test_a_time_written_as_a_string_or_a_bool_is_missing_whatever_its_slice_holds(tmp_path):
+    # numpy read "58" as 58.0 and true as 1.0 when every other time of the slice was a number (and as missing when
+    # one was not): a time that is not a JSON number is missing, for duration and [memory] events alike
+    bad = [{"ph": "X", "cat": "cpu_op", "name": "aten::str_ts", "pid": 1, "tid": 1, "ts": "58", "dur": 1.0},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::bool_dur", "pid": 1, "tid": 1, "ts": 60.0, "dur": True},
+           _mem("70", 4321, 100, 3100), _mem(True, 4322, 100, 3100)]
+    path = _write(tmp_path / "str.json", _doc(bad))
+    td = load_trace(str(path))
+    good = load_trace(str(_write(tmp_path / "good.json", _doc())))
+    pd.testing.assert_frame_equal(td.events, good.events)
+    pd.testing.assert_frame_equal(td.memory_events, good.memory_events)
+    assert sum("2 events without a timestamp or duration" in x for x in td.warnings) == 1
+    assert sum("2 [memory] events with a missing or invalid time" in x for x in td.warnings) == 1
+
+
 def test_real_trace_with_unhashable_ids_loads(tmp_path):
     doc = _real_doc(*DLRM)
     base = load_trace(str(shared_data(*DLRM)))

@@ -795,14 +795,17 @@ def _as_key(v):
 
 
 def _floats(values: list) -> np.ndarray:
-    """Numbers as float64: NaN for what is not a number, inf for integers beyond float."""
-    try:
-        out = np.asarray(values, dtype=np.float64)
-        if out.ndim == 1:
-            return out
-    except (TypeError, ValueError, OverflowError):
-        pass
+    """Numbers as float64: NaN for what is not a number (a string or a bool too, whatever else ``values`` holds),
+    inf for integers beyond float."""
+    if _NUMBER_TYPES.issuperset(map(type, values)):
+        try:
+            return np.asarray(values, dtype=np.float64)
+        except OverflowError:
+            pass
     return np.fromiter(map(_to_float, values), dtype=np.float64, count=len(values))
+
+
+_NUMBER_TYPES = frozenset({float, int, type(None)})   # what np.asarray reads as _to_float does (None: NaN)
 
 
 def _to_float(v) -> float:
