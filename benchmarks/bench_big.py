@@ -3,12 +3,13 @@ this tree against ``--before COMMIT`` in the same run, with orjson.loads and HTA
 (``--anchors orjson,hta``, ``--anchor-gb``).
 
     python benchmarks/bench_big.py [--sizes 0.5,1,2] [--gz-gb 16] [--before b6e0271] [--anchors orjson,hta]
-                                   [--repeat 1] [--tmp /tmp/fsdpprof-big] [--keep] [--max-rss-gb 6]
+                                   [--source TRACE] [--repeat 1] [--tmp /tmp/fsdpprof-big] [--keep] [--max-rss-gb 6]
 
 Inputs (written under --tmp, kept with --keep and reused when already there): traces of 0.5 / 1 / 2 / 4 GB
 (decompressed, plain JSON; --sizes, in GB of 2^30 bytes) built by replicating a real A100 trace
 (tests/data/gpu-traces/hta-16rank-a100, 109 k events) with shifted times, correlation / External ids and
-ProfilerStep numbers; ``--gz-gb N`` adds an N GB trace written gzipped (level 1), run through
+ProfilerStep numbers (``--source``: another real trace, e.g. a recorded CPU run's rank-0/trace.json.gz, whose
+profiler [memory] events the A100 trace lacks); ``--gz-gb N`` adds an N GB trace written gzipped (level 1), run through
 ``fsdpprof report`` (its peak RSS is the figure of the issue's goal: <= 4 GB for 16 GB).
 
 Each measurement is one fresh process (nice the whole benchmark on a shared machine, not its children: a
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -96,11 +98,12 @@ print("RESULT " + json.dumps({"cpu_s": time.process_time() - c0, "wall_s": time.
 
 
 # ----------------------------------------------------------------------------------------- inputs
-def write_replicated(target_bytes: int, path: Path, gz: bool) -> int:
-    """SOURCE's events replicated (shifted times, ids, step numbers) until the JSON holds >= target_bytes;
+def write_replicated(target_bytes: int, path: Path, gz: bool, source: Path = SOURCE) -> int:
+    """``source``'s events replicated (shifted times, ids, step numbers) until the JSON holds >= target_bytes;
     plain or gzip (level 1).  Returns the decompressed size."""
     import orjson
-    doc = orjson.loads(gzip.decompress(SOURCE.read_bytes()))
+    data = source.read_bytes()
+    doc = orjson.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
     events = doc.pop("traceEvents")
     ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
     span = (max(ts) - min(ts)) + 1000.0
@@ -149,13 +152,14 @@ def write_replicated(target_bytes: int, path: Path, gz: bool) -> int:
     return total
 
 
-def trace_for(gb: float, tmp: Path, gz: bool) -> tuple[Path, int]:
-    path = tmp / f"big-{gb:g}gb.json{'.gz' if gz else ''}"
+def trace_for(gb: float, tmp: Path, gz: bool, source: Path = SOURCE) -> tuple[Path, int]:
+    tag = "" if source == SOURCE else "-" + hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:8]
+    path = tmp / f"big-{gb:g}gb{tag}.json{'.gz' if gz else ''}"
     size_file = path.with_suffix(path.suffix + ".size")
     if path.is_file() and size_file.is_file():
         return path, int(size_file.read_text())
     print(f"building {path} ...", flush=True)
-    size = write_replicated(int(gb * GB), path, gz)
+    size = write_replicated(int(gb * GB), path, gz, source)
     size_file.write_text(str(size))
     return path, size
 
@@ -251,6 +255,9 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="git commit to measure in the same run (e.g. b6e0271)")
     ap.add_argument("--anchors", default="", help="anchors to run on the --anchor-gb trace: orjson,hta")
     ap.add_argument("--anchor-gb", type=float, default=1.0, help="the plain size the anchors run on")
+    ap.add_argument("--source", type=Path, default=SOURCE,
+                    help="the real trace (plain or gzip) to replicate (default: the A100 trace; a recorded CPU run's "
+                         "rank trace has the profiler's [memory] events)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--tmp", default=os.path.join(tempfile.gettempdir(), "fsdpprof-big"))
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused by the next run)")
@@ -268,7 +275,7 @@ def main() -> None:
     ratio: dict = {}              # tree -> peak RSS / trace bytes of its last measured size (predicts the next)
     try:
         for gb in sizes:
-            path, size = trace_for(gb, tmp, gz=False)
+            path, size = trace_for(gb, tmp, gz=False, source=args.source)
             for label, tree in trees:
                 if label in ratio and ratio[label] * size > max_rss:
                     lines.append(f"| {label} | load+overlap | {size / GB:.2f} | - | - | - | - | skipped: "
@@ -290,7 +297,7 @@ def main() -> None:
             if not args.keep:
                 path.unlink()
         if args.gz_gb:
-            path, size = trace_for(args.gz_gb, tmp, gz=True)
+            path, size = trace_for(args.gz_gb, tmp, gz=True, source=args.source)
             for label, tree in trees:
                 if label in ratio and ratio[label] * size > max_rss:
                     lines.append(f"| {label} | report (gz) | {size / GB:.2f} | - | - | - | - | skipped: "

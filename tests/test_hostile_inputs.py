@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import random
 import re
 import pickle
 import warnings
@@ -130,6 +132,75 @@ def test_a_time_written_as_a_string_or_a_bool_is_missing_whatever_its_slice_hold
     pd.testing.assert_frame_equal(td.memory_events, good.memory_events)
     assert sum("2 events without a timestamp or duration" in x for x in td.warnings) == 1
     assert sum("2 [memory] events with a missing or invalid time" in x for x in td.warnings) == 1
+
+
+def _memory_oracle(events):
+    """The [memory] rows the decoder keeps, one event at a time: (ts, addr, bytes, total allocated, total reserved,
+    device type, device id) and the process id, and the counts of the bad and the duplicated."""
+    def num(v):
+        return type(v) in (int, float) and math.isfinite(v) and abs(v) <= 2 ** 53
+
+    def integer(v, bits):
+        lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        if type(v) is int and lo <= v <= hi or type(v) is float and v.is_integer() and lo <= v <= hi:
+            return int(v)
+        return None
+    rows, pids, seen, bad, dup = [], [], set(), 0, 0
+    for e in events:
+        a = e["args"]
+        vals = [integer(a.get(k), b) for k, b in (("Addr", 64), ("Bytes", 64), ("Total Allocated", 64),
+                                                 ("Total Reserved", 64), ("Device Type", 8), ("Device Id", 16))]
+        if not num(e.get("ts")) or vals[0] is None or vals[1] is None or abs(vals[1]) > 1 << 44:
+            bad += 1
+            continue
+        row = (float(e["ts"]),) + tuple(0 if v is None else v for v in vals)
+        if row in seen:
+            dup += 1
+            continue
+        seen.add(row)
+        rows.append(row)
+        p = e["pid"]
+        pids.append(json.dumps(p, separators=(",", ":")) if isinstance(p, (list, dict)) else p)   # (as its JSON text)
+    return rows, pids, bad, dup
+
+
+@pytest.mark.parametrize("lenient", [False, True])
+def test_memory_events_over_many_slices_match_an_event_by_event_reading(tmp_path, lenient):
+    # the [memory] events are kept in typed columns slice by slice (no tuple per event): what is kept, left out
+    # (bad, or a duplicate of an event slices earlier) and each row's process id (1, 1.0 and True apart; a list as
+    # its JSON text) must be what reading the events one by one gives
+    rng = random.Random(7)
+    odd = [None, "12", [1], {"a": 1}, 1.5, 2 ** 70, 1e30, True]
+    mem = []
+    for i in range(8000):
+        e = _mem(float(i) + rng.choice([0, 0, 0, 0.5]), 4096 + 16 * (i % 997), rng.choice([512, -512, 2048]),
+                 1 << 20)
+        a = e["args"]
+        for key in ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id"):
+            r = rng.random()
+            if r < 0.02:
+                a[key] = rng.choice(odd)
+            elif r < 0.03:
+                del a[key]
+            elif r < 0.04 and key in ("Addr", "Bytes"):
+                a[key] = float(a[key])                    # an integer written as a float is read
+        if rng.random() < 0.01:
+            e["ts"] = rng.choice([None, 1e300, "7"] if lenient else [None, 1e300])
+        e["pid"] = rng.choice([1, 1, 1, 1.0, True, "1", [1]])
+        mem.append(e)
+        if rng.random() < 0.03:
+            mem.insert(rng.randrange(len(mem)), dict(e))   # a duplicate, often in another slice
+    path = _write(tmp_path / "mem.json", _doc(mem, events=[]))
+    assert path.stat().st_size > 4 * trace.CHUNK_BYTES
+    rt = trace.decode_trace(str(path))
+    rows, pids, bad, dup = _memory_oracle(mem)
+    cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
+    got = list(zip(*(rt.memory_events[c].tolist() for c in cols)))
+    assert got == rows and len(rows) > 5000
+    assert [(type(p), p) for p in rt.memory_pids.tolist()] == [(type(p), p) for p in pids]
+    assert rt.defects.get("bad_memory", 0) == bad > 100 and rt.defects.get("duplicate_memory", 0) == dup > 100
+    assert list(rt.memory_events.dtypes.astype(str)) == ["int32", "float64", "int64", "int64", "int64", "int64",
+                                                         "int8", "int16"]
 
 
 def test_real_trace_with_unhashable_ids_loads(tmp_path):

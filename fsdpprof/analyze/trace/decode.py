@@ -424,6 +424,12 @@ def _x_args(a) -> XArgs:
 COLUMN_TYPES = (("name", "i", np.int32), ("cat", "b", np.int8), ("tid", "i", np.int32), ("pid", "i", np.int32),
                 ("ts_us", "d", np.float64), ("dur_us", "d", np.float64), ("stream", "q", np.int64),
                 ("correlation", "q", np.int64), ("ext_id", "q", np.int64))
+# the [memory] events' columns, 45 bytes a row; ``pid`` is a code into _Columns.mem_pids
+MEMORY_COLUMN_TYPES = (("ts_us", "d", np.float64), ("addr", "q", np.int64), ("bytes", "q", np.int64),
+                       ("total_allocated_bytes", "q", np.int64), ("total_reserved_bytes", "q", np.int64),
+                       ("device_type", "b", np.int8), ("device_id", "h", np.int16), ("pid", "i", np.int32))
+_GET_MEMORY_ARGS = tuple(attrgetter(k) for k in ("addr", "nbytes", "total_alloc", "total_reserved", "device_type",
+                                                 "device_id"))
 # the runtime calls that launch device work (all but model.SYNC_CALLS, which stay events): only what ties a
 # kernel to its launch, in a table of their own, 24 bytes a row (an implausible time or duration is left out as
 # the chunk is decoded: no duration is kept)
@@ -448,7 +454,11 @@ class _Columns:
         self.runtime_names: set[tuple[int, int]] = set()   # (pid code, name code) of the runtime calls
         self.name_sync = np.zeros(0, dtype=bool)   # per name code: a runtime call that blocks the host (SYNC_CALLS)
         self.comm_rows: list[tuple] = []
-        self.mem_rows: list[tuple] = []
+        # the [memory] events' columns (MEMORY_COLUMN_TYPES; only the plausible ones), their process ids interned in
+        # mem_pids (process id -> code)
+        self.mem_bufs = {c: array.array(code) for c, code, _ in MEMORY_COLUMN_TYPES}
+        self.mem_pids: dict = {}
+        self.mem_pid_values: list = []       # per code: the process id (a code's key may be (type, value))
         self.thread_names: dict = {}
         self.name_comm = np.zeros(0, dtype=bool)   # per name code: a collective op (model.is_collective_op)
         self.name_labels: list[str] = []     # per name code: the name as shown (cut, or a non-string's JSON text)
@@ -494,7 +504,7 @@ class _Columns:
         except OverflowError:
             raise _NotFast from None
         if n + cat_codes1.count(None) < len(events):        # instants / metadata
-            self._add_other(compress(events, map(_IS_OTHER.__contains__, cat_codes1)))
+            self._add_other_fast(list(compress(events, map(_IS_OTHER.__contains__, cat_codes1))))
         if not n:
             return
         cat_codes = np.fromiter(filter(None, cat_codes1), dtype=np.int8, count=n)
@@ -584,22 +594,81 @@ class _Columns:
             self.name_labels.append(k)
 
     def _add_other(self, events) -> None:
-        """[memory] instants and thread_name metadata (fast or lenient events)."""
+        """[memory] instants and thread_name metadata of the lenient path."""
+        mem: list = []             # the [memory] instants: (event, its args)
         for e in events:
-            if type(e) is Event:
-                meta = e.ph == "M"
-                if not (meta or e.ph in ("i", "I")) or e.name != ("thread_name" if meta else "[memory]"):
-                    continue
-                a = _decode_args(_ARGS_DEC, e.args)
-            else:
-                meta, a = type(e) is FastMeta, e.args
+            meta = e.ph == "M"
+            if not (meta or e.ph in ("i", "I")) or e.name != ("thread_name" if meta else "[memory]"):
+                continue
+            a = _decode_args(_ARGS_DEC, e.args)
             if a is None:
                 continue
-            if not meta and e.name == "[memory]":
-                self.mem_rows.append((e.ts, a.addr, a.nbytes, a.total_alloc, a.total_reserved,
-                                      a.device_type, a.device_id, _key(e.pid)))
-            elif meta and e.name == "thread_name" and a.name is not None:
-                self.thread_names[(_key(e.pid), _key(e.tid))] = as_text(a.name)
+            if meta:
+                self._add_thread_name(e, a)
+            else:
+                mem.append((e, a))
+        if mem:
+            self._add_memory(*zip(*mem))
+
+    def _add_other_fast(self, events: list) -> None:
+        """:meth:`_add_other` for the fast path's instants and metadata (args decoded inline)."""
+        mem = [e for e in events if e.name == "[memory]" and e.args is not None and type(e) is not FastMeta]
+        if mem:
+            self._add_memory(mem, list(map(_GET_ARGS, mem)))
+        if len(mem) < len(events):
+            for e in events:
+                if type(e) is FastMeta and e.name == "thread_name" and e.args is not None:
+                    self._add_thread_name(e, e.args)
+
+    def _add_thread_name(self, e, a) -> None:
+        if a.name is not None:
+            self.thread_names[(_key(e.pid), _key(e.tid))] = as_text(a.name)
+
+    def _add_memory(self, events, args) -> None:
+        """One chunk's [memory] instants into the memory columns: those whose time, address or size is missing
+        or implausible left out (counted in ``defects``), other bad fields read as 0."""
+        ts = _floats(list(map(_GET_TS, events)))
+        ok = np.isfinite(ts) & (np.abs(ts) <= TIME_MAX_US)
+        part = {"ts_us": ts}
+        for (c, _, dtype), get in zip(MEMORY_COLUMN_TYPES[1:-1], _GET_MEMORY_ARGS):
+            part[c], valid = _ints(map(get, args), dtype)
+            if c in ("addr", "bytes"):
+                ok &= valid
+        ok &= np.abs(part["bytes"]) <= MEMORY_BYTES_MAX
+        pids = list(map(_GET_PID, events))
+        try:
+            plain = all(type(v) is int or type(v) is str for v in dict.fromkeys(pids))
+        except TypeError:          # a list or an object
+            plain = False
+        if not plain:              # (1, 1.0 and True kept apart; lists and objects as their JSON text: _key)
+            pids = [(type(v), _key(v)) for v in pids]
+        new: list = []
+        part["pid"] = _intern(self.mem_pids, pids, np.int32, new)
+        self.mem_pid_values += [k[1] if type(k) is tuple else k for k in new]
+        bad = int(np.count_nonzero(~ok))
+        if bad:
+            _count(self.defects, "bad_memory", bad)
+            rows = np.flatnonzero(ok)
+            part = {c: v[rows] for c, v in part.items()}
+        for c, _, dtype in MEMORY_COLUMN_TYPES:
+            self.mem_bufs[c].frombytes(np.ascontiguousarray(part[c], dtype=dtype).view(np.uint8))
+
+    def memory_frame(self) -> tuple[pd.DataFrame, np.ndarray]:
+        """([memory] events as model.MEMORY_EVENT_COLUMNS, the process id of each row); exact duplicates left out
+        (counted in ``defects``)."""
+        out = {c: np.frombuffer(self.mem_bufs[c], dtype=dtype) for c, _, dtype in MEMORY_COLUMN_TYPES}
+        self.mem_bufs = {}
+        pid_codes = out.pop("pid")
+        dup = _duplicate_rows(list(out.values()), np.ones(len(pid_codes), dtype=bool)) if len(pid_codes) else None
+        if dup is not None:
+            _count(self.defects, "duplicate_memory", int(np.count_nonzero(dup)))
+            rows = np.flatnonzero(~dup)
+            out = {c: v[rows] for c, v in out.items()}
+            pid_codes = pid_codes[rows]
+        out["rank"] = np.zeros(len(pid_codes), dtype=np.int32)
+        values = np.empty(len(self.mem_pid_values), dtype=object)
+        values[:] = self.mem_pid_values
+        return frame_of(out, model.MEMORY_EVENT_COLUMNS), values[pid_codes]
 
     def arrays(self) -> dict:
         """The kept events as numpy columns (see RawTrace.cols), implausible events and exact duplicates left
@@ -1262,7 +1331,7 @@ def _decode(path: str, reader: _Reader, cols: _Columns) -> RawTrace:
         if val is not None:
             meta[key] = val
     arrays = cols.arrays()
-    mem, mem_pids = _memory_frame(cols.mem_rows, cols.defects)
+    mem, mem_pids = cols.memory_frame()
     if len(arrays["ts_us"]) + len(arrays["launches"]["ts_us"]) == 0 and not len(mem):
         left_out = sum(v for k, v in cols.defects.items() if k in _LEFT_OUT)
         raise UserError(f"trace {path} has no events (traceEvents is empty or holds no duration events"
@@ -1332,33 +1401,6 @@ def _raise_no_events_key(path: str, buf: bytes) -> None:
     if isinstance(doc, list):
         raise UserError(_OLD_LIST_FORMAT.format(path))
     raise UserError(f"trace {path} has no 'traceEvents' key; is it a PyTorch profiler chrome trace?")
-
-
-def _memory_frame(rows: list[tuple], defects: dict) -> tuple[pd.DataFrame, np.ndarray]:
-    """([memory] events as model.MEMORY_EVENT_COLUMNS, the process id of each row).  Events whose time, address
-    or size is missing or implausible, and exact duplicates, are left out (counted in ``defects``); other bad
-    fields read as 0."""
-    cols = ["ts_us", "addr", "bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"]
-    dtypes = (np.int64, np.int64, np.int64, np.int64, np.int8, np.int16)
-    columns = list(zip(*rows)) if rows else [() for _ in range(8)]
-    ts = _floats(list(columns[0]))
-    out = {"rank": np.zeros(len(rows), dtype=np.int32), "ts_us": ts}
-    ok = np.isfinite(ts) & (np.abs(ts) <= TIME_MAX_US)
-    for c, vals, dt in zip(cols[1:], columns[1:], dtypes):
-        out[c], valid = _ints(vals, dt)
-        if c in ("addr", "bytes"):
-            ok &= valid
-    ok &= np.abs(out["bytes"]) <= MEMORY_BYTES_MAX
-    _count(defects, "bad_memory", int(np.count_nonzero(~ok)))
-    dup = _duplicate_rows([out[c] for c in cols], ok) if len(rows) else None
-    if dup is not None:
-        _count(defects, "duplicate_memory", int(np.count_nonzero(dup)))
-        ok &= ~dup
-    pids = np.array(list(columns[7]), dtype=object)
-    if not ok.all():
-        out = {c: v[ok] for c, v in out.items()}
-        pids = pids[ok]
-    return frame_of(out, model.MEMORY_EVENT_COLUMNS), pids
 
 
 def _ints(values, dtype) -> tuple[np.ndarray, np.ndarray]:
