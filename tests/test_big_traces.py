@@ -89,6 +89,37 @@ def test_compact_of_nothing():
     assert len(codes) == 0 and labels == []
 
 
+def _leaf_mask_by_sorting(tcodes, ts, end, is_cpu_op):
+    """What _leaf_mask computes, the plain way: every cpu_op sorted by (thread, ts, -end) at once."""
+    leaf = np.zeros(len(ts), dtype=bool)
+    i = np.flatnonzero(is_cpu_op)
+    order = np.lexsort((-end[i], ts[i], tcodes[i]))
+    i = i[order]
+    t, s, e = tcodes[i], ts[i], end[i]
+    is_leaf = np.ones(i.size, dtype=bool)
+    is_leaf[:-1] = (t[1:] != t[:-1]) | (s[1:] >= e[:-1]) | np.isnan(s[1:])
+    leaf[i[is_leaf]] = True
+    return leaf
+
+
+@pytest.mark.parametrize("layout", ["in order", "out of order", "ties and NaN"])
+def test_leaf_mask_equals_sorting_all_threads_at_once(layout):
+    # a thread's ops in the profiler's order are not sorted again; any other order (or a NaN) is
+    rng = np.random.default_rng(len(layout))
+    for _ in range(200):
+        n = int(rng.integers(0, 80))
+        tcodes = rng.integers(0, 5, n).astype(np.int32)
+        ts = rng.integers(0, 12 if layout == "ties and NaN" else 1000, n).astype(float)
+        if layout == "in order":
+            ts = np.sort(ts)
+        end = ts + rng.integers(0, 6, n)
+        if layout == "ties and NaN" and n:
+            ts[rng.integers(0, n)] = np.nan
+        is_cpu_op = rng.random(n) < 0.8
+        assert np.array_equal(classify._leaf_mask(tcodes, ts, end, is_cpu_op),
+                              _leaf_mask_by_sorting(tcodes, ts, end, is_cpu_op))
+
+
 def test_memory_warning_says_what_to_do():
     line = trace.memory_warning("big.json.gz", 30 << 30, available=8 << 30)
     assert line is not None and "big.json.gz" in line and "30.0 GiB of JSON" in line and "8.0 GiB is available" in line
