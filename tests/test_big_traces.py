@@ -5,6 +5,7 @@ benchmarks/bench_big.py."""
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,8 @@ import pytest
 
 from conftest import shared_data
 from fsdpprof.analyze import model
+from fsdpprof.analyze.load.run import load_run
+from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.trace import classify, load_trace
 from fsdpprof.analyze.trace import decode as trace
 
@@ -141,3 +144,24 @@ def test_a_trace_too_big_for_memory_is_warned_about_before_it_is_read(tmp_path, 
         # the gzip trace's JSON size is estimated from its first MB: the whole of this one
         assert f"about {len(plain) / 2**30:.1f} GiB of JSON" in err
         pd.testing.assert_frame_equal(td.events, base.events)  # (a warning only: the load goes on)
+
+
+def test_allocation_labels_keep_their_strings(tmp_path):
+    # the allocations' label columns hold references to the few distinct labels (pandas' str dtype, Python storage):
+    # the default storage copied every row's string into Arrow, whose pool kept it (+49 MiB for a 1 GB CPU run)
+    def mem(ts, addr, nbytes, total):
+        return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Total Reserved": 0, "Total Allocated": total, "Bytes": nbytes, "Device Id": -1,
+                         "Device Type": 0, "Addr": addr}}
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+          {"ph": "X", "cat": "user_annotation", "name": "## forward ##", "pid": 1, "tid": 1, "ts": 5.0, "dur": 40.0},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 20.0}]
+    ev += [mem(11.0 + i, 4096 * (i + 1), 1000, 1000 * (i + 1)) for i in range(20)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    m = memory_analysis(next(iter(load_run(str(path), workers=1).ranks.values())))
+    a = m.allocations
+    for col in ("stage", "fsdp_phase", "unit", "free_stage", "free_fsdp_phase", "frame_sig", "fsdp_family",
+                "user_metadata", "category_source"):
+        assert isinstance(a[col].dtype, pd.StringDtype) and a[col].dtype.storage == "python", (col, a[col].dtype)
+    assert set(a["stage"].dropna()) == {"forward"} and len(a) == 20

@@ -14,6 +14,7 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
+from fsdpprof.analyze.load.frames import labels_array
 from fsdpprof.analyze.model import MemoryCategory as MC
 
 CATEGORIES = model.MEMORY_CATEGORIES
@@ -298,7 +299,7 @@ def pass_inventory(df, lab: _Labels, inv_tensors: pd.DataFrame | None) -> None:
     if has_unit.any():
         unit = np.array(_col(df, "unit"), dtype=object)
         unit[pos[has_unit]] = m["unit"].to_numpy(object)[has_unit]
-        df["unit"] = unit
+        df["unit"] = labels_array(unit)
 
 
 def pass_tags(df, lab: _Labels, have_inventory_grads: bool = False) -> None:
@@ -428,5 +429,5 @@ def categorize(allocs: pd.DataFrame, *, inv_tensors: pd.DataFrame | None = None)
     df = allocs.copy()
     cat, src = label_columns(df, inv_tensors=inv_tensors)
     df["category"] = pd.Categorical(cat, categories=CATEGORIES)
-    df["category_source"] = src
+    df["category_source"] = labels_array(src)
     return df

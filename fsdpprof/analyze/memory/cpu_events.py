@@ -11,7 +11,7 @@ import pandas as pd
 
 from fsdpprof import runfmt
 from fsdpprof.analyze import model
-from fsdpprof.analyze.load.frames import startswith
+from fsdpprof.analyze.load.frames import labels_array, startswith
 from fsdpprof.analyze.memory import categorize as cz
 from fsdpprof.analyze.memory import fsdp_units as fu
 from fsdpprof.analyze.model import MemoryCategory as MC
@@ -136,7 +136,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
                 "device": np.int16(0), "stream": np.int64(0), "before_trace": True, "free_inferred": False})],
                 ignore_index=True)
     inv_t = _with_ddp_buckets(allocs, inv_t, inventory, t0)
-    allocs["user_metadata"] = ""
+    allocs["user_metadata"] = labels_array("", len(allocs))
     allocs["frames"] = pd.Series([None] * len(allocs), dtype=object)
     ws = (inventory or {}).get("shard_group_size") or (inventory or {}).get("world_size")
     annotate_from_events(allocs, events, marks, inventory, ws)
@@ -144,7 +144,7 @@ def cpu_allocations(memory_events: pd.DataFrame, events: pd.DataFrame | None, in
     unseen = other_threads(allocs, every, b, ts, _counted_from(inventory) == runfmt.COUNT_FROM_IMPORT) \
         if counted else None
     if unseen is not None and len(unseen):
-        unseen["user_metadata"] = ""
+        unseen["user_metadata"] = labels_array("", len(unseen))
         unseen["frames"] = pd.Series([None] * len(unseen), dtype=object)
         annotate_from_events(unseen, events, marks, inventory, ws)
         for c in ("unit", "fsdp_role", "free_unit"):      # (no one allocation: when, not whose)
@@ -411,6 +411,11 @@ def fsdp_free_bounds(allocs: pd.DataFrame, intervals: pd.DataFrame) -> np.ndarra
     return bound
 
 
+def _label_codes(labels: pd.Series, missing: str) -> np.ndarray:
+    """Integer codes of a column of labels, a missing label read as ``missing``."""
+    return pd.factorize(labels.astype(object).fillna(missing).to_numpy(object))[0]
+
+
 def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFrame, marks) -> tuple[int, int]:
     """Free, in place, the FSDP buffers whose free the trace lost (or found only at a later reuse of the address)
     where :func:`fsdp_free_bounds` says, else after the median lifetime of their peers (same phase, unit, stage and
@@ -438,27 +443,33 @@ def infer_lost_frees(allocs: pd.DataFrame, ts: np.ndarray, intervals: pd.DataFra
         # unit's same-size buffers of that step (FSDP2 on gloo makes two 3 MB reduce buffers per unit: the
         # reduce-scatter input, held long, and a short one freed on gloo's thread; mixing them gave the short one
         # the long one's lifetime, 3,159,040 B too many at the peak of tests/test_memory_cpu.py's oracle run)
-        base = (fp.fillna("") + "|" + allocs["stage"].astype(object).fillna("") + "|" + allocs["bytes"].astype(str))
-        unit = allocs["unit"].astype(object).fillna("<none>")
-        nth = (allocs.assign(_b=base, _u=unit).sort_values("alloc_us", kind="stable")
-               .groupby(["_b", "_u", "step_idx"], dropna=False).cumcount().reindex(allocs.index).astype(str))
-        key = base + "|" + unit + "|" + nth
-        key_any_unit = base + "|" + nth      # where the unit has no peer in the window (its other step outside)
+        # (groups as integer codes: no string key per allocation)
+        peers = pd.DataFrame({"phase": _label_codes(fp, ""), "stage": _label_codes(allocs["stage"], ""),
+                              "bytes": allocs["bytes"].to_numpy(np.int64),
+                              "unit": _label_codes(allocs["unit"], "<none>"),
+                              "step": allocs["step_idx"].to_numpy(np.int64)})
+        peers["base"] = peers.groupby(["phase", "stage", "bytes"], sort=False).ngroup()
+        order = np.argsort(allocs["alloc_us"].to_numpy(float), kind="stable")
+        nth = np.empty(len(peers), dtype=np.int64)
+        nth[order] = peers.iloc[order].groupby(["base", "unit", "step"], sort=False).cumcount().to_numpy()
+        peers["nth"] = nth
+        key = peers.groupby(["base", "unit", "nth"], sort=False).ngroup().to_numpy()
+        key_any_unit = peers.groupby(["base", "nth"], sort=False).ngroup().to_numpy()  # (the unit's peers outside)
+        del peers, nth, order
         same_step = (allocs["free_step_idx"] == allocs["step_idx"]).to_numpy()
         freed = transient & ~never & ~by_realloc & (gather | same_step)
         # a reduce-phase size whose peers outlive their step (the sharded gradient) is not transient
-        outlives = pd.Series(reduce_ & ~never & ~by_realloc & ~same_step).groupby(key).any()
-        cand &= ~(reduce_ & outlives.reindex(key).fillna(False).to_numpy(bool))
-        life = (allocs["free_us"] - allocs["alloc_us"]).where(freed)
-        med = life.groupby(key).median()
-        n_peers = life.groupby(key).count()
-        med_any = life.groupby(key_any_unit).median()
-        n_any = life.groupby(key_any_unit).count()
+        outlives = np.bincount(key, weights=reduce_ & ~never & ~by_realloc & ~same_step) > 0
+        cand &= ~(reduce_ & outlives[key])
+        life = (allocs["free_us"] - allocs["alloc_us"]).where(freed).reset_index(drop=True)
+        med, n_peers = life.groupby(key).median().to_numpy(float), life.groupby(key).count().to_numpy()
+        med_any = life.groupby(key_any_unit).median().to_numpy(float)
+        n_any = life.groupby(key_any_unit).count().to_numpy()
         idx = np.flatnonzero(cand)
-        k, k_any = key.iloc[idx], key_any_unit.iloc[idx]
-        own = n_peers.reindex(k).fillna(0).to_numpy() >= 1
-        ok = own | (n_any.reindex(k_any).fillna(0).to_numpy() >= 1)
-        med_us = np.where(own, med.reindex(k).to_numpy(float), med_any.reindex(k_any).to_numpy(float))
+        k, k_any = key[idx], key_any_unit[idx]
+        own = n_peers[k] >= 1
+        ok = own | (n_any[k_any] >= 1)
+        med_us = np.where(own, med[k], med_any[k_any])
         idx, med_us = idx[ok], med_us[ok]
         t = allocs["alloc_us"].to_numpy(float)[idx] + med_us
         # a free inferred from re-allocation stands unless the peers' lifetime ends the buffer earlier
@@ -602,10 +613,10 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
         unit_iv = pd.concat([unit_iv, f1.scopes], ignore_index=True)
     stage = model.stage_at(at, marks, outside=None)
     stage[pre] = None
-    allocs["stage"] = stage
+    allocs["stage"] = labels_array(stage)
     fp = cz.paint(at, ann, "fsdp_phase")
     fp[pre] = None
-    allocs["fsdp_phase"] = fp
+    allocs["fsdp_phase"] = labels_array(fp)
     un = cz.paint(at, unit_iv, "unit")
     if f1 is not None and len(f1.ag_launch_us):
         # FSDP1's unsharded flat parameter: allocated by the unshard just before its all-gather is launched
@@ -616,15 +627,16 @@ def annotate_from_events(allocs: pd.DataFrame, events: pd.DataFrame | None, mark
         idx = np.flatnonzero(uns)[ok]
         un[idx] = np.asarray(f1.ag_unit, dtype=object)[j[ok]]
     un[pre] = None
-    allocs["unit"] = un
+    allocs["unit"] = labels_array(un)
     ftf = np.where(np.isnan(ft), -np.inf, ft)
-    allocs["free_stage"] = model.stage_at(ftf, marks, outside=None)
-    allocs["free_fsdp_phase"] = cz.paint(ftf, ann, "fsdp_phase")
+    allocs["free_stage"] = labels_array(model.stage_at(ftf, marks, outside=None))
+    allocs["free_fsdp_phase"] = labels_array(cz.paint(ftf, ann, "fsdp_phase"))
     starts = marks["start_us"].to_numpy(float) if len(marks) else np.array([-np.inf])
     sidx = np.searchsorted(starts, at, side="right") - 1
     sidx[pre] = -1
     allocs["step_idx"] = sidx
     allocs["free_step_idx"] = np.where(np.isnan(ft), 1 << 30, np.searchsorted(starts, ftf, side="right") - 1)
-    allocs["frame_sig"] = ""
+    allocs["frame_sig"] = labels_array("", len(allocs))
     fams = set(ann["family"].dropna()) if len(ann) else set()
-    allocs["fsdp_family"] = model.FAMILY_FSDP1 if model.FAMILY_FSDP1 in fams else (model.FAMILY_FSDP2 if model.FAMILY_FSDP2 in fams else None)
+    allocs["fsdp_family"] = labels_array(model.FAMILY_FSDP1 if model.FAMILY_FSDP1 in fams else (
+        model.FAMILY_FSDP2 if model.FAMILY_FSDP2 in fams else None), len(allocs))
