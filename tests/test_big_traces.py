@@ -13,10 +13,13 @@ import pytest
 
 from conftest import shared_data
 from fsdpprof.analyze import model
+from fsdpprof.analyze.load import engines, memory_budget
+from fsdpprof.analyze.load.memory_budget import inflated_size
 from fsdpprof.analyze.load.run import load_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
 from fsdpprof.analyze.trace import classify, load_trace
 from fsdpprof.analyze.trace import decode as trace
+from fsdpprof.errors import UserError
 
 REAL = ("hta-nccl-2rank-a100", "hta-16rank-a100", "tracelens-b200-8rank")
 ROW_BYTES = 53          # docs/architecture.md: name 4, cat 1, tid_code 4, pid 4, ts 8, dur 8, stream/corr/ext 8 each
@@ -124,44 +127,65 @@ def test_leaf_mask_equals_sorting_all_threads_at_once(layout):
 
 
 def test_memory_warning_says_what_to_do():
-    line = trace.memory_warning("big.json.gz", 30 << 30, available=8 << 30)
+    line = memory_budget.memory_warning("big.json.gz", 30 << 30, available=8 << 30)
     assert line is not None and "big.json.gz" in line and "30.0 GiB of JSON" in line and "8.0 GiB is available" in line
-    assert trace.memory_warning("big.json.gz", 1 << 30, available=8 << 30) is None
+    assert f"up to {memory_budget.need_bytes(30 << 30) / 2**30:.1f} GiB" in line
+    assert memory_budget.memory_warning("big.json.gz", 1 << 30, available=8 << 30) is None
 
 
-def test_a_trace_too_big_for_memory_is_warned_about_before_it_is_read(tmp_path, monkeypatch, capsys):
+def test_the_default_trace_limit_follows_the_machines_memory(tmp_path, monkeypatch):
+    mb = memory_budget
+    assert mb.default_max_trace_bytes(available=1 << 30) == mb.MAX_TRACE_BYTES_FLOOR        # a small machine
+    big = mb.default_max_trace_bytes(available=24 << 30)
+    assert big > 16 << 30 and mb.need_bytes(big) <= (24 << 30) * mb.MEMORY_SHARE + 1       # a 16 GB trace goes here
+    assert mb.default_max_trace_bytes(available=None) >= mb.MAX_TRACE_BYTES_FLOOR
+    # refused beyond the default, the line says where that limit comes from and how to raise it
     src = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
-    plain = gzip.decompress(src.read_bytes())
-    base = load_trace(str(src), progress=False)
-    assert "warning" not in capsys.readouterr().err            # (a small trace: no line)
-    monkeypatch.setattr(trace, "PROGRESS_MIN_BYTES", 0)
-    monkeypatch.setattr(trace, "available_memory_bytes", lambda: 1 << 20)
-    for path, data in ((tmp_path / "t.json", plain), (tmp_path / "t.json.gz", src.read_bytes())):
-        path.write_bytes(data)
-        td = load_trace(str(path), progress=False)
-        err = capsys.readouterr().err
-        assert err.count("fsdpprof: warning: trace") == 1 and str(path) in err
-        # the gzip trace's JSON size is estimated from its first MB: the whole of this one
-        assert f"about {len(plain) / 2**30:.1f} GiB of JSON" in err
-        pd.testing.assert_frame_equal(td.events, base.events)  # (a warning only: the load goes on)
+    monkeypatch.setattr(mb, "MAX_TRACE_BYTES_FLOOR", 1 << 20)
+    monkeypatch.setattr(mb, "available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(UserError, match="the limit this machine's available memory sets.*--max-trace-bytes"):
+        load_trace(str(src), progress=False)
+    assert len(load_trace(str(src), progress=False, max_bytes=1 << 30).events)
 
 
-def test_allocation_labels_keep_their_strings(tmp_path):
-    # the allocations' label columns hold references to the few distinct labels (pandas' str dtype, Python storage):
-    # the default storage copied every row's string into Arrow, whose pool kept it (+49 MiB for a 1 GB CPU run)
-    def mem(ts, addr, nbytes, total):
-        return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
-                "args": {"Total Reserved": 0, "Total Allocated": total, "Bytes": nbytes, "Device Id": -1,
-                         "Device Type": 0, "Addr": addr}}
-    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
-          {"ph": "X", "cat": "user_annotation", "name": "## forward ##", "pid": 1, "tid": 1, "ts": 5.0, "dur": 40.0},
-          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 20.0}]
-    ev += [mem(11.0 + i, 4096 * (i + 1), 1000, 1000 * (i + 1)) for i in range(20)]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"traceEvents": ev}))
-    m = memory_analysis(next(iter(load_run(str(path), workers=1).ranks.values())))
-    a = m.allocations
-    for col in ("stage", "fsdp_phase", "unit", "free_stage", "free_fsdp_phase", "frame_sig", "fsdp_family",
-                "user_metadata", "category_source"):
-        assert isinstance(a[col].dtype, pd.StringDtype) and a[col].dtype.storage == "python", (col, a[col].dtype)
-    assert set(a["stage"].dropna()) == {"forward"} and len(a) == 20
+def test_ranks_at_once_takes_the_biggest_traces_together():
+    mb = memory_budget
+    sizes = [1 << 30, 4 << 30, 2 << 30, 1 << 30]
+    room = (mb.need_bytes(4 << 30) + mb.need_bytes(2 << 30)) / mb.MEMORY_SHARE
+    assert mb.ranks_at_once(sizes, available=int(room) + 1) == 2
+    assert mb.ranks_at_once(sizes, available=int(room) - 1) == 1
+    assert mb.ranks_at_once(sizes, available=1 << 20) == 1                    # never none
+    assert mb.ranks_at_once(sizes, available=1 << 40) == 4
+
+
+def test_the_local_pool_runs_only_the_ranks_memory_holds(monkeypatch, capsys):
+    folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
+    sizes = [inflated_size(str(p)) for p in sorted(folder.glob("rank-*.json.gz"))]
+    alone = load_run(str(folder), workers=1)
+    need = memory_budget.need_bytes(max(sizes))
+    monkeypatch.setattr(memory_budget, "available_memory_bytes", lambda: int(2.5 * need / memory_budget.MEMORY_SHARE))
+    monkeypatch.setattr(engines, "usable_cores", lambda: 8)   # (cores do not set the number here)
+    assert engines.local_workers(4, sizes) == 2
+    err = capsys.readouterr().err
+    assert "analysing 2 ranks at a time, not 4" in err and err.count("\n") == 1
+    assert engines.local_workers(None, sizes) == 1          # small traces: this process, nothing said
+    assert capsys.readouterr().err == ""
+    two = load_run(str(folder), workers=4)
+    assert "analysing 2 ranks at a time, not 4" in capsys.readouterr().err
+    assert sorted(two.ranks) == sorted(alone.ranks) == list(range(8))
+    for r in alone.ranks:
+        pd.testing.assert_frame_equal(two.ranks[r].events, alone.ranks[r].events)
+
+
+def test_a_gzip_traces_json_size_is_lifted_past_its_trailers_modulus(tmp_path, monkeypatch):
+    # a gzip trailer holds its last member's size modulo 4 GiB: a 16 GB trace's said 1.6 GB, and the memory plan
+    # trusted it.  Here two members (a concatenated gzip), the first of exactly 4 MiB, with 4 MiB as the modulus
+    raw = gzip.decompress(shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz").read_bytes())
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(raw))
+    assert inflated_size(str(path)) == len(raw)
+    path.write_bytes(gzip.compress(raw[:4 << 20]) + gzip.compress(raw[4 << 20:]))
+    assert inflated_size(str(path)) == len(raw) - (4 << 20)            # (small: the trailer as it is)
+    monkeypatch.setattr(memory_budget, "GZ_LIFT_MIN_BYTES", 0)
+    monkeypatch.setattr(memory_budget, "GZ_ISIZE_MOD", 4 << 20)
+    assert inflated_size(str(path)) == len(raw)                        # lifted by what the first MB predicts

@@ -19,6 +19,7 @@ import pytest
 from conftest import run_fsdpprof, shared_data
 from fsdpprof.analyze.trace import classify
 from fsdpprof.analyze.load import files as runmod
+from fsdpprof.analyze.load import memory_budget
 from fsdpprof.analyze.memory import snapshot as snapmod
 from fsdpprof.analyze.trace import decode as trace
 from fsdpprof.analyze.pipeline import analyze_run
@@ -327,7 +328,7 @@ def test_decompressed_size_limit_names_the_flag(tmp_path):
     liar = tmp_path / "liar.json.gz"
     liar.write_bytes(gzip.compress(raw)[:-4] + (100).to_bytes(4, "little"))
     assert str(liar) in str(_one_line_error(load_trace, str(liar), max_bytes=len(raw) // 2))
-    assert trace.MAX_TRACE_BYTES == 8 << 30
+    assert memory_budget.MAX_TRACE_BYTES_FLOOR == 8 << 30
     err = _one_line_error(load_run, str(gz), max_trace_bytes=1000)
     assert "--max-trace-bytes" in str(err)
     p = run_fsdpprof("report", str(gz), "--max-trace-bytes", "1000", "-o", str(tmp_path / "r.html"))

@@ -19,9 +19,10 @@ SHARED = {  # option -> add_argument keywords
                           "largest peak; the report names it)"),
     "--max-trace-bytes": dict(type=options.TRACE_BYTES, metavar="BYTES",
                               help="largest trace accepted, in bytes of JSON once decompressed, e.g. 16GiB "
-                                   "(default 8 GiB)"),
+                                   "(default: what this machine's available memory can analyse, at least 8 GiB)"),
     # where the per-rank work runs (fsdpprof.analyze.load.engines)
-    "--workers": dict(type=options.WORKERS, help="processes for loading ranks (at most one per rank and per CPU core)"),
+    "--workers": dict(type=options.WORKERS, help="processes for loading ranks (at most one per rank and per CPU core, "
+                                                  "and as many as the available memory holds)"),
     "--engine": dict(choices=("local", "dask"),
                      help="where each rank is analysed: local (default; this machine, a pool of --workers processes "
                           "for big traces) or dask (a Dask cluster: --scheduler, else a LocalCluster of --workers "

@@ -17,11 +17,13 @@ import multiprocessing
 import os
 import socket
 import struct
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 
+from fsdpprof.analyze.load import memory_budget
 from fsdpprof.errors import UserError
 from fsdpprof.version import __version__
 
@@ -124,13 +126,23 @@ def _pool_size(workers: int | None, n_jobs: int) -> int:
     return max(1, min(int(workers or cores), n_jobs or 1, cores))
 
 
-def local_workers(workers: int | None, n_jobs: int, trace_bytes: int) -> int:
-    """Processes the local engine runs ``n_jobs`` ranks in, whose unread traces hold ``trace_bytes`` of JSON:
-    ``workers`` when given, else one per rank from POOL_MIN_BYTES on and below it 1 (this process: small traces
-    are read faster than processes start); never more than the jobs or the CPU cores."""
+def local_workers(workers: int | None, json_sizes: list[int]) -> int:
+    """Processes the local engine runs ranks in, whose unread traces hold ``json_sizes`` bytes of JSON each:
+    ``workers`` when given, else one per rank from POOL_MIN_BYTES in all on and below it 1 (this process: small
+    traces are read faster than processes start); never more than the ranks, the CPU cores or the ranks the
+    available memory can analyse at once (memory_budget.ranks_at_once; said on stderr when it sets the number)."""
+    n_jobs = len(json_sizes)
     if workers is None:
-        workers = n_jobs if trace_bytes >= POOL_MIN_BYTES else 1
-    return _pool_size(workers, n_jobs)
+        workers = n_jobs if sum(json_sizes) >= POOL_MIN_BYTES else 1
+    n = _pool_size(workers, n_jobs)
+    fit = memory_budget.ranks_at_once(json_sizes) if n > 1 else None
+    if fit is not None and fit < n:
+        need = memory_budget.need_bytes(max(json_sizes))
+        print(f"fsdpprof: analysing {fit} rank{'s' if fit > 1 else ''} at a time, not {n}: the biggest trace may "
+              f"need up to {need / 2**30:.1f} GiB of memory and {memory_budget.available_memory_bytes() / 2**30:.1f} "
+              f"GiB is available", file=sys.stderr, flush=True)
+        n = fit
+    return n
 
 
 def map_unordered(fn, jobs: list[tuple[tuple, dict]], *, engine: str = "local", workers: int | None = None,

@@ -172,19 +172,6 @@ def _looks_like_trace(path: str) -> bool:
     return b'"traceEvents"' in head or b'"distributedInfo"' in head or is_timeline(head)
 
 
-def inflated_size(path: str) -> int:
-    """Bytes of JSON in a trace file: the gzip trailer's size for .gz (last member), else the file size."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if fh.read(2) != b"\x1f\x8b":
-                return size
-            fh.seek(-4, os.SEEK_END)
-            return max(int.from_bytes(fh.read(4), "little"), size)
-    except OSError:
-        return 0
-
-
 def no_usable_rank(missing: dict, what: str, nothing: str, one_alone: bool = True) -> UserError:
     """The error for an input none of whose ranks can be used (``missing``: label -> why): ``what: <the first
     reason>`` (``nothing`` when there is none); ``one_alone``: a single reason is the whole line."""

@@ -13,8 +13,8 @@ import pandas as pd
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.load import engines
-from fsdpprof.analyze.load.files import (SOURCE_RUN_DIR, RankData, Run, find_run, inflated_size, no_usable_rank,
-                                         with_inventory)
+from fsdpprof.analyze.load.files import SOURCE_RUN_DIR, RankData, Run, find_run, no_usable_rank, with_inventory
+from fsdpprof.analyze.load.memory_budget import inflated_size
 from fsdpprof.analyze.trace.labels import concat_events
 from fsdpprof.analyze.trace.load import load_trace, load_trace_parts
 from fsdpprof.errors import UserError, unexpected_as_user_error
@@ -59,9 +59,9 @@ def load_rank(rd: RankData, *, max_bytes: int | None = None, progress: bool | No
     return LoadedRank(rd, list(val.warnings), why_inventory)
 
 
-def unread_trace_bytes(rds) -> int:
-    """Bytes of JSON in the traces of ``rds`` still to be read."""
-    return sum(inflated_size(rd.trace_path) for rd in rds if rd.events is None and rd.trace_path)
+def unread_trace_sizes(rds) -> list[int]:
+    """Bytes of JSON in each trace of ``rds`` (0: none, or read already)."""
+    return [inflated_size(rd.trace_path) if rd.events is None and rd.trace_path else 0 for rd in rds]
 
 
 def map_run(run: Run, job, kwargs_of, failed, why_of, *, engine: str | None = None, workers: int | None = None,
@@ -76,7 +76,7 @@ def map_run(run: Run, job, kwargs_of, failed, why_of, *, engine: str | None = No
     here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
     away = [rd for rd in rds if rd.events is None]
     if engine == "local":
-        workers = engines.local_workers(workers, len(away), unread_trace_bytes(away))
+        workers = engines.local_workers(workers, unread_trace_sizes(away))
         if workers <= 1 or len(away) <= 1:
             here, away = rds, []
     out: dict[int, tuple] = {}
@@ -100,7 +100,7 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
     load_parts(run, progress=progress)
     rds = [rd for _, rd in sorted(run.ranks.items()) if rd.events is None and rd.trace_path]
     jobs = [((rd,), {"max_bytes": run.max_trace_bytes, "progress": progress, "inventory": False}) for rd in rds]
-    workers = engines.local_workers(workers, len(jobs), unread_trace_bytes(rds))
+    workers = engines.local_workers(workers, unread_trace_sizes(rds))
     loaded = {i: value[0] if ok else f"{value}; retry with workers=1"
               for i, ok, value in engines.map_unordered(load_rank, jobs, workers=workers)}
     for i, rd in enumerate(rds):     # (in rank order: the warnings are said in that order)

@@ -27,6 +27,7 @@ _INFLATE_ERRORS = (zlib.error, _inflate_mod.error)
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.load.frames import frame_of
+from fsdpprof.analyze.load.memory_budget import default_max_trace_bytes, inflated_size, memory_warning
 from fsdpprof.analyze.trace.names import per_name
 from fsdpprof.errors import UserError
 
@@ -34,13 +35,10 @@ CHUNK_BYTES = 256 << 10         # decode the event array in slices of about this
 READ_BYTES = 256 << 10          # bytes per read / inflated block
 PROGRESS_MIN_BYTES = 64 << 20   # show a progress bar (auto mode) for files at least this big
 SYNC_GZ_BYTES = 8 << 20         # bigger gzip files are inflated a few blocks ahead in a background thread
-MAX_TRACE_BYTES = 8 << 30       # default limit on one trace's JSON (decompressed), checked while inflating
 MEMORY_BYTES_MAX = 1 << 44      # a [memory] event of more than 16 TiB is not an allocation
 NAME_MAX_CHARS = 4096           # longer names are cut (real kernel names reach 1,817 characters)
 TIME_MAX_US = float(2 ** 53)    # |ts| and dur beyond this (285 years in µs) are not times
 RANK_MAX = 1 << 24              # ranks / world sizes / group sizes beyond this are not real
-RESIDENT_PER_JSON_BYTE = 0.3    # peak resident bytes of a trace's report per byte of its JSON (0.24 at 4 GB, 0.21 at 16 GB)
-GZ_SAMPLE_BYTES = 1 << 20       # compressed bytes inflated to estimate a gzip trace's JSON size
 
 # Duration-event categories we keep; everything else (python_function, flows, overhead, ...) is skipped.
 KEEP_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"}) | model.DEVICE_EVENT_CATS | model.RUNTIME_CATS
@@ -898,7 +896,8 @@ class _Reader:
 
     def __init__(self, path: str, progress: bool | None, max_bytes: int | None = None) -> None:
         self.path = path
-        self.max_bytes = MAX_TRACE_BYTES if max_bytes is None else int(max_bytes)
+        self.limit_from_memory = max_bytes is None
+        self.max_bytes = default_max_trace_bytes() if max_bytes is None else int(max_bytes)
         try:
             self.raw = open(path, "rb")
         except OSError as exc:
@@ -910,7 +909,7 @@ class _Reader:
             self.raw.close()
             raise UserError(self._too_big_message())
         if size >= PROGRESS_MIN_BYTES:
-            line = memory_warning(path, self._json_bytes())
+            line = memory_warning(path, inflated_size(path))
             if line:
                 print(f"fsdpprof: warning: {line}", file=sys.stderr, flush=True)
         if progress is None:
@@ -932,21 +931,6 @@ class _Reader:
             self._thread = threading.Thread(target=self._inflate, name="fsdpprof-gunzip", daemon=True)
             self._thread.start()
 
-    def _json_bytes(self) -> int:
-        """The trace's JSON bytes: the file's size, or for gzip its size times the ratio of its first MB."""
-        if not self.gz:
-            return self.size
-        try:
-            d = _inflate_mod.decompressobj(wbits=31)
-            sample = self.raw.read(GZ_SAMPLE_BYTES)
-            out = len(d.decompress(sample, 64 * GZ_SAMPLE_BYTES))
-            used = len(sample) - len(d.unconsumed_tail) - len(d.unused_data)
-        except (_INFLATE_ERRORS + (OSError,)):
-            return self.size
-        finally:
-            self.raw.seek(0)
-        return int(self.size * out / used) if used > 0 else self.size
-
     def _isize(self) -> int:
         """Decompressed size of the last gzip member (bytes, mod 2**32) from the gzip trailer."""
         try:
@@ -958,7 +942,8 @@ class _Reader:
         return 1 << 62 if tail is None else int.from_bytes(tail, "little") if len(tail) == 4 else 0
 
     def _too_big_message(self) -> str:
-        return (f"trace {self.path} holds more than {self.max_bytes / 2**30:.3g} GiB of JSON once decompressed, the limit; "
+        limit = "the limit this machine's available memory sets" if self.limit_from_memory else "the limit"
+        return (f"trace {self.path} holds more than {self.max_bytes / 2**30:.3g} GiB of JSON once decompressed, {limit}; "
                 f"if it is a real trace, raise the limit with `fsdpprof report --max-trace-bytes BYTES` "
                 f"(Python: max_bytes=)")
 
@@ -1220,7 +1205,8 @@ def _decode_chunk(body: bytearray, cols: _Columns, base: int, first_event: int,
 
 def decode_trace(path: str, *, progress: bool | None = None, max_bytes: int | None = None) -> RawTrace:
     """Decode one chrome-trace file into a raw frame (no classification).  UserError on bad input, also when
-    the JSON is bigger than ``max_bytes`` (default MAX_TRACE_BYTES) once decompressed; malformed events are
+    the JSON is bigger than ``max_bytes`` (default: what the machine's memory can analyse, at least 8 GiB:
+    memory_budget.default_max_trace_bytes) once decompressed; malformed events are
     left out or repaired and counted in ``RawTrace.defects``."""
     path = os.fspath(path)
     reader = _Reader(path, progress, max_bytes)
@@ -1341,30 +1327,6 @@ def _decode(path: str, reader: _Reader, cols: _Columns) -> RawTrace:
     meta["device_type"] = _device_type(arrays, meta)
     return RawTrace(path=path, cols=arrays, comm_rows=cols.comm_rows, memory_events=mem, meta=meta,
                     thread_names=cols.thread_names, defects=cols.defects, memory_pids=mem_pids)
-
-
-def available_memory_bytes() -> int | None:
-    """Memory this machine can give a new load (MemAvailable, Linux), None where unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def memory_warning(path: str, json_bytes: int, available: int | None = None) -> str | None:
-    """A line saying that loading ``json_bytes`` of trace JSON needs more memory than is available
-    (``available``: default available_memory_bytes()); None when it fits or the memory is unknown."""
-    need = json_bytes * RESIDENT_PER_JSON_BYTE
-    available = available_memory_bytes() if available is None else available
-    if available is None or need <= available:
-        return None
-    return (f"trace {path} holds about {json_bytes / 2**30:.1f} GiB of JSON; analysing it needs about "
-            f"{need / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB is available: it may be killed "
-            f"for memory; analyse it on a machine with more memory, or record a shorter profiler window")
 
 
 def _device_type(arrays: dict, meta: dict) -> str:

@@ -1,0 +1,96 @@
+"""What analysing a trace takes in memory and what this machine can give it (issue 40): the one estimate behind the
+memory warning, the default limit on a trace's size and how many ranks the local engine analyses at once.  Bytes."""
+from __future__ import annotations
+
+import os
+import zlib
+
+# peak resident bytes of a rank's report per byte of its trace's JSON, at most: 0.56 for a recorded CPU run whose
+# profiler [memory] events run through it (1 GB), 0.24 for an A100 trace without them (1 GB; 0.21 at 16 GB)
+RESIDENT_PER_JSON_BYTE = 0.6
+RANK_BASE_BYTES = 128 << 20      # a process's interpreter and libraries (numpy, pandas, plotly)
+MEMORY_SHARE = 0.8               # of the memory available as a load starts, the share it plans to use
+MAX_TRACE_BYTES_FLOOR = 8 << 30  # the default limit on a trace's JSON is never below this
+GZ_SAMPLE_BYTES = 1 << 20       # compressed bytes inflated to estimate a big gzip trace's JSON size
+GZ_LIFT_MIN_BYTES = 64 << 20    # from this size on a gzip file's JSON may pass 4 GiB, beyond what its trailer says
+GZ_ISIZE_MOD = 1 << 32          # a gzip trailer's size is the member's size modulo this
+
+
+def inflated_size(path: str) -> int:
+    """Bytes of JSON in a trace file: the file's size; for gzip the trailer's size (its last member's, mod 2^32), and
+    for a file of GZ_LIFT_MIN_BYTES or more that size lifted by the whole 4 GiBs that the compression ratio of its
+    first MB predicts."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if fh.read(2) != b"\x1f\x8b":
+                return size
+            fh.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(fh.read(4), "little")
+            if size < GZ_LIFT_MIN_BYTES:
+                return max(isize, size)
+            fh.seek(0)
+            sample = fh.read(GZ_SAMPLE_BYTES)
+    except OSError:
+        return 0
+    try:
+        d = zlib.decompressobj(wbits=31)
+        out = len(d.decompress(sample, 64 * GZ_SAMPLE_BYTES))
+        used = len(sample) - len(d.unconsumed_tail) - len(d.unused_data)
+    except zlib.error:
+        return max(isize, size)
+    estimate = size * out / used if used > 0 else size
+    return max(size, isize + max(0, round((estimate - isize) / GZ_ISIZE_MOD)) * GZ_ISIZE_MOD)
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can give a new load (MemAvailable, Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def need_bytes(json_bytes: int) -> int:
+    """The most a rank's report takes resident, its trace holding ``json_bytes`` of JSON."""
+    return RANK_BASE_BYTES + int(json_bytes * RESIDENT_PER_JSON_BYTE)
+
+
+def memory_warning(path: str, json_bytes: int, available: int | None = None) -> str | None:
+    """A line saying that analysing ``json_bytes`` of trace JSON may need more memory than is available
+    (``available``: default available_memory_bytes()); None when it fits or the memory is unknown."""
+    need = need_bytes(json_bytes)
+    available = available_memory_bytes() if available is None else available
+    if available is None or need <= available:
+        return None
+    return (f"trace {path} holds about {json_bytes / 2**30:.1f} GiB of JSON; analysing it may need up to "
+            f"{need / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB is available: it may be killed "
+            f"for memory; analyse it on a machine with more memory, or record a shorter profiler window")
+
+
+def default_max_trace_bytes(available: int | None = None) -> int:
+    """The largest trace JSON read when no limit is given: what MEMORY_SHARE of the available memory can analyse
+    (``available``: default available_memory_bytes()), and at least MAX_TRACE_BYTES_FLOOR."""
+    available = available_memory_bytes() if available is None else available
+    if available is None:
+        return MAX_TRACE_BYTES_FLOOR
+    return max(MAX_TRACE_BYTES_FLOOR, int((available * MEMORY_SHARE - RANK_BASE_BYTES) / RESIDENT_PER_JSON_BYTE))
+
+
+def ranks_at_once(json_sizes: list[int], available: int | None = None) -> int | None:
+    """How many of these traces (JSON bytes each) can be analysed at once within MEMORY_SHARE of the available
+    memory, the biggest taken together (at least 1); None where the memory is unknown."""
+    available = available_memory_bytes() if available is None else available
+    if available is None:
+        return None
+    budget, n = available * MEMORY_SHARE, 0
+    for size in sorted(json_sizes, reverse=True):
+        budget -= need_bytes(size)
+        if budget < 0:
+            break
+        n += 1
+    return max(1, n)
