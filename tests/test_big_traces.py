@@ -189,3 +189,41 @@ def test_a_gzip_traces_json_size_is_lifted_past_its_trailers_modulus(tmp_path, m
     monkeypatch.setattr(memory_budget, "GZ_LIFT_MIN_BYTES", 0)
     monkeypatch.setattr(memory_budget, "GZ_ISIZE_MOD", 4 << 20)
     assert inflated_size(str(path)) == len(raw)                        # lifted by what the first MB predicts
+
+
+@pytest.mark.parametrize("layout", ["v2 container", "v2 nested", "v1 nested", "v1 unlimited", "none"])
+def test_available_memory_is_what_the_cgroup_leaves(tmp_path, monkeypatch, layout):
+    # in a container or a scheduler's job, /proc/meminfo is the host's: the cgroup's limit less its usage is
+    # what a load can have (else a trace the host could hold passed the default limit and was killed)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65536000 kB\nMemFree:  100 kB\nMemAvailable:   32768000 kB\n")
+    root = tmp_path / "cgroup"
+    proc = tmp_path / "self-cgroup"
+    host = 32768000 * 1024
+    want = host
+    if layout.startswith("v2"):
+        path = "/" if layout == "v2 container" else "/job/step"
+        proc.write_text(f"0::{path}\n")
+        (root / "job" / "step").mkdir(parents=True)
+        (root / "memory.max").write_text("4294967296\n" if layout == "v2 container" else "max\n")
+        (root / "memory.current").write_text("1073741824\n")
+        if layout == "v2 nested":          # the tighter of two levels
+            (root / "job" / "memory.max").write_text(f"{8 << 30}\n")
+            (root / "job" / "memory.current").write_text(f"{1 << 30}\n")
+            (root / "job" / "step" / "memory.max").write_text(f"{16 << 30}\n")
+            (root / "job" / "step" / "memory.current").write_text(f"{2 << 30}\n")
+            want = 7 << 30
+        else:
+            want = 3 << 30
+    elif layout.startswith("v1"):
+        proc.write_text("5:devices:/\n4:memory:/docker/abc\n0::/\n")
+        mem = root / "memory" / "docker" / "abc"
+        mem.mkdir(parents=True)
+        limit = "9223372036854771712" if layout == "v1 unlimited" else str(6 << 30)
+        (mem / "memory.limit_in_bytes").write_text(limit + "\n")
+        (mem / "memory.usage_in_bytes").write_text(f"{1 << 30}\n")
+        want = host if layout == "v1 unlimited" else 5 << 30
+    monkeypatch.setattr(memory_budget, "MEMINFO", str(meminfo))
+    monkeypatch.setattr(memory_budget, "PROC_CGROUP", str(proc))        # ("none": no such file)
+    monkeypatch.setattr(memory_budget, "CGROUP_ROOT", str(root))
+    assert memory_budget.available_memory_bytes() == want

@@ -43,16 +43,63 @@ def inflated_size(path: str) -> int:
     return max(size, isize + max(0, round((estimate - isize) / GZ_ISIZE_MOD)) * GZ_ISIZE_MOD)
 
 
+MEMINFO = "/proc/meminfo"
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_UNLIMITED = 1 << 60       # a cgroup v1 limit this high is none (v1 writes 2^63 less a page)
+
+
 def available_memory_bytes() -> int | None:
-    """Memory this machine can give a new load (MemAvailable, Linux), None where unknown."""
+    """Memory this machine can give a new load: MemAvailable (Linux), or less where this process's memory cgroup
+    (a container's, a job scheduler's) leaves less under its limit; None where unknown."""
+    room = _cgroup_room()
     try:
-        with open("/proc/meminfo") as fh:
+        with open(MEMINFO) as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    return free if room is None else min(free, room)
     except (OSError, ValueError, IndexError):
+        pass
+    return room
+
+
+def _cgroup_room() -> int | None:
+    """The least that this process's memory cgroup and those above it leave (limit less usage; cgroup v2, or v1's
+    memory controller); None without a limit."""
+    try:
+        with open(PROC_CGROUP) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
         return None
-    return None
+    room = None
+    for line in lines:
+        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hid == "0" and not controllers:
+            base, limit_file, usage_file = CGROUP_ROOT, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_file, usage_file = os.path.join(CGROUP_ROOT, "memory"), "memory.limit_in_bytes", \
+                "memory.usage_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for k in range(len(parts), -1, -1):      # (a container sees its own cgroup as the root: found there)
+            folder = os.path.join(base, *parts[:k])
+            limit = _read_bytes(os.path.join(folder, limit_file))
+            if limit is None or limit >= CGROUP_UNLIMITED:
+                continue
+            left = max(0, limit - (_read_bytes(os.path.join(folder, usage_file)) or 0))
+            room = left if room is None else min(room, left)
+    return room
+
+
+def _read_bytes(path: str) -> int | None:
+    """A cgroup file's number of bytes; None when absent, unreadable or "max"."""
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def need_bytes(json_bytes: int) -> int:
