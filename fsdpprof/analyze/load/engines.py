@@ -135,12 +135,13 @@ def local_workers(workers: int | None, json_sizes: list[int]) -> int:
     if workers is None:
         workers = n_jobs if sum(json_sizes) >= POOL_MIN_BYTES else 1
     n = _pool_size(workers, n_jobs)
-    fit = memory_budget.ranks_at_once(json_sizes) if n > 1 else None
+    available = memory_budget.available_memory_bytes() if n > 1 else None
+    fit = memory_budget.ranks_at_once(json_sizes, available) if available is not None else None
     if fit is not None and fit < n:
         need = memory_budget.need_bytes(max(json_sizes))
         print(f"fsdpprof: analysing {fit} rank{'s' if fit > 1 else ''} at a time, not {n}: the biggest trace may "
-              f"need up to {need / 2**30:.1f} GiB of memory and {memory_budget.available_memory_bytes() / 2**30:.1f} "
-              f"GiB is available", file=sys.stderr, flush=True)
+              f"need up to {need / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB is available",
+              file=sys.stderr, flush=True)
         n = fit
     return n
 
