@@ -396,7 +396,12 @@ def test_ddp_buckets_counted_before_the_window(oracle_runs):
         psi_bytes = rd.inventory["totals"]["param_bytes"]
         assert sum(rd.inventory["ddp_bucket_bytes"]) == psi_bytes        # fp32 grads, no bucket view
         bd = m.breakdown_at_peak.set_index("category")["bytes"]
-        assert bd["unsharded_grad"] == psi_bytes and bd.get("before_recording", 0) == 0
+        assert bd["unsharded_grad"] == psi_bytes
+        # nothing of the buckets is left unnamed.  (A small allocation made before the record and freed on a thread
+        # the profiler does not record stays named, and c10's count takes it back as a negative other-threads row:
+        # 1,184 B in one recording of several; the two cancel to the byte)
+        unnamed = bd.get("before_recording", 0)
+        assert unnamed <= 4096 and unnamed + min(0, bd.get("other_threads", 0)) == 0, dict(bd)
         assert m.coverage_pct >= 99.9
 
 
