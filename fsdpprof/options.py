@@ -99,6 +99,7 @@ WINDOW_STEPS = Number(1, 10**6)            # --warmup-steps, --active-steps
 MEMORY_ENTRIES = Number(1, 10**9)
 # analysis
 TRACE_BYTES = Number(1, 10**15, unit=" bytes", units=SIZE_UNITS, example="8GiB")  # --max-trace-bytes
+MEMORY_BYTES = Number(1 << 20, 10**15, unit=" bytes", units=SIZE_UNITS, example="16GiB")  # --max-memory
 STEP_NUMBER = Number(0, 10**12)           # compare --iteration N (ProfilerStep#N)
 CONNECT_TIMEOUT_S = Number(0.01, 3600, whole=False, unit=" seconds")
 DEFAULT_CONNECT_TIMEOUT_S = 10.0

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import shared_data
 from fsdpprof.analyze import model
+from fsdpprof import cli
 from fsdpprof.analyze.load import engines, memory_budget
 from fsdpprof.analyze.load.memory_budget import inflated_size
 from fsdpprof.analyze.load.run import load_run
@@ -135,10 +136,13 @@ def test_memory_warning_says_what_to_do():
 
 def test_the_default_trace_limit_follows_the_machines_memory(tmp_path, monkeypatch):
     mb = memory_budget
-    assert mb.default_max_trace_bytes(available=1 << 30) == mb.MAX_TRACE_BYTES_FLOOR        # a small machine
-    big = mb.default_max_trace_bytes(available=24 << 30)
+    monkeypatch.setattr(mb, "available_memory_bytes", lambda: 1 << 30)                   # a small machine
+    assert mb.default_max_trace_bytes() == mb.MAX_TRACE_BYTES_FLOOR
+    monkeypatch.setattr(mb, "available_memory_bytes", lambda: 24 << 30)
+    big = mb.default_max_trace_bytes()
     assert big > 16 << 30 and mb.need_bytes(big) <= (24 << 30) * mb.MEMORY_SHARE + 1       # a 16 GB trace goes here
-    assert mb.default_max_trace_bytes(available=None) >= mb.MAX_TRACE_BYTES_FLOOR
+    monkeypatch.setattr(mb, "available_memory_bytes", lambda: None)                        # unknown
+    assert mb.default_max_trace_bytes() == mb.MAX_TRACE_BYTES_FLOOR
     # refused beyond the default, the line says where that limit comes from and how to raise it
     src = shared_data("gpu-traces", "hta-nccl-2rank-a100", "rank-0.json.gz")
     monkeypatch.setattr(mb, "MAX_TRACE_BYTES_FLOOR", 1 << 20)
@@ -151,11 +155,13 @@ def test_the_default_trace_limit_follows_the_machines_memory(tmp_path, monkeypat
 def test_ranks_at_once_takes_the_biggest_traces_together():
     mb = memory_budget
     sizes = [1 << 30, 4 << 30, 2 << 30, 1 << 30]
-    room = (mb.need_bytes(4 << 30) + mb.need_bytes(2 << 30)) / mb.MEMORY_SHARE
-    assert mb.ranks_at_once(sizes, available=int(room) + 1) == 2
-    assert mb.ranks_at_once(sizes, available=int(room) - 1) == 1
-    assert mb.ranks_at_once(sizes, available=1 << 20) == 1                    # never none
-    assert mb.ranks_at_once(sizes, available=1 << 40) == 4
+    both = mb.need_bytes(4 << 30) + mb.need_bytes(2 << 30)
+    assert mb.ranks_at_once(sizes, both) == 2
+    assert mb.ranks_at_once(sizes, both - 1) == 1
+    assert mb.ranks_at_once(sizes, 1 << 20) == 1                    # never none
+    assert mb.ranks_at_once(sizes, 1 << 40) == 4
+    assert mb.budget_bytes(3 << 30) == 3 << 30                      # --max-memory as given
+    assert mb.budget_bytes(None, available=10 << 30) == int((10 << 30) * mb.MEMORY_SHARE)
 
 
 def test_the_local_pool_runs_only_the_ranks_memory_holds(monkeypatch, capsys):
@@ -175,6 +181,15 @@ def test_the_local_pool_runs_only_the_ranks_memory_holds(monkeypatch, capsys):
     assert sorted(two.ranks) == sorted(alone.ranks) == list(range(8))
     for r in alone.ranks:
         pd.testing.assert_frame_equal(two.ranks[r].events, alone.ranks[r].events)
+    # --max-memory sets the budget whatever the machine has
+    monkeypatch.setattr(memory_budget, "available_memory_bytes", lambda: 1 << 40)
+    assert engines.local_workers(4, sizes) == 4
+    assert engines.local_workers(4, sizes, max_memory=3 * need) == 3
+    err = capsys.readouterr().err
+    assert "analysing 3 ranks at a time, not 4" in err and err.rstrip().endswith("(--max-memory)")
+    three = load_run(str(folder), workers=4, max_memory=3 * need)
+    assert "analysing 3 ranks at a time, not 4" in capsys.readouterr().err
+    assert all(three.ranks[r].events.equals(alone.ranks[r].events) for r in alone.ranks)
 
 
 def test_a_gzip_traces_json_size_is_lifted_past_its_trailers_modulus(tmp_path, monkeypatch):
@@ -227,3 +242,16 @@ def test_available_memory_is_what_the_cgroup_leaves(tmp_path, monkeypatch, layou
     monkeypatch.setattr(memory_budget, "PROC_CGROUP", str(proc))        # ("none": no such file)
     monkeypatch.setattr(memory_budget, "CGROUP_ROOT", str(root))
     assert memory_budget.available_memory_bytes() == want
+
+
+@pytest.mark.parametrize("command", ["overlap", "report"])
+def test_max_memory_reaches_the_pool_from_the_command_line(tmp_path, monkeypatch, capsys, command):
+    folder = shared_data("gpu-traces", "param-dlrm-8rank-v100")
+    need = memory_budget.need_bytes(max(inflated_size(str(p)) for p in folder.glob("rank-*.json.gz")))
+    monkeypatch.setattr(engines, "usable_cores", lambda: 8)
+    monkeypatch.setattr(memory_budget, "available_memory_bytes", lambda: 1 << 40)
+    argv = [command, str(folder), "--workers", "4", "--max-memory", str(3 * need)]
+    argv += ["--json"] if command == "overlap" else ["-o", str(tmp_path / "r.html")]
+    assert cli.main(argv) in (0, None)
+    err = capsys.readouterr().err
+    assert "analysing 3 ranks at a time, not 4" in err and "(--max-memory)" in err

@@ -11,14 +11,14 @@ from fsdpprof import cli, options
 # the numeric options of each command (a new one must be added here, with a range in fsdpprof.options)
 NUMERIC = {
     "record": {"--skip-steps", "--warmup-steps", "--active-steps", "--max-memory-entries", "--ranks"},
-    "report": {"--workers", "--max-trace-bytes", "--connect-timeout"},
+    "report": {"--workers", "--max-trace-bytes", "--max-memory", "--connect-timeout"},
     "compare": {"--rank", "--workers", "--connect-timeout"},
-    "overlap": {"--workers", "--max-trace-bytes", "--connect-timeout"},
+    "overlap": {"--workers", "--max-trace-bytes", "--max-memory", "--connect-timeout"},
     "plan": {"--params", "--world", "--shard-group", "--compression", "--gpu-mem"},
     "whatif": {"--world", "--shard-group", "--ranks-per-host", "--batch-scale", "--reshard-after-forward", "--workers",
                "--connect-timeout"},
     "demo": {"--nproc"},
-    "timeline": {"--workers", "--max-trace-bytes", "--ranks", "--steps"},
+    "timeline": {"--workers", "--max-trace-bytes", "--max-memory", "--ranks", "--steps"},
 }
 BASE = {  # a command line that parses, before the option under test
     "record": [], "report": ["RUN"], "compare": ["A", "B"], "overlap": ["RUN"],

@@ -20,6 +20,10 @@ SHARED = {  # option -> add_argument keywords
     "--max-trace-bytes": dict(type=options.TRACE_BYTES, metavar="BYTES",
                               help="largest trace accepted, in bytes of JSON once decompressed, e.g. 16GiB "
                                    "(default: what this machine's available memory can analyse, at least 8 GiB)"),
+    "--max-memory": dict(type=options.MEMORY_BYTES, metavar="BYTES",
+                         help="memory the ranks analysed at once may need together, e.g. 16GiB: no more run at once "
+                              "than it holds (default: 80%% of the available memory, or of what this process's "
+                              "memory cgroup leaves)"),
     # where the per-rank work runs (fsdpprof.analyze.load.engines)
     "--workers": dict(type=options.WORKERS, help="processes for loading ranks (at most one per rank and per CPU core, "
                                                   "and as many as the available memory holds)"),

@@ -13,7 +13,7 @@ from fsdpprof.commands import ENGINE, add, engine_of
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="run directory, folder of profiler traces, or trace file (.json[.gz])")
-    add(p, "--json", "--max-trace-bytes", *ENGINE,
+    add(p, "--json", "--max-trace-bytes", "--max-memory", *ENGINE,
         json="print the numbers as JSON (times in us, sizes in bytes, bandwidths in GB/s; null: undefined)")
 
 
@@ -45,7 +45,7 @@ def table(result) -> str:
 
 def run(args) -> int:
     engine = engine_of(args)
-    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
+    run_ = find_run(args.run, workers=args.workers, max_trace_bytes=args.max_trace_bytes, max_memory=args.max_memory)
     from fsdpprof.analyze.pipeline import overlap_summary
 
     result = overlap_summary(run_, workers=args.workers, engine=engine, scheduler=args.scheduler)

@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     add(p, "--self-contained", *ENGINE)
     p.add_argument("--hta", action="store_true",
                    help="add HTA's own kernel, temporal and idle-time tables (GPU traces; pip install 'fsdpprof[hta]')")
-    add(p, "--max-trace-bytes")
+    add(p, "--max-trace-bytes", "--max-memory")
     p.add_argument("--tables", default=None, metavar="DIR",
                    help="also write every table of summary.json into DIR, one CSV each (and Parquet with "
                         "pip install 'fsdpprof[parquet]'), listed in DIR/tables.json")
@@ -104,7 +104,8 @@ def run(args) -> int:
     outputs = [(html_path, "-o" if args.output else "the report"),
                (summary_path, "--summary" if args.summary else "the summary"),
                *plotly_output(html_path, args.self_contained)]
-    run_ = checked_run(args, args.run, outputs, workers=args.workers, max_trace_bytes=args.max_trace_bytes)
+    run_ = checked_run(args, args.run, outputs, workers=args.workers, max_trace_bytes=args.max_trace_bytes,
+                       max_memory=args.max_memory)
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.report.text import summary_text
 

@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
                         "rank.json), collectives (the ends of the collectives the ranks share: they end at nearly the "
                         "same moment on every rank), or auto (default: the anchor where recorded, unless it leaves "
                         "shared collectives over 1 ms further apart than their own alignment; else the collectives)")
-    add(p, "--force", "--workers", "--max-trace-bytes")
+    add(p, "--force", "--workers", "--max-trace-bytes", "--max-memory")
 
 
 def run(args) -> int:
@@ -36,7 +36,7 @@ def run(args) -> int:
     from fsdpprof.analyze.load.run import load_run
 
     run_ = checked_run(args, args.run, [(out, "-o" if args.output else "the timeline")], load=load_run,
-                       workers=args.workers, max_trace_bytes=args.max_trace_bytes)
+                       workers=args.workers, max_trace_bytes=args.max_trace_bytes, max_memory=args.max_memory)
     if args.ranks is not None:
         absent = [r for r in args.ranks if r not in run_.ranks or run_.ranks[r].events is None]
         if absent:

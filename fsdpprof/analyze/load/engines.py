@@ -126,21 +126,24 @@ def _pool_size(workers: int | None, n_jobs: int) -> int:
     return max(1, min(int(workers or cores), n_jobs or 1, cores))
 
 
-def local_workers(workers: int | None, json_sizes: list[int]) -> int:
+def local_workers(workers: int | None, json_sizes: list[int], max_memory: int | None = None) -> int:
     """Processes the local engine runs ranks in, whose unread traces hold ``json_sizes`` bytes of JSON each:
     ``workers`` when given, else one per rank from POOL_MIN_BYTES in all on and below it 1 (this process: small
-    traces are read faster than processes start); never more than the ranks, the CPU cores or the ranks the
-    available memory can analyse at once (memory_budget.ranks_at_once; said on stderr when it sets the number)."""
+    traces are read faster than processes start); never more than the ranks, the CPU cores or the ranks the memory
+    budget (``max_memory``, else a share of the available memory: memory_budget.budget_bytes) holds at once
+    (said on stderr when it sets the number)."""
     n_jobs = len(json_sizes)
     if workers is None:
         workers = n_jobs if sum(json_sizes) >= POOL_MIN_BYTES else 1
     n = _pool_size(workers, n_jobs)
-    available = memory_budget.available_memory_bytes() if n > 1 else None
-    fit = memory_budget.ranks_at_once(json_sizes, available) if available is not None else None
+    budget = memory_budget.budget_bytes(max_memory) if n > 1 else None
+    fit = memory_budget.ranks_at_once(json_sizes, budget) if budget is not None else None
     if fit is not None and fit < n:
         need = memory_budget.need_bytes(max(json_sizes))
+        whose = "--max-memory" if max_memory is not None else \
+            f"{memory_budget.MEMORY_SHARE:.0%} of the available memory"
         print(f"fsdpprof: analysing {fit} rank{'s' if fit > 1 else ''} at a time, not {n}: the biggest trace may "
-              f"need up to {need / 2**30:.1f} GiB of memory and {available / 2**30:.1f} GiB is available",
+              f"need up to {need / 2**30:.1f} GiB of memory and the budget is {budget / 2**30:.1f} GiB ({whose})",
               file=sys.stderr, flush=True)
         n = fit
     return n

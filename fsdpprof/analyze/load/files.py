@@ -69,6 +69,7 @@ class Run:
     world_size: int | None = None
     inputs: list[str] = field(default_factory=list)   # every file read (or offered) as input: never an output
     max_trace_bytes: int | None = None   # largest trace JSON accepted once decompressed (None: the default)
+    max_memory: int | None = None        # the memory budget for ranks analysed at once (None: memory_budget's)
 
     def record_folders(self) -> list[str]:
         """Folders of a run directory that ``fsdpprof record`` wrote (rank-*/, launchers/): never an output's."""
@@ -292,17 +293,18 @@ def read_run_json(path: str) -> tuple[dict | None, str | None]:
 
 
 def find_run(path, *, workers: int | None = None, max_trace_bytes: int | None = None,
-             inventories: bool = False) -> Run:
+             max_memory: int | None = None, inventories: bool = False) -> Run:
     """The files of a run directory, a folder of traces, a trace, a CUDA snapshot or a folder of them: a Run whose
     traces are not read yet.  ``inventories``: keep each inventory.json as read (else only its path); ``workers``
-    is only checked; ``max_trace_bytes``: largest trace JSON accepted once decompressed.  Bad input: UserError."""
+    is only checked; ``max_trace_bytes``: largest trace JSON accepted once decompressed; ``max_memory``: the memory
+    budget (bytes) that sets how many ranks are analysed at once.  Bad input: UserError."""
     with unexpected_as_user_error(f"{os.fspath(path)}"):
         check_workers(workers)
         if not str(os.fspath(path)).strip():
             raise UserError(f"the path is empty; {_WHAT_TO_GIVE}")
         path = os.path.abspath(os.fspath(path))
         run = _discover_folder(path, lazy=not inventories) if check_input_path(path) else _discover_file(path)
-        run.max_trace_bytes = max_trace_bytes
+        run.max_trace_bytes, run.max_memory = max_trace_bytes, max_memory
         return run
 
 

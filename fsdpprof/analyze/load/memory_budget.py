@@ -119,22 +119,28 @@ def memory_warning(path: str, json_bytes: int, available: int | None = None) -> 
             f"for memory; analyse it on a machine with more memory, or record a shorter profiler window")
 
 
-def default_max_trace_bytes(available: int | None = None) -> int:
-    """The largest trace JSON read when no limit is given: what MEMORY_SHARE of the available memory can analyse
-    (``available``: default available_memory_bytes()), and at least MAX_TRACE_BYTES_FLOOR."""
+def budget_bytes(max_memory: int | None = None, available: int | None = None) -> int | None:
+    """The memory a load plans for: ``max_memory`` (``--max-memory``) when given, else MEMORY_SHARE of the
+    available memory (``available``: default available_memory_bytes()); None where that is unknown."""
+    if max_memory is not None:
+        return int(max_memory)
     available = available_memory_bytes() if available is None else available
-    if available is None:
+    return None if available is None else int(available * MEMORY_SHARE)
+
+
+def default_max_trace_bytes() -> int:
+    """The largest trace JSON read when no limit is given: what MEMORY_SHARE of the available memory can analyse,
+    and at least MAX_TRACE_BYTES_FLOOR."""
+    budget = budget_bytes()
+    if budget is None:
         return MAX_TRACE_BYTES_FLOOR
-    return max(MAX_TRACE_BYTES_FLOOR, int((available * MEMORY_SHARE - RANK_BASE_BYTES) / RESIDENT_PER_JSON_BYTE))
+    return max(MAX_TRACE_BYTES_FLOOR, int((budget - RANK_BASE_BYTES) / RESIDENT_PER_JSON_BYTE))
 
 
-def ranks_at_once(json_sizes: list[int], available: int | None = None) -> int | None:
-    """How many of these traces (JSON bytes each) can be analysed at once within MEMORY_SHARE of the available
-    memory, the biggest taken together (at least 1); None where the memory is unknown."""
-    available = available_memory_bytes() if available is None else available
-    if available is None:
-        return None
-    budget, n = available * MEMORY_SHARE, 0
+def ranks_at_once(json_sizes: list[int], budget: int) -> int:
+    """How many of these traces (JSON bytes each) can be analysed at once within ``budget`` bytes, the biggest
+    taken together (at least 1)."""
+    n = 0
     for size in sorted(json_sizes, reverse=True):
         budget -= need_bytes(size)
         if budget < 0:

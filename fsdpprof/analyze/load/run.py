@@ -76,7 +76,7 @@ def map_run(run: Run, job, kwargs_of, failed, why_of, *, engine: str | None = No
     here = [rd for rd in rds if rd.events is not None]        # parsed already: sending them costs more
     away = [rd for rd in rds if rd.events is None]
     if engine == "local":
-        workers = engines.local_workers(workers, unread_trace_sizes(away))
+        workers = engines.local_workers(workers, unread_trace_sizes(away), run.max_memory)
         if workers <= 1 or len(away) <= 1:
             here, away = rds, []
     out: dict[int, tuple] = {}
@@ -100,7 +100,7 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
     load_parts(run, progress=progress)
     rds = [rd for _, rd in sorted(run.ranks.items()) if rd.events is None and rd.trace_path]
     jobs = [((rd,), {"max_bytes": run.max_trace_bytes, "progress": progress, "inventory": False}) for rd in rds]
-    workers = engines.local_workers(workers, unread_trace_sizes(rds))
+    workers = engines.local_workers(workers, unread_trace_sizes(rds), run.max_memory)
     loaded = {i: value[0] if ok else f"{value}; retry with workers=1"
               for i, ok, value in engines.map_unordered(load_rank, jobs, workers=workers)}
     for i, rd in enumerate(rds):     # (in rank order: the warnings are said in that order)
@@ -124,11 +124,14 @@ def load_events(run: Run, *, workers: int | None = None, progress: bool | None =
 
 
 def load_run(path, *, workers: int | None = None, progress: bool | None = None, lazy: bool = False,
-             max_trace_bytes: int | None = None) -> Run:
+             max_trace_bytes: int | None = None, max_memory: int | None = None) -> Run:
     """A run directory, trace folder, single trace, snapshot file or snapshot folder, its traces read (``lazy``:
     not read, each is read by whoever analyses its rank).  ``max_trace_bytes``: largest trace JSON accepted once
-    decompressed.  Bad input raises :class:`fsdpprof.errors.UserError`, never another exception."""
-    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes, inventories=not lazy)
+    decompressed; ``max_memory``: the memory budget (bytes) that sets how many ranks are read at once (default:
+    a share of the available memory).  Bad input raises :class:`fsdpprof.errors.UserError`, never another
+    exception."""
+    run = find_run(path, workers=workers, max_trace_bytes=max_trace_bytes, max_memory=max_memory,
+                   inventories=not lazy)
     with unexpected_as_user_error(f"{os.fspath(path)}"):
         if lazy:    # (a merged timeline is read here, once for all its ranks)
             return load_parts(run, progress=progress)
