@@ -533,9 +533,9 @@ def _leaf_mask(tcodes: np.ndarray, ts: np.ndarray, end: np.ndarray, is_cpu_op: n
     # a thread at a time, its ops sorted by (ts, -end): an op is a leaf when the next op on its thread starts at or
     # after its end.  A profiler writes a thread's ops in that order already: then they are not sorted again
     t = tcodes[i]
-    i = i[np.argsort(t, kind="stable")]
-    cuts = np.flatnonzero(np.diff(tcodes[i])) + 1
-    del t
+    order = np.argsort(t, kind="stable")
+    i, cuts = i[order], np.flatnonzero(np.diff(t[order])) + 1
+    del t, order
     for rows in np.split(i, cuts):
         s, e = ts[rows], end[rows]
         if not ((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] <= e[:-1]))).all():      # (NaN: not in order)
