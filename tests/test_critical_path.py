@@ -376,3 +376,23 @@ def test_compare_diffs_the_breakdowns(tmp_path):
     c = d.critical.set_index("kind")
     assert c.loc[model.PATH_HOST_GAP, "diff_us"] == pytest.approx(250.0)
     assert c.loc[model.PATH_COMPUTE, "diff_us"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_to_dict_groups_segments_by_step_in_path_order():
+    """CriticalPath.to_dict: each step gets its own segments in the frame's order (segments of several steps
+    interleaved), NaN and infinities as None, categorical labels as strings."""
+    import pandas as pd
+    seg = pd.DataFrame({"step": [2.0, 1.0, 2.0, 1.0, np.nan], "rank": [0, 1, 1, 0, 0],
+                        "kind": pd.Categorical(["compute", "collective", "compute", None, "compute"]),
+                        "what": ["a", "b", None, "d", "e"], "unit": [None] * 5, "stage": ["forward"] * 5,
+                        "dur_us": [1.0, np.inf, 3.0, np.nan, 5.0]})
+    steps = pd.DataFrame({"step": [1.0, 2.0, 3.0], "length_us": [10.0, np.nan, 1.0]})
+    empty = pd.DataFrame({"x": []})
+    d = cpm.CriticalPath(steps=steps, segments=seg, breakdown=empty, counterfactuals=empty).to_dict()
+    assert [s["step"] for s in d["steps"]] == [1.0, 2.0, 3.0] and d["steps"][1]["length_us"] is None
+    one, two, three = (s["segments"] for s in d["steps"])
+    assert [(s["rank"], s["kind"], s["what"], s["dur_us"]) for s in one] == [(1, "collective", "b", None),
+                                                                               (0, None, "d", None)]
+    assert [(s["rank"], s["what"], s["dur_us"]) for s in two] == [(0, "a", 1.0), (1, None, 3.0)]
+    assert three == [] and all("step" not in s for s in one + two)
+    assert d["top"] == [] and d["breakdown"] == []

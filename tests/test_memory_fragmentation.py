@@ -18,7 +18,8 @@ from fsdp_snapshots import MIB, Recorder
 from fsdpprof.analyze.memory import safe_pickle, snapshot_memory
 from fsdpprof.analyze.memory.fragmentation import fragmentation
 from fsdpprof.analyze.memory.snapshot import load_snapshot, parse_snapshot
-from fsdpprof.report.summary import json_safe, memory_summary
+from fsdpprof.analyze.load.frames import json_safe
+from fsdpprof.report.summary import memory_summary
 
 SNAP = "cuda-snapshots"
 NAMES = ["lm-step-user-metadata.pickle", "qlora-tinyllama-legacy.pickle", "multi-device-expandable-oom.pickle",

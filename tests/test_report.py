@@ -252,7 +252,8 @@ def test_summary_json_written_key_by_key_is_json_dumps():
     from fsdpprof.analyze.pipeline import analyze_run
     from fsdpprof.analyze.load.run import load_run
     from fsdpprof.report.outputs import json_bytes
-    from fsdpprof.report.summary import json_safe, summary
+    from fsdpprof.analyze.load.frames import json_safe
+    from fsdpprof.report.summary import summary
 
     a = analyze_run(load_run(str(shared_data("gpu-traces", "param-dlrm-8rank-v100")), lazy=True), ops=False)
     assert json_bytes(summary(a, plain=False)) == json.dumps(summary(a), indent=1, allow_nan=False).encode()
@@ -263,14 +264,14 @@ def test_summary_json_written_key_by_key_is_json_dumps():
 
 
 def test_records_a_column_at_a_time_equal_json_safe_of_each_value():
-    """summary.records converts a column at a time; every kind of column gives what json_safe of each value
+    """frames.records converts a column at a time; every kind of column gives what json_safe of each value
     (row by row, as itertuples yields them) gives: NaN / infinities as null, numpy numbers as plain ones."""
     import math
 
     import numpy as np
     import pandas as pd
 
-    from fsdpprof.report.summary import json_safe, records
+    from fsdpprof.analyze.load.frames import json_safe, records
 
     def row_by_row(df):
         cols = [str(c) for c in df.columns]

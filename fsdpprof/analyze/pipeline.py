@@ -21,7 +21,7 @@ from fsdpprof.analyze.comm import breakdown, matching, overlap, skew, steps, vol
 from fsdpprof.analyze.comm import critical_path as cpath
 from fsdpprof.analyze.compare import diff
 from fsdpprof.analyze.load import hta as hta_tables
-from fsdpprof.analyze.load.frames import isin, packed, unpacked
+from fsdpprof.analyze.load.frames import isin, packed, records, unpacked
 from fsdpprof.analyze.load.files import SOURCE_SNAPSHOT_FILE, SOURCE_SNAPSHOT_FOLDER, no_usable_rank, with_inventory
 from fsdpprof.analyze.load.run import load_rank, load_run, map_run
 from fsdpprof.analyze.memory.attribution import memory_analysis
@@ -717,9 +717,6 @@ class OverlapSummary:
 
     def to_dict(self) -> dict:
         """Plain dicts and lists (JSON-ready: None where a number or a collective is not known)."""
-        def records(df: pd.DataFrame) -> list[dict]:
-            return [{k: None if pd.isna(v) else v for k, v in row.items()} for row in df.to_dict("records")]
-
         return {"path": self.path, "description": self.description, "overlap": records(self.overlap),
                 "volume": records(self.volume), "missing": dict(self.missing), "warnings": list(self.warnings)}
 

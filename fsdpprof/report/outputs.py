@@ -65,7 +65,7 @@ def written_by_fsdpprof(path: str) -> bool:
 def json_bytes(obj) -> bytes:
     """``obj`` as indented JSON (NaN and infinities as null, numpy/pandas values as numbers); a dict one key at
     a time (the same bytes as one ``json.dumps``), so that only that key's plain values are alive at once."""
-    from fsdpprof.report.summary import json_safe
+    from fsdpprof.analyze.load.frames import json_safe
 
     if not isinstance(obj, dict) or not obj:
         return _indented(json_safe(obj)).encode()

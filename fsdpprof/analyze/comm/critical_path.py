@@ -31,7 +31,7 @@ from pandas.api.types import union_categoricals
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals, steps
-from fsdpprof.analyze.load.frames import isin, on_device, startswith
+from fsdpprof.analyze.load.frames import isin, on_device, records, startswith
 
 _NONE = "\u2400"             # stands for None in group keys (pandas drops None keys; "\0" does not survive fillna)
 GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before it (launch latency, not a cause)
@@ -694,21 +694,18 @@ class CriticalPath:
     contention: dict = field(default_factory=dict)    # rank -> measured CPU contention (CPU runs; >= 1)
 
     def to_dict(self) -> dict:
-        """summary.json's ``critical_path``: steps with their segments, breakdown, counterfactuals."""
-        def plain(v):
-            if v is None or (not isinstance(v, (str, bytes)) and pd.isna(v)):
-                return None
-            return v.item() if hasattr(v, "item") else v
-
-        def rows(df):
-            return [{k: plain(v) for k, v in r.items()} for r in df.to_dict("records")]
-        segs = {s: rows(g.drop(columns="step")) for s, g in self.segments.groupby("step", sort=False)}
-        st = []
-        for r in rows(self.steps):
+        """summary.json's ``critical_path``: steps with their segments, breakdown, counterfactuals (JSON values:
+        NaN and infinities as None)."""
+        segs: dict = {}            # step -> its segments, in path order
+        for r in records(self.segments):
+            step = r.pop("step")
+            if step is not None:
+                segs.setdefault(step, []).append(r)
+        st = records(self.steps)
+        for r in st:
             r["segments"] = segs.get(r["step"], [])
-            st.append(r)
-        return {"steps": st, "breakdown": rows(self.breakdown), "counterfactuals": rows(self.counterfactuals),
-                "top": rows(self.top) if self.top is not None else [], "notes": list(self.notes)}
+        return {"steps": st, "breakdown": records(self.breakdown), "counterfactuals": records(self.counterfactuals),
+                "top": records(self.top) if self.top is not None else [], "notes": list(self.notes)}
 
 
 def _saved(m: _Model, base: pd.Series, t: np.ndarray) -> float:

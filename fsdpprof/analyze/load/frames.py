@@ -3,6 +3,7 @@ rows through the codes: the one way every analysis tests labels.  Missing values
 compressed (:class:`PackedFrame`)."""
 from __future__ import annotations
 
+import math
 import pickle
 import zlib
 from dataclasses import dataclass
@@ -123,3 +124,67 @@ def packed(df: pd.DataFrame | None) -> PackedFrame | None:
 def unpacked(x) -> pd.DataFrame | None:
     """The frame of a :class:`PackedFrame` (a frame or None as it is)."""
     return pickle.loads(zlib.decompress(x.data)) if isinstance(x, PackedFrame) else x
+
+
+# --------------------------------------------------------------------------- frames as JSON values
+def _scalar(x):
+    """One value made JSON-safe (numpy scalars -> python, NaN/inf -> None)."""
+    if x is None or x is pd.NA or x is pd.NaT:
+        return None
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, (int, str)):
+        return x
+    if isinstance(x, pd.Timestamp):
+        return x.isoformat()
+    return str(x)
+
+
+def _column_values(col) -> list:
+    """One column's values, JSON-safe (numpy numbers at once by ``tolist``, NaN and infinities as None)."""
+    dt = col.dtype
+    if isinstance(dt, np.dtype) and dt.kind in "fiub":
+        a = np.asarray(col)
+        values = a.tolist()
+        if dt.kind == "f":
+            finite = np.isfinite(a)
+            if not finite.all():
+                values = [v if ok else None for v, ok in zip(values, finite.tolist())]
+        return values
+    return [json_safe(v) for v in col.tolist()]
+
+
+def records(df: pd.DataFrame | None) -> list[dict] | None:
+    """A DataFrame as a list of JSON-safe row dicts (None stays None)."""
+    if df is None:
+        return None
+    cols = [str(c) for c in df.columns]
+    if not cols:
+        return [{} for _ in range(len(df))]
+    columns = [_column_values(a) for a in column_arrays(df)]
+    return [dict(zip(cols, row)) for row in zip(*columns)]
+
+
+def json_safe(x):
+    """Any nesting of dicts, lists, DataFrames and numpy/pandas scalars as plain JSON values (NaN, inf -> None)."""
+    t = type(x)                        # (the plain values first: most of a summary's million values are)
+    if t is str or t is int or t is bool or x is None:
+        return x
+    if t is float:
+        return x if math.isfinite(x) else None
+    if t is dict:
+        return {k if type(k) is str else str(k): json_safe(v) for k, v in x.items()}
+    if t is list:
+        return [json_safe(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, pd.DataFrame):
+        return records(x)
+    return _scalar(x)
