@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 
 import fsdpprof
@@ -381,7 +382,6 @@ def test_compare_diffs_the_breakdowns(tmp_path):
 def test_to_dict_groups_segments_by_step_in_path_order():
     """CriticalPath.to_dict: each step gets its own segments in the frame's order (segments of several steps
     interleaved), NaN and infinities as None, categorical labels as strings."""
-    import pandas as pd
     seg = pd.DataFrame({"step": [2.0, 1.0, 2.0, 1.0, np.nan], "rank": [0, 1, 1, 0, 0],
                         "kind": pd.Categorical(["compute", "collective", "compute", None, "compute"]),
                         "what": ["a", "b", None, "d", "e"], "unit": [None] * 5, "stage": ["forward"] * 5,
@@ -396,3 +396,21 @@ def test_to_dict_groups_segments_by_step_in_path_order():
     assert [(s["rank"], s["what"], s["dur_us"]) for s in two] == [(0, "a", 1.0), (1, None, 3.0)]
     assert three == [] and all("step" not in s for s in one + two)
     assert d["top"] == [] and d["breakdown"] == []
+
+
+def test_chain_labels_as_codes():
+    """rank_chain's label table: one code per label over every column, None and NaN -1; a column's categorical
+    holds only its own labels, sorted, as pd.Categorical of the labels makes it."""
+    labels = cpm._Labels()
+    gap = labels.label("host_gap")
+    kinds = labels.of(np.array(["compute", None, "host_gap", "compute", np.nan], dtype=object))
+    assert kinds.tolist() == [1, -1, gap, 1, -1] and labels.label("compute") == 1
+    col = labels.column(pd.Series(["b", None, "a", "b"], dtype="category"))
+    units = col[np.array([3, 1, 2, 0])]
+    want = ["b", None, "a", "b"]
+    got = labels.categorical(units)
+    ref = pd.Categorical(want)
+    assert list(got.categories) == ["a", "b"] == list(ref.categories)
+    assert got.codes.tolist() == ref.codes.tolist()
+    assert list(labels.categorical(kinds).categories) == ["compute", "host_gap"]
+    assert len(labels.categorical(np.full(3, -1, dtype=np.int32)).categories) == 0

@@ -31,12 +31,12 @@ from pandas.api.types import union_categoricals
 
 from fsdpprof.analyze import model
 from fsdpprof.analyze.comm import intervals, steps
-from fsdpprof.analyze.load.frames import isin, on_device, records, startswith
+from fsdpprof.analyze.load.frames import codes_of, isin, on_device, records, startswith
 
 _NONE = "\u2400"             # stands for None in group keys (pandas drops None keys; "\0" does not survive fillna)
 GAP_MIN_US = 5.0            # a gap shorter than this joins the segment before it (launch latency, not a cause)
 NODE_LOCAL, NODE_ISSUE, NODE_WAIT = 0, 1, 2
-_ISSUE = object()           # marks issue nodes among rank_chain's pieces (no label can equal it)
+_ISSUE = -2                 # the kind code of issue nodes among rank_chain's pieces (a label's code is >= -1)
 CHAIN_COLUMNS = ["rank", "step", "node", "start_us", "dur_us", "kind", "what", "unit", "stage", "call"]
 LABEL_COLUMNS = ["kind", "what", "unit", "stage"]
 SEGMENT_COLUMNS = ["step", "rank", "kind", "what", "unit", "stage", "dur_us"]
@@ -144,39 +144,39 @@ def _window_rows(rows: np.ndarray, ts: np.ndarray, dur: np.ndarray):
     return in_window
 
 
-def _merge_pieces(parts: list[tuple], r_end: np.ndarray) -> tuple:
-    """One step's pieces (``parts``: (step, s, e, kind, what, unit, stage, call, epoch) arrays, the issue nodes'
-    kind _ISSUE) as nodes: (step, start, end, node, call, kind, what, unit, stage) arrays, in the pieces' order
-    (merged runs, then the issue nodes).  ``r_end``: the collective records' ends (a wait ends with its call)."""
+def _merge_pieces(parts: list[tuple], r_end: np.ndarray, labels: _Labels) -> tuple:
+    """One step's pieces (``parts``: (step, s, e, kind, what, unit, stage, call, epoch) arrays, labels as codes of
+    ``labels``, the issue nodes' kind _ISSUE) as nodes: (step, start, end, node, call, kind, what, unit, stage)
+    arrays, in the pieces' order (merged runs, then the issue nodes).  ``r_end``: the collective records' ends (a
+    wait ends with its call)."""
     step_a, s_a, e_a, kind_a, what_a, unit_a, stage_a, call_a, epoch_a = (
         np.concatenate([p[i] for p in parts]) for i in range(9))
     issue = kind_a == _ISSUE
     loc = np.flatnonzero(~issue)
     # merge consecutive pieces of one (kind, unit, stage, call) between two arrivals; the op with most time names it
-    lk = [step_a[loc], call_a[loc], epoch_a[loc]] + [pd.factorize(x[loc])[0] for x in (kind_a, unit_a, stage_a)]
+    lk = [step_a[loc], call_a[loc], epoch_a[loc], kind_a[loc], unit_a[loc], stage_a[loc]]
     new = np.ones(loc.size, dtype=bool)
     if loc.size > 1:
         new[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in lk])
     run = np.cumsum(new) - 1
     first = np.flatnonzero(new)
     d = e_a[loc] - s_a[loc]
-    what_code, what_values = pd.factorize(what_a[loc])          # (None: -1)
-    pair = run * (len(what_values) + 1) + (what_code + 1)
+    what_code = what_a[loc].astype(np.int64)                   # (None: -1)
+    span = int(what_code.max()) + 2 if what_code.size else 1
+    pair = run * span + (what_code + 1)
     uniq, first_at, inv = np.unique(pair, return_index=True, return_inverse=True)
     total = np.bincount(inv.ravel(), weights=d, minlength=uniq.size)
-    run_of = uniq // (len(what_values) + 1)
+    run_of = uniq // span
     order = np.lexsort((first_at, -total, run_of))       # per run: most time first, then the first to appear
     top = order[np.r_[True, run_of[order][1:] != run_of[order][:-1]]]
-    best = np.full(first.size, None, dtype=object)
-    code = uniq[top] % (len(what_values) + 1) - 1
-    best[run_of[top]] = np.where(code >= 0, np.asarray(what_values, dtype=object)[np.clip(code, 0, None)]
-                                 if len(what_values) else None, None)
+    best = np.full(first.size, -1, dtype=np.int32)
+    best[run_of[top]] = uniq[top] % span - 1
     at = loc[first]
     m_call = call_a[at]
     m_e = np.maximum.reduceat(e_a[loc], first) if first.size else np.zeros(0)
     m_s = np.minimum.reduceat(s_a[loc], first) if first.size else np.zeros(0)
     node = np.full(first.size, NODE_LOCAL, dtype=np.int8)
-    is_wait = (kind_a[at] == model.PATH_COLLECTIVE) & (m_call >= 0)
+    is_wait = (kind_a[at] == labels.label(model.PATH_COLLECTIVE)) & (m_call >= 0)
     is_wait &= np.abs(m_e - r_end[np.clip(m_call, 0, None)] if len(r_end) else 0) < 1e-6
     node[is_wait] = NODE_WAIT
     m_call = np.where(is_wait, m_call, -1)
@@ -186,31 +186,45 @@ def _merge_pieces(parts: list[tuple], r_end: np.ndarray) -> tuple:
     o_e = np.concatenate([m_e, e_a[iss]])
     o_node = np.concatenate([node, np.full(iss.size, NODE_ISSUE, dtype=np.int8)])
     o_call = np.concatenate([m_call, call_a[iss]])
-    o_kind = np.where(o_node == NODE_ISSUE, "issue", np.concatenate([kind_a[at], kind_a[iss]]))
+    o_kind = np.where(o_node == NODE_ISSUE, labels.label("issue"), np.concatenate([kind_a[at], kind_a[iss]]))
     return (o_step, o_s, o_e, o_node, o_call, o_kind, np.concatenate([best, what_a[iss]]),
             np.concatenate([unit_a[at], unit_a[iss]]), np.concatenate([stage_a[at], stage_a[iss]]))
 
 
-class _Interner:
-    """Labels (str or None) to int32 codes in the order first seen (None: -1), one step's array at a time; then
-    :meth:`categorical`: the codes as the categorical ``pd.Categorical(labels)`` makes (categories sorted), without
-    an object array of every node's label (nor its copy into Arrow strings)."""
+class _Labels:
+    """A rank's chain labels (str; None: code -1) as int32 codes in the order first seen, one table for every label
+    column: its steps are merged on codes (no object array of a step's pieces), and :meth:`categorical` gives a
+    column as ``pd.Categorical(labels)`` makes it (categories sorted), without an object array of every node's
+    label (nor its copy into Arrow strings)."""
 
     def __init__(self) -> None:
         self.code: dict = {}
 
-    def __call__(self, values: np.ndarray) -> np.ndarray:
-        local, uniq = pd.factorize(values)
-        glob = np.fromiter((self.code.setdefault(u, len(self.code)) for u in uniq), np.int32, len(uniq))
-        return np.where(local >= 0, glob[np.clip(local, 0, None)] if len(glob) else -1, -1).astype(np.int32)
+    def label(self, value) -> int:
+        """The code of one label."""
+        return self.code.setdefault(value, len(self.code))
+
+    def _codes(self, uniques) -> np.ndarray:
+        return np.fromiter((self.code.setdefault(u, len(self.code)) for u in uniques), np.int32, len(uniques))
+
+    def of(self, values: np.ndarray) -> np.ndarray:
+        """Codes of an array of labels (None, NaN: -1)."""
+        local, uniq = pd.factorize(np.asarray(values, dtype=object))
+        return np.append(self._codes(uniq), np.int32(-1))[local]
+
+    def column(self, col: pd.Series) -> _Taker:
+        """An events column's codes by row, taken only where indexed (-1: missing)."""
+        codes, uniques = codes_of(col)
+        return _Taker(np.asarray(codes), np.append(self._codes(uniques), np.int32(-1)))
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
-        labels = np.array(list(self.code), dtype=object)
-        order = np.argsort(labels, kind="stable")
-        rank = np.empty(len(labels), dtype=np.int32)
-        rank[order] = np.arange(len(labels), dtype=np.int32)
-        codes = np.where(codes >= 0, rank[np.clip(codes, 0, None)] if len(rank) else -1, -1)
-        return pd.Categorical.from_codes(codes, categories=pd.Index(labels[order]))
+        """A column's codes as a categorical of the labels it holds."""
+        present = np.unique(codes[codes >= 0])
+        held = np.array(list(self.code), dtype=object)[present] if present.size else np.zeros(0, dtype=object)
+        order = np.argsort(held, kind="stable")
+        rank = np.full(len(self.code) + 1, -1, dtype=np.int32)        # (the last: code -1)
+        rank[present[order]] = np.arange(present.size, dtype=np.int32)
+        return pd.Categorical.from_codes(rank[codes], categories=pd.Index(held[order]))
 
 
 def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
@@ -252,7 +266,11 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
     loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
     sync = cpu & isin(events["name"], model.SYNC_CALLS) if gpu else np.zeros(len(events), dtype=bool)
     unit_at = _unit_at(events, cpu)
-    names, colls, stages, units = (_values_at(events[c]) for c in ("name", "collective", "stage", "unit"))
+    labels = _Labels()         # every label of the chain as a code; the path kinds' codes:
+    k_gap, k_coll, k_comp, k_sync, k_data = (labels.label(k) for k in (
+        model.PATH_HOST_GAP, model.PATH_COLLECTIVE, model.PATH_COMPUTE, model.PATH_SYNC, model.PATH_DATA))
+    fwd_bwd = [labels.label(model.STAGE_FORWARD), labels.label(model.STAGE_BACKWARD)]
+    names, colls, stages, units = (labels.column(events[c]) for c in ("name", "collective", "stage", "unit"))
     rec = records if records is not None and len(records) else pd.DataFrame({"ts_us": [], "end_us": []})
     r_ts, r_end = rec["ts_us"].to_numpy(np.float64), rec["end_us"].to_numpy(np.float64)
     r_order = np.argsort(r_ts, kind="stable")
@@ -262,7 +280,6 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
     sync_iv, loader_iv = span(np.flatnonzero(sync)), span(np.flatnonzero(loader))
     del busy, comm, sync, loader, is_comm
     nodes: list[tuple] = []     # per step: its merged nodes (see _merge_pieces), labels as codes
-    interners = {c: _Interner() for c in LABEL_COLUMNS}
     for w in win.itertuples(index=False):
         parts: list[tuple] = []     # this step's (step, s, e, kind, what, unit, stage, call, epoch), issue nodes after
         ws, we = float(w.start_us), float(w.end_us)
@@ -280,31 +297,30 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         n = mid.size
         k_b = intervals.innermost(b_s, b_e, mid)
         k_c = intervals.innermost(c_s, c_e, mid)
-        pk = np.full(n, model.PATH_HOST_GAP, dtype=object)
+        pk = np.full(n, k_gap, dtype=np.int32)
         ev = np.full(n, -1, dtype=np.int64)
         on_c = k_c >= 0
-        pk[on_c] = model.PATH_COLLECTIVE
+        pk[on_c] = k_coll
         ev[on_c] = c[k_c[on_c]]
         on_b = k_b >= 0
-        pk[on_b] = model.PATH_COMPUTE
+        pk[on_b] = k_comp
         ev[on_b] = b[k_b[on_b]]
         gap = ev < 0
         if gap.any():
             in_sync = _covered(*sync_iv, mid) & gap
             in_load = _covered(*loader_iv, mid) & gap
-            pk[in_sync] = model.PATH_SYNC
-            pk[in_load] = model.PATH_DATA
-        what = np.full(n, None, dtype=object)
-        unit = np.full(n, None, dtype=object)
-        stage = np.full(n, None, dtype=object)
+            pk[in_sync] = k_sync
+            pk[in_load] = k_data
+        what = np.full(n, -1, dtype=np.int32)
+        unit = np.full(n, -1, dtype=np.int32)
+        stage = np.full(n, -1, dtype=np.int32)
         has = ev >= 0
         e_has = ev[has]
-        what[has] = np.where(pk[has] == model.PATH_COLLECTIVE, colls[e_has], names[e_has])
+        what[has] = np.where(pk[has] == k_coll, colls[e_has], names[e_has])
         u = units[e_has]
-        need = pd.isna(u)
+        need = u < 0
         if need.any():
-            u = u.copy()
-            u[need] = unit_at(label_ts(e_has[need]))
+            u[need] = labels.of(unit_at(label_ts(e_has[need])))
         unit[has] = u
         stage[has] = stages[e_has]
         # a gap takes the labels of the work that ends it (the last one: of the work before it)
@@ -315,15 +331,15 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         fill = ~has & (src >= 0)
         unit[fill], stage[fill] = unit[src[fill]], stage[src[fill]]
         if (~has).any():
-            stage[~has & (src < 0)] = model.stage_at(mid[~has & (src < 0)], pd.DataFrame(
+            stage[~has & (src < 0)] = labels.of(model.stage_at(mid[~has & (src < 0)], pd.DataFrame(
                 {"step": [w.step], "start_us": [ws], "end_us": [we], **{k: [np.nan] for k in
-                                                                        model.STEP_MARK_COLUMNS[3:]}}))
+                                                                        model.STEP_MARK_COLUMNS[3:]}})))
         # units name a part of forward or backward only (the last hook's unit says nothing in the optimizer)
-        unit[~np.isin(stage, [model.STAGE_FORWARD, model.STAGE_BACKWARD])] = None
+        unit[(stage != fwd_bwd[0]) & (stage != fwd_bwd[1])] = -1
         # the call a communication piece belongs to: of the calls running then, the one ending first
         call = np.full(n, -1, dtype=np.int64)
         if calls.size:
-            cm = np.flatnonzero(pk == model.PATH_COLLECTIVE)
+            cm = np.flatnonzero(pk == k_coll)
             if cm.size:
                 act = (r_ts[calls][None, :] <= mid[cm, None]) & (r_end[calls][None, :] > mid[cm, None])
                 endm = np.where(act, r_end[calls][None, :], np.inf)
@@ -331,7 +347,7 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
                 ok = np.isfinite(endm[np.arange(cm.size), j])
                 call[cm[ok]] = calls[j[ok]]
         # short gaps join the piece before them
-        short = ~has & (e0 - s0 < GAP_MIN_US) & (pk == model.PATH_HOST_GAP)
+        short = ~has & (e0 - s0 < GAP_MIN_US) & (pk == k_gap)
         if short.any():
             keep = np.where(short, -1, np.arange(n))
             prev_keep = np.maximum.accumulate(keep)
@@ -345,30 +361,30 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
             cev = intervals.innermost(c_s, c_e, r_ts[calls] + 1e-6) if c.size else np.full(calls.size, -1)
             cj = np.where(cev >= 0, c[np.clip(cev, 0, None)] if c.size else 0, -1)
             ok = cj >= 0
-            cu = np.full(calls.size, None, dtype=object)
+            cu = np.full(calls.size, -1, dtype=np.int32)
             cu[ok] = units[cj[ok]]
-            need = ok & pd.isna(cu)
+            need = ok & (cu < 0)
             if need.any():
-                cu[need] = unit_at(label_ts(cj[need]))
+                cu[need] = labels.of(unit_at(label_ts(cj[need])))
             m = calls.size
+            none = np.full(m, -1, dtype=np.int32)
             parts.append((np.full(m, w.step, dtype=np.float64), r_ts[calls], r_ts[calls],
-                          np.full(m, _ISSUE, dtype=object),
-                          np.where(ok, colls[np.clip(cj, 0, None)], None) if len(events) else np.full(m, None),
-                          cu, np.where(ok, stages[np.clip(cj, 0, None)], None), calls.astype(np.int64),
-                          np.full(m, -1, dtype=np.int64)))
-        merged = _merge_pieces(parts, r_end)
-        nodes.append(merged[:5] + tuple(interners[c](x) for c, x in zip(LABEL_COLUMNS, merged[5:])))
+                          np.full(m, _ISSUE, dtype=np.int32),
+                          np.where(ok, colls[np.clip(cj, 0, None)], none) if len(events) else none,
+                          cu, np.where(ok, stages[np.clip(cj, 0, None)], none) if len(events) else none,
+                          calls.astype(np.int64), np.full(m, -1, dtype=np.int64)))
+        nodes.append(_merge_pieces(parts, r_end, labels))
     if not nodes:
         return empty
     o_step, o_s, o_e, o_node, o_call, *labs = (np.concatenate([nd[i] for nd in nodes]) for i in range(9))
     del nodes
-    labels = dict(zip(LABEL_COLUMNS, labs))
+    coded = dict(zip(LABEL_COLUMNS, labs))
     # in time order; at one time an issue node before the piece that starts there
     ordr = np.lexsort((np.where(o_node == NODE_ISSUE, 0, 1), o_s, o_step))
     # labels as categoricals: a chain travels from its worker to the reduce as codes (1,024 ranks: 10 KB a rank)
     return pd.DataFrame({"rank": np.full(ordr.size, rank, dtype=np.int32), "step": o_step[ordr],
                          "node": o_node[ordr], "start_us": o_s[ordr], "dur_us": (o_e - o_s)[ordr],
-                         **{c: interners[c].categorical(labels[c][ordr]) for c in LABEL_COLUMNS},
+                         **{c: labels.categorical(coded[c][ordr]) for c in LABEL_COLUMNS},
                          "call": o_call[ordr].astype(np.int32)})[CHAIN_COLUMNS]
 
 
