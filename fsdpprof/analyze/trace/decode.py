@@ -489,11 +489,11 @@ class _Columns:
         """Like :meth:`add` for the typed fast decoder's events (args inline), one C-level pass per column.
         Raises ``_NotFast`` (before changing any state) when a correlation id does not fit int64."""
         # one pass reads every category: kept ones map to their code + 1, instants / metadata to 0, the rest None
-        cat_codes1 = list(map(_GET_CAT, events))
         try:
-            cat_codes1 = list(map(_CAT_KEEP_CODE.get, cat_codes1))
+            cat_codes1 = list(map(_CAT_KEEP_CODE.get, map(_GET_CAT, events)))
         except TypeError:          # a category that is a list or an object: not one we keep
-            cat_codes1 = [_CAT_KEEP_CODE.get(c) if type(c) is str or c is OTHER_CAT else None for c in cat_codes1]
+            cat_codes1 = [_CAT_KEEP_CODE.get(c) if type(c) is str or c is OTHER_CAT else None
+                          for c in map(_GET_CAT, events)]
         keep = list(compress(events, cat_codes1))
         n = len(keep)
         args = list(map(_GET_ARGS, keep))
