@@ -45,8 +45,9 @@ def op_table(events: pd.DataFrame, rows_max: int = OPS_ROWS_MAX) -> pd.DataFrame
     """One rank's operators and kernels per step: rank, step, name, kind, count, total_us, max_us; past ``rows_max``
     rows, the names with the least time summed into ``(other)``.  An annotation's device mirror (the GPU span of a
     CPU region, same name) is left out: a region counts once, by its CPU annotation."""
-    e = events[events["step"].notna().to_numpy()
-               & ~(isin(events["kind"], [model.KIND_ANNOTATION]) & on_device(events["lane"]))]
+    rows = events["step"].notna().to_numpy() & ~(isin(events["kind"], [model.KIND_ANNOTATION])
+                                                  & on_device(events["lane"]))
+    e = events[["step", "name", "kind", "dur_us"]][rows]          # (only the columns grouped: not a copy of every one)
     if e.empty:
         return None
     g = (e.groupby(["step", "name", "kind"], observed=True, sort=False)["dur_us"]
