@@ -450,22 +450,39 @@ class _Model:
         s = self.g_start[self.grp]
         wait = np.flatnonzero(self.node == NODE_WAIT)
         issue = np.flatnonzero(self.node == NODE_ISSUE)
+        # A node ends at s + c + cm, cm the largest wait so far in its (rank, step) group: a running maximum over
+        # the nodes, kept apart per group by offsets of ``big``.  A round needs it only at the issue nodes, where
+        # it is the running maximum at the last wait before them in their group (0 without one): each round
+        # reads the waits and issue nodes only, every node once at the end, each value as the whole running
+        # maximum gives it.
+        w_grp, i_grp = self.grp[wait], self.grp[issue]
+        w_rec, i_rec = self.node_rec[wait], self.node_rec[issue]
+        s_w, c_w = s[wait], c[wait]
+        sc_i = s[issue] + c[issue]
+        last_w = np.searchsorted(wait, issue) - 1          # the last wait before each issue node
+        after_w = (last_w >= 0) & (w_grp[np.clip(last_w, 0, None)] == i_grp) if wait.size \
+            else np.zeros(issue.size, dtype=bool)
+        last_w = np.where(after_w, last_w, 0)
         arr = self.rec_arr.copy()
-        t = c + s
+        u_w, big = np.zeros(0), 1.0
         for _ in range(len(self.rec_arr) + 2):
             comp = self.last_arrival(arr) + transfer
-            u = np.zeros(len(d))
-            u[wait] = np.maximum(comp[self.node_rec[wait]] - s[wait] - c[wait], 0.0)
-            big = (float(u.max()) if len(u) else 0.0) * 2.0 + 1.0
-            cm = np.maximum.accumulate(u + self.grp * big) - self.grp * big
-            t = s + c + cm
+            u_w = np.maximum(comp[w_rec] - s_w - c_w, 0.0)
+            big = (float(u_w.max()) if wait.size else 0.0) * 2.0 + 1.0
+            if wait.size:
+                run_max = np.maximum.accumulate(u_w + w_grp * big)
+                cm_i = np.where(after_w, run_max[last_w] - i_grp * big, 0.0)
+            else:
+                cm_i = np.zeros(issue.size)
             new = arr.copy()
-            ri = self.node_rec[issue]
-            new[ri] = t[issue]
+            new[i_rec] = sc_i + cm_i
             if not len(issue) or np.max(np.abs(new - arr)) < REPLAY_TOL_US:
                 break
             arr = new
-        return t
+        u = np.zeros(len(d))
+        u[wait] = u_w
+        cm = np.maximum.accumulate(u + self.grp * big) - self.grp * big
+        return s + c + cm
 
     def step_lengths(self, t: np.ndarray) -> pd.Series:
         """Per step: latest end over its ranks - earliest start (µs)."""
