@@ -1,6 +1,7 @@
 """Masks over label columns (categoricals or object arrays), judged once per distinct value and broadcast to the
 rows through the codes: the one way every analysis tests labels.  Missing values never match.  Frames held
-compressed (:class:`PackedFrame`)."""
+compressed (:class:`PackedFrame`).  Frames and values as JSON values (:func:`records`, :func:`json_safe`: NaN and
+infinities as None), the one way summary.json, compare.json and ``to_dict`` write them."""
 from __future__ import annotations
 
 import math
