@@ -79,20 +79,19 @@ def _main_lane(events: pd.DataFrame, cpu: np.ndarray) -> object:
     return pick.value_counts().index[0] if len(pick) else None
 
 
-def _unit_at(events: pd.DataFrame, cpu: np.ndarray):
-    """A function time (µs, host clock) -> FSDP unit whose forward or backward hook ran last before it ("" the
-    root; None before any)."""
+def _unit_at(events: pd.DataFrame, cpu: np.ndarray, units: _Taker):
+    """A function time (µs, host clock) -> the code (in ``units``, the unit column's codes by row) of the FSDP
+    unit whose forward or backward hook ran last before it ("" the root; -1 before any)."""
     owning = {model.PHASE_ROOT_PRE_FORWARD, model.PHASE_PRE_FORWARD, model.PHASE_FORWARD, model.PHASE_PRE_BACKWARD}
     rows = np.flatnonzero(cpu & isin(events["fsdp_phase"], owning) & events["unit"].notna().to_numpy())
     ts = events["ts_us"].to_numpy(np.float64)[rows]
-    unit = np.asarray(_values_at(events["unit"])[rows], dtype=object)
+    unit = units[rows]
     order = np.argsort(ts, kind="mergesort")
     ts, unit = ts[order], unit[order]
 
     def at(t: np.ndarray) -> np.ndarray:
         k = np.searchsorted(ts, np.asarray(t, dtype=np.float64), side="right") - 1
-        out = np.where(k >= 0, unit[np.clip(k, 0, max(len(unit) - 1, 0))] if len(unit) else None, None)
-        return out.astype(object)
+        return np.where(k >= 0, unit[np.clip(k, 0, max(len(unit) - 1, 0))] if len(unit) else -1, -1)
     return at
 
 
@@ -105,15 +104,8 @@ def _covered(s: np.ndarray, e: np.ndarray, q: np.ndarray) -> np.ndarray:
     return (k >= 0) & (q < ue[np.clip(k, 0, None)])
 
 
-def _values_at(col: pd.Series) -> np.ndarray | _Taker:
-    """``col``'s values as an object array to index by rows, without one (8 bytes a row) for a categorical."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        return _Taker(col.cat.codes.to_numpy(), np.append(np.asarray(col.cat.categories, dtype=object), None))
-    return col.to_numpy(dtype=object)
-
-
 class _Taker:
-    """A categorical's values by row (``codes`` -1: None, the last of ``values``), taken only where indexed."""
+    """A column's values by row (``codes`` -1: the last of ``values``), taken only where indexed."""
 
     __slots__ = ("codes", "values")
 
@@ -265,12 +257,12 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         return np.where(np.isfinite(t), t, ts_all[rows])
     loader = cpu & startswith(events["name"], (model.DATALOADER_PREFIX,))
     sync = cpu & isin(events["name"], model.SYNC_CALLS) if gpu else np.zeros(len(events), dtype=bool)
-    unit_at = _unit_at(events, cpu)
     labels = _Labels()         # every label of the chain as a code; the path kinds' codes:
     k_gap, k_coll, k_comp, k_sync, k_data = (labels.label(k) for k in (
         model.PATH_HOST_GAP, model.PATH_COLLECTIVE, model.PATH_COMPUTE, model.PATH_SYNC, model.PATH_DATA))
     fwd_bwd = [labels.label(model.STAGE_FORWARD), labels.label(model.STAGE_BACKWARD)]
     names, colls, stages, units = (labels.column(events[c]) for c in ("name", "collective", "stage", "unit"))
+    unit_at = _unit_at(events, cpu, units)
     rec = records if records is not None and len(records) else pd.DataFrame({"ts_us": [], "end_us": []})
     r_ts, r_end = rec["ts_us"].to_numpy(np.float64), rec["end_us"].to_numpy(np.float64)
     r_order = np.argsort(r_ts, kind="stable")
@@ -320,7 +312,7 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
         u = units[e_has]
         need = u < 0
         if need.any():
-            u[need] = labels.of(unit_at(label_ts(e_has[need])))
+            u[need] = unit_at(label_ts(e_has[need]))
         unit[has] = u
         stage[has] = stages[e_has]
         # a gap takes the labels of the work that ends it (the last one: of the work before it)
@@ -365,7 +357,7 @@ def rank_chain(events: pd.DataFrame, records: pd.DataFrame | None,
             cu[ok] = units[cj[ok]]
             need = ok & (cu < 0)
             if need.any():
-                cu[need] = labels.of(unit_at(label_ts(cj[need])))
+                cu[need] = unit_at(label_ts(cj[need]))
             m = calls.size
             none = np.full(m, -1, dtype=np.int32)
             parts.append((np.full(m, w.step, dtype=np.float64), r_ts[calls], r_ts[calls],
